@@ -1,0 +1,51 @@
+"""postrain.bench: the benchmark suite behind `postrain bench`.
+
+A benchmark is a module here with one function:
+
+    def run(quick: bool) -> dict   # {"config": {...}, "results": {...}, "peer": {...}}
+
+`results` and `peer` hold the same figure names, ours and the reference's,
+measured in the same run; `run_benchmark` adds `ratio` (ours / theirs) for
+every figure both have. Figures are medians over repeats. Names carry their
+unit (`rtt_p50_us`, `msgs_per_s`).
+"""
+from __future__ import annotations
+
+import importlib
+import math
+
+BENCHMARKS: dict[str, str] = {
+    "messaging": "postrain.bench.messaging",
+}
+
+
+def run_benchmark(name: str, quick: bool = False) -> dict:
+    module = importlib.import_module(BENCHMARKS[name])
+    report = module.run(quick=quick)
+    peer = report.get("peer", {})
+    ratio = {}
+    for key, ours in report["results"].items():
+        theirs = peer.get(key)
+        if isinstance(ours, (int, float)) and isinstance(theirs, (int, float)) and theirs:
+            ratio[key] = round(ours / theirs, 3)
+    return {"bench": name, "config": report.get("config", {}), "results": report["results"],
+            "peer": peer, "ratio": ratio}
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        return f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return "-" if value is None else str(value)
+
+
+def format_table(reports: list[dict]) -> str:
+    """One row per figure: bench, figure, ours, peer, ratio."""
+    rows = [("bench", "figure", "postrain", "peer", "ratio")]
+    for report in reports:
+        for key, ours in report["results"].items():
+            rows.append((report["bench"], key, _fmt(ours), _fmt(report["peer"].get(key)),
+                         _fmt(report["ratio"].get(key))))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows)
