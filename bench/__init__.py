@@ -16,6 +16,8 @@ import math
 
 BENCHMARKS: dict[str, str] = {
     "messaging": "postrain.bench.messaging",
+    "sandbox": "postrain.bench.sandbox",
+    "rl_ops": "postrain.bench.rl_ops",
 }
 
 

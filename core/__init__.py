@@ -1,1 +1,22 @@
-"""postrain.core"""
+"""postrain.core: the microkernel.
+
+Actors (one process, one event loop, handlers per message kind), the
+ZeroMQ transport and msgpack wire codec, the supervisor and the scheduler,
+the run config, and the `postrain` CLI.
+"""
+from .actor import Actor, handler, import_object
+from .config import ActorSpec, RunConfig, load_config, parse_config
+from .errors import (ActorDiedError, ActorError, ActorStartError, ActorTimeoutError, AuthenticationError,
+                     ConfigError, PlacementError, PostrainError, RemoteError)
+from .node import ActorRef, Node, Reply
+from .scheduler import Inventory, Placement, Scheduler
+from .supervisor import ActorEvent, Supervisor
+from .transport import CurveKeys
+from .wire import Message, WireError
+
+__all__ = [
+    "Actor", "ActorDiedError", "ActorError", "ActorEvent", "ActorRef", "ActorSpec", "ActorStartError",
+    "ActorTimeoutError", "AuthenticationError", "ConfigError", "CurveKeys", "Inventory", "Message", "Node",
+    "Placement", "PlacementError", "PostrainError", "RemoteError", "Reply", "RunConfig", "Scheduler",
+    "Supervisor", "WireError", "handler", "import_object", "load_config", "parse_config",
+]

@@ -20,6 +20,8 @@ import sys
 SUBCOMMANDS: dict[str, str] = {
     "up": "postrain.core.up",
     "bench": "postrain.core.bench_cli",
+    "sandbox": "postrain.core.sandbox_cli",
+    "generate": "postrain.actors.generate_cli",
 }
 
 

@@ -1,0 +1,297 @@
+"""Loading and saving policy checkpoints: Hugging Face folders, GGUF files, built-in configs.
+
+    model, tokenizer = load_model("tiny")                    # built-in config, random init
+    model, tokenizer = load_model("/ckpt/Qwen2.5-0.5B")      # config.json + *.safetensors + tokenizer.json
+    model, tokenizer = load_model("/models/smollm2.gguf")    # dequantized to float32
+    save_checkpoint(model, tokenizer, "/ckpt/step100", policy_version=100)
+
+Our own checkpoints ARE Hugging Face folders (config.json, model.safetensors with
+Hugging Face tensor names, tokenizer.json, tokenizer_config.json), so
+`transformers` loads them too; the policy version rides in the safetensors
+metadata. GGUF tensors are dequantized with the `gguf` package; llama.cpp stores
+Llama q/k projections with their rows permuted for its rotary layout, and the
+loader permutes them back.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from postrain.actors.model import BUILTIN_CONFIGS, LlamaModel, ModelConfig, build_model
+from postrain.actors.tokenizer import Tokenizer, byte_tokenizer
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded: bad path, unknown architecture, missing or misshapen tensor."""
+
+
+def load_model(path_or_name: str | Path, dtype: torch.dtype = torch.float32,
+               device: str | torch.device = "cpu", seed: int = 0) -> tuple[LlamaModel, Tokenizer]:
+    """(model in eval mode, tokenizer) from a built-in name, a Hugging Face folder or a .gguf file."""
+    text = str(path_or_name)
+    path = Path(text)
+    if text in BUILTIN_CONFIGS and not path.exists():
+        model, tokenizer = build_model(text, seed=seed), byte_tokenizer()
+    elif path.is_dir():
+        model, tokenizer = load_hf_folder(path)
+    elif path.is_file() and path.suffix == ".gguf":
+        model, tokenizer = load_gguf(path)
+    elif path.is_file():
+        raise CheckpointError(f"{path} is a file but not a .gguf; pass a Hugging Face folder "
+                              "(config.json + *.safetensors), a .gguf file or a built-in name")
+    else:
+        raise CheckpointError(f"no model at {text!r}: not a folder, not a .gguf file and not a "
+                              f"built-in config (built-ins: {sorted(BUILTIN_CONFIGS)})")
+    return model.to(device=device, dtype=dtype).eval(), tokenizer
+
+
+# ----------------------------------------------------------------------------- Hugging Face
+
+
+def config_from_hf(hf: dict) -> ModelConfig:
+    """ModelConfig from a Hugging Face config.json dict (transformers 4.x or 5.x layout)."""
+    model_type = hf.get("model_type")
+    if model_type not in SUPPORTED_ARCHITECTURES:
+        raise CheckpointError(f"model_type {model_type!r} is not supported; supported: "
+                              f"{list(SUPPORTED_ARCHITECTURES)} (Llama, Qwen2, SmolLM)")
+    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    theta = rope.pop("rope_theta", None) or hf.get("rope_theta", 10000.0)
+    if rope.get("rope_type", rope.get("type", "default")) == "default":
+        rope = None
+    is_qwen = model_type == "qwen2"
+    attention_bias = bool(hf.get("attention_bias", False))
+    try:
+        return ModelConfig(
+            vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
+            num_heads=hf["num_attention_heads"],
+            num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+            head_dim=hf.get("head_dim") or 0, rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            rope_theta=float(theta), rope_scaling=rope,
+            max_position_embeddings=hf.get("max_position_embeddings", 4096),
+            qkv_bias=is_qwen or attention_bias, o_bias=attention_bias and not is_qwen,
+            mlp_bias=bool(hf.get("mlp_bias", False)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            architecture=model_type, bos_token_id=hf.get("bos_token_id"),
+            eos_token_id=hf.get("eos_token_id"))
+    except KeyError as exc:
+        raise CheckpointError(f"config.json lacks the field {exc.args[0]!r}") from None
+
+
+def config_to_hf(config: ModelConfig) -> dict:
+    """The Hugging Face config.json dict for a ModelConfig (loads in transformers)."""
+    rope = {"rope_type": "default"} if config.rope_scaling is None else dict(config.rope_scaling)
+    arch = config.architecture
+    hf = {
+        "architectures": ["Qwen2ForCausalLM" if arch == "qwen2" else "LlamaForCausalLM"],
+        "model_type": arch, "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
+        "head_dim": config.head_dim, "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope_theta, "rope_parameters": {**rope, "rope_theta": config.rope_theta},
+        "max_position_embeddings": config.max_position_embeddings,
+        "tie_word_embeddings": config.tie_word_embeddings, "hidden_act": "silu",
+        "bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id,
+        "torch_dtype": "float32",
+    }
+    if config.rope_scaling is not None:
+        hf["rope_scaling"] = dict(config.rope_scaling)
+    if arch == "llama":
+        hf["attention_bias"] = config.o_bias
+        hf["mlp_bias"] = config.mlp_bias
+    return hf
+
+
+def load_hf_folder(folder: str | Path, require_tokenizer: bool = True
+                   ) -> tuple[LlamaModel, Tokenizer | None]:
+    """(model, tokenizer) from a Hugging Face folder; tokenizer None only if not required."""
+    folder = Path(folder)
+    config_path = folder / "config.json"
+    if not config_path.exists():
+        raise CheckpointError(f"{folder} has no config.json; a Hugging Face model folder needs "
+                              "config.json, *.safetensors and tokenizer.json")
+    hf_config = json.loads(config_path.read_text())
+    config = config_from_hf(hf_config)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{folder} has no *.safetensors weights (pytorch_model.bin is not "
+                              "read: convert it with safetensors first)")
+    state = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    model = LlamaModel(config)
+    load_state_dict_checked(model, state, source=str(folder))
+    if (folder / "tokenizer.json").exists():
+        tokenizer = Tokenizer.from_file(folder / "tokenizer.json", folder / "tokenizer_config.json",
+                                        hf_config)
+    elif config.vocab_size == BUILTIN_CONFIGS["tiny"].vocab_size:
+        tokenizer = byte_tokenizer()
+    elif require_tokenizer:
+        raise CheckpointError(f"{folder} has no tokenizer.json; copy the model's tokenizer.json "
+                              "(and tokenizer_config.json) into the folder")
+    else:
+        tokenizer = None
+    return model, tokenizer
+
+
+def load_state_dict_checked(model: LlamaModel, state: dict[str, torch.Tensor], source: str) -> None:
+    """Copy `state` into `model`, naming any missing, unexpected or misshapen tensor."""
+    expected = dict(model.state_dict())
+    if model.config.tie_word_embeddings:
+        expected.pop("lm_head.weight", None)
+        state = {k: v for k, v in state.items() if k != "lm_head.weight"}
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise CheckpointError(f"{source}: missing tensor(s) {missing[:5]}"
+                              f"{' ...' if len(missing) > 5 else ''} for a {model.config.architecture} "
+                              f"model with {model.config.num_layers} layers")
+    unexpected = sorted(k for k in set(state) - set(expected) if "rotary_emb" not in k)
+    if unexpected:
+        raise CheckpointError(f"{source}: unexpected tensor(s) {unexpected[:5]}; the config.json "
+                              "does not match these weights")
+    for name, tensor in expected.items():
+        if tuple(state[name].shape) != tuple(tensor.shape):
+            raise CheckpointError(f"{source}: tensor {name} has shape {tuple(state[name].shape)}, "
+                                  f"the config implies {tuple(tensor.shape)}")
+    with torch.no_grad():
+        for name, tensor in expected.items():
+            tensor.copy_(state[name].to(tensor.dtype))
+
+
+def save_checkpoint(model: LlamaModel, tokenizer: Tokenizer, folder: str | Path,
+                    policy_version: int | None = None) -> Path:
+    """Write a Hugging Face folder: config.json, model.safetensors, tokenizer files."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = dataclasses.replace(model.config)
+    if config.bos_token_id is None:
+        config.bos_token_id = tokenizer.bos_token_id
+    if config.eos_token_id is None:
+        config.eos_token_id = tokenizer.eos_token_id
+    (folder / "config.json").write_text(json.dumps(config_to_hf(config), indent=2))
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    metadata = {"format": "pt"}
+    if policy_version is not None:
+        metadata["policy_version"] = str(policy_version)
+    save_file(state, str(folder / "model.safetensors"), metadata=metadata)
+    tokenizer.save(folder)
+    return folder
+
+
+def checkpoint_policy_version(folder: str | Path) -> int | None:
+    """The policy version save_checkpoint recorded, or None."""
+    from safetensors import safe_open
+
+    with safe_open(str(Path(folder) / "model.safetensors"), "pt") as handle:
+        value = (handle.metadata() or {}).get("policy_version")
+    return int(value) if value is not None else None
+
+
+# ----------------------------------------------------------------------------- GGUF
+
+_GGUF_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_GGUF_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+def _gguf_field(reader, key, default=None):
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    return field.contents()
+
+
+def _reverse_permute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k row permutation (interleaved rotary -> rotate-half layout)."""
+    half = weight.shape[0] // num_heads // 2
+    return weight.reshape(num_heads, half, 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
+
+
+def load_gguf(path: str | Path) -> tuple[LlamaModel, Tokenizer]:
+    try:
+        import gguf
+        from gguf.quants import dequantize
+    except ImportError:
+        raise CheckpointError("reading a .gguf file needs the `gguf` package: pip install gguf") from None
+    reader = gguf.GGUFReader(str(path))
+    arch = _gguf_field(reader, "general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise CheckpointError(f"{path}: GGUF architecture {arch!r} is not supported; "
+                              f"supported: {list(SUPPORTED_ARCHITECTURES)}")
+    config = _gguf_config(reader, arch)
+    state = {}
+    for tensor in reader.tensors:
+        name = _gguf_tensor_name(tensor.name)
+        if name is None:
+            continue
+        array = dequantize(tensor.data, tensor.tensor_type)
+        weight = torch.from_numpy(array.astype("float32", copy=False).copy())
+        weight = weight.reshape([int(n) for n in reversed(tensor.shape)])
+        if arch == "llama" and name.endswith("q_proj.weight"):
+            weight = _reverse_permute(weight, config.num_heads)
+        elif arch == "llama" and name.endswith("k_proj.weight"):
+            weight = _reverse_permute(weight, config.num_kv_heads)
+        state[name] = weight
+    config.tie_word_embeddings = "lm_head.weight" not in state
+    model = LlamaModel(config)
+    load_state_dict_checked(model, state, source=str(path))
+    return model, _gguf_tokenizer(reader, path)
+
+
+def _gguf_tensor_name(name: str) -> str | None:
+    parts = name.split(".")
+    if parts[0] == "blk":
+        mapped = _GGUF_LAYER_NAMES.get(parts[2])
+        return None if mapped is None else f"model.layers.{parts[1]}.{mapped}.{parts[3]}"
+    base = _GGUF_TOP_NAMES.get(parts[0])
+    return None if base is None else f"{base}.{parts[1]}"
+
+
+def _gguf_config(reader, arch: str) -> ModelConfig:
+    def key(name, default=None):
+        return _gguf_field(reader, f"{arch}.{name}", default)
+
+    num_heads = int(key("attention.head_count"))
+    hidden = int(key("embedding_length"))
+    tokens = reader.fields["tokenizer.ggml.tokens"]
+    vocab = int(key("vocab_size", len(tokens.data)))
+    scaling = None
+    if key("rope.scaling.type") == "linear":
+        scaling = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
+    return ModelConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=int(key("feed_forward_length")),
+        num_layers=int(key("block_count")), num_heads=num_heads,
+        num_kv_heads=int(key("attention.head_count_kv", num_heads)),
+        head_dim=int(key("attention.key_length", hidden // num_heads)),
+        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(key("rope.freq_base", 10000.0)), rope_scaling=scaling,
+        max_position_embeddings=int(key("context_length", 4096)), qkv_bias=arch == "qwen2",
+        architecture=arch, bos_token_id=_gguf_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_id=_gguf_field(reader, "tokenizer.ggml.eos_token_id"))
+
+
+def _gguf_tokenizer(reader, path) -> Tokenizer:
+    if "tokenizer.ggml.tokens" not in reader.fields:
+        raise CheckpointError(f"{path}: the GGUF file has no tokenizer (tokenizer.ggml.tokens)")
+    return Tokenizer.from_gguf_metadata(
+        tokens=_gguf_field(reader, "tokenizer.ggml.tokens"),
+        merges=_gguf_field(reader, "tokenizer.ggml.merges", []),
+        model=_gguf_field(reader, "tokenizer.ggml.model"),
+        bos_token_id=_gguf_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_id=_gguf_field(reader, "tokenizer.ggml.eos_token_id"),
+        pad_token_id=_gguf_field(reader, "tokenizer.ggml.padding_token_id"),
+        chat_template=_gguf_field(reader, "tokenizer.chat_template"),
+        add_bos_token=bool(_gguf_field(reader, "tokenizer.ggml.add_bos_token", False)),
+        token_types=_gguf_field(reader, "tokenizer.ggml.token_type"))

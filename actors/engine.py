@@ -1,0 +1,397 @@
+"""The generator engine: continuous batching over a paged KV cache.
+
+    engine = Engine(model, tokenizer, kv_cache_mb=256)
+    outputs = engine.generate(["2+3="], SamplingParams(n=4, temperature=1.0, max_new_tokens=16))
+    outputs[0].outputs[2].token_ids, .logprobs, .policy_versions, .text, .finish_reason
+
+or drive it by hand: `add_request(...)` any time, `step()` until `has_unfinished()`
+is False; `load_weights(state_dict, version)` between steps.
+
+Design note. Every `step()` is one iteration of the batch: (1) each running
+sequence reserves the slot of the token it sampled last step (`pool.append`,
+doing any copy-on-write block copies the allocator asks for; if blocks run out
+the most recently admitted sequence is preempted: its blocks are freed and it
+re-enters the queue to be recomputed, keeping what it generated); (2) waiting
+requests are admitted while the batch has room (`pool.allocate`, which returns
+how many prompt tokens the prefix cache already holds); (3) one forward pass
+decodes the running sequences, one more pre-fills the admitted prompts (decode
+first, so any block it completes is written before a prefix-cache hit reads
+it); (4) each sequence samples its next token and may finish. A request with
+n samples is pre-filled ONCE; after its prefill the other n-1 sequences fork
+from it and share its blocks, and the first append into the shared partial
+block copies it. Requests join and leave at every step.
+
+Logprobs: see `postrain.actors.sampling` (log_softmax(logits / T) before
+truncation, the learner's definition). Every sampled token is tagged with
+the engine's `policy_version` at the step that sampled it; `load_weights`
+bumps it without touching in-flight sequences, whose earlier KV stays (it was
+computed by the older weights: the usual asynchronous-RL trade, and the
+decoupled objective in the learner accounts for it). The prefix cache is
+reset on a weight swap, so new requests never reuse KV of older weights.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from postrain.actors.model import LlamaModel, PagedBatch
+from postrain.actors.sampling import SamplingParams, make_generator, sample_rows
+from postrain.ext import KVBlockPool
+
+
+class EngineError(ValueError):
+    """A request or engine setting the engine cannot serve."""
+
+
+@dataclass
+class CompletionOutput:
+    """One sample. token_ids are exactly the sampled ids (a stop string's tokens included)."""
+
+    sample_index: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)        # see postrain.actors.sampling
+    policy_versions: list[int] = field(default_factory=list)   # the weights that sampled each token
+    text: str = ""                                             # decoded, cut before a stop string
+    finish_reason: str | None = None                           # "stop" | "length" | "abort"
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    num_cached_prompt_tokens: int = 0        # prompt tokens whose KV came from the prefix cache
+    finished: bool = False
+
+
+class _Sequence:
+    """One sample in flight. Invariant while running: pool.num_tokens(seq_id) ==
+    len(token_ids) - 1 (the last sampled token's KV is written by the next decode)."""
+
+    __slots__ = ("seq_id", "request", "output", "token_ids", "generator", "stop_checked_chars")
+
+    def __init__(self, seq_id, request, sample_index, generator):
+        self.seq_id = seq_id
+        self.request = request
+        self.output = CompletionOutput(sample_index)
+        self.token_ids = list(request.output.prompt_token_ids)
+        self.generator = generator
+
+    @property
+    def finished(self) -> bool:
+        return self.output.finish_reason is not None
+
+
+class _Request:
+    __slots__ = ("output", "params", "sequences", "stop_ids")
+
+    def __init__(self, output: RequestOutput, params: SamplingParams, stop_ids: set[int]):
+        self.output = output
+        self.params = params
+        self.sequences: list[_Sequence] = []
+        self.stop_ids = stop_ids
+
+
+@dataclass
+class _Prefill:
+    """A prefill to run this step: `seqs[0]` owns the blocks; the others fork from it."""
+
+    seqs: list[_Sequence]
+    num_cached: int
+
+
+class Engine:
+    """Continuous-batching generator over `model` with a paged KV cache (see module docstring)."""
+
+    def __init__(self, model: LlamaModel, tokenizer=None, *, block_size_tokens: int = 16,
+                 num_blocks: int | None = None, kv_cache_mb: float = 256.0, max_num_seqs: int = 64,
+                 max_num_batched_tokens: int = 4096, enable_prefix_caching: bool = True,
+                 policy_version: int = 0, seed: int = 0):
+        if max_num_seqs < 1 or max_num_batched_tokens < 1:
+            raise EngineError(f"max_num_seqs and max_num_batched_tokens must be >= 1, got "
+                              f"{max_num_seqs} and {max_num_batched_tokens}")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.config = model.config
+        self.block_size_tokens = block_size_tokens
+        if num_blocks is None:
+            cfg = self.config
+            bytes_per_block = (2 * cfg.num_layers * block_size_tokens * cfg.num_kv_heads * cfg.head_dim
+                               * model.lm_head.weight.element_size())
+            num_blocks = max(2, int(kv_cache_mb * 2**20 // bytes_per_block))
+        self.pool = KVBlockPool(num_blocks, block_size_tokens, enable_prefix_caching)
+        self.kv_caches = model.new_kv_caches(num_blocks, block_size_tokens)
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.policy_version = policy_version
+        self._rng = torch.Generator().manual_seed(seed)
+        self._ids = itertools.count()
+        self._waiting: deque[_Prefill] = deque()     # FIFO; preempted sequences re-enter at the front
+        self._running: list[_Sequence] = []          # admission order: the last is preempted first
+        self._requests: dict[str, _Request] = {}
+        self.counters = {"num_steps": 0, "num_generated_tokens": 0, "num_prefill_tokens": 0,
+                         "num_cached_prompt_tokens": 0, "num_preemptions": 0, "busy_s": 0.0}
+
+    # ------------------------------------------------------------------ public API
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        """Queue a prompt (text or token ids); return its request id."""
+        params = params or SamplingParams()
+        ids = self._encode(prompt)
+        request_id = str(next(self._ids)) if request_id is None else str(request_id)
+        if request_id in self._requests:
+            raise EngineError(f"request_id {request_id!r} is already in flight; use a new id")
+        stop_ids = set(params.stop_token_ids)
+        if not params.ignore_eos and self.tokenizer is not None:
+            stop_ids |= set(self.tokenizer.eos_token_ids)
+        request = _Request(RequestOutput(request_id, ids, []), params, stop_ids)
+        for i in range(params.n):
+            seq = _Sequence(next(self._ids), request, i, make_generator(params.seed, i, self._rng))
+            request.sequences.append(seq)
+            request.output.outputs.append(seq.output)
+        self._requests[request_id] = request
+        self._waiting.append(_Prefill(list(request.sequences), 0))
+        return request_id
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    def step(self) -> list[RequestOutput]:
+        """One batch iteration; return the requests that finished in it."""
+        start = time.perf_counter()
+        decodes = self._reserve_decode_slots()
+        prefills = self._admit(len(decodes))
+        finished: list[RequestOutput] = []
+        with torch.inference_mode():
+            if decodes:
+                logits = self._forward_decode(decodes)
+                self._sample_and_advance([[s] for s in decodes], logits, finished)
+            if prefills:
+                logits = self._forward_prefill(prefills)
+                for prefill in prefills:
+                    for child in prefill.seqs[1:]:
+                        self.pool.fork(prefill.seqs[0].seq_id, child.seq_id)
+                    self._running.extend(prefill.seqs)
+                self._sample_and_advance([p.seqs for p in prefills], logits, finished)
+        self.counters["num_steps"] += 1
+        self.counters["busy_s"] += time.perf_counter() - start
+        return finished
+
+    def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None
+                 ) -> list[RequestOutput]:
+        """Run prompts to completion; outputs in prompt order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
+        done: dict[str, RequestOutput] = {}
+        while self.has_unfinished():
+            for out in self.step():
+                done[out.request_id] = out
+        return [done[i] for i in ids]
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now; its samples finish with reason 'abort'."""
+        request = self._requests.get(str(request_id))
+        if request is None:
+            return None
+        self._waiting = deque(p for p in self._waiting if p.seqs[0].request is not request)
+        for seq in request.sequences:
+            if not seq.finished:
+                self._finish(seq, "abort")
+        return self._complete(request)
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Swap in new weights between steps; tokens sampled from now on carry `version`."""
+        from postrain.actors.checkpoint import load_state_dict_checked
+
+        if version < self.policy_version:
+            raise EngineError(f"policy version must not go back: engine is at {self.policy_version}, "
+                              f"got {version}; send the learner's latest version")
+        load_state_dict_checked(self.model, state_dict, source=f"weights for version {version}")
+        self.pool.reset_prefix_cache()
+        self.policy_version = version
+
+    def stats(self) -> dict:
+        """KV utilisation, batch size, queue depth, and throughput counters."""
+        pool = self.pool.stats()
+        busy = self.counters["busy_s"]
+        return {
+            "num_running": len(self._running), "num_waiting": len(self._waiting),
+            "kv_num_used_blocks": pool["num_used_blocks"], "kv_num_blocks": pool["num_blocks"],
+            "kv_utilization": pool["utilization"], "prefix_hit_rate": pool["prefix_hit_rate"],
+            "policy_version": self.policy_version,
+            "tokens_per_s": self.counters["num_generated_tokens"] / busy if busy else 0.0,
+            **self.counters,
+        }
+
+    # ------------------------------------------------------------------ scheduling
+
+    def _encode(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise EngineError("a text prompt needs a tokenizer; pass token ids or Engine(model, tokenizer)")
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids = [int(t) for t in prompt]
+        if not ids:
+            raise EngineError("the prompt is empty; give at least one token")
+        limit = self.config.max_position_embeddings
+        if len(ids) >= limit:
+            raise EngineError(f"the prompt has {len(ids)} tokens but the model's context is {limit} "
+                              f"(max_position_embeddings); shorten it to at most {limit - 1} tokens")
+        bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise EngineError(f"token id {bad[0]} is outside the vocabulary [0, {self.config.vocab_size})")
+        return ids
+
+    def _reserve_decode_slots(self) -> list[_Sequence]:
+        """Reserve the next slot of every running sequence, preempting from the back if needed."""
+        reserved: list[_Sequence] = []
+        while len(reserved) < len(self._running):
+            seq = self._running[len(reserved)]
+            if not self.pool.can_append(seq.seq_id, 1):
+                self._preempt(self._running[-1])      # the newest; may be `seq` itself
+                continue
+            for src, dst in self.pool.append(seq.seq_id, seq.token_ids[-1:]):
+                for key_cache, value_cache in self.kv_caches:   # copy-on-write of a shared block
+                    key_cache[dst].copy_(key_cache[src])
+                    value_cache[dst].copy_(value_cache[src])
+            reserved.append(seq)
+        return reserved
+
+    def _preempt(self, seq: _Sequence) -> None:
+        """Free the sequence's blocks; it re-enters the queue first, to be recomputed."""
+        self._running.remove(seq)
+        self.pool.free(seq.seq_id)
+        self._waiting.appendleft(_Prefill([seq], 0))
+        self.counters["num_preemptions"] += 1
+
+    def _admit(self, num_decoding: int) -> list[_Prefill]:
+        admitted: list[_Prefill] = []
+        num_seqs, num_tokens = num_decoding, 0
+        while self._waiting:
+            prefill = self._waiting[0]
+            tokens = prefill.seqs[0].token_ids
+            fan_out = len(prefill.seqs)
+            if num_seqs + fan_out > self.max_num_seqs and num_seqs > 0:
+                break
+            if num_tokens + len(tokens) > self.max_num_batched_tokens and admitted:
+                break
+            # Room for the prompt plus one copy-on-write block per extra sample.
+            needed = -(-len(tokens) // self.block_size_tokens) + fan_out - 1
+            if needed > self.pool.num_free_blocks:
+                if not admitted and not self._running:
+                    raise EngineError(
+                        f"a request needs {needed} KV blocks but the cache has only "
+                        f"{self.pool.num_blocks}; raise kv_cache_mb/num_blocks or lower n or the prompt length")
+                break
+            self._waiting.popleft()
+            prefill.num_cached = self.pool.allocate(prefill.seqs[0].seq_id, tokens)
+            admitted.append(prefill)
+            num_seqs += fan_out
+            num_tokens += len(tokens) - prefill.num_cached
+            self.counters["num_prefill_tokens"] += len(tokens) - prefill.num_cached
+            self.counters["num_cached_prompt_tokens"] += prefill.num_cached
+            if len(prefill.seqs[0].token_ids) == len(prefill.seqs[0].request.output.prompt_token_ids):
+                prefill.seqs[0].request.output.num_cached_prompt_tokens = prefill.num_cached
+        return admitted
+
+    # ------------------------------------------------------------------ forward passes
+
+    def _block_tables(self, seq_ids: list[int]) -> torch.Tensor:
+        width = max(len(self.pool.block_table(s)) for s in seq_ids)
+        out = np.zeros((len(seq_ids), width), dtype=np.int32)
+        self.pool.fill_block_tables(seq_ids, out)
+        return torch.from_numpy(out).long()
+
+    def _forward_decode(self, seqs: list[_Sequence]) -> torch.Tensor:
+        """One new token per sequence; logits (B, V)."""
+        device = self.model.lm_head.weight.device
+        tables = self._block_tables([s.seq_id for s in seqs])
+        positions = torch.tensor([len(s.token_ids) - 1 for s in seqs])[:, None]   # (B, 1)
+        block_size = self.block_size_tokens
+        slots = tables.gather(1, positions // block_size) * block_size + positions % block_size
+        input_ids = torch.tensor([s.token_ids[-1] for s in seqs])[:, None]
+        batch = PagedBatch(positions.to(device), slots.to(device), tables.to(device),
+                           (positions[:, 0] + 1).to(device), self.kv_caches)
+        return self.model(input_ids.to(device), paged=batch,
+                          logits_to_keep=torch.zeros(len(seqs), dtype=torch.long, device=device))
+
+    def _forward_prefill(self, prefills: list[_Prefill]) -> torch.Tensor:
+        """The uncached prompt tokens of each prefill, right-padded into one batch; logits (B, V)."""
+        device = self.model.lm_head.weight.device
+        tables = self._block_tables([p.seqs[0].seq_id for p in prefills])
+        new = [p.seqs[0].token_ids[p.num_cached:] for p in prefills]
+        width = max(len(n) for n in new)
+        input_ids = torch.zeros(len(new), width, dtype=torch.long)
+        positions = torch.zeros(len(new), width, dtype=torch.long)
+        for row, (p, toks) in enumerate(zip(prefills, new)):
+            input_ids[row, :len(toks)] = torch.tensor(toks)
+            positions[row, :len(toks)] = torch.arange(p.num_cached, p.num_cached + len(toks))
+        lengths = torch.tensor([len(n) for n in new])
+        valid = torch.arange(width)[None, :] < lengths[:, None]
+        block_size = self.block_size_tokens
+        slots = tables.gather(1, positions // block_size) * block_size + positions % block_size
+        slots = torch.where(valid, slots, torch.full_like(slots, -1))
+        context = torch.tensor([len(p.seqs[0].token_ids) for p in prefills])
+        batch = PagedBatch(positions.to(device), slots.to(device), tables.to(device),
+                           context.to(device), self.kv_caches)
+        return self.model(input_ids.to(device), paged=batch, logits_to_keep=(lengths - 1).to(device))
+
+    # ------------------------------------------------------------------ sampling and finishing
+
+    def _sample_and_advance(self, groups: list[list[_Sequence]], logits: torch.Tensor,
+                            finished: list[RequestOutput]) -> None:
+        """Row i of logits feeds every sequence of groups[i] (n samples share a prefill)."""
+        rows = [i for i, group in enumerate(groups) for _ in group]
+        seqs = [s for group in groups for s in group]
+        tokens, logprobs = sample_rows(logits[rows], [s.request.params for s in seqs],
+                                       [s.generator for s in seqs])
+        for seq, token, logprob in zip(seqs, tokens, logprobs):
+            seq.token_ids.append(token)
+            out = seq.output
+            out.token_ids.append(token)
+            out.logprobs.append(logprob)
+            out.policy_versions.append(self.policy_version)
+            self.counters["num_generated_tokens"] += 1
+            reason = self._stop_reason(seq, token)
+            if reason is not None:
+                self._finish(seq, reason)
+                if all(s.finished for s in seq.request.sequences):
+                    finished.append(self._complete(seq.request))
+
+    def _stop_reason(self, seq: _Sequence, token: int) -> str | None:
+        params, out = seq.request.params, seq.output
+        if token in seq.request.stop_ids:
+            return "stop"
+        if params.stop and self.tokenizer is not None:
+            text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+            if any(s in text for s in params.stop):
+                return "stop"
+        if len(out.token_ids) >= params.max_new_tokens:
+            return "length"
+        if len(seq.token_ids) >= self.config.max_position_embeddings:
+            return "length"
+        return None
+
+    def _finish(self, seq: _Sequence, reason: str) -> None:
+        seq.output.finish_reason = reason
+        if seq in self._running:
+            self._running.remove(seq)
+            self.pool.free(seq.seq_id)
+        if self.tokenizer is not None:
+            text = self.tokenizer.decode(seq.output.token_ids, skip_special_tokens=True)
+            cuts = [text.find(s) for s in seq.request.params.stop if s in text]
+            seq.output.text = text[:min(cuts)] if cuts else text
+
+    def _complete(self, request: _Request) -> RequestOutput:
+        request.output.finished = True
+        self._requests.pop(request.output.request_id, None)
+        return request.output

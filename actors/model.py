@@ -1,0 +1,367 @@
+"""The policy model: one compact Llama-family decoder for training and inference.
+
+Covers Llama (1/2/3, with llama3 / linear rope scaling), Qwen2 (bias on the q/k/v
+projections) and SmolLM (Llama layout, tied embeddings). Parameter names are the
+Hugging Face ones (`model.layers.0.self_attn.q_proj.weight`, ...), so a Hugging
+Face state dict loads as is and our checkpoints load in `transformers`.
+
+Design note: the learner and the generator run the SAME modules; only the source
+of keys and values differs. `forward(input_ids, attention_mask=...)` attends over
+the sequence itself (training, scoring: causal, padded batches through a 0/1
+mask, left or right padding). `forward(input_ids, paged=PagedBatch(...))` first
+writes each new token's key and value into a paged cache (one pair of tensors per
+layer, `(num_blocks, block_size_tokens, num_kv_heads, head_dim)`) at its slot,
+then gathers every sequence's keys and values back through its block table and
+attends with a causal mask on absolute positions. Both paths call the same
+rotary, projection and attention code, so the generator's logprobs equal the
+learner's up to float rounding (tests/actors/test_model.py pins it).
+
+Run `python -m postrain.actors.model` to print the built-in configs' sizes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class ModelConfigError(ValueError):
+    """A model config that cannot describe a supported model."""
+
+
+@dataclass
+class ModelConfig:
+    """Shape of a Llama-family decoder. Defaults are a Llama; units in names."""
+
+    vocab_size: int = 32000                # rows of the embedding and of the LM head
+    hidden_size: int = 4096                # model width
+    intermediate_size: int = 11008         # SwiGLU inner width
+    num_layers: int = 32                   # decoder blocks
+    num_heads: int = 32                    # query heads
+    num_kv_heads: int = 32                 # key/value heads (GQA: divides num_heads)
+    head_dim: int = 0                      # 0 = hidden_size // num_heads
+    rms_norm_eps: float = 1e-6             # RMSNorm epsilon
+    rope_theta: float = 10000.0            # rotary base
+    rope_scaling: dict | None = None       # None | {"rope_type": "linear"|"llama3", "factor": ..., ...}
+    max_position_embeddings: int = 4096    # context length in tokens (prompt + generation)
+    qkv_bias: bool = False                 # Qwen2: bias on q/k/v projections
+    o_bias: bool = False                   # Llama attention_bias=True: bias on o_proj too
+    mlp_bias: bool = False                 # Llama mlp_bias
+    tie_word_embeddings: bool = False      # LM head shares the embedding matrix (SmolLM, small Qwen2)
+    architecture: str = "llama"            # "llama" | "qwen2": the HF model_type written on save
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+
+    def __post_init__(self):
+        if self.head_dim == 0:
+            self.head_dim = self.hidden_size // self.num_heads
+        self.validate()
+
+    def validate(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim", "max_position_embeddings"):
+            if getattr(self, name) <= 0:
+                raise ModelConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ModelConfigError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                                   f"({self.num_kv_heads}) for grouped-query attention")
+        if self.head_dim % 2:
+            raise ModelConfigError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        rope_type = rope_type_of(self.rope_scaling)
+        if rope_type not in ("default", "linear", "llama3"):
+            raise ModelConfigError(f"rope_scaling type {rope_type!r} is not supported; "
+                                   "use None, 'linear' or 'llama3'")
+
+    @property
+    def num_params(self) -> int:
+        h, i, kv = self.hidden_size, self.intermediate_size, self.num_kv_heads * self.head_dim
+        q = self.num_heads * self.head_dim
+        layer = h * q + 2 * h * kv + q * h + 3 * h * i + 2 * h
+        head = 0 if self.tie_word_embeddings else self.vocab_size * h
+        return self.vocab_size * h + self.num_layers * layer + h + head
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def rope_type_of(rope_scaling: dict | None) -> str:
+    if not rope_scaling:
+        return "default"
+    return rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
+
+
+# Built-in configs for runs and tests that start from scratch with the byte tokenizer
+# (postrain.actors.tokenizer: 256 bytes + 8 specials = vocab 264).
+BUILTIN_CONFIGS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(vocab_size=264, hidden_size=192, intermediate_size=512, num_layers=4,
+                        num_heads=6, num_kv_heads=2, max_position_embeddings=1024,
+                        tie_word_embeddings=True, rope_theta=10000.0),
+    "small": ModelConfig(vocab_size=264, hidden_size=384, intermediate_size=1024, num_layers=8,
+                         num_heads=6, num_kv_heads=2, max_position_embeddings=2048,
+                         tie_word_embeddings=True, rope_theta=10000.0),
+}
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """Rotary inverse frequencies (head_dim // 2,), float32, with the config's scaling."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    scaling = config.rope_scaling or {}
+    rope_type = rope_type_of(config.rope_scaling)
+    if rope_type == "linear":
+        inv_freq = inv_freq / float(scaling["factor"])
+    elif rope_type == "llama3":
+        factor = float(scaling["factor"])
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_len = float(scaling["original_max_position_embeddings"])
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        is_medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        inv_freq = torch.where(is_medium, smoothed, scaled)
+    return inv_freq
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+@dataclass
+class PagedBatch:
+    """Where a batch's keys and values live in the paged cache (inference path).
+
+    Shapes: B sequences, T = the longest number of new tokens among them (1 for
+    pure decode). Padding rows/columns carry slot -1 and are never written.
+    Invariants: positions[b, :query_lens[b]] == context_lens[b] - query_lens[b] + arange;
+    every slot in slot_mapping belongs to a block in block_tables[b].
+    """
+
+    positions: torch.Tensor        # (B, T) int64 absolute positions of the new tokens
+    slot_mapping: torch.Tensor     # (B, T) int64 block_id * block_size_tokens + offset; -1 = padding
+    block_tables: torch.Tensor     # (B, max_blocks) int64 block ids, padded with 0
+    context_lens: torch.Tensor     # (B,) int64 tokens in the cache after this step's writes
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # one (key, value) per layer, each (num_blocks, block_size_tokens, num_kv_heads, head_dim)
+
+    def attention_mask(self) -> torch.Tensor:
+        """(B, 1, T, L) bool: query t may see cached key j iff j <= its position."""
+        block_size = self.kv_caches[0][0].shape[1]
+        keys = torch.arange(self.block_tables.shape[1] * block_size, device=self.positions.device)
+        mask = keys[None, None, :] <= self.positions[:, :, None]          # (B, T, L)
+        return mask[:, None]
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        h, d = config.hidden_size, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, d
+        self.q_proj = nn.Linear(h, config.num_heads * d, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(h, config.num_kv_heads * d, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(h, config.num_kv_heads * d, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(config.num_heads * d, h, bias=config.o_bias)
+
+    def forward(self, x, cos, sin, mask, paged: PagedBatch | None, layer_idx: int):
+        batch, seq, _ = x.shape
+        q = self.q_proj(x).view(batch, seq, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
+        cos, sin = cos[:, :, None, :], sin[:, :, None, :]                  # (B, T, 1, D)
+        q = (q * cos + rotate_half(q) * sin).to(x.dtype)
+        k = (k * cos + rotate_half(k) * sin).to(x.dtype)
+        if paged is not None:
+            k, v = self._write_and_gather(k, v, paged, layer_idx)       # (B, L, Hkv, D)
+        out = self._grouped_attention(q, k, v, mask)                     # (B, T, H, D)
+        return self.o_proj(out.reshape(batch, seq, -1))
+
+    def _grouped_attention(self, q, k, v, mask):
+        """GQA without copying K/V: the `groups` query heads that share a KV head become
+        extra query rows of that head. q (B, T, H, D); k, v (B, L, Hkv, D); mask (B|1, 1, T, L)."""
+        batch, seq = q.shape[:2]
+        kv_heads, groups = self.num_kv_heads, self.num_heads // self.num_kv_heads
+        # query head h = kv * groups + g, as in Hugging Face's repeat_kv
+        q = q.view(batch, seq, kv_heads, groups, self.head_dim).permute(0, 2, 3, 1, 4)
+        q = q.reshape(batch, kv_heads, groups * seq, self.head_dim)           # (B, Hkv, G*T, D)
+        if mask.dim() == 2:
+            mask = mask[None, None]
+        mask = mask[:, :, None].expand(-1, -1, groups, -1, -1)
+        mask = mask.reshape(mask.shape[0], 1, groups * seq, mask.shape[-1])   # (B|1, 1, G*T, L)
+        out = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
+        out = out.view(batch, kv_heads, groups, seq, self.head_dim).permute(0, 3, 1, 2, 4)
+        return out                                                            # (B, T, Hkv, G, D)
+
+    @staticmethod
+    def _write_and_gather(k, v, paged: PagedBatch, layer_idx: int):
+        key_cache, value_cache = paged.kv_caches[layer_idx]
+        num_blocks, block_size, heads, dim = key_cache.shape
+        slots = paged.slot_mapping.reshape(-1)
+        valid = slots >= 0
+        flat_k = key_cache.view(num_blocks * block_size, heads, dim)
+        flat_v = value_cache.view(num_blocks * block_size, heads, dim)
+        flat_k[slots[valid]] = k.reshape(-1, heads, dim)[valid].to(key_cache.dtype)
+        flat_v[slots[valid]] = v.reshape(-1, heads, dim)[valid].to(value_cache.dtype)
+        batch = paged.block_tables.shape[0]
+        gathered_k = key_cache[paged.block_tables].view(batch, -1, heads, dim)  # (B, L, Hkv, D)
+        gathered_v = value_cache[paged.block_tables].view(batch, -1, heads, dim)
+        return gathered_k.to(k.dtype), gathered_v.to(v.dtype)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        h, i, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = nn.Linear(h, i, bias=bias)
+        self.up_proj = nn.Linear(h, i, bias=bias)
+        self.down_proj = nn.Linear(i, h, bias=bias)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, paged, layer_idx):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, paged, layer_idx)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    """Named `model` inside `LlamaModel` so parameter names match Hugging Face's."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaModel(nn.Module):
+    """Causal LM: `forward` returns logits (B, T, vocab_size), float32 unless told otherwise."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+
+    def init_weights(self, seed: int = 0, std: float = 0.02) -> "LlamaModel":
+        """Random normal(0, std) weights, ones for norms, zero biases; deterministic in seed."""
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, param in self.named_parameters():
+                if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
+                    param.fill_(1.0)
+                elif name.endswith(".bias"):
+                    param.zero_()
+                else:
+                    param.copy_(torch.randn(param.shape, generator=gen) * std)
+        return self
+
+    def rotary(self, positions: torch.Tensor, dtype: torch.dtype):
+        """cos, sin (B, T, head_dim) for absolute positions (B, T); computed in float32."""
+        freqs = positions[..., None].float() * self.inv_freq.float()          # (B, T, D/2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                      paged: PagedBatch | None = None) -> torch.Tensor:
+        """Final-norm hidden states (B, T, hidden_size). See `forward` for the arguments."""
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be (batch, seq), got shape {tuple(input_ids.shape)}")
+        x = self.model.embed_tokens(input_ids)                                # (B, T, H)
+        if paged is not None:
+            positions = paged.positions
+            mask = paged.attention_mask()
+        else:
+            positions, mask = self._training_positions_and_mask(input_ids, attention_mask)
+        if int(positions.max()) >= self.config.max_position_embeddings:
+            raise ValueError(f"position {int(positions.max())} is past the context length "
+                             f"max_position_embeddings={self.config.max_position_embeddings}; "
+                             "shorten the prompt or lower max_new_tokens")
+        cos, sin = self.rotary(positions, x.dtype)
+        for idx, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, mask, paged, idx)
+        return self.model.norm(x)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                paged: PagedBatch | None = None, logits_to_keep: torch.Tensor | None = None):
+        """Logits for `input_ids` (B, T).
+
+        attention_mask: (B, T) 1 = real token, 0 = padding (left or right); positions
+            count real tokens only, so a left-padded row scores like the unpadded one.
+        paged: use and extend the paged KV cache instead (inference).
+        logits_to_keep: (B,) index of the one position per row whose logits to return
+            (shape (B, vocab)); saves the LM head on prefill. None = all positions.
+        """
+        hidden = self.hidden_states(input_ids, attention_mask, paged)
+        if logits_to_keep is not None:
+            hidden = hidden[torch.arange(hidden.shape[0], device=hidden.device), logits_to_keep]
+        return self.lm_head(hidden)
+
+    @staticmethod
+    def _training_positions_and_mask(input_ids, attention_mask):
+        batch, seq = input_ids.shape
+        device = input_ids.device
+        causal = torch.ones(seq, seq, dtype=torch.bool, device=device).tril()
+        if attention_mask is None:
+            positions = torch.arange(seq, device=device).expand(batch, seq)
+            return positions, causal
+        real = attention_mask.bool()
+        positions = (real.long().cumsum(-1) - 1).clamp(min=0)
+        mask = causal[None] & real[:, None, :]                                # (B, T, T)
+        # A padding query row would see no key and produce NaN; let it see itself.
+        mask = mask | torch.eye(seq, dtype=torch.bool, device=device)[None]
+        return positions, mask[:, None]
+
+    def new_kv_caches(self, num_blocks: int, block_size_tokens: int, dtype=None, device=None):
+        """Zeroed per-layer (key, value) caches, each (num_blocks, block_size_tokens, Hkv, D)."""
+        cfg = self.config
+        ref = self.lm_head.weight
+        shape = (num_blocks, block_size_tokens, cfg.num_kv_heads, cfg.head_dim)
+        return [(torch.zeros(shape, dtype=dtype or ref.dtype, device=device or ref.device),
+                 torch.zeros(shape, dtype=dtype or ref.dtype, device=device or ref.device))
+                for _ in range(cfg.num_layers)]
+
+
+def build_model(config: ModelConfig | str, seed: int = 0) -> LlamaModel:
+    """A randomly initialised model from a ModelConfig or a built-in config name."""
+    if isinstance(config, str):
+        if config not in BUILTIN_CONFIGS:
+            raise ModelConfigError(f"unknown built-in config {config!r}; "
+                                   f"choose one of {sorted(BUILTIN_CONFIGS)}")
+        config = dataclasses.replace(BUILTIN_CONFIGS[config])
+    return LlamaModel(config).init_weights(seed)
+
+
+if __name__ == "__main__":
+    for name, cfg in BUILTIN_CONFIGS.items():
+        print(f"{name}: {cfg.num_params / 1e6:.2f}M params")

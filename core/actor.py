@@ -1,0 +1,249 @@
+"""Actors: one OS process, one event loop, one inbox, one handler per message kind.
+
+    from postrain.core import Actor, handler
+
+    class Counter(Actor):
+        async def setup(self):            # runs before READY; self.options holds the spec's options
+            self.total = 0
+
+        @handler("add")                   # request/reply: the return value is the reply
+        async def add(self, body):
+            self.total += body["n"]
+            return self.total
+
+        @handler("count", stream=True)    # a stream of replies
+        async def count(self, body):
+            for i in range(body["n"]):
+                yield i
+
+Handlers run one at a time in arrival order unless declared
+`concurrent=True`. A handler that also wants the envelope (sender,
+policy_version) declares a second parameter: `async def h(self, body, msg)`.
+An actor runs on trio by default; set `backend = "asyncio"` on the class to
+run on asyncio with uvloop (for libraries that need asyncio); the message
+layer is the same under both.
+
+The process lifecycle: the supervisor spawns `run_actor_process(spec)`; the
+process pins itself to its CPU cores, binds its inbox, runs `setup()`, then
+tells the head READY. It sends a heartbeat every `heartbeat_interval_s` with
+its `load()`. A STOP message runs `teardown()` and exits 0; an exception in
+setup or in the runtime is reported to the head with its traceback, then the
+process exits 1.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+import os
+import sys
+import traceback
+from typing import Any, ClassVar
+
+import anyio
+
+from . import wire
+from .node import Handler, Inbox, Node
+from .transport import CurveKeys
+
+log = logging.getLogger("postrain.core")
+
+
+def handler(kind: str | None = None, *, stream: bool = False, concurrent: bool = False):
+    """Declare an actor method as the handler of message `kind` (default: the method's name)."""
+    def mark(fn):
+        if not inspect.iscoroutinefunction(fn) and not inspect.isasyncgenfunction(fn):
+            raise TypeError(f"handler {fn.__name__} must be `async def`")
+        if stream != inspect.isasyncgenfunction(fn):
+            raise TypeError(f"handler {fn.__name__}: stream=True needs an async generator "
+                            "(`yield` items), and an async generator needs stream=True")
+        name = kind or fn.__name__
+        if name.startswith("_"):
+            raise ValueError(f"handler kind {name!r} may not start with '_' (reserved)")
+        fn._postrain_handler = (name, stream, concurrent)
+        return fn
+    return mark
+
+
+class Actor:
+    """Base class of every actor. Subclasses add handlers and may override setup,
+    teardown and load. Attributes available in handlers:
+
+    name: this actor's name; options: the spec's options dict; node: the Node
+    for talking to other actors; head: an ActorRef to the head (None when run
+    without one); address: this actor's inbox address."""
+
+    backend: ClassVar[str] = "trio"
+    _handler_specs: ClassVar[dict[str, tuple[str, bool, bool]]] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        specs = dict(cls._handler_specs)
+        for attr, value in vars(cls).items():
+            marked = getattr(value, "_postrain_handler", None)
+            if marked is not None:
+                specs[marked[0]] = (attr, marked[1], marked[2])
+        cls._handler_specs = specs
+        if cls.backend not in ("trio", "asyncio"):
+            raise ValueError(f"{cls.__name__}.backend must be 'trio' or 'asyncio', got {cls.backend!r}")
+
+    def __init__(self, name: str, options: dict, node: Node, head, address: str):
+        self.name = name
+        self.options = options
+        self.node = node
+        self.head = head
+        self.address = address
+        self.inbox: Inbox | None = None
+        self._stop_requested = anyio.Event()
+
+    async def setup(self) -> None:
+        """Runs before READY. Raise to fail the start (the head reports the traceback)."""
+
+    async def teardown(self) -> None:
+        """Runs after a STOP message, before the process exits."""
+
+    def load(self) -> dict[str, Any]:
+        """Queue depths and counters sent with each heartbeat (override to add your own)."""
+        inbox = self.inbox
+        if inbox is None:
+            return {}
+        return {"inbox_queued": inbox.num_queued, "in_flight": inbox.num_in_flight,
+                "served": inbox.num_served, "rejected": inbox.num_rejected}
+
+    async def lookup(self, name: str, timeout_s: float = 10.0):
+        """An ActorRef to the actor called `name`, by asking the head's registry."""
+        if self.head is None:
+            raise LookupError(f"cannot look up {name!r}: this actor runs without a head")
+        address = await self.head.ask("lookup", {"name": name}, timeout_s=timeout_s)
+        return self.node.ref(address, name)
+
+    def request_stop(self) -> None:
+        self._stop_requested.set()
+
+    def handlers(self) -> dict[str, Handler]:
+        table = {}
+        for kind, (attr, stream, concurrent) in self._handler_specs.items():
+            fn = getattr(self, attr)
+            num_params = len(inspect.signature(fn).parameters)
+            table[kind] = Handler(fn, stream=stream, concurrent=concurrent,
+                                  wants_message=num_params >= 2)
+        table[wire.STOP] = Handler(self._handle_stop)
+        return table
+
+    async def _handle_stop(self, body) -> str:
+        self._stop_requested.set()
+        return "stopping"
+
+
+def import_object(path: str):
+    """'package.module:Name' -> the object. Raises ImportError naming the path on failure."""
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise ImportError(f"import path {path!r} must look like 'package.module:ClassName'")
+    module = importlib.import_module(module_name)
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ImportError(f"module {module_name} has no attribute {attr!r} (from {path!r})") from None
+
+
+def run_actor_process(spec: dict) -> None:
+    """Entry point of an actor process (the supervisor spawns it).
+
+    spec keys: name, cls (import path), options, address, head_address (or None),
+    incarnation, cpu_ids (or None), num_threads, heartbeat_interval_s, keys (or None)."""
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {spec['name']} %(levelname)s %(message)s")
+    _pin_cpus(spec.get("cpu_ids"), spec.get("num_threads"))
+    backend = "trio"
+    try:
+        cls = import_object(spec["cls"])
+        if not (isinstance(cls, type) and issubclass(cls, Actor)):
+            raise TypeError(f"{spec['cls']} is not an Actor subclass")
+        backend = cls.backend
+    except Exception:
+        cls = None
+        startup_error = traceback.format_exc()
+    else:
+        startup_error = None
+    options = {"backend": backend}
+    if backend == "asyncio":
+        options["backend_options"] = {"use_uvloop": True}
+    try:
+        anyio.run(_actor_main, cls, spec, startup_error, **options)
+    except BaseException:
+        traceback.print_exc()
+        sys.exit(1)
+
+
+def _pin_cpus(cpu_ids, num_threads) -> None:
+    if cpu_ids:
+        try:
+            os.sched_setaffinity(0, cpu_ids)
+        except (AttributeError, OSError) as exc:
+            log.warning("could not pin to cores %s: %s", cpu_ids, exc)
+    if num_threads:
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            os.environ[var] = str(num_threads)
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(num_threads)
+
+
+async def _actor_main(cls, spec: dict, startup_error: str | None) -> None:
+    keys = CurveKeys.from_dict(spec["keys"]) if spec.get("keys") else None
+    async with Node(spec["name"], keys) as node:
+        head = node.ref(spec["head_address"], "head") if spec.get("head_address") else None
+        if startup_error is not None:
+            await _report_crash(head, spec, startup_error)
+            raise RuntimeError(startup_error)
+        actor = None
+        try:
+            inbox_address = spec["address"]
+            actor = cls(spec["name"], spec.get("options") or {}, node, head, inbox_address)
+            if "torch" in sys.modules and spec.get("num_threads"):
+                sys.modules["torch"].set_num_threads(spec["num_threads"])
+            inbox = Inbox(node, inbox_address, actor.handlers())
+            actor.inbox = inbox
+            actor.address = inbox.bound_address
+            await actor.setup()
+        except Exception:
+            await _report_crash(head, spec, traceback.format_exc())
+            raise
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(inbox.serve)
+                if head is not None:
+                    await head.ask("_ready", {"name": spec["name"], "pid": os.getpid(),
+                                               "address": inbox.bound_address,
+                                               "incarnation": spec.get("incarnation", 0)})
+                    tg.start_soon(_heartbeat, actor, head, spec)
+                await actor._stop_requested.wait()
+                tg.cancel_scope.cancel()
+            await actor.teardown()
+        except Exception:
+            await _report_crash(head, spec, traceback.format_exc())
+            raise
+
+
+async def _heartbeat(actor: Actor, head, spec: dict) -> None:
+    interval_s = spec.get("heartbeat_interval_s", 1.0)
+    while True:
+        try:
+            await head.tell("_heartbeat", {"name": actor.name, "pid": os.getpid(),
+                                           "incarnation": spec.get("incarnation", 0),
+                                           "load": actor.load()}, timeout_s=interval_s)
+        except Exception as exc:  # the head may be restarting; keep serving
+            log.debug("heartbeat to head failed: %s", exc)
+        await anyio.sleep(interval_s)
+
+
+async def _report_crash(head, spec: dict, tb: str) -> None:
+    log.error("actor %s crashed:\n%s", spec["name"], tb)
+    if head is None:
+        return
+    with anyio.move_on_after(2.0):
+        try:
+            await head.ask("_crashed", {"name": spec["name"], "pid": os.getpid(),
+                                        "incarnation": spec.get("incarnation", 0), "traceback": tb},
+                           timeout_s=2.0)
+        except Exception:
+            pass

@@ -1,0 +1,160 @@
+"""Run configuration: one TOML file, validated on load.
+
+Every field has a unit in its name where it has one, a default, and a line
+saying where it applies. A bad file raises `ConfigError` listing each bad
+field as `path.to.field = value: rule`. Unknown fields are errors too (a typo
+must not silently fall back to a default).
+
+    [run]
+    name = "tiny"                  # run name; the run folder is run_dir/name
+    run_dir = "runs"
+
+    [head]
+    heartbeat_interval_s = 1.0
+
+    [[actors]]
+    name = "echo"
+    cls = "postrain.core.testing:EchoActor"
+    cpus = 0.5
+
+Later sections (orchestrator, learner, generator, sandbox, environments) are
+added by the modules that own them through `RunConfig`'s extension tables
+(`extra` below) and validated there.
+"""
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import ConfigError
+
+_NAME_RULE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,39}$")
+_IMPORT_PATH_RULE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ActorSpec(_Strict):
+    """What the supervisor needs to start, place and restart one actor."""
+
+    name: str = Field(description="unique actor name; letters, digits, _ and -, 1-40 chars")
+    cls: str = Field(description="import path of the Actor subclass, 'package.module:Class'")
+    options: dict[str, Any] = Field(default_factory=dict, description="passed to the actor as self.options")
+    cpus: float = Field(1.0, gt=0, description="CPU cores it needs (fractions share a core)")
+    gpus: int = Field(0, ge=0, description="whole GPUs it needs")
+    memory_mb: int = Field(512, ge=0, description="host memory it may use, MiB (placement accounting)")
+    max_restarts: int = Field(3, ge=0, description="restarts after a crash before the supervisor gives up")
+    restart_backoff_s: float = Field(0.5, ge=0, description="first restart delay; doubles each restart")
+    start_timeout_s: float = Field(60.0, gt=0, description="how long to wait for READY")
+    stop_timeout_s: float = Field(5.0, gt=0, description="wait after STOP before a kill")
+    bind: str = Field("ipc", description="'ipc' (one host) or a tcp address like 'tcp://0.0.0.0:5555'")
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not _NAME_RULE.match(value):
+            raise ValueError("must start with a letter and hold only letters, digits, _ and -, "
+                             "at most 40 characters")
+        return value
+
+    @field_validator("cls")
+    @classmethod
+    def _check_cls(cls, value: str) -> str:
+        if not _IMPORT_PATH_RULE.match(value):
+            raise ValueError("must be an import path like 'package.module:ClassName'")
+        return value
+
+    @field_validator("bind")
+    @classmethod
+    def _check_bind(cls, value: str) -> str:
+        if value != "ipc" and not re.match(r"^tcp://[^:]+:\d+$", value):
+            raise ValueError("must be 'ipc' or 'tcp://HOST:PORT' (PORT 0 picks a free port)")
+        return value
+
+
+class RunSection(_Strict):
+    name: str = Field("run", description="run name; the run folder is run_dir/name")
+    run_dir: str = Field("runs", description="folder holding run folders (checkpoints, logs, metrics)")
+    seed: int = Field(0, description="seed for data order, sampling and init")
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not _NAME_RULE.match(value):
+            raise ValueError("must start with a letter and hold only letters, digits, _ and -")
+        return value
+
+
+class HeadSection(_Strict):
+    heartbeat_interval_s: float = Field(1.0, gt=0, description="how often actors report to the head")
+    heartbeat_timeout_s: float = Field(30.0, gt=0, description="silence after which an actor counts as hung and is restarted")
+    bind: str = Field("ipc", description="the head's control socket: 'ipc' or 'tcp://HOST:PORT'")
+
+    @model_validator(mode="after")
+    def _check_timeout(self):
+        if self.heartbeat_timeout_s <= 2 * self.heartbeat_interval_s:
+            raise ValueError(f"heartbeat_timeout_s ({self.heartbeat_timeout_s}) must exceed twice "
+                             f"heartbeat_interval_s ({self.heartbeat_interval_s})")
+        return self
+
+
+class RunConfig(_Strict):
+    run: RunSection = Field(default_factory=RunSection)
+    head: HeadSection = Field(default_factory=HeadSection)
+    actors: list[ActorSpec] = Field(default_factory=list)
+    extra: dict[str, Any] = Field(default_factory=dict,
+                                  description="sections owned by other modules, validated by them")
+
+    @model_validator(mode="after")
+    def _unique_names(self):
+        seen = set()
+        for spec in self.actors:
+            if spec.name in seen:
+                raise ValueError(f"actor name {spec.name!r} is used twice; names must be unique")
+            seen.add(spec.name)
+        return self
+
+
+_CORE_SECTIONS = {"run", "head", "actors"}
+
+
+def parse_config(data: dict, source: str = "<config>") -> RunConfig:
+    """Validate a parsed TOML document. Tables other than run/head/actors go to `extra`."""
+    core = {k: v for k, v in data.items() if k in _CORE_SECTIONS}
+    core["extra"] = {k: v for k, v in data.items() if k not in _CORE_SECTIONS}
+    try:
+        return RunConfig.model_validate(core)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source)) from None
+
+
+def load_config(path: str | Path) -> RunConfig:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}; pass an existing TOML file") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    return parse_config(data, str(path))
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    lines = [f"{source}: {exc.error_count()} bad field(s):"]
+    for error in exc.errors():
+        location = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            message = "unknown field (check the spelling; see the config reference in the README)"
+        value = error.get("input")
+        shown = "" if isinstance(value, dict) or error["type"] == "missing" else f" = {value!r}"
+        lines.append(f"  {location}{shown}: {message}")
+    return "\n".join(lines)

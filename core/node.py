@@ -1,0 +1,551 @@
+"""A process's messaging endpoint: references to other actors, and an inbox.
+
+`Node` owns the process's ZeroMQ context and the background tasks that
+receive. `ActorRef` talks to one actor: `ask` (request/reply with a
+correlation id and a timeout), `tell` (one-way), `stream` (a stream of
+replies). `Inbox` serves an actor's socket: one task receives and decodes
+into a memory channel, one task dispatches to handlers, replies leave through
+one outbox.
+
+Failure rule: every pending request ends in a reply, a `RemoteError`, an
+`ActorTimeoutError`, or an `ActorDiedError` the moment the connection to the
+actor drops (a socket monitor watches it), never in a hang.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import math
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import anyio
+import sniffio
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from . import wire
+from .errors import ActorDiedError, ActorTimeoutError, AuthenticationError, RemoteError
+from .transport import HWM_MESSAGES, AsyncSocket, CurveKeys, configure_client, configure_server, is_beyond_loopback
+
+log = logging.getLogger("postrain.core")
+
+_CONNECTED = zmq.EVENT_HANDSHAKE_SUCCEEDED
+_LOST = zmq.EVENT_DISCONNECTED
+_AUTH_FAILED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+UNKNOWN_REQUEST = -1    # corr_id of an error reply to a message too broken to show its msg_id
+REPLY_TIMEOUT_S = 10.0  # how long a reply waits for a caller whose queue is full
+INBOX_QUEUE_MESSAGES = 1024
+REAPER_TICK_S = 0.02    # request deadlines are enforced to within this  # decoded messages waiting for the dispatcher before receive pauses
+
+
+def _native_event_class():
+    if sniffio.current_async_library() == "trio":
+        import trio
+        return trio.Event
+    return anyio.Event
+
+
+class Node:
+    """Messaging endpoint of one process. Use as `async with Node(name) as node:`.
+
+    Cancelling the `async with` body closes every socket; pending requests are
+    abandoned (their callers are cancelled with it)."""
+
+    def __init__(self, name: str, keys: CurveKeys | None = None,
+                 shm_min_bytes: int | None = wire.DEFAULT_SHM_MIN_BYTES):
+        self.name = name
+        self.keys = keys
+        self.shm_min_bytes = shm_min_bytes  # None disables shared memory (peers on other hosts)
+        self.context = zmq.Context.instance()
+        self._msg_ids = itertools.count(1)
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._refs: list[ActorRef] = []
+        self._closers: list[Callable[[], None]] = []  # sockets to close after the tasks end
+        self._zap_started = False
+
+    async def __aenter__(self) -> "Node":
+        self._task_group = anyio.create_task_group()
+        await self._task_group.__aenter__()
+        self._event_class = _native_event_class()
+        self._task_group.start_soon(self._reap_deadlines)
+        return self
+
+    def new_event(self):
+        """An Event of the running loop's own kind (trio.Event is 3x cheaper than anyio's)."""
+        return self._event_class()
+
+    async def _reap_deadlines(self) -> None:
+        while True:
+            await anyio.sleep(REAPER_TICK_S)
+            now = time.monotonic()
+            for ref in self._refs:
+                ref.reap(now)
+
+    async def __aexit__(self, *exc_info):
+        self._task_group.cancel_scope.cancel()
+        try:
+            return await self._task_group.__aexit__(*exc_info)
+        finally:
+            for close in self._closers:
+                close()
+            wire.cleanup_shm()
+
+    def next_msg_id(self) -> int:
+        return next(self._msg_ids)
+
+    def encode(self, msg: wire.Message, address: str) -> list:
+        local = not address.startswith("tcp://") or not is_beyond_loopback(address)
+        return wire.encode(msg, self.shm_min_bytes if local else None)
+
+    def spawn(self, fn: Callable[..., Awaitable], *args) -> None:
+        self._task_group.start_soon(fn, *args)
+
+    def ref(self, address: str, name: str | None = None) -> "ActorRef":
+        ref = ActorRef(self, address, name or address)
+        self._refs.append(ref)
+        self._closers.append(ref.close)
+        return ref
+
+    def ensure_zap(self, allowed_keys: tuple[bytes, ...]) -> None:
+        """Serve ZeroMQ's authentication requests for this process's Curve servers."""
+        if self._zap_started:
+            return
+        self._zap_started = True
+        sock = self.context.socket(zmq.REP)
+        sock.linger = 0
+        sock.bind("inproc://zeromq.zap.01")
+        self.spawn(_serve_zap, AsyncSocket(sock), frozenset(allowed_keys))
+
+
+async def _serve_zap(sock: AsyncSocket, allowed_keys: frozenset) -> None:
+    """ZAP (RFC 27): accept a CURVE client only if its public key is allowed."""
+    try:
+        while True:
+            frames = [bytes(f.buffer) for f in await sock.recv_multipart()]
+            version, request_id, _domain, peer_address, _identity, mechanism = frames[:6]
+            key = frames[6] if len(frames) > 6 else b""
+            ok = mechanism == b"CURVE" and zmq.utils.z85.encode(key) in allowed_keys
+            if not ok:
+                log.warning("refused a %s connection from %s: client key not accepted",
+                            mechanism.decode(errors="replace"), peer_address.decode(errors="replace"))
+            status = [b"200", b"OK"] if ok else [b"400", b"client key not accepted"]
+            await sock.send_multipart([version, request_id, *status, b"", b""])
+    finally:
+        sock.close()
+
+
+@dataclass
+class _Pending:
+    """One request awaiting its reply. deadline: time.monotonic() by which the next
+    reply must arrive (for a stream: the next item); the node's reaper enforces it."""
+    kind: str
+    stream: bool
+    deadline: float
+    timeout_s: float
+    done: Any = None       # an Event, set when reply or error is in
+    reply: wire.Message | None = None
+    error: Exception | None = None
+    items: Any = None      # stream: a deque of Message | Exception; `done` is set on each arrival
+
+
+class ActorRef:
+    """A handle to one actor at `address`. Cheap to keep; safe to use from many tasks.
+
+    Invariant: `_pending` holds exactly the requests sent and not yet answered;
+    each leaves it by its reply, its deadline (the node's reaper), or a disconnect.
+    Timeouts are deadlines checked by one reaper task per node, not a cancel
+    scope per request: scopes cost more than the rest of a round trip."""
+
+    def __init__(self, node: Node, address: str, name: str):
+        self.node = node
+        self.address = address
+        self.name = name
+        sock = node.context.socket(zmq.DEALER)
+        sock.linger = 0
+        sock.immediate = True          # queue only on a live connection: nothing waits in a dead pipe
+        sock.sndhwm = sock.rcvhwm = HWM_MESSAGES
+        sock.reconnect_ivl = 20
+        sock.reconnect_ivl_max = 500
+        configure_client(sock, address, node.keys)
+        self._monitor = AsyncSocket(sock.get_monitor_socket(_CONNECTED | _LOST | _AUTH_FAILED))
+        sock.connect(address)
+        self._sock = AsyncSocket(sock)
+        self._pending: dict[int, _Pending] = {}
+        self._connected = anyio.Event()
+        self._auth_error: AuthenticationError | None = None
+        self._closed = False
+        node.spawn(self._receive_replies)
+        node.spawn(self._watch_connection)
+
+    def __repr__(self) -> str:
+        return f"ActorRef({self.name!r}, {self.address!r})"
+
+    # -- public API ---------------------------------------------------------
+
+    async def ask(self, kind: str, body: Any = None, *, timeout_s: float = 30.0,
+                  policy_version: int | None = None) -> Any:
+        """Send a request and return the reply's body. Raises RemoteError, ActorDiedError,
+        ActorTimeoutError or AuthenticationError. Cancelled: the request may still run remotely."""
+        return (await self.ask_message(kind, body, timeout_s=timeout_s,
+                                       policy_version=policy_version)).body
+
+    async def ask_message(self, kind: str, body: Any = None, *, timeout_s: float = 30.0,
+                          policy_version: int | None = None) -> wire.Message:
+        """Like `ask`, returning the whole reply Message (its policy_version too)."""
+        msg_id = self.node.next_msg_id()
+        pending = _Pending(kind, False, time.monotonic() + timeout_s, timeout_s, self.node.new_event())
+        try:
+            await self._send(msg_id, kind, body, policy_version, pending)
+            await pending.done.wait()
+        finally:
+            self._pending.pop(msg_id, None)
+        if pending.error is not None:
+            raise pending.error
+        return pending.reply
+
+    async def tell(self, kind: str, body: Any = None, *, timeout_s: float = 30.0,
+                   policy_version: int | None = None) -> None:
+        """Send one-way (msg_id 0: no reply). Returns once ZeroMQ has queued it on a live
+        connection; a handler error is logged by the actor, not reported back."""
+        await self._send(0, kind, body, policy_version, None, timeout_s)
+
+    async def stream(self, kind: str, body: Any = None, *, timeout_s: float = 30.0,
+                     policy_version: int | None = None) -> AsyncIterator[Any]:
+        """Send a request whose handler yields many replies; iterate their bodies.
+        `timeout_s` bounds the wait for each item. Breaking out early abandons the rest."""
+        async for msg in self.stream_messages(kind, body, timeout_s=timeout_s,
+                                              policy_version=policy_version):
+            yield msg.body
+
+    async def stream_messages(self, kind: str, body: Any = None, *, timeout_s: float = 30.0,
+                              policy_version: int | None = None) -> AsyncIterator[wire.Message]:
+        msg_id = self.node.next_msg_id()
+        pending = _Pending(kind, True, time.monotonic() + timeout_s, timeout_s, self.node.new_event(),
+                           items=collections.deque())
+        try:
+            await self._send(msg_id, kind, body, policy_version, pending)
+            while True:
+                while not pending.items:
+                    await pending.done.wait()
+                    pending.done = self.node.new_event()
+                item = pending.items.popleft()
+                if isinstance(item, Exception):
+                    raise item
+                if item.kind == wire.END:
+                    return
+                yield item
+        finally:
+            self._pending.pop(msg_id, None)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._fail_all(ActorDiedError(f"reference to actor {self.name} was closed"))
+        self._sock.close()
+        self._monitor.close()
+
+    # -- internals ----------------------------------------------------------
+
+    def timeout_error(self, kind: str, timeout_s: float) -> ActorTimeoutError:
+        state = "connected" if self._connected.is_set() else "never connected"
+        return ActorTimeoutError(
+            f"no reply from actor {self.name} ({self.address}, {state}) to {kind!r} within "
+            f"{timeout_s} s; check that it is running (`postrain status`) or raise timeout_s")
+
+    async def _send(self, msg_id, kind, body, policy_version, pending, timeout_s=None) -> None:
+        frames = self.node.encode(wire.Message(kind, msg_id, 0, self.node.name, policy_version, body),
+                                  self.address)
+        if pending is not None:
+            self._pending[msg_id] = pending
+        if self._auth_error is None and not self._closed and self._sock.send_nowait(frames):
+            return  # the fast path: connected, room in the queue
+        deadline = pending.deadline if pending is not None else time.monotonic() + timeout_s
+        with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
+            while True:
+                if self._auth_error is not None:
+                    raise self._auth_error
+                if self._closed:
+                    raise ActorDiedError(f"reference to actor {self.name} is closed")
+                if pending is not None and pending.error is not None:
+                    raise pending.error   # failed while we waited (disconnect, reaper)
+                if self._sock.send_nowait(frames):
+                    return
+                if self._connected.is_set():   # connected but full: wait for room
+                    await anyio.sleep(0.0002)
+                else:
+                    await self._connected.wait()
+        if pending is not None:
+            self._pending.pop(msg_id, None)
+        raise self.timeout_error(kind, timeout_s if pending is None else pending.timeout_s)
+
+    def reap(self, now: float) -> None:
+        """Fail every request whose deadline has passed (the node's reaper calls this)."""
+        for msg_id, pending in list(self._pending.items()):
+            if pending.deadline < now:
+                del self._pending[msg_id]
+                self._deliver(pending, self.timeout_error(pending.kind, pending.timeout_s))
+
+    @staticmethod
+    def _deliver(pending: _Pending, item) -> None:
+        if pending.stream:
+            pending.items.append(item)
+            pending.deadline = time.monotonic() + pending.timeout_s
+        elif isinstance(item, Exception):
+            pending.error = item
+        else:
+            pending.reply = item
+        if isinstance(item, Exception):
+            pending.error = item
+        pending.done.set()
+
+    async def _receive_replies(self) -> None:
+        while not self._closed:
+            try:
+                frames = await self._sock.recv_multipart()
+            except (zmq.ZMQError, anyio.ClosedResourceError):
+                return
+            try:
+                msg = wire.decode(frames)
+            except wire.WireError as exc:
+                log.error("actor %s sent a malformed reply: %s", self.name, exc)
+                continue
+            pending = self._pending.get(msg.corr_id)
+            if pending is None:
+                if msg.kind == wire.ERROR:
+                    log.error("actor %s: %s", self.name, msg.body)
+                continue
+            final = not pending.stream or msg.kind in (wire.END, wire.ERROR)
+            if final:
+                self._pending.pop(msg.corr_id, None)
+            self._deliver(pending, _error_from(msg) if msg.kind == wire.ERROR else msg)
+
+    async def _watch_connection(self) -> None:
+        while not self._closed:
+            try:
+                frames = await self._monitor.recv_multipart()
+            except (zmq.ZMQError, anyio.ClosedResourceError):
+                return
+            event = parse_monitor_message([bytes(f.buffer) for f in frames])["event"]
+            if event == _CONNECTED:
+                self._auth_error = None
+                self._connected.set()
+            elif event == _LOST:
+                if self._connected.is_set():
+                    self._connected = anyio.Event()
+                self._fail_all(ActorDiedError(
+                    f"actor {self.name} ({self.address}) disconnected with the request in flight "
+                    "(it died or was stopped); the supervisor restarts crashed actors: retry"))
+            elif event & _AUTH_FAILED:
+                self._auth_error = AuthenticationError(
+                    f"actor {self.name} ({self.address}) refused our CurveZMQ key; use the run's "
+                    "keys (run_dir/keys) or add this client's public key to the allowed keys")
+                self._fail_all(self._auth_error)
+                # wake senders waiting for a connection so they raise the auth error
+                self._connected.set()
+                self._connected = anyio.Event()
+
+    def _fail_all(self, error: Exception) -> None:
+        pending, self._pending = self._pending, {}
+        for item in pending.values():
+            self._deliver(item, error)
+
+
+def _error_from(msg: wire.Message) -> RemoteError:
+    body = msg.body if isinstance(msg.body, dict) else {}
+    return RemoteError(str(body.get("type", "Error")), str(body.get("message", msg.body)),
+                       str(body.get("traceback", "")))
+
+
+@dataclass(frozen=True)
+class Handler:
+    """How the inbox runs one message kind.
+
+    stream: the function is an async generator; each item is sent as ITEM, then END.
+    concurrent: run each message in its own task (default: one at a time, in order)."""
+
+    fn: Callable
+    stream: bool = False
+    concurrent: bool = False
+    wants_message: bool = False
+
+
+@dataclass
+class Reply:
+    """Return this from a handler to set the reply's policy_version."""
+    body: Any
+    policy_version: int | None = None
+
+
+class Inbox:
+    """Serves one ROUTER socket: receive task -> channel -> dispatcher -> outbox.
+
+    A malformed frame, an unknown kind or a handler that raises gets an ERROR
+    reply (type MalformedMessage, UnknownKind, or the exception's class) and a
+    log line; the inbox keeps serving."""
+
+    def __init__(self, node: Node, address: str, handlers: dict[str, Handler],
+                 allowed_client_keys: tuple[bytes, ...] = ()):
+        self.node = node
+        self.address = address
+        self.handlers = handlers
+        sock = node.context.socket(zmq.ROUTER)
+        sock.linger = 1000
+        sock.router_mandatory = True   # a full peer queue makes send wait, not drop
+        sock.sndhwm = sock.rcvhwm = HWM_MESSAGES
+        configure_server(sock, address, node.keys)
+        if is_beyond_loopback(address):
+            node.ensure_zap(allowed_client_keys or node.keys.allowed_client_keys)
+        sock.bind(address)
+        self.bound_address = sock.last_endpoint.decode()
+        self._sock = AsyncSocket(sock)
+        node._closers.append(self.close)
+        self.num_queued = 0       # decoded, waiting for the dispatcher
+        self.num_in_flight = 0    # handlers running
+        self.num_served = 0
+        self.num_rejected = 0
+
+    async def serve(self) -> None:
+        """Run until cancelled. Cancellation stops receiving; queued messages are dropped
+        (their callers see a disconnect once the socket closes)."""
+        queue = MessageQueue(INBOX_QUEUE_MESSAGES)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._receive, queue)
+            await self._dispatch(queue, tg)
+
+    def close(self) -> None:
+        self._sock.close(linger_ms=1000)
+
+    async def _receive(self, queue: "MessageQueue") -> None:
+        while True:
+            try:
+                frames = await self._sock.recv_multipart()
+            except (zmq.ZMQError, anyio.ClosedResourceError):
+                return
+            identity, frames = frames[0], frames[1:]
+            try:
+                msg = wire.decode(frames)
+            except wire.WireError as exc:
+                self.num_rejected += 1
+                log.warning("inbox %s: malformed message: %s", self.address, exc)
+                corr_id = wire.peek_msg_id(frames) or UNKNOWN_REQUEST
+                await self.post_error(identity, corr_id, "MalformedMessage", str(exc))
+                continue
+            await queue.put((identity, msg))
+            self.num_queued = len(queue)
+
+    async def _dispatch(self, queue: "MessageQueue", tg) -> None:
+        while True:
+            identity, msg = await queue.get()
+            self.num_queued = len(queue)
+            if msg.kind == wire.PING:
+                await self.post(identity, wire.REPLY, msg.msg_id, "pong")
+                continue
+            handler = self.handlers.get(msg.kind)
+            if handler is None:
+                self.num_rejected += 1
+                log.warning("inbox %s: unknown message kind %r from %s", self.address, msg.kind,
+                            msg.sender)
+                await self.post_error(identity, msg.msg_id, "UnknownKind",
+                                      f"no handler for message kind {msg.kind!r}; this actor "
+                                      f"handles {sorted(self.handlers)}")
+                continue
+            if handler.concurrent:
+                tg.start_soon(self._run, handler, identity, msg)
+            else:
+                await self._run(handler, identity, msg)
+
+    async def _run(self, handler: Handler, identity, msg: wire.Message) -> None:
+        self.num_in_flight += 1
+        try:
+            args = (msg.body, msg) if handler.wants_message else (msg.body,)
+            if handler.stream:
+                async for item in handler.fn(*args):
+                    await self._post_result(identity, wire.ITEM, msg.msg_id, item)
+                await self.post(identity, wire.END, msg.msg_id, None)
+            else:
+                await self._post_result(identity, wire.REPLY, msg.msg_id, await handler.fn(*args))
+            self.num_served += 1
+        except Exception as exc:  # the handler's failure goes back to the caller, not up
+            log.warning("inbox %s: handler for %r raised %s: %s", self.address, msg.kind,
+                        type(exc).__name__, exc)
+            await self.post_error(identity, msg.msg_id, type(exc).__name__, str(exc),
+                                  traceback.format_exc())
+        finally:
+            self.num_in_flight -= 1
+
+    async def _post_result(self, identity, kind, corr_id, result) -> None:
+        if isinstance(result, Reply):
+            await self.post(identity, kind, corr_id, result.body, result.policy_version)
+        else:
+            await self.post(identity, kind, corr_id, result)
+
+    async def post(self, identity, kind: str, corr_id: int, body: Any,
+                   policy_version: int | None = None) -> None:
+        """Send a reply. A tell (corr_id 0) gets none: errors are logged instead.
+        A caller that is gone or does not read for REPLY_TIMEOUT_S loses the reply (logged)."""
+        if corr_id == 0:
+            if kind == wire.ERROR:
+                log.warning("inbox %s: error on a one-way message: %s", self.address, body)
+            return
+        msg = wire.Message(kind, self.node.next_msg_id(), corr_id, self.node.name, policy_version, body)
+        try:
+            frames = self.node.encode(msg, self.address)
+        except wire.WireError as exc:
+            await self.post_error(identity, corr_id, "WireError", f"cannot encode the reply: {exc}")
+            return
+        try:
+            if not self._sock.send_nowait([identity, *frames]):
+                with anyio.fail_after(REPLY_TIMEOUT_S):
+                    await self._sock.send_multipart([identity, *frames])
+        except (zmq.ZMQError, TimeoutError) as exc:
+            log.warning("inbox %s: reply %s to %r lost: %s", self.address, kind, identity.bytes, exc)
+
+    async def post_error(self, identity, corr_id: int, error_type: str, message: str,
+                         remote_traceback: str = "") -> None:
+        await self.post(identity, wire.ERROR, corr_id,
+                        {"type": error_type, "message": message, "traceback": remote_traceback})
+
+
+class MessageQueue:
+    """The bounded channel between an inbox's receive task and its dispatcher.
+
+    A deque and two events instead of a memory stream: `put` and `get` yield
+    to the loop only when they must wait (full or empty), which saves two
+    scheduler passes per message on the request path.
+    Invariant: 0 <= len(self) <= max_items (put waits while full)."""
+
+    def __init__(self, max_items: int):
+        self.max_items = max_items
+        self._items: collections.deque = collections.deque()
+        self._not_empty: anyio.Event | None = None   # set by put; awaited by get when empty
+        self._not_full: anyio.Event | None = None    # set by get; awaited by put when full
+        self._new_event = _native_event_class()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    async def put(self, item) -> None:
+        """Cancel-safe: a cancelled put has not enqueued."""
+        while len(self._items) >= self.max_items:
+            self._not_full = self._not_full or self._new_event()
+            await self._not_full.wait()
+        self._items.append(item)
+        if self._not_empty is not None:
+            self._not_empty.set()
+            self._not_empty = None
+
+    async def get(self):
+        """Cancel-safe: a cancelled get has not dequeued."""
+        while not self._items:
+            self._not_empty = self._not_empty or self._new_event()
+            await self._not_empty.wait()
+        item = self._items.popleft()
+        if self._not_full is not None:
+            self._not_full.set()
+            self._not_full = None
+        return item

@@ -1,0 +1,406 @@
+"""The supervisor: starts actors from specs, watches them, restarts the ones that die.
+
+Design note. Each actor has one watcher task that owns its process for its
+whole life: it spawns an incarnation, waits for READY, then waits for the
+process to exit, and on an exit it did not ask for, restarts it after a
+backoff that doubles each time, until `max_restarts`. Every decision is an
+`ActorEvent` with the reason (exit code, signal name, the actor's own
+traceback when it reported one, "hung" when its heartbeats stopped), so
+"why did it die" always has an answer.
+
+The head's inbox doubles as the registry: actors ask it `lookup` for each
+other's addresses and then talk directly, so data never flows through the
+head.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from .actor import run_actor_process
+from .config import ActorSpec
+from .errors import ActorStartError
+from .node import ActorRef, Handler, Inbox, Node
+from .scheduler import Placement, Scheduler
+from .transport import CurveKeys, ipc_address, is_beyond_loopback, make_socket_dir
+
+log = logging.getLogger("postrain.core")
+_spawn = multiprocessing.get_context("spawn")
+
+
+@dataclass
+class ActorEvent:
+    time: float
+    name: str
+    event: str     # started | exited | restarting | gave_up | hung | stopped
+    detail: str = ""
+
+
+@dataclass
+class ActorRecord:
+    """The supervisor's view of one actor.
+
+    state: starting -> running -> (restarting -> running)* -> stopped | failed.
+    Invariant: state == "running" implies process is alive and READY came
+    from `incarnation`."""
+
+    spec: ActorSpec
+    placement: Placement
+    address: str
+    state: str = "starting"
+    incarnation: int = 0
+    restarts: int = 0
+    process: Any = None
+    pid: int | None = None
+    last_heartbeat: float = 0.0
+    load: dict = field(default_factory=dict)
+    crash_traceback: str = ""
+    last_exit: str = ""
+    ready: anyio.Event = field(default_factory=anyio.Event)
+    exited: anyio.Event = field(default_factory=anyio.Event)
+    stop_requested: bool = False
+
+
+def describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return f"killed by signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exited with code {exitcode}"
+
+
+class Supervisor:
+    """Use through `async with Supervisor.open(...) as supervisor:`; leaving stops every actor."""
+
+    def __init__(self, node: Node, scheduler: Scheduler, socket_dir: str, *,
+                 heartbeat_interval_s: float, heartbeat_timeout_s: float, bind: str,
+                 keys: CurveKeys | None):
+        self.node = node
+        self.scheduler = scheduler
+        self.socket_dir = socket_dir
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.keys = keys
+        self.records: dict[str, ActorRecord] = {}
+        self.events: list[ActorEvent] = []
+        self._event_added = anyio.Event()
+        address = ipc_address(socket_dir, "head") if bind == "ipc" else bind
+        self.inbox = Inbox(node, address, {
+            "_ready": Handler(self._on_ready), "_heartbeat": Handler(self._on_heartbeat),
+            "_crashed": Handler(self._on_crashed), "lookup": Handler(self._on_lookup),
+            "status": Handler(self._on_status)})
+        self.address = self.inbox.bound_address
+        self._refs: dict[str, ActorRef] = {}
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, *, scheduler: Scheduler | None = None, heartbeat_interval_s: float = 1.0,
+                   heartbeat_timeout_s: float = 30.0, bind: str = "ipc", keys: CurveKeys | None = None):
+        socket_dir = make_socket_dir()
+        async with Node("head", keys) as node:
+            supervisor = cls(node, scheduler or Scheduler(), socket_dir,
+                             heartbeat_interval_s=heartbeat_interval_s,
+                             heartbeat_timeout_s=heartbeat_timeout_s, bind=bind, keys=keys)
+            node.spawn(supervisor.inbox.serve)
+            node.spawn(supervisor._watch_heartbeats)
+            try:
+                yield supervisor
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await supervisor.shutdown()
+                _remove_dir(socket_dir)
+
+    # -- public API ------------------------------------------------------------
+
+    async def start(self, spec: ActorSpec) -> ActorRef:
+        """Place and start an actor; return once it is READY. Raises PlacementError or
+        ActorStartError (with the actor's traceback). Cancelled: the process is killed."""
+        if spec.name in self.records and self.records[spec.name].state not in ("stopped", "failed"):
+            raise ValueError(f"an actor named {spec.name!r} is already running; names must be unique")
+        placement = self.scheduler.place(spec)
+        if spec.bind == "ipc":
+            address = ipc_address(self.socket_dir, spec.name)
+        else:
+            address = spec.bind
+            if is_beyond_loopback(address) and self.keys is None:
+                self.scheduler.release(spec.name)
+                raise ValueError(f"actor {spec.name} binds {address} beyond loopback: open the "
+                                 "supervisor with keys=CurveKeys.generate()")
+        record = ActorRecord(spec, placement, address)
+        self.records[spec.name] = record
+        self._spawn(record)
+        try:
+            await self._await_ready(record)
+        except BaseException:
+            record.stop_requested = True
+            self._kill(record)
+            record.state = "failed"
+            self.scheduler.release(spec.name)
+            raise
+        self.node.spawn(self._watch, record)
+        return self.ref(spec.name)
+
+    def ref(self, name: str) -> ActorRef:
+        record = self.records.get(name)
+        if record is None:
+            raise KeyError(f"no actor named {name!r}; known: {sorted(self.records)}")
+        if name not in self._refs:
+            self._refs[name] = self.node.ref(record.address, name)
+        return self._refs[name]
+
+    async def stop(self, name: str) -> None:
+        """STOP message, a bounded wait, then SIGKILL. Idempotent."""
+        record = self.records[name]
+        if record.state in ("stopped", "failed") and not _alive(record):
+            return
+        record.stop_requested = True
+        if _alive(record):
+            with anyio.move_on_after(record.spec.stop_timeout_s):
+                try:
+                    await self.ref(name).ask("_stop", timeout_s=record.spec.stop_timeout_s)
+                except Exception:
+                    pass
+                await _wait_exit(record)
+            if _alive(record):
+                log.warning("actor %s did not stop within %s s; killing it", name, record.spec.stop_timeout_s)
+                self._kill(record)
+                await _wait_exit(record)
+        record.state = "stopped"
+        self.scheduler.release(name)
+        self._add_event(name, "stopped", describe_exit(record.process.exitcode if record.process else None))
+
+    async def shutdown(self) -> None:
+        with anyio.move_on_after(30):
+            async with anyio.create_task_group() as tg:
+                for name in list(self.records):
+                    tg.start_soon(self.stop, name)
+        for record in self.records.values():
+            self._kill(record)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL an actor as a crash would (tests, chaos); the supervisor restarts it."""
+        self._kill(self.records[name])
+
+    async def wait_for_event(self, name: str, event: str, timeout_s: float = 30.0) -> ActorEvent:
+        """Wait until an event `event` for actor `name` is recorded (counting from now)."""
+        start = len(self.events)
+        with anyio.fail_after(timeout_s):
+            while True:
+                for item in self.events[start:]:
+                    if item.name == name and item.event == event:
+                        return item
+                start = len(self.events)
+                await self._event_added.wait()
+
+    async def wait_running(self, name: str, timeout_s: float = 30.0) -> None:
+        record = self.records[name]
+        with anyio.fail_after(timeout_s):
+            while record.state != "running":
+                await self._event_added.wait()
+
+    def status(self) -> dict:
+        now = time.monotonic()
+        return {"head": {"pid": os.getpid(), "address": self.address},
+                "pools": {"free": self.scheduler.free_summary()},
+                "actors": [{"name": r.spec.name, "state": r.state, "pid": r.pid,
+                            "restarts": r.restarts, "address": r.address,
+                            "placement": r.placement.describe(), "last_exit": r.last_exit,
+                            "heartbeat_age_s": round(now - r.last_heartbeat, 3) if r.last_heartbeat else None,
+                            "load": r.load} for r in self.records.values()]}
+
+    # -- process lifecycle -------------------------------------------------------
+
+    def _spawn(self, record: ActorRecord) -> None:
+        record.incarnation += 1
+        record.ready = anyio.Event()
+        record.exited = anyio.Event()
+        record.crash_traceback = ""
+        spec = record.spec
+        payload = {"name": spec.name, "cls": spec.cls, "options": spec.options, "address": record.address,
+                   "head_address": self.address, "incarnation": record.incarnation,
+                   "cpu_ids": list(record.placement.cpu_ids), "num_threads": record.placement.num_threads,
+                   "gpu_ids": list(record.placement.gpu_ids),
+                   "heartbeat_interval_s": self.heartbeat_interval_s,
+                   "keys": self.keys.to_dict() if self.keys else None}
+        env_gpus = ",".join(str(g) for g in record.placement.gpu_ids)
+        old = os.environ.get("CUDA_VISIBLE_DEVICES")
+        os.environ["CUDA_VISIBLE_DEVICES"] = env_gpus  # inherited by the spawned child only
+        try:
+            process = _spawn.Process(target=run_actor_process, args=(payload,), name=f"postrain-{spec.name}",
+                                     daemon=True)
+            process.start()
+        finally:
+            if old is None:
+                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = old
+        record.process, record.pid = process, process.pid
+        record.last_heartbeat = time.monotonic()
+        self.node.spawn(self._note_exit, record, process)
+
+    async def _note_exit(self, record: ActorRecord, process) -> None:
+        await _wait_process(process)
+        if record.process is process:
+            record.exited.set()
+
+    async def _await_ready(self, record: ActorRecord) -> None:
+        spec = record.spec
+        with anyio.move_on_after(spec.start_timeout_s) as scope:
+            async with anyio.create_task_group() as tg:
+                async def until(event):
+                    await event.wait()
+                    tg.cancel_scope.cancel()
+                tg.start_soon(until, record.ready)
+                tg.start_soon(until, record.exited)
+        if record.ready.is_set():
+            record.state = "running"
+            self._add_event(spec.name, "started", f"pid {record.pid}, incarnation {record.incarnation}")
+            return
+        if scope.cancelled_caught:
+            raise ActorStartError(f"actor {spec.name} ({spec.cls}) sent no READY within "
+                                  f"{spec.start_timeout_s} s; raise start_timeout_s or look at its log")
+        await _wait_exit(record)
+        why = describe_exit(record.process.exitcode)
+        raise ActorStartError(f"actor {spec.name} ({spec.cls}) {why} before READY"
+                              + (f":\n{record.crash_traceback}" if record.crash_traceback else ""))
+
+    async def _watch(self, record: ActorRecord) -> None:
+        """Owns the actor from its first READY: waits for exits and restarts with backoff."""
+        while True:
+            await _wait_exit(record)
+            why = describe_exit(record.process.exitcode)
+            if record.crash_traceback:
+                why += f"; its traceback:\n{record.crash_traceback}"
+            record.last_exit = why
+            if record.stop_requested:
+                return
+            self._add_event(record.spec.name, "exited", why)
+            while True:
+                if record.restarts >= record.spec.max_restarts:
+                    record.state = "failed"
+                    self.scheduler.release(record.spec.name)
+                    self._add_event(record.spec.name, "gave_up",
+                                    f"{record.restarts} restarts used (max_restarts = {record.spec.max_restarts})")
+                    return
+                delay = record.spec.restart_backoff_s * (2 ** record.restarts)
+                record.restarts += 1
+                record.state = "restarting"
+                self._add_event(record.spec.name, "restarting", f"restart {record.restarts} in {delay:g} s")
+                await anyio.sleep(delay)
+                if record.stop_requested:
+                    return
+                self._spawn(record)
+                try:
+                    await self._await_ready(record)
+                    break
+                except ActorStartError as exc:
+                    self._kill(record)
+                    await _wait_exit(record)
+                    self._add_event(record.spec.name, "exited", str(exc))
+
+    def _kill(self, record: ActorRecord) -> None:
+        if _alive(record):
+            try:
+                os.kill(record.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    async def _watch_heartbeats(self) -> None:
+        while True:
+            await anyio.sleep(self.heartbeat_interval_s)
+            now = time.monotonic()
+            for record in self.records.values():
+                silent_s = now - record.last_heartbeat
+                if record.state == "running" and silent_s > self.heartbeat_timeout_s and _alive(record):
+                    self._add_event(record.spec.name, "hung", f"no heartbeat for {silent_s:.1f} s; killing it")
+                    record.crash_traceback = f"hung: no heartbeat for {silent_s:.1f} s"
+                    self._kill(record)
+
+    def _add_event(self, name: str, event: str, detail: str) -> None:
+        self.events.append(ActorEvent(time.time(), name, event, detail))
+        log.log(logging.WARNING if event in ("exited", "gave_up", "hung") else logging.INFO,
+                "actor %s %s: %s", name, event, detail)
+        self._event_added.set()
+        self._event_added = anyio.Event()
+
+    # -- head handlers -------------------------------------------------------------
+
+    def _record_for(self, body) -> ActorRecord | None:
+        record = self.records.get(body.get("name")) if isinstance(body, dict) else None
+        if record is None or body.get("incarnation") != record.incarnation:
+            return None  # a message from an earlier incarnation
+        return record
+
+    async def _on_ready(self, body) -> str:
+        record = self._record_for(body)
+        if record is not None:
+            record.last_heartbeat = time.monotonic()
+            record.address = body.get("address", record.address)
+            record.ready.set()
+        return "ok"
+
+    async def _on_heartbeat(self, body) -> None:
+        record = self._record_for(body)
+        if record is not None:
+            record.last_heartbeat = time.monotonic()
+            record.load = body.get("load") or {}
+
+    async def _on_crashed(self, body) -> str:
+        record = self._record_for(body)
+        if record is not None:
+            record.crash_traceback = str(body.get("traceback", ""))
+        return "ok"
+
+    async def _on_lookup(self, body) -> str:
+        name = body.get("name") if isinstance(body, dict) else None
+        record = self.records.get(name)
+        if record is None:
+            raise KeyError(f"no actor named {name!r}; known: {sorted(self.records)}")
+        return record.address
+
+    async def _on_status(self, body) -> dict:
+        return self.status()
+
+
+def _alive(record: ActorRecord) -> bool:
+    return record.process is not None and record.process.exitcode is None and record.process.is_alive()
+
+
+async def _wait_exit(record: ActorRecord) -> None:
+    """Wait for the record's current process to exit (its `_note_exit` task sets `exited`)."""
+    await record.exited.wait()
+    record.process.join(timeout=1)
+
+
+async def _wait_process(process) -> None:
+    """Wait for a multiprocessing process to exit, without blocking the loop.
+    Only `_note_exit` calls this: one waiter per process descriptor."""
+    if process is None:
+        return
+    while process.exitcode is None:
+        try:
+            with anyio.move_on_after(0.5):
+                await anyio.wait_readable(process.sentinel)
+        except (OSError, ValueError):
+            await anyio.sleep(0.01)
+        process.join(timeout=0)
+
+
+def _remove_dir(path: str) -> None:
+    try:
+        for entry in os.listdir(path):
+            os.unlink(os.path.join(path, entry))
+        os.rmdir(path)
+    except OSError:
+        pass

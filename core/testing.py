@@ -1,0 +1,73 @@
+"""Small actors for tests, benchmarks and the smoke run: echo, streams, crashes, hangs."""
+from __future__ import annotations
+
+import os
+
+import anyio
+
+from .actor import Actor, handler
+
+
+class EchoActor(Actor):
+    """Replies with what it gets; the building block of tests and the messaging bench."""
+
+    async def setup(self):
+        if self.options.get("fail_setup"):
+            raise RuntimeError("setup failed on purpose (options.fail_setup)")
+        self.num_told = 0
+
+    @handler("echo")
+    async def echo(self, body):
+        return body
+
+    @handler("sum_array")
+    async def sum_array(self, body):
+        return float(body.sum())
+
+    @handler("nbytes")
+    async def nbytes(self, body):
+        """Size of a received array or tensor (the bulk-transfer bench's handler)."""
+        return int(body.nbytes) if hasattr(body, "nbytes") else int(body.numel() * body.element_size())
+
+    @handler("told")
+    async def told(self, body):
+        self.num_told += 1
+
+    @handler("num_told")
+    async def get_num_told(self, body):
+        return self.num_told
+
+    @handler("count", stream=True)
+    async def count(self, body):
+        for i in range(body["n"]):
+            yield {"i": i}
+
+    @handler("sleep", concurrent=True)
+    async def sleep(self, body):
+        await anyio.sleep(body["s"])
+        return "slept"
+
+    @handler("fail")
+    async def fail(self, body):
+        raise ValueError(f"failed on purpose: {body}")
+
+    @handler("pid")
+    async def pid(self, body):
+        return os.getpid()
+
+    @handler("hang")
+    async def hang(self, body):
+        """Blocks the whole event loop (no await), as a stuck C call would."""
+        import time
+        time.sleep(body["s"])
+        return "woke"
+
+
+class AsyncioEchoActor(EchoActor):
+    """The same actor on asyncio + uvloop."""
+    backend = "asyncio"
+
+    @handler("loop")
+    async def loop(self, body):
+        import asyncio
+        return type(asyncio.get_running_loop()).__module__

@@ -1,0 +1,302 @@
+"""The wire codec: one message = a msgpack envelope frame + bulk-array frames.
+
+Frame 0 is a msgpack array, the envelope:
+
+    [kind, msg_id, corr_id, sender, policy_version, body]
+
+- kind: str, the message kind (a handler name, or a reserved kind below);
+- msg_id: int, unique per sender; 0 marks a tell (one-way: no reply is sent,
+  errors are only logged); corr_id: int, the msg_id this replies to (0 for a
+  request or a tell);
+- sender: str, the sending actor's name;
+- policy_version: int or None, where it applies (rollouts, weights);
+- body: any msgpack value (None, bool, int, float, str, bytes, list, dict).
+
+Bulk arrays anywhere inside the body (numpy arrays, CPU torch tensors) do not
+go through msgpack: each becomes an ext value `ARRAY_EXT` holding
+`[frame_index, dtype, shape, is_torch]`, and its bytes travel as frame
+`frame_index` (>= 1), sent without copying. An array of at least
+`shm_min_bytes` (when the caller allows shared memory, i.e. both ends on one
+host) is written once to a file in /dev/shm and the envelope carries only
+`SHM_EXT` = `[path, dtype, shape, is_torch]`; the receiver maps the file and
+unlinks it, so the tensor crosses without a socket copy.
+
+Decoding is zero-copy too: a received array is a read-only view of the
+frame's memory (numpy) or a tensor over it (torch; treat it as read-only and
+`.clone()` before writing in place). No pickle anywhere: an unsupported type
+raises `WireError` at encode time, and any malformed frame raises `WireError`
+at decode time, which the actor answers with a typed error reply.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import sys
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+
+ARRAY_EXT = 1
+SHM_EXT = 2
+
+# Reserved kinds. User handlers may not use names starting with "_".
+REPLY = "_reply"        # the final answer to a request
+ITEM = "_item"          # one item of a stream of replies
+END = "_end"            # the end of a stream
+ERROR = "_error"        # a typed error in place of a reply; body: {"type", "message", "traceback"}
+STOP = "_stop"          # asks the actor to stop
+PING = "_ping"          # answered with a REPLY by the runtime itself
+
+SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
+DEFAULT_SHM_MIN_BYTES = 1 << 20
+
+_NUMPY_DTYPES = {
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64", "complex64", "complex128",
+}
+# torch dtype name -> numpy dtype name used to hold its bytes (None: torch-only dtype).
+_TORCH_DTYPES = {
+    "bool": "bool", "int8": "int8", "int16": "int16", "int32": "int32", "int64": "int64",
+    "uint8": "uint8", "float16": "float16", "float32": "float32", "float64": "float64",
+    "bfloat16": None,
+}
+
+
+class WireError(ValueError):
+    """A message that cannot be encoded or decoded; the message says which part and why."""
+
+
+@dataclass(slots=True)
+class Message:
+    kind: str
+    msg_id: int
+    corr_id: int
+    sender: str
+    policy_version: int | None
+    body: Any
+
+
+def _is_torch_tensor(obj) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def encode(msg: Message, shm_min_bytes: int | None = None) -> list:
+    """Message -> frames (frame 0 bytes, then one buffer per bulk array).
+
+    shm_min_bytes: arrays at least this large go through /dev/shm (None: never;
+    use only when sender and receiver share a host).
+    """
+    buffers: list = []
+
+    def default(obj):
+        if isinstance(obj, np.ndarray):
+            return _encode_numpy(obj, buffers, shm_min_bytes)
+        if _is_torch_tensor(obj):
+            return _encode_torch(obj, buffers, shm_min_bytes)
+        if isinstance(obj, (np.integer, np.floating, np.bool_)):
+            return obj.item()
+        if isinstance(obj, tuple):
+            return list(obj)
+        raise WireError(f"cannot send a value of type {type(obj).__name__} on the wire; "
+                        "send msgpack types (dict, list, str, bytes, int, float, bool, None), "
+                        "numpy arrays or CPU torch tensors")
+
+    envelope = [msg.kind, msg.msg_id, msg.corr_id, msg.sender, msg.policy_version, msg.body]
+    try:
+        head = msgpack.packb(envelope, default=default, use_bin_type=True, strict_types=False)
+    except (TypeError, ValueError, OverflowError) as exc:
+        if isinstance(exc, WireError):
+            raise
+        raise WireError(f"cannot encode message {msg.kind!r}: {exc}") from exc
+    return [head, *buffers]
+
+
+def _encode_numpy(array: np.ndarray, buffers: list, shm_min_bytes: int | None):
+    dtype = array.dtype.name
+    if dtype not in _NUMPY_DTYPES:
+        raise WireError(f"numpy dtype {dtype} is not supported on the wire; "
+                        f"use one of {sorted(_NUMPY_DTYPES)}")
+    array = np.ascontiguousarray(array)
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return _place(memoryview(array).cast("B") if array.size else b"", dtype, array.shape,
+                  False, buffers, shm_min_bytes)
+
+
+def _encode_torch(tensor, buffers: list, shm_min_bytes: int | None):
+    if tensor.device.type != "cpu":
+        raise WireError(f"only CPU tensors go on the wire, got one on {tensor.device}; "
+                        "call .cpu() first (weights for a GPU peer are staged on the host)")
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    if dtype not in _TORCH_DTYPES:
+        raise WireError(f"torch dtype {dtype} is not supported on the wire; "
+                        f"use one of {sorted(_TORCH_DTYPES)}")
+    tensor = tensor.detach().contiguous()
+    raw = tensor.view(-1).view(__import__("torch").uint8).numpy() if tensor.numel() else b""
+    return _place(memoryview(raw).cast("B") if len(raw) else b"", dtype, tuple(tensor.shape),
+                  True, buffers, shm_min_bytes)
+
+
+def _place(raw, dtype: str, shape, is_torch: bool, buffers: list, shm_min_bytes: int | None):
+    nbytes = len(raw)
+    if shm_min_bytes is not None and SHM_DIR and nbytes >= shm_min_bytes:
+        path = _write_shm(raw)
+        return msgpack.ExtType(SHM_EXT, msgpack.packb([path, dtype, list(shape), is_torch]))
+    buffers.append(raw)
+    return msgpack.ExtType(ARRAY_EXT, msgpack.packb([len(buffers), dtype, list(shape), is_torch]))
+
+
+_created_shm: set[str] = set()
+
+
+def _write_shm(raw) -> str:
+    path = os.path.join(SHM_DIR, f"postrain-{os.getpid()}-{uuid.uuid4().hex}")
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    try:
+        view, written = memoryview(raw), 0
+        while written < len(view):  # write(2) into tmpfs: one copy, pages allocated in-kernel
+            written += os.write(fd, view[written:])
+    finally:
+        os.close(fd)
+    _created_shm.add(path)
+    return path
+
+
+def cleanup_shm() -> int:
+    """Unlink every shared-memory file this process wrote that no receiver took.
+
+    Receivers unlink what they map, so only undelivered tensors remain.
+    Called when an actor stops. Returns how many were removed."""
+    removed = 0
+    for path in list(_created_shm):
+        _created_shm.discard(path)
+        try:
+            os.unlink(path)
+            removed += 1
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def decode(frames: list) -> Message:
+    """Frames (bytes or zmq.Frame) -> Message. Raises WireError on anything malformed."""
+    if not frames:
+        raise WireError("empty message: expected an envelope frame")
+    buffers = [f.buffer if hasattr(f, "buffer") else memoryview(f) for f in frames]
+
+    def ext_hook(code, data):
+        if code == ARRAY_EXT:
+            index, dtype, shape, is_torch = _unpack_ext(data, "array")
+            if not isinstance(index, int) or not 1 <= index < len(buffers):
+                raise WireError(f"array refers to frame {index!r}, but the message has "
+                                f"{len(buffers)} frames")
+            return _make_array(buffers[index], dtype, shape, is_torch)
+        if code == SHM_EXT:
+            path, dtype, shape, is_torch = _unpack_ext(data, "shared-memory array")
+            return _map_shm(path, dtype, shape, is_torch)
+        raise WireError(f"unknown msgpack ext type {code}")
+
+    try:
+        envelope = msgpack.unpackb(buffers[0], ext_hook=ext_hook, raw=False,
+                                   strict_map_key=False, use_list=True)
+    except WireError:
+        raise
+    except Exception as exc:  # msgpack raises several types for bad bytes
+        raise WireError(f"envelope is not valid msgpack: {exc}") from exc
+    if not isinstance(envelope, list) or len(envelope) != 6:
+        raise WireError("envelope must be [kind, msg_id, corr_id, sender, policy_version, body], "
+                        f"got {type(envelope).__name__}")
+    kind, msg_id, corr_id, sender, policy_version, body = envelope
+    if not isinstance(kind, str) or not isinstance(msg_id, int) or not isinstance(corr_id, int) \
+            or not isinstance(sender, str) or not (policy_version is None or isinstance(policy_version, int)):
+        raise WireError("envelope fields have wrong types: kind:str, msg_id:int, corr_id:int, "
+                        f"sender:str, policy_version:int|None; got {envelope[:5]!r}")
+    return Message(kind, msg_id, corr_id, sender, policy_version, body)
+
+
+def peek_msg_id(frames: list) -> int | None:
+    """The msg_id of a message that failed to decode, if its envelope still shows one,
+    so the error reply can reach the caller's pending request."""
+    try:
+        buffer = frames[0].buffer if hasattr(frames[0], "buffer") else frames[0]
+        envelope = msgpack.unpackb(buffer, ext_hook=lambda code, data: None, raw=False)
+        msg_id = envelope[1]
+        return msg_id if isinstance(msg_id, int) and msg_id > 0 else None
+    except Exception:
+        return None
+
+
+def _unpack_ext(data: bytes, what: str):
+    try:
+        fields = msgpack.unpackb(data, raw=False)
+    except Exception as exc:
+        raise WireError(f"malformed {what} header: {exc}") from exc
+    if not isinstance(fields, list) or len(fields) != 4:
+        raise WireError(f"malformed {what} header: expected 4 fields, got {fields!r}")
+    _, dtype, shape, _ = fields
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise WireError(f"malformed {what} shape {shape!r}")
+    if not isinstance(dtype, str):
+        raise WireError(f"malformed {what} dtype {dtype!r}")
+    return fields
+
+
+def _expected_nbytes(dtype: str, shape: list, is_torch: bool) -> int:
+    if is_torch:
+        if dtype not in _TORCH_DTYPES:
+            raise WireError(f"unsupported torch dtype {dtype!r}")
+        itemsize = 2 if dtype == "bfloat16" else np.dtype(_TORCH_DTYPES[dtype]).itemsize
+    else:
+        if dtype not in _NUMPY_DTYPES:
+            raise WireError(f"unsupported numpy dtype {dtype!r}")
+        itemsize = np.dtype(dtype).itemsize
+    return int(np.prod(shape, dtype=np.int64)) * itemsize
+
+
+def _make_array(buffer, dtype: str, shape: list, is_torch: bool):
+    nbytes = _expected_nbytes(dtype, shape, is_torch)
+    if len(buffer) != nbytes:
+        raise WireError(f"array frame holds {len(buffer)} bytes, but dtype {dtype} and shape "
+                        f"{shape} need {nbytes}: truncated or corrupt")
+    if not is_torch:
+        return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+    import torch
+    import warnings
+    if nbytes == 0:
+        return torch.empty(shape, dtype=getattr(torch, dtype))
+    with warnings.catch_warnings():  # frame memory is read-only to Python; see module docstring
+        warnings.simplefilter("ignore", UserWarning)
+        flat = torch.frombuffer(buffer, dtype=getattr(torch, dtype))
+    return flat.view(shape)
+
+
+def _map_shm(path: str, dtype: str, shape: list, is_torch: bool):
+    if not SHM_DIR or os.path.dirname(path) != SHM_DIR or \
+            not os.path.basename(path).startswith("postrain-"):
+        raise WireError(f"shared-memory handle {path!r} is not a postrain file in {SHM_DIR}")
+    nbytes = _expected_nbytes(dtype, shape, is_torch)
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError as exc:
+        raise WireError(f"shared-memory tensor {path} is gone: {exc}") from exc
+    try:
+        size = os.fstat(fd).st_size
+        if size != nbytes:
+            raise WireError(f"shared-memory file holds {size} bytes, but dtype {dtype} and "
+                            f"shape {shape} need {nbytes}")
+        # MAP_PRIVATE: the receiver may write its copy; the pages stay shared until then.
+        # Pages map lazily on first touch, as torch.multiprocessing's shared tensors do.
+        mapped = mmap.mmap(fd, nbytes, flags=mmap.MAP_PRIVATE) if nbytes else b""
+    finally:
+        os.close(fd)
+        os.unlink(path)  # the mapping keeps the memory alive; the name is no longer needed
+    if not is_torch:
+        return np.frombuffer(mapped, dtype=dtype).reshape(shape)
+    import torch
+    if nbytes == 0:
+        return torch.empty(shape, dtype=getattr(torch, dtype))
+    return torch.frombuffer(mapped, dtype=getattr(torch, dtype)).view(shape)

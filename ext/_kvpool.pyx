@@ -1,0 +1,682 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""Compiled paged KV-cache block allocator; the contract is `_kvpool.pxd`.
+
+Same API and behaviour as the pure-Python twin `_kvpool_py.py`, whose module
+docstring holds the design note and the hash definition; keep the two in step
+(the stateful test in tests/ext/test_kvpool_stateful.py runs them side by side).
+All per-block state lives in one C array of 16-byte `BlockMeta` records; the
+prefix index is an open-addressing table of int32 block ids; free lists are
+threaded through the records. Python objects appear only per sequence (the
+seq_id -> _Seq dict) and in return values.
+"""
+cimport cython
+from cpython.buffer cimport PyObject_CheckBuffer, PyObject_GetBuffer, PyBuffer_Release, \
+    PyBUF_FORMAT, PyBUF_C_CONTIGUOUS
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdlib cimport malloc, realloc, free
+from libc.string cimport memcpy
+
+from postrain.ext._kvpool_py import (
+    InvalidArgumentError, InvalidBlockError, OutOfBlocksError, SequenceExistsError,
+    UnknownSequenceError, MAX_NUM_BLOCKS, MAX_TOKEN_ID, check_state, _check_salt, _check_out_width,
+)
+
+cdef enum:
+    C_MAX_TOKEN_ID = 2147483647
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #define KVP_HASH_OFFSET 0xCBF29CE484222325ULL
+    #define KVP_HASH_MULT 0x9E3779B97F4A7C15ULL
+    static inline uint64_t kvp_step(uint64_t h, uint64_t v) {
+        h = (h ^ v) * KVP_HASH_MULT;
+        return h ^ (h >> 29);
+    }
+    static inline uint64_t kvp_content(uint64_t h, const int32_t* t, int64_t n) {
+        for (int64_t i = 0; i < n; i++) h = kvp_step(h, (uint64_t)t[i]);
+        return h;
+    }
+    static inline uint64_t kvp_finish(uint64_t content, uint64_t parent, uint64_t salt) {
+        uint64_t h = kvp_step(kvp_step(content, parent), salt);
+        h ^= h >> 30; h *= 0xBF58476D1CE4E5B9ULL;
+        h ^= h >> 27; h *= 0x94D049BB133111EBULL;
+        h ^= h >> 31;
+        return h ? h : 1;
+    }
+    """
+    uint64_t KVP_HASH_OFFSET
+    uint64_t kvp_step(uint64_t h, uint64_t v) noexcept nogil
+    uint64_t kvp_content(uint64_t h, const int32_t* t, int64_t n) noexcept nogil
+    uint64_t kvp_finish(uint64_t content, uint64_t parent, uint64_t salt) noexcept nogil
+
+
+def block_hash(parent_hash, token_ids, salt=0):
+    """The chained hash of one full block (same value as the twin's block_hash)."""
+    cdef uint64_t content = KVP_HASH_OFFSET
+    cdef int64_t t
+    for obj in token_ids:
+        t = obj
+        if t < 0 or t > C_MAX_TOKEN_ID:
+            raise InvalidArgumentError(f"token ids must be in [0, {MAX_TOKEN_ID}], got {t}")
+        content = kvp_step(content, <uint64_t>t)
+    return kvp_finish(content, <uint64_t>parent_hash, _c_salt(salt))
+
+
+cdef inline uint64_t _c_salt(object salt) except? 0:
+    if type(salt) is int:
+        try:
+            return <uint64_t>salt
+        except OverflowError:
+            pass
+    return <uint64_t>_check_salt(salt)  # raises the typed error (or accepts an int subclass)
+
+
+# ------------------------------------------------------------ free lists
+
+cdef inline void _list_push_tail(BlockMeta* blocks, FreeList* fl, int32_t b) noexcept nogil:
+    blocks[b].ref_or_prev = fl.tail
+    blocks[b].next_or_used = KVP_NIL
+    if fl.tail != KVP_NIL:
+        blocks[fl.tail].next_or_used = b
+    else:
+        fl.head = b
+    fl.tail = b
+    fl.length += 1
+
+
+cdef inline void _list_unlink(BlockMeta* blocks, FreeList* fl, int32_t b) noexcept nogil:
+    cdef int32_t prev = blocks[b].ref_or_prev
+    cdef int32_t nxt = blocks[b].next_or_used
+    if prev != KVP_NIL:
+        blocks[prev].next_or_used = nxt
+    else:
+        fl.head = nxt
+    if nxt != KVP_NIL:
+        blocks[nxt].ref_or_prev = prev
+    else:
+        fl.tail = prev
+    fl.length -= 1
+
+
+cdef inline void _mark_used(BlockMeta* blocks, int32_t b, int32_t ref_count) noexcept nogil:
+    blocks[b].ref_or_prev = ref_count
+    blocks[b].next_or_used = KVP_USED
+
+
+cdef inline int32_t _ref(BlockMeta* blocks, int32_t b) noexcept nogil:
+    return blocks[b].ref_or_prev if blocks[b].next_or_used == KVP_USED else 0
+
+
+cdef int _seq_reserve(_Seq seq, Py_ssize_t n) except -1:
+    if n <= seq.capacity:
+        return 0
+    cdef Py_ssize_t cap = max(n, 2 * <Py_ssize_t>seq.capacity, 4)
+    cdef int32_t* p = <int32_t*>realloc(seq.table, cap * sizeof(int32_t))
+    if p == NULL:
+        raise MemoryError()
+    seq.table = p
+    seq.capacity = <int32_t>cap
+    return 0
+
+
+@cython.freelist(256)
+@cython.final
+cdef class _Seq:
+    def __dealloc__(self):
+        free(self.table)
+
+
+cdef class KVBlockPool:
+    """Paged KV-cache block allocator (compiled). See postrain.ext.kvpool."""
+
+    implementation = "compiled"
+
+    def __cinit__(self, num_blocks, block_size_tokens, enable_prefix_caching=True):
+        if not isinstance(num_blocks, int) or not 1 <= num_blocks <= MAX_NUM_BLOCKS:
+            raise InvalidArgumentError(f"num_blocks must be an int in [1, {MAX_NUM_BLOCKS}], "
+                                       f"got {num_blocks!r}")
+        if not isinstance(block_size_tokens, int) or not 1 <= block_size_tokens <= 1 << 20:
+            raise InvalidArgumentError(f"block_size_tokens must be an int in [1, {1 << 20}], "
+                                       f"got {block_size_tokens!r}; 16 is typical")
+        self.num_blocks = num_blocks
+        self.block_size_tokens = block_size_tokens
+        self.enable_prefix_caching = bool(enable_prefix_caching)
+        cdef uint64_t size = 8
+        while size < 2 * <uint64_t>num_blocks:
+            size *= 2
+        self.index_mask = size - 1
+        self.blocks = <BlockMeta*>malloc(num_blocks * sizeof(BlockMeta))
+        self.index = <int32_t*>malloc(size * sizeof(int32_t))
+        self.scratch_hits = <int32_t*>malloc(num_blocks * sizeof(int32_t))
+        self.scratch_hashes = <uint64_t*>malloc(num_blocks * sizeof(uint64_t))
+        self.scratch_capacity = 1024
+        self.scratch_tokens = <int32_t*>malloc(self.scratch_capacity * sizeof(int32_t))
+        if (self.blocks == NULL or self.index == NULL or self.scratch_hits == NULL
+                or self.scratch_hashes == NULL or self.scratch_tokens == NULL):
+            raise MemoryError()
+        cdef uint64_t i
+        for i in range(size):
+            self.index[i] = KVP_NIL
+        self.free_uncached.head = self.free_uncached.tail = KVP_NIL
+        self.free_cached.head = self.free_cached.tail = KVP_NIL
+        self.free_uncached.length = self.free_cached.length = 0
+        cdef int32_t b
+        for b in range(num_blocks):
+            self.blocks[b].block_hash = 0
+            _list_push_tail(self.blocks, &self.free_uncached, b)
+        self.seqs = {}
+
+    def __dealloc__(self):
+        free(self.blocks)
+        free(self.index)
+        free(self.scratch_hits)
+        free(self.scratch_hashes)
+        free(self.scratch_tokens)
+
+    # ------------------------------------------------------------ queries
+
+    @property
+    def num_free_blocks(self):
+        return self.free_uncached.length + self.free_cached.length
+
+    def __len__(self):
+        return len(self.seqs)
+
+    def __contains__(self, seq_id):
+        return seq_id in self.seqs
+
+    def num_tokens(self, seq_id):
+        return self._get(seq_id, "num_tokens").num_tokens
+
+    def block_table(self, seq_id):
+        cdef _Seq seq = self._get(seq_id, "block_table")
+        return [seq.table[i] for i in range(seq.num_table_blocks)]
+
+    def fill_block_table(self, seq_id, int32_t[::1] out):
+        """Write the block table into out[:n] (a 1-D C-contiguous int32 array); return n."""
+        cdef _Seq seq = self._get(seq_id, "fill_block_table")
+        _check_out_width(out.shape[0], seq.num_table_blocks, seq_id)
+        if seq.num_table_blocks:
+            memcpy(&out[0], seq.table, seq.num_table_blocks * sizeof(int32_t))
+        return seq.num_table_blocks
+
+    def fill_block_tables(self, seq_ids, int32_t[:, ::1] out, int32_t pad=0):
+        """Row i of out (2-D C-contiguous int32) = block table of seq_ids[i], padded with `pad`."""
+        cdef Py_ssize_t row = 0, j, width = out.shape[1]
+        cdef _Seq seq
+        if len(seq_ids) > out.shape[0]:
+            raise InvalidArgumentError(f"out has {out.shape[0]} rows for {len(seq_ids)} sequences; "
+                                       f"give out at least one row per sequence")
+        for seq_id in seq_ids:
+            seq = self._get(seq_id, "fill_block_tables")
+            if seq.num_table_blocks > width:
+                _check_out_width(width, seq.num_table_blocks, seq_id)
+            for j in range(seq.num_table_blocks):
+                out[row, j] = seq.table[j]
+            for j in range(seq.num_table_blocks, width):
+                out[row, j] = pad
+            row += 1
+
+    def can_allocate(self, num_tokens):
+        cdef int64_t B = self.block_size_tokens
+        return (<int64_t>num_tokens + B - 1) // B <= self.free_uncached.length + self.free_cached.length
+
+    def can_append(self, seq_id, num_new_tokens):
+        cdef _Seq seq = self._get(seq_id, "can_append")
+        return _blocks_to_append(self, seq, num_new_tokens) <= \
+            self.free_uncached.length + self.free_cached.length
+
+    def ref_count(self, block_id):
+        return _ref(self.blocks, self._check_block(block_id))
+
+    def block_hash(self, block_id):
+        """The block's chained hash if it is in the prefix index, else 0."""
+        return self.blocks[self._check_block(block_id)].block_hash
+
+    def match_prefix(self, token_ids, salt=0):
+        """How many leading tokens allocate() would take from the cache now (read-only)."""
+        cdef uint64_t c_salt = _c_salt(salt)
+        cdef int32_t* toks
+        cdef Py_ssize_t count = self._load_tokens(token_ids, &toks)
+        if toks == NULL:
+            return 0
+        return self._lookup(toks, count, c_salt) * self.block_size_tokens
+
+    def stats(self):
+        cdef int64_t num_free = self.free_uncached.length + self.free_cached.length
+        cdef int64_t reserved = self.total_table_blocks * self.block_size_tokens
+        cdef int64_t lookups = self.prefix_hit_blocks + self.prefix_miss_blocks
+        return {
+            "num_blocks": self.num_blocks,
+            "block_size_tokens": self.block_size_tokens,
+            "num_used_blocks": self.num_blocks - num_free,
+            "num_free_blocks": num_free,
+            "num_cached_blocks": self.num_indexed,
+            "num_cached_free_blocks": self.free_cached.length,
+            "num_sequences": len(self.seqs),
+            "num_tokens": self.total_tokens,
+            "num_reserved_slots": reserved,
+            "utilization": self.total_tokens / <double>reserved if reserved else 0.0,
+            "prefix_hit_blocks": self.prefix_hit_blocks,
+            "prefix_miss_blocks": self.prefix_miss_blocks,
+            "prefix_hit_rate": self.prefix_hit_blocks / <double>lookups if lookups else 0.0,
+            "num_evicted_blocks": self.num_evicted_blocks,
+            "num_cow_copies": self.num_cow_copies,
+        }
+
+    # ---------------------------------------------------------- mutations
+
+    def allocate(self, seq_id, token_ids, salt=0):
+        """Give a new sequence blocks for its prompt; return the number of leading tokens
+        whose KV is already cached (a multiple of block_size_tokens, < len(token_ids))."""
+        if seq_id in self.seqs:
+            raise SequenceExistsError(f"allocate: sequence {seq_id!r} already has a block table; "
+                                      f"free it first or use a new seq_id")
+        cdef uint64_t c_salt = _c_salt(salt)
+        cdef int32_t* toks
+        cdef Py_ssize_t count = self._load_tokens(token_ids, &toks)
+        cdef int64_t B = self.block_size_tokens
+        cdef int32_t num_hits = 0, num_revived = 0, i, b
+        if toks != NULL:
+            num_hits = self._lookup(toks, count, c_salt)
+            for i in range(num_hits):
+                if self.blocks[self.scratch_hits[i]].next_or_used != KVP_USED:
+                    num_revived += 1
+        cdef int64_t num_needed = (count + B - 1) // B - num_hits
+        cdef int64_t num_free = self.free_uncached.length + self.free_cached.length - num_revived
+        if num_needed > num_free:
+            raise OutOfBlocksError(f"allocate: sequence {seq_id!r} needs {num_needed} new blocks, "
+                                   f"{num_free} are free; free or preempt sequences first")
+        cdef _Seq seq = _Seq.__new__(_Seq)
+        seq.salt = c_salt
+        _seq_reserve(seq, num_needed + num_hits)
+        for i in range(num_hits):
+            b = self.scratch_hits[i]
+            if self.blocks[b].next_or_used == KVP_USED:
+                self.blocks[b].ref_or_prev += 1
+            else:
+                _list_unlink(self.blocks, &self.free_cached, b)
+                _mark_used(self.blocks, b, 1)
+            seq.table[i] = b
+        seq.num_table_blocks = num_hits
+        seq.num_tokens = num_hits * B
+        seq.last_hash = self.scratch_hashes[num_hits - 1] if num_hits else 0
+        self.total_tokens += seq.num_tokens
+        self.total_table_blocks += num_hits
+        if toks != NULL:
+            self.prefix_hit_blocks += num_hits
+            self.prefix_miss_blocks += ((count - 1) // B if count > 0 else 0) - num_hits
+        self.seqs[seq_id] = seq
+        self._fill(seq, toks, seq.num_tokens, count)
+        return num_hits * B
+
+    def append(self, seq_id, token_ids):
+        """Append tokens; return the (src, dst) block copies the engine must do first."""
+        cdef _Seq seq = self._get(seq_id, "append")
+        cdef int32_t* toks
+        cdef Py_ssize_t count = self._load_tokens(token_ids, &toks)
+        if count == 0:
+            return []
+        cdef int64_t num_needed = _blocks_to_append(self, seq, count)
+        cdef int64_t num_free = self.free_uncached.length + self.free_cached.length
+        if num_needed > num_free:
+            raise OutOfBlocksError(f"append: sequence {seq_id!r} needs {num_needed} new blocks, "
+                                   f"{num_free} are free; free or preempt sequences first")
+        _seq_reserve(seq, seq.num_table_blocks + num_needed)
+        pairs = []
+        cdef int32_t src, dst, last = seq.num_table_blocks - 1
+        if seq.num_tokens % self.block_size_tokens and self.blocks[seq.table[last]].ref_or_prev > 1:
+            src = seq.table[last]
+            dst = self._pop_free()
+            self.blocks[src].ref_or_prev -= 1
+            seq.table[last] = dst
+            pairs.append((src, dst))
+            self.num_cow_copies += 1
+        self._fill(seq, toks, 0, count)
+        return pairs
+
+    def fork(self, parent_seq_id, child_seq_id):
+        """The child shares every block of the parent (ref counts go up)."""
+        cdef _Seq parent = self._get(parent_seq_id, "fork")
+        if child_seq_id in self.seqs:
+            raise SequenceExistsError(f"fork: child sequence {child_seq_id!r} already has a block "
+                                      f"table; free it first or use a new seq_id")
+        cdef _Seq child = _Seq.__new__(_Seq)
+        _seq_reserve(child, parent.num_table_blocks)
+        cdef int32_t i
+        for i in range(parent.num_table_blocks):
+            child.table[i] = parent.table[i]
+            self.blocks[parent.table[i]].ref_or_prev += 1
+        child.num_table_blocks = parent.num_table_blocks
+        child.num_tokens = parent.num_tokens
+        child.last_hash = parent.last_hash
+        child.partial_state = parent.partial_state
+        child.salt = parent.salt
+        self.seqs[child_seq_id] = child
+        self.total_tokens += child.num_tokens
+        self.total_table_blocks += child.num_table_blocks
+
+    def free(self, seq_id):
+        """Release the sequence's blocks, last to first; hashed ones stay cached."""
+        cdef object obj = self.seqs.pop(seq_id, None)
+        if obj is None:
+            raise UnknownSequenceError(f"free: no sequence {seq_id!r} (never allocated, or "
+                                       f"already freed: a double free); free each seq_id once")
+        cdef _Seq seq = <_Seq>obj
+        cdef int32_t i
+        for i in range(seq.num_table_blocks - 1, -1, -1):
+            self._release(seq.table[i])
+        self.total_tokens -= seq.num_tokens
+        self.total_table_blocks -= seq.num_table_blocks
+
+    def reset_prefix_cache(self):
+        """Forget every cached hash (e.g. after a weight update); return how many."""
+        cdef int32_t num_forgotten = self.num_indexed, b
+        while self.free_cached.head != KVP_NIL:
+            b = self.free_cached.head
+            _list_unlink(self.blocks, &self.free_cached, b)
+            _list_push_tail(self.blocks, &self.free_uncached, b)
+        for b in range(self.num_blocks):
+            self.blocks[b].block_hash = 0
+        cdef uint64_t i
+        for i in range(self.index_mask + 1):
+            self.index[i] = KVP_NIL
+        self.num_indexed = 0
+        return num_forgotten
+
+    # ------------------------------------------------------------ checks
+
+    def debug_state(self):
+        """The whole state as plain data; equal for equal pools of either implementation."""
+        cdef int32_t b
+        cdef uint64_t i
+        index = {}
+        for i in range(self.index_mask + 1):
+            if self.index[i] != KVP_NIL:
+                index[self.blocks[self.index[i]].block_hash] = self.index[i]
+        sequences = {}
+        cdef _Seq s
+        for sid, obj in self.seqs.items():
+            s = <_Seq>obj
+            sequences[sid] = {"block_table": [s.table[j] for j in range(s.num_table_blocks)],
+                              "num_tokens": s.num_tokens, "last_hash": s.last_hash,
+                              "partial_state": s.partial_state, "salt": s.salt}
+        return {
+            "ref_count": [_ref(self.blocks, b) for b in range(self.num_blocks)],
+            "block_hash": [self.blocks[b].block_hash for b in range(self.num_blocks)],
+            "free_uncached": _walk(self.blocks, &self.free_uncached, self.num_blocks),
+            "free_cached": _walk(self.blocks, &self.free_cached, self.num_blocks),
+            "index": index,
+            "sequences": sequences,
+            "stats": self.stats(),
+        }
+
+    def check_invariants(self):
+        """Raise AssertionError naming the first broken invariant (C links, index, then state)."""
+        cdef int32_t b
+        state = self.debug_state()  # _walk checks the list links
+        for b in range(self.num_blocks):
+            if self.blocks[b].block_hash and self._index_find(self.blocks[b].block_hash) != b:
+                raise AssertionError(f"kvpool invariant broken: hashed block {b} unreachable in the index")
+        if self.num_indexed != len(state["index"]):
+            raise AssertionError("kvpool invariant broken: num_indexed == occupied index slots")
+        check_state(state, self.block_size_tokens, self.enable_prefix_caching)
+
+    # ---------------------------------------------------------- internals
+
+    cdef _Seq _get(self, object seq_id, str op):
+        cdef object obj = self.seqs.get(seq_id)
+        if obj is None:
+            raise UnknownSequenceError(f"{op}: no sequence {seq_id!r} (never allocated, or already "
+                                       f"freed); allocate it first")
+        return <_Seq>obj
+
+    def _check_block(self, block_id):
+        if not isinstance(block_id, int) or not 0 <= block_id < self.num_blocks:
+            raise InvalidBlockError(f"block id must be in [0, {self.num_blocks}), got {block_id!r}")
+        return block_id
+
+    cdef Py_ssize_t _load_tokens(self, object token_ids, int32_t** out) except -2:
+        """Return the token count; *out = validated int32 token ids, NULL for a bare count
+        or with prefix caching off (then the values are never read)."""
+        out[0] = NULL
+        if isinstance(token_ids, int):
+            if self.enable_prefix_caching:
+                raise InvalidArgumentError(f"a token count ({token_ids}) needs "
+                                           f"enable_prefix_caching=False; pass the token ids")
+            if token_ids < 0:
+                raise InvalidArgumentError(f"token count must be >= 0, got {token_ids}")
+            return token_ids
+        if not self.enable_prefix_caching:
+            return len(token_ids)
+        cdef Py_ssize_t n
+        if type(token_ids) is list:
+            n = _load_list(self, <list>token_ids)
+        elif PyObject_CheckBuffer(token_ids):
+            n = _load_buffer(self, token_ids)
+        else:
+            n = _load_list(self, list(token_ids))
+        out[0] = self.scratch_tokens
+        return n
+
+    cdef int32_t _lookup(self, const int32_t* tokens, Py_ssize_t count, uint64_t salt) noexcept:
+        """Fill scratch_hits/scratch_hashes with the longest cached prefix (at most
+        count - 1 tokens: the last prompt token is always recomputed); return its blocks."""
+        cdef int64_t B = self.block_size_tokens
+        cdef int64_t max_hits = (count - 1) // B if count > 0 else 0
+        if max_hits > self.num_blocks:
+            max_hits = self.num_blocks
+        cdef uint64_t parent = 0, h
+        cdef int32_t i, b
+        for i in range(max_hits):
+            h = kvp_finish(kvp_content(KVP_HASH_OFFSET, tokens + i * B, B), parent, salt)
+            b = self._index_find(h)
+            if b == KVP_NIL:
+                return i
+            self.scratch_hits[i] = b
+            self.scratch_hashes[i] = h
+            parent = h
+        return <int32_t>max_hits
+
+    cdef int _fill(self, _Seq seq, const int32_t* tokens, Py_ssize_t pos, Py_ssize_t end) except -1:
+        """Append tokens[pos:end] (or end - pos uncounted tokens) to seq's blocks; the
+        caller has checked that enough blocks are free and reserved seq.table."""
+        cdef int64_t B = self.block_size_tokens, offset, m
+        cdef uint64_t state = 0, h
+        cdef int32_t b
+        while pos < end:
+            offset = seq.num_tokens % B
+            if offset == 0:
+                b = self._pop_free()
+                seq.table[seq.num_table_blocks] = b
+                seq.num_table_blocks += 1
+                self.total_table_blocks += 1
+                state = KVP_HASH_OFFSET
+            else:
+                state = seq.partial_state
+            m = B - offset
+            if end - pos < m:
+                m = end - pos
+            if tokens != NULL:
+                state = kvp_content(state, tokens + pos, m)
+            seq.num_tokens += m
+            self.total_tokens += m
+            pos += m
+            if seq.num_tokens % B == 0:
+                if tokens != NULL:
+                    h = kvp_finish(state, seq.last_hash, seq.salt)
+                    seq.last_hash = h
+                    if self._index_find(h) == KVP_NIL:
+                        self._index_insert(seq.table[seq.num_table_blocks - 1], h)
+                seq.partial_state = 0
+            elif tokens != NULL:
+                seq.partial_state = state
+        return 0
+
+    cdef int32_t _pop_free(self) except -1:
+        cdef int32_t b
+        if self.free_uncached.head != KVP_NIL:
+            b = self.free_uncached.head
+            _list_unlink(self.blocks, &self.free_uncached, b)
+        elif self.free_cached.head != KVP_NIL:
+            b = self.free_cached.head
+            _list_unlink(self.blocks, &self.free_cached, b)
+            self._index_remove(b)
+            self.num_evicted_blocks += 1
+        else:
+            raise AssertionError("kvpool internal error: no free block after the capacity check")
+        _mark_used(self.blocks, b, 1)
+        return b
+
+    cdef void _release(self, int32_t b) noexcept:
+        if self.blocks[b].ref_or_prev > 1:
+            self.blocks[b].ref_or_prev -= 1
+        elif self.blocks[b].block_hash:
+            _list_push_tail(self.blocks, &self.free_cached, b)
+        else:
+            _list_push_tail(self.blocks, &self.free_uncached, b)
+
+    cdef int32_t _index_find(self, uint64_t h) noexcept nogil:
+        cdef uint64_t i = h & self.index_mask
+        cdef int32_t b
+        while True:
+            b = self.index[i]
+            if b == KVP_NIL or self.blocks[b].block_hash == h:
+                return b
+            i = (i + 1) & self.index_mask
+
+    cdef void _index_insert(self, int32_t b, uint64_t h) noexcept nogil:
+        cdef uint64_t i = h & self.index_mask
+        while self.index[i] != KVP_NIL:
+            i = (i + 1) & self.index_mask
+        self.index[i] = b
+        self.blocks[b].block_hash = h
+        self.num_indexed += 1
+
+    cdef void _index_remove(self, int32_t b) noexcept nogil:
+        """Delete b's slot with backward shift: later entries of the run whose probe path
+        covers the hole move into it, so lookups never need tombstones."""
+        cdef uint64_t mask = self.index_mask
+        cdef uint64_t i = self.blocks[b].block_hash & mask, j, home
+        cdef int32_t c
+        while self.index[i] != b:
+            i = (i + 1) & mask
+        j = i
+        while True:
+            j = (j + 1) & mask
+            c = self.index[j]
+            if c == KVP_NIL:
+                break
+            home = self.blocks[c].block_hash & mask
+            if ((j - home) & mask) >= ((j - i) & mask):
+                self.index[i] = c
+                i = j
+        self.index[i] = KVP_NIL
+        self.blocks[b].block_hash = 0
+        self.num_indexed -= 1
+
+
+cdef int64_t _blocks_to_append(KVBlockPool pool, _Seq seq, int64_t count) except -1:
+    if count <= 0:
+        return 0
+    cdef int64_t B = pool.block_size_tokens
+    cdef bint cow = seq.num_tokens % B != 0 and \
+        pool.blocks[seq.table[seq.num_table_blocks - 1]].ref_or_prev > 1
+    return (seq.num_tokens + count + B - 1) // B - seq.num_table_blocks + cow
+
+
+cdef list _walk(BlockMeta* blocks, FreeList* fl, int32_t num_blocks):
+    """The list's blocks head to tail, checking the links on the way."""
+    out = []
+    cdef int32_t b = fl.head, prev = KVP_NIL
+    while b != KVP_NIL:
+        if len(out) > num_blocks or blocks[b].next_or_used == KVP_USED or blocks[b].ref_or_prev != prev:
+            raise AssertionError(f"kvpool invariant broken: free list link at block {b}")
+        out.append(b)
+        prev = b
+        b = blocks[b].next_or_used
+    if prev != fl.tail or len(out) != fl.length:
+        raise AssertionError("kvpool invariant broken: free list tail/length")
+    return out
+
+
+cdef inline void _reserve_scratch(KVBlockPool pool, Py_ssize_t n) except *:
+    if n <= pool.scratch_capacity:
+        return
+    cdef int32_t* p = <int32_t*>realloc(pool.scratch_tokens, n * sizeof(int32_t))
+    if p == NULL:
+        raise MemoryError()
+    pool.scratch_tokens = p
+    pool.scratch_capacity = n
+
+
+cdef Py_ssize_t _load_list(KVBlockPool pool, list tokens) except -1:
+    cdef Py_ssize_t n = len(tokens), i
+    _reserve_scratch(pool, n)
+    cdef int32_t* dst = pool.scratch_tokens
+    cdef int64_t v
+    for i in range(n):
+        v = tokens[i]
+        if v < 0 or v > C_MAX_TOKEN_ID:
+            raise InvalidArgumentError(f"token ids must be in [0, {MAX_TOKEN_ID}], got {v}")
+        dst[i] = <int32_t>v
+    return n
+
+
+cdef inline int64_t _read_int(void* buf, Py_ssize_t i, Py_ssize_t itemsize, char code) noexcept nogil:
+    """Element i of a buffer of format code; -1 for an unsigned value beyond int64."""
+    if itemsize == 8:
+        if code == b"Q" or code == b"L":
+            return -1 if (<uint64_t*>buf)[i] > <uint64_t>C_MAX_TOKEN_ID else <int64_t>(<uint64_t*>buf)[i]
+        return (<int64_t*>buf)[i]
+    if itemsize == 4:
+        return (<uint32_t*>buf)[i] if code == b"I" or code == b"L" else (<int32_t*>buf)[i]
+    if itemsize == 2:
+        return (<uint16_t*>buf)[i] if code == b"H" else (<int16_t*>buf)[i]
+    return (<uint8_t*>buf)[i] if code == b"B" else (<int8_t*>buf)[i]
+
+
+cdef Py_ssize_t _load_buffer(KVBlockPool pool, object obj) except -1:
+    """Copy a 1-D integer buffer (numpy array, array.array) into scratch, validated."""
+    cdef Py_buffer view
+    PyObject_GetBuffer(obj, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS)
+    cdef Py_ssize_t n, i
+    cdef int64_t v = 0
+    cdef int32_t* dst
+    cdef bytes fmt
+    cdef char code
+    try:
+        fmt = view.format if view.format != NULL else b"B"
+        if fmt[:1] in (b"@", b"=", b"<"):
+            fmt = fmt[1:]
+        if view.ndim != 1 or len(fmt) != 1 or fmt not in b"bhilqBHILQ":
+            raise InvalidArgumentError(f"token ids must be a 1-D integer array, got format "
+                                       f"{view.format!r} with {view.ndim} dims")
+        code = fmt[0]
+        n = view.shape[0]
+        _reserve_scratch(pool, n)
+        dst = pool.scratch_tokens
+        if view.itemsize == 4 and code in b"il":
+            for i in range(n):
+                v = (<int32_t*>view.buf)[i]
+                if v < 0:
+                    break
+                dst[i] = <int32_t>v
+        elif view.itemsize == 8 and code in b"lq":
+            for i in range(n):
+                v = (<int64_t*>view.buf)[i]
+                if v < 0 or v > C_MAX_TOKEN_ID:
+                    break
+                dst[i] = <int32_t>v
+        else:
+            for i in range(n):
+                v = _read_int(view.buf, i, view.itemsize, code)
+                if v < 0 or v > C_MAX_TOKEN_ID:
+                    break
+                dst[i] = <int32_t>v
+        if n and (v < 0 or v > C_MAX_TOKEN_ID):
+            raise InvalidArgumentError(f"token ids must be in [0, {MAX_TOKEN_ID}], got {obj[i]}")
+        return n
+    finally:
+        PyBuffer_Release(&view)

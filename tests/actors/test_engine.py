@@ -1,0 +1,175 @@
+"""The generator engine: continuous batching, paged KV sharing, prefix caching, sampling, weight swaps.
+
+A real tiny model (built-in "tiny" config, random weights large enough to make
+greedy decoding vary) and the real KV allocator from postrain.ext.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from postrain.actors.engine import Engine, EngineError
+from postrain.actors.model import build_model
+from postrain.actors.sampling import SamplingParams, SamplingParamsError
+from postrain.actors.tokenizer import byte_tokenizer
+
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_model("tiny").init_weights(seed=1, std=0.1).eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return byte_tokenizer()
+
+
+def reference_greedy(model, prompt_ids, num_tokens):
+    """Step-by-step full-sequence forward, no cache: the definition of greedy decoding."""
+    ids = list(prompt_ids)
+    with torch.no_grad():
+        for _ in range(num_tokens):
+            ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
+    return ids[len(prompt_ids):]
+
+
+def test_continuous_batching_greedy_equals_full_forward(model, tokenizer):
+    engine = Engine(model, tokenizer, num_blocks=128, block_size_tokens=4)
+    prompts = ["hello there", "ab", "def add(x, y):\n    return", "2+3=", "z" * 23]
+    lengths = [12, 7, 15, 3, 9]
+    ids = {}
+    results = {}
+    # Requests join while others are mid-decode: two now, one per step after.
+    for i in range(2):
+        ids[engine.add_request(prompts[i], SamplingParams(max_new_tokens=lengths[i], **GREEDY))] = i
+    pending = list(range(2, len(prompts)))
+    while engine.has_unfinished() or pending:
+        if pending:
+            i = pending.pop(0)
+            ids[engine.add_request(prompts[i], SamplingParams(max_new_tokens=lengths[i], **GREEDY))] = i
+        for out in engine.step():
+            results[ids[out.request_id]] = out
+    for i, prompt in enumerate(prompts):
+        out = results[i]
+        assert out.finished and out.outputs[0].finish_reason == "length"
+        assert out.outputs[0].token_ids == reference_greedy(model, tokenizer.encode(prompt), lengths[i])
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks     # everything freed
+
+
+def test_preemption_under_block_pressure_keeps_outputs_exact(model, tokenizer):
+    engine = Engine(model, tokenizer, num_blocks=14, block_size_tokens=4)
+    prompts = [[10 + i, 20 + i, 30 + i, 40 + i, 50 + i] for i in range(6)]
+    outs = engine.generate(prompts, SamplingParams(max_new_tokens=14, **GREEDY))
+    assert engine.counters["num_preemptions"] > 0
+    for prompt, out in zip(prompts, outs):
+        assert out.outputs[0].token_ids == reference_greedy(model, prompt, 14)
+
+
+def test_n_samples_share_prompt_blocks_and_copy_on_write(model, tokenizer):
+    engine = Engine(model, tokenizer, num_blocks=64, block_size_tokens=4, enable_prefix_caching=False)
+    prompt = list(range(40, 50))                     # 10 tokens: 2 full blocks + a partial one
+    engine.add_request(prompt, SamplingParams(n=5, temperature=1.0, seed=7, max_new_tokens=6,
+                                              ignore_eos=True))
+    engine.step()                                    # the prefill, then the fork
+    seqs = [s.seq_id for s in engine._running]
+    tables = [engine.pool.block_table(s) for s in seqs]
+    assert len(seqs) == 5 and all(t == tables[0] for t in tables)
+    assert engine.pool.stats()["num_used_blocks"] == 3          # the prompt's KV, stored once
+    assert all(engine.pool.ref_count(b) == 5 for b in tables[0])
+    engine.step()                                    # first decode: appends into the shared partial block
+    assert engine.pool.stats()["num_cow_copies"] == 4
+    assert engine.pool.stats()["num_used_blocks"] == 3 + 4
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.pool.num_free_blocks == 64
+
+
+def test_seeded_samples_are_reproducible_and_logprobs_match_learner(model, tokenizer):
+    params = SamplingParams(n=3, temperature=0.7, top_p=0.9, seed=123, max_new_tokens=10, ignore_eos=True)
+    prompt = tokenizer.encode("print(")
+    first = Engine(model, tokenizer, num_blocks=64).generate([prompt], params)[0]
+    # Same seed, different batch company: the same samples.
+    other = Engine(model, tokenizer, num_blocks=64)
+    other.add_request("something else entirely", SamplingParams(max_new_tokens=5, **GREEDY))
+    second = other.generate([prompt], params)[0]
+    assert [o.token_ids for o in first.outputs] == [o.token_ids for o in second.outputs]
+    assert len({tuple(o.token_ids) for o in first.outputs}) == 3       # samples differ
+    # logprob == log_softmax(full-forward logits / T)[token], the learner's definition.
+    with torch.no_grad():
+        for sample in first.outputs:
+            ids = torch.tensor([prompt + sample.token_ids])
+            logp = torch.log_softmax(model(ids)[0, len(prompt) - 1:-1] / 0.7, dim=-1)
+            expected = logp.gather(1, torch.tensor(sample.token_ids)[:, None]).squeeze(1)
+            torch.testing.assert_close(torch.tensor(sample.logprobs), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_top_k_one_is_greedy(model, tokenizer):
+    engine = Engine(model, tokenizer, num_blocks=64)
+    out = engine.generate([[5, 6, 7]], SamplingParams(top_k=1, seed=3, max_new_tokens=8, ignore_eos=True))
+    assert out[0].outputs[0].token_ids == reference_greedy(model, [5, 6, 7], 8)
+
+
+def test_prefix_cache_reuses_prompt_kv(model, tokenizer):
+    engine = Engine(model, tokenizer, num_blocks=64, block_size_tokens=4)
+    prompt = list(range(60, 78))                     # 18 tokens: 4 full blocks + 2
+    first = engine.generate([prompt], SamplingParams(max_new_tokens=5, **GREEDY))[0]
+    second = engine.generate([prompt], SamplingParams(max_new_tokens=5, **GREEDY))[0]
+    assert first.num_cached_prompt_tokens == 0
+    assert second.num_cached_prompt_tokens == 16
+    assert second.outputs[0].token_ids == first.outputs[0].token_ids == reference_greedy(model, prompt, 5)
+
+
+def test_weight_swap_mid_generation_tags_later_tokens(model, tokenizer):
+    engine = Engine(model, tokenizer, num_blocks=64)
+    request_id = engine.add_request([1, 2, 3], SamplingParams(n=2, temperature=1.0, seed=0,
+                                                              max_new_tokens=10, ignore_eos=True))
+    for _ in range(4):
+        engine.step()
+    new_weights = build_model("tiny").init_weights(seed=2, std=0.1).state_dict()
+    engine.load_weights(new_weights, version=1)
+    done = []
+    while engine.has_unfinished():
+        done += engine.step()
+    assert [out.request_id for out in done] == [request_id]
+    for sample in done[0].outputs:                   # in-flight samples were not dropped
+        assert sample.policy_versions == [0] * 4 + [1] * 6
+        assert len(sample.token_ids) == 10
+    assert torch.equal(engine.model.lm_head.weight, new_weights["lm_head.weight"])
+    with pytest.raises(EngineError, match="must not go back"):
+        engine.load_weights(new_weights, version=0)
+
+
+def test_stop_strings_and_stop_ids(model, tokenizer):
+    engine = Engine(model, tokenizer, num_blocks=64)
+    free = engine.generate(["abc"], SamplingParams(max_new_tokens=12, **GREEDY))[0].outputs[0]
+    text = tokenizer.decode(free.token_ids, skip_special_tokens=True)
+    stop_token = free.token_ids[4]
+    by_id = engine.generate(["abc"], SamplingParams(max_new_tokens=12, stop_token_ids=[stop_token],
+                                                    **GREEDY))[0].outputs[0]
+    first = free.token_ids.index(stop_token)
+    assert by_id.token_ids == free.token_ids[:first + 1] and by_id.finish_reason == "stop"
+    stop_str = text[len(text) // 2:len(text) // 2 + 2]
+    assert len(stop_str) == 2
+    by_str = engine.generate(["abc"], SamplingParams(max_new_tokens=12, stop=[stop_str],
+                                                     **GREEDY))[0].outputs[0]
+    assert by_str.finish_reason == "stop"
+    assert by_str.text == text[:text.find(stop_str)]
+    assert stop_str not in by_str.text
+
+
+def test_bad_requests_name_the_problem(model, tokenizer):
+    engine = Engine(model, tokenizer, num_blocks=8, block_size_tokens=4)
+    limit = model.config.max_position_embeddings
+    with pytest.raises(EngineError, match=f"context is {limit}"):
+        engine.add_request([1] * limit)
+    with pytest.raises(EngineError, match="outside the vocabulary"):
+        engine.add_request([100000])
+    with pytest.raises(SamplingParamsError, match="top_p must be in"):
+        SamplingParams(top_p=0.0)
+    with pytest.raises(SamplingParamsError, match="temperature must be >= 0"):
+        SamplingParams(temperature=-1)
+    engine.add_request(list(range(100)), SamplingParams(max_new_tokens=2))
+    with pytest.raises(EngineError, match="needs 25 KV blocks"):
+        engine.step()

@@ -1,0 +1,121 @@
+"""Stateful property test: the compiled KV block allocator against its pure-Python twin.
+
+Hypothesis drives random operation sequences (allocate with shared prefixes and salts,
+append, fork, free, lookups, cache resets, misuse) against both pools side by side. Every
+step must return the same value or raise the same error type in both, and after every
+step both pools' full states must be equal and pass check_invariants(): every block is
+free or referenced, never both; each ref count equals the number of tables holding the
+block; the prefix index maps exactly the hashed blocks; no block leaks once every
+sequence is freed (the teardown frees everything and checks the free lists are full).
+"""
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from postrain.ext._kvpool import KVBlockPool as CompiledKVBlockPool
+from postrain.ext._kvpool_py import KVBlockPool as PythonKVBlockPool, KVPoolError
+
+# Prompts from a tiny vocabulary over a few shared stems, so prefix hits are common.
+STEMS = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 9, 9, 9, 9], [7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7]]
+token_lists = st.builds(lambda stem, cut, tail: stem[:cut] + tail,
+                        st.sampled_from(STEMS), st.integers(0, 12),
+                        st.lists(st.integers(0, 9), max_size=10))
+SEQ_IDS = st.integers(0, 4)  # few ids, so forks and frees meet live sequences
+
+
+def _both(pools, method, *args):
+    """Call method on every pool; require equal results or equal error types."""
+    outcomes = []
+    for pool in pools:
+        try:
+            outcomes.append(("ok", getattr(pool, method)(*args)))
+        except KVPoolError as exc:
+            outcomes.append(("error", type(exc)))
+    assert outcomes[0] == outcomes[1], (method, args, outcomes)
+    return outcomes[0]
+
+
+class TwinMachine(RuleBasedStateMachine):
+
+    @initialize(num_blocks=st.integers(1, 16), block_size_tokens=st.integers(1, 5),
+                enable_prefix_caching=st.sampled_from([True, True, False]))
+    def make_pools(self, num_blocks, block_size_tokens, enable_prefix_caching):
+        self.pools = [CompiledKVBlockPool(num_blocks, block_size_tokens, enable_prefix_caching),
+                      PythonKVBlockPool(num_blocks, block_size_tokens, enable_prefix_caching)]
+        self.caching = enable_prefix_caching
+
+    def _tokens(self, tokens, as_array):
+        if not self.caching and as_array:
+            return len(tokens)  # a bare token count: valid only with caching off
+        return np.array(tokens, dtype=np.int32) if as_array else tokens
+
+    @rule(seq_id=SEQ_IDS, tokens=token_lists, salt=st.sampled_from([0, 1, 2**64 - 1]),
+          as_array=st.booleans())
+    def allocate(self, seq_id, tokens, salt, as_array):
+        _both(self.pools, "allocate", seq_id, self._tokens(tokens, as_array), salt)
+
+    @rule(seq_id=SEQ_IDS, tokens=st.lists(st.integers(0, 9), max_size=9), as_array=st.booleans())
+    def append(self, seq_id, tokens, as_array):
+        _both(self.pools, "append", seq_id, self._tokens(tokens, as_array))
+
+    @rule(parent=SEQ_IDS, child=SEQ_IDS)
+    def fork(self, parent, child):
+        _both(self.pools, "fork", parent, child)
+
+    @rule(seq_id=SEQ_IDS)
+    def free(self, seq_id):
+        _both(self.pools, "free", seq_id)
+
+    @rule(seq_id=SEQ_IDS, n=st.integers(0, 20))
+    def queries(self, seq_id, n):
+        for method, args in [("block_table", (seq_id,)), ("num_tokens", (seq_id,)),
+                             ("can_append", (seq_id, n)), ("can_allocate", (n,)),
+                             ("__contains__", (seq_id,)), ("__len__", ())]:
+            _both(self.pools, method, *args)
+
+    @rule(tokens=token_lists, salt=st.sampled_from([0, 1]))
+    def match_prefix(self, tokens, salt):
+        _both(self.pools, "match_prefix", tokens, salt)
+
+    @rule(block_id=st.integers(-1, 25))
+    def block_queries(self, block_id):
+        _both(self.pools, "ref_count", block_id)
+        _both(self.pools, "block_hash", block_id)
+
+    @precondition(lambda self: self.caching)
+    @rule(bad=st.sampled_from([[-1], [2**31], [0, 1, 2**40]]), seq_id=SEQ_IDS)
+    def bad_tokens(self, bad, seq_id):
+        _both(self.pools, "allocate", seq_id, bad)
+        _both(self.pools, "append", seq_id, bad)
+
+    @rule()
+    def reset_prefix_cache(self):
+        _both(self.pools, "reset_prefix_cache")
+
+    @invariant()
+    def same_state_and_invariants(self):
+        if not hasattr(self, "pools"):
+            return
+        for pool in self.pools:
+            pool.check_invariants()
+        assert self.pools[0].debug_state() == self.pools[1].debug_state()
+
+    def teardown(self):
+        if not hasattr(self, "pools"):
+            return
+        for pool in self.pools:
+            for seq_id in list(pool.debug_state()["sequences"]):
+                pool.free(seq_id)
+            pool.check_invariants()
+            stats = pool.stats()
+            assert stats["num_free_blocks"] == pool.num_blocks, "a block leaked"
+            assert stats["num_tokens"] == stats["num_reserved_slots"] == 0
+        assert self.pools[0].debug_state() == self.pools[1].debug_state()
+
+
+TwinMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None,
+                                         suppress_health_check=[HealthCheck.too_slow])
+test_compiled_matches_twin = TwinMachine.TestCase
