@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import struct
 from pathlib import Path
 
 import torch
@@ -125,8 +126,8 @@ def load_hf_folder(folder: str | Path, require_tokenizer: bool = True
     state = {}
     for file in files:
         state.update(load_file(str(file)))
-    model = LlamaModel(config)
-    load_state_dict_checked(model, state, source=str(folder))
+    model = LlamaModel.empty(config)
+    load_state_dict_checked(model, state, source=str(folder), assign=True)
     if (folder / "tokenizer.json").exists():
         tokenizer = Tokenizer.from_file(folder / "tokenizer.json", folder / "tokenizer_config.json",
                                         hf_config)
@@ -140,8 +141,10 @@ def load_hf_folder(folder: str | Path, require_tokenizer: bool = True
     return model, tokenizer
 
 
-def load_state_dict_checked(model: LlamaModel, state: dict[str, torch.Tensor], source: str) -> None:
-    """Copy `state` into `model`, naming any missing, unexpected or misshapen tensor."""
+def load_state_dict_checked(model: LlamaModel, state: dict[str, torch.Tensor], source: str,
+                            assign: bool = False) -> None:
+    """Copy `state` into `model` (or, with assign, adopt its tensors), naming any missing,
+    unexpected or misshapen tensor. Raises CheckpointError and changes nothing on a mismatch."""
     expected = dict(model.state_dict())
     if model.config.tie_word_embeddings:
         expected.pop("lm_head.weight", None)
@@ -159,6 +162,12 @@ def load_state_dict_checked(model: LlamaModel, state: dict[str, torch.Tensor], s
         if tuple(state[name].shape) != tuple(tensor.shape):
             raise CheckpointError(f"{source}: tensor {name} has shape {tuple(state[name].shape)}, "
                                   f"the config implies {tuple(tensor.shape)}")
+    if assign:   # take the loaded tensors as the parameters: no copy into fresh memory
+        model.load_state_dict({k: state[k].to(expected[k].dtype) for k in expected},
+                              strict=False, assign=True)
+        if model.config.tie_word_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight
+        return
     with torch.no_grad():
         for name, tensor in expected.items():
             tensor.copy_(state[name].to(tensor.dtype))
@@ -206,11 +215,73 @@ _GGUF_LAYER_NAMES = {
 _GGUF_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
-def _gguf_field(reader, key, default=None):
-    field = reader.fields.get(key)
-    if field is None:
-        return default
-    return field.contents()
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+                 10: "<Q", 11: "<q", 12: "<d"}
+
+
+class _GGUFFile:
+    """A GGUF v2/v3 file: metadata as Python values, tensors as (name, dims, type, byte view).
+
+    A direct parser (struct over one memory map): `gguf.GGUFReader` builds a numpy view
+    per string and takes seconds on a 49k-token vocabulary; this takes milliseconds.
+    """
+
+    def __init__(self, path: Path):
+        import numpy as np
+        from gguf.constants import GGML_QUANT_SIZES
+
+        self.buffer = np.memmap(path, dtype=np.uint8, mode="r")
+        data = self.buffer
+        raw = memoryview(data)
+        if bytes(raw[:4]) != b"GGUF":
+            raise CheckpointError(f"{path} is not a GGUF file (no GGUF magic)")
+        version, num_tensors, num_kv = struct.unpack_from("<IQQ", raw, 4)
+        if version < 2:
+            raise CheckpointError(f"{path}: GGUF version {version} is not supported (need 2 or 3)")
+        self._raw, self._pos = raw, 24
+        self.fields = {}
+        for _ in range(num_kv):
+            key = self._string()
+            (kind,) = self._unpack("<I")
+            self.fields[key] = self._value(kind)
+        infos = []
+        for _ in range(num_tensors):
+            name = self._string()
+            (num_dims,) = self._unpack("<I")
+            dims = self._unpack(f"<{num_dims}Q")
+            kind, offset = self._unpack("<IQ")
+            infos.append((name, dims, kind, offset))
+        alignment = int(self.fields.get("general.alignment", 32))
+        base = -(-self._pos // alignment) * alignment
+        self.tensors = []
+        for name, dims, kind, offset in infos:
+            block_size, type_size = GGML_QUANT_SIZES[kind]
+            row_bytes = dims[0] // block_size * type_size
+            num_rows = int(np.prod(dims[1:])) if len(dims) > 1 else 1
+            start = base + offset
+            view = data[start:start + row_bytes * num_rows].view(np.ndarray).reshape(num_rows, row_bytes)
+            self.tensors.append((name, dims, kind, view))
+
+    def _unpack(self, fmt):
+        values = struct.unpack_from(fmt, self._raw, self._pos)
+        self._pos += struct.calcsize(fmt)
+        return values
+
+    def _string(self) -> str:
+        (length,) = struct.unpack_from("<Q", self._raw, self._pos)
+        start = self._pos + 8
+        self._pos = start + length
+        return bytes(self._raw[start:start + length]).decode("utf-8", errors="replace")
+
+    def _value(self, kind: int):
+        if kind == 8:
+            return self._string()
+        if kind == 9:
+            item_kind, count = self._unpack("<IQ")
+            if item_kind in _GGUF_SCALARS:
+                return list(self._unpack(f"<{count}{_GGUF_SCALARS[item_kind][1]}"))
+            return [self._value(item_kind) for _ in range(count)]
+        return self._unpack(_GGUF_SCALARS[kind])[0]
 
 
 def _reverse_permute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -221,32 +292,32 @@ def _reverse_permute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 def load_gguf(path: str | Path) -> tuple[LlamaModel, Tokenizer]:
     try:
-        import gguf
+        from gguf.constants import GGMLQuantizationType
         from gguf.quants import dequantize
     except ImportError:
         raise CheckpointError("reading a .gguf file needs the `gguf` package: pip install gguf") from None
-    reader = gguf.GGUFReader(str(path))
-    arch = _gguf_field(reader, "general.architecture")
+    reader = _GGUFFile(Path(path))
+    arch = reader.fields.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise CheckpointError(f"{path}: GGUF architecture {arch!r} is not supported; "
                               f"supported: {list(SUPPORTED_ARCHITECTURES)}")
     config = _gguf_config(reader, arch)
     state = {}
-    for tensor in reader.tensors:
-        name = _gguf_tensor_name(tensor.name)
+    for tensor_name, dims, kind, data in reader.tensors:
+        name = _gguf_tensor_name(tensor_name)
         if name is None:
             continue
-        array = dequantize(tensor.data, tensor.tensor_type)
+        array = dequantize(data, GGMLQuantizationType(kind))
         weight = torch.from_numpy(array.astype("float32", copy=False).copy())
-        weight = weight.reshape([int(n) for n in reversed(tensor.shape)])
+        weight = weight.reshape([int(n) for n in reversed(dims)])
         if arch == "llama" and name.endswith("q_proj.weight"):
             weight = _reverse_permute(weight, config.num_heads)
         elif arch == "llama" and name.endswith("k_proj.weight"):
             weight = _reverse_permute(weight, config.num_kv_heads)
         state[name] = weight
     config.tie_word_embeddings = "lm_head.weight" not in state
-    model = LlamaModel(config)
-    load_state_dict_checked(model, state, source=str(path))
+    model = LlamaModel.empty(config)
+    load_state_dict_checked(model, state, source=str(path), assign=True)
     return model, _gguf_tokenizer(reader, path)
 
 
@@ -259,14 +330,13 @@ def _gguf_tensor_name(name: str) -> str | None:
     return None if base is None else f"{base}.{parts[1]}"
 
 
-def _gguf_config(reader, arch: str) -> ModelConfig:
+def _gguf_config(reader: _GGUFFile, arch: str) -> ModelConfig:
     def key(name, default=None):
-        return _gguf_field(reader, f"{arch}.{name}", default)
+        return reader.fields.get(f"{arch}.{name}", default)
 
     num_heads = int(key("attention.head_count"))
     hidden = int(key("embedding_length"))
-    tokens = reader.fields["tokenizer.ggml.tokens"]
-    vocab = int(key("vocab_size", len(tokens.data)))
+    vocab = int(key("vocab_size", len(reader.fields.get("tokenizer.ggml.tokens", []))))
     scaling = None
     if key("rope.scaling.type") == "linear":
         scaling = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
@@ -278,20 +348,21 @@ def _gguf_config(reader, arch: str) -> ModelConfig:
         rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
         rope_theta=float(key("rope.freq_base", 10000.0)), rope_scaling=scaling,
         max_position_embeddings=int(key("context_length", 4096)), qkv_bias=arch == "qwen2",
-        architecture=arch, bos_token_id=_gguf_field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_id=_gguf_field(reader, "tokenizer.ggml.eos_token_id"))
+        architecture=arch, bos_token_id=reader.fields.get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=reader.fields.get("tokenizer.ggml.eos_token_id"))
 
 
-def _gguf_tokenizer(reader, path) -> Tokenizer:
+def _gguf_tokenizer(reader: _GGUFFile, path) -> Tokenizer:
+    field = reader.fields.get
     if "tokenizer.ggml.tokens" not in reader.fields:
         raise CheckpointError(f"{path}: the GGUF file has no tokenizer (tokenizer.ggml.tokens)")
     return Tokenizer.from_gguf_metadata(
-        tokens=_gguf_field(reader, "tokenizer.ggml.tokens"),
-        merges=_gguf_field(reader, "tokenizer.ggml.merges", []),
-        model=_gguf_field(reader, "tokenizer.ggml.model"),
-        bos_token_id=_gguf_field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_id=_gguf_field(reader, "tokenizer.ggml.eos_token_id"),
-        pad_token_id=_gguf_field(reader, "tokenizer.ggml.padding_token_id"),
-        chat_template=_gguf_field(reader, "tokenizer.chat_template"),
-        add_bos_token=bool(_gguf_field(reader, "tokenizer.ggml.add_bos_token", False)),
-        token_types=_gguf_field(reader, "tokenizer.ggml.token_type"))
+        tokens=field("tokenizer.ggml.tokens"),
+        merges=field("tokenizer.ggml.merges", []),
+        model=field("tokenizer.ggml.model"),
+        bos_token_id=field("tokenizer.ggml.bos_token_id"),
+        eos_token_id=field("tokenizer.ggml.eos_token_id"),
+        pad_token_id=field("tokenizer.ggml.padding_token_id"),
+        chat_template=field("tokenizer.chat_template"),
+        add_bos_token=bool(field("tokenizer.ggml.add_bos_token", False)),
+        token_types=field("tokenizer.ggml.token_type"))

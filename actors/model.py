@@ -273,6 +273,16 @@ class LlamaModel(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
 
+    @classmethod
+    def empty(cls, config: ModelConfig) -> "LlamaModel":
+        """A model with uninitialised weights (fast: for loading a checkpoint into)."""
+        saved = nn.Linear.reset_parameters, nn.Embedding.reset_parameters
+        nn.Linear.reset_parameters = nn.Embedding.reset_parameters = lambda self: None
+        try:
+            return cls(config)
+        finally:
+            nn.Linear.reset_parameters, nn.Embedding.reset_parameters = saved
+
     def init_weights(self, seed: int = 0, std: float = 0.02) -> "LlamaModel":
         """Random normal(0, std) weights, ones for norms, zero biases; deterministic in seed."""
         gen = torch.Generator().manual_seed(seed)

@@ -25,6 +25,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import anyio
 import sniffio
 import zmq
+from zmq.utils import z85
 from zmq.utils.monitor import parse_monitor_message
 
 from . import wire
@@ -126,9 +127,12 @@ async def _serve_zap(sock: AsyncSocket, allowed_keys: frozenset) -> None:
     try:
         while True:
             frames = [bytes(f.buffer) for f in await sock.recv_multipart()]
+            if len(frames) < 6:
+                log.warning("ignored a malformed ZAP request of %d frames", len(frames))
+                continue
             version, request_id, _domain, peer_address, _identity, mechanism = frames[:6]
             key = frames[6] if len(frames) > 6 else b""
-            ok = mechanism == b"CURVE" and zmq.utils.z85.encode(key) in allowed_keys
+            ok = mechanism == b"CURVE" and len(key) == 32 and z85.encode(key) in allowed_keys
             if not ok:
                 log.warning("refused a %s connection from %s: client key not accepted",
                             mechanism.decode(errors="replace"), peer_address.decode(errors="replace"))

@@ -48,7 +48,7 @@ class ActorEvent:
 class ActorRecord:
     """The supervisor's view of one actor.
 
-    state: starting -> running -> (restarting -> running)* -> stopped | failed.
+    state: starting -> running -> ([hung ->] restarting -> running)* -> stopped | failed.
     Invariant: state == "running" implies process is alive and READY came
     from `incarnation`."""
 
@@ -325,6 +325,7 @@ class Supervisor:
                 if record.state == "running" and silent_s > self.heartbeat_timeout_s and _alive(record):
                     self._add_event(record.spec.name, "hung", f"no heartbeat for {silent_s:.1f} s; killing it")
                     record.crash_traceback = f"hung: no heartbeat for {silent_s:.1f} s"
+                    record.state = "hung"
                     self._kill(record)
 
     def _add_event(self, name: str, event: str, detail: str) -> None:

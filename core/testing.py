@@ -1,11 +1,21 @@
-"""Small actors for tests, benchmarks and the smoke run: echo, streams, crashes, hangs."""
+"""Helpers for tests and benchmarks: small actors (echo, streams, crashes, hangs), and
+`async_test`, which runs an async test function on trio."""
 from __future__ import annotations
 
+import functools
 import os
 
 import anyio
 
 from .actor import Actor, handler
+
+
+def async_test(fn):
+    """Decorate an `async def` test so pytest runs it on trio (the actors' default loop)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return anyio.run(functools.partial(fn, *args, **kwargs), backend="trio")
+    return wrapper
 
 
 class EchoActor(Actor):

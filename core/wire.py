@@ -120,10 +120,11 @@ def _encode_numpy(array: np.ndarray, buffers: list, shm_min_bytes: int | None):
     if dtype not in _NUMPY_DTYPES:
         raise WireError(f"numpy dtype {dtype} is not supported on the wire; "
                         f"use one of {sorted(_NUMPY_DTYPES)}")
+    shape = array.shape  # before ascontiguousarray, which makes 0-d arrays 1-d
     array = np.ascontiguousarray(array)
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
-    return _place(memoryview(array).cast("B") if array.size else b"", dtype, array.shape,
+    return _place(memoryview(array).cast("B") if array.size else b"", dtype, shape,
                   False, buffers, shm_min_bytes)
 
 

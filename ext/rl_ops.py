@@ -11,7 +11,7 @@ Usable on its own (it imports nothing of postrain outside ext/):
 
 The formulas are in the docstrings of the modules this one gathers:
 `advantages` (shaping, GRPO / Dr. GRPO / RLOO, DAPO dynamic sampling), `kl` (k1/k2/k3,
-KL in the reward, controllers), `policy_loss` (PPO clip-higher, dual clip, decoupled
+KL in the reward, controllers), `rl_ops_loss` (PPO clip-higher, dual clip, decoupled
 objective, aggregation modes, metrics) and `logprobs` (chunked log-softmax + gather +
 entropy). Functions that have a fused CuPy kernel (`compute_advantages`, `policy_loss`,
 `token_logprobs`, `token_logprobs_from_hidden`) take backend="auto" | "torch" | "cupy".

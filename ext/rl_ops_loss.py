@@ -1,5 +1,8 @@
 """The GRPO-family policy loss per token, its aggregation over a batch, and its metrics.
 
+(The module is `rl_ops_loss`, not `policy_loss`, so that `postrain.ext.policy_loss` stays the
+function once the submodule is imported.)
+
 Design: every aggregation mode is a weighted sum over tokens whose weights depend
 only on the mask, loss = sum_{b,t} W_b * m_bt * l_bt. So one pass computes the
 per-token loss l and per-row partial sums, and the mode only picks W_b; the
@@ -139,10 +142,13 @@ def check_inputs(logp, old_logp, advantages, mask, behavior_logp, ref_logp) -> t
 
 def per_token_loss(logp, old_logp, advantages, config: PolicyLossConfig, *, behavior_logp=None,
                    ref_logp=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """l_bt and the per-token pieces the metrics need; all (B, T) float32 (torch reference)."""
-    lp = logp.to(torch.float32)
-    adv = advantages
-    ratio = torch.exp((lp - old_logp.to(torch.float32)).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    """l_bt and the per-token pieces the metrics need; all (B, T) (torch reference).
+
+    Computes in float32, or float64 where logp is float64 (for gradcheck)."""
+    ftype = torch.promote_types(logp.dtype, torch.float32)
+    lp = logp.to(ftype)
+    adv = advantages.to(ftype)
+    ratio = torch.exp((lp - old_logp.to(ftype)).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     pg1 = -adv * ratio
     pg2 = -adv * ratio.clamp(1.0 - config.clip_low, 1.0 + config.clip_high)
     pg = torch.maximum(pg1, pg2)
@@ -154,14 +160,14 @@ def per_token_loss(logp, old_logp, advantages, config: PolicyLossConfig, *, beha
     weight = torch.ones_like(adv)
     if behavior_logp is not None:
         with torch.no_grad():
-            weight = torch.exp((old_logp.to(torch.float32) - behavior_logp.to(torch.float32))
+            weight = torch.exp((old_logp.to(ftype) - behavior_logp.to(ftype))
                                .clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
             if config.behavior_weight_cap is not None:
                 weight = weight.clamp(max=config.behavior_weight_cap)
         pg = pg * weight
     kl = torch.zeros_like(adv)
     if ref_logp is not None:
-        kl = kl_estimate(lp, ref_logp.to(torch.float32), config.kl_kind)
+        kl = kl_estimate(lp, ref_logp.to(ftype), config.kl_kind)
     loss = pg + config.kl_coef * kl if config.kl_coef else pg
     pieces = {"pg": pg, "kl": kl, "ratio": ratio, "behavior_weight": weight,
               "clip_low": (adv < 0) & (ratio < 1.0 - config.clip_low),
@@ -226,6 +232,9 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     from . import cupy_ops  # local: cupy_ops imports this module
 
     config = config or PolicyLossConfig()
+    if config.kl_coef and ref_logp is None:
+        raise RLOpsError(f"kl_coef={config.kl_coef} needs ref_logp (the reference policy's logp per "
+                         "token), got None; pass ref_logp or set kl_coef=0")
     if cupy_ops.use_cupy(backend, logp.device):
         loss, stats, adv = cupy_ops.policy_loss_cupy(
             logp, old_logp, advantages, mask, config, behavior_logp=behavior_logp, ref_logp=ref_logp,

@@ -1,8 +1,9 @@
 """In-jail agent of a warm worker: a zygote that forks a fresh child per execution.
 
-Runs INSIDE nsjail (the host passes this file's source to `python -I -c`), so it imports nothing of
-postrain. It talks to the host over fds 0/1 with length-prefixed msgpack frames: one config frame
-in, "ready" out, then per execution one request in and one result out.
+Runs INSIDE nsjail (the host passes this file's source to `python -I -S -c`, and the
+site-packages folders as arguments), so it imports nothing of postrain. It talks to the host over
+fds 0/1 with length-prefixed msgpack frames: one config frame in, "ready" out, then per
+execution one request in, output frames (when streaming) and one result out.
 
 Design note. Per execution the zygote forks a launcher that unshares a new PID and mount namespace
 and forks `init` (PID 1 there); init mounts a fresh tmpfs at /work and forks the child that runs
@@ -28,7 +29,11 @@ import time
 import traceback
 import types
 
-import msgpack
+sys.path.extend(sys.argv[1:])  # site-packages, when the interpreter runs with -S (no site hooks)
+if not hasattr(builtins, "exit"):
+    builtins.exit = builtins.quit = sys.exit
+
+import msgpack  # noqa: E402
 
 _libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNS = 0x00020000
@@ -308,7 +313,10 @@ def execute(req, cfg):
                 status_buf += chunk
                 _parse_status(run, status_buf)
             else:
+                kept = len(run.out[names[fd]])
                 run.take_output(names[fd], chunk)
+                if req.get("stream") and len(run.out[names[fd]]) > kept:
+                    send({"kind": "output", "name": names[fd], "data": bytes(run.out[names[fd]][kept:])})
     if in_w >= 0:
         os.close(in_w)
     _parse_status(run, status_buf, final=True)

@@ -82,9 +82,11 @@ class Policy:
     max_file_size_mb: int = 16         # largest file the code may write (RLIMIT_FSIZE)
     work_dir_size_mb: int = 64         # size of the private tmpfs at /work (the cwd)
     max_open_files: int = 64           # file descriptors per process (RLIMIT_NOFILE)
-    max_output_bytes: int = 1 << 20    # bytes kept of stdout and of stderr each; more -> killed, output_truncated
+    max_output_bytes: int = 1 << 20    # bytes kept of stdout, and of stderr; more: killed, output_truncated
     enable_network: bool = False       # False: a fresh network namespace with no interfaces, not even lo
     enable_cgroups: bool = True        # use cgroup v1 memory/pids caps where the host has them
+    enable_site_hooks: bool = False    # run site-packages' .pth hooks at start-up (slow, host-specific);
+                                       # site-packages is on sys.path either way
     python: str = dataclasses.field(default_factory=_default_python)        # interpreter inside the jail
     readonly_mounts: tuple[str, ...] = dataclasses.field(default_factory=_default_mounts)  # host paths, ro
     env: tuple[tuple[str, str], ...] = (
@@ -128,6 +130,24 @@ class Policy:
         out["readonly_mounts"] = list(self.readonly_mounts)
         out["env"] = dict(self.env)
         return out
+
+
+def python_flags(policy: Policy) -> list[str]:
+    """Interpreter flags inside the jail: isolated mode, and no site hooks unless asked for."""
+    return ["-I"] if policy.enable_site_hooks else ["-I", "-S"]
+
+
+def site_paths(policy: Policy) -> list[str]:
+    """site-packages folders of the jail's interpreter (added to sys.path when -S skips site)."""
+    if policy.enable_site_hooks:
+        return []
+    if os.path.realpath(policy.python) == os.path.realpath(sys.executable):
+        import site
+        return [p for p in site.getsitepackages() if os.path.isdir(p)]
+    import subprocess
+    query = "import site; print('\\n'.join(site.getsitepackages()))"
+    out = subprocess.run([policy.python, "-I", "-c", query], capture_output=True, text=True, timeout=30)
+    return [p for p in out.stdout.split() if os.path.isdir(p)]
 
 
 def kafel_policy(cold: bool) -> str:

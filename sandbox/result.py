@@ -55,8 +55,9 @@ class ExecResult:
     def summary(self) -> str:
         how = (f"exit {self.exit_code}" if self.exit_code is not None else
                f"signal {_signal_name(self.signal)}" if self.signal is not None else "-")
-        return (f"status={self.status.value} ({how}) wall={self.wall_s * 1000:.1f}ms "
-                f"cpu={self.cpu_s * 1000:.1f}ms mode={self.mode}" + (f" error={self.error}" if self.error else ""))
+        line = (f"status={self.status.value} ({how}) wall={self.wall_s * 1000:.1f}ms "
+                f"cpu={self.cpu_s * 1000:.1f}ms mode={self.mode}")
+        return line + (f" error={self.error}" if self.error else "")
 
 
 def _signal_name(signum: int | None) -> str:

@@ -16,6 +16,7 @@ the number of warm workers; the rest wait for a free worker), and an optional au
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import selectors
@@ -24,15 +25,19 @@ import signal
 import subprocess
 import tempfile
 import time
+from typing import Callable
 
 from .audit import AuditLog
-from .policy import Policy, PolicyError, SandboxError, nsjail_argv
+from .policy import Policy, PolicyError, SandboxError, nsjail_argv, python_flags, site_paths
 from .result import ExecResult, Status, classify
 from .warm import DEFAULT_PRELOAD, WarmPool
 
 LANGUAGES = ("python",)
 _PRELUDE = """\
-import os, sys, types
+import builtins, os, sys, types
+sys.path.extend(%r)
+if not hasattr(builtins, 'exit'):
+    builtins.exit = builtins.quit = sys.exit
 def _copy(src, dst):
     for name in os.listdir(src):
         s, d = src + '/' + name, dst + '/' + name
@@ -46,9 +51,25 @@ sys.argv[0] = '/work/main.py'; sys.path.insert(0, '/work')
 _m = types.ModuleType('__main__'); _m.__file__ = '/work/main.py'; _m.__builtins__ = __builtins__
 sys.modules['__main__'] = _m
 with open('/work/main.py', 'rb') as _f: _src = _f.read()
-exec(compile(_src, '/work/main.py', 'exec'), _m.__dict__)
+try:
+    exec(compile(_src, '/work/main.py', 'exec'), _m.__dict__)
+except SystemExit:
+    raise
+except BaseException as _e:
+    import traceback
+    traceback.print_exception(type(_e), _e, _e.__traceback__.tb_next)
+    sys.exit(1)
 """
 _SAFE_NAME = re.compile(r"^(?!/)(?!.*(^|/)\.\.(/|$))[A-Za-z0-9._/-]+$")
+
+
+@functools.lru_cache(maxsize=8)
+def _site_paths_for(python: str, enable_site_hooks: bool) -> list[str]:
+    return site_paths(Policy(python=python, enable_site_hooks=enable_site_hooks))
+
+
+def _site_paths(policy: Policy) -> list[str]:
+    return _site_paths_for(policy.python, policy.enable_site_hooks)
 
 
 def check_files(files: dict[str, bytes] | None) -> dict[str, bytes]:
@@ -63,7 +84,8 @@ def check_files(files: dict[str, bytes] | None) -> dict[str, bytes]:
 
 
 def run_cold(code: str, *, policy: Policy, stdin: bytes = b"", files: dict[str, bytes] | None = None,
-             argv: list[str] | None = None) -> ExecResult:
+             argv: list[str] | None = None,
+             on_output: Callable[[str, bytes], None] | None = None) -> ExecResult:
     """Run Python source in a fresh jail; always returns a result (never raises for the code)."""
     files = check_files(files)
     run_dir = tempfile.mkdtemp(prefix="postrain-cold-")
@@ -78,21 +100,23 @@ def run_cold(code: str, *, policy: Policy, stdin: bytes = b"", files: dict[str, 
         os.chmod(run_dir, 0o755)
         log_path = os.path.join(run_dir, "nsjail.log")
         jail = nsjail_argv(policy, cold=True, task_dir=task_dir, log_path=log_path)
-        cmd = jail + [policy.python, "-I", "-c", _PRELUDE, *(argv or [])]
-        return _run_jail(cmd, policy, stdin, log_path, memory_cgroup="--cgroup_mem_max" in jail)
+        prelude = _PRELUDE % (_site_paths(policy),)
+        cmd = jail + [policy.python, *python_flags(policy), "-c", prelude, *(argv or [])]
+        return _run_jail(cmd, policy, stdin, log_path, memory_cgroup="--cgroup_mem_max" in jail,
+                         on_output=on_output)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _run_jail(cmd: list[str], policy: Policy, stdin: bytes, log_path: str,
-              memory_cgroup: bool) -> ExecResult:
+              memory_cgroup: bool, on_output=None) -> ExecResult:
     t0 = time.monotonic()
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, bufsize=0, close_fds=True)
     except OSError as exc:
         return ExecResult(Status.SANDBOX_ERROR, mode="cold", error=f"could not start nsjail: {exc}")
-    out, killed_for = _pump(proc, stdin, policy, t0)
+    out, killed_for = _pump(proc, stdin, policy, t0, on_output)
     _, wait_status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(wait_status)  # keep Popen from waiting again
     wall_s = time.monotonic() - t0
@@ -111,7 +135,7 @@ def _run_jail(cmd: list[str], policy: Policy, stdin: bytes, log_path: str,
                       mode="cold")
 
 
-def _pump(proc: subprocess.Popen, stdin: bytes, policy: Policy, t0: float):
+def _pump(proc: subprocess.Popen, stdin: bytes, policy: Policy, t0: float, on_output=None):
     """Feed stdin, collect capped output, kill nsjail at the wall limit or on a flood."""
     cap = policy.max_output_bytes
     out = {"stdout": bytearray(), "stderr": bytearray(), "stdout_truncated": False,
@@ -154,7 +178,10 @@ def _pump(proc: subprocess.Popen, stdin: bytes, policy: Policy, t0: float):
                 continue
             name = names[fd]
             room = cap - len(out[name])
-            out[name] += chunk[:max(room, 0)]
+            kept = chunk[:max(room, 0)]
+            out[name] += kept
+            if on_output is not None and kept:
+                on_output(name, kept)
             if len(chunk) > room:
                 out[f"{name}_truncated"] = True
                 if killed_for is None:
@@ -216,8 +243,10 @@ class Sandbox:
 
     def run(self, code: str, *, lang: str = "python", stdin: bytes | str = b"",
             files: dict[str, bytes] | None = None, argv: list[str] | None = None,
-            policy: Policy | None = None, requester: str = "local") -> ExecResult:
-        """Run `code` once; blocks. `policy` overrides the limits for this run only."""
+            policy: Policy | None = None, requester: str = "local",
+            on_output: Callable[[str, bytes], None] | None = None) -> ExecResult:
+        """Run `code` once; blocks. `policy` overrides the limits for this run only;
+        `on_output(name, chunk)` sees stdout/stderr as it arrives (called in this thread)."""
         if lang not in LANGUAGES:
             raise PolicyError(f"lang must be one of {LANGUAGES}, got {lang!r}; fix: pass lang='python'")
         if isinstance(stdin, str):
@@ -234,9 +263,11 @@ class Sandbox:
         t0 = time.monotonic()
         if self._pool is not None:
             files = check_files(files)
-            result = self._pool.execute(code, stdin=stdin, files=files, argv=argv, policy=policy)
+            result = self._pool.execute(code, stdin=stdin, files=files, argv=argv, policy=policy,
+                                        on_output=on_output)
         else:
-            result = run_cold(code, policy=policy, stdin=stdin, files=files, argv=argv)
+            result = run_cold(code, policy=policy, stdin=stdin, files=files, argv=argv,
+                              on_output=on_output)
         if self.audit is not None:
             self.audit.record(requester=requester, code=code, stdin=stdin, files=files, policy=policy,
                               result=result, queued_s=time.monotonic() - t0 - result.wall_s)

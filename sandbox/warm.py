@@ -20,10 +20,11 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import msgpack
 
-from .policy import SANDBOX_UID, Policy, SandboxError, nsjail_argv
+from .policy import SANDBOX_UID, Policy, SandboxError, nsjail_argv, python_flags, site_paths
 from .result import ExecResult, Status, classify
 
 _HEADER = struct.Struct("<I")
@@ -57,7 +58,7 @@ class WarmWorker:
         argv = nsjail_argv(policy, cold=False, memory_cap_mb=2 * policy.memory_mb + 128,
                            pids_cap=policy.max_processes + 16)
         self._memory_cgroup = "--cgroup_mem_max" in argv
-        argv += [policy.python, "-I", "-c", _ZYGOTE_SOURCE]
+        argv += [policy.python, *python_flags(policy), "-c", _ZYGOTE_SOURCE, *site_paths(policy)]
         try:
             self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=self._log, bufsize=0, close_fds=True)
@@ -77,20 +78,33 @@ class WarmWorker:
             raise SandboxError(f"warm worker sent {ready!r} instead of ready")
 
     def execute(self, code: str, *, stdin: bytes = b"", files: dict[str, bytes] | None = None,
-                argv: list[str] | None = None, policy: Policy | None = None) -> ExecResult:
-        """Run Python source in a fresh child of this worker; always returns a result."""
+                argv: list[str] | None = None, policy: Policy | None = None,
+                on_output: Callable[[str, bytes], None] | None = None) -> ExecResult:
+        """Run Python source in a fresh child of this worker; always returns a result.
+
+        on_output("stdout"|"stderr", chunk) is called (in this thread) as output arrives; the
+        chunks add up to the result's (capped) stdout and stderr."""
         policy = policy or self.policy
         req = {"code": code, "stdin": bytes(stdin), "files": dict(files or {}), "argv": list(argv or []),
                "wall_time_s": float(policy.wall_time_s), "cpu_time_s": int(policy.cpu_time_s),
                "memory_mb": policy.memory_mb, "max_processes": policy.max_processes,
                "max_file_size_mb": policy.max_file_size_mb, "max_open_files": policy.max_open_files,
-               "max_output_bytes": policy.max_output_bytes, "work_dir_size_mb": policy.work_dir_size_mb}
+               "max_output_bytes": policy.max_output_bytes, "work_dir_size_mb": policy.work_dir_size_mb,
+               "stream": on_output is not None}
         t0 = time.monotonic()
         if self._proc is None or self._proc.poll() is not None:
-            self._restart()
+            try:
+                self._restart()
+            except SandboxError as exc:
+                return ExecResult(Status.SANDBOX_ERROR, wall_s=time.monotonic() - t0, mode="warm",
+                                  error=str(exc))
         try:
             self._send(req)
-            reply = self._recv(t0 + policy.wall_time_s + _REPLY_GRACE_S)
+            while True:
+                reply = self._recv(t0 + policy.wall_time_s + _REPLY_GRACE_S)
+                if reply.get("kind") != "output":
+                    break
+                on_output(reply["name"], reply["data"])
         except (OSError, TimeoutError, EOFError, ValueError) as exc:
             detail = self._log_tail()
             self._restart_quietly()

@@ -66,7 +66,10 @@ static void host_logprob_forward(const T* logits, const long long* targets, floa
         float lse = part[0].m + logf(part[0].s);
         lse_out[row] = lse;
         entropy[row] = lse - part[0].t / part[0].s;
-        logp[row] = load_val(logits, base + targets[row]) * inv_temperature - lse;
+        long long target = targets[row];
+        logp[row] = (target >= 0 && target < V)
+                        ? load_val(logits, base + target) * inv_temperature - lse
+                        : bits_to_float(0x7fc00000u);
     }
 }
 

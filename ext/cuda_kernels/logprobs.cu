@@ -77,7 +77,11 @@ __device__ void logprob_forward_row(const T* logits, const long long* targets, f
         float lse = sm[0] + logf(ss[0]);
         lse_out[row] = lse;
         entropy[row] = lse - st[0] / ss[0];
-        logp[row] = load_val(logits, base + targets[row]) * inv_temperature - lse;
+        long long target = targets[row];
+        // an out-of-range id reads nothing and yields NaN (torch's gather would raise)
+        logp[row] = (target >= 0 && target < V)
+                        ? load_val(logits, base + target) * inv_temperature - lse
+                        : bits_to_float(0x7fc00000u);
     }
 }
 

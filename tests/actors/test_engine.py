@@ -173,3 +173,20 @@ def test_bad_requests_name_the_problem(model, tokenizer):
     engine.add_request(list(range(100)), SamplingParams(max_new_tokens=2))
     with pytest.raises(EngineError, match="needs 25 KV blocks"):
         engine.step()
+
+
+def test_generate_command_prints_json(capsys):
+    from postrain.core.cli import main
+
+    argv = ["generate", "--model", "tiny", "--prompt", "2+3=", "--max-tokens", "5", "--n", "2",
+            "--temperature", "0.8", "--seed", "1", "--json"]
+    assert main(argv) == 0
+    import json
+    report = json.loads(capsys.readouterr().out)
+    assert report["prompt_token_ids"] == byte_tokenizer().encode("2+3=")
+    assert len(report["samples"]) == 2
+    for sample in report["samples"]:
+        assert 1 <= len(sample["token_ids"]) == len(sample["logprobs"]) <= 5
+        assert all(lp <= 0 for lp in sample["logprobs"])
+    assert main(["generate", "--model", "/no/such/dir", "--prompt", "x"]) == 2
+    assert "no model at" in capsys.readouterr().err

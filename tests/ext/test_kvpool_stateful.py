@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from postrain.ext._kvpool import KVBlockPool as CompiledKVBlockPool
-from postrain.ext._kvpool_py import KVBlockPool as PythonKVBlockPool, KVPoolError
+from postrain.ext._kvpool_py import KVBlockPool as PythonKVBlockPool, KVPoolError, OutOfBlocksError
 
 # Prompts from a tiny vocabulary over a few shared stems, so prefix hits are common.
 STEMS = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 9, 9, 9, 9], [7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7]]
@@ -39,61 +39,87 @@ def _both(pools, method, *args):
 
 
 class TwinMachine(RuleBasedStateMachine):
+    """`live` mirrors the pools' sequence ids, so most steps act on live sequences."""
 
-    @initialize(num_blocks=st.integers(1, 16), block_size_tokens=st.integers(1, 5),
+    @initialize(num_blocks=st.integers(2, 24), block_size_tokens=st.integers(1, 4),
                 enable_prefix_caching=st.sampled_from([True, True, False]))
     def make_pools(self, num_blocks, block_size_tokens, enable_prefix_caching):
         self.pools = [CompiledKVBlockPool(num_blocks, block_size_tokens, enable_prefix_caching),
                       PythonKVBlockPool(num_blocks, block_size_tokens, enable_prefix_caching)]
         self.caching = enable_prefix_caching
+        self.live: list[int] = []
+        self.next_id = 100
 
     def _tokens(self, tokens, as_array):
         if not self.caching and as_array:
             return len(tokens)  # a bare token count: valid only with caching off
         return np.array(tokens, dtype=np.int32) if as_array else tokens
 
-    @rule(seq_id=SEQ_IDS, tokens=token_lists, salt=st.sampled_from([0, 1, 2**64 - 1]),
-          as_array=st.booleans())
-    def allocate(self, seq_id, tokens, salt, as_array):
-        _both(self.pools, "allocate", seq_id, self._tokens(tokens, as_array), salt)
+    def _new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id
 
-    @rule(seq_id=SEQ_IDS, tokens=st.lists(st.integers(0, 9), max_size=9), as_array=st.booleans())
-    def append(self, seq_id, tokens, as_array):
+    def _track(self, outcome, added=None, removed=None):
+        if outcome[0] == "ok":
+            if added is not None:
+                self.live.append(added)
+            if removed is not None:
+                self.live.remove(removed)
+
+    @rule(tokens=token_lists, salt=st.sampled_from([0, 0, 1, 2**64 - 1]), as_array=st.booleans())
+    def allocate(self, tokens, salt, as_array):
+        seq_id = self._new_id()
+        outcome = _both(self.pools, "allocate", seq_id, self._tokens(tokens, as_array), salt)
+        self._track(outcome, added=seq_id)
+        if outcome == ("error", OutOfBlocksError) and self.live:
+            self._track(_both(self.pools, "free", self.live[0]), removed=self.live[0])  # preempt
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), tokens=st.lists(st.integers(0, 9), max_size=6), as_array=st.booleans())
+    def append(self, data, tokens, as_array):
+        seq_id = data.draw(st.sampled_from(self.live))
         _both(self.pools, "append", seq_id, self._tokens(tokens, as_array))
 
-    @rule(parent=SEQ_IDS, child=SEQ_IDS)
-    def fork(self, parent, child):
-        _both(self.pools, "fork", parent, child)
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def fork(self, data):
+        parent, child = data.draw(st.sampled_from(self.live)), self._new_id()
+        self._track(_both(self.pools, "fork", parent, child), added=child)
 
-    @rule(seq_id=SEQ_IDS)
-    def free(self, seq_id):
-        _both(self.pools, "free", seq_id)
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def free(self, data):
+        seq_id = data.draw(st.sampled_from(self.live))
+        self._track(_both(self.pools, "free", seq_id), removed=seq_id)
 
-    @rule(seq_id=SEQ_IDS, n=st.integers(0, 20))
-    def queries(self, seq_id, n):
+    @rule(data=st.data(), n=st.integers(0, 20))
+    def queries(self, data, n):
+        seq_id = data.draw(st.sampled_from(self.live + [0]))  # ids start at 101: 0 is unknown
         for method, args in [("block_table", (seq_id,)), ("num_tokens", (seq_id,)),
                              ("can_append", (seq_id, n)), ("can_allocate", (n,)),
-                             ("__contains__", (seq_id,)), ("__len__", ())]:
+                             ("__contains__", (seq_id,)), ("__len__", ()),
+                             ("ref_count", (n - 1,)), ("block_hash", (n - 1,))]:
             _both(self.pools, method, *args)
 
     @rule(tokens=token_lists, salt=st.sampled_from([0, 1]))
     def match_prefix(self, tokens, salt):
         _both(self.pools, "match_prefix", tokens, salt)
 
-    @rule(block_id=st.integers(-1, 25))
-    def block_queries(self, block_id):
-        _both(self.pools, "ref_count", block_id)
-        _both(self.pools, "block_hash", block_id)
-
-    @precondition(lambda self: self.caching)
-    @rule(bad=st.sampled_from([[-1], [2**31], [0, 1, 2**40]]), seq_id=SEQ_IDS)
-    def bad_tokens(self, bad, seq_id):
-        _both(self.pools, "allocate", seq_id, bad)
-        _both(self.pools, "append", seq_id, bad)
-
-    @rule()
-    def reset_prefix_cache(self):
-        _both(self.pools, "reset_prefix_cache")
+    @rule(data=st.data(), bad=st.sampled_from([[-1], [2**31], [0, 1, 2**40]]), kind=st.integers(0, 5))
+    def misuse(self, data, bad, kind):
+        seq_id = data.draw(st.sampled_from(self.live + [0]))
+        if kind == 0 and self.live:
+            _both(self.pools, "allocate", self.live[-1], [1, 2])  # exists
+        elif kind == 1 and self.caching:
+            _both(self.pools, "allocate", self._new_id(), bad)
+            _both(self.pools, "append", seq_id, bad)
+        elif kind == 2:
+            _both(self.pools, "free", -5)                      # double free / unknown
+            _both(self.pools, "fork", -5, self._new_id())
+        elif kind == 3 and self.live:
+            _both(self.pools, "fork", seq_id, self.live[0])   # child exists
+        elif kind == 4:
+            _both(self.pools, "reset_prefix_cache")
 
     @invariant()
     def same_state_and_invariants(self):

@@ -260,6 +260,9 @@ def test_policy_loss_errors_name_the_rule():
         policy_loss(torch.zeros(2, 3), torch.zeros(2, 2), torch.zeros(2), torch.ones(2, 3))
     with pytest.raises(RLOpsError, match="advantages must be"):
         policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3), torch.ones(2, 3))
+    with pytest.raises(RLOpsError, match="kl_coef=0.1 needs ref_logp"):
+        policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3),
+                    PolicyLossConfig(kl_coef=0.1))
     with pytest.raises(RLOpsError, match="backend='cupy' needs CUDA tensors"):
         policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3), backend="cupy")
 
@@ -268,3 +271,59 @@ def test_package_reexports_lazily():
     import postrain.ext as ext
 
     assert ext.policy_loss is policy_loss and ext.RLOpsError is RLOpsError
+
+
+# ------------------------------------------------------------------ properties and gradcheck
+
+@pytest.mark.parametrize("agg_mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                                      "seq-mean-token-sum-norm"])
+def test_policy_loss_gradcheck_every_term(agg_mode):
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(3, 5, generator=g, dtype=torch.float64) * 2
+    logp = (old + torch.randn(3, 5, generator=g, dtype=torch.float64) * 0.5).requires_grad_(True)
+    adv = torch.randn(3, 5, generator=g, dtype=torch.float64)
+    mask = torch.tensor([[1.0] * 5, [1.0, 1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 1.0, 1.0, 0.0]])
+    behavior = old + torch.randn(3, 5, generator=g, dtype=torch.float64) * 0.3
+    ref = old + torch.randn(3, 5, generator=g, dtype=torch.float64) * 0.3
+    cfg = PolicyLossConfig(agg_mode=agg_mode, kl_coef=0.1, behavior_weight_cap=1.2)
+
+    def f(lp):
+        return rl_ops.policy_loss_reference(lp, old, adv, mask, cfg, behavior_logp=behavior,
+                                            ref_logp=ref)[0]
+
+    assert torch.autograd.gradcheck(f, (logp,))
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 6), st.lists(st.floats(-5, 5, width=32), min_size=2, max_size=36))
+def test_group_advantage_properties(group_size, values):
+    values = values[: len(values) - len(values) % group_size] or [0.0] * group_size
+    rewards = torch.tensor(values)
+    dr = group_advantages(rewards, group_size, "dr_grpo").view(-1, group_size)
+    torch.testing.assert_close(dr.sum(1), torch.zeros(dr.shape[0]), atol=1e-4, rtol=0)
+    # RLOO: r_i minus the mean of the other G - 1 rewards, computed the long way
+    grouped = rewards.view(-1, group_size)
+    others = (grouped.sum(1, keepdim=True) - grouped) / (group_size - 1)
+    torch.testing.assert_close(group_advantages(rewards, group_size, "rloo").view(-1, group_size),
+                               grouped - others, atol=1e-4, rtol=1e-4)
+    groups = filter_groups(rewards, group_size)
+    assert groups.num_groups == groups.num_kept_groups + groups.num_dropped_groups
+    flat = group_advantages(rewards, group_size, "grpo").view(-1, group_size)
+    assert torch.all(flat[~groups.keep_groups] == 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 6), st.integers(0, 10_000))
+def test_equal_length_rows_make_token_and_sequence_means_agree(rows, length, seed):
+    g = torch.Generator().manual_seed(seed)
+    loss = torch.randn(rows, length + 2, generator=g)
+    mask = torch.zeros(rows, length + 2)
+    mask[:, :length] = 1.0
+    a = aggregate_loss(loss, mask, "token-mean")
+    torch.testing.assert_close(a, aggregate_loss(loss, mask, "seq-mean-token-mean"))
+    torch.testing.assert_close(a * length, aggregate_loss(loss, mask, "seq-mean-token-sum"))
+    torch.testing.assert_close(a * length / (length + 2),
+                               aggregate_loss(loss, mask, "seq-mean-token-sum-norm"))

@@ -1,0 +1,199 @@
+"""The sandbox actor: serves code-execution requests over the microkernel.
+
+It owns one `postrain.sandbox.Sandbox` (a warm pool by default) and runs as many executions at
+once as it has workers (`num_workers`, by default one per core of its CPU share); the rest wait
+in its queue, up to `max_queued`, beyond which a request is refused with `SandboxQueueFull` (the
+scheduler sees `sandbox_queued` in the heartbeat load and can add workers). Every execution is
+audited (JSONL) when `audit_log` is set; the requester recorded is the sender's actor name.
+
+Handlers (bodies are msgpack maps; bytes travel as bytes):
+
+    exec          {code, stdin?, files?, argv?, limits?}  -> result map (status, exit_code, signal,
+                                                             wall_s, cpu_s, stdout, stderr, ...)
+    exec_stream   same body -> {"kind": "output", "name": "stdout"|"stderr", "data": bytes}...,
+                               then {"kind": "result", ...the exec result map}
+    run_tests     {solution, tests, test_timeout_s?, limits?} -> {passed: {name: bool}, errors,
+                                                                  collect_error, result}
+    run_io_cases  {code, cases: [[stdin, expected], ...], limits?} -> {passed: [bool], results}
+    stats         {} -> counters by status, queued, running
+
+`limits` may change the per-execution limits of the actor's policy (wall_time_s, cpu_time_s,
+memory_mb, max_processes, max_file_size_mb, work_dir_size_mb, max_open_files,
+max_output_bytes); a bad value comes back as a RemoteError naming the field.
+
+Options (the actor spec's `options`): mode ("warm"|"cold"), num_workers (int), policy (a map of
+`Policy` fields), audit_log (path), max_queued (int, default 1024).
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import math
+import os
+
+import anyio
+import anyio.from_thread
+import anyio.to_thread
+
+from postrain.core import Actor, handler
+from postrain.sandbox import ExecResult, Policy, PolicyError, Sandbox, run_io_cases, run_tests
+
+LIMIT_FIELDS = ("wall_time_s", "cpu_time_s", "memory_mb", "max_processes", "max_file_size_mb",
+                "work_dir_size_mb", "max_open_files", "max_output_bytes")
+
+
+class SandboxQueueFull(RuntimeError):
+    """More requests are waiting than `max_queued`; retry later or add sandbox workers."""
+
+
+def result_to_wire(result: ExecResult) -> dict:
+    return {"status": result.status.value, "exit_code": result.exit_code, "signal": result.signal,
+            "wall_s": result.wall_s, "cpu_s": result.cpu_s, "stdout": result.stdout,
+            "stderr": result.stderr, "stdout_truncated": result.stdout_truncated,
+            "stderr_truncated": result.stderr_truncated, "mode": result.mode, "error": result.error}
+
+
+class SandboxActor(Actor):
+    async def setup(self) -> None:
+        opts = self.options
+        policy = Policy(**{k: tuple(v) if isinstance(v, list) else v
+                           for k, v in (opts.get("policy") or {}).items()})
+        self.num_workers = int(opts.get("num_workers") or max(1, len(os.sched_getaffinity(0))))
+        self.max_queued = int(opts.get("max_queued", 1024))
+        make = functools.partial(Sandbox, policy, mode=opts.get("mode", "warm"),
+                                 num_workers=self.num_workers, audit_log=opts.get("audit_log"))
+        self.sandbox = await anyio.to_thread.run_sync(make)
+        self.limiter = anyio.CapacityLimiter(self.num_workers)
+        self.num_queued = 0   # requests waiting for a worker; invariant: 0 <= num_queued
+        self.num_running = 0  # executions in flight; invariant: 0 <= num_running <= num_workers
+        self.status_counts: collections.Counter[str] = collections.Counter()
+
+    async def teardown(self) -> None:
+        await anyio.to_thread.run_sync(self.sandbox.close)
+
+    def load(self) -> dict:
+        base = super().load()
+        base.update({"sandbox_queued": self.num_queued, "sandbox_running": self.num_running,
+                     "sandbox_workers": self.num_workers})
+        return base
+
+    # ------------------------------------------------------------ handlers
+    @handler("exec", concurrent=True)
+    async def exec(self, body, msg):
+        kwargs = self._run_kwargs(body, msg.sender)
+        return result_to_wire(await self._in_worker(self.sandbox.run, **kwargs))
+
+    @handler("exec_stream", stream=True, concurrent=True)
+    async def exec_stream(self, body, msg):
+        kwargs = self._run_kwargs(body, msg.sender)
+        send, receive = anyio.create_memory_object_stream(max_buffer_size=math.inf)
+
+        def on_output(name: str, data: bytes) -> None:  # in the worker thread
+            try:
+                anyio.from_thread.run_sync(send.send_nowait,
+                                           {"kind": "output", "name": name, "data": data})
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass  # the caller stopped listening; the run still ends within its limits
+
+        async def execute() -> None:
+            async with send:
+                try:
+                    result = await self._in_worker(self.sandbox.run, on_output=on_output, **kwargs)
+                    item = {"kind": "result", **result_to_wire(result)}
+                except Exception as exc:  # noqa: BLE001 - handed to the stream's reader
+                    item = exc
+                try:
+                    send.send_nowait(item)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    pass
+
+        self.node.spawn(execute)  # runs in the node's task group; this generator only reads
+        async with receive:
+            async for item in receive:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+
+    @handler("run_tests", concurrent=True)
+    async def run_tests(self, body, msg):
+        policy = self._policy(body.get("limits"))
+        report = await self._in_worker(run_tests, self.sandbox, body["solution"], body["tests"],
+                                       test_timeout_s=float(body.get("test_timeout_s", 2.0)),
+                                       policy=policy, requester=msg.sender)
+        return {"passed": report.passed, "errors": report.errors,
+                "collect_error": report.collect_error, "result": result_to_wire(report.result)}
+
+    @handler("run_io_cases", concurrent=True)
+    async def run_io_cases(self, body, msg):
+        policy = self._policy(body.get("limits"))
+        cases = [(str(stdin), str(expected)) for stdin, expected in body["cases"]]
+        verdicts = await self._in_worker(run_io_cases, self.sandbox, body["code"], cases,
+                                         policy=policy, requester=msg.sender)
+        return {"passed": [v.passed for v in verdicts],
+                "results": [result_to_wire(v.result) for v in verdicts]}
+
+    @handler("stats")
+    async def stats(self, body):
+        return {"by_status": dict(self.status_counts), "queued": self.num_queued,
+                "running": self.num_running, "workers": self.num_workers, "mode": self.sandbox.mode}
+
+    # ------------------------------------------------------------ internals
+    def _policy(self, limits) -> Policy:
+        limits = dict(limits or {})
+        unknown = sorted(set(limits) - set(LIMIT_FIELDS))
+        if unknown:
+            raise PolicyError(f"limits may set only {', '.join(LIMIT_FIELDS)}; got {unknown}; "
+                              f"fix: drop those keys (mounts, network and env belong to the actor)")
+        return self.sandbox.policy.replace(**limits) if limits else self.sandbox.policy
+
+    def _run_kwargs(self, body, sender: str) -> dict:
+        if not isinstance(body, dict) or not isinstance(body.get("code"), str):
+            raise PolicyError(f"a sandbox request must be a map with a str 'code', got "
+                              f"{type(body).__name__}; fix: send {{'code': '...'}}")
+        stdin = body.get("stdin") or b""
+        return {"code": body["code"], "stdin": stdin.encode() if isinstance(stdin, str) else stdin,
+                "files": body.get("files") or None, "argv": list(body.get("argv") or []),
+                "policy": self._policy(body.get("limits")), "requester": sender}
+
+    async def _in_worker(self, fn, *args, **kwargs):
+        """Run a blocking sandbox call in a thread once a worker is free.
+
+        Cancelled while queued: nothing ran. Cancelled while running: the caller stops waiting;
+        the execution still ends within its wall limit and frees its worker."""
+        if self.num_queued >= self.max_queued:
+            raise SandboxQueueFull(f"sandbox queue is full ({self.num_queued} waiting, max_queued="
+                                   f"{self.max_queued}); fix: retry later or add sandbox workers")
+        self.num_queued += 1
+        try:
+            await self.limiter.acquire()
+        finally:
+            self.num_queued -= 1
+        self.num_running += 1
+        try:
+            result = await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs),
+                                                    limiter=_unlimited(), abandon_on_cancel=True)
+        finally:
+            self.num_running -= 1
+            self.limiter.release()
+        for res in _results_of(result):
+            self.status_counts[res.status.value] += 1
+        return result
+
+
+def _results_of(value) -> list[ExecResult]:
+    if isinstance(value, ExecResult):
+        return [value]
+    if isinstance(value, list):
+        return [v.result for v in value]
+    return [value.result]
+
+
+_UNLIMITED = None
+
+
+def _unlimited():
+    """A thread limiter big enough that only our own CapacityLimiter decides concurrency."""
+    global _UNLIMITED
+    if _UNLIMITED is None:
+        _UNLIMITED = anyio.CapacityLimiter(10_000)
+    return _UNLIMITED

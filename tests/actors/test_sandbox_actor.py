@@ -1,0 +1,75 @@
+"""The sandbox actor in a real process, over real sockets, running real nsjail."""
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from postrain.core.testing import async_test
+from postrain.core import ActorSpec, RemoteError, Supervisor
+from postrain.sandbox import read_audit_log
+
+SMALL = {"wall_time_s": 2.0, "cpu_time_s": 2, "memory_mb": 192, "max_processes": 24,
+         "work_dir_size_mb": 8, "max_output_bytes": 65536}
+
+
+def sandbox_spec(tmp_path, **options):
+    options = {"num_workers": 2, "policy": SMALL, "audit_log": str(tmp_path / "audit.jsonl"), **options}
+    return ActorSpec(name="sandbox", cls="postrain.actors.sandbox_actor:SandboxActor", options=options,
+                     cpus=0.5, memory_mb=0, start_timeout_s=60)
+
+
+@async_test
+async def test_exec_concurrent_stream_tests_and_audit(tmp_path):
+    async with Supervisor.open() as sup:
+        ref = await sup.start(sandbox_spec(tmp_path))
+        reply = await ref.ask("exec", {"code": "print(input() * 2)", "stdin": b"ab\n"})
+        assert reply["status"] == "ok" and reply["stdout"] == b"abab\n" and reply["mode"] == "warm"
+
+        results = {}
+
+        async def one(i):
+            results[i] = await ref.ask("exec", {"code": f"print({i} ** 2)"})
+        async with anyio.create_task_group() as tg:
+            for i in range(6):
+                tg.start_soon(one, i)
+        assert {i: r["stdout"] for i, r in results.items()} == {i: f"{i * i}\n".encode() for i in range(6)}
+
+        items = [item async for item in ref.stream(
+            "exec_stream", {"code": "import sys\nfor i in range(3):\n    print(i, flush=True)\n"})]
+        assert [i["kind"] for i in items][-1] == "result" and items[-1]["status"] == "ok"
+        streamed = b"".join(i["data"] for i in items if i["kind"] == "output" and i["name"] == "stdout")
+        assert streamed == items[-1]["stdout"] == b"0\n1\n2\n"
+
+        timeout = await ref.ask("exec", {"code": "while True: pass", "limits": {"wall_time_s": 0.5}})
+        assert timeout["status"] == "timeout"
+
+        report = await ref.ask("run_tests", {
+            "solution": "def sq(x):\n    return x * x\n",
+            "tests": "from solution import sq\ndef test_a():\n    assert sq(3) == 9\n"
+                     "def test_b():\n    assert sq(2) == 5\n"})
+        assert report["passed"] == {"test_a": True, "test_b": False}
+        cases = await ref.ask("run_io_cases", {"code": "print(int(input()) + 1)",
+                                               "cases": [["1", "2"], ["5", "7"]]})
+        assert cases["passed"] == [True, False]
+
+        stats = await ref.ask("stats")
+        assert stats["by_status"]["ok"] >= 10 and stats["by_status"]["timeout"] == 1
+        assert stats["queued"] == 0 and stats["running"] == 0 and stats["workers"] == 2
+
+    audit = read_audit_log(tmp_path / "audit.jsonl")
+    assert len(audit) == stats["by_status"]["ok"] + stats["by_status"]["timeout"] \
+        + stats["by_status"].get("nonzero_exit", 0)
+    assert all(entry["requester"] and len(entry["sha256"]) == 64 for entry in audit)
+
+
+@async_test
+async def test_bad_requests_come_back_typed_and_the_actor_keeps_serving(tmp_path):
+    async with Supervisor.open() as sup:
+        ref = await sup.start(sandbox_spec(tmp_path, num_workers=1))
+        with pytest.raises(RemoteError, match="limits may set only"):
+            await ref.ask("exec", {"code": "pass", "limits": {"enable_network": True}})
+        with pytest.raises(RemoteError, match="wall_time_s must be a finite number > 0"):
+            await ref.ask("exec", {"code": "pass", "limits": {"wall_time_s": -1}})
+        with pytest.raises(RemoteError, match="must be a map with a str 'code'"):
+            await ref.ask("exec", "print(1)")
+        assert (await ref.ask("exec", {"code": "print('still serving')"}))["stdout"] == b"still serving\n"

@@ -1,0 +1,124 @@
+"""Supervision with real processes: restarts after kill -9, in-flight requests, hangs, give-up, stop."""
+import os
+import signal
+
+import anyio
+import pytest
+
+from postrain.core import ActorDiedError, ActorSpec, ActorTimeoutError, CurveKeys, Supervisor, AuthenticationError
+from postrain.core.node import Node
+from postrain.core.testing import async_test
+
+ECHO = "postrain.core.testing:EchoActor"
+
+
+def spec(name, **kw):
+    kw.setdefault("cpus", 0.25)
+    kw.setdefault("memory_mb", 0)
+    kw.setdefault("restart_backoff_s", 0.05)
+    return ActorSpec(name=name, cls=ECHO, **kw)
+
+
+@async_test
+async def test_kill_9_under_load_fails_in_flight_requests_and_the_actor_is_restarted():
+    async with Supervisor.open() as sup:
+        ref = await sup.start(spec("echo"))
+        first_pid = sup.records["echo"].pid
+        outcomes = []
+
+        async def caller():
+            try:
+                outcomes.append(await ref.ask("sleep", {"s": 5}, timeout_s=20))
+            except ActorDiedError as exc:
+                outcomes.append(exc)
+        async with anyio.create_task_group() as tg:
+            for _ in range(20):
+                tg.start_soon(caller)
+            while sup.records["echo"].load.get("in_flight", 0) < 20 and len(outcomes) == 0:
+                await anyio.sleep(0.05)  # wait until the actor reports the requests in its heartbeat
+            with anyio.fail_after(3):  # typed errors arrive promptly, long before the 20 s timeout
+                os.kill(first_pid, signal.SIGKILL)
+                while len(outcomes) < 20:
+                    await anyio.sleep(0.01)
+        assert all(isinstance(o, ActorDiedError) for o in outcomes), outcomes
+        exited = await sup.wait_for_event("echo", "started", timeout_s=30) if sup.records["echo"].state != "running" else None
+        await sup.wait_running("echo")
+        assert sup.records["echo"].pid != first_pid and sup.records["echo"].restarts == 1
+        assert any(e.event == "exited" and "SIGKILL" in e.detail for e in sup.events)
+        assert await ref.ask("echo", "back") == "back", "the same ref reconnects to the new process"
+        del exited
+
+
+@async_test
+async def test_an_actor_that_keeps_dying_is_given_up_after_max_restarts():
+    async with Supervisor.open() as sup:
+        await sup.start(spec("echo", max_restarts=1))
+        sup.kill("echo")
+        await sup.wait_for_event("echo", "started")
+        sup.kill("echo")
+        event = await sup.wait_for_event("echo", "gave_up")
+        assert "max_restarts = 1" in event.detail
+        assert sup.records["echo"].state == "failed"
+        assert "echo" not in sup.scheduler.placements, "a failed actor's cores are freed"
+
+
+@async_test
+async def test_a_hung_actor_is_detected_by_missing_heartbeats_and_restarted():
+    async with Supervisor.open(heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0) as sup:
+        ref = await sup.start(spec("echo"))
+        with pytest.raises(ActorTimeoutError):
+            await ref.ask("hang", {"s": 30}, timeout_s=0.5)
+        event = await sup.wait_for_event("echo", "hung", timeout_s=10)
+        assert "no heartbeat" in event.detail
+        await sup.wait_running("echo", timeout_s=20)
+        assert await ref.ask("echo", 1) == 1
+
+
+@async_test
+async def test_stop_is_a_message_then_a_bounded_wait_then_a_kill():
+    async with Supervisor.open() as sup:
+        ref = await sup.start(spec("polite"))
+        await sup.stop("polite")
+        assert sup.records["polite"].process.exitcode == 0
+        ref2 = await sup.start(spec("stuck", stop_timeout_s=0.5))
+        async with anyio.create_task_group() as tg:
+            async def block():
+                try:
+                    await ref2.ask("hang", {"s": 30}, timeout_s=5)
+                except Exception:
+                    pass
+            tg.start_soon(block)
+            await anyio.sleep(0.2)
+            await sup.stop("stuck")
+        assert sup.records["stuck"].process.exitcode == -signal.SIGKILL
+        assert [e.event for e in sup.events if e.name == "stuck"] == ["started", "stopped"], "no restart"
+        del ref
+
+
+@async_test
+async def test_registry_lookup_lets_actors_find_each_other_without_the_head_on_the_data_path():
+    async with Supervisor.open() as sup:
+        await sup.start(spec("a"))
+        await sup.start(spec("b"))
+        head = sup.node.ref(sup.address, "head")
+        address_b = await head.ask("lookup", {"name": "b"})
+        assert address_b == sup.records["b"].address and address_b != sup.address
+        status = await head.ask("status")
+        assert {a["name"] for a in status["actors"]} == {"a", "b"}
+
+
+@async_test
+async def test_curve_refuses_a_peer_without_an_accepted_key_and_accepts_the_runs_key():
+    keys = CurveKeys.generate()
+    async with Supervisor.open(keys=keys) as sup:
+        ref = await sup.start(spec("public", bind="tcp://0.0.0.0:0"))
+        assert ref.address.startswith("tcp://")
+        assert await ref.ask("echo", "trusted") == "trusted"
+        port = ref.address.rsplit(":", 1)[1]
+        stranger_keys = CurveKeys.generate()
+        stranger_keys = CurveKeys(keys.server_public, b"", stranger_keys.client_public,
+                                  stranger_keys.client_secret)
+        async with Node("stranger", stranger_keys) as stranger:
+            with pytest.raises(AuthenticationError, match="refused our CurveZMQ key"):
+                await stranger.ref(f"tcp://127.0.0.2:{port}").ask("echo", "x", timeout_s=10)
+            stranger._task_group.cancel_scope.cancel()
