@@ -162,6 +162,11 @@ class PagedBatch:
     context_lens: torch.Tensor     # (B,) int64 tokens in the cache after this step's writes
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     # one (key, value) per layer, each (num_blocks, block_size_tokens, num_kv_heads, head_dim)
+    num_padding: int = -1          # slots equal to -1; -1 = count them in __post_init__
+
+    def __post_init__(self):
+        if self.num_padding < 0:
+            self.num_padding = int((self.slot_mapping < 0).sum())
 
     def attention_mask(self) -> torch.Tensor:
         """(B, 1, T, L) bool: query t may see cached key j iff j <= its position."""
@@ -215,14 +220,16 @@ class Attention(nn.Module):
         key_cache, value_cache = paged.kv_caches[layer_idx]
         num_blocks, block_size, heads, dim = key_cache.shape
         slots = paged.slot_mapping.reshape(-1)
-        valid = slots >= 0
-        flat_k = key_cache.view(num_blocks * block_size, heads, dim)
-        flat_v = value_cache.view(num_blocks * block_size, heads, dim)
-        flat_k[slots[valid]] = k.reshape(-1, heads, dim)[valid].to(key_cache.dtype)
-        flat_v[slots[valid]] = v.reshape(-1, heads, dim)[valid].to(value_cache.dtype)
+        new_k, new_v = k.reshape(-1, heads, dim), v.reshape(-1, heads, dim)
+        if paged.num_padding:
+            valid = slots >= 0
+            slots, new_k, new_v = slots[valid], new_k[valid], new_v[valid]
+        key_cache.view(-1, heads, dim).index_copy_(0, slots, new_k.to(key_cache.dtype))
+        value_cache.view(-1, heads, dim).index_copy_(0, slots, new_v.to(value_cache.dtype))
         batch = paged.block_tables.shape[0]
-        gathered_k = key_cache[paged.block_tables].view(batch, -1, heads, dim)  # (B, L, Hkv, D)
-        gathered_v = value_cache[paged.block_tables].view(batch, -1, heads, dim)
+        flat_tables = paged.block_tables.reshape(-1)
+        gathered_k = key_cache.index_select(0, flat_tables).view(batch, -1, heads, dim)  # (B, L, Hkv, D)
+        gathered_v = value_cache.index_select(0, flat_tables).view(batch, -1, heads, dim)
         return gathered_k.to(k.dtype), gathered_v.to(v.dtype)
 
 

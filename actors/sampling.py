@@ -76,31 +76,36 @@ def make_generator(seed: int | None, sample_index: int, fallback: torch.Generato
 
 def sample_rows(logits: torch.Tensor, params: list[SamplingParams],
                 generators: list[torch.Generator]) -> tuple[list[int], list[float]]:
-    """Sample one token per row of logits (B, V); return (token ids, logprobs as documented above)."""
+    """Sample one token per row of logits (B, V); return (token ids, logprobs as documented above).
+
+    Drawing uses the exponential race: argmax_j p_j / E_j with E_j ~ Exp(1) i.i.d. picks j
+    with probability p_j (one vectorised pass; `torch.multinomial` per row is far slower
+    on a large vocabulary). Each row's noise comes from its own generator.
+    """
     logits = logits.float().cpu()
     temps = torch.tensor([p.logprob_temperature for p in params])
     logprobs_all = torch.log_softmax(logits / temps[:, None], dim=-1)        # (B, V)
-    tokens = []
+    scores = logprobs_all.clone()
     for row, (p, gen) in enumerate(zip(params, generators)):
         if p.temperature == 0:
-            tokens.append(int(logits[row].argmax()))
-            continue
-        tokens.append(_sample_one(logprobs_all[row], p, gen))
-    index = torch.tensor(tokens)
-    logprobs = logprobs_all.gather(1, index[:, None]).squeeze(1).tolist()
-    return tokens, logprobs
+            continue                               # greedy: argmax of the logits themselves
+        if p.top_k > 0 or p.top_p < 1.0:
+            _truncate_(scores[row], p)
+        noise = torch.empty_like(scores[row]).exponential_(generator=gen)
+        scores[row] -= noise.log_()                # log p_j - log E_j
+    tokens = scores.argmax(-1)
+    logprobs = logprobs_all.gather(1, tokens[:, None]).squeeze(1)
+    return tokens.tolist(), logprobs.tolist()
 
 
-def _sample_one(logprobs: torch.Tensor, p: SamplingParams, gen: torch.Generator) -> int:
-    """Draw from softmax(logprobs) truncated by top-k then top-p. logprobs (V,) at temperature T."""
-    if p.top_k == 0 and p.top_p >= 1.0:
-        return int(torch.multinomial(logprobs.exp(), 1, generator=gen))
+def _truncate_(logprobs: torch.Tensor, p: SamplingParams) -> None:
+    """In place: -inf outside the top-k, then outside the top-p nucleus. logprobs (V,)."""
     k = min(p.top_k, logprobs.numel()) if p.top_k > 0 else logprobs.numel()
     values, indices = torch.topk(logprobs, k)                                 # sorted, descending
-    probs = values.exp()
-    probs = probs / probs.sum()
+    keep = torch.zeros(logprobs.numel(), dtype=torch.bool)
     if p.top_p < 1.0:
-        before = probs.cumsum(0) - probs          # mass strictly above each token
-        probs = torch.where(before < p.top_p, probs, torch.zeros_like(probs))  # keeps >= 1 token
-        probs = probs / probs.sum()
-    return int(indices[torch.multinomial(probs, 1, generator=gen)])
+        probs = torch.softmax(values, dim=0)
+        before = probs.cumsum(0) - probs           # mass strictly above each token
+        indices = indices[before < p.top_p]        # keeps at least the top token
+    keep[indices] = True
+    logprobs.masked_fill_(~keep, float("-inf"))

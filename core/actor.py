@@ -151,7 +151,13 @@ def run_actor_process(spec: dict) -> None:
     """Entry point of an actor process (the supervisor spawns it).
 
     spec keys: name, cls (import path), options, address, head_address (or None),
-    incarnation, cpu_ids (or None), num_threads, heartbeat_interval_s, keys (or None)."""
+    incarnation, cpu_ids (or None), num_threads, heartbeat_interval_s, keys (or None),
+    log_path (or None: inherit the head's stdout and stderr)."""
+    if spec.get("log_path"):
+        log_fd = os.open(spec["log_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.close(log_fd)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {spec['name']} %(levelname)s %(message)s")
     _pin_cpus(spec.get("cpu_ids"), spec.get("num_threads"))
     backend = "trio"

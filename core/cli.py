@@ -19,6 +19,8 @@ import sys
 # name -> module that implements it; imported only when used (torch is slow).
 SUBCOMMANDS: dict[str, str] = {
     "up": "postrain.core.up",
+    "status": "postrain.core.control",
+    "down": "postrain.core.down",
     "bench": "postrain.core.bench_cli",
     "sandbox": "postrain.core.sandbox_cli",
     "generate": "postrain.actors.generate_cli",

@@ -82,6 +82,9 @@ class RunSection(_Strict):
     name: str = Field("run", description="run name; the run folder is run_dir/name")
     run_dir: str = Field("runs", description="folder holding run folders (checkpoints, logs, metrics)")
     seed: int = Field(0, description="seed for data order, sampling and init")
+    driver: str | None = Field(None, description="actor that drives the run: `postrain up` streams its "
+                               "`run` handler's progress and stops the run when it ends; none: run until "
+                               "`postrain down` or Ctrl-C")
 
     @field_validator("name")
     @classmethod
@@ -118,6 +121,8 @@ class RunConfig(_Strict):
             if spec.name in seen:
                 raise ValueError(f"actor name {spec.name!r} is used twice; names must be unique")
             seen.add(spec.name)
+        if self.run.driver is not None and self.run.driver not in seen:
+            raise ValueError(f"run.driver = {self.run.driver!r} names no actor; actors: {sorted(seen)}")
         return self
 
 

@@ -85,7 +85,8 @@ class Supervisor:
 
     def __init__(self, node: Node, scheduler: Scheduler, socket_dir: str, *,
                  heartbeat_interval_s: float, heartbeat_timeout_s: float, bind: str,
-                 keys: CurveKeys | None):
+                 keys: CurveKeys | None, log_dir: str | None = None):
+        self.log_dir = log_dir  # each actor's stdout and stderr go to log_dir/NAME.log
         self.node = node
         self.scheduler = scheduler
         self.socket_dir = socket_dir
@@ -99,19 +100,21 @@ class Supervisor:
         self.inbox = Inbox(node, address, {
             "_ready": Handler(self._on_ready), "_heartbeat": Handler(self._on_heartbeat),
             "_crashed": Handler(self._on_crashed), "lookup": Handler(self._on_lookup),
-            "status": Handler(self._on_status)})
+            "status": Handler(self._on_status), "shutdown": Handler(self._on_shutdown)})
+        self.shutdown_requested = anyio.Event()  # set by a `shutdown` message (`postrain down`)
         self.address = self.inbox.bound_address
         self._refs: dict[str, ActorRef] = {}
 
     @classmethod
     @asynccontextmanager
     async def open(cls, *, scheduler: Scheduler | None = None, heartbeat_interval_s: float = 1.0,
-                   heartbeat_timeout_s: float = 30.0, bind: str = "ipc", keys: CurveKeys | None = None):
+                   heartbeat_timeout_s: float = 30.0, bind: str = "ipc", keys: CurveKeys | None = None,
+                   log_dir: str | None = None):
         socket_dir = make_socket_dir()
         async with Node("head", keys) as node:
             supervisor = cls(node, scheduler or Scheduler(), socket_dir,
                              heartbeat_interval_s=heartbeat_interval_s,
-                             heartbeat_timeout_s=heartbeat_timeout_s, bind=bind, keys=keys)
+                             heartbeat_timeout_s=heartbeat_timeout_s, bind=bind, keys=keys, log_dir=log_dir)
             node.spawn(supervisor.inbox.serve)
             node.spawn(supervisor._watch_heartbeats)
             try:
@@ -232,7 +235,8 @@ class Supervisor:
                    "cpu_ids": list(record.placement.cpu_ids), "num_threads": record.placement.num_threads,
                    "gpu_ids": list(record.placement.gpu_ids),
                    "heartbeat_interval_s": self.heartbeat_interval_s,
-                   "keys": self.keys.to_dict() if self.keys else None}
+                   "keys": self.keys.to_dict() if self.keys else None,
+                   "log_path": os.path.join(self.log_dir, f"{spec.name}.log") if self.log_dir else None}
         env_gpus = ",".join(str(g) for g in record.placement.gpu_ids)
         old = os.environ.get("CUDA_VISIBLE_DEVICES")
         os.environ["CUDA_VISIBLE_DEVICES"] = env_gpus  # inherited by the spawned child only
@@ -372,6 +376,10 @@ class Supervisor:
 
     async def _on_status(self, body) -> dict:
         return self.status()
+
+    async def _on_shutdown(self, body) -> str:
+        self.shutdown_requested.set()
+        return "shutting down"
 
 
 def _alive(record: ActorRecord) -> bool:

@@ -81,3 +81,28 @@ class AsyncioEchoActor(EchoActor):
     async def loop(self, body):
         import asyncio
         return type(asyncio.get_running_loop()).__module__
+
+
+class CountingDriver(Actor):
+    """A run driver for tests of `postrain up`: asks `options.peer` to echo `options.steps` times,
+    streaming a progress line per step, then a summary; `stop` ends it early."""
+
+    async def setup(self):
+        self.stopping = False
+
+    @handler("run", stream=True)
+    async def run(self, body):
+        peer = await self.lookup(self.options["peer"])
+        steps = 0
+        for step in range(self.options.get("steps", 3)):
+            if self.stopping:
+                break
+            assert await peer.ask("echo", step) == step
+            steps += 1
+            yield {"line": f"step {step}"}
+            await anyio.sleep(self.options.get("step_s", 0))
+        yield {"summary": {"steps": steps, "run_folder": body["run_folder"]}}
+
+    @handler("stop")
+    async def stop(self, body):
+        self.stopping = True

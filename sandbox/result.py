@@ -83,6 +83,8 @@ def classify(*, exit_code: int | None, signal: int | None, cpu_s: float, cpu_lim
         return Status.TIMEOUT  # the hard RLIMIT_CPU
     if signal == _signal.SIGKILL and memory_cgroup:
         return Status.MEMORY_LIMIT  # the cgroup OOM killer is the only other SIGKILL source
+    if exit_code is None and signal is None:
+        return Status.SANDBOX_ERROR  # the code ended without an exit status: the sandbox lost it
     if exit_code not in (None, 0) and _ends_in_memory_error(stderr):
         return Status.MEMORY_LIMIT
     if signal is not None:

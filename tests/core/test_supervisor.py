@@ -121,4 +121,3 @@ async def test_curve_refuses_a_peer_without_an_accepted_key_and_accepts_the_runs
         async with Node("stranger", stranger_keys) as stranger:
             with pytest.raises(AuthenticationError, match="refused our CurveZMQ key"):
                 await stranger.ref(f"tcp://127.0.0.2:{port}").ask("echo", "x", timeout_s=10)
-            stranger._task_group.cancel_scope.cancel()

@@ -42,3 +42,24 @@ def test_result_to_dict_and_summary():
     data = result.to_dict()
     assert data["status"] == "killed_by_signal" and data["stdout"] == "\ufffdx"
     assert "SIGSEGV" in result.summary() and not result.ok
+
+
+from hypothesis import given, strategies as st  # noqa: E402
+
+
+@given(exit_code=st.one_of(st.none(), st.integers(0, 255)),
+       sig=st.one_of(st.none(), st.sampled_from(list(signal.Signals))),
+       cpu_s=st.floats(0, 10), killed_for=st.sampled_from([None, "timeout", "output"]),
+       stderr=st.binary(max_size=64), memory_cgroup=st.booleans())
+def test_every_outcome_maps_to_exactly_one_status(exit_code, sig, cpu_s, killed_for, stderr, memory_cgroup):
+    got = status(exit_code=exit_code, sig=sig, cpu_s=cpu_s, killed_for=killed_for, stderr=stderr,
+                 memory_cgroup=memory_cgroup)
+    assert isinstance(got, Status)
+    if got is Status.SANDBOX_ERROR:
+        assert exit_code is None and sig is None and killed_for is None
+    if killed_for == "output":
+        assert got is Status.OUTPUT_TRUNCATED
+    elif killed_for == "timeout":
+        assert got is Status.TIMEOUT
+    elif got is Status.OK:
+        assert exit_code == 0 and sig is None

@@ -1,0 +1,91 @@
+"""`postrain up`, `status` and `down` as a user runs them: real head, real actor processes."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+CONFIG = """
+[run]
+name = "t"
+run_dir = "{run_dir}"
+driver = "driver"
+[head]
+heartbeat_interval_s = 0.5
+[[actors]]
+name = "echo"
+cls = "postrain.core.testing:EchoActor"
+cpus = 0.25
+memory_mb = 0
+[[actors]]
+name = "driver"
+cls = "postrain.core.testing:CountingDriver"
+cpus = 0.25
+memory_mb = 0
+options = {{ peer = "echo", steps = {steps}, step_s = {step_s} }}
+"""
+
+
+def postrain(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "postrain.core.cli", *args], capture_output=True,
+                          text=True, timeout=120, **kw)
+
+
+def write_config(tmp_path, steps=3, step_s=0, driver=True):
+    text = CONFIG.format(run_dir=tmp_path / "runs", steps=steps, step_s=step_s)
+    if not driver:
+        text = text.replace('driver = "driver"\n', "")
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    return path
+
+
+def test_up_runs_the_driver_to_the_end_and_leaves_a_run_folder(tmp_path):
+    result = postrain("up", "--config", str(write_config(tmp_path)))
+    assert result.returncode == 0, result.stderr
+    assert "step 0" in result.stdout and "step 2" in result.stdout
+    assert '"steps": 3' in result.stdout
+    folder = tmp_path / "runs" / "t"
+    assert (folder / "config.toml").exists() and (folder / "logs" / "echo.log").exists()
+    assert not (folder / "head.json").exists(), "a finished run leaves no stale head address"
+
+
+def test_dry_run_prints_the_placement_plan_and_starts_nothing(tmp_path):
+    result = postrain("up", "--config", str(write_config(tmp_path)), "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "echo: cores [" in result.stdout and "driver: cores [" in result.stdout
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_broken_config_or_run_folder_fails_before_anything_starts(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[actors]]\nname = "x"\ncls = "m:C"\ncpus = -1\n')
+    result = postrain("up", "--config", str(bad))
+    assert result.returncode == 2 and "actors.0.cpus = -1: Input should be greater than 0" in result.stderr
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = postrain("up", "--config", str(write_config(tmp_path)), "--run-dir", str(blocker))
+    assert result.returncode == 2 and "is not writable" in result.stderr
+
+
+def test_status_and_down_talk_to_a_running_head(tmp_path):
+    folder = tmp_path / "runs" / "t"
+    head = subprocess.Popen([sys.executable, "-m", "postrain.core.cli", "up", "--config",
+                             str(write_config(tmp_path, driver=False))],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in head.stdout:  # wait for the head's own word that it serves
+            if line.startswith("serving"):
+                break
+        status = postrain("status", str(folder), "--json")
+        assert status.returncode == 0, status.stderr
+        actors = {a["name"]: a for a in json.loads(status.stdout)["actors"]}
+        assert actors["echo"]["state"] == "running" and actors["echo"]["pid"] > 0
+        assert postrain("down", str(folder)).returncode == 0
+        assert head.wait(timeout=60) == 0
+    finally:
+        head.kill()
+    result = postrain("status", str(folder))
+    assert result.returncode != 0 and "no running head" in result.stderr
