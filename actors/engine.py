@@ -225,11 +225,25 @@ class Engine:
         return {
             "num_running": len(self._running), "num_waiting": len(self._waiting),
             "kv_num_used_blocks": pool["num_used_blocks"], "kv_num_blocks": pool["num_blocks"],
-            "kv_utilization": pool["utilization"], "prefix_hit_rate": pool["prefix_hit_rate"],
+            "kv_utilization": self.kv_utilization(), "prefix_hit_rate": pool["prefix_hit_rate"],
             "policy_version": self.policy_version,
             "tokens_per_s": self.counters["num_generated_tokens"] / busy if busy else 0.0,
             **self.counters,
         }
+
+    def kv_utilization(self) -> float:
+        """Token slots holding a running sequence's KV over the slots of the blocks they hold.
+
+        Physical: a block shared by n forked samples counts once (the prompt's KV, stored
+        once, is not n times as useful), so this is what the reserved memory actually holds.
+        """
+        fill: dict[int, int] = {}
+        size = self.block_size_tokens
+        for seq in self._running:
+            num_tokens = self.pool.num_tokens(seq.seq_id)
+            for i, block in enumerate(self.pool.block_table(seq.seq_id)):
+                fill[block] = max(fill.get(block, 0), min(size, num_tokens - i * size))
+        return sum(fill.values()) / (len(fill) * size) if fill else 0.0
 
     # ------------------------------------------------------------------ scheduling
 

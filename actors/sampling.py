@@ -78,23 +78,29 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams],
                 generators: list[torch.Generator]) -> tuple[list[int], list[float]]:
     """Sample one token per row of logits (B, V); return (token ids, logprobs as documented above).
 
-    Drawing uses the exponential race: argmax_j p_j / E_j with E_j ~ Exp(1) i.i.d. picks j
-    with probability p_j (one vectorised pass; `torch.multinomial` per row is far slower
-    on a large vocabulary). Each row's noise comes from its own generator.
+    Drawing is by inverse CDF: one uniform u per row from the row's own generator, then
+    the first token whose cumulative probability (float64) exceeds u * total. All rows
+    share one vectorised exp and cumsum (`torch.multinomial` row by row is far slower
+    on a 50k vocabulary).
     """
-    logits = logits.float().cpu()
+    z = logits.float().cpu()
     temps = torch.tensor([p.logprob_temperature for p in params])
-    logprobs_all = torch.log_softmax(logits / temps[:, None], dim=-1)        # (B, V)
-    scores = logprobs_all.clone()
-    for row, (p, gen) in enumerate(zip(params, generators)):
-        if p.temperature == 0:
-            continue                               # greedy: argmax of the logits themselves
-        if p.top_k > 0 or p.top_p < 1.0:
-            _truncate_(scores[row], p)
-        noise = torch.empty_like(scores[row]).exponential_(generator=gen)
-        scores[row] -= noise.log_()                # log p_j - log E_j
-    tokens = scores.argmax(-1)
-    logprobs = logprobs_all.gather(1, tokens[:, None]).squeeze(1)
+    z = z / temps[:, None]                                                    # (B, V)
+    log_norm = torch.logsumexp(z, dim=-1)                                     # (B,)
+    greedy = [p.temperature == 0 for p in params]
+    tokens = z.argmax(-1)
+    sampled_rows = [row for row, g in enumerate(greedy) if not g]
+    if sampled_rows:
+        scores = z[sampled_rows]
+        for i, row in enumerate(sampled_rows):
+            if params[row].top_k > 0 or params[row].top_p < 1.0:
+                _truncate_(scores[i], params[row])
+        cdf = torch.exp(scores - scores.max(-1, keepdim=True).values).double().cumsum_(-1)
+        uniforms = torch.cat([torch.rand(1, generator=generators[row], dtype=torch.float64)
+                              for row in sampled_rows])
+        drawn = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True).squeeze(1)
+        tokens[sampled_rows] = drawn.clamp_(max=z.shape[1] - 1)
+    logprobs = z.gather(1, tokens[:, None]).squeeze(1) - log_norm
     return tokens.tolist(), logprobs.tolist()
 
 

@@ -85,6 +85,9 @@ class SandboxActor(Actor):
 
     @handler("exec_stream", stream=True, concurrent=True)
     async def exec_stream(self, body, msg):
+        """Output chunks as they arrive, then the result. Cancelled (the caller stops reading):
+        the run goes on in the node's task group until it ends within its limits; its chunks
+        are dropped."""
         kwargs = self._run_kwargs(body, msg.sender)
         send, receive = anyio.create_memory_object_stream(max_buffer_size=math.inf)
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import anyio
 
+from . import wire
 from .actor import run_actor_process
 from .config import ActorSpec
 from .errors import ActorStartError
@@ -255,6 +256,7 @@ class Supervisor:
 
     async def _note_exit(self, record: ActorRecord, process) -> None:
         await _wait_process(process)
+        wire.remove_shm_of(process.pid)  # a killed process cannot clean up its shared memory
         if record.process is process:
             record.exited.set()
 

@@ -29,9 +29,11 @@ at decode time, which the actor answers with a typed error reply.
 """
 from __future__ import annotations
 
+import atexit
 import mmap
 import os
 import sys
+import threading
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -154,25 +156,93 @@ def _place(raw, dtype: str, shape, is_torch: bool, buffers: list, shm_min_bytes:
 _created_shm: set[str] = set()
 
 
-def _write_shm(raw) -> str:
-    path = os.path.join(SHM_DIR, f"postrain-{os.getpid()}-{uuid.uuid4().hex}")
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+class _SegmentPool:
+    """Shared-memory files allocated ahead of time, by size.
+
+    A fresh tmpfs page costs an allocation and a zeroing before the copy; for
+    tensors sent again and again at the same size (weights, every policy
+    version) a sender takes a file whose pages already exist and a background
+    thread allocates the next one off the critical path.
+    Invariant: every path in `_free` exists, is unused and is `size` bytes long;
+    sum of pooled sizes <= MAX_POOLED_BYTES."""
+
+    MAX_POOLED_BYTES = 1 << 30
+
+    def __init__(self):
+        self._free: dict[int, list[str]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> str | None:
+        with self._lock:
+            paths = self._free.get(nbytes)
+            return paths.pop() if paths else None
+
+    def refill_soon(self, nbytes: int) -> None:
+        with self._lock:
+            pooled = sum(size * len(paths) for size, paths in self._free.items())
+            if self._free.get(nbytes) or pooled + nbytes > self.MAX_POOLED_BYTES:
+                return
+        threading.Thread(target=self._allocate, args=(nbytes,), daemon=True).start()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
+
+    def _allocate(self, nbytes: int) -> None:
+        path = _new_shm_path()
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, nbytes)
+            finally:
+                os.close(fd)
+        except OSError:
+            _unlink_quietly(path)
+            return
+        _created_shm.add(path)
+        with self._lock:
+            self._free.setdefault(nbytes, []).append(path)
+
+
+_pool = _SegmentPool()
+atexit.register(lambda: cleanup_shm())  # pooled segments and undelivered tensors die with the process
+
+
+def _new_shm_path() -> str:
+    return os.path.join(SHM_DIR, f"postrain-{os.getpid()}-{uuid.uuid4().hex}")
+
+
+def _unlink_quietly(path: str) -> None:
     try:
-        view, written = memoryview(raw), 0
-        while written < len(view):  # write(2) into tmpfs: one copy, pages allocated in-kernel
-            written += os.write(fd, view[written:])
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _write_shm(raw) -> str:
+    view = memoryview(raw)
+    path = _pool.take(len(view))
+    fresh = path is None
+    path = path or _new_shm_path()
+    fd = os.open(path, os.O_WRONLY | (os.O_CREAT | os.O_EXCL if fresh else 0), 0o600)
+    try:
+        written = 0
+        while written < len(view):  # one copy into tmpfs; no user-space page faults
+            written += os.pwrite(fd, view[written:], written)
     finally:
         os.close(fd)
     _created_shm.add(path)
+    _pool.refill_soon(len(view))
     return path
 
 
 def cleanup_shm() -> int:
-    """Unlink every shared-memory file this process wrote that no receiver took.
+    """Unlink every shared-memory file this process wrote that no receiver took, and the pool.
 
-    Receivers unlink what they map, so only undelivered tensors remain.
+    Receivers unlink what they map, so only undelivered tensors and pooled segments remain.
     Called when an actor stops. Returns how many were removed."""
     removed = 0
+    _pool.clear()
     for path in list(_created_shm):
         _created_shm.discard(path)
         try:
@@ -180,6 +250,18 @@ def cleanup_shm() -> int:
             removed += 1
         except FileNotFoundError:
             pass
+    return removed
+
+
+def remove_shm_of(pid: int) -> int:
+    """Unlink the shared-memory files of a process that has exited (the supervisor calls this)."""
+    removed = 0
+    if SHM_DIR:
+        prefix = f"postrain-{pid}-"
+        for name in os.listdir(SHM_DIR):
+            if name.startswith(prefix):
+                _unlink_quietly(os.path.join(SHM_DIR, name))
+                removed += 1
     return removed
 
 

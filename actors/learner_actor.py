@@ -1,0 +1,161 @@
+"""The learner as an actor: train on batches, checkpoint, and publish weights to generators.
+
+    spec = ActorSpec(name="learner", cls="postrain.actors.learner_actor:LearnerActor",
+                     options={"learner": {"model": "tiny", "lr": 1e-5}, "resume_from": None})
+    ref = await supervisor.start(spec)
+    metrics = await ref.ask("train", batch)                 # batch: postrain.actors.learner_batch
+    await ref.ask("publish", {"targets": ["gen0", "gen1"]})  # -> {"version", "sync_s": {...}, ...}
+
+Handlers (request/reply; bodies are dicts):
+
+    train(batch) -> metrics          sft(batch) -> metrics
+    save_checkpoint({"path", "extra"}) -> {"path", "step", "policy_version"}
+    load_checkpoint({"path"}) -> {"step", "policy_version", "extra"}
+    export_hf({"path"}) -> {"path"}
+    get_weights(None) -> {"version", "weights": {hf_name: tensor}}
+    publish({"targets": [actor names], "timeout_s"}) -> {"version", "num_bytes", "sync_s": {name: s}, "total_s"}
+    stats(None) -> {"step", "policy_version", "num_params", "last_publish"}
+
+Weight-sync contract (what a generator implements): the learner asks each target
+`load_weights` with body {"version": int, "weights": {name: CPU tensor}}, Hugging Face
+names, no tied `lm_head.weight` duplicate; the target swaps them in at a safe point and
+replies {"version": int}. Tensors >= 1 MiB cross through /dev/shm (the wire does it), so
+on one host a sync costs one write and one mapped read per tensor. `WeightReceiverActor`
+below is the reference receiver (tests and the bench use it).
+
+The compute handlers run in a worker thread (`anyio.to_thread.run_sync`), so the event
+loop keeps answering heartbeats during a long step. Cancelled: the step still completes
+in its thread (atomic: no half-applied update), and its reply is dropped.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+
+import anyio
+import torch
+
+from postrain.core.actor import Actor, handler
+
+
+def weights_digest(weights: dict[str, torch.Tensor]) -> str:
+    """sha256 over the names, dtypes, shapes and bytes of a state dict (sorted by name)."""
+    digest = hashlib.sha256()
+    for name in sorted(weights):
+        t = weights[name].detach().to("cpu").contiguous()
+        digest.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+class LearnerActor(Actor):
+    """options: learner (LearnerConfig fields), resume_from (a checkpoint folder or None)."""
+
+    async def setup(self):
+        from postrain.actors.learner import Learner, LearnerConfig
+
+        config = LearnerConfig.from_dict(self.options.get("learner"))
+        self.learner = await anyio.to_thread.run_sync(Learner, config)
+        self.resume_extra = None
+        if self.options.get("resume_from"):
+            self.resume_extra = await anyio.to_thread.run_sync(
+                self.learner.load_checkpoint, self.options["resume_from"])
+        self.targets: dict[str, object] = {}
+        self.last_publish: dict = {}
+
+    @handler("train")
+    async def train(self, body):
+        return await anyio.to_thread.run_sync(self.learner.train_step, body)
+
+    @handler("sft")
+    async def sft(self, body):
+        return await anyio.to_thread.run_sync(self.learner.sft_step, body)
+
+    @handler("save_checkpoint")
+    async def save_checkpoint(self, body):
+        path = await anyio.to_thread.run_sync(self.learner.save_checkpoint, body["path"], body.get("extra"))
+        return {"path": str(path), "step": self.learner.step, "policy_version": self.learner.policy_version}
+
+    @handler("load_checkpoint")
+    async def load_checkpoint(self, body):
+        extra = await anyio.to_thread.run_sync(self.learner.load_checkpoint, body["path"])
+        return {"step": self.learner.step, "policy_version": self.learner.policy_version, "extra": extra}
+
+    @handler("export_hf")
+    async def export_hf(self, body):
+        return {"path": str(await anyio.to_thread.run_sync(self.learner.export_hf, body["path"]))}
+
+    @handler("get_weights")
+    async def get_weights(self, body):
+        return {"version": self.learner.policy_version, "weights": self.learner.state_dict()}
+
+    @handler("publish")
+    async def publish(self, body):
+        """Push the current weights (version = learner.policy_version) to every target, concurrently.
+
+        Cancelled: targets that already replied hold the new version; the others may or may not."""
+        names = list(body.get("targets") or [])
+        timeout_s = float(body.get("timeout_s", 120.0))
+        weights = self.learner.state_dict()
+        version = self.learner.policy_version
+        message = {"version": version, "weights": weights}
+        sync_s: dict[str, float] = {}
+        start = time.perf_counter()
+
+        async def push(name: str) -> None:
+            if name not in self.targets:
+                self.targets[name] = await self.lookup(name)
+            t0 = time.perf_counter()
+            await self.targets[name].ask("load_weights", message, timeout_s=timeout_s)
+            sync_s[name] = time.perf_counter() - t0
+
+        async with anyio.create_task_group() as tg:
+            for name in names:
+                tg.start_soon(push, name)
+        num_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+        self.last_publish = {"version": version, "num_bytes": num_bytes, "sync_s": sync_s,
+                             "total_s": time.perf_counter() - start}
+        return self.last_publish
+
+    @handler("stats")
+    async def stats(self, body):
+        return {"step": self.learner.step, "policy_version": self.learner.policy_version,
+                "num_params": sum(p.numel() for p in self.learner.params), "last_publish": self.last_publish}
+
+
+class WeightReceiverActor(Actor):
+    """The reference receiving side of `publish`: loads weights into a model (options.model: a
+    load_model spec or ModelConfig fields) or, without a model, just keeps them.
+
+    Rule: versions never go back; a lower version is an error naming both."""
+
+    async def setup(self):
+        self.model = None
+        if self.options.get("model") is not None:
+            from postrain.actors.learner import build_policy
+            self.model, _ = build_policy(self.options["model"], 0, torch.float32, "cpu")
+        self.version = -1
+        self.weights: dict[str, torch.Tensor] = {}
+
+    @handler("load_weights")
+    async def load_weights(self, body):
+        from postrain.actors.checkpoint import load_state_dict_checked
+
+        version = int(body["version"])
+        if version < self.version:
+            raise ValueError(f"policy version must not go back: this actor holds {self.version}, got "
+                             f"{version}; publish the learner's latest weights")
+        if self.model is not None:
+            load_state_dict_checked(self.model, body["weights"], source=f"weights v{version}")
+        else:
+            self.weights = dict(body["weights"])
+        self.version = version
+        return {"version": version}
+
+    @handler("digest")
+    async def digest(self, body):
+        state = self.weights
+        if self.model is not None:
+            state = {k: v for k, v in self.model.state_dict().items()
+                     if not (self.model.config.tie_word_embeddings and k == "lm_head.weight")}
+        return {"version": self.version, "digest": weights_digest(state)}
