@@ -18,6 +18,7 @@ BENCHMARKS: dict[str, str] = {
     "messaging": "postrain.bench.messaging",
     "sandbox": "postrain.bench.sandbox",
     "rl_ops": "postrain.bench.rl_ops",
+    "generate": "postrain.bench.generate",
 }
 
 
