@@ -73,7 +73,7 @@ class _Sequence:
     """One sample in flight. Invariant while running: pool.num_tokens(seq_id) ==
     len(token_ids) - 1 (the last sampled token's KV is written by the next decode)."""
 
-    __slots__ = ("seq_id", "request", "output", "token_ids", "generator", "stop_checked_chars")
+    __slots__ = ("seq_id", "request", "output", "token_ids", "generator")
 
     def __init__(self, seq_id, request, sample_index, generator):
         self.seq_id = seq_id
@@ -250,7 +250,8 @@ class Engine:
     def _encode(self, prompt) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise EngineError("a text prompt needs a tokenizer; pass token ids or Engine(model, tokenizer)")
+                raise EngineError("a text prompt needs a tokenizer; pass token ids or "
+                                  "Engine(model, tokenizer)")
             ids = self.tokenizer.encode(prompt)
         else:
             ids = [int(t) for t in prompt]
@@ -304,7 +305,8 @@ class Engine:
                 if not admitted and not self._running:
                     raise EngineError(
                         f"a request needs {needed} KV blocks but the cache has only "
-                        f"{self.pool.num_blocks}; raise kv_cache_mb/num_blocks or lower n or the prompt length")
+                        f"{self.pool.num_blocks}; raise kv_cache_mb/num_blocks or lower n or the "
+                        "prompt length")
                 break
             self._waiting.popleft()
             prefill.num_cached = self.pool.allocate(prefill.seqs[0].seq_id, tokens)

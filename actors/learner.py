@@ -50,7 +50,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 class LearnerConfig:
     """Every knob of the learner; units in names, defaults for RL fine-tuning of a small LM."""
 
-    model: str | dict = "tiny"             # load_model spec (built-in name, HF folder, .gguf) or ModelConfig fields
+    model: str | dict = "tiny"             # load_model spec (built-in, HF folder, .gguf) or ModelConfig dict
     seed: int = 0                          # init of a from-scratch model, torch RNG
     device: str = "cpu"                    # "cpu" | "cuda" | "cuda:N"
     dtype: str = "float32"                 # parameter dtype: float32 | bfloat16 | float16
@@ -140,9 +140,7 @@ def build_policy(spec: str | dict, seed: int, dtype: torch.dtype, device: str):
     from postrain.actors.tokenizer import byte_tokenizer
 
     if isinstance(spec, dict):
-        torch_state = torch.random.get_rng_state()
         model = LlamaModel(ModelConfig(**spec)).init_weights(seed)
-        torch.random.set_rng_state(torch_state)
         return model.to(device=device, dtype=dtype), byte_tokenizer()
     return load_model(spec, dtype=dtype, device=device, seed=seed)
 
@@ -280,7 +278,10 @@ class Learner:
     def save_checkpoint(self, folder: str | Path, extra: dict | None = None) -> Path:
         """Weights, optimizer, RNG, counters and `extra` (JSON-able), written atomically."""
         from postrain.actors.learner_state import save_learner_checkpoint
-        return save_learner_checkpoint(self, folder, extra)
+        path = save_learner_checkpoint(self, folder, extra)
+        if self.world_size > 1:
+            torch.distributed.barrier(group=self.group)   # rank 0 has written it when any rank returns
+        return path
 
     def load_checkpoint(self, folder: str | Path) -> dict:
         """Restore everything save_checkpoint wrote; returns the `extra` dict."""
@@ -315,7 +316,8 @@ class Learner:
         group_size = group_size_of(batch["group_ids"], num) if "group_ids" in batch else num
         res = rl_ops.compute_advantages(components, self.config.reward_weights, group_size,
                                         mode=self.config.advantage_mode)
-        return {"reward_mean": float(res.rewards.mean()), "reward_std": float(res.rewards.std(unbiased=False)),
+        rewards = res.rewards
+        return {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std(unbiased=False)),
                 "num_zero_variance_groups": float(res.num_zero_variance_groups)}, res.advantages
 
     def _micro_batches(self, packed: PackedBatch) -> list[PackedBatch]:

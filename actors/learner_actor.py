@@ -13,13 +13,16 @@ Handlers (request/reply; bodies are dicts):
     load_checkpoint({"path"}) -> {"step", "policy_version", "extra"}
     export_hf({"path"}) -> {"path"}
     get_weights(None) -> {"version", "weights": {hf_name: tensor}}
-    publish({"targets": [actor names], "timeout_s"}) -> {"version", "num_bytes", "sync_s": {name: s}, "total_s"}
+    publish({"targets": [actor names], "timeout_s"})
+        -> {"version", "num_bytes", "sync_s": {name: s}, "total_s"}
     stats(None) -> {"step", "policy_version", "num_params", "last_publish"}
 
 Weight-sync contract (what a generator implements): the learner asks each target
 `load_weights` with body {"version": int, "weights": {name: CPU tensor}}, Hugging Face
 names, no tied `lm_head.weight` duplicate; the target swaps them in at a safe point and
-replies {"version": int}. Tensors >= 1 MiB cross through /dev/shm (the wire does it), so
+replies {"version": int}. With `chunk_mb` (links across hosts) one sync is several such
+messages, each holding some whole tensors plus "chunk": i and "num_chunks": n; the target
+applies the version when chunk n - 1 arrives. Tensors >= 1 MiB cross through /dev/shm (the wire does it), so
 on one host a sync costs one write and one mapped read per tensor. `WeightReceiverActor`
 below is the reference receiver (tests and the bench use it).
 
@@ -32,10 +35,34 @@ from __future__ import annotations
 import hashlib
 import time
 
+import logging
+
 import anyio
 import torch
 
 from postrain.core.actor import Actor, handler
+
+log = logging.getLogger("postrain.learner")
+
+
+def weight_messages(weights: dict[str, torch.Tensor], version: int, chunk_mb: float | None = None
+                    ) -> list[dict]:
+    """The `load_weights` bodies of one sync: one message, or chunks of whole tensors of at most
+    chunk_mb MiB each (a larger tensor travels alone) tagged "chunk" i of "num_chunks"."""
+    if not chunk_mb:
+        return [{"version": version, "weights": weights}]
+    if chunk_mb <= 0:
+        raise ValueError(f"chunk_mb must be > 0 or None, got {chunk_mb}")
+    limit, parts, size = chunk_mb * 2**20, [{}], 0
+    for name, tensor in weights.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if parts[-1] and size + nbytes > limit:
+            parts.append({})
+            size = 0
+        parts[-1][name] = tensor
+        size += nbytes
+    return [{"version": version, "weights": part, "chunk": i, "num_chunks": len(parts)}
+            for i, part in enumerate(parts)]
 
 
 def weights_digest(weights: dict[str, torch.Tensor]) -> str:
@@ -93,12 +120,14 @@ class LearnerActor(Actor):
     async def publish(self, body):
         """Push the current weights (version = learner.policy_version) to every target, concurrently.
 
+        body: targets (actor names), timeout_s (per message), chunk_mb (None: one message; else
+        messages of at most that many MiB of tensors, whole tensors, for links across hosts).
         Cancelled: targets that already replied hold the new version; the others may or may not."""
         names = list(body.get("targets") or [])
         timeout_s = float(body.get("timeout_s", 120.0))
         weights = self.learner.state_dict()
         version = self.learner.policy_version
-        message = {"version": version, "weights": weights}
+        messages = weight_messages(weights, version, body.get("chunk_mb"))
         sync_s: dict[str, float] = {}
         start = time.perf_counter()
 
@@ -106,15 +135,19 @@ class LearnerActor(Actor):
             if name not in self.targets:
                 self.targets[name] = await self.lookup(name)
             t0 = time.perf_counter()
-            await self.targets[name].ask("load_weights", message, timeout_s=timeout_s)
+            for message in messages:
+                await self.targets[name].ask("load_weights", message, timeout_s=timeout_s)
             sync_s[name] = time.perf_counter() - t0
 
         async with anyio.create_task_group() as tg:
             for name in names:
                 tg.start_soon(push, name)
         num_bytes = sum(t.numel() * t.element_size() for t in weights.values())
-        self.last_publish = {"version": version, "num_bytes": num_bytes, "sync_s": sync_s,
-                             "total_s": time.perf_counter() - start}
+        self.last_publish = {"version": version, "num_bytes": num_bytes, "num_messages": len(messages),
+                             "sync_s": sync_s, "total_s": time.perf_counter() - start}
+        log.info("published weights v%d (%.1f MiB) to %s in %.3f s", version, num_bytes / 2**20,
+                 ", ".join(f"{k} {v:.3f} s" for k, v in sync_s.items()) or "no targets",
+                 self.last_publish["total_s"])
         return self.last_publish
 
     @handler("stats")
@@ -127,7 +160,9 @@ class WeightReceiverActor(Actor):
     """The reference receiving side of `publish`: loads weights into a model (options.model: a
     load_model spec or ModelConfig fields) or, without a model, just keeps them.
 
-    Rule: versions never go back; a lower version is an error naming both."""
+    Rule: versions never go back; a lower version is an error naming both. Chunked syncs
+    (bodies with "chunk" / "num_chunks") are applied when the last chunk arrives (chunks of
+    one sync arrive in order: the learner sends the next after the previous reply)."""
 
     async def setup(self):
         self.model = None
@@ -136,21 +171,34 @@ class WeightReceiverActor(Actor):
             self.model, _ = build_policy(self.options["model"], 0, torch.float32, "cpu")
         self.version = -1
         self.weights: dict[str, torch.Tensor] = {}
+        self._pending: dict[str, torch.Tensor] = {}   # chunks of _pending_version received so far
+        self._pending_version: int | None = None
 
     @handler("load_weights")
     async def load_weights(self, body):
-        from postrain.actors.checkpoint import load_state_dict_checked
-
         version = int(body["version"])
         if version < self.version:
             raise ValueError(f"policy version must not go back: this actor holds {self.version}, got "
                              f"{version}; publish the learner's latest weights")
+        weights = body["weights"]
+        if "num_chunks" in body:       # chunked sync: apply once every chunk of this version is here
+            if self._pending_version != version:
+                self._pending_version, self._pending = version, {}
+            self._pending.update(weights)
+            if int(body["chunk"]) != int(body["num_chunks"]) - 1:
+                return {"version": self.version, "complete": False}
+            weights, self._pending, self._pending_version = self._pending, {}, None
+        self._apply(weights, version)
+        return {"version": version, "complete": True}
+
+    def _apply(self, weights: dict, version: int) -> None:
+        from postrain.actors.checkpoint import load_state_dict_checked
+
         if self.model is not None:
-            load_state_dict_checked(self.model, body["weights"], source=f"weights v{version}")
+            load_state_dict_checked(self.model, weights, source=f"weights v{version}")
         else:
-            self.weights = dict(body["weights"])
+            self.weights = dict(weights)
         self.version = version
-        return {"version": version}
 
     @handler("digest")
     async def digest(self, body):

@@ -88,8 +88,9 @@ def pack_batch(batch: dict, *, require_rl_fields: bool = True,
     """Validate a batch dict (module docstring) and pad it. `advantages` (B,) overrides the batch's;
     without RL fields (SFT) behaviour logprobs and advantages are zeros."""
     if not isinstance(batch, dict) or "token_ids" not in batch or "loss_mask" not in batch:
+        got = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
         raise LearnerError("a batch must be a dict with at least 'token_ids' and 'loss_mask' (one list "
-                           f"per sample); got keys {sorted(batch) if isinstance(batch, dict) else type(batch)}")
+                           f"per sample); got {got}")
     ids = [_as_1d(x, "token_ids", i, torch.int64) for i, x in enumerate(batch["token_ids"])]
     num = len(ids)
     if num == 0:

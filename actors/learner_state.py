@@ -66,7 +66,8 @@ def _optimizer_tensors(learner) -> tuple[dict[str, torch.Tensor], list[dict]]:
             if not isinstance(value, torch.Tensor):
                 value = torch.tensor(value)
             tensors[f"state.{index}.{name}"] = value.detach().to("cpu").contiguous()
-    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in state["param_groups"]]
+    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()}
+              for g in state["param_groups"]]
     return tensors, groups
 
 
@@ -107,8 +108,7 @@ def save_learner_checkpoint(learner, folder: str | Path, extra: dict | None = No
     meta = {"format": "pt", "step": str(learner.step), "policy_version": str(learner.policy_version)}
 
     def write(tmp: Path) -> None:
-        save_file({k: v.contiguous() for k, v in learner.state_dict().items()}, str(tmp / "model.safetensors"),
-                  metadata=meta)
+        save_file(_weights(learner.model), str(tmp / "model.safetensors"), metadata=meta)
         save_file({**opt_tensors, **_rng_tensors()}, str(tmp / "optimizer.safetensors"))
         if learner.reference is not None:
             save_file(_weights(learner.reference), str(tmp / "reference.safetensors"))

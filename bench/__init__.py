@@ -19,6 +19,8 @@ BENCHMARKS: dict[str, str] = {
     "sandbox": "postrain.bench.sandbox",
     "rl_ops": "postrain.bench.rl_ops",
     "generate": "postrain.bench.generate",
+    "kvpool": "postrain.bench.kvpool",
+    "learner": "postrain.bench.learner",
 }
 
 

@@ -2,8 +2,8 @@
 
 # The paged KV-cache block allocator (compiled, or its pure-Python twin; see kvpool.py).
 from .kvpool import (  # noqa: F401
-    IMPLEMENTATION as KVPOOL_IMPLEMENTATION, InvalidArgumentError, InvalidBlockError, KVBlockPool,
-    KVPoolError, OutOfBlocksError, SequenceExistsError, UnknownSequenceError,
+    IMPLEMENTATION as KVPOOL_IMPLEMENTATION, CheckedKVBlockPool, InvalidArgumentError, InvalidBlockError,
+    KVBlockPool, KVPoolError, OutOfBlocksError, SequenceExistsError, UnknownSequenceError,
 )
 
 # RL ops (advantages, policy loss, KL, chunked logprobs, CuPy kernels): re-exported lazily

@@ -3,6 +3,7 @@
 # Behaviour is defined by the pure-Python twin, postrain/ext/_kvpool_py.py: every
 # public method here returns exactly what the twin returns. Other Cython code may
 # `cimport postrain.ext._kvpool` and use the C-level state below read-only.
+cimport cython
 from libc.stdint cimport int32_t, int64_t, uint64_t
 
 # Sentinels of the int32 block links.
@@ -30,6 +31,7 @@ cdef struct FreeList:
     int32_t length
 
 
+@cython.final
 cdef class _Seq:
     # One sequence. Invariants (B = block_size_tokens):
     #   num_table_blocks == ceil(num_tokens / B) <= capacity; table[:num_table_blocks] distinct
@@ -42,8 +44,10 @@ cdef class _Seq:
     cdef uint64_t last_hash
     cdef uint64_t partial_state
     cdef uint64_t salt
+    cdef uint64_t batch_stamp     # == the pool's batch_counter while an append_batch holds it
 
 
+@cython.final
 cdef class KVBlockPool:
     cdef readonly int32_t num_blocks
     cdef readonly int32_t block_size_tokens
@@ -71,10 +75,12 @@ cdef class KVBlockPool:
     cdef int64_t prefix_miss_blocks
     cdef int64_t num_evicted_blocks
     cdef int64_t num_cow_copies
+    cdef uint64_t batch_counter     # bumped by every append_batch (duplicate-id check)
 
     cdef Py_ssize_t _load_tokens(self, object token_ids, int32_t** out) except -2
     cdef int32_t _lookup(self, const int32_t* tokens, Py_ssize_t count, uint64_t salt) noexcept
     cdef int _fill(self, _Seq seq, const int32_t* tokens, Py_ssize_t pos, Py_ssize_t end) except -1
+    cdef tuple _copy_on_write(self, _Seq seq)
     cdef int32_t _pop_free(self) except -1
     cdef void _release(self, int32_t b) noexcept
     cdef int32_t _index_find(self, uint64_t h) noexcept nogil

@@ -37,6 +37,19 @@ cdef extern from *:
         for (int64_t i = 0; i < n; i++) h = kvp_step(h, (uint64_t)t[i]);
         return h;
     }
+    /* Content hashes of four consecutive blocks at once: four independent multiply
+       chains keep the multiplier busy instead of waiting on one chain's latency. */
+    static inline void kvp_content4(const int32_t* t, int64_t n, uint64_t* out) {
+        uint64_t a = KVP_HASH_OFFSET, b = KVP_HASH_OFFSET, c = KVP_HASH_OFFSET, d = KVP_HASH_OFFSET;
+        const int32_t *tb = t + n, *tc = t + 2 * n, *td = t + 3 * n;
+        for (int64_t i = 0; i < n; i++) {
+            a = kvp_step(a, (uint64_t)t[i]);
+            b = kvp_step(b, (uint64_t)tb[i]);
+            c = kvp_step(c, (uint64_t)tc[i]);
+            d = kvp_step(d, (uint64_t)td[i]);
+        }
+        out[0] = a; out[1] = b; out[2] = c; out[3] = d;
+    }
     static inline uint64_t kvp_finish(uint64_t content, uint64_t parent, uint64_t salt) {
         uint64_t h = kvp_step(kvp_step(content, parent), salt);
         h ^= h >> 30; h *= 0xBF58476D1CE4E5B9ULL;
@@ -48,6 +61,7 @@ cdef extern from *:
     uint64_t KVP_HASH_OFFSET
     uint64_t kvp_step(uint64_t h, uint64_t v) noexcept nogil
     uint64_t kvp_content(uint64_t h, const int32_t* t, int64_t n) noexcept nogil
+    void kvp_content4(const int32_t* t, int64_t n, uint64_t* out) noexcept nogil
     uint64_t kvp_finish(uint64_t content, uint64_t parent, uint64_t salt) noexcept nogil
 
 
@@ -121,12 +135,12 @@ cdef int _seq_reserve(_Seq seq, Py_ssize_t n) except -1:
 
 
 @cython.freelist(256)
-@cython.final
 cdef class _Seq:
     def __dealloc__(self):
         free(self.table)
 
 
+@cython.final
 cdef class KVBlockPool:
     """Paged KV-cache block allocator (compiled). See postrain.ext.kvpool."""
 
@@ -325,16 +339,59 @@ cdef class KVBlockPool:
                                    f"{num_free} are free; free or preempt sequences first")
         _seq_reserve(seq, seq.num_table_blocks + num_needed)
         pairs = []
-        cdef int32_t src, dst, last = seq.num_table_blocks - 1
-        if seq.num_tokens % self.block_size_tokens and self.blocks[seq.table[last]].ref_or_prev > 1:
-            src = seq.table[last]
-            dst = self._pop_free()
-            self.blocks[src].ref_or_prev -= 1
-            seq.table[last] = dst
-            pairs.append((src, dst))
-            self.num_cow_copies += 1
+        if seq.num_tokens % self.block_size_tokens and \
+                self.blocks[seq.table[seq.num_table_blocks - 1]].ref_or_prev > 1:
+            pairs.append(self._copy_on_write(seq))
         self._fill(seq, toks, 0, count)
         return pairs
+
+    def append_batch(self, seq_ids, token_ids):
+        """One decoding step: append token_ids[i] to seq_ids[i] for every i, in order; return
+        all block copies. Atomic: every id, token and the block need are checked first (the
+        need is the sum of each sequence's need alone, a bound when forks share a block)."""
+        cdef Py_ssize_t n = len(seq_ids), i
+        if len(token_ids) != n:
+            raise InvalidArgumentError(f"append_batch: {n} sequences but {len(token_ids)} "
+                                       f"tokens; pass one new token per sequence")
+        cdef list seqs = [self._get(seq_id, "append_batch") for seq_id in seq_ids]
+        cdef _Seq seq
+        self.batch_counter += 1
+        for i in range(n):
+            seq = <_Seq>seqs[i]
+            if seq.batch_stamp == self.batch_counter:
+                raise InvalidArgumentError("append_batch: a sequence id appears twice; "
+                                           "append to each sequence once per step")
+            seq.batch_stamp = self.batch_counter
+        cdef int32_t* toks
+        self._load_tokens(token_ids, &toks)
+        cdef int64_t num_needed = 0
+        for i in range(n):
+            num_needed += _blocks_to_append(self, <_Seq>seqs[i], 1)
+        cdef int64_t num_free = self.free_uncached.length + self.free_cached.length
+        if num_needed > num_free:
+            raise OutOfBlocksError(f"append_batch: {n} sequences need {num_needed} new "
+                                   f"blocks, {num_free} are free; preempt sequences first")
+        pairs = []
+        for i in range(n):
+            seq = <_Seq>seqs[i]
+            _seq_reserve(seq, seq.num_table_blocks + 1)
+        for i in range(n):
+            seq = <_Seq>seqs[i]
+            if seq.num_tokens % self.block_size_tokens and \
+                    self.blocks[seq.table[seq.num_table_blocks - 1]].ref_or_prev > 1:
+                pairs.append(self._copy_on_write(seq))
+            self._fill(seq, toks, i, i + 1)
+        return pairs
+
+    cdef tuple _copy_on_write(self, _Seq seq):
+        """Move seq off its shared partial last block onto a new one; the engine copies."""
+        cdef int32_t last = seq.num_table_blocks - 1
+        cdef int32_t src = seq.table[last]
+        cdef int32_t dst = self._pop_free()
+        self.blocks[src].ref_or_prev -= 1
+        seq.table[last] = dst
+        self.num_cow_copies += 1
+        return (src, dst)
 
     def fork(self, parent_seq_id, child_seq_id):
         """The child shares every block of the parent (ref counts go up)."""
@@ -468,50 +525,61 @@ cdef class KVBlockPool:
         if max_hits > self.num_blocks:
             max_hits = self.num_blocks
         cdef uint64_t parent = 0, h
-        cdef int32_t i, b
-        for i in range(max_hits):
-            h = kvp_finish(kvp_content(KVP_HASH_OFFSET, tokens + i * B, B), parent, salt)
-            b = self._index_find(h)
-            if b == KVP_NIL:
-                return i
-            self.scratch_hits[i] = b
-            self.scratch_hashes[i] = h
-            parent = h
+        cdef uint64_t content[4]
+        cdef int32_t i = 0, k, num, b
+        while i < max_hits:
+            num = 4 if i + 4 <= max_hits else 1
+            if num == 4:
+                kvp_content4(tokens + i * B, B, content)
+            else:
+                content[0] = kvp_content(KVP_HASH_OFFSET, tokens + i * B, B)
+            for k in range(num):
+                h = kvp_finish(content[k], parent, salt)
+                b = self._index_find(h)
+                if b == KVP_NIL:
+                    return i
+                self.scratch_hits[i] = b
+                self.scratch_hashes[i] = h
+                parent = h
+                i += 1
         return <int32_t>max_hits
 
     cdef int _fill(self, _Seq seq, const int32_t* tokens, Py_ssize_t pos, Py_ssize_t end) except -1:
         """Append tokens[pos:end] (or end - pos uncounted tokens) to seq's blocks; the
         caller has checked that enough blocks are free and reserved seq.table."""
-        cdef int64_t B = self.block_size_tokens, offset, m
-        cdef uint64_t state = 0, h
-        cdef int32_t b
+        cdef int64_t B = self.block_size_tokens, m
+        cdef int64_t offset = seq.num_tokens % B  # fill of the last block, 0 = none or full
+        cdef uint64_t state = seq.partial_state, h
+        seq.num_tokens += end - pos
+        self.total_tokens += end - pos
+        if tokens == NULL:  # no hashing: just the new blocks
+            m = (offset + end - pos + B - 1) // B - (1 if offset else 0)
+            while m > 0:
+                seq.table[seq.num_table_blocks] = self._pop_free()
+                seq.num_table_blocks += 1
+                m -= 1
+            self.total_table_blocks += (offset + end - pos + B - 1) // B - (1 if offset else 0)
+            return 0
         while pos < end:
-            offset = seq.num_tokens % B
             if offset == 0:
-                b = self._pop_free()
-                seq.table[seq.num_table_blocks] = b
+                seq.table[seq.num_table_blocks] = self._pop_free()
                 seq.num_table_blocks += 1
                 self.total_table_blocks += 1
                 state = KVP_HASH_OFFSET
-            else:
-                state = seq.partial_state
             m = B - offset
             if end - pos < m:
                 m = end - pos
-            if tokens != NULL:
-                state = kvp_content(state, tokens + pos, m)
-            seq.num_tokens += m
-            self.total_tokens += m
+            state = kvp_content(state, tokens + pos, m)
             pos += m
-            if seq.num_tokens % B == 0:
-                if tokens != NULL:
-                    h = kvp_finish(state, seq.last_hash, seq.salt)
-                    seq.last_hash = h
-                    if self._index_find(h) == KVP_NIL:
-                        self._index_insert(seq.table[seq.num_table_blocks - 1], h)
-                seq.partial_state = 0
-            elif tokens != NULL:
-                seq.partial_state = state
+            offset += m
+            if offset == B:
+                h = kvp_finish(state, seq.last_hash, seq.salt)
+                seq.last_hash = h
+                if self._index_find(h) == KVP_NIL:
+                    self._index_insert(seq.table[seq.num_table_blocks - 1], h)
+                offset = 0
+                state = 0
+        seq.partial_state = state
         return 0
 
     cdef int32_t _pop_free(self) except -1:
@@ -642,41 +710,47 @@ cdef Py_ssize_t _load_buffer(KVBlockPool pool, object obj) except -1:
     cdef Py_buffer view
     PyObject_GetBuffer(obj, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS)
     cdef Py_ssize_t n, i
-    cdef int64_t v = 0
-    cdef int32_t* dst
-    cdef bytes fmt
+    cdef const char* fmt
     cdef char code
+    cdef int32_t* dst
+    cdef int32_t acc32 = 0
+    cdef uint64_t acc64 = 0
+    cdef int64_t v
+    cdef bint bad
     try:
-        fmt = view.format if view.format != NULL else b"B"
-        if fmt[:1] in (b"@", b"=", b"<"):
-            fmt = fmt[1:]
-        if view.ndim != 1 or len(fmt) != 1 or fmt not in b"bhilqBHILQ":
+        fmt = <const char*>"B"          # no format means unsigned bytes
+        if view.format != NULL:
+            fmt = view.format
+        if fmt[0] == b"@" or fmt[0] == b"=" or fmt[0] == b"<":
+            fmt += 1
+        code = fmt[0]
+        if view.ndim != 1 or fmt[1] != 0 or code == 0 or code not in b"bhilqBHILQ":
             raise InvalidArgumentError(f"token ids must be a 1-D integer array, got format "
                                        f"{view.format!r} with {view.ndim} dims")
-        code = fmt[0]
         n = view.shape[0]
         _reserve_scratch(pool, n)
         dst = pool.scratch_tokens
-        if view.itemsize == 4 and code in b"il":
+        if view.itemsize == 4 and (code == b"i" or code == b"l"):
+            memcpy(dst, view.buf, n * sizeof(int32_t))
             for i in range(n):
-                v = (<int32_t*>view.buf)[i]
-                if v < 0:
-                    break
-                dst[i] = <int32_t>v
-        elif view.itemsize == 8 and code in b"lq":
+                acc32 |= dst[i]          # the sign bit survives iff some id is negative
+            bad = acc32 < 0
+        elif view.itemsize == 8 and (code == b"q" or code == b"l"):
             for i in range(n):
-                v = (<int64_t*>view.buf)[i]
-                if v < 0 or v > C_MAX_TOKEN_ID:
-                    break
-                dst[i] = <int32_t>v
+                acc64 |= <uint64_t>(<int64_t*>view.buf)[i]
+                dst[i] = <int32_t>(<int64_t*>view.buf)[i]
+            bad = acc64 > <uint64_t>C_MAX_TOKEN_ID
         else:
+            bad = False
             for i in range(n):
                 v = _read_int(view.buf, i, view.itemsize, code)
                 if v < 0 or v > C_MAX_TOKEN_ID:
+                    bad = True
                     break
                 dst[i] = <int32_t>v
-        if n and (v < 0 or v > C_MAX_TOKEN_ID):
-            raise InvalidArgumentError(f"token ids must be in [0, {MAX_TOKEN_ID}], got {obj[i]}")
+        if bad:
+            first = next(int(t) for t in obj if not 0 <= int(t) <= MAX_TOKEN_ID)
+            raise InvalidArgumentError(f"token ids must be in [0, {MAX_TOKEN_ID}], got {first}")
         return n
     finally:
         PyBuffer_Release(&view)

@@ -272,13 +272,40 @@ class KVBlockPool:
                                    f"{self.num_free_blocks} are free; free or preempt sequences first")
         pairs = []
         if seq.num_tokens % self.block_size_tokens and self._ref_count[seq.table[-1]] > 1:
-            src = seq.table[-1]
-            dst = self._pop_free()
-            self._ref_count[src] -= 1
-            seq.table[-1] = dst
-            pairs.append((src, dst))
-            self._num_cow_copies += 1
+            pairs.append(self._copy_on_write(seq))
         self._fill(seq, tokens, 0, count)
+        return pairs
+
+    def _copy_on_write(self, seq: _Seq) -> tuple[int, int]:
+        """Move seq off its shared partial last block onto a new one; the engine copies."""
+        src = seq.table[-1]
+        dst = self._pop_free()
+        self._ref_count[src] -= 1
+        seq.table[-1] = dst
+        self._num_cow_copies += 1
+        return src, dst
+
+    def append_batch(self, seq_ids, token_ids) -> list[tuple[int, int]]:
+        """One decoding step: append token_ids[i] to seq_ids[i] for every i, in order; return
+        all block copies. Atomic: every id, token and the block need are checked first (the
+        need is the sum of each sequence's need alone, a bound when forks share a block)."""
+        if len(token_ids) != len(seq_ids):
+            raise InvalidArgumentError(f"append_batch: {len(seq_ids)} sequences but {len(token_ids)} "
+                                       f"tokens; pass one new token per sequence")
+        seqs = [self._get(seq_id, "append_batch") for seq_id in seq_ids]
+        if len(set(map(id, seqs))) != len(seqs):
+            raise InvalidArgumentError("append_batch: a sequence id appears twice; "
+                                       "append to each sequence once per step")
+        tokens, _ = self._tokens(token_ids)
+        num_needed = sum(self._blocks_to_append(seq, 1) for seq in seqs)
+        if num_needed > self.num_free_blocks:
+            raise OutOfBlocksError(f"append_batch: {len(seqs)} sequences need {num_needed} new "
+                                   f"blocks, {self.num_free_blocks} are free; preempt sequences first")
+        pairs = []
+        for i, seq in enumerate(seqs):
+            if seq.num_tokens % self.block_size_tokens and self._ref_count[seq.table[-1]] > 1:
+                pairs.append(self._copy_on_write(seq))
+            self._fill(seq, tokens, i, i + 1)
         return pairs
 
     def fork(self, parent_seq_id, child_seq_id) -> None:

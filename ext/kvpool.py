@@ -46,8 +46,41 @@ else:
     KVBlockPool = CompiledKVBlockPool
     IMPLEMENTATION = "compiled"
 
+
+
+class CheckedKVBlockPool:
+    """A pool that runs check_invariants() after every mutation: for an engine's tests.
+
+    Wraps KVBlockPool (or `impl`); every attribute is the pool's, and allocate, append, fork,
+    free and reset_prefix_cache raise AssertionError as soon as an invariant breaks.
+    """
+
+    _MUTATIONS = frozenset({"allocate", "append", "fork", "free", "reset_prefix_cache"})
+
+    def __init__(self, *args, impl=None, **kwargs):
+        self._pool = (impl or KVBlockPool)(*args, **kwargs)
+
+    def __getattr__(self, name):
+        attr = getattr(self._pool, name)
+        if name not in self._MUTATIONS:
+            return attr
+
+        def checked(*args, **kwargs):
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                self._pool.check_invariants()
+        return checked
+
+    def __len__(self):
+        return len(self._pool)
+
+    def __contains__(self, seq_id):
+        return seq_id in self._pool
+
+
 __all__ = [
-    "KVBlockPool", "PythonKVBlockPool", "CompiledKVBlockPool", "IMPLEMENTATION", "block_hash",
+    "KVBlockPool", "PythonKVBlockPool", "CheckedKVBlockPool", "CompiledKVBlockPool", "IMPLEMENTATION", "block_hash",
     "KVPoolError", "OutOfBlocksError", "UnknownSequenceError", "SequenceExistsError",
     "InvalidBlockError", "InvalidArgumentError",
 ]

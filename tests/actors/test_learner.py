@@ -93,6 +93,20 @@ def test_sft_overfits_a_tiny_batch_and_the_rl_step_moves_logprobs_by_advantage()
     assert metrics["staleness_max"] == 3
 
 
+@pytest.mark.parametrize("agg_mode", ["token-mean", "seq-mean-token-mean"])
+def test_gradient_accumulation_equals_one_full_batch(agg_mode):
+    # adam_eps = lr = 1: AdamW's first step moves each weight by ~g / (|g| + 1), so the weights
+    # expose gradient differences (with a tiny eps, rounding noise in near-zero gradients flips signs).
+    batch = random_batch(7, num=6)
+    one = learner(micro_batch_size=6, lr=1.0, adam_eps=1.0, agg_mode=agg_mode)
+    many = learner(micro_batch_size=1, lr=1.0, adam_eps=1.0, agg_mode=agg_mode)
+    m_one, m_many = one.train_step(batch), many.train_step(batch)
+    assert m_one["loss"] == pytest.approx(m_many["loss"], abs=1e-6)
+    assert m_one["grad_norm"] == pytest.approx(m_many["grad_norm"], rel=1e-5)
+    for name, tensor in one.model.state_dict().items():
+        torch.testing.assert_close(many.model.state_dict()[name], tensor, atol=1e-6, rtol=0)
+
+
 def test_checkpoint_resume_is_bit_identical_for_the_next_step(tmp_path):
     a = learner(lr=1e-3, warmup_steps=2, lr_schedule="cosine", total_steps=10, reference_model="initial",
                 kl_coef=0.05, kl_target=0.01, kl_horizon=10, objective="decoupled")

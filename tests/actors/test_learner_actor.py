@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from postrain.actors.learner_actor import weights_digest
+from postrain.actors.learner_actor import weight_messages, weights_digest
 from postrain.core import ActorSpec, RemoteError, Supervisor
 from postrain.core.testing import async_test
 
@@ -42,13 +42,28 @@ async def test_learner_actor_trains_checkpoints_and_publishes(tmp_path):
         assert held == {"version": 1, "digest": weights_digest(got["weights"])}
         assert published["num_bytes"] == sum(t.numel() * 4 for t in got["weights"].values())
 
+        await learner.ask("train", rollouts(), timeout_s=120)        # version 2, sent in chunks
+        published = await learner.ask("publish", {"targets": ["gen0"], "chunk_mb": 0.05}, timeout_s=120)
+        assert published["version"] == 2 and published["num_messages"] > 3
+        got = await learner.ask("get_weights")
+        assert await receiver.ask("digest") == {"version": 2, "digest": weights_digest(got["weights"])}
+
         saved = await learner.ask("save_checkpoint", {"path": str(tmp_path / "c1"), "extra": {"cursor": 4}})
-        assert saved["policy_version"] == 1
+        assert saved["policy_version"] == 2
         await learner.ask("train", rollouts(), timeout_s=120)
         restored = await learner.ask("load_checkpoint", {"path": saved["path"]})
-        assert restored == {"step": 1, "policy_version": 1, "extra": {"cursor": 4}}
+        assert restored == {"step": 2, "policy_version": 2, "extra": {"cursor": 4}}
         try:   # a receiver refuses an older version, by name
-            await receiver.ask("load_weights", {"version": 0, "weights": got["weights"]})
+            await receiver.ask("load_weights", {"version": 1, "weights": got["weights"]})
             raise AssertionError("an older version was accepted")
         except RemoteError as exc:
             assert "must not go back" in str(exc)
+
+
+def test_weight_messages_split_whole_tensors_under_the_chunk_size():
+    weights = {f"w{i}": torch.zeros(256 * (i + 1)) for i in range(6)}     # 1, 2, ..., 6 KiB
+    messages = weight_messages(weights, 3, chunk_mb=6 / 1024)
+    assert [sorted(m["weights"]) for m in messages] == [["w0", "w1", "w2"], ["w3"], ["w4"], ["w5"]]
+    assert {(m["version"], m["num_chunks"]) for m in messages} == {(3, 4)}
+    assert [m["chunk"] for m in messages] == list(range(4))
+    assert weight_messages(weights, 3) == [{"version": 3, "weights": weights}]

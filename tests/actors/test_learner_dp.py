@@ -14,7 +14,11 @@ from postrain.actors.learner import Learner, LearnerConfig
 
 TINY = dict(vocab_size=264, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
             num_kv_heads=2, max_position_embeddings=256, tie_word_embeddings=True)
-CONFIG = dict(model=TINY, lr=1e-3, micro_batch_size=2, agg_mode="seq-mean-token-mean", max_grad_norm=0.5)
+# adam_eps = lr = 1: each AdamW step moves a weight by about g / (|g| + 1), so the weights show
+# gradient differences directly (with eps = 1e-8, rounding noise in a near-zero gradient entry
+# could flip its update by up to 2 * lr, which says nothing about data parallelism).
+CONFIG = dict(model=TINY, lr=1.0, adam_eps=1.0, micro_batch_size=2, agg_mode="seq-mean-token-mean",
+              max_grad_norm=0.5)
 
 RANK = textwrap.dedent("""
     import sys, torch, torch.distributed as dist
@@ -54,7 +58,12 @@ def test_two_gloo_ranks_match_one_process(tmp_path):
     out = tmp_path / "rank0.safetensors"
     procs = [subprocess.Popen([sys.executable, "-c", script, str(r), "2", str(tmp_path / "init"), str(out)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
-    logs = [p.communicate(timeout=240) for p in procs]
+    try:
+        logs = [p.communicate(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
     for p, (stdout, stderr) in zip(procs, logs):
         assert p.returncode == 0, stderr[-3000:]
 

@@ -1,4 +1,5 @@
-"""The sampler draws from softmax(logits / T) truncated by top-k / top-p, and reports the documented logprob."""
+"""The sampler draws from softmax(logits / T) truncated by top-k / top-p; it reports the documented
+logprob."""
 from __future__ import annotations
 
 import collections

@@ -81,6 +81,15 @@ class TwinMachine(RuleBasedStateMachine):
         _both(self.pools, "append", seq_id, self._tokens(tokens, as_array))
 
     @precondition(lambda self: self.live)
+    @rule(data=st.data(), duplicate=st.booleans(), as_array=st.booleans())
+    def append_batch(self, data, duplicate, as_array):
+        seq_ids = data.draw(st.lists(st.sampled_from(self.live), unique=True, min_size=1))
+        if duplicate:
+            seq_ids.append(seq_ids[0])
+        tokens = data.draw(st.lists(st.integers(0, 9), min_size=len(seq_ids), max_size=len(seq_ids)))
+        _both(self.pools, "append_batch", seq_ids, np.array(tokens, np.int32) if as_array else tokens)
+
+    @precondition(lambda self: self.live)
     @rule(data=st.data())
     def fork(self, data):
         parent, child = data.draw(st.sampled_from(self.live)), self._new_id()
@@ -100,6 +109,16 @@ class TwinMachine(RuleBasedStateMachine):
                              ("__contains__", (seq_id,)), ("__len__", ()),
                              ("ref_count", (n - 1,)), ("block_hash", (n - 1,))]:
             _both(self.pools, method, *args)
+
+    @precondition(lambda self: self.live)
+    @rule(pad=st.sampled_from([0, -1]))
+    def fill_block_tables(self, pad):
+        outs = [np.full((len(self.live) + 1, 25), 77, dtype=np.int32) for _ in self.pools]
+        for pool, out in zip(self.pools, outs):
+            pool.fill_block_tables(self.live, out, pad=pad)
+            assert out[0, :pool.fill_block_table(self.live[0], out[-1])].tolist() \
+                == pool.block_table(self.live[0])
+        assert np.array_equal(outs[0], outs[1])
 
     @rule(tokens=token_lists, salt=st.sampled_from([0, 1]))
     def match_prefix(self, tokens, salt):

@@ -1,0 +1,377 @@
+"""The public Environment API: what a task is, turn by turn, and what it is worth.
+
+A user writes an environment by subclassing `Environment`:
+
+    class Echo(Environment):
+        async def reset(self, task):            # -> the first observation
+            return task["prompt"]               #    (a user message, or a list of chat messages)
+        async def step(self, action):           # -> StepResult(observation, done, reward)
+            return StepResult(None, True, Reward({"correct": float(action.strip() == "hi")}))
+
+Design in a paragraph: an environment is a small state machine that sees text, never tokens.
+The caller (the environment actor during training, `run_episode` in tests and `postrain eval`)
+owns the conversation: it renders `reset`'s observation with the model's chat template, samples
+an action (the assistant turn's text), passes it to `step`, and appends a returned observation as
+the next user turn, until `done` or `max_turns` actions. Rewards are named float components
+(`Reward`), weighted and summed by the learner (`postrain.ext.rl_ops.compute_advantages`), so one
+run can mix tasks and log each component. Environments never talk to sockets: what they may call
+outside themselves comes as handles (`sandbox`, `generator`) that the caller passes in.
+
+The contract (the caller enforces it; `run_episode` is the reference):
+
+- `reset` returns a str (one user message) or a non-empty list of `{"role", "content"}` maps;
+  `step` returns a `StepResult`. Anything else is garbage: `validate_observation` and
+  `validate_step_result` raise `EnvironmentContractError` naming the field, the value and the fix.
+- `done=False` requires an observation (the next user turn); `done=True` requires a reward.
+- An environment that raises, or does not answer within the caller's `step_timeout_s`, fails
+  only its sample: the caller drops that sample with the reason (`drop_reason(exc)`) in the
+  ledger and goes on; it never retries the same environment object. A hang that blocks the
+  event loop itself (a busy loop with no await) cannot be cut by a timeout: the supervisor
+  sees the actor's missed heartbeats and restarts it, and its samples are dropped.
+- After `max_turns` actions without `done`, the caller calls `truncated()` for the final reward
+  (default: an empty `Reward`, worth 0).
+- One environment object serves one episode at a time; the caller makes a new object (or calls
+  `reset` again) per sample. Cancellation of `reset`/`step`: the episode is abandoned; a handle
+  call in flight ends within its own limits.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+from typing import Any, Awaitable, Callable, Protocol, runtime_checkable
+
+import trio
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+class EnvironmentContractError(ValueError):
+    """An environment returned something the API does not allow (see the module docstring)."""
+
+
+class EnvironmentFailure(RuntimeError):
+    """An environment raised or hung; `reason` is the short text the ledger records."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+# --------------------------------------------------------------------------- values
+@dataclasses.dataclass
+class Reward:
+    """Named reward components, each a finite float, and optional weights (default 1.0 each).
+
+    `total` = sum(weights.get(name, 1.0) * value). The learner receives `components` and
+    `weights` separately so that it can log each component and reweight them per task.
+    """
+
+    components: dict[str, float] = dataclasses.field(default_factory=dict)
+    weights: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for field in ("components", "weights"):
+            value = getattr(self, field)
+            if not isinstance(value, dict):
+                raise EnvironmentContractError(
+                    f"Reward.{field} must be a dict of name -> float, got {type(value).__name__}; "
+                    f"fix: Reward({{'correct': 1.0}})")
+            clean = {}
+            for name, x in value.items():
+                if not isinstance(name, str) or isinstance(x, bool) or not isinstance(x, (int, float)) \
+                        or not math.isfinite(x):
+                    raise EnvironmentContractError(
+                        f"Reward.{field}[{name!r}] must be a str name with a finite float, got "
+                        f"{x!r}; fix: use finite numbers such as 0.0 or 1.0")
+                clean[name] = float(x)
+            setattr(self, field, clean)
+
+    @property
+    def total(self) -> float:
+        return sum(self.weights.get(name, 1.0) * x for name, x in self.components.items())
+
+    def to_dict(self) -> dict:
+        """Plain data for the wire (msgpack) and the run's logs."""
+        return {"components": dict(self.components), "weights": dict(self.weights)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Reward":
+        return cls(dict(data.get("components") or {}), dict(data.get("weights") or {}))
+
+
+@dataclasses.dataclass
+class StepResult:
+    """What `step` returns.
+
+    observation: the next user turn's text (None once done); done: the episode is over;
+    reward: required when done (intermediate rewards are allowed and are summed per component
+    by `run_episode`); info: free-form plain data for logs (not used for training).
+    """
+
+    observation: str | None
+    done: bool
+    reward: Reward | None = None
+    info: dict = dataclasses.field(default_factory=dict)
+
+
+def validate_observation(obs: Any, *, where: str = "reset") -> str | list[dict]:
+    """Check a first observation: a str, or a non-empty list of {"role", "content"} str maps."""
+    if isinstance(obs, str):
+        return obs
+    if not isinstance(obs, list) or not obs:
+        raise EnvironmentContractError(
+            f"{where} must return a str or a non-empty list of chat messages, got {_show(obs)}; "
+            f"fix: return the user's text, or [{{'role': 'user', 'content': '...'}}]")
+    for i, message in enumerate(obs):
+        if not isinstance(message, dict) or not isinstance(message.get("content"), str) \
+                or message.get("role") not in ROLES:
+            raise EnvironmentContractError(
+                f"{where}: message {i} must be a dict with role in {ROLES} and a str content, got "
+                f"{_show(message)}; fix: {{'role': 'user', 'content': '...'}}")
+    return obs
+
+
+def validate_step_result(result: Any) -> StepResult:
+    """Check what `step` returned; raise EnvironmentContractError naming what is wrong."""
+    if not isinstance(result, StepResult):
+        raise EnvironmentContractError(
+            f"step must return a StepResult, got {_show(result)}; "
+            f"fix: return StepResult(observation, done, reward)")
+    if not isinstance(result.done, bool):
+        raise EnvironmentContractError(
+            f"StepResult.done must be a bool, got {_show(result.done)}; fix: pass True or False")
+    if result.observation is not None and not isinstance(result.observation, str):
+        raise EnvironmentContractError(
+            f"StepResult.observation must be a str or None, got {_show(result.observation)}; "
+            f"fix: format the observation as text")
+    if not result.done and result.observation is None:
+        raise EnvironmentContractError(
+            "StepResult.observation is None but done is False: the next turn needs an observation; "
+            "fix: return the text the model should see next, or done=True")
+    if result.reward is not None and not isinstance(result.reward, Reward):
+        raise EnvironmentContractError(
+            f"StepResult.reward must be a Reward or None, got {_show(result.reward)}; "
+            f"fix: Reward({{'correct': 1.0}})")
+    if result.done and result.reward is None:
+        raise EnvironmentContractError(
+            "StepResult.reward is None but done is True: a finished episode needs a reward; "
+            "fix: return Reward({...}) (Reward() is worth 0)")
+    if not isinstance(result.info, dict):
+        raise EnvironmentContractError(
+            f"StepResult.info must be a dict, got {_show(result.info)}; fix: pass a dict or omit it")
+    return result
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:80]}{'...' if len(text) > 80 else ''}"
+
+
+# --------------------------------------------------------------------------- handles
+@runtime_checkable
+class SandboxHandle(Protocol):
+    """What an environment may run code with. Results are ExecResult-like: `status` (a
+    `postrain.sandbox.Status` or its str value), `stdout`, `stderr` (bytes or str), `exit_code`,
+    `wall_s`; test reports are TestReport-like: `passed` {name: bool}, `errors` {name: str},
+    `collect_error` (str or None), `result`."""
+
+    async def exec(self, code: str, *, stdin: bytes | str | None = None,
+                   files: dict[str, bytes] | None = None, timeout_s: float | None = None) -> Any: ...
+
+    async def run_tests(self, solution: str, tests: str, *, test_timeout_s: float = 2.0,
+                        timeout_s: float | None = None) -> Any: ...
+
+
+@runtime_checkable
+class GeneratorHandle(Protocol):
+    """Optional: lets an environment sample from a model itself (a judge, a simulated user)."""
+
+    async def generate(self, messages: list[dict], **sampling: Any) -> str: ...
+
+
+class LocalSandbox:
+    """A `SandboxHandle` over an in-process `postrain.sandbox.Sandbox` (tests, `postrain eval`).
+
+    `timeout_s` sets both the wall and the CPU limit of that one run. Must be awaited from trio
+    (the Sandbox's `arun` runs in a trio worker thread). Cancellation: as `Sandbox.arun`.
+    """
+
+    def __init__(self, sandbox) -> None:
+        self.sandbox = sandbox
+
+    def _policy(self, timeout_s: float | None):
+        if timeout_s is None:
+            return None
+        return self.sandbox.policy.replace(wall_time_s=float(timeout_s),
+                                           cpu_time_s=max(1, math.ceil(timeout_s)))
+
+    async def exec(self, code: str, *, stdin: bytes | str | None = None,
+                   files: dict[str, bytes] | None = None, timeout_s: float | None = None):
+        return await self.sandbox.arun(code, stdin=stdin or b"", files=files,
+                                       policy=self._policy(timeout_s), requester="environment")
+
+    async def run_tests(self, solution: str, tests: str, *, test_timeout_s: float = 2.0,
+                        timeout_s: float | None = None):
+        from postrain.sandbox.rewards import arun_tests
+        return await arun_tests(self.sandbox, solution, tests, test_timeout_s=test_timeout_s,
+                                policy=self._policy(timeout_s), requester="environment")
+
+
+# --------------------------------------------------------------------------- the base class
+class Environment:
+    """Subclass this; override `reset` and `step` (and `truncated` if running out of turns
+    deserves more than 0). Options come from the config (`options`); `max_turns` may be set
+    there, as a class attribute, or both (the option wins)."""
+
+    max_turns: int = 8            # actions per episode before `truncated()` ends it
+    observation_role: str = "user"  # the chat role of step observations (user works everywhere)
+
+    def __init__(self, *, sandbox: SandboxHandle | None = None,
+                 generator: GeneratorHandle | None = None, options: dict | None = None) -> None:
+        self.sandbox = sandbox
+        self.generator = generator
+        self.options = dict(options or {})
+        if "max_turns" in self.options:
+            max_turns = self.options["max_turns"]
+            if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+                raise EnvironmentContractError(
+                    f"options.max_turns must be an int >= 1, got {max_turns!r}; fix: e.g. 4")
+            self.max_turns = max_turns
+
+    def require_sandbox(self) -> SandboxHandle:
+        """The sandbox handle, or a clear error when the caller gave none."""
+        if self.sandbox is None:
+            raise EnvironmentContractError(
+                f"{type(self).__name__} runs code but was given no sandbox handle; fix: pass "
+                f"sandbox=LocalSandbox(postrain.sandbox.Sandbox()) or run it under the environment actor")
+        return self.sandbox
+
+    async def reset(self, task: dict) -> str | list[dict]:
+        raise NotImplementedError(f"{type(self).__name__} must define async reset(self, task)")
+
+    async def step(self, action: str) -> StepResult:
+        raise NotImplementedError(f"{type(self).__name__} must define async step(self, action)")
+
+    async def truncated(self) -> Reward:
+        """The final reward when `max_turns` actions passed without `done`."""
+        return Reward()
+
+    async def close(self) -> None:
+        """Release what the environment holds; called once per environment object."""
+
+
+def load_environment_class(path: str) -> type[Environment]:
+    """'package.module:ClassName' -> the class, checked to be an Environment subclass."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise EnvironmentContractError(
+            f"an environment is named 'package.module:ClassName', got {path!r}; "
+            f"fix: e.g. 'postrain.actors.tasks.arithmetic:ArithmeticEnv'")
+    try:
+        obj = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise EnvironmentContractError(
+            f"cannot load environment {path!r}: {exc}; fix: check the module is importable and "
+            f"defines {attr}") from exc
+    if not (isinstance(obj, type) and issubclass(obj, Environment)):
+        raise EnvironmentContractError(
+            f"{path!r} is {_show(obj)}, not an Environment subclass; fix: subclass "
+            f"postrain.actors.Environment")
+    return obj
+
+
+# --------------------------------------------------------------------------- driving an episode
+@dataclasses.dataclass
+class Episode:
+    """One finished episode. `messages` is the whole conversation (first observation, then
+    alternating assistant actions and observations); `reward` sums each component over the
+    steps (weights: the last ones given); `truncated` says `max_turns` ended it."""
+
+    messages: list[dict]
+    reward: Reward
+    num_turns: int
+    truncated: bool
+    infos: list[dict]
+
+
+ActionFn = Callable[[list[dict]], Awaitable[str]]
+
+
+def drop_reason(exc: BaseException) -> str:
+    """The short reason a caller records when it drops a sample because of `exc`."""
+    if isinstance(exc, EnvironmentFailure):
+        return exc.reason
+    if isinstance(exc, EnvironmentContractError):
+        return f"environment contract: {exc}"[:300]
+    return f"environment raised {type(exc).__name__}: {exc}"[:300]
+
+
+async def _guarded(what: str, fn, *args, timeout_s: float | None):
+    try:
+        if timeout_s is None:
+            return await fn(*args)
+        with trio.fail_after(timeout_s):
+            return await fn(*args)
+    except trio.TooSlowError:
+        raise EnvironmentFailure(f"environment {what} did not return within {timeout_s} s") from None
+    except (EnvironmentContractError, EnvironmentFailure):
+        raise
+    except Exception as exc:  # noqa: BLE001 - a user's environment may raise anything
+        raise EnvironmentFailure(drop_reason(exc)) from exc
+
+
+async def checked_reset(env: Environment, task: dict, *, timeout_s: float | None = 60.0) -> list[dict]:
+    """`env.reset(task)` under the contract: the first messages (a str becomes one user message).
+    Raises EnvironmentFailure (raised or hung) or EnvironmentContractError (garbage)."""
+    first = validate_observation(await _guarded("reset", env.reset, task, timeout_s=timeout_s))
+    return [{"role": "user", "content": first}] if isinstance(first, str) else list(first)
+
+
+async def checked_step(env: Environment, action: str, *, timeout_s: float | None = 60.0) -> StepResult:
+    """`env.step(action)` under the contract (raises as `checked_reset`)."""
+    return validate_step_result(await _guarded("step", env.step, action, timeout_s=timeout_s))
+
+
+async def checked_truncated(env: Environment, *, timeout_s: float | None = 60.0) -> Reward:
+    """`env.truncated()` under the contract (raises as `checked_reset`)."""
+    final = await _guarded("truncated", env.truncated, timeout_s=timeout_s)
+    if not isinstance(final, Reward):
+        raise EnvironmentContractError(
+            f"truncated must return a Reward, got {_show(final)}; fix: return Reward({{...}})")
+    return final
+
+
+async def run_episode(env: Environment, task: dict, policy: ActionFn, *,
+                      step_timeout_s: float | None = 60.0) -> Episode:
+    """Drive `env` through one episode with `policy(messages) -> action text` (a model, or a
+    script in tests). Raises EnvironmentFailure (raised/hung) or EnvironmentContractError
+    (garbage); the caller drops the sample with `drop_reason(exc)`. Runs on trio. A token-level
+    driver (the environment actor) follows the same steps with `checked_reset`, `checked_step`
+    and `checked_truncated`."""
+    messages = await checked_reset(env, task, timeout_s=step_timeout_s)
+    components: dict[str, float] = {}
+    weights: dict[str, float] = {}
+    infos: list[dict] = []
+    num_turns, done = 0, False
+    while not done and num_turns < env.max_turns:
+        action = await policy(list(messages))
+        messages.append({"role": "assistant", "content": action})
+        num_turns += 1
+        result = await checked_step(env, action, timeout_s=step_timeout_s)
+        infos.append(result.info)
+        if result.reward is not None:
+            _accumulate(result.reward, components, weights)
+        done = result.done
+        if not done:
+            messages.append({"role": env.observation_role, "content": result.observation})
+    if not done:
+        _accumulate(await checked_truncated(env, timeout_s=step_timeout_s), components, weights)
+    return Episode(messages=messages, reward=Reward(components, weights), num_turns=num_turns,
+                   truncated=not done, infos=infos)
+
+
+def _accumulate(reward: Reward, components: dict, weights: dict) -> None:
+    for name, x in reward.components.items():
+        components[name] = components.get(name, 0.0) + x
+    weights.update(reward.weights)

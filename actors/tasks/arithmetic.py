@@ -1,0 +1,189 @@
+"""Arithmetic with a Python tool: `What is 3817 * 29 - 412?`
+
+The model may run Python in the sandbox (`<python>print(3817 * 29 - 412)</python>`), read the
+`<output>`, and answer (`<answer>110281</answer>`). Reward components (`ArithmeticEnv`):
+
+    correct  1.0 if the final answer equals the value (weight 1.0)
+    format   1.0 if every turn was a well-formed tool call or answer (weight 0.1)
+
+Problems are generated, seeded and deterministic: `make_problem(rng, config)` draws
+`num_operands` integers of `min_digits..max_digits` digits joined by `operators`; the value
+follows Python's precedence. Difficulty knobs are the `ArithmeticConfig` fields, settable from
+task options.
+
+Held-out split, disjoint by construction: an expression belongs to the evaluation split iff the
+first byte of sha256("arithmetic:" + expression) is < `EVAL_HASH_CUTOFF` (about 5%).
+`train_tasks` skips those; `eval_tasks` keeps only those (fixed seed `EVAL_SEED`,
+`NUM_EVAL` problems). The same expression can therefore never be in both.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import hashlib
+import itertools
+import operator
+import random
+from typing import Iterator
+
+from ..environment import Environment, Reward, StepResult
+from ..tools import TOOL_INSTRUCTIONS, format_observation, format_tool_output, parse_action
+
+EVAL_SEED = 20261130
+NUM_EVAL = 200
+EVAL_HASH_CUTOFF = 13          # of 256: ~5% of expressions are held out
+OPERATORS = ("+", "-", "*")
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+
+
+class ArithmeticConfigError(ValueError):
+    """A difficulty knob out of range."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ArithmeticConfig:
+    """Difficulty knobs (all from task options of the same name)."""
+
+    min_digits: int = 1         # digits of each operand, at least
+    max_digits: int = 3         # digits of each operand, at most (<= 9)
+    min_operands: int = 2       # numbers per expression, at least
+    max_operands: int = 3       # numbers per expression, at most (<= 6)
+    operators: tuple[str, ...] = OPERATORS   # a subset of + - *
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_digits <= self.max_digits <= 9:
+            raise ArithmeticConfigError(
+                f"digits must satisfy 1 <= min_digits <= max_digits <= 9, got "
+                f"{self.min_digits}..{self.max_digits}; fix: e.g. min_digits=1, max_digits=3")
+        if not 2 <= self.min_operands <= self.max_operands <= 6:
+            raise ArithmeticConfigError(
+                f"operands must satisfy 2 <= min_operands <= max_operands <= 6, got "
+                f"{self.min_operands}..{self.max_operands}; fix: e.g. 2..3")
+        ops = tuple(self.operators)
+        if not ops or set(ops) - set(OPERATORS):
+            raise ArithmeticConfigError(
+                f"operators must be a non-empty subset of {OPERATORS}, got {ops!r}; fix: e.g. ['+', '*']")
+        object.__setattr__(self, "operators", ops)
+
+    @classmethod
+    def from_options(cls, options: dict | None) -> "ArithmeticConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: (tuple(v) if k == "operators" else v)
+                      for k, v in (options or {}).items() if k in names})
+
+
+def evaluate(expression: str) -> int:
+    """The value of an expression of integers and + - * (Python precedence); no eval()."""
+    def walk(node):
+        if isinstance(node, ast.Expression):
+            return walk(node.body)
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](walk(node.left), walk(node.right))
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        raise ArithmeticConfigError(f"not an integer + - * expression: {expression!r}")
+    return walk(ast.parse(expression, mode="eval"))
+
+
+def in_eval_split(expression: str) -> bool:
+    return hashlib.sha256(f"arithmetic:{expression}".encode()).digest()[0] < EVAL_HASH_CUTOFF
+
+
+def make_problem(rng: random.Random, config: ArithmeticConfig) -> dict:
+    """One problem: {"question", "expression", "answer"} (answer: int)."""
+    num = rng.randint(config.min_operands, config.max_operands)
+    numbers = [rng.randint(10 ** (d - 1) if d > 1 else 0, 10 ** d - 1)
+               for d in (rng.randint(config.min_digits, config.max_digits) for _ in range(num))]
+    ops = [rng.choice(config.operators) for _ in range(num - 1)]
+    expression = " ".join([str(numbers[0])] + [f"{o} {n}" for o, n in zip(ops, numbers[1:])])
+    return {"question": f"What is {expression}?", "expression": expression,
+            "answer": evaluate(expression)}
+
+
+def train_tasks(seed: int = 0, options: dict | None = None) -> Iterator[dict]:
+    """An endless, deterministic stream of training problems (never one of the eval split)."""
+    config = ArithmeticConfig.from_options(options)
+    rng = random.Random(f"arithmetic-train-{seed}")
+    for i in itertools.count():
+        problem = make_problem(rng, config)
+        if not in_eval_split(problem["expression"]):
+            yield {"id": f"arithmetic-train-{seed}-{i}", **problem}
+
+
+def eval_tasks(options: dict | None = None) -> list[dict]:
+    """The held-out set: `NUM_EVAL` distinct problems (or fewer when the knobs allow fewer)."""
+    config = ArithmeticConfig.from_options(options)
+    num = int((options or {}).get("num_eval", NUM_EVAL))
+    rng = random.Random(f"arithmetic-eval-{EVAL_SEED}")
+    out, seen = [], set()
+    for _ in range(200_000):
+        problem = make_problem(rng, config)
+        if in_eval_split(problem["expression"]) and problem["expression"] not in seen:
+            seen.add(problem["expression"])
+            out.append({"id": f"arithmetic-eval-{len(out)}", **problem})
+            if len(out) == num:
+                break
+    return out
+
+
+def answer_matches(answer: str, expected: int) -> bool:
+    """True iff `answer` is the integer `expected` (commas, spaces, a trailing '.' or '.0' ok)."""
+    text = answer.strip().rstrip(".").replace(",", "").replace("_", "").replace(" ", "")
+    try:
+        return int(text) == expected
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        return False
+    return value.is_integer() and int(value) == expected
+
+
+def prompt_messages(question: str, *, use_system_prompt: bool = True) -> list[dict]:
+    """The first observation of an arithmetic episode (demonstrations use the same)."""
+    if use_system_prompt:
+        return [{"role": "system", "content": TOOL_INSTRUCTIONS}, {"role": "user", "content": question}]
+    return [{"role": "user", "content": f"{TOOL_INSTRUCTIONS}\n\n{question}"}]
+
+
+class ArithmeticEnv(Environment):
+    """Answer an arithmetic question, optionally after running Python.
+
+    Options: max_tool_calls (default 2; more calls are not run, the model is told to answer),
+    tool_timeout_s (default 5.0), format_weight (default 0.1), use_system_prompt (default True),
+    max_turns (default 4).
+    """
+
+    max_turns = 4
+
+    async def reset(self, task: dict) -> list[dict]:
+        self.expected = int(task["answer"])
+        self.num_tool_calls = 0
+        self.all_well_formed = True
+        return prompt_messages(task["question"],
+                               use_system_prompt=bool(self.options.get("use_system_prompt", True)))
+
+    def _reward(self, correct: bool) -> Reward:
+        return Reward({"correct": float(correct), "format": float(self.all_well_formed)},
+                      {"format": float(self.options.get("format_weight", 0.1))})
+
+    async def step(self, action: str) -> StepResult:
+        parsed = parse_action(action)
+        self.all_well_formed &= parsed.well_formed
+        if parsed.kind == "answer":
+            correct = answer_matches(parsed.content, self.expected)
+            return StepResult(None, True, self._reward(correct), {"answer": parsed.content})
+        if parsed.kind == "none":
+            return StepResult(None, True, self._reward(False), {"problem": parsed.problem})
+        if self.num_tool_calls >= int(self.options.get("max_tool_calls", 2)):
+            return StepResult(format_observation("No more tool calls: give your final answer "
+                                                 "between <answer> and </answer>."), False)
+        self.num_tool_calls += 1
+        timeout_s = float(self.options.get("tool_timeout_s", 5.0))
+        result = await self.require_sandbox().exec(parsed.content, timeout_s=timeout_s)
+        status = result.get("status") if isinstance(result, dict) else getattr(result, "status", None)
+        return StepResult(format_tool_output(result), False, info={"tool_status": str(status)})
+
+    async def truncated(self) -> Reward:
+        return self._reward(False)

@@ -1,0 +1,217 @@
+"""Code, multi-turn: write a function that passes unit tests run in the sandbox.
+
+An episode (`CodeEnv`): the model sees the signature, the spec and the visible tests. Each
+`<python>` block it writes is an attempt: the environment runs the visible tests against it in the
+sandbox and answers with the verdicts and the failure messages (`<output>2 of 3 visible tests
+passed. FAIL ...</output>`). When every visible test passes, or after `max_attempts` attempts, the
+last attempt is graded on the hidden tests and the episode ends; an `<answer>` block submits its
+code for grading at once, without a visible run (write, execute, read the error, correct).
+
+Reward components: `hidden_tests` = fraction of the hidden tests passed (weight 1.0);
+`format` = 1.0 if every turn was well-formed (weight `format_weight`, default 0.0: logged only).
+
+Problems (`code_problems.PROBLEMS`, 65 written for postrain) are split by a hash of their name:
+`EVAL_PROBLEMS` (10) form the held-out set, the rest train; `train_tasks` cycles the training
+problems in a seeded order. A test is a comparison `call == expected`; `build_test_file` makes a
+test file whose failures say what the call returned and what was expected.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import itertools
+import random
+from typing import Iterator
+
+from ..environment import Environment, Reward, StepResult
+from ..tools import format_observation, parse_action, truncate_head
+from .code_problems import PROBLEMS
+
+NUM_EVAL_PROBLEMS = 10
+DEFAULT_MAX_ATTEMPTS = 3
+
+CODE_INSTRUCTIONS = (
+    "Write the Python function described below. To test it, send the complete function between "
+    "<python> and </python>: it runs against the visible tests and you see the failures. Fix it "
+    "and send it again until the tests pass. To submit without testing, put the function between "
+    "<answer> and </answer>."
+)
+
+
+class CodeTaskError(ValueError):
+    """A malformed code problem or test."""
+
+
+def _split_key(name: str) -> bytes:
+    return hashlib.sha256(f"code:{name}".encode()).digest()
+
+
+EVAL_PROBLEMS = frozenset(sorted((p["name"] for p in PROBLEMS), key=_split_key)[:NUM_EVAL_PROBLEMS])
+
+
+def _parse_test(test: str) -> tuple[str, str]:
+    try:
+        node = ast.parse(test, mode="eval").body
+    except SyntaxError as exc:
+        raise CodeTaskError(f"a test must be a Python comparison 'call == expected', got {test!r}: "
+                            f"{exc}; fix: e.g. \"add(1, 2) == 3\"") from None
+    if not (isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.Eq)):
+        raise CodeTaskError(f"a test must be one comparison 'call == expected', got {test!r}; "
+                            f"fix: e.g. \"add(1, 2) == 3\"")
+    return ast.unparse(node.left), ast.unparse(node.comparators[0])
+
+
+def build_test_file(func_name: str, tests: list[str]) -> str:
+    """A test file (for `postrain.sandbox.run_tests`): one `test_<i>` per comparison, whose
+    failure message reads `add(1, 2) returned 4, expected 3`."""
+    lines = [f"from solution import {func_name}", ""]
+    for i, test in enumerate(tests):
+        call, expected = _parse_test(test)
+        lines += [f"def test_{i}():",
+                  f"    got = {call}",
+                  f"    want = {expected}",
+                  f"    assert got == want, {call!r} + ' returned ' + repr(got) + ', expected ' + repr(want)",
+                  ""]
+    return "\n".join(lines)
+
+
+def problem_to_task(problem: dict, split: str) -> dict:
+    """The task dict (plain data: it travels over the wire) for one problem."""
+    return {"id": f"code-{split}-{problem['name']}", "name": problem["name"],
+            "signature": problem["signature"], "description": problem["description"],
+            "visible_tests": list(problem["visible_tests"]), "hidden_tests": list(problem["hidden_tests"])}
+
+
+def train_problems() -> list[dict]:
+    return [p for p in PROBLEMS if p["name"] not in EVAL_PROBLEMS]
+
+
+def eval_problems() -> list[dict]:
+    return [p for p in PROBLEMS if p["name"] in EVAL_PROBLEMS]
+
+
+def train_tasks(seed: int = 0, options: dict | None = None) -> Iterator[dict]:
+    """Endless: the training problems, reshuffled (seeded) each pass."""
+    rng = random.Random(f"code-train-{seed}")
+    problems = train_problems()
+    for epoch in itertools.count():
+        order = list(problems)
+        rng.shuffle(order)
+        for p in order:
+            task = problem_to_task(p, "train")
+            task["id"] = f"{task['id']}-{seed}-{epoch}"
+            yield task
+
+
+def eval_tasks(options: dict | None = None) -> list[dict]:
+    return [problem_to_task(p, "eval") for p in eval_problems()]
+
+
+def prompt_text(task: dict) -> str:
+    tests = "\n".join(task["visible_tests"])
+    return (f"Write `{task['signature']}`.\n\n{task['description']}\n\n"
+            f"Visible tests (each must be True):\n{tests}")
+
+
+def prompt_messages(task: dict, *, use_system_prompt: bool = True) -> list[dict]:
+    if use_system_prompt:
+        return [{"role": "system", "content": CODE_INSTRUCTIONS},
+                {"role": "user", "content": prompt_text(task)}]
+    return [{"role": "user", "content": f"{CODE_INSTRUCTIONS}\n\n{prompt_text(task)}"}]
+
+
+def _field(report, name: str, default=None):
+    if isinstance(report, dict):
+        return report.get(name, default)
+    return getattr(report, name, default)
+
+
+def visible_feedback(report, num_tests: int, attempts_left: int, *, max_chars: int = 1500) -> str:
+    """What the model reads after an attempt: verdicts, failure messages, attempts left."""
+    passed = _field(report, "passed") or {}
+    errors = _field(report, "errors") or {}
+    collect_error = _field(report, "collect_error")
+    if collect_error or not passed:
+        body = "Your code did not load:\n" + truncate_head(str(collect_error or "no test ran"), max_chars)
+    else:
+        num_passed = sum(bool(v) for v in passed.values())
+        lines = [f"{num_passed} of {num_tests} visible tests passed."]
+        for name, ok in passed.items():
+            if not ok:
+                lines.append(f"FAIL {name}: {str(errors.get(name, '')).strip()}")
+        body = truncate_head("\n".join(lines), max_chars)
+    if attempts_left:
+        body += (f"\nYou have {attempts_left} attempt{'s' if attempts_left > 1 else ''} left: "
+                 f"send the whole corrected function in <python></python>.")
+    return format_observation(body)
+
+
+class CodeEnv(Environment):
+    """Write a function; test it on the visible tests, revise; graded on the hidden tests.
+
+    Options: max_attempts (default 3), test_timeout_s (per test, default 2.0), run_timeout_s
+    (per sandbox run, default 10.0), format_weight (default 0.0), use_system_prompt (True).
+    `max_turns` defaults to max_attempts + 1.
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.max_attempts = int(self.options.get("max_attempts", DEFAULT_MAX_ATTEMPTS))
+        if self.max_attempts < 1:
+            raise CodeTaskError(f"options.max_attempts must be >= 1, got {self.max_attempts}; fix: e.g. 3")
+        if "max_turns" not in self.options:
+            self.max_turns = self.max_attempts + 1
+
+    async def reset(self, task: dict) -> list[dict]:
+        self.task = task
+        self.func_name = task["signature"].split("(")[0].removeprefix("def ").strip()
+        self.visible = build_test_file(self.func_name, task["visible_tests"])
+        self.hidden = build_test_file(self.func_name, task["hidden_tests"])
+        self.num_attempts = 0
+        self.all_well_formed = True
+        return prompt_messages(task, use_system_prompt=bool(self.options.get("use_system_prompt", True)))
+
+    async def _run(self, solution: str, tests: str):
+        return await self.require_sandbox().run_tests(
+            solution, tests, test_timeout_s=float(self.options.get("test_timeout_s", 2.0)),
+            timeout_s=float(self.options.get("run_timeout_s", 10.0)))
+
+    async def _grade(self, solution: str, info: dict) -> StepResult:
+        report = await self._run(solution, self.hidden)
+        passed = _field(report, "passed") or {}
+        num_passed = sum(bool(v) for v in passed.values())
+        fraction = num_passed / len(self.task["hidden_tests"])
+        reward = Reward({"hidden_tests": fraction, "format": float(self.all_well_formed)},
+                        {"format": float(self.options.get("format_weight", 0.0))})
+        return StepResult(None, True, reward, {**info, "hidden_passed": num_passed,
+                                               "attempts": self.num_attempts})
+
+    async def step(self, action: str) -> StepResult:
+        parsed = parse_action(action)
+        self.all_well_formed &= parsed.well_formed
+        if parsed.kind == "none" or not parsed.content.strip():
+            reward = Reward({"hidden_tests": 0.0, "format": 0.0},
+                            {"format": float(self.options.get("format_weight", 0.0))})
+            return StepResult(None, True, reward, {"problem": parsed.problem or "empty code"})
+        if parsed.kind == "answer":
+            return await self._grade(_strip_fence(parsed.content), {"submitted": True})
+        self.num_attempts += 1
+        report = await self._run(parsed.content, self.visible)
+        passed = _field(report, "passed") or {}
+        all_passed = bool(passed) and all(passed.values()) and not _field(report, "collect_error")
+        if all_passed or self.num_attempts >= self.max_attempts:
+            return await self._grade(parsed.content, {"visible_passed": all_passed})
+        feedback = visible_feedback(report, len(self.task["visible_tests"]),
+                                    self.max_attempts - self.num_attempts)
+        return StepResult(feedback, False, info={"visible_passed": sum(map(bool, passed.values()))})
+
+    async def truncated(self) -> Reward:
+        return Reward({"hidden_tests": 0.0, "format": float(self.all_well_formed)},
+                      {"format": float(self.options.get("format_weight", 0.0))})
+
+
+def _strip_fence(code: str) -> str:
+    lines = code.strip("\n").splitlines()
+    if lines and lines[0].lstrip().startswith("```") and lines[-1].strip() == "```":
+        return "\n".join(lines[1:-1])
+    return code

@@ -1,0 +1,109 @@
+"""Supervised demonstrations in chat form, for the warm start before RL.
+
+A demonstration is `{"messages": [{"role": ..., "content": ...}, ...]}` whose assistant turns use
+the exact tool-call format of `postrain.actors.tools`, and whose first messages are exactly what
+the task's environment `reset` returns, so a model trained on them meets the same text in RL.
+Loss goes on the assistant turns only (the trainer's business).
+
+- `arithmetic_demonstrations(num, seed)`: ask, call Python with the expression
+  (`print(3817 * 29 - 412)`), read the `<output>` the sandbox would give, answer.
+- `code_demonstrations(seed)`: one per training problem: the reference solution as a `<python>`
+  attempt (it passes the visible tests, which ends the episode).
+
+Both are deterministic and use training tasks only (never the held-out split). Tool outputs are
+made with `format_tool_output` on the result a successful run has (a test checks that the real
+sandbox prints the same). `write_jsonl` / `read_jsonl` handle any JSONL of chat demonstrations,
+one object per line; `validate_demonstration` says which line and field is wrong.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from typing import Iterable, Iterator
+
+from postrain.sandbox import ExecResult, Status
+
+from ..environment import ROLES
+from ..tools import format_answer, format_tool_call, format_tool_output
+from . import arithmetic, code
+
+
+class DemonstrationError(ValueError):
+    """A demonstration that is not {"messages": [{"role", "content"}, ...]} with an assistant turn."""
+
+
+def arithmetic_demonstration(task: dict, *, use_system_prompt: bool = True) -> dict:
+    """The demonstration for one arithmetic task (a `train_tasks` item)."""
+    value = arithmetic.evaluate(task["expression"])
+    output = format_tool_output(ExecResult(Status.OK, exit_code=0, stdout=f"{value}\n".encode()))
+    messages = arithmetic.prompt_messages(task["question"], use_system_prompt=use_system_prompt)
+    messages += [{"role": "assistant", "content": format_tool_call(f"print({task['expression']})")},
+                 {"role": "user", "content": output},
+                 {"role": "assistant", "content": format_answer(str(value))}]
+    return {"messages": messages}
+
+
+def arithmetic_demonstrations(num: int, seed: int = 0, options: dict | None = None) -> list[dict]:
+    """`num` demonstrations from training problems (seed `seed`; the same knobs as the task)."""
+    use_system = bool((options or {}).get("use_system_prompt", True))
+    tasks = itertools.islice(arithmetic.train_tasks(seed, options), num)
+    return [arithmetic_demonstration(t, use_system_prompt=use_system) for t in tasks]
+
+
+def code_demonstrations(seed: int = 0, options: dict | None = None) -> list[dict]:
+    """One demonstration per training problem, in a seeded order."""
+    use_system = bool((options or {}).get("use_system_prompt", True))
+    by_name = {p["name"]: p for p in code.train_problems()}
+    tasks = itertools.islice(code.train_tasks(seed, options), len(by_name))
+    out = []
+    for task in tasks:
+        messages = code.prompt_messages(task, use_system_prompt=use_system)
+        messages.append({"role": "assistant",
+                         "content": format_tool_call(by_name[task["name"]]["reference"])})
+        out.append({"messages": messages})
+    return out
+
+
+def validate_demonstration(demo, *, where: str = "demonstration") -> dict:
+    if not isinstance(demo, dict) or not isinstance(demo.get("messages"), list) or not demo["messages"]:
+        raise DemonstrationError(f"{where}: must be an object with a non-empty 'messages' list, got "
+                                 f"{str(demo)[:80]!r}; fix: {{\"messages\": [{{\"role\": \"user\", "
+                                 f"\"content\": \"...\"}}, ...]}}")
+    for i, m in enumerate(demo["messages"]):
+        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+            raise DemonstrationError(f"{where}: messages[{i}] must have role in {ROLES} and a str "
+                                     f"content, got {str(m)[:80]!r}")
+    if not any(m["role"] == "assistant" for m in demo["messages"]):
+        raise DemonstrationError(f"{where}: has no assistant turn, so there is nothing to learn; "
+                                 f"fix: add {{\"role\": \"assistant\", \"content\": ...}}")
+    return demo
+
+
+def write_jsonl(path: str | os.PathLike, demos: Iterable[dict]) -> int:
+    """Write demonstrations, one JSON object per line (validated); returns how many."""
+    num = 0
+    with open(path, "w", encoding="utf-8") as f:
+        for demo in demos:
+            validate_demonstration(demo, where=f"demonstration {num}")
+            f.write(json.dumps(demo, ensure_ascii=False) + "\n")
+            num += 1
+    return num
+
+
+def iter_jsonl(path: str | os.PathLike) -> Iterator[dict]:
+    """Demonstrations from a JSONL file (blank lines skipped), each validated; errors name the line."""
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                demo = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DemonstrationError(f"{path}:{lineno}: not JSON ({exc}); "
+                                         f"fix: one object per line") from None
+            yield validate_demonstration(demo, where=f"{path}:{lineno}")
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    return list(iter_jsonl(path))
