@@ -10,6 +10,7 @@ Both run the same operation mix in the same process (block size 16):
   prompt).
 - append_ops_per_s: decoding: one token appended to each of 64 live sequences per step
   (a new block every 16 steps; prefix caching on, so full blocks are hashed).
+- append_batch_ops_per_s: the same step as one append_batch call (tokens per second).
 - prefix_lookup_4096_us / prefix_lookup_4096_list_us: match_prefix of a fully cached
   4,096-token prompt given as a numpy int32 array / a Python list (255 blocks are hashed and
   probed: the last prompt token is always recomputed). Lower is better.
@@ -74,11 +75,21 @@ class _Runner:
             free(i)
         return self.num_ops / (time.perf_counter() - t0)
 
-    def append_ops_per_s(self, repeat: int) -> float:
+    def _decode_pool(self):
         pool = self.Pool(NUM_BLOCKS, BLOCK_SIZE)
         for s in range(64):
             pool.allocate(s, self.step_tokens[0][:1] * 100 + [s])
-        append = pool.append
+        return pool
+
+    def append_batch_ops_per_s(self, repeat: int) -> float:
+        append_batch, seq_ids = self._decode_pool().append_batch, list(range(64))
+        t0 = time.perf_counter()
+        for step in self.step_tokens:
+            append_batch(seq_ids, step)
+        return self.num_steps * 64 / (time.perf_counter() - t0)
+
+    def append_ops_per_s(self, repeat: int) -> float:
+        append = self._decode_pool().append
         t0 = time.perf_counter()
         for step in self.step_tokens:
             for s in range(64):
@@ -100,7 +111,7 @@ class _Runner:
 
 
 FIGURES = ["alloc_free_ops_per_s", "alloc_free_nocache_ops_per_s", "fork_free_ops_per_s",
-           "append_ops_per_s", "prefix_lookup_4096_us", "prefix_lookup_4096_list_us"]
+           "append_ops_per_s", "append_batch_ops_per_s", "prefix_lookup_4096_us", "prefix_lookup_4096_list_us"]
 
 
 def run(quick: bool) -> dict:
@@ -108,7 +119,7 @@ def run(quick: bool) -> dict:
         raise RuntimeError("the compiled allocator is not built; run `pip install -e .` first")
     scale = 0.2 if quick else 1.0
     ours, peer = _Runner(CompiledKVBlockPool, scale), _Runner(PythonKVBlockPool, scale * 0.1)
-    repeats = 3 if quick else 11
+    repeats = 3 if quick else 15
     samples = {id(r): {f: [] for f in FIGURES} for r in (ours, peer)}
     # Ours and the peer alternate within each repeat, so load from other processes hits both.
     for repeat in range(repeats):

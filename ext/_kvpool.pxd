@@ -10,6 +10,7 @@ from libc.stdint cimport int32_t, int64_t, uint64_t
 cdef enum:
     KVP_NIL = -1    # no block: end of a free list, an empty index slot
     KVP_USED = -2   # BlockMeta.next_or_used of a block held by at least one table
+    KVP_INLINE_BLOCKS = 16  # a _Seq holds this many block ids without a separate allocation
 
 # One block's metadata: 16 bytes, in one C array of num_blocks records.
 # A tagged union: next_or_used == KVP_USED marks a used block, whose ref_count is
@@ -37,7 +38,8 @@ cdef class _Seq:
     #   num_table_blocks == ceil(num_tokens / B) <= capacity; table[:num_table_blocks] distinct
     #   last_hash == chain hash of table[num_tokens // B - 1] (0 if none or caching off)
     #   partial_state == content hash of the partial last block's tokens (0 if none or caching off)
-    cdef int32_t* table
+    cdef int32_t* table           # == inline_table until the table outgrows it, then malloc'ed
+    cdef int32_t inline_table[KVP_INLINE_BLOCKS]
     cdef int32_t num_table_blocks
     cdef int32_t capacity
     cdef int64_t num_tokens

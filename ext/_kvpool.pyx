@@ -122,11 +122,21 @@ cdef inline int32_t _ref(BlockMeta* blocks, int32_t b) noexcept nogil:
     return blocks[b].ref_or_prev if blocks[b].next_or_used == KVP_USED else 0
 
 
-cdef int _seq_reserve(_Seq seq, Py_ssize_t n) except -1:
+cdef inline int _seq_reserve(_Seq seq, Py_ssize_t n) except -1:
     if n <= seq.capacity:
         return 0
-    cdef Py_ssize_t cap = max(n, 2 * <Py_ssize_t>seq.capacity, 4)
-    cdef int32_t* p = <int32_t*>realloc(seq.table, cap * sizeof(int32_t))
+    return _seq_grow(seq, n)
+
+
+cdef int _seq_grow(_Seq seq, Py_ssize_t n) except -1:
+    cdef Py_ssize_t cap = max(n, 2 * <Py_ssize_t>seq.capacity)
+    cdef int32_t* p
+    if seq.table == seq.inline_table:
+        p = <int32_t*>malloc(cap * sizeof(int32_t))
+        if p != NULL:
+            memcpy(p, seq.inline_table, seq.num_table_blocks * sizeof(int32_t))
+    else:
+        p = <int32_t*>realloc(seq.table, cap * sizeof(int32_t))
     if p == NULL:
         raise MemoryError()
     seq.table = p
@@ -136,8 +146,13 @@ cdef int _seq_reserve(_Seq seq, Py_ssize_t n) except -1:
 
 @cython.freelist(256)
 cdef class _Seq:
+    def __cinit__(self):
+        self.table = self.inline_table
+        self.capacity = KVP_INLINE_BLOCKS
+
     def __dealloc__(self):
-        free(self.table)
+        if self.table != self.inline_table:
+            free(self.table)
 
 
 @cython.final
@@ -502,7 +517,7 @@ cdef class KVBlockPool:
             if self.enable_prefix_caching:
                 raise InvalidArgumentError(f"a token count ({token_ids}) needs "
                                            f"enable_prefix_caching=False; pass the token ids")
-            if token_ids < 0:
+            if (<Py_ssize_t>token_ids) < 0:
                 raise InvalidArgumentError(f"token count must be >= 0, got {token_ids}")
             return token_ids
         if not self.enable_prefix_caching:

@@ -513,7 +513,7 @@ def check_state(state: dict, block_size_tokens: int, enable_prefix_caching: bool
     partial = {}
     for s in seqs:
         if s["num_tokens"] % B:
-            key = (s["block_table"][-1])
+            key = s["block_table"][-1]
             partial.setdefault(key, set()).add(s["num_tokens"] % B)
     for s in seqs:
         for b in s["block_table"][:-1] if s["num_tokens"] % B else s["block_table"]:
