@@ -19,6 +19,7 @@ import logging
 import math
 import time
 import traceback
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
 
@@ -175,7 +176,7 @@ class ActorRef:
         sock.reconnect_ivl = 20
         sock.reconnect_ivl_max = 500
         configure_client(sock, address, node.keys)
-        self._monitor = AsyncSocket(sock.get_monitor_socket(_CONNECTED | _LOST | _AUTH_FAILED))
+        self._monitor = AsyncSocket(_monitor_socket(node.context, sock))
         sock.connect(address)
         self._sock = AsyncSocket(sock)
         self._pending: dict[int, _Pending] = {}
@@ -250,8 +251,12 @@ class ActorRef:
             return
         self._closed = True
         self._fail_all(ActorDiedError(f"reference to actor {self.name} was closed"))
-        self._sock.close()
+        try:
+            self._sock.sock.disable_monitor()  # libzmq's io thread blocks on a monitor nobody reads
+        except zmq.ZMQError:
+            pass
         self._monitor.close()
+        self._sock.close()
 
     # -- internals ----------------------------------------------------------
 
@@ -357,6 +362,18 @@ class ActorRef:
         pending, self._pending = self._pending, {}
         for item in pending.values():
             self._deliver(item, error)
+
+
+def _monitor_socket(context: zmq.Context, sock: zmq.Socket) -> zmq.Socket:
+    """A PAIR socket receiving `sock`'s connection events. pyzmq's get_monitor_socket names
+    the endpoint after the descriptor number, which the OS reuses; a unique name cannot
+    attach to a closing socket's monitor."""
+    address = f"inproc://postrain-monitor-{uuid.uuid4().hex}"
+    sock.monitor(address, _CONNECTED | _LOST | _AUTH_FAILED)
+    monitor = context.socket(zmq.PAIR)
+    monitor.linger = 0
+    monitor.connect(address)
+    return monitor
 
 
 def _error_from(msg: wire.Message) -> RemoteError:
