@@ -6,12 +6,19 @@ installed, else the built-in "small" config (random weights); quick mode uses
 saved as a Hugging Face folder and loaded by transformers), the same prompts
 and the same sampling settings (temperature 1, no top-k/top-p, a fixed number of
 new tokens: ours ignore EOS, theirs get min_new_tokens), float32, the same
-torch thread count.
+torch thread count (POSTRAIN_TORCH_THREADS sets it; on a shared VM 1 thread avoids
+OpenMP barrier stalls). One run per figure in the full bench (64 new tokens at batch 32
+is already ~20 s per side on 2 cores), the median of 1 in quick mode.
+
+Ours runs with its defaults (prefix caching on: the chat template's system prompt is
+a shared prefix; theirs recomputes it per row).
 
 Figures (tokens/s = generated tokens over wall time, prefill included; medians):
 - tok_per_s_b1, tok_per_s_b16, tok_per_s_b32: batches of distinct chat prompts;
 - grpo_n16_tok_per_s: one prompt, 16 samples (ours: one prefill, forked blocks;
   theirs: num_return_sequences=16);
+- tok_per_s_b{largest}_bf16: the largest batch again with bfloat16 weights, KV and
+  activations on both sides (AMX on recent Xeons; logprobs then come from bf16 logits);
 - kv_utilization (ours only): mean over decode steps of the batch-32 run of
   token slots holding KV over slots of the blocks held (shared blocks once);
 - grpo_prompt_kv_copies (ours only): physical copies of the prompt's KV in the
@@ -20,6 +27,7 @@ Figures (tokens/s = generated tokens over wall time, prefill included; medians):
 from __future__ import annotations
 
 import importlib.util
+import os
 import statistics
 import tempfile
 import time
@@ -98,13 +106,15 @@ def _grpo_prompt_copies(engine: Engine, prompt: list[int], n: int) -> float:
 
 def run(quick: bool) -> dict:
     transformers = __import__("transformers")
+    if os.environ.get("POSTRAIN_TORCH_THREADS"):
+        torch.set_num_threads(int(os.environ["POSTRAIN_TORCH_THREADS"]))
     gguf_path = None if quick else _smollm_path()
     model_name = str(gguf_path) if gguf_path else ("tiny" if quick else "small")
     model, tokenizer = load_model(model_name)
     new_tokens = 16 if quick else 64
     batches = (1, 4) if quick else (1, 16, 32)
     group = 4 if quick else 16
-    repeats = 1 if quick else 2
+    repeats = 1
     with tempfile.TemporaryDirectory() as folder:
         save_checkpoint(model, tokenizer, folder)
         hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
@@ -117,7 +127,7 @@ def run(quick: bool) -> dict:
         prompts = _prompts(tokenizer, batch)
         ours, theirs = [], []
         for rep in range(repeats):
-            engine = Engine(model, tokenizer, max_num_seqs=max(64, batch), enable_prefix_caching=False)
+            engine = Engine(model, tokenizer, max_num_seqs=max(64, batch))
             ours.append(_ours(engine, prompts, params, kv_samples if batch == batches[-1] else None))
             theirs.append(_theirs(hf, prompts, new_tokens, pad_id))
         results[f"tok_per_s_b{batch}"] = round(statistics.median(ours), 1)
@@ -127,12 +137,19 @@ def run(quick: bool) -> dict:
                                   ignore_eos=True, seed=0)
     ours, theirs = [], []
     for rep in range(repeats):
-        ours.append(_ours(Engine(model, tokenizer, enable_prefix_caching=False), [prompt], group_params))
+        ours.append(_ours(Engine(model, tokenizer), [prompt], group_params))
         theirs.append(_theirs(hf, [prompt], new_tokens, pad_id, num_return_sequences=group))
     results[f"grpo_n{group}_tok_per_s"] = round(statistics.median(ours), 1)
     peer[f"grpo_n{group}_tok_per_s"] = round(statistics.median(theirs), 1)
     results["kv_utilization"] = round(statistics.mean(kv_samples), 3) if kv_samples else None
     results["grpo_prompt_kv_copies"] = _grpo_prompt_copies(Engine(model, tokenizer), prompt, group)
+    largest = batches[-1]
+    model16, hf16 = model.to(torch.bfloat16), hf.to(torch.bfloat16)   # last: in place
+    prompts = _prompts(tokenizer, largest)
+    results[f"tok_per_s_b{largest}_bf16"] = round(_ours(
+        Engine(model16, tokenizer, max_num_seqs=max(64, largest)),
+        prompts, params), 1)
+    peer[f"tok_per_s_b{largest}_bf16"] = round(_theirs(hf16, prompts, new_tokens, pad_id), 1)
     return {
         "config": {"model": Path(model_name).name, "num_params_m": round(model.config.num_params / 1e6, 1),
                    "dtype": "float32", "new_tokens": new_tokens, "batches": list(batches),

@@ -26,7 +26,7 @@ from pathlib import Path
 import anyio
 
 from .config import RunConfig, load_config
-from .errors import ConfigError, PostrainError
+from .errors import ActorError, ConfigError, PostrainError
 from .scheduler import Scheduler
 from .supervisor import Supervisor
 
@@ -120,12 +120,18 @@ async def _follow_driver(supervisor: Supervisor, driver: str, folder: Path) -> i
             await supervisor.shutdown_requested.wait()
             await ref.tell("stop")
         tg.start_soon(stop_driver_on_shutdown)
-        async for item in ref.stream("run", {"run_folder": str(folder)}, timeout_s=3600):
-            if isinstance(item, dict) and "line" in item:
-                print(item["line"], flush=True)
-            if isinstance(item, dict) and "summary" in item:
-                summary = item["summary"]
-        tg.cancel_scope.cancel()
+        try:
+            async for item in ref.stream("run", {"run_folder": str(folder)}, timeout_s=3600):
+                if isinstance(item, dict) and "line" in item:
+                    print(item["line"], flush=True)
+                if isinstance(item, dict) and "summary" in item:
+                    summary = item["summary"]
+        except ActorError as exc:
+            print(f"postrain up: the run's driver {driver!r} failed: {exc}\n"
+                  f"its log: {folder / 'logs' / (driver + '.log')}", file=sys.stderr)
+            return 1
+        finally:
+            tg.cancel_scope.cancel()
     if summary is not None:
         print(json.dumps(summary, indent=2))
     return 0

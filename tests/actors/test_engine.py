@@ -119,6 +119,12 @@ def test_prefix_cache_reuses_prompt_kv(model, tokenizer):
     assert first.num_cached_prompt_tokens == 0
     assert second.num_cached_prompt_tokens == 16
     assert second.outputs[0].token_ids == first.outputs[0].token_ids == reference_greedy(model, prompt, 5)
+    # Same step: the second request hits blocks the first one's prefill writes in the same
+    # forward (each layer writes every row's keys before any row gathers).
+    fresh = Engine(model, tokenizer, num_blocks=64, block_size_tokens=4)
+    both = fresh.generate([prompt, prompt + [90]], SamplingParams(max_new_tokens=5, **GREEDY))
+    assert both[1].num_cached_prompt_tokens == 16
+    assert both[1].outputs[0].token_ids == reference_greedy(model, prompt + [90], 5)
 
 
 def test_weight_swap_mid_generation_tags_later_tokens(model, tokenizer):
@@ -190,3 +196,27 @@ def test_generate_command_prints_json(capsys):
         assert all(lp <= 0 for lp in sample["logprobs"])
     assert main(["generate", "--model", "/no/such/dir", "--prompt", "x"]) == 2
     assert "no model at" in capsys.readouterr().err
+
+
+def test_bfloat16_engine_runs_with_bf16_kv(tokenizer):
+    model16 = build_model("tiny").init_weights(seed=1, std=0.1).to(torch.bfloat16).eval()
+    engine = Engine(model16, tokenizer, num_blocks=32)
+    assert engine.kv_caches[0][0].dtype == torch.bfloat16
+    out = engine.generate(["abc"], SamplingParams(n=2, max_new_tokens=6, seed=0, ignore_eos=True))[0]
+    for sample in out.outputs:
+        assert len(sample.token_ids) == 6
+        assert all(lp <= 0 and lp == lp for lp in sample.logprobs)
+
+
+def test_abort_frees_blocks_and_marks_samples(model, tokenizer):
+    engine = Engine(model, tokenizer, num_blocks=32, block_size_tokens=4)
+    request_id = engine.add_request([1, 2, 3, 4, 5], SamplingParams(n=3, max_new_tokens=20, seed=0))
+    engine.add_request([9, 9, 9], SamplingParams(max_new_tokens=20, seed=0))
+    engine.step()
+    engine.step()
+    out = engine.abort(request_id)
+    assert out.finished and all(o.finish_reason == "abort" for o in out.outputs)
+    assert engine.abort(request_id) is None
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.pool.num_free_blocks == 32
