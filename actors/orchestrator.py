@@ -17,7 +17,8 @@ step, or dropped with the reason (the environment failed, its group is
 incomplete). A group with any failed sample is dropped whole: GRPO compares
 samples of one prompt, so a partial group would bias its baseline.
 
-Options (the actor spec's `options`): task, seed, learner, generators, envs
+Options (the actor spec's `options`): task, task_options (the task's knobs, the same
+dict as the environment actor's env_options), seed, learner, generators, envs
 (actor names), num_steps, prompts_per_step, samples_per_prompt, max_staleness,
 sampling (SamplingParams fields), sft_steps, sft_batch_size, num_eval_tasks,
 max_concurrent_rollouts.
@@ -47,7 +48,7 @@ DEFAULTS = {
     "task": "arithmetic", "model": "tiny", "seed": 0, "learner": "learner",
     "generators": ["generator"], "envs": ["env"], "num_steps": 10, "prompts_per_step": 8,
     "samples_per_prompt": 8, "max_staleness": 0, "sft_steps": 0, "sft_batch_size": 16,
-    "num_eval_tasks": 50, "max_concurrent_rollouts": 64,
+    "num_eval_tasks": 50, "max_concurrent_rollouts": 64, "task_options": {},
     "sampling": {"temperature": 1.0, "max_new_tokens": 96},
 }
 
@@ -130,7 +131,7 @@ class OrchestratorActor(Actor):
 
     async def _evaluate(self) -> float:
         """Mean `correct` component (or total reward) over held-out tasks, greedy decoding."""
-        tasks = self.task.eval_tasks()[: self.cfg["num_eval_tasks"]]
+        tasks = self.task.eval_tasks(self.cfg["task_options"])[: self.cfg["num_eval_tasks"]]
         scores = [0.0] * len(tasks)
         sampling = {**self.cfg["sampling"], "temperature": 0.0, "stop": list(STOP_STRINGS)}
 
@@ -155,7 +156,8 @@ class OrchestratorActor(Actor):
 
     async def _sft(self, emit) -> None:
         num_steps, batch_size = self.cfg["sft_steps"], self.cfg["sft_batch_size"]
-        demos = self.task.demonstrations(num_steps * batch_size, seed=self.cfg["seed"])
+        demos = self.task.demonstrations(num_steps * batch_size, seed=self.cfg["seed"],
+                                         options=self.cfg["task_options"])
         for step in range(num_steps):
             batch = [chat_to_tokens(self.tokenizer, d["messages"])
                      for d in demos[step * batch_size:(step + 1) * batch_size]]
@@ -178,7 +180,7 @@ class OrchestratorActor(Actor):
         cfg = self.cfg
         num_steps, staleness = cfg["num_steps"], cfg["max_staleness"]
         sampling = {**cfg["sampling"], "stop": list(STOP_STRINGS)}
-        tasks = self.task.train_tasks(seed=cfg["seed"])
+        tasks = self.task.train_tasks(seed=cfg["seed"], options=cfg["task_options"])
         batches: dict[int, list] = {}
         done_events = {b: anyio.Event() for b in range(num_steps)}
         trained = anyio.Event()

@@ -140,8 +140,12 @@ def answer_matches(answer: str, expected: int) -> bool:
     return value.is_integer() and int(value) == expected
 
 
-def prompt_messages(question: str, *, use_system_prompt: bool = True) -> list[dict]:
-    """The first observation of an arithmetic episode (demonstrations use the same)."""
+def prompt_messages(question: str, *, use_system_prompt: bool = True,
+                    include_instructions: bool = True) -> list[dict]:
+    """The first observation of an arithmetic episode (demonstrations use the same).
+    Without instructions the format must come from a supervised warm start (tiny models)."""
+    if not include_instructions:
+        return [{"role": "user", "content": question}]
     if use_system_prompt:
         return [{"role": "system", "content": TOOL_INSTRUCTIONS}, {"role": "user", "content": question}]
     return [{"role": "user", "content": f"{TOOL_INSTRUCTIONS}\n\n{question}"}]
@@ -152,6 +156,7 @@ class ArithmeticEnv(Environment):
 
     Options: max_tool_calls (default 2; more calls are not run, the model is told to answer),
     tool_timeout_s (default 5.0), format_weight (default 0.1), use_system_prompt (default True),
+    include_instructions (default True; False: the bare question, for a warm-started tiny model),
     max_turns (default 4).
     """
 
@@ -162,7 +167,8 @@ class ArithmeticEnv(Environment):
         self.num_tool_calls = 0
         self.all_well_formed = True
         return prompt_messages(task["question"],
-                               use_system_prompt=bool(self.options.get("use_system_prompt", True)))
+                               use_system_prompt=bool(self.options.get("use_system_prompt", True)),
+                               include_instructions=bool(self.options.get("include_instructions", True)))
 
     def _reward(self, correct: bool) -> Reward:
         return Reward({"correct": float(correct), "format": float(self.all_well_formed)},

@@ -33,11 +33,13 @@ class DemonstrationError(ValueError):
     """A demonstration that is not {"messages": [{"role", "content"}, ...]} with an assistant turn."""
 
 
-def arithmetic_demonstration(task: dict, *, use_system_prompt: bool = True) -> dict:
+def arithmetic_demonstration(task: dict, *, use_system_prompt: bool = True,
+                             include_instructions: bool = True) -> dict:
     """The demonstration for one arithmetic task (a `train_tasks` item)."""
     value = arithmetic.evaluate(task["expression"])
     output = format_tool_output(ExecResult(Status.OK, exit_code=0, stdout=f"{value}\n".encode()))
-    messages = arithmetic.prompt_messages(task["question"], use_system_prompt=use_system_prompt)
+    messages = arithmetic.prompt_messages(task["question"], use_system_prompt=use_system_prompt,
+                                          include_instructions=include_instructions)
     messages += [{"role": "assistant", "content": format_tool_call(f"print({task['expression']})")},
                  {"role": "user", "content": output},
                  {"role": "assistant", "content": format_answer(str(value))}]
@@ -47,8 +49,10 @@ def arithmetic_demonstration(task: dict, *, use_system_prompt: bool = True) -> d
 def arithmetic_demonstrations(num: int, seed: int = 0, options: dict | None = None) -> list[dict]:
     """`num` demonstrations from training problems (seed `seed`; the same knobs as the task)."""
     use_system = bool((options or {}).get("use_system_prompt", True))
+    instructions = bool((options or {}).get("include_instructions", True))
     tasks = itertools.islice(arithmetic.train_tasks(seed, options), num)
-    return [arithmetic_demonstration(t, use_system_prompt=use_system) for t in tasks]
+    return [arithmetic_demonstration(t, use_system_prompt=use_system, include_instructions=instructions)
+            for t in tasks]
 
 
 def code_demonstrations(seed: int = 0, options: dict | None = None) -> list[dict]:

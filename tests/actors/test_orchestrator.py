@@ -1,0 +1,125 @@
+"""The RL loop end to end: `postrain up` with every role a real process, on a tiny budget.
+
+Checks what a user relies on after a run: a summary with the evaluations and the ledger, a
+balanced ledger, per-step metrics, a checkpoint, and that an environment that raises costs
+only its samples (dropped with the reason) while training goes on.
+"""
+import json
+import subprocess
+import sys
+import textwrap
+
+from postrain.actors.orchestrator import chat_to_tokens
+from postrain.actors.tokenizer import byte_tokenizer
+from postrain.core.ledger import read_events
+from postrain.core.metrics import read_metrics
+
+FLAKY_TASK = '''
+from postrain.actors.tasks import get_task
+from postrain.actors.tasks.arithmetic import ArithmeticEnv
+from postrain.actors import TaskSpec
+
+class FlakyEnv(ArithmeticEnv):
+    async def reset(self, task):
+        if "7" in task["question"]:
+            raise ValueError("this environment dislikes sevens")
+        return await super().reset(task)
+
+_base = get_task("arithmetic")
+TASK = TaskSpec("flaky", FlakyEnv, train=_base.train_tasks, eval=_base.eval_tasks,
+                demos=_base.demonstrations)
+'''
+
+CONFIG = """
+[run]
+name = "e2e"
+run_dir = "{run_dir}"
+driver = "orchestrator"
+[head]
+heartbeat_interval_s = 0.5
+heartbeat_timeout_s = 120
+[[actors]]
+name = "sandbox"
+cls = "postrain.actors.sandbox_actor:SandboxActor"
+cpus = 0.2
+memory_mb = 0
+options = {{ mode = "warm", num_workers = 1 }}
+[[actors]]
+name = "generator"
+cls = "postrain.actors.generator_actor:GeneratorActor"
+cpus = 0.5
+memory_mb = 0
+options = {{ model = "tiny", kv_cache_mb = 16 }}
+[[actors]]
+name = "learner"
+cls = "postrain.actors.learner_actor:LearnerActor"
+cpus = 0.5
+memory_mb = 0
+options = {{ learner = {{ model = "tiny", lr = 1e-3 }} }}
+[[actors]]
+name = "env"
+cls = "postrain.actors.env_actor:EnvironmentActor"
+cpus = 0.1
+memory_mb = 0
+options = {{ task = "{task}", env_options = {{ include_instructions = false, max_digits = 1 }} }}
+[[actors]]
+name = "orchestrator"
+cls = "postrain.actors.orchestrator:OrchestratorActor"
+cpus = 0.1
+memory_mb = 0
+options = {{ task = "{task}", num_steps = 2, prompts_per_step = 3, samples_per_prompt = 2, max_staleness = 1, sft_steps = 2, sft_batch_size = 4, num_eval_tasks = 4, task_options = {{ include_instructions = false, max_digits = 1 }}, sampling = {{ max_new_tokens = 24 }} }}
+"""
+
+
+def run_up(tmp_path, task):
+    (tmp_path / "flaky_task.py").write_text(FLAKY_TASK)
+    config = tmp_path / "run.toml"
+    config.write_text(CONFIG.format(run_dir=tmp_path / "runs", task=task))
+    env = {**__import__("os").environ, "PYTHONPATH": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-m", "postrain.core.cli", "up", "--config", str(config)],
+                            capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return tmp_path / "runs" / "e2e", result.stdout
+
+
+def test_up_runs_eval_warm_start_and_grpo_steps_and_accounts_for_every_sample(tmp_path):
+    folder, stdout = run_up(tmp_path, "arithmetic")
+    assert "held-out accuracy before" in stdout and "step 2/2" in stdout
+    summary = json.loads((folder / "summary.json").read_text())
+    assert {"eval_before", "eval_after", "steps", "samples", "ledger"} <= set(summary)
+    ledger = summary["ledger"]
+    assert summary["steps"] == 2 and ledger["created"] == 2 * 3 * 2
+    assert ledger["created"] == ledger["in_flight"] + ledger["trained"] + ledger["dropped"]
+    assert ledger["in_flight"] == 0 and summary["samples"] == ledger["trained"]
+    train_rows = read_metrics(folder, "train")
+    assert [row["step"] for row in train_rows] == [1, 2]
+    assert all("loss" in row and "reward_mean" in row for row in train_rows)
+    assert len(read_metrics(folder, "sft")) == 2
+    assert (folder / "checkpoint").is_dir()
+    first = read_events(folder / "ledger.jsonl", "b0-g0-s0")
+    assert [e["event"] for e in first] == ["created", "generated", "rewarded", "trained"]
+
+
+def test_an_environment_that_raises_loses_only_its_samples(tmp_path):
+    folder, _ = run_up(tmp_path, "flaky_task:TASK")
+    summary = json.loads((folder / "summary.json").read_text())
+    ledger = summary["ledger"]
+    assert ledger["created"] == ledger["trained"] + ledger["dropped"]
+    reasons = " ".join(ledger["drop_reasons"])
+    # seed 0: the first step's prompts hold no 7, all of the second step's do
+    assert ledger["trained"] == 6 and ledger["dropped"] == 6 and "dislikes sevens" in reasons
+    events = [e for e in read_events(folder / "ledger.jsonl") if e["event"] == "dropped"]
+    assert all(e["reason"] for e in events)
+
+
+def test_chat_to_tokens_masks_exactly_the_assistant_turns():
+    tok = byte_tokenizer()
+    messages = [{"role": "user", "content": "What is 2 + 3?"},
+                {"role": "assistant", "content": "<python>\nprint(2 + 3)\n</python>"},
+                {"role": "user", "content": "<output>\n5\n</output>"},
+                {"role": "assistant", "content": "<answer>5</answer>"}]
+    ids, mask = chat_to_tokens(tok, messages)
+    assert tok.decode(ids) == tok.apply_chat_template(messages, add_generation_prompt=False)
+    taught = tok.decode([i for i, m in zip(ids, mask) if m])
+    assert "<python>\nprint(2 + 3)\n</python>" in taught and "<answer>5</answer>" in taught
+    assert "What is" not in taught and "<output>" not in taught
