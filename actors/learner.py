@@ -57,6 +57,7 @@ class LearnerConfig:
     reference_model: str | dict | None = None   # frozen KL reference: None, "initial" (a copy) or a spec
     # optimizer and schedule
     lr: float = 1e-6                       # peak learning rate
+    rl_lr: float | None = None             # constant lr of RL steps after a warm start (None: the schedule)
     weight_decay: float = 0.0              # AdamW decoupled weight decay
     betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = 1e-8
@@ -97,6 +98,7 @@ class LearnerConfig:
              f"logprob_path must be one of {LOGPROB_PATHS}, got {self.logprob_path!r}"),
             (self.dtype in _DTYPES, f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}"),
             (self.lr > 0, f"lr must be > 0, got {self.lr}"),
+            (self.rl_lr is None or self.rl_lr > 0, f"rl_lr must be > 0 or unset, got {self.rl_lr}"),
             (self.micro_batch_size >= 1, f"micro_batch_size must be >= 1, got {self.micro_batch_size}"),
             (self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}"),
             (self.lr_schedule != "cosine" or self.total_steps > self.warmup_steps,
@@ -216,7 +218,7 @@ class Learner:
                                  + [float(loss.detach()), m["num_tokens"], gap_sum, gap_count,
                                     float(mb.attention_mask.sum())], dtype=torch.float64)
             gap_max = torch.maximum(gap_max, torch.tensor(mb_gap_max, dtype=torch.float64))
-        metrics = self._finish_step(sums, gap_max, start)
+        metrics = self._finish_step(sums, gap_max, start, rl=True)
         metrics.update(adv_metrics)
         metrics.update(self._staleness(packed))
         self.kl.update(metrics["kl"], 1)
@@ -239,7 +241,7 @@ class Learner:
             sums[ent_idx] += float((entropy.detach() * mask).sum())
             sums[-5:] += torch.tensor([float(loss.detach()), float(mask.sum()), 0.0, 0.0,
                                        float(mb.attention_mask.sum())], dtype=torch.float64)
-        metrics = self._finish_step(sums, torch.zeros((), dtype=torch.float64), start)
+        metrics = self._finish_step(sums, torch.zeros((), dtype=torch.float64), start, rl=False)
         keep = ("loss", "entropy", "grad_norm", "lr", "num_tokens", "num_real_tokens", "tokens_per_s",
                 "step_time_s", "step", "policy_version")
         return {k: metrics[k] for k in keep}
@@ -374,7 +376,8 @@ class Learner:
         lag = (self.policy_version - 1 - packed.policy_versions[known]).float()  # version before the step
         return {"staleness_mean": float(lag.mean()), "staleness_max": float(lag.max())}
 
-    def _finish_step(self, sums: torch.Tensor, gap_max: torch.Tensor, start: float) -> dict[str, float]:
+    def _finish_step(self, sums: torch.Tensor, gap_max: torch.Tensor, start: float,
+                     rl: bool) -> dict[str, float]:
         """All-reduce gradients and metric sums, clip, step AdamW, advance the counters."""
         self._all_reduce_grads()
         self._all_reduce(sums)
@@ -383,7 +386,7 @@ class Learner:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm))
         else:
             grad_norm = rl_ops.global_grad_norm(self.params)
-        lr = self.lr_at(self.step)
+        lr = self.config.rl_lr if rl and self.config.rl_lr is not None else self.lr_at(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()

@@ -26,9 +26,9 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
 
@@ -40,10 +40,20 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+def _check_name(value: str) -> str:
+    if not _NAME_RULE.match(value):
+        raise ValueError("must start with a letter and hold only letters, digits, _ and -, "
+                         "at most 40 characters")
+    return value
+
+
+Name = Annotated[str, AfterValidator(_check_name)]
+
+
 class ActorSpec(_Strict):
     """What the supervisor needs to start, place and restart one actor."""
 
-    name: str = Field(description="unique actor name; letters, digits, _ and -, 1-40 chars")
+    name: Name = Field(description="unique actor name; letters, digits, _ and -, 1-40 chars")
     cls: str = Field(description="import path of the Actor subclass, 'package.module:Class'")
     options: dict[str, Any] = Field(default_factory=dict, description="passed to the actor as self.options")
     cpus: float = Field(1.0, gt=0, description="CPU cores it needs (fractions share a core)")
@@ -54,14 +64,6 @@ class ActorSpec(_Strict):
     start_timeout_s: float = Field(60.0, gt=0, description="how long to wait for READY")
     stop_timeout_s: float = Field(5.0, gt=0, description="wait after STOP before a kill")
     bind: str = Field("ipc", description="'ipc' (one host) or a tcp address like 'tcp://0.0.0.0:5555'")
-
-    @field_validator("name")
-    @classmethod
-    def _check_name(cls, value: str) -> str:
-        if not _NAME_RULE.match(value):
-            raise ValueError("must start with a letter and hold only letters, digits, _ and -, "
-                             "at most 40 characters")
-        return value
 
     @field_validator("cls")
     @classmethod
@@ -79,19 +81,12 @@ class ActorSpec(_Strict):
 
 
 class RunSection(_Strict):
-    name: str = Field("run", description="run name; the run folder is run_dir/name")
+    name: Name = Field("run", description="run name; the run folder is run_dir/name")
     run_dir: str = Field("runs", description="folder holding run folders (checkpoints, logs, metrics)")
     seed: int = Field(0, description="seed for data order, sampling and init")
     driver: str | None = Field(None, description="actor that drives the run: `postrain up` streams its "
                                "`run` handler's progress and stops the run when it ends; none: run until "
                                "`postrain down` or Ctrl-C")
-
-    @field_validator("name")
-    @classmethod
-    def _check_name(cls, value: str) -> str:
-        if not _NAME_RULE.match(value):
-            raise ValueError("must start with a letter and hold only letters, digits, _ and -")
-        return value
 
 
 class HeadSection(_Strict):
