@@ -116,11 +116,12 @@ class OrchestratorActor(Actor):
         checkpoint = await self.learner.ask("save_checkpoint", {"path": str(folder / "checkpoint"),
                                                                 "extra": {"ledger": self.ledger.counts()}},
                                             timeout_s=600)
+        policy = await self.learner.ask("export_hf", {"path": str(folder / "policy")}, timeout_s=600)
         self.ledger.check()
         summary = {"eval_before": eval_before, "eval_after_sft": eval_after_sft, "eval_after": eval_after,
                    "steps": steps, "sft_steps": self.cfg["sft_steps"], "samples": self.ledger.counts()["trained"],
                    "ledger": self.ledger.counts(), "wall_s": round(time.time() - start, 1),
-                   "checkpoint": checkpoint["path"], "task": self.cfg["task"],
+                   "checkpoint": checkpoint["path"], "policy": policy["path"], "task": self.cfg["task"],
                    "max_staleness": self.cfg["max_staleness"]}
         (folder / "summary.json").write_text(json.dumps(summary, indent=2))
         self.ledger.close()

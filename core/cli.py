@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, str] = {
     "bench": "postrain.core.bench_cli",
     "sandbox": "postrain.core.sandbox_cli",
     "generate": "postrain.actors.generate_cli",
+    "eval": "postrain.actors.eval_cli",
 }
 
 

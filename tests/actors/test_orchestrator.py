@@ -7,7 +7,6 @@ only its samples (dropped with the reason) while training goes on.
 import json
 import subprocess
 import sys
-import textwrap
 
 from postrain.actors.orchestrator import chat_to_tokens
 from postrain.actors.tokenizer import byte_tokenizer
@@ -98,6 +97,14 @@ def test_up_runs_eval_warm_start_and_grpo_steps_and_accounts_for_every_sample(tm
     assert (folder / "checkpoint").is_dir()
     first = read_events(folder / "ledger.jsonl", "b0-g0-s0")
     assert [e["event"] for e in first] == ["created", "generated", "rewarded", "trained"]
+    # the exported policy is a model folder that `postrain eval` scores in the real sandbox
+    result = subprocess.run([sys.executable, "-m", "postrain.core.cli", "eval", "--model", str(folder / "policy"),
+                             "--task", "arithmetic", "--num-tasks", "3", "--max-tokens", "24", "--json",
+                             "--task-options", '{"include_instructions": false, "max_digits": 1}'],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    scored = json.loads(result.stdout.strip().splitlines()[-1])
+    assert scored["num_tasks"] == 3 and 0.0 <= scored["accuracy"] <= 1.0
 
 
 def test_an_environment_that_raises_loses_only_its_samples(tmp_path):
