@@ -259,7 +259,8 @@ class OrchestratorActor(Actor):
             self.ledger.advance(sample_id, "trained", step=b + 1)
         sync = await self._publish()
         correct = statistics.fmean(r.components.get("correct", r.total) for _, _, r in samples)
-        staleness = [metrics.get("policy_version", 0) - min([v for v in ro["policy_versions"] if v >= 0] or [0])
+        trained_version = metrics.get("policy_version", 1) - 1  # the weights this step started from
+        staleness = [trained_version - min([v for v in ro["policy_versions"] if v >= 0] or [trained_version])
                      for _, ro, _ in samples]
         learner_figures = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
         self.metrics.log("train", **{**learner_figures, "step": b + 1, "reward_mean": statistics.fmean(rewards),
