@@ -120,7 +120,8 @@ class EnvironmentActor(Actor):
             conversation.append({"role": "assistant", "content": action})
             result = await checked_step(env, action, timeout_s=self.step_timeout_s)
             num_turns += 1
-            statuses.append(result.info.get("tool_status")) if result.info else None
+            if result.info and result.info.get("tool_status"):
+                statuses.append(result.info["tool_status"])
             if result.done:
                 reward = result.reward
                 break
@@ -135,4 +136,4 @@ class EnvironmentActor(Actor):
             reward = await checked_truncated(env, timeout_s=self.step_timeout_s)
         return {"token_ids": ids, "loss_mask": mask, "behavior_logprobs": logprobs,
                 "policy_versions": versions, "reward": reward.to_dict(), "num_turns": num_turns,
-                "num_policy_tokens": sum(mask), "tool_statuses": [s for s in statuses if s]}
+                "num_policy_tokens": sum(mask), "tool_statuses": statuses}

@@ -201,7 +201,6 @@ class OrchestratorActor(Actor):
 
         async with anyio.create_task_group() as tg:
             async def producer():
-                nonlocal trained
                 for b in range(num_steps):
                     while b - self.num_trained > staleness and not self.stopping:
                         await trained.wait()

@@ -8,7 +8,8 @@ from .actor import Actor, handler, import_object
 from .config import ActorSpec, RunConfig, load_config, parse_config
 from .errors import (ActorDiedError, ActorError, ActorStartError, ActorTimeoutError, AuthenticationError,
                      ConfigError, PlacementError, PostrainError, RemoteError)
-from .node import ActorRef, Node, Reply
+from .inbox import Reply
+from .node import ActorRef, Node
 from .scheduler import Inventory, Placement, Scheduler
 from .supervisor import ActorEvent, Supervisor
 from .transport import CurveKeys

@@ -43,7 +43,8 @@ from typing import Any, ClassVar
 import anyio
 
 from . import wire
-from .node import Handler, Inbox, Node
+from .inbox import Handler, Inbox
+from .node import Node
 from .transport import CurveKeys
 
 log = logging.getLogger("postrain.core")

@@ -29,7 +29,8 @@ from . import wire
 from .actor import run_actor_process
 from .config import ActorSpec
 from .errors import ActorStartError
-from .node import ActorRef, Handler, Inbox, Node
+from .inbox import Handler, Inbox
+from .node import ActorRef, Node
 from .scheduler import Placement, Scheduler
 from .transport import CurveKeys, ipc_address, is_beyond_loopback, make_socket_dir
 
