@@ -21,6 +21,7 @@ import time
 
 import anyio
 import numpy as np
+import torch
 import zmq
 
 from postrain.core import ActorSpec, Scheduler, Supervisor
@@ -103,7 +104,7 @@ async def _measure_actors(num_calls: int, num_oneway: int, repeats: int) -> dict
         for _ in range(200):
             await ref.ask("echo", PAYLOAD)
         rtts, rates, bulk = [], [], []
-        tensor = __import__("torch").ones(TENSOR_BYTES // 4, dtype=__import__("torch").float32)
+        tensor = torch.ones(TENSOR_BYTES // 4, dtype=torch.float32)
         for _ in range(repeats):
             for _ in range(num_calls):
                 start = time.perf_counter()

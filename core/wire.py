@@ -139,7 +139,8 @@ def _encode_torch(tensor, buffers: list, shm_min_bytes: int | None):
         raise WireError(f"torch dtype {dtype} is not supported on the wire; "
                         f"use one of {sorted(_TORCH_DTYPES)}")
     tensor = tensor.detach().contiguous()
-    raw = tensor.view(-1).view(__import__("torch").uint8).numpy() if tensor.numel() else b""
+    torch = sys.modules["torch"]  # a tensor exists, so torch is imported
+    raw = tensor.view(-1).view(torch.uint8).numpy() if tensor.numel() else b""
     return _place(memoryview(raw).cast("B") if len(raw) else b"", dtype, tuple(tensor.shape),
                   True, buffers, shm_min_bytes)
 

@@ -5,6 +5,7 @@ balanced ledger, per-step metrics, a checkpoint, and that an environment that ra
 only its samples (dropped with the reason) while training goes on.
 """
 import json
+import os
 import subprocess
 import sys
 
@@ -74,7 +75,7 @@ def run_up(tmp_path, task):
     (tmp_path / "flaky_task.py").write_text(FLAKY_TASK)
     config = tmp_path / "run.toml"
     config.write_text(CONFIG.format(run_dir=tmp_path / "runs", task=task))
-    env = {**__import__("os").environ, "PYTHONPATH": str(tmp_path)}
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     result = subprocess.run([sys.executable, "-m", "postrain.core.cli", "up", "--config", str(config)],
                             capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -1,4 +1,6 @@
 """The wire codec: round trips of nested values and arrays, and typed errors for bad frames."""
+import os
+
 import msgpack
 import numpy as np
 import pytest
@@ -76,7 +78,7 @@ def test_large_tensors_go_through_shared_memory_and_leave_no_file_behind(tmp_pat
     got = decode(frames).body
     assert torch.equal(got, tensor)
     got[0, 0] = 1.0  # the receiver may write its private copy
-    assert not __import__("os").path.exists(path), "the receiver unlinks the file it maps"
+    assert not os.path.exists(path), "the receiver unlinks the file it maps"
 
 
 def test_unsupported_values_are_refused_with_a_clear_error():
