@@ -114,10 +114,9 @@ async def test_curve_refuses_a_peer_without_an_accepted_key_and_accepts_the_runs
         ref = await sup.start(spec("public", bind="tcp://0.0.0.0:0"))
         assert ref.address.startswith("tcp://")
         assert await ref.ask("echo", "trusted") == "trusted"
-        port = ref.address.rsplit(":", 1)[1]
         stranger_keys = CurveKeys.generate()
         stranger_keys = CurveKeys(keys.server_public, b"", stranger_keys.client_public,
                                   stranger_keys.client_secret)
         async with Node("stranger", stranger_keys) as stranger:
             with pytest.raises(AuthenticationError, match="refused our CurveZMQ key"):
-                await stranger.ref(f"tcp://127.0.0.2:{port}").ask("echo", "x", timeout_s=10)
+                await stranger.ref(ref.address).ask("echo", "x", timeout_s=10)
