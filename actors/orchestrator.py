@@ -96,7 +96,6 @@ class OrchestratorActor(Actor):
         self.ledger = SampleLedger(folder / "ledger.jsonl")
         self.metrics = MetricsWriter(folder)
         self.learner = await self.lookup(self.cfg["learner"])
-        self.generators = [await self.lookup(name) for name in self.cfg["generators"]]
         self.env_cycle = itertools.cycle([await self.lookup(name) for name in self.cfg["envs"]])
         start = time.time()
         emit(f"evaluating the initial policy on {self.cfg['num_eval_tasks']} held-out tasks")

@@ -71,6 +71,7 @@ class Inbox:
         sock.bind(address)
         self.bound_address = sock.last_endpoint.decode()
         self._sock = AsyncSocket(sock)
+        self._shm_min_bytes = node.shm_min_bytes_for(address)  # decided once, not per reply
         node._closers.append(self.close)
         self.num_queued = 0       # decoded, waiting for the dispatcher
         self.num_in_flight = 0    # handlers running
@@ -162,7 +163,7 @@ class Inbox:
             return
         msg = wire.Message(kind, self.node.next_msg_id(), corr_id, self.node.name, policy_version, body)
         try:
-            frames = self.node.encode(msg, self.address)
+            frames = wire.encode(msg, self._shm_min_bytes)
         except wire.WireError as exc:
             await self.post_error(identity, corr_id, "WireError", f"cannot encode the reply: {exc}")
             return

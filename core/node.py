@@ -93,9 +93,10 @@ class Node:
     def next_msg_id(self) -> int:
         return next(self._msg_ids)
 
-    def encode(self, msg: wire.Message, address: str) -> list:
+    def shm_min_bytes_for(self, address: str) -> int | None:
+        """Shared memory only between processes on one host (ipc, or tcp on loopback)."""
         local = not address.startswith("tcp://") or not is_beyond_loopback(address)
-        return wire.encode(msg, self.shm_min_bytes if local else None)
+        return self.shm_min_bytes if local else None
 
     def spawn(self, fn: Callable[..., Awaitable], *args) -> None:
         self._task_group.start_soon(fn, *args)
@@ -173,6 +174,7 @@ class ActorRef:
         self._monitor = AsyncSocket(_monitor_socket(node.context, sock))
         sock.connect(address)
         self._sock = AsyncSocket(sock)
+        self._shm_min_bytes = node.shm_min_bytes_for(address)  # decided once, not per message
         self._pending: dict[int, _Pending] = {}
         self._connected = anyio.Event()
         self._auth_error: AuthenticationError | None = None
@@ -261,8 +263,8 @@ class ActorRef:
             f"{timeout_s} s; check that it is running (`postrain status`) or raise timeout_s")
 
     async def _send(self, msg_id, kind, body, policy_version, pending, timeout_s=None) -> None:
-        frames = self.node.encode(wire.Message(kind, msg_id, 0, self.node.name, policy_version, body),
-                                  self.address)
+        frames = wire.encode(wire.Message(kind, msg_id, 0, self.node.name, policy_version, body),
+                             self._shm_min_bytes)
         if pending is not None:
             self._pending[msg_id] = pending
         if self._auth_error is None and not self._closed and self._sock.send_nowait(frames):

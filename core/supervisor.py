@@ -208,10 +208,11 @@ class Supervisor:
                 start = len(self.events)
                 await self._event_added.wait()
 
-    async def wait_running(self, name: str, timeout_s: float = 30.0) -> None:
+    async def wait_running(self, name: str, timeout_s: float = 30.0, min_restarts: int = 0) -> None:
+        """Wait until actor `name` is running after at least `min_restarts` restarts."""
         record = self.records[name]
         with anyio.fail_after(timeout_s):
-            while record.state != "running":
+            while record.state != "running" or record.restarts < min_restarts:
                 await self._event_added.wait()
 
     def status(self) -> dict:
