@@ -118,9 +118,6 @@ class Actor:
         address = await self.head.ask("lookup", {"name": name}, timeout_s=timeout_s)
         return self.node.ref(address, name)
 
-    def request_stop(self) -> None:
-        self._stop_requested.set()
-
     def handlers(self) -> dict[str, Handler]:
         table = {}
         for kind, (attr, stream, concurrent) in self._handler_specs.items():

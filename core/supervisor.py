@@ -236,7 +236,6 @@ class Supervisor:
         payload = {"name": spec.name, "cls": spec.cls, "options": spec.options, "address": record.address,
                    "head_address": self.address, "incarnation": record.incarnation,
                    "cpu_ids": list(record.placement.cpu_ids), "num_threads": record.placement.num_threads,
-                   "gpu_ids": list(record.placement.gpu_ids),
                    "heartbeat_interval_s": self.heartbeat_interval_s,
                    "keys": self.keys.to_dict() if self.keys else None,
                    "log_path": os.path.join(self.log_dir, f"{spec.name}.log") if self.log_dir else None}
