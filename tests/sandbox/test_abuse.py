@@ -13,11 +13,7 @@ import textwrap
 
 import pytest
 
-from postrain.sandbox import Policy, Status
-from postrain.sandbox.policy import HOST_UID
-
-SMALL = Policy(wall_time_s=1.5, cpu_time_s=1, memory_mb=160, max_processes=24,
-               max_file_size_mb=4, work_dir_size_mb=8, max_open_files=32, max_output_bytes=64 * 1024)
+from postrain.sandbox import Status
 
 HOST_MARKERS = ["/tmp/postrain-pwned", "/root/postrain-pwned", "/postrain-pwned",
                 "/usr/postrain-pwned", "/dev/shm/postrain-pwned"]
@@ -43,23 +39,11 @@ PROBE = textwrap.dedent("""
 """)
 
 
-def sandbox_processes_on_host() -> list[int]:
-    import psutil
-    pids = []
-    for proc in psutil.process_iter(["uids"]):
-        uids = proc.info.get("uids")
-        if uids is not None and HOST_UID in (uids.real, uids.effective):
-            pids.append(proc.pid)
-    return pids
-
-
 @pytest.fixture(autouse=True)
-def _same_policy(small_policy):
-    assert small_policy == SMALL  # the shared sandboxes in conftest.py use these limits
-
-
-def check_host_clean():
-    assert sandbox_processes_on_host() == [], "a sandboxed process outlived its run"
+def host_stays_clean(host_sandbox_pids):
+    """After every attack: no sandboxed process outlived its run, nothing was written on the host."""
+    yield
+    assert host_sandbox_pids() == [], "a sandboxed process outlived its run"
     for path in HOST_MARKERS:
         assert not os.path.exists(path), f"the code wrote {path} on the host"
 
@@ -77,13 +61,10 @@ def check_next_run_clean(sandbox):
     assert probe["uid"] == 1000
     assert "POSTRAIN_CANARY_SECRET" not in probe["env"]
     assert worker.num_restarts == restarts           # the attack did not take the worker down
-    check_host_clean()
 
 
 def attack(sandbox, code, **kwargs):
-    result = sandbox.run(textwrap.dedent(code), **kwargs)
-    check_host_clean()
-    return result
+    return sandbox.run(textwrap.dedent(code), **kwargs)
 
 
 def test_fork_bomb(sandbox):
@@ -109,8 +90,8 @@ def test_memory_bomb(sandbox):
     check_next_run_clean(sandbox)
 
 
-def test_cpu_spin(sandbox):
-    result = attack(sandbox, "while True:\n    pass\n", policy=SMALL.replace(wall_time_s=30.0))
+def test_cpu_spin(sandbox, small_policy):
+    result = attack(sandbox, "while True:\n    pass\n", policy=small_policy.replace(wall_time_s=30.0))
     assert result.status is Status.TIMEOUT
     assert result.signal in (signal.SIGXCPU, signal.SIGKILL)  # RLIMIT_CPU (1 s) ended it
     assert result.wall_s < 30.0
@@ -144,15 +125,15 @@ def test_one_huge_file(sandbox):
     check_next_run_clean(sandbox)
 
 
-def test_stdout_flood(sandbox):
+def test_stdout_flood(sandbox, small_policy):
     result = attack(sandbox, """
         import sys
         chunk = "x" * 65536
         while True:
             sys.stdout.write(chunk)
-    """, policy=SMALL.replace(wall_time_s=10.0))
+    """, policy=small_policy.replace(wall_time_s=10.0))
     assert result.status is Status.OUTPUT_TRUNCATED
-    assert result.stdout_truncated and len(result.stdout) == SMALL.max_output_bytes
+    assert result.stdout_truncated and len(result.stdout) == small_policy.max_output_bytes
     assert result.wall_s < 10.0  # killed on the flood, not at the wall limit
     check_next_run_clean(sandbox)
 
@@ -195,7 +176,7 @@ def test_network_egress(sandbox):
     check_next_run_clean(sandbox)
 
 
-def test_read_host_secrets(sandbox):
+def test_read_host_secrets(sandbox, small_policy):
     result = attack(sandbox, """
         import os
         found = []
@@ -213,7 +194,7 @@ def test_read_host_secrets(sandbox):
     assert found == []
     assert root_listing == [".pyenv"] or root_listing == []  # only the Python prefix's path
     assert "POSTRAIN_CANARY_SECRET" not in env
-    assert set(env) == {key for key, _ in SMALL.env}
+    assert set(env) == {key for key, _ in small_policy.env}
     check_next_run_clean(sandbox)
 
 
@@ -325,7 +306,7 @@ def test_setuid(sandbox):
     check_next_run_clean(sandbox)
 
 
-def test_exhaust_file_descriptors(sandbox):
+def test_exhaust_file_descriptors(sandbox, small_policy):
     host_fds = len(os.listdir("/proc/self/fd"))
     result = attack(sandbox, """
         fds = []
@@ -337,7 +318,7 @@ def test_exhaust_file_descriptors(sandbox):
     """)
     assert result.status is Status.OK, result.stderr
     count, errno_ = map(int, result.stdout.split())
-    assert count < SMALL.max_open_files and errno_ == 24  # EMFILE
+    assert count < small_policy.max_open_files and errno_ == 24  # EMFILE
     assert len(os.listdir("/proc/self/fd")) == host_fds
     check_next_run_clean(sandbox)
 
