@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from postrain.actors.model import LlamaModel, PagedBatch
+from postrain.actors.model import Float16Weights, LlamaModel, PagedBatch
 from postrain.actors.sampling import SamplingParams, make_generator, sample_rows
 from postrain.ext import KVBlockPool
 
@@ -108,13 +108,22 @@ class _Prefill:
 class Engine:
     """Continuous-batching generator over `model` with a paged KV cache (see module docstring)."""
 
-    def __init__(self, model: LlamaModel, tokenizer=None, *, block_size_tokens: int = 16,
+    # 8-token blocks: a sequence's last, partial block wastes 3.5 slots on average instead of
+    # 7.5 (KV utilisation ~0.92 instead of ~0.86 on 40-token chat prompts plus 64 new tokens).
+    DEFAULT_BLOCK_SIZE_TOKENS = 8
+
+    def __init__(self, model: LlamaModel, tokenizer=None, *, block_size_tokens: int = DEFAULT_BLOCK_SIZE_TOKENS,
                  num_blocks: int | None = None, kv_cache_mb: float = 256.0, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 4096, enable_prefix_caching: bool = True,
-                 policy_version: int = 0, seed: int = 0):
+                 policy_version: int = 0, seed: int = 0, weight_precision: str = "float32"):
+        """weight_precision: "float32" multiplies by the model's own weights (what the learner
+        scores); "float16" by float16 copies of them (`model.Float16Weights`: x86 CPU, half the
+        weight bytes per token, logprobs off by the rounding of the weights)."""
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise EngineError(f"max_num_seqs and max_num_batched_tokens must be >= 1, got "
                               f"{max_num_seqs} and {max_num_batched_tokens}")
+        if weight_precision not in ("float32", "float16"):
+            raise EngineError(f"weight_precision must be 'float32' or 'float16', got {weight_precision!r}")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.config = model.config
@@ -129,6 +138,9 @@ class Engine:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.policy_version = policy_version
+        self.weight_precision = weight_precision
+        # Invariant: None, or float16 copies of the model's current weights (refreshed per step).
+        self._float16_weights = Float16Weights(model) if weight_precision == "float16" else None
         self._rng = torch.Generator().manual_seed(seed)
         self._ids = itertools.count()
         self._waiting: deque[_Prefill] = deque()     # FIFO; preempted sequences re-enter at the front
@@ -168,6 +180,8 @@ class Engine:
         decodes = self._reserve_decode_slots()
         prefills = self._admit(len(decodes))
         finished: list[RequestOutput] = []
+        if self._float16_weights is not None and self._float16_weights.is_stale():
+            self._float16_weights = Float16Weights(self.model)     # weights swapped or trained in place
         with torch.inference_mode():
             if decodes:
                 logits = self._forward_decode(decodes)
@@ -336,7 +350,8 @@ class Engine:
         slots = tables.gather(1, positions // block_size) * block_size + positions % block_size
         input_ids = torch.tensor([s.token_ids[-1] for s in seqs])[:, None]
         batch = PagedBatch(positions.to(device), slots.to(device), tables.to(device),
-                           (positions[:, 0] + 1).to(device), self.kv_caches)
+                           (positions[:, 0] + 1).to(device), self.kv_caches, num_padding=0,
+                           weights=self._float16_weights)
         return self.model(input_ids.to(device), paged=batch,
                           logits_to_keep=torch.zeros(len(seqs), dtype=torch.long, device=device))
 
@@ -358,7 +373,7 @@ class Engine:
         slots = torch.where(valid, slots, torch.full_like(slots, -1))
         context = torch.tensor([len(p.seqs[0].token_ids) for p in prefills])
         batch = PagedBatch(positions.to(device), slots.to(device), tables.to(device),
-                           context.to(device), self.kv_caches)
+                           context.to(device), self.kv_caches, weights=self._float16_weights)
         return self.model(input_ids.to(device), paged=batch, logits_to_keep=(lengths - 1).to(device))
 
     # ------------------------------------------------------------------ sampling and finishing
@@ -368,7 +383,8 @@ class Engine:
         """Row i of logits feeds every sequence of groups[i] (n samples share a prefill)."""
         rows = [i for i, group in enumerate(groups) for _ in group]
         seqs = [s for group in groups for s in group]
-        tokens, logprobs = sample_rows(logits[rows], [s.request.params for s in seqs],
+        picked = logits if len(rows) == logits.shape[0] else logits[rows]   # one row per group: as is
+        tokens, logprobs = sample_rows(picked, [s.request.params for s in seqs],
                                        [s.generator for s in seqs])
         for seq, token, logprob in zip(seqs, tokens, logprobs):
             seq.token_ids.append(token)

@@ -4,6 +4,7 @@
     name = "generator"
     cls = "postrain.actors.generator_actor:GeneratorActor"
     options = { model = "tiny", kv_cache_mb = 64, max_num_seqs = 32, seed = 0 }
+    # weight_precision = "float16": float16 weight copies (x86 CPU), see Engine
 
 Messages:
 - `generate` {"prompt_ids": [int] (or "prompt": str), "sampling": {SamplingParams fields}}
@@ -48,7 +49,8 @@ class GeneratorActor(Actor):
         options = self.options
         self.model, self.tokenizer = load_model(options.get("model", "tiny"), seed=options.get("seed", 0))
         self.engine = Engine(self.model, self.tokenizer, kv_cache_mb=options.get("kv_cache_mb", 64),
-                             max_num_seqs=options.get("max_num_seqs", 32), seed=options.get("seed", 0))
+                             max_num_seqs=options.get("max_num_seqs", 32), seed=options.get("seed", 0),
+                             weight_precision=options.get("weight_precision", "float32"))
         self._request_ids = itertools.count()
         self._new_requests: list[tuple[str, list[int] | str, SamplingParams]] = []
         self._waiters: dict[str, _Waiter] = {}       # request id -> its caller, until answered

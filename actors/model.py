@@ -14,7 +14,9 @@ layer, `(num_blocks, block_size_tokens, num_kv_heads, head_dim)`) at its slot,
 then gathers every sequence's keys and values back through its block table and
 attends with a causal mask on absolute positions. Both paths call the same
 rotary, projection and attention code, so the generator's logprobs equal the
-learner's up to float rounding (tests/actors/test_model.py pins it).
+learner's up to float rounding (tests/actors/test_model.py pins it). A paged
+batch may carry `Float16Weights` (inference-only float16 copies of the linear
+weights, opt-in per engine); the learner's path never does.
 
 Run `python -m postrain.actors.model` to print the built-in configs' sizes.
 """
@@ -133,6 +135,15 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def group_mask(mask: torch.Tensor, groups: int) -> torch.Tensor:
+    """A (T, L) or (B|1, 1, T, L) mask repeated for the `groups` query heads that share a KV
+    head: (B|1, 1, groups * T, L), row g * T + t = row t (the layout of `_grouped_attention`)."""
+    if mask.dim() == 2:
+        mask = mask[None, None]
+    seq, keys = mask.shape[-2:]
+    return mask[:, :, None].expand(-1, -1, groups, -1, -1).reshape(mask.shape[0], 1, groups * seq, keys)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float):
         super().__init__()
@@ -140,6 +151,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)   # one op, same numbers
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -163,6 +176,7 @@ class PagedBatch:
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     # one (key, value) per layer, each (num_blocks, block_size_tokens, num_kv_heads, head_dim)
     num_padding: int = -1          # slots equal to -1; -1 = count them in __post_init__
+    weights: "Float16Weights | None" = None   # float16 copies of the linear weights; None = the model's
 
     def __post_init__(self):
         if self.num_padding < 0:
@@ -174,6 +188,61 @@ class PagedBatch:
         keys = torch.arange(self.block_tables.shape[1] * block_size, device=self.positions.device)
         mask = keys[None, None, :] <= self.positions[:, :, None]          # (B, T, L)
         return mask[:, None]
+
+    def attention_bias(self, groups: int, dtype: torch.dtype) -> torch.Tensor:
+        """(B, 1, groups * T, L) additive mask for grouped attention (0 or -inf), built once per
+        forward: every layer shares it, so no layer expands or converts a boolean mask."""
+        mask = group_mask(self.attention_mask(), groups)
+        bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+        return bias.masked_fill_(~mask, float("-inf"))
+
+
+class Float16Weights:
+    """Inference-only float16 copies of every linear weight of a float32 model (x86 CPU, fbgemm).
+
+    `project` multiplies float32 activations by the float16 copy (fbgemm widens it to float32
+    in registers and accumulates in float32): half the weight bytes per token, the matmuls
+    that bound decoding. Activations, the KV cache and the logits stay float32; only the
+    weights are rounded (relative error ~2e-4 per projection). The model's own parameters are
+    untouched, so training, scoring and checkpoints still see float32; a generator that
+    samples with these copies draws from a slightly different policy than the float32 model
+    the learner scores (the decoupled objective's behaviour policy; `postrain bench generate`
+    measures the logprob gap). The copies go stale when a parameter changes: `is_stale()`.
+    """
+
+    def __init__(self, model: "LlamaModel"):
+        if "fbgemm" not in torch.backends.quantized.supported_engines:
+            raise ModelConfigError("float16 inference weights need torch's fbgemm backend (x86 CPUs); "
+                                   "use weight_precision='float32' on this machine")
+        linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+        bad = [m.weight for m in linears if m.weight.dtype != torch.float32 or m.weight.device.type != "cpu"]
+        if bad:
+            raise ModelConfigError(f"float16 inference weights need a float32 model on the CPU, got "
+                                   f"{bad[0].dtype} on {bad[0].device}; use weight_precision='float32'")
+        self._linears = linears
+        self._key = self._parameters_key()
+        self._packed = {                        # module -> fbgemm packed float16 weight (+ float32 bias)
+            m: torch.ops.quantized.linear_prepack_fp16(
+                m.weight.detach(), None if m.bias is None else m.bias.detach())
+            for m in linears}
+
+    def _parameters_key(self) -> tuple:
+        params = [p for m in self._linears for p in (m.weight, m.bias) if p is not None]
+        return tuple((p.data_ptr(), p._version) for p in params)
+
+    def is_stale(self) -> bool:
+        """True once any linear parameter was replaced or changed in place since packing."""
+        return self._parameters_key() != self._key
+
+    def project(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic_fp16(x, self._packed[module])
+
+
+def project(module: nn.Linear, x: torch.Tensor, paged: PagedBatch | None) -> torch.Tensor:
+    """module(x), through the batch's float16 weight copies when it carries them."""
+    if paged is None or paged.weights is None:
+        return module(x)
+    return paged.weights.project(module, x)
 
 
 class Attention(nn.Module):
@@ -187,30 +256,27 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(config.num_heads * d, h, bias=config.o_bias)
 
     def forward(self, x, cos, sin, mask, paged: PagedBatch | None, layer_idx: int):
+        """x (B, T, hidden); cos, sin (B, T, 1, D); mask (B|1, 1, G*T, L) from `group_mask`."""
         batch, seq, _ = x.shape
-        q = self.q_proj(x).view(batch, seq, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
-        cos, sin = cos[:, :, None, :], sin[:, :, None, :]                  # (B, T, 1, D)
+        q = project(self.q_proj, x, paged).view(batch, seq, self.num_heads, self.head_dim)
+        k = project(self.k_proj, x, paged).view(batch, seq, self.num_kv_heads, self.head_dim)
+        v = project(self.v_proj, x, paged).view(batch, seq, self.num_kv_heads, self.head_dim)
         q = (q * cos + rotate_half(q) * sin).to(x.dtype)
         k = (k * cos + rotate_half(k) * sin).to(x.dtype)
         if paged is not None:
             k, v = self._write_and_gather(k, v, paged, layer_idx)       # (B, L, Hkv, D)
         out = self._grouped_attention(q, k, v, mask)                     # (B, T, H, D)
-        return self.o_proj(out.reshape(batch, seq, -1))
+        return project(self.o_proj, out.reshape(batch, seq, -1), paged)
 
     def _grouped_attention(self, q, k, v, mask):
         """GQA without copying K/V: the `groups` query heads that share a KV head become
-        extra query rows of that head. q (B, T, H, D); k, v (B, L, Hkv, D); mask (B|1, 1, T, L)."""
+        extra query rows of that head. q (B, T, H, D); k, v (B, L, Hkv, D);
+        mask (B|1, 1, G*T, L), grouped once per forward by `group_mask`."""
         batch, seq = q.shape[:2]
         kv_heads, groups = self.num_kv_heads, self.num_heads // self.num_kv_heads
         # query head h = kv * groups + g, as in Hugging Face's repeat_kv
         q = q.view(batch, seq, kv_heads, groups, self.head_dim).permute(0, 2, 3, 1, 4)
         q = q.reshape(batch, kv_heads, groups * seq, self.head_dim)           # (B, Hkv, G*T, D)
-        if mask.dim() == 2:
-            mask = mask[None, None]
-        mask = mask[:, :, None].expand(-1, -1, groups, -1, -1)
-        mask = mask.reshape(mask.shape[0], 1, groups * seq, mask.shape[-1])   # (B|1, 1, G*T, L)
         out = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
         out = out.view(batch, kv_heads, groups, seq, self.head_dim).permute(0, 3, 1, 2, 4)
         return out                                                            # (B, T, Hkv, G, D)
@@ -241,8 +307,9 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(h, i, bias=bias)
         self.down_proj = nn.Linear(i, h, bias=bias)
 
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x, paged: PagedBatch | None = None):
+        hidden = F.silu(project(self.gate_proj, x, paged)) * project(self.up_proj, x, paged)
+        return project(self.down_proj, hidden, paged)
 
 
 class DecoderLayer(nn.Module):
@@ -255,7 +322,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, cos, sin, mask, paged, layer_idx):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, paged, layer_idx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x), paged)
 
 
 class Backbone(nn.Module):
@@ -315,16 +382,19 @@ class LlamaModel(nn.Module):
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, seq), got shape {tuple(input_ids.shape)}")
         x = self.model.embed_tokens(input_ids)                                # (B, T, H)
+        groups = self.config.num_heads // self.config.num_kv_heads
         if paged is not None:
             positions = paged.positions
-            mask = paged.attention_mask()
+            mask = paged.attention_bias(groups, x.dtype)                      # (B, 1, G*T, L)
         else:
             positions, mask = self._training_positions_and_mask(input_ids, attention_mask)
+            mask = group_mask(mask, groups)                                   # (B|1, 1, G*T, T)
         if int(positions.max()) >= self.config.max_position_embeddings:
             raise ValueError(f"position {int(positions.max())} is past the context length "
                              f"max_position_embeddings={self.config.max_position_embeddings}; "
                              "shorten the prompt or lower max_new_tokens")
         cos, sin = self.rotary(positions, x.dtype)
+        cos, sin = cos[:, :, None, :], sin[:, :, None, :]                     # (B, T, 1, D)
         for idx, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, mask, paged, idx)
         return self.model.norm(x)
@@ -342,7 +412,7 @@ class LlamaModel(nn.Module):
         hidden = self.hidden_states(input_ids, attention_mask, paged)
         if logits_to_keep is not None:
             hidden = hidden[torch.arange(hidden.shape[0], device=hidden.device), logits_to_keep]
-        return self.lm_head(hidden)
+        return project(self.lm_head, hidden, paged)
 
     @staticmethod
     def _training_positions_and_mask(input_ids, attention_mask):

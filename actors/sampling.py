@@ -79,33 +79,80 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams],
     """Sample one token per row of logits (B, V); return (token ids, logprobs as documented above).
 
     Drawing is by inverse CDF: one uniform u per row from the row's own generator, then
-    the first token whose cumulative probability (float64) exceeds u * total. All rows
-    share one vectorised exp and cumsum (`torch.multinomial` row by row is far slower
-    on a 50k vocabulary).
+    the first token whose cumulative probability exceeds u * total. The CDF is never
+    materialised over the whole vocabulary: sums of fixed chunks of exp(z - max),
+    accumulated in float64 across chunks, locate the chunk that holds u * total, and only
+    that chunk is accumulated (float64). Every row costs four passes over its logits (max,
+    subtract, exp, chunk sums) however large the vocabulary; `torch.multinomial` row by
+    row is far slower.
     """
     z = logits.float().cpu()
-    temps = torch.tensor([p.logprob_temperature for p in params])
-    z = z / temps[:, None]                                                    # (B, V)
-    log_norm = torch.logsumexp(z, dim=-1)                                     # (B,)
-    greedy = [p.temperature == 0 for p in params]
-    tokens = z.argmax(-1)
-    sampled_rows = [row for row, g in enumerate(greedy) if not g]
+    temps = [p.logprob_temperature for p in params]
+    if any(t != 1.0 for t in temps):
+        z = z / torch.tensor(temps)[:, None]                                   # (B, V)
+    row_max = z.amax(-1)                                                      # (B,)
+    chunk = min(_CHUNK, z.shape[1])
+    weights = _shifted_exp(z, row_max, chunk)                                 # (B, chunk * num_chunks)
+    chunk_sums = weights.view(z.shape[0], -1, chunk).sum(-1).double()         # (B, num_chunks)
+    log_norm = row_max.double() + chunk_sums.sum(-1).log()                    # logsumexp(z), (B,)
+    tokens = torch.zeros(z.shape[0], dtype=torch.long)
+    greedy_rows = [row for row, p in enumerate(params) if p.temperature == 0]
+    if greedy_rows:
+        tokens[greedy_rows] = z[greedy_rows].argmax(-1)                       # the first argmax
+    sampled_rows = [row for row, p in enumerate(params) if p.temperature != 0]
     if sampled_rows:
-        scores = z[sampled_rows]
-        for i, row in enumerate(sampled_rows):
-            if params[row].top_k > 0 or params[row].top_p < 1.0:
-                _truncate_(scores[i], params[row])
-        cdf = torch.exp(scores - scores.max(-1, keepdim=True).values).double().cumsum_(-1)
+        truncated = [row for row in sampled_rows if params[row].top_k > 0 or params[row].top_p < 1.0]
+        for row in truncated:
+            weights[row, :z.shape[1]].masked_fill_(~_kept_tokens(z[row], params[row]), 0.0)
+        if truncated:
+            chunk_sums[truncated] = weights[truncated].view(len(truncated), -1, chunk).sum(-1).double()
         uniforms = torch.cat([torch.rand(1, generator=generators[row], dtype=torch.float64)
                               for row in sampled_rows])
-        drawn = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True).squeeze(1)
-        tokens[sampled_rows] = drawn.clamp_(max=z.shape[1] - 1)
-    logprobs = z.gather(1, tokens[:, None]).squeeze(1) - log_norm
+        rows = torch.tensor(sampled_rows)
+        drawn = _inverse_cdf(weights, chunk_sums, rows, uniforms, chunk)
+        tokens[rows] = drawn.clamp_(max=z.shape[1] - 1)
+    logprobs = z.gather(1, tokens[:, None]).squeeze(1).double() - log_norm
     return tokens.tolist(), logprobs.tolist()
 
 
-def _truncate_(logprobs: torch.Tensor, p: SamplingParams) -> None:
-    """In place: -inf outside the top-k, then outside the top-p nucleus. logprobs (V,)."""
+_CHUNK = 256      # tokens per chunk of the two-level inverse CDF (fewer for a smaller vocabulary)
+
+
+def _shifted_exp(z: torch.Tensor, row_max: torch.Tensor, chunk: int) -> torch.Tensor:
+    """exp(z - row_max) (B, V) in a buffer padded with zeros to whole chunks: (B, chunk * num_chunks)."""
+    batch, vocab = z.shape
+    padded = -(-vocab // chunk) * chunk
+    weights = torch.empty(batch, padded, dtype=z.dtype)
+    if padded > vocab:
+        weights[:, vocab:] = 0.0
+    body = weights[:, :vocab]
+    torch.sub(z, row_max[:, None], out=body)
+    body.exp_()
+    return weights
+
+
+def _inverse_cdf(weights: torch.Tensor, chunk_sums: torch.Tensor, rows: torch.Tensor,
+                 uniforms: torch.Tensor, size: int) -> torch.Tensor:
+    """For each of `rows`, the first index whose cumulative weight exceeds u * total.
+
+    weights (B, size * num_chunks) float32 >= 0; chunk_sums (B, num_chunks) float64; rows (R,)
+    long; uniforms (R,) float64 in [0, 1). Returns (R,) long token ids.
+    """
+    cum = chunk_sums[rows].cumsum(-1)                                         # (R, num_chunks)
+    target = uniforms * cum[:, -1]                                            # (R,)
+    chunk = torch.searchsorted(cum, target[:, None], right=True).squeeze(1).clamp_(max=cum.shape[1] - 1)
+    before = torch.where(chunk > 0, cum.gather(1, (chunk - 1).clamp(min=0)[:, None]).squeeze(1),
+                         torch.zeros_like(target))                            # mass of earlier chunks
+    inside = weights.view(weights.shape[0], -1, size)[rows, chunk].double().cumsum_(-1)  # (R, size)
+    # Where u * total falls inside its chunk, as a fraction of the chunk's mass, so that the
+    # chunk's own cumulative sum decides (rounding between the two sums cannot push it out).
+    fraction = ((target - before) / chunk_sums[rows, chunk]).clamp_(0.0, 1.0 - 2.0**-52)
+    offset = torch.searchsorted(inside, (fraction * inside[:, -1])[:, None], right=True).squeeze(1)
+    return chunk * size + offset.clamp_(max=size - 1)
+
+
+def _kept_tokens(logprobs: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """(V,) bool: the top-k tokens, then of those the top-p nucleus. logprobs (V,)."""
     k = min(p.top_k, logprobs.numel()) if p.top_k > 0 else logprobs.numel()
     values, indices = torch.topk(logprobs, k)                                 # sorted, descending
     keep = torch.zeros(logprobs.numel(), dtype=torch.bool)
@@ -114,4 +161,4 @@ def _truncate_(logprobs: torch.Tensor, p: SamplingParams) -> None:
         before = probs.cumsum(0) - probs           # mass strictly above each token
         indices = indices[before < p.top_p]        # keeps at least the top token
     keep[indices] = True
-    logprobs.masked_fill_(~keep, float("-inf"))
+    return keep

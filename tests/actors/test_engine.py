@@ -220,3 +220,39 @@ def test_abort_frees_blocks_and_marks_samples(model, tokenizer):
     while engine.has_unfinished():
         engine.step()
     assert engine.pool.num_free_blocks == 32
+
+
+def test_float16_weights_follow_weight_swaps(tokenizer):
+    model = build_model("tiny").init_weights(seed=1, std=0.1).eval()   # its own: weights get swapped
+    engine = Engine(model, tokenizer, num_blocks=64, weight_precision="float16")
+    engine.add_request([5, 6, 7], SamplingParams(n=2, seed=3, max_new_tokens=8, ignore_eos=True))
+    for _ in range(3):
+        engine.step()
+    first_copies = engine._float16_weights
+    engine.load_weights(build_model("tiny").init_weights(seed=2, std=0.1).state_dict(), version=1)
+    prompt = [9, 8, 7, 6]
+    request_id = engine.add_request(prompt, SamplingParams(seed=4, max_new_tokens=8, ignore_eos=True))
+    done = {}
+    while engine.has_unfinished():
+        done.update((out.request_id, out) for out in engine.step())
+    assert engine._float16_weights is not first_copies and not engine._float16_weights.is_stale()
+    sample = done[request_id].outputs[0]                # all of its KV comes from the new weights
+    assert sample.policy_versions == [1] * 8
+    with torch.no_grad():                               # `model` now holds the new float32 weights
+        logp = torch.log_softmax(model(torch.tensor([prompt + sample.token_ids]))[0, 3:-1], -1)
+    expected = logp.gather(1, torch.tensor(sample.token_ids)[:, None]).squeeze(1)
+    torch.testing.assert_close(torch.tensor(sample.logprobs), expected, atol=1e-2, rtol=0)
+    with pytest.raises(EngineError, match="weight_precision must be"):
+        Engine(model, tokenizer, num_blocks=8, weight_precision="int8")
+
+
+def test_float16_weights_logprobs_match_the_float32_model_closely(model, tokenizer):
+    engine = Engine(model, tokenizer, num_blocks=64, weight_precision="float16")
+    prompt = tokenizer.encode("print(")
+    out = engine.generate([prompt], SamplingParams(temperature=1.0, seed=1, max_new_tokens=10,
+                                                   ignore_eos=True))[0].outputs[0]
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([prompt + out.token_ids]))[0, len(prompt) - 1:-1], -1)
+    expected = logp.gather(1, torch.tensor(out.token_ids)[:, None]).squeeze(1)
+    gap = (torch.tensor(out.logprobs) - expected).abs()
+    assert 0 < float(gap.max()) < 1e-2       # rounded weights: close, and not the float32 numbers

@@ -187,3 +187,45 @@ def _greedy_paged(model, prompt, new_tokens, caches, block_size):
         seq.append(tok)
         out_tokens.append(tok)
     return out_tokens
+
+
+def test_float16_weight_copies_change_only_the_paged_path():
+    from postrain.actors.model import Float16Weights
+
+    model = build_model(ModelConfig(vocab_size=64, hidden_size=48, intermediate_size=64, num_layers=2,
+                                    num_heads=6, num_kv_heads=2, qkv_bias=True, max_position_embeddings=128),
+                        seed=4)
+    with torch.no_grad():
+        for layer in model.model.layers:            # make the q/k/v biases matter
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.1)
+    weights = Float16Weights(model)
+    prompt = [3, 9, 27, 17, 51, 25, 11]
+    ids = torch.tensor([prompt])
+    pos = torch.arange(len(prompt))[None]
+
+    def paged_logits(with_weights):
+        caches = model.new_kv_caches(num_blocks=4, block_size_tokens=4)
+        batch = PagedBatch(pos, pos.clone(), torch.arange(2)[None], torch.tensor([len(prompt)]), caches,
+                           weights=weights if with_weights else None)
+        return model(ids, paged=batch)[0]
+
+    with torch.no_grad():
+        full = model(ids)[0]
+        exact, rounded = paged_logits(False), paged_logits(True)
+    torch.testing.assert_close(exact, full, atol=1e-5, rtol=1e-5)
+    assert not torch.equal(rounded, exact)                       # the float16 copies are used
+    torch.testing.assert_close(rounded, exact, atol=5e-3, rtol=0)   # ... and only round the weights
+    assert not weights.is_stale()
+    with torch.no_grad():
+        model.model.layers[0].mlp.up_proj.weight.mul_(2.0)
+    assert weights.is_stale()
+
+
+def test_float16_weight_copies_need_a_float32_cpu_model():
+    from postrain.actors.model import Float16Weights, ModelConfigError
+
+    model = build_model(ModelConfig(vocab_size=16, hidden_size=16, intermediate_size=16, num_layers=1,
+                                    num_heads=2, num_kv_heads=1)).to(torch.bfloat16)
+    with pytest.raises(ModelConfigError, match="need a float32 model on the CPU"):
+        Float16Weights(model)
