@@ -2,10 +2,18 @@
 
 Ours: the head process asks an `EchoActor` (a real actor process started by
 the supervisor) over ipc. Peer: a raw pyzmq PAIR socket ping-pong over ipc
-with a plain blocking echo loop in a spawned process, same payloads.
+with a plain blocking echo loop in a spawned process, same payloads. Both
+servers sit on the same cores (the peer's is pinned to the cores the
+scheduler gives the actor) and both clients are the bench's own process.
+The two are measured in turn within each repeat (peer, then ours), so load
+from other processes on the machine falls on both alike.
 
 Figures (medians over repeats):
 - rtt_p50_us, rtt_p99_us: small request/reply round trip (a 64-byte body);
+- loop_floor_rtt_p50_us, loop_floor_rtt_p99_us (ours only): the same ping-pong
+  over bare pyzmq PAIR sockets with both ends on a trio loop, waiting on the
+  socket's descriptor, and no actor code: the least any event-loop actor can
+  reach on this machine, measured in the same repeats;
 - oneway_msgs_per_s: pipelined one-way messages, counted until the last is handled;
 - tensor_64mib_ms: a 64 MiB float32 tensor from one process to another, until the
   receiver has it resident and has replied (ours: through /dev/shm with a handle
@@ -29,6 +37,7 @@ from postrain.core.scheduler import Inventory
 
 PAYLOAD = b"x" * 64
 TENSOR_BYTES = 64 << 20
+NUM_BULK = 3   # tensor transfers per repeat
 
 
 def _percentile(samples: list[float], q: float) -> float:
@@ -38,7 +47,9 @@ def _percentile(samples: list[float], q: float) -> float:
 
 # -- peer: raw pyzmq -----------------------------------------------------------
 
-def _raw_echo_server(address: str) -> None:
+def _raw_echo_server(address: str, cpu_ids: list[int]) -> None:
+    if cpu_ids:
+        os.sched_setaffinity(0, cpu_ids)
     sock = zmq.Context().socket(zmq.PAIR)
     sock.bind(address)
     while True:
@@ -57,71 +68,166 @@ def _raw_echo_server(address: str) -> None:
             sock.send_multipart(frames, copy=False)
 
 
-def _measure_raw(num_calls: int, num_oneway: int, repeats: int) -> dict:
-    address = f"ipc://{tempfile.gettempdir()}/postrain-bench-raw-{os.getpid()}.sock"
-    server = multiprocessing.get_context("spawn").Process(target=_raw_echo_server, args=(address,))
-    server.start()
-    sock = zmq.Context.instance().socket(zmq.PAIR)
-    sock.connect(address)
-    try:
-        for _ in range(200):
+def _trio_echo_server(address: str, cpu_ids: list[int]) -> None:
+    if cpu_ids:
+        os.sched_setaffinity(0, cpu_ids)
+    import trio
+    trio.run(_trio_echo, zmq.Context().socket(zmq.PAIR), address)
+
+
+async def _trio_echo(sock: zmq.Socket, address: str) -> None:
+    sock.bind(address)
+    while True:
+        frames = await _trio_recv(sock)
+        if frames[0].bytes == b"stop":
+            return
+        sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+
+
+async def _trio_recv(sock: zmq.Socket) -> list:
+    import trio
+    while True:
+        if sock.get(zmq.EVENTS) & zmq.POLLIN:
+            return sock.recv_multipart(zmq.NOBLOCK, copy=False)
+        await trio.lowlevel.wait_readable(sock.FD)
+
+
+class _LoopFloor:
+    """Bare pyzmq PAIR ping-pong with a trio loop at both ends (no actor code)."""
+
+    def __init__(self, cpu_ids: list[int]):
+        address = f"ipc://{tempfile.gettempdir()}/postrain-bench-floor-{os.getpid()}.sock"
+        self.server = multiprocessing.get_context("spawn").Process(
+            target=_trio_echo_server, args=(address, cpu_ids))
+        self.server.start()
+        self.sock = zmq.Context.instance().socket(zmq.PAIR)
+        self.sock.connect(address)
+
+    async def round_trips(self, num_calls: int) -> list[float]:
+        sock, rtts = self.sock, []
+        for _ in range(num_calls):
+            start = time.perf_counter()
+            sock.send(PAYLOAD, zmq.NOBLOCK)
+            await _trio_recv(sock)
+            rtts.append(time.perf_counter() - start)
+        return rtts
+
+    def close(self) -> None:
+        try:
+            self.sock.send(b"stop")
+            self.server.join(timeout=10)
+        finally:
+            self.sock.close(linger=0)
+            if self.server.is_alive():
+                self.server.kill()
+
+
+class _RawPeer:
+    """The raw pyzmq client (blocking calls, in this process) and its echo server process."""
+
+    def __init__(self, cpu_ids: list[int]):
+        address = f"ipc://{tempfile.gettempdir()}/postrain-bench-raw-{os.getpid()}.sock"
+        self.server = multiprocessing.get_context("spawn").Process(
+            target=_raw_echo_server, args=(address, cpu_ids))
+        self.server.start()
+        self.sock = zmq.Context.instance().socket(zmq.PAIR)
+        self.sock.connect(address)
+        self.round_trips(200)  # warm up
+
+    def round_trips(self, num_calls: int) -> list[float]:
+        sock, rtts = self.sock, []
+        for _ in range(num_calls):
+            start = time.perf_counter()
             sock.send(PAYLOAD)
             sock.recv()
-        rtts, rates, bulk = [], [], []
-        tensor = np.ones(TENSOR_BYTES // 4, dtype=np.float32)
-        for _ in range(repeats):
-            for _ in range(num_calls):
-                start = time.perf_counter()
-                sock.send(PAYLOAD)
-                sock.recv()
-                rtts.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            sock.send_multipart([b"count", str(num_oneway).encode()])
-            for _ in range(num_oneway):
-                sock.send(PAYLOAD)
-            sock.recv()
-            rates.append(num_oneway / (time.perf_counter() - start))
-            for _ in range(3):
-                start = time.perf_counter()
-                sock.send_multipart([b"bulk", memoryview(tensor)], copy=False)
-                sock.recv()
-                bulk.append(time.perf_counter() - start)
-        sock.send(b"stop")
-    finally:
-        server.join(timeout=10)
-        sock.close(linger=0)
-    return _figures(rtts, rates, bulk)
+            rtts.append(time.perf_counter() - start)
+        return rtts
+
+    def oneway_rate(self, num_oneway: int) -> float:
+        sock = self.sock
+        start = time.perf_counter()
+        sock.send_multipart([b"count", str(num_oneway).encode()])
+        for _ in range(num_oneway):
+            sock.send(PAYLOAD)
+        sock.recv()
+        return num_oneway / (time.perf_counter() - start)
+
+    def bulk_seconds(self, tensor: np.ndarray) -> float:
+        start = time.perf_counter()
+        self.sock.send_multipart([b"bulk", memoryview(tensor)], copy=False)
+        self.sock.recv()
+        return time.perf_counter() - start
+
+    def close(self) -> None:
+        try:
+            self.sock.send(b"stop")
+            self.server.join(timeout=10)
+        finally:
+            self.sock.close(linger=0)
+            if self.server.is_alive():
+                self.server.kill()
 
 
 # -- ours: actors --------------------------------------------------------------
 
-async def _measure_actors(num_calls: int, num_oneway: int, repeats: int) -> dict:
+async def _actor_round_trips(ref, num_calls: int) -> list[float]:
+    rtts = []
+    for _ in range(num_calls):
+        start = time.perf_counter()
+        await ref.ask("echo", PAYLOAD)
+        rtts.append(time.perf_counter() - start)
+    return rtts
+
+
+async def _actor_oneway_rate(ref, num_oneway: int) -> float:
+    before = await ref.ask("num_told")
+    start = time.perf_counter()
+    for _ in range(num_oneway):
+        await ref.tell("told", PAYLOAD)
+    after = await ref.ask("num_told")
+    return (after - before) / (time.perf_counter() - start)
+
+
+async def _actor_bulk_seconds(ref, tensor: torch.Tensor) -> float:
+    start = time.perf_counter()
+    nbytes = await ref.ask("nbytes", tensor)
+    elapsed = time.perf_counter() - start
+    assert nbytes == TENSOR_BYTES, nbytes
+    return elapsed
+
+
+async def _measure(num_calls: int, num_oneway: int, repeats: int) -> tuple[dict, dict]:
     inventory = Inventory.detect()
     scheduler = Scheduler(Inventory(inventory.cpu_ids, inventory.memory_mb))
+    ours = {"rtts": [], "rates": [], "bulk": []}
+    peer = {"rtts": [], "rates": [], "bulk": []}
+    floor_rtts: list[float] = []
     async with Supervisor.open(scheduler=scheduler) as supervisor:
         ref = await supervisor.start(ActorSpec(name="echo", cls="postrain.core.testing:EchoActor",
                                                cpus=1.0, memory_mb=0))
-        for _ in range(200):
-            await ref.ask("echo", PAYLOAD)
-        rtts, rates, bulk = [], [], []
-        tensor = torch.ones(TENSOR_BYTES // 4, dtype=torch.float32)
-        for _ in range(repeats):
-            for _ in range(num_calls):
-                start = time.perf_counter()
-                await ref.ask("echo", PAYLOAD)
-                rtts.append(time.perf_counter() - start)
-            before = await ref.ask("num_told")
-            start = time.perf_counter()
-            for _ in range(num_oneway):
-                await ref.tell("told", PAYLOAD)
-            after = await ref.ask("num_told")
-            rates.append((after - before) / (time.perf_counter() - start))
-            for _ in range(3):
-                start = time.perf_counter()
-                nbytes = await ref.ask("nbytes", tensor)
-                bulk.append(time.perf_counter() - start)
-                assert nbytes == TENSOR_BYTES, nbytes
-    return _figures(rtts, rates, bulk)
+        cpu_ids = list(scheduler.placements["echo"].cpu_ids)
+        raw, floor = _RawPeer(cpu_ids), _LoopFloor(cpu_ids)
+        try:
+            await _actor_round_trips(ref, 200)  # warm up
+            await floor.round_trips(200)
+            tensor = torch.ones(TENSOR_BYTES // 4, dtype=torch.float32)
+            for _ in range(repeats):
+                # the peer's calls block this loop on purpose: nothing of ours runs meanwhile
+                peer["rtts"] += raw.round_trips(num_calls)
+                ours["rtts"] += await _actor_round_trips(ref, num_calls)
+                floor_rtts += await floor.round_trips(num_calls)
+                peer["rates"].append(raw.oneway_rate(num_oneway))
+                ours["rates"].append(await _actor_oneway_rate(ref, num_oneway))
+                for _ in range(NUM_BULK):
+                    peer["bulk"].append(raw.bulk_seconds(tensor.numpy()))
+                    ours["bulk"].append(await _actor_bulk_seconds(ref, tensor))
+        finally:
+            raw.close()
+            floor.close()
+    results = _figures(**ours)
+    results["loop_floor_rtt_p50_us"] = round(_percentile(floor_rtts, 0.5) * 1e6, 1)
+    results["loop_floor_rtt_p99_us"] = round(_percentile(floor_rtts, 0.99) * 1e6, 1)
+    return results, _figures(**peer)
 
 
 def _figures(rtts, rates, bulk) -> dict:
@@ -132,9 +238,9 @@ def _figures(rtts, rates, bulk) -> dict:
 
 
 def run(quick: bool = False) -> dict:
-    num_calls, num_oneway, repeats = (500, 5000, 1) if quick else (3000, 50000, 3)
-    peer = _measure_raw(num_calls, num_oneway, repeats)
-    ours = anyio.run(_measure_actors, num_calls, num_oneway, repeats, backend="trio")
+    num_calls, num_oneway, repeats = (500, 5000, 1) if quick else (1000, 20000, 5)
+    ours, peer = anyio.run(_measure, num_calls, num_oneway, repeats, backend="trio")
     return {"config": {"transport": "ipc", "payload_bytes": len(PAYLOAD), "num_calls": num_calls,
-                       "num_oneway": num_oneway, "repeats": repeats, "tensor_bytes": TENSOR_BYTES},
+                       "num_oneway": num_oneway, "repeats": repeats, "tensor_bytes": TENSOR_BYTES,
+                       "order": "interleaved: peer, ours, loop floor within each repeat"},
             "results": ours, "peer": peer}

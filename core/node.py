@@ -8,6 +8,14 @@ replies). The serving side is `postrain.core.inbox`.
 Failure rule: every pending request ends in a reply, a `RemoteError`, an
 `ActorTimeoutError`, or an `ActorDiedError` the moment the connection to the
 actor drops (a socket monitor watches it), never in a hang.
+
+Who reads replies (leader/follower): no task is dedicated to a reference's
+socket. A caller waiting for its reply reads the socket itself when no other
+task is reading it (it leads), and delivers the replies it reads for other
+requests to their waiters (followers); when it has its own reply it hands
+the socket to a waiting follower. A lone caller is thus woken by the socket
+itself, not by a receive task one scheduler pass earlier. Between calls the
+node's reaper drains what arrived (late replies, stream items) every tick.
 """
 from __future__ import annotations
 
@@ -79,6 +87,7 @@ class Node:
             await anyio.sleep(REAPER_TICK_S)
             now = time.monotonic()
             for ref in self._refs:
+                ref.drain()
                 ref.reap(now)
 
     async def __aexit__(self, *exc_info):
@@ -138,7 +147,7 @@ async def _serve_zap(sock: AsyncSocket, allowed_keys: frozenset) -> None:
         sock.close()
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
     """One request awaiting its reply. deadline: time.monotonic() by which the next
     reply must arrive (for a stream: the next item); the node's reaper enforces it."""
@@ -146,10 +155,16 @@ class _Pending:
     stream: bool
     deadline: float
     timeout_s: float
-    done: Any = None       # an Event, set when reply or error is in
     reply: wire.Message | None = None
     error: Exception | None = None
-    items: Any = None      # stream: a deque of Message | Exception; `done` is set on each arrival
+    items: Any = None      # stream: a deque of Message | Exception
+    wake: Any = None       # an Event while its caller waits as a follower; set on news or hand-over
+
+    def has_news(self) -> bool:
+        """A reply or an error is in (a stream: an item or an error waits to be taken)."""
+        if self.stream:
+            return bool(self.items)
+        return self.reply is not None or self.error is not None
 
 
 class ActorRef:
@@ -158,7 +173,13 @@ class ActorRef:
     Invariant: `_pending` holds exactly the requests sent and not yet answered;
     each leaves it by its reply, its deadline (the node's reaper), or a disconnect.
     Timeouts are deadlines checked by one reaper task per node, not a cancel
-    scope per request: scopes cost more than the rest of a round trip."""
+    scope per request: scopes cost more than the rest of a round trip.
+
+    Invariant: at most one task reads the socket at a time: `_reading` is True
+    exactly while a caller leads (see the module docstring); the reaper reads
+    only when it is False, and never waits. `_followers` holds the requests
+    whose callers wait for the leader; when no task leads and one is waiting,
+    one of them is woken to lead (`_hand_over`)."""
 
     def __init__(self, node: Node, address: str, name: str):
         self.node = node
@@ -176,10 +197,11 @@ class ActorRef:
         self._sock = AsyncSocket(sock)
         self._shm_min_bytes = node.shm_min_bytes_for(address)  # decided once, not per message
         self._pending: dict[int, _Pending] = {}
+        self._reading = False
+        self._followers: dict[int, _Pending] = {}   # insertion-ordered: the oldest leads next
         self._connected = anyio.Event()
         self._auth_error: AuthenticationError | None = None
         self._closed = False
-        node.spawn(self._receive_replies)
         node.spawn(self._watch_connection)
 
     def __repr__(self) -> str:
@@ -198,10 +220,10 @@ class ActorRef:
                           policy_version: int | None = None) -> wire.Message:
         """Like `ask`, returning the whole reply Message (its policy_version too)."""
         msg_id = self.node.next_msg_id()
-        pending = _Pending(kind, False, time.monotonic() + timeout_s, timeout_s, self.node.new_event())
+        pending = _Pending(kind, False, time.monotonic() + timeout_s, timeout_s)
         try:
             await self._send(msg_id, kind, body, policy_version, pending)
-            await pending.done.wait()
+            await self._wait(msg_id, pending)
         finally:
             self._pending.pop(msg_id, None)
         if pending.error is not None:
@@ -211,8 +233,13 @@ class ActorRef:
     async def tell(self, kind: str, body: Any = None, *, timeout_s: float = 30.0,
                    policy_version: int | None = None) -> None:
         """Send one-way (msg_id 0: no reply). Returns once ZeroMQ has queued it on a live
-        connection; a handler error is logged by the actor, not reported back."""
-        await self._send(0, kind, body, policy_version, None, timeout_s)
+        connection; a handler error is logged by the actor, not reported back.
+        Does not yield when the message can be queued at once."""
+        frames = wire.encode(wire.Message(kind, 0, 0, self.node.name, policy_version, body),
+                             self._shm_min_bytes)
+        if self._auth_error is None and not self._closed and self._sock.send_nowait(frames):
+            return
+        await self._send_waiting(frames, 0, kind, None, time.monotonic() + timeout_s, timeout_s)
 
     async def stream(self, kind: str, body: Any = None, *, timeout_s: float = 30.0,
                      policy_version: int | None = None) -> AsyncIterator[Any]:
@@ -225,14 +252,13 @@ class ActorRef:
     async def stream_messages(self, kind: str, body: Any = None, *, timeout_s: float = 30.0,
                               policy_version: int | None = None) -> AsyncIterator[wire.Message]:
         msg_id = self.node.next_msg_id()
-        pending = _Pending(kind, True, time.monotonic() + timeout_s, timeout_s, self.node.new_event(),
+        pending = _Pending(kind, True, time.monotonic() + timeout_s, timeout_s,
                            items=collections.deque())
         try:
             await self._send(msg_id, kind, body, policy_version, pending)
             while True:
-                while not pending.items:
-                    await pending.done.wait()
-                    pending.done = self.node.new_event()
+                if not pending.items:
+                    await self._wait(msg_id, pending)
                 item = pending.items.popleft()
                 if isinstance(item, Exception):
                     raise item
@@ -262,14 +288,16 @@ class ActorRef:
             f"no reply from actor {self.name} ({self.address}, {state}) to {kind!r} within "
             f"{timeout_s} s; check that it is running (`postrain status`) or raise timeout_s")
 
-    async def _send(self, msg_id, kind, body, policy_version, pending, timeout_s=None) -> None:
+    async def _send(self, msg_id, kind, body, policy_version, pending: _Pending) -> None:
         frames = wire.encode(wire.Message(kind, msg_id, 0, self.node.name, policy_version, body),
                              self._shm_min_bytes)
-        if pending is not None:
-            self._pending[msg_id] = pending
+        self._pending[msg_id] = pending
         if self._auth_error is None and not self._closed and self._sock.send_nowait(frames):
             return  # the fast path: connected, room in the queue
-        deadline = pending.deadline if pending is not None else time.monotonic() + timeout_s
+        await self._send_waiting(frames, msg_id, kind, pending, pending.deadline, pending.timeout_s)
+
+    async def _send_waiting(self, frames, msg_id, kind, pending, deadline, timeout_s) -> None:
+        """Send once connected and the peer's queue has room, or raise by `deadline`."""
         with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
             while True:
                 if self._auth_error is not None:
@@ -286,7 +314,7 @@ class ActorRef:
                     await self._connected.wait()
         if pending is not None:
             self._pending.pop(msg_id, None)
-        raise self.timeout_error(kind, timeout_s if pending is None else pending.timeout_s)
+        raise self.timeout_error(kind, timeout_s)
 
     def reap(self, now: float) -> None:
         """Fail every request whose deadline has passed (the node's reaper calls this)."""
@@ -294,6 +322,82 @@ class ActorRef:
             if pending.deadline < now:
                 del self._pending[msg_id]
                 self._deliver(pending, self.timeout_error(pending.kind, pending.timeout_s))
+                self._sock.wake()  # if its caller leads, it waits on the socket, not an event
+
+    def drain(self) -> None:
+        """Deliver every reply that has arrived, without waiting, when no caller is reading
+        (the node's reaper calls this each tick): stream items reach their deque and late
+        error replies get logged even while no caller waits."""
+        if self._reading or self._closed:
+            return
+        try:
+            while (frames := self._sock.recv_multipart_nowait()) is not None:
+                self._on_reply(frames)
+        except zmq.ZMQError:
+            return
+        self._hand_over()
+
+    async def _wait(self, msg_id: int, pending: _Pending) -> None:
+        """Return once `pending` has news. Leads (reads the socket) when no other task does;
+        otherwise waits to be handed news or the lead. Cancelled: nothing is lost; a reply
+        that arrives later is dropped, and the lead passes to another waiting caller."""
+        try:
+            while not pending.has_news():
+                if not self._reading:
+                    await self._lead(pending)
+                    continue
+                pending.wake = self.node.new_event()
+                self._followers[msg_id] = pending
+                try:
+                    await pending.wake.wait()
+                finally:
+                    pending.wake = None
+                    self._followers.pop(msg_id, None)
+        finally:
+            self._hand_over()
+
+    async def _lead(self, pending: _Pending) -> None:
+        """Read the socket, delivering every reply, until `pending` has news."""
+        self._reading = True
+        try:
+            while not pending.has_news():
+                frames = self._sock.recv_multipart_nowait()
+                if frames is not None:
+                    self._on_reply(frames)
+                    continue
+                try:
+                    await self._sock.wait_readable()
+                except anyio.ClosedResourceError:
+                    if not pending.has_news():  # close() fails every request before closing
+                        self._deliver(pending, ActorDiedError(
+                            f"reference to actor {self.name} was closed"))
+        except zmq.ZMQError as exc:  # the socket was closed under us
+            if not pending.has_news():
+                self._deliver(pending, ActorDiedError(f"reference to actor {self.name}: {exc}"))
+        finally:
+            self._reading = False
+
+    def _hand_over(self) -> None:
+        """If no task reads the socket, wake the oldest waiting caller to lead."""
+        if not self._reading and self._followers:
+            pending = next(iter(self._followers.values()))
+            if pending.wake is not None:
+                pending.wake.set()
+
+    def _on_reply(self, frames: list) -> None:
+        try:
+            msg = wire.decode(frames)
+        except wire.WireError as exc:
+            log.error("actor %s sent a malformed reply: %s", self.name, exc)
+            return
+        pending = self._pending.get(msg.corr_id)
+        if pending is None:
+            if msg.kind == wire.ERROR:
+                log.error("actor %s: %s", self.name, msg.body)
+            return
+        if not pending.stream or msg.kind in (wire.END, wire.ERROR):
+            del self._pending[msg.corr_id]
+        self._deliver(pending, _error_from(msg) if msg.kind == wire.ERROR else msg)
 
     @staticmethod
     def _deliver(pending: _Pending, item) -> None:
@@ -304,28 +408,8 @@ class ActorRef:
             pending.reply = item
         if isinstance(item, Exception):
             pending.error = item
-        pending.done.set()
-
-    async def _receive_replies(self) -> None:
-        while not self._closed:
-            try:
-                frames = await self._sock.recv_multipart()
-            except (zmq.ZMQError, anyio.ClosedResourceError):
-                return
-            try:
-                msg = wire.decode(frames)
-            except wire.WireError as exc:
-                log.error("actor %s sent a malformed reply: %s", self.name, exc)
-                continue
-            pending = self._pending.get(msg.corr_id)
-            if pending is None:
-                if msg.kind == wire.ERROR:
-                    log.error("actor %s: %s", self.name, msg.body)
-                continue
-            final = not pending.stream or msg.kind in (wire.END, wire.ERROR)
-            if final:
-                self._pending.pop(msg.corr_id, None)
-            self._deliver(pending, _error_from(msg) if msg.kind == wire.ERROR else msg)
+        if pending.wake is not None:
+            pending.wake.set()
 
     async def _watch_connection(self) -> None:
         while not self._closed:
@@ -356,6 +440,7 @@ class ActorRef:
         pending, self._pending = self._pending, {}
         for item in pending.values():
             self._deliver(item, error)
+        self._sock.wake()  # a leading caller waits on the socket
 
 
 def _monitor_socket(context: zmq.Context, sock: zmq.Socket) -> zmq.Socket:

@@ -7,9 +7,12 @@ file descriptor through anyio, so the same code runs on trio and on asyncio
 
 ZeroMQ's descriptor is edge-triggered: it signals when the socket's state
 changes, and any call that processes the socket's command queue (a send,
-reading EVENTS) can consume that signal. So after every send we check EVENTS
-and, if a message is waiting while the receiver sleeps on the descriptor, we
-wake the receiver (see `AsyncSocket`).
+reading EVENTS) can consume that signal. Reading EVENTS, or a non-blocking
+receive that finds nothing, drains that queue, so the next arrival signals
+again: a receiver may park on the descriptor right after either says that
+nothing is waiting. A send made while a receiver is parked may consume the
+signal meant for it, so after such a send we check EVENTS and wake the
+receiver if a message is waiting (see `AsyncSocket`).
 """
 from __future__ import annotations
 
@@ -20,11 +23,13 @@ import tempfile
 from dataclasses import dataclass
 
 import anyio
+import sniffio
 import zmq
 
 _SEND_RETRY_S = 0.0002      # first wait when the peer's queue is full
 _SEND_RETRY_MAX_S = 0.002   # waits double up to this
 HWM_MESSAGES = 10000        # queue bound per peer, each direction
+_COPY_BELOW_BYTES = 1 << 16  # smaller bytes frames are copied on send: cheaper than tracking them
 
 
 def ipc_address(socket_dir: str, name: str) -> str:
@@ -112,49 +117,107 @@ def configure_client(sock: zmq.Socket, address: str, keys: CurveKeys | None) -> 
 
 
 class AsyncSocket:
-    """A zmq socket used from one event loop: recv by one task, sends from any task.
+    """A zmq socket used from one event loop: received by one task at a time, sent from any.
 
-    Invariant: at most one task waits in `recv_multipart` at a time (the
-    runtime's receive task); `_waiting` says whether it is parked on the
-    descriptor. The hot path uses no cancel scopes or timers (each costs tens
-    of microseconds); a parked receiver is woken with `notify_closing`, which
-    makes its wait raise ClosedResourceError, caught here."""
+    Invariant: at most one task is parked in `wait_readable` at a time;
+    `_waiting` says whether one is. The hot path uses no cancel scopes or
+    timers (each costs tens of microseconds); a parked receiver is woken with
+    `notify_closing` (see `wake`), which makes its wait raise
+    ClosedResourceError, caught here.
+
+    Costs that shape the receive path (pyzmq, per call): a receive that finds
+    nothing raises, which costs several times more than reading EVENTS; a
+    frame received without copying costs several times more than a copied
+    one, but says whether another frame follows (`zmq.Frame.more`), which
+    reading RCVMORE would cost as much to learn. So: EVENTS decides whether
+    a message waits, except in a run of messages, where receiving directly
+    is cheaper; a ROUTER's identity frame (always followed by more) is
+    copied; other frames are not (bulk arrays stay zero-copy). Frames are
+    sent one by one: pyzmq's multipart helpers read RCVMORE per frame.
+
+    Invariant: `_num_in_row` counts messages received since a check found
+    none waiting (or since a park); at 2 or more, the next receive is tried
+    without asking EVENTS first."""
 
     def __init__(self, sock: zmq.Socket):
         self.sock = sock
         self.fd = sock.FD
         self._waiting = False
         self._closed = False
+        self._num_in_row = 0
+        self._identity_first = sock.type == zmq.ROUTER
+        self._wait_fd, self._notify_closing, self._woken_errors = _fd_primitives()
+
+    def recv_multipart_nowait(self) -> list | None:
+        """The next message's frames (zmq.Frame; a ROUTER's identity frame as bytes), or None
+        if none is waiting. Never yields. After None, `wait_readable` may park: this call
+        drained the command queue."""
+        sock = self.sock
+        if self._num_in_row < 2 and not sock.get(zmq.EVENTS) & zmq.POLLIN:
+            self._num_in_row = 0
+            return None
+        try:
+            if self._identity_first:
+                identity = sock.recv(zmq.NOBLOCK)
+                frame = sock.recv(zmq.NOBLOCK, copy=False)
+                frames = [identity, frame]
+            else:
+                frame = sock.recv(zmq.NOBLOCK, copy=False)
+                frames = [frame]
+        except zmq.Again:
+            self._num_in_row = 0
+            return None
+        while frame.more:  # the rest of a multipart message is already here
+            frame = sock.recv(zmq.NOBLOCK, copy=False)
+            frames.append(frame)
+        self._num_in_row += 1
+        return frames
+
+    async def wait_readable(self) -> None:
+        """Park until a message may be waiting or `wake()` is called; call after
+        `recv_multipart_nowait` returned None. May return with nothing to receive.
+        Cancel-safe (receives nothing). Raises anyio.ClosedResourceError once closed."""
+        if self._closed:
+            raise anyio.ClosedResourceError
+        self._waiting = True
+        self._num_in_row = 0
+        try:
+            await self._wait_fd(self.fd)
+        except self._woken_errors:
+            if self._closed:
+                raise anyio.ClosedResourceError from None
+            # woken by wake() or by a send that found a message waiting
+        finally:
+            self._waiting = False
+
+    def wake(self) -> None:
+        """Make the task parked in `wait_readable`, if any, return now."""
+        if self._waiting:
+            self._notify_closing(self.fd)
 
     async def recv_multipart(self) -> list:
-        """The next message's frames (zmq.Frame). Cancel-safe: a cancelled call receives nothing.
+        """The next message's frames, as `recv_multipart_nowait` gives them. Cancel-safe: a cancelled call receives nothing.
         Raises anyio.ClosedResourceError once the socket is closed."""
-        sock = self.sock
         while True:
-            if self._closed:
-                raise anyio.ClosedResourceError
-            try:
-                return sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                pass
-            if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                continue  # the edge was consumed (by a send); a message is waiting
-            self._waiting = True
-            try:
-                await anyio.wait_readable(self.fd)
-            except anyio.ClosedResourceError:
-                pass  # woken by _wake_receiver, or closing (checked at the top)
-            finally:
-                self._waiting = False
+            frames = self.recv_multipart_nowait()
+            if frames is not None:
+                return frames
+            await self.wait_readable()
 
     def send_nowait(self, frames: list) -> bool:
-        """Send now if the socket can take it; False if it would block (high-water mark)."""
+        """Send now if the socket can take it; False if it would block (high-water mark).
+        A multipart message is all or nothing: ZeroMQ checks the limit at its first frame."""
+        sock = self.sock
+        last = len(frames) - 1
         try:
-            self.sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            for index, frame in enumerate(frames):
+                sock.send(frame, zmq.NOBLOCK | zmq.SNDMORE if index < last else zmq.NOBLOCK,
+                          copy=type(frame) is bytes and len(frame) < _COPY_BELOW_BYTES)
         except zmq.Again:
+            assert index == 0, "ZeroMQ refused a later frame of a message it had begun"
             return False
-        if self._waiting and self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            anyio.notify_closing(self.fd)  # wake the parked receiver: a message is waiting
+        if self._waiting and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self._notify_closing(self.fd)  # wake the parked receiver: a message is waiting
         return True
 
     async def send_multipart(self, frames: list) -> None:
@@ -170,7 +233,22 @@ class AsyncSocket:
         self._closed = True
         if self._waiting:
             try:
-                anyio.notify_closing(self.fd)
+                self._notify_closing(self.fd)
             except Exception:  # no loop running
                 pass
         self.sock.close(linger=linger_ms)
+
+
+def _fd_primitives():
+    """(wait_readable, notify_closing, errors a woken wait raises) for the running loop:
+    trio's own functions on trio (anyio's wrappers look the backend up on every call,
+    which costs more than the wait), anyio's elsewhere."""
+    try:
+        on_trio = sniffio.current_async_library() == "trio"
+    except sniffio.AsyncLibraryNotFoundError:
+        on_trio = False
+    if on_trio:
+        import trio
+        return (trio.lowlevel.wait_readable, trio.lowlevel.notify_closing,
+                (trio.ClosedResourceError, anyio.ClosedResourceError))
+    return anyio.wait_readable, anyio.notify_closing, (anyio.ClosedResourceError,)

@@ -86,19 +86,22 @@ def _is_torch_tensor(obj) -> bool:
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
-def encode(msg: Message, shm_min_bytes: int | None = None) -> list:
-    """Message -> frames (frame 0 bytes, then one buffer per bulk array).
+class _Encoder(threading.local):
+    """One msgpack Packer per thread, reused for every envelope (a fresh Packer per
+    message costs more than the packing). `buffers` and `shm_min_bytes` hold the
+    message being encoded; `encode` never re-enters itself (bulk-array headers
+    are packed with `msgpack.packb`)."""
 
-    shm_min_bytes: arrays at least this large go through /dev/shm (None: never;
-    use only when sender and receiver share a host).
-    """
-    buffers: list = []
+    def __init__(self):
+        self.buffers: list = []
+        self.shm_min_bytes: int | None = None
+        self.packer = msgpack.Packer(default=self.default, use_bin_type=True, strict_types=False)
 
-    def default(obj):
+    def default(self, obj):
         if isinstance(obj, np.ndarray):
-            return _encode_numpy(obj, buffers, shm_min_bytes)
+            return _encode_numpy(obj, self.buffers, self.shm_min_bytes)
         if _is_torch_tensor(obj):
-            return _encode_torch(obj, buffers, shm_min_bytes)
+            return _encode_torch(obj, self.buffers, self.shm_min_bytes)
         if isinstance(obj, (np.integer, np.floating, np.bool_)):
             return obj.item()
         if isinstance(obj, tuple):
@@ -107,14 +110,29 @@ def encode(msg: Message, shm_min_bytes: int | None = None) -> list:
                         "send msgpack types (dict, list, str, bytes, int, float, bool, None), "
                         "numpy arrays or CPU torch tensors")
 
+
+_encoder = _Encoder()
+
+
+def encode(msg: Message, shm_min_bytes: int | None = None) -> list:
+    """Message -> frames (frame 0 bytes, then one buffer per bulk array).
+
+    shm_min_bytes: arrays at least this large go through /dev/shm (None: never;
+    use only when sender and receiver share a host).
+    """
+    encoder = _encoder
+    encoder.buffers = buffers = []
+    encoder.shm_min_bytes = shm_min_bytes
     envelope = [msg.kind, msg.msg_id, msg.corr_id, msg.sender, msg.policy_version, msg.body]
     try:
-        head = msgpack.packb(envelope, default=default, use_bin_type=True, strict_types=False)
+        head = encoder.packer.pack(envelope)  # on error the packer discards what it packed
     except (TypeError, ValueError, OverflowError) as exc:
         if isinstance(exc, WireError):
             raise
         raise WireError(f"cannot encode message {msg.kind!r}: {exc}") from exc
-    return [head, *buffers]
+    finally:
+        encoder.buffers = []  # drop references to the caller's arrays
+    return [head, *buffers] if buffers else [head]
 
 
 def _encode_numpy(array: np.ndarray, buffers: list, shm_min_bytes: int | None):
@@ -270,36 +288,45 @@ def decode(frames: list) -> Message:
     """Frames (bytes or zmq.Frame) -> Message. Raises WireError on anything malformed."""
     if not frames:
         raise WireError("empty message: expected an envelope frame")
-    buffers = [f.buffer if hasattr(f, "buffer") else memoryview(f) for f in frames]
-
-    def ext_hook(code, data):
-        if code == ARRAY_EXT:
-            index, dtype, shape, is_torch = _unpack_ext(data, "array")
-            if not isinstance(index, int) or not 1 <= index < len(buffers):
-                raise WireError(f"array refers to frame {index!r}, but the message has "
-                                f"{len(buffers)} frames")
-            return _make_array(buffers[index], dtype, shape, is_torch)
-        if code == SHM_EXT:
-            path, dtype, shape, is_torch = _unpack_ext(data, "shared-memory array")
-            return _map_shm(path, dtype, shape, is_torch)
-        raise WireError(f"unknown msgpack ext type {code}")
-
-    try:
-        envelope = msgpack.unpackb(buffers[0], ext_hook=ext_hook, raw=False,
-                                   strict_map_key=False, use_list=True)
+    try:  # msgpack reads a zmq.Frame through the buffer protocol, without a memoryview
+        if len(frames) == 1:  # no bulk frames: the shared hook needs no closure
+            envelope = msgpack.unpackb(frames[0], ext_hook=_ext_hook_without_frames, raw=False,
+                                       strict_map_key=False)
+        else:
+            envelope = msgpack.unpackb(frames[0], ext_hook=lambda code, data: _ext_hook(
+                code, data, frames), raw=False, strict_map_key=False)
     except WireError:
         raise
     except Exception as exc:  # msgpack raises several types for bad bytes
         raise WireError(f"envelope is not valid msgpack: {exc}") from exc
-    if not isinstance(envelope, list) or len(envelope) != 6:
+    if type(envelope) is not list or len(envelope) != 6:
         raise WireError("envelope must be [kind, msg_id, corr_id, sender, policy_version, body], "
                         f"got {type(envelope).__name__}")
     kind, msg_id, corr_id, sender, policy_version, body = envelope
-    if not isinstance(kind, str) or not isinstance(msg_id, int) or not isinstance(corr_id, int) \
-            or not isinstance(sender, str) or not (policy_version is None or isinstance(policy_version, int)):
+    if type(kind) is not str or type(msg_id) is not int or type(corr_id) is not int \
+            or type(sender) is not str or not (policy_version is None or type(policy_version) is int):
         raise WireError("envelope fields have wrong types: kind:str, msg_id:int, corr_id:int, "
                         f"sender:str, policy_version:int|None; got {envelope[:5]!r}")
     return Message(kind, msg_id, corr_id, sender, policy_version, body)
+
+
+def _ext_hook(code: int, data: bytes, frames):
+    if code == ARRAY_EXT:
+        index, dtype, shape, is_torch = _unpack_ext(data, "array")
+        if not isinstance(index, int) or not 1 <= index < len(frames):
+            raise WireError(f"array refers to frame {index!r}, but the message has "
+                            f"{len(frames)} frames")
+        frame = frames[index]
+        buffer = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+        return _make_array(buffer, dtype, shape, is_torch)
+    if code == SHM_EXT:
+        path, dtype, shape, is_torch = _unpack_ext(data, "shared-memory array")
+        return _map_shm(path, dtype, shape, is_torch)
+    raise WireError(f"unknown msgpack ext type {code}")
+
+
+def _ext_hook_without_frames(code: int, data: bytes):
+    return _ext_hook(code, data, ())
 
 
 def peek_msg_id(frames: list) -> int | None:

@@ -1,0 +1,57 @@
+"""ActorRef's reply reading: callers that read the socket themselves (leader/follower) and
+the reaper's drain between calls, over a real actor process."""
+import anyio
+
+from postrain.core import ActorSpec, Supervisor
+from postrain.core.testing import async_test
+
+ECHO = "postrain.core.testing:EchoActor"
+
+
+@async_test
+async def test_a_cancelled_reader_leaves_the_reference_working_for_other_callers():
+    async with Supervisor.open() as sup:
+        ref = await sup.start(ActorSpec(name="echo", cls=ECHO, cpus=0.25, memory_mb=0))
+        results = []
+
+        async def follower():
+            results.append(await ref.ask("sleep", {"s": 0.3}, timeout_s=10))
+
+        async with anyio.create_task_group() as tg:
+            with anyio.move_on_after(0.1) as scope:  # the first caller reads replies, then leaves
+                tg.start_soon(follower)
+                await ref.ask("sleep", {"s": 1.0}, timeout_s=10)
+            assert scope.cancelled_caught
+        assert results == ["slept"]
+        assert await ref.ask("echo", "after", timeout_s=10) == "after"
+        assert not ref._reading and not ref._followers and not ref._pending
+
+
+@async_test
+async def test_stream_items_that_arrive_while_the_consumer_is_busy_do_not_time_out():
+    async with Supervisor.open() as sup:
+        ref = await sup.start(ActorSpec(name="echo", cls=ECHO, cpus=0.25, memory_mb=0))
+        items = []
+        async for item in ref.stream("count", {"n": 4}, timeout_s=0.5):
+            items.append(item["i"])
+            await anyio.sleep(0.3)  # slower, in all, than the per-item timeout
+        assert items == [0, 1, 2, 3]
+
+
+async def _many_callers_share_one_reference():
+    async with Supervisor.open() as sup:
+        ref = await sup.start(ActorSpec(name="echo", cls=ECHO, cpus=0.25, memory_mb=0))
+        got = {}
+
+        async def call(i):
+            got[i] = await ref.ask("echo", i, timeout_s=10)
+        async with anyio.create_task_group() as tg:
+            for i in range(50):
+                tg.start_soon(call, i)
+        assert got == {i: i for i in range(50)}
+        assert [item["i"] async for item in ref.stream("count", {"n": 3})] == [0, 1, 2]
+
+
+def test_many_callers_share_one_reference_on_asyncio_with_uvloop():
+    anyio.run(_many_callers_share_one_reference, backend="asyncio",
+              backend_options={"use_uvloop": True})
