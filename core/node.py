@@ -192,6 +192,7 @@ class ActorRef:
         sock.reconnect_ivl = 20
         sock.reconnect_ivl_max = 500
         configure_client(sock, address, node.keys)
+        self._uses_curve = is_beyond_loopback(address)  # else a failed handshake means the peer went away
         self._monitor = AsyncSocket(_monitor_socket(node.context, sock))
         sock.connect(address)
         self._sock = AsyncSocket(sock)
@@ -421,7 +422,7 @@ class ActorRef:
             if event == _CONNECTED:
                 self._auth_error = None
                 self._connected.set()
-            elif event == _LOST:
+            elif event == _LOST or (event & _AUTH_FAILED and not self._uses_curve):
                 if self._connected.is_set():
                     self._connected = anyio.Event()
                 self._fail_all(ActorDiedError(
