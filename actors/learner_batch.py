@@ -78,6 +78,11 @@ class PackedBatch:
             self.loss_mask[start:stop, :width - 1], self.behavior_logp[start:stop, :width - 1],
             self.policy_versions[start:stop, :width - 1], adv if adv.dim() == 1 else adv[:, :width - 1])
 
+    def select(self, indices: torch.Tensor) -> "PackedBatch":
+        """The samples at `indices` (B',) int64, in that order, at the same width."""
+        return PackedBatch(*(getattr(self, f)[indices] for f in (
+            "input_ids", "attention_mask", "loss_mask", "behavior_logp", "policy_versions", "advantages")))
+
     def to(self, device) -> "PackedBatch":
         return PackedBatch(*(getattr(self, f).to(device) for f in (
             "input_ids", "attention_mask", "loss_mask", "behavior_logp", "policy_versions", "advantages")))

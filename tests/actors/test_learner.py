@@ -13,7 +13,7 @@ import torch
 
 from postrain.actors.engine import Engine
 from postrain.actors.learner import Learner, LearnerConfig, build_policy
-from postrain.actors.learner_batch import LearnerError
+from postrain.actors.learner_batch import LearnerError, pack_batch
 from postrain.actors.sampling import SamplingParams
 
 TINY = dict(vocab_size=264, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
@@ -105,6 +105,21 @@ def test_gradient_accumulation_equals_one_full_batch(agg_mode):
     assert m_one["grad_norm"] == pytest.approx(m_many["grad_norm"], rel=1e-5)
     for name, tensor in one.model.state_dict().items():
         torch.testing.assert_close(many.model.state_dict()[name], tensor, atol=1e-6, rtol=0)
+
+
+def test_micro_batches_sort_by_length_and_the_step_stays_the_same():
+    batch = {k: v[::-1] for k, v in random_batch(5, num=6).items()}   # longest first, lengths differ
+    many = learner(micro_batch_size=2, lr=1.0, adam_eps=1.0, agg_mode="seq-mean-token-mean")
+    packed = pack_batch(batch)
+    widths = [mb.input_ids.shape[1] for mb in many._micro_batches(packed, by_length=True)]
+    assert widths == sorted(widths) and widths[0] < widths[-1]       # short samples pad to short ones
+    assert [mb.input_ids.shape[1] for mb in many._micro_batches(packed)] == widths[::-1]
+    one = learner(micro_batch_size=6, lr=1.0, adam_eps=1.0, agg_mode="seq-mean-token-mean")
+    for step in ("train_step", "sft_step"):
+        m_one, m_many = getattr(one, step)(batch), getattr(many, step)(batch)
+        assert m_one["loss"] == pytest.approx(m_many["loss"], abs=1e-6)
+        for name, tensor in one.model.state_dict().items():
+            torch.testing.assert_close(many.model.state_dict()[name], tensor, atol=1e-6, rtol=0)
 
 
 def test_checkpoint_resume_is_bit_identical_for_the_next_step(tmp_path):
