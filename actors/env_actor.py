@@ -7,7 +7,10 @@
 
 `rollout` {"task": {...}, "sample_id": str, "sampling": {...}} -> a rollout:
     {"sample_id", "token_ids", "loss_mask", "behavior_logprobs", "policy_versions",
-     "reward": {"components", "weights"}, "num_turns", "num_policy_tokens", "tool_statuses"}
+     "reward": {"components", "weights"}, "num_turns", "num_policy_tokens", "tool_statuses",
+     "timeline"}
+where `timeline` lists the episode's hops: each generate call and each tool call
+with its start, duration and outcome (actors/timeline.py; `postrain trace`).
 
 Design note (tokens in, tokens out). The rollout is one growing list of token
 ids: the rendered prompt, then for each turn exactly the ids the generator
@@ -29,37 +32,51 @@ from postrain.core import Actor, handler
 
 from .environment import EnvironmentFailure, checked_reset, checked_step, checked_truncated
 from .tasks import get_task
+from .timeline import Timeline, tool_status
 from .tokenizer import Tokenizer, byte_tokenizer
 
 
 def load_tokenizer(model: str) -> Tokenizer:
     """The tokenizer of a model spec without loading its weights where that is possible."""
-    path = Path(model)
+    from .checkpoint import resolve_model
+    path = Path(resolve_model(model))
     if path.is_dir() and (path / "tokenizer.json").exists():
         return Tokenizer.from_file(path / "tokenizer.json", path / "tokenizer_config.json")
     if not path.exists():
         return byte_tokenizer()  # a built-in config
     from .checkpoint import load_model
-    return load_model(model)[1]
+    return load_model(path)[1]
 
 
 class RemoteSandbox:
-    """A `SandboxHandle` that calls the sandbox actor."""
+    """A `SandboxHandle` that calls the sandbox actor; with a `timeline`, each call is a hop in it."""
 
-    def __init__(self, ref):
+    def __init__(self, ref, timeline: Timeline | None = None):
         self.ref = ref
+        self.timeline = timeline
+
+    def for_episode(self, timeline: Timeline) -> "RemoteSandbox":
+        return RemoteSandbox(self.ref, timeline)
 
     async def exec(self, code, *, stdin=None, files=None, timeout_s=None):
         body = {"code": code, "stdin": stdin, "files": files}
         if timeout_s is not None:
             body["limits"] = {"wall_time_s": float(timeout_s)}
-        return await self.ref.ask("exec", body, timeout_s=(timeout_s or 30) + 30)
+        return await self._ask("exec", body, timeout_s=(timeout_s or 30) + 30)
 
     async def run_tests(self, solution, tests, *, test_timeout_s=2.0, timeout_s=None):
         body = {"solution": solution, "tests": tests, "test_timeout_s": test_timeout_s}
         if timeout_s is not None:
             body["limits"] = {"wall_time_s": float(timeout_s)}
-        return await self.ref.ask("run_tests", body, timeout_s=(timeout_s or 60) + 30)
+        return await self._ask("run_tests", body, timeout_s=(timeout_s or 60) + 30)
+
+    async def _ask(self, call: str, body: dict, timeout_s: float):
+        if self.timeline is None:
+            return await self.ref.ask(call, body, timeout_s=timeout_s)
+        with self.timeline.hop("tool", self.ref.name, call=call) as hop:
+            reply = await self.ref.ask(call, body, timeout_s=timeout_s)
+            hop.update(tool_status(call, reply))
+        return reply
 
 
 def observation_ids(tokenizer: Tokenizer, conversation: list[dict], ended_with_eos: bool) -> list[int]:
@@ -95,13 +112,18 @@ class EnvironmentActor(Actor):
 
     @handler("rollout", concurrent=True)
     async def rollout(self, body):
-        env = self.task.make_env(sandbox=self.sandbox, options=self.env_options)
+        timeline = Timeline()
+        sandbox = self.sandbox.for_episode(timeline) if self.sandbox else None
+        env = self.task.make_env(sandbox=sandbox, options=self.env_options)
         try:
-            return await self._episode(env, body["task"], body.get("sampling") or {})
+            with timeline.hop("episode", self.name) as episode:
+                rollout = await self._episode(env, body["task"], body.get("sampling") or {}, timeline)
+                episode["num_turns"] = rollout["num_turns"]
+            return {**rollout, "timeline": timeline.to_list()}
         finally:
             await env.close()
 
-    async def _episode(self, env, task: dict, sampling: dict) -> dict:
+    async def _episode(self, env, task: dict, sampling: dict, timeline: Timeline) -> dict:
         tok = self.tokenizer
         conversation = await checked_reset(env, task, timeout_s=self.step_timeout_s)
         ids = tok.encode(tok.apply_chat_template(conversation, add_generation_prompt=True))
@@ -110,8 +132,11 @@ class EnvironmentActor(Actor):
         while num_turns < env.max_turns and len(ids) < self.max_total_tokens:
             budget = self.max_total_tokens - len(ids)
             params = {**sampling, "max_new_tokens": min(sampling.get("max_new_tokens", 128), budget), "n": 1}
-            sample = (await self.generator.ask("generate", {"prompt_ids": ids, "sampling": params},
-                                               timeout_s=600))["samples"][0]
+            with timeline.hop("generate", self.generator.name) as hop:
+                sample = (await self.generator.ask("generate", {"prompt_ids": ids, "sampling": params},
+                                                   timeout_s=600))["samples"][0]
+                hop.update(num_tokens=len(sample["token_ids"]),
+                           policy_versions=sorted(set(sample["policy_versions"])))
             ids += sample["token_ids"]
             mask += [1] * len(sample["token_ids"])
             logprobs += sample["logprobs"]

@@ -8,7 +8,7 @@
 
 Handlers (request/reply; bodies are dicts):
 
-    train(batch) -> metrics          sft(batch) -> metrics
+    train(batch) -> metrics          sft(batch) -> metrics   (each body may add expect_policy_version)
     save_checkpoint({"path", "extra"}) -> {"path", "step", "policy_version"}
     load_checkpoint({"path"}) -> {"step", "policy_version", "extra"}
     export_hf({"path"}) -> {"path"}
@@ -25,6 +25,13 @@ messages, each holding some whole tensors plus "chunk": i and "num_chunks": n; t
 applies the version when chunk n - 1 arrives. Tensors >= 1 MiB cross through /dev/shm (the wire does it), so
 on one host a sync costs one write and one mapped read per tensor. `WeightReceiverActor`
 below is the reference receiver (tests and the bench use it).
+
+Restarts: a learner restarted by the supervisor holds its initial weights (or its
+`resume_from` checkpoint). A caller that tracks the version names it in
+`expect_policy_version` (train, sft, save_checkpoint, export_hf, publish); a learner at
+another version refuses with `PolicyVersionMismatch` instead of training, saving,
+exporting or publishing the wrong weights (the orchestrator then restores it:
+actors/recovery.py).
 
 The compute handlers run in a worker thread (`anyio.to_thread.run_sync`), so the event
 loop keeps answering heartbeats during a long step. Cancelled: the step still completes
@@ -75,8 +82,25 @@ def weights_digest(weights: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
+class PolicyVersionMismatch(RuntimeError):
+    """The learner is not at the policy version the caller expects (it restarted)."""
+
+
 class LearnerActor(Actor):
     """options: learner (LearnerConfig fields), resume_from (a checkpoint folder or None)."""
+
+    def _check_expected_version(self, body) -> dict:
+        """`body` without its "expect_policy_version"; raises PolicyVersionMismatch when the
+        learner is at another version."""
+        if not isinstance(body, dict) or "expect_policy_version" not in body:
+            return body
+        body = dict(body)
+        expected = body.pop("expect_policy_version")
+        if expected is not None and int(expected) != self.learner.policy_version:
+            raise PolicyVersionMismatch(
+                f"this learner is at policy version {self.learner.policy_version}, the caller expects "
+                f"{expected}: it restarted; load the last checkpoint and replay the steps since")
+        return body
 
     async def setup(self):
         from postrain.actors.learner import Learner, LearnerConfig
@@ -92,14 +116,15 @@ class LearnerActor(Actor):
 
     @handler("train")
     async def train(self, body):
-        return await anyio.to_thread.run_sync(self.learner.train_step, body)
+        return await anyio.to_thread.run_sync(self.learner.train_step, self._check_expected_version(body))
 
     @handler("sft")
     async def sft(self, body):
-        return await anyio.to_thread.run_sync(self.learner.sft_step, body)
+        return await anyio.to_thread.run_sync(self.learner.sft_step, self._check_expected_version(body))
 
     @handler("save_checkpoint")
     async def save_checkpoint(self, body):
+        body = self._check_expected_version(body)
         path = await anyio.to_thread.run_sync(self.learner.save_checkpoint, body["path"], body.get("extra"))
         return {"path": str(path), "step": self.learner.step, "policy_version": self.learner.policy_version}
 
@@ -110,6 +135,7 @@ class LearnerActor(Actor):
 
     @handler("export_hf")
     async def export_hf(self, body):
+        body = self._check_expected_version(body)
         return {"path": str(await anyio.to_thread.run_sync(self.learner.export_hf, body["path"]))}
 
     @handler("get_weights")
@@ -123,6 +149,7 @@ class LearnerActor(Actor):
         body: targets (actor names), timeout_s (per message), chunk_mb (None: one message; else
         messages of at most that many MiB of tensors, whole tensors, for links across hosts).
         Cancelled: targets that already replied hold the new version; the others may or may not."""
+        body = self._check_expected_version(body)
         names = list(body.get("targets") or [])
         timeout_s = float(body.get("timeout_s", 120.0))
         weights = self.learner.state_dict()

@@ -16,6 +16,9 @@ Handlers (bodies are msgpack maps; bytes travel as bytes):
                                                                   collect_error, result}
     run_io_cases  {code, cases: [[stdin, expected], ...], limits?} -> {passed: [bool], results}
     stats         {} -> counters by status, queued, running
+    resize        {num_workers, cpu_ids?} -> {num_workers, previous}: grow or shrink the warm
+                  pool (the head's balancer sends it); with cpu_ids the actor first re-pins itself
+                  to the cores the scheduler now reserves for it, so new workers run there
 
 `limits` may change the per-execution limits of the actor's policy (wall_time_s, cpu_time_s,
 memory_mb, max_processes, max_file_size_mb, work_dir_size_mb, max_open_files,
@@ -65,7 +68,8 @@ class SandboxActor(Actor):
         self.sandbox = await anyio.to_thread.run_sync(make)
         self.limiter = anyio.CapacityLimiter(self.num_workers)
         self.num_queued = 0   # requests waiting for a worker; invariant: 0 <= num_queued
-        self.num_running = 0  # executions in flight; invariant: 0 <= num_running <= num_workers
+        self.num_running = 0  # executions in flight; 0 <= num_running <= num_workers (after a shrink:
+        #                       once the surplus runs end)
         self.status_counts: collections.Counter[str] = collections.Counter()
 
     async def teardown(self) -> None:
@@ -135,6 +139,23 @@ class SandboxActor(Actor):
         return {"passed": [v.passed for v in verdicts],
                 "results": [result_to_wire(v.result) for v in verdicts]}
 
+    @handler("resize")
+    async def resize(self, body):
+        """Runs in flight finish; surplus workers close when idle. Cancelled while new workers
+        start: the pool still ends at the asked size (the start runs on in its thread)."""
+        num_workers = body.get("num_workers") if isinstance(body, dict) else None
+        if not isinstance(num_workers, int) or num_workers < 1:
+            raise ValueError(f"resize needs an int num_workers >= 1, got {num_workers!r}; "
+                             f"fix: send {{'num_workers': 2}}")
+        cpu_ids = body.get("cpu_ids")
+        if cpu_ids:
+            pin_process(cpu_ids)
+        previous = self.num_workers
+        await anyio.to_thread.run_sync(self.sandbox.resize, num_workers, limiter=_unlimited())
+        self.num_workers = num_workers
+        self.limiter.total_tokens = num_workers
+        return {"num_workers": num_workers, "previous": previous}
+
     @handler("stats")
     async def stats(self, body):
         return {"by_status": dict(self.status_counts), "queued": self.num_queued,
@@ -181,6 +202,16 @@ class SandboxActor(Actor):
         for res in _results_of(result):
             self.status_counts[res.status.value] += 1
         return result
+
+
+def pin_process(cpu_ids) -> None:
+    """Pin every thread of this process (and so the workers it starts next) to `cpu_ids`."""
+    cores = {int(c) for c in cpu_ids}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except OSError:
+            pass  # the thread ended meanwhile
 
 
 def _results_of(value) -> list[ExecResult]:

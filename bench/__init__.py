@@ -21,6 +21,7 @@ BENCHMARKS: dict[str, str] = {
     "generate": "postrain.bench.generate",
     "kvpool": "postrain.bench.kvpool",
     "learner": "postrain.bench.learner",
+    "e2e": "postrain.bench.e2e",
 }
 
 
@@ -42,13 +43,19 @@ def _fmt(value) -> str:
         if math.isnan(value):
             return "-"
         return f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
     return "-" if value is None else str(value)
 
 
 def format_table(reports: list[dict]) -> str:
-    """One row per figure: bench, figure, ours, peer, ratio."""
-    rows = [("bench", "figure", "postrain", "peer", "ratio")]
+    """One row per figure: bench, figure, ours, peer, ratio. A report with an `error` (a bench
+    that failed) is one row whose figure column says so."""
+    rows = [("bench", "figure", "ours", "peer", "ratio")]
     for report in reports:
+        if "error" in report:
+            rows.append((report["bench"], f"error: {report['error']}", "-", "-", "-"))
+            continue
         for key, ours in report["results"].items():
             rows.append((report["bench"], key, _fmt(ours), _fmt(report["peer"].get(key)),
                          _fmt(report["ratio"].get(key))))

@@ -29,13 +29,21 @@ tells the head READY. It sends a heartbeat every `heartbeat_interval_s` with
 its `load()`. A STOP message runs `teardown()` and exits 0; an exception in
 setup or in the runtime is reported to the head with its traceback, then the
 process exits 1.
+
+An actor never outlives its head: on Linux the process asks the kernel for
+SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG, set as the process
+starts), and on every system the heartbeat loop exits the process once its
+parent pid is no longer the head's (a head killed with SIGKILL cannot stop
+its actors; `postrain up --resume` starts a fresh set).
 """
 from __future__ import annotations
 
+import ctypes
 import importlib
 import inspect
 import logging
 import os
+import signal
 import sys
 import traceback
 from typing import Any, ClassVar
@@ -108,7 +116,7 @@ class Actor:
         inbox = self.inbox
         if inbox is None:
             return {}
-        return {"inbox_queued": inbox.num_queued, "in_flight": inbox.num_in_flight,
+        return {"in_flight": inbox.num_in_flight,
                 "served": inbox.num_served, "rejected": inbox.num_rejected}
 
     async def lookup(self, name: str, timeout_s: float = 10.0):
@@ -149,14 +157,16 @@ def run_actor_process(spec: dict) -> None:
     """Entry point of an actor process (the supervisor spawns it).
 
     spec keys: name, cls (import path), options, address, head_address (or None),
-    incarnation, cpu_ids (or None), num_threads, heartbeat_interval_s, keys (or None),
-    log_path (or None: inherit the head's stdout and stderr)."""
+    head_pid (or None: the parent's death is not watched), incarnation, cpu_ids (or None),
+    num_threads, heartbeat_interval_s, keys (or None), log_path (or None: inherit the head's
+    stdout and stderr)."""
     if spec.get("log_path"):
         log_fd = os.open(spec["log_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
         os.close(log_fd)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {spec['name']} %(levelname)s %(message)s")
+    _die_with_parent(spec.get("head_pid"))
     _pin_cpus(spec.get("cpu_ids"), spec.get("num_threads"))
     backend = "trio"
     try:
@@ -177,6 +187,32 @@ def run_actor_process(spec: dict) -> None:
     except BaseException:
         traceback.print_exc()
         sys.exit(1)
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die_with_parent(head_pid: int | None) -> None:
+    """Ask the kernel to SIGKILL this process when its parent (the head) dies, then check that
+    the head did not die before we asked. The signal follows the parent *thread* that spawned
+    us: the supervisor spawns from its event loop's thread, which lives as long as the head."""
+    if head_pid is None:
+        return
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+                log.warning("prctl(PR_SET_PDEATHSIG) failed (errno %d); the heartbeat loop watches "
+                            "the head instead", ctypes.get_errno())
+        except (OSError, AttributeError) as exc:
+            log.warning("prctl unavailable (%s); the heartbeat loop watches the head instead", exc)
+    _exit_if_orphaned(head_pid)
+
+
+def _exit_if_orphaned(head_pid: int | None) -> None:
+    if head_pid is not None and os.getppid() != head_pid:
+        log.error("the head (pid %d) is gone; exiting rather than running as an orphan", head_pid)
+        os._exit(1)
 
 
 def _pin_cpus(cpu_ids, num_threads) -> None:
@@ -231,6 +267,7 @@ async def _actor_main(cls, spec: dict, startup_error: str | None) -> None:
 async def _heartbeat(actor: Actor, head, spec: dict) -> None:
     interval_s = spec.get("heartbeat_interval_s", 1.0)
     while True:
+        _exit_if_orphaned(spec.get("head_pid"))
         try:
             await head.tell("_heartbeat", {"name": actor.name, "pid": os.getpid(),
                                            "incarnation": spec.get("incarnation", 0),

@@ -22,6 +22,8 @@ SUBCOMMANDS: dict[str, str] = {
     "status": "postrain.core.control",
     "down": "postrain.core.down",
     "bench": "postrain.core.bench_cli",
+    "plot": "postrain.core.plot",
+    "trace": "postrain.core.trace",
     "sandbox": "postrain.core.sandbox_cli",
     "generate": "postrain.actors.generate_cli",
     "eval": "postrain.actors.eval_cli",

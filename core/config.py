@@ -12,6 +12,9 @@ must not silently fall back to a default).
     [head]
     heartbeat_interval_s = 1.0
 
+    [balancer]                     # optional; see BalancerSection
+    max_sandbox_workers = 4
+
     [[actors]]
     name = "echo"
     cls = "postrain.core.testing:EchoActor"
@@ -93,6 +96,11 @@ class HeadSection(_Strict):
     heartbeat_interval_s: float = Field(1.0, gt=0, description="how often actors report to the head")
     heartbeat_timeout_s: float = Field(30.0, gt=0, description="silence after which an actor counts as hung and is restarted")
     bind: str = Field("ipc", description="the head's control socket: 'ipc' or 'tcp://HOST:PORT'")
+    metrics_port: int = Field(0, ge=-1, le=65535, description="the head's Prometheus endpoint "
+                              "(http://metrics_host:PORT/metrics, also in head.json): 0 picks a free port, "
+                              "-1 turns it off")
+    metrics_host: str = Field("127.0.0.1", description="address the Prometheus endpoint listens on "
+                              "(loopback by default; '0.0.0.0' exposes it, unauthenticated)")
 
     @model_validator(mode="after")
     def _check_timeout(self):
@@ -102,9 +110,35 @@ class HeadSection(_Strict):
         return self
 
 
+class BalancerSection(_Strict):
+    """The head's balancer (core/balancer.py): sandbox workers follow the tool-call queue;
+    changes of the orchestrator's backpressure state are logged."""
+
+    enabled: bool = Field(True, description="run the balancer on the head")
+    interval_s: float = Field(1.0, gt=0, description="how often it reads the loads and decides")
+    grow_when_queued: int = Field(2, ge=1, description="tool calls waiting at a sandbox actor that count "
+                                  "as a backlog")
+    grow_after_ticks: int = Field(2, ge=1, description="consecutive ticks of backlog before a worker is "
+                                  "added")
+    shrink_after_idle_s: float = Field(30.0, gt=0, description="seconds with nothing queued and a worker "
+                                       "spare before a worker is removed")
+    min_sandbox_workers: int = Field(1, ge=1, description="never fewer warm workers per sandbox actor")
+    max_sandbox_workers: int = Field(8, ge=1, description="never more warm workers per sandbox actor")
+    sandbox_worker_cpus: float = Field(0.1, gt=0, le=1, description="cores reserved per worker beyond "
+                                       "the ones a sandbox actor started with (its spec's cpus cover those)")
+
+    @model_validator(mode="after")
+    def _check_bounds(self):
+        if self.min_sandbox_workers > self.max_sandbox_workers:
+            raise ValueError(f"min_sandbox_workers ({self.min_sandbox_workers}) must be <= "
+                             f"max_sandbox_workers ({self.max_sandbox_workers})")
+        return self
+
+
 class RunConfig(_Strict):
     run: RunSection = Field(default_factory=RunSection)
     head: HeadSection = Field(default_factory=HeadSection)
+    balancer: BalancerSection = Field(default_factory=BalancerSection)
     actors: list[ActorSpec] = Field(default_factory=list)
     extra: dict[str, Any] = Field(default_factory=dict,
                                   description="sections owned by other modules, validated by them")
@@ -121,11 +155,11 @@ class RunConfig(_Strict):
         return self
 
 
-_CORE_SECTIONS = {"run", "head", "actors"}
+_CORE_SECTIONS = {"run", "head", "balancer", "actors"}
 
 
 def parse_config(data: dict, source: str = "<config>") -> RunConfig:
-    """Validate a parsed TOML document. Tables other than run/head/actors go to `extra`."""
+    """Validate a parsed TOML document. Tables other than run/head/balancer/actors go to `extra`."""
     core = {k: v for k, v in data.items() if k in _CORE_SECTIONS}
     core["extra"] = {k: v for k, v in data.items() if k not in _CORE_SECTIONS}
     try:

@@ -39,6 +39,7 @@ class SampleLedger:
         self._state: dict[str, str] = {}                 # sample_id -> its current state
         self._counts: Counter = Counter()                # state -> number of samples in it now
         self.drop_reasons: Counter = Counter()           # reason -> number dropped for it
+        self.events_path = Path(events_path) if events_path else None
         self._events_file = open(events_path, "a", buffering=1) if events_path else None
 
     # -- transitions -------------------------------------------------------------
@@ -96,6 +97,14 @@ class SampleLedger:
 
     def state_dict(self) -> dict:
         return {"state": dict(self._state), "drop_reasons": dict(self.drop_reasons)}
+
+    def events_offset(self) -> int:
+        """Bytes in the event file so far. A checkpoint stores it with `state_dict()`: a resumed
+        run cuts the file back to it, so the events match the restored states."""
+        if self._events_file is None:
+            return 0
+        self._events_file.flush()
+        return self.events_path.stat().st_size
 
     def load_state_dict(self, data: dict) -> None:
         self._state = dict(data["state"])

@@ -138,6 +138,56 @@ class Scheduler:
         self.placements[spec.name] = placement
         return placement
 
+    def resize(self, name: str, cpus: float) -> Placement:
+        """Change a placed actor's CPU reservation to `cpus` cores in all (the balancer's lever).
+
+        Growing fills the actor's own cores first, then the fullest cores that still have room,
+        so one actor may come to span several cores; shrinking gives back the cores it took last.
+        Atomic: on PlacementError (not that much free) nothing changes."""
+        placement = self.placements.get(name)
+        if placement is None:
+            raise PlacementError(f"actor {name!r} is not placed; place it before resizing it")
+        if cpus <= _EPS:
+            raise PlacementError(f"actor {name!r}: cpus must be > 0, got {cpus:g}; release it instead")
+        share = dict(self._cpu_share[name])
+        delta = cpus - sum(share.values())
+        if delta > _EPS:
+            for cpu in sorted(self._core_used, key=lambda c: (c not in share, -self._core_used[c])):
+                room = 1.0 - self._core_used[cpu]
+                take = min(room, delta)
+                if take > _EPS:
+                    share[cpu] = share.get(cpu, 0.0) + take
+                    delta -= take
+                if delta <= _EPS:
+                    break
+            if delta > _EPS:
+                raise PlacementError(f"actor {name!r} asks to grow to {cpus:g} cores; free: "
+                                     f"{self.free_summary()}. Free cores elsewhere or grow less")
+        else:
+            for cpu in reversed(list(share)):
+                give = min(share[cpu], -delta)
+                share[cpu] -= give
+                delta += give
+                if share[cpu] <= _EPS and len(share) > 1:
+                    del share[cpu]
+                if delta >= -_EPS:
+                    break
+        old = self._cpu_share[name]
+        for cpu in self._core_used:
+            self._core_used[cpu] += share.get(cpu, 0.0) - old.get(cpu, 0.0)
+        self._cpu_share[name] = share
+        resized = Placement(name, tuple(sorted(share)), placement.gpu_ids, placement.memory_mb,
+                            max(1, math.floor(cpus + _EPS)))
+        self.placements[name] = resized
+        return resized
+
+    def reserved_cpus(self, name: str) -> float:
+        """Cores reserved for a placed actor (0 when it is not placed)."""
+        return sum(self._cpu_share.get(name, {}).values())
+
+    def free_cpus(self) -> float:
+        return sum(1.0 - used for used in self._core_used.values())
+
     def release(self, name: str) -> None:
         self.placements.pop(name, None)
         for cpu, amount in self._cpu_share.pop(name, {}).items():

@@ -234,7 +234,7 @@ class Supervisor:
         record.crash_traceback = ""
         spec = record.spec
         payload = {"name": spec.name, "cls": spec.cls, "options": spec.options, "address": record.address,
-                   "head_address": self.address, "incarnation": record.incarnation,
+                   "head_address": self.address, "head_pid": os.getpid(), "incarnation": record.incarnation,
                    "cpu_ids": list(record.placement.cpu_ids), "num_threads": record.placement.num_threads,
                    "heartbeat_interval_s": self.heartbeat_interval_s,
                    "keys": self.keys.to_dict() if self.keys else None,

@@ -85,7 +85,8 @@ class AsyncioEchoActor(EchoActor):
 
 class CountingDriver(Actor):
     """A run driver for tests of `postrain up`: asks `options.peer` to echo `options.steps` times,
-    streaming a progress line per step, then a summary; `stop` ends it early."""
+    streaming a progress line and figures ({"step", "num_steps"}) per step, then a summary; `stop`
+    ends it early."""
 
     async def setup(self):
         self.stopping = False
@@ -100,6 +101,7 @@ class CountingDriver(Actor):
             assert await peer.ask("echo", step) == step
             steps += 1
             yield {"line": f"step {step}"}
+            yield {"figures": {"step": steps, "num_steps": self.options.get("steps", 3)}}
             await anyio.sleep(self.options.get("step_s", 0))
         yield {"summary": {"steps": steps, "run_folder": body["run_folder"]}}
 

@@ -7,10 +7,25 @@ driver actor (`[run] driver`) until it finishes, or serves until
 `postrain down RUN_DIR`, SIGTERM or Ctrl-C. Leaving stops every actor (a STOP
 message, a bounded wait, then a kill).
 
+While the driver runs, a terminal shows a live view (figures, queue depths,
+every actor's health: core/live.py); `--quiet`, or a stdout that is not a
+terminal, gives the plain progress lines. The head serves Prometheus metrics
+at the URL it prints ([head] metrics_port; core/exporter.py).
+
+While the actors run, the head's balancer (core/balancer.py, `[balancer]`)
+adds sandbox workers when tool calls queue and removes them when idle, and
+logs the orchestrator's backpressure; each decision is a line and a
+"balance" metrics row.
+
 The run folder (run_dir/name) holds config.toml (the resolved config),
-head.json (the head's address, for `postrain status` and `down`), logs/ (one
-log per actor), and whatever the actors write (metrics, checkpoints,
-summary.json).
+head.json (the head's address and metrics URL, for `postrain status` and
+`down`), logs/ (one log per actor), and whatever the actors write (metrics,
+checkpoints, summary.json).
+
+`postrain up --resume RUN_DIR` starts the run in RUN_DIR again from its
+config.toml and asks the driver to continue from the run's last checkpoint
+(the orchestrator's resume: actors/orchestrator.py). Actors die with their
+head (core/actor.py), so a head killed with SIGKILL leaves no orphans to stop first.
 """
 from __future__ import annotations
 
@@ -25,8 +40,10 @@ from pathlib import Path
 
 import anyio
 
+from .balancer import Balancer
 from .config import RunConfig, load_config
 from .errors import ActorError, ConfigError, PostrainError
+from .monitor import RunMonitor
 from .scheduler import Scheduler
 from .supervisor import Supervisor
 
@@ -39,6 +56,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--config", help="TOML run config (default: the built-in tiny run)")
     parser.add_argument("--dry-run", action="store_true", help="print the placement plan and exit")
     parser.add_argument("--run-dir", help="override [run] run_dir")
+    parser.add_argument("--resume", metavar="RUN_DIR",
+                        help="continue the run in RUN_DIR (its config.toml) from its last checkpoint")
+    parser.add_argument("--quiet", action="store_true",
+                        help="plain progress lines instead of the live view (always so when stdout is not a terminal)")
 
 
 def default_config_path() -> Path:
@@ -64,11 +85,42 @@ def prepare_run_folder(config: RunConfig) -> Path:
     return folder
 
 
+def resume_config(run_folder: Path) -> RunConfig:
+    """The config of the run in `run_folder`, pointed at that folder; refuses a run whose head lives."""
+    path = run_folder / "config.toml"
+    if not path.exists():
+        raise PostrainError(f"{run_folder} holds no config.toml; --resume takes the folder of a run "
+                            "that `postrain up` started (run_dir/name)")
+    head = run_folder / "head.json"
+    if head.exists():
+        pid = json.loads(head.read_text()).get("pid")
+        if pid and _process_exists(pid):
+            raise PostrainError(f"the run in {run_folder} is still going (head pid {pid}); stop it with "
+                                f"`postrain down {run_folder}` before resuming it")
+    config = load_config(path)
+    config.run.run_dir, config.run.name = str(run_folder.resolve().parent), run_folder.resolve().name
+    if not config.run.driver:
+        raise PostrainError(f"{path} names no [run] driver; only a driven run (an orchestrator) can resume")
+    return config
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def main(args) -> int:
     path = Path(args.config) if args.config else default_config_path()
+    if args.resume:
+        path = Path(args.resume) / "config.toml"
     try:
-        config = load_config(path)
-        if args.run_dir:
+        config = resume_config(Path(args.resume)) if args.resume else load_config(path)
+        if args.run_dir and not args.resume:
             config.run.run_dir = args.run_dir
         plan = Scheduler().plan(config.actors)
     except (ConfigError, PostrainError) as exc:
@@ -84,23 +136,36 @@ def main(args) -> int:
     except PostrainError as exc:
         print(f"postrain up: {exc}", file=sys.stderr)
         return 2
-    shutil.copyfile(path, folder / "config.toml")
-    return anyio.run(_run, config, folder, backend="trio")
+    if not args.resume:
+        shutil.copyfile(path, folder / "config.toml")
+    try:
+        monitor = RunMonitor(folder, config, quiet=args.quiet).start()  # a taken metrics port fails here
+    except PostrainError as exc:
+        print(f"postrain up: {exc}", file=sys.stderr)
+        return 2
+    with monitor:
+        return anyio.run(_run, config, folder, monitor, bool(args.resume), backend="trio")
 
 
-async def _run(config: RunConfig, folder: Path) -> int:
+async def _run(config: RunConfig, folder: Path, monitor: RunMonitor, resume: bool = False) -> int:
     async with Supervisor.open(heartbeat_interval_s=config.head.heartbeat_interval_s,
                                heartbeat_timeout_s=config.head.heartbeat_timeout_s,
                                bind=config.head.bind, log_dir=str(folder / "logs")) as supervisor:
+        monitor.attach(supervisor)
         (folder / "head.json").write_text(json.dumps({"address": supervisor.address, "pid": os.getpid(),
-                                                      "started": time.time()}))
+                                                      "started": time.time(), "metrics_url": monitor.metrics_url}))
+        if monitor.metrics_url:
+            print(f"  metrics: {monitor.metrics_url}", flush=True)
         for spec in config.actors:
             await supervisor.start(spec)
             print(f"  started {spec.name} (pid {supervisor.records[spec.name].pid})", flush=True)
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signal, supervisor, tg.cancel_scope)
+            tg.start_soon(monitor.watch)
+            if config.balancer.enabled:
+                tg.start_soon(Balancer(supervisor, config.balancer, folder, emit=monitor.line).run)
             if config.run.driver:
-                status = await _follow_driver(supervisor, config.run.driver, folder)
+                status = await _follow_driver(supervisor, config.run.driver, folder, monitor, resume)
             else:
                 print("serving; stop with `postrain down RUN_DIR` or Ctrl-C", flush=True)
                 await supervisor.shutdown_requested.wait()
@@ -111,8 +176,9 @@ async def _run(config: RunConfig, folder: Path) -> int:
     return status
 
 
-async def _follow_driver(supervisor: Supervisor, driver: str, folder: Path) -> int:
-    """Stream the driver's progress lines; its last item is the run's summary."""
+async def _follow_driver(supervisor: Supervisor, driver: str, folder: Path, monitor: RunMonitor,
+                         resume: bool = False) -> int:
+    """Stream the driver's progress lines and figures to the monitor; its last item is the run's summary."""
     ref = supervisor.ref(driver)
     summary = None
     async with anyio.create_task_group() as tg:
@@ -121,11 +187,14 @@ async def _follow_driver(supervisor: Supervisor, driver: str, folder: Path) -> i
             await ref.tell("stop")
         tg.start_soon(stop_driver_on_shutdown)
         try:
-            async for item in ref.stream("run", {"run_folder": str(folder)}, timeout_s=3600):
-                if isinstance(item, dict) and "line" in item:
-                    print(item["line"], flush=True)
-                if isinstance(item, dict) and "summary" in item:
-                    summary = item["summary"]
+            with monitor.view:
+                async for item in ref.stream("run", {"run_folder": str(folder), "resume": resume}, timeout_s=3600):
+                    if isinstance(item, dict) and "line" in item:
+                        monitor.line(item["line"])
+                    if isinstance(item, dict) and "figures" in item:
+                        monitor.figures(item["figures"])
+                    if isinstance(item, dict) and "summary" in item:
+                        summary = item["summary"]
         except ActorError as exc:
             print(f"postrain up: the run's driver {driver!r} failed: {exc}\n"
                   f"its log: {folder / 'logs' / (driver + '.log')}", file=sys.stderr)

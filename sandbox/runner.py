@@ -288,6 +288,17 @@ class Sandbox:
         return await trio.to_thread.run_sync(functools.partial(self.run, code, **kwargs),
                                              limiter=self._limiter[1], abandon_on_cancel=True)
 
+    def resize(self, num_workers: int) -> int:
+        """Change the number of warm workers (or, cold, of concurrent `arun` runs); blocks while
+        new workers start. Runs in flight finish; surplus workers close when idle."""
+        if num_workers < 1:
+            raise PolicyError(f"num_workers must be >= 1, got {num_workers}; fix: pass at least 1")
+        if self._pool is not None:
+            self._pool.resize(num_workers)
+        self.num_workers = num_workers
+        self._limiter = None  # the next `arun` builds one of the new size (the pool still bounds runs)
+        return num_workers
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.close()

@@ -200,14 +200,20 @@ class WarmWorker:
 
 
 class WarmPool:
-    """`num_workers` warm workers; `execute` blocks until one is idle (thread-safe)."""
+    """`num_workers` warm workers; `execute` blocks until one is idle (thread-safe).
+
+    `resize(n)` changes the number of workers while executions run: new workers start at once;
+    surplus workers are closed when idle (at once if idle now, else when their run ends).
+    Invariant: len(workers) - num_to_retire == num_workers >= 1."""
 
     def __init__(self, policy: Policy, num_workers: int = 1, *,
                  preload: tuple[str, ...] = DEFAULT_PRELOAD) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}; fix: pass at least 1")
         self.policy = policy
+        self.preload = preload
         self.workers: list[WarmWorker] = []
+        self.num_to_retire = 0  # busy workers to close when their run ends; under _lock
         self._idle: queue.SimpleQueue[WarmWorker] = queue.SimpleQueue()
         self._lock = threading.Lock()
         try:
@@ -219,14 +225,61 @@ class WarmPool:
             self.close()
             raise
 
+    @property
+    def num_workers(self) -> int:
+        with self._lock:
+            return len(self.workers) - self.num_to_retire
+
     def execute(self, code: str, **kwargs) -> ExecResult:
         worker = self._idle.get()
         try:
             return worker.execute(code, **kwargs)
         finally:
+            self._give_back(worker)
+
+    def resize(self, num_workers: int) -> int:
+        """Grow or shrink to `num_workers` (>= 1); blocks while new workers start. Returns the
+        new count. New workers inherit the calling thread's CPU affinity."""
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}; fix: pass at least 1")
+        with self._lock:
+            surplus = len(self.workers) - self.num_to_retire - num_workers
+            if surplus < 0:  # cancel pending retirements before starting anything
+                cancelled = min(self.num_to_retire, -surplus)
+                self.num_to_retire -= cancelled
+                surplus += cancelled
+            else:
+                self.num_to_retire += surplus
+        for _ in range(-surplus):  # outside the lock: a start takes a while
+            worker = WarmWorker(self.policy, preload=self.preload)
+            with self._lock:
+                self.workers.append(worker)
+            self._idle.put(worker)
+        while True:  # retire idle workers now; busy ones retire in _give_back
+            with self._lock:
+                if self.num_to_retire == 0:
+                    break
+            try:
+                worker = self._idle.get_nowait()
+            except queue.Empty:
+                break
+            self._give_back(worker)
+        return self.num_workers
+
+    def _give_back(self, worker: WarmWorker) -> None:
+        with self._lock:
+            retire = self.num_to_retire > 0
+            if retire:
+                self.num_to_retire -= 1
+                self.workers.remove(worker)
+        if retire:
+            worker.close()
+        else:
             self._idle.put(worker)
 
     def close(self) -> None:
-        for worker in self.workers:
+        with self._lock:
+            workers = list(self.workers)
+        for worker in workers:
             worker.close()
 

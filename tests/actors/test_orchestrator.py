@@ -11,7 +11,7 @@ import sys
 
 from postrain.actors.orchestrator import chat_to_tokens
 from postrain.actors.tokenizer import byte_tokenizer
-from postrain.core.ledger import read_events
+from postrain.core.ledger import STATES, read_events
 from postrain.core.metrics import read_metrics
 
 FLAKY_TASK = '''
@@ -97,7 +97,21 @@ def test_up_runs_eval_warm_start_and_grpo_steps_and_accounts_for_every_sample(tm
     assert len(read_metrics(folder, "sft")) == 2
     assert (folder / "checkpoint").is_dir()
     first = read_events(folder / "ledger.jsonl", "b0-g0-s0")
-    assert [e["event"] for e in first] == ["created", "generated", "rewarded", "trained"]
+    assert [e["event"] for e in first if e["event"] in STATES] == ["created", "generated", "rewarded", "trained"]
+    # the rollout's hops are in the ledger, and `postrain trace` and `postrain plot` read the run
+    hops = {e["event"]: e for e in first if e["event"] not in STATES}
+    assert hops["episode"]["actor"] == "env" and hops["generate"]["actor"] == "generator"
+    assert hops["generate"]["num_tokens"] > 0 and hops["generate"]["policy_versions"]
+    assert first[-1]["event"] == "trained" and first[-1]["staleness"] in (0, 1)
+    assert all("staleness_mean" in row for row in train_rows)
+    traced = subprocess.run([sys.executable, "-m", "postrain.core.cli", "trace", str(folder), "b0-g0-s0"],
+                            capture_output=True, text=True, timeout=120)
+    assert traced.returncode == 0, traced.stderr
+    assert "env -> generator" in traced.stdout and traced.stdout.strip().endswith("outcome: trained in step 1")
+    plotted = subprocess.run([sys.executable, "-m", "postrain.core.cli", "plot", str(folder)],
+                             capture_output=True, text=True, timeout=120)
+    assert plotted.returncode == 0 and "reward.png" in plotted.stdout, plotted.stderr
+    assert (folder / "plots" / "reward.png").exists() and (folder / "plots" / "accuracy.png").exists()
     # the exported policy is a model folder that `postrain eval` scores in the real sandbox
     result = subprocess.run([sys.executable, "-m", "postrain.core.cli", "eval", "--model", str(folder / "policy"),
                              "--task", "arithmetic", "--num-tasks", "3", "--max-tokens", "24", "--json",

@@ -172,3 +172,35 @@ def test_handler_declarations_are_checked():
         async def a(self, body, msg):
             return msg.sender
     assert set(Both._handler_specs) == {"a"}
+
+
+HEAD_SCRIPT = """
+import anyio
+from postrain.core import ActorSpec, Supervisor
+
+async def main():
+    async with Supervisor.open() as sup:
+        await sup.start(ActorSpec(name="echo", cls="postrain.core.testing:EchoActor", cpus=0.1, memory_mb=0))
+        print(sup.records["echo"].pid, flush=True)
+        await anyio.sleep(600)   # the head idles until the test kills it
+
+anyio.run(main, backend="trio")
+"""
+
+
+def test_an_actor_dies_with_its_head_even_when_the_head_is_killed_with_sigkill():
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    head = subprocess.Popen([sys.executable, "-c", HEAD_SCRIPT], stdout=subprocess.PIPE, text=True)
+    try:
+        actor = psutil.Process(int(head.stdout.readline()))
+        head.send_signal(signal.SIGKILL)
+        head.wait(timeout=30)
+        actor.wait(timeout=30)   # raises psutil.TimeoutExpired while the orphan lives
+    finally:
+        head.kill()
+        head.stdout.close()

@@ -89,3 +89,23 @@ def test_status_and_down_talk_to_a_running_head(tmp_path):
         head.kill()
     result = postrain("status", str(folder))
     assert result.returncode != 0 and "no running head" in result.stderr
+
+
+def test_resume_takes_a_run_folder_whose_head_is_gone(tmp_path):
+    from postrain.core.errors import PostrainError
+    from postrain.core.up import resume_config
+
+    folder = tmp_path / "runs" / "t"
+    with pytest.raises(PostrainError, match="holds no config.toml"):
+        resume_config(folder)
+    folder.mkdir(parents=True)
+    (folder / "config.toml").write_text(write_config(tmp_path).read_text())
+    (folder / "head.json").write_text(json.dumps({"pid": os.getpid()}))
+    with pytest.raises(PostrainError, match="still going.*postrain down"):
+        resume_config(folder)
+    (folder / "head.json").unlink()
+    config = resume_config(folder)
+    assert (config.run.run_dir, config.run.name) == (str(folder.parent.resolve()), "t")
+    (folder / "config.toml").write_text(write_config(tmp_path, driver=False).read_text())
+    with pytest.raises(PostrainError, match="names no \\[run\\] driver"):
+        resume_config(folder)

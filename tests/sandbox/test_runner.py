@@ -142,3 +142,27 @@ def test_output_streams_as_it_arrives(sandbox):
     assert result.status is Status.OK
     assert b"".join(d for n, d in chunks if n == "stdout") == result.stdout == b"0\n1\n2\n"
     assert b"".join(d for n, d in chunks if n == "stderr") == result.stderr == b"e\ne\ne\n"
+
+
+def test_resize_grows_at_once_and_retires_a_busy_worker_when_its_run_ends(small_policy):
+    with Sandbox(small_policy.replace(wall_time_s=5), mode="warm", num_workers=1) as sandbox:
+        assert sandbox.resize(2) == 2 and len(sandbox._pool.workers) == 2
+        started = [threading.Event(), threading.Event()]
+        results = []
+
+        def slow(index):
+            results.append(sandbox.run("import time; print('go', flush=True); time.sleep(1); print(1)",
+                                       on_output=lambda name, data: started[index].set()))
+        threads = [threading.Thread(target=slow, args=(i,)) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        assert all(event.wait(timeout=30) for event in started), "both workers are busy"
+        sandbox.resize(1)  # no idle worker: the first to finish its run is closed then
+        assert sandbox.num_workers == 1 and len(sandbox._pool.workers) == 2
+        for thread in threads:
+            thread.join(timeout=30)
+        assert [r.status for r in results] == [Status.OK, Status.OK]
+        assert len(sandbox._pool.workers) == 1, "the surplus worker closed when its run ended"
+        assert sandbox.run("print(3)").stdout == b"3\n"
+    with pytest.raises(PolicyError, match="num_workers must be >= 1, got 0"):
+        Sandbox(small_policy, mode="cold").resize(0)

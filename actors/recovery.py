@@ -1,0 +1,268 @@
+"""Training that survives a learner crash, and generators kept on the published weights.
+
+Design note (the learner's invariant). The supervisor restarts a learner killed mid-run,
+but the new process has its initial weights. `LearnerKeeper` is the orchestrator's only
+path to the learner, and it keeps, after every call that returned,
+
+    learner weights == checkpoint (or the starting weights when none was written yet)
+                       + each update in `since_checkpoint`, applied once, in order
+    learner.policy_version == self.version == checkpoint_version + len(since_checkpoint)
+
+`since_checkpoint` holds the bodies of the train and SFT steps since the last checkpoint.
+When the learner dies (our ask fails with ActorDiedError) or turns out to have restarted
+(every call names the version the invariant predicts, `expect_policy_version`, and a
+learner at another version refuses it before touching anything), `_recover`
+waits for the new process, loads the checkpoint into it, replays `since_checkpoint`
+(noting "replayed" on each sample in the ledger) and republishes the weights to every
+generator; then the failed call is made again. A step whose reply never came is in
+neither `since_checkpoint` nor the ledger's trained samples, so its retry trains it once:
+no update is lost or applied twice (tests/actors/test_recovery.py checks the learner's
+step count after kills). A checkpoint empties `since_checkpoint` only once it is written;
+a learner that died between writing it and replying is handled by the version the
+checkpoint holds (the steps it already contains are not replayed).
+
+Generators: a restarted generator holds its initial weights (version 0). `resync_generators`
+asks each generator its version (the ask waits until it is back) and republishes to any
+that is behind the last publish. The orchestrator calls it when a rollout failed because an
+actor died, or when a rollout carries tokens older than the version published before it
+started (only a restarted generator makes those).
+
+Every method takes the keeper's lock: one learner operation at a time. Cancelled: the
+lock is released; a call in flight may still complete on the learner, and the next call
+sees its version and recovers.
+"""
+from __future__ import annotations
+
+import logging
+
+import anyio
+
+from postrain.core.errors import ActorDiedError, ActorError, ActorTimeoutError, RemoteError
+
+log = logging.getLogger("postrain.recovery")
+
+MAX_RECOVERIES_PER_CALL = 5     # a learner that dies this often in one call is not coming back
+LEARNER_RESTART_TIMEOUT_S = 600.0
+
+
+class LearnerLostError(RuntimeError):
+    """The learner kept dying (or never came back); the run cannot go on."""
+
+
+def is_actor_death(exc: BaseException) -> bool:
+    """True when `exc` says an actor on a request's path died (here, or in an actor we asked
+    that asked another: the remote error names ActorDiedError), so the request may be retried
+    once the supervisor has restarted it."""
+    if isinstance(exc, ActorDiedError):
+        return True
+    if isinstance(exc, RemoteError):
+        return exc.error_type == "ActorDiedError" or "ActorDiedError" in exc.remote_message
+    return False
+
+
+def short_reason(exc: BaseException) -> str:
+    return (getattr(exc, "remote_message", None) or str(exc) or type(exc).__name__)[:200]
+
+
+class LearnerKeeper:
+    """The orchestrator's handle to the learner: steps, publishes, checkpoints, recovery."""
+
+    def __init__(self, learner, generators: list[str], lookup, ledger, emit):
+        self.learner = learner                   # ActorRef
+        self.generator_names = list(generators)
+        self._lookup = lookup                    # async name -> ActorRef (the head's registry)
+        self._generators: dict[str, object] = {}
+        self.ledger = ledger
+        self.emit = emit
+        self.lock = anyio.Lock()
+        self.version = 0                         # the learner's policy_version, by the invariant
+        self.published_version = 0               # what every live generator holds (or newer)
+        self.checkpoint_path: str | None = None
+        self.checkpoint_version = 0
+        self.since_checkpoint: list[tuple[str, dict, list[str]]] = []   # (kind, body, sample_ids)
+        self.num_recoveries = 0
+        self.num_generator_resyncs = 0
+
+    # -- starting ------------------------------------------------------------------
+
+    async def attach(self) -> None:
+        """A fresh run: the learner holds the weights it starts with (initial, or its own
+        `resume_from`), and a restarted learner starts with them again."""
+        async with self.lock:
+            stats = await self.learner.ask("stats", timeout_s=120)
+            self.version = self.checkpoint_version = int(stats["policy_version"])
+
+    async def restore(self, checkpoint_path: str) -> None:
+        """A resumed run: load `checkpoint_path` into the learner and publish it to every generator."""
+        from .learner_state import checkpoint_info
+
+        async with self.lock:
+            self.checkpoint_path = checkpoint_path
+            self.version = self.checkpoint_version = checkpoint_info(checkpoint_path)["policy_version"]
+            self.since_checkpoint = []
+            await self._bring_back()
+
+    # -- the learner's work --------------------------------------------------------
+
+    async def step(self, kind: str, body: dict, sample_ids: list[str] = ()) -> dict:
+        """One `train` or `sft` step, applied exactly once whatever dies meanwhile. Returns its metrics."""
+        async with self.lock:
+            async def once():
+                metrics = await self._ask(kind, body, self.version, timeout_s=900)
+                self._expect(int(metrics["policy_version"]), self.version + 1, kind)
+                return metrics
+            metrics = await self._with_recovery(once, kind)
+            self.version += 1
+            self.since_checkpoint.append((kind, body, list(sample_ids)))
+            return metrics
+
+    async def publish(self) -> dict:
+        """The learner's weights to every generator; returns the learner's publish report."""
+        async with self.lock:
+            return await self._with_recovery(self._publish_locked, "publish")
+
+    async def checkpoint(self, path: str, make_extra) -> dict:
+        """Save the learner with `make_extra()` (called under the lock, before the save: the
+        orchestrator's state at exactly this learner version)."""
+        async with self.lock:
+            extra = make_extra()
+
+            async def once():
+                reply = await self._ask("save_checkpoint", {"path": path, "extra": extra}, self.version)
+                self._expect(int(reply["policy_version"]), self.version, "save_checkpoint")
+                return reply
+            reply = await self._with_recovery(once, "save_checkpoint")
+            self.checkpoint_path, self.checkpoint_version = path, self.version
+            self.since_checkpoint = []
+            return reply
+
+    async def call(self, kind: str, body: dict, timeout_s: float = 600) -> dict:
+        """Any other learner request (export_hf, stats) against the learner of the invariant."""
+        async with self.lock:
+            async def once():
+                return await self._ask(kind, body, self.version, timeout_s=timeout_s)
+            return await self._with_recovery(once, kind)
+
+    async def resync_generators(self) -> int:
+        """Republish to generators behind the last publish (restarted ones); returns how many."""
+        async with self.lock:
+            behind = []
+            for name in self.generator_names:
+                stats = await self._wait_for(await self._generator(name))
+                if int(stats.get("policy_version", -1)) < self.published_version:
+                    behind.append(name)
+            if behind:
+                self.num_generator_resyncs += len(behind)
+                self.emit(f"generator(s) {', '.join(behind)} came back with initial weights; "
+                          f"republishing version {self.version}")
+                await self._with_recovery(lambda: self._publish_locked(behind), "publish")
+            return len(behind)
+
+    # -- internals ------------------------------------------------------------------
+
+    async def _with_recovery(self, once, what: str):
+        for attempt in range(MAX_RECOVERIES_PER_CALL + 1):
+            try:
+                return await once()
+            except _LearnerRestarted as exc:
+                reason = str(exc)
+            except ActorDiedError as exc:
+                reason = f"the learner died during {what}: {exc}"
+            if attempt == MAX_RECOVERIES_PER_CALL:
+                break
+            await self._recover(reason)
+        raise LearnerLostError(f"the learner failed {MAX_RECOVERIES_PER_CALL + 1} times during {what}; "
+                               "look at its log (logs/learner.log) and raise its max_restarts only if "
+                               "the cause is external")
+
+    async def _ask(self, kind: str, body: dict, expect_version: int, timeout_s: float = 600):
+        """Ask the learner, which refuses when it is not at `expect_version` (it restarted)."""
+        try:
+            return await self.learner.ask(kind, {**body, "expect_policy_version": expect_version},
+                                          timeout_s=timeout_s)
+        except RemoteError as exc:
+            if exc.error_type == "PolicyVersionMismatch":
+                raise _LearnerRestarted(exc.remote_message) from None
+            raise
+
+    async def _recover(self, reason: str) -> None:
+        """Bring a restarted learner back to the invariant (module docstring). Lock held."""
+        self.num_recoveries += 1
+        self.emit(f"learner recovery {self.num_recoveries}: {reason[:160]}; waiting for its restart")
+        await self._bring_back()
+
+    async def _bring_back(self) -> None:
+        for _ in range(MAX_RECOVERIES_PER_CALL):
+            try:
+                await self._reload_and_replay()
+                await self._publish_locked()
+                self.emit(f"learner recovered at version {self.version} (checkpoint v{self.checkpoint_version} "
+                          f"+ {len(self.since_checkpoint)} replayed steps); weights republished")
+                return
+            except (ActorDiedError, _LearnerRestarted) as exc:
+                self.emit(f"learner recovery interrupted ({short_reason(exc)}); starting it again")
+        raise LearnerLostError(f"the learner did not survive {MAX_RECOVERIES_PER_CALL} recoveries; see "
+                               "logs/learner.log")
+
+    async def _reload_and_replay(self) -> None:
+        stats = await self._wait_for(self.learner)
+        if self.checkpoint_path is not None:
+            reply = await self.learner.ask("load_checkpoint", {"path": self.checkpoint_path}, timeout_s=600)
+            loaded = int(reply["policy_version"])
+            if not self.checkpoint_version <= loaded <= self.version:
+                raise LearnerLostError(f"{self.checkpoint_path} holds policy version {loaded}, outside "
+                                       f"{self.checkpoint_version}..{self.version}; it was overwritten")
+            # a learner that died after writing a checkpoint and before replying: the new one is in place
+            del self.since_checkpoint[:loaded - self.checkpoint_version]
+            self.checkpoint_version = loaded
+        else:  # no checkpoint yet: a restarted learner holds its starting weights again
+            self._expect(int(stats["policy_version"]), self.checkpoint_version, "restart")
+        version = self.checkpoint_version
+        for kind, body, sample_ids in self.since_checkpoint:
+            metrics = await self._ask(kind, body, version, timeout_s=900)
+            version += 1
+            self._expect(int(metrics["policy_version"]), version, f"replayed {kind}")
+            for sid in sample_ids:
+                self.ledger.note(sid, "replayed", policy_version=version)
+        assert version == self.version, (version, self.version)
+
+    async def _wait_for(self, ref) -> dict:
+        """`stats` of an actor that may be restarting (the ask waits for its new process)."""
+        with anyio.fail_after(LEARNER_RESTART_TIMEOUT_S):
+            while True:
+                try:
+                    return await ref.ask("stats", timeout_s=LEARNER_RESTART_TIMEOUT_S)
+                except (ActorDiedError, ActorTimeoutError):
+                    await anyio.sleep(0.2)
+
+    async def _publish_locked(self, targets: list[str] | None = None) -> dict:
+        targets = list(targets or self.generator_names)
+        for attempt in range(3):
+            try:
+                result = await self._ask("publish", {"targets": targets}, self.version)
+                break
+            except RemoteError as exc:  # a generator died mid-sync: wait until it is back, again
+                if attempt == 2:
+                    raise
+                log.warning("publish failed (%s); waiting for the generators and publishing again",
+                            short_reason(exc))
+                for name in targets:
+                    await self._wait_for(await self._generator(name))
+        self._expect(int(result["version"]), self.version, "publish")
+        if set(targets) == set(self.generator_names):
+            self.published_version = self.version
+        return result
+
+    async def _generator(self, name: str):
+        if name not in self._generators:
+            self._generators[name] = await self._lookup(name)
+        return self._generators[name]
+
+    def _expect(self, got: int, expected: int, what: str) -> None:
+        if got != expected:
+            raise _LearnerRestarted(f"the learner answered {what} at policy version {got}, expected "
+                                    f"{expected}: it restarted with other weights")
+
+
+class _LearnerRestarted(ActorError):
+    """A learner reply whose version breaks the invariant: the process behind the ref is new."""

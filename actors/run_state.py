@@ -1,0 +1,123 @@
+"""A run's data order and the orchestrator's part of a checkpoint: what a resumed run continues from.
+
+Data order. Batch b's prompts are items [b * P, (b + 1) * P) of the task's training
+stream for the run's seed (P = prompts_per_step): a function of (seed, b) alone, so a
+resumed run gives batch b exactly the prompts it had before the kill. Sample ids name
+batch, group and sample, and the resume that created them (`b3-g0-s1` in the first
+start, `b3-g0-s1.r2` after the second resume), so an id is never reused, not even by a
+batch that is created again.
+
+Run state: the learner checkpoint's `extra` (actors/learner_state.py), written by the
+orchestrator between two train steps. Fields:
+
+    format            RUN_STATE_FORMAT
+    phase             "rl": batches next_batch.. remain (evaluation and warm start are done);
+                      "done": the run finished (final evaluation, policy export)
+    next_batch        the data cursor: batches 0..next_batch-1 are trained, each exactly once,
+                      and the learner's weights hold exactly those updates
+    evals             held-out accuracies so far ({"before": x, "after_sft": y})
+    ledger            SampleLedger.state_dict() at the same moment
+    ledger_events_offset, metrics_offset
+                      bytes of ledger.jsonl and metrics.jsonl at that moment; a resumed run
+                      moves what came later to *.rolled-back.jsonl (those steps are trained
+                      again), so the files tell the history of the restored weights
+    data_order        the knobs the data order depends on (task, task_options, seed, prompts_per_step,
+                      samples_per_prompt); a resume with other values is refused
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+RUN_STATE_FORMAT = "postrain-run-1"
+DATA_ORDER_KEYS = ("task", "seed", "prompts_per_step", "samples_per_prompt", "task_options")
+RESUMES_FILE = "resumes.jsonl"   # one line per `postrain up --resume`: when, from which batch
+
+
+class ResumeError(ValueError):
+    """A run folder that cannot be resumed as asked; the message says why and what to do."""
+
+
+class PromptSchedule:
+    """prompts(b): the task dicts of batch b, the same for every call with the same (seed, b).
+
+    Keeps one iterator over the training stream, positioned after the last batch asked for;
+    asking for an earlier batch starts the stream again (batches are asked for in order, so
+    that is rare)."""
+
+    def __init__(self, task_spec, seed: int, options: dict, prompts_per_step: int):
+        self.task_spec, self.seed, self.options = task_spec, seed, options
+        self.prompts_per_step = prompts_per_step
+        self._stream = None
+        self._position = 0   # index of the next item self._stream yields
+
+    def prompts(self, batch: int) -> list[dict]:
+        first = batch * self.prompts_per_step
+        if self._stream is None or first < self._position:
+            self._stream, self._position = self.task_spec.train_tasks(seed=self.seed, options=self.options), 0
+        while self._position < first:
+            next(self._stream)
+            self._position += 1
+        out = [next(self._stream) for _ in range(self.prompts_per_step)]
+        self._position += self.prompts_per_step
+        return out
+
+
+def batch_sample_id(batch: int, group: int, sample: int, resume_index: int = 0) -> str:
+    base = f"b{batch}-g{group}-s{sample}"
+    return base if resume_index == 0 else f"{base}.r{resume_index}"
+
+
+def data_order(cfg: dict) -> dict:
+    return {key: cfg[key] for key in DATA_ORDER_KEYS}
+
+
+def read_run_state(checkpoint_dir: str | Path) -> dict | None:
+    """The run state in a learner checkpoint folder, or None when there is no checkpoint yet."""
+    path = Path(checkpoint_dir) / "state.json"
+    if not path.exists():
+        return None
+    extra = json.loads(path.read_text()).get("extra") or {}
+    if extra.get("format") != RUN_STATE_FORMAT:
+        raise ResumeError(f"{checkpoint_dir} holds no run state (format {extra.get('format')!r}, expected "
+                          f"{RUN_STATE_FORMAT!r}); it was not written by the orchestrator of a run that "
+                          "can be resumed; start a new run instead")
+    return extra
+
+
+def check_same_data_order(state: dict, cfg: dict) -> None:
+    saved, now = state["data_order"], data_order(cfg)
+    changed = {key: (saved.get(key), now[key]) for key in DATA_ORDER_KEYS if saved.get(key) != now[key]}
+    if changed:
+        detail = ", ".join(f"{key}: {old!r} -> {new!r}" for key, (old, new) in changed.items())
+        raise ResumeError(f"cannot resume: the data order changed ({detail}); batch b must get the same "
+                          "prompts as before the restart; put the old values back or start a new run")
+
+
+def cut_back(path: str | Path, offset: int) -> int:
+    """Move everything after byte `offset` of `path` to the end of NAME.rolled-back.jsonl (a
+    record, not history); return the number of bytes moved. A missing file counts as empty."""
+    path = Path(path)
+    if not path.exists() or path.stat().st_size <= offset:
+        return 0
+    with open(path, "rb+") as handle:
+        handle.seek(offset)
+        tail = handle.read()
+        aside = path.with_name(path.name.removesuffix(".jsonl") + ".rolled-back.jsonl")
+        with open(aside, "ab") as out:
+            out.write(tail if tail.endswith(b"\n") else tail + b"\n")
+            out.flush()
+            os.fsync(out.fileno())
+        handle.truncate(offset)
+    return len(tail)
+
+
+def note_resume(folder: str | Path, from_batch: int | None) -> int:
+    """Append this resume to the run folder's record; return its index (1 for the first)."""
+    path = Path(folder) / RESUMES_FILE
+    previous = len(path.read_text().splitlines()) if path.exists() else 0
+    with open(path, "a") as handle:
+        handle.write(json.dumps({"time": time.time(), "resume": previous + 1, "from_batch": from_batch}) + "\n")
+    return previous + 1

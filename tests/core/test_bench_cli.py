@@ -1,0 +1,42 @@
+"""`postrain bench`: `all` selects every registered benchmark and prints one table.
+
+Only the cheap kvpool benchmark actually runs here (quick mode); the heavy ones are skipped."""
+import subprocess
+import sys
+
+import pytest
+
+from postrain.bench import BENCHMARKS, format_table
+from postrain.core.bench_cli import select
+
+
+def test_all_selects_every_registered_benchmark_in_order_minus_the_skipped():
+    assert select("all", "", BENCHMARKS) == list(BENCHMARKS)
+    assert select("all", "generate,learner", BENCHMARKS) == [n for n in BENCHMARKS if n not in ("generate", "learner")]
+    assert select("kvpool,sandbox", "", BENCHMARKS) == ["kvpool", "sandbox"]
+    with pytest.raises(SystemExit, match="unknown benchmark 'nope'; choose from: messaging"):
+        select("all", "nope", BENCHMARKS)
+
+
+def test_a_quick_run_of_all_prints_one_table_of_bench_figure_ours_peer_ratio():
+    heavy = ",".join(name for name in BENCHMARKS if name != "kvpool")
+    result = subprocess.run([sys.executable, "-m", "postrain.core.cli", "bench", "all", "--quick", "--skip", heavy],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    header, *rows = result.stdout.strip().splitlines()
+    assert header.split() == ["bench", "figure", "ours", "peer", "ratio"]
+    figures = {row.split()[1]: row.split() for row in rows}
+    assert {"alloc_free_ops_per_s", "append_batch_ops_per_s", "prefix_lookup_4096_us"} <= set(figures)
+    for cells in figures.values():
+        assert cells[0] == "kvpool" and len(cells) == 5
+        ours, peer, ratio = (float(cell.replace(",", "")) for cell in cells[2:])
+        assert ours > 0 and peer > 0 and ratio == pytest.approx(ours / peer, rel=0.02, abs=0.002)
+
+
+def test_a_failed_benchmark_is_an_error_row_in_the_table():
+    table = format_table([{"bench": "kvpool", "results": {"ops_per_s": 2000.0}, "peer": {"ops_per_s": 1000.0},
+                           "ratio": {"ops_per_s": 2.0}},
+                          {"bench": "generate", "error": "FileNotFoundError: no model"}])
+    lines = table.splitlines()
+    assert lines[1].split() == ["kvpool", "ops_per_s", "2,000", "1,000", "2"]
+    assert lines[2].split()[:3] == ["generate", "error:", "FileNotFoundError:"]

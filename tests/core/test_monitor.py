@@ -1,0 +1,89 @@
+"""The head's monitor: queue rows in metrics.jsonl, and a real `postrain up` serving its figures."""
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+
+from postrain.core.config import parse_config
+from postrain.core.metrics import read_metrics
+from postrain.core.monitor import RunMonitor
+
+CONFIG = """
+[run]
+name = "m"
+run_dir = "{run_dir}"
+driver = "driver"
+[head]
+heartbeat_interval_s = 0.2
+[[actors]]
+name = "echo"
+cls = "postrain.core.testing:EchoActor"
+cpus = 0.25
+memory_mb = 0
+[[actors]]
+name = "driver"
+cls = "postrain.core.testing:CountingDriver"
+cpus = 0.25
+memory_mb = 0
+options = {{ peer = "echo", steps = 100, step_s = 0.05 }}
+"""
+
+
+class ReportingSupervisor:
+    """Stands in for the supervisor: a status whose loads report queue depths."""
+
+    def __init__(self, loads):
+        self.loads = loads
+
+    def status(self):
+        return {"actors": [{"name": f"a{i}", "state": "running", "pid": i, "restarts": 0,
+                            "heartbeat_age_s": 0.1, "load": load} for i, load in enumerate(self.loads)]}
+
+
+def test_queue_rows_hold_the_depths_the_actors_report_and_nothing_when_none_does(tmp_path):
+    config = parse_config({"run": {"name": "m"}, "head": {"metrics_port": -1}})
+    with RunMonitor(tmp_path, config, quiet=True).start() as monitor:
+        assert monitor.metrics_url is None                        # -1 turns the endpoint off
+        monitor.attach(ReportingSupervisor([{"served": 4}]))
+        monitor.refresh()
+        assert monitor.write_queue_row() is None
+        monitor.attach(ReportingSupervisor([{"sandbox_queued": 2}, {"sandbox_queued": 3, "gen_waiting": 1},
+                                            {"prompts_waiting": 6, "rollouts_in_flight": 4}]))
+        monitor.figures({"rollout_buffer": 9})                  # a step figure is not a fresh depth
+        monitor.refresh()
+        monitor.write_queue_row()
+    rows = read_metrics(tmp_path, "queue")
+    assert len(rows) == 1
+    assert {k: v for k, v in rows[0].items() if k not in ("time", "kind")} == {
+        "prompts_waiting": 6, "rollouts_in_flight": 4, "sandbox_queue": 5, "generator_waiting": 1}
+
+
+def test_up_prints_and_records_its_metrics_url_and_serves_the_drivers_figures(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text(CONFIG.format(run_dir=tmp_path / "runs"))
+    head = subprocess.Popen([sys.executable, "-m", "postrain.core.cli", "up", "--quiet", "--config", str(config)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    folder = tmp_path / "runs" / "m"
+    try:
+        printed_url = None
+        for line in head.stdout:
+            if line.strip().startswith("metrics: "):
+                printed_url = line.split("metrics: ", 1)[1].strip()
+            if line.startswith("step 1"):   # the driver is streaming: the head serves its figures
+                break
+        recorded_url = json.loads((folder / "head.json").read_text())["metrics_url"]
+        assert printed_url == recorded_url and recorded_url.startswith("http://127.0.0.1:")
+        deadline = time.monotonic() + 60
+        while True:   # the exporter publishes on each figures item and each 1 s tick
+            text = urllib.request.urlopen(recorded_url, timeout=10).read().decode()
+            if "postrain_step " in text and 'postrain_actor_up{actor="driver"} 1.0' in text:
+                break
+            assert time.monotonic() < deadline, text
+        assert "postrain_num_steps 100.0" in text and 'postrain_actor_restarts{actor="echo"} 0.0' in text
+        assert head.wait(timeout=120) == 0
+        assert not (folder / "head.json").exists()
+    finally:
+        if head.poll() is None:
+            head.kill()
+            head.wait()

@@ -1,0 +1,59 @@
+"""`postrain plot RUN_DIR`: PNG charts from a synthetic run folder."""
+import argparse
+import json
+
+import pytest
+
+from postrain.core import plot as plot_command
+from postrain.core.plot import PlotError, plot_run
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def synthetic_run(folder, with_queues=True):
+    rows = [{"time": 100.0, "kind": "eval", "phase": "before", "accuracy": 0.0},
+            {"time": 101.0, "kind": "eval", "phase": "after_sft", "accuracy": 0.6}]
+    for step in range(1, 6):
+        rows.append({"time": 101.0 + step, "kind": "train", "step": step, "reward_mean": 0.1 * step,
+                     "correct_mean": 0.08 * step, "kl": 0.01 * step, "tokens_per_s": 5000 + step,
+                     "staleness_max": step % 2})
+        if with_queues:
+            rows.append({"time": 101.5 + step, "kind": "queue", "prompts_waiting": step, "sandbox_queue": 2})
+    rows.append({"time": 110.0, "kind": "eval", "phase": "after", "accuracy": 0.7})
+    write_jsonl(folder / "metrics.jsonl", rows)
+    write_jsonl(folder / "ledger.jsonl", [{"time": 105.0, "sample_id": f"b0-g0-s{i}", "event": "trained",
+                                           "step": 1, "staleness": i % 3} for i in range(7)])
+
+
+def test_plot_writes_a_png_per_chart(tmp_path):
+    synthetic_run(tmp_path)
+    written, skipped = plot_run(tmp_path)
+    names = {path.name for path in written}
+    assert names == {"reward.png", "accuracy.png", "kl.png", "throughput.png", "staleness.png", "queues.png"}
+    assert skipped == {}
+    for path in written:
+        assert path.parent == tmp_path / "plots" and path.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_missing_series_are_skipped_with_a_note(tmp_path, capsys):
+    synthetic_run(tmp_path, with_queues=False)
+    (tmp_path / "ledger.jsonl").unlink()
+    assert plot_command.main(argparse.Namespace(run_folder=str(tmp_path))) == 0
+    out = capsys.readouterr().out
+    assert "skipped queues.png: no queue rows" in out
+    assert f"wrote {tmp_path / 'plots' / 'staleness.png'}" in out   # from the train rows instead
+    assert not (tmp_path / "plots" / "queues.png").exists()
+
+
+def test_an_absent_or_empty_metrics_file_is_a_clear_error(tmp_path):
+    with pytest.raises(PlotError, match="metrics.jsonl does not exist; pass the run folder"):
+        plot_run(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text("")
+    with pytest.raises(PlotError, match="metrics.jsonl is empty"):
+        plot_run(tmp_path)
+    with pytest.raises(SystemExit, match="postrain plot: .*metrics.jsonl is empty"):
+        plot_command.main(argparse.Namespace(run_folder=str(tmp_path)))

@@ -1,0 +1,79 @@
+"""`postrain trace RUN_DIR SAMPLE_ID`: one sample's life from a synthetic ledger.jsonl."""
+import argparse
+import json
+
+import pytest
+
+from postrain.core import trace as trace_command
+
+T0 = 1000.0
+EVENTS = [
+    {"time": T0, "sample_id": "b0-g0-s0", "event": "created", "batch": 0, "group": 0, "prompt": "What is 3 + 4?"},
+    {"time": T0, "sample_id": "b0-g0-s1", "event": "created", "batch": 0, "group": 0, "prompt": "What is 3 + 4?"},
+    {"time": T0 + 0.5, "sample_id": "b0-g0-s0", "event": "episode", "at": T0 + 0.002, "actor": "env",
+     "duration_ms": 300.0, "num_turns": 2},
+    {"time": T0 + 0.5, "sample_id": "b0-g0-s0", "event": "generate", "at": T0 + 0.003, "actor": "generator",
+     "duration_ms": 80.0, "num_tokens": 24, "policy_versions": [1]},
+    {"time": T0 + 0.5, "sample_id": "b0-g0-s0", "event": "tool", "at": T0 + 0.090, "actor": "sandbox",
+     "call": "exec", "duration_ms": 7.5, "status": "ok"},
+    {"time": T0 + 0.5, "sample_id": "b0-g0-s0", "event": "generate", "at": T0 + 0.100, "actor": "generator",
+     "duration_ms": 50.0, "num_tokens": 9, "policy_versions": [1, 2]},
+    {"time": T0 + 0.5, "sample_id": "b0-g0-s0", "event": "generated", "tokens": 33},
+    {"time": T0 + 0.5, "sample_id": "b0-g0-s0", "event": "rewarded", "reward": 1.1,
+     "components": {"correct": 1.0, "format": 1.0}, "tool_statuses": ["ok"]},
+    {"time": T0 + 0.6, "sample_id": "b0-g0-s1", "event": "dropped", "reason": "rollout failed: boom"},
+    {"time": T0 + 1.5, "sample_id": "b0-g0-s0", "event": "trained", "step": 1, "staleness": 0},
+]
+
+
+def trace(folder, sample_id, capsys) -> str:
+    assert trace_command.main(argparse.Namespace(run_folder=str(folder), sample_id=sample_id)) == 0
+    return capsys.readouterr().out
+
+
+def trace_error(folder, sample_id) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        trace_command.main(argparse.Namespace(run_folder=str(folder), sample_id=sample_id))
+    return str(exit_info.value.code)
+
+
+def write_ledger(folder):
+    (folder / "ledger.jsonl").write_text("".join(json.dumps(e) + "\n" for e in EVENTS))
+
+
+def test_trace_prints_hops_tool_calls_reward_and_step_in_time_order(tmp_path, capsys):
+    write_ledger(tmp_path)
+    lines = trace(tmp_path, "b0-g0-s0", capsys).splitlines()
+    assert lines[0] == "sample b0-g0-s0"
+    body = "\n".join(lines)
+    expected_in_order = [
+        ("+0.0 ms", "created", "batch 0, group 0: What is 3 + 4?"),
+        ("+2.0 ms", "rollout", "orchestrator -> env"),
+        ("+3.0 ms", "generate", "env -> generator", "24 tokens, policy v1, 80.0 ms"),
+        ("+90.0 ms", "tool call", "env -> sandbox", "exec: ok, 7.5 ms"),
+        ("+100.0 ms", "generate", "9 tokens, policy v1/v2, 50.0 ms"),
+        ("+302.0 ms", "rollout done", "env -> orchestrator", "2 turns, 300.0 ms"),
+        ("+500.0 ms", "generated", "33 policy tokens"),
+        ("+500.0 ms", "rewarded", "reward 1.100 (correct 1.000, format 1.000); tool statuses ok"),
+        ("+1500.0 ms", "trained", "learner", "step 1, staleness 0"),
+    ]
+    position = 0
+    for parts in expected_in_order:
+        index = next(i for i, line in enumerate(lines) if i > position and all(p in line for p in parts))
+        position = index
+    assert lines[-1] == "outcome: trained in step 1"
+    assert "b0-g0-s1" not in body
+
+
+def test_a_dropped_sample_shows_its_reason(tmp_path, capsys):
+    write_ledger(tmp_path)
+    out = trace(tmp_path, "b0-g0-s1", capsys)
+    assert "dropped" in out and out.splitlines()[-1] == "outcome: dropped: rollout failed: boom"
+
+
+def test_an_unknown_sample_id_is_an_error_listing_known_ids(tmp_path):
+    write_ledger(tmp_path)
+    message = trace_error(tmp_path, "b9-g9-s9")
+    assert message.startswith("postrain trace: unknown sample 'b9-g9-s9'")
+    assert "known ids: b0-g0-s0, b0-g0-s1" in message
+    assert "no ledger at" in trace_error(tmp_path / "nowhere", "b0-g0-s0")
