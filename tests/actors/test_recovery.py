@@ -170,15 +170,15 @@ async def test_chaos_random_kills_leave_a_balanced_ledger_and_a_checkpoint_that_
     kills = []
 
     async def chaos(sup, lines):
-        # Kill k comes at a random moment after progress mark k, so all three land while the run
-        # goes on however slow the machine is (the marks leave two steps, eval and checkpoint after).
-        for mark in ("held-out accuracy before", "step 1/", "step 2/"):
+        # Kill k comes at a random moment soon after progress mark k, without waiting for the
+        # previous victim to be back, so all three land while the run goes on however fast or
+        # slow the machine is (after the last mark come three RL steps, an eval and checkpoints).
+        for mark in ("held-out accuracy before", "held-out accuracy after the warm start", "step 1/"):
             await until(lambda: any(mark in line for line in lines))
-            await anyio.sleep(rng.uniform(0.2, 2.0))  # chaos: a random moment, not a wait for a process
+            await anyio.sleep(rng.uniform(0.0, 0.5))  # chaos: a random moment, not a wait for a process
             name = rng.choice(["generator", "sandbox", "env", "learner"])
             sup.kill(name)
             kills.append(name)
-            await sup.wait_running(name, timeout_s=120, min_restarts=sup.records[name].restarts + 1)
 
     summary, lines, restarts = await run_with_killer(
         folder, orchestrator_options(num_steps=4, sft_steps=2, checkpoint_every=2), chaos)
