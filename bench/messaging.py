@@ -92,25 +92,15 @@ async def _trio_recv(sock: zmq.Socket) -> list:
         await trio.lowlevel.wait_readable(sock.FD)
 
 
-class _LoopFloor:
-    """Bare pyzmq PAIR ping-pong with a trio loop at both ends (no actor code)."""
+class _EchoPeer:
+    """A PAIR socket in this process connected to an echo server process pinned to `cpu_ids`."""
 
-    def __init__(self, cpu_ids: list[int]):
-        address = f"ipc://{tempfile.gettempdir()}/postrain-bench-floor-{os.getpid()}.sock"
-        self.server = multiprocessing.get_context("spawn").Process(
-            target=_trio_echo_server, args=(address, cpu_ids))
+    def __init__(self, name: str, server, cpu_ids: list[int]):
+        address = f"ipc://{tempfile.gettempdir()}/postrain-bench-{name}-{os.getpid()}.sock"
+        self.server = multiprocessing.get_context("spawn").Process(target=server, args=(address, cpu_ids))
         self.server.start()
         self.sock = zmq.Context.instance().socket(zmq.PAIR)
         self.sock.connect(address)
-
-    async def round_trips(self, num_calls: int) -> list[float]:
-        sock, rtts = self.sock, []
-        for _ in range(num_calls):
-            start = time.perf_counter()
-            sock.send(PAYLOAD, zmq.NOBLOCK)
-            await _trio_recv(sock)
-            rtts.append(time.perf_counter() - start)
-        return rtts
 
     def close(self) -> None:
         try:
@@ -122,16 +112,27 @@ class _LoopFloor:
                 self.server.kill()
 
 
-class _RawPeer:
+class _LoopFloor(_EchoPeer):
+    """Bare pyzmq PAIR ping-pong with a trio loop at both ends (no actor code)."""
+
+    def __init__(self, cpu_ids: list[int]):
+        super().__init__("floor", _trio_echo_server, cpu_ids)
+
+    async def round_trips(self, num_calls: int) -> list[float]:
+        sock, rtts = self.sock, []
+        for _ in range(num_calls):
+            start = time.perf_counter()
+            sock.send(PAYLOAD, zmq.NOBLOCK)
+            await _trio_recv(sock)
+            rtts.append(time.perf_counter() - start)
+        return rtts
+
+
+class _RawPeer(_EchoPeer):
     """The raw pyzmq client (blocking calls, in this process) and its echo server process."""
 
     def __init__(self, cpu_ids: list[int]):
-        address = f"ipc://{tempfile.gettempdir()}/postrain-bench-raw-{os.getpid()}.sock"
-        self.server = multiprocessing.get_context("spawn").Process(
-            target=_raw_echo_server, args=(address, cpu_ids))
-        self.server.start()
-        self.sock = zmq.Context.instance().socket(zmq.PAIR)
-        self.sock.connect(address)
+        super().__init__("raw", _raw_echo_server, cpu_ids)
         self.round_trips(200)  # warm up
 
     def round_trips(self, num_calls: int) -> list[float]:
@@ -157,15 +158,6 @@ class _RawPeer:
         self.sock.send_multipart([b"bulk", memoryview(tensor)], copy=False)
         self.sock.recv()
         return time.perf_counter() - start
-
-    def close(self) -> None:
-        try:
-            self.sock.send(b"stop")
-            self.server.join(timeout=10)
-        finally:
-            self.sock.close(linger=0)
-            if self.server.is_alive():
-                self.server.kill()
 
 
 # -- ours: actors --------------------------------------------------------------
