@@ -108,3 +108,27 @@ class CountingDriver(Actor):
     @handler("stop")
     async def stop(self, body):
         self.stopping = True
+
+
+def counting_run_config(run_dir, *, name: str = "t", steps: int = 3, step_s: float = 0,
+                        heartbeat_interval_s: float = 0.5) -> str:
+    """A run config (TOML text) of an echo actor and a CountingDriver driving it, for `postrain up` tests."""
+    return f"""
+[run]
+name = "{name}"
+run_dir = "{run_dir}"
+driver = "driver"
+[head]
+heartbeat_interval_s = {heartbeat_interval_s}
+[[actors]]
+name = "echo"
+cls = "postrain.core.testing:EchoActor"
+cpus = 0.25
+memory_mb = 0
+[[actors]]
+name = "driver"
+cls = "postrain.core.testing:CountingDriver"
+cpus = 0.25
+memory_mb = 0
+options = {{ peer = "echo", steps = {steps}, step_s = {step_s} }}
+"""

@@ -8,27 +8,7 @@ import urllib.request
 from postrain.core.config import parse_config
 from postrain.core.metrics import read_metrics
 from postrain.core.monitor import RunMonitor
-
-CONFIG = """
-[run]
-name = "m"
-run_dir = "{run_dir}"
-driver = "driver"
-[head]
-heartbeat_interval_s = 0.2
-[[actors]]
-name = "echo"
-cls = "postrain.core.testing:EchoActor"
-cpus = 0.25
-memory_mb = 0
-[[actors]]
-name = "driver"
-cls = "postrain.core.testing:CountingDriver"
-cpus = 0.25
-memory_mb = 0
-options = {{ peer = "echo", steps = 100, step_s = 0.05 }}
-"""
-
+from postrain.core.testing import counting_run_config
 
 class ReportingSupervisor:
     """Stands in for the supervisor: a status whose loads report queue depths."""
@@ -61,7 +41,8 @@ def test_queue_rows_hold_the_depths_the_actors_report_and_nothing_when_none_does
 
 def test_up_prints_and_records_its_metrics_url_and_serves_the_drivers_figures(tmp_path):
     config = tmp_path / "run.toml"
-    config.write_text(CONFIG.format(run_dir=tmp_path / "runs"))
+    config.write_text(counting_run_config(tmp_path / "runs", name="m", steps=100, step_s=0.05,
+                                          heartbeat_interval_s=0.2))
     head = subprocess.Popen([sys.executable, "-m", "postrain.core.cli", "up", "--quiet", "--config", str(config)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     folder = tmp_path / "runs" / "m"

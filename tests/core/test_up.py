@@ -7,25 +7,7 @@ import time
 
 import pytest
 
-CONFIG = """
-[run]
-name = "t"
-run_dir = "{run_dir}"
-driver = "driver"
-[head]
-heartbeat_interval_s = 0.5
-[[actors]]
-name = "echo"
-cls = "postrain.core.testing:EchoActor"
-cpus = 0.25
-memory_mb = 0
-[[actors]]
-name = "driver"
-cls = "postrain.core.testing:CountingDriver"
-cpus = 0.25
-memory_mb = 0
-options = {{ peer = "echo", steps = {steps}, step_s = {step_s} }}
-"""
+from postrain.core.testing import counting_run_config
 
 
 def postrain(*args, **kw):
@@ -34,7 +16,7 @@ def postrain(*args, **kw):
 
 
 def write_config(tmp_path, steps=3, step_s=0, driver=True):
-    text = CONFIG.format(run_dir=tmp_path / "runs", steps=steps, step_s=step_s)
+    text = counting_run_config(tmp_path / "runs", steps=steps, step_s=step_s)
     if not driver:
         text = text.replace('driver = "driver"\n', "")
     path = tmp_path / "run.toml"
