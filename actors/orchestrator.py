@@ -46,7 +46,9 @@ Options (the actor spec's `options`): task, task_options (the task's knobs, the 
 dict as the environment actor's env_options), seed, learner, generators, envs
 (actor names), num_steps, prompts_per_step, samples_per_prompt, max_staleness,
 sampling (SamplingParams fields), sft_steps, sft_batch_size, num_eval_tasks,
-max_concurrent_rollouts, max_buffered_batches, checkpoint_every (RL steps between
+eval_samples_per_task (each evaluation also samples this many episodes per held-out task at
+the run's sampling settings, seeded, and reports their mean as sampled accuracy; 0: greedy
+only), max_concurrent_rollouts, max_buffered_batches, checkpoint_every (RL steps between
 checkpoints; the last step always checkpoints), max_rollout_retries.
 """
 from __future__ import annotations
@@ -78,7 +80,7 @@ DEFAULTS = {
     "task": "arithmetic", "model": "tiny", "seed": 0, "learner": "learner",
     "generators": ["generator"], "envs": ["env"], "num_steps": 10, "prompts_per_step": 8,
     "samples_per_prompt": 8, "max_staleness": 0, "sft_steps": 0, "sft_batch_size": 16,
-    "num_eval_tasks": 50, "max_concurrent_rollouts": 64, "max_buffered_batches": 0, "task_options": {},
+    "num_eval_tasks": 50, "eval_samples_per_task": 0, "max_concurrent_rollouts": 64, "max_buffered_batches": 0, "task_options": {},
     "checkpoint_every": 10, "max_rollout_retries": 3,
     "sampling": {"temperature": 1.0, "max_new_tokens": 96},
 }
@@ -180,15 +182,12 @@ class OrchestratorActor(Actor):
         rl_start = time.time()
         steps = await self._rl(emit)
         rl_wall_s = time.time() - rl_start
-        eval_after = await self._evaluate()
-        self.metrics.log("eval", phase="after", accuracy=eval_after)
-        emit(f"held-out accuracy after RL: {eval_after:.3f}")
-        self.evals["after"] = eval_after
+        await self._evaluate_phase("after", "after RL", emit)
         checkpoint = await self._checkpoint("done" if steps == self.cfg["num_steps"] else "rl")
         policy = await self.keeper.call("export_hf", {"path": str(folder / "policy")})
         self.ledger.check()
-        summary = {"eval_before": self.evals["before"], "eval_after_sft": self.evals["after_sft"],
-                   "eval_after": eval_after, "steps": steps, "sft_steps": self.cfg["sft_steps"],
+        summary = {**{f"eval_{phase}": accuracy for phase, accuracy in self.evals.items()},
+                   "steps": steps, "sft_steps": self.cfg["sft_steps"],
                    "samples": self.ledger.counts()["trained"],
                    "ledger": self.ledger.counts(), "wall_s": round(time.time() - start, 1),
                    "rl_wall_s": round(rl_wall_s, 2), "learner_idle_s": round(self.learner_idle_s, 2),
@@ -206,14 +205,12 @@ class OrchestratorActor(Actor):
     async def _warm_up(self, emit) -> None:
         """Evaluate, warm-start (SFT), evaluate again; then the first checkpoint (phase "rl")."""
         emit(f"evaluating the initial policy on {self.cfg['num_eval_tasks']} held-out tasks")
-        self.evals["before"] = self.evals["after_sft"] = await self._evaluate()
-        self.metrics.log("eval", phase="before", accuracy=self.evals["before"])
-        emit(f"held-out accuracy before: {self.evals['before']:.3f}")
+        await self._evaluate_phase("before", "before", emit)
         if self.cfg["sft_steps"]:
             await self._sft(emit)
-            self.evals["after_sft"] = await self._evaluate()
-            self.metrics.log("eval", phase="after_sft", accuracy=self.evals["after_sft"])
-            emit(f"held-out accuracy after the warm start: {self.evals['after_sft']:.3f}")
+            await self._evaluate_phase("after_sft", "after the warm start", emit)
+        else:
+            self.evals.update({k.replace("before", "after_sft"): v for k, v in self.evals.items()})
         self.num_trained = 0
         await self._checkpoint("rl")
 
@@ -250,13 +247,34 @@ class OrchestratorActor(Actor):
 
     # -- evaluation ---------------------------------------------------------------
 
-    async def _evaluate(self) -> float:
-        """Mean `correct` component (or total reward) over held-out tasks, greedy decoding."""
-        tasks = self.task.eval_tasks(self.cfg["task_options"])[: self.cfg["num_eval_tasks"]]
-        scores = [0.0] * len(tasks)
-        sampling = {**self.cfg["sampling"], "temperature": 0.0, "stop": list(STOP_STRINGS)}
+    async def _evaluate_phase(self, phase: str, label: str, emit) -> None:
+        """Evaluate the current policy into `self.evals` (`phase`, and `sampled_<phase>` when
+        `eval_samples_per_task` > 0), its metrics row and a printed line."""
+        greedy = await self._evaluate(0.0, 1)
+        self.evals[phase] = greedy
+        line = f"held-out accuracy {label}: {greedy:.3f}"
+        row = {"accuracy": greedy}
+        num_samples = self.cfg["eval_samples_per_task"]
+        if num_samples:
+            temperature = self.cfg["sampling"].get("temperature", 1.0)
+            sampled = await self._evaluate(temperature, num_samples)
+            self.evals[f"sampled_{phase}"] = row["accuracy_sampled"] = sampled
+            line += f" greedy, {sampled:.3f} sampled (temperature {temperature}, {num_samples} per task)"
+        self.metrics.log("eval", phase=phase, **row)
+        emit(line)
 
-        async def one(index, task):
+    async def _evaluate(self, temperature: float, samples_per_task: int) -> float:
+        """Mean `correct` component (or total reward) over held-out episodes: `samples_per_task`
+        per task at `temperature` (0: greedy), each with its own fixed seed, so that every
+        evaluation of a run meets the same random draws."""
+        tasks = self.task.eval_tasks(self.cfg["task_options"])[: self.cfg["num_eval_tasks"]]
+        episodes = [(task, i * samples_per_task + k) for i, task in enumerate(tasks)
+                    for k in range(samples_per_task)]
+        scores = [0.0] * len(episodes)
+
+        async def one(index, task, episode_seed):
+            sampling = {**self.cfg["sampling"], "temperature": temperature, "stop": list(STOP_STRINGS),
+                        "seed": self.cfg["seed"] * 1_000_003 + episode_seed}
             try:
                 rollout = await self._rollout(task, sampling)
             except Exception:
@@ -264,8 +282,8 @@ class OrchestratorActor(Actor):
             reward = Reward.from_dict(rollout["reward"])
             scores[index] = reward.components.get("correct", reward.total)
         async with anyio.create_task_group() as tg:
-            for index, task in enumerate(tasks):
-                tg.start_soon(one, index, task)
+            for index, (task, episode_seed) in enumerate(episodes):
+                tg.start_soon(one, index, task, episode_seed)
         return statistics.fmean(scores) if scores else 0.0
 
     async def _rollout(self, task: dict, sampling: dict, sample_id: str | None = None,

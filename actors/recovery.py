@@ -87,10 +87,12 @@ class LearnerKeeper:
 
     async def attach(self) -> None:
         """A fresh run: the learner holds the weights it starts with (initial, or its own
-        `resume_from`), and a restarted learner starts with them again."""
+        `resume_from`), and a restarted learner starts with them again. They are published,
+        so every generator samples (and the first evaluation scores) the learner's weights."""
         async with self.lock:
             stats = await self.learner.ask("stats", timeout_s=120)
             self.version = self.checkpoint_version = int(stats["policy_version"])
+            await self._with_recovery(self._publish_locked, "publish")
 
     async def restore(self, checkpoint_path: str) -> None:
         """A resumed run: load `checkpoint_path` into the learner and publish it to every generator."""

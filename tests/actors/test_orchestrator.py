@@ -67,7 +67,7 @@ name = "orchestrator"
 cls = "postrain.actors.orchestrator:OrchestratorActor"
 cpus = 0.1
 memory_mb = 0
-options = {{ task = "{task}", num_steps = 2, prompts_per_step = 3, samples_per_prompt = 2, max_staleness = 1, sft_steps = 2, sft_batch_size = 4, num_eval_tasks = 4, task_options = {{ include_instructions = false, max_digits = 1 }}, sampling = {{ max_new_tokens = 24 }} }}
+options = {{ task = "{task}", num_steps = 2, prompts_per_step = 3, samples_per_prompt = 2, max_staleness = 1, sft_steps = 2, sft_batch_size = 4, num_eval_tasks = 4, eval_samples_per_task = 2, task_options = {{ include_instructions = false, max_digits = 1 }}, sampling = {{ max_new_tokens = 24 }} }}
 """
 
 
@@ -87,6 +87,10 @@ def test_up_runs_eval_warm_start_and_grpo_steps_and_accounts_for_every_sample(tm
     assert "held-out accuracy before" in stdout and "step 2/2" in stdout
     summary = json.loads((folder / "summary.json").read_text())
     assert {"eval_before", "eval_after", "steps", "samples", "ledger"} <= set(summary)
+    # each evaluation is greedy and sampled (eval_samples_per_task = 2)
+    assert all(0.0 <= summary[f"eval_sampled_{phase}"] <= 1.0 for phase in ("before", "after_sft", "after"))
+    assert [row["phase"] for row in read_metrics(folder, "eval")] == ["before", "after_sft", "after"]
+    assert all("accuracy_sampled" in row for row in read_metrics(folder, "eval"))
     ledger = summary["ledger"]
     assert summary["steps"] == 2 and ledger["created"] == 2 * 3 * 2
     assert ledger["created"] == ledger["in_flight"] + ledger["trained"] + ledger["dropped"]
@@ -120,6 +124,28 @@ def test_up_runs_eval_warm_start_and_grpo_steps_and_accounts_for_every_sample(tm
     assert result.returncode == 0, result.stderr[-3000:]
     scored = json.loads(result.stdout.strip().splitlines()[-1])
     assert scored["num_tasks"] == 3 and 0.0 <= scored["accuracy"] <= 1.0
+
+
+def test_a_learner_that_starts_from_a_checkpoint_is_what_generators_sample_and_eval_scores(tmp_path):
+    folder, _ = run_up(tmp_path, "arithmetic")
+    first = json.loads((folder / "summary.json").read_text())
+    (tmp_path / "runs" / "e2e").rename(tmp_path / "first")
+    checkpoint = tmp_path / "first" / "checkpoint"
+    version = 2 + 2   # the first run's supervised steps + RL steps
+    config = tmp_path / "run.toml"
+    config.write_text(CONFIG.format(run_dir=tmp_path / "runs", task="arithmetic")
+                      .replace("lr = 1e-3 } }", f'lr = 1e-3 }}, resume_from = "{checkpoint}" }}')
+                      .replace("num_steps = 2", "num_steps = 1").replace("sft_steps = 2", "sft_steps = 0"))
+    result = subprocess.run([sys.executable, "-m", "postrain.core.cli", "up", "--config", str(config)],
+                            capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    second = json.loads((tmp_path / "runs" / "e2e" / "summary.json").read_text())
+    # greedy evaluation of the same weights on the same held-out tasks
+    assert second["eval_before"] == first["eval_after"]
+    events = read_events(tmp_path / "runs" / "e2e" / "ledger.jsonl", "b0-g0-s0")
+    generate = next(e for e in events if e["event"] == "generate")
+    assert min(generate["policy_versions"]) == version
+    assert events[-1]["event"] == "trained" and events[-1]["staleness"] == 0
 
 
 def test_an_environment_that_raises_loses_only_its_samples(tmp_path):
