@@ -19,9 +19,11 @@ yields the train-inference gap: the recomputed logprobs against the generator's
 `behavior_logprobs` for tokens sampled with the current weights (same policy version).
 
 Objectives: "ppo" takes the ratio against the behaviour logprobs (on-policy or nearly);
-"decoupled" first recomputes the proximal logprobs under the current weights (no grad),
-takes the ratio against those and weighs each token by min(exp(prox - behaviour), cap)
-(stale samples from an asynchronous run). Policy versions: the learner's
+"decoupled" takes the ratio against the proximal logprobs, those of the current weights,
+and weighs each token by min(exp(prox - behaviour), cap) (stale samples from an
+asynchronous run). Invariant: a train step is exactly one optimizer step, so the proximal
+weights are the ones the gradient pass runs with, and its own logprobs (detached) are the
+proximal ones: no separate recompute pass. Policy versions: the learner's
 `policy_version` counts optimizer steps; weights published after step k are version k.
 """
 from __future__ import annotations
@@ -192,7 +194,7 @@ class Learner:
         packed = pack_batch(batch, advantages=advantages)
         micro = self._micro_batches(packed, by_length=True)
         tokens, seqs = self._global_counts(packed)
-        prox = self._recompute(micro, self.model) if cfg.objective == "decoupled" else None
+        decoupled = cfg.objective == "decoupled"
         ref = self._recompute(micro, self.reference) if self.reference is not None else None
         loss_cfg = cfg.loss_config(kl_coef=self.kl.coef)
         sums = torch.zeros(len(_TOKEN_MEAN_METRICS) + 5, dtype=torch.float64)
@@ -201,10 +203,10 @@ class Learner:
         for i, mb in enumerate(micro):
             logp, entropy = self._logprobs(self.model, mb)
             behavior = mb.behavior_logp
-            old = prox[i] if prox is not None else behavior
+            old = logp.detach() if decoupled else behavior
             loss, m = rl_ops.policy_loss(
                 logp, old, mb.advantages, mb.loss_mask, loss_cfg,
-                behavior_logp=behavior if prox is not None else None,
+                behavior_logp=behavior if decoupled else None,
                 ref_logp=None if ref is None else ref[i], entropy=entropy,
                 global_num_tokens=tokens, global_num_seqs=seqs)
             if cfg.entropy_coef:
@@ -212,8 +214,7 @@ class Learner:
                     entropy, mb.loss_mask, cfg.agg_mode, loss_norm_constant=cfg.loss_norm_constant,
                     global_num_tokens=tokens, global_num_seqs=seqs)
             loss.backward()
-            recomputed = prox[i] if prox is not None else logp.detach()
-            gap_sum, gap_count, mb_gap_max = self._gap(recomputed, mb)
+            gap_sum, gap_count, mb_gap_max = self._gap(logp.detach(), mb)
             sums += torch.tensor([m[k] * m["num_tokens"] for k in _TOKEN_MEAN_METRICS]
                                  + [float(loss.detach()), m["num_tokens"], gap_sum, gap_count,
                                     float(mb.attention_mask.sum())], dtype=torch.float64)

@@ -4,10 +4,12 @@
 
 The built-in default run (actors/configs/default.toml: the tiny model, arithmetic with a Python
 tool in the warm nsjail sandbox, 8 prompts x 8 samples per step, every role its own process),
-reduced to fit a 2-core machine: one supervised warm start, shared by every arm (`sft_steps` x
-`sft_batch_size` demonstrations, trained in this process and exported as a Hugging Face folder),
-then for each `max_staleness` in (0, 1, 2) a fresh set of actors starts from that folder and runs
-`num_steps` GRPO steps with the same seed, then evaluates greedily on the held-out set. Arms run
+reduced to fit a 2-core machine: one supervised warm start, shared by every arm (the default's
+`sft_steps` x `sft_batch_size` demonstrations, trained in this process and saved as a learner
+checkpoint: weights and optimizer state, as the default run's RL continues them), then for each
+`max_staleness` in (0, 1, 2) a fresh set of actors whose learner starts from that checkpoint
+(`resume_from`) runs `num_steps` GRPO steps with the same seed, then evaluates greedily on the
+held-out set. Arms run
 interleaved over repeats (0, 1, 2, 0, 1, 2, ...), so machine load hits them alike.
 
 Figures (medians over repeats; K = max_staleness):
@@ -30,8 +32,8 @@ import time
 from pathlib import Path
 
 STALENESS_ARMS = (0, 1, 2)
-FULL = {"sft_steps": 150, "sft_batch_size": 32, "num_steps": 8, "num_eval_tasks": 30, "repeats": 1}
-QUICK = {"sft_steps": 40, "sft_batch_size": 32, "num_steps": 3, "num_eval_tasks": 10, "repeats": 1}
+FULL = {"sft_steps": None, "num_steps": 10, "num_eval_tasks": 100, "repeats": 1}  # None: the default's
+QUICK = {"sft_steps": 40, "num_steps": 3, "num_eval_tasks": 10, "repeats": 1}
 
 
 def default_run_config():
@@ -50,8 +52,8 @@ def learner_options(config) -> dict:
 
 
 def warm_start(config, folder: Path, sft_steps: int, sft_batch_size: int) -> float:
-    """Supervised warm start of the default run's learner on demonstrations; exports the policy
-    to `folder` (a Hugging Face folder). Returns the seconds it took."""
+    """Supervised warm start of the default run's learner on demonstrations, saved as a learner
+    checkpoint in `folder`. Returns the seconds it took."""
     from postrain.actors.learner import Learner, LearnerConfig
     from postrain.actors.orchestrator import chat_to_tokens
     from postrain.actors.tasks import get_task
@@ -69,22 +71,22 @@ def warm_start(config, folder: Path, sft_steps: int, sft_batch_size: int) -> flo
         batch = [chat_to_tokens(learner.tokenizer, d["messages"])
                  for d in demos[step * sft_batch_size:(step + 1) * sft_batch_size]]
         learner.sft_step({"token_ids": [ids for ids, _ in batch], "loss_mask": [mask for _, mask in batch]})
-    learner.export_hf(folder)
+    learner.save_checkpoint(folder)
     return time.perf_counter() - start
 
 
-def arm_specs(config, model_dir: str, max_staleness: int, num_steps: int, num_eval_tasks: int) -> list:
-    """The default run's actors, every model the warm-start folder, the driver sized for one arm."""
+def arm_specs(config, checkpoint: str, max_staleness: int, num_steps: int, num_eval_tasks: int) -> list:
+    """The default run's actors, the learner starting from the warm-start checkpoint (it publishes
+    those weights to the generators first), the driver sized for one arm."""
     specs = []
     for spec in config.actors:
         options = dict(spec.options)
-        if "model" in options:
-            options["model"] = model_dir
         if "learner" in options:
-            options["learner"] = {**options["learner"], "model": model_dir}
+            options["resume_from"] = checkpoint
         if spec.name == config.run.driver:
             options.update(max_staleness=max_staleness, num_steps=num_steps, sft_steps=0,
-                           num_eval_tasks=num_eval_tasks, checkpoint_every=num_steps)
+                           num_eval_tasks=num_eval_tasks, eval_samples_per_task=0,
+                           checkpoint_every=num_steps)
         specs.append(spec.model_copy(update={"options": options}))
     return specs
 
@@ -129,16 +131,19 @@ def _run_folder(keep_in: str | None):
 def run(quick: bool) -> dict:
     import anyio
 
-    sizes = QUICK if quick else FULL
     config = default_run_config()
+    options = orchestrator_options(config)
+    sizes = QUICK if quick else FULL
+    sizes = {**sizes, "sft_steps": sizes["sft_steps"] or options["sft_steps"],
+             "sft_batch_size": options["sft_batch_size"]}
     runs: dict[int, list[dict]] = {k: [] for k in STALENESS_ARMS}
     keep_in = os.environ.get("POSTRAIN_BENCH_DIR")  # set: the arms' run folders stay there
     with _run_folder(keep_in) as tmp:
-        model_dir = Path(tmp) / "warm_start"
-        warm_start_s = warm_start(config, model_dir, sizes["sft_steps"], sizes["sft_batch_size"])
+        checkpoint = Path(tmp) / "warm_start"
+        warm_start_s = warm_start(config, checkpoint, sizes["sft_steps"], sizes["sft_batch_size"])
         for repeat in range(sizes["repeats"]):
             for staleness in STALENESS_ARMS:
-                specs = arm_specs(config, str(model_dir), staleness, sizes["num_steps"],
+                specs = arm_specs(config, str(checkpoint), staleness, sizes["num_steps"],
                                   sizes["num_eval_tasks"])
                 summary = anyio.run(run_arm, config, specs, Path(tmp) / f"s{staleness}-r{repeat}",
                                     backend="trio")
@@ -150,7 +155,6 @@ def run(quick: bool) -> dict:
         for name in ("samples_per_s", "steps_per_hour", "accuracy", "learner_idle_frac"):
             results[f"{name}_s{staleness}"] = round(median[staleness][name], 4)
             peer[f"{name}_s{staleness}"] = round(median[0][name], 4)
-    options = orchestrator_options(config)
     return {
         "config": {**sizes, "task": options["task"], "model": "tiny (warm start shared by every arm)",
                    "prompts_per_step": options["prompts_per_step"],

@@ -71,6 +71,21 @@ def test_recomputed_logprobs_match_the_generator_engine(temperature):
     assert metrics["tokens_per_s"] > 0 and metrics["grad_norm"] > 0
 
 
+def test_decoupled_weighs_stale_tokens_by_the_current_weights_over_the_behaviour_policy():
+    """The proximal logprobs are those of the weights the step starts from (one optimizer step
+    per train step), so each token's behaviour weight is min(exp(current - behaviour), cap)."""
+    lrn = learner(lr=1e-3, objective="decoupled", behavior_weight_cap=1.0)
+    batch = random_batch(4)     # behaviour logprobs from some older policy
+    current = lrn.compute_logprobs(batch)
+    weights = [torch.clamp(torch.exp(cur - beh), max=1.0)[torch.tensor(mask, dtype=torch.bool)]
+               for cur, beh, mask in zip(current, batch["behavior_logprobs"], batch["loss_mask"])]
+    expected = float(torch.cat(weights).mean())
+    assert 0.2 < expected < 0.99, "some tokens are capped, some are not"
+    metrics = lrn.train_step(batch)
+    assert metrics["behavior_weight_mean"] == pytest.approx(expected, rel=1e-5)
+    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+
+
 def test_sft_overfits_a_tiny_batch_and_the_rl_step_moves_logprobs_by_advantage():
     lrn = learner(lr=3e-3, max_grad_norm=1.0)
     batch = random_batch(0)
