@@ -80,8 +80,8 @@ DEFAULTS = {
     "task": "arithmetic", "model": "tiny", "seed": 0, "learner": "learner",
     "generators": ["generator"], "envs": ["env"], "num_steps": 10, "prompts_per_step": 8,
     "samples_per_prompt": 8, "max_staleness": 0, "sft_steps": 0, "sft_batch_size": 16,
-    "num_eval_tasks": 50, "eval_samples_per_task": 0, "max_concurrent_rollouts": 64, "max_buffered_batches": 0, "task_options": {},
-    "checkpoint_every": 10, "max_rollout_retries": 3,
+    "num_eval_tasks": 50, "eval_samples_per_task": 0, "max_concurrent_rollouts": 64,
+    "max_buffered_batches": 0, "task_options": {}, "checkpoint_every": 10, "max_rollout_retries": 3,
     "sampling": {"temperature": 1.0, "max_new_tokens": 96},
 }
 
