@@ -93,8 +93,9 @@ class Inbox:
     async def _serve_messages(self, tg) -> None:
         """Receive and handle messages until the socket closes. Messages already queued are
         taken without waiting on the socket; after MAX_MESSAGES_PER_PASS of them in a row
-        the loop yields once, so a flood of tells cannot starve the actor's other tasks."""
-        sock = self._sock
+        the loop yields once, so a flood of tells cannot starve the actor's other tasks.
+        Decoding and dispatch are inline here: every await saved is saved per message."""
+        sock, handlers = self._sock, self.handlers
         num_in_row = 0
         while True:
             frames = sock.recv_multipart_nowait()
@@ -105,39 +106,43 @@ class Inbox:
                 except anyio.ClosedResourceError:
                     return
                 continue
-            await self._handle(frames, tg)
+            identity = frames[0]
+            try:
+                msg = wire.decode(frames[1:])
+            except wire.WireError as exc:
+                await self._reject_malformed(identity, frames[1:], exc)
+            else:
+                handler = handlers.get(msg.kind)
+                if handler is None:
+                    await self._reject_unknown(identity, msg)
+                elif handler.concurrent:
+                    tg.start_soon(self._run, handler, identity, msg)
+                else:
+                    await self._run(handler, identity, msg)
             num_in_row += 1
             if num_in_row >= MAX_MESSAGES_PER_PASS:
                 num_in_row = 0
                 await anyio.lowlevel.checkpoint()
 
-    async def _handle(self, frames: list, tg) -> None:
-        identity, frames = frames[0], frames[1:]
-        try:
-            msg = wire.decode(frames)
-        except wire.WireError as exc:
-            self.num_rejected += 1
-            log.warning("inbox %s: malformed message: %s", self.address, exc)
-            corr_id = wire.peek_msg_id(frames) or UNKNOWN_REQUEST
-            await self.post_error(identity, corr_id, "MalformedMessage", str(exc))
+    async def _reject_malformed(self, identity, frames: list, exc: wire.WireError) -> None:
+        self.num_rejected += 1
+        log.warning("inbox %s: malformed message: %s", self.address, exc)
+        corr_id = wire.peek_msg_id(frames) or UNKNOWN_REQUEST
+        await self.post_error(identity, corr_id, "MalformedMessage", str(exc))
+
+    async def _reject_unknown(self, identity, msg: wire.Message) -> None:
+        if msg.kind == wire.PING:
+            await self.post(identity, wire.REPLY, msg.msg_id, "pong")
             return
-        handler = self.handlers.get(msg.kind)
-        if handler is None:
-            if msg.kind == wire.PING:
-                await self.post(identity, wire.REPLY, msg.msg_id, "pong")
-                return
-            self.num_rejected += 1
-            log.warning("inbox %s: unknown message kind %r from %s", self.address, msg.kind,
-                        msg.sender)
-            await self.post_error(identity, msg.msg_id, "UnknownKind",
-                                  f"no handler for message kind {msg.kind!r}; this actor "
-                                  f"handles {sorted(self.handlers)}")
-        elif handler.concurrent:
-            tg.start_soon(self._run, handler, identity, msg)
-        else:
-            await self._run(handler, identity, msg)
+        self.num_rejected += 1
+        log.warning("inbox %s: unknown message kind %r from %s", self.address, msg.kind,
+                    msg.sender)
+        await self.post_error(identity, msg.msg_id, "UnknownKind",
+                              f"no handler for message kind {msg.kind!r}; this actor "
+                              f"handles {sorted(self.handlers)}")
 
     async def _run(self, handler: Handler, identity, msg: wire.Message) -> None:
+        """Run one message's handler and send its reply (a tell, msg_id 0, gets none)."""
         self.num_in_flight += 1
         try:
             args = (msg.body, msg) if handler.wants_message else (msg.body,)
@@ -146,7 +151,9 @@ class Inbox:
                     await self.post(identity, wire.ITEM, msg.msg_id, item)
                 await self.post(identity, wire.END, msg.msg_id, None)
             else:
-                await self.post(identity, wire.REPLY, msg.msg_id, await handler.fn(*args))
+                body = await handler.fn(*args)
+                if msg.msg_id:
+                    await self.post(identity, wire.REPLY, msg.msg_id, body)
             self.num_served += 1
         except Exception as exc:  # the handler's failure goes back to the caller, not up
             log.warning("inbox %s: handler for %r raised %s: %s", self.address, msg.kind,

@@ -131,7 +131,7 @@ async def _serve_zap(sock: AsyncSocket, allowed_keys: frozenset) -> None:
     """ZAP (RFC 27): accept a CURVE client only if its public key is allowed."""
     try:
         while True:
-            frames = [bytes(f.buffer) for f in await sock.recv_multipart()]
+            frames = [bytes(f) for f in await sock.recv_multipart()]
             if len(frames) < 6:
                 log.warning("ignored a malformed ZAP request of %d frames", len(frames))
                 continue
@@ -418,7 +418,7 @@ class ActorRef:
                 frames = await self._monitor.recv_multipart()
             except (zmq.ZMQError, anyio.ClosedResourceError):
                 return
-            event = parse_monitor_message([bytes(f.buffer) for f in frames])["event"]
+            event = parse_monitor_message([bytes(f) for f in frames])["event"]
             if event == _CONNECTED:
                 self._auth_error = None
                 self._connected.set()

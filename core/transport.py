@@ -125,53 +125,23 @@ class AsyncSocket:
     `notify_closing` (see `wake`), which makes its wait raise
     ClosedResourceError, caught here.
 
-    Costs that shape the receive path (pyzmq, per call): a receive that finds
-    nothing raises, which costs several times more than reading EVENTS; a
-    frame received without copying costs several times more than a copied
-    one, but says whether another frame follows (`zmq.Frame.more`), which
-    reading RCVMORE would cost as much to learn. So: EVENTS decides whether
-    a message waits, except in a run of messages, where receiving directly
-    is cheaper; a ROUTER's identity frame (always followed by more) is
-    copied; other frames are not (bulk arrays stay zero-copy). Frames are
-    sent one by one: pyzmq's multipart helpers read RCVMORE per frame.
-
-    Invariant: `_num_in_row` counts messages received since a check found
-    none waiting (or since a park); at 2 or more, the next receive is tried
-    without asking EVENTS first."""
+    Frames are sent and received by the C message path (`_zmqio`) where it
+    loads, else by pyzmq's calls (`_PyzmqPath`); both give the same frames:
+    `bytes` below 64 KiB, larger ones as zero-copy buffer objects (read them
+    with `memoryview` or `bytes`)."""
 
     def __init__(self, sock: zmq.Socket):
         self.sock = sock
         self.fd = sock.FD
         self._waiting = False
         self._closed = False
-        self._num_in_row = 0
-        self._identity_first = sock.type == zmq.ROUTER
         self._wait_fd, self._notify_closing, self._woken_errors = _fd_primitives()
 
     def recv_multipart_nowait(self) -> list | None:
-        """The next message's frames (zmq.Frame; a ROUTER's identity frame as bytes), or None
-        if none is waiting. Never yields. After None, `wait_readable` may park: this call
-        drained the command queue."""
-        sock = self.sock
-        if self._num_in_row < 2 and not sock.get(zmq.EVENTS) & zmq.POLLIN:
-            self._num_in_row = 0
-            return None
-        try:
-            if self._identity_first:
-                identity = sock.recv(zmq.NOBLOCK)
-                frame = sock.recv(zmq.NOBLOCK, copy=False)
-                frames = [identity, frame]
-            else:
-                frame = sock.recv(zmq.NOBLOCK, copy=False)
-                frames = [frame]
-        except zmq.Again:
-            self._num_in_row = 0
-            return None
-        while frame.more:  # the rest of a multipart message is already here
-            frame = sock.recv(zmq.NOBLOCK, copy=False)
-            frames.append(frame)
-        self._num_in_row += 1
-        return frames
+        """The next message's frames (a ROUTER's identity first), or None if none is
+        waiting. Never yields. After None, `wait_readable` may park: this call drained the
+        command queue."""
+        return _recv_message(self.sock)
 
     async def wait_readable(self) -> None:
         """Park until a message may be waiting or `wake()` is called; call after
@@ -180,7 +150,6 @@ class AsyncSocket:
         if self._closed:
             raise anyio.ClosedResourceError
         self._waiting = True
-        self._num_in_row = 0
         try:
             await self._wait_fd(self.fd)
         except self._woken_errors:
@@ -208,17 +177,12 @@ class AsyncSocket:
         """Send now if the socket can take it; False if it would block (high-water mark).
         A multipart message is all or nothing: ZeroMQ checks the limit at its first frame."""
         sock = self.sock
-        last = len(frames) - 1
-        try:
-            for index, frame in enumerate(frames):
-                sock.send(frame, zmq.NOBLOCK | zmq.SNDMORE if index < last else zmq.NOBLOCK,
-                          copy=type(frame) is bytes and len(frame) < _COPY_BELOW_BYTES)
-        except zmq.Again:
-            assert index == 0, "ZeroMQ refused a later frame of a message it had begun"
-            return False
-        if self._waiting and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        sent = _send_frames(sock, frames)
+        if sent is _NOT_HANDLED:
+            sent = _PyzmqPath.send_frames(sock, frames)
+        if sent and self._waiting and _events(sock) & zmq.POLLIN:
             self._notify_closing(self.fd)  # wake the parked receiver: a message is waiting
-        return True
+        return sent
 
     async def send_multipart(self, frames: list) -> None:
         """Send, waiting while the peer's queue is full. Cancel-safe: cancelled means not sent."""
@@ -237,6 +201,81 @@ class AsyncSocket:
             except Exception:  # no loop running
                 pass
         self.sock.close(linger=linger_ms)
+
+
+
+
+class _PyzmqPath:
+    """The message path through pyzmq's own calls, where the C one does not load.
+    Costs that shape it (pyzmq, per call): a receive that finds nothing raises, which
+    costs more than reading EVENTS first; a frame received without copying says
+    whether another follows (`zmq.Frame.more`), which reading RCVMORE would cost
+    as much to learn; pyzmq's multipart helpers read RCVMORE per frame.
+
+    Either path's receive that finds nothing has drained the socket's command queue,
+    so ZeroMQ's edge-triggered descriptor signals the next arrival."""
+
+    @staticmethod
+    def recv_message(sock: zmq.Socket) -> list | None:
+        if not sock.get(zmq.EVENTS) & zmq.POLLIN:
+            return None
+        try:
+            frame = sock.recv(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return None
+        frames = [frame.bytes if len(frame) < _COPY_BELOW_BYTES else frame]
+        while frame.more:  # the rest of a multipart message is already here
+            frame = sock.recv(zmq.NOBLOCK, copy=False)
+            frames.append(frame.bytes if len(frame) < _COPY_BELOW_BYTES else frame)
+        return frames
+
+    @staticmethod
+    def send_frames(sock: zmq.Socket, frames: list) -> bool:
+        last = len(frames) - 1
+        try:
+            for index, frame in enumerate(frames):
+                sock.send(frame, zmq.NOBLOCK | zmq.SNDMORE if index < last else zmq.NOBLOCK,
+                          copy=type(frame) is bytes and len(frame) < _COPY_BELOW_BYTES)
+        except zmq.Again:
+            assert index == 0, "ZeroMQ refused a later frame of a message it had begun"
+            return False
+        return True
+
+    @staticmethod
+    def events(sock: zmq.Socket) -> int:
+        return sock.get(zmq.EVENTS)
+
+
+def _native_message_path():
+    """The C message path bound to the libzmq that pyzmq loaded, or None where it was not
+    built or that libzmq is not among this process's mappings (then pyzmq's calls serve)."""
+    try:
+        from . import _zmqio
+    except ImportError:
+        return None
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "/libzmq" in line}
+    except OSError:
+        return None
+    for path in paths:
+        try:
+            _zmqio.bind(path)
+            return _zmqio
+        except ImportError:
+            continue
+    return None
+
+
+_native = _native_message_path()
+if _native is not None:
+    _recv_message, _send_frames, _events = _native.recv_message, _native.send_frames, _native.events
+    _NOT_HANDLED = _native.NOT_HANDLED
+else:
+    _recv_message, _send_frames, _events = (_PyzmqPath.recv_message, _PyzmqPath.send_frames,
+                                            _PyzmqPath.events)
+    _NOT_HANDLED = None  # never returned: pyzmq's path sends every message
+NATIVE_MESSAGE_PATH = _native is not None
 
 
 def _fd_primitives():

@@ -86,16 +86,19 @@ def _is_torch_tensor(obj) -> bool:
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
-class _Encoder(threading.local):
-    """One msgpack Packer per thread, reused for every envelope (a fresh Packer per
-    message costs more than the packing). `buffers` and `shm_min_bytes` hold the
-    message being encoded; `encode` never re-enters itself (bulk-array headers
-    are packed with `msgpack.packb`)."""
+class _Encoder:
+    """One msgpack Packer per thread (`_encoder_of_thread`), reused for every envelope
+    (a fresh Packer per message costs more than the packing). `buffers` collects the
+    bulk arrays of the message being encoded and `shm_min_bytes` is its setting;
+    `encode` never re-enters itself (bulk-array headers are packed with
+    `msgpack.packb`). Invariant: `buffers` is empty between messages."""
+
+    __slots__ = ("buffers", "shm_min_bytes", "pack")
 
     def __init__(self):
         self.buffers: list = []
         self.shm_min_bytes: int | None = None
-        self.packer = msgpack.Packer(default=self.default, use_bin_type=True, strict_types=False)
+        self.pack = msgpack.Packer(default=self.default, use_bin_type=True, strict_types=False).pack
 
     def default(self, obj):
         if isinstance(obj, np.ndarray):
@@ -111,7 +114,7 @@ class _Encoder(threading.local):
                         "numpy arrays or CPU torch tensors")
 
 
-_encoder = _Encoder()
+_encoder_of_thread = threading.local()  # .encoder: that thread's _Encoder
 
 
 def encode(msg: Message, shm_min_bytes: int | None = None) -> list:
@@ -120,19 +123,24 @@ def encode(msg: Message, shm_min_bytes: int | None = None) -> list:
     shm_min_bytes: arrays at least this large go through /dev/shm (None: never;
     use only when sender and receiver share a host).
     """
-    encoder = _encoder
-    encoder.buffers = buffers = []
-    encoder.shm_min_bytes = shm_min_bytes
-    envelope = [msg.kind, msg.msg_id, msg.corr_id, msg.sender, msg.policy_version, msg.body]
     try:
-        head = encoder.packer.pack(envelope)  # on error the packer discards what it packed
-    except (TypeError, ValueError, OverflowError) as exc:
-        if isinstance(exc, WireError):
+        encoder = _encoder_of_thread.encoder
+    except AttributeError:
+        encoder = _encoder_of_thread.encoder = _Encoder()
+    encoder.shm_min_bytes = shm_min_bytes
+    try:  # on error the packer discards what it packed
+        head = encoder.pack([msg.kind, msg.msg_id, msg.corr_id, msg.sender, msg.policy_version,
+                             msg.body])
+    except BaseException as exc:
+        encoder.buffers.clear()  # drop references to the caller's arrays
+        if isinstance(exc, WireError) or not isinstance(exc, (TypeError, ValueError, OverflowError)):
             raise
         raise WireError(f"cannot encode message {msg.kind!r}: {exc}") from exc
-    finally:
-        encoder.buffers = []  # drop references to the caller's arrays
-    return [head, *buffers] if buffers else [head]
+    buffers = encoder.buffers
+    if not buffers:
+        return [head]
+    encoder.buffers = []
+    return [head, *buffers]
 
 
 def _encode_numpy(array: np.ndarray, buffers: list, shm_min_bytes: int | None):
@@ -317,7 +325,7 @@ def _ext_hook(code: int, data: bytes, frames):
             raise WireError(f"array refers to frame {index!r}, but the message has "
                             f"{len(frames)} frames")
         frame = frames[index]
-        buffer = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+        buffer = memoryview(frame)
         return _make_array(buffer, dtype, shape, is_torch)
     if code == SHM_EXT:
         path, dtype, shape, is_torch = _unpack_ext(data, "shared-memory array")
@@ -333,8 +341,7 @@ def peek_msg_id(frames: list) -> int | None:
     """The msg_id of a message that failed to decode, if its envelope still shows one,
     so the error reply can reach the caller's pending request."""
     try:
-        buffer = frames[0].buffer if hasattr(frames[0], "buffer") else frames[0]
-        envelope = msgpack.unpackb(buffer, ext_hook=lambda code, data: None, raw=False)
+        envelope = msgpack.unpackb(frames[0], ext_hook=lambda code, data: None, raw=False)
         msg_id = envelope[1]
         return msg_id if isinstance(msg_id, int) and msg_id > 0 else None
     except Exception:
