@@ -118,6 +118,9 @@ def group_advantages(rewards: torch.Tensor, group_size: int, mode: str = "grpo",
         raise RLOpsError(f"advantage mode must be one of {ADVANTAGE_MODES}, got {mode!r}")
     grouped = _as_groups(rewards.to(torch.float32), group_size)  # (num_groups, G)
     centred = grouped - grouped.mean(dim=1, keepdim=True)
+    # a group of equal rewards has no signal: exactly 0, not its mean's rounding error
+    # (which GRPO's division by std + eps would blow up to ~0.2)
+    centred.masked_fill_(grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True), 0.0)
     if mode == "grpo":
         out = centred / (grouped.std(dim=1, unbiased=True, keepdim=True) + eps)
     elif mode == "dr_grpo":

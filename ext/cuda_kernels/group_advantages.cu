@@ -52,7 +52,8 @@ POSTRAIN_HD void group_advantages_one(int g, const float* components, const floa
     }
     float std_unbiased = sqrtf(sq / (group_size - 1));
     for (int j = 0; j < group_size; ++j) {
-        float centred = rewards[base + j] - mean;
+        // equal rewards: exactly 0, not the mean's rounding error over std + eps
+        float centred = (lo == hi) ? 0.0f : rewards[base + j] - mean;
         float a = centred;
         if (mode == ADV_MODE_GRPO) a = centred / (std_unbiased + eps);
         else if (mode == ADV_MODE_RLOO) a = centred * ((float)group_size / (float)(group_size - 1));

@@ -327,3 +327,13 @@ def test_equal_length_rows_make_token_and_sequence_means_agree(rows, length, see
     torch.testing.assert_close(a * length, aggregate_loss(loss, mask, "seq-mean-token-sum"))
     torch.testing.assert_close(a * length / (length + 2),
                                aggregate_loss(loss, mask, "seq-mean-token-sum-norm"))
+
+
+@pytest.mark.parametrize("mode", ["grpo", "dr_grpo", "rloo"])
+def test_a_group_of_equal_rewards_gets_exactly_zero_advantage(mode):
+    # float32 mean of three copies of this value is not the value; GRPO used to divide that
+    # rounding error by std + eps and hand every sample an advantage of 0.18
+    rewards = torch.tensor([2.7507681846618652] * 3 + [0.0, 1.0, 2.0])
+    advantages = group_advantages(rewards, 3, mode)
+    assert torch.equal(advantages[:3], torch.zeros(3))
+    assert advantages[3] < 0 < advantages[5]
