@@ -59,9 +59,10 @@ cdef send_fn z_send = NULL
 cdef errno_fn z_errno = NULL
 cdef getsockopt_fn z_getsockopt = NULL
 
-DEF ZMQ_DONTWAIT = 1
-DEF ZMQ_SNDMORE = 2
-DEF ZMQ_EVENTS = 15
+cdef enum:  # zmq.h's values, fixed by libzmq's ABI
+    ZMQ_DONTWAIT = 1
+    ZMQ_SNDMORE = 2
+    ZMQ_EVENTS = 15
 
 COPY_BELOW_BYTES = 1 << 16
 NOT_HANDLED = -1
