@@ -21,6 +21,9 @@ Figures (tokens/s = generated tokens over wall time, prefill included; medians o
   machine);
 - grpo_n16_tok_per_s: one prompt, 16 samples (ours: one prefill, forked blocks;
   theirs: num_return_sequences=16);
+- matmul_ceiling_tok_per_s_b{N} (its ratio: the best any float32 engine could reach against
+  the peer in this run): tokens/s of a decode step that did nothing but its float32 matmuls
+  (every linear of the model once at N rows, best of 3), measured in the same repeats;
 - tok_per_s_b{1,largest}_fp16w: ours with float16 weight copies
   (`Engine(weight_precision="float16")`; activations, KV and logits float32) against the
   same float32 peer runs; logprob_gap_fp16w_mean / _max: |engine logprob - the float32
@@ -86,6 +89,20 @@ def _ours(engine: Engine, prompts, params: SamplingParams, kv_samples: list[floa
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     num_tokens = sum(len(o.token_ids) for out in outputs for o in out.outputs)
     return num_tokens / wall, num_tokens / cpu, outputs
+
+
+def _matmul_ceiling(model, batch: int) -> float:
+    """Tokens/s of decode steps made of their float32 matmuls alone (see the module docstring)."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = [torch.randn(batch, m.in_features) for m in linears]
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(3):
+            start = time.perf_counter()
+            for x, linear in zip(inputs, linears):
+                torch.nn.functional.linear(x, linear.weight, linear.bias)
+            best = min(best, time.perf_counter() - start)
+    return batch / best
 
 
 def _theirs(hf, prompts, new_tokens: int, pad_id: int, num_return_sequences: int = 1):
@@ -158,7 +175,8 @@ def run(quick: bool) -> dict:
     fp32_outputs, fp16_outputs = [], []
     for batch in batches:
         prompts = _prompts(tokenizer, batch)
-        runs: dict[str, list] = {"ours": [], "ours_cpu": [], "theirs": [], "theirs_cpu": [], "fp16w": []}
+        runs: dict[str, list] = {"ours": [], "ours_cpu": [], "theirs": [], "theirs_cpu": [], "fp16w": [],
+                                 "ceiling": []}
         for rep in range(repeats):      # ours, theirs, ours with float16 weights: interleaved
             engine = Engine(model, tokenizer, max_num_seqs=max(64, batch))
             wall, cpu, outputs = _ours(engine, prompts, params, kv_samples if batch == batches[-1] else None)
@@ -168,6 +186,7 @@ def run(quick: bool) -> dict:
             wall, cpu = _theirs(hf, prompts, new_tokens, pad_id)
             runs["theirs"].append(wall)
             runs["theirs_cpu"].append(cpu)
+            runs["ceiling"].append(_matmul_ceiling(model, batch))
             if batch in fp16_batches:
                 engine = Engine(model, tokenizer, max_num_seqs=max(64, batch), weight_precision="float16")
                 wall, _, outputs = _ours(engine, prompts, params)
@@ -178,6 +197,8 @@ def run(quick: bool) -> dict:
         peer[f"tok_per_s_b{batch}"] = _median(runs["theirs"])
         results[f"cpu_tok_per_s_b{batch}"] = _median(runs["ours_cpu"])
         peer[f"cpu_tok_per_s_b{batch}"] = _median(runs["theirs_cpu"])
+        results[f"matmul_ceiling_tok_per_s_b{batch}"] = _median(runs["ceiling"])
+        peer[f"matmul_ceiling_tok_per_s_b{batch}"] = _median(runs["theirs"])
         if runs["fp16w"]:
             results[f"tok_per_s_b{batch}_fp16w"] = _median(runs["fp16w"])
             peer[f"tok_per_s_b{batch}_fp16w"] = _median(runs["theirs"])
