@@ -13,7 +13,7 @@ Frames received: `bytes` below COPY_BELOW_BYTES; larger ones stay in
 ZeroMQ's memory as a `ReceivedFrame` (read-only buffer protocol, freed with
 the last view). Frames sent: `send_frames` copies `bytes` frames below
 COPY_BELOW_BYTES and leaves any message with another frame to pyzmq's
-zero-copy send (it returns NOT_HANDLED).
+zero-copy send (it returns None).
 """
 from cpython.buffer cimport PyBUF_WRITABLE
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
@@ -23,7 +23,6 @@ from libc.stdint cimport uintptr_t
 cdef extern from "dlfcn.h" nogil:
     void *dlopen(const char *filename, int flags)
     void *dlsym(void *handle, const char *symbol)
-    char *dlerror()
     int RTLD_NOW
     int RTLD_NOLOAD
 
@@ -65,7 +64,6 @@ cdef enum:  # zmq.h's values, fixed by libzmq's ABI
     ZMQ_EVENTS = 15
 
 COPY_BELOW_BYTES = 1 << 16
-NOT_HANDLED = -1
 cdef Py_ssize_t copy_below = COPY_BELOW_BYTES
 
 
@@ -185,14 +183,14 @@ def recv_message(sock):
 
 def send_frames(sock, list frames):
     """Send `frames` as one message if every frame is `bytes` below COPY_BELOW_BYTES:
-    True if sent, False if the socket would block (nothing sent). NOT_HANDLED when a
-    frame is not such (nothing sent; send it through pyzmq)."""
+    True if sent, False if the socket would block (nothing sent). None when a frame is
+    not such (nothing sent; send it through pyzmq)."""
     cdef Py_ssize_t index, last = len(frames) - 1
     cdef object frame
     cdef void *handle = _handle(sock)
     for frame in frames:
         if type(frame) is not bytes or PyBytes_GET_SIZE(frame) >= copy_below:
-            return NOT_HANDLED
+            return None
     for index in range(last + 1):
         frame = frames[index]
         if z_send(handle, PyBytes_AS_STRING(frame), PyBytes_GET_SIZE(frame),

@@ -178,7 +178,7 @@ class AsyncSocket:
         A multipart message is all or nothing: ZeroMQ checks the limit at its first frame."""
         sock = self.sock
         sent = _send_frames(sock, frames)
-        if sent is _NOT_HANDLED:
+        if sent is None:   # the C path sends only small bytes frames
             sent = _PyzmqPath.send_frames(sock, frames)
         if sent and self._waiting and _events(sock) & zmq.POLLIN:
             self._notify_closing(self.fd)  # wake the parked receiver: a message is waiting
@@ -201,8 +201,6 @@ class AsyncSocket:
             except Exception:  # no loop running
                 pass
         self.sock.close(linger=linger_ms)
-
-
 
 
 class _PyzmqPath:
@@ -270,11 +268,9 @@ def _native_message_path():
 _native = _native_message_path()
 if _native is not None:
     _recv_message, _send_frames, _events = _native.recv_message, _native.send_frames, _native.events
-    _NOT_HANDLED = _native.NOT_HANDLED
 else:
     _recv_message, _send_frames, _events = (_PyzmqPath.recv_message, _PyzmqPath.send_frames,
                                             _PyzmqPath.events)
-    _NOT_HANDLED = None  # never returned: pyzmq's path sends every message
 NATIVE_MESSAGE_PATH = _native is not None
 
 
