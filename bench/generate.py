@@ -177,7 +177,7 @@ def run(quick: bool) -> dict:
         prompts = _prompts(tokenizer, batch)
         runs: dict[str, list] = {"ours": [], "ours_cpu": [], "theirs": [], "theirs_cpu": [], "fp16w": [],
                                  "ceiling": []}
-        for rep in range(repeats):      # ours, theirs, ours with float16 weights: interleaved
+        for rep in range(repeats):      # ours, theirs, the matmul ceiling, float16 weights: interleaved
             engine = Engine(model, tokenizer, max_num_seqs=max(64, batch))
             wall, cpu, outputs = _ours(engine, prompts, params, kv_samples if batch == batches[-1] else None)
             runs["ours"].append(wall)

@@ -28,6 +28,7 @@ cdef extern from "dlfcn.h" nogil:
 
 cdef extern from "errno.h":
     int EAGAIN
+    int ENOTSOCK
 
 cdef extern from *:
     """
@@ -104,14 +105,6 @@ cdef class ReceivedFrame:
     def __len__(self):
         return z_msg_size(&self.msg)
 
-    @property
-    def buffer(self):
-        return memoryview(self)
-
-    @property
-    def bytes(self):
-        return PyBytes_FromStringAndSize(<char *>z_msg_data(&self.msg), z_msg_size(&self.msg))
-
     def __getbuffer__(self, Py_buffer *view, int flags):
         if flags & PyBUF_WRITABLE:
             raise BufferError("a received frame is read-only")
@@ -127,23 +120,19 @@ cdef class ReceivedFrame:
         view.internal = NULL
         view.obj = self
 
-    def __releasebuffer__(self, Py_buffer *view):
-        pass
-
     def __dealloc__(self):
         if self.owns:
             z_msg_close(&self.msg)
 
 
-cdef _raise_last_error():
+cdef _raise(int error):
     import zmq
-    raise zmq.ZMQError(z_errno())
+    raise zmq.ZMQError(error)
 
 
 cdef void *_handle(sock) except NULL:
     if sock._closed:
-        import zmq
-        raise zmq.ZMQError(zmq.ENOTSOCK)
+        _raise(ENOTSOCK)
     return <void *><uintptr_t>sock.underlying
 
 
@@ -152,7 +141,7 @@ def recv_message(sock):
     waiting. Never blocks."""
     cdef zmqio_msg_t msg
     cdef ReceivedFrame kept
-    cdef list frames = None
+    cdef list frames = []
     cdef Py_ssize_t size
     cdef int more = 1, error
     cdef void *handle = _handle(sock)
@@ -161,14 +150,11 @@ def recv_message(sock):
         if z_msg_recv(&msg, handle, ZMQ_DONTWAIT) < 0:
             error = z_errno()
             z_msg_close(&msg)
-            if frames is None and error == EAGAIN:
+            if not frames and error == EAGAIN:
                 return None
-            import zmq
-            raise zmq.ZMQError(error)  # a later frame of a message is always there at once
+            _raise(error)  # a later frame of a message is always there at once
         more = z_msg_more(&msg)
         size = z_msg_size(&msg)
-        if frames is None:
-            frames = []
         if size < copy_below:
             frames.append(PyBytes_FromStringAndSize(<char *>z_msg_data(&msg), size))
             z_msg_close(&msg)
@@ -197,7 +183,7 @@ def send_frames(sock, list frames):
                   ZMQ_DONTWAIT | ZMQ_SNDMORE if index < last else ZMQ_DONTWAIT) < 0:
             if index == 0 and z_errno() == EAGAIN:
                 return False
-            _raise_last_error()  # ZeroMQ takes the rest of a message it began
+            _raise(z_errno())  # ZeroMQ takes the rest of a message it began
     return True
 
 
@@ -206,5 +192,5 @@ def events(sock):
     cdef int value = 0
     cdef size_t size = sizeof(int)
     if z_getsockopt(_handle(sock), ZMQ_EVENTS, &value, &size) < 0:
-        _raise_last_error()
+        _raise(z_errno())
     return value

@@ -106,11 +106,11 @@ class Inbox:
                 except anyio.ClosedResourceError:
                     return
                 continue
-            identity = frames[0]
+            identity, frames = frames[0], frames[1:]
             try:
-                msg = wire.decode(frames[1:])
+                msg = wire.decode(frames)
             except wire.WireError as exc:
-                await self._reject_malformed(identity, frames[1:], exc)
+                await self._reject_malformed(identity, frames, exc)
             else:
                 handler = handlers.get(msg.kind)
                 if handler is None:

@@ -131,16 +131,15 @@ def encode(msg: Message, shm_min_bytes: int | None = None) -> list:
     try:  # on error the packer discards what it packed
         head = encoder.pack([msg.kind, msg.msg_id, msg.corr_id, msg.sender, msg.policy_version,
                              msg.body])
-    except BaseException as exc:
-        encoder.buffers.clear()  # drop references to the caller's arrays
-        if isinstance(exc, WireError) or not isinstance(exc, (TypeError, ValueError, OverflowError)):
+    except (TypeError, ValueError, OverflowError) as exc:
+        if isinstance(exc, WireError):
             raise
         raise WireError(f"cannot encode message {msg.kind!r}: {exc}") from exc
-    buffers = encoder.buffers
-    if not buffers:
-        return [head]
-    encoder.buffers = []
-    return [head, *buffers]
+    finally:
+        buffers = encoder.buffers
+        if buffers:   # hand them over (or, on error, drop the caller's arrays)
+            encoder.buffers = []
+    return [head, *buffers] if buffers else [head]
 
 
 def _encode_numpy(array: np.ndarray, buffers: list, shm_min_bytes: int | None):
