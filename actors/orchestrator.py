@@ -16,7 +16,7 @@ admission waits ("staleness" or "buffer_full") is in the heartbeat load as
 `backpressure`, with the buffer, in-flight rollouts and the learner's idle and
 busy seconds; the head's balancer logs each change.
 
-Every sample is in the ledger (postrain.core.ledger): created on admission,
+Every sample is in the ledger (postrain.actors.ledger): created on admission,
 generated and rewarded when its rollout returns, trained after the learner's
 step, or dropped with the reason (the environment failed, its group is
 incomplete). A group with any failed sample is dropped whole: GRPO compares
@@ -64,7 +64,7 @@ from pathlib import Path
 import anyio
 
 from postrain.core import Actor, handler
-from postrain.core.ledger import SampleLedger
+from postrain.actors.ledger import SampleLedger
 from postrain.core.metrics import MetricsWriter
 
 from .env_actor import load_tokenizer

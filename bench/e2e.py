@@ -38,7 +38,7 @@ QUICK = {"sft_steps": 40, "num_steps": 3, "num_eval_tasks": 10, "repeats": 1}
 
 def default_run_config():
     from postrain.core.config import load_config
-    from postrain.core.up import default_config_path
+    from postrain.cli.up import default_config_path
 
     return load_config(default_config_path())
 

@@ -3,7 +3,9 @@
     from postrain.core import Actor, handler
 
     class Counter(Actor):
-        async def setup(self):            # runs before READY; self.options holds the spec's options
+        Options = CounterOptions          # its validated options (core/options.py): self.options
+
+        async def setup(self):            # runs before READY
             self.total = 0
 
         @handler("add")                   # request/reply: the return value is the reply
@@ -53,6 +55,7 @@ import anyio
 from . import wire
 from .inbox import Handler, Inbox
 from .node import Node
+from .options import NoOptions, Options, validate_options
 from .transport import CurveKeys
 
 log = logging.getLogger("postrain.core")
@@ -78,11 +81,13 @@ class Actor:
     """Base class of every actor. Subclasses add handlers and may override setup,
     teardown and load. Attributes available in handlers:
 
-    name: this actor's name; options: the spec's options dict; node: the Node
+    name: this actor's name; options: the spec's options, validated by the class's `Options`
+    model (core/options.py; NoOptions where it declares none); node: the Node
     for talking to other actors; head: an ActorRef to the head (None when run
     without one); address: this actor's inbox address."""
 
     backend: ClassVar[str] = "trio"
+    Options: ClassVar[type[Options]] = NoOptions
     _handler_specs: ClassVar[dict[str, tuple[str, bool, bool]]] = {}
 
     def __init_subclass__(cls, **kwargs):
@@ -96,7 +101,7 @@ class Actor:
         if cls.backend not in ("trio", "asyncio"):
             raise ValueError(f"{cls.__name__}.backend must be 'trio' or 'asyncio', got {cls.backend!r}")
 
-    def __init__(self, name: str, options: dict, node: Node, head, address: str):
+    def __init__(self, name: str, options: Options, node: Node, head, address: str):
         self.name = name
         self.options = options
         self.node = node
@@ -142,15 +147,27 @@ class Actor:
 
 
 def import_object(path: str):
-    """'package.module:Name' -> the object. Raises ImportError naming the path on failure."""
+    """'package.module:Name' -> the object: the one loader of import paths in configs (actor
+    classes, environment classes, tasks). Raises ImportError naming the path on failure."""
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
-        raise ImportError(f"import path {path!r} must look like 'package.module:ClassName'")
-    module = importlib.import_module(module_name)
+        raise ImportError(f"import path {path!r} must look like 'package.module:Name'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ImportError(f"cannot import {module_name} (from {path!r}): {exc}") from exc
     try:
         return getattr(module, attr)
     except AttributeError:
         raise ImportError(f"module {module_name} has no attribute {attr!r} (from {path!r})") from None
+
+
+def import_actor_class(path: str) -> type[Actor]:
+    """The Actor subclass at import path `path`; ImportError or TypeError naming it otherwise."""
+    cls = import_object(path)
+    if not (isinstance(cls, type) and issubclass(cls, Actor)):
+        raise TypeError(f"{path} is not an Actor subclass")
+    return cls
 
 
 def run_actor_process(spec: dict) -> None:
@@ -170,9 +187,7 @@ def run_actor_process(spec: dict) -> None:
     _pin_cpus(spec.get("cpu_ids"), spec.get("num_threads"))
     backend = "trio"
     try:
-        cls = import_object(spec["cls"])
-        if not (isinstance(cls, type) and issubclass(cls, Actor)):
-            raise TypeError(f"{spec['cls']} is not an Actor subclass")
+        cls = import_actor_class(spec["cls"])
         backend = cls.backend
     except Exception:
         cls = None
@@ -238,7 +253,8 @@ async def _actor_main(cls, spec: dict, startup_error: str | None) -> None:
         actor = None
         try:
             inbox_address = spec["address"]
-            actor = cls(spec["name"], spec.get("options") or {}, node, head, inbox_address)
+            options = validate_options(cls, spec.get("options") or {})
+            actor = cls(spec["name"], options, node, head, inbox_address)
             if "torch" in sys.modules and spec.get("num_threads"):
                 sys.modules["torch"].set_num_threads(spec["num_threads"])
             inbox = Inbox(node, inbox_address, actor.handlers())

@@ -12,17 +12,17 @@ must not silently fall back to a default).
     [head]
     heartbeat_interval_s = 1.0
 
-    [balancer]                     # optional; see BalancerSection
-    max_sandbox_workers = 4
+    [shared]                       # settings several actors read (core/options.py)
+    model = "tiny"
 
     [[actors]]
     name = "echo"
     cls = "postrain.core.testing:EchoActor"
     cpus = 0.5
 
-Later sections (orchestrator, learner, generator, sandbox, environments) are
-added by the modules that own them through `RunConfig`'s extension tables
-(`extra` below) and validated there.
+Each actor's `options` are validated by the model its class declares
+(core/options.py). The application layer adds its own sections by
+subclassing `RunConfig` (postrain.cli.config adds `[balancer]`).
 """
 from __future__ import annotations
 
@@ -110,38 +110,16 @@ class HeadSection(_Strict):
         return self
 
 
-class BalancerSection(_Strict):
-    """The head's balancer (core/balancer.py): sandbox workers follow the tool-call queue;
-    changes of the orchestrator's backpressure state are logged."""
-
-    enabled: bool = Field(True, description="run the balancer on the head")
-    interval_s: float = Field(1.0, gt=0, description="how often it reads the loads and decides")
-    grow_when_queued: int = Field(2, ge=1, description="tool calls waiting at a sandbox actor that count "
-                                  "as a backlog")
-    grow_after_ticks: int = Field(2, ge=1, description="consecutive ticks of backlog before a worker is "
-                                  "added")
-    shrink_after_idle_s: float = Field(30.0, gt=0, description="seconds with nothing queued and a worker "
-                                       "spare before a worker is removed")
-    min_sandbox_workers: int = Field(1, ge=1, description="never fewer warm workers per sandbox actor")
-    max_sandbox_workers: int = Field(8, ge=1, description="never more warm workers per sandbox actor")
-    sandbox_worker_cpus: float = Field(0.1, gt=0, le=1, description="cores reserved per worker beyond "
-                                       "the ones a sandbox actor started with (its spec's cpus cover those)")
-
-    @model_validator(mode="after")
-    def _check_bounds(self):
-        if self.min_sandbox_workers > self.max_sandbox_workers:
-            raise ValueError(f"min_sandbox_workers ({self.min_sandbox_workers}) must be <= "
-                             f"max_sandbox_workers ({self.max_sandbox_workers})")
-        return self
-
-
 class RunConfig(_Strict):
+    """A run: the head's settings and the actors. The application layer extends it with its own
+    sections by subclassing (postrain.cli.config.UpConfig adds `[balancer]`); a table no section
+    declares is an error, so a misspelt section name cannot be ignored."""
+
     run: RunSection = Field(default_factory=RunSection)
     head: HeadSection = Field(default_factory=HeadSection)
-    balancer: BalancerSection = Field(default_factory=BalancerSection)
+    shared: dict[str, Any] = Field(default_factory=dict, description="settings several actors read, stated "
+                                   "once: each actor whose options declare a field of that name gets the value")
     actors: list[ActorSpec] = Field(default_factory=list)
-    extra: dict[str, Any] = Field(default_factory=dict,
-                                  description="sections owned by other modules, validated by them")
 
     @model_validator(mode="after")
     def _unique_names(self):
@@ -155,20 +133,15 @@ class RunConfig(_Strict):
         return self
 
 
-_CORE_SECTIONS = {"run", "head", "balancer", "actors"}
-
-
-def parse_config(data: dict, source: str = "<config>") -> RunConfig:
-    """Validate a parsed TOML document. Tables other than run/head/balancer/actors go to `extra`."""
-    core = {k: v for k, v in data.items() if k in _CORE_SECTIONS}
-    core["extra"] = {k: v for k, v in data.items() if k not in _CORE_SECTIONS}
+def parse_config(data: dict, source: str = "<config>", schema: type[RunConfig] = RunConfig) -> RunConfig:
+    """Validate a parsed TOML document against `schema` (RunConfig or a subclass of it)."""
     try:
-        return RunConfig.model_validate(core)
+        return schema.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, source)) from None
 
 
-def load_config(path: str | Path) -> RunConfig:
+def load_config(path: str | Path, schema: type[RunConfig] = RunConfig) -> RunConfig:
     path = Path(path)
     try:
         text = path.read_text()
@@ -178,17 +151,24 @@ def load_config(path: str | Path) -> RunConfig:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
-    return parse_config(data, str(path))
+    return parse_config(data, str(path), schema)
 
 
-def format_validation_error(exc: ValidationError, source: str) -> str:
+def format_validation_error(exc: ValidationError, source: str, prefix: str = "") -> str:
     lines = [f"{source}: {exc.error_count()} bad field(s):"]
+    lines += [f"  {line}" for line in validation_lines(exc, prefix)]
+    return "\n".join(lines)
+
+
+def validation_lines(exc: ValidationError, prefix: str = "") -> list[str]:
+    """One line per bad field: `path.to.field = value: rule`."""
+    lines = []
     for error in exc.errors():
-        location = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        location = prefix + ".".join(str(part) for part in error["loc"]) or "(top level)"
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
-            message = "unknown field (check the spelling; see the config reference in the README)"
+            message = "unknown field (check the spelling; see the config reference in the docs)"
         value = error.get("input")
         shown = "" if isinstance(value, dict) or error["type"] == "missing" else f" = {value!r}"
-        lines.append(f"  {location}{shown}: {message}")
-    return "\n".join(lines)
+        lines.append(f"{location}{shown}: {message}")
+    return lines

@@ -6,8 +6,10 @@ import functools
 import os
 
 import anyio
+from pydantic import Field
 
 from .actor import Actor, handler
+from .options import Options
 
 
 def async_test(fn):
@@ -18,11 +20,17 @@ def async_test(fn):
     return wrapper
 
 
+class EchoOptions(Options):
+    fail_setup: bool = Field(False, description="raise in setup (a start that fails)")
+
+
 class EchoActor(Actor):
     """Replies with what it gets; the building block of tests and the messaging bench."""
 
+    Options = EchoOptions
+
     async def setup(self):
-        if self.options.get("fail_setup"):
+        if self.options.fail_setup:
             raise RuntimeError("setup failed on purpose (options.fail_setup)")
         self.num_told = 0
 
@@ -83,26 +91,34 @@ class AsyncioEchoActor(EchoActor):
         return type(asyncio.get_running_loop()).__module__
 
 
+class CountingDriverOptions(Options):
+    peer: str = Field(description="the actor it asks to echo")
+    steps: int = Field(3, ge=0, description="how many echoes (steps) the run has")
+    step_s: float = Field(0.0, ge=0, description="pause after each step, seconds")
+
+
 class CountingDriver(Actor):
     """A run driver for tests of `postrain up`: asks `options.peer` to echo `options.steps` times,
     streaming a progress line and figures ({"step", "num_steps"}) per step, then a summary; `stop`
     ends it early."""
+
+    Options = CountingDriverOptions
 
     async def setup(self):
         self.stopping = False
 
     @handler("run", stream=True)
     async def run(self, body):
-        peer = await self.lookup(self.options["peer"])
+        peer = await self.lookup(self.options.peer)
         steps = 0
-        for step in range(self.options.get("steps", 3)):
+        for step in range(self.options.steps):
             if self.stopping:
                 break
             assert await peer.ask("echo", step) == step
             steps += 1
             yield {"line": f"step {step}"}
-            yield {"figures": {"step": steps, "num_steps": self.options.get("steps", 3)}}
-            await anyio.sleep(self.options.get("step_s", 0))
+            yield {"figures": {"step": steps, "num_steps": self.options.steps}}
+            await anyio.sleep(self.options.step_s)
         yield {"summary": {"steps": steps, "run_folder": body["run_folder"]}}
 
     @handler("stop")

@@ -14,14 +14,14 @@ from postrain.actors.environment import run_episode
 from postrain.actors.tasks import get_task
 from postrain.actors.tasks.code_problems import PROBLEMS
 from postrain.core import ActorSpec, Supervisor, cli
-from postrain.core.ledger import read_events
+from postrain.actors.ledger import read_events
 from postrain.core.testing import async_test
 
 CONFIGS = Path(__file__).resolve().parents[2] / "actors" / "configs"
 
 
 def postrain(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "postrain.core.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "postrain.cli", *args], capture_output=True,
                           text=True, timeout=timeout)
 
 

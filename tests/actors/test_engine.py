@@ -182,7 +182,7 @@ def test_bad_requests_name_the_problem(model, tokenizer):
 
 
 def test_generate_command_prints_json(capsys):
-    from postrain.core.cli import main
+    from postrain.cli import main
 
     argv = ["generate", "--model", "tiny", "--prompt", "2+3=", "--max-tokens", "5", "--n", "2",
             "--temperature", "0.8", "--seed", "1", "--json"]

@@ -11,7 +11,7 @@ import sys
 
 from postrain.actors.orchestrator import chat_to_tokens
 from postrain.actors.tokenizer import byte_tokenizer
-from postrain.core.ledger import STATES, read_events
+from postrain.actors.ledger import STATES, read_events
 from postrain.core.metrics import read_metrics
 
 FLAKY_TASK = '''
@@ -76,7 +76,7 @@ def run_up(tmp_path, task):
     config = tmp_path / "run.toml"
     config.write_text(CONFIG.format(run_dir=tmp_path / "runs", task=task))
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    result = subprocess.run([sys.executable, "-m", "postrain.core.cli", "up", "--config", str(config)],
+    result = subprocess.run([sys.executable, "-m", "postrain.cli", "up", "--config", str(config)],
                             capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return tmp_path / "runs" / "e2e", result.stdout
@@ -108,16 +108,16 @@ def test_up_runs_eval_warm_start_and_grpo_steps_and_accounts_for_every_sample(tm
     assert hops["generate"]["num_tokens"] > 0 and hops["generate"]["policy_versions"]
     assert first[-1]["event"] == "trained" and first[-1]["staleness"] in (0, 1)
     assert all("staleness_mean" in row for row in train_rows)
-    traced = subprocess.run([sys.executable, "-m", "postrain.core.cli", "trace", str(folder), "b0-g0-s0"],
+    traced = subprocess.run([sys.executable, "-m", "postrain.cli", "trace", str(folder), "b0-g0-s0"],
                             capture_output=True, text=True, timeout=120)
     assert traced.returncode == 0, traced.stderr
     assert "env -> generator" in traced.stdout and traced.stdout.strip().endswith("outcome: trained in step 1")
-    plotted = subprocess.run([sys.executable, "-m", "postrain.core.cli", "plot", str(folder)],
+    plotted = subprocess.run([sys.executable, "-m", "postrain.cli", "plot", str(folder)],
                              capture_output=True, text=True, timeout=120)
     assert plotted.returncode == 0 and "reward.png" in plotted.stdout, plotted.stderr
     assert (folder / "plots" / "reward.png").exists() and (folder / "plots" / "accuracy.png").exists()
     # the exported policy is a model folder that `postrain eval` scores in the real sandbox
-    result = subprocess.run([sys.executable, "-m", "postrain.core.cli", "eval", "--model", str(folder / "policy"),
+    result = subprocess.run([sys.executable, "-m", "postrain.cli", "eval", "--model", str(folder / "policy"),
                              "--task", "arithmetic", "--num-tasks", "3", "--max-tokens", "24", "--json",
                              "--task-options", '{"include_instructions": false, "max_digits": 1}'],
                             capture_output=True, text=True, timeout=300)
@@ -136,7 +136,7 @@ def test_a_learner_that_starts_from_a_checkpoint_is_what_generators_sample_and_e
     config.write_text(CONFIG.format(run_dir=tmp_path / "runs", task="arithmetic")
                       .replace("lr = 1e-3 } }", f'lr = 1e-3 }}, resume_from = "{checkpoint}" }}')
                       .replace("num_steps = 2", "num_steps = 1").replace("sft_steps = 2", "sft_steps = 0"))
-    result = subprocess.run([sys.executable, "-m", "postrain.core.cli", "up", "--config", str(config)],
+    result = subprocess.run([sys.executable, "-m", "postrain.cli", "up", "--config", str(config)],
                             capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     second = json.loads((tmp_path / "runs" / "e2e" / "summary.json").read_text())

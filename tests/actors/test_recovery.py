@@ -26,7 +26,7 @@ from postrain.actors.run_state import (PromptSchedule, ResumeError, batch_sample
 from postrain.actors.tasks import get_task
 from postrain.core import ActorSpec, Supervisor
 from postrain.core.errors import ActorDiedError, RemoteError
-from postrain.core.ledger import read_events
+from postrain.actors.ledger import read_events
 from postrain.core.testing import async_test
 
 TASK_OPTIONS = {"include_instructions": False, "max_digits": 1}
@@ -163,7 +163,7 @@ async def test_killing_each_kind_of_actor_mid_run_loses_and_doubles_nothing(tmp_
 @pytest.mark.slow
 @async_test
 async def test_chaos_random_kills_leave_a_balanced_ledger_and_a_checkpoint_that_evaluates(tmp_path):
-    from postrain.actors.eval_cli import evaluate
+    from postrain.cli.eval import evaluate
 
     folder = tmp_path / "run"
     rng = random.Random(20261130)
@@ -210,7 +210,7 @@ def test_head_killed_leaves_no_orphans_and_resume_trains_each_batch_once_in_the_
     config = tmp_path / "run.toml"
     config.write_text(CONFIG.format(run_dir=tmp_path / "runs", actors=_toml_actors(orchestrator)))
     folder = tmp_path / "runs" / "resumable"
-    head = subprocess.Popen([sys.executable, "-m", "postrain.core.cli", "up", "--config", str(config)],
+    head = subprocess.Popen([sys.executable, "-m", "postrain.cli", "up", "--config", str(config)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
     output = []
     for line in head.stdout:   # until step 3 is trained: one step past the checkpoint at step 2
@@ -227,7 +227,7 @@ def test_head_killed_leaves_no_orphans_and_resume_trains_each_batch_once_in_the_
     _, alive = psutil.wait_procs(descendants, timeout=30)
     assert not alive, f"orphans outlived the head: {[p.pid for p in alive]} of {sorted(actor_pids)}"
 
-    result = subprocess.run([sys.executable, "-m", "postrain.core.cli", "up", "--resume", str(folder)],
+    result = subprocess.run([sys.executable, "-m", "postrain.cli", "up", "--resume", str(folder)],
                             capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "resumed at batch 2" in result.stdout

@@ -10,7 +10,7 @@ def write(tmp_path, text):
     return path
 
 
-def test_a_valid_config_loads_with_defaults_and_extension_sections(tmp_path):
+def test_a_valid_config_loads_with_defaults(tmp_path):
     config = load_config(write(tmp_path, """
 [run]
 name = "tiny"
@@ -18,12 +18,14 @@ name = "tiny"
 name = "echo"
 cls = "postrain.core.testing:EchoActor"
 cpus = 0.5
-[learner]
-lr = 1e-5
 """))
     assert config.run.name == "tiny" and config.head.heartbeat_interval_s == 1.0
     assert config.actors[0].cpus == 0.5 and config.actors[0].max_restarts == 3
-    assert config.extra == {"learner": {"lr": 1e-5}}
+
+
+def test_a_section_nobody_declares_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match=r"lerner: unknown field"):
+        load_config(write(tmp_path, "[lerner]\nlr = 1e-5\n"))
 
 
 def test_every_bad_field_is_reported_with_value_and_rule(tmp_path):

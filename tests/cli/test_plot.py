@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from postrain.core import plot as plot_command
-from postrain.core.plot import PlotError, plot_run
+from postrain.cli import plot as plot_command
+from postrain.cli.plot import PlotError, plot_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -44,12 +44,12 @@ async def evaluate(model_spec: str, task_name: str, task_options: dict, num_task
                    max_tokens: int) -> dict:
     from postrain.sandbox import Sandbox
 
-    from .checkpoint import load_model
-    from .engine import Engine
-    from .environment import LocalSandbox, run_episode
-    from .sampling import SamplingParams
-    from .tasks import get_task
-    from .tools import STOP_STRINGS
+    from postrain.actors.checkpoint import load_model
+    from postrain.actors.engine import Engine
+    from postrain.actors.environment import LocalSandbox, run_episode
+    from postrain.actors.sampling import SamplingParams
+    from postrain.actors.tasks import get_task
+    from postrain.actors.tools import STOP_STRINGS
 
     task = get_task(task_name)
     model, tokenizer = load_model(model_spec)

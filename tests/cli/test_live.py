@@ -3,7 +3,7 @@ import io
 
 from rich.console import Console
 
-from postrain.core.live import LiveView, PlainView, RunSnapshot, make_view, queue_depths, render_frame
+from postrain.cli.live import LiveView, PlainView, RunSnapshot, make_view, queue_depths, render_frame
 
 STATUS = {"actors": [
     {"name": "sandbox", "state": "running", "pid": 4242, "restarts": 0, "heartbeat_age_s": 0.4,

@@ -4,8 +4,8 @@ import urllib.request
 import pytest
 
 from postrain.core.errors import PostrainError
-from postrain.core.exporter import PrometheusExporter, metric_name
-from postrain.core.live import RunSnapshot
+from postrain.cli.exporter import PrometheusExporter, metric_name
+from postrain.cli.live import RunSnapshot
 
 STATUS = {"actors": [
     {"name": "sandbox", "state": "running", "pid": 1, "restarts": 0, "heartbeat_age_s": 0.25,

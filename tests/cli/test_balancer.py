@@ -3,8 +3,9 @@ import anyio
 import pytest
 
 from postrain.core import ActorSpec, Inventory, PlacementError, Scheduler, Supervisor
-from postrain.core.balancer import Balancer, DriverFigures, Figures, Memory, SandboxFigures, decide
-from postrain.core.config import BalancerSection, ConfigError, parse_config
+from postrain.cli.balancer import Balancer, DriverFigures, Figures, Memory, SandboxFigures, decide
+from postrain.cli.config import BalancerSection, parse_up_config
+from postrain.core import ConfigError
 from postrain.core.testing import async_test
 
 CONFIG = BalancerSection(grow_when_queued=2, grow_after_ticks=2, shrink_after_idle_s=10.0,
@@ -94,13 +95,13 @@ def test_each_change_of_backpressure_is_one_decision_with_its_figures():
 
 
 def test_balancer_config_is_validated():
-    assert parse_config({"balancer": {"max_sandbox_workers": 4}}).balancer.max_sandbox_workers == 4
+    assert parse_up_config({"balancer": {"max_sandbox_workers": 4}}).balancer.max_sandbox_workers == 4
     with pytest.raises(ConfigError, match=r"min_sandbox_workers \(3\) must be <= max_sandbox_workers \(2\)"):
-        parse_config({"balancer": {"min_sandbox_workers": 3, "max_sandbox_workers": 2}})
+        parse_up_config({"balancer": {"min_sandbox_workers": 3, "max_sandbox_workers": 2}})
     with pytest.raises(ConfigError, match=r"balancer.interval_s = 0"):
-        parse_config({"balancer": {"interval_s": 0}})
+        parse_up_config({"balancer": {"interval_s": 0}})
     with pytest.raises(ConfigError, match=r"balancer.grow_when_qeued = 1: unknown field"):
-        parse_config({"balancer": {"grow_when_qeued": 1}})
+        parse_up_config({"balancer": {"grow_when_qeued": 1}})
 
 
 def test_scheduler_resize_grows_across_cores_refuses_atomically_and_shrinks_back():

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from postrain.bench import BENCHMARKS, format_table
-from postrain.core.bench_cli import select
+from postrain.cli.bench import select
 
 
 def test_all_selects_every_registered_benchmark_in_order_minus_the_skipped():
@@ -20,7 +20,7 @@ def test_all_selects_every_registered_benchmark_in_order_minus_the_skipped():
 
 def test_a_quick_run_of_all_prints_one_table_of_bench_figure_ours_peer_ratio():
     heavy = ",".join(name for name in BENCHMARKS if name != "kvpool")
-    result = subprocess.run([sys.executable, "-m", "postrain.core.cli", "bench", "all", "--quick", "--skip", heavy],
+    result = subprocess.run([sys.executable, "-m", "postrain.cli", "bench", "all", "--quick", "--skip", heavy],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     header, *rows = result.stdout.strip().splitlines()

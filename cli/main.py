@@ -1,8 +1,7 @@
-"""The `postrain` command: one subcommand per module, found by import path.
+"""The `postrain` command: one subcommand per module of `postrain.cli`.
 
-`core` may not import `actors` or `bench` (layers point one way), so each
-subcommand is named here by the module that implements it. A subcommand
-module defines:
+A subcommand module defines (and imports torch only inside `main`, so that
+`postrain --help` stays fast):
 
     HELP: str                              one line for `postrain --help`
     def add_arguments(parser) -> None      its flags
@@ -16,17 +15,17 @@ import argparse
 import importlib
 import sys
 
-# name -> module that implements it; imported only when used (torch is slow).
+# name -> the module that implements it.
 SUBCOMMANDS: dict[str, str] = {
-    "up": "postrain.core.up",
-    "status": "postrain.core.control",
-    "down": "postrain.core.down",
-    "bench": "postrain.core.bench_cli",
-    "plot": "postrain.core.plot",
-    "trace": "postrain.core.trace",
-    "sandbox": "postrain.core.sandbox_cli",
-    "generate": "postrain.actors.generate_cli",
-    "eval": "postrain.actors.eval_cli",
+    "up": "postrain.cli.up",
+    "status": "postrain.cli.control",
+    "down": "postrain.cli.down",
+    "bench": "postrain.cli.bench",
+    "plot": "postrain.cli.plot",
+    "trace": "postrain.cli.trace",
+    "sandbox": "postrain.cli.sandbox",
+    "generate": "postrain.cli.generate",
+    "eval": "postrain.cli.eval",
 }
 
 

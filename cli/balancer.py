@@ -184,7 +184,7 @@ class Balancer:
         self._known_workers: dict[str, tuple[int, int]] = {}  # name -> (incarnation, workers)
         self._metrics = None
         if run_folder is not None:
-            from .metrics import MetricsWriter
+            from postrain.core.metrics import MetricsWriter
             self._metrics = MetricsWriter(run_folder, tensorboard=False)
 
     async def run(self) -> None:

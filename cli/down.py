@@ -1,4 +1,4 @@
-"""`postrain down RUN_DIR`: stop a running run cleanly (see postrain.core.control)."""
+"""`postrain down RUN_DIR`: stop a running run cleanly (see postrain.cli.control)."""
 from __future__ import annotations
 
 from .control import down_main as main  # noqa: F401

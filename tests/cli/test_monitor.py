@@ -5,9 +5,9 @@ import sys
 import time
 import urllib.request
 
-from postrain.core.config import parse_config
+from postrain.cli.config import parse_up_config
 from postrain.core.metrics import read_metrics
-from postrain.core.monitor import RunMonitor
+from postrain.cli.monitor import RunMonitor
 from postrain.core.testing import counting_run_config
 
 class ReportingSupervisor:
@@ -22,7 +22,7 @@ class ReportingSupervisor:
 
 
 def test_queue_rows_hold_the_depths_the_actors_report_and_nothing_when_none_does(tmp_path):
-    config = parse_config({"run": {"name": "m"}, "head": {"metrics_port": -1}})
+    config = parse_up_config({"run": {"name": "m"}, "head": {"metrics_port": -1}})
     with RunMonitor(tmp_path, config, quiet=True).start() as monitor:
         assert monitor.metrics_url is None                        # -1 turns the endpoint off
         monitor.attach(ReportingSupervisor([{"served": 4}]))
@@ -43,7 +43,7 @@ def test_up_prints_and_records_its_metrics_url_and_serves_the_drivers_figures(tm
     config = tmp_path / "run.toml"
     config.write_text(counting_run_config(tmp_path / "runs", name="m", steps=100, step_s=0.05,
                                           heartbeat_interval_s=0.2))
-    head = subprocess.Popen([sys.executable, "-m", "postrain.core.cli", "up", "--quiet", "--config", str(config)],
+    head = subprocess.Popen([sys.executable, "-m", "postrain.cli", "up", "--quiet", "--config", str(config)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     folder = tmp_path / "runs" / "m"
     try:

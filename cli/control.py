@@ -12,8 +12,8 @@ from pathlib import Path
 
 import anyio
 
-from .errors import ActorError
-from .node import Node
+from postrain.core.errors import ActorError
+from postrain.core.node import Node
 
 HELP = "show a running head's actors and pools (`postrain status RUN_DIR`)"
 

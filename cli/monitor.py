@@ -21,10 +21,11 @@ from typing import IO
 
 import anyio
 
-from .config import RunConfig
+from postrain.core.config import RunConfig
+from postrain.core.metrics import MetricsWriter
+
 from .exporter import PrometheusExporter
 from .live import RunSnapshot, make_view, queue_depths
-from .metrics import MetricsWriter
 
 
 class RunMonitor:

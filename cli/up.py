@@ -8,11 +8,11 @@ driver actor (`[run] driver`) until it finishes, or serves until
 message, a bounded wait, then a kill).
 
 While the driver runs, a terminal shows a live view (figures, queue depths,
-every actor's health: core/live.py); `--quiet`, or a stdout that is not a
+every actor's health: cli/live.py); `--quiet`, or a stdout that is not a
 terminal, gives the plain progress lines. The head serves Prometheus metrics
-at the URL it prints ([head] metrics_port; core/exporter.py).
+at the URL it prints ([head] metrics_port; cli/exporter.py).
 
-While the actors run, the head's balancer (core/balancer.py, `[balancer]`)
+While the actors run, the head's balancer (cli/balancer.py, `[balancer]`)
 adds sandbox workers when tool calls queue and removes them when idle, and
 logs the orchestrator's backpressure; each decision is a line and a
 "balance" metrics row.
@@ -40,12 +40,13 @@ from pathlib import Path
 
 import anyio
 
+from postrain.core.errors import ActorError, ConfigError, PostrainError
+from postrain.core.scheduler import Scheduler
+from postrain.core.supervisor import Supervisor
+
 from .balancer import Balancer
-from .config import RunConfig, load_config
-from .errors import ActorError, ConfigError, PostrainError
+from .config import UpConfig, load_up_config
 from .monitor import RunMonitor
-from .scheduler import Scheduler
-from .supervisor import Supervisor
 
 HELP = "start a run: the head, then every actor the config names"
 DEFAULT_CONFIG = ("postrain.actors", "configs/default.toml")  # package, resource: the built-in run
@@ -67,7 +68,7 @@ def default_config_path() -> Path:
     return Path(str(importlib.resources.files(package).joinpath(resource)))
 
 
-def prepare_run_folder(config: RunConfig) -> Path:
+def prepare_run_folder(config: UpConfig) -> Path:
     """Create and check the run folder before anything starts: a clear error now, not at step 500."""
     folder = Path(config.run.run_dir) / config.run.name
     try:
@@ -85,7 +86,7 @@ def prepare_run_folder(config: RunConfig) -> Path:
     return folder
 
 
-def resume_config(run_folder: Path) -> RunConfig:
+def resume_config(run_folder: Path) -> UpConfig:
     """The config of the run in `run_folder`, pointed at that folder; refuses a run whose head lives."""
     path = run_folder / "config.toml"
     if not path.exists():
@@ -97,7 +98,7 @@ def resume_config(run_folder: Path) -> RunConfig:
         if pid and _process_exists(pid):
             raise PostrainError(f"the run in {run_folder} is still going (head pid {pid}); stop it with "
                                 f"`postrain down {run_folder}` before resuming it")
-    config = load_config(path)
+    config = load_up_config(path)
     config.run.run_dir, config.run.name = str(run_folder.resolve().parent), run_folder.resolve().name
     if not config.run.driver:
         raise PostrainError(f"{path} names no [run] driver; only a driven run (an orchestrator) can resume")
@@ -119,7 +120,7 @@ def main(args) -> int:
     if args.resume:
         path = Path(args.resume) / "config.toml"
     try:
-        config = resume_config(Path(args.resume)) if args.resume else load_config(path)
+        config = resume_config(Path(args.resume)) if args.resume else load_up_config(path)
         if args.run_dir and not args.resume:
             config.run.run_dir = args.run_dir
         plan = Scheduler().plan(config.actors)
@@ -147,7 +148,7 @@ def main(args) -> int:
         return anyio.run(_run, config, folder, monitor, bool(args.resume), backend="trio")
 
 
-async def _run(config: RunConfig, folder: Path, monitor: RunMonitor, resume: bool = False) -> int:
+async def _run(config: UpConfig, folder: Path, monitor: RunMonitor, resume: bool = False) -> int:
     async with Supervisor.open(heartbeat_interval_s=config.head.heartbeat_interval_s,
                                heartbeat_timeout_s=config.head.heartbeat_timeout_s,
                                bind=config.head.bind, log_dir=str(folder / "logs")) as supervisor:

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from postrain.core import trace as trace_command
+from postrain.cli import trace as trace_command
 
 T0 = 1000.0
 EVENTS = [

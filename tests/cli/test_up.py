@@ -11,7 +11,7 @@ from postrain.core.testing import counting_run_config
 
 
 def postrain(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "postrain.core.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "postrain.cli", *args], capture_output=True,
                           text=True, timeout=120, **kw)
 
 
@@ -54,7 +54,7 @@ def test_a_broken_config_or_run_folder_fails_before_anything_starts(tmp_path):
 
 def test_status_and_down_talk_to_a_running_head(tmp_path):
     folder = tmp_path / "runs" / "t"
-    head = subprocess.Popen([sys.executable, "-m", "postrain.core.cli", "up", "--config",
+    head = subprocess.Popen([sys.executable, "-m", "postrain.cli", "up", "--config",
                              str(write_config(tmp_path, driver=False))],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -75,7 +75,7 @@ def test_status_and_down_talk_to_a_running_head(tmp_path):
 
 def test_resume_takes_a_run_folder_whose_head_is_gone(tmp_path):
     from postrain.core.errors import PostrainError
-    from postrain.core.up import resume_config
+    from postrain.cli.up import resume_config
 
     folder = tmp_path / "runs" / "t"
     with pytest.raises(PostrainError, match="holds no config.toml"):

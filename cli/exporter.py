@@ -30,7 +30,8 @@ import re
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
-from .errors import PostrainError
+from postrain.core.errors import PostrainError
+
 from .live import RunSnapshot, queue_depths
 
 _INVALID_NAME_CHARS = re.compile(r"[^a-zA-Z0-9_]")

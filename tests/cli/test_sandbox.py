@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from postrain.core.cli import main as cli_main
+from postrain.cli import main as cli_main
 
 
 def test_exec_file_prints_output_and_status(tmp_path, capfd):
@@ -19,7 +19,7 @@ def test_exec_file_prints_output_and_status(tmp_path, capfd):
 
 
 def test_exec_stdin_json_warm():
-    proc = subprocess.run([sys.executable, "-m", "postrain.core.cli", "sandbox", "exec", "--json",
+    proc = subprocess.run([sys.executable, "-m", "postrain.cli", "sandbox", "exec", "--json",
                            "--warm", "--wall-time-s", "2", "-"], input=b"raise SystemExit(4)\n",
                           capture_output=True, timeout=60)
     assert proc.returncode == 1, proc.stderr

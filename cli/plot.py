@@ -20,8 +20,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable
 
-from .ledger import read_events
-from .metrics import read_metrics
+from postrain.actors.ledger import read_events
+from postrain.core.metrics import read_metrics
 
 HELP = "draw a run's charts (reward, accuracy, KL, throughput, staleness, queues) as PNGs in RUN_DIR/plots"
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .ledger import read_events
+from postrain.actors.ledger import read_events
 
 HELP = "print one sample's life from a run's ledger: hops, tool calls, reward, the step that trained it"
 NUM_KNOWN_IDS_SHOWN = 8
