@@ -8,11 +8,11 @@ Actors (each started by the supervisor from a config's import path):
 
 # The public Environment API and the task registry (actors/environment.py, actors/tasks/).
 from .environment import (Environment, EnvironmentContractError, EnvironmentFailure, Episode,
-                          GeneratorHandle, LocalSandbox, Reward, SandboxHandle, StepResult,
-                          checked_reset, checked_step, checked_truncated, drop_reason,
-                          load_environment_class, run_episode, validate_observation,
+                          EpisodePolicy, GeneratorHandle, LocalSandbox, Reward, SandboxHandle,
+                          StepResult, TaskOptionsError, TextPolicy, checked_reset, checked_step,
+                          checked_truncated, drop_reason, run_episode, validate_observation,
                           validate_step_result)
-from .tasks import TaskSpec, get_task, list_tasks, register_task
+from .tasks import TaskError, TaskSpec, get_task, list_tasks, register_task
 
 # Model, engine and learner names import torch, so they load on first use (PEP 562).
 _LAZY = {

@@ -25,11 +25,12 @@ from safetensors.torch import load_file, save_file
 
 from postrain.actors.model import BUILTIN_CONFIGS, LlamaModel, ModelConfig, build_model
 from postrain.actors.tokenizer import Tokenizer, byte_tokenizer
+from postrain.core.errors import PostrainError
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(PostrainError, ValueError):
     """A checkpoint that cannot be loaded: bad path, unknown architecture, missing or misshapen tensor."""
 
 

@@ -41,10 +41,11 @@ import torch
 
 from postrain.actors.model import Float16Weights, LlamaModel, PagedBatch
 from postrain.actors.sampling import SamplingParams, make_generator, sample_rows
+from postrain.core.errors import PostrainError
 from postrain.ext import KVBlockPool
 
 
-class EngineError(ValueError):
+class EngineError(PostrainError, ValueError):
     """A request or engine setting the engine cannot serve."""
 
 

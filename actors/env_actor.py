@@ -3,20 +3,29 @@
     [[actors]]
     name = "env"
     cls = "postrain.actors.env_actor:EnvironmentActor"
-    options = { task = "arithmetic", model = "tiny", generator = "generator", sandbox = "sandbox" }
+    options = { generator = "generator", max_total_tokens = 768 }   # task, task_options, model: [shared]
 
-`rollout` {"task": {...}, "sample_id": str, "sampling": {...}} -> a rollout:
-    {"sample_id", "token_ids", "loss_mask", "behavior_logprobs", "policy_versions",
+Options: `EnvironmentOptions` below. `task` is a registered task, 'pkg.mod:TASK' or
+'pkg.mod:EnvClass' (`get_task`); `task_options` are checked by the task's options model at
+config load and again at setup, so a misspelt option is an error naming it. A sandbox actor
+is looked up only when the task's environment declares `uses_sandbox` (or `sandbox` names
+one); an environment that runs code and has no sandbox fails setup with the fix.
+
+`rollout` {"task": {...}, "sample_id": str, "sampling": {...}} (a `records.RolloutRequest`)
+-> a `records.Rollout` on the wire:
+    {"token_ids", "loss_mask", "behavior_logprobs", "policy_versions",
      "reward": {"components", "weights"}, "num_turns", "num_policy_tokens", "tool_statuses",
      "timeline"}
 where `timeline` lists the episode's hops: each generate call and each tool call
 with its start, duration and outcome (actors/timeline.py; `postrain trace`).
 
-Design note (tokens in, tokens out). The rollout is one growing list of token
-ids: the rendered prompt, then for each turn exactly the ids the generator
-sampled (loss_mask 1, with their logprobs and policy versions), then the
-observation's tokens (loss_mask 0). The action text the environment sees is
-the decode of the sampled ids; the sampled ids themselves are never re-encoded.
+Design note (tokens in, tokens out). The episode is played by the one driver,
+`environment.run_episode`, the same that `postrain eval` uses, so a reward is the same in
+training and evaluation; this actor only brings a token-level policy (`TokenPolicy`).
+The rollout is one growing list of token ids: the rendered prompt, then for each turn
+exactly the ids the generator sampled (loss_mask 1, with their logprobs and policy
+versions), then the observation's tokens (loss_mask 0). The action text the environment
+sees is the decode of the sampled ids; the sampled ids themselves are never re-encoded.
 An observation's tokens are the chat template's text between the end of the
 assistant's content and the next generation prompt, encoded alone.
 
@@ -27,17 +36,31 @@ ledger); the actor keeps serving.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from postrain.core import Actor, handler
+from pydantic import Field, ValidationInfo, field_validator
 
-from .environment import EnvironmentFailure, checked_reset, checked_step, checked_truncated
-from .tasks import get_task
+from postrain.core import Actor, Options, handler
+from postrain.core.errors import ConfigError
+
+from .environment import Episode, EnvironmentFailure, EpisodePolicy, run_episode
+from .records import Rollout
+from .tasks import TaskSpec, get_task
 from .timeline import Timeline, tool_status
 from .tokenizer import Tokenizer, byte_tokenizer
 
+DEFAULT_SANDBOX = "sandbox"   # the sandbox actor's name when the task needs one and none is named
 
-def load_tokenizer(model: str) -> Tokenizer:
-    """The tokenizer of a model spec without loading its weights where that is possible."""
+
+class SandboxRequiredError(ConfigError):
+    """The task's environment runs code (`uses_sandbox`) but the environment actor has no sandbox."""
+
+
+def load_tokenizer(model: str | dict) -> Tokenizer:
+    """The tokenizer of a model spec without loading its weights where that is possible
+    (ModelConfig fields, a built-in config, take the byte tokenizer)."""
+    if isinstance(model, dict):
+        return byte_tokenizer()
     from .checkpoint import resolve_model
     path = Path(resolve_model(model))
     if path.is_dir() and (path / "tokenizer.json").exists():
@@ -99,66 +122,150 @@ def observation_ids(tokenizer: Tokenizer, conversation: list[dict], ended_with_e
     return tokenizer.encode(turn_end + with_observation[len(with_assistant):], add_bos=False)
 
 
+class TokenPolicy(EpisodePolicy):
+    """The environment actor's policy: asks the generator for each action and keeps the
+    rollout's token bookkeeping, exactly the sampled ids (see the module's design note).
+
+    Invariant: len(token_ids) == len(loss_mask) == len(behavior_logprobs) == len(policy_versions);
+    loss_mask is 1 exactly on sampled ids, whose policy_versions are >= 0 (others: -1, logprob 0.0).
+    `can_act` is False once `max_total_tokens` are used: the driver then truncates the episode.
+    """
+
+    def __init__(self, generator, tokenizer: Tokenizer, sampling: dict, max_total_tokens: int,
+                 timeline: Timeline) -> None:
+        self.generator, self.tokenizer, self.timeline = generator, tokenizer, timeline
+        self.sampling, self.max_total_tokens = dict(sampling), max_total_tokens
+        self.token_ids: list[int] = []
+        self.loss_mask: list[int] = []
+        self.behavior_logprobs: list[float] = []
+        self.policy_versions: list[int] = []
+        self._ended_with_eos = False   # the last action ended with a sampled eos
+
+    def _extend(self, ids: list[int], logprobs: list[float] | None = None,
+                versions: list[int] | None = None) -> None:
+        sampled = logprobs is not None
+        self.token_ids += ids
+        self.loss_mask += [int(sampled)] * len(ids)
+        self.behavior_logprobs += logprobs if sampled else [0.0] * len(ids)
+        self.policy_versions += versions if sampled else [-1] * len(ids)
+
+    def begin(self, messages: list[dict]) -> None:
+        tok = self.tokenizer
+        self._extend(tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True)))
+
+    def can_act(self) -> bool:
+        return len(self.token_ids) < self.max_total_tokens
+
+    async def act(self, messages: list[dict]) -> str:
+        """One generate call (a "generate" hop). Cancellation: the request is abandoned; the
+        bookkeeping is unchanged until the reply arrives."""
+        budget = self.max_total_tokens - len(self.token_ids)
+        params = {**self.sampling, "max_new_tokens": min(self.sampling.get("max_new_tokens", 128), budget),
+                  "n": 1}
+        with self.timeline.hop("generate", self.generator.name) as hop:
+            reply = await self.generator.ask("generate", {"prompt_ids": self.token_ids, "sampling": params},
+                                             timeout_s=600)
+            sample = reply["samples"][0]
+            hop.update(num_tokens=len(sample["token_ids"]),
+                       policy_versions=sorted(set(sample["policy_versions"])))
+        ids = list(sample["token_ids"])
+        self._extend(ids, list(sample["logprobs"]), list(sample["policy_versions"]))
+        self._ended_with_eos = bool(ids) and ids[-1] in self.tokenizer.eos_token_ids
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def observe(self, messages: list[dict]) -> None:
+        self._extend(observation_ids(self.tokenizer, messages, self._ended_with_eos))
+
+    def rollout(self, episode: Episode, timeline: Timeline) -> Rollout:
+        """The rollout of a finished episode played by this policy (its record checks the
+        invariants above)."""
+        statuses = [info["tool_status"] for info in episode.infos if info and info.get("tool_status")]
+        return Rollout(token_ids=self.token_ids, loss_mask=self.loss_mask,
+                       behavior_logprobs=self.behavior_logprobs, policy_versions=self.policy_versions,
+                       reward=episode.reward, num_turns=episode.num_turns,
+                       num_policy_tokens=sum(self.loss_mask), tool_statuses=statuses,
+                       timeline=timeline.to_list())
+
+
+class EnvironmentOptions(Options):
+    task: str = Field("arithmetic", description="the task: a registered name ('arithmetic', 'code'), "
+                      "'pkg.mod:TASK' (a TaskSpec or a function returning one) or 'pkg.mod:EnvClass' "
+                      "(an Environment subclass)")
+    task_options: dict[str, Any] = Field(default_factory=dict, description="the task's knobs, the same "
+                                         "dict as the orchestrator's; checked by the task's options model")
+    model: str | dict = Field("tiny", description="the policy (the generator's model spec): its tokenizer "
+                              "renders the conversation")
+    generator: str = Field("generator", description="the generator actor's name")
+    sandbox: str | None = Field(None, description="the sandbox actor's name; none: 'sandbox' when the "
+                                "task's environment declares uses_sandbox, else no sandbox; '': no sandbox")
+    step_timeout_s: float = Field(60.0, gt=0, description="time limit of each reset, step and "
+                                  "truncated call, seconds; past it the sample is dropped")
+    max_total_tokens: int = Field(1024, ge=1, description="tokens of one rollout (prompt, actions, "
+                                  "observations) at most; the episode is truncated there")
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, value: str) -> str:
+        get_task(value)  # TaskError (a ValueError) names the problem and the fix
+        return value
+
+    @field_validator("task_options")
+    @classmethod
+    def _task_options(cls, value: dict, info: ValidationInfo) -> dict:
+        if "task" in info.data:  # else the task itself is the error
+            get_task(info.data["task"]).check_options(value)
+        return value
+
+
 class EnvironmentActor(Actor):
+    """Plays episodes of one task (`rollout`) with the generator as the policy."""
+
+    Options = EnvironmentOptions
+
     async def setup(self):
-        self.task = get_task(self.options.get("task", "arithmetic"))
-        self.tokenizer = load_tokenizer(self.options.get("model", "tiny"))
-        self.step_timeout_s = float(self.options.get("step_timeout_s", 60))
-        self.max_total_tokens = int(self.options.get("max_total_tokens", 1024))
-        self.env_options = dict(self.options.get("env_options") or {})
-        self.generator = await self.lookup(self.options.get("generator", "generator"))
-        sandbox_name = self.options.get("sandbox", "sandbox")
-        self.sandbox = RemoteSandbox(await self.lookup(sandbox_name)) if sandbox_name else None
+        self.task: TaskSpec = get_task(self.options.task)
+        self.task_options = self.task.check_options(self.options.task_options)
+        self.tokenizer = load_tokenizer(self.options.model)
+        self.generator = await self.lookup(self.options.generator)
+        self.sandbox = await self._find_sandbox()
+
+    async def _find_sandbox(self) -> RemoteSandbox | None:
+        """The sandbox handle: looked up only when the task needs one or `sandbox` names one."""
+        name = self.options.sandbox
+        needs = self.task.uses_sandbox
+        if name is None:
+            name = DEFAULT_SANDBOX if needs else ""
+        if not name:
+            if needs:
+                raise SandboxRequiredError(
+                    f"task {self.task.name!r} runs code (its environment {self.task.env_class.__name__} "
+                    f"declares uses_sandbox = True) but environment actor {self.name!r} has sandbox = ''; "
+                    f"fix: add a SandboxActor to the run and leave sandbox unset (it is then "
+                    f"{DEFAULT_SANDBOX!r}) or set sandbox = its name")
+            return None
+        try:
+            return RemoteSandbox(await self.lookup(name))
+        except Exception as exc:  # noqa: BLE001 - the head's answer names what it knows
+            why = (f"task {self.task.name!r} runs code (its environment declares uses_sandbox = True)"
+                   if needs else f"its options name sandbox = {name!r}")
+            raise SandboxRequiredError(
+                f"environment actor {self.name!r} needs the sandbox actor {name!r} ({why}), but the "
+                f"lookup failed: {exc}; fix: add a SandboxActor named {name!r} to the run, before this "
+                f"actor") from None
 
     @handler("rollout", concurrent=True)
     async def rollout(self, body):
+        """One episode. Cancellation: the episode is abandoned and its environment closed."""
         timeline = Timeline()
         sandbox = self.sandbox.for_episode(timeline) if self.sandbox else None
-        env = self.task.make_env(sandbox=sandbox, options=self.env_options)
+        env = self.task.make_env(sandbox=sandbox, options=self.task_options)
+        policy = TokenPolicy(self.generator, self.tokenizer, body.get("sampling") or {},
+                             self.options.max_total_tokens, timeline)
         try:
-            with timeline.hop("episode", self.name) as episode:
-                rollout = await self._episode(env, body["task"], body.get("sampling") or {}, timeline)
-                episode["num_turns"] = rollout["num_turns"]
-            return {**rollout, "timeline": timeline.to_list()}
+            with timeline.hop("episode", self.name) as hop:
+                episode = await run_episode(env, body["task"], policy,
+                                            step_timeout_s=self.options.step_timeout_s)
+                hop["num_turns"] = episode.num_turns
+            return policy.rollout(episode, timeline).to_wire()
         finally:
             await env.close()
-
-    async def _episode(self, env, task: dict, sampling: dict, timeline: Timeline) -> dict:
-        tok = self.tokenizer
-        conversation = await checked_reset(env, task, timeout_s=self.step_timeout_s)
-        ids = tok.encode(tok.apply_chat_template(conversation, add_generation_prompt=True))
-        mask, logprobs, versions = [0] * len(ids), [0.0] * len(ids), [-1] * len(ids)
-        statuses, reward, num_turns = [], None, 0
-        while num_turns < env.max_turns and len(ids) < self.max_total_tokens:
-            budget = self.max_total_tokens - len(ids)
-            params = {**sampling, "max_new_tokens": min(sampling.get("max_new_tokens", 128), budget), "n": 1}
-            with timeline.hop("generate", self.generator.name) as hop:
-                sample = (await self.generator.ask("generate", {"prompt_ids": ids, "sampling": params},
-                                                   timeout_s=600))["samples"][0]
-                hop.update(num_tokens=len(sample["token_ids"]),
-                           policy_versions=sorted(set(sample["policy_versions"])))
-            ids += sample["token_ids"]
-            mask += [1] * len(sample["token_ids"])
-            logprobs += sample["logprobs"]
-            versions += sample["policy_versions"]
-            action = tok.decode(sample["token_ids"], skip_special_tokens=True)
-            conversation.append({"role": "assistant", "content": action})
-            result = await checked_step(env, action, timeout_s=self.step_timeout_s)
-            num_turns += 1
-            if result.info and result.info.get("tool_status"):
-                statuses.append(result.info["tool_status"])
-            if result.done:
-                reward = result.reward
-                break
-            conversation.append({"role": env.observation_role, "content": result.observation})
-            ended_with_eos = bool(sample["token_ids"]) and sample["token_ids"][-1] in tok.eos_token_ids
-            obs = observation_ids(tok, conversation, ended_with_eos)
-            ids += obs
-            mask += [0] * len(obs)
-            logprobs += [0.0] * len(obs)
-            versions += [-1] * len(obs)
-        if reward is None:
-            reward = await checked_truncated(env, timeout_s=self.step_timeout_s)
-        return {"token_ids": ids, "loss_mask": mask, "behavior_logprobs": logprobs,
-                "policy_versions": versions, "reward": reward.to_dict(), "num_turns": num_turns,
-                "num_policy_tokens": sum(mask), "tool_statuses": statuses}

@@ -9,27 +9,42 @@ A user writes an environment by subclassing `Environment`:
             return StepResult(None, True, Reward({"correct": float(action.strip() == "hi")}))
 
 Design in a paragraph: an environment is a small state machine that sees text, never tokens.
-The caller (the environment actor during training, `run_episode` in tests and `postrain eval`)
-owns the conversation: it renders `reset`'s observation with the model's chat template, samples
-an action (the assistant turn's text), passes it to `step`, and appends a returned observation as
-the next user turn, until `done` or `max_turns` actions. Rewards are named float components
-(`Reward`), weighted and summed by the learner (`postrain.ext.rl_ops.compute_advantages`), so one
-run can mix tasks and log each component. Environments never talk to sockets: what they may call
-outside themselves comes as handles (`sandbox`, `generator`) that the caller passes in.
+One driver, `run_episode`, plays every episode, in training (the environment actor) and in
+`postrain eval` alike, so an environment scores the same in both. It owns the conversation:
+it takes `reset`'s observation, asks a policy for an action (the assistant turn's text),
+passes it to `step`, and appends a returned observation as the next user turn, until `done`
+or `max_turns` actions. What plays the assistant turns is an `EpisodePolicy`: a script or a
+local engine over text (`TextPolicy`, eval and tests), or the environment actor's token-level
+policy, which renders the same conversation into the exact token ids it samples. Rewards are
+named float components (`Reward`), weighted and summed by the learner
+(`postrain.ext.rl_ops.compute_advantages`), so one run can mix tasks and log each component.
+Environments never talk to sockets: what they may call outside themselves comes as handles
+(`sandbox`, `generator`) that the caller passes in.
 
-The contract (the caller enforces it; `run_episode` is the reference):
+The contract (`run_episode` enforces it):
 
 - `reset` returns a str (one user message) or a non-empty list of `{"role", "content"}` maps;
   `step` returns a `StepResult`. Anything else is garbage: `validate_observation` and
   `validate_step_result` raise `EnvironmentContractError` naming the field, the value and the fix.
 - `done=False` requires an observation (the next user turn); `done=True` requires a reward.
+- The reward rule: an episode's reward is the per-component sum of every reward its steps
+  returned (intermediate rewards of non-final steps, which are optional, plus the final step's
+  reward), plus `truncated()`'s reward when the episode ended without `done` (after
+  `max_turns` actions, or when the policy's token budget ran out). Weights: the last given
+  for each component win.
 - An environment that raises, or does not answer within the caller's `step_timeout_s`, fails
   only its sample: the caller drops that sample with the reason (`drop_reason(exc)`) in the
   ledger and goes on; it never retries the same environment object. A hang that blocks the
   event loop itself (a busy loop with no await) cannot be cut by a timeout: the supervisor
   sees the actor's missed heartbeats and restarts it, and its samples are dropped.
-- After `max_turns` actions without `done`, the caller calls `truncated()` for the final reward
-  (default: an empty `Reward`, worth 0).
+- `truncated()` gives the final reward of an episode that ran out of turns (default: an empty
+  `Reward`, worth 0).
+- Options: `self.options` is the task options dict of the config. A class may declare
+  `options_model` (a pydantic model with `extra="forbid"`): then a misspelt option is a
+  `TaskOptionsError` naming it, raised when the environment is made.
+- Sandbox: a class that runs code declares `uses_sandbox = True`; the environment actor then
+  looks a sandbox actor up at setup (and refuses to start without one). An environment that
+  declares nothing runs without a sandbox actor.
 - One environment object serves one episode at a time; the caller makes a new object (or calls
   `reset` again) per sample. Cancellation of `reset`/`step`: the episode is abandoned; a handle
   call in flight ends within its own limits.
@@ -37,20 +52,26 @@ The contract (the caller enforces it; `run_episode` is the reference):
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
-from typing import Any, Awaitable, Callable, Protocol, runtime_checkable
+from typing import Any, Awaitable, Callable, ClassVar, Protocol, runtime_checkable
 
 import trio
+from pydantic import BaseModel, ValidationError
+
+from postrain.core.errors import ConfigError, PostrainError
 
 ROLES = ("system", "user", "assistant", "tool")
 
 
-class EnvironmentContractError(ValueError):
+class EnvironmentContractError(PostrainError, ValueError):
     """An environment returned something the API does not allow (see the module docstring)."""
 
 
-class EnvironmentFailure(RuntimeError):
+class TaskOptionsError(ConfigError):
+    """Task options that break the task's options model (a misspelt or out-of-range knob)."""
+
+
+class EnvironmentFailure(PostrainError, RuntimeError):
     """An environment raised or hung; `reason` is the short text the ledger records."""
 
     def __init__(self, reason: str):
@@ -221,17 +242,20 @@ class LocalSandbox:
 # --------------------------------------------------------------------------- the base class
 class Environment:
     """Subclass this; override `reset` and `step` (and `truncated` if running out of turns
-    deserves more than 0). Options come from the config (`options`); `max_turns` may be set
-    there, as a class attribute, or both (the option wins)."""
+    deserves more than 0). Options come from the config's task options (`options`), checked
+    by `options_model` where the class declares one; `max_turns` may be set there, as a class
+    attribute, or both (the option wins)."""
 
     max_turns: int = 8            # actions per episode before `truncated()` ends it
     observation_role: str = "user"  # the chat role of step observations (user works everywhere)
+    uses_sandbox: ClassVar[bool] = False   # True: it runs code; the environment actor needs a sandbox
+    options_model: ClassVar[type[BaseModel] | None] = None  # its task options' model; None: unchecked
 
     def __init__(self, *, sandbox: SandboxHandle | None = None,
                  generator: GeneratorHandle | None = None, options: dict | None = None) -> None:
         self.sandbox = sandbox
         self.generator = generator
-        self.options = dict(options or {})
+        self.options = check_options(self.options_model, options, type(self).__name__)
         if "max_turns" in self.options:
             max_turns = self.options["max_turns"]
             if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
@@ -243,8 +267,9 @@ class Environment:
         """The sandbox handle, or a clear error when the caller gave none."""
         if self.sandbox is None:
             raise EnvironmentContractError(
-                f"{type(self).__name__} runs code but was given no sandbox handle; fix: pass "
-                f"sandbox=LocalSandbox(postrain.sandbox.Sandbox()) or run it under the environment actor")
+                f"{type(self).__name__} runs code but was given no sandbox handle; fix: declare "
+                f"uses_sandbox = True on the class (the environment actor then looks one up), or pass "
+                f"sandbox=LocalSandbox(postrain.sandbox.Sandbox())")
         return self.sandbox
 
     async def reset(self, task: dict) -> str | list[dict]:
@@ -254,39 +279,38 @@ class Environment:
         raise NotImplementedError(f"{type(self).__name__} must define async step(self, action)")
 
     async def truncated(self) -> Reward:
-        """The final reward when `max_turns` actions passed without `done`."""
+        """The final reward when the episode ended without `done` (`max_turns` actions passed,
+        or the policy's token budget ran out)."""
         return Reward()
 
     async def close(self) -> None:
         """Release what the environment holds; called once per environment object."""
 
 
-def load_environment_class(path: str) -> type[Environment]:
-    """'package.module:ClassName' -> the class, checked to be an Environment subclass."""
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise EnvironmentContractError(
-            f"an environment is named 'package.module:ClassName', got {path!r}; "
-            f"fix: e.g. 'postrain.actors.tasks.arithmetic:ArithmeticEnv'")
+def check_options(model: type[BaseModel] | None, options: dict | None, owner: str) -> dict:
+    """A copy of `options` (a task options dict), checked against `model` (None: unchecked).
+    Raises TaskOptionsError naming every bad option of `owner` and the options it knows."""
+    options = dict(options or {})
+    if model is None:
+        return options
     try:
-        obj = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise EnvironmentContractError(
-            f"cannot load environment {path!r}: {exc}; fix: check the module is importable and "
-            f"defines {attr}") from exc
-    if not (isinstance(obj, type) and issubclass(obj, Environment)):
-        raise EnvironmentContractError(
-            f"{path!r} is {_show(obj)}, not an Environment subclass; fix: subclass "
-            f"postrain.actors.Environment")
-    return obj
+        model.model_validate(options)
+    except ValidationError as exc:
+        from postrain.core.config import validation_lines
+        lines = validation_lines(exc, prefix="task_options.")
+        raise TaskOptionsError(f"{len(lines)} bad task option(s) of {owner}: " + "; ".join(lines)
+                               + f"; known options: {sorted(model.model_fields)}") from None
+    return options
 
 
 # --------------------------------------------------------------------------- driving an episode
 @dataclasses.dataclass
 class Episode:
     """One finished episode. `messages` is the whole conversation (first observation, then
-    alternating assistant actions and observations); `reward` sums each component over the
-    steps (weights: the last ones given); `truncated` says `max_turns` ended it."""
+    alternating assistant actions and observations); `reward` follows the reward rule (the
+    module docstring: every step's reward summed per component, plus `truncated()`'s; weights:
+    the last ones given); `truncated` says the episode ended without `done`; `infos` holds
+    each step's `StepResult.info`."""
 
     messages: list[dict]
     reward: Reward
@@ -296,6 +320,39 @@ class Episode:
 
 
 ActionFn = Callable[[list[dict]], Awaitable[str]]
+
+
+class EpisodePolicy:
+    """What plays the assistant turns of an episode for `run_episode`.
+
+    The driver calls `begin` once with the first messages, then per turn `can_act` (False ends
+    the episode as truncated: a token budget is spent) and `act`, and `observe` after each
+    observation turn it appends. `messages` is the driver's conversation (read it, do not
+    change it). Cancellation of `act`: the episode is abandoned, the policy's state with it.
+    """
+
+    def begin(self, messages: list[dict]) -> None:
+        """The episode's first messages (a token-level policy renders its prompt from them)."""
+
+    def can_act(self) -> bool:
+        return True
+
+    async def act(self, messages: list[dict]) -> str:
+        raise NotImplementedError(f"{type(self).__name__} must define async act(self, messages)")
+
+    def observe(self, messages: list[dict]) -> None:
+        """`messages[-1]` is a new observation turn, after the assistant turn `act` gave."""
+
+
+class TextPolicy(EpisodePolicy):
+    """A policy over text: `fn(messages) -> action text` (a script in tests, a local engine in
+    `postrain eval`)."""
+
+    def __init__(self, fn: ActionFn) -> None:
+        self.fn = fn
+
+    async def act(self, messages: list[dict]) -> str:
+        return await self.fn(list(messages))
 
 
 def drop_reason(exc: BaseException) -> str:
@@ -342,20 +399,26 @@ async def checked_truncated(env: Environment, *, timeout_s: float | None = 60.0)
     return final
 
 
-async def run_episode(env: Environment, task: dict, policy: ActionFn, *,
+async def run_episode(env: Environment, task: dict, policy: EpisodePolicy | ActionFn, *,
                       step_timeout_s: float | None = 60.0) -> Episode:
-    """Drive `env` through one episode with `policy(messages) -> action text` (a model, or a
-    script in tests). Raises EnvironmentFailure (raised/hung) or EnvironmentContractError
-    (garbage); the caller drops the sample with `drop_reason(exc)`. Runs on trio. A token-level
-    driver (the environment actor) follows the same steps with `checked_reset`, `checked_step`
-    and `checked_truncated`."""
+    """Play one episode of `env` on `task`: the one driver of training and evaluation.
+
+    `policy` is an `EpisodePolicy`, or `fn(messages) -> action text` (wrapped in `TextPolicy`).
+    The episode ends at `done`, after `env.max_turns` actions, or when `policy.can_act()` says
+    no; its reward follows the reward rule of the module docstring. Raises EnvironmentFailure
+    (raised/hung) or EnvironmentContractError (garbage); the caller drops the sample with
+    `drop_reason(exc)`. Runs on trio. Cancellation: the episode is abandoned (the caller
+    closes `env`)."""
+    if not isinstance(policy, EpisodePolicy):
+        policy = TextPolicy(policy)
     messages = await checked_reset(env, task, timeout_s=step_timeout_s)
+    policy.begin(list(messages))
     components: dict[str, float] = {}
     weights: dict[str, float] = {}
     infos: list[dict] = []
     num_turns, done = 0, False
-    while not done and num_turns < env.max_turns:
-        action = await policy(list(messages))
+    while not done and num_turns < env.max_turns and policy.can_act():
+        action = await policy.act(messages)
         messages.append({"role": "assistant", "content": action})
         num_turns += 1
         result = await checked_step(env, action, timeout_s=step_timeout_s)
@@ -365,6 +428,7 @@ async def run_episode(env: Environment, task: dict, policy: ActionFn, *,
         done = result.done
         if not done:
             messages.append({"role": env.observation_role, "content": result.observation})
+            policy.observe(messages)
     if not done:
         _accumulate(await checked_truncated(env, timeout_s=step_timeout_s), components, weights)
     return Episode(messages=messages, reward=Reward(components, weights), num_turns=num_turns,

@@ -4,7 +4,8 @@
     name = "generator"
     cls = "postrain.actors.generator_actor:GeneratorActor"
     options = { model = "tiny", kv_cache_mb = 64, max_num_seqs = 32, seed = 0 }
-    # weight_precision = "float16": float16 weight copies (x86 CPU), see Engine
+
+Options: `GeneratorOptions` below (model and seed usually come from [shared]).
 
 Messages:
 - `generate` {"prompt_ids": [int] (or "prompt": str), "sampling": {SamplingParams fields}}
@@ -26,14 +27,17 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import Literal
 
 import anyio
 import anyio.to_thread
+from pydantic import Field
 
-from postrain.core import Actor, handler
+from postrain.core import Actor, Load, Options, handler
 
 from .checkpoint import load_model
 from .engine import Engine, RequestOutput
+from .records import GeneratedSample, GenerateReply, GenerateRequest, WeightSync, WeightSyncReply
 from .sampling import SamplingParams
 
 
@@ -44,13 +48,27 @@ class _Waiter:
     error: Exception | None = None
 
 
+class GeneratorOptions(Options):
+    model: str | dict = Field("tiny", description="the policy: a built-in name, a Hugging Face folder, a "
+                              ".gguf file, or ModelConfig fields (the learner's must match)")
+    seed: int = Field(0, description="init of a from-scratch model; the base of per-request sampling seeds")
+    kv_cache_mb: float = Field(64, gt=0, description="memory of the paged KV cache, MiB")
+    max_num_seqs: int = Field(32, ge=1, description="sequences decoded together at most (the batch)")
+    weight_precision: Literal["float32", "float16"] = Field("float32", description="'float16': sample "
+                                                            "with float16 weight copies (x86 CPU; see Engine)")
+
+
 class GeneratorActor(Actor):
+    Options = GeneratorOptions
+
     async def setup(self):
+        """Load the model, build the engine, start the engine loop. Cancelled: the process is
+        ending (a start past its timeout), so nothing outlives it."""
         options = self.options
-        self.model, self.tokenizer = load_model(options.get("model", "tiny"), seed=options.get("seed", 0))
-        self.engine = Engine(self.model, self.tokenizer, kv_cache_mb=options.get("kv_cache_mb", 64),
-                             max_num_seqs=options.get("max_num_seqs", 32), seed=options.get("seed", 0),
-                             weight_precision=options.get("weight_precision", "float32"))
+        self.model, self.tokenizer = load_model(options.model, seed=options.seed)
+        self.engine = Engine(self.model, self.tokenizer, kv_cache_mb=options.kv_cache_mb,
+                             max_num_seqs=options.max_num_seqs, seed=options.seed,
+                             weight_precision=options.weight_precision)
         self._request_ids = itertools.count()
         self._new_requests: list[tuple[str, list[int] | str, SamplingParams]] = []
         self._waiters: dict[str, _Waiter] = {}       # request id -> its caller, until answered
@@ -62,9 +80,9 @@ class GeneratorActor(Actor):
     @handler("generate", concurrent=True)
     async def generate(self, body):
         """Cancelled: the request is aborted at the next step."""
-        params = SamplingParams(**(body.get("sampling") or {}))
-        prompt = body.get("prompt_ids")
-        prompt = [int(t) for t in prompt] if prompt is not None else body["prompt"]
+        request = GenerateRequest.from_wire(body)
+        params = request.sampling
+        prompt = [int(t) for t in request.prompt_ids] if request.prompt_ids is not None else request.prompt
         request_id = str(next(self._request_ids))
         waiter = self._waiters[request_id] = _Waiter()
         self._new_requests.append((request_id, prompt, params))
@@ -76,35 +94,42 @@ class GeneratorActor(Actor):
         if waiter.error is not None:
             raise waiter.error
         out = waiter.output
-        return {"prompt_len": len(out.prompt_token_ids),
-                "samples": [{"token_ids": s.token_ids, "logprobs": s.logprobs,
-                             "policy_versions": s.policy_versions, "finish_reason": s.finish_reason,
-                             "text": s.text} for s in out.outputs]}
+        return GenerateReply(prompt_len=len(out.prompt_token_ids), samples=[
+            GeneratedSample(token_ids=s.token_ids, logprobs=s.logprobs, policy_versions=s.policy_versions,
+                            finish_reason=s.finish_reason, text=s.text) for s in out.outputs]).to_wire()
 
     @handler("load_weights")
     async def load_weights(self, body):
-        version = int(body["version"])
+        """Swap in the weights at the engine loop's next safe point. Cancelled: not withdrawn;
+        the engine loop still loads them (whole, in its thread), only the reply is lost."""
+        sync = WeightSync.from_wire(body)
+        version = sync.version
         if version < self.engine.policy_version:
             raise ValueError(f"policy version must not go back: generator is at "
                              f"{self.engine.policy_version}, got {version}")
         applied, result = anyio.Event(), []
-        self._new_weights.append((body["weights"], version, applied, result))
+        self._new_weights.append((sync.weights, version, applied, result))
         self._work.set()
         await applied.wait()
         if result and isinstance(result[0], Exception):
             raise result[0]
-        return {"version": version}
+        return WeightSyncReply(version=version).to_wire()
 
     @handler("stats")
     async def stats(self, body):
+        """The engine's counters. Does not wait (cancel-safe)."""
         return self.engine.stats()
 
-    def load(self):
+    def load(self) -> Load:
+        """Requests waiting for a batch slot and decoding (not a pool: its batch does not resize)."""
         stats = self.engine.stats()
-        return {**super().load(), "gen_running": stats["num_running"], "gen_waiting": stats["num_waiting"],
-                "kv_utilization": round(stats["kv_utilization"], 3), "policy_version": stats["policy_version"]}
+        return super().load().replace(queued=stats["num_waiting"], running=stats["num_running"], figures={
+            "kv_utilization": round(stats["kv_utilization"], 3), "policy_version": stats["policy_version"]})
 
     async def _engine_loop(self) -> None:
+        """Admit new requests and weights, abort abandoned ones, step the engine, hand out what
+        finished. Cancelled (the actor stops): a step or a weight load already in its thread
+        finishes (they cannot be abandoned), then the loop ends; waiting callers are never answered."""
         engine = self.engine
         while True:
             if not (self._new_requests or self._new_weights or engine.has_unfinished()):

@@ -1,7 +1,7 @@
 """The learner as an actor: train on batches, checkpoint, and publish weights to generators.
 
     spec = ActorSpec(name="learner", cls="postrain.actors.learner_actor:LearnerActor",
-                     options={"learner": {"model": "tiny", "lr": 1e-5}, "resume_from": None})
+                     options={"model": "tiny", "learner": {"lr": 1e-5}, "resume_from": None})
     ref = await supervisor.start(spec)
     metrics = await ref.ask("train", batch)                 # batch: postrain.actors.learner_batch
     await ref.ask("publish", {"targets": ["gen0", "gen1"]})  # -> {"version", "sync_s": {...}, ...}
@@ -40,14 +40,18 @@ in its thread (atomic: no half-applied update), and its reply is dropped.
 from __future__ import annotations
 
 import hashlib
-import time
-
 import logging
+import time
+from typing import Any
 
 import anyio
 import torch
+from pydantic import Field, field_validator, model_validator
 
-from postrain.core.actor import Actor, handler
+from postrain.core import Actor, Options, handler
+from postrain.core.errors import PostrainError
+
+from .records import PublishReport, SftBatch, TrainBatch, WeightSync, WeightSyncReply
 
 log = logging.getLogger("postrain.learner")
 
@@ -57,7 +61,7 @@ def weight_messages(weights: dict[str, torch.Tensor], version: int, chunk_mb: fl
     """The `load_weights` bodies of one sync: one message, or chunks of whole tensors of at most
     chunk_mb MiB each (a larger tensor travels alone) tagged "chunk" i of "num_chunks"."""
     if not chunk_mb:
-        return [{"version": version, "weights": weights}]
+        return [WeightSync(version, weights).to_wire()]
     if chunk_mb <= 0:
         raise ValueError(f"chunk_mb must be > 0 or None, got {chunk_mb}")
     limit, parts, size = chunk_mb * 2**20, [{}], 0
@@ -68,8 +72,7 @@ def weight_messages(weights: dict[str, torch.Tensor], version: int, chunk_mb: fl
             size = 0
         parts[-1][name] = tensor
         size += nbytes
-    return [{"version": version, "weights": part, "chunk": i, "num_chunks": len(parts)}
-            for i, part in enumerate(parts)]
+    return [WeightSync(version, part, chunk=i, num_chunks=len(parts)).to_wire() for i, part in enumerate(parts)]
 
 
 def weights_digest(weights: dict[str, torch.Tensor]) -> str:
@@ -82,12 +85,45 @@ def weights_digest(weights: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-class PolicyVersionMismatch(RuntimeError):
+class PolicyVersionMismatch(PostrainError, RuntimeError):
     """The learner is not at the policy version the caller expects (it restarted)."""
 
 
+class LearnerOptions(Options):
+    model: str | dict = Field("tiny", description="the policy: a built-in name, a Hugging Face folder, a "
+                              ".gguf file, or ModelConfig fields")
+    seed: int = Field(0, description="init of a from-scratch model and the torch RNG")
+    learner: dict[str, Any] = Field(default_factory=dict, description="LearnerConfig fields "
+                                    "(actors/learner.py): optimizer, schedule, objective, KL, advantages")
+    resume_from: str | None = Field(None, description="a checkpoint folder to start from (weights, "
+                                    "optimizer, RNG); none: fresh weights")
+
+    @field_validator("learner")
+    @classmethod
+    def _no_shared_fields(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for name in ("model", "seed"):
+            if name in value:
+                raise ValueError(f"learner.{name} is the learner actor's own option: set options.{name} "
+                                 f"(or {name} in [shared]) instead")
+        return value
+
+    @model_validator(mode="after")
+    def _check_learner_config(self):
+        from postrain.actors.learner import LearnerError
+        try:
+            self.learner_config()
+        except (LearnerError, ValueError, TypeError) as exc:
+            raise ValueError(f"learner: {exc}") from None
+        return self
+
+    def learner_config(self):
+        """The LearnerConfig these options describe."""
+        from postrain.actors.learner import LearnerConfig
+        return LearnerConfig.from_dict({**self.learner, "model": self.model, "seed": self.seed})
+
+
 class LearnerActor(Actor):
-    """options: learner (LearnerConfig fields), resume_from (a checkpoint folder or None)."""
+    Options = LearnerOptions
 
     def _check_expected_version(self, body) -> dict:
         """`body` without its "expect_policy_version"; raises PolicyVersionMismatch when the
@@ -103,43 +139,54 @@ class LearnerActor(Actor):
         return body
 
     async def setup(self):
-        from postrain.actors.learner import Learner, LearnerConfig
+        """Build the learner (and load resume_from). Cancelled: the process is ending (a start
+        past its timeout), so nothing outlives it."""
+        from postrain.actors.learner import Learner
 
-        config = LearnerConfig.from_dict(self.options.get("learner"))
-        self.learner = await anyio.to_thread.run_sync(Learner, config)
+        self.learner = await anyio.to_thread.run_sync(Learner, self.options.learner_config())
         self.resume_extra = None
-        if self.options.get("resume_from"):
+        if self.options.resume_from:
             self.resume_extra = await anyio.to_thread.run_sync(
-                self.learner.load_checkpoint, self.options["resume_from"])
+                self.learner.load_checkpoint, self.options.resume_from)
         self.targets: dict[str, object] = {}
         self.last_publish: dict = {}
 
     @handler("train")
     async def train(self, body):
-        return await anyio.to_thread.run_sync(self.learner.train_step, self._check_expected_version(body))
+        """One RL step. Cancelled: atomic; the step in its thread runs to the end (it cannot be
+        abandoned), and its reply is dropped."""
+        batch = TrainBatch.from_wire(self._check_expected_version(body))
+        return await anyio.to_thread.run_sync(self.learner.train_step, batch.to_wire())
 
     @handler("sft")
     async def sft(self, body):
-        return await anyio.to_thread.run_sync(self.learner.sft_step, self._check_expected_version(body))
+        """One supervised step. Cancelled: atomic, as `train`."""
+        batch = SftBatch.from_wire(self._check_expected_version(body))
+        return await anyio.to_thread.run_sync(self.learner.sft_step, batch.to_wire())
 
     @handler("save_checkpoint")
     async def save_checkpoint(self, body):
+        """Write a checkpoint. Cancelled: it is still written whole (its thread runs to the end);
+        the reply is dropped."""
         body = self._check_expected_version(body)
         path = await anyio.to_thread.run_sync(self.learner.save_checkpoint, body["path"], body.get("extra"))
         return {"path": str(path), "step": self.learner.step, "policy_version": self.learner.policy_version}
 
     @handler("load_checkpoint")
     async def load_checkpoint(self, body):
+        """Load a checkpoint. Cancelled: still loaded whole (its thread runs to the end)."""
         extra = await anyio.to_thread.run_sync(self.learner.load_checkpoint, body["path"])
         return {"step": self.learner.step, "policy_version": self.learner.policy_version, "extra": extra}
 
     @handler("export_hf")
     async def export_hf(self, body):
+        """Write a Hugging Face folder. Cancelled: still written whole (its thread runs to the end)."""
         body = self._check_expected_version(body)
         return {"path": str(await anyio.to_thread.run_sync(self.learner.export_hf, body["path"]))}
 
     @handler("get_weights")
     async def get_weights(self, body):
+        """The current weights and version. Does not wait (cancel-safe)."""
         return {"version": self.learner.policy_version, "weights": self.learner.state_dict()}
 
     @handler("publish")
@@ -159,6 +206,8 @@ class LearnerActor(Actor):
         start = time.perf_counter()
 
         async def push(name: str) -> None:
+            """Send every message of the sync to `name`. Cancelled: it may or may not hold the
+            new version (a chunked sync may be part-received, and is completed by the next)."""
             if name not in self.targets:
                 self.targets[name] = await self.lookup(name)
             t0 = time.perf_counter()
@@ -170,8 +219,8 @@ class LearnerActor(Actor):
             for name in names:
                 tg.start_soon(push, name)
         num_bytes = sum(t.numel() * t.element_size() for t in weights.values())
-        self.last_publish = {"version": version, "num_bytes": num_bytes, "num_messages": len(messages),
-                             "sync_s": sync_s, "total_s": time.perf_counter() - start}
+        self.last_publish = PublishReport(version=version, num_bytes=num_bytes, num_messages=len(messages),
+                                          sync_s=sync_s, total_s=time.perf_counter() - start).to_wire()
         log.info("published weights v%d (%.1f MiB) to %s in %.3f s", version, num_bytes / 2**20,
                  ", ".join(f"{k} {v:.3f} s" for k, v in sync_s.items()) or "no targets",
                  self.last_publish["total_s"])
@@ -179,8 +228,14 @@ class LearnerActor(Actor):
 
     @handler("stats")
     async def stats(self, body):
+        """Step, version, size, last publish. Does not wait (cancel-safe)."""
         return {"step": self.learner.step, "policy_version": self.learner.policy_version,
                 "num_params": sum(p.numel() for p in self.learner.params), "last_publish": self.last_publish}
+
+
+class WeightReceiverOptions(Options):
+    model: str | dict | None = Field(None, description="load the weights into this model (a load_model "
+                                     "spec or ModelConfig fields); none: just keep them")
 
 
 class WeightReceiverActor(Actor):
@@ -191,11 +246,14 @@ class WeightReceiverActor(Actor):
     (bodies with "chunk" / "num_chunks") are applied when the last chunk arrives (chunks of
     one sync arrive in order: the learner sends the next after the previous reply)."""
 
+    Options = WeightReceiverOptions
+
     async def setup(self):
+        """Build the model, if any. Does not wait (cancel-safe)."""
         self.model = None
-        if self.options.get("model") is not None:
+        if self.options.model is not None:
             from postrain.actors.learner import build_policy
-            self.model, _ = build_policy(self.options["model"], 0, torch.float32, "cpu")
+            self.model, _ = build_policy(self.options.model, 0, torch.float32, "cpu")
         self.version = -1
         self.weights: dict[str, torch.Tensor] = {}
         self._pending: dict[str, torch.Tensor] = {}   # chunks of _pending_version received so far
@@ -203,20 +261,22 @@ class WeightReceiverActor(Actor):
 
     @handler("load_weights")
     async def load_weights(self, body):
-        version = int(body["version"])
+        """Take a sync (or one chunk of it). Does not wait, so it is atomic under cancellation."""
+        sync = WeightSync.from_wire(body)
+        version = sync.version
         if version < self.version:
             raise ValueError(f"policy version must not go back: this actor holds {self.version}, got "
                              f"{version}; publish the learner's latest weights")
-        weights = body["weights"]
-        if "num_chunks" in body:       # chunked sync: apply once every chunk of this version is here
+        weights = sync.weights
+        if sync.num_chunks is not None:   # chunked sync: apply once every chunk of this version is here
             if self._pending_version != version:
                 self._pending_version, self._pending = version, {}
             self._pending.update(weights)
-            if int(body["chunk"]) != int(body["num_chunks"]) - 1:
-                return {"version": self.version, "complete": False}
+            if not sync.completes_version:
+                return WeightSyncReply(version=self.version, complete=False).to_wire()
             weights, self._pending, self._pending_version = self._pending, {}, None
         self._apply(weights, version)
-        return {"version": version, "complete": True}
+        return WeightSyncReply(version=version, complete=True).to_wire()
 
     def _apply(self, weights: dict, version: int) -> None:
         from postrain.actors.checkpoint import load_state_dict_checked
@@ -229,6 +289,7 @@ class WeightReceiverActor(Actor):
 
     @handler("digest")
     async def digest(self, body):
+        """A digest of the weights held. Does not wait (cancel-safe)."""
         state = self.weights
         if self.model is not None:
             state = {k: v for k, v in self.model.state_dict().items()

@@ -23,8 +23,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from postrain.core.errors import PostrainError
 
-class LearnerError(ValueError):
+
+class LearnerError(PostrainError, ValueError):
     """A batch, config or checkpoint the learner cannot use; the message names the rule and the fix."""
 
 

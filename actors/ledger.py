@@ -25,12 +25,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from postrain.core.errors import PostrainError
+
 STATES = ("created", "generated", "rewarded", "trained", "dropped")
 _ORDER = {state: index for index, state in enumerate(STATES)}
 IN_FLIGHT = ("created", "generated", "rewarded")
 
 
-class LedgerError(ValueError):
+class LedgerError(PostrainError, ValueError):
     """A transition that breaks the lifecycle (unknown sample, going backwards, reusing an id)."""
 
 

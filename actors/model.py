@@ -30,8 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from postrain.core.errors import PostrainError
 
-class ModelConfigError(ValueError):
+
+class ModelConfigError(PostrainError, ValueError):
     """A model config that cannot describe a supported model."""
 
 

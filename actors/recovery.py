@@ -8,7 +8,8 @@ path to the learner, and it keeps, after every call that returned,
                        + each update in `since_checkpoint`, applied once, in order
     learner.policy_version == self.version == checkpoint_version + len(since_checkpoint)
 
-`since_checkpoint` holds the bodies of the train and SFT steps since the last checkpoint.
+`since_checkpoint` holds the batches (TrainBatch, SftBatch: actors/records.py) of the steps
+since the last checkpoint.
 When the learner dies (our ask fails with ActorDiedError) or turns out to have restarted
 (every call names the version the invariant predicts, `expect_policy_version`, and a
 learner at another version refuses it before touching anything), `_recover`
@@ -37,7 +38,9 @@ import logging
 
 import anyio
 
-from postrain.core.errors import ActorDiedError, ActorError, ActorTimeoutError, RemoteError
+from postrain.core.errors import ActorDiedError, ActorError, ActorTimeoutError, PostrainError, RemoteError
+
+from .records import PublishReport, SftBatch, StepMetrics, TrainBatch
 
 log = logging.getLogger("postrain.recovery")
 
@@ -45,7 +48,7 @@ MAX_RECOVERIES_PER_CALL = 5     # a learner that dies this often in one call is 
 LEARNER_RESTART_TIMEOUT_S = 600.0
 
 
-class LearnerLostError(RuntimeError):
+class LearnerLostError(PostrainError, RuntimeError):
     """The learner kept dying (or never came back); the run cannot go on."""
 
 
@@ -79,7 +82,8 @@ class LearnerKeeper:
         self.published_version = 0               # what every live generator holds (or newer)
         self.checkpoint_path: str | None = None
         self.checkpoint_version = 0
-        self.since_checkpoint: list[tuple[str, dict, list[str]]] = []   # (kind, body, sample_ids)
+        # The steps since the checkpoint, in order, with their samples (noted "replayed" on a replay).
+        self.since_checkpoint: list[tuple[TrainBatch | SftBatch, list[str]]] = []
         self.num_recoveries = 0
         self.num_generator_resyncs = 0
 
@@ -106,19 +110,21 @@ class LearnerKeeper:
 
     # -- the learner's work --------------------------------------------------------
 
-    async def step(self, kind: str, body: dict, sample_ids: list[str] = ()) -> dict:
-        """One `train` or `sft` step, applied exactly once whatever dies meanwhile. Returns its metrics."""
+    async def step(self, batch: TrainBatch | SftBatch, sample_ids: list[str] = ()) -> StepMetrics:
+        """One `train` (a TrainBatch) or `sft` (an SftBatch) step, applied exactly once whatever
+        dies meanwhile. Returns its metrics."""
+        kind = _step_kind(batch)
         async with self.lock:
             async def once():
-                metrics = await self._ask(kind, body, self.version, timeout_s=900)
+                metrics = await self._ask(kind, batch.to_wire(), self.version, timeout_s=900)
                 self._expect(int(metrics["policy_version"]), self.version + 1, kind)
                 return metrics
             metrics = await self._with_recovery(once, kind)
             self.version += 1
-            self.since_checkpoint.append((kind, body, list(sample_ids)))
+            self.since_checkpoint.append((batch, list(sample_ids)))
             return metrics
 
-    async def publish(self) -> dict:
+    async def publish(self) -> PublishReport:
         """The learner's weights to every generator; returns the learner's publish report."""
         async with self.lock:
             return await self._with_recovery(self._publish_locked, "publish")
@@ -220,8 +226,9 @@ class LearnerKeeper:
         else:  # no checkpoint yet: a restarted learner holds its starting weights again
             self._expect(int(stats["policy_version"]), self.checkpoint_version, "restart")
         version = self.checkpoint_version
-        for kind, body, sample_ids in self.since_checkpoint:
-            metrics = await self._ask(kind, body, version, timeout_s=900)
+        for batch, sample_ids in self.since_checkpoint:
+            kind = _step_kind(batch)
+            metrics = await self._ask(kind, batch.to_wire(), version, timeout_s=900)
             version += 1
             self._expect(int(metrics["policy_version"]), version, f"replayed {kind}")
             for sid in sample_ids:
@@ -237,11 +244,11 @@ class LearnerKeeper:
                 except (ActorDiedError, ActorTimeoutError):
                     await anyio.sleep(0.2)
 
-    async def _publish_locked(self, targets: list[str] | None = None) -> dict:
+    async def _publish_locked(self, targets: list[str] | None = None) -> PublishReport:
         targets = list(targets or self.generator_names)
         for attempt in range(3):
             try:
-                result = await self._ask("publish", {"targets": targets}, self.version)
+                result = PublishReport.from_wire(await self._ask("publish", {"targets": targets}, self.version))
                 break
             except RemoteError as exc:  # a generator died mid-sync: wait until it is back, again
                 if attempt == 2:
@@ -250,7 +257,7 @@ class LearnerKeeper:
                             short_reason(exc))
                 for name in targets:
                     await self._wait_for(await self._generator(name))
-        self._expect(int(result["version"]), self.version, "publish")
+        self._expect(result.version, self.version, "publish")
         if set(targets) == set(self.generator_names):
             self.published_version = self.version
         return result
@@ -264,6 +271,14 @@ class LearnerKeeper:
         if got != expected:
             raise _LearnerRestarted(f"the learner answered {what} at policy version {got}, expected "
                                     f"{expected}: it restarted with other weights")
+
+
+def _step_kind(batch: TrainBatch | SftBatch) -> str:
+    """The learner request that takes `batch`."""
+    if isinstance(batch, TrainBatch):
+        return "train"
+    assert isinstance(batch, SftBatch), f"a learner step takes a TrainBatch or an SftBatch, got {type(batch)}"
+    return "sft"
 
 
 class _LearnerRestarted(ActorError):

@@ -31,12 +31,14 @@ import os
 import time
 from pathlib import Path
 
+from postrain.core.errors import PostrainError
+
 RUN_STATE_FORMAT = "postrain-run-1"
 DATA_ORDER_KEYS = ("task", "seed", "prompts_per_step", "samples_per_prompt", "task_options")
 RESUMES_FILE = "resumes.jsonl"   # one line per `postrain up --resume`: when, from which batch
 
 
-class ResumeError(ValueError):
+class ResumeError(PostrainError, ValueError):
     """A run folder that cannot be resumed as asked; the message says why and what to do."""
 
 
@@ -70,8 +72,11 @@ def batch_sample_id(batch: int, group: int, sample: int, resume_index: int = 0) 
     return base if resume_index == 0 else f"{base}.r{resume_index}"
 
 
-def data_order(cfg: dict) -> dict:
-    return {key: cfg[key] for key in DATA_ORDER_KEYS}
+def data_order(cfg) -> dict:
+    """The knobs the data order depends on, of the orchestrator's options (OrchestratorOptions or
+    a dict of them), as plain JSON data."""
+    values = cfg.model_dump(include=set(DATA_ORDER_KEYS)) if hasattr(cfg, "model_dump") else cfg
+    return {key: values[key] for key in DATA_ORDER_KEYS}
 
 
 def read_run_state(checkpoint_dir: str | Path) -> dict | None:
@@ -87,7 +92,7 @@ def read_run_state(checkpoint_dir: str | Path) -> dict | None:
     return extra
 
 
-def check_same_data_order(state: dict, cfg: dict) -> None:
+def check_same_data_order(state: dict, cfg) -> None:
     saved, now = state["data_order"], data_order(cfg)
     changed = {key: (saved.get(key), now[key]) for key in DATA_ORDER_KEYS if saved.get(key) != now[key]}
     if changed:

@@ -18,51 +18,11 @@ on (seed, sample index, logits), not on what else shares the batch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
-
-class SamplingParamsError(ValueError):
-    """A sampling parameter outside its range."""
-
-
-@dataclass
-class SamplingParams:
-    """How to sample one request. Applies per request; n samples share the prompt."""
-
-    n: int = 1                                   # samples per prompt (GRPO group size)
-    temperature: float = 1.0                     # 0 = greedy (argmax)
-    top_p: float = 1.0                           # nucleus mass kept, in (0, 1]; 1 = off
-    top_k: int = 0                               # keep the k most likely tokens; 0 = off
-    seed: int | None = None                      # per-request seed; sample i uses seed + i
-    max_new_tokens: int = 64                     # generated tokens at most, per sample
-    stop: list[str] = field(default_factory=list)             # stop strings (text is cut before them)
-    stop_token_ids: list[int] = field(default_factory=list)   # extra stop ids (kept in token_ids)
-    ignore_eos: bool = False                     # True = do not stop on the tokenizer's EOS ids
-
-    def __post_init__(self):
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.stop = list(self.stop)
-        self.stop_token_ids = list(self.stop_token_ids)
-        checks = [
-            (self.n >= 1, "n", self.n, ">= 1"),
-            (self.temperature >= 0, "temperature", self.temperature, ">= 0 (0 = greedy)"),
-            (0 < self.top_p <= 1, "top_p", self.top_p, "in (0, 1]"),
-            (self.top_k >= 0, "top_k", self.top_k, ">= 0 (0 = off)"),
-            (self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, ">= 1"),
-        ]
-        for ok, name, value, rule in checks:
-            if not ok:
-                raise SamplingParamsError(f"{name} must be {rule}, got {value!r}")
-        if any(not s for s in self.stop):
-            raise SamplingParamsError("stop strings must be non-empty, got ''")
-
-    @property
-    def logprob_temperature(self) -> float:
-        """The T of the reported logprobs: the sampling temperature, 1 for greedy."""
-        return self.temperature if self.temperature > 0 else 1.0
+# SamplingParams crosses between roles (the orchestrator's rollouts, the generator's requests),
+# so it is defined with the other messages (torch-free) and re-exported here.
+from .records import SamplingParams, SamplingParamsError  # noqa: F401
 
 
 def make_generator(seed: int | None, sample_index: int, fallback: torch.Generator) -> torch.Generator:

@@ -3,7 +3,7 @@
 It owns one `postrain.sandbox.Sandbox` (a warm pool by default) and runs as many executions at
 once as it has workers (`num_workers`, by default one per core of its CPU share); the rest wait
 in its queue, up to `max_queued`, beyond which a request is refused with `SandboxQueueFull` (the
-scheduler sees `sandbox_queued` in the heartbeat load and can add workers). Every execution is
+head's balancer sees them as `queued` in the heartbeat load and can add workers). Every execution is
 audited (JSONL) when `audit_log` is set; the requester recorded is the sender's actor name.
 
 Handlers (bodies are msgpack maps; bytes travel as bytes):
@@ -24,28 +24,31 @@ Handlers (bodies are msgpack maps; bytes travel as bytes):
 memory_mb, max_processes, max_file_size_mb, work_dir_size_mb, max_open_files,
 max_output_bytes); a bad value comes back as a RemoteError naming the field.
 
-Options (the actor spec's `options`): mode ("warm"|"cold"), num_workers (int), policy (a map of
-`Policy` fields), audit_log (path), max_queued (int, default 1024).
+Options: `SandboxOptions` below (the config reference in the docs lists them).
 """
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import math
 import os
+from typing import Any, Literal
 
 import anyio
 import anyio.from_thread
 import anyio.to_thread
+from pydantic import Field, field_validator
 
-from postrain.core import Actor, handler
+from postrain.core import RESIZE, Actor, Load, Options, ResizeRequest, handler
+from postrain.core.errors import PostrainError
 from postrain.sandbox import ExecResult, Policy, PolicyError, Sandbox, run_io_cases, run_tests
 
 LIMIT_FIELDS = ("wall_time_s", "cpu_time_s", "memory_mb", "max_processes", "max_file_size_mb",
                 "work_dir_size_mb", "max_open_files", "max_output_bytes")
 
 
-class SandboxQueueFull(RuntimeError):
+class SandboxQueueFull(PostrainError, RuntimeError):
     """More requests are waiting than `max_queued`; retry later or add sandbox workers."""
 
 
@@ -56,15 +59,44 @@ def result_to_wire(result: ExecResult) -> dict:
             "stderr_truncated": result.stderr_truncated, "mode": result.mode, "error": result.error}
 
 
+def _policy(fields: dict[str, Any]) -> Policy:
+    return Policy(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+
+
+class SandboxOptions(Options):
+    mode: Literal["warm", "cold"] = Field("warm", description="'warm': a pool of ready jails (fast); "
+                                          "'cold': a fresh nsjail per execution")
+    num_workers: int | None = Field(None, ge=1, description="executions at once (warm workers); "
+                                    "none: one per core of the actor's CPU share")
+    policy: dict[str, Any] = Field(default_factory=dict, description="`postrain.sandbox.Policy` fields: "
+                                   "wall_time_s, cpu_time_s, memory_mb, max_processes, ... (the jail's limits)")
+    audit_log: str | None = Field(None, description="append one JSONL audit record per execution to this file")
+    max_queued: int = Field(1024, ge=0, description="requests that may wait for a worker; beyond it a "
+                            "request is refused with SandboxQueueFull")
+
+    @field_validator("policy")
+    @classmethod
+    def _check_policy(cls, value: dict[str, Any]) -> dict[str, Any]:
+        known = {f.name for f in dataclasses.fields(Policy)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"unknown Policy field(s) {unknown}; known: {sorted(known)}")
+        try:
+            _policy(value)
+        except PolicyError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+
 class SandboxActor(Actor):
+    Options = SandboxOptions
+
     async def setup(self) -> None:
         opts = self.options
-        policy = Policy(**{k: tuple(v) if isinstance(v, list) else v
-                           for k, v in (opts.get("policy") or {}).items()})
-        self.num_workers = int(opts.get("num_workers") or max(1, len(os.sched_getaffinity(0))))
-        self.max_queued = int(opts.get("max_queued", 1024))
-        make = functools.partial(Sandbox, policy, mode=opts.get("mode", "warm"),
-                                 num_workers=self.num_workers, audit_log=opts.get("audit_log"))
+        self.num_workers = opts.num_workers or max(1, len(os.sched_getaffinity(0)))
+        self.max_queued = opts.max_queued
+        make = functools.partial(Sandbox, _policy(opts.policy), mode=opts.mode,
+                                 num_workers=self.num_workers, audit_log=opts.audit_log)
         self.sandbox = await anyio.to_thread.run_sync(make)
         self.limiter = anyio.CapacityLimiter(self.num_workers)
         self.num_queued = 0   # requests waiting for a worker; invariant: 0 <= num_queued
@@ -75,11 +107,10 @@ class SandboxActor(Actor):
     async def teardown(self) -> None:
         await anyio.to_thread.run_sync(self.sandbox.close)
 
-    def load(self) -> dict:
-        base = super().load()
-        base.update({"sandbox_queued": self.num_queued, "sandbox_running": self.num_running,
-                     "sandbox_workers": self.num_workers})
-        return base
+    def load(self) -> Load:
+        """A pool's load: executions waiting, running, and the workers (it handles RESIZE)."""
+        return super().load().replace(queued=self.num_queued, running=self.num_running,
+                                      workers=self.num_workers)
 
     # ------------------------------------------------------------ handlers
     @handler("exec", concurrent=True)
@@ -139,17 +170,15 @@ class SandboxActor(Actor):
         return {"passed": [v.passed for v in verdicts],
                 "results": [result_to_wire(v.result) for v in verdicts]}
 
-    @handler("resize")
+    @handler(RESIZE)
     async def resize(self, body):
-        """Runs in flight finish; surplus workers close when idle. Cancelled while new workers
-        start: the pool still ends at the asked size (the start runs on in its thread)."""
-        num_workers = body.get("num_workers") if isinstance(body, dict) else None
-        if not isinstance(num_workers, int) or num_workers < 1:
-            raise ValueError(f"resize needs an int num_workers >= 1, got {num_workers!r}; "
-                             f"fix: send {{'num_workers': 2}}")
-        cpu_ids = body.get("cpu_ids")
-        if cpu_ids:
-            pin_process(cpu_ids)
+        """The kernel's pool protocol (core/load.py). Runs in flight finish; surplus workers
+        close when idle. Cancelled while new workers start: atomic; the thread call cannot be
+        abandoned, so the pool, num_workers and the limiter all end at the asked size."""
+        request = ResizeRequest.from_wire(body)
+        num_workers = request.num_workers
+        if request.cpu_ids:
+            pin_process(request.cpu_ids)
         previous = self.num_workers
         await anyio.to_thread.run_sync(self.sandbox.resize, num_workers, limiter=_unlimited())
         self.num_workers = num_workers

@@ -17,6 +17,8 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
+from postrain.core.errors import PostrainError
+
 BYTE_SPECIALS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>", "<|tool|>",
                  "<|reserved_0|>", "<|reserved_1|>"]
 
@@ -26,7 +28,7 @@ CHATML_TEMPLATE = (
 )
 
 
-class TokenizerError(ValueError):
+class TokenizerError(PostrainError, ValueError):
     """A tokenizer that cannot be built from what was given."""
 
 

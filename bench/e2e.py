@@ -37,24 +37,28 @@ QUICK = {"sft_steps": 40, "num_steps": 3, "num_eval_tasks": 10, "repeats": 1}
 
 
 def default_run_config():
-    from postrain.core.config import load_config
+    """The built-in run's config, every actor's options resolved ([shared] filled in)."""
+    from postrain.cli.config import load_up_config
     from postrain.cli.up import default_config_path
 
-    return load_config(default_config_path())
+    return load_up_config(default_config_path())
 
 
 def orchestrator_options(config) -> dict:
     return next(spec.options for spec in config.actors if spec.name == config.run.driver)
 
 
-def learner_options(config) -> dict:
-    return next(spec.options["learner"] for spec in config.actors if "learner" in spec.options)
+def learner_config(config):
+    """The LearnerConfig of the run's learner actor."""
+    from postrain.actors.learner_actor import LearnerOptions
+    return next(LearnerOptions(**spec.options).learner_config() for spec in config.actors
+                if "learner" in spec.options)
 
 
 def warm_start(config, folder: Path, sft_steps: int, sft_batch_size: int) -> float:
     """Supervised warm start of the default run's learner on demonstrations, saved as a learner
     checkpoint in `folder`. Returns the seconds it took."""
-    from postrain.actors.learner import Learner, LearnerConfig
+    from postrain.actors.learner import Learner
     from postrain.actors.orchestrator import chat_to_tokens
     from postrain.actors.tasks import get_task
 
@@ -63,10 +67,10 @@ def warm_start(config, folder: Path, sft_steps: int, sft_batch_size: int) -> flo
     torch.set_num_threads(1)  # as the learner actor runs (the scheduler gives it one core)
     start = time.perf_counter()
     options = orchestrator_options(config)
-    learner = Learner(LearnerConfig.from_dict(learner_options(config)))
+    learner = Learner(learner_config(config))
     task = get_task(options["task"])
-    demos = task.demonstrations(sft_steps * sft_batch_size, seed=config.run.seed,
-                                options=options.get("task_options") or {})
+    demos = task.demonstrations(sft_steps * sft_batch_size, seed=options["seed"],
+                                options=options["task_options"])
     for step in range(sft_steps):
         batch = [chat_to_tokens(learner.tokenizer, d["messages"])
                  for d in demos[step * sft_batch_size:(step + 1) * sft_batch_size]]
@@ -92,7 +96,8 @@ def arm_specs(config, checkpoint: str, max_staleness: int, num_steps: int, num_e
 
 
 async def run_arm(config, specs: list, folder: Path) -> dict:
-    """Start the actors, follow the driver's `run` stream to its summary, stop them."""
+    """Start the actors, follow the driver's `run` stream to its summary, stop them. Cancelled:
+    leaving the supervisor stops every actor (shielded); the arm's folder keeps what was written."""
     from postrain.core import Supervisor
 
     (folder / "logs").mkdir(parents=True, exist_ok=True)
@@ -158,7 +163,7 @@ def run(quick: bool) -> dict:
     return {
         "config": {**sizes, "task": options["task"], "model": "tiny (warm start shared by every arm)",
                    "prompts_per_step": options["prompts_per_step"],
-                   "samples_per_prompt": options["samples_per_prompt"], "seed": config.run.seed,
+                   "samples_per_prompt": options["samples_per_prompt"], "seed": options["seed"],
                    "warm_start_s": round(warm_start_s, 1),
                    "warm_start_accuracy": median[0]["eval_before"],
                    "rl_wall_s": {f"s{k}": round(median[k]["rl_wall_s"], 1) for k in STALENESS_ARMS},

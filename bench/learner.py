@@ -96,6 +96,8 @@ def peak_mem_mb(path: str, num_tokens: int) -> float:
 
 
 async def _publish_times(model, repeats: int) -> list[float]:
+    """Seconds of each publish from a learner to one receiver (the first, a warm-up, dropped).
+    Cancelled: both actors are stopped as the supervisor closes; no times are returned."""
     from postrain.core import ActorSpec, Supervisor
 
     def spec(name, cls, options):
@@ -103,7 +105,7 @@ async def _publish_times(model, repeats: int) -> list[float]:
                          cpus=0.5, memory_mb=0, start_timeout_s=300, max_restarts=0)
 
     async with Supervisor.open() as sup:
-        learner = await sup.start(spec("learner", "LearnerActor", {"learner": {"model": model}}))
+        learner = await sup.start(spec("learner", "LearnerActor", {"model": model}))
         await sup.start(spec("gen0", "WeightReceiverActor", {"model": model}))
         times = []
         for _ in range(repeats + 1):

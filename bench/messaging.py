@@ -76,6 +76,7 @@ def _trio_echo_server(address: str, cpu_ids: list[int]) -> None:
 
 
 async def _trio_echo(sock: zmq.Socket, address: str) -> None:
+    """Echo every message until "stop". Cancelled: the socket stays bound (the process ends)."""
     sock.bind(address)
     while True:
         frames = await _trio_recv(sock)
@@ -85,6 +86,7 @@ async def _trio_echo(sock: zmq.Socket, address: str) -> None:
 
 
 async def _trio_recv(sock: zmq.Socket) -> list:
+    """One message, waiting on the socket's descriptor. Cancelled: nothing was received."""
     import trio
     while True:
         if sock.get(zmq.EVENTS) & zmq.POLLIN:
@@ -119,6 +121,8 @@ class _LoopFloor(_EchoPeer):
         super().__init__("floor", _trio_echo_server, cpu_ids)
 
     async def round_trips(self, num_calls: int) -> list[float]:
+        """Seconds per ping-pong. Cancelled: a ping may be left unanswered on the PAIR socket,
+        so the peer is not reusable; close it."""
         sock, rtts = self.sock, []
         for _ in range(num_calls):
             start = time.perf_counter()
@@ -163,6 +167,7 @@ class _RawPeer(_EchoPeer):
 # -- ours: actors --------------------------------------------------------------
 
 async def _actor_round_trips(ref, num_calls: int) -> list[float]:
+    """Seconds per `echo` ask. Cancelled: no times; a request may still be answered, and dropped."""
     rtts = []
     for _ in range(num_calls):
         start = time.perf_counter()
@@ -172,6 +177,7 @@ async def _actor_round_trips(ref, num_calls: int) -> list[float]:
 
 
 async def _actor_oneway_rate(ref, num_oneway: int) -> float:
+    """Tells per second, counted by the actor. Cancelled: no rate; the tells sent still arrive."""
     before = await ref.ask("num_told")
     start = time.perf_counter()
     for _ in range(num_oneway):
@@ -181,6 +187,8 @@ async def _actor_oneway_rate(ref, num_oneway: int) -> float:
 
 
 async def _actor_bulk_seconds(ref, tensor: torch.Tensor) -> float:
+    """Seconds to send `tensor` and hear its size back. Cancelled: no time; an array written to
+    shared memory stays there until the node closes."""
     start = time.perf_counter()
     nbytes = await ref.ask("nbytes", tensor)
     elapsed = time.perf_counter() - start
@@ -189,6 +197,8 @@ async def _actor_bulk_seconds(ref, tensor: torch.Tensor) -> float:
 
 
 async def _measure(num_calls: int, num_oneway: int, repeats: int) -> tuple[dict, dict]:
+    """Our figures and the peers', `repeats` times each. Cancelled: the peers are closed
+    (finally) and the echo actor stopped as the supervisor closes; no figures."""
     inventory = Inventory.detect()
     scheduler = Scheduler(Inventory(inventory.cpu_ids, inventory.memory_mb))
     ours = {"rtts": [], "rates": [], "bulk": []}

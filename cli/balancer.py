@@ -1,28 +1,30 @@
 """The head's balancer: reads the actors' heartbeat loads and rebalances the run.
 
 Design note. The balancer is a pure decision function and a thin loop. `decide(figures,
-memory, config)` takes one snapshot of the run (each sandbox actor's queued and running tool
-calls, its workers and reserved cores, the cores still free, each driver's admission state)
-plus what it remembers from earlier snapshots (how many ticks a backlog has lasted, since
-when a sandbox has been idle), and returns decisions with the figures that caused them. The
-loop (`Balancer.tick`) gathers the figures from the supervisor's records, enacts the
-decisions (the scheduler reserves or frees the cores first, then the actor is told), and
-writes every decision to the head's log and a metrics row of kind "balance". So the rules are
-unit-tested without processes (tests/core/test_balancer.py), and a decision that cannot be
-enacted (no free cores, the actor refused) is logged as such, never silently dropped.
+memory, config)` takes one snapshot of the run (each pool actor's queued and running work,
+its workers and reserved cores, the cores still free, each actor's backpressure) plus what it
+remembers from earlier snapshots (how many ticks a backlog has lasted, since when a pool has
+been idle), and returns decisions with the figures that caused them. The loop
+(`Balancer.tick`) gathers the figures from the supervisor's records, enacts the decisions (the
+scheduler reserves or frees the cores first, then the actor is told), and writes every
+decision to the head's log and a metrics row of kind "balance". So the rules are unit-tested
+without processes (tests/cli/test_balancer.py), and a decision that cannot be enacted (no
+free cores, the actor refused) is logged as such, never silently dropped.
+
+It knows no role: it reads only the generic figures of `postrain.core.Load`.
 
 Rules:
-- **Sandbox workers.** A sandbox actor (one whose load has `sandbox_workers`) with at least
-  `grow_when_queued` tool calls waiting on `grow_after_ticks` consecutive ticks gets one more
-  warm worker, up to `max_sandbox_workers`. Each worker beyond the ones it started with costs
-  `sandbox_worker_cpus` cores on top of its spec's `cpus`; when the scheduler has not that
-  much free, the decision is `refuse_grow` (logged once per backlog). A sandbox with nothing
-  queued and a worker to spare for `shrink_after_idle_s` loses one worker, never going below
-  `min_sandbox_workers`; the cores its extra workers held go back to the pool.
-- **Backpressure.** The orchestrator admits batches only within `max_staleness` and its
-  rollout-buffer bound, and reports `backpressure` ("none", "staleness", "buffer_full") in
-  its load with the buffer and learner figures. The balancer logs each change of that state
-  with the figures; admission itself stays with the orchestrator, which knows the versions.
+- **Pool workers.** A pool actor (one whose load reports `workers`; it handles the kernel's
+  RESIZE message) with at least `grow_when_queued` pieces of work waiting on
+  `grow_after_ticks` consecutive ticks gets one more worker, up to `max_workers`. Each worker
+  beyond the ones it started with costs `worker_cpus` cores on top of its spec's `cpus`; when
+  the scheduler has not that much free, the decision is `refuse_grow` (logged once per
+  backlog). A pool with nothing queued and a worker to spare for `shrink_after_idle_s` loses
+  one worker, never going below `min_workers`; the cores its extra workers held go back to
+  the pool of cores.
+- **Backpressure.** An actor that holds back new work reports why in its load's
+  `backpressure` ("" when it does not). The balancer logs each change of that state with the
+  actor's own figures; the holding back itself stays with the actor, which knows its rule.
 
 Figures come from heartbeats, so they lag by up to one heartbeat interval; after a resize the
 loop uses the actor's reply, not the older heartbeat, for its worker count.
@@ -38,45 +40,47 @@ from typing import Callable
 
 import anyio
 
+from postrain.core.load import RESIZE, ResizeRequest
+
 log = logging.getLogger("postrain.core")
 _EPS = 1e-9
 
 
 @dataclass(frozen=True)
-class SandboxFigures:
-    """One sandbox actor as the head sees it."""
+class PoolFigures:
+    """One pool actor as the head sees it."""
 
     name: str
     incarnation: int
-    queued: int            # tool calls waiting for a worker
-    running: int           # tool calls executing
-    workers: int           # warm workers now
+    queued: int            # work waiting for a worker
+    running: int           # work executing
+    workers: int           # workers now
     reserved_cpus: float   # cores the scheduler holds for it now
     spec_cpus: float       # cores its spec asked for (covers the workers it started with)
 
 
 @dataclass(frozen=True)
-class DriverFigures:
-    """One actor that reports an admission state (`backpressure` in its load)."""
+class BackpressureFigures:
+    """One actor that reports whether it holds back new work (`backpressure` in its load)."""
 
     name: str
-    backpressure: str      # "none" | "staleness" | "buffer_full"
-    figures: dict          # the rest of its load: buffer, in-flight rollouts, learner idle time
+    backpressure: str      # why it holds back new work; "" when it does not
+    figures: dict          # its own figures, logged with each change
 
 
 @dataclass(frozen=True)
 class Figures:
     time_s: float          # monotonic clock of the snapshot
     free_cpus: float       # cores the scheduler has not reserved
-    sandboxes: tuple[SandboxFigures, ...] = ()
-    drivers: tuple[DriverFigures, ...] = ()
+    pools: tuple[PoolFigures, ...] = ()
+    backpressure: tuple[BackpressureFigures, ...] = ()
 
 
 @dataclass(frozen=True)
 class Decision:
-    """action: grow_sandbox | shrink_sandbox | refuse_grow | backpressure. For the sandbox
-    actions `num_workers` and `cpus` are the targets; `reason` says why in words and
-    `figures` holds the numbers that caused it."""
+    """action: grow | shrink | refuse_grow | backpressure (and grow_failed, shrink_failed once
+    enacted). For the pool actions `num_workers` and `cpus` are the targets; `reason` says why
+    in words and `figures` holds the numbers that caused it."""
 
     action: str
     actor: str
@@ -92,7 +96,7 @@ class Decision:
 
 
 @dataclass(frozen=True)
-class SandboxMemory:
+class PoolMemory:
     incarnation: int
     base_workers: int           # workers it started with (its spec's cpus cover these)
     busy_ticks: int = 0         # consecutive ticks with a backlog
@@ -102,12 +106,12 @@ class SandboxMemory:
 
 @dataclass(frozen=True)
 class Memory:
-    sandboxes: dict = field(default_factory=dict)      # name -> SandboxMemory
+    pools: dict = field(default_factory=dict)          # name -> PoolMemory
     backpressure: dict = field(default_factory=dict)   # name -> last reported state
 
 
-def sandbox_cpus(spec_cpus: float, base_workers: int, num_workers: int, worker_cpus: float) -> float:
-    """Cores a sandbox with `num_workers` workers holds: its spec's, plus worker_cpus per extra."""
+def pool_cpus(spec_cpus: float, base_workers: int, num_workers: int, worker_cpus: float) -> float:
+    """Cores a pool with `num_workers` workers holds: its spec's, plus worker_cpus per extra."""
     return spec_cpus + worker_cpus * max(0, num_workers - base_workers)
 
 
@@ -115,58 +119,58 @@ def decide(figures: Figures, memory: Memory, config) -> tuple[list[Decision], Me
     """The decisions for one snapshot and the memory for the next. Pure: no clocks, no I/O.
     `config` has the BalancerSection fields."""
     decisions: list[Decision] = []
-    sandboxes = {}
+    pools = {}
     free_cpus = figures.free_cpus
-    for sb in figures.sandboxes:
-        mem = memory.sandboxes.get(sb.name)
-        if mem is None or mem.incarnation != sb.incarnation:  # first sight, or restarted afresh
-            mem = SandboxMemory(sb.incarnation, base_workers=sb.workers)
-        decision, mem = _decide_sandbox(sb, mem, figures.time_s, free_cpus, config)
+    for pool in figures.pools:
+        mem = memory.pools.get(pool.name)
+        if mem is None or mem.incarnation != pool.incarnation:  # first sight, or restarted afresh
+            mem = PoolMemory(pool.incarnation, base_workers=pool.workers)
+        decision, mem = _decide_pool(pool, mem, figures.time_s, free_cpus, config)
         if decision is not None:
             decisions.append(decision)
-            if decision.action == "grow_sandbox":
-                free_cpus -= decision.cpus - sb.reserved_cpus
-        sandboxes[sb.name] = mem
+            if decision.action == "grow":
+                free_cpus -= decision.cpus - pool.reserved_cpus
+        pools[pool.name] = mem
     backpressure = dict(memory.backpressure)
-    for driver in figures.drivers:
-        before = backpressure.get(driver.name, "none")
-        if driver.backpressure != before:
-            reason = ("admission paused: " + driver.backpressure if driver.backpressure != "none"
-                      else f"admission resumed (was {before})")
-            decisions.append(Decision("backpressure", driver.name, reason,
-                                      figures={"state": driver.backpressure, **driver.figures}))
-        backpressure[driver.name] = driver.backpressure
-    return decisions, Memory(sandboxes, backpressure)
+    for actor in figures.backpressure:
+        before = backpressure.get(actor.name, "")
+        if actor.backpressure != before:
+            reason = (f"holds back new work: {actor.backpressure}" if actor.backpressure
+                      else f"takes new work again (held back by {before})")
+            decisions.append(Decision("backpressure", actor.name, reason,
+                                      figures={"state": actor.backpressure, **actor.figures}))
+        backpressure[actor.name] = actor.backpressure
+    return decisions, Memory(pools, backpressure)
 
 
-def _decide_sandbox(sb: SandboxFigures, mem: SandboxMemory, now_s: float, free_cpus: float,
-                    config) -> tuple[Decision | None, SandboxMemory]:
-    numbers = {"queued": sb.queued, "running": sb.running, "workers": sb.workers,
+def _decide_pool(pool: PoolFigures, mem: PoolMemory, now_s: float, free_cpus: float,
+                 config) -> tuple[Decision | None, PoolMemory]:
+    numbers = {"queued": pool.queued, "running": pool.running, "workers": pool.workers,
                "free_cpus": round(free_cpus, 3)}
-    backlog = sb.queued >= config.grow_when_queued
+    backlog = pool.queued >= config.grow_when_queued
     busy_ticks = mem.busy_ticks + 1 if backlog else 0
     refused = mem.refused and backlog
-    spare = sb.queued == 0 and sb.running < sb.workers
+    spare = pool.queued == 0 and pool.running < pool.workers
     idle_since = (mem.idle_since_s if mem.idle_since_s is not None else now_s) if spare else None
     mem = dataclasses.replace(mem, busy_ticks=busy_ticks, idle_since_s=idle_since, refused=refused)
-    if busy_ticks >= config.grow_after_ticks and sb.workers < config.max_sandbox_workers:
-        target = sb.workers + 1
-        cpus = sandbox_cpus(sb.spec_cpus, mem.base_workers, target, config.sandbox_worker_cpus)
-        reason = f"{sb.queued} tool calls queued for {busy_ticks} ticks"
-        if cpus - sb.reserved_cpus > free_cpus + _EPS:
+    if busy_ticks >= config.grow_after_ticks and pool.workers < config.max_workers:
+        target = pool.workers + 1
+        cpus = pool_cpus(pool.spec_cpus, mem.base_workers, target, config.worker_cpus)
+        reason = f"{pool.queued} queued for {busy_ticks} ticks"
+        if cpus - pool.reserved_cpus > free_cpus + _EPS:
             if refused:
                 return None, mem
-            return (Decision("refuse_grow", sb.name, reason + f"; {cpus - sb.reserved_cpus:.2f} more "
+            return (Decision("refuse_grow", pool.name, reason + f"; {cpus - pool.reserved_cpus:.2f} more "
                              f"cores needed, {free_cpus:.2f} free", target, cpus, numbers),
                     dataclasses.replace(mem, refused=True))
-        return (Decision("grow_sandbox", sb.name, reason, target, cpus, numbers),
+        return (Decision("grow", pool.name, reason, target, cpus, numbers),
                 dataclasses.replace(mem, busy_ticks=0))
     if (idle_since is not None and now_s - idle_since >= config.shrink_after_idle_s
-            and sb.workers > config.min_sandbox_workers):
-        target = sb.workers - 1
-        cpus = sandbox_cpus(sb.spec_cpus, mem.base_workers, target, config.sandbox_worker_cpus)
+            and pool.workers > config.min_workers):
+        target = pool.workers - 1
+        cpus = pool_cpus(pool.spec_cpus, mem.base_workers, target, config.worker_cpus)
         reason = f"nothing queued and a worker spare for {now_s - idle_since:.0f} s"
-        return (Decision("shrink_sandbox", sb.name, reason, target, cpus, numbers),
+        return (Decision("shrink", pool.name, reason, target, cpus, numbers),
                 dataclasses.replace(mem, idle_since_s=now_s))
     return None, mem
 
@@ -188,8 +192,8 @@ class Balancer:
             self._metrics = MetricsWriter(run_folder, tensorboard=False)
 
     async def run(self) -> None:
-        """Cancelled: stops between ticks or while an actor is being resized (the actor
-        finishes its resize; the reservation already matches the decision)."""
+        """Tick every interval_s until cancelled. Cancelled between ticks: nothing is left
+        half done; while an actor is being resized: see `_resize`. The metrics file is closed."""
         try:
             while True:
                 await anyio.sleep(self.config.interval_s)
@@ -199,26 +203,26 @@ class Balancer:
                 self._metrics.close()
 
     def figures(self) -> Figures:
-        sandboxes, drivers = [], []
+        pools, backpressure = [], []
         scheduler = self.supervisor.scheduler
         for name, record in self.supervisor.records.items():
-            load = record.load or {}
-            if record.state != "running" or not load:
+            load = record.load
+            if record.state != "running" or load is None:
                 continue
-            if "sandbox_workers" in load:
-                workers = int(load["sandbox_workers"])
+            if load.is_pool:
+                workers = load.workers
                 known = self._known_workers.get(name)
                 if known is not None and known[0] == record.incarnation:
                     workers = known[1]
-                sandboxes.append(SandboxFigures(name, record.incarnation, int(load.get("sandbox_queued", 0)),
-                                                int(load.get("sandbox_running", 0)), workers,
-                                                scheduler.reserved_cpus(name), record.spec.cpus))
-            if "backpressure" in load:
-                drivers.append(DriverFigures(name, str(load["backpressure"]),
-                                             {k: v for k, v in load.items() if k in _DRIVER_FIGURES}))
-        return Figures(time.monotonic(), scheduler.free_cpus(), tuple(sandboxes), tuple(drivers))
+                pools.append(PoolFigures(name, record.incarnation, load.queued or 0, load.running or 0,
+                                         workers, scheduler.reserved_cpus(name), record.spec.cpus))
+            if load.backpressure is not None:
+                backpressure.append(BackpressureFigures(name, load.backpressure, dict(load.figures)))
+        return Figures(time.monotonic(), scheduler.free_cpus(), tuple(pools), tuple(backpressure))
 
     async def tick(self) -> list[Decision]:
+        """One snapshot: decide, then enact each decision in order. Cancelled: the memory has
+        moved on; decisions not yet enacted are dropped unlogged (the next tick decides afresh)."""
         decisions, self.memory = decide(self.figures(), self.memory, self.config)
         done = []
         for decision in decisions:
@@ -226,7 +230,9 @@ class Balancer:
         return done
 
     async def _enact(self, decision: Decision) -> Decision:
-        if decision.action in ("grow_sandbox", "shrink_sandbox"):
+        """Resize (grow, shrink), then record and log the outcome. Cancelled during a resize:
+        see `_resize`; the decision is not recorded."""
+        if decision.action in ("grow", "shrink"):
             try:
                 await self._resize(decision)
             except Exception as exc:  # noqa: BLE001 - a refused reservation or resize is the outcome
@@ -238,22 +244,24 @@ class Balancer:
             self._metrics.log("balance", action=decision.action, actor=decision.actor,
                               reason=decision.reason, num_workers=decision.num_workers,
                               cpus=decision.cpus, **{k: v for k, v in decision.figures.items()
-                                                     if isinstance(v, (int, float, str, bool))})
+                                                     if isinstance(v, (int, float, str, bool))
+                                                     and k not in _ROW_FIELDS})
         return decision
 
     async def _resize(self, decision: Decision) -> None:
         """Grow: reserve the cores, then tell the actor (undo the reservation if it fails).
-        Shrink: tell the actor, then free the cores."""
+        Shrink: tell the actor, then free the cores. Cancelled while the actor resizes: not
+        atomic; a grow's reservation is undone though the actor may still finish growing (its
+        next heartbeat shows it), and a shrink keeps its cores reserved."""
         scheduler = self.supervisor.scheduler
         record = self.supervisor.records[decision.actor]
         before = scheduler.reserved_cpus(decision.actor)
-        grow = decision.action == "grow_sandbox"
+        grow = decision.action == "grow"
         if grow:
             record.placement = scheduler.resize(decision.actor, decision.cpus)
         try:
-            reply = await self.supervisor.ref(decision.actor).ask(
-                "resize", {"num_workers": decision.num_workers, "cpu_ids": list(record.placement.cpu_ids)},
-                timeout_s=120)
+            request = ResizeRequest(decision.num_workers, tuple(record.placement.cpu_ids))
+            reply = await self.supervisor.ref(decision.actor).ask(RESIZE, request.to_wire(), timeout_s=120)
         except BaseException:
             if grow:
                 record.placement = scheduler.resize(decision.actor, before)
@@ -263,6 +271,4 @@ class Balancer:
             record.placement = scheduler.resize(decision.actor, decision.cpus)
 
 
-# Load figures of a driver that explain its admission state (logged with each change).
-_DRIVER_FIGURES = ("buffer_batches", "buffer_samples", "rollouts_in_flight", "prompts_waiting",
-                   "learner_idle_s", "learner_busy_s", "num_trained", "max_staleness")
+_ROW_FIELDS = frozenset({"kind", "time", "action", "actor", "reason", "num_workers", "cpus"})  # a balance row's own

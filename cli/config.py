@@ -1,7 +1,7 @@
 """The config of `postrain up`: the kernel's RunConfig plus the head's own sections.
 
     [balancer]                     # optional; see BalancerSection
-    max_sandbox_workers = 4
+    max_workers = 4
 
 `load_up_config` is what `postrain up` (and `--dry-run`) runs: the file is
 validated, then every actor's options against its class's model with
@@ -19,29 +19,28 @@ from postrain.core.options import resolve_options
 
 
 class BalancerSection(BaseModel):
-    """The head's balancer (cli/balancer.py): pool workers follow their queues; changes of a
-    driver's backpressure state are logged."""
+    """The head's balancer (cli/balancer.py): the workers of every pool actor (one whose load
+    reports `workers`) follow its queue; each change of an actor's backpressure is logged."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     enabled: bool = Field(True, description="run the balancer on the head")
     interval_s: float = Field(1.0, gt=0, description="how often it reads the loads and decides")
-    grow_when_queued: int = Field(2, ge=1, description="tool calls waiting at a sandbox actor that count "
-                                  "as a backlog")
+    grow_when_queued: int = Field(2, ge=1, description="pieces of work waiting at a pool actor (its "
+                                  "load's `queued`) that count as a backlog")
     grow_after_ticks: int = Field(2, ge=1, description="consecutive ticks of backlog before a worker is "
                                   "added")
     shrink_after_idle_s: float = Field(30.0, gt=0, description="seconds with nothing queued and a worker "
                                        "spare before a worker is removed")
-    min_sandbox_workers: int = Field(1, ge=1, description="never fewer warm workers per sandbox actor")
-    max_sandbox_workers: int = Field(8, ge=1, description="never more warm workers per sandbox actor")
-    sandbox_worker_cpus: float = Field(0.1, gt=0, le=1, description="cores reserved per worker beyond "
-                                       "the ones a sandbox actor started with (its spec's cpus cover those)")
+    min_workers: int = Field(1, ge=1, description="never fewer workers per pool actor")
+    max_workers: int = Field(8, ge=1, description="never more workers per pool actor")
+    worker_cpus: float = Field(0.1, gt=0, le=1, description="cores reserved per worker beyond the ones "
+                               "a pool actor started with (its spec's cpus cover those)")
 
     @model_validator(mode="after")
     def _check_bounds(self):
-        if self.min_sandbox_workers > self.max_sandbox_workers:
-            raise ValueError(f"min_sandbox_workers ({self.min_sandbox_workers}) must be <= "
-                             f"max_sandbox_workers ({self.max_sandbox_workers})")
+        if self.min_workers > self.max_workers:
+            raise ValueError(f"min_workers ({self.min_workers}) must be <= max_workers ({self.max_workers})")
         return self
 
 

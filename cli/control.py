@@ -15,6 +15,8 @@ import anyio
 from postrain.core.errors import ActorError
 from postrain.core.node import Node
 
+from .live import load_text
+
 HELP = "show a running head's actors and pools (`postrain status RUN_DIR`)"
 
 
@@ -33,6 +35,8 @@ def head_address(run_folder: str) -> str:
 
 
 async def ask_head(run_folder: str, kind: str) -> object:
+    """Ask the head of the run in `run_folder` one request. Cancelled: the head may still act on
+    it (a `shutdown` once received runs to the end); nothing is left on this side."""
     address = head_address(run_folder)
     async with Node("cli") as node:
         try:
@@ -50,7 +54,7 @@ def main(args) -> int:
     for actor in status["actors"]:
         age = actor["heartbeat_age_s"]
         print(f"  {actor['name']:<14} {actor['state']:<10} pid {actor['pid']!s:<7} restarts {actor['restarts']}"
-              f"  heartbeat {age if age is not None else '-'} s  {actor['placement']}  load {actor['load']}")
+              f"  heartbeat {age if age is not None else '-'} s  {actor['placement']}  load {load_text(actor['load'])}")
     return 0
 
 

@@ -11,13 +11,18 @@ leaves no stale series behind:
 
     postrain_<figure>                            each numeric driver figure (step, reward_mean, kl,
                                                  tokens_per_s, staleness_max, sync_s, ...)
-    postrain_queue_depth{queue}                  prompts_waiting, rollouts_in_flight, rollout_buffer,
-                                                 sandbox_queue, generator_waiting (where reported)
     postrain_actor_up{actor}                     1 while the actor is running, else 0
     postrain_actor_state{actor, state}           1 for the actor's current state
     postrain_actor_restarts{actor}               restarts so far
     postrain_actor_heartbeat_age_seconds{actor}  seconds since its last heartbeat
-    postrain_actor_load{actor, figure}           each numeric figure of its heartbeat load
+    postrain_actor_queued{actor}                 work waiting at the actor (where its load reports it)
+    postrain_actor_running{actor}                work running at the actor (where reported)
+    postrain_actor_workers{actor}                a pool actor's workers (pools only)
+    postrain_actor_load{actor, figure}           the inbox's counters (in_flight, served, rejected) and
+                                                 each numeric figure of the actor's own
+
+The actor families read the generic heartbeat load (`postrain.core.Load`), so the
+exporter names no role.
 
 The HTTP server runs on prometheus-client's own thread; `publish` hands it a
 copy (one reference assignment), so a scrape never reads a dict the event
@@ -32,7 +37,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from postrain.core.errors import PostrainError
 
-from .live import RunSnapshot, queue_depths
+from .live import RunSnapshot, actor_loads
 
 _INVALID_NAME_CHARS = re.compile(r"[^a-zA-Z0-9_]")
 
@@ -48,30 +53,29 @@ def _is_number(value) -> bool:
 
 class _SnapshotCollector:
     def __init__(self):
-        self.published: tuple[dict, dict | None, dict] = ({}, None, {})  # figures, status, queue depths
+        self.published: tuple[dict, dict | None, dict] = ({}, None, {})  # figures, status, loads
 
     def collect(self):
-        figures, status, depths = self.published
+        figures, status, loads = self.published
         for name, value in sorted(figures.items()):
             if _is_number(value):
                 family = GaugeMetricFamily(metric_name(name), f"driver figure {name}")
                 family.add_metric([], float(value))
                 yield family
-        queues = GaugeMetricFamily("postrain_queue_depth", "items waiting or in flight, by queue",
-                                   labels=["queue"])
-        for name, value in depths.items():
-            queues.add_metric([name], float(value))
-        yield queues
-        yield from self._actor_families((status or {}).get("actors", []))
+        yield from self._actor_families((status or {}).get("actors", []), loads)
 
     @staticmethod
-    def _actor_families(actors: list[dict]):
+    def _actor_families(actors: list[dict], loads: dict):
         up = GaugeMetricFamily("postrain_actor_up", "1 while the actor is running", labels=["actor"])
         state = GaugeMetricFamily("postrain_actor_state", "1 for the actor's current state",
                                   labels=["actor", "state"])
         restarts = GaugeMetricFamily("postrain_actor_restarts", "restarts so far", labels=["actor"])
         age = GaugeMetricFamily("postrain_actor_heartbeat_age_seconds", "seconds since the last heartbeat",
                                 labels=["actor"])
+        work = {name: GaugeMetricFamily(f"postrain_actor_{name}", help_text, labels=["actor"])
+                for name, help_text in (("queued", "work waiting at the actor"),
+                                        ("running", "work running at the actor"),
+                                        ("workers", "a pool actor's workers"))}
         load = GaugeMetricFamily("postrain_actor_load", "heartbeat load figures", labels=["actor", "figure"])
         for actor in actors:
             name = actor["name"]
@@ -80,10 +84,18 @@ class _SnapshotCollector:
             restarts.add_metric([name], float(actor.get("restarts", 0)))
             if actor.get("heartbeat_age_s") is not None:
                 age.add_metric([name], float(actor["heartbeat_age_s"]))
-            for figure, value in sorted((actor.get("load") or {}).items()):
+            actor_load = loads.get(name)
+            if actor_load is None:
+                continue
+            for field, family in work.items():
+                if getattr(actor_load, field) is not None:
+                    family.add_metric([name], float(getattr(actor_load, field)))
+            counts = {"in_flight": actor_load.in_flight, "served": actor_load.served,
+                      "rejected": actor_load.rejected}
+            for figure, value in sorted({**actor_load.figures, **counts}.items()):
                 if _is_number(value):
                     load.add_metric([name, figure], float(value))
-        yield from (up, state, restarts, age, load)
+        yield from (up, state, restarts, age, *work.values(), load)
 
 
 class PrometheusExporter:
@@ -105,7 +117,7 @@ class PrometheusExporter:
         return self.url
 
     def publish(self, snapshot: RunSnapshot) -> None:
-        self._collector.published = (dict(snapshot.figures), snapshot.status, queue_depths(snapshot))
+        self._collector.published = (dict(snapshot.figures), snapshot.status, actor_loads(snapshot.status))
 
     def stop(self) -> None:
         if self._server is not None:

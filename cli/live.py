@@ -6,13 +6,17 @@ sends `{"figures": {...}}` once per training step), the supervisor's status
 progress line. A view turns snapshots into output:
 
 - `LiveView` redraws one rich frame in place below the scrolling progress
-  lines (step, reward, KL, tokens/s, staleness, queue depths, sync time,
+  lines (step, reward, KL, tokens/s, staleness, sync time, each actor's queue,
   an actors table);
 - `PlainView` prints each progress line as it comes (`--quiet`, or stdout
   is not a terminal: logs, CI, pipes).
 
 `make_view(quiet)` picks one. `render_frame(snapshot)` is the frame itself, a
 pure function of the snapshot (tests render it into a string).
+
+Queues are read from the generic figures of each actor's heartbeat load
+(`postrain.core.Load`: queued, running, workers), so the view names no role;
+an actor's own figures show in its row of the actors table.
 """
 from __future__ import annotations
 
@@ -27,15 +31,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-# Queue depths a view and the exporter show: name -> the heartbeat load key that reports it
-# (summed over actors). The driver's step figures stand in for a depth no actor reports.
-QUEUE_LOAD_KEYS: dict[str, str] = {
-    "prompts_waiting": "prompts_waiting",        # orchestrator: rollouts waiting for a slot
-    "rollouts_in_flight": "rollouts_in_flight",  # orchestrator: rollouts running
-    "rollout_buffer": "buffer_samples",          # orchestrator: samples admitted, not yet trained
-    "sandbox_queue": "sandbox_queued",           # sandbox actors: tool calls waiting for a worker
-    "generator_waiting": "gen_waiting",          # generators: requests waiting for a batch slot
-}
+from postrain.core.load import Load
 
 
 @dataclass
@@ -52,19 +48,33 @@ class RunSnapshot:
         self.figures.update(figures)
 
 
-def queue_depths(snapshot: RunSnapshot) -> dict[str, float]:
-    """Each queue depth that something reports: heartbeat loads first (fresh), else the driver's
-    last step figures. A depth nobody reports is absent, not zero."""
-    actors = (snapshot.status or {}).get("actors", [])
+def actor_loads(status: dict | None) -> dict[str, Load]:
+    """Each actor's last heartbeat load, decoded (an actor with none yet is left out)."""
+    return {actor["name"]: Load.from_wire(actor["load"])
+            for actor in (status or {}).get("actors", []) if actor.get("load")}
+
+
+def queue_depths(snapshot: RunSnapshot) -> dict[str, int]:
+    """`NAME_queued` and `NAME_running` of every actor whose load reports them (a depth nobody
+    reports is absent, not zero): fresh figures from the heartbeats, not the driver's steps."""
     depths = {}
-    for name, load_key in QUEUE_LOAD_KEYS.items():
-        values = [actor["load"][load_key] for actor in actors
-                  if isinstance((actor.get("load") or {}).get(load_key), (int, float))]
-        if values:
-            depths[name] = sum(values)
-        elif isinstance(snapshot.figures.get(name), (int, float)):
-            depths[name] = snapshot.figures[name]
+    for name, load in actor_loads(snapshot.status).items():
+        if load.queued is not None:
+            depths[f"{name}_queued"] = load.queued
+        if load.running is not None:
+            depths[f"{name}_running"] = load.running
     return depths
+
+
+def load_items(load: Load) -> list[tuple[str, object]]:
+    """A load's figures in reading order: work (queued, running, workers), why it holds back,
+    the inbox's counters, then the actor's own figures. Unreported ones are left out."""
+    items = [(name, getattr(load, name)) for name in ("queued", "running", "workers")
+             if getattr(load, name) is not None]
+    if load.backpressure:
+        items.append(("backpressure", load.backpressure))
+    items += [("in_flight", load.in_flight), ("served", load.served), ("rejected", load.rejected)]
+    return items + sorted(load.figures.items())
 
 
 def _number(value, digits: int = 3) -> str:
@@ -93,15 +103,21 @@ def _training_table(figures: dict) -> Table:
 
 
 def _queue_table(snapshot: RunSnapshot) -> Table:
-    table = Table(title="queues", title_justify="left", show_header=False, box=None, padding=(0, 1))
-    depths = queue_depths(snapshot)
-    for name in QUEUE_LOAD_KEYS:
-        table.add_row(name.replace("_", " "), _number(depths.get(name), 0))
+    """One row per actor that reports queued or running work: its queue, its running, its workers."""
+    table = Table(title="queues", title_justify="left", box=None, padding=(0, 1))
+    for column in ("actor", "queued", "running", "workers"):
+        table.add_column(column, justify="left" if column == "actor" else "right")
+    for name, load in actor_loads(snapshot.status).items():
+        if load.queued is not None or load.running is not None:
+            table.add_row(name, _number(load.queued, 0), _number(load.running, 0), _number(load.workers, 0))
     return table
 
 
-def _load_text(load: dict) -> str:
-    return " ".join(f"{key}={_number(value, 2)}" for key, value in sorted((load or {}).items()))
+def load_text(load: dict | None) -> str:
+    """A heartbeat load (its wire map) as `key=value` words, in `load_items` order."""
+    if not load:
+        return "-"
+    return " ".join(f"{key}={_number(value, 2)}" for key, value in load_items(Load.from_wire(load)))
 
 
 def _actors_table(status: dict | None) -> Table:
@@ -114,7 +130,7 @@ def _actors_table(status: dict | None) -> Table:
         age = actor.get("heartbeat_age_s")
         table.add_row(actor["name"], Text(state, style=style), str(actor.get("pid") or "-"),
                       str(actor.get("restarts", 0)), "-" if age is None else f"{age:.1f}",
-                      _load_text(actor.get("load")))
+                      load_text(actor.get("load")))
     return table
 
 

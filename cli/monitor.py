@@ -4,8 +4,9 @@
 lines (`line`) and figures (`figures`); its `watch` task refreshes the
 supervisor's status every `tick_s`, redraws the view, republishes the
 exporter's snapshot and, every `queue_row_interval_s`, appends a `queue` row
-(the queue depths the actors report in their heartbeats) to metrics.jsonl, so
-that `postrain plot` can draw queue depths over time.
+(each actor's queued and running work, as its heartbeat load reports them:
+`NAME_queued`, `NAME_running`) to metrics.jsonl, so that `postrain plot` can
+draw queue depths over time.
 
     with RunMonitor(folder, config, quiet=False).start() as monitor:   # the exporter: monitor.metrics_url
         monitor.attach(supervisor)
@@ -96,8 +97,7 @@ class RunMonitor:
 
     def write_queue_row(self) -> dict | None:
         """Append the depths the actors report now; nothing when none reports any."""
-        fresh = RunSnapshot(self.snapshot.run_name, status=self.snapshot.status)  # loads only, no step figures
-        depths = queue_depths(fresh)
+        depths = queue_depths(self.snapshot)
         if not depths:
             return None
         if self._queue_rows is None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from postrain.actors.ledger import read_events
+from postrain.core.errors import PostrainError
 from postrain.core.metrics import read_metrics
 
 HELP = "draw a run's charts (reward, accuracy, KL, throughput, staleness, queues) as PNGs in RUN_DIR/plots"
@@ -30,7 +31,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("run_folder", help="the run folder (run_dir/name) holding metrics.jsonl")
 
 
-class PlotError(ValueError):
+class PlotError(PostrainError, ValueError):
     """The run folder has no metrics to draw."""
 
 

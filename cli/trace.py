@@ -25,6 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from postrain.actors.ledger import read_events
+from postrain.core.errors import PostrainError
 
 HELP = "print one sample's life from a run's ledger: hops, tool calls, reward, the step that trained it"
 NUM_KNOWN_IDS_SHOWN = 8
@@ -35,7 +36,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("sample_id", help="a sample id, e.g. b0-g0-s0 (see ledger.jsonl)")
 
 
-class TraceError(ValueError):
+class TraceError(PostrainError, ValueError):
     """No ledger, or no such sample in it."""
 
 

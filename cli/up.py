@@ -40,7 +40,7 @@ from pathlib import Path
 
 import anyio
 
-from postrain.core.errors import ActorError, ConfigError, PostrainError
+from postrain.core.errors import ActorError, ActorStartError, ConfigError, PostrainError
 from postrain.core.scheduler import Scheduler
 from postrain.core.supervisor import Supervisor
 
@@ -145,10 +145,41 @@ def main(args) -> int:
         print(f"postrain up: {exc}", file=sys.stderr)
         return 2
     with monitor:
-        return anyio.run(_run, config, folder, monitor, bool(args.resume), backend="trio")
+        status = 1  # what an actor that failed to start leaves
+        try:
+            status = anyio.run(_run, config, folder, monitor, bool(args.resume), backend="trio")
+        except* ActorStartError as group:  # one line per cause, not a traceback of task groups
+            for exc in _leaves(group):
+                print(f"postrain up: {describe_start_error(exc)}", file=sys.stderr)
+        return status
+
+
+def describe_start_error(exc: ActorStartError) -> str:
+    """One line: the actor, what went wrong, where its log is."""
+    log_path = f"; its log: {exc.log_path}" if exc.log_path else ""
+    return f"actor {exc.actor} ({exc.cls}) failed to start: {exc.reason}{log_path}"
+
+
+def _leaves(group: BaseExceptionGroup) -> list:
+    """The exceptions of a (nested) exception group, in order."""
+    leaves = []
+    for exc in group.exceptions:
+        leaves += _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
+    return leaves
 
 
 async def _run(config: UpConfig, folder: Path, monitor: RunMonitor, resume: bool = False) -> int:
+    """Start the actors, follow the run, stop them. Cancelled (Ctrl-C, a failed start): every
+    actor is stopped and head.json removed all the same."""
+    try:
+        return await _run_actors(config, folder, monitor, resume)
+    finally:
+        (folder / "head.json").unlink(missing_ok=True)
+
+
+async def _run_actors(config: UpConfig, folder: Path, monitor: RunMonitor, resume: bool) -> int:
+    """Start every actor in config order, then follow the driver or serve until asked to stop.
+    Cancelled: leaving the supervisor stops every actor started so far (shielded)."""
     async with Supervisor.open(heartbeat_interval_s=config.head.heartbeat_interval_s,
                                heartbeat_timeout_s=config.head.heartbeat_timeout_s,
                                bind=config.head.bind, log_dir=str(folder / "logs")) as supervisor:
@@ -173,17 +204,19 @@ async def _run(config: UpConfig, folder: Path, monitor: RunMonitor, resume: bool
                 status = 0
             tg.cancel_scope.cancel()
         print("stopping actors", flush=True)
-    (folder / "head.json").unlink(missing_ok=True)
     return status
 
 
 async def _follow_driver(supervisor: Supervisor, driver: str, folder: Path, monitor: RunMonitor,
                          resume: bool = False) -> int:
-    """Stream the driver's progress lines and figures to the monitor; its last item is the run's summary."""
+    """Stream the driver's progress lines and figures to the monitor; its last item is the run's
+    summary. Cancelled: the stream is abandoned (the driver runs on until its actor is stopped)
+    and the live view is closed; no summary is printed."""
     ref = supervisor.ref(driver)
     summary = None
     async with anyio.create_task_group() as tg:
         async def stop_driver_on_shutdown():
+            """On `postrain down`, tell the driver to stop. Cancelled: the driver is not told."""
             await supervisor.shutdown_requested.wait()
             await ref.tell("stop")
         tg.start_soon(stop_driver_on_shutdown)
@@ -208,6 +241,8 @@ async def _follow_driver(supervisor: Supervisor, driver: str, folder: Path, moni
 
 
 async def _stop_on_signal(supervisor: Supervisor, scope) -> None:
+    """On SIGINT or SIGTERM, ask for a clean shutdown. Cancelled: the signal handlers are
+    restored; a signal after that stops the head the default way."""
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
             print(f"received {signal.Signals(signum).name}; stopping the run", flush=True)

@@ -6,22 +6,36 @@ the run config and each actor's validated options, and the generic load
 record. It knows no role and nothing of RL: the roles live in
 postrain.actors, the `postrain` command in postrain.cli.
 """
-from .actor import Actor, handler, import_actor_class, import_object
-from .config import ActorSpec, RunConfig, load_config, parse_config
-from .errors import (ActorDiedError, ActorError, ActorStartError, ActorTimeoutError, AuthenticationError,
-                     ConfigError, PlacementError, PostrainError, RemoteError)
-from .inbox import Reply
-from .node import ActorRef, Node
-from .options import NoOptions, Options, resolve_options, validate_options
-from .scheduler import Inventory, Placement, Scheduler
-from .supervisor import ActorEvent, Supervisor
-from .transport import CurveKeys
-from .wire import Message, WireError
+# The public names and the module of each. They load on first use (PEP 562), so that importing
+# `postrain.core.errors` (the one import the leaf libraries ext/ and sandbox/ may make) does not
+# load the kernel (ZeroMQ, pydantic, anyio) with it.
+_EXPORTS = {
+    "actor": ("Actor", "handler", "import_actor_class", "import_object"),
+    "config": ("ActorSpec", "RunConfig", "load_config", "parse_config"),
+    "errors": ("ActorDiedError", "ActorError", "ActorStartError", "ActorTimeoutError", "AuthenticationError",
+               "ConfigError", "LoadError", "PlacementError", "PostrainError", "RemoteError"),
+    "inbox": ("Reply",),
+    "load": ("RESIZE", "Load", "ResizeRequest"),
+    "node": ("ActorRef", "Node"),
+    "options": ("NoOptions", "Options", "resolve_options", "validate_options"),
+    "scheduler": ("Inventory", "Placement", "Scheduler"),
+    "supervisor": ("ActorEvent", "Supervisor"),
+    "transport": ("CurveKeys",),
+    "wire": ("Message", "WireError"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_MODULE_OF)
 
-__all__ = [
-    "Actor", "ActorDiedError", "ActorError", "ActorEvent", "ActorRef", "ActorSpec", "ActorStartError",
-    "ActorTimeoutError", "AuthenticationError", "ConfigError", "CurveKeys", "Inventory", "Message", "Node",
-    "NoOptions", "Options", "Placement", "PlacementError", "PostrainError", "RemoteError", "Reply", "RunConfig", "Scheduler",
-    "Supervisor", "WireError", "handler", "import_actor_class", "import_object",
-    "load_config", "parse_config", "resolve_options", "validate_options",
-]
+
+def __getattr__(name: str):
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'postrain.core' has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -28,7 +28,7 @@ layer is the same under both.
 The process lifecycle: the supervisor spawns `run_actor_process(spec)`; the
 process pins itself to its CPU cores, binds its inbox, runs `setup()`, then
 tells the head READY. It sends a heartbeat every `heartbeat_interval_s` with
-its `load()`. A STOP message runs `teardown()` and exits 0; an exception in
+its `load()` (a `Load`, core/load.py). A STOP message runs `teardown()` and exits 0; an exception in
 setup or in the runtime is reported to the head with its traceback, then the
 process exits 1.
 
@@ -48,12 +48,13 @@ import os
 import signal
 import sys
 import traceback
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import anyio
 
 from . import wire
 from .inbox import Handler, Inbox
+from .load import Load
 from .node import Node
 from .options import NoOptions, Options, validate_options
 from .transport import CurveKeys
@@ -111,21 +112,27 @@ class Actor:
         self._stop_requested = anyio.Event()
 
     async def setup(self) -> None:
-        """Runs before READY. Raise to fail the start (the head reports the traceback)."""
+        """Runs before READY. Raise to fail the start (the head reports the traceback).
+        Cancelled (the head kills a start that ran past start_timeout_s): the process dies
+        with it, so whatever setup acquired goes with the process."""
 
     async def teardown(self) -> None:
-        """Runs after a STOP message, before the process exits."""
+        """Runs after a STOP message, before the process exits. Cancelled: only by the head's
+        kill after stop_timeout_s, which ends the process wherever teardown was."""
 
-    def load(self) -> dict[str, Any]:
-        """Queue depths and counters sent with each heartbeat (override to add your own)."""
+    def load(self) -> Load:
+        """What each heartbeat reports (core/load.py): the inbox's counters. Override to add
+        the pool figures (queued, running, workers) and your own numbers:
+        `return super().load().replace(queued=..., figures={...})`. An actor that reports
+        `workers` is a pool and must handle RESIZE."""
         inbox = self.inbox
         if inbox is None:
-            return {}
-        return {"in_flight": inbox.num_in_flight,
-                "served": inbox.num_served, "rejected": inbox.num_rejected}
+            return Load()
+        return Load(in_flight=inbox.num_in_flight, served=inbox.num_served, rejected=inbox.num_rejected)
 
     async def lookup(self, name: str, timeout_s: float = 10.0):
-        """An ActorRef to the actor called `name`, by asking the head's registry."""
+        """An ActorRef to the actor called `name`, by asking the head's registry. Cancelled:
+        nothing is left behind (no reference is made until the head answers)."""
         if self.head is None:
             raise LookupError(f"cannot look up {name!r}: this actor runs without a head")
         address = await self.head.ask("lookup", {"name": name}, timeout_s=timeout_s)
@@ -142,13 +149,15 @@ class Actor:
         return table
 
     async def _handle_stop(self, body) -> str:
+        """Ask the process to stop (teardown, then exit 0). Does not wait, so a cancellation
+        finds it done."""
         self._stop_requested.set()
         return "stopping"
 
 
 def import_object(path: str):
     """'package.module:Name' -> the object: the one loader of import paths in configs (actor
-    classes, environment classes, tasks). Raises ImportError naming the path on failure."""
+    classes, and whatever else a config names by path). Raises ImportError naming the path."""
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
         raise ImportError(f"import path {path!r} must look like 'package.module:Name'")
@@ -244,6 +253,9 @@ def _pin_cpus(cpu_ids, num_threads) -> None:
 
 
 async def _actor_main(cls, spec: dict, startup_error: str | None) -> None:
+    """The actor process's life: setup, READY, serve until STOP, teardown; a failure is
+    reported to the head, then raised. Cancelled: only when the process is ending; the node's
+    sockets close and teardown does not run."""
     keys = CurveKeys.from_dict(spec["keys"]) if spec.get("keys") else None
     async with Node(spec["name"], keys) as node:
         head = node.ref(spec["head_address"], "head") if spec.get("head_address") else None
@@ -281,19 +293,27 @@ async def _actor_main(cls, spec: dict, startup_error: str | None) -> None:
 
 
 async def _heartbeat(actor: Actor, head, spec: dict) -> None:
+    """Tell the head this actor lives, with its load, every interval. Cancelled (the actor
+    stops): a heartbeat is queued whole or not at all (ZeroMQ sends are atomic); they stop."""
     interval_s = spec.get("heartbeat_interval_s", 1.0)
     while True:
         _exit_if_orphaned(spec.get("head_pid"))
+        load = actor.load()
+        if not isinstance(load, Load):  # a bug in the actor: fail it loudly, not the head's view
+            raise TypeError(f"{type(actor).__name__}.load() must return a postrain.core.Load, got "
+                            f"{type(load).__name__}; fix: return super().load().replace(...)")
         try:
             await head.tell("_heartbeat", {"name": actor.name, "pid": os.getpid(),
                                            "incarnation": spec.get("incarnation", 0),
-                                           "load": actor.load()}, timeout_s=interval_s)
+                                           "load": load.to_wire()}, timeout_s=interval_s)
         except Exception as exc:  # the head may be restarting; keep serving
             log.debug("heartbeat to head failed: %s", exc)
         await anyio.sleep(interval_s)
 
 
 async def _report_crash(head, spec: dict, tb: str) -> None:
+    """Log the traceback and hand it to the head (at most 2 s). Cancelled: the log line is
+    written; the head may not get the traceback and reports the exit code alone."""
     log.error("actor %s crashed:\n%s", spec["name"], tb)
     if head is None:
         return

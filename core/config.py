@@ -86,7 +86,6 @@ class ActorSpec(_Strict):
 class RunSection(_Strict):
     name: Name = Field("run", description="run name; the run folder is run_dir/name")
     run_dir: str = Field("runs", description="folder holding run folders (checkpoints, logs, metrics)")
-    seed: int = Field(0, description="seed for data order, sampling and init")
     driver: str | None = Field(None, description="actor that drives the run: `postrain up` streams its "
                                "`run` handler's progress and stops the run when it ends; none: run until "
                                "`postrain down` or Ctrl-C")

@@ -1,5 +1,14 @@
-"""The typed errors of the microkernel. Each message names the rule, the value and the fix."""
-from __future__ import annotations
+"""The root of every typed error postrain raises on purpose, and the microkernel's own errors.
+
+Every error that postrain raises on purpose derives from `PostrainError`, so a caller can catch
+"postrain said no" apart from a bug, whichever layer said it. Each message names the rule, the
+value and the fix. An error keeps its other bases (ValueError, TimeoutError, ...) so that
+`except ValueError` clauses written against it still work.
+
+This module imports nothing (not even the rest of postrain.core), so that the leaf libraries
+`postrain.ext` and `postrain.sandbox`, which depend on nothing of ours, may import it: it is
+their one allowed import of postrain. Keep it so.
+"""
 
 
 class PostrainError(Exception):
@@ -45,4 +54,21 @@ class AuthenticationError(ActorError):
 
 
 class ActorStartError(PostrainError):
-    """An actor process failed before its READY handshake; the message holds why."""
+    """An actor process failed before its READY handshake; the message holds why.
+
+    actor: its name; cls: its class's import path; reason: one line (how the process
+    ended, or the last line of its traceback); traceback: the actor's own traceback ("" when it
+    sent none); log_path: the file its output went to (None when it inherited the head's)."""
+
+    def __init__(self, message: str, *, actor: str = "", cls: str = "", reason: str = "",
+                 traceback: str = "", log_path: str | None = None):
+        super().__init__(message)
+        self.actor = actor
+        self.cls = cls
+        self.reason = reason or message
+        self.traceback = traceback
+        self.log_path = log_path
+
+
+class LoadError(PostrainError, ValueError):
+    """An actor's load record (core/load.py) or a RESIZE body broke its schema."""

@@ -94,7 +94,8 @@ class Inbox:
         """Receive and handle messages until the socket closes. Messages already queued are
         taken without waiting on the socket; after MAX_MESSAGES_PER_PASS of them in a row
         the loop yields once, so a flood of tells cannot starve the actor's other tasks.
-        Decoding and dispatch are inline here: every await saved is saved per message."""
+        Decoding and dispatch are inline here: every await saved is saved per message.
+        Cancelled: as `serve`; a handler running inline is cancelled with it (see `_run`)."""
         sock, handlers = self._sock, self.handlers
         num_in_row = 0
         while True:
@@ -125,12 +126,16 @@ class Inbox:
                 await anyio.lowlevel.checkpoint()
 
     async def _reject_malformed(self, identity, frames: list, exc: wire.WireError) -> None:
+        """Count, log and answer a frame that does not decode. Cancelled: counted and logged;
+        the error reply may not be sent (`post`)."""
         self.num_rejected += 1
         log.warning("inbox %s: malformed message: %s", self.address, exc)
         corr_id = wire.peek_msg_id(frames) or UNKNOWN_REQUEST
         await self.post_error(identity, corr_id, "MalformedMessage", str(exc))
 
     async def _reject_unknown(self, identity, msg: wire.Message) -> None:
+        """Answer a PING, or count, log and refuse a kind with no handler. Cancelled: the
+        reply may not be sent (`post`); the count and log line stay."""
         if msg.kind == wire.PING:
             await self.post(identity, wire.REPLY, msg.msg_id, "pong")
             return
@@ -142,7 +147,9 @@ class Inbox:
                               f"handles {sorted(self.handlers)}")
 
     async def _run(self, handler: Handler, identity, msg: wire.Message) -> None:
-        """Run one message's handler and send its reply (a tell, msg_id 0, gets none)."""
+        """Run one message's handler and send its reply (a tell, msg_id 0, gets none).
+        Cancelled: the handler is cancelled where it is (what it leaves is its own docstring's
+        to say), no reply is sent, and num_in_flight is restored; num_served is not counted."""
         self.num_in_flight += 1
         try:
             args = (msg.body, msg) if handler.wants_message else (msg.body,)
@@ -191,5 +198,6 @@ class Inbox:
 
     async def post_error(self, identity, corr_id: int, error_type: str, message: str,
                          remote_traceback: str = "") -> None:
+        """Send an ERROR reply (`post`). Cancelled: the reply is not sent."""
         await self.post(identity, wire.ERROR, corr_id,
                         {"type": error_type, "message": message, "traceback": remote_traceback})

@@ -1,9 +1,9 @@
 """Run metrics: one JSON object per line in RUN_FOLDER/metrics.jsonl.
 
     writer = MetricsWriter(run_folder)
-    writer.log("train", step=3, reward_mean=0.4, kl=0.01)
+    writer.log("step", step=3, loss=0.4, items_per_s=812.5)
 
-Every line has `time`, `kind` (train, eval, rollout, sync, queue, ...) and
+Every line has `time`, `kind` (the writer's choice: one kind per sort of row) and
 the figures, named with their unit where they have one. Figures must be
 numbers, strings or booleans; NaN is written as null. `read_metrics` reads
 them back (for plots, summaries and tests).

@@ -72,6 +72,7 @@ class Node:
         self._zap_started = False
 
     async def __aenter__(self) -> "Node":
+        """Open the node's task group and start its reaper. Cancelled: nothing started."""
         self._task_group = anyio.create_task_group()
         await self._task_group.__aenter__()
         self._event_class = native_event_class()
@@ -83,6 +84,8 @@ class Node:
         return self._event_class()
 
     async def _reap_deadlines(self) -> None:
+        """Every tick: deliver arrived replies and fail overdue requests. Cancelled (the node
+        closes): each tick is synchronous, so none is left half done."""
         while True:
             await anyio.sleep(REAPER_TICK_S)
             now = time.monotonic()
@@ -91,6 +94,8 @@ class Node:
                 ref.reap(now)
 
     async def __aexit__(self, *exc_info):
+        """Cancel the node's tasks, then close every socket and the shared memory left. Cancelled
+        again while the tasks end: the sockets and shared memory are still closed (finally)."""
         self._task_group.cancel_scope.cancel()
         try:
             return await self._task_group.__aexit__(*exc_info)
@@ -128,7 +133,8 @@ class Node:
 
 
 async def _serve_zap(sock: AsyncSocket, allowed_keys: frozenset) -> None:
-    """ZAP (RFC 27): accept a CURVE client only if its public key is allowed."""
+    """ZAP (RFC 27): accept a CURVE client only if its public key is allowed. Cancelled: the
+    socket closes; a client whose request was unanswered fails its handshake."""
     try:
         while True:
             frames = [bytes(f) for f in await sock.recv_multipart()]
@@ -219,7 +225,8 @@ class ActorRef:
 
     async def ask_message(self, kind: str, body: Any = None, *, timeout_s: float = 30.0,
                           policy_version: int | None = None) -> wire.Message:
-        """Like `ask`, returning the whole reply Message (its policy_version too)."""
+        """Like `ask`, returning the whole reply Message (its policy_version too). Cancelled:
+        the request may still run remotely; its reply, if any, is dropped on arrival."""
         msg_id = self.node.next_msg_id()
         pending = _Pending(kind, False, time.monotonic() + timeout_s, timeout_s)
         try:
@@ -235,7 +242,8 @@ class ActorRef:
                    policy_version: int | None = None) -> None:
         """Send one-way (msg_id 0: no reply). Returns once ZeroMQ has queued it on a live
         connection; a handler error is logged by the actor, not reported back.
-        Does not yield when the message can be queued at once."""
+        Does not yield when the message can be queued at once. Cancelled: the message is
+        queued whole or not at all; an array it put in shared memory stays until the node closes."""
         frames = wire.encode(wire.Message(kind, 0, 0, self.node.name, policy_version, body),
                              self._shm_min_bytes)
         if self._auth_error is None and not self._closed and self._sock.send_nowait(frames):
@@ -245,13 +253,15 @@ class ActorRef:
     async def stream(self, kind: str, body: Any = None, *, timeout_s: float = 30.0,
                      policy_version: int | None = None) -> AsyncIterator[Any]:
         """Send a request whose handler yields many replies; iterate their bodies.
-        `timeout_s` bounds the wait for each item. Breaking out early abandons the rest."""
+        `timeout_s` bounds the wait for each item. Breaking out early abandons the rest.
+        Cancelled: as breaking out; the remote handler runs on, its items are dropped."""
         async for msg in self.stream_messages(kind, body, timeout_s=timeout_s,
                                               policy_version=policy_version):
             yield msg.body
 
     async def stream_messages(self, kind: str, body: Any = None, *, timeout_s: float = 30.0,
                               policy_version: int | None = None) -> AsyncIterator[wire.Message]:
+        """Like `stream`, yielding whole Messages. Cancelled: as `stream`."""
         msg_id = self.node.next_msg_id()
         pending = _Pending(kind, True, time.monotonic() + timeout_s, timeout_s,
                            items=collections.deque())
@@ -290,6 +300,8 @@ class ActorRef:
             f"{timeout_s} s; check that it is running (`postrain status`) or raise timeout_s")
 
     async def _send(self, msg_id, kind, body, policy_version, pending: _Pending) -> None:
+        """Register `pending` and send the request. Cancelled: the request was queued whole or
+        not at all; `pending` stays registered for the caller to remove (ask's finally does)."""
         frames = wire.encode(wire.Message(kind, msg_id, 0, self.node.name, policy_version, body),
                              self._shm_min_bytes)
         self._pending[msg_id] = pending
@@ -298,7 +310,8 @@ class ActorRef:
         await self._send_waiting(frames, msg_id, kind, pending, pending.deadline, pending.timeout_s)
 
     async def _send_waiting(self, frames, msg_id, kind, pending, deadline, timeout_s) -> None:
-        """Send once connected and the peer's queue has room, or raise by `deadline`."""
+        """Send once connected and the peer's queue has room, or raise by `deadline`.
+        Cancelled: nothing was sent (a send is atomic); the caller removes its pending entry."""
         with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
             while True:
                 if self._auth_error is not None:
@@ -358,7 +371,8 @@ class ActorRef:
             self._hand_over()
 
     async def _lead(self, pending: _Pending) -> None:
-        """Read the socket, delivering every reply, until `pending` has news."""
+        """Read the socket, delivering every reply, until `pending` has news. Cancelled: the
+        replies read so far are delivered; `_reading` is cleared so another caller may lead."""
         self._reading = True
         try:
             while not pending.has_news():
@@ -413,6 +427,8 @@ class ActorRef:
             pending.wake.set()
 
     async def _watch_connection(self) -> None:
+        """Follow the socket's connection events: connected, lost (fail every pending request),
+        refused key. Cancelled: events stop being read; pending requests keep their deadlines."""
         while not self._closed:
             try:
                 frames = await self._monitor.recv_multipart()

@@ -30,6 +30,7 @@ from .actor import run_actor_process
 from .config import ActorSpec
 from .errors import ActorStartError
 from .inbox import Handler, Inbox
+from .load import Load
 from .node import ActorRef, Node
 from .scheduler import Placement, Scheduler
 from .transport import CurveKeys, ipc_address, is_beyond_loopback, make_socket_dir
@@ -63,7 +64,7 @@ class ActorRecord:
     process: Any = None
     pid: int | None = None
     last_heartbeat: float = 0.0
-    load: dict = field(default_factory=dict)
+    load: Load | None = None       # the last heartbeat's, decoded; None until the first
     crash_traceback: str = ""
     last_exit: str = ""
     ready: anyio.Event = field(default_factory=anyio.Event)
@@ -112,6 +113,9 @@ class Supervisor:
     async def open(cls, *, scheduler: Scheduler | None = None, heartbeat_interval_s: float = 1.0,
                    heartbeat_timeout_s: float = 30.0, bind: str = "ipc", keys: CurveKeys | None = None,
                    log_dir: str | None = None):
+        """A supervisor serving the head's inbox for the body of the `async with`. Leaving, by
+        any way (cancellation included): every actor is stopped under a shield, then the socket
+        folder is removed."""
         socket_dir = make_socket_dir()
         async with Node("head", keys) as node:
             supervisor = cls(node, scheduler or Scheduler(), socket_dir,
@@ -156,6 +160,10 @@ class Supervisor:
         self.node.spawn(self._watch, record)
         return self.ref(spec.name)
 
+    def log_path(self, name: str) -> str | None:
+        """The file actor `name`'s stdout and stderr go to (None: the head's own)."""
+        return os.path.join(self.log_dir, f"{name}.log") if self.log_dir else None
+
     def ref(self, name: str) -> ActorRef:
         record = self.records.get(name)
         if record is None:
@@ -165,7 +173,8 @@ class Supervisor:
         return self._refs[name]
 
     async def stop(self, name: str) -> None:
-        """STOP message, a bounded wait, then SIGKILL. Idempotent."""
+        """STOP message, a bounded wait, then SIGKILL. Idempotent. Cancelled: the actor may be
+        left running with stop_requested set (not restarted); a later `stop` finishes the job."""
         record = self.records[name]
         if record.state in ("stopped", "failed") and not _alive(record):
             return
@@ -186,6 +195,8 @@ class Supervisor:
         self._add_event(name, "stopped", describe_exit(record.process.exitcode if record.process else None))
 
     async def shutdown(self) -> None:
+        """Stop every actor at once (at most 30 s), then SIGKILL whatever lives. Cancelled:
+        the actors not yet stopped are left running, unkilled; `open` runs it shielded."""
         with anyio.move_on_after(30):
             async with anyio.create_task_group() as tg:
                 for name in list(self.records):
@@ -198,7 +209,8 @@ class Supervisor:
         self._kill(self.records[name])
 
     async def wait_for_event(self, name: str, event: str, timeout_s: float = 30.0) -> ActorEvent:
-        """Wait until an event `event` for actor `name` is recorded (counting from now)."""
+        """Wait until an event `event` for actor `name` is recorded (counting from now).
+        Cancelled: nothing changes (it only reads the event list)."""
         start = len(self.events)
         with anyio.fail_after(timeout_s):
             while True:
@@ -209,7 +221,8 @@ class Supervisor:
                 await self._event_added.wait()
 
     async def wait_running(self, name: str, timeout_s: float = 30.0, min_restarts: int = 0) -> None:
-        """Wait until actor `name` is running after at least `min_restarts` restarts."""
+        """Wait until actor `name` is running after at least `min_restarts` restarts.
+        Cancelled: nothing changes (it only reads the record)."""
         record = self.records[name]
         with anyio.fail_after(timeout_s):
             while record.state != "running" or record.restarts < min_restarts:
@@ -223,7 +236,8 @@ class Supervisor:
                             "restarts": r.restarts, "address": r.address,
                             "placement": r.placement.describe(), "last_exit": r.last_exit,
                             "heartbeat_age_s": round(now - r.last_heartbeat, 3) if r.last_heartbeat else None,
-                            "load": r.load} for r in self.records.values()]}
+                            "load": r.load.to_wire() if r.load is not None else None}
+                           for r in self.records.values()]}
 
     # -- process lifecycle -------------------------------------------------------
 
@@ -238,7 +252,7 @@ class Supervisor:
                    "cpu_ids": list(record.placement.cpu_ids), "num_threads": record.placement.num_threads,
                    "heartbeat_interval_s": self.heartbeat_interval_s,
                    "keys": self.keys.to_dict() if self.keys else None,
-                   "log_path": os.path.join(self.log_dir, f"{spec.name}.log") if self.log_dir else None}
+                   "log_path": self.log_path(spec.name)}
         env_gpus = ",".join(str(g) for g in record.placement.gpu_ids)
         old = os.environ.get("CUDA_VISIBLE_DEVICES")
         os.environ["CUDA_VISIBLE_DEVICES"] = env_gpus  # inherited by the spawned child only
@@ -256,16 +270,21 @@ class Supervisor:
         self.node.spawn(self._note_exit, record, process)
 
     async def _note_exit(self, record: ActorRecord, process) -> None:
+        """Wait for `process` to end, remove its shared memory, and set the record's `exited`.
+        Cancelled (the head closes): the process's shared memory and `exited` are left as they are."""
         await _wait_process(process)
         wire.remove_shm_of(process.pid)  # a killed process cannot clean up its shared memory
         if record.process is process:
             record.exited.set()
 
     async def _await_ready(self, record: ActorRecord) -> None:
+        """Wait for READY, an exit or start_timeout_s; ActorStartError says which. Cancelled:
+        the record stays "starting" with its process alive; the caller kills it (`start` does)."""
         spec = record.spec
         with anyio.move_on_after(spec.start_timeout_s) as scope:
             async with anyio.create_task_group() as tg:
                 async def until(event):
+                    """Cancel the waiting once `event` is set. Cancelled: nothing to undo."""
                     await event.wait()
                     tg.cancel_scope.cancel()
                 tg.start_soon(until, record.ready)
@@ -274,16 +293,22 @@ class Supervisor:
             record.state = "running"
             self._add_event(spec.name, "started", f"pid {record.pid}, incarnation {record.incarnation}")
             return
+        where = {"actor": spec.name, "cls": spec.cls, "log_path": self.log_path(spec.name)}
         if scope.cancelled_caught:
-            raise ActorStartError(f"actor {spec.name} ({spec.cls}) sent no READY within "
-                                  f"{spec.start_timeout_s} s; raise start_timeout_s or look at its log")
+            reason = (f"sent no READY within {spec.start_timeout_s} s; raise start_timeout_s or "
+                      "look at its log")
+            raise ActorStartError(f"actor {spec.name} ({spec.cls}) {reason}", reason=reason, **where)
         await _wait_exit(record)
         why = describe_exit(record.process.exitcode)
+        tb = record.crash_traceback
+        reason = f"{why} before READY" + (f": {_last_line(tb)}" if tb else "")
         raise ActorStartError(f"actor {spec.name} ({spec.cls}) {why} before READY"
-                              + (f":\n{record.crash_traceback}" if record.crash_traceback else ""))
+                              + (f":\n{tb}" if tb else ""), reason=reason, traceback=tb, **where)
 
     async def _watch(self, record: ActorRecord) -> None:
-        """Owns the actor from its first READY: waits for exits and restarts with backoff."""
+        """Owns the actor from its first READY: waits for exits and restarts with backoff.
+        Cancelled (the head closes): not atomic; an incarnation being started may be left
+        running, which `shutdown` (and the actor's death with its head) then ends."""
         while True:
             await _wait_exit(record)
             why = describe_exit(record.process.exitcode)
@@ -324,6 +349,8 @@ class Supervisor:
                 pass
 
     async def _watch_heartbeats(self) -> None:
+        """Every interval, kill the running actors whose heartbeats stopped (their watcher
+        restarts them). Cancelled: each pass is synchronous, so none is left half done."""
         while True:
             await anyio.sleep(self.heartbeat_interval_s)
             now = time.monotonic()
@@ -351,6 +378,7 @@ class Supervisor:
         return record
 
     async def _on_ready(self, body) -> str:
+        """READY from the current incarnation. Does not wait: a cancellation finds it done."""
         record = self._record_for(body)
         if record is not None:
             record.last_heartbeat = time.monotonic()
@@ -359,18 +387,23 @@ class Supervisor:
         return "ok"
 
     async def _on_heartbeat(self, body) -> None:
+        """The actor lives; its load replaces the last one. A malformed load is logged (the
+        inbox logs a failed tell) and the last good one kept; the heartbeat still counts.
+        Does not wait (cancel-safe)."""
         record = self._record_for(body)
         if record is not None:
             record.last_heartbeat = time.monotonic()
-            record.load = body.get("load") or {}
+            record.load = Load.from_wire(body.get("load"))
 
     async def _on_crashed(self, body) -> str:
+        """Keep the actor's traceback for its exit event. Does not wait (cancel-safe)."""
         record = self._record_for(body)
         if record is not None:
             record.crash_traceback = str(body.get("traceback", ""))
         return "ok"
 
     async def _on_lookup(self, body) -> str:
+        """The address of the actor named in `body`. Does not wait (cancel-safe)."""
         name = body.get("name") if isinstance(body, dict) else None
         record = self.records.get(name)
         if record is None:
@@ -378,11 +411,25 @@ class Supervisor:
         return record.address
 
     async def _on_status(self, body) -> dict:
+        """`status()` for `postrain status`. Does not wait (cancel-safe)."""
         return self.status()
 
     async def _on_shutdown(self, body) -> str:
+        """`postrain down`: set shutdown_requested. Does not wait (cancel-safe)."""
         self.shutdown_requested.set()
         return "shutting down"
+
+
+def _last_line(tb: str) -> str:
+    """The last exception of a formatted traceback ("ValueError: ..."), its message's lines
+    joined: what went wrong, in one line."""
+    lines = tb.strip().splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    rest = lines[starts[-1] + 1:] if starts else lines
+    first = next((i for i, line in enumerate(rest) if line and not line[0].isspace()), None)
+    if first is None:
+        return lines[-1].strip() if lines else ""
+    return " ".join(line.strip() for line in rest[first:] if line.strip())
 
 
 def _alive(record: ActorRecord) -> bool:
@@ -390,14 +437,16 @@ def _alive(record: ActorRecord) -> bool:
 
 
 async def _wait_exit(record: ActorRecord) -> None:
-    """Wait for the record's current process to exit (its `_note_exit` task sets `exited`)."""
+    """Wait for the record's current process to exit (its `_note_exit` task sets `exited`).
+    Cancelled: nothing changes; the process is neither joined nor killed."""
     await record.exited.wait()
     record.process.join(timeout=1)
 
 
 async def _wait_process(process) -> None:
     """Wait for a multiprocessing process to exit, without blocking the loop.
-    Only `_note_exit` calls this: one waiter per process descriptor."""
+    Only `_note_exit` calls this: one waiter per process descriptor. Cancelled: nothing
+    changes; the process runs on, unjoined."""
     if process is None:
         return
     while process.exitcode is None:

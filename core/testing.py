@@ -1,4 +1,4 @@
-"""Helpers for tests and benchmarks: small actors (echo, streams, crashes, hangs), and
+"""Helpers for tests and benchmarks: small actors (echo, streams, crashes, hangs, a pool), and
 `async_test`, which runs an async test function on trio."""
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import anyio
 from pydantic import Field
 
 from .actor import Actor, handler
+from .load import RESIZE, Load, ResizeRequest
 from .options import Options
 
 
@@ -30,52 +31,63 @@ class EchoActor(Actor):
     Options = EchoOptions
 
     async def setup(self):
+        """Fails on purpose with `fail_setup`. Does not wait (cancel-safe)."""
         if self.options.fail_setup:
             raise RuntimeError("setup failed on purpose (options.fail_setup)")
         self.num_told = 0
 
     @handler("echo")
     async def echo(self, body):
+        """The body back. Does not wait (cancel-safe)."""
         return body
 
     @handler("sum_array")
     async def sum_array(self, body):
+        """The sum of a received array. Does not wait (cancel-safe)."""
         return float(body.sum())
 
     @handler("nbytes")
     async def nbytes(self, body):
-        """Size of a received array or tensor (the bulk-transfer bench's handler)."""
+        """Size of a received array or tensor (the bulk-transfer bench's handler). Does not
+        wait (cancel-safe)."""
         return int(body.nbytes) if hasattr(body, "nbytes") else int(body.numel() * body.element_size())
 
     @handler("told")
     async def told(self, body):
+        """Count a tell. Does not wait (cancel-safe)."""
         self.num_told += 1
 
     @handler("num_told")
     async def get_num_told(self, body):
+        """How many tells arrived. Does not wait (cancel-safe)."""
         return self.num_told
 
     @handler("count", stream=True)
     async def count(self, body):
+        """Stream {"i": 0..n-1}. Cancelled: the stream ends where it was; nothing else changes."""
         for i in range(body["n"]):
             yield {"i": i}
 
     @handler("sleep", concurrent=True)
     async def sleep(self, body):
+        """Sleep `s` seconds, concurrently with other messages. Cancelled: it ends early, unanswered."""
         await anyio.sleep(body["s"])
         return "slept"
 
     @handler("fail")
     async def fail(self, body):
+        """Raise on purpose (the caller gets a RemoteError). Does not wait (cancel-safe)."""
         raise ValueError(f"failed on purpose: {body}")
 
     @handler("pid")
     async def pid(self, body):
+        """This process's id. Does not wait (cancel-safe)."""
         return os.getpid()
 
     @handler("hang")
     async def hang(self, body):
-        """Blocks the whole event loop (no await), as a stuck C call would."""
+        """Blocks the whole event loop (no await), as a stuck C call would. Cannot be
+        cancelled: only killing the process ends it early."""
         import time
         time.sleep(body["s"])
         return "woke"
@@ -87,8 +99,36 @@ class AsyncioEchoActor(EchoActor):
 
     @handler("loop")
     async def loop(self, body):
+        """The module of the running event loop's class (uvloop's here). Does not wait (cancel-safe)."""
         import asyncio
         return type(asyncio.get_running_loop()).__module__
+
+
+class PoolEchoActor(EchoActor):
+    """An echo actor that is a pool as the kernel sees one: its load reports workers, and it
+    answers RESIZE (core/load.py) by taking the new count."""
+
+    async def setup(self):
+        """One worker to start with. Does not wait (cancel-safe)."""
+        await super().setup()
+        self.num_workers = 1
+
+    def load(self) -> Load:
+        return super().load().replace(queued=0, running=0, workers=self.num_workers, figures={"note": "mine"})
+
+    @handler(RESIZE)
+    async def resize(self, body):
+        """Take the new worker count. Does not wait (cancel-safe: atomic)."""
+        request = ResizeRequest.from_wire(body)
+        previous, self.num_workers = self.num_workers, request.num_workers
+        return {"num_workers": self.num_workers, "previous": previous}
+
+
+class BadLoadActor(EchoActor):
+    """An actor whose load() breaks the contract (returns a dict): its heartbeat fails it."""
+
+    def load(self):
+        return {"in_flight": 0}
 
 
 class CountingDriverOptions(Options):
@@ -105,10 +145,13 @@ class CountingDriver(Actor):
     Options = CountingDriverOptions
 
     async def setup(self):
+        """Not stopping yet. Does not wait (cancel-safe)."""
         self.stopping = False
 
     @handler("run", stream=True)
     async def run(self, body):
+        """The echo steps, streamed. Cancelled: the run ends between or during a step; no
+        summary is sent, nothing else is left."""
         peer = await self.lookup(self.options.peer)
         steps = 0
         for step in range(self.options.steps):
@@ -123,6 +166,7 @@ class CountingDriver(Actor):
 
     @handler("stop")
     async def stop(self, body):
+        """End the run after the current step. Does not wait (cancel-safe)."""
         self.stopping = True
 
 

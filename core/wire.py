@@ -9,7 +9,8 @@ Frame 0 is a msgpack array, the envelope:
   errors are only logged); corr_id: int, the msg_id this replies to (0 for a
   request or a tell);
 - sender: str, the sending actor's name;
-- policy_version: int or None, where it applies (rollouts, weights);
+- policy_version: int or None: a version stamp the application may set on what it
+  sends (the kernel carries it and never reads it);
 - body: any msgpack value (None, bool, int, float, str, bytes, list, dict).
 
 Bulk arrays anywhere inside the body (numpy arrays, CPU torch tensors) do not
@@ -41,6 +42,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from .errors import PostrainError
+
 ARRAY_EXT = 1
 SHM_EXT = 2
 
@@ -67,7 +70,7 @@ _TORCH_DTYPES = {
 }
 
 
-class WireError(ValueError):
+class WireError(PostrainError, ValueError):
     """A message that cannot be encoded or decoded; the message says which part and why."""
 
 

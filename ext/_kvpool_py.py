@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from postrain.core.errors import PostrainError
+
 MASK64 = (1 << 64) - 1
 HASH_OFFSET = 0xCBF29CE484222325
 HASH_MULT = 0x9E3779B97F4A7C15
@@ -38,7 +40,7 @@ MAX_TOKEN_ID = (1 << 31) - 1
 MAX_NUM_BLOCKS = 1 << 30
 
 
-class KVPoolError(Exception):
+class KVPoolError(PostrainError):
     """Base of every error the allocator raises on misuse."""
 
 

@@ -5,6 +5,8 @@ and the fix, e.g. ``group_size must be >= 2 for group-relative advantages, got 1
 """
 from __future__ import annotations
 
+from postrain.core.errors import PostrainError
 
-class RLOpsError(ValueError):
+
+class RLOpsError(PostrainError, ValueError):
     """An RL op was called with arguments that break one of its rules."""

@@ -15,6 +15,8 @@ import os
 import sys
 from pathlib import Path
 
+from postrain.core.errors import PostrainError
+
 # Inside the jail the code runs as SANDBOX_UID/GID, mapped to HOST_UID/GID outside: an unprivileged
 # id that owns nothing on the host. Inside uid 0 is mapped to host root only so that nsjail (and the
 # warm zygote, which keeps its namespace capabilities) can reach the Python prefix under /root.
@@ -36,11 +38,11 @@ _KILL_COLD_ONLY = ("mount", "umount",  # kafel calls umount2 "umount"
 _CLONE_NS_FLAGS = 0x7E020000  # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
 
 
-class PolicyError(ValueError):
+class PolicyError(PostrainError, ValueError):
     """A policy field is out of range; the message names the field, the value and the fix."""
 
 
-class SandboxError(RuntimeError):
+class SandboxError(PostrainError, RuntimeError):
     """The sandbox itself failed (nsjail missing, a worker did not start); not the code's fault."""
 
 

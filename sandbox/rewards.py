@@ -114,11 +114,14 @@ def run_io_cases(sandbox, code: str, cases: list[tuple[str, str]], **run_kwargs)
 
 async def arun_io_cases(sandbox, code: str, cases: list[tuple[str, str]],
                         **run_kwargs) -> list[CaseResult]:
-    """`run_io_cases` with the cases in flight at once (as many as the sandbox has workers)."""
+    """`run_io_cases` with the cases in flight at once (as many as the sandbox has workers).
+    Cancelled: no verdicts; the runs already started still end within their wall limit
+    (`Sandbox.arun`)."""
     import trio
     results: list[CaseResult | None] = [None] * len(cases)
 
     async def one(i: int, stdin: str, expected: str) -> None:
+        """Judge case i into results[i]. Cancelled: results[i] stays None (as `arun`)."""
         results[i] = _judge(await sandbox.arun(code, stdin=stdin.encode(), **run_kwargs), expected)
 
     async with trio.open_nursery() as nursery:
@@ -154,5 +157,7 @@ def run_tests(sandbox, solution: str, tests: str, *, test_timeout_s: float = 2.0
 
 async def arun_tests(sandbox, solution: str, tests: str, *, test_timeout_s: float = 2.0,
                      **run_kwargs) -> TestReport:
+    """`run_tests` for trio. Cancelled: no report; the run still ends within its wall limit
+    and frees its worker (`Sandbox.arun`)."""
     code, files, argv, mark = _tests_request(solution, tests, test_timeout_s)
     return _parse_report(await sandbox.arun(code, files=files, argv=argv, **run_kwargs), mark)

@@ -6,30 +6,39 @@ held-out evaluation set, and (optionally) supervised demonstrations. Configs nam
     spec = get_task("arithmetic")                 # built-in: "arithmetic", "code"
     spec = get_task("my_pkg.tasks:SPEC")          # yours, by import path (a TaskSpec, or a
                                                   # function with no arguments that returns one)
+    spec = get_task("my_pkg.reverse:ReverseEnv")  # an Environment subclass: its classmethods
+                                                  # train_tasks(seed, options), eval_tasks(options)
+                                                  # (and demonstrations(num, seed, options)) if any
     for task in itertools.islice(spec.train_tasks(seed=0, options={"max_digits": 4}), 8): ...
     env = spec.make_env(sandbox=handle, options={"max_tool_calls": 2})
 
 `register_task(spec)` adds one under its name. Task dicts are plain data (they travel over the
-wire); the same `options` dict feeds the task generator (difficulty knobs) and the environment.
+wire); the same `options` dict (a config's `task_options`) feeds the task generator (difficulty
+knobs) and the environment, and the task's `options_model` (by default its environment class's)
+checks it wherever the spec uses it: a misspelt option is a `TaskOptionsError` naming it.
 """
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from typing import Callable, Iterator
 
-from ..environment import Environment
+from postrain.core import import_object
+from postrain.core.errors import PostrainError
+
+from ..environment import Environment, check_options
 from . import arithmetic, code, demonstrations
 
 
-class TaskError(ValueError):
-    """An unknown task name or a bad registration."""
+class TaskError(PostrainError, ValueError):
+    """An unknown task name, a bad import path or a bad registration."""
 
 
 @dataclasses.dataclass(frozen=True)
 class TaskSpec:
     """name; env_class (an Environment subclass); train(seed, options) -> endless iterator of task
-    dicts; eval(options) -> the held-out list; demos(num, seed, options) -> demonstrations or None."""
+    dicts; eval(options) -> the held-out list; demos(num, seed, options) -> demonstrations or None;
+    options_model: the pydantic model of its task options (None: the env class's
+    `options_model`, which may be None too: unchecked). Every method checks `options` first."""
 
     name: str
     env_class: type
@@ -37,26 +46,56 @@ class TaskSpec:
     eval: Callable[[dict | None], list[dict]]
     demos: Callable[..., list[dict]] | None = None
     description: str = ""
+    options_model: type | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.env_class, type) and issubclass(self.env_class, Environment)):
             raise TaskError(f"TaskSpec({self.name!r}).env_class must be an Environment subclass, got "
                             f"{self.env_class!r}; fix: subclass postrain.actors.Environment")
+        if self.options_model is None:
+            object.__setattr__(self, "options_model", self.env_class.options_model)
+
+    @property
+    def uses_sandbox(self) -> bool:
+        """Its environment runs code (`Environment.uses_sandbox`): a run needs a sandbox actor."""
+        return bool(self.env_class.uses_sandbox)
+
+    def check_options(self, options: dict | None) -> dict:
+        """A copy of `options`, checked by `options_model`; TaskOptionsError names a bad one."""
+        return check_options(self.options_model, options, f"task {self.name!r}")
 
     def train_tasks(self, seed: int = 0, options: dict | None = None) -> Iterator[dict]:
-        return self.train(seed, options)
+        return self.train(seed, self.check_options(options))
 
     def eval_tasks(self, options: dict | None = None) -> list[dict]:
-        return self.eval(options)
+        return self.eval(self.check_options(options))
 
     def demonstrations(self, num: int, seed: int = 0, options: dict | None = None) -> list[dict]:
         if self.demos is None:
             raise TaskError(f"task {self.name!r} has no built-in demonstrations; fix: give the SFT "
                             f"stage a JSONL file of chat demonstrations")
-        return self.demos(num, seed, options)
+        return self.demos(num, seed, self.check_options(options))
 
     def make_env(self, *, sandbox=None, generator=None, options: dict | None = None) -> Environment:
-        return self.env_class(sandbox=sandbox, generator=generator, options=options)
+        return self.env_class(sandbox=sandbox, generator=generator, options=self.check_options(options))
+
+    @classmethod
+    def from_environment(cls, env_class: type, name: str) -> "TaskSpec":
+        """The task of an Environment subclass named alone (`task = "pkg.mod:EnvClass"`): its
+        classmethods `train_tasks(seed, options)` and `eval_tasks(options)` (and
+        `demonstrations(num, seed, options)`) where it defines them. An environment actor needs
+        none of them (the orchestrator sends the tasks); a missing one fails when it is used."""
+        def missing(method: str, signature: str):
+            def fail(*args, **kwargs):
+                raise TaskError(f"task {name!r} is the environment class {env_class.__name__}, which "
+                                f"defines no {method}; fix: add a classmethod {method}{signature} to "
+                                f"it, or name a TaskSpec as the task")
+            return fail
+        return cls(name, env_class,
+                   train=getattr(env_class, "train_tasks", None) or missing("train_tasks", "(seed, options)"),
+                   eval=getattr(env_class, "eval_tasks", None) or missing("eval_tasks", "(options)"),
+                   demos=getattr(env_class, "demonstrations", None),
+                   description=(env_class.__doc__ or "").strip().split("\n")[0])
 
 
 def _code_demos(num: int, seed: int = 0, options: dict | None = None) -> list[dict]:
@@ -78,22 +117,26 @@ def register_task(spec: TaskSpec, *, replace: bool = False) -> TaskSpec:
 
 
 def get_task(name: str) -> TaskSpec:
-    """A registered task by name, or 'package.module:attr' (a TaskSpec or a factory of one)."""
+    """A registered task by name, or an import path 'package.module:attr' (through
+    `postrain.core.import_object`) of a TaskSpec, a function returning one, or an Environment
+    subclass (`TaskSpec.from_environment`, named by the path)."""
     if name in _REGISTRY:
         return _REGISTRY[name]
     if ":" not in name:
         raise TaskError(f"unknown task {name!r}; registered: {sorted(_REGISTRY)}; fix: use one of "
-                        f"those or an import path 'package.module:SPEC'")
-    module_name, _, attr = name.partition(":")
+                        f"those or an import path 'package.module:SPEC' (or ':EnvClass')")
     try:
-        obj = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
+        obj = import_object(name)
+    except ImportError as exc:
         raise TaskError(f"cannot load task {name!r}: {exc}; fix: check the import path") from exc
+    if isinstance(obj, type) and issubclass(obj, Environment):
+        return TaskSpec.from_environment(obj, name)
     if callable(obj) and not isinstance(obj, TaskSpec):
         obj = obj()
     if not isinstance(obj, TaskSpec):
-        raise TaskError(f"task {name!r} is a {type(obj).__name__}, not a TaskSpec; fix: point at a "
-                        f"TaskSpec or a function that returns one")
+        raise TaskError(f"task {name!r} is a {type(obj).__name__}, not a TaskSpec or an Environment "
+                        f"subclass; fix: point at a TaskSpec, a function that returns one, or an "
+                        f"Environment subclass")
     return obj
 
 

@@ -26,6 +26,11 @@ import operator
 import random
 from typing import Iterator
 
+from pydantic import Field
+
+from postrain.core import Options
+from postrain.core.errors import PostrainError
+
 from ..environment import Environment, Reward, StepResult
 from ..tools import TOOL_INSTRUCTIONS, format_observation, format_tool_output, parse_action
 
@@ -36,8 +41,29 @@ OPERATORS = ("+", "-", "*")
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 
 
-class ArithmeticConfigError(ValueError):
+class ArithmeticConfigError(PostrainError, ValueError):
     """A difficulty knob out of range."""
+
+
+class ArithmeticOptions(Options):
+    """The task options of `arithmetic` (a config's `task_options`): the problem generator's
+    knobs and `ArithmeticEnv`'s. Types are checked here; ranges by `ArithmeticConfig`."""
+
+    min_digits: int = Field(1, description="digits of each operand, at least")
+    max_digits: int = Field(3, description="digits of each operand, at most (<= 9)")
+    min_operands: int = Field(2, description="numbers per expression, at least (>= 2)")
+    max_operands: int = Field(3, description="numbers per expression, at most (<= 6)")
+    operators: tuple[str, ...] = Field(OPERATORS, description="a non-empty subset of + - *")
+    num_eval: int = Field(NUM_EVAL, ge=0, description="held-out problems in `eval_tasks`")
+    max_tool_calls: int = Field(2, description="Python runs per episode; beyond it the model is told "
+                                "to answer")
+    tool_timeout_s: float = Field(5.0, gt=0, description="wall-time limit of one Python run, seconds")
+    format_weight: float = Field(0.1, description="weight of the `format` reward component")
+    use_system_prompt: bool = Field(True, description="the tool instructions as a system message "
+                                    "(false: prepended to the user message)")
+    include_instructions: bool = Field(True, description="false: the bare question (for a warm-started "
+                                       "tiny model)")
+    max_turns: int = Field(4, ge=1, description="actions per episode before it is truncated")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +187,8 @@ class ArithmeticEnv(Environment):
     """
 
     max_turns = 4
+    uses_sandbox = True
+    options_model = ArithmeticOptions
 
     async def reset(self, task: dict) -> list[dict]:
         self.expected = int(task["answer"])

@@ -23,6 +23,11 @@ import itertools
 import random
 from typing import Iterator
 
+from pydantic import Field
+
+from postrain.core import Options
+from postrain.core.errors import PostrainError
+
 from ..environment import Environment, Reward, StepResult
 from ..tools import format_observation, parse_action, truncate_head
 from .code_problems import PROBLEMS
@@ -38,8 +43,21 @@ CODE_INSTRUCTIONS = (
 )
 
 
-class CodeTaskError(ValueError):
+class CodeTaskError(PostrainError, ValueError):
     """A malformed code problem or test."""
+
+
+class CodeOptions(Options):
+    """The task options of `code` (a config's `task_options`), all read by `CodeEnv`."""
+
+    max_attempts: int = Field(DEFAULT_MAX_ATTEMPTS, description="attempts on the visible tests before "
+                              "grading (>= 1)")
+    test_timeout_s: float = Field(2.0, gt=0, description="time limit of one test, seconds")
+    run_timeout_s: float = Field(10.0, gt=0, description="wall-time limit of one sandbox run, seconds")
+    format_weight: float = Field(0.0, description="weight of the `format` reward component (0: logged only)")
+    use_system_prompt: bool = Field(True, description="the instructions as a system message "
+                                    "(false: prepended to the user message)")
+    max_turns: int | None = Field(None, ge=1, description="actions per episode; none: max_attempts + 1")
 
 
 def _split_key(name: str) -> bytes:
@@ -153,6 +171,9 @@ class CodeEnv(Environment):
     (per sandbox run, default 10.0), format_weight (default 0.0), use_system_prompt (True).
     `max_turns` defaults to max_attempts + 1.
     """
+
+    uses_sandbox = True
+    options_model = CodeOptions
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)

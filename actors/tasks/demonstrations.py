@@ -23,13 +23,14 @@ import os
 from typing import Iterable, Iterator
 
 from postrain.sandbox import ExecResult, Status
+from postrain.core.errors import PostrainError
 
 from ..environment import ROLES
 from ..tools import format_answer, format_tool_call, format_tool_output
 from . import arithmetic, code
 
 
-class DemonstrationError(ValueError):
+class DemonstrationError(PostrainError, ValueError):
     """A demonstration that is not {"messages": [{"role", "content"}, ...]} with an assistant turn."""
 
 

@@ -13,8 +13,9 @@ from postrain.actors.env_actor import RemoteSandbox
 from postrain.actors.environment import run_episode
 from postrain.actors.tasks import get_task
 from postrain.actors.tasks.code_problems import PROBLEMS
-from postrain.core import ActorSpec, Supervisor, cli
+from postrain import cli
 from postrain.actors.ledger import read_events
+from postrain.core import ActorSpec, Supervisor
 from postrain.core.testing import async_test
 
 CONFIGS = Path(__file__).resolve().parents[2] / "actors" / "configs"
@@ -40,8 +41,8 @@ def test_a_packaged_model_name_resolves_or_says_how_to_install_it(monkeypatch):
                                               r"fix: pip install ghost-model"):
         load_model("ghost")
     config = tomllib.loads((CONFIGS / "smollm2_arithmetic.toml").read_text())
-    assert {spec["options"].get("model", spec["options"].get("learner", {}).get("model"))
-            for spec in config["actors"]} - {None} == {"smollm2"}
+    assert config["shared"]["model"] == "smollm2"
+    assert not any("model" in spec["options"] for spec in config["actors"]), "stated once, in [shared]"
 
 
 def scripted(*turns):

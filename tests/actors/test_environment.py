@@ -1,5 +1,6 @@
 """The Environment API: values, validation, the episode driver's contract, the local sandbox
-handle over a real warm nsjail sandbox, and the README's custom environment, run exactly."""
+handle over a real warm nsjail sandbox, and the docs' custom environment (docs/environments.md),
+run exactly."""
 from __future__ import annotations
 
 import math
@@ -10,15 +11,14 @@ from pathlib import Path
 import pytest
 import trio
 
-from postrain.actors import (Environment, EnvironmentContractError, EnvironmentFailure, LocalSandbox,
-                             Reward, SandboxHandle, StepResult, checked_reset, checked_step,
-                             checked_truncated, drop_reason, get_task,
-                             load_environment_class, run_episode, validate_observation,
-                             validate_step_result)
+from postrain.actors import (Environment, EnvironmentContractError, EnvironmentFailure, EpisodePolicy,
+                             LocalSandbox, Reward, SandboxHandle, StepResult, TaskError, TaskOptionsError,
+                             checked_reset, checked_step, checked_truncated, drop_reason, get_task,
+                             run_episode, validate_observation, validate_step_result)
 from postrain.core.testing import async_test
 from postrain.sandbox import Policy, Sandbox
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "environments.md"  # the page with the example
 
 
 @pytest.fixture(scope="module")
@@ -79,15 +79,21 @@ def test_validate_good_results_and_observations():
             validate_observation(bad)
 
 
-def test_load_environment_class():
+def test_an_environment_class_is_a_task_by_import_path():
     from postrain.actors.tasks.arithmetic import ArithmeticEnv
-    assert load_environment_class("postrain.actors.tasks.arithmetic:ArithmeticEnv") is ArithmeticEnv
-    with pytest.raises(EnvironmentContractError, match="package.module:ClassName"):
-        load_environment_class("ArithmeticEnv")
-    with pytest.raises(EnvironmentContractError, match="cannot load"):
-        load_environment_class("postrain.actors.tasks.arithmetic:Nope")
-    with pytest.raises(EnvironmentContractError, match="not an Environment subclass"):
-        load_environment_class("postrain.actors.tasks.arithmetic:make_problem")
+    spec = get_task("postrain.actors.tasks.arithmetic:ArithmeticEnv")
+    assert spec.env_class is ArithmeticEnv and spec.name == "postrain.actors.tasks.arithmetic:ArithmeticEnv"
+    assert spec.uses_sandbox and isinstance(spec.make_env(options={"max_turns": 2}), ArithmeticEnv)
+    with pytest.raises(TaskOptionsError, match=r"task_options.max_digts = 2: unknown field"):
+        spec.make_env(options={"max_digts": 2})     # the env class's options model checks it
+    with pytest.raises(TaskError, match="defines no train_tasks; fix: add a classmethod train_tasks"):
+        spec.train_tasks(0)
+    with pytest.raises(TaskError, match="unknown task 'ArithmeticEnv'"):
+        get_task("ArithmeticEnv")
+    with pytest.raises(TaskError, match="cannot load task .*no attribute 'Nope'"):
+        get_task("postrain.actors.tasks.arithmetic:Nope")
+    with pytest.raises(TaskError, match="not a TaskSpec or an Environment subclass"):
+        get_task("postrain.actors.tasks.arithmetic:EVAL_SEED")
     with pytest.raises(EnvironmentContractError, match="max_turns must be an int >= 1"):
         Environment(options={"max_turns": 0})
     with pytest.raises(EnvironmentContractError, match="ArithmeticEnv runs code but was given no sandbox"):
@@ -136,6 +142,48 @@ async def test_episode_truncated_after_max_turns():
     ep = await run_episode(Counter(options={"target": 99, "max_turns": 2}), {}, scripted("a", "b"))
     assert ep.truncated and ep.num_turns == 2
     assert ep.reward.components == {"step": 0.5, "truncated": -1.0}
+
+
+class TwoActions(EpisodePolicy):
+    """A policy with a budget of two actions that records the driver's calls."""
+
+    def __init__(self):
+        self.calls, self.num_actions = [], 0
+
+    def begin(self, messages):
+        self.calls.append(("begin", len(messages)))
+
+    def can_act(self):
+        return self.num_actions < 2
+
+    async def act(self, messages):
+        self.num_actions += 1
+        self.calls.append(("act", len(messages)))
+        return "x"
+
+    def observe(self, messages):
+        self.calls.append(("observe", messages[-1]["content"]))
+
+
+@async_test
+async def test_a_policy_out_of_budget_ends_the_episode_as_truncated():
+    policy = TwoActions()
+    ep = await run_episode(Counter(options={"target": 99}), {}, policy)
+    assert ep.truncated and ep.num_turns == 2
+    assert ep.reward.components == {"step": 0.5, "truncated": -1.0}
+    assert policy.calls == [("begin", 1), ("act", 1), ("observe", "n=1"), ("act", 3), ("observe", "n=2")]
+
+
+@async_test
+async def test_the_final_step_reward_adds_to_the_intermediate_ones():
+    class Bonus(Counter):
+        async def step(self, action):
+            result = await super().step(action)
+            if result.done:
+                result.reward = Reward({"step": 0.25, "done": 1.0}, {"done": 3.0})
+            return result
+    ep = await run_episode(Bonus(options={"target": 2}), {}, scripted("a", "b"))
+    assert ep.reward.components == {"step": 0.5, "done": 1.0} and ep.reward.total == 3.5
 
 
 @async_test
@@ -199,8 +247,8 @@ async def test_readme_custom_environment_runs_as_written(sandbox, tmp_path, monk
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
         spec = get_task("readme_reverse_env:TASK")
-        assert spec.name == "reverse"
-        assert load_environment_class("readme_reverse_env:ReverseEnv") is spec.env_class
+        assert spec.name == "reverse" and spec.uses_sandbox  # the environment actor gives it a sandbox
+        assert get_task("readme_reverse_env:ReverseEnv").env_class is spec.env_class
         task = next(spec.train_tasks(0))
         assert task == {"word": "postrain"} and spec.eval_tasks() == [{"word": "learner"}]
 

@@ -28,7 +28,7 @@ def rollouts(num: int = 4) -> dict:
 async def test_learner_actor_trains_checkpoints_and_publishes(tmp_path):
     async with Supervisor.open() as sup:
         learner = await sup.start(spec("learner", "LearnerActor",
-                                       {"learner": {"model": TINY, "lr": 1e-3, "micro_batch_size": 2}}))
+                                       {"model": TINY, "learner": {"lr": 1e-3, "micro_batch_size": 2}}))
         receiver = await sup.start(spec("gen0", "WeightReceiverActor", {"model": TINY}))
         metrics = await learner.ask("train", rollouts(), timeout_s=120)
         assert metrics["policy_version"] == 1 and metrics["num_tokens"] == 32

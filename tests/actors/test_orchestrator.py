@@ -35,6 +35,10 @@ CONFIG = """
 name = "e2e"
 run_dir = "{run_dir}"
 driver = "orchestrator"
+[shared]
+model = "tiny"
+task = "{task}"
+task_options = {{ include_instructions = false, max_digits = 1 }}
 [head]
 heartbeat_interval_s = 0.5
 heartbeat_timeout_s = 120
@@ -49,25 +53,25 @@ name = "generator"
 cls = "postrain.actors.generator_actor:GeneratorActor"
 cpus = 0.5
 memory_mb = 0
-options = {{ model = "tiny", kv_cache_mb = 16 }}
+options = {{ kv_cache_mb = 16 }}
 [[actors]]
 name = "learner"
 cls = "postrain.actors.learner_actor:LearnerActor"
 cpus = 0.5
 memory_mb = 0
-options = {{ learner = {{ model = "tiny", lr = 1e-3 }} }}
+options = {{ learner = {{ lr = 1e-3 }} }}
 [[actors]]
 name = "env"
 cls = "postrain.actors.env_actor:EnvironmentActor"
 cpus = 0.1
 memory_mb = 0
-options = {{ task = "{task}", env_options = {{ include_instructions = false, max_digits = 1 }} }}
+options = {{ }}
 [[actors]]
 name = "orchestrator"
 cls = "postrain.actors.orchestrator:OrchestratorActor"
 cpus = 0.1
 memory_mb = 0
-options = {{ task = "{task}", num_steps = 2, prompts_per_step = 3, samples_per_prompt = 2, max_staleness = 1, sft_steps = 2, sft_batch_size = 4, num_eval_tasks = 4, eval_samples_per_task = 2, task_options = {{ include_instructions = false, max_digits = 1 }}, sampling = {{ max_new_tokens = 24 }} }}
+options = {{ num_steps = 2, prompts_per_step = 3, samples_per_prompt = 2, max_staleness = 1, sft_steps = 2, sft_batch_size = 4, num_eval_tasks = 4, eval_samples_per_task = 2, sampling = {{ max_new_tokens = 24 }} }}
 """
 
 

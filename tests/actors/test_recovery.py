@@ -30,7 +30,7 @@ from postrain.actors.ledger import read_events
 from postrain.core.testing import async_test
 
 TASK_OPTIONS = {"include_instructions": False, "max_digits": 1}
-LEARNER = {"model": "tiny", "lr": 1e-3}
+LEARNER = {"lr": 1e-3}
 
 
 def orchestrator_options(**overrides) -> dict:
@@ -48,9 +48,9 @@ def specs(orchestrator: dict) -> list[ActorSpec]:
         ActorSpec(name="generator", cls="postrain.actors.generator_actor:GeneratorActor", cpus=0.5,
                   options={"model": "tiny", "kv_cache_mb": 16}, **common),
         ActorSpec(name="learner", cls="postrain.actors.learner_actor:LearnerActor", cpus=0.5,
-                  options={"learner": LEARNER}, **common),
+                  options={"model": "tiny", "learner": LEARNER}, **common),
         ActorSpec(name="env", cls="postrain.actors.env_actor:EnvironmentActor", cpus=0.1,
-                  options={"task": "arithmetic", "env_options": TASK_OPTIONS}, **common),
+                  options={"task": "arithmetic", "task_options": TASK_OPTIONS}, **common),
         ActorSpec(name="orchestrator", cls="postrain.actors.orchestrator:OrchestratorActor", cpus=0.1,
                   options=orchestrator, **common)]
 
@@ -88,7 +88,7 @@ def assert_balanced(summary: dict) -> None:
 
 
 def final_learner(folder) -> Learner:
-    learner = Learner(LearnerConfig.from_dict(LEARNER))
+    learner = Learner(LearnerConfig.from_dict({**LEARNER, "model": "tiny"}))
     learner.load_checkpoint(str(folder / "checkpoint"))
     return learner
 
@@ -137,7 +137,10 @@ async def test_killing_each_kind_of_actor_mid_run_loses_and_doubles_nothing(tmp_
     async def kill_each_kind(sup, lines):
         """After step k's line, kill the k-th kind while it has work in flight (heartbeat loads)."""
         def busy(name):
-            return lambda: sup.records[name].load.get("gen_running" if name == "generator" else "in_flight", 0) > 0
+            def check():
+                load = sup.records[name].load
+                return load is not None and (load.running if name == "generator" else load.in_flight) > 0
+            return check
         for step, name, when in [(1, "generator", busy("generator")), (2, "sandbox", busy("env")),
                                  (3, "env", busy("env")), (4, "learner", lambda: True)]:
             await until(lambda: any(line.startswith(f"step {step}/") for line in lines))

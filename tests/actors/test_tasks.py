@@ -2,17 +2,19 @@
 nsjail sandbox with scripted actions; demonstrations and their JSONL form; the task registry."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 
 import pytest
 import trio
 
-from postrain.actors import LocalSandbox, TaskSpec, get_task, list_tasks, register_task, run_episode
+from postrain.actors import (LocalSandbox, TaskOptionsError, TaskSpec, get_task, list_tasks, register_task,
+                             run_episode)
 from postrain.actors.tasks import TaskError, arithmetic, code
 from postrain.actors.tasks.arithmetic import (ArithmeticConfig, ArithmeticConfigError, ArithmeticEnv,
-                                              answer_matches, in_eval_split)
-from postrain.actors.tasks.code import CodeEnv, CodeTaskError, build_test_file
+                                              ArithmeticOptions, answer_matches, in_eval_split)
+from postrain.actors.tasks.code import CodeEnv, CodeOptions, CodeTaskError, build_test_file
 from postrain.actors.tasks.code_problems import PROBLEMS
 from postrain.actors.tasks.demonstrations import (DemonstrationError, arithmetic_demonstrations,
                                                   code_demonstrations, read_jsonl, write_jsonl)
@@ -264,6 +266,42 @@ def test_task_registry():
         TaskSpec("x", dict, code.train_tasks, code.eval_tasks)
     with pytest.raises(TaskError, match="no built-in demonstrations"):
         TaskSpec("x", CodeEnv, code.train_tasks, code.eval_tasks).demonstrations(1)
+
+
+# ---------------------------------------------------------------- task options
+@pytest.mark.parametrize("name, option", [("arithmetic", "max_digts"), ("code", "max_attemps")])
+def test_a_misspelt_task_option_is_an_error_naming_it(name, option):
+    spec = get_task(name)
+    owner = rf"(task '{name}'|{spec.env_class.__name__})"
+    message = rf"1 bad task option\(s\) of {owner}: task_options.{option} = 2: unknown field"
+    for use in (lambda: spec.make_env(options={option: 2}), lambda: spec.train_tasks(0, {option: 2}),
+                lambda: spec.eval_tasks({option: 2}), lambda: spec.check_options({option: 2}),
+                lambda: spec.env_class(options={option: 2})):
+        with pytest.raises(TaskOptionsError, match=message):
+            use()
+    with pytest.raises(TaskOptionsError, match=r"format_weight = 'heavy': Input should be a valid number"):
+        spec.make_env(options={"format_weight": "heavy"})
+
+
+def test_task_option_models_keep_the_tasks_names_and_defaults():
+    arithmetic_options = ArithmeticOptions()
+    for field in dataclasses.fields(ArithmeticConfig):
+        assert getattr(arithmetic_options, field.name) == getattr(ArithmeticConfig(), field.name)
+    a = arithmetic_options
+    assert a.num_eval == arithmetic.NUM_EVAL and a.max_turns == ArithmeticEnv.max_turns
+    assert (a.max_tool_calls, a.tool_timeout_s, a.format_weight, a.use_system_prompt,
+            a.include_instructions) == (2, 5.0, 0.1, True, True)
+    code_options = CodeOptions()
+    assert (code_options.max_attempts, code_options.test_timeout_s, code_options.run_timeout_s,
+            code_options.format_weight, code_options.use_system_prompt, code_options.max_turns) == \
+        (code.DEFAULT_MAX_ATTEMPTS, 2.0, 10.0, 0.0, True, None)
+    # the options the shipped configs use are all known
+    get_task("arithmetic").check_options({"include_instructions": False, "max_digits": 2, "max_operands": 2,
+                                          "max_tool_calls": 1, "operators": ["+", "*"]})
+    get_task("code").check_options({"max_attempts": 2})
+    env = get_task("code").make_env(options={"max_attempts": 2})
+    assert env.options == {"max_attempts": 2} and env.max_turns == 3
+    assert get_task("arithmetic").uses_sandbox and get_task("code").uses_sandbox
 
 
 # ---------------------------------------------------------------- the sandbox actor's wire shapes

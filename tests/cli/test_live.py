@@ -4,12 +4,14 @@ import io
 from rich.console import Console
 
 from postrain.cli.live import LiveView, PlainView, RunSnapshot, make_view, queue_depths, render_frame
+from postrain.core.load import Load
 
 STATUS = {"actors": [
-    {"name": "sandbox", "state": "running", "pid": 4242, "restarts": 0, "heartbeat_age_s": 0.4,
-     "load": {"sandbox_queued": 3, "inbox_queued": 0}},
-    {"name": "orchestrator", "state": "restarting", "pid": 4343, "restarts": 2, "heartbeat_age_s": None,
-     "load": {"prompts_waiting": 5, "rollouts_in_flight": 8, "buffer_samples": 64}},
+    {"name": "pool", "state": "running", "pid": 4242, "restarts": 0, "heartbeat_age_s": 0.4,
+     "load": Load(served=7, queued=3, running=2, workers=2).to_wire()},
+    {"name": "driver", "state": "restarting", "pid": 4343, "restarts": 2, "heartbeat_age_s": None,
+     "load": Load(queued=5, running=8, backpressure="staleness", figures={"buffer_samples": 64}).to_wire()},
+    {"name": "quiet", "state": "starting", "pid": 4444, "restarts": 0, "heartbeat_age_s": None, "load": None},
 ]}
 FIGURES = {"step": 3, "num_steps": 40, "reward_mean": 0.61, "kl": 0.0123, "tokens_per_s": 5021.3,
            "staleness_max": 1, "sync_s": 0.21}
@@ -32,21 +34,22 @@ def test_a_frame_shows_the_figures_queues_and_every_actor():
     assert "postrain up: demo   1m15s" in text and "step 3/40: reward 0.610" in text
     for expected in ("3/40", "0.610", "0.0123", "5,021", "0.21"):
         assert expected in text, expected
-    assert "prompts waiting     5" in text and "rollouts in flight  8" in text
-    assert "rollout buffer      64" in text and "sandbox queue       3" in text
-    sandbox_row = next(line for line in text.splitlines() if "sandbox " in line and "4242" in line)
-    assert "running" in sandbox_row and "0.4" in sandbox_row and "sandbox_queued=3" in sandbox_row
-    orchestrator_row = next(line for line in text.splitlines() if "orchestrator" in line and "4343" in line)
-    assert "restarting" in orchestrator_row and " 2 " in orchestrator_row
+    lines = text.splitlines()
+    assert "actor   queued  running  workers" in text
+    assert "pool         3        2        2" in text and "driver       5        8        -" in text
+    pool_row = next(line for line in lines if "pool " in line and "4242" in line)
+    assert "running" in pool_row and "0.4" in pool_row and "queued=3 running=2 workers=2" in pool_row
+    driver_row = next(line for line in lines if "driver" in line and "4343" in line)
+    assert "restarting" in driver_row and " 2 " in driver_row
+    assert "backpressure=staleness" in driver_row and "buffer_samples=64" in text
+    quiet_row = next(line for line in lines if "quiet" in line and "4444" in line)
+    assert quiet_row.rstrip().endswith("-"), "no heartbeat yet: no load"
 
 
-def test_queue_depths_prefer_heartbeat_loads_and_fall_back_on_step_figures():
-    snap = snapshot()
-    snap.add_figures({"rollout_buffer": 1, "generator_waiting": 7})
-    depths = queue_depths(snap)
-    assert depths["rollout_buffer"] == 64          # the load is fresher than the step's figure
-    assert depths["generator_waiting"] == 7        # no actor reports it: the figure stands in
-    assert "generator_waiting" not in queue_depths(RunSnapshot("x", status=STATUS))
+def test_queue_depths_are_each_actors_reported_work_and_nothing_it_does_not_report():
+    depths = queue_depths(snapshot())
+    assert depths == {"pool_queued": 3, "pool_running": 2, "driver_queued": 5, "driver_running": 8}
+    assert queue_depths(RunSnapshot("x", status={"actors": [{"name": "a", "load": Load(served=4).to_wire()}]})) == {}
 
 
 def test_quiet_or_a_pipe_gives_plain_lines_and_a_terminal_gives_the_live_view():
@@ -71,4 +74,4 @@ def test_the_live_view_keeps_every_line_above_its_frame():
         view.line("held-out accuracy before: 0.000", snapshot())
         view.refresh(snapshot())
     text = out.getvalue()
-    assert "held-out accuracy before: 0.000" in text and "rollouts in flight" in text
+    assert "held-out accuracy before: 0.000" in text and "queues" in text

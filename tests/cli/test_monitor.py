@@ -6,6 +6,7 @@ import time
 import urllib.request
 
 from postrain.cli.config import parse_up_config
+from postrain.core.load import Load
 from postrain.core.metrics import read_metrics
 from postrain.cli.monitor import RunMonitor
 from postrain.core.testing import counting_run_config
@@ -18,25 +19,25 @@ class ReportingSupervisor:
 
     def status(self):
         return {"actors": [{"name": f"a{i}", "state": "running", "pid": i, "restarts": 0,
-                            "heartbeat_age_s": 0.1, "load": load} for i, load in enumerate(self.loads)]}
+                            "heartbeat_age_s": 0.1, "load": load.to_wire()} for i, load in enumerate(self.loads)]}
 
 
 def test_queue_rows_hold_the_depths_the_actors_report_and_nothing_when_none_does(tmp_path):
     config = parse_up_config({"run": {"name": "m"}, "head": {"metrics_port": -1}})
     with RunMonitor(tmp_path, config, quiet=True).start() as monitor:
         assert monitor.metrics_url is None                        # -1 turns the endpoint off
-        monitor.attach(ReportingSupervisor([{"served": 4}]))
+        monitor.attach(ReportingSupervisor([Load(served=4)]))
         monitor.refresh()
         assert monitor.write_queue_row() is None
-        monitor.attach(ReportingSupervisor([{"sandbox_queued": 2}, {"sandbox_queued": 3, "gen_waiting": 1},
-                                            {"prompts_waiting": 6, "rollouts_in_flight": 4}]))
-        monitor.figures({"rollout_buffer": 9})                  # a step figure is not a fresh depth
+        monitor.attach(ReportingSupervisor([Load(queued=2, running=1, workers=1), Load(queued=3),
+                                            Load(running=4, figures={"buffer_samples": 9})]))
+        monitor.figures({"a0_queued": 9})                       # a step figure is not a fresh depth
         monitor.refresh()
         monitor.write_queue_row()
     rows = read_metrics(tmp_path, "queue")
     assert len(rows) == 1
     assert {k: v for k, v in rows[0].items() if k not in ("time", "kind")} == {
-        "prompts_waiting": 6, "rollouts_in_flight": 4, "sandbox_queue": 5, "generator_waiting": 1}
+        "a0_queued": 2, "a0_running": 1, "a1_queued": 3, "a2_running": 4}
 
 
 def test_up_prints_and_records_its_metrics_url_and_serves_the_drivers_figures(tmp_path):

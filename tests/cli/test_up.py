@@ -91,3 +91,30 @@ def test_resume_takes_a_run_folder_whose_head_is_gone(tmp_path):
     (folder / "config.toml").write_text(write_config(tmp_path, driver=False).read_text())
     with pytest.raises(PostrainError, match="names no \\[run\\] driver"):
         resume_config(folder)
+
+
+def test_an_actor_that_fails_in_setup_is_one_line_naming_it_its_error_and_its_log(tmp_path):
+    path = write_config(tmp_path)
+    path.write_text(path.read_text().replace('cls = "postrain.core.testing:EchoActor"\n',
+                                             'cls = "postrain.core.testing:EchoActor"\n'
+                                             'options = { fail_setup = true }\n'))
+    result = postrain("up", "--quiet", "--config", str(path))
+    assert result.returncode == 1, result.stderr
+    log_path = tmp_path / "runs" / "t" / "logs" / "echo.log"
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("postrain up:")]
+    assert line == (f"postrain up: actor echo (postrain.core.testing:EchoActor) failed to start: exited "
+                    f"with code 1 before READY: RuntimeError: setup failed on purpose (options.fail_setup); "
+                    f"its log: {log_path}")
+    assert "Traceback" not in result.stderr and "ExceptionGroup" not in result.stderr
+    assert "setup failed on purpose" in log_path.read_text(), "the log holds the whole traceback"
+    assert not (tmp_path / "runs" / "t" / "head.json").exists()
+
+
+def test_a_bad_import_path_is_one_line_naming_the_actor_before_anything_starts(tmp_path):
+    path = write_config(tmp_path)
+    path.write_text(path.read_text().replace("postrain.core.testing:EchoActor", "postrain.core.testing:Missing"))
+    result = postrain("up", "--quiet", "--config", str(path))
+    assert result.returncode == 2, result.stderr
+    assert "actors.0(echo).cls = 'postrain.core.testing:Missing'" in result.stderr
+    assert "has no attribute 'Missing'" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "runs").exists()

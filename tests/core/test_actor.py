@@ -152,10 +152,16 @@ async def test_a_request_times_out_with_a_typed_error_when_the_actor_is_busy():
 @async_test
 async def test_setup_failure_reports_the_actors_traceback():
     async with Supervisor.open() as sup:
-        with pytest.raises(ActorStartError, match="(?s)exited with code 1 before READY.*setup failed on purpose"):
+        with pytest.raises(ActorStartError, match="(?s)exited with code 1 before READY.*setup failed on purpose") as info:
             await sup.start(spec("broken", options={"fail_setup": True}))
-        with pytest.raises(ActorStartError, match="has no attribute 'Missing'"):
+        assert (info.value.actor, info.value.cls) == ("broken", "postrain.core.testing:EchoActor")
+        assert info.value.reason == ("exited with code 1 before READY: RuntimeError: setup failed on purpose "
+                                     "(options.fail_setup)"), "one line: how it ended and the error"
+        assert "Traceback" in info.value.traceback
+        with pytest.raises(ActorStartError, match="has no attribute 'Missing'") as info:
             await sup.start(spec("missing", cls="postrain.core.testing:Missing"))
+        assert info.value.reason.endswith("ImportError: module postrain.core.testing has no attribute 'Missing' "
+                                          "(from 'postrain.core.testing:Missing')")
         assert sup.scheduler.placements == {}, "a failed start releases its placement"
 
 

@@ -5,7 +5,9 @@ import signal
 import anyio
 import pytest
 
-from postrain.core import ActorDiedError, ActorSpec, ActorTimeoutError, CurveKeys, Supervisor, AuthenticationError
+from postrain.core import (ActorDiedError, ActorSpec, ActorTimeoutError, AuthenticationError, CurveKeys, Load,
+                           Supervisor)
+from postrain.core import RESIZE, LoadError, ResizeRequest
 from postrain.core.node import Node
 from postrain.core.testing import async_test
 
@@ -16,7 +18,8 @@ def spec(name, **kw):
     kw.setdefault("cpus", 0.25)
     kw.setdefault("memory_mb", 0)
     kw.setdefault("restart_backoff_s", 0.05)
-    return ActorSpec(name=name, cls=ECHO, **kw)
+    kw.setdefault("cls", ECHO)
+    return ActorSpec(name=name, **kw)
 
 
 @async_test
@@ -34,7 +37,7 @@ async def test_kill_9_under_load_fails_in_flight_requests_and_the_actor_is_resta
         async with anyio.create_task_group() as tg:
             for _ in range(20):
                 tg.start_soon(caller)
-            while sup.records["echo"].load.get("in_flight", 0) < 20 and len(outcomes) == 0:
+            while (sup.records["echo"].load or Load()).in_flight < 20 and len(outcomes) == 0:
                 await anyio.sleep(0.05)  # wait until the actor reports the requests in its heartbeat
             with anyio.fail_after(3):  # typed errors arrive promptly, long before the 20 s timeout
                 os.kill(first_pid, signal.SIGKILL)
@@ -117,3 +120,40 @@ async def test_curve_refuses_a_peer_without_an_accepted_key_and_accepts_the_runs
         async with Node("stranger", stranger_keys) as stranger:
             with pytest.raises(AuthenticationError, match="refused our CurveZMQ key"):
                 await stranger.ref(ref.address).ask("echo", "x", timeout_s=10)
+
+
+@async_test
+async def test_heartbeats_carry_a_typed_load_and_a_pool_resizes_by_the_kernels_message():
+    async with Supervisor.open(heartbeat_interval_s=0.1) as sup:
+        ref = await sup.start(spec("pool", cls="postrain.core.testing:PoolEchoActor"))
+        with anyio.fail_after(10):
+            while sup.records["pool"].load is None:
+                await anyio.sleep(0.05)
+        load = sup.records["pool"].load
+        assert isinstance(load, Load) and load.is_pool and load.workers == 1 and load.figures == {"note": "mine"}
+        assert sup.status()["actors"][0]["load"]["figures"] == {"note": "mine"}, "status carries the wire form"
+        assert await ref.ask(RESIZE, ResizeRequest(3).to_wire()) == {"num_workers": 3, "previous": 1}
+        with anyio.fail_after(10):
+            while sup.records["pool"].load.workers != 3:
+                await anyio.sleep(0.05)
+
+
+@async_test
+async def test_an_actor_whose_load_is_not_a_load_record_fails_naming_the_fix():
+    async with Supervisor.open(heartbeat_interval_s=0.1) as sup:
+        await sup.start(spec("bad", cls="postrain.core.testing:BadLoadActor", max_restarts=0))
+        event = await sup.wait_for_event("bad", "gave_up", timeout_s=20)
+        assert "must return a postrain.core.Load, got dict" in sup.records["bad"].last_exit, event
+
+
+def test_a_load_record_refuses_what_the_wire_cannot_carry():
+    with pytest.raises(LoadError, match=r"load.queued must be an int >= 0 or None, got -1"):
+        Load(queued=-1)
+    with pytest.raises(LoadError, match=r"load.figures\['x'\] = \[1\]: keys must be str"):
+        Load(figures={"x": [1]})
+    with pytest.raises(LoadError, match=r"unknown fields \['sandbox_queued'\]; .* belong in load.figures"):
+        Load.from_wire({"sandbox_queued": 3})
+    with pytest.raises(LoadError, match="resize needs an int num_workers >= 1, got 0"):
+        ResizeRequest.from_wire({"num_workers": 0})
+    load = Load(served=2, queued=1, workers=4, backpressure="", figures={"k": 1.5})
+    assert Load.from_wire(load.to_wire()) == load and "running" not in load.to_wire()

@@ -1,0 +1,104 @@
+"""The orchestrator actor: the run's driver (`postrain up` follows its `run` stream).
+
+    [[actors]]
+    name = "orchestrator"
+    cls = "postrain.actors.orchestrator:OrchestratorActor"
+    options = { num_steps = 50, max_staleness = 1, sampling = { max_new_tokens = 64 } }   # options.py
+
+Messages:
+- `run` {"run_folder", "resume"} (RunRequest) -> a stream of {"line": str} (progress),
+  {"figures": {...}} (one per RL step: the train metrics row plus num_steps and sample
+  counts, for the head's live view and exporter) and, last, {"summary": {...}};
+- `stop` -> the run finishes the step in progress, then evaluates and writes the summary.
+
+The actor is thin: the run itself is a `RunDriver` (driver.py) made for each `run`, with
+its parts (admission, rollout pool, train step, evaluation) in the modules beside it.
+"""
+from __future__ import annotations
+
+import json
+import math
+import traceback
+from pathlib import Path
+
+import anyio
+
+from postrain.core import Actor, Load, handler
+
+from ..env_actor import load_tokenizer
+from ..records import RunRequest
+from ..run_state import PromptSchedule, read_run_state
+from ..tasks import get_task
+from .driver import RunDriver, open_run
+from .options import OrchestratorOptions
+
+# What the heartbeat load reports while no run has started (the balancer's figures).
+IDLE_FIGURES = {"backpressure": "none", "num_trained": 0, "buffer_batches": 0, "buffer_samples": 0,
+                "rollouts_in_flight": 0, "prompts_waiting": 0, "learner_idle_s": 0.0, "learner_busy_s": 0.0}
+
+
+class OrchestratorActor(Actor):
+    Options = OrchestratorOptions
+
+    async def setup(self):
+        options = self.options
+        self.task = get_task(options.task)
+        self.schedule = PromptSchedule(self.task, options.seed, options.task_options, options.prompts_per_step)
+        self.tokenizer = load_tokenizer(options.model)
+        self.stop_requested = False          # set by `stop`; a run started later stops at once too
+        self.driver: RunDriver | None = None  # the latest run (its figures stay after it ends)
+
+    def load(self) -> Load:
+        """The kernel's generic figures: rollouts waiting for a slot (queued) and running, why
+        admission waits (backpressure, "" when it does not); the rest are the run's own figures."""
+        figures = dict(self.driver.figures() if self.driver is not None else {
+            **IDLE_FIGURES, "max_staleness": self.options.max_staleness})
+        backpressure = figures.pop("backpressure", "none")
+        return super().load().replace(
+            queued=figures.pop("prompts_waiting", None), running=figures.pop("rollouts_in_flight", None),
+            backpressure="" if backpressure == "none" else backpressure, figures=figures)
+
+    @handler("stop")
+    async def stop(self, body):
+        """Finish the current step, then evaluate and write the summary."""
+        self.stop_requested = True
+        if self.driver is not None:
+            self.driver.stop()
+
+    @handler("run", stream=True, concurrent=True)  # concurrent: a `stop` must not wait behind the run
+    async def run(self, body):
+        """The run's items (module docstring). The run goes on in its own task (a stream handler
+        must not yield from inside a task group); this handler relays what it reports.
+        Cancelled: the relay ends; the run's task goes on until it finishes or fails."""
+        request = RunRequest.from_wire(body)
+        send, receive = anyio.create_memory_object_stream(math.inf)
+        self.node.spawn(self._run_to_channel, Path(request.run_folder), request.resume, send)
+        async with receive:
+            async for item in receive:
+                if "error" in item:
+                    raise RuntimeError(item["error"])
+                yield item
+
+    async def _run_to_channel(self, folder: Path, resume: bool, send) -> None:
+        """Run, reporting into `send`; an error becomes the stream's last item. Cancelled: the
+        stream closes without a summary (see RunDriver.run for the files)."""
+        async with send:
+            try:
+                await self._run(folder, resume, send.send_nowait)
+            except Exception:
+                send.send_nowait({"error": traceback.format_exc()})
+
+    async def _run(self, folder: Path, resume: bool, report) -> None:
+        """The whole run; with `resume`, from the run folder's checkpoint (driver.py).
+        Cancelled: see RunDriver.run."""
+        state = read_run_state(folder / "checkpoint") if resume else None
+        if state is not None and state["phase"] == "done" and (folder / "summary.json").exists():
+            report({"line": f"the run in {folder} already finished; its summary:"})
+            report({"summary": json.loads((folder / "summary.json").read_text())})
+            return
+        self.driver = await open_run(options=self.options, task=self.task, schedule=self.schedule,
+                                     tokenizer=self.tokenizer, folder=folder, state=state, resume=resume,
+                                     lookup=self.lookup, report=report)
+        if self.stop_requested:
+            self.driver.stop()
+        await self.driver.run()

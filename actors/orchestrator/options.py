@@ -1,0 +1,81 @@
+"""The orchestrator's options (a config's `[[actors]] options` for `OrchestratorActor`), one line each.
+
+`model`, `task`, `task_options` and `seed` are shared settings: state them once in a run
+config's `[shared]` and every role that declares them (generator, learner, environment,
+orchestrator) gets the same value.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from postrain.core import Options
+
+from ..records import SamplingParams
+from ..tasks import get_task
+
+
+def _rl_sampling() -> SamplingParams:
+    return SamplingParams(temperature=1.0, max_new_tokens=96)
+
+
+class OrchestratorOptions(Options):
+    # -- shared with the other roles ([shared]) --
+    model: str | dict = Field("tiny", description="the policy's model spec; the orchestrator reads only "
+                              "its tokenizer, to render the warm start's demonstrations")
+    task: str = Field("arithmetic", description="the task: a registered name or an import path "
+                      "'pkg.mod:TASK' (its training stream, held-out tasks and demonstrations)")
+    task_options: dict[str, Any] = Field(default_factory=dict, description="the task's knobs, the same for "
+                                         "the environments (part of the data order: a resume must keep them)")
+    seed: int = Field(0, description="the data order (batch b's prompts are a function of (seed, b)), the "
+                      "demonstrations and the evaluation's sampling seeds")
+    # -- the actors it drives (names in the run config) --
+    learner: str = Field("learner", description="the learner actor's name")
+    generators: list[str] = Field(default_factory=lambda: ["generator"], description="generator actors that "
+                                  "get every published version")
+    envs: list[str] = Field(default_factory=lambda: ["env"], min_length=1, description="environment actors; "
+                            "rollouts go to them in turn")
+    # -- the RL loop --
+    num_steps: int = Field(10, ge=0, description="GRPO steps (one batch each)")
+    prompts_per_step: int = Field(8, ge=1, description="prompts per batch (part of the data order)")
+    samples_per_prompt: int = Field(8, ge=1, description="samples per prompt: the GRPO group size")
+    max_staleness: int = Field(0, ge=0, description="batch b starts generating once batch b - 1 - "
+                               "max_staleness is trained; 0: on-policy and synchronous")
+    max_buffered_batches: int = Field(0, ge=0, description="batches admitted and not yet trained, at most; "
+                                      "0: no bound beyond max_staleness")
+    max_concurrent_rollouts: int = Field(64, ge=1, description="rollouts in flight at once (training and "
+                                         "evaluation together)")
+    max_rollout_retries: int = Field(3, ge=0, description="retries of a rollout whose actor died or whose "
+                                     "tokens are older than the last publish")
+    sampling: SamplingParams = Field(default_factory=_rl_sampling, description="how rollouts sample "
+                                     "(SamplingParams fields; stop is set to the tools' stop strings); "
+                                     "default temperature 1.0, max_new_tokens 96")
+    checkpoint_every: int = Field(10, ge=1, description="RL steps between checkpoints; the last step "
+                                  "always checkpoints")
+    # -- warm start and evaluation --
+    sft_steps: int = Field(0, ge=0, description="supervised warm-start steps on the task's demonstrations "
+                           "before RL; 0: none")
+    sft_batch_size: int = Field(16, ge=1, description="demonstrations per warm-start step")
+    num_eval_tasks: int = Field(50, ge=0, description="held-out tasks per evaluation (greedy)")
+    eval_samples_per_task: int = Field(0, ge=0, description="also sample this many episodes per held-out "
+                                       "task at the run's sampling settings, seeded, and report their mean "
+                                       "as sampled accuracy; 0: greedy only")
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, value: str) -> str:
+        get_task(value)  # TaskError (a ValueError) names the problem and the fix
+        return value
+
+    @field_validator("task_options")
+    @classmethod
+    def _task_options(cls, value: dict, info: ValidationInfo) -> dict:
+        if "task" in info.data:  # else the task itself is the error
+            get_task(info.data["task"]).check_options(value)
+        return value
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per RL batch."""
+        return self.prompts_per_step * self.samples_per_prompt

@@ -1,0 +1,139 @@
+"""The rollout pool: episodes on the environment actors, each sample's ledger transitions, retries.
+
+A rollout goes to the next environment actor in turn, holding one of
+`max_concurrent_rollouts` slots (training and evaluation share them). A rollout
+that fails because an actor on its path died (environment, generator, sandbox)
+is retried once the actor is back, at most `max_rollout_retries` times, each a
+"retry" note in the ledger; so is a rollout carrying tokens older than the
+version published before it started (only a restarted generator's initial
+weights make those). Before a retry, generators behind the last publish get the
+weights again (`LearnerKeeper.resync_generators`).
+
+Every RL sample is in the ledger (postrain.actors.ledger), and this pool moves it:
+created on admission, generated and rewarded when its rollout returns, or dropped
+with the reason when the rollout fails for good. (Trained, and dropped for an
+incomplete group, are the train step's.)
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import anyio
+
+from ..environment import Reward
+from ..records import Rollout, RolloutRequest, SamplingParams
+from ..recovery import is_actor_death, short_reason
+from ..run_state import batch_sample_id
+from ..timeline import note_hops
+from .admission import AdmittedBatch
+
+ROLLOUT_TIMEOUT_S = 900
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ScoredSample:
+    """A sample whose rollout came back: its ledger id and the rollout (with its reward)."""
+
+    sample_id: str
+    rollout: Rollout
+
+    @property
+    def reward(self) -> Reward:
+        return self.rollout.reward
+
+
+class RolloutPool:
+    """Rollouts on the environment actors `envs` (ActorRefs, used in turn)."""
+
+    def __init__(self, envs: list, keeper, ledger, max_concurrent_rollouts: int, max_rollout_retries: int):
+        assert envs, "at least one environment actor"
+        self.keeper = keeper                   # LearnerKeeper: published_version, resync_generators
+        self.ledger = ledger
+        self.max_rollout_retries = max_rollout_retries
+        self.limiter = anyio.Semaphore(max_concurrent_rollouts)
+        self._envs = itertools.cycle(envs)
+        self.num_running = 0                   # rollouts holding a slot now: 0 <= num_running <= max
+        self.num_retries = 0                   # retries so far, in all
+
+    def figures(self) -> dict:
+        """The pool's part of the orchestrator's heartbeat load."""
+        return {"rollouts_in_flight": self.num_running,
+                "prompts_waiting": self.limiter.statistics().tasks_waiting}
+
+    # -- one RL batch --------------------------------------------------------------------
+
+    async def generate_batch(self, batch: AdmittedBatch, prompts: list[dict], samples_per_prompt: int,
+                             sampling: SamplingParams, resume_index: int) -> None:
+        """Create batch's samples in the ledger, roll them all out, and set `batch.generated`.
+
+        Cancelled: samples whose rollout had not come back stay in flight in the ledger (the
+        caller drops them: the run stopped), and `generated` is not set."""
+        min_version = self.keeper.published_version
+        async with anyio.create_task_group() as tg:
+            for g, task in enumerate(prompts):
+                for s in range(samples_per_prompt):
+                    sample_id = batch_sample_id(batch.index, g, s, resume_index)
+                    self.ledger.create(sample_id, batch=batch.index, group=g,
+                                       prompt=str(task.get("question", ""))[:80])
+                    tg.start_soon(self._sample, sample_id, task, sampling, batch.groups[g], min_version)
+        batch.generated.set()
+
+    async def _sample(self, sample_id: str, task: dict, sampling: SamplingParams,
+                      group: list, min_version: int) -> None:
+        """One sample: its outcome appended to `group`, its ledger state moved. Cancelled: the
+        sample stays in flight in the ledger and `group` lacks its outcome."""
+        try:
+            rollout = await self.rollout(task, sampling, sample_id, min_version)
+        except Exception as exc:
+            self.ledger.drop(sample_id, f"rollout failed: {short_reason(exc)}")
+            group.append(None)
+            return
+        note_hops(self.ledger, sample_id, rollout.timeline)
+        self.ledger.advance(sample_id, "generated", tokens=rollout.num_policy_tokens)
+        self.ledger.advance(sample_id, "rewarded", reward=rollout.reward.total,
+                            components=rollout.reward.components, tool_statuses=rollout.tool_statuses)
+        group.append(ScoredSample(sample_id, rollout))
+
+    # -- one episode ------------------------------------------------------------------
+
+    async def rollout(self, task: dict, sampling: SamplingParams, sample_id: str | None = None,
+                      min_version: int | None = None) -> Rollout:
+        """One episode, retried (module docstring) when an actor on its path died or when its
+        tokens are older than `min_version` (default: the version published now).
+
+        Cancelled: the environment's episode is abandoned (its reply, if any, is dropped);
+        retries so far stay counted and noted."""
+        min_version = self.keeper.published_version if min_version is None else min_version
+        max_retries = self.max_rollout_retries
+        for attempt in range(max_retries + 1):
+            try:
+                rollout = await self._rollout_once(task, sampling)
+            except Exception as exc:
+                if not is_actor_death(exc) or attempt == max_retries:
+                    raise
+                reason = f"an actor on its path died: {short_reason(exc)}"
+            else:
+                oldest = rollout.oldest_policy_version(default=min_version)
+                if oldest >= min_version:
+                    return rollout
+                reason = (f"sampled by policy version {oldest}, older than the version {min_version} "
+                          "published before it started (a restarted generator's initial weights)")
+                if attempt == max_retries:
+                    raise RuntimeError(f"{reason}, {max_retries} retries in a row")
+            self.num_retries += 1
+            if sample_id is not None:
+                self.ledger.note(sample_id, "retry", attempt=attempt + 1, reason=reason)
+            await self.keeper.resync_generators()
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _rollout_once(self, task: dict, sampling: SamplingParams) -> Rollout:
+        """Cancelled: the slot is released and num_running restored."""
+        request = RolloutRequest(task=task, sampling=sampling)
+        async with self.limiter:
+            self.num_running += 1
+            try:
+                reply = await next(self._envs).ask("rollout", request.to_wire(), timeout_s=ROLLOUT_TIMEOUT_S)
+            finally:
+                self.num_running -= 1
+        return Rollout.from_wire(reply)

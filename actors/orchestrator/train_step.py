@@ -1,0 +1,93 @@
+"""The train/publish step: one generated batch -> one learner step -> the new weights on every generator.
+
+A group with any failed sample is dropped whole (each of its samples "dropped" in the
+ledger with the reason): GRPO compares the samples of one prompt, so a partial group
+would bias its baseline. The complete groups become one `TrainBatch` (rewards and
+group ids; the learner computes the group-relative advantages), stepped through the
+`LearnerKeeper` (exactly once, whatever dies meanwhile), then published. Each sample
+is then "trained" in the ledger with its staleness (versions between the policy that
+sampled its oldest token and the one that trained on it), and the step's figures go
+to metrics.jsonl and to the head's live view.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Callable
+
+from ..records import PublishReport, TrainBatch
+from .rollout_pool import ScoredSample
+
+
+def complete_samples(groups: list[list[ScoredSample | None]], ledger) -> list[ScoredSample]:
+    """The samples of groups where every sample succeeded, in group order; the others'
+    succeeded samples are dropped in the ledger."""
+    samples = []
+    for group in groups:
+        if any(item is None for item in group):
+            for item in group:
+                if item is not None:
+                    ledger.drop(item.sample_id, "group incomplete: another sample of its prompt failed")
+            continue
+        samples.extend(group)
+    return samples
+
+
+def train_batch(samples: list[ScoredSample], samples_per_prompt: int) -> TrainBatch:
+    """The learner's batch of complete groups (each `samples_per_prompt` samples, contiguous)."""
+    rollouts = [s.rollout for s in samples]
+    return TrainBatch(token_ids=[r.token_ids for r in rollouts], loss_mask=[r.loss_mask for r in rollouts],
+                      behavior_logprobs=[r.behavior_logprobs for r in rollouts],
+                      policy_versions=[r.policy_versions for r in rollouts],
+                      rewards=[r.reward.total for r in rollouts],
+                      group_ids=[i // samples_per_prompt for i in range(len(rollouts))])
+
+
+class TrainStep:
+    """Trains generated batches and publishes the weights; owns no state beyond its collaborators."""
+
+    def __init__(self, keeper, ledger, metrics, report_figures: Callable[[dict], None],
+                 samples_per_prompt: int, num_steps: int):
+        self.keeper = keeper                   # LearnerKeeper: the only path to the learner
+        self.ledger = ledger
+        self.metrics = metrics                 # MetricsWriter of the run folder
+        self.report_figures = report_figures   # one call per RL step: the head's live view
+        self.samples_per_prompt = samples_per_prompt
+        self.num_steps = num_steps
+
+    async def publish(self) -> PublishReport:
+        """The learner's weights to every generator, and a "sync" metrics row. Cancelled: see
+        LearnerKeeper.publish (generators that replied hold the version; no row is written)."""
+        report = PublishReport.from_wire(await self.keeper.publish())
+        self.metrics.log("sync", version=report.version, total_s=report.total_s)
+        return report
+
+    async def run(self, b: int, groups: list[list[ScoredSample | None]]) -> str:
+        """Train batch `b` (0-based) and publish; returns the step's progress line.
+
+        Cancelled: before the learner's reply, the step is not taken here (the keeper's next
+        call sees the learner's version and recovers) and no sample is marked trained; after
+        it, the samples are trained in the ledger and the publish may be partial."""
+        samples = complete_samples(groups, self.ledger)
+        if not samples:
+            return f"step {b + 1}: every group failed; nothing to train"
+        batch = train_batch(samples, self.samples_per_prompt)
+        metrics = await self.keeper.step(batch, [s.sample_id for s in samples])
+        trained_version = metrics.get("policy_version", 1) - 1  # the weights this step started from
+        staleness = [trained_version - s.rollout.oldest_policy_version(default=trained_version) for s in samples]
+        for sample, sample_staleness in zip(samples, staleness):
+            self.ledger.advance(sample.sample_id, "trained", step=b + 1, staleness=round(sample_staleness))
+        sync = await self.publish()
+        rewards = batch.rewards
+        correct = statistics.fmean(s.reward.components.get("correct", s.reward.total) for s in samples)
+        learner_figures = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+        row = self.metrics.log("train", **{**learner_figures, "step": b + 1, "reward_mean": statistics.fmean(rewards),
+                                           "correct_mean": correct, "sync_s": sync.total_s,
+                                           "staleness_max": max(staleness),
+                                           "staleness_mean": statistics.fmean(staleness)})
+        counts = self.ledger.counts()
+        self.report_figures({**{k: v for k, v in row.items() if k not in ("time", "kind")},
+                             "num_steps": self.num_steps, "samples_trained": counts["trained"],
+                             "samples_dropped": counts["dropped"]})
+        return (f"step {b + 1}/{self.num_steps}: reward {statistics.fmean(rewards):.3f} "
+                f"correct {correct:.3f} loss {metrics.get('loss', 0):.4f} kl {metrics.get('kl', 0):.4f} "
+                f"tokens/s {metrics.get('tokens_per_s', 0):.0f} sync {sync.total_s:.2f}s")
