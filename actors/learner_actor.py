@@ -72,7 +72,8 @@ def weight_messages(weights: dict[str, torch.Tensor], version: int, chunk_mb: fl
             size = 0
         parts[-1][name] = tensor
         size += nbytes
-    return [WeightSync(version, part, chunk=i, num_chunks=len(parts)).to_wire() for i, part in enumerate(parts)]
+    return [WeightSync(version, part, chunk=i, num_chunks=len(parts)).to_wire()
+            for i, part in enumerate(parts)]
 
 
 def weights_digest(weights: dict[str, torch.Tensor]) -> str:

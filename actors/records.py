@@ -236,8 +236,9 @@ class GeneratedSample(Record):
                 self._fail(name, getattr(self, name), f"one entry per token ({len(self.token_ids)})")
 
     def to_wire(self) -> dict:  # finish_reason travels even when None
-        return {"token_ids": self.token_ids, "logprobs": self.logprobs, "policy_versions": self.policy_versions,
-                "finish_reason": self.finish_reason, "text": self.text}
+        return {"token_ids": self.token_ids, "logprobs": self.logprobs,
+                "policy_versions": self.policy_versions, "finish_reason": self.finish_reason,
+                "text": self.text}
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,7 +327,8 @@ class TrainBatch(Record):
                                "group_ids"))
         for name, values in (self.reward_components or {}).items():
             if len(values) != len(self.token_ids):
-                self._fail(f"reward_components[{name!r}]", values, f"one value per sample ({len(self.token_ids)})")
+                self._fail(f"reward_components[{name!r}]", values,
+                           f"one value per sample ({len(self.token_ids)})")
         if self.advantages is None and self.rewards is None and self.reward_components is None:
             self._fail("advantages", None, "given, or rewards / reward_components (with group_ids)")
 

@@ -92,14 +92,18 @@ class LearnerKeeper:
     async def attach(self) -> None:
         """A fresh run: the learner holds the weights it starts with (initial, or its own
         `resume_from`), and a restarted learner starts with them again. They are published,
-        so every generator samples (and the first evaluation scores) the learner's weights."""
+        so every generator samples (and the first evaluation scores) the learner's weights.
+        Cancelled: the version is known; the publish may have reached some generators only
+        (`resync_generators` republishes to those behind)."""
         async with self.lock:
             stats = await self.learner.ask("stats", timeout_s=120)
             self.version = self.checkpoint_version = int(stats["policy_version"])
             await self._with_recovery(self._publish_locked, "publish")
 
     async def restore(self, checkpoint_path: str) -> None:
-        """A resumed run: load `checkpoint_path` into the learner and publish it to every generator."""
+        """A resumed run: load `checkpoint_path` into the learner and publish it to every generator.
+        Cancelled: the keeper already points at the checkpoint; a learner not yet brought back
+        fails the next call's version check and is brought back then."""
         from .learner_state import checkpoint_info
 
         async with self.lock:
@@ -112,10 +116,13 @@ class LearnerKeeper:
 
     async def step(self, batch: TrainBatch | SftBatch, sample_ids: list[str] = ()) -> StepMetrics:
         """One `train` (a TrainBatch) or `sft` (an SftBatch) step, applied exactly once whatever
-        dies meanwhile. Returns its metrics."""
+        dies meanwhile. Returns its metrics. Cancelled: the learner may have applied the step
+        (its thread runs to the end) without the keeper counting it; the next call's version
+        check then restores the checkpoint plus the counted steps, which undoes it."""
         kind = _step_kind(batch)
         async with self.lock:
             async def once():
+                """The step, once. Cancelled: as `step`."""
                 metrics = await self._ask(kind, batch.to_wire(), self.version, timeout_s=900)
                 self._expect(int(metrics["policy_version"]), self.version + 1, kind)
                 return metrics
@@ -125,17 +132,21 @@ class LearnerKeeper:
             return metrics
 
     async def publish(self) -> PublishReport:
-        """The learner's weights to every generator; returns the learner's publish report."""
+        """The learner's weights to every generator; returns the learner's publish report.
+        Cancelled: some generators may hold the new version; published_version does not move."""
         async with self.lock:
             return await self._with_recovery(self._publish_locked, "publish")
 
     async def checkpoint(self, path: str, make_extra) -> dict:
         """Save the learner with `make_extra()` (called under the lock, before the save: the
-        orchestrator's state at exactly this learner version)."""
+        orchestrator's state at exactly this learner version). Cancelled: the file at `path` may
+        be written (the learner's save runs to its end) but the keeper keeps its previous restore
+        point and steps since it."""
         async with self.lock:
             extra = make_extra()
 
             async def once():
+                """The save, once. Cancelled: as `checkpoint`."""
                 reply = await self._ask("save_checkpoint", {"path": path, "extra": extra}, self.version)
                 self._expect(int(reply["policy_version"]), self.version, "save_checkpoint")
                 return reply
@@ -145,14 +156,17 @@ class LearnerKeeper:
             return reply
 
     async def call(self, kind: str, body: dict, timeout_s: float = 600) -> dict:
-        """Any other learner request (export_hf, stats) against the learner of the invariant."""
+        """Any other learner request (export_hf, stats) against the learner of the invariant.
+        Cancelled: the request may still run on the learner; see `_with_recovery`."""
         async with self.lock:
             async def once():
+                """The request, once. Cancelled: as `call`."""
                 return await self._ask(kind, body, self.version, timeout_s=timeout_s)
             return await self._with_recovery(once, kind)
 
     async def resync_generators(self) -> int:
-        """Republish to generators behind the last publish (restarted ones); returns how many."""
+        """Republish to generators behind the last publish (restarted ones); returns how many.
+        Cancelled: those behind may or may not have been republished; the next call looks again."""
         async with self.lock:
             behind = []
             for name in self.generator_names:
@@ -169,6 +183,8 @@ class LearnerKeeper:
     # -- internals ------------------------------------------------------------------
 
     async def _with_recovery(self, once, what: str):
+        """`once()`, recovering the learner between failed tries. Cancelled: during `once`, as its
+        caller's note says; during a recovery, as `_bring_back`."""
         for attempt in range(MAX_RECOVERIES_PER_CALL + 1):
             try:
                 return await once()
@@ -184,7 +200,8 @@ class LearnerKeeper:
                                "the cause is external")
 
     async def _ask(self, kind: str, body: dict, expect_version: int, timeout_s: float = 600):
-        """Ask the learner, which refuses when it is not at `expect_version` (it restarted)."""
+        """Ask the learner, which refuses when it is not at `expect_version` (it restarted).
+        Cancelled: the request may still run on the learner; nothing here changes."""
         try:
             return await self.learner.ask(kind, {**body, "expect_policy_version": expect_version},
                                           timeout_s=timeout_s)
@@ -194,12 +211,16 @@ class LearnerKeeper:
             raise
 
     async def _recover(self, reason: str) -> None:
-        """Bring a restarted learner back to the invariant (module docstring). Lock held."""
+        """Bring a restarted learner back to the invariant (module docstring). Lock held.
+        Cancelled: as `_bring_back` (the recovery is counted already)."""
         self.num_recoveries += 1
         self.emit(f"learner recovery {self.num_recoveries}: {reason[:160]}; waiting for its restart")
         await self._bring_back()
 
     async def _bring_back(self) -> None:
+        """Reload, replay and republish, retrying when the learner dies meanwhile. Cancelled: not
+        atomic; the learner may be half replayed, but the keeper's version does not move, so the
+        next call's version check brings it back again."""
         for _ in range(MAX_RECOVERIES_PER_CALL):
             try:
                 await self._reload_and_replay()
@@ -213,6 +234,9 @@ class LearnerKeeper:
                                "logs/learner.log")
 
     async def _reload_and_replay(self) -> None:
+        """Load the checkpoint into the learner, then replay the steps since it. Cancelled: the
+        learner holds the checkpoint plus part of the replay; since_checkpoint and
+        checkpoint_version stay consistent with each other (they change together)."""
         stats = await self._wait_for(self.learner)
         if self.checkpoint_path is not None:
             reply = await self.learner.ask("load_checkpoint", {"path": self.checkpoint_path}, timeout_s=600)
@@ -236,7 +260,8 @@ class LearnerKeeper:
         assert version == self.version, (version, self.version)
 
     async def _wait_for(self, ref) -> dict:
-        """`stats` of an actor that may be restarting (the ask waits for its new process)."""
+        """`stats` of an actor that may be restarting (the ask waits for its new process).
+        Cancelled: nothing changes."""
         with anyio.fail_after(LEARNER_RESTART_TIMEOUT_S):
             while True:
                 try:
@@ -245,10 +270,13 @@ class LearnerKeeper:
                     await anyio.sleep(0.2)
 
     async def _publish_locked(self, targets: list[str] | None = None) -> PublishReport:
+        """Publish to `targets` (all generators by default), waiting out generators that die
+        mid-sync. Cancelled: some targets may hold the new version; published_version does not move."""
         targets = list(targets or self.generator_names)
         for attempt in range(3):
             try:
-                result = PublishReport.from_wire(await self._ask("publish", {"targets": targets}, self.version))
+                reply = await self._ask("publish", {"targets": targets}, self.version)
+                result = PublishReport.from_wire(reply)
                 break
             except RemoteError as exc:  # a generator died mid-sync: wait until it is back, again
                 if attempt == 2:
@@ -263,6 +291,7 @@ class LearnerKeeper:
         return result
 
     async def _generator(self, name: str):
+        """A (cached) reference to generator `name`. Cancelled: nothing is cached."""
         if name not in self._generators:
             self._generators[name] = await self._lookup(name)
         return self._generators[name]

@@ -92,6 +92,8 @@ class SandboxActor(Actor):
     Options = SandboxOptions
 
     async def setup(self) -> None:
+        """Start the sandbox (its warm workers). Cancelled: the process is ending (a start past
+        its timeout); its workers die with it."""
         opts = self.options
         self.num_workers = opts.num_workers or max(1, len(os.sched_getaffinity(0)))
         self.max_queued = opts.max_queued
@@ -105,6 +107,7 @@ class SandboxActor(Actor):
         self.status_counts: collections.Counter[str] = collections.Counter()
 
     async def teardown(self) -> None:
+        """Close the sandbox. Cancelled: the close still runs to its end in its thread."""
         await anyio.to_thread.run_sync(self.sandbox.close)
 
     def load(self) -> Load:
@@ -115,6 +118,8 @@ class SandboxActor(Actor):
     # ------------------------------------------------------------ handlers
     @handler("exec", concurrent=True)
     async def exec(self, body, msg):
+        """One execution's result. Cancelled: as `_in_worker` (queued: nothing ran; running: it
+        still ends within its wall limit and frees its worker)."""
         kwargs = self._run_kwargs(body, msg.sender)
         return result_to_wire(await self._in_worker(self.sandbox.run, **kwargs))
 
@@ -134,6 +139,8 @@ class SandboxActor(Actor):
                 pass  # the caller stopped listening; the run still ends within its limits
 
         async def execute() -> None:
+            """Run it and hand the result to the reader. Cancelled (the node closes): as
+            `_in_worker`; the reader gets no result."""
             async with send:
                 try:
                     result = await self._in_worker(self.sandbox.run, on_output=on_output, **kwargs)
@@ -154,6 +161,7 @@ class SandboxActor(Actor):
 
     @handler("run_tests", concurrent=True)
     async def run_tests(self, body, msg):
+        """The test report of a solution. Cancelled: as `exec`."""
         policy = self._policy(body.get("limits"))
         report = await self._in_worker(run_tests, self.sandbox, body["solution"], body["tests"],
                                        test_timeout_s=float(body.get("test_timeout_s", 2.0)),
@@ -163,6 +171,7 @@ class SandboxActor(Actor):
 
     @handler("run_io_cases", concurrent=True)
     async def run_io_cases(self, body, msg):
+        """A verdict per stdin/expected case. Cancelled: as `exec`."""
         policy = self._policy(body.get("limits"))
         cases = [(str(stdin), str(expected)) for stdin, expected in body["cases"]]
         verdicts = await self._in_worker(run_io_cases, self.sandbox, body["code"], cases,
@@ -187,6 +196,7 @@ class SandboxActor(Actor):
 
     @handler("stats")
     async def stats(self, body):
+        """Counters by status, queued, running, workers. Does not wait (cancel-safe)."""
         return {"by_status": dict(self.status_counts), "queued": self.num_queued,
                 "running": self.num_running, "workers": self.num_workers, "mode": self.sandbox.mode}
 

@@ -53,7 +53,9 @@ def main(args) -> int:
 async def evaluate(model_spec: str, task_name: str, task_options: dict, num_tasks: int | None,
                    max_tokens: int, *, policy=None) -> dict:
     """Held-out accuracy of `model_spec` on a task (see the module docstring). `policy` (an
-    `EpisodePolicy` or `fn(messages) -> text`) plays instead of the model when given (tests)."""
+    `EpisodePolicy` or `fn(messages) -> text`) plays instead of the model when given (tests).
+    Cancelled: no result; the local sandbox is shut (a run in it ends within its limits), and
+    the episode's env.close() is awaited in the cancelled scope, so it may not finish."""
     from postrain.actors.environment import LocalSandbox, run_episode
     from postrain.actors.tasks import get_task
 
@@ -95,6 +97,7 @@ def engine_policy(model_spec: str, max_tokens: int):
     params = SamplingParams(temperature=0.0, max_new_tokens=max_tokens, stop=list(STOP_STRINGS))
 
     async def act(messages):
+        """The model's greedy reply. Cancelled: the generate call runs on to its end in its thread."""
         prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
         output = await trio.to_thread.run_sync(lambda: engine.generate([prompt], params)[0])
         return tokenizer.decode(output.outputs[0].token_ids, skip_special_tokens=True)

@@ -19,5 +19,5 @@ from .rollout_pool import RolloutPool, ScoredSample
 from .train_step import TrainStep
 from .warm_start import chat_to_tokens
 
-__all__ = ["Admission", "AdmittedBatch", "OrchestratorActor", "OrchestratorOptions", "RolloutPool", "RunDriver",
-           "ScoredSample", "TrainStep", "chat_to_tokens"]
+__all__ = ["Admission", "AdmittedBatch", "OrchestratorActor", "OrchestratorOptions", "RolloutPool",
+           "RunDriver", "ScoredSample", "TrainStep", "chat_to_tokens"]

@@ -75,7 +75,8 @@ class Admission:
     async def admit(self, batch: int, groups: int, samples_per_group: int) -> AdmittedBatch | None:
         """Wait until `batch` (the next after the last admitted) may start, and buffer it; None
         once `stop` was called. Cancelled: nothing is admitted, backpressure is back to "none"."""
-        assert batch == self.num_trained + len(self.buffered), (batch, self.num_trained, sorted(self.buffered))
+        assert batch == self.num_trained + len(self.buffered), (batch, self.num_trained,
+                                                                sorted(self.buffered))
         try:
             while (reason := self.wait_reason(batch)) != "none" and not self.stopping:
                 self.backpressure = reason

@@ -68,7 +68,8 @@ class RunDriver:
         self.ledger = ledger
         self.metrics = metrics
         self.admission = Admission(options.max_staleness, options.max_buffered_batches)
-        self.pool = RolloutPool(envs, keeper, ledger, options.max_concurrent_rollouts, options.max_rollout_retries)
+        self.pool = RolloutPool(envs, keeper, ledger, options.max_concurrent_rollouts,
+                                options.max_rollout_retries)
         self.train_step = TrainStep(keeper, ledger, metrics, lambda figures: report({"figures": figures}),
                                     options.samples_per_prompt, options.num_steps)
         self.evaluator = Evaluator(task, options, self.pool, metrics, self.emit)
@@ -85,7 +86,8 @@ class RunDriver:
     def figures(self) -> dict:
         """The run's part of the orchestrator's heartbeat load (the balancer's figures)."""
         return {**self.admission.figures(), **self.pool.figures(),
-                "learner_idle_s": round(self.learner_idle_s, 3), "learner_busy_s": round(self.learner_busy_s, 3)}
+                "learner_idle_s": round(self.learner_idle_s, 3),
+                "learner_busy_s": round(self.learner_busy_s, 3)}
 
     async def run(self) -> dict:
         """The whole run; returns (and reports) its summary. Cancelled: the files hold what was
@@ -117,11 +119,13 @@ class RunDriver:
         return {**{f"eval_{phase}": accuracy for phase, accuracy in self.evaluator.evals.items()},
                 "steps": steps, "sft_steps": self.options.sft_steps, "samples": counts["trained"],
                 "ledger": counts, "wall_s": round(wall_s, 1), "rl_wall_s": round(rl_wall_s, 2),
-                "learner_idle_s": round(self.learner_idle_s, 2), "learner_busy_s": round(self.learner_busy_s, 2),
+                "learner_idle_s": round(self.learner_idle_s, 2),
+                "learner_busy_s": round(self.learner_busy_s, 2),
                 "checkpoint": checkpoint, "policy": policy, "task": self.options.task,
                 "max_staleness": self.options.max_staleness, "resumes": self.resume_index,
                 "learner_recoveries": self.keeper.num_recoveries,
-                "generator_resyncs": self.keeper.num_generator_resyncs, "rollout_retries": self.pool.num_retries}
+                "generator_resyncs": self.keeper.num_generator_resyncs,
+                "rollout_retries": self.pool.num_retries}
 
     async def _warm_up(self) -> None:
         """Evaluate, warm-start (SFT), evaluate again; then the first checkpoint (phase "rl").
@@ -191,7 +195,8 @@ class RunDriver:
                 self.learner_busy_s += time.monotonic() - busy_from
                 admission.retire(b)
                 admission.check()
-                if admission.num_trained % options.checkpoint_every == 0 or admission.num_trained == num_steps:
+                trained = admission.num_trained
+                if trained % options.checkpoint_every == 0 or trained == num_steps:
                     await self._checkpoint("rl")
             tg.cancel_scope.cancel()
         for sample_id in self.ledger.in_flight():
@@ -207,8 +212,8 @@ class RunDriver:
             batch = await self.admission.admit(b, options.prompts_per_step, options.samples_per_prompt)
             if batch is None:
                 return
-            tg.start_soon(self.pool.generate_batch, batch, self.schedule.prompts(b), options.samples_per_prompt,
-                          sampling, self.resume_index)
+            tg.start_soon(self.pool.generate_batch, batch, self.schedule.prompts(b),
+                          options.samples_per_prompt, sampling, self.resume_index)
 
 
 async def open_run(*, options: OrchestratorOptions, task, schedule, tokenizer, folder: Path,

@@ -73,16 +73,17 @@ class TrainStep:
         batch = train_batch(samples, self.samples_per_prompt)
         metrics = await self.keeper.step(batch, [s.sample_id for s in samples])
         trained_version = metrics.get("policy_version", 1) - 1  # the weights this step started from
-        staleness = [trained_version - s.rollout.oldest_policy_version(default=trained_version) for s in samples]
+        staleness = [trained_version - s.rollout.oldest_policy_version(default=trained_version)
+                     for s in samples]
         for sample, sample_staleness in zip(samples, staleness):
             self.ledger.advance(sample.sample_id, "trained", step=b + 1, staleness=round(sample_staleness))
         sync = await self.publish()
         rewards = batch.rewards
         correct = statistics.fmean(s.reward.components.get("correct", s.reward.total) for s in samples)
         learner_figures = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
-        row = self.metrics.log("train", **{**learner_figures, "step": b + 1, "reward_mean": statistics.fmean(rewards),
-                                           "correct_mean": correct, "sync_s": sync.total_s,
-                                           "staleness_max": max(staleness),
+        row = self.metrics.log("train", **{**learner_figures, "step": b + 1,
+                                           "reward_mean": statistics.fmean(rewards), "correct_mean": correct,
+                                           "sync_s": sync.total_s, "staleness_max": max(staleness),
                                            "staleness_mean": statistics.fmean(staleness)})
         counts = self.ledger.counts()
         self.report_figures({**{k: v for k, v in row.items() if k not in ("time", "kind")},

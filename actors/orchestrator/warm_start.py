@@ -21,7 +21,8 @@ async def warm_start(task, tokenizer, options: OrchestratorOptions, keeper, metr
     num_steps, batch_size = options.sft_steps, options.sft_batch_size
     demos = task.demonstrations(num_steps * batch_size, seed=options.seed, options=options.task_options)
     for step in range(num_steps):
-        rendered = [chat_to_tokens(tokenizer, d["messages"]) for d in demos[step * batch_size:(step + 1) * batch_size]]
+        chunk = demos[step * batch_size:(step + 1) * batch_size]
+        rendered = [chat_to_tokens(tokenizer, d["messages"]) for d in chunk]
         batch = SftBatch(token_ids=[ids for ids, _ in rendered], loss_mask=[mask for _, mask in rendered])
         step_metrics = await keeper.step(batch)
         metrics.log("sft", **step_metrics)

@@ -191,6 +191,7 @@ class ArithmeticEnv(Environment):
     options_model = ArithmeticOptions
 
     async def reset(self, task: dict) -> list[dict]:
+        """The first messages. Does not wait (cancel-safe)."""
         self.expected = int(task["answer"])
         self.num_tool_calls = 0
         self.all_well_formed = True
@@ -203,6 +204,8 @@ class ArithmeticEnv(Environment):
                       {"format": float(self.options.get("format_weight", 0.1))})
 
     async def step(self, action: str) -> StepResult:
+        """Judge an answer or run a tool call. Cancelled during a tool call: the call counts
+        against max_tool_calls without an observation; the episode should not go on."""
         parsed = parse_action(action)
         self.all_well_formed &= parsed.well_formed
         if parsed.kind == "answer":
@@ -220,4 +223,5 @@ class ArithmeticEnv(Environment):
         return StepResult(format_tool_output(result), False, info={"tool_status": str(status)})
 
     async def truncated(self) -> Reward:
+        """No answer in time: not correct. Does not wait (cancel-safe)."""
         return self._reward(False)

@@ -184,6 +184,7 @@ class CodeEnv(Environment):
             self.max_turns = self.max_attempts + 1
 
     async def reset(self, task: dict) -> list[dict]:
+        """Build the test files; the first messages. Does not wait (cancel-safe)."""
         self.task = task
         self.func_name = task["signature"].split("(")[0].removeprefix("def ").strip()
         self.visible = build_test_file(self.func_name, task["visible_tests"])
@@ -193,11 +194,13 @@ class CodeEnv(Environment):
         return prompt_messages(task, use_system_prompt=bool(self.options.get("use_system_prompt", True)))
 
     async def _run(self, solution: str, tests: str):
+        """The sandbox's test report. Cancelled: no report; the run still ends within its limits."""
         return await self.require_sandbox().run_tests(
             solution, tests, test_timeout_s=float(self.options.get("test_timeout_s", 2.0)),
             timeout_s=float(self.options.get("run_timeout_s", 10.0)))
 
     async def _grade(self, solution: str, info: dict) -> StepResult:
+        """The final step: the hidden tests' pass fraction. Cancelled: no verdict; nothing changes."""
         report = await self._run(solution, self.hidden)
         passed = _field(report, "passed") or {}
         num_passed = sum(bool(v) for v in passed.values())
@@ -208,6 +211,8 @@ class CodeEnv(Environment):
                                                "attempts": self.num_attempts})
 
     async def step(self, action: str) -> StepResult:
+        """Grade a submission, or run the visible tests and give feedback. Cancelled while
+        testing: the attempt counts (num_attempts) without feedback; the episode should not go on."""
         parsed = parse_action(action)
         self.all_well_formed &= parsed.well_formed
         if parsed.kind == "none" or not parsed.content.strip():
@@ -227,6 +232,7 @@ class CodeEnv(Environment):
         return StepResult(feedback, False, info={"visible_passed": sum(map(bool, passed.values()))})
 
     async def truncated(self) -> Reward:
+        """Out of turns: no hidden test passed. Does not wait (cancel-safe)."""
         return Reward({"hidden_tests": 0.0, "format": float(self.all_well_formed)},
                       {"format": float(self.options.get("format_weight", 0.0))})
 

@@ -13,7 +13,8 @@ async def settle() -> None:
         await anyio.lowlevel.checkpoint()
 
 
-@pytest.mark.parametrize("max_staleness, max_buffered, expect_ahead", [(0, 0, 1), (2, 0, 3), (2, 1, 1), (3, 2, 2)])
+@pytest.mark.parametrize("max_staleness, max_buffered, expect_ahead",
+                         [(0, 0, 1), (2, 0, 3), (2, 1, 1), (3, 2, 2)])
 @async_test
 async def test_batches_run_ahead_of_training_by_the_rule(max_staleness, max_buffered, expect_ahead):
     admission = Admission(max_staleness, max_buffered)

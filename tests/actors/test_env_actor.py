@@ -97,8 +97,8 @@ async def test_training_and_eval_give_the_same_reward_for_the_same_episode():
 async def test_a_sandbox_is_needed_only_by_an_environment_that_runs_code_and_options_are_checked():
     async with Supervisor.open(heartbeat_interval_s=0.5) as sup:
         await sup.start(GENERATOR)
-        needs = r"needs the sandbox actor 'sandbox' \(task 'scripted_envs:SandboxedCountdownEnv' runs code "
-        with pytest.raises(ActorStartError, match=needs + r".*fix: add a SandboxActor named 'sandbox' to the run"):
+        needs = r"needs the sandbox actor 'sandbox' \(task '" + SANDBOXED + "' runs code "
+        with pytest.raises(ActorStartError, match=needs + r".*fix: add a SandboxActor named 'sandbox'"):
             await sup.start(env_spec("env-a", task=SANDBOXED))
         with pytest.raises(ActorStartError, match=r"declares uses_sandbox = True\) but environment actor "
                                                   r"'env-b' has sandbox = ''; fix: add a SandboxActor"):

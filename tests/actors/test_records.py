@@ -3,9 +3,9 @@ fails where the message is made, naming the record and the field."""
 import pytest
 import torch
 
-from postrain.actors.records import (GeneratedSample, GenerateReply, GenerateRequest, PublishReport, RecordError,
-                                     Rollout, RolloutRequest, SamplingParams, SamplingParamsError, SftBatch,
-                                     TrainBatch, WeightSync)
+from postrain.actors.records import (GeneratedSample, GenerateReply, GenerateRequest, PublishReport,
+                                     RecordError, Rollout, RolloutRequest, SamplingParams,
+                                     SamplingParamsError, SftBatch, TrainBatch, WeightSync)
 from postrain.actors.environment import Reward
 from postrain.core import wire
 
@@ -46,7 +46,8 @@ def test_generate_messages_keep_their_shape():
     assert GenerateRequest.from_wire({"prompt": "hi"}).sampling == SamplingParams()
     with pytest.raises(RecordError, match="exactly one of the two"):
         GenerateRequest(prompt_ids=[1], prompt="hi")
-    sample = {"token_ids": [3], "logprobs": [-0.1], "policy_versions": [0], "finish_reason": None, "text": "a"}
+    sample = {"token_ids": [3], "logprobs": [-0.1], "policy_versions": [0], "finish_reason": None,
+              "text": "a"}
     reply = GenerateReply(prompt_len=2, samples=[GeneratedSample.from_wire(sample)])
     assert reply.to_wire() == {"prompt_len": 2, "samples": [sample]}
     assert GenerateReply.from_wire(reply.to_wire()) == reply
@@ -54,10 +55,11 @@ def test_generate_messages_keep_their_shape():
 
 def test_batches_take_tensors_and_check_one_entry_per_sample():
     ids = [torch.arange(6), torch.arange(6)]
-    batch = TrainBatch(token_ids=ids, loss_mask=[[0, 1, 1, 1, 1, 1]] * 2, behavior_logprobs=[torch.zeros(6)] * 2,
-                       policy_versions=[0, 0], rewards=[1.0, 0.0], group_ids=[0, 0])
-    assert set(batch.to_wire()) == {"token_ids", "loss_mask", "behavior_logprobs", "policy_versions", "rewards",
-                                    "group_ids"}
+    batch = TrainBatch(token_ids=ids, loss_mask=[[0, 1, 1, 1, 1, 1]] * 2,
+                       behavior_logprobs=[torch.zeros(6)] * 2, policy_versions=[0, 0], rewards=[1.0, 0.0],
+                       group_ids=[0, 0])
+    assert set(batch.to_wire()) == {"token_ids", "loss_mask", "behavior_logprobs", "policy_versions",
+                                    "rewards", "group_ids"}
     with pytest.raises(RecordError, match=r"TrainBatch.rewards must be one entry per sample \(2"):
         TrainBatch(token_ids=ids, loss_mask=[[0] * 6] * 2, behavior_logprobs=[[0.0] * 6] * 2, rewards=[1.0])
     with pytest.raises(RecordError, match="TrainBatch.advantages must be given, or rewards"):
