@@ -24,7 +24,7 @@ checkpoints, summary.json).
 
 `postrain up --resume RUN_DIR` starts the run in RUN_DIR again from its
 config.toml and asks the driver to continue from the run's last checkpoint
-(the orchestrator's resume: actors/orchestrator.py). Actors die with their
+(the orchestrator's resume: actors/orchestrator/driver.py). Actors die with their
 head (core/actor.py), so a head killed with SIGKILL leaves no orphans to stop first.
 """
 from __future__ import annotations
