@@ -38,14 +38,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field
 
-from postrain.core import Actor, Options, handler
+from postrain.core import Actor, handler
 from postrain.core.errors import ConfigError
 
 from .environment import Episode, EnvironmentFailure, EpisodePolicy, run_episode
 from .records import Rollout
-from .tasks import TaskSpec, get_task
+from .tasks import TaskOptions, TaskSpec, get_task
 from .timeline import Timeline, tool_status
 from .tokenizer import Tokenizer, byte_tokenizer
 
@@ -82,18 +82,24 @@ class RemoteSandbox:
         return RemoteSandbox(self.ref, timeline)
 
     async def exec(self, code, *, stdin=None, files=None, timeout_s=None):
+        """Run `code` on the sandbox actor (an "exec" hop). Cancellation: not atomic; the caller
+        stops waiting, the run may still finish remotely within its limits (its reply is dropped)."""
         body = {"code": code, "stdin": stdin, "files": files}
         if timeout_s is not None:
             body["limits"] = {"wall_time_s": float(timeout_s)}
         return await self._ask("exec", body, timeout_s=(timeout_s or 30) + 30)
 
     async def run_tests(self, solution, tests, *, test_timeout_s=2.0, timeout_s=None):
+        """Run `tests` against `solution` on the sandbox actor (a "run_tests" hop). Cancellation:
+        as `exec`; no report, the remote run still ends within its limits."""
         body = {"solution": solution, "tests": tests, "test_timeout_s": test_timeout_s}
         if timeout_s is not None:
             body["limits"] = {"wall_time_s": float(timeout_s)}
         return await self._ask("run_tests", body, timeout_s=(timeout_s or 60) + 30)
 
     async def _ask(self, call: str, body: dict, timeout_s: float):
+        """`ref.ask(call, body)`, timed as a "tool" hop when there is a timeline. Cancellation:
+        the request may still run remotely; the hop stays in the timeline, status "failed: Cancelled"."""
         if self.timeline is None:
             return await self.ref.ask(call, body, timeout_s=timeout_s)
         with self.timeline.hop("tool", self.ref.name, call=call) as hop:
@@ -187,12 +193,7 @@ class TokenPolicy(EpisodePolicy):
                        timeline=timeline.to_list())
 
 
-class EnvironmentOptions(Options):
-    task: str = Field("arithmetic", description="the task: a registered name ('arithmetic', 'code'), "
-                      "'pkg.mod:TASK' (a TaskSpec or a function returning one) or 'pkg.mod:EnvClass' "
-                      "(an Environment subclass)")
-    task_options: dict[str, Any] = Field(default_factory=dict, description="the task's knobs, the same "
-                                         "dict as the orchestrator's; checked by the task's options model")
+class EnvironmentOptions(TaskOptions):
     model: str | dict = Field("tiny", description="the policy (the generator's model spec): its tokenizer "
                               "renders the conversation")
     generator: str = Field("generator", description="the generator actor's name")
@@ -203,19 +204,6 @@ class EnvironmentOptions(Options):
     max_total_tokens: int = Field(1024, ge=1, description="tokens of one rollout (prompt, actions, "
                                   "observations) at most; the episode is truncated there")
 
-    @field_validator("task")
-    @classmethod
-    def _known_task(cls, value: str) -> str:
-        get_task(value)  # TaskError (a ValueError) names the problem and the fix
-        return value
-
-    @field_validator("task_options")
-    @classmethod
-    def _task_options(cls, value: dict, info: ValidationInfo) -> dict:
-        if "task" in info.data:  # else the task itself is the error
-            get_task(info.data["task"]).check_options(value)
-        return value
-
 
 class EnvironmentActor(Actor):
     """Plays episodes of one task (`rollout`) with the generator as the policy."""
@@ -223,6 +211,9 @@ class EnvironmentActor(Actor):
     Options = EnvironmentOptions
 
     async def setup(self):
+        """Resolve the task and its options, load the tokenizer, look up the generator and the
+        sandbox. Cancellation: not atomic (some attributes may be set), but a cancelled setup
+        ends the actor's process (`Actor.setup`), so no partial state serves requests."""
         self.task: TaskSpec = get_task(self.options.task)
         self.task_options = self.task.check_options(self.options.task_options)
         self.tokenizer = load_tokenizer(self.options.model)
@@ -230,7 +221,8 @@ class EnvironmentActor(Actor):
         self.sandbox = await self._find_sandbox()
 
     async def _find_sandbox(self) -> RemoteSandbox | None:
-        """The sandbox handle: looked up only when the task needs one or `sandbox` names one."""
+        """The sandbox handle: looked up only when the task needs one or `sandbox` names one.
+        Cancellation: nothing is left behind (no attribute is set; `lookup` makes no reference)."""
         name = self.options.sandbox
         needs = self.task.uses_sandbox
         if name is None:

@@ -198,17 +198,26 @@ class SandboxHandle(Protocol):
     `collect_error` (str or None), `result`."""
 
     async def exec(self, code: str, *, stdin: bytes | str | None = None,
-                   files: dict[str, bytes] | None = None, timeout_s: float | None = None) -> Any: ...
+                   files: dict[str, bytes] | None = None, timeout_s: float | None = None) -> Any:
+        """Run `code` within `timeout_s`. Contract on cancellation: the caller stops waiting
+        at once and gets no result; the run itself must still end within its own limits."""
+        ...
 
     async def run_tests(self, solution: str, tests: str, *, test_timeout_s: float = 2.0,
-                        timeout_s: float | None = None) -> Any: ...
+                        timeout_s: float | None = None) -> Any:
+        """Run `tests` against `solution`. Contract on cancellation: as `exec` (no report; the
+        run still ends within its limits)."""
+        ...
 
 
 @runtime_checkable
 class GeneratorHandle(Protocol):
     """Optional: lets an environment sample from a model itself (a judge, a simulated user)."""
 
-    async def generate(self, messages: list[dict], **sampling: Any) -> str: ...
+    async def generate(self, messages: list[dict], **sampling: Any) -> str:
+        """The model's reply text to `messages`. Contract on cancellation: no text; the handle
+        keeps no per-call state (a remote request may still finish, its reply dropped)."""
+        ...
 
 
 class LocalSandbox:
@@ -229,11 +238,15 @@ class LocalSandbox:
 
     async def exec(self, code: str, *, stdin: bytes | str | None = None,
                    files: dict[str, bytes] | None = None, timeout_s: float | None = None):
+        """`Sandbox.arun` of `code`. Cancellation: the caller stops waiting at once (the worker
+        thread is abandoned); the run still ends within its wall limit and frees its worker."""
         return await self.sandbox.arun(code, stdin=stdin or b"", files=files,
                                        policy=self._policy(timeout_s), requester="environment")
 
     async def run_tests(self, solution: str, tests: str, *, test_timeout_s: float = 2.0,
                         timeout_s: float | None = None):
+        """`arun_tests` of `tests` against `solution`. Cancellation: no report; the run still
+        ends within its wall limit and frees its worker (as `exec`)."""
         from postrain.sandbox.rewards import arun_tests
         return await arun_tests(self.sandbox, solution, tests, test_timeout_s=test_timeout_s,
                                 policy=self._policy(timeout_s), requester="environment")
@@ -273,18 +286,30 @@ class Environment:
         return self.sandbox
 
     async def reset(self, task: dict) -> str | list[dict]:
+        """The episode's first observation for `task`. Contract on cancellation: the episode is
+        abandoned; the object may be left half-reset, so the caller only `close`s it (or calls
+        `reset` again), never `step`s it."""
         raise NotImplementedError(f"{type(self).__name__} must define async reset(self, task)")
 
     async def step(self, action: str) -> StepResult:
+        """Apply the assistant's `action`. Contract on cancellation: not atomic; the episode is
+        abandoned and the caller only `close`s the object; a handle call in flight ends within
+        its own limits."""
         raise NotImplementedError(f"{type(self).__name__} must define async step(self, action)")
 
     async def truncated(self) -> Reward:
         """The final reward when the episode ended without `done` (`max_turns` actions passed,
-        or the policy's token budget ran out)."""
+        or the policy's token budget ran out). Contract on cancellation: the episode is
+        abandoned, no reward is recorded; the caller then `close`s the object. The default
+        holds no state, so cancelling it leaves nothing."""
         return Reward()
 
     async def close(self) -> None:
-        """Release what the environment holds; called once per environment object."""
+        """Release what the environment holds; called once per environment object.
+        Contract on cancellation: callers await it in a `finally`, possibly inside an already
+        cancelled scope where every await raises at once, and never retry it; an override that
+        must await its cleanup shields it (a shielded cancel scope with its own timeout). The
+        default holds nothing."""
 
 
 def check_options(model: type[BaseModel] | None, options: dict | None, owner: str) -> dict:
@@ -338,6 +363,8 @@ class EpisodePolicy:
         return True
 
     async def act(self, messages: list[dict]) -> str:
+        """The next assistant turn's text. Contract on cancellation: the episode is abandoned,
+        and the policy's state with it; the policy is not used again, so `act` need not be atomic."""
         raise NotImplementedError(f"{type(self).__name__} must define async act(self, messages)")
 
     def observe(self, messages: list[dict]) -> None:
@@ -352,6 +379,8 @@ class TextPolicy(EpisodePolicy):
         self.fn = fn
 
     async def act(self, messages: list[dict]) -> str:
+        """`fn` on a copy of `messages`. Cancellation: as `fn`'s; this policy keeps no state,
+        so nothing of it remains."""
         return await self.fn(list(messages))
 
 
@@ -365,6 +394,9 @@ def drop_reason(exc: BaseException) -> str:
 
 
 async def _guarded(what: str, fn, *args, timeout_s: float | None):
+    """`await fn(*args)` within `timeout_s`, its errors turned into EnvironmentFailure (a
+    contract error passes through). Cancellation: trio's Cancelled passes through unchanged
+    (it is not an Exception); the environment is left wherever `fn` stopped."""
     try:
         if timeout_s is None:
             return await fn(*args)
@@ -380,18 +412,21 @@ async def _guarded(what: str, fn, *args, timeout_s: float | None):
 
 async def checked_reset(env: Environment, task: dict, *, timeout_s: float | None = 60.0) -> list[dict]:
     """`env.reset(task)` under the contract: the first messages (a str becomes one user message).
-    Raises EnvironmentFailure (raised or hung) or EnvironmentContractError (garbage)."""
+    Raises EnvironmentFailure (raised or hung) or EnvironmentContractError (garbage).
+    Cancellation: no messages; `env` may be half-reset (the caller closes it)."""
     first = validate_observation(await _guarded("reset", env.reset, task, timeout_s=timeout_s))
     return [{"role": "user", "content": first}] if isinstance(first, str) else list(first)
 
 
 async def checked_step(env: Environment, action: str, *, timeout_s: float | None = 60.0) -> StepResult:
-    """`env.step(action)` under the contract (raises as `checked_reset`)."""
+    """`env.step(action)` under the contract (raises as `checked_reset`). Cancellation: not
+    atomic; no result, `env` is left mid-step and the episode is abandoned (the caller closes it)."""
     return validate_step_result(await _guarded("step", env.step, action, timeout_s=timeout_s))
 
 
 async def checked_truncated(env: Environment, *, timeout_s: float | None = 60.0) -> Reward:
-    """`env.truncated()` under the contract (raises as `checked_reset`)."""
+    """`env.truncated()` under the contract (raises as `checked_reset`). Cancellation: no
+    reward; the episode is abandoned (the caller closes `env`)."""
     final = await _guarded("truncated", env.truncated, timeout_s=timeout_s)
     if not isinstance(final, Reward):
         raise EnvironmentContractError(

@@ -68,7 +68,11 @@ def _conforms(value: Any, tp: Any) -> bool:
     if tp is float:
         return isinstance(value, numbers.Real) and not isinstance(value, bool)
     if origin is list or tp is list:
-        return isinstance(value, (list, tuple)) and (not args or all(_conforms(v, args[0]) for v in value))
+        if not isinstance(value, (list, tuple)):
+            return False
+        # Per-token lists of numbers are checked by length only (`_check`): checking each element
+        # cost ~0.4 us a token, 6.6 ms a 16-sample generate reply, on the message path.
+        return not args or args[0] in (int, float) or all(_conforms(v, args[0]) for v in value)
     if origin is dict or tp is dict:
         return isinstance(value, dict) and (not args or all(
             _conforms(k, args[0]) and _conforms(v, args[1]) for k, v in value.items()))

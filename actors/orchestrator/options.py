@@ -8,26 +8,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, ValidationInfo, field_validator
-
-from postrain.core import Options
+from pydantic import Field
 
 from ..records import SamplingParams
-from ..tasks import get_task
+from ..tasks import TaskOptions
 
 
 def _rl_sampling() -> SamplingParams:
     return SamplingParams(temperature=1.0, max_new_tokens=96)
 
 
-class OrchestratorOptions(Options):
-    # -- shared with the other roles ([shared]) --
+class OrchestratorOptions(TaskOptions):
+    # -- shared with the other roles ([shared]); task and task_options come from TaskOptions --
     model: str | dict = Field("tiny", description="the policy's model spec; the orchestrator reads only "
                               "its tokenizer, to render the warm start's demonstrations")
-    task: str = Field("arithmetic", description="the task: a registered name or an import path "
-                      "'pkg.mod:TASK' (its training stream, held-out tasks and demonstrations)")
-    task_options: dict[str, Any] = Field(default_factory=dict, description="the task's knobs, the same for "
-                                         "the environments (part of the data order: a resume must keep them)")
     seed: int = Field(0, description="the data order (batch b's prompts are a function of (seed, b)), the "
                       "demonstrations and the evaluation's sampling seeds")
     # -- the actors it drives (names in the run config) --
@@ -61,19 +55,6 @@ class OrchestratorOptions(Options):
     eval_samples_per_task: int = Field(0, ge=0, description="also sample this many episodes per held-out "
                                        "task at the run's sampling settings, seeded, and report their mean "
                                        "as sampled accuracy; 0: greedy only")
-
-    @field_validator("task")
-    @classmethod
-    def _known_task(cls, value: str) -> str:
-        get_task(value)  # TaskError (a ValueError) names the problem and the fix
-        return value
-
-    @field_validator("task_options")
-    @classmethod
-    def _task_options(cls, value: dict, info: ValidationInfo) -> dict:
-        if "task" in info.data:  # else the task itself is the error
-            get_task(info.data["task"]).check_options(value)
-        return value
 
     @property
     def batch_size(self) -> int:

@@ -20,9 +20,11 @@ checks it wherever the spec uses it: a misspelt option is a `TaskOptionsError` n
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
-from postrain.core import import_object
+from pydantic import Field, ValidationInfo, field_validator
+
+from postrain.core import Options, import_object
 from postrain.core.errors import PostrainError
 
 from ..environment import Environment, check_options
@@ -152,3 +154,27 @@ CODE = register_task(TaskSpec(
     "write a function; run the visible tests, revise; graded on hidden tests"))
 
 __all__ = ["ARITHMETIC", "CODE", "TaskError", "TaskSpec", "get_task", "list_tasks", "register_task"]
+
+
+class TaskOptions(Options):
+    """The task fields of a role's options (the orchestrator's and the environment actor's), shared
+    through a run config's `[shared]`: both roles must read the same task with the same knobs."""
+
+    task: str = Field("arithmetic", description="the task: a registered name ('arithmetic', 'code'), "
+                      "'pkg.mod:TASK' (a TaskSpec or a function returning one) or 'pkg.mod:EnvClass' "
+                      "(an Environment subclass)")
+    task_options: dict[str, Any] = Field(default_factory=dict, description="the task's knobs (part of the "
+                                         "data order: a resume must keep them); checked by its options model")
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, value: str) -> str:
+        get_task(value)  # TaskError (a ValueError) names the problem and the fix
+        return value
+
+    @field_validator("task_options")
+    @classmethod
+    def _task_options(cls, value: dict, info: ValidationInfo) -> dict:
+        if "task" in info.data:  # else the task itself is the error
+            get_task(info.data["task"]).check_options(value)
+        return value
