@@ -41,6 +41,8 @@ class OrchestratorActor(Actor):
     Options = OrchestratorOptions
 
     async def setup(self):
+        """The task, its prompt schedule and the tokenizer. Cancelled: the actor's start fails;
+        nothing outside this process was changed."""
         options = self.options
         self.task = get_task(options.task)
         self.schedule = PromptSchedule(self.task, options.seed, options.task_options,
@@ -61,7 +63,8 @@ class OrchestratorActor(Actor):
 
     @handler("stop")
     async def stop(self, body):
-        """Finish the current step, then evaluate and write the summary."""
+        """Finish the current step, then evaluate and write the summary. Atomic: it never awaits,
+        so a cancellation cannot cut it in half."""
         self.stop_requested = True
         if self.driver is not None:
             self.driver.stop()

@@ -62,6 +62,7 @@ class Evaluator:
         scores = [0.0] * len(episodes)
 
         async def one(index, task, episode_seed):
+            """Score one episode into `scores[index]`. Cancelled: abandoned, its score stays 0."""
             sampling = dataclasses.replace(options.sampling, temperature=temperature, stop=list(STOP_STRINGS),
                                            seed=options.seed * 1_000_003 + episode_seed)
             try:
