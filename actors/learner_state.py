@@ -9,18 +9,16 @@ A checkpoint is a folder:
                            Python's RNG state, the learner config, and `extra` (the orchestrator's
                            JSON-able state: ledger, data cursor, buffer)
 
-No pickle anywhere. Atomicity: the folder is written as a hidden sibling
-(`.NAME.tmp-PID`) and renamed into place; an existing checkpoint of the same name is
-renamed aside first and removed last, so a crash leaves either the old or the new
-checkpoint, never a mix. Under data parallel only rank 0 writes; every rank loads.
+No pickle anywhere. Atomicity (actors/atomic_write.py): the folder is written as a hidden
+sibling and swapped into place in one step, so a kill or a full disk mid-write leaves the
+previous checkpoint whole and loadable (a full disk raises DiskFullError naming the
+folder); loading first repairs what a killed writer left. Under data parallel only rank 0
+writes; every rank loads.
 """
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -28,34 +26,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from postrain.actors.atomic_write import repair_interrupted_write, write_folder_atomically
 from postrain.actors.checkpoint import load_state_dict_checked, save_checkpoint
 from postrain.actors.learner_batch import LearnerError
 
 FORMAT = "postrain-learner-1"
-
-
-def _write_atomically(folder: Path, write) -> Path:
-    """Call write(tmp_folder), then move tmp_folder to `folder` in one rename."""
-    folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        write(tmp)
-        for path in tmp.iterdir():
-            with open(path, "rb") as handle:
-                os.fsync(handle.fileno())
-        old = None
-        if folder.exists():
-            old = folder.parent / f".{folder.name}.old-{uuid.uuid4().hex[:8]}"
-            os.rename(folder, old)
-        os.rename(tmp, folder)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return folder
 
 
 def _optimizer_tensors(learner) -> tuple[dict[str, torch.Tensor], list[dict]]:
@@ -114,12 +89,13 @@ def save_learner_checkpoint(learner, folder: str | Path, extra: dict | None = No
             save_file(_weights(learner.reference), str(tmp / "reference.safetensors"))
         (tmp / "state.json").write_text(json.dumps(state))
 
-    return _write_atomically(Path(folder), write)
+    return write_folder_atomically(Path(folder), write)
 
 
 def load_learner_checkpoint(learner, folder: str | Path) -> dict:
     """Restore weights, optimizer, RNG and counters from `folder`; return its `extra` dict."""
     folder = Path(folder)
+    repair_interrupted_write(folder)
     if not (folder / "state.json").exists():
         raise LearnerError(f"{folder} is not a learner checkpoint (no state.json); pass a folder written "
                            "by Learner.save_checkpoint (export_hf folders hold weights only)")
@@ -159,6 +135,7 @@ def load_learner_checkpoint(learner, folder: str | Path) -> dict:
 
 def checkpoint_info(folder: str | Path) -> dict:
     """step and policy_version of a learner checkpoint, from its weights' metadata (cheap)."""
+    repair_interrupted_write(folder)
     with safe_open(str(Path(folder) / "model.safetensors"), "pt") as handle:
         meta = handle.metadata() or {}
     return {"step": int(meta.get("step", -1)), "policy_version": int(meta.get("policy_version", -1))}
@@ -168,5 +145,5 @@ def export_hf(learner, folder: str | Path) -> Path:
     """The policy as a Hugging Face folder (`transformers` loads it), written atomically."""
     if learner.rank != 0:
         return Path(folder)
-    return _write_atomically(Path(folder), lambda tmp: save_checkpoint(
+    return write_folder_atomically(Path(folder), lambda tmp: save_checkpoint(
         learner.model, learner.tokenizer, tmp, policy_version=learner.policy_version))

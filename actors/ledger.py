@@ -16,16 +16,19 @@ caller adds: actor, step, reason, tool calls), which `postrain trace` reads.
 `state_dict()` goes into checkpoints so that a resumed run knows which samples
 were trained and which were in flight (those are dropped with reason
 "interrupted" on resume, then re-created from the data cursor).
+
+Each event line is written whole or not at all (postrain.core.jsonl): on a full disk the
+transition raises DiskFullError and the file still ends on a whole line.
 """
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from postrain.core.errors import PostrainError
+from postrain.core.jsonl import JsonlAppender, read_jsonl
 
 STATES = ("created", "generated", "rewarded", "trained", "dropped")
 _ORDER = {state: index for index, state in enumerate(STATES)}
@@ -42,7 +45,7 @@ class SampleLedger:
         self._counts: Counter = Counter()                # state -> number of samples in it now
         self.drop_reasons: Counter = Counter()           # reason -> number dropped for it
         self.events_path = Path(events_path) if events_path else None
-        self._events_file = open(events_path, "a", buffering=1) if events_path else None
+        self._events_file = JsonlAppender(events_path) if events_path else None
 
     # -- transitions -------------------------------------------------------------
 
@@ -50,9 +53,9 @@ class SampleLedger:
         if sample_id in self._state:
             raise LedgerError(f"sample {sample_id!r} already exists (state {self._state[sample_id]}); "
                               "sample ids must be unique")
+        self._record(sample_id, "created", info)   # first: a full disk leaves the state unchanged
         self._state[sample_id] = "created"
         self._counts["created"] += 1
-        self._record(sample_id, "created", info)
 
     def advance(self, sample_id: str, state: str, **info: Any) -> None:
         """Move a sample forward to generated, rewarded or trained."""
@@ -68,8 +71,8 @@ class SampleLedger:
         current = self._current(sample_id)
         if current in ("trained", "dropped"):
             raise LedgerError(f"sample {sample_id!r} is already {current}; it cannot be dropped")
-        self.drop_reasons[reason] += 1
         self._move(sample_id, current, "dropped", {"reason": reason, **info})
+        self.drop_reasons[reason] += 1
 
     def note(self, sample_id: str, event: str, **info: Any) -> None:
         """Record a hop that does not change the state (a tool call, a retry) for `postrain trace`."""
@@ -103,10 +106,7 @@ class SampleLedger:
     def events_offset(self) -> int:
         """Bytes in the event file so far. A checkpoint stores it with `state_dict()`: a resumed
         run cuts the file back to it, so the events match the restored states."""
-        if self._events_file is None:
-            return 0
-        self._events_file.flush()
-        return self.events_path.stat().st_size
+        return 0 if self._events_file is None else self._events_file.size()
 
     def load_state_dict(self, data: dict) -> None:
         self._state = dict(data["state"])
@@ -128,23 +128,17 @@ class SampleLedger:
             raise LedgerError(f"unknown sample {sample_id!r}; create() it first") from None
 
     def _move(self, sample_id: str, current: str, state: str, info: dict) -> None:
+        self._record(sample_id, state, info)   # first: a full disk leaves the state unchanged
         self._state[sample_id] = state
         self._counts[current] -= 1
         self._counts[state] += 1
-        self._record(sample_id, state, info)
 
     def _record(self, sample_id: str, event: str, info: dict) -> None:
         if self._events_file is not None:
-            self._events_file.write(json.dumps({"time": time.time(), "sample_id": sample_id,
-                                                "event": event, **info}, default=str) + "\n")
+            self._events_file.append({"time": time.time(), "sample_id": sample_id, "event": event, **info})
 
 
 def read_events(events_path: str | Path, sample_id: str | None = None) -> list[dict]:
-    """The ledger's event lines (of one sample, if given), in order."""
-    events = []
-    with open(events_path) as lines:
-        for line in lines:
-            event = json.loads(line)
-            if sample_id is None or event["sample_id"] == sample_id:
-                events.append(event)
-    return events
+    """The ledger's event lines (of one sample, if given), in order; a half-written last line
+    (a writer killed mid-line) is skipped with a warning."""
+    return [event for event in read_jsonl(events_path) if sample_id is None or event["sample_id"] == sample_id]

@@ -8,11 +8,16 @@ start, `b3-g0-s1.r2` after the second resume), so an id is never reused, not eve
 batch that is created again.
 
 Run state: the learner checkpoint's `extra` (actors/learner_state.py), written by the
-orchestrator between two train steps. Fields:
+orchestrator between two train (or warm-start) steps. Fields:
 
     format            RUN_STATE_FORMAT
-    phase             "rl": batches next_batch.. remain (evaluation and warm start are done);
-                      "done": the run finished (final evaluation, policy export)
+    phase             "sft": the warm start is under way: SFT steps 0..sft_step-1 are trained
+                      (the first evaluation is done); "rl": batches next_batch.. remain
+                      (evaluations and warm start are done); "done": the run finished
+                      (final evaluation, policy export)
+    sft_step          SFT steps trained so far (all of them once the phase is "rl")
+    sft_shape         sft_steps and sft_batch_size: the demonstrations step s trains on depend on
+                      them; a resume in phase "sft" with other values is refused
     next_batch        the data cursor: batches 0..next_batch-1 are trained, each exactly once,
                       and the learner's weights hold exactly those updates
     evals             held-out accuracies so far ({"before": x, "after_sft": y})
@@ -32,6 +37,9 @@ import time
 from pathlib import Path
 
 from postrain.core.errors import PostrainError
+from postrain.core.jsonl import repair_torn_tail
+
+from .atomic_write import repair_interrupted_write
 
 RUN_STATE_FORMAT = "postrain-run-1"
 DATA_ORDER_KEYS = ("task", "seed", "prompts_per_step", "samples_per_prompt", "task_options")
@@ -80,7 +88,9 @@ def data_order(cfg) -> dict:
 
 
 def read_run_state(checkpoint_dir: str | Path) -> dict | None:
-    """The run state in a learner checkpoint folder, or None when there is no checkpoint yet."""
+    """The run state in a learner checkpoint folder, or None when there is no checkpoint yet.
+    A checkpoint write that a kill interrupted is repaired first (the previous one is put back)."""
+    repair_interrupted_write(checkpoint_dir)
     path = Path(checkpoint_dir) / "state.json"
     if not path.exists():
         return None
@@ -99,6 +109,29 @@ def check_same_data_order(state: dict, cfg) -> None:
         detail = ", ".join(f"{key}: {old!r} -> {new!r}" for key, (old, new) in changed.items())
         raise ResumeError(f"cannot resume: the data order changed ({detail}); batch b must get the same "
                           "prompts as before the restart; put the old values back or start a new run")
+
+
+def check_same_sft_shape(state: dict, cfg) -> None:
+    """A resume inside the warm start must give SFT step s the same demonstrations."""
+    saved = state.get("sft_shape") or {}
+    now = {"sft_steps": cfg.sft_steps, "sft_batch_size": cfg.sft_batch_size}
+    changed = {key: (saved.get(key), value) for key, value in now.items() if saved.get(key) != value}
+    if state["phase"] == "sft" and changed:
+        detail = ", ".join(f"{key}: {old!r} -> {new!r}" for key, (old, new) in changed.items())
+        raise ResumeError(f"cannot resume inside the warm start: its shape changed ({detail}); SFT step s "
+                          "must train on the same demonstrations as before; put the old values back or "
+                          "start a new run")
+
+
+def repair_torn_lines(path: str | Path) -> str | None:
+    """Cut a half-written last line (a process killed mid-write) off a JSONL file of the run;
+    return the warning that names it, None when the file ends on a whole line."""
+    torn = repair_torn_tail(path)
+    if torn is None:
+        return None
+    offset, data = torn
+    return (f"warning: {path} ended in a half-written line ({len(data)} bytes at offset {offset}: "
+            f"{data[:60]!r}), left by a process stopped mid-write; cut it")
 
 
 def cut_back(path: str | Path, offset: int) -> int:

@@ -189,7 +189,7 @@ class Balancer:
         self._metrics = None
         if run_folder is not None:
             from postrain.core.metrics import MetricsWriter
-            self._metrics = MetricsWriter(run_folder, tensorboard=False)
+            self._metrics = MetricsWriter(run_folder, tensorboard=False, skip_rows_when_full=True)
 
     async def run(self) -> None:
         """Tick every interval_s until cancelled. Cancelled between ticks: nothing is left

@@ -101,7 +101,7 @@ class RunMonitor:
         if not depths:
             return None
         if self._queue_rows is None:
-            self._queue_rows = MetricsWriter(self.folder, tensorboard=False)
+            self._queue_rows = MetricsWriter(self.folder, tensorboard=False, skip_rows_when_full=True)
         return self._queue_rows.log("queue", **depths)
 
     def _publish(self) -> None:

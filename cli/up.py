@@ -5,7 +5,17 @@ places every actor (printing the plan; `--dry-run` stops there), starts
 them in config order, and then either streams the progress of the run's
 driver actor (`[run] driver`) until it finishes, or serves until
 `postrain down RUN_DIR`, SIGTERM or Ctrl-C. Leaving stops every actor (a STOP
-message, a bounded wait, then a kill).
+message, a bounded wait, then a kill of its process group) and removes the
+run's shared memory and head.json.
+
+Stopping, in any phase: `postrain down` or the first SIGINT/SIGTERM asks for a
+clean stop (during start-up: no further actor is started; while the driver
+runs: it finishes its step, checkpoints and sends its summary, within [head]
+stop_grace_s, past which every actor is stopped anyway); a second signal
+stops every actor at once. The exit status is 0 after `postrain down`,
+128 + the signal's number after a signal, 1 when an actor failed, 2 for a
+config or run-folder error. An actor's failure is always one line (the actor,
+the reason, its log), never a traceback.
 
 While the driver runs, a terminal shows a live view (figures, queue depths,
 every actor's health: cli/live.py); `--quiet`, or a stdout that is not a
@@ -36,13 +46,14 @@ import shutil
 import signal
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
 
 from postrain.core.errors import ActorError, ActorStartError, ConfigError, PostrainError
 from postrain.core.scheduler import Scheduler
-from postrain.core.supervisor import Supervisor
+from postrain.core.supervisor import Supervisor, run_tag_for
 
 from .balancer import Balancer
 from .config import UpConfig, load_up_config
@@ -145,12 +156,15 @@ def main(args) -> int:
         print(f"postrain up: {exc}", file=sys.stderr)
         return 2
     with monitor:
-        status = 1  # what an actor that failed to start leaves
+        status = 1  # what an actor that failed leaves
         try:
             status = anyio.run(_run, config, folder, monitor, bool(args.resume), backend="trio")
         except* ActorStartError as group:  # one line per cause, not a traceback of task groups
             for exc in _leaves(group):
                 print(f"postrain up: {describe_start_error(exc)}", file=sys.stderr)
+        except* PostrainError as group:  # an actor's failure in a later phase: one line each too
+            for exc in _leaves(group):
+                print(f"postrain up: {exc}", file=sys.stderr)
         return status
 
 
@@ -168,43 +182,138 @@ def _leaves(group: BaseExceptionGroup) -> list:
     return leaves
 
 
+class _Stopper:
+    """What SIGINT and SIGTERM do to the head, in every phase: the first asks for a clean stop
+    (the supervisor's shutdown_requested, as `postrain down` does), the second cancels `scope`
+    (every actor is then stopped at once), later ones are ignored. Its handlers stay installed
+    until the actors are stopped and the run's shared memory removed, so that no signal ends
+    the head halfway through its cleanup. Invariant: signum is None iff no signal came."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self.num_signals = 0
+        self.supervisor: Supervisor | None = None
+        self.scope: anyio.CancelScope | None = None
+
+    @contextmanager
+    def installed(self):
+        """Route SIGINT and SIGTERM to `on_signal` in the event loop for the body of the `with`."""
+        import trio
+        token = trio.lowlevel.current_trio_token()
+
+        def handle(signum, frame):  # run_sync_soon is safe to call from a signal handler
+            token.run_sync_soon(self.on_signal, signum)
+        previous = {signum: signal.signal(signum, handle) for signum in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def attach(self, supervisor: Supervisor, scope: anyio.CancelScope) -> None:
+        self.supervisor, self.scope = supervisor, scope
+        if self.signum is not None:  # a signal came while the head opened
+            supervisor.shutdown_requested.set()
+
+    def on_signal(self, signum: int) -> None:
+        self.num_signals += 1
+        name = signal.Signals(signum).name
+        if self.num_signals == 1:
+            self.signum = signum
+            print(f"received {name}; stopping the run cleanly (again to stop every actor at once)", flush=True)
+            if self.supervisor is not None:
+                self.supervisor.shutdown_requested.set()
+        elif self.num_signals == 2 and self.scope is not None:
+            print(f"received {name} again; stopping every actor now", flush=True)
+            self.scope.cancel()
+        else:
+            print(f"received {name}; already stopping", flush=True)
+
+
 async def _run(config: UpConfig, folder: Path, monitor: RunMonitor, resume: bool = False) -> int:
-    """Start the actors, follow the run, stop them. Cancelled (Ctrl-C, a failed start): every
-    actor is stopped and head.json removed all the same."""
+    """Start the actors, follow the run, stop them. Cancelled (a failed start): every actor is
+    stopped and head.json removed all the same; a second signal cancels only the run's scope."""
+    stopper = _Stopper()
     try:
-        return await _run_actors(config, folder, monitor, resume)
+        with stopper.installed():
+            status = await _run_actors(config, folder, monitor, resume, stopper)
     finally:
         (folder / "head.json").unlink(missing_ok=True)
+    return 128 + stopper.signum if stopper.signum is not None else status
 
 
-async def _run_actors(config: UpConfig, folder: Path, monitor: RunMonitor, resume: bool) -> int:
+async def _run_actors(config: UpConfig, folder: Path, monitor: RunMonitor, resume: bool,
+                      stopper: _Stopper) -> int:
     """Start every actor in config order, then follow the driver or serve until asked to stop.
-    Cancelled: leaving the supervisor stops every actor started so far (shielded)."""
+    Cancelled: leaving the supervisor stops every actor started so far (shielded), kills their
+    process groups and removes the run's shared memory."""
+    status = 0
     async with Supervisor.open(heartbeat_interval_s=config.head.heartbeat_interval_s,
                                heartbeat_timeout_s=config.head.heartbeat_timeout_s,
-                               bind=config.head.bind, log_dir=str(folder / "logs")) as supervisor:
-        monitor.attach(supervisor)
-        (folder / "head.json").write_text(json.dumps({"address": supervisor.address, "pid": os.getpid(),
-                                                      "started": time.time(), "metrics_url": monitor.metrics_url}))
-        if monitor.metrics_url:
-            print(f"  metrics: {monitor.metrics_url}", flush=True)
+                               bind=config.head.bind, log_dir=str(folder / "logs"),
+                               run_tag=run_tag_for(str(folder.resolve()))) as supervisor:
+        with anyio.CancelScope() as scope:
+            stopper.attach(supervisor, scope)
+            monitor.attach(supervisor)
+            (folder / "head.json").write_text(json.dumps({
+                "address": supervisor.address, "pid": os.getpid(), "started": time.time(),
+                "metrics_url": monitor.metrics_url, "run_tag": supervisor.run_tag}))
+            if monitor.metrics_url:
+                print(f"  metrics: {monitor.metrics_url}", flush=True)
+            if await _start_actors(supervisor, config):
+                status = await _serve(config, folder, monitor, resume, supervisor)
+            else:
+                print("stopped during start-up; `postrain up --resume` continues the run", flush=True)
+        print("stopping actors", flush=True)
+    return status
+
+
+async def _start_actors(supervisor: Supervisor, config: UpConfig) -> bool:
+    """Start the actors in config order; False when a stop was asked (`postrain down`, a
+    signal) before all were READY. Raises ActorStartError. Cancelled: the actor being started
+    is killed (Supervisor.start); those started stay, for the supervisor's shutdown."""
+    async with anyio.create_task_group() as tg:
+        async def cancel_on_shutdown():
+            """Stop starting actors once a stop is asked. Cancelled: nothing to undo."""
+            await supervisor.shutdown_requested.wait()
+            tg.cancel_scope.cancel()
+        tg.start_soon(cancel_on_shutdown)
         for spec in config.actors:
             await supervisor.start(spec)
             print(f"  started {spec.name} (pid {supervisor.records[spec.name].pid})", flush=True)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_stop_on_signal, supervisor, tg.cancel_scope)
-            tg.start_soon(monitor.watch)
-            if config.balancer.enabled:
-                tg.start_soon(Balancer(supervisor, config.balancer, folder, emit=monitor.line).run)
-            if config.run.driver:
-                status = await _follow_driver(supervisor, config.run.driver, folder, monitor, resume)
-            else:
-                print("serving; stop with `postrain down RUN_DIR` or Ctrl-C", flush=True)
-                await supervisor.shutdown_requested.wait()
-                status = 0
-            tg.cancel_scope.cancel()
-        print("stopping actors", flush=True)
+        tg.cancel_scope.cancel()
+    return not supervisor.shutdown_requested.is_set()
+
+
+async def _serve(config: UpConfig, folder: Path, monitor: RunMonitor, resume: bool,
+                 supervisor: Supervisor) -> int:
+    """Follow the driver to its end, or serve until a stop is asked; the monitor and the
+    balancer run alongside. Cancelled: the monitor and balancer stop; the actors run on for
+    the supervisor's shutdown."""
+    status = 0  # what a stop that ran past stop_grace_s leaves
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(monitor.watch)
+        if config.balancer.enabled:
+            tg.start_soon(Balancer(supervisor, config.balancer, folder, emit=monitor.line).run)
+        if config.run.driver:
+            tg.start_soon(_limit_stop_grace, supervisor, config.head.stop_grace_s, tg.cancel_scope)
+            status = await _follow_driver(supervisor, config.run.driver, folder, monitor, resume)
+        else:
+            print("serving; stop with `postrain down RUN_DIR` or Ctrl-C", flush=True)
+            await supervisor.shutdown_requested.wait()
+            status = 0
+        tg.cancel_scope.cancel()
     return status
+
+
+async def _limit_stop_grace(supervisor: Supervisor, grace_s: float, scope: anyio.CancelScope) -> None:
+    """Once a stop is asked, give the driver `grace_s` to end its run (a step, a checkpoint),
+    then cancel `scope`: every actor is stopped anyway. Cancelled: nothing to undo."""
+    await supervisor.shutdown_requested.wait()
+    await anyio.sleep(grace_s)
+    print(f"the driver did not end within stop_grace_s = {grace_s:g} s of the stop; stopping every "
+          "actor now", flush=True)
+    scope.cancel()
 
 
 async def _follow_driver(supervisor: Supervisor, driver: str, folder: Path, monitor: RunMonitor,
@@ -218,7 +327,10 @@ async def _follow_driver(supervisor: Supervisor, driver: str, folder: Path, moni
         async def stop_driver_on_shutdown():
             """On `postrain down`, tell the driver to stop. Cancelled: the driver is not told."""
             await supervisor.shutdown_requested.wait()
-            await ref.tell("stop")
+            try:
+                await ref.tell("stop")
+            except ActorError as exc:  # a dead driver ends the stream, which says why
+                print(f"could not tell the driver to stop: {exc}", flush=True)
         tg.start_soon(stop_driver_on_shutdown)
         try:
             with monitor.view:
@@ -239,12 +351,3 @@ async def _follow_driver(supervisor: Supervisor, driver: str, folder: Path, moni
         print(json.dumps(summary, indent=2))
     return 0
 
-
-async def _stop_on_signal(supervisor: Supervisor, scope) -> None:
-    """On SIGINT or SIGTERM, ask for a clean shutdown. Cancelled: the signal handlers are
-    restored; a signal after that stops the head the default way."""
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for signum in signals:
-            print(f"received {signal.Signals(signum).name}; stopping the run", flush=True)
-            supervisor.shutdown_requested.set()
-            return

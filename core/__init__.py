@@ -13,7 +13,7 @@ _EXPORTS = {
     "actor": ("Actor", "handler", "import_actor_class", "import_object"),
     "config": ("ActorSpec", "RunConfig", "load_config", "parse_config"),
     "errors": ("ActorDiedError", "ActorError", "ActorStartError", "ActorTimeoutError", "AuthenticationError",
-               "ConfigError", "LoadError", "PlacementError", "PostrainError", "RemoteError"),
+               "ConfigError", "DiskFullError", "LoadError", "PlacementError", "PostrainError", "RemoteError"),
     "inbox": ("Reply",),
     "load": ("RESIZE", "Load", "ResizeRequest"),
     "node": ("ActorRef", "Node"),

@@ -26,11 +26,23 @@ run on asyncio with uvloop (for libraries that need asyncio); the message
 layer is the same under both.
 
 The process lifecycle: the supervisor spawns `run_actor_process(spec)`; the
-process pins itself to its CPU cores, binds its inbox, runs `setup()`, then
-tells the head READY. It sends a heartbeat every `heartbeat_interval_s` with
-its `load()` (a `Load`, core/load.py). A STOP message runs `teardown()` and exits 0; an exception in
-setup or in the runtime is reported to the head with its traceback, then the
-process exits 1.
+process makes itself a process group (so that the head's terminal Ctrl-C goes
+to the head alone, and a kill of the group takes the actor's own children,
+nsjail workers included), pins itself to its CPU cores, binds its inbox, runs
+`setup()`, then tells the head READY. It sends a heartbeat every
+`heartbeat_interval_s` with its `load()` (a `Load`, core/load.py). A STOP
+message runs `teardown()` and exits 0; an exception in setup or in the
+runtime is reported to the head with its traceback, then the process exits 1.
+
+Liveness, not progress. While `setup()` runs, heartbeats come from a thread
+(`KeepAlive`), so a setup that blocks the event loop for minutes (loading a
+large checkpoint) still reports that the process lives, and the head's
+`start_timeout_s` limits silence, not the length of the setup; a stopped
+(SIGSTOP) or dead process goes silent and is restarted. After READY the
+event loop sends the heartbeats, so a loop stuck in a C call counts as hung;
+a handler that blocks the loop on purpose wraps that work in
+`with self.keep_alive("loading checkpoint"):`. `report_progress(note)` puts
+a short note on the heartbeats (`postrain status` shows it).
 
 An actor never outlives its head: on Linux the process asks the kernel for
 SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG, set as the process
@@ -47,17 +59,20 @@ import logging
 import os
 import signal
 import sys
+import threading
 import traceback
-from typing import ClassVar
+from contextlib import contextmanager, nullcontext
+from typing import Callable, ClassVar
 
 import anyio
+import zmq
 
 from . import wire
 from .inbox import Handler, Inbox
 from .load import Load
 from .node import Node
 from .options import NoOptions, Options, validate_options
-from .transport import CurveKeys
+from .transport import CurveKeys, configure_client
 
 log = logging.getLogger("postrain.core")
 
@@ -110,6 +125,23 @@ class Actor:
         self.address = address
         self.inbox: Inbox | None = None
         self._stop_requested = anyio.Event()
+        self.progress_note = ""            # what the heartbeats say the actor is doing ("" once READY)
+        self._keep_alive: Callable[[], "KeepAlive"] | None = None  # set by the process's runtime
+
+    def report_progress(self, note: str) -> None:
+        """Say what the actor is doing now ("loading shard 3/8"); the next heartbeat carries it
+        to the head (`postrain status`). Not needed to stay alive: heartbeats do that."""
+        self.progress_note = note
+
+    @contextmanager
+    def keep_alive(self, note: str = ""):
+        """Heartbeat from a thread for the body of the `with`, which blocks the event loop on
+        purpose (a synchronous checkpoint load in a handler), so that the head does not count
+        the actor as hung. The body still runs in the loop's thread; only liveness moves."""
+        if note:
+            self.report_progress(note)
+        with (self._keep_alive() if self._keep_alive is not None else nullcontext()):
+            yield
 
     async def setup(self) -> None:
         """Runs before READY. Raise to fail the start (the head reports the traceback).
@@ -192,6 +224,8 @@ def run_actor_process(spec: dict) -> None:
         os.dup2(log_fd, 2)
         os.close(log_fd)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {spec['name']} %(levelname)s %(message)s")
+    if spec.get("head_pid") is not None:
+        _own_process_group()
     _die_with_parent(spec.get("head_pid"))
     _pin_cpus(spec.get("cpu_ids"), spec.get("num_threads"))
     backend = "trio"
@@ -204,6 +238,8 @@ def run_actor_process(spec: dict) -> None:
     else:
         startup_error = None
     options = {"backend": backend}
+    if spec.get("run_tag"):  # names this run's shared memory; inherited by the actor's children
+        os.environ[wire.RUN_TAG_ENV] = spec["run_tag"]
     if backend == "asyncio":
         options["backend_options"] = {"use_uvloop": True}
     try:
@@ -214,6 +250,16 @@ def run_actor_process(spec: dict) -> None:
 
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _own_process_group() -> None:
+    """Lead a new process group: the terminal's SIGINT (sent to the head's foreground group)
+    no longer reaches the actor, whose stop the head orders; and the supervisor's kill of the
+    group (core/supervisor.py) also ends what the actor started (nsjail workers)."""
+    try:
+        os.setpgid(0, 0)
+    except OSError as exc:
+        log.warning("could not start a process group (%s); a kill reaches this process alone", exc)
 
 
 def _die_with_parent(head_pid: int | None) -> None:
@@ -272,7 +318,11 @@ async def _actor_main(cls, spec: dict, startup_error: str | None) -> None:
             inbox = Inbox(node, inbox_address, actor.handlers())
             actor.inbox = inbox
             actor.address = inbox.bound_address
-            await actor.setup()
+            if head is not None:
+                actor._keep_alive = lambda: KeepAlive(actor, spec, keys)
+            with actor.keep_alive("setup"):  # setup may block the loop (a model load): see the module doc
+                await actor.setup()
+            actor.progress_note = ""
         except Exception:
             await _report_crash(head, spec, traceback.format_exc())
             raise
@@ -305,10 +355,59 @@ async def _heartbeat(actor: Actor, head, spec: dict) -> None:
         try:
             await head.tell("_heartbeat", {"name": actor.name, "pid": os.getpid(),
                                            "incarnation": spec.get("incarnation", 0),
-                                           "load": load.to_wire()}, timeout_s=interval_s)
+                                           "load": load.to_wire(), "note": actor.progress_note},
+                            timeout_s=interval_s)
         except Exception as exc:  # the head may be restarting; keep serving
             log.debug("heartbeat to head failed: %s", exc)
         await anyio.sleep(interval_s)
+
+
+class KeepAlive:
+    """A thread that sends the head heartbeats (without a load: the loop may be blocked, so the
+    actor's state is not read) every heartbeat interval, from its own socket, while the
+    event loop is busy on purpose. Use as a context manager (Actor.keep_alive does).
+    Invariant: the thread runs only between __enter__ and __exit__."""
+
+    def __init__(self, actor: Actor, spec: dict, keys: CurveKeys | None):
+        self.actor = actor
+        self.address = spec["head_address"]
+        self.head_pid = spec.get("head_pid")
+        self.incarnation = spec.get("incarnation", 0)
+        self.interval_s = spec.get("heartbeat_interval_s", 1.0)
+        self.keys = keys
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="postrain-keepalive", daemon=True)
+
+    def __enter__(self) -> "KeepAlive":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._done.set()
+        self._thread.join(timeout=5)
+
+    def _beat(self) -> None:
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.linger = 0
+        sock.sndhwm = 4  # a head that does not read gets a few, not a backlog
+        try:
+            configure_client(sock, self.address, self.keys)
+            sock.connect(self.address)
+            while True:
+                _exit_if_orphaned(self.head_pid)
+                body = {"name": self.actor.name, "pid": os.getpid(), "incarnation": self.incarnation,
+                        "load": None, "note": self.actor.progress_note}
+                try:
+                    sock.send_multipart(wire.encode(wire.Message("_heartbeat", 0, 0, self.actor.name,
+                                                                 None, body)), flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    pass  # not connected yet, or the head is behind: the next beat tries again
+                if self._done.wait(self.interval_s):
+                    return
+        except zmq.ZMQError as exc:  # a closed context (the process ends): nothing to report to
+            log.debug("keep-alive heartbeats stopped: %s", exc)
+        finally:
+            sock.close(linger=0)
 
 
 async def _report_crash(head, spec: dict, tb: str) -> None:

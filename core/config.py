@@ -64,7 +64,8 @@ class ActorSpec(_Strict):
     memory_mb: int = Field(512, ge=0, description="host memory it may use, MiB (placement accounting)")
     max_restarts: int = Field(3, ge=0, description="restarts after a crash before the supervisor gives up")
     restart_backoff_s: float = Field(0.5, ge=0, description="first restart delay; doubles each restart")
-    start_timeout_s: float = Field(60.0, gt=0, description="how long to wait for READY")
+    start_timeout_s: float = Field(60.0, gt=0, description="how long an actor may stay silent (no heartbeat) "
+                                   "before READY; a setup that heartbeats (they come from a thread) may run longer")
     stop_timeout_s: float = Field(5.0, gt=0, description="wait after STOP before a kill")
     bind: str = Field("ipc", description="'ipc' (one host) or a tcp address like 'tcp://0.0.0.0:5555'")
 
@@ -95,6 +96,9 @@ class HeadSection(_Strict):
     heartbeat_interval_s: float = Field(1.0, gt=0, description="how often actors report to the head")
     heartbeat_timeout_s: float = Field(30.0, gt=0, description="silence after which an actor counts as hung and is restarted")
     bind: str = Field("ipc", description="the head's control socket: 'ipc' or 'tcp://HOST:PORT'")
+    stop_grace_s: float = Field(120.0, gt=0, description="after `postrain down` or a first Ctrl-C, how long "
+                                "the run's driver has to finish its step and checkpoint before every actor "
+                                "is stopped anyway")
     metrics_port: int = Field(0, ge=-1, le=65535, description="the head's Prometheus endpoint "
                               "(http://metrics_host:PORT/metrics, also in head.json): 0 picks a free port, "
                               "-1 turns it off")

@@ -70,5 +70,10 @@ class ActorStartError(PostrainError):
         self.log_path = log_path
 
 
+class DiskFullError(PostrainError, OSError):
+    """A write failed for want of space (ENOSPC, EDQUOT); the message names the file, the free
+    space and what to do. Whoever raises it has left its files whole (core/jsonl.py)."""
+
+
 class LoadError(PostrainError, ValueError):
     """An actor's load record (core/load.py) or a RESIZE body broke its schema."""

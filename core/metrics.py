@@ -14,20 +14,32 @@ row's `step` figure when it has one, else the number of rows of that kind so
 far); where it is not, that part is skipped without a word
 (`MetricsWriter.tensorboard_dir` is None then). `tensorboard=False` turns it off
 (the head does, so that it never imports torch).
+
+A full disk: a row is written whole or not at all, and `log` raises DiskFullError
+(core/jsonl.py), so the file never ends in half a line; a TensorBoard write refused for
+want of space raises the same error. A writer of rows that may be lost (the head's queue
+and balance rows: `skip_rows_when_full=True`) skips such a row instead, with one warning.
 """
 from __future__ import annotations
 
-import json
+import logging
 import math
 import time
 from collections import Counter
 from pathlib import Path
 
+from .errors import DiskFullError
+from .jsonl import JsonlAppender, disk_full_error, is_disk_full, read_jsonl
+
+log = logging.getLogger("postrain.metrics")
+
 
 class MetricsWriter:
-    def __init__(self, run_folder: str | Path, tensorboard: bool = True):
+    def __init__(self, run_folder: str | Path, tensorboard: bool = True, skip_rows_when_full: bool = False):
         self.path = Path(run_folder) / "metrics.jsonl"
-        self._file = open(self.path, "a", buffering=1)
+        self.skip_rows_when_full = skip_rows_when_full
+        self.num_skipped = 0   # rows a full disk had no room for (skip_rows_when_full only)
+        self._file = JsonlAppender(self.path)
         self._rows_per_kind: Counter = Counter()
         self._tensorboard = _open_tensorboard(Path(run_folder) / "tensorboard") if tensorboard else None
         self.tensorboard_dir = Path(self._tensorboard.log_dir) if self._tensorboard is not None else None
@@ -40,11 +52,28 @@ class MetricsWriter:
             elif hasattr(value, "item"):
                 value = value.item()
             row[name] = value
-        self._file.write(json.dumps(row) + "\n")
+        try:
+            self._file.append(row)
+        except DiskFullError as exc:
+            if not self.skip_rows_when_full:
+                raise
+            if not self.num_skipped:
+                log.warning("metrics rows skipped from now on while the disk is full: %s", exc)
+            self.num_skipped += 1
+            return row
         self._rows_per_kind[kind] += 1
         if self._tensorboard is not None:
-            self._log_scalars(row)
+            try:
+                self._log_scalars(row)
+            except OSError as exc:
+                if is_disk_full(exc):
+                    raise disk_full_error(self.tensorboard_dir, exc) from None
+                raise
         return row
+
+    def size(self) -> int:
+        """Bytes in metrics.jsonl now, every logged row included (a checkpoint's offset)."""
+        return self._file.size()
 
     def close(self) -> None:
         self._file.close()
@@ -77,5 +106,5 @@ def read_metrics(run_folder: str | Path, kind: str | None = None) -> list[dict]:
     path = Path(run_folder) / "metrics.jsonl"
     if not path.exists():
         return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = list(read_jsonl(path))   # a half-written last row (a killed writer) is skipped
     return [row for row in rows if kind is None or row["kind"] == kind]

@@ -8,17 +8,36 @@ backoff that doubles each time, until `max_restarts`. Every decision is an
 traceback when it reported one, "hung" when its heartbeats stopped), so
 "why did it die" always has an answer.
 
+Before READY the same budget applies to faults from outside: a start killed
+by a signal (the OOM killer during a model load, an operator) or gone silent
+for `start_timeout_s` (a silence limit, not a total: the actor heartbeats from
+a thread while its setup runs, core/actor.py) is started again; a start that
+fails by itself (an exit code, a traceback: a bad import path, a model file
+that does not load) fails at once, since a retry would fail the same way.
+
+Nothing outlives a run. Each actor leads its own process group, and the
+supervisor kills the group (not only the actor) when it kills, and once more
+after every exit, so an actor's children (nsjail workers) end with it. Every
+actor gets the run's tag (`run_tag`), which names the shared-memory files it
+and its children write (core/wire.py); after every exit, at start and at the
+end, the supervisor removes the run's files whose writer is gone
+(`wire.sweep_shm`). `postrain.core.testing.leftovers(run_tag)` lists what a
+run left behind.
+
 The head's inbox doubles as the registry: actors ask it `lookup` for each
 other's addresses and then talk directly, so data never flows through the
 head.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import multiprocessing
 import os
+from multiprocessing import resource_tracker
 import signal
 import time
+import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,6 +86,7 @@ class ActorRecord:
     load: Load | None = None       # the last heartbeat's, decoded; None until the first
     crash_traceback: str = ""
     last_exit: str = ""
+    note: str = ""                 # what its heartbeats say it is doing ("setup", "loading ...")
     ready: anyio.Event = field(default_factory=anyio.Event)
     exited: anyio.Event = field(default_factory=anyio.Event)
     stop_requested: bool = False
@@ -83,13 +103,20 @@ def describe_exit(exitcode: int | None) -> str:
     return f"exited with code {exitcode}"
 
 
+def run_tag_for(key: str) -> str:
+    """A stable run tag for `key` (the run folder's path: a resumed run has the tag of the run
+    it resumes, so it finds what a killed head left)."""
+    return hashlib.sha1(key.encode()).hexdigest()[:12]
+
+
 class Supervisor:
     """Use through `async with Supervisor.open(...) as supervisor:`; leaving stops every actor."""
 
     def __init__(self, node: Node, scheduler: Scheduler, socket_dir: str, *,
                  heartbeat_interval_s: float, heartbeat_timeout_s: float, bind: str,
-                 keys: CurveKeys | None, log_dir: str | None = None):
+                 keys: CurveKeys | None, log_dir: str | None = None, run_tag: str | None = None):
         self.log_dir = log_dir  # each actor's stdout and stderr go to log_dir/NAME.log
+        self.run_tag = run_tag or uuid.uuid4().hex[:12]  # hex: names the run's processes and shm files
         self.node = node
         self.scheduler = scheduler
         self.socket_dir = socket_dir
@@ -112,15 +139,19 @@ class Supervisor:
     @asynccontextmanager
     async def open(cls, *, scheduler: Scheduler | None = None, heartbeat_interval_s: float = 1.0,
                    heartbeat_timeout_s: float = 30.0, bind: str = "ipc", keys: CurveKeys | None = None,
-                   log_dir: str | None = None):
+                   log_dir: str | None = None, run_tag: str | None = None):
         """A supervisor serving the head's inbox for the body of the `async with`. Leaving, by
-        any way (cancellation included): every actor is stopped under a shield, then the socket
-        folder is removed."""
+        any way (cancellation included): every actor is stopped under a shield, its process
+        group killed and the run's shared-memory files removed, then the socket folder.
+        run_tag: names the run's shared memory (default: a fresh one); what an earlier head of
+        the same tag left (killed with SIGKILL) is removed as this one opens."""
         socket_dir = make_socket_dir()
         async with Node("head", keys) as node:
             supervisor = cls(node, scheduler or Scheduler(), socket_dir,
                              heartbeat_interval_s=heartbeat_interval_s,
-                             heartbeat_timeout_s=heartbeat_timeout_s, bind=bind, keys=keys, log_dir=log_dir)
+                             heartbeat_timeout_s=heartbeat_timeout_s, bind=bind, keys=keys, log_dir=log_dir,
+                             run_tag=run_tag)
+            wire.sweep_shm(supervisor.run_tag)
             node.spawn(supervisor.inbox.serve)
             node.spawn(supervisor._watch_heartbeats)
             try:
@@ -148,9 +179,8 @@ class Supervisor:
                                  "supervisor with keys=CurveKeys.generate()")
         record = ActorRecord(spec, placement, address)
         self.records[spec.name] = record
-        self._spawn(record)
         try:
-            await self._await_ready(record)
+            await self._start_within_budget(record)
         except BaseException:
             record.stop_requested = True
             self._kill(record)
@@ -159,6 +189,32 @@ class Supervisor:
             raise
         self.node.spawn(self._watch, record)
         return self.ref(spec.name)
+
+    async def _start_within_budget(self, record: ActorRecord) -> None:
+        """Spawn until READY: a start killed by a signal or gone silent is spawned again after
+        the restart backoff while `max_restarts` allows; a start that failed by itself raises
+        at once. Raises ActorStartError. Cancelled: the incarnation being started is left
+        running; the caller kills it (`start` does)."""
+        spec = record.spec
+        while True:
+            self._spawn(record)
+            try:
+                await self._await_ready(record)
+                return
+            except ActorStartError as exc:
+                from_outside = _fault_from_outside(record)  # read before the kill sets an exit code
+                self._kill(record)
+                await _wait_exit(record)
+                if not from_outside or record.restarts >= spec.max_restarts:
+                    raise
+                delay = spec.restart_backoff_s * (2 ** record.restarts)
+                record.restarts += 1
+                record.state = "restarting"
+                record.last_exit = exc.reason
+                self._add_event(spec.name, "exited", exc.reason)
+                self._add_event(spec.name, "restarting", f"restart {record.restarts} in {delay:g} s "
+                                "(before READY)")
+                await anyio.sleep(delay)
 
     def log_path(self, name: str) -> str | None:
         """The file actor `name`'s stdout and stderr go to (None: the head's own)."""
@@ -195,7 +251,8 @@ class Supervisor:
         self._add_event(name, "stopped", describe_exit(record.process.exitcode if record.process else None))
 
     async def shutdown(self) -> None:
-        """Stop every actor at once (at most 30 s), then SIGKILL whatever lives. Cancelled:
+        """Stop every actor at once (at most 30 s), then SIGKILL whatever lives (its process
+        group), wait for the exits (at most 5 s) and remove the run's shared memory. Cancelled:
         the actors not yet stopped are left running, unkilled; `open` runs it shielded."""
         with anyio.move_on_after(30):
             async with anyio.create_task_group() as tg:
@@ -203,6 +260,11 @@ class Supervisor:
                     tg.start_soon(self.stop, name)
         for record in self.records.values():
             self._kill(record)
+        with anyio.move_on_after(5):  # each exit kills its group and sweeps (_note_exit)
+            for record in self.records.values():
+                if record.process is not None:
+                    await _wait_exit(record)
+        wire.sweep_shm(self.run_tag)
 
     def kill(self, name: str) -> None:
         """SIGKILL an actor as a crash would (tests, chaos); the supervisor restarts it."""
@@ -236,6 +298,7 @@ class Supervisor:
                             "restarts": r.restarts, "address": r.address,
                             "placement": r.placement.describe(), "last_exit": r.last_exit,
                             "heartbeat_age_s": round(now - r.last_heartbeat, 3) if r.last_heartbeat else None,
+                            "note": r.note,
                             "load": r.load.to_wire() if r.load is not None else None}
                            for r in self.records.values()]}
 
@@ -250,53 +313,72 @@ class Supervisor:
         payload = {"name": spec.name, "cls": spec.cls, "options": spec.options, "address": record.address,
                    "head_address": self.address, "head_pid": os.getpid(), "incarnation": record.incarnation,
                    "cpu_ids": list(record.placement.cpu_ids), "num_threads": record.placement.num_threads,
-                   "heartbeat_interval_s": self.heartbeat_interval_s,
+                   "heartbeat_interval_s": self.heartbeat_interval_s, "run_tag": self.run_tag,
                    "keys": self.keys.to_dict() if self.keys else None,
                    "log_path": self.log_path(spec.name)}
-        env_gpus = ",".join(str(g) for g in record.placement.gpu_ids)
-        old = os.environ.get("CUDA_VISIBLE_DEVICES")
-        os.environ["CUDA_VISIBLE_DEVICES"] = env_gpus  # inherited by the spawned child only
+        # Inherited by the spawned child only. The run tag is in the child's environment from its
+        # first instruction, so that /proc/PID/environ shows it (core/testing.py: leftovers).
+        child_env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in record.placement.gpu_ids),
+                     wire.RUN_TAG_ENV: self.run_tag}
+        saved = {key: os.environ.get(key) for key in child_env}
+        resource_tracker.ensure_running()  # the head's own helper: started outside the run's environment
+        os.environ.update(child_env)
         try:
             process = _spawn.Process(target=run_actor_process, args=(payload,), name=f"postrain-{spec.name}",
                                      daemon=True)
             process.start()
         finally:
-            if old is None:
-                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-            else:
-                os.environ["CUDA_VISIBLE_DEVICES"] = old
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
         record.process, record.pid = process, process.pid
         record.last_heartbeat = time.monotonic()
+        record.note = ""
         self.node.spawn(self._note_exit, record, process)
 
     async def _note_exit(self, record: ActorRecord, process) -> None:
-        """Wait for `process` to end, remove its shared memory, and set the record's `exited`.
-        Cancelled (the head closes): the process's shared memory and `exited` are left as they are."""
+        """Wait for `process` to end, kill what is left of its process group, remove its (and any
+        dead process of the run's) shared memory, and set the record's `exited`. Cancelled (the
+        head closes): the group, shared memory and `exited` are left as they are; `shutdown`
+        kills the groups and sweeps the run's shared memory."""
         await _wait_process(process)
+        _kill_group(process.pid)  # its children (nsjail workers) do not outlive it
         wire.remove_shm_of(process.pid)  # a killed process cannot clean up its shared memory
+        wire.sweep_shm(self.run_tag)
         if record.process is process:
             record.exited.set()
 
     async def _await_ready(self, record: ActorRecord) -> None:
-        """Wait for READY, an exit or start_timeout_s; ActorStartError says which. Cancelled:
-        the record stays "starting" with its process alive; the caller kills it (`start` does)."""
+        """Wait for READY or an exit, while the actor's heartbeats say it lives: silence for
+        start_timeout_s ends the wait (a setup that beats may take as long as it needs).
+        ActorStartError says which. Cancelled: the record stays "starting" with its process
+        alive; the caller kills it (`start` does)."""
         spec = record.spec
-        with anyio.move_on_after(spec.start_timeout_s) as scope:
-            async with anyio.create_task_group() as tg:
-                async def until(event):
-                    """Cancel the waiting once `event` is set. Cancelled: nothing to undo."""
-                    await event.wait()
-                    tg.cancel_scope.cancel()
-                tg.start_soon(until, record.ready)
-                tg.start_soon(until, record.exited)
+        silent_s = 0.0
+        while not (record.ready.is_set() or record.exited.is_set()):
+            silent_s = time.monotonic() - record.last_heartbeat
+            if silent_s >= spec.start_timeout_s:
+                break
+            with anyio.move_on_after(spec.start_timeout_s - silent_s):
+                async with anyio.create_task_group() as tg:
+                    async def until(event):
+                        """Cancel the waiting once `event` is set. Cancelled: nothing to undo."""
+                        await event.wait()
+                        tg.cancel_scope.cancel()
+                    tg.start_soon(until, record.ready)
+                    tg.start_soon(until, record.exited)
         if record.ready.is_set():
             record.state = "running"
             self._add_event(spec.name, "started", f"pid {record.pid}, incarnation {record.incarnation}")
             return
         where = {"actor": spec.name, "cls": spec.cls, "log_path": self.log_path(spec.name)}
-        if scope.cancelled_caught:
-            reason = (f"sent no READY within {spec.start_timeout_s} s; raise start_timeout_s or "
-                      "look at its log")
+        if not record.exited.is_set():
+            doing = f" (last doing: {record.note})" if record.note else ""
+            reason = (f"went silent for {silent_s:.1f} s before READY{doing}, over start_timeout_s = "
+                      f"{spec.start_timeout_s}; a setup that heartbeats is not limited, so look at its log "
+                      "for where it stopped")
             raise ActorStartError(f"actor {spec.name} ({spec.cls}) {reason}", reason=reason, **where)
         await _wait_exit(record)
         why = describe_exit(record.process.exitcode)
@@ -342,11 +424,14 @@ class Supervisor:
                     self._add_event(record.spec.name, "exited", str(exc))
 
     def _kill(self, record: ActorRecord) -> None:
+        """SIGKILL the actor's process group (it and its children), or the actor alone while
+        it has not made its group yet."""
         if _alive(record):
-            try:
-                os.kill(record.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            if not _kill_group(record.process.pid):
+                try:
+                    os.kill(record.process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     async def _watch_heartbeats(self) -> None:
         """Every interval, kill the running actors whose heartbeats stopped (their watcher
@@ -393,7 +478,9 @@ class Supervisor:
         record = self._record_for(body)
         if record is not None:
             record.last_heartbeat = time.monotonic()
-            record.load = Load.from_wire(body.get("load"))
+            record.note = str(body.get("note") or "")
+            if body.get("load") is not None:  # a keep-alive beat (setup, a blocking load) has none
+                record.load = Load.from_wire(body["load"])
 
     async def _on_crashed(self, body) -> str:
         """Keep the actor's traceback for its exit event. Does not wait (cancel-safe)."""
@@ -430,6 +517,25 @@ def _last_line(tb: str) -> str:
     if first is None:
         return lines[-1].strip() if lines else ""
     return " ".join(line.strip() for line in rest[first:] if line.strip())
+
+
+def _fault_from_outside(record: ActorRecord) -> bool:
+    """Whether a start that ended before READY is worth another try: the process was killed by
+    a signal without reporting an error of its own, or it is still there but went silent."""
+    process = record.process
+    if process is None or record.crash_traceback:
+        return False
+    return process.exitcode is None or process.exitcode < 0
+
+
+def _kill_group(pgid: int) -> bool:
+    """SIGKILL process group `pgid` (an actor's: it leads its group). False when no such group
+    exists (the actor has not made it yet, or everything in it has ended)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
 
 
 def _alive(record: ActorRecord) -> bool:

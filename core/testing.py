@@ -1,13 +1,17 @@
-"""Helpers for tests and benchmarks: small actors (echo, streams, crashes, hangs, a pool), and
-`async_test`, which runs an async test function on trio."""
+"""Helpers for tests and benchmarks: small actors (echo, streams, crashes, hangs, a pool, a slow
+setup), `async_test`, which runs an async test function on trio, and `leftovers` /
+`assert_nothing_left`, which say what a run left behind (processes, shared memory)."""
 from __future__ import annotations
 
 import functools
 import os
+import time
+from dataclasses import dataclass, field
 
 import anyio
 from pydantic import Field
 
+from . import wire
 from .actor import Actor, handler
 from .load import RESIZE, Load, ResizeRequest
 from .options import Options
@@ -21,8 +25,58 @@ def async_test(fn):
     return wrapper
 
 
+@dataclass
+class Leftovers:
+    """What a run left behind. processes: "PID COMMAND" of each live process started under the run
+    (its actors and their children: nsjail workers, ...); segments: its shared-memory files."""
+
+    processes: list[str] = field(default_factory=list)
+    segments: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.processes or self.segments)
+
+
+def leftovers(run_tag: str) -> Leftovers:
+    """The live processes whose environment carries run `run_tag` (every actor the supervisor
+    started, and what they started, inherit it: core/supervisor.py) and the run's shared-memory
+    files in /dev/shm (core/wire.py). For a `postrain up` run: `run_tag_for(str(run_folder))`
+    (postrain.core.supervisor), with the folder's resolved path."""
+    marker = f"{wire.RUN_TAG_ENV}={run_tag}".encode()
+    found = Leftovers(segments=sorted(path for path, _ in wire.shm_segments(run_tag)))
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:  # gone, or not ours to read
+            continue
+        if marker in environ and wire.process_lives(int(entry)):
+            found.processes.append(f"{entry} {command[:120]}")
+    return found
+
+
+def assert_nothing_left(run_tag: str, timeout_s: float = 10.0) -> None:
+    """Wait (at most timeout_s: killed processes take a moment to go) until run `run_tag` left
+    no process and no shared-memory file; AssertionError listing them otherwise."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = leftovers(run_tag)
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"run {run_tag} left {len(left.processes)} processes and "
+                                 f"{len(left.segments)} shared-memory files: {left}")
+        time.sleep(0.1)
+
+
 class EchoOptions(Options):
     fail_setup: bool = Field(False, description="raise in setup (a start that fails)")
+    setup_s: float = Field(0.0, ge=0, description="block the event loop this long in setup, seconds "
+                           "(a slow model load)")
 
 
 class EchoActor(Actor):
@@ -34,7 +88,12 @@ class EchoActor(Actor):
         """Fails on purpose with `fail_setup`. Does not wait (cancel-safe)."""
         if self.options.fail_setup:
             raise RuntimeError("setup failed on purpose (options.fail_setup)")
+        if self.options.setup_s:
+            import time
+            self.report_progress(f"loading for {self.options.setup_s} s")
+            time.sleep(self.options.setup_s)  # blocks the loop, as a synchronous model load does
         self.num_told = 0
+        self.children = []
 
     @handler("echo")
     async def echo(self, body):
@@ -83,6 +142,30 @@ class EchoActor(Actor):
     async def pid(self, body):
         """This process's id. Does not wait (cancel-safe)."""
         return os.getpid()
+
+    @handler("spawn_child")
+    async def spawn_child(self, body):
+        """Start a long `sleep` child (an nsjail worker stands for it) and return its pid. Does not
+        wait (cancel-safe)."""
+        import subprocess
+        child = subprocess.Popen(["sleep", "600"])
+        self.children.append(child)
+        return child.pid
+
+    @handler("leave_shm")
+    async def leave_shm(self, body):
+        """Write `n` bytes to a shared-memory file no one will take, as a tensor sent to a peer
+        that died would stay; return its path. Does not wait (cancel-safe)."""
+        return wire._write_shm(bytes(body["n"]))
+
+    @handler("block_alive")
+    async def block_alive(self, body):
+        """Block the event loop `s` seconds on purpose inside `keep_alive` (a synchronous
+        checkpoint load): the head must not count it as hung. Cannot be cancelled."""
+        import time
+        with self.keep_alive(f"blocking for {body['s']} s"):
+            time.sleep(body["s"])
+        return "done"
 
     @handler("hang")
     async def hang(self, body):
@@ -148,7 +231,7 @@ class CountingDriver(Actor):
         """Not stopping yet. Does not wait (cancel-safe)."""
         self.stopping = False
 
-    @handler("run", stream=True)
+    @handler("run", stream=True, concurrent=True)  # concurrent: a `stop` must not wait behind the run
     async def run(self, body):
         """The echo steps, streamed. Cancelled: the run ends between or during a step; no
         summary is sent, nothing else is left."""

@@ -20,7 +20,11 @@ go through msgpack: each becomes an ext value `ARRAY_EXT` holding
 `shm_min_bytes` (when the caller allows shared memory, i.e. both ends on one
 host) is written once to a file in /dev/shm and the envelope carries only
 `SHM_EXT` = `[path, dtype, shape, is_torch]`; the receiver maps the file and
-unlinks it, so the tensor crosses without a socket copy.
+unlinks it, so the tensor crosses without a socket copy. A file is named
+`postrain-PID-[TAG_]HEX` (PID: the writer; TAG: `$POSTRAIN_RUN_TAG`, which the
+supervisor gives every actor of a run and their children inherit), so that
+what a killed process leaves is found and removed: by its pid
+(`remove_shm_of`) or by its run (`sweep_shm`).
 
 Decoding is zero-copy too: a received array is a read-only view of the
 frame's memory (numpy) or a tensor over it (torch; treat it as read-only and
@@ -237,8 +241,12 @@ _pool = _SegmentPool()
 atexit.register(lambda: cleanup_shm())  # pooled segments and undelivered tensors die with the process
 
 
+RUN_TAG_ENV = "POSTRAIN_RUN_TAG"  # set in every actor process of a supervised run (core/supervisor.py)
+
+
 def _new_shm_path() -> str:
-    return os.path.join(SHM_DIR, f"postrain-{os.getpid()}-{uuid.uuid4().hex}")
+    tag = os.environ.get(RUN_TAG_ENV)
+    return os.path.join(SHM_DIR, f"postrain-{os.getpid()}-{tag + '_' if tag else ''}{uuid.uuid4().hex}")
 
 
 def _unlink_quietly(path: str) -> None:
@@ -292,6 +300,49 @@ def remove_shm_of(pid: int) -> int:
                 _unlink_quietly(os.path.join(SHM_DIR, name))
                 removed += 1
     return removed
+
+
+def shm_segments(run_tag: str) -> list[tuple[str, int]]:
+    """(path, writer pid) of every shared-memory file that processes of run `run_tag` wrote and
+    no receiver has taken yet."""
+    found = []
+    if SHM_DIR:
+        for name in os.listdir(SHM_DIR):
+            parts = name.split("-", 2)
+            if len(parts) == 3 and parts[0] == "postrain" and parts[1].isdigit() \
+                    and parts[2].startswith(f"{run_tag}_"):
+                found.append((os.path.join(SHM_DIR, name), int(parts[1])))
+    return found
+
+
+def sweep_shm(run_tag: str) -> int:
+    """Unlink the shared-memory files of run `run_tag` whose writer has exited (killed, or a
+    child that never cleaned up); a live writer's files are left alone. Returns how many."""
+    removed = 0
+    for path, pid in shm_segments(run_tag):
+        if not process_lives(pid):
+            _unlink_quietly(path)
+            removed += 1
+    return removed
+
+
+def process_lives(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (a zombie has ended; only its exit
+    status waits to be read)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
 
 
 def decode(frames: list) -> Message:

@@ -1,5 +1,6 @@
-"""Shared test settings."""
+"""Shared test settings, and `small_disk`: a real full disk for the tests of full-disk behaviour."""
 import logging
+import subprocess
 
 import pytest
 
@@ -8,3 +9,27 @@ import pytest
 def _quiet_logs():
     logging.getLogger("postrain.core").setLevel(logging.ERROR)
     yield
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """mount(size_kb) -> a folder on a fresh tmpfs of that size (a disk that really fills up:
+    writes fail with ENOSPC), unmounted after the test. Skips where mounting is not permitted
+    (it needs root, or CAP_SYS_ADMIN in a user namespace)."""
+    mounted = []
+
+    def mount(size_kb: int):
+        folder = tmp_path / f"disk{len(mounted)}"
+        folder.mkdir()
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(folder)],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            pytest.skip(f"a full disk is simulated with a tmpfs, and mounting one is not permitted here "
+                        f"({result.stderr.strip() or result.returncode}); run as root to include this test")
+        mounted.append(folder)
+        return folder
+    try:
+        yield mount
+    finally:
+        for folder in reversed(mounted):
+            subprocess.run(["umount", "-l", str(folder)], capture_output=True)

@@ -11,6 +11,9 @@ Messages:
   counts, for the head's live view and exporter) and, last, {"summary": {...}};
 - `stop` -> the run finishes the step in progress, then evaluates and writes the summary.
 
+A run stopped by a full disk ends the `run` stream with a RunStoppedError whose message is
+one line (what was full, what to free, how to resume); any other failure with its traceback.
+
 The actor is thin: the run itself is a `RunDriver` (driver.py) made for each `run`, with
 its parts (admission, rollout pool, train step, evaluation) in the modules beside it.
 """
@@ -29,7 +32,7 @@ from ..env_actor import load_tokenizer
 from ..records import RunRequest
 from ..run_state import PromptSchedule, read_run_state
 from ..tasks import get_task
-from .driver import RunDriver, open_run
+from .driver import RunDriver, RunStoppedError, open_run
 from .options import OrchestratorOptions
 
 # What the heartbeat load reports while no run has started (the balancer's figures).
@@ -80,7 +83,7 @@ class OrchestratorActor(Actor):
         async with receive:
             async for item in receive:
                 if "error" in item:
-                    raise RuntimeError(item["error"])
+                    raise (RunStoppedError if item.get("stopped") else RuntimeError)(item["error"])
                 yield item
 
     async def _run_to_channel(self, folder: Path, resume: bool, send) -> None:
@@ -89,6 +92,8 @@ class OrchestratorActor(Actor):
         async with send:
             try:
                 await self._run(folder, resume, send.send_nowait)
+            except RunStoppedError as exc:
+                send.send_nowait({"error": str(exc), "stopped": True})
             except Exception:
                 send.send_nowait({"error": traceback.format_exc()})
 

@@ -25,6 +25,18 @@ data order is a function of (seed, b)) under new sample ids. Invariant: the trai
 samples of the ledger are exactly those of batches 0..num_trained-1, one creation of
 each, and the learner holds exactly their updates, across any number of kills and
 resumes (tests/actors/test_recovery.py).
+
+The warm start checkpoints too (phase "sft": every `sft_checkpoint_every` SFT steps and
+after its last), so a learner killed in it replays only the SFT steps since, and a resume
+inside it continues from the SFT checkpoint (evaluations done stay done). An evaluation
+whose episodes are lost to kills is redone whole (evaluation.py).
+
+A full disk (design note). Every file the run writes is whole or absent after a failed
+write: JSONL lines (postrain.core.jsonl), checkpoints (actors/atomic_write.py). A write
+refused for want of space, here or in the learner, stops the run with `RunStoppedError`:
+one line naming the file, the free space and `--resume`; the last checkpoint is intact,
+and the resume cuts the files back to it (`open_run`, which also cuts a half-written last
+line that a kill left, with a warning).
 """
 from __future__ import annotations
 
@@ -36,11 +48,14 @@ from typing import Callable
 
 import anyio
 
+from postrain.core.errors import DiskFullError, PostrainError, RemoteError
+from postrain.core.jsonl import is_disk_full
 from postrain.core.metrics import MetricsWriter
 
 from ..ledger import SampleLedger
 from ..recovery import LearnerKeeper
-from ..run_state import RUN_STATE_FORMAT, check_same_data_order, cut_back, data_order, note_resume
+from ..run_state import (RUN_STATE_FORMAT, check_same_data_order, check_same_sft_shape, cut_back, data_order,
+                         note_resume, repair_torn_lines)
 from ..tools import STOP_STRINGS
 from .admission import Admission
 from .evaluation import Evaluator
@@ -48,6 +63,11 @@ from .options import OrchestratorOptions
 from .rollout_pool import RolloutPool
 from .train_step import TrainStep
 from .warm_start import warm_start
+
+
+class RunStoppedError(PostrainError, RuntimeError):
+    """The run stopped on a condition the operator must fix (a full disk); its last checkpoint
+    is intact and `postrain up --resume` continues from it once the cause is gone."""
 
 
 class RunDriver:
@@ -90,14 +110,30 @@ class RunDriver:
                 "learner_busy_s": round(self.learner_busy_s, 3)}
 
     async def run(self) -> dict:
-        """The whole run; returns (and reports) its summary. Cancelled: the files hold what was
-        written so far, and the last checkpoint is where `--resume` continues from."""
+        """The whole run; returns (and reports) its summary. Raises RunStoppedError on a full
+        disk (module docstring). Cancelled: the files hold what was written so far, and the last
+        checkpoint is where `--resume` continues from."""
+        try:
+            return await self._run()
+        except BaseException as exc:
+            full = find_disk_full(exc)
+            if full is None:
+                raise
+            raise RunStoppedError(f"{full}; the run stopped, its last checkpoint ({self.folder / 'checkpoint'}) "
+                                  f"is intact: once space is free, `postrain up --resume {self.folder}` "
+                                  "continues from it") from None
+
+    async def _run(self) -> dict:
+        """`run` without the full disk's translation. Cancelled: as `run`."""
         start = time.time()
         if self.state is None:
             if self.resume_index:
                 self.emit("no checkpoint was written before the run stopped; starting it from the beginning")
             await self.keeper.attach()
             await self._warm_up()
+        elif self.state["phase"] == "sft":
+            await self._restore(self.state)
+            await self._warm_up(sft_from=int(self.state["sft_step"]))
         else:
             await self._restore(self.state)
         rl_start = time.time()
@@ -125,16 +161,20 @@ class RunDriver:
                 "max_staleness": self.options.max_staleness, "resumes": self.resume_index,
                 "learner_recoveries": self.keeper.num_recoveries,
                 "generator_resyncs": self.keeper.num_generator_resyncs,
-                "rollout_retries": self.pool.num_retries}
+                "rollout_retries": self.pool.num_retries, "eval_repeats": self.evaluator.num_repeats}
 
-    async def _warm_up(self) -> None:
-        """Evaluate, warm-start (SFT), evaluate again; then the first checkpoint (phase "rl").
-        Cancelled: no checkpoint of phase "rl" yet, so a resume starts the run again."""
-        self.emit(f"evaluating the initial policy on {self.options.num_eval_tasks} held-out tasks")
-        await self.evaluator.phase("before", "before")
+    async def _warm_up(self, sft_from: int | None = None) -> None:
+        """Evaluate, warm-start (SFT, checkpoints of phase "sft"), evaluate again; then the first
+        checkpoint of phase "rl". `sft_from`: a run resumed inside the warm start, its first
+        evaluation done, SFT steps 0..sft_from-1 trained. Cancelled: a resume continues from the
+        last "sft" checkpoint, or starts the run again when there is none."""
+        if sft_from is None:
+            self.emit(f"evaluating the initial policy on {self.options.num_eval_tasks} held-out tasks")
+            await self.evaluator.phase("before", "before")
         if self.options.sft_steps:
             await warm_start(self.task, self.tokenizer, self.options, self.keeper, self.metrics, self.emit,
-                             self.train_step.publish)
+                             self.train_step.publish, lambda done: self._checkpoint("sft", sft_step=done),
+                             start_step=sft_from or 0)
             await self.evaluator.phase("after_sft", "after the warm start")
         else:
             self.evaluator.skip_warm_start()
@@ -143,20 +183,26 @@ class RunDriver:
 
     # -- checkpoints and resume ----------------------------------------------------------
 
-    async def _checkpoint(self, phase: str) -> dict:
-        """Learner + run state (actors/run_state.py) at the learner's current version.
-        Cancelled: see LearnerKeeper.checkpoint (the previous checkpoint stays the one to resume)."""
+    async def _checkpoint(self, phase: str, sft_step: int | None = None) -> dict:
+        """Learner + run state (actors/run_state.py) at the learner's current version; `sft_step`:
+        the SFT steps done (phase "sft" only). Cancelled: see LearnerKeeper.checkpoint (the
+        previous checkpoint stays the one to resume)."""
+        options = self.options
+
         def make_extra() -> dict:  # synchronous: one consistent moment of the ledger and the files
             return {"format": RUN_STATE_FORMAT, "phase": phase, "next_batch": self.admission.num_trained,
+                    "sft_step": options.sft_steps if sft_step is None else sft_step,
+                    "sft_shape": {"sft_steps": options.sft_steps, "sft_batch_size": options.sft_batch_size},
                     "evals": dict(self.evaluator.evals), "ledger": self.ledger.state_dict(),
                     "ledger_events_offset": self.ledger.events_offset(),
-                    "metrics_offset": file_size(self.metrics.path), "data_order": data_order(self.options)}
+                    "metrics_offset": self.metrics.size(), "data_order": data_order(options)}
         return await self.keeper.checkpoint(str(self.folder / "checkpoint"), make_extra)
 
     async def _restore(self, state: dict) -> None:
         """The checkpoint's learner, ledger, evaluations and cursor. Cancelled: the learner may
         or may not hold the checkpoint; a later resume loads it again."""
         check_same_data_order(state, self.options)
+        check_same_sft_shape(state, self.options)
         self.ledger.load_state_dict(state["ledger"])
         interrupted = self.ledger.in_flight()
         for sample_id in interrupted:
@@ -166,7 +212,12 @@ class RunDriver:
         await self.keeper.restore(str(self.folder / "checkpoint"))
         num_trained = self.admission.num_trained
         self.metrics.log("resume", resume=self.resume_index, next_batch=num_trained,
-                         policy_version=self.keeper.version, num_interrupted=len(interrupted))
+                         policy_version=self.keeper.version, num_interrupted=len(interrupted),
+                         phase=state["phase"], sft_step=int(state.get("sft_step", self.options.sft_steps)))
+        if state["phase"] == "sft":
+            self.emit(f"resumed in the warm start after SFT step {state['sft_step']}/{self.options.sft_steps} "
+                      f"(policy version {self.keeper.version}); the steps after it are trained again")
+            return
         self.emit(f"resumed at batch {num_trained} (policy version {self.keeper.version}); "
                   f"{len(interrupted)} samples in flight at the stop dropped as interrupted; batches from "
                   f"{num_trained} on are created again under ids ending .r{self.resume_index}")
@@ -222,8 +273,11 @@ async def open_run(*, options: OrchestratorOptions, task, schedule, tokenizer, f
     checkpoint's `state` (none: to empty) and this resume noted; the actors looked up.
     Cancelled: the files may be cut back already (the checkpoint is unchanged)."""
     if resume:
-        cut_back(folder / "ledger.jsonl", state["ledger_events_offset"] if state else 0)
-        cut_back(folder / "metrics.jsonl", state["metrics_offset"] if state else 0)
+        for name, offset_key in (("ledger.jsonl", "ledger_events_offset"), ("metrics.jsonl", "metrics_offset")):
+            warning = repair_torn_lines(folder / name)
+            if warning:
+                report({"line": warning})
+            cut_back(folder / name, state[offset_key] if state else 0)
     ledger = SampleLedger(folder / "ledger.jsonl")
     metrics = MetricsWriter(folder)
     report_line = lambda line: report({"line": line})  # noqa: E731
@@ -235,6 +289,13 @@ async def open_run(*, options: OrchestratorOptions, task, schedule, tokenizer, f
                      metrics=metrics, report=report)
 
 
-def file_size(path: Path) -> int:
-    """Bytes in a line-buffered log file (every written line is already flushed)."""
-    return path.stat().st_size if path.exists() else 0
+def find_disk_full(exc: BaseException) -> BaseException | None:
+    """The write refused for want of space behind `exc`, here (an OSError) or in an actor we asked
+    (a RemoteError), searching exception groups; None when there is none."""
+    if isinstance(exc, BaseExceptionGroup):
+        return next((found for e in exc.exceptions if (found := find_disk_full(e)) is not None), None)
+    if isinstance(exc, RemoteError):
+        return DiskFullError(exc.remote_message) if is_disk_full(exc) else None
+    if is_disk_full(exc):
+        return exc if isinstance(exc, DiskFullError) else DiskFullError(str(exc))
+    return None

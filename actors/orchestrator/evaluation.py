@@ -4,7 +4,16 @@ Each evaluation scores the first `num_eval_tasks` held-out tasks greedily (tempe
 0) and, with `eval_samples_per_task` > 0, also that many sampled episodes per task at
 the run's temperature. Every episode has its own fixed seed, so every evaluation of a
 run meets the same random draws. A task's score is its reward's `correct` component
-(the total reward when there is none); a failed episode scores 0.
+(the total reward when there is none); an episode the environment fails (it raised or
+timed out on the policy's output) scores 0.
+
+Kills (design note). An episode whose actor died (the environment actor, the generator,
+the sandbox) is retried by the rollout pool like an RL rollout. One that still cannot
+finish (its retries ran out) is not scored 0: the evaluation is incomplete, and it is
+redone from the start, up to `max_eval_repeats` times (an `eval_repeat` metrics
+row and a line each), then the run stops with EvaluationIncomplete. Every episode has
+a fixed seed and the policy does not change during an evaluation, so a repeat meets the
+same episodes; a reported accuracy is always the mean over all of them.
 """
 from __future__ import annotations
 
@@ -14,9 +23,16 @@ from typing import Callable
 
 import anyio
 
+from postrain.core.errors import PostrainError
+
+from ..recovery import is_actor_death, short_reason
 from ..tools import STOP_STRINGS
 from .options import OrchestratorOptions
-from .rollout_pool import RolloutPool
+from .rollout_pool import RolloutPool, StaleRolloutError
+
+
+class EvaluationIncomplete(PostrainError, RuntimeError):
+    """An evaluation that could not score all its episodes, however often it was redone."""
 
 
 class Evaluator:
@@ -30,19 +46,20 @@ class Evaluator:
         self.metrics = metrics
         self.emit = emit
         self.evals: dict[str, float] = {}   # phase -> accuracy; written by `phase` and the run's restore
+        self.num_repeats = 0                # evaluations redone because episodes were lost to kills
 
     async def phase(self, phase: str, label: str) -> None:
         """Evaluate into `evals` (`phase`, and `sampled_<phase>` when `eval_samples_per_task` > 0),
         its metrics row and a printed line. Cancelled: no row or line; `evals` may hold the
         greedy score of this phase."""
-        greedy = await self.score(0.0, 1)
+        greedy = await self.score(0.0, 1, phase)
         self.evals[phase] = greedy
         line = f"held-out accuracy {label}: {greedy:.3f}"
         row = {"accuracy": greedy}
         num_samples = self.options.eval_samples_per_task
         if num_samples:
             temperature = self.options.sampling.temperature
-            sampled = await self.score(temperature, num_samples)
+            sampled = await self.score(temperature, num_samples, f"sampled_{phase}")
             self.evals[f"sampled_{phase}"] = row["accuracy_sampled"] = sampled
             line += f" greedy, {sampled:.3f} sampled (temperature {temperature}, {num_samples} per task)"
         self.metrics.log("eval", phase=phase, **row)
@@ -52,25 +69,51 @@ class Evaluator:
         """No warm start: its scores are those before it."""
         self.evals.update({k.replace("before", "after_sft"): v for k, v in self.evals.items()})
 
-    async def score(self, temperature: float, samples_per_task: int) -> float:
+    async def score(self, temperature: float, samples_per_task: int, label: str = "") -> float:
         """Mean score over `samples_per_task` episodes per held-out task at `temperature` (0:
-        greedy). Cancelled: the episodes in flight are abandoned; nothing is recorded."""
+        greedy), redone whole while episodes are lost to actor deaths (module docstring).
+        Cancelled: the episodes in flight are abandoned; nothing is recorded."""
+        max_repeats = self.options.max_eval_repeats
+        for attempt in range(max_repeats + 1):
+            scores, lost = await self._score_once(temperature, samples_per_task)
+            if not lost:
+                return statistics.fmean(scores) if scores else 0.0
+            what = (f"evaluation {label or 'score'}: {len(lost)} of {len(scores)} episodes could not finish "
+                    f"(actors on their path kept dying: {lost[0]})")
+            if attempt == max_repeats:
+                raise EvaluationIncomplete(f"{what}, in {max_repeats + 1} tries; look at the actors' logs "
+                                           "(logs/) for why they die; raise max_eval_repeats only if the "
+                                           "cause is external")
+            self.num_repeats += 1
+            self.metrics.log("eval_repeat", phase=label, attempt=attempt + 1, num_lost=len(lost),
+                             num_episodes=len(scores), reason=lost[0])
+            self.emit(f"{what}; redoing the evaluation ({attempt + 2}/{max_repeats + 1})")
+            await self.pool.keeper.resync_generators()   # a restarted generator gets the weights first
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _score_once(self, temperature: float, samples_per_task: int) -> tuple[list[float], list[str]]:
+        """Every episode's score, and why each lost episode was lost (empty: all scored).
+        Cancelled: the episodes in flight are abandoned; nothing is recorded."""
         options = self.options
         tasks = self.task.eval_tasks(options.task_options)[: options.num_eval_tasks]
         episodes = [(task, i * samples_per_task + k) for i, task in enumerate(tasks)
                     for k in range(samples_per_task)]
         scores = [0.0] * len(episodes)
+        lost: list[str] = []
 
         async def one(index, task, episode_seed):
-            """Score one episode into `scores[index]`. Cancelled: abandoned, its score stays 0."""
+            """Score one episode into `scores[index]` (or its loss into `lost`). Cancelled:
+            abandoned, its score stays 0."""
             sampling = dataclasses.replace(options.sampling, temperature=temperature, stop=list(STOP_STRINGS),
                                            seed=options.seed * 1_000_003 + episode_seed)
             try:
                 rollout = await self.pool.rollout(task, sampling)
-            except Exception:
-                return  # a failed episode scores 0
+            except Exception as exc:
+                if is_actor_death(exc) or isinstance(exc, StaleRolloutError):
+                    lost.append(short_reason(exc))
+                return  # otherwise the environment failed on the policy's output: the episode scores 0
             scores[index] = rollout.reward.components.get("correct", rollout.reward.total)
         async with anyio.create_task_group() as tg:
             for index, (task, episode_seed) in enumerate(episodes):
                 tg.start_soon(one, index, task, episode_seed)
-        return statistics.fmean(scores) if scores else 0.0
+        return scores, lost

@@ -51,10 +51,17 @@ class OrchestratorOptions(TaskOptions):
     sft_steps: int = Field(0, ge=0, description="supervised warm-start steps on the task's demonstrations "
                            "before RL; 0: none")
     sft_batch_size: int = Field(16, ge=1, description="demonstrations per warm-start step")
+    sft_checkpoint_every: int = Field(50, ge=1, description="warm-start steps between checkpoints; the last "
+                                      "warm-start step always checkpoints (a kill or a resume in the warm "
+                                      "start loses at most the steps since)")
     num_eval_tasks: int = Field(50, ge=0, description="held-out tasks per evaluation (greedy)")
     eval_samples_per_task: int = Field(0, ge=0, description="also sample this many episodes per held-out "
                                        "task at the run's sampling settings, seeded, and report their mean "
                                        "as sampled accuracy; 0: greedy only")
+    max_eval_repeats: int = Field(2, ge=0, description="times an evaluation is redone from the start when "
+                                  "an episode could not finish because actors on its path kept dying "
+                                  "(after max_rollout_retries); then the run stops; an evaluation is "
+                                  "never reported from part of its episodes")
 
     @property
     def batch_size(self) -> int:

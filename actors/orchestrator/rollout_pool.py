@@ -21,6 +21,8 @@ import itertools
 
 import anyio
 
+from postrain.core.errors import PostrainError
+
 from ..environment import Reward
 from ..records import Rollout, RolloutRequest, SamplingParams
 from ..recovery import is_actor_death, short_reason
@@ -29,6 +31,11 @@ from ..timeline import note_hops
 from .admission import AdmittedBatch
 
 ROLLOUT_TIMEOUT_S = 900
+
+
+class StaleRolloutError(PostrainError, RuntimeError):
+    """A rollout kept coming back sampled by weights older than the last publish (a generator
+    that kept restarting), after every retry."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -120,7 +127,7 @@ class RolloutPool:
                 reason = (f"sampled by policy version {oldest}, older than the version {min_version} "
                           "published before it started (a restarted generator's initial weights)")
                 if attempt == max_retries:
-                    raise RuntimeError(f"{reason}, {max_retries} retries in a row")
+                    raise StaleRolloutError(f"{reason}, {max_retries} retries in a row")
             self.num_retries += 1
             if sample_id is not None:
                 self.ledger.note(sample_id, "retry", attempt=attempt + 1, reason=reason)

@@ -3,6 +3,12 @@
 Demonstrations are conversations; `chat_to_tokens` renders one with the policy's chat
 template and marks exactly the assistant turns' tokens for the loss, so the model learns
 to answer (and to call tools) in the format the environments parse.
+
+The warm start checkpoints like the RL loop: every `sft_checkpoint_every` steps and after
+its last step (run state phase "sft", actors/run_state.py), through the same keeper, so a
+learner killed mid-way is restored and only the steps since are replayed, and a resumed
+run continues from the step after the checkpoint. Step s always trains on demonstrations
+[s * sft_batch_size, (s + 1) * sft_batch_size) of the same seeded list.
 """
 from __future__ import annotations
 
@@ -13,14 +19,17 @@ from .options import OrchestratorOptions
 
 
 async def warm_start(task, tokenizer, options: OrchestratorOptions, keeper, metrics,
-                     emit: Callable[[str], None], publish: Callable[[], Awaitable]) -> None:
-    """`sft_steps` supervised steps through the keeper, then publish the weights.
+                     emit: Callable[[str], None], publish: Callable[[], Awaitable],
+                     checkpoint: Callable[[int], Awaitable], start_step: int = 0) -> None:
+    """SFT steps `start_step`..`sft_steps`-1 through the keeper, `checkpoint(steps_done)` every
+    `sft_checkpoint_every` steps and after the last, then publish the weights.
 
     Cancelled: the steps taken so far stay applied (each exactly once, see LearnerKeeper.step);
-    the generators may still hold the weights from before the warm start."""
+    the last checkpoint is where a resume continues; the generators may still hold the weights
+    from before the warm start."""
     num_steps, batch_size = options.sft_steps, options.sft_batch_size
     demos = task.demonstrations(num_steps * batch_size, seed=options.seed, options=options.task_options)
-    for step in range(num_steps):
+    for step in range(start_step, num_steps):
         chunk = demos[step * batch_size:(step + 1) * batch_size]
         rendered = [chat_to_tokens(tokenizer, d["messages"]) for d in chunk]
         batch = SftBatch(token_ids=[ids for ids, _ in rendered], loss_mask=[mask for _, mask in rendered])
@@ -28,6 +37,8 @@ async def warm_start(task, tokenizer, options: OrchestratorOptions, keeper, metr
         metrics.log("sft", **step_metrics)
         if step % 10 == 0 or step == num_steps - 1:
             emit(f"sft step {step + 1}/{num_steps}: loss {step_metrics['loss']:.3f}")
+        if (step + 1) % options.sft_checkpoint_every == 0 or step + 1 == num_steps:
+            await checkpoint(step + 1)
     await publish()
 
 

@@ -82,3 +82,18 @@ class LedgerMachine(RuleBasedStateMachine):
 
 
 TestLedgerStateful = LedgerMachine.TestCase
+
+
+def test_a_full_disk_refuses_a_transition_whole_and_the_ledger_stays_as_it_was(small_disk):
+    from postrain.core.errors import DiskFullError
+
+    folder = small_disk(16)
+    ledger = SampleLedger(folder / "ledger.jsonl")
+    with pytest.raises(DiskFullError, match="ledger.jsonl"):
+        for i in range(100_000):
+            ledger.create(f"s{i}", prompt="p" * 100)
+            ledger.advance(f"s{i}", "generated", tokens=12)
+    ledger.check()
+    last_event = {e["sample_id"]: e["event"] for e in read_events(folder / "ledger.jsonl")}
+    assert last_event == ledger.state_dict()["state"], "the file and the ledger agree on every sample"
+    assert (folder / "ledger.jsonl").read_bytes().endswith(b"\n")

@@ -10,6 +10,8 @@
 """
 import json
 import random
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,7 +57,8 @@ def specs(orchestrator: dict) -> list[ActorSpec]:
                   options=orchestrator, **common)]
 
 
-async def run_with_killer(folder, orchestrator: dict, killer) -> tuple[dict, list[str], dict[str, int]]:
+async def run_with_killer(folder, orchestrator: dict, killer, resume: bool = False
+                          ) -> tuple[dict, list[str], dict[str, int]]:
     """A real run under an in-process supervisor, `killer(supervisor, lines)` running beside it;
     returns the summary, the progress lines and each actor's restarts."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -65,7 +68,8 @@ async def run_with_killer(folder, orchestrator: dict, killer) -> tuple[dict, lis
             await sup.start(spec)
         async with anyio.create_task_group() as tg:
             tg.start_soon(killer, sup, lines)
-            async for item in sup.ref("orchestrator").stream("run", {"run_folder": str(folder)}, timeout_s=600):
+            request = {"run_folder": str(folder), "resume": resume}
+            async for item in sup.ref("orchestrator").stream("run", request, timeout_s=600):
                 if "line" in item:
                     lines.append(item["line"])
                 summary = item.get("summary", summary)
@@ -281,3 +285,147 @@ def _toml_actors(orchestrator: dict) -> str:
                    f"max_restarts = {spec.max_restarts}\nrestart_backoff_s = {spec.restart_backoff_s}\n"
                    f"options = {value(spec.options)}\n")
     return "\n".join(out)
+
+
+# -- the warm start and evaluations ----------------------------------------------------------
+
+RECOVERED = re.compile(r"learner recovered at version \d+ \(checkpoint v(\d+) \+ (\d+) replayed steps\)")
+
+
+def checkpoint_state(folder) -> dict | None:
+    """The run state of the checkpoint in place now, read without repairing anything (a learner
+    may be writing the next one)."""
+    try:
+        return json.loads((folder / "checkpoint" / "state.json").read_text())["extra"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def in_warm_start_after(folder, num_sft_steps: int):
+    def check():
+        state = checkpoint_state(folder)
+        return state is not None and state["phase"] == "sft" and state["sft_step"] >= num_sft_steps
+    return check
+
+
+@pytest.mark.slow
+@async_test
+async def test_warm_start_kill_replays_only_since_its_checkpoint_and_resume_continues_inside_it(tmp_path):
+    """A learner killed mid-SFT is restored from the SFT checkpoint with only the steps since
+    replayed; a head stopped mid-SFT is resumed from the SFT checkpoint; every SFT step is
+    trained exactly once in the weights and in metrics.jsonl."""
+    folder = tmp_path / "run"
+    sft_steps, num_steps = 40, 2
+    options = orchestrator_options(num_steps=num_steps, sft_steps=sft_steps, sft_checkpoint_every=5)
+
+    seen: list[list[str]] = []
+
+    async def kill_learner_then_stop(sup, lines):
+        """Kill the learner after the first SFT checkpoint; stop the whole run (its supervisor
+        and every actor, as a killed head does) after the fourth."""
+        seen.append(lines)
+        await until(in_warm_start_after(folder, 5))
+        sup.kill("learner")
+        await until(lambda: any(RECOVERED.search(line) for line in lines))
+        await until(in_warm_start_after(folder, 20))
+        stop.cancel()
+
+    with anyio.CancelScope() as stop:
+        await run_with_killer(folder, options, kill_learner_then_stop)
+    first_lines = seen[0]
+    [(checkpoint_version, replayed)] = [tuple(map(int, m.groups())) for line in first_lines
+                                        if (m := RECOVERED.search(line))]
+    assert 5 <= checkpoint_version < sft_steps and replayed < 5, first_lines
+    stopped_at = checkpoint_state(folder)["sft_step"]
+    assert 20 <= stopped_at < sft_steps, "stopped inside the warm start"
+
+    summary, lines, _ = await run_with_killer(folder, options, lambda sup, lines: anyio.sleep(0), resume=True)
+    assert any(f"resumed in the warm start after SFT step {stopped_at}/{sft_steps}" in line for line in lines), lines
+    assert not any("held-out accuracy before" in line for line in lines), "the first evaluation is not redone"
+    assert summary["steps"] == num_steps and summary["resumes"] == 1 and "eval_before" in summary
+    assert_balanced(summary)
+    assert final_learner(folder).step == sft_steps + num_steps, "each SFT and RL step applied once"
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert len([r for r in rows if r["kind"] == "sft"]) == sft_steps, "one sft row per step after the cut-back"
+
+
+@pytest.mark.slow
+@async_test
+async def test_an_evaluation_that_lost_episodes_to_a_kill_is_redone_not_half_counted(tmp_path):
+    folder = tmp_path / "run"
+    options = orchestrator_options(num_steps=1, num_eval_tasks=16, max_rollout_retries=0)
+
+    async def kill_generator_mid_evaluation(sup, lines):
+        await until(lambda: any("evaluating the initial policy" in line for line in lines))
+        await until(lambda: (load := sup.records["orchestrator"].load) is not None and (load.running or 0) > 0)
+        sup.kill("generator")
+
+    summary, lines, restarts = await run_with_killer(folder, options, kill_generator_mid_evaluation)
+    assert restarts["generator"] >= 1
+    assert summary["eval_repeats"] >= 1 and any("redoing the evaluation" in line for line in lines), lines
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    repeats = [r for r in rows if r["kind"] == "eval_repeat"]
+    assert repeats and repeats[0]["phase"] == "before" and repeats[0]["num_lost"] >= 1
+    assert len([r for r in rows if r["kind"] == "eval" and r["phase"] == "before"]) == 1, \
+        "one reported accuracy per evaluation, from a complete pass"
+    assert_balanced(summary)
+
+
+# -- a full disk -------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_full_disk_stops_the_run_cleanly_and_resume_after_freeing_space_finishes(small_disk, tmp_path):
+    """A real full disk (a tmpfs run folder): filled during RL so that the next checkpoint does
+    not fit, the run stops with one line naming the folder and what to do, the previous
+    checkpoint loads, the JSONL files hold whole lines; freed, `--resume` finishes the run."""
+    from postrain.actors.learner_state import checkpoint_info
+
+    disk = small_disk(240 * 1024)   # `postrain up` asks for 200 MiB free at start
+    num_steps = 6
+    config = tmp_path / "run.toml"
+    config.write_text(CONFIG.format(run_dir=disk, actors=_toml_actors(
+        orchestrator_options(num_steps=num_steps, checkpoint_every=2, max_staleness=0))))
+    folder = disk / "resumable"
+    head = subprocess.Popen([sys.executable, "-m", "postrain.cli", "up", "--quiet", "--config", str(config)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    output = []
+    for line in head.stdout:   # step 1 is trained; the checkpoint after the warm start is in place
+        output.append(line)
+        if line.startswith("step 1/"):
+            break
+    else:
+        pytest.fail("the run ended before step 1:\n" + "".join(output[-40:]) + head.stderr.read()[-3000:])
+    size_mb = sum(f.stat().st_size for f in (folder / "checkpoint").iterdir()) / (1 << 20)
+    ballast = disk / "ballast"
+    with open(ballast, "wb") as out:   # leave half a checkpoint free: the next one cannot be written
+        try:                           # (or none, when the run's own writes meet the ballast's)
+            while shutil.disk_usage(disk).free > size_mb / 2 * (1 << 20):
+                out.write(b"\0" * (1 << 20))
+                out.flush()
+        except OSError:
+            pass
+    rest, errors = head.communicate(timeout=300)
+    output.append(rest)
+    assert head.returncode == 1, "".join(output)[-3000:] + errors[-3000:]
+    assert "Traceback" not in errors, errors[-3000:]
+    [reason] = [line for line in errors.splitlines() if "disk full" in line]
+    assert "RunStoppedError: disk full writing" in reason, reason
+    assert f"disk full writing {folder}" in reason and "free space" in reason, reason
+    assert f"postrain up --resume {folder}" in reason, reason
+
+    state = read_run_state(folder / "checkpoint")
+    assert state["phase"] == "rl" and state["next_batch"] in (0, 2), "the previous checkpoint is in place"
+    assert checkpoint_info(folder / "checkpoint")["policy_version"] == state["next_batch"]
+    for name in ("ledger.jsonl", "metrics.jsonl"):
+        data = (folder / name).read_bytes()
+        assert data.endswith(b"\n") and all(json.loads(line) for line in data.splitlines()), name
+    assert not (folder / "summary.json").exists()
+
+    ballast.unlink()
+    result = subprocess.run([sys.executable, "-m", "postrain.cli", "up", "--quiet", "--resume", str(folder)],
+                            capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads((folder / "summary.json").read_text())
+    assert_balanced(summary)
+    assert summary["steps"] == num_steps and summary["resumes"] == 1
+    assert final_learner(folder).step == num_steps, "each batch trained once in the weights"

@@ -1,0 +1,109 @@
+"""Checkpoint writes under fault: a writer killed mid-write (SIGKILL, a real child process) or
+refused by a full disk (a real tmpfs) leaves the previous checkpoint whole and loadable.
+
+Each child saves checkpoint A (extra {"mark": "A"}, step 0), then starts checkpoint B
+(step 7) and stops at a chosen point inside the write, says so on stdout, and waits to
+be killed there.
+"""
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from postrain.actors import atomic_write
+from postrain.actors.atomic_write import repair_interrupted_write, write_folder_atomically
+from postrain.actors.learner import Learner, LearnerConfig
+from postrain.actors.run_state import read_run_state
+from postrain.core.errors import DiskFullError
+
+LEARNER = {"model": "tiny", "lr": 1e-3}
+
+CHILD = textwrap.dedent('''
+    import os, sys, time
+    from postrain.actors import atomic_write, learner_state
+    from postrain.actors.learner import Learner, LearnerConfig
+
+    folder, stop_at = sys.argv[1], sys.argv[2]
+    learner = Learner(LearnerConfig.from_dict({"model": "tiny", "lr": 1e-3}))
+    learner.save_checkpoint(folder, extra={"format": "postrain-run-1", "mark": "A"})
+
+    def stop(where):
+        print(where, flush=True)
+        time.sleep(600)
+
+    if stop_at == "files":          # inside the writing of B's files: the weights are written, not the rest
+        real_save = learner_state.save_file
+        def save_file(tensors, path, metadata=None):
+            real_save(tensors, path, metadata=metadata)
+            stop("mid-write")
+        learner_state.save_file = save_file
+    else:                           # the two-rename fallback, between its renames
+        atomic_write.enable_exchange = False
+        real_rename = os.rename
+        def rename(src, dst):
+            real_rename(src, dst)
+            if ".old-" in str(dst):
+                stop("between renames")
+        atomic_write.os.rename = rename
+    learner.step = 7
+    learner.save_checkpoint(folder, extra={"format": "postrain-run-1", "mark": "B"})
+    print("B written", flush=True)
+''')
+
+
+def kill_inside_a_write(folder, stop_at: str) -> None:
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(folder), stop_at], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        line = child.stdout.readline().strip()
+        assert line in ("mid-write", "between renames"), (line, child.stderr.read()[-2000:])
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+        child.stdout.close()
+        child.stderr.close()
+
+
+def load(folder) -> tuple[dict, int]:
+    learner = Learner(LearnerConfig.from_dict(LEARNER))
+    extra = learner.load_checkpoint(folder)
+    return extra, learner.step
+
+
+@pytest.mark.parametrize("stop_at", ["files", "renames"])
+def test_a_writer_killed_inside_a_checkpoint_write_leaves_the_previous_one_loadable(tmp_path, stop_at):
+    folder = tmp_path / "run" / "checkpoint"
+    kill_inside_a_write(folder, stop_at)
+    leftovers = {p.name.split("-")[0] for p in folder.parent.iterdir() if p.name.startswith(".")}
+    if stop_at == "files":
+        assert leftovers == {".checkpoint.tmp"} and folder.exists(), "the kill left its hidden folder"
+    else:   # the old one renamed aside, the new one not yet in: no checkpoint under its name
+        assert leftovers == {".checkpoint.tmp", ".checkpoint.old"} and not folder.exists()
+    assert read_run_state(folder)["mark"] == "A", "the run state reads the previous checkpoint"
+    extra, step = load(folder)
+    assert extra["mark"] == "A" and step == 0
+    assert [p.name for p in folder.parent.iterdir()] == ["checkpoint"], "repaired: nothing hidden is left"
+
+
+def test_a_full_disk_inside_a_checkpoint_write_leaves_the_previous_one_and_names_the_folder(small_disk):
+    folder = small_disk(10 * 1024) / "checkpoint"   # room for one tiny checkpoint (6.3 MB), not for two
+    learner = Learner(LearnerConfig.from_dict(LEARNER))
+    learner.save_checkpoint(folder, extra={"mark": "A"})
+    learner.step = 7
+    with pytest.raises(DiskFullError, match=f"disk full writing {folder} .*MiB free.*free space"):
+        learner.save_checkpoint(folder, extra={"mark": "B"})
+    assert [p.name for p in folder.parent.iterdir()] == ["checkpoint"], "the half-written one is removed"
+    extra, step = load(folder)
+    assert extra["mark"] == "A" and step == 0
+
+
+def test_the_fallback_without_an_exchange_replaces_a_folder_whole(tmp_path, monkeypatch):
+    folder = tmp_path / "policy"
+    write_folder_atomically(folder, lambda tmp: (tmp / "a").write_text("1"))
+    monkeypatch.setattr(atomic_write, "enable_exchange", False)
+    write_folder_atomically(folder, lambda tmp: (tmp / "a").write_text("2"))
+    assert (folder / "a").read_text() == "2" and [p.name for p in tmp_path.iterdir()] == ["policy"]
+    repair_interrupted_write(tmp_path / "never-written")   # nothing to repair: no error
