@@ -109,8 +109,9 @@ class RunDriver:
                 "learner_idle_s": round(self.learner_idle_s, 3),
                 "learner_busy_s": round(self.learner_busy_s, 3)}
 
-    async def run(self) -> dict:
-        """The whole run; returns (and reports) its summary. Raises RunStoppedError on a full
+    async def run(self) -> dict | None:
+        """The whole run; returns (and reports) its summary, or None when it stopped inside the
+        warm start (resumable from its checkpoint). Raises RunStoppedError on a full
         disk (module docstring). Cancelled: the files hold what was written so far, and the last
         checkpoint is where `--resume` continues from."""
         try:
@@ -123,19 +124,24 @@ class RunDriver:
                                   f"is intact: once space is free, `postrain up --resume {self.folder}` "
                                   "continues from it") from None
 
-    async def _run(self) -> dict:
+    async def _run(self) -> dict | None:
         """`run` without the full disk's translation. Cancelled: as `run`."""
         start = time.time()
         if self.state is None:
             if self.resume_index:
                 self.emit("no checkpoint was written before the run stopped; starting it from the beginning")
             await self.keeper.attach()
-            await self._warm_up()
+            warmed_up = await self._warm_up()
         elif self.state["phase"] == "sft":
             await self._restore(self.state)
-            await self._warm_up(sft_from=int(self.state["sft_step"]))
+            warmed_up = await self._warm_up(sft_from=int(self.state["sft_step"]))
         else:
             await self._restore(self.state)
+            warmed_up = True
+        if not warmed_up:  # stopped inside the warm start: its checkpoint is the run's state
+            self.ledger.close()
+            self.metrics.close()
+            return None
         rl_start = time.time()
         steps = await self._rl()
         rl_wall_s = time.time() - rl_start
@@ -163,23 +169,28 @@ class RunDriver:
                 "generator_resyncs": self.keeper.num_generator_resyncs,
                 "rollout_retries": self.pool.num_retries, "eval_repeats": self.evaluator.num_repeats}
 
-    async def _warm_up(self, sft_from: int | None = None) -> None:
+    async def _warm_up(self, sft_from: int | None = None) -> bool:
         """Evaluate, warm-start (SFT, checkpoints of phase "sft"), evaluate again; then the first
-        checkpoint of phase "rl". `sft_from`: a run resumed inside the warm start, its first
-        evaluation done, SFT steps 0..sft_from-1 trained. Cancelled: a resume continues from the
-        last "sft" checkpoint, or starts the run again when there is none."""
+        checkpoint of phase "rl"; True. False when a stop came during the SFT steps (their
+        checkpoint holds the steps done). `sft_from`: a run resumed inside the warm start, its
+        first evaluation done, SFT steps 0..sft_from-1 trained. Cancelled: a resume continues
+        from the last "sft" checkpoint, or starts the run again when there is none."""
         if sft_from is None:
             self.emit(f"evaluating the initial policy on {self.options.num_eval_tasks} held-out tasks")
             await self.evaluator.phase("before", "before")
         if self.options.sft_steps:
-            await warm_start(self.task, self.tokenizer, self.options, self.keeper, self.metrics, self.emit,
-                             self.train_step.publish, lambda done: self._checkpoint("sft", sft_step=done),
-                             start_step=sft_from or 0)
+            finished = await warm_start(self.task, self.tokenizer, self.options, self.keeper, self.metrics,
+                                        self.emit, self.train_step.publish,
+                                        lambda done: self._checkpoint("sft", sft_step=done),
+                                        start_step=sft_from or 0, stopping=lambda: self.admission.stopping)
+            if not finished:
+                return False
             await self.evaluator.phase("after_sft", "after the warm start")
         else:
             self.evaluator.skip_warm_start()
         self.admission.start_at(0)
         await self._checkpoint("rl")
+        return True
 
     # -- checkpoints and resume ----------------------------------------------------------
 

@@ -20,9 +20,12 @@ from .options import OrchestratorOptions
 
 async def warm_start(task, tokenizer, options: OrchestratorOptions, keeper, metrics,
                      emit: Callable[[str], None], publish: Callable[[], Awaitable],
-                     checkpoint: Callable[[int], Awaitable], start_step: int = 0) -> None:
+                     checkpoint: Callable[[int], Awaitable], start_step: int = 0,
+                     stopping: Callable[[], bool] = lambda: False) -> bool:
     """SFT steps `start_step`..`sft_steps`-1 through the keeper, `checkpoint(steps_done)` every
-    `sft_checkpoint_every` steps and after the last, then publish the weights.
+    `sft_checkpoint_every` steps and after the last, then publish the weights; True then. When
+    `stopping()` turns true (`postrain down`, Ctrl-C), it checkpoints the steps done after the
+    step in progress and returns False: a resume continues from that step.
 
     Cancelled: the steps taken so far stay applied (each exactly once, see LearnerKeeper.step);
     the last checkpoint is where a resume continues; the generators may still hold the weights
@@ -30,6 +33,11 @@ async def warm_start(task, tokenizer, options: OrchestratorOptions, keeper, metr
     num_steps, batch_size = options.sft_steps, options.sft_batch_size
     demos = task.demonstrations(num_steps * batch_size, seed=options.seed, options=options.task_options)
     for step in range(start_step, num_steps):
+        if stopping():
+            await checkpoint(step)
+            emit(f"stopped during the warm start after {step}/{num_steps} steps; "
+                 "`postrain up --resume` continues from there")
+            return False
         chunk = demos[step * batch_size:(step + 1) * batch_size]
         rendered = [chat_to_tokens(tokenizer, d["messages"]) for d in chunk]
         batch = SftBatch(token_ids=[ids for ids, _ in rendered], loss_mask=[mask for _, mask in rendered])
@@ -40,6 +48,7 @@ async def warm_start(task, tokenizer, options: OrchestratorOptions, keeper, metr
         if (step + 1) % options.sft_checkpoint_every == 0 or step + 1 == num_steps:
             await checkpoint(step + 1)
     await publish()
+    return True
 
 
 def chat_to_tokens(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:

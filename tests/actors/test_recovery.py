@@ -351,6 +351,32 @@ async def test_warm_start_kill_replays_only_since_its_checkpoint_and_resume_cont
 
 @pytest.mark.slow
 @async_test
+async def test_a_stop_inside_the_warm_start_checkpoints_the_steps_done_and_resume_continues(tmp_path):
+    """`postrain down` (the driver's `stop`) during the SFT steps ends the run after the step in
+    progress, its checkpoint holding the steps done; a resume trains each step once."""
+    folder = tmp_path / "run"
+    sft_steps, num_steps = 30, 1
+    options = orchestrator_options(num_steps=num_steps, sft_steps=sft_steps, sft_checkpoint_every=100)
+
+    async def stop_after_a_few_steps(sup, lines):
+        await until(lambda: any(line.startswith("sft step 11/") for line in lines))
+        await sup.ref("orchestrator").tell("stop")
+
+    summary, lines, _ = await run_with_killer(folder, options, stop_after_a_few_steps)
+    assert summary is None, "a run stopped in its warm start writes no summary"
+    [stopped] = [line for line in lines if line.startswith("stopped during the warm start")]
+    done = checkpoint_state(folder)["sft_step"]
+    assert checkpoint_state(folder)["phase"] == "sft" and 11 <= done < sft_steps
+    assert f"after {done}/{sft_steps} steps" in stopped
+
+    summary, lines, _ = await run_with_killer(folder, options, lambda sup, lines: anyio.sleep(0), resume=True)
+    assert summary["steps"] == num_steps
+    assert_balanced(summary)
+    assert final_learner(folder).step == sft_steps + num_steps, "each SFT step applied once"
+
+
+@pytest.mark.slow
+@async_test
 async def test_an_evaluation_that_lost_episodes_to_a_kill_is_redone_not_half_counted(tmp_path):
     folder = tmp_path / "run"
     options = orchestrator_options(num_steps=1, num_eval_tasks=16, max_rollout_retries=0)

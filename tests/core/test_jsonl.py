@@ -46,7 +46,8 @@ def test_metrics_writer_raises_or_skips_on_a_full_disk_and_keeps_its_file_whole(
         for step in range(100_000):
             writer.log("train", step=step, note="y" * 200)
     head_rows = MetricsWriter(folder, tensorboard=False, skip_rows_when_full=True)
-    head_rows.log("queue", env_queued=3)                 # skipped, not raised: the head must go on
+    head_rows.log("queue", env_queued=3, note="y" * 200)   # no room (as long as the refused row): skipped,
+    #                                                      not raised: the head must go on
     assert head_rows.num_skipped == 1
     rows = assert_whole_lines(folder / "metrics.jsonl")
     assert [row["step"] for row in rows] == list(range(len(rows)))
