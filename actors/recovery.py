@@ -46,6 +46,7 @@ log = logging.getLogger("postrain.recovery")
 
 MAX_RECOVERIES_PER_CALL = 5     # a learner that dies this often in one call is not coming back
 LEARNER_RESTART_TIMEOUT_S = 600.0
+STATS_RETRY_S = 10.0   # one `stats` ask to a restarting actor; asked again after it
 
 
 class LearnerLostError(PostrainError, RuntimeError):
@@ -260,12 +261,13 @@ class LearnerKeeper:
         assert version == self.version, (version, self.version)
 
     async def _wait_for(self, ref) -> dict:
-        """`stats` of an actor that may be restarting (the ask waits for its new process).
-        Cancelled: nothing changes."""
+        """`stats` of an actor that may be restarting, asked again every STATS_RETRY_S until it
+        answers: a request sent into the gap between the old process's death and the new one's
+        start can be lost without an error, so no single ask waits long. Cancelled: nothing changes."""
         with anyio.fail_after(LEARNER_RESTART_TIMEOUT_S):
             while True:
                 try:
-                    return await ref.ask("stats", timeout_s=LEARNER_RESTART_TIMEOUT_S)
+                    return await ref.ask("stats", timeout_s=STATS_RETRY_S)
                 except (ActorDiedError, ActorTimeoutError):
                     await anyio.sleep(0.2)
 

@@ -272,21 +272,18 @@ class FaultRun:
         return f"rl after step {len(self.rows('train'))}/{self.options['num_steps']}"
 
     def _enter_eval(self) -> str:
-        """An evaluation with rollouts in flight: the one before training or the one after the
-        warm start (seeded), found from its start line and the environment actor's load."""
-        which = self.rng.choice(["before", "after the warm start"])
-        start = {"before": r"evaluating the initial policy",
-                 "after the warm start": rf"sft step {self.options['sft_steps']}/"}[which]
-        self.until(lambda: self.has_line(start), f"the evaluation {which}", interval_s=0.02)
-
-        def busy():
-            if self.has_line(f"held-out accuracy {which}"):
-                raise PhaseMissed(f"the evaluation {which} ended before the fault:\n{self.tail()}")
-            load = (self.actor("env") or {}).get("load") or {}
-            return load.get("in_flight", 0) > 0
-        self.until(busy, f"rollouts of the evaluation {which}", interval_s=0.02)
-        self.pause(0.0, 0.2)
-        return f"eval {which}"
+        """An evaluation under way: the one before training or the one after the warm start
+        (seeded; the next one when the run is past it), 0-0.1 s after its start line, checked
+        to be still running (its accuracy line not yet printed)."""
+        evals = [("before", r"evaluating the initial policy"),
+                 ("after the warm start", rf"sft step {self.options['sft_steps']}/")]
+        first = self.rng.randrange(len(evals))
+        for which, start in evals[first:]:
+            self.until(lambda: self.has_line(start), f"the evaluation {which}", interval_s=0.005)
+            self.pause(0.0, 0.1)
+            if not self.has_line(f"held-out accuracy {which}"):
+                return f"eval {which}"
+        raise PhaseMissed(f"every evaluation ended before the fault could land in one:\n{self.tail()}")
 
     def _enter_checkpoint(self) -> str:
         """A checkpoint being written: its temporary folder exists (polled every millisecond);
@@ -342,7 +339,10 @@ class FaultRun:
         for pid, created in list(self.seen.items()):
             proc = _same_process(pid, created)
             if proc is not None:
-                proc.kill()
+                try:
+                    proc.kill()
+                except psutil.Error:
+                    pass
 
     # -- the checks every case makes ---------------------------------------------
 
@@ -388,7 +388,7 @@ class FaultRun:
         (postrain.core.testing.leftovers)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            found = [f"process {p.pid} {' '.join(p.cmdline())[:120]!r}" for p in self._live_processes()]
+            found = [f"process {p.pid} {_command(p)!r}" for p in self._live_processes()]
             found += [f"/dev/shm/{name}" for name in self._segments()]
             tagged = _tagged_leftovers(self.folder)
             found += [f"process {p}" for p in tagged.processes if f"process {p.split()[0]} " not in " ".join(found)]
@@ -423,6 +423,13 @@ def _tagged_leftovers(folder: Path):
     return leftovers(run_tag_for(str(folder.resolve())))
 
 
+def _command(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())[:120]
+    except psutil.Error:   # gone, or a zombie, since it was listed
+        return "?"
+
+
 def _read_lines(stream, sink: list[str]) -> None:
     for line in stream:
         sink.append(line)
@@ -435,7 +442,7 @@ def _same_process(pid: int, created: float) -> psutil.Process | None:
         p = psutil.Process(pid)
         if abs(p.create_time() - created) < 0.01 and p.status() != psutil.STATUS_ZOMBIE:
             return p
-    except psutil.NoSuchProcess:
+    except psutil.Error:   # gone (a zombie included)
         pass
     return None
 
