@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from postrain.core.jsonl import disk_full_error, is_disk_full
+from postrain.core.wire import process_lives
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
@@ -67,7 +68,7 @@ def repair_interrupted_write(folder: str | os.PathLike) -> None:
         shutil.rmtree(old, ignore_errors=True)
     for tmp in folder.parent.glob(f".{folder.name}.tmp-*"):
         pid = tmp.name.rsplit(".tmp-", 1)[1].split("-")[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not process_lives(int(pid)):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -116,12 +117,3 @@ def _fsync(path: Path) -> None:
     finally:
         os.close(fd)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -36,7 +36,6 @@ ledger); the actor keeps serving.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from pydantic import Field
 

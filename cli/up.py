@@ -54,6 +54,7 @@ import anyio
 from postrain.core.errors import ActorError, ActorStartError, ConfigError, PostrainError
 from postrain.core.scheduler import Scheduler
 from postrain.core.supervisor import Supervisor, run_tag_for
+from postrain.core.wire import process_lives
 
 from .balancer import Balancer
 from .config import UpConfig, load_up_config
@@ -106,7 +107,7 @@ def resume_config(run_folder: Path) -> UpConfig:
     head = run_folder / "head.json"
     if head.exists():
         pid = json.loads(head.read_text()).get("pid")
-        if pid and _process_exists(pid):
+        if pid and process_lives(pid):
             raise PostrainError(f"the run in {run_folder} is still going (head pid {pid}); stop it with "
                                 f"`postrain down {run_folder}` before resuming it")
     config = load_up_config(path)
@@ -115,15 +116,6 @@ def resume_config(run_folder: Path) -> UpConfig:
         raise PostrainError(f"{path} names no [run] driver; only a driven run (an orchestrator) can resume")
     return config
 
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def main(args) -> int:

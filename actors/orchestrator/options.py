@@ -6,8 +6,6 @@ orchestrator) gets the same value.
 """
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field
 
 from ..records import SamplingParams
