@@ -379,11 +379,14 @@ async def test_a_stop_inside_the_warm_start_checkpoints_the_steps_done_and_resum
 @async_test
 async def test_an_evaluation_that_lost_episodes_to_a_kill_is_redone_not_half_counted(tmp_path):
     folder = tmp_path / "run"
-    options = orchestrator_options(num_steps=1, num_eval_tasks=16, max_rollout_retries=0)
+    # 64 tasks: an evaluation long enough (seconds) that a kill triggered by a heartbeat's figures
+    # (up to one interval old) still lands inside it, also on a loaded machine
+    options = orchestrator_options(num_steps=1, num_eval_tasks=64, max_rollout_retries=0)
 
     async def kill_generator_mid_evaluation(sup, lines):
         await until(lambda: any("evaluating the initial policy" in line for line in lines))
-        await until(lambda: (load := sup.records["orchestrator"].load) is not None and (load.running or 0) > 0)
+        await until(lambda: (load := sup.records["generator"].load) is not None and (load.running or 0) > 0)
+        assert not any("held-out accuracy before" in line for line in lines), "the kill came too late"
         sup.kill("generator")
 
     summary, lines, restarts = await run_with_killer(folder, options, kill_generator_mid_evaluation)
