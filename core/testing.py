@@ -4,6 +4,7 @@ setup), `async_test`, which runs an async test function on trio, and `leftovers`
 from __future__ import annotations
 
 import functools
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -275,3 +276,25 @@ cpus = 0.25
 memory_mb = 0
 options = {{ peer = "echo", steps = {steps}, step_s = {step_s} }}
 """
+
+
+def to_toml(doc: dict) -> str:
+    """A run config dict as TOML text (tests write configs for `postrain up` with it): top-level
+    tables, lists of tables as `[[name]]`, inline tables and arrays below them."""
+    def value(v):
+        if isinstance(v, dict):
+            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return repr(v)
+    out = []
+    for table, body in doc.items():
+        for entry in (body if isinstance(body, list) else [body]):
+            out.append(f"[[{table}]]" if isinstance(body, list) else f"[{table}]")
+            out += [f"{k} = {value(v)}" for k, v in entry.items()]
+            out.append("")
+    return "\n".join(out)

@@ -29,7 +29,7 @@ from postrain.actors.tasks import get_task
 from postrain.core import ActorSpec, Supervisor
 from postrain.core.errors import ActorDiedError, RemoteError
 from postrain.actors.ledger import read_events
-from postrain.core.testing import async_test
+from postrain.core.testing import async_test, to_toml
 
 TASK_OPTIONS = {"include_instructions": False, "max_digits": 1}
 LEARNER = {"lr": 1e-3}
@@ -268,23 +268,10 @@ def test_head_killed_leaves_no_orphans_and_resume_trains_each_batch_once_in_the_
 
 
 def _toml_actors(orchestrator: dict) -> str:
-    """The actor specs as TOML tables (inline tables for the options)."""
-    def value(v):
-        if isinstance(v, dict):
-            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, str):
-            return json.dumps(v)
-        if isinstance(v, list):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        return repr(v)
-    out = []
-    for spec in specs(orchestrator):
-        out.append(f'[[actors]]\nname = "{spec.name}"\ncls = "{spec.cls}"\ncpus = {spec.cpus}\nmemory_mb = 0\n'
-                   f"max_restarts = {spec.max_restarts}\nrestart_backoff_s = {spec.restart_backoff_s}\n"
-                   f"options = {value(spec.options)}\n")
-    return "\n".join(out)
+    """The actor specs as TOML `[[actors]]` tables."""
+    return to_toml({"actors": [spec.model_dump(include={"name", "cls", "cpus", "max_restarts", "restart_backoff_s",
+                                                         "options"}) | {"memory_mb": 0}
+                               for spec in specs(orchestrator)]})
 
 
 # -- the warm start and evaluations ----------------------------------------------------------

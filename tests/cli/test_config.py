@@ -5,32 +5,20 @@ import pytest
 
 from postrain import cli
 from postrain.cli.up import default_config_path
+from postrain.core.testing import to_toml
 
 DEFAULT = tomllib.loads(default_config_path().read_text())
 
 
-def dump(value) -> str:
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {dump(v)}" for k, v in value.items()) + " }"
-    if isinstance(value, str):
-        return f'"{value}"'
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, list):
-        return "[" + ", ".join(dump(v) for v in value) + "]"
-    return repr(value)
-
-
 def write_default(tmp_path, *, shared=None, options_of=None) -> str:
     """The built-in config with [shared] replaced and one actor's options changed, as a file."""
-    lines = [f"[run]\nname = \"t\"\nrun_dir = \"{tmp_path}\"\ndriver = \"{DEFAULT['run']['driver']}\"",
-             "[shared]\n" + "\n".join(f"{k} = {dump(v)}" for k, v in (shared or DEFAULT["shared"]).items())]
-    for spec in DEFAULT["actors"]:
-        options = {**spec["options"], **(options_of or {}).get(spec["name"], {})}
-        lines.append(f"[[actors]]\nname = \"{spec['name']}\"\ncls = \"{spec['cls']}\"\ncpus = {spec['cpus']}\n"
-                     f"memory_mb = 0\noptions = {dump(options)}")
+    actors = [{"name": spec["name"], "cls": spec["cls"], "cpus": spec["cpus"], "memory_mb": 0,
+               "options": {**spec["options"], **(options_of or {}).get(spec["name"], {})}}
+              for spec in DEFAULT["actors"]]
+    doc = {"run": {"name": "t", "run_dir": str(tmp_path), "driver": DEFAULT["run"]["driver"]},
+           "shared": shared or DEFAULT["shared"], "actors": actors}
     path = tmp_path / "run.toml"
-    path.write_text("\n\n".join(lines) + "\n")
+    path.write_text(to_toml(doc))
     return str(path)
 
 

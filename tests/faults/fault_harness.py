@@ -40,6 +40,7 @@ import psutil
 from postrain.actors.ledger import read_events
 from postrain.cli.control import ask_head
 from postrain.cli.up import default_config_path
+from postrain.core.testing import to_toml
 
 ROLES = ("sandbox", "generator", "learner", "env", "orchestrator")
 PHASES = ("startup", "sft", "rl", "eval", "checkpoint", "shutdown")
@@ -73,27 +74,6 @@ def tiny_config(run_dir: Path, **orchestrator) -> dict:
         actor.update(memory_mb=0, max_restarts=10, restart_backoff_s=0.05)
         actor["options"] = {**actor.get("options", {}), **small.get(actor["name"], {})}
     return doc
-
-
-def to_toml(doc: dict) -> str:
-    """A run config dict as TOML: top-level tables, `[[actors]]`, inline tables below them."""
-    def value(v):
-        if isinstance(v, dict):
-            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, str):
-            return json.dumps(v)
-        if isinstance(v, list):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        return repr(v)
-    out = []
-    for table, body in doc.items():
-        for entry in (body if isinstance(body, list) else [body]):
-            out.append(f"[[{table}]]" if isinstance(body, list) else f"[{table}]")
-            out += [f"{k} = {value(v)}" for k, v in entry.items()]
-            out.append("")
-    return "\n".join(out)
 
 
 # ----------------------------------------------------------------------------- one run
