@@ -36,6 +36,7 @@ from pydantic import Field
 from postrain.core import Actor, Load, Options, handler
 
 from .checkpoint import load_model
+from .device import resolve_device
 from .engine import Engine, RequestOutput
 from .records import GeneratedSample, GenerateReply, GenerateRequest, WeightSync, WeightSyncReply
 from .sampling import SamplingParams
@@ -56,6 +57,9 @@ class GeneratorOptions(Options):
     max_num_seqs: int = Field(32, ge=1, description="sequences decoded together at most (the batch)")
     weight_precision: Literal["float32", "float16"] = Field("float32", description="'float16': sample "
                                                             "with float16 weight copies (x86 CPU; see Engine)")
+    device: str = Field("auto", description="'auto' (the GPU the scheduler placed it on, where its spec "
+                        "has gpus = 1; else the CPU), 'cpu', 'cuda' or 'cuda:N': where the model, the KV "
+                        "cache and the sampling are")
 
 
 class GeneratorActor(Actor):
@@ -65,7 +69,8 @@ class GeneratorActor(Actor):
         """Load the model, build the engine, start the engine loop. Cancelled: the process is
         ending (a start past its timeout), so nothing outlives it."""
         options = self.options
-        self.model, self.tokenizer = load_model(options.model, seed=options.seed)
+        self.model, self.tokenizer = load_model(options.model, seed=options.seed,
+                                                device=resolve_device(options.device))
         self.engine = Engine(self.model, self.tokenizer, kv_cache_mb=options.kv_cache_mb,
                              max_num_seqs=options.max_num_seqs, seed=options.seed,
                              weight_precision=options.weight_precision)
