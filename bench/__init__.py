@@ -7,7 +7,8 @@ A benchmark is a module here with one function:
 `results` and `peer` hold the same figure names, ours and the reference's,
 measured in the same run; `run_benchmark` adds `ratio` (ours / theirs) for
 every figure both have. Figures are medians over repeats. Names carry their
-unit (`rtt_p50_us`, `msgs_per_s`).
+unit (`rtt_p50_us`, `msgs_per_s`). A benchmark that needs what this machine lacks returns
+{"skipped": "the one line that says why"} instead, and is reported so, not as a failure.
 """
 from __future__ import annotations
 
@@ -22,12 +23,15 @@ BENCHMARKS: dict[str, str] = {
     "kvpool": "postrain.bench.kvpool",
     "learner": "postrain.bench.learner",
     "e2e": "postrain.bench.e2e",
+    "device": "postrain.bench.device",
 }
 
 
 def run_benchmark(name: str, quick: bool = False) -> dict:
     module = importlib.import_module(BENCHMARKS[name])
     report = module.run(quick=quick)
+    if report.get("skipped"):           # nothing to measure on this machine (e.g. no GPU), not a failure
+        return {"bench": name, "skipped": report["skipped"]}
     peer = report.get("peer", {})
     ratio = {}
     for key, ours in report["results"].items():
@@ -55,6 +59,9 @@ def format_table(reports: list[dict]) -> str:
     for report in reports:
         if "error" in report:
             rows.append((report["bench"], f"error: {report['error']}", "-", "-", "-"))
+            continue
+        if "skipped" in report:
+            rows.append((report["bench"], report["skipped"], "-", "-", "-"))
             continue
         for key, ours in report["results"].items():
             rows.append((report["bench"], key, _fmt(ours), _fmt(report["peer"].get(key)),

@@ -59,5 +59,6 @@ def main(args) -> int:
         if args.json:
             print(json.dumps(report), flush=True)
     if not args.json:
-        print(registry.format_table(reports))
+        only_skipped = len(reports) == 1 and "skipped" in reports[0]
+        print(reports[0]["skipped"] if only_skipped else registry.format_table(reports))
     return 1 if any("error" in report for report in reports) else 0

@@ -101,6 +101,12 @@ class EchoActor(Actor):
         """The body back. Does not wait (cancel-safe)."""
         return body
 
+    @handler("environ")
+    async def environ(self, body):
+        """{name: value or None} of this process's environment for the names in the body. Does
+        not wait (cancel-safe)."""
+        return {name: os.environ.get(name) for name in body}
+
     @handler("sum_array")
     async def sum_array(self, body):
         """The sum of a received array. Does not wait (cancel-safe)."""

@@ -1,8 +1,20 @@
-"""Shared test settings, and `small_disk`: a real full disk for the tests of full-disk behaviour."""
+"""Shared test settings, the `gpu` marker's skip rule, and `small_disk`: a real full disk for the
+tests of full-disk behaviour."""
 import logging
 import subprocess
 
 import pytest
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` skip, with the reason, where torch sees no CUDA GPU."""
+    import torch
+    if torch.cuda.is_available():
+        return
+    reason = "needs a CUDA GPU (torch here: " + ("a CPU build)" if torch.version.cuda is None else "no GPU visible)")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture(autouse=True)

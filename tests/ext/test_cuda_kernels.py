@@ -169,6 +169,7 @@ def test_harness_logprob_gather_equals_reference(harness, dtype, temperature):
 
 # ------------------------------------------------------------------ GPU parity
 
+@pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("mode", ["grpo", "dr_grpo", "rloo"])
 def test_gpu_compute_advantages_matches_torch(mode):
@@ -185,6 +186,7 @@ def test_gpu_compute_advantages_matches_torch(mode):
     assert torch.equal(ours.keep_samples, ref.keep_samples)
 
 
+@pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("agg_mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
                                       "seq-mean-token-sum-norm"])
@@ -204,6 +206,7 @@ def test_gpu_policy_loss_matches_torch(agg_mode):
         assert results["cupy"][2][key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
 
 
+@pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_logprobs_match_torch(dtype):
