@@ -442,6 +442,49 @@ cdef class KVBlockPool:
         self.total_tokens -= seq.num_tokens
         self.total_table_blocks -= seq.num_table_blocks
 
+    def truncate(self, seq_id, token_ids):
+        """Cut the sequence back to its first len(token_ids) tokens; return the (src, dst) block
+        copy the engine must do first. Same contract as the twin's truncate."""
+        cdef _Seq seq = self._get(seq_id, "truncate")
+        cdef int32_t* toks
+        cdef Py_ssize_t count = self._load_tokens(token_ids, &toks)
+        if count > seq.num_tokens:
+            raise InvalidArgumentError(f"truncate: sequence {seq_id!r} has {seq.num_tokens} tokens, "
+                                       f"cannot keep {count}; keep at most {seq.num_tokens}")
+        if count == seq.num_tokens:
+            return []
+        cdef int64_t B = self.block_size_tokens
+        cdef int32_t num_kept = <int32_t>((count + B - 1) // B), i, num_releasable = 0
+        cdef int32_t cut_block = seq.table[num_kept - 1] if count % B else KVP_NIL
+        cdef bint copy = cut_block != KVP_NIL and self.blocks[cut_block].ref_or_prev > 1
+        for i in range(num_kept, seq.num_table_blocks):
+            num_releasable += self.blocks[seq.table[i]].ref_or_prev == 1
+        if copy and self.free_uncached.length + self.free_cached.length + num_releasable == 0:
+            raise OutOfBlocksError(f"truncate: sequence {seq_id!r} needs a block to copy its shared "
+                                   f"last block into, none is free; free or preempt sequences first")
+        for i in range(seq.num_table_blocks - 1, num_kept - 1, -1):
+            self._release(seq.table[i])
+        self.total_table_blocks -= seq.num_table_blocks - num_kept
+        seq.num_table_blocks = num_kept
+        self.total_tokens -= seq.num_tokens - count
+        cdef int64_t num_full_before = seq.num_tokens // B, num_full = count // B
+        seq.num_tokens = count
+        pairs = []
+        if copy:
+            pairs.append(self._copy_on_write(seq))
+        elif cut_block != KVP_NIL and self.blocks[cut_block].block_hash:
+            self._index_remove(cut_block)
+        if toks != NULL:
+            if num_full < num_full_before:
+                seq.last_hash = 0
+                for i in range(num_full):
+                    seq.last_hash = kvp_finish(kvp_content(KVP_HASH_OFFSET, toks + i * B, B),
+                                               seq.last_hash, seq.salt)
+            seq.partial_state = 0
+            if count % B:
+                seq.partial_state = kvp_content(KVP_HASH_OFFSET, toks + num_full * B, count - num_full * B)
+        return pairs
+
     def reset_prefix_cache(self):
         """Forget every cached hash (e.g. after a weight update); return how many."""
         cdef int32_t num_forgotten = self.num_indexed, b

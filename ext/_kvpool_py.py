@@ -334,14 +334,63 @@ class KVBlockPool:
             raise UnknownSequenceError(f"free: no sequence {seq_id!r} (never allocated, or "
                                        f"already freed: a double free); free each seq_id once")
         for b in reversed(seq.table):
-            self._ref_count[b] -= 1
-            if self._ref_count[b] == 0:
-                if self._block_hash[b]:
-                    self._free_cached[b] = None
-                else:
-                    self._free_uncached.append(b)
+            self._release(b)
         self._total_tokens -= seq.num_tokens
         self._total_table_blocks -= len(seq.table)
+
+    def truncate(self, seq_id, token_ids) -> list[tuple[int, int]]:
+        """Cut the sequence back to its first len(token_ids) tokens (e.g. drafted tokens that
+        a verify pass rejected); return the (src, dst) block copy the engine must do first.
+
+        token_ids are the tokens the sequence keeps (its first ones; a bare count with
+        prefix caching off): they re-derive the hash state of the kept blocks. Whole blocks
+        past the cut are released as `free` releases them (hashed ones stay cached: their
+        contents still match their hash). The block the cut lands inside, if any, becomes
+        this sequence's partial last block: it leaves the prefix index (its tail will be
+        overwritten), or, when other tables share it, the sequence moves onto a copy of it
+        (copy-on-write, as `append` does). Raises OutOfBlocksError, changing nothing, when
+        that copy needs a block and none is free.
+        """
+        seq = self._get(seq_id, "truncate")
+        tokens, count = self._tokens(token_ids)
+        if count > seq.num_tokens:
+            raise InvalidArgumentError(f"truncate: sequence {seq_id!r} has {seq.num_tokens} tokens, "
+                                       f"cannot keep {count}; keep at most {seq.num_tokens}")
+        if count == seq.num_tokens:
+            return []
+        B = self.block_size_tokens
+        num_kept_blocks = -(-count // B)
+        dropped = seq.table[num_kept_blocks:]
+        cut_block = seq.table[num_kept_blocks - 1] if count % B else None
+        copy = cut_block is not None and self._ref_count[cut_block] > 1
+        if copy and self.num_free_blocks + sum(self._ref_count[b] == 1 for b in dropped) == 0:
+            raise OutOfBlocksError(f"truncate: sequence {seq_id!r} needs a block to copy its shared "
+                                   f"last block into, none is free; free or preempt sequences first")
+        for b in reversed(dropped):
+            self._release(b)
+        del seq.table[num_kept_blocks:]
+        self._total_table_blocks -= len(dropped)
+        self._total_tokens -= seq.num_tokens - count
+        num_full_before = seq.num_tokens // B
+        seq.num_tokens = count
+        pairs = []
+        if copy:
+            pairs.append(self._copy_on_write(seq))
+        elif cut_block is not None and self._block_hash[cut_block]:
+            del self._index[self._block_hash[cut_block]]
+            self._block_hash[cut_block] = 0
+        if tokens is not None:
+            num_full = count // B
+            if num_full < num_full_before:
+                seq.last_hash = 0
+                for i in range(num_full):
+                    seq.last_hash = block_hash(seq.last_hash, tokens[i * B:(i + 1) * B], seq.salt)
+            seq.partial_state = 0
+            if count % B:
+                seq.partial_state = HASH_OFFSET
+                for t in tokens[num_full * B:count]:
+                    seq.partial_state = _step(seq.partial_state, t)
+        return pairs
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached hash (e.g. after a weight update); return how many."""
@@ -454,6 +503,15 @@ class KVBlockPool:
                 seq.partial_state = 0
             elif caching:
                 seq.partial_state = state
+
+    def _release(self, b: int) -> None:
+        """Drop one table's reference to block b; at 0 it goes to its free list's tail."""
+        self._ref_count[b] -= 1
+        if self._ref_count[b] == 0:
+            if self._block_hash[b]:
+                self._free_cached[b] = None
+            else:
+                self._free_uncached.append(b)
 
     def _pop_free(self) -> int:
         if self._free_uncached:

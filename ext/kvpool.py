@@ -5,6 +5,7 @@
     num_cached = pool.allocate(seq_id, prompt_ids)     # skip prefill of the first num_cached tokens
     copies = pool.append(seq_id, [next_token])         # do these (src, dst) block copies first
     pool.fill_block_tables(batch_ids, out)             # int32 (batch, max_blocks) for the kernel
+    pool.truncate(seq_id, kept_ids)                   # roll back rejected drafted tokens
     pool.free(seq_id)
 
 `KVBlockPool` is the compiled extension (`_kvpool.pyx`) when it is built, else
@@ -52,10 +53,10 @@ class CheckedKVBlockPool:
     """A pool that runs check_invariants() after every mutation: for an engine's tests.
 
     Wraps KVBlockPool (or `impl`); every attribute is the pool's, and allocate, append, fork,
-    free and reset_prefix_cache raise AssertionError as soon as an invariant breaks.
+    free, truncate and reset_prefix_cache raise AssertionError as soon as an invariant breaks.
     """
 
-    _MUTATIONS = frozenset({"allocate", "append", "fork", "free", "reset_prefix_cache"})
+    _MUTATIONS = frozenset({"allocate", "append", "fork", "free", "truncate", "reset_prefix_cache"})
 
     def __init__(self, *args, impl=None, **kwargs):
         self._pool = (impl or KVBlockPool)(*args, **kwargs)

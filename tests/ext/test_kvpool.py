@@ -298,6 +298,41 @@ def test_import_path_picks_implementation(choice, expected):
     assert out.stdout.split() == [expected, expected]
 
 
+def test_truncate_rolls_back_drafted_tokens(Pool):
+    pool = Pool(8, 4)
+    pool.allocate(1, prompt(6))                         # blocks 0, 1 (2 slots used)
+    assert pool.append(1, prompt(7, 6)) == []           # 13 tokens: blocks 0-3, 0-2 full and hashed
+    assert pool.truncate(1, prompt(9)) == []            # keep 9: block 3 released, block 2 cut
+    assert pool.num_tokens(1) == 9 and pool.block_table(1) == [0, 1, 2]
+    assert pool.block_hash(2) == 0 and pool.block_hash(1) != 0   # the cut block leaves the index
+    assert pool.num_free_blocks == 5
+    pool.append(1, [100, 101, 102])                     # the hash state is that of the kept tokens
+    other = Pool(8, 4)
+    other.allocate(1, prompt(9) + [100, 101, 102])
+    assert pool.debug_state()["sequences"][1]["last_hash"] == \
+        other.debug_state()["sequences"][1]["last_hash"]
+    assert pool.truncate(1, prompt(8)) == [] and pool.block_table(1) == [0, 1]
+    pool.check_invariants()
+
+
+def test_truncate_copies_a_shared_cut_block_and_checks_first(Pool):
+    pool = Pool(4, 4)
+    pool.allocate(1, prompt(8))
+    pool.fork(1, 2)                                     # both hold full blocks 0 and 1
+    assert pool.truncate(2, prompt(6)) == [(1, 2)]      # 2 moves onto a copy of block 1
+    assert pool.block_table(1) == [0, 1] and pool.block_table(2) == [0, 2]
+    pool.fork(2, 3)
+    pool.allocate(4, prompt(4, 50))                     # the last free block
+    with pytest.raises(OutOfBlocksError, match="truncate: sequence 3 needs a block"):
+        pool.truncate(3, prompt(5))
+    assert pool.num_tokens(3) == 6                      # nothing changed
+    with pytest.raises(InvalidArgumentError, match="has 6 tokens, cannot keep 7"):
+        pool.truncate(3, prompt(7))
+    with pytest.raises(UnknownSequenceError):
+        pool.truncate(9, [])
+    pool.check_invariants()
+
+
 def test_checked_pool_checks_after_every_mutation(Pool):
     pool = CheckedKVBlockPool(8, 4, impl=Pool)
     pool.allocate(1, prompt(6))

@@ -1,7 +1,8 @@
 """Stateful property test: the compiled KV block allocator against its pure-Python twin.
 
 Hypothesis drives random operation sequences (allocate with shared prefixes and salts,
-append, fork, free, lookups, cache resets, misuse) against both pools side by side. Every
+append, fork, free, truncate, speculative steps that append drafted tokens and roll back a
+random number of them, lookups, cache resets, misuse) against both pools side by side. Every
 step must return the same value or raise the same error type in both, and after every
 step both pools' full states must be equal and pass check_invariants(): every block is
 free or referenced, never both; each ref count equals the number of tables holding the
@@ -16,7 +17,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from postrain.ext._kvpool import KVBlockPool as CompiledKVBlockPool
-from postrain.ext._kvpool_py import KVBlockPool as PythonKVBlockPool, KVPoolError, OutOfBlocksError
+from postrain.ext._kvpool_py import HASH_OFFSET, KVPoolError, OutOfBlocksError, _step, block_hash
+from postrain.ext._kvpool_py import KVBlockPool as PythonKVBlockPool
 
 # Prompts from a tiny vocabulary over a few shared stems, so prefix hits are common.
 STEMS = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 9, 9, 9, 9], [7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7]]
@@ -48,6 +50,7 @@ class TwinMachine(RuleBasedStateMachine):
                       PythonKVBlockPool(num_blocks, block_size_tokens, enable_prefix_caching)]
         self.caching = enable_prefix_caching
         self.live: list[int] = []
+        self.tokens: dict[int, list[int]] = {}    # each live sequence's token ids, as the pools hold them
         self.next_id = 100
 
     def _tokens(self, tokens, as_array):
@@ -71,14 +74,18 @@ class TwinMachine(RuleBasedStateMachine):
         seq_id = self._new_id()
         outcome = _both(self.pools, "allocate", seq_id, self._tokens(tokens, as_array), salt)
         self._track(outcome, added=seq_id)
+        if outcome[0] == "ok":
+            self.tokens[seq_id] = list(tokens)
         if outcome == ("error", OutOfBlocksError) and self.live:
+            self.tokens.pop(self.live[0])
             self._track(_both(self.pools, "free", self.live[0]), removed=self.live[0])  # preempt
 
     @precondition(lambda self: self.live)
     @rule(data=st.data(), tokens=st.lists(st.integers(0, 9), max_size=6), as_array=st.booleans())
     def append(self, data, tokens, as_array):
         seq_id = data.draw(st.sampled_from(self.live))
-        _both(self.pools, "append", seq_id, self._tokens(tokens, as_array))
+        if _both(self.pools, "append", seq_id, self._tokens(tokens, as_array))[0] == "ok":
+            self.tokens[seq_id] += tokens
 
     @precondition(lambda self: self.live)
     @rule(data=st.data(), duplicate=st.booleans(), as_array=st.booleans())
@@ -87,19 +94,48 @@ class TwinMachine(RuleBasedStateMachine):
         if duplicate:
             seq_ids.append(seq_ids[0])
         tokens = data.draw(st.lists(st.integers(0, 9), min_size=len(seq_ids), max_size=len(seq_ids)))
-        _both(self.pools, "append_batch", seq_ids, np.array(tokens, np.int32) if as_array else tokens)
+        outcome = _both(self.pools, "append_batch", seq_ids, np.array(tokens, np.int32) if as_array else tokens)
+        if outcome[0] == "ok":
+            for seq_id, token in zip(seq_ids, tokens):
+                self.tokens[seq_id].append(token)
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())
     def fork(self, data):
         parent, child = data.draw(st.sampled_from(self.live)), self._new_id()
-        self._track(_both(self.pools, "fork", parent, child), added=child)
+        outcome = _both(self.pools, "fork", parent, child)
+        self._track(outcome, added=child)
+        if outcome[0] == "ok":
+            self.tokens[child] = list(self.tokens[parent])
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())
     def free(self, data):
         seq_id = data.draw(st.sampled_from(self.live))
         self._track(_both(self.pools, "free", seq_id), removed=seq_id)
+        self.tokens.pop(seq_id, None)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), as_array=st.booleans())
+    def truncate(self, data, as_array):
+        seq_id = data.draw(st.sampled_from(self.live))
+        kept = self.tokens[seq_id][:data.draw(st.integers(0, len(self.tokens[seq_id]) + 1))]
+        if _both(self.pools, "truncate", seq_id, self._tokens(kept, as_array))[0] == "ok":
+            self.tokens[seq_id] = kept
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), drafts=st.lists(st.integers(0, 9), max_size=6))
+    def speculative_step(self, data, drafts):
+        """A verify step: reserve the last token plus the drafts, then keep the accepted ones."""
+        seq_id = data.draw(st.sampled_from(self.live))
+        step = [data.draw(st.integers(0, 9))] + drafts
+        if _both(self.pools, "append", seq_id, self._tokens(step, False))[0] != "ok":
+            return
+        self.tokens[seq_id] += step
+        num_accepted = data.draw(st.integers(0, len(drafts)))
+        kept = self.tokens[seq_id][:len(self.tokens[seq_id]) - len(drafts) + num_accepted]
+        assert _both(self.pools, "truncate", seq_id, self._tokens(kept, False))[0] == "ok"
+        self.tokens[seq_id] = kept
 
     @rule(data=st.data(), n=st.integers(0, 20))
     def queries(self, data, n):
@@ -147,6 +183,25 @@ class TwinMachine(RuleBasedStateMachine):
         for pool in self.pools:
             pool.check_invariants()
         assert self.pools[0].debug_state() == self.pools[1].debug_state()
+
+    @invariant()
+    def hash_state_matches_the_tokens(self):
+        """Every sequence's hash state is what its tokens give, however it got them (a
+        truncate re-derives it)."""
+        if not getattr(self, "caching", False):
+            return
+        B = self.pools[0].block_size_tokens
+        for seq_id, seq in self.pools[1].debug_state()["sequences"].items():
+            tokens, num_full = self.tokens[seq_id], len(self.tokens[seq_id]) // B
+            last_hash = 0
+            for i in range(num_full):
+                last_hash = block_hash(last_hash, tokens[i * B:(i + 1) * B], seq["salt"])
+            partial = 0
+            if len(tokens) % B:
+                partial = HASH_OFFSET
+                for t in tokens[num_full * B:]:
+                    partial = _step(partial, t)
+            assert (seq["last_hash"], seq["partial_state"]) == (last_hash, partial), seq_id
 
     def teardown(self):
         if not hasattr(self, "pools"):
