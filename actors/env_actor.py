@@ -223,7 +223,7 @@ class EnvironmentActor(Actor):
         """The sandbox handle: looked up only when the task needs one or `sandbox` names one.
         Cancellation: nothing is left behind (no attribute is set; `lookup` makes no reference)."""
         name = self.options.sandbox
-        needs = self.task.uses_sandbox
+        needs = self.task.needs_sandbox(self.task_options)
         if name is None:
             name = DEFAULT_SANDBOX if needs else ""
         if not name:

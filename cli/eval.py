@@ -67,7 +67,7 @@ async def evaluate(model_spec: str, task_name: str, task_options: dict, num_task
     scores, failed = [], 0
     with contextlib.ExitStack() as stack:
         sandbox = None
-        if task.uses_sandbox:
+        if task.needs_sandbox(task_options):
             from postrain.sandbox import Sandbox
             sandbox = LocalSandbox(stack.enter_context(Sandbox(mode="warm", num_workers=1)))
         for item in tasks:

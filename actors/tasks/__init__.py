@@ -3,7 +3,9 @@
 A task is a `TaskSpec`: an environment class, an endless seeded stream of training tasks, a fixed
 held-out evaluation set, and (optionally) supervised demonstrations. Configs name a task:
 
-    spec = get_task("arithmetic")                 # built-in: "arithmetic", "code"
+    spec = get_task("arithmetic")                 # built-in: "arithmetic", "code", "dataset",
+                                                  # "reasoning_gym" (a mixture of families)
+    spec = get_task("reasoning_gym:chain_sum")    # one reasoning-gym family
     spec = get_task("my_pkg.tasks:SPEC")          # yours, by import path (a TaskSpec, or a
                                                   # function with no arguments that returns one)
     spec = get_task("my_pkg.reverse:ReverseEnv")  # an Environment subclass: its classmethods
@@ -28,7 +30,7 @@ from postrain.core import Options, import_object
 from postrain.core.errors import PostrainError
 
 from ..environment import Environment, check_options
-from . import arithmetic, code, demonstrations
+from . import arithmetic, code, dataset, demonstrations, reasoning_gym
 
 
 class TaskError(PostrainError, ValueError):
@@ -61,6 +63,12 @@ class TaskSpec:
     def uses_sandbox(self) -> bool:
         """Its environment runs code (`Environment.uses_sandbox`): a run needs a sandbox actor."""
         return bool(self.env_class.uses_sandbox)
+
+    def needs_sandbox(self, options: dict | None = None) -> bool:
+        """`uses_sandbox`, or, for an environment class with a classmethod `needs_sandbox(options)`,
+        its answer for these options (a dataset task scored by `code_tests` runs code)."""
+        by_options = getattr(self.env_class, "needs_sandbox", None)
+        return self.uses_sandbox or bool(by_options and by_options(self.check_options(options)))
 
     def check_options(self, options: dict | None) -> dict:
         """A copy of `options`, checked by `options_model`; TaskOptionsError names a bad one."""
@@ -124,6 +132,8 @@ def get_task(name: str) -> TaskSpec:
     subclass (`TaskSpec.from_environment`, named by the path)."""
     if name in _REGISTRY:
         return _REGISTRY[name]
+    if name.startswith(reasoning_gym.PREFIX):
+        return reasoning_gym.family_task(name.removeprefix(reasoning_gym.PREFIX))
     if ":" not in name:
         raise TaskError(f"unknown task {name!r}; registered: {sorted(_REGISTRY)}; fix: use one of "
                         f"those or an import path 'package.module:SPEC' (or ':EnvClass')")
@@ -152,16 +162,23 @@ ARITHMETIC = register_task(TaskSpec(
 CODE = register_task(TaskSpec(
     "code", code.CodeEnv, code.train_tasks, code.eval_tasks, _code_demos,
     "write a function; run the visible tests, revise; graded on hidden tests"))
+DATASET = register_task(TaskSpec(
+    "dataset", dataset.DatasetEnv, dataset.train_tasks, dataset.eval_tasks,
+    description="prompts and answers from a local JSONL/Parquet/Arrow file, scored by a reward function"))
+REASONING_GYM = register_task(TaskSpec(
+    "reasoning_gym", reasoning_gym.ReasoningGymEnv, reasoning_gym.mixture_train_tasks,
+    reasoning_gym.mixture_eval_tasks,
+    description="a weighted mixture of reasoning-gym families, each scored by its own verifier"))
 
-__all__ = ["ARITHMETIC", "CODE", "TaskError", "TaskSpec", "get_task", "list_tasks", "register_task"]
+__all__ = ["ARITHMETIC", "CODE", "DATASET", "REASONING_GYM", "TaskError", "TaskSpec", "get_task", "list_tasks", "register_task"]
 
 
 class TaskOptions(Options):
     """The task fields of a role's options (the orchestrator's and the environment actor's), shared
     through a run config's `[shared]`: both roles must read the same task with the same knobs."""
 
-    task: str = Field("arithmetic", description="the task: a registered name ('arithmetic', 'code'), "
-                      "'pkg.mod:TASK' (a TaskSpec or a function returning one) or 'pkg.mod:EnvClass' "
+    task: str = Field("arithmetic", description="the task: a registered name ('arithmetic', 'code', "
+                      "'dataset', 'reasoning_gym'), 'reasoning_gym:FAMILY', 'pkg.mod:TASK' (a TaskSpec or a function returning one) or 'pkg.mod:EnvClass' "
                       "(an Environment subclass)")
     task_options: dict[str, Any] = Field(default_factory=dict, description="the task's knobs (part of the "
                                          "data order: a resume must keep them); checked by its options model")

@@ -1,0 +1,247 @@
+"""Dataset tasks: prompts and reference answers from a local file, scored by a reward function.
+
+    task = "dataset"
+    task_options = { path = "data/train.jsonl", prompt_field = "question", answer_field = "answer",
+                     reward = "math", eval_fraction = 0.05 }
+
+The file is JSONL (one JSON object per line), JSON (a list of objects), Parquet, Arrow (an IPC
+file or stream, as `datasets` writes them), or a folder of such files (read in name order; a
+`datasets.save_to_disk` folder is one: its metadata files are skipped). Nothing is downloaded: the files are read with pyarrow.
+The prompt field holds a string (one user message) or a list of chat messages; the answer field
+the reference the reward reads (`rewards.py`: `exact`, `last_integer`, `math`, `code_tests`, or
+'pkg.mod:fn' of fn(completion, example), which gets the whole row). Every row is checked when the
+file is read: a missing field is a `DatasetError` naming the file and the row (1-based; the line
+of a JSONL file).
+
+Held-out split, disjoint by construction: with `eval_path`, training reads all of `path` and
+evaluation all of `eval_path`; without, a row is held out iff the first 8 bytes of
+sha256(f"{split_seed}:" + its prompt as JSON) fall below `eval_fraction` of their range, so
+the same prompt lands on the same side wherever it occurs. Training walks the training rows in
+epochs, each shuffled by (seed, epoch); evaluation takes the first `num_eval` held-out rows in
+file order.
+
+The episode is single-turn: the prompt (after `system_prompt`, if set), one assistant turn, its
+reward. A reward that raises or hangs fails only its sample (`rewards.py`'s failure rule).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+import json
+import random
+from pathlib import Path
+from typing import Iterator
+
+from pydantic import Field, field_validator
+
+from postrain.core import Options
+from postrain.core.errors import PostrainError
+
+from ..environment import Environment, EnvironmentContractError, StepResult, validate_observation
+from .rewards import RewardError, RewardFunction, load_reward
+
+SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")
+_DATASETS_METADATA = ("dataset_info.json", "state.json")   # what `datasets.save_to_disk` writes beside the data
+
+
+class DatasetError(PostrainError, ValueError):
+    """A dataset file that cannot be read, or a row without a field the task needs."""
+
+
+class DatasetOptions(Options):
+    """The task options of `dataset`."""
+
+    path: str = Field(description="the training data: a .jsonl, .json, .parquet or .arrow file, or a "
+                      "folder of them")
+    eval_path: str | None = Field(None, description="the held-out data (same formats); none: a seeded "
+                                  "`eval_fraction` of `path` is held out")
+    eval_fraction: float = Field(0.05, ge=0, lt=1, description="share of `path` held out when there is "
+                                 "no eval_path (by a hash of the prompt)")
+    split_seed: int = Field(0, description="seed of the held-out hash: another seed, another split")
+    num_eval: int | None = Field(None, ge=0, description="held-out rows per evaluation, at most (none: all)")
+    prompt_field: str = Field("prompt", description="the row's prompt: a string or a list of chat messages")
+    answer_field: str = Field("answer", description="the row's reference answer (read by the built-in "
+                              "rewards; a user reward gets the whole row)")
+    reward: str = Field("exact", description="exact, last_integer, math (math-verify), code_tests "
+                        "(sandbox) or 'pkg.mod:fn' of fn(completion, example) -> float | dict[str, float]")
+    reward_timeout_s: float = Field(30.0, gt=0, description="a reward call past this fails its sample, "
+                                    "seconds")
+    system_prompt: str | None = Field(None, description="a system message before every prompt")
+    max_turns: int = Field(1, ge=1, le=1, description="single-turn: one assistant turn per episode")
+
+    @field_validator("reward")
+    @classmethod
+    def _known_reward(cls, value: str) -> str:
+        load_reward(value)   # RewardError (a ValueError) names the problem and the fix
+        return value
+
+
+# --------------------------------------------------------------------------- reading files
+def data_files(path: str | Path) -> list[Path]:
+    """The files of a dataset: `path` itself, or the readable files of a folder in name order."""
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir()
+                       if p.suffix in SUFFIXES and p.is_file() and p.name not in _DATASETS_METADATA)
+        if not files:
+            raise DatasetError(f"dataset folder {path} holds no {'/'.join(SUFFIXES)} file; fix: point "
+                               f"`path` at the data")
+        return files
+    if not path.exists():
+        raise DatasetError(f"dataset file {path} does not exist; fix: check `path` (relative paths are "
+                           f"relative to the directory the run starts in)")
+    if path.suffix not in SUFFIXES:
+        raise DatasetError(f"dataset file {path} is not {'/'.join(SUFFIXES)}; fix: convert it, e.g. "
+                           f"datasets.Dataset.to_parquet")
+    return [path]
+
+
+def read_rows(path: Path) -> Iterator[tuple[str, dict]]:
+    """(where, row) for every row of one file; `where` is 'FILE line N' or 'FILE row N' (1-based)."""
+    if path.suffix == ".jsonl":
+        with path.open(encoding="utf-8") as lines:
+            for number, line in enumerate(lines, 1):
+                if line.strip():
+                    yield f"{path} line {number}", _parse_json_line(line, path, number)
+        return
+    if path.suffix == ".json":
+        rows = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(rows, list):
+            raise DatasetError(f"{path} must hold a JSON list of objects; fix: or write it as JSONL")
+    else:
+        rows = _read_arrow(path).to_pylist()
+    for number, row in enumerate(rows, 1):
+        if not isinstance(row, dict):
+            raise DatasetError(f"{path} row {number} is a {type(row).__name__}, not an object")
+        yield f"{path} row {number}", row
+
+
+def _parse_json_line(line: str, path: Path, number: int) -> dict:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise DatasetError(f"{path} line {number} is not JSON: {exc}") from None
+    if not isinstance(row, dict):
+        raise DatasetError(f"{path} line {number} is a {type(row).__name__}, not a JSON object")
+    return row
+
+
+def _read_arrow(path: Path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    try:
+        if path.suffix == ".parquet":
+            return pq.read_table(path)
+        try:
+            return pa.ipc.open_file(path).read_all()
+        except pa.ArrowInvalid:
+            return pa.ipc.open_stream(path).read_all()   # `datasets` writes Arrow streams
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DatasetError(f"cannot read {path}: {exc}") from None
+
+
+def check_row(where: str, row: dict, prompt_field: str, answer_field: str | None) -> dict:
+    """`row`, once its prompt is a string or chat messages and its answer field exists."""
+    for field in (prompt_field, answer_field):
+        if field is not None and field not in row:
+            raise DatasetError(f"{where} has no field {field!r} (it has {sorted(row)}); fix: set "
+                               f"task option {'prompt_field' if field == prompt_field else 'answer_field'} "
+                               f"to the right column, or fill the row")
+    try:
+        validate_observation(row[prompt_field], where=f"{where}: field {prompt_field!r}")
+    except EnvironmentContractError as exc:
+        raise DatasetError(str(exc)) from None
+    return row
+
+
+@functools.lru_cache(maxsize=8)
+def _load(path: str, prompt_field: str, answer_field: str | None) -> tuple[tuple[str, dict], ...]:
+    rows = tuple((where, check_row(where, row, prompt_field, answer_field))
+                 for file in data_files(path) for where, row in read_rows(file))
+    if not rows:
+        raise DatasetError(f"dataset {path} has no rows")
+    return rows
+
+
+def load_rows(path: str, options: dict) -> tuple[tuple[str, dict], ...]:
+    """Every (where, row) of the dataset at `path`, each checked (`check_row`). Read once per
+    process and kept (the file must not change during a run)."""
+    reward = load_reward(options.get("reward", "exact"))
+    answer_field = options.get("answer_field", "answer") if reward.builtin else None
+    return _load(str(path), options.get("prompt_field", "prompt"), answer_field)
+
+
+# --------------------------------------------------------------------------- the split
+def in_eval_split(prompt, split_seed: int, eval_fraction: float) -> bool:
+    digest = hashlib.sha256(f"{split_seed}:{json.dumps(prompt, sort_keys=True)}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") < eval_fraction * 2 ** 64
+
+
+def _split(options: dict, held_out: bool) -> list[tuple[str, dict]]:
+    if options.get("eval_path"):
+        return list(load_rows(options["eval_path"] if held_out else options["path"], options))
+    field = options.get("prompt_field", "prompt")
+    seed, fraction = options.get("split_seed", 0), options.get("eval_fraction", 0.05)
+    return [(where, row) for where, row in load_rows(options["path"], options)
+            if in_eval_split(row[field], seed, fraction) == held_out]
+
+
+def train_tasks(seed: int = 0, options: dict | None = None) -> Iterator[dict]:
+    """An endless, deterministic stream of training rows: epochs, each shuffled by (seed, epoch)."""
+    options = options or {}
+    rows = _split(options, held_out=False)
+    if not rows:
+        raise DatasetError(f"dataset {options['path']} has no training rows (eval_fraction = "
+                           f"{options.get('eval_fraction', 0.05)} held all out); fix: lower eval_fraction")
+    for epoch in itertools.count():
+        order = list(range(len(rows)))
+        random.Random(f"dataset-{seed}-{epoch}").shuffle(order)
+        for i in order:
+            where, row = rows[i]
+            yield {"id": f"dataset-train-{seed}-{epoch}-{i}", "where": where, "example": row}
+
+
+def eval_tasks(options: dict | None = None) -> list[dict]:
+    """The held-out rows, in file order, at most `num_eval`."""
+    options = options or {}
+    rows = _split(options, held_out=True)[:options.get("num_eval")]
+    return [{"id": f"dataset-eval-{i}", "where": where, "example": row} for i, (where, row) in enumerate(rows)]
+
+
+# --------------------------------------------------------------------------- the environment
+class DatasetEnv(Environment):
+    """One prompt from a dataset row, one answer, scored by the task's reward function."""
+
+    max_turns = 1
+    options_model = DatasetOptions
+
+    @classmethod
+    def needs_sandbox(cls, options: dict) -> bool:
+        """Only the `code_tests` reward runs code."""
+        return load_reward(options.get("reward", "exact")).uses_sandbox
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.reward: RewardFunction = load_reward(self.options.get("reward", "exact"))
+
+    async def reset(self, task: dict) -> list[dict]:
+        """The prompt's messages. Does not wait (cancel-safe)."""
+        self.example = task["example"]
+        prompt = self.example[self.options.get("prompt_field", "prompt")]
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        if self.options.get("system_prompt"):
+            messages.insert(0, {"role": "system", "content": self.options["system_prompt"]})
+        return messages
+
+    async def step(self, action: str) -> StepResult:
+        """Score the answer. Raises RewardFailure (the sample is dropped). Cancellation: no
+        reward; a sync reward's thread runs on to its end."""
+        sandbox = self.require_sandbox() if self.reward.uses_sandbox else None
+        reward = await self.reward.score(action, self.example, sandbox=sandbox,
+                                         answer_field=self.options.get("answer_field", "answer"),
+                                         timeout_s=float(self.options.get("reward_timeout_s", 30.0)))
+        return StepResult(None, True, reward)
+
+
+__all__ = ["DatasetEnv", "DatasetError", "DatasetOptions", "RewardError", "eval_tasks", "train_tasks"]
