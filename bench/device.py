@@ -1,6 +1,7 @@
 """Benchmark `device`: the one prepared check of the GPU path, run when a CUDA GPU is at hand.
 
-    postrain bench device --json          # on the GPU machine: about 5 minutes on one H200
+    postrain bench device --json          # on the GPU machine, in the repository root
+    bash bench/device_check.sh run        # the same where packages must travel as wheels
 
 On a machine without a usable CUDA GPU it says so in one line and exits 0 (nothing to check).
 On a GPU machine it runs four bounded steps, the whole check within 8 minutes:
@@ -37,7 +38,6 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
 TESTS_TIMEOUT_S = 180
 RUN_TIMEOUT_S = 150
 
@@ -93,10 +93,13 @@ def _smollm2_path() -> str | None:
 # ----------------------------------------------------------------------------- 1. tests
 
 def _gpu_tests(results: dict) -> None:
+    tests = Path.cwd() / "tests"
+    if not tests.is_dir():
+        raise FileNotFoundError(f"no tests/ in {Path.cwd()}: run the device check from the repository root")
     with tempfile.TemporaryDirectory() as folder:
         report = Path(folder) / "junit.xml"
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", f"--junitxml={report}",
-                               str(REPO / "tests")], cwd=REPO, capture_output=True, text=True,
+                               str(tests)], capture_output=True, text=True,
                               timeout=TESTS_TIMEOUT_S)
         print(proc.stdout[-4000:], file=sys.stderr, flush=True)
         suite = ElementTree.parse(report).getroot()
