@@ -35,6 +35,7 @@ ledger); the actor keeps serving.
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from pydantic import Field
@@ -96,6 +97,17 @@ class RemoteSandbox:
             body["limits"] = {"wall_time_s": float(timeout_s)}
         return await self._ask("run_tests", body, timeout_s=(timeout_s or 60) + 30)
 
+    @contextlib.asynccontextmanager
+    async def session(self, files=None, limits=None):
+        """A session on the sandbox actor (`sandbox_actor.remote_session`), closed on exit; with a
+        timeline, each of its calls is a "tool" hop. Cancellation: as `remote_session` (the close
+        is still sent; a session whose close is lost is reaped by the sandbox actor)."""
+        from .sandbox_actor import remote_session
+        async with remote_session(self.ref, files=files, limits=limits) as session:
+            if self.timeline is not None:
+                session = TimedSession(session, self.timeline, self.ref.name)
+            yield session
+
     async def _ask(self, call: str, body: dict, timeout_s: float):
         """`ref.ask(call, body)`, timed as a "tool" hop when there is a timeline. Cancellation:
         the request may still run remotely; the hop stays in the timeline, status "failed: Cancelled"."""
@@ -105,6 +117,36 @@ class RemoteSandbox:
             reply = await self.ref.ask(call, body, timeout_s=timeout_s)
             hop.update(tool_status(call, reply))
         return reply
+
+
+class TimedSession:
+    """A sandbox session whose calls are "tool" hops of an episode's timeline (same methods)."""
+
+    def __init__(self, session, timeline: Timeline, actor: str):
+        self.session, self.timeline, self.actor = session, timeline, actor
+
+    async def run(self, command: str, *, stdin=None, timeout_s=None):
+        return await self._hop("session_exec", self.session.run(command, stdin=stdin, timeout_s=timeout_s))
+
+    async def run_python(self, code: str, *, stdin=None, timeout_s=None):
+        pending = self.session.run_python(code, stdin=stdin, timeout_s=timeout_s)
+        return await self._hop("session_exec", pending)
+
+    async def read_file(self, path: str):
+        return await self._hop("session_read_file", self.session.read_file(path))
+
+    async def write_file(self, path: str, data):
+        return await self._hop("session_write_file", self.session.write_file(path, data))
+
+    async def _hop(self, call: str, pending):
+        """Await the call as a hop. Cancellation: the hop records "failed: Cancelled"; the call
+        itself ends remotely within its limits."""
+        with self.timeline.hop("tool", self.actor, call=call) as hop:
+            result = await pending
+            status = getattr(result, "status", None)
+            if status is not None:
+                hop["status"] = getattr(status, "value", status)
+        return result
 
 
 def observation_ids(tokenizer: Tokenizer, conversation: list[dict], ended_with_eos: bool) -> list[int]:

@@ -44,7 +44,11 @@ The contract (`run_episode` enforces it):
   `TaskOptionsError` naming it, raised when the environment is made.
 - Sandbox: a class that runs code declares `uses_sandbox = True`; the environment actor then
   looks a sandbox actor up at setup (and refuses to start without one). An environment that
-  declares nothing runs without a sandbox actor.
+  declares nothing runs without a sandbox actor. An episode that works in one jail across its
+  turns (a shell) opens a session (`sandbox.session(files=...)`, an async context manager) in
+  `reset` and closes it in `close`, which every caller awaits whatever ended the episode.
+- Tools: `tools` names the tools its turns may call (`postrain.actors.tools`: "python", "bash");
+  the environment parses turns with `parse_action(text, self.tools)`.
 - One environment object serves one episode at a time; the caller makes a new object (or calls
   `reset` again) per sample. Cancellation of `reset`/`step`: the episode is abandoned; a handle
   call in flight ends within its own limits.
@@ -209,6 +213,14 @@ class SandboxHandle(Protocol):
         run still ends within its limits)."""
         ...
 
+    def session(self, files: dict[str, bytes] | None = None, limits: dict | None = None) -> Any:
+        """An async context manager of a sandbox session (a jail for one episode, with `files`
+        laid into its work dir): inside, awaited `run(command, stdin=None, timeout_s=None)` (bash),
+        `run_python(code)`, `read_file(path)`, `write_file(path, data)`, each an ExecResult-like
+        result or bytes; on exit the session is closed. Contract on cancellation of the enter:
+        no session is left open past the sandbox's own reaper; of a call: as `exec`."""
+        ...
+
 
 @runtime_checkable
 class GeneratorHandle(Protocol):
@@ -251,6 +263,10 @@ class LocalSandbox:
         return await arun_tests(self.sandbox, solution, tests, test_timeout_s=test_timeout_s,
                                 policy=self._policy(timeout_s), requester="environment")
 
+    def session(self, files: dict[str, bytes] | None = None, limits: dict | None = None):
+        """`Sandbox.asession`: an async context manager of a session with `files` in /work."""
+        return self.sandbox.asession(files=files, limits=limits)
+
 
 # --------------------------------------------------------------------------- the base class
 class Environment:
@@ -262,6 +278,7 @@ class Environment:
     max_turns: int = 8            # actions per episode before `truncated()` ends it
     observation_role: str = "user"  # the chat role of step observations (user works everywhere)
     uses_sandbox: ClassVar[bool] = False   # True: it runs code; the environment actor needs a sandbox
+    tools: ClassVar[tuple[str, ...]] = ("python",)  # the tools its turns may call (actors/tools.py)
     options_model: ClassVar[type[BaseModel] | None] = None  # its task options' model; None: unchecked
 
     def __init__(self, *, sandbox: SandboxHandle | None = None,

@@ -6,7 +6,14 @@ An assistant turn ends in exactly one of:
     print(3817 * 29 - 412)
     </python>                      a tool call: run this Python in the sandbox
 
+    <bash>
+    grep -c ERROR app.log
+    </bash>                        a tool call: run this shell command line (in the episode's session)
+
     <answer>110281</answer>        the final answer
+
+An environment declares the tools it offers (`Environment.tools`, by default python alone) and
+parses with `parse_action(text, tools)`: a tag of a tool it does not offer is not a call.
 
 Text before the tag (reasoning) is allowed. The tool's result comes back as the next user turn:
 
@@ -15,11 +22,13 @@ Text before the tag (reasoning) is allowed. The tool's result comes back as the 
     </output>
 
 with a status line when the run did not end ok (`[error: exit code 1]` and the traceback's tail,
-`[timeout: ...]`, `[memory limit exceeded]`, ...). Generators should stop at `STOP_STRINGS`
-(the closing tags), so a turn holds one call.
+`[timeout: ...]`, `[memory limit exceeded]`, ...). A shell command's output (`format_shell_output`)
+always ends in its exit status (`[exit status 0]`), since a shell user reads it after every
+command. Generators should stop at `STOP_STRINGS` (the closing tags of every tool and of the
+answer), so a turn holds one call.
 
 Parsing is forgiving but honest: the first tag in the text wins (a second call in the same turn is
-ignored), an unterminated tag takes the rest of the text, Markdown fences inside `<python>` are
+ignored), an unterminated tag takes the rest of the text, Markdown fences inside a tool call are
 stripped; each of those makes `Action.well_formed` False (with the `problem` named) so a format
 reward can tell clean turns from repaired ones. Long outputs are cut in the middle (stdout) or
 at the front (stderr: the end of a traceback says most) with a marker that says how much went.
@@ -31,9 +40,12 @@ import re
 import signal as _signal
 
 TOOL_OPEN, TOOL_CLOSE = "<python>", "</python>"
+BASH_OPEN, BASH_CLOSE = "<bash>", "</bash>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 OUTPUT_OPEN, OUTPUT_CLOSE = "<output>", "</output>"
-STOP_STRINGS = (TOOL_CLOSE, ANSWER_CLOSE)
+TOOL_TAGS = {"python": (TOOL_OPEN, TOOL_CLOSE), "bash": (BASH_OPEN, BASH_CLOSE)}  # tool -> its tags
+DEFAULT_TOOLS = ("python",)
+STOP_STRINGS = (TOOL_CLOSE, BASH_CLOSE, ANSWER_CLOSE)
 DEFAULT_MAX_OUTPUT_CHARS = 1200
 
 TOOL_INSTRUCTIONS = (
@@ -47,27 +59,43 @@ _FENCE = re.compile(r"^\s*```[a-zA-Z0-9_+-]*[ \t]*\n(.*?)\n?\s*```\s*$", re.DOTA
 
 @dataclasses.dataclass(frozen=True)
 class Action:
-    """A parsed assistant turn. kind: "tool_call" (content = the code), "answer" (content = the
-    answer text, stripped) or "none" (no tag; content = ""). well_formed: exactly one complete,
-    non-empty tag pair with nothing but whitespace after it; otherwise `problem` says why."""
+    """A parsed assistant turn. kind: "tool_call" (content = the code or command line), "answer"
+    (content = the answer text, stripped) or "none" (no tag; content = ""). well_formed: exactly
+    one complete, non-empty tag pair with nothing but whitespace after it; otherwise `problem`
+    says why. tool: the tool a tool_call calls ("python" or "bash"); other kinds keep "python"."""
 
     kind: str
     content: str
     well_formed: bool
     problem: str = ""
+    tool: str = "python"
 
 
-def parse_action(text: str) -> Action:
-    """The first tool call or answer in an assistant turn (see the module docstring)."""
+def check_tools(tools) -> tuple[str, ...]:
+    """`tools` as a tuple of known tool names; a ValueError names an unknown one and the known."""
+    tools = (tools,) if isinstance(tools, str) else tuple(tools)
+    unknown = [t for t in tools if t not in TOOL_TAGS]
+    if unknown or not tools:
+        raise ValueError(f"tools must be a non-empty list of {sorted(TOOL_TAGS)}, got {list(tools)}; "
+                         f"fix: e.g. tools = ('bash',)")
+    return tools
+
+
+def parse_action(text: str, tools=DEFAULT_TOOLS) -> Action:
+    """The first call of an offered tool, or answer, in an assistant turn (see the module docstring)."""
     if not isinstance(text, str):
         raise TypeError(f"an assistant turn is a str, got {type(text).__name__}; fix: decode it first")
-    tool_at, answer_at = text.find(TOOL_OPEN), text.find(ANSWER_OPEN)
-    if tool_at < 0 and answer_at < 0:
-        return Action("none", "", False, f"no {TOOL_OPEN} call and no {ANSWER_OPEN}")
-    if answer_at < 0 or 0 <= tool_at < answer_at:
-        kind, start, close = "tool_call", tool_at + len(TOOL_OPEN), TOOL_CLOSE
+    tags = {name: TOOL_TAGS[name] for name in check_tools(tools)}
+    opens = [(text.find(open_tag), name) for name, (open_tag, _) in tags.items()]
+    opens.append((text.find(ANSWER_OPEN), "answer"))
+    found = sorted((at, name) for at, name in opens if at >= 0)
+    if not found:
+        return Action("none", "", False, _no_call_problem(text, tags))
+    at, name = found[0]
+    if name == "answer":
+        kind, start, close, tool = "answer", at + len(ANSWER_OPEN), ANSWER_CLOSE, "python"
     else:
-        kind, start, close = "answer", answer_at + len(ANSWER_OPEN), ANSWER_CLOSE
+        kind, start, close, tool = "tool_call", at + len(tags[name][0]), tags[name][1], name
     end = text.find(close, start)
     problems = []
     if end < 0:
@@ -75,9 +103,10 @@ def parse_action(text: str) -> Action:
         problems.append(f"unterminated: no {close}")
     else:
         body, rest = text[start:end], text[end + len(close):]
-    if end < 0 and (TOOL_OPEN in body or ANSWER_OPEN in body):  # closed: a tag in a string is code
+    inner = [i for i in (body.find(t) for t in [o for o, _ in tags.values()] + [ANSWER_OPEN]) if i >= 0]
+    if end < 0 and inner:  # closed: a tag in a string is code
         problems.append("a second tag opens inside the first; only the first is used")
-        body = body[:min(i for i in (body.find(TOOL_OPEN), body.find(ANSWER_OPEN)) if i >= 0)]
+        body = body[:min(inner)]
     if rest.strip():
         problems.append(f"text after {close} is ignored")
     if kind == "tool_call":
@@ -85,28 +114,38 @@ def parse_action(text: str) -> Action:
         fenced = _FENCE.match(body)
         if fenced:
             body = fenced.group(1)
-            problems.append("Markdown fence inside <python> (stripped)")
+            problems.append(f"Markdown fence inside {tags[tool][0]} (stripped)")
     else:
         body = body.strip()
     if not body.strip():
         problems.append(f"empty {kind.replace('_', ' ')}")
-    return Action(kind, body, not problems, "; ".join(problems))
+    return Action(kind, body, not problems, "; ".join(problems), tool)
 
 
-def parse_tool_call(text: str) -> str | None:
+def _no_call_problem(text: str, tags: dict) -> str:
+    offered = " or ".join(open_tag for open_tag, _ in tags.values())
+    problem = f"no {offered} call and no {ANSWER_OPEN}"
+    other = [open_tag for name, (open_tag, _) in TOOL_TAGS.items() if name not in tags and open_tag in text]
+    if other:
+        problem += f" ({', '.join(other)} is not a tool here)"
+    return problem
+
+
+def parse_tool_call(text: str, tools=DEFAULT_TOOLS) -> str | None:
     """The code of the turn's tool call, or None when the turn's first tag is not one."""
-    action = parse_action(text)
+    action = parse_action(text, tools)
     return action.content if action.kind == "tool_call" and action.content.strip() else None
 
 
-def parse_answer(text: str) -> str | None:
+def parse_answer(text: str, tools=DEFAULT_TOOLS) -> str | None:
     """The turn's final answer (stripped), or None when the turn's first tag is not one."""
-    action = parse_action(text)
+    action = parse_action(text, tools)
     return action.content if action.kind == "answer" else None
 
 
-def format_tool_call(code: str) -> str:
-    return f"{TOOL_OPEN}\n{code.strip(chr(10))}\n{TOOL_CLOSE}"
+def format_tool_call(code: str, tool: str = "python") -> str:
+    open_tag, close_tag = TOOL_TAGS[check_tools(tool)[0]]
+    return f"{open_tag}\n{code.strip(chr(10))}\n{close_tag}"
 
 
 def format_answer(answer: str) -> str:
@@ -194,6 +233,29 @@ def format_tool_output(result, *, max_chars: int = DEFAULT_MAX_OUTPUT_CHARS) -> 
             parts.append(truncate_head(stderr, max(max_chars - sum(map(len, parts)), max_chars // 3)))
         body = "\n".join(parts)
     body = body.replace(OUTPUT_CLOSE, "</ output>")
+    return f"{OUTPUT_OPEN}\n{body}\n{OUTPUT_CLOSE}"
+
+
+def format_shell_output(result, *, max_chars: int = DEFAULT_MAX_OUTPUT_CHARS) -> str:
+    """`<output>...</output>` for a shell command's run: what it printed, then its exit status.
+
+    The stdout (at most 2/3 of `max_chars`, cut in the middle), then the stderr (the rest, cut at
+    the front), then `[exit status N]` when the command ran to its end (ok or nonzero exit), or the
+    status line of `status_line` when it did not (timeout, memory limit, signal, ...). A command
+    that printed nothing shows the status line alone. "</output>" in the output is defanged.
+    """
+    stdout = _text(_field(result, "stdout")).rstrip("\n")
+    stderr = _text(_field(result, "stderr")).strip("\n")
+    status = _text(getattr(_field(result, "status"), "value", _field(result, "status")))
+    if status in ("ok", "nonzero_exit"):
+        line = f"[exit status {_field(result, 'exit_code')}]"
+    else:
+        line = status_line(result)
+    parts = [truncate_middle(stdout, (2 * max_chars) // 3)] if stdout else []
+    if stderr:
+        parts.append(truncate_head(stderr, max(max_chars - sum(map(len, parts)), max_chars // 3)))
+    parts.append(line)
+    body = "\n".join(parts).replace(OUTPUT_CLOSE, "</ output>")
     return f"{OUTPUT_OPEN}\n{body}\n{OUTPUT_CLOSE}"
 
 

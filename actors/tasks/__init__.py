@@ -30,7 +30,7 @@ from postrain.core import Options, import_object
 from postrain.core.errors import PostrainError
 
 from ..environment import Environment, check_options
-from . import arithmetic, code, dataset, demonstrations, reasoning_gym
+from . import arithmetic, code, dataset, demonstrations, reasoning_gym, terminal
 
 
 class TaskError(PostrainError, ValueError):
@@ -169,8 +169,11 @@ REASONING_GYM = register_task(TaskSpec(
     "reasoning_gym", reasoning_gym.ReasoningGymEnv, reasoning_gym.mixture_train_tasks,
     reasoning_gym.mixture_eval_tasks,
     description="a weighted mixture of reasoning-gym families, each scored by its own verifier"))
+TERMINAL = register_task(TaskSpec(
+    "terminal", terminal.TerminalEnv, terminal.train_tasks, terminal.eval_tasks, terminal.demonstrations,
+    "shell work in one sandbox session per episode (files, repositories to fix); graded by a test script"))
 
-__all__ = ["ARITHMETIC", "CODE", "DATASET", "REASONING_GYM", "TaskError", "TaskSpec", "get_task", "list_tasks", "register_task"]
+__all__ = ["ARITHMETIC", "CODE", "DATASET", "REASONING_GYM", "TERMINAL", "TaskError", "TaskSpec", "get_task", "list_tasks", "register_task"]
 
 
 class TaskOptions(Options):

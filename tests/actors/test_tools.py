@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from postrain.actors.tools import (Action, format_answer, format_tool_call, format_tool_output,
+from postrain.actors.tools import (Action, format_answer, format_shell_output, format_tool_call,
+                                   format_tool_output,
                                    parse_action, parse_answer, parse_tool_call, truncate_head,
                                    truncate_middle)
 from postrain.sandbox import ExecResult, Status
@@ -109,3 +110,33 @@ def test_formatted_tool_calls_round_trip(code):
     code = code.strip("\n").rstrip()
     act = parse_action(format_tool_call(code))
     assert act == Action("tool_call", code, True, "")
+
+
+def test_the_shell_tool_is_parsed_only_where_an_environment_offers_it():
+    turn = "I will look first.\n<bash>\ngrep -c ERROR app.log\n</bash>"
+    want = Action("tool_call", "grep -c ERROR app.log", True, "", "bash")
+    assert parse_action(turn, ("bash",)) == want
+    assert parse_action(format_tool_call("ls -l | head", "bash"), ("python", "bash")).tool == "bash"
+    # the default is python alone: a <bash> block is then no call, and the problem says so
+    act = parse_action(turn)
+    assert act.kind == "none"
+    assert act.problem == "no <python> call and no <answer> (<bash> is not a tool here)"
+    # with both offered, the first tag wins, and a tag of the other tool inside an unclosed one ends it
+    act = parse_action("<python>\nprint(1)\n<bash>ls</bash>", ("python", "bash"))
+    assert act.tool == "python" and act.content == "print(1)" and not act.well_formed
+    extra = parse_action("<bash>ls</bash><answer>x</answer>", ("bash",))
+    assert extra.problem == "text after </bash> is ignored"
+    with pytest.raises(ValueError, match=r"tools must be a non-empty list of \['bash', 'python'\], got "
+                                         r"\['ruby'\]"):
+        parse_action(turn, ("ruby",))
+
+
+def test_shell_output_always_ends_in_the_exit_status():
+    assert format_shell_output(ExecResult(Status.OK, exit_code=0)) == "<output>\n[exit status 0]\n</output>"
+    out = format_shell_output(ExecResult(Status.NONZERO_EXIT, exit_code=2, stdout=b"partial\n",
+                                         stderr=b"grep: x: No such file or directory\n"))
+    assert out == ("<output>\npartial\ngrep: x: No such file or directory\n[exit status 2]\n</output>")
+    assert format_shell_output({"status": "timeout", "stdout": b"", "stderr": b""}).endswith(
+        "[timeout: the code ran past its time limit]\n</output>")
+    long = format_shell_output(ExecResult(Status.OK, exit_code=0, stdout=b"x" * 5000), max_chars=300)
+    assert "chars cut" in long and long.endswith("[exit status 0]\n</output>") and len(long) < 400
