@@ -1,0 +1,43 @@
+"""A short real run (`postrain up`, every role a real process, the tiny model) on any task, for the
+tests of the task kinds: no sandbox actor unless `with_sandbox`, two GRPO steps of 3 prompts x 2
+samples, a held-out evaluation before and after. Returns the run's summary and its folder."""
+import json
+import os
+import subprocess
+import sys
+
+from postrain.core.testing import to_toml
+
+
+def run_config(tmp_path, task: str, task_options: dict, *, extra: dict | None = None) -> dict:
+    actor = {"cpus": 0.5, "memory_mb": 0}
+    return {
+        "run": {"name": "task", "run_dir": str(tmp_path / "runs"), "driver": "orchestrator"},
+        "shared": {"model": "tiny", "task": task, "task_options": task_options},
+        "head": {"heartbeat_interval_s": 0.5, "heartbeat_timeout_s": 120},
+        "actors": [
+            {"name": "generator", "cls": "postrain.actors.generator_actor:GeneratorActor", **actor,
+             "options": {"kv_cache_mb": 16}},
+            {"name": "learner", "cls": "postrain.actors.learner_actor:LearnerActor", **actor,
+             "options": {"learner": {"lr": 1e-3}}},
+            {"name": "env", "cls": "postrain.actors.env_actor:EnvironmentActor", **actor, "cpus": 0.1},
+            {"name": "orchestrator", "cls": "postrain.actors.orchestrator:OrchestratorActor", **actor,
+             "cpus": 0.1, "options": {"num_steps": 2, "prompts_per_step": 3, "samples_per_prompt": 2,
+                                      "max_staleness": 1, "num_eval_tasks": 2,
+                                      "sampling": {"max_new_tokens": 12}}},
+        ],
+        **(extra or {}),
+    }
+
+
+def run_task(tmp_path, task: str, task_options: dict, *, extra: dict | None = None):
+    """`postrain up` on `task`; the summary and the run folder. `tmp_path` is on PYTHONPATH (for the
+    user modules a test writes there)."""
+    config = tmp_path / "run.toml"
+    config.write_text(to_toml(run_config(tmp_path, task, task_options, extra=extra)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, "-m", "postrain.cli", "up", "--config", str(config), "--quiet"],
+                            capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    folder = tmp_path / "runs" / "task"
+    return json.loads((folder / "summary.json").read_text()), folder

@@ -1,0 +1,111 @@
+"""reasoning-gym tasks (actors/tasks/reasoning_gym.py) with the installed `reasoning-gym` package:
+families by name, weighted mixtures, held-out sets by seed, each family's own scorer as the reward,
+and a short real run (`postrain up`, every role a process, no sandbox actor)."""
+import collections
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import reasoning_gym
+import trio
+
+from postrain.actors.environment import TaskOptionsError
+from postrain.actors.tasks import TaskError, get_task
+from postrain.cli.eval import evaluate
+
+MIXTURE = {"families": {"chain_sum": 3.0, "count_bits": 1.0},
+           "configs": {"chain_sum": {"max_terms": 2, "max_digits": 1}}, "num_eval": 10}
+
+
+def oracle_for(tasks):
+    """A policy that answers each held-out question with the generator's own answer."""
+    answers = {}
+    for task in tasks:
+        config = json.loads(task["config"])
+        dataset = reasoning_gym.create_dataset(task["family"], seed=task["seed"], size=task["size"], **config)
+        answers[task["question"]] = dataset[task["index"]]["answer"]
+
+    async def act(messages):
+        return f"Thinking done. <answer>{answers[messages[-1]['content']]}</answer>"
+    return act
+
+
+@pytest.fixture
+def run_task(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    from task_runs import run_task   # tests/actors/task_runs.py
+    return run_task
+
+
+def test_an_unknown_family_lists_the_closest_names():
+    with pytest.raises(TaskError, match=r"no task family 'chainsum'; closest: \['chain_sum'"):
+        get_task("reasoning_gym:chainsum")
+    with pytest.raises(TaskOptionsError, match=r"no task family 'leg_count'; closest: \['leg_counting'"):
+        get_task("reasoning_gym").check_options({"families": {"leg_count": 1.0}})
+
+
+def test_generator_options_are_checked_by_the_generator():
+    spec = get_task("reasoning_gym:chain_sum")
+    assert spec.check_options({"min_terms": 2, "max_terms": 3})
+    with pytest.raises(TaskOptionsError, match=r"max_terms must be >= min_terms"):
+        spec.check_options({"min_terms": 4, "max_terms": 2})
+    with pytest.raises(TaskOptionsError, match=r"task_options.seed = 1: unknown field"):
+        spec.check_options({"seed": 1})
+    with pytest.raises(TaskOptionsError, match=r"weight of 'chain_sum' must be > 0"):
+        get_task("reasoning_gym").check_options({"families": {"chain_sum": 0.0}})
+    with pytest.raises(TaskOptionsError, match=r"configs names 'count_bits', which is not in families"):
+        get_task("reasoning_gym").check_options({"families": {"chain_sum": 1.0}, "configs": {"count_bits": {}}})
+
+
+def test_a_mixture_draws_families_by_weight_and_never_trains_on_a_held_out_question():
+    spec = get_task("reasoning_gym")
+    held = spec.eval_tasks(MIXTURE)
+    assert collections.Counter(t["family"] for t in held) == {"chain_sum": 10, "count_bits": 10}
+    train = list(itertools.islice(spec.train_tasks(0, MIXTURE), 400))
+    share = sum(t["family"] == "chain_sum" for t in train) / len(train)
+    assert 0.68 <= share <= 0.82   # weight 3 of 4
+    # chain_sum with 2 one-digit terms has few distinct questions: many repeat the held-out ones
+    assert not {t["question"] for t in held} & {t["question"] for t in train}
+    assert [t["question"] for t in itertools.islice(spec.train_tasks(0, MIXTURE), 20)] == \
+        [t["question"] for t in train[:20]]
+    assert [t["question"] for t in spec.eval_tasks({**MIXTURE, "eval_seed": 5})] != [t["question"] for t in held]
+    assert all(t["config"] == '{"max_digits": 1, "max_terms": 2}' for t in held if t["family"] == "chain_sum")
+
+
+def test_each_family_scores_with_its_own_verifier():
+    opts = {**MIXTURE, "num_eval": 4}
+    held = get_task("reasoning_gym").eval_tasks(opts)
+    right = trio.run(lambda: evaluate("scripted", "reasoning_gym", opts, None, 8, policy=oracle_for(held)))
+    assert right["num_tasks"] == 8 and right["accuracy"] == 1.0 and right["num_failed"] == 0
+
+    async def wrong(messages):
+        return "<answer>-1</answer>"
+    wrong_result = trio.run(lambda: evaluate("scripted", "reasoning_gym", opts, None, 8, policy=wrong))
+    assert wrong_result["accuracy"] == 0.0
+    one = get_task("reasoning_gym:count_bits")
+    held_one = one.eval_tasks({"num_eval": 3})
+    assert {t["family"] for t in held_one} == {"count_bits"} and len(held_one) == 3
+    result = trio.run(lambda: evaluate("scripted", "reasoning_gym:count_bits", {"num_eval": 3}, None, 8,
+                                       policy=oracle_for(held_one)))
+    assert result["accuracy"] == 1.0
+
+
+def test_postrain_eval_prints_the_accuracy_of_a_family():
+    result = subprocess.run([sys.executable, "-m", "postrain.cli", "eval", "--model", "tiny", "--task",
+                             "reasoning_gym:chain_sum", "--task-options", '{"num_eval": 2, "max_terms": 2}',
+                             "--json", "--max-tokens", "4"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    scored = json.loads(result.stdout.strip().splitlines()[-1])
+    assert scored["task"] == "reasoning_gym:chain_sum" and scored["num_tasks"] == 2
+
+
+def test_a_short_run_on_a_mixture_trains_without_a_sandbox_and_balances_its_ledger(tmp_path, run_task):
+    summary, folder = run_task(tmp_path, "reasoning_gym", MIXTURE | {"num_eval": 2})
+    ledger = summary["ledger"]
+    assert summary["steps"] == 2 and ledger["created"] == 12 and ledger["in_flight"] == 0
+    assert ledger["created"] == ledger["trained"] + ledger["dropped"] and ledger["trained"] == 12
+    assert 0.0 <= summary["eval_after"] <= 1.0
+    assert sorted(p.stem for p in (folder / "logs").iterdir()) == ["env", "generator", "learner", "orchestrator"]
