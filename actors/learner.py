@@ -40,6 +40,7 @@ from postrain.actors.checkpoint import load_model
 from postrain.actors.learner_batch import (LearnerError, PackedBatch, group_size_of, pack_batch,
                                            reward_components_of)
 from postrain.actors.model import LlamaModel, ModelConfig
+from postrain.actors.shared_prefix import plan_micro_batches
 from postrain.ext import rl_ops
 
 OBJECTIVES = ("ppo", "decoupled")
@@ -89,6 +90,7 @@ class LearnerConfig:
     # logprob path
     logprob_path: str = "chunked"          # "chunked" (rl_ops) | "naive" (full logits; the bench's peer)
     chunk_size_tokens: int | None = None   # None: rl_ops picks a 16 MiB fp32 block
+    shared_prefix: bool = True             # compute a prefix samples share once per micro-batch (exact)
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)
@@ -192,7 +194,7 @@ class Learner:
         cfg = self.config
         adv_metrics, advantages = self._advantages(batch)
         packed = pack_batch(batch, advantages=advantages)
-        micro = self._micro_batches(packed, by_length=True)
+        _, micro = self._micro_batches(packed)
         tokens, seqs = self._global_counts(packed)
         decoupled = cfg.objective == "decoupled"
         ref = self._recompute(micro, self.reference) if self.reference is not None else None
@@ -229,7 +231,7 @@ class Learner:
         """One supervised step: token-mean cross-entropy on the loss_mask tokens (SFT warm start)."""
         start = time.perf_counter()
         packed = pack_batch(batch, require_rl_fields=False)
-        micro = self._micro_batches(packed, by_length=True)
+        _, micro = self._micro_batches(packed)
         tokens, _ = self._global_counts(packed)
         sums = torch.zeros(len(_TOKEN_MEAN_METRICS) + 5, dtype=torch.float64)
         self.optimizer.zero_grad(set_to_none=True)
@@ -254,11 +256,15 @@ class Learner:
         packed = pack_batch({"token_ids": batch["token_ids"],
                              "loss_mask": [[0] + [1] * (len(x) - 1) for x in batch["token_ids"]]},
                             require_rl_fields=False)
-        out = []
-        for mb in self._micro_batches(packed):
+        order, micro = self._micro_batches(packed)
+        rows = []
+        for mb in micro:
             logp, _ = self._logprobs(self.model, mb)
             for row, n in zip(logp, mb.attention_mask.sum(-1).tolist()):
-                out.append(torch.cat([torch.zeros(1), row[:n - 1].float().cpu()]))
+                rows.append(torch.cat([torch.zeros(1), row[:n - 1].float().cpu()]))
+        out = [None] * len(rows)
+        for position, index in enumerate(order.tolist()):
+            out[index] = rows[position]
         return out
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -323,17 +329,13 @@ class Learner:
         return {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std(unbiased=False)),
                 "num_zero_variance_groups": float(res.num_zero_variance_groups)}, res.advantages
 
-    def _micro_batches(self, packed: PackedBatch, *, by_length: bool = False) -> list[PackedBatch]:
-        """Cut into micro-batches of `micro_batch_size` samples. by_length: sort the samples by
-        length first, so that short samples pad to short ones (a batch that mixes one-turn and
-        multi-turn episodes costs far fewer padded tokens); the gradient is the same, since every
-        micro-batch's loss uses the whole batch's normalisers. Not for compute_logprobs, whose
-        outputs follow the batch's order."""
-        if by_length:
-            packed = packed.select(torch.argsort(packed.attention_mask.sum(-1), stable=True))
-        size = self.config.micro_batch_size
-        return [packed.rows(s, min(s + size, packed.num_samples)).to(self.device)
-                for s in range(0, packed.num_samples, size)]
+    def _micro_batches(self, packed: PackedBatch) -> tuple[torch.Tensor, list[PackedBatch]]:
+        """(order, micro-batches of `micro_batch_size` samples) on the learner's device: the samples
+        in `order` (B,), grouped by shared prefix where that saves compute, else sorted by length
+        so that short samples pad to short ones (actors/shared_prefix.py). The gradient is the
+        same in any order, since every micro-batch's loss uses the whole batch's normalisers."""
+        order, micro = plan_micro_batches(packed, self.config.micro_batch_size, self.config.shared_prefix)
+        return order, [mb.to(self.device) for mb in micro]
 
     def _global_counts(self, packed: PackedBatch) -> tuple[float, float]:
         """Trained tokens and non-empty sequences over the whole batch (all ranks)."""
@@ -346,13 +348,12 @@ class Learner:
         return float(counts[0]), float(counts[1])
 
     def _logprobs(self, model: LlamaModel, mb: PackedBatch):
-        """logp, entropy (B, T - 1) float32 of the targets input_ids[:, 1:]; 0 where not trained.
+        """logp, entropy (B, T - 1) of the targets input_ids[:, 1:] (float32, or the model's dtype
+        if wider); 0 where not trained.
 
         Only the loss_mask positions reach the LM head: (N, H) hidden rows, N = trained tokens."""
-        full = bool(mb.attention_mask.all())
-        hidden = model.hidden_states(mb.input_ids, None if full else mb.attention_mask)  # (B, T, H)
         sel = mb.loss_mask                                                                # (B, T-1)
-        h = hidden[:, :-1][sel]                                                           # (N, H)
+        h = self._trained_hidden(model, mb)                                               # (N, H)
         targets = mb.input_ids[:, 1:][sel]                                                # (N,)
         weight = model.lm_head.weight
         if self.config.logprob_path == "naive":
@@ -362,8 +363,22 @@ class Learner:
             logp, entropy = rl_ops.token_logprobs_from_hidden(
                 h, weight, targets, temperature=self.config.temperature,
                 chunk_size_tokens=self.config.chunk_size_tokens, return_entropy=True)
-        zeros = torch.zeros(sel.shape, dtype=torch.float32, device=sel.device)
+        zeros = torch.zeros(sel.shape, dtype=logp.dtype, device=sel.device)
         return zeros.masked_scatter(sel, logp), zeros.masked_scatter(sel, entropy)
+
+    @staticmethod
+    def _trained_hidden(model: LlamaModel, mb: PackedBatch) -> torch.Tensor:
+        """(N, H) final hidden states at the loss_mask positions: from one padded pass over the
+        whole samples, or from the shared-prefix pass (each shared prefix computed once)."""
+        sel = mb.loss_mask                                                                # (B, T-1)
+        if mb.shared is None:
+            full = bool(mb.attention_mask.all())
+            hidden = model.hidden_states(mb.input_ids, None if full else mb.attention_mask)  # (B, T, H)
+            return hidden[:, :-1][sel]
+        prefix, suffix = model.shared_prefix_hidden_states(mb.shared.batch)   # (G, P, H), (B, S, H)
+        width = prefix.shape[-1]
+        rows = torch.cat([prefix.reshape(-1, width), suffix.reshape(-1, width)])          # (G*P + B*S, H)
+        return rows[mb.shared.hidden_rows[:, :-1][sel]]
 
     @torch.no_grad()
     def _recompute(self, micro: list[PackedBatch], model: LlamaModel) -> list[torch.Tensor]:

@@ -19,11 +19,15 @@ targets = ids[1:] and every per-token field is shifted the same way; loss_mask[0
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from postrain.core.errors import PostrainError
+
+if TYPE_CHECKING:
+    from postrain.actors.shared_prefix import PrefixPlan
 
 
 class LearnerError(PostrainError, ValueError):
@@ -53,7 +57,8 @@ class PackedBatch:
     """A batch padded on the right. Shapes: B samples, T the longest sample; per-token fields
     are aligned with targets = input_ids[:, 1:], so they are (B, T - 1).
 
-    Invariants: loss_mask <= attention_mask[:, 1:]; advantages is (B,) or (B, T - 1).
+    Invariants: loss_mask <= attention_mask[:, 1:]; advantages is (B,) or (B, T - 1); `shared`
+    describes these rows (rows() and select() drop it: a plan belongs to one micro-batch).
     """
 
     input_ids: torch.Tensor          # (B, T) int64, 0 past each sample's end
@@ -62,6 +67,7 @@ class PackedBatch:
     behavior_logp: torch.Tensor      # (B, T - 1) float32 (0 where loss_mask is False)
     policy_versions: torch.Tensor    # (B, T - 1) int64, -1 where unknown
     advantages: torch.Tensor         # (B,) or (B, T - 1) float32
+    shared: "PrefixPlan | None" = None   # shared-prefix layout of a micro-batch (actors/shared_prefix.py)
 
     @property
     def num_samples(self) -> int:
@@ -87,7 +93,8 @@ class PackedBatch:
 
     def to(self, device) -> "PackedBatch":
         return PackedBatch(*(getattr(self, f).to(device) for f in (
-            "input_ids", "attention_mask", "loss_mask", "behavior_logp", "policy_versions", "advantages")))
+            "input_ids", "attention_mask", "loss_mask", "behavior_logp", "policy_versions", "advantages")),
+            shared=None if self.shared is None else self.shared.to(device))
 
 
 def pack_batch(batch: dict, *, require_rl_fields: bool = True,

@@ -14,7 +14,9 @@ layer, `(num_blocks, block_size_tokens, num_kv_heads, head_dim)`) at its slot,
 then gathers every sequence's keys and values back through its block table and
 attends with a causal mask on absolute positions. Both paths call the same
 rotary, projection and attention code, so the generator's logprobs equal the
-learner's up to float rounding (tests/actors/test_model.py pins it). A paged
+learner's up to float rounding (tests/actors/test_model.py pins it). The learner's
+`shared_prefix_hidden_states(SharedPrefixBatch)` runs each shared prefix once and lets the
+samples' own tokens attend to its keys and values (same layers, same numbers). A paged
 batch may carry `Float16Weights` (inference-only float16 copies of the linear
 weights, opt-in per engine); the learner's path never does.
 
@@ -156,7 +158,7 @@ class RMSNorm(nn.Module):
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)   # one op, same numbers
         dtype = x.dtype
-        x = x.float()
+        x = x.to(torch.promote_types(dtype, torch.float32))             # at least float32
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
 
@@ -197,6 +199,44 @@ class PagedBatch:
         mask = group_mask(self.attention_mask(), groups)
         bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
         return bias.masked_fill_(~mask, float("-inf"))
+
+
+@dataclass
+class SharedPrefixBatch:
+    """Samples that continue shared prefixes (training path): each of G prefixes runs once and
+    the B samples' own tokens (suffixes) attend to their group's prefix, then to themselves.
+
+    Shapes: G prefixes right-padded to P tokens, B suffixes right-padded to S tokens.
+    Invariants: a real suffix token s of sample b sits at position prefix_lens[group_of[b]] + s;
+    every group has at least one sample; prefix_mask[g].sum() == prefix_lens[g] (0 allowed: a
+    sample with no shared prefix).
+    """
+
+    prefix_ids: torch.Tensor       # (G, P) int64, 0 past each prefix's end
+    prefix_mask: torch.Tensor      # (G, P) int64, 1 = real token
+    suffix_ids: torch.Tensor       # (B, S) int64, 0 past each suffix's end
+    suffix_mask: torch.Tensor      # (B, S) int64, 1 = real token
+    group_of: torch.Tensor         # (B,) int64: the prefix sample b continues
+
+    @property
+    def prefix_lens(self) -> torch.Tensor:
+        return self.prefix_mask.sum(-1)                                   # (G,)
+
+    def suffix_positions(self) -> torch.Tensor:
+        """(B, S) absolute positions of the suffix tokens."""
+        offsets = torch.arange(self.suffix_ids.shape[1], device=self.suffix_ids.device)
+        return self.prefix_lens.index_select(0, self.group_of)[:, None] + offsets[None, :]
+
+    def suffix_attention_mask(self) -> torch.Tensor:
+        """(B, 1, S, P + S) bool: suffix token s sees its group's real prefix tokens and its own
+        tokens up to s (a padding row also sees itself, so no row is empty)."""
+        device = self.suffix_ids.device
+        prefix_len, seq = self.prefix_mask.shape[1], self.suffix_ids.shape[1]
+        to_prefix = self.prefix_mask.bool().index_select(0, self.group_of)[:, None, :]   # (B, 1, P)
+        causal = torch.ones(seq, seq, dtype=torch.bool, device=device).tril()
+        own = causal[None] & self.suffix_mask.bool()[:, None, :]                          # (B, S, S)
+        own = own | torch.eye(seq, dtype=torch.bool, device=device)[None]
+        return torch.cat([to_prefix.expand(-1, seq, -1), own], dim=-1)[:, None]
 
 
 class Float16Weights:
@@ -260,15 +300,35 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, mask, paged: PagedBatch | None, layer_idx: int):
         """x (B, T, hidden); cos, sin (B, T, 1, D); mask (B|1, 1, G*T, L) from `group_mask`."""
         batch, seq, _ = x.shape
+        q, k, v = self._rotated_qkv(x, cos, sin, paged)
+        if paged is not None:
+            k, v = self._write_and_gather(k, v, paged, layer_idx)       # (B, L, Hkv, D)
+        out = self._grouped_attention(q, k, v, mask)                     # (B, T, H, D)
+        return project(self.o_proj, out.reshape(batch, seq, -1), paged)
+
+    def forward_shared(self, xp, xs, rope_p, rope_s, mask_p, mask_s, group_of):
+        """Prefix rows xp (G, P, hidden) attend among themselves; suffix rows xs (B, S, hidden)
+        attend to their group's prefix keys, then to their own: keys (B, P + S). rope_*: (cos,
+        sin) (.., 1, D); mask_p (G, 1, Gq*P, P), mask_s (B, 1, Gq*S, P + S) from `group_mask`;
+        group_of (B,) int64. Gradients of every suffix reach the prefix through its keys/values."""
+        qp, kp, vp = self._rotated_qkv(xp, *rope_p, None)                # k, v (G, P, Hkv, D)
+        qs, ks, vs = self._rotated_qkv(xs, *rope_s, None)                # k, v (B, S, Hkv, D)
+        k = torch.cat([kp.index_select(0, group_of), ks], dim=1)          # (B, P + S, Hkv, D)
+        v = torch.cat([vp.index_select(0, group_of), vs], dim=1)
+        out_p = self._grouped_attention(qp, kp, vp, mask_p)
+        out_s = self._grouped_attention(qs, k, v, mask_s)
+        return (self.o_proj(out_p.reshape(*xp.shape[:2], -1)),
+                self.o_proj(out_s.reshape(*xs.shape[:2], -1)))
+
+    def _rotated_qkv(self, x, cos, sin, paged: PagedBatch | None):
+        """q (B, T, H, D), k and v (B, T, Hkv, D); rotary applied to q and k."""
+        batch, seq, _ = x.shape
         q = project(self.q_proj, x, paged).view(batch, seq, self.num_heads, self.head_dim)
         k = project(self.k_proj, x, paged).view(batch, seq, self.num_kv_heads, self.head_dim)
         v = project(self.v_proj, x, paged).view(batch, seq, self.num_kv_heads, self.head_dim)
         q = (q * cos + rotate_half(q) * sin).to(x.dtype)
         k = (k * cos + rotate_half(k) * sin).to(x.dtype)
-        if paged is not None:
-            k, v = self._write_and_gather(k, v, paged, layer_idx)       # (B, L, Hkv, D)
-        out = self._grouped_attention(q, k, v, mask)                     # (B, T, H, D)
-        return project(self.o_proj, out.reshape(batch, seq, -1), paged)
+        return q, k, v
 
     def _grouped_attention(self, q, k, v, mask):
         """GQA without copying K/V: the `groups` query heads that share a KV head become
@@ -325,6 +385,14 @@ class DecoderLayer(nn.Module):
     def forward(self, x, cos, sin, mask, paged, layer_idx):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, paged, layer_idx)
         return x + self.mlp(self.post_attention_layernorm(x), paged)
+
+    def forward_shared(self, xp, xs, rope_p, rope_s, mask_p, mask_s, group_of):
+        """The layer on prefix rows xp (G, P, hidden) and suffix rows xs (B, S, hidden)."""
+        ap, a_s = self.self_attn.forward_shared(self.input_layernorm(xp), self.input_layernorm(xs),
+                                                rope_p, rope_s, mask_p, mask_s, group_of)
+        xp, xs = xp + ap, xs + a_s
+        return (xp + self.mlp(self.post_attention_layernorm(xp)),
+                xs + self.mlp(self.post_attention_layernorm(xs)))
 
 
 class Backbone(nn.Module):
@@ -400,6 +468,27 @@ class LlamaModel(nn.Module):
         for idx, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, mask, paged, idx)
         return self.model.norm(x)
+
+    def shared_prefix_hidden_states(self, batch: SharedPrefixBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Final-norm hidden states of the prefixes (G, P, hidden) and the suffixes (B, S, hidden).
+        Row for row they equal `hidden_states` of the whole samples (prefix + suffix) up to float
+        rounding, in value and in gradient (tests/actors/test_shared_prefix.py)."""
+        xp = self.model.embed_tokens(batch.prefix_ids)                       # (G, P, H)
+        xs = self.model.embed_tokens(batch.suffix_ids)                       # (B, S, H)
+        groups = self.config.num_heads // self.config.num_kv_heads
+        pos_p, mask_p = self._training_positions_and_mask(batch.prefix_ids, batch.prefix_mask)
+        pos_s = batch.suffix_positions()
+        last = max(int(pos_p.max()), int(pos_s.max()))
+        if last >= self.config.max_position_embeddings:
+            raise ValueError(f"position {last} is past the context length max_position_embeddings="
+                             f"{self.config.max_position_embeddings}; shorten the samples")
+        rope_p = tuple(t[:, :, None, :] for t in self.rotary(pos_p, xp.dtype))  # (G, P, 1, D)
+        rope_s = tuple(t[:, :, None, :] for t in self.rotary(pos_s, xs.dtype))  # (B, S, 1, D)
+        mask_p = group_mask(mask_p, groups)                                    # (G, 1, Gq*P, P)
+        mask_s = group_mask(batch.suffix_attention_mask(), groups)             # (B, 1, Gq*S, P + S)
+        for layer in self.model.layers:
+            xp, xs = layer.forward_shared(xp, xs, rope_p, rope_s, mask_p, mask_s, batch.group_of)
+        return self.model.norm(xp), self.model.norm(xs)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 paged: PagedBatch | None = None, logits_to_keep: torch.Tensor | None = None):

@@ -126,9 +126,10 @@ def test_micro_batches_sort_by_length_and_the_step_stays_the_same():
     batch = {k: v[::-1] for k, v in random_batch(5, num=6).items()}   # longest first, lengths differ
     many = learner(micro_batch_size=2, lr=1.0, adam_eps=1.0, agg_mode="seq-mean-token-mean")
     packed = pack_batch(batch)
-    widths = [mb.input_ids.shape[1] for mb in many._micro_batches(packed, by_length=True)]
+    order, micro = many._micro_batches(packed)                        # the samples share no prefix
+    widths = [mb.input_ids.shape[1] for mb in micro]
     assert widths == sorted(widths) and widths[0] < widths[-1]       # short samples pad to short ones
-    assert [mb.input_ids.shape[1] for mb in many._micro_batches(packed)] == widths[::-1]
+    assert order.tolist() == [5, 4, 3, 2, 1, 0] and all(mb.shared is None for mb in micro)
     one = learner(micro_batch_size=6, lr=1.0, adam_eps=1.0, agg_mode="seq-mean-token-mean")
     for step in ("train_step", "sft_step"):
         m_one, m_many = getattr(one, step)(batch), getattr(many, step)(batch)
