@@ -1,7 +1,9 @@
 """In-jail agent of a warm worker: a zygote that forks a fresh child per execution.
 
 Runs INSIDE nsjail (the host passes this file's source to `python -I -S -c`, and the
-site-packages folders as arguments), so it imports nothing of postrain. It talks to the host over
+site-packages folders as arguments), so it imports nothing of postrain. The host appends the entry
+point: `main()` for a warm worker, `_session_agent.py` for a session (which reuses the per-run
+machinery below with `req["session"]` set: no fresh /work, the session's cwd and environment). It talks to the host over
 fds 0/1 with length-prefixed msgpack frames: one config frame in, "ready" out, then per
 execution one request in, output frames (when streaming) and one result out.
 
@@ -146,6 +148,8 @@ def run_child(req, cfg, in_r, out_w, err_w):
         hard = value + 1 if which == resource.RLIMIT_CPU else value
         resource.setrlimit(which, (value, hard))
     install_seccomp()
+    if req.get("session"):
+        _exec_in_session(req)
     os.chdir("/work")
     for name, data in req["files"].items():
         path = os.path.join("/work", name)
@@ -155,6 +159,15 @@ def run_child(req, cfg, in_r, out_w, err_w):
     os.environ.clear()
     os.environ.update(cfg["env"])
     _exec_python(req)
+
+
+def _exec_in_session(req):
+    """A session's call: exec its program in the session's cwd (else /work) and environment."""
+    try:
+        os.chdir(req["cwd"])
+    except OSError:
+        os.chdir("/work")
+    os.execve(req["exec_argv"][0], req["exec_argv"], req["env"])
 
 
 def _exec_python(req):
@@ -193,10 +206,12 @@ def _exec_python(req):
 
 
 def run_init(req, cfg, in_r, out_w, err_w, st_w):
-    """PID 1 of the run's namespace: a fresh /work, then the child; report its end and exit."""
-    _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
-    opts = f"size={req['work_dir_size_mb']}m,mode=0700,uid={cfg['uid']},gid={cfg['gid']}".encode()
-    _check(_libc.mount(b"tmpfs", b"/work", b"tmpfs", MS_NOSUID | MS_NODEV, opts), "mount /work")
+    """PID 1 of the run's namespace: a fresh /work (a session's call keeps the session's), then
+    the child; report its end and exit."""
+    if not req.get("session"):
+        _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
+        opts = f"size={req['work_dir_size_mb']}m,mode=0700,uid={cfg['uid']},gid={cfg['gid']}".encode()
+        _check(_libc.mount(b"tmpfs", b"/work", b"tmpfs", MS_NOSUID | MS_NODEV, opts), "mount /work")
     pid = os.fork()
     if pid == 0:
         try:
@@ -215,7 +230,8 @@ def run_init(req, cfg, in_r, out_w, err_w, st_w):
 def launch(req, cfg, in_r, out_w, err_w, st_w):
     """The launcher: new namespaces, fork init, tell the zygote init's pid, exit."""
     try:
-        _check(_libc.unshare(CLONE_NEWPID | CLONE_NEWNS), "unshare")
+        flags = CLONE_NEWPID if req.get("session") else CLONE_NEWPID | CLONE_NEWNS
+        _check(_libc.unshare(flags), "unshare")
         pid = os.fork()
         if pid == 0:
             try:
@@ -384,6 +400,3 @@ def main():
         except Exception as exc:  # noqa: BLE001 - report, stay alive for the next run
             send({"error": f"zygote failed: {exc!r}"})
 
-
-if __name__ == "__main__":
-    main()

@@ -86,6 +86,8 @@ class Policy:
     max_open_files: int = 64           # file descriptors per process (RLIMIT_NOFILE)
     max_output_bytes: int = 1 << 20    # bytes kept of stdout, and of stderr; more: killed, output_truncated
     enable_network: bool = False       # False: a fresh network namespace with no interfaces, not even lo
+    network_allow: tuple[str, ...] = ()  # sessions only: "host:port" TCP destinations the jail may
+                                       # reach (through a host proxy); nothing else, DNS included
     enable_cgroups: bool = True        # use cgroup v1 memory/pids caps where the host has them
     enable_site_hooks: bool = False    # run site-packages' .pth hooks at start-up (slow, host-specific);
                                        # site-packages is on sys.path either way
@@ -118,6 +120,11 @@ class Policy:
             if not os.path.isabs(path) or ":" in path:
                 raise PolicyError(f"Policy.readonly_mounts entries must be absolute paths without ':', "
                                   f"got {path!r}; fix: pass e.g. '/usr'")
+        for entry in self.network_allow:
+            parse_destination(entry)
+        if self.network_allow and self.enable_network:
+            raise PolicyError("Policy.network_allow and enable_network=True exclude each other (the "
+                              "allowlist needs the jail's own network namespace); fix: drop one")
         for key, _ in self.env:
             if not key or "=" in key:
                 raise PolicyError(f"Policy.env names must be non-empty without '=', got {key!r}")
@@ -130,8 +137,19 @@ class Policy:
         """Plain data for the audit log and the wire."""
         out = dataclasses.asdict(self)
         out["readonly_mounts"] = list(self.readonly_mounts)
+        out["network_allow"] = list(self.network_allow)
         out["env"] = dict(self.env)
         return out
+
+
+def parse_destination(entry: str) -> tuple[str, int]:
+    """("host", port) of a network_allow entry "host:port" (host: a name or an IPv4 address)."""
+    host, sep, port = str(entry).rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536 or not host \
+            or not all(c.isalnum() or c in ".-_" for c in host):
+        raise PolicyError(f"Policy.network_allow entries must be 'host:port' (a name or IPv4 address "
+                          f"and a port 1-65535), got {entry!r}; fix: write e.g. '127.0.0.1:8080'")
+    return host, int(port)
 
 
 def python_flags(policy: Policy) -> list[str]:
@@ -193,8 +211,10 @@ def _remove_stale_groups(parent_dir: str) -> None:
 
 def nsjail_argv(policy: Policy, *, cold: bool, task_dir: str | None = None,
                 log_path: str | None = None, memory_cap_mb: int | None = None,
-                pids_cap: int | None = None) -> list[str]:
-    """nsjail flags (up to and including '--') for a cold run or a warm worker."""
+                pids_cap: int | None = None, work_dir_size_mb: int | None = None,
+                extra: tuple[str, ...] = ()) -> list[str]:
+    """nsjail flags (up to and including '--') for a cold run, a warm worker or a session jail
+    (not cold, with its own `work_dir_size_mb` and `extra` flags: its mounts)."""
     wall_cap_s = max(1, math.ceil(policy.wall_time_s)) + 2  # backstop; the runner kills first
     argv = [nsjail_binary(), "--mode", "o", "--hostname", "sandbox", "--cwd", "/work",
             "--time_limit", str(wall_cap_s if cold else 0),
@@ -219,13 +239,15 @@ def nsjail_argv(policy: Policy, *, cold: bool, task_dir: str | None = None,
     for dev in ("/dev/null", "/dev/zero", "/dev/urandom"):
         argv += ["--bindmount_ro", dev] if os.path.exists(dev) else []
     size = policy.work_dir_size_mb * 1024 * 1024
-    argv += ["--mount", f"none:/work:tmpfs:size={size if cold else 4096},mode=0777"]
+    if work_dir_size_mb is not None:
+        size = work_dir_size_mb * 1024 * 1024
+    argv += ["--mount", f"none:/work:tmpfs:size={size if cold or work_dir_size_mb else 4096},mode=0777"]
     if task_dir is not None:
         argv += ["--bindmount_ro", f"{task_dir}:/task"]
     if policy.enable_network:
         argv += ["--disable_clone_newnet"]
-    else:
-        argv += ["--iface_no_lo"]
+    elif not policy.network_allow:
+        argv += ["--iface_no_lo"]  # with an allowlist, lo carries the jail's end of its proxy
     if policy.enable_cgroups:
         mem_parent, pids_parent = cgroup_parent("memory"), cgroup_parent("pids")
         if mem_parent:
@@ -236,5 +258,6 @@ def nsjail_argv(policy: Policy, *, cold: bool, task_dir: str | None = None,
                      "--cgroup_pids_max", str(pids_cap or policy.max_processes)]
     for key, value in policy.env:
         argv += ["--env", f"{key}={value}"]
+    argv += list(extra)
     argv.append("--")
     return argv

@@ -16,6 +16,7 @@ the number of warm workers; the rest wait for a free worker), and an optional au
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -25,11 +26,13 @@ import signal
 import subprocess
 import tempfile
 import time
+import weakref
 from typing import Callable
 
 from .audit import AuditLog
 from .policy import Policy, PolicyError, SandboxError, nsjail_argv, python_flags, site_paths
 from .result import ExecResult, Status, classify
+from .session import AsyncSession, Session, SessionLimits, SessionPool, open_session
 from .warm import DEFAULT_PRELOAD, WarmPool
 
 LANGUAGES = ("python",)
@@ -229,7 +232,7 @@ class Sandbox:
 
     def __init__(self, policy: Policy | None = None, *, mode: str = "warm", num_workers: int = 1,
                  audit_log: str | os.PathLike | None = None,
-                 preload: tuple[str, ...] = DEFAULT_PRELOAD) -> None:
+                 preload: tuple[str, ...] = DEFAULT_PRELOAD, num_spare_sessions: int = 2) -> None:
         if mode not in ("warm", "cold"):
             raise PolicyError(f"mode must be 'warm' or 'cold', got {mode!r}; fix: pass mode='warm'")
         if num_workers < 1:
@@ -238,8 +241,11 @@ class Sandbox:
         self.mode = mode
         self.num_workers = num_workers
         self.audit = AuditLog(audit_log) if audit_log else None
-        self._pool = WarmPool(self.policy, num_workers, preload=preload) if mode == "warm" else None
+        self._pool = (WarmPool(self.policy, num_workers, preload=preload)
+                      if mode == "warm" and not self.policy.network_allow else None)
         self._limiter = None
+        self._session_pool = SessionPool(self.policy, num_spare_sessions)
+        self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()  # open ones; closed with us
 
     def run(self, code: str, *, lang: str = "python", stdin: bytes | str = b"",
             files: dict[str, bytes] | None = None, argv: list[str] | None = None,
@@ -252,6 +258,9 @@ class Sandbox:
         if isinstance(stdin, str):
             stdin = stdin.encode()
         policy = policy or self.policy
+        if policy.network_allow:
+            raise PolicyError("Policy.network_allow applies to sessions only; fix: run the code in "
+                              "sandbox.session() or drop network_allow for single runs")
         if self._pool is not None and (policy.python, policy.readonly_mounts, policy.env,
                                        policy.enable_network) != (self.policy.python,
                                                                   self.policy.readonly_mounts,
@@ -279,14 +288,38 @@ class Sandbox:
         Cancellation: the caller stops waiting at once (the thread is abandoned); the execution
         itself still ends within its wall limit and its worker returns to the pool.
         """
-        import functools
-
         import trio
         token = trio.lowlevel.current_trio_token()
         if self._limiter is None or self._limiter[0] is not token:
             self._limiter = (token, trio.CapacityLimiter(self.num_workers))
         return await trio.to_thread.run_sync(functools.partial(self.run, code, **kwargs),
                                              limiter=self._limiter[1], abandon_on_cancel=True)
+
+    def session(self, files: dict[str, bytes | str] | None = None,
+                limits: SessionLimits | dict | None = None, *, requester: str = "local") -> Session:
+        """Open a session (a jail for one episode; see `postrain.sandbox.session`) with `files`
+        laid into /work. Use it as a context manager, or close it yourself."""
+        limits = SessionLimits.of(limits)
+        session = open_session(self._session_pool, files, limits, audit=self.audit, requester=requester)
+        self._sessions.add(session)
+        return session
+
+    @contextlib.asynccontextmanager
+    async def asession(self, files: dict[str, bytes | str] | None = None,
+                       limits: SessionLimits | dict | None = None, *, requester: str = "local"):
+        """`session` for trio: `async with sandbox.asession() as s: await s.run("ls")`.
+        Cancelled while opening: the open finishes in its thread and the session is closed."""
+        import trio
+        opened = functools.partial(self.session, files, limits, requester=requester)
+        session = AsyncSession(await trio.to_thread.run_sync(opened))
+        try:
+            yield session
+        finally:
+            await session.close()
+
+    def prewarm_sessions(self, limits: SessionLimits | dict | None = None) -> None:
+        """Start keeping spare jails for sessions of these limits (in the background)."""
+        self._session_pool.prewarm(SessionLimits.of(limits).shape)
 
     def resize(self, num_workers: int) -> int:
         """Change the number of warm workers (or, cold, of concurrent `arun` runs); blocks while
@@ -300,6 +333,9 @@ class Sandbox:
         return num_workers
 
     def close(self) -> None:
+        for session in list(self._sessions):
+            session.close()
+        self._session_pool.close()
         if self._pool is not None:
             self._pool.close()
             self._pool = None

