@@ -73,3 +73,60 @@ async def test_bad_requests_come_back_typed_and_the_actor_keeps_serving(tmp_path
         with pytest.raises(RemoteError, match="must be a map with a str 'code'"):
             await ref.ask("exec", "print(1)")
         assert (await ref.ask("exec", {"code": "print('still serving')"}))["stdout"] == b"still serving\n"
+
+
+@async_test
+async def test_sessions_over_the_wire_with_cap_owner_check_and_audit(tmp_path):
+    from postrain.actors.sandbox_actor import remote_session
+    spec = sandbox_spec(tmp_path, num_workers=1, max_sessions_per_worker=1,
+                        session_limits={"call_wall_time_s": 3.0, "memory_mb": 128})
+    async with Supervisor.open() as sup:
+        ref = await sup.start(spec)
+        async with remote_session(ref, files={"data/n.txt": b"20\n"}) as s:
+            await s.run("cd data && export N=$(cat n.txt)")
+            result = await s.run_python("import os; print(int(os.environ['N']) + 1, os.getcwd())")
+            assert result.status == "ok" and result.stdout == b"21 /work/data\n" and result.mode == "session"
+            assert await s.write_file("data/out.txt", "x") == 1
+            assert await s.read_file("/work/data/out.txt") == b"x"
+            assert (await s.run("sleep 5", timeout_s=0.3)).status == "timeout"
+
+            # the cap (1 worker x 1 session): a second open waits, counted as queued
+            second = {}
+
+            async def open_second():
+                async with remote_session(ref) as other:
+                    second["pwd"] = (await other.run("pwd")).stdout
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(open_second)
+                while (await ref.ask("stats"))["queued"] < 1:
+                    await anyio.sleep(0.02)
+                stats = await ref.ask("stats")
+                assert stats["open_sessions"] == 1 and stats["max_sessions"] == 1
+                await ref.ask("session_close", {"session_id": s.session_id})
+            assert second["pwd"] == b"/work\n"
+            with pytest.raises(RemoteError, match="UnknownSession: no open session"):
+                await s.run("true")
+        with pytest.raises(RemoteError, match="exactly one of 'command'"):
+            async with remote_session(ref) as s:
+                await ref.ask("session_exec", {"session_id": s.session_id, "command": "ls", "code": "1"})
+        with pytest.raises(RemoteError, match="unknown session limit"):
+            await ref.ask("session_open", {"limits": {"disk": 1}})
+        assert (await ref.ask("stats"))["open_sessions"] == 0
+    kinds = [entry["kind"] for entry in read_audit_log(tmp_path / "audit.jsonl")]
+    assert kinds.count("session_open") == kinds.count("session_close") == 3
+    assert kinds.count("session_call") == 4  # commands and snippets; file calls are not commands
+
+
+@async_test
+async def test_the_reaper_closes_sessions_whose_episode_vanished(tmp_path):
+    async with Supervisor.open() as sup:
+        ref = await sup.start(sandbox_spec(tmp_path, num_workers=1, session_idle_timeout_s=0.4))
+        opened = await ref.ask("session_open", {})
+        assert (await ref.ask("stats"))["open_sessions"] == 1
+        with anyio.fail_after(20):
+            while (await ref.ask("stats"))["open_sessions"]:
+                await anyio.sleep(0.1)
+        with pytest.raises(RemoteError, match="UnknownSession"):
+            await ref.ask("session_exec", {"session_id": opened["session_id"], "command": "true"})
+    closes = [e for e in read_audit_log(tmp_path / "audit.jsonl") if e["kind"] == "session_close"]
+    assert [e["reason"] for e in closes] == ["reaped"]
