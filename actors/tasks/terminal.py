@@ -27,10 +27,11 @@ import random
 from typing import Iterator
 
 import trio
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from postrain.core import Options
 from postrain.core.errors import PostrainError
+from postrain.sandbox import ExecResult, Status
 
 from ..environment import Environment, Reward, StepResult
 from ..tools import format_answer, format_shell_output, format_tool_call, parse_action
@@ -70,6 +71,13 @@ class TerminalOptions(Options):
                                     "(false: prepended to the user message)")
     kinds: list[str] | None = Field(None, description="only tasks of these kinds (none: all 17)")
 
+    @field_validator("kinds")
+    @classmethod
+    def _known_kinds(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None:
+            _check_kinds(value)
+        return value
+
 
 def _build_suite() -> list[dict]:
     return [make(index) for make in KINDS for index in range(NUM_INSTANCES)]
@@ -86,14 +94,18 @@ def _held_out_index(kind: str) -> int:
 EVAL_IDS = frozenset(f"terminal-{kind}-{_held_out_index(kind)}" for kind in KIND_NAMES)
 
 
+def _check_kinds(kinds: list[str]) -> None:
+    unknown = sorted(set(kinds) - set(KIND_NAMES))
+    if unknown or not kinds:
+        raise ValueError(f"kinds must name some of {list(KIND_NAMES)}, got {kinds}; fix: drop the "
+                         f"unknown {unknown}")
+
+
 def _of_kinds(tasks: list[dict], options: dict | None) -> list[dict]:
     kinds = (options or {}).get("kinds")
     if kinds is None:
         return tasks
-    unknown = sorted(set(kinds) - set(KIND_NAMES))
-    if unknown or not kinds:
-        raise TerminalTaskError(f"task_options.kinds must name some of {list(KIND_NAMES)}, got {kinds}; "
-                                f"fix: drop the unknown {unknown}")
+    _check_kinds(kinds)
     return [t for t in tasks if t["kind"] in kinds]
 
 
@@ -126,7 +138,6 @@ def prompt_messages(task: dict, *, use_system_prompt: bool = True) -> list[dict]
 def demonstration(task: dict, *, use_system_prompt: bool = True, max_output_chars: int = 1200) -> dict:
     """The reference solution as a conversation: each step a `<bash>` turn and the `<output>` the
     session gives for it (the step's recorded output), then `<answer>done</answer>`."""
-    from postrain.sandbox import ExecResult, Status
     messages = prompt_messages(task, use_system_prompt=use_system_prompt)
     for step in task["solution"]:
         result = ExecResult(Status.OK if step["exit_code"] == 0 else Status.NONZERO_EXIT,

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import trio
 
-from postrain.actors import LocalSandbox, get_task, run_episode
+from postrain.actors import LocalSandbox, TaskOptionsError, get_task, run_episode
 from postrain.actors.environment import EnvironmentFailure
 from postrain.actors.tasks import terminal
-from postrain.actors.tasks.terminal import (EVAL_IDS, KIND_NAMES, SUITE, TerminalEnv, TerminalTaskError,
-                                            demonstration, eval_tasks, train_split, train_tasks)
+from postrain.actors.tasks.terminal import (EVAL_IDS, KIND_NAMES, SUITE, TerminalEnv, demonstration,
+                                            eval_tasks, train_split, train_tasks)
 from postrain.actors.tools import parse_action
 from postrain.core.testing import async_test
 from postrain.sandbox import Policy, Sandbox
@@ -42,9 +42,9 @@ def test_the_suite_is_large_deterministic_and_split_by_kind():
     assert {i.rsplit("-", 2)[0] for i in stream} == {t["id"] for t in train} and not set(stream) & EVAL_IDS
     only = eval_tasks({"kinds": ["fix_unit_test"]})
     assert [t["kind"] for t in only] == ["fix_unit_test"]
-    with pytest.raises(TerminalTaskError, match=r"task_options.kinds must name some of .*fix: drop the "
-                                                r"unknown \['nope'\]"):
-        eval_tasks({"kinds": ["nope"]})
+    with pytest.raises(TaskOptionsError, match=r"task_options.kinds = \['nope'\]: .*kinds must name "
+                                               r"some of .*fix: drop the unknown \['nope'\]"):
+        get_task("terminal").eval_tasks({"kinds": ["nope"]})
 
 
 def test_demonstrations_use_the_bash_tool_and_training_tasks_only():
