@@ -31,10 +31,8 @@ def _session_exec(req, cfg, state):
         argv = [cfg["bash"], "--noprofile", "--norc", "-c", _PROLOGUE + req["command"]]
     else:
         argv = [cfg["python"], "-c", req["code"]]
-    env = dict(state["env"])
-    env[b"PWD"] = state["cwd"]
     _unlink_state()
-    reply = execute({**req, "session": True, "exec_argv": argv, "cwd": state["cwd"], "env": env,
+    reply = execute({**req, "session": True, "exec_argv": argv, "cwd": state["cwd"], "env": state["env"],
                      "files": {}, "argv": [], "code": ""}, cfg)
     if reply["killed_for"] is None and "command" in req:
         _load_state(state)

@@ -52,8 +52,8 @@ class NetworkProxy:
             self._routes.append([address, port, f"{JAIL_SOCKET_DIR}/{index}.sock"])
             threading.Thread(target=self._serve, args=(listener, host, port), daemon=True,
                              name=f"netproxy-{host}:{port}").start()
-        _write(os.path.join(self._etc_dir, "hosts"), "127.0.0.1 localhost\n" + "".join(
-            line + "\n" for line in names))
+        _write(os.path.join(self._etc_dir, "hosts"),
+               "".join(line + "\n" for line in names) + "127.0.0.1 localhost\n")  # first match wins
         _write(os.path.join(self._etc_dir, "nsswitch.conf"), "hosts: files\n")
 
     def routes(self) -> list[list]:

@@ -6,7 +6,7 @@ import os
 import psutil
 import pytest
 
-from postrain.sandbox import Policy, Sandbox
+from postrain.sandbox import Policy, Sandbox, SessionLimits
 from postrain.sandbox.policy import HOST_UID
 
 # Set before any worker starts: a host secret that must never be visible inside.
@@ -48,6 +48,39 @@ def cold_sandbox():
         yield sandbox
 
 
-@pytest.fixture(params=["warm", "cold"])
-def sandbox(request, warm_sandbox, cold_sandbox):
-    return warm_sandbox if request.param == "warm" else cold_sandbox
+class SessionAttacks:
+    """The abuse suite's third mode: each `run` is a Python snippet in a new session of `sandbox`
+    whose limits are the policy's; `current` is the latest one (the suite probes and closes it)."""
+
+    mode = "session"
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self.sandbox = sandbox
+        self.current = None
+
+    def run(self, code: str, *, policy: Policy | None = None, stdin: bytes = b""):
+        policy = policy or self.sandbox.policy
+        if self.current is not None:
+            self.current.close()
+        self.current = self.sandbox.session(limits=session_limits(policy))
+        return self.current.run_python(code, stdin=stdin)
+
+
+def session_limits(policy: Policy) -> SessionLimits:
+    """The SessionLimits that match a policy's limits."""
+    return SessionLimits(call_wall_time_s=policy.wall_time_s, call_cpu_time_s=policy.cpu_time_s,
+                         call_max_output_bytes=policy.max_output_bytes, memory_mb=policy.memory_mb,
+                         max_processes=policy.max_processes, work_dir_size_mb=policy.work_dir_size_mb,
+                         max_file_size_mb=policy.max_file_size_mb, max_open_files=policy.max_open_files)
+
+
+@pytest.fixture(scope="session")
+def session_sandbox():
+    with Sandbox(SMALL, mode="cold", num_spare_sessions=1) as sandbox:
+        sandbox.prewarm_sessions(session_limits(SMALL))
+        yield SessionAttacks(sandbox)
+
+
+@pytest.fixture(params=["warm", "cold", "session"])
+def sandbox(request, warm_sandbox, cold_sandbox, session_sandbox):
+    return {"warm": warm_sandbox, "cold": cold_sandbox, "session": session_sandbox}[request.param]

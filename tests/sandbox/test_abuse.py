@@ -1,8 +1,9 @@
-"""The abuse suite: each attack, in real nsjail, warm and cold.
+"""The abuse suite: each attack, in real nsjail, warm, cold and inside a session.
 
 For every attack: it ends in the expected status, the host is unchanged (no process of the
 sandbox uid left, no file written outside the jail), and, in warm mode, the next run in the SAME
-worker is clean (empty work dir, no leftover process, limits and environment as configured).
+worker is clean (empty work dir, no leftover process, limits and environment as configured); in
+a session, the session still serves and its next call finds no process of the attack.
 """
 from __future__ import annotations
 
@@ -50,6 +51,8 @@ def host_stays_clean(host_sandbox_pids):
 
 
 def check_next_run_clean(sandbox):
+    if sandbox.mode == "session":
+        check_session_survives_clean(sandbox.current)
     if sandbox.mode != "warm":
         return
     worker = sandbox._pool.workers[0]
@@ -62,6 +65,18 @@ def check_next_run_clean(sandbox):
     assert probe["uid"] == 1000
     assert "POSTRAIN_CANARY_SECRET" not in probe["env"]
     assert worker.num_restarts == restarts           # the attack did not take the worker down
+
+
+def check_session_survives_clean(session):
+    """The attacked session still serves, and its next call finds no process of the attack, the
+    sandbox uid, no host environment; once its files are removed, its /work is whole again."""
+    assert session.run("rm -rf /work/* /work/.[!.]*").status is Status.OK
+    result = session.run_python(PROBE)
+    assert result.status is Status.OK, result.stderr
+    probe = json.loads(result.stdout)
+    assert probe["files"] == ["probe.txt"] and probe["others"] == [1] and probe["uid"] == 1000
+    assert "POSTRAIN_CANARY_SECRET" not in probe["env"]
+    session.close()
 
 
 def attack(sandbox, code, **kwargs):
@@ -320,7 +335,8 @@ def test_exhaust_file_descriptors(sandbox, small_policy):
     assert result.status is Status.OK, result.stderr
     count, errno_ = map(int, result.stdout.split())
     assert count < small_policy.max_open_files and errno_ == 24  # EMFILE
-    assert len(os.listdir("/proc/self/fd")) == host_fds
+    if sandbox.mode != "session":  # a session holds its jail's pipes while open, and its pool refills
+        assert len(os.listdir("/proc/self/fd")) == host_fds
     check_next_run_clean(sandbox)
 
 
