@@ -3,6 +3,9 @@
     [balancer]                     # optional; see BalancerSection
     max_workers = 4
 
+    [tracking]                     # optional; see cli/tracking.py
+    backends = ["mlflow"]
+
 `load_up_config` is what `postrain up` (and `--dry-run`) runs: the file is
 validated, then every actor's options against its class's model with
 `[shared]` filled in (postrain.core.options), so any bad field of any actor
@@ -16,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from postrain.core.config import RunConfig, load_config, parse_config
 from postrain.core.options import resolve_options
+
+from .tracking import TrackingSection
 
 
 class BalancerSection(BaseModel):
@@ -47,6 +52,7 @@ class BalancerSection(BaseModel):
 
 class UpConfig(RunConfig):
     balancer: BalancerSection = Field(default_factory=BalancerSection)
+    tracking: TrackingSection = Field(default_factory=TrackingSection)
 
 
 def load_up_config(path: str | Path) -> UpConfig:

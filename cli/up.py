@@ -25,7 +25,8 @@ at the URL it prints ([head] metrics_port; cli/exporter.py).
 While the actors run, the head's balancer (cli/balancer.py, `[balancer]`)
 adds sandbox workers when tool calls queue and removes them when idle, and
 logs the orchestrator's backpressure; each decision is a line and a
-"balance" metrics row.
+"balance" metrics row. With a `[tracking]` section, the rows of metrics.jsonl
+and the summary go to W&B, MLflow or trackio too (cli/tracking.py).
 
 The run folder (run_dir/name) holds config.toml (the resolved config),
 head.json (the head's address and metrics URL, for `postrain status` and
@@ -59,6 +60,7 @@ from postrain.core.wire import process_lives
 from .balancer import Balancer
 from .config import UpConfig, load_up_config
 from .monitor import RunMonitor
+from .tracking import RunTracking
 
 HELP = "start a run: the head, then every actor the config names"
 DEFAULT_CONFIG = ("postrain.actors", "configs/default.toml")  # package, resource: the built-in run
@@ -148,16 +150,28 @@ def main(args) -> int:
         print(f"postrain up: {exc}", file=sys.stderr)
         return 2
     with monitor:
-        status = 1  # what an actor that failed leaves
-        try:
-            status = anyio.run(_run, config, folder, monitor, bool(args.resume), backend="trio")
-        except* ActorStartError as group:  # one line per cause, not a traceback of task groups
-            for exc in _leaves(group):
-                print(f"postrain up: {describe_start_error(exc)}", file=sys.stderr)
-        except* PostrainError as group:  # an actor's failure in a later phase: one line each too
-            for exc in _leaves(group):
-                print(f"postrain up: {exc}", file=sys.stderr)
-        return status
+        try:   # a tracker that is not installed or will not open fails here, before any actor
+            tracking = RunTracking(folder, config.tracking, config.run.name,
+                                   config.model_dump(mode="json")).start()
+        except PostrainError as exc:
+            print(f"postrain up: {exc}", file=sys.stderr)
+            return 2
+        with tracking:
+            return _run_and_report(config, folder, monitor, bool(args.resume))
+
+
+def _run_and_report(config: UpConfig, folder: Path, monitor: RunMonitor, resume: bool) -> int:
+    """The run's exit status; an actor's failure as one line per cause, not a traceback."""
+    status = 1  # what an actor that failed leaves
+    try:
+        status = anyio.run(_run, config, folder, monitor, resume, backend="trio")
+    except* ActorStartError as group:  # one line per cause, not a traceback of task groups
+        for exc in _leaves(group):
+            print(f"postrain up: {describe_start_error(exc)}", file=sys.stderr)
+    except* PostrainError as group:  # an actor's failure in a later phase: one line each too
+        for exc in _leaves(group):
+            print(f"postrain up: {exc}", file=sys.stderr)
+    return status
 
 
 def describe_start_error(exc: ActorStartError) -> str:

@@ -1,6 +1,6 @@
 """A short real run (`postrain up`, every role a real process, the tiny model) on any task, for the
-tests of the task kinds: no sandbox actor unless `with_sandbox`, two GRPO steps of 3 prompts x 2
-samples, a held-out evaluation before and after. Returns the run's summary and its folder."""
+tests of the task kinds: no sandbox actor, one GRPO step of 3 prompts x 2 samples, a held-out
+evaluation (2 tasks) before and after. Returns the run's summary and its folder."""
 import json
 import os
 import subprocess
@@ -22,8 +22,8 @@ def run_config(tmp_path, task: str, task_options: dict, *, extra: dict | None = 
              "options": {"learner": {"lr": 1e-3}}},
             {"name": "env", "cls": "postrain.actors.env_actor:EnvironmentActor", **actor, "cpus": 0.1},
             {"name": "orchestrator", "cls": "postrain.actors.orchestrator:OrchestratorActor", **actor,
-             "cpus": 0.1, "options": {"num_steps": 2, "prompts_per_step": 3, "samples_per_prompt": 2,
-                                      "max_staleness": 1, "num_eval_tasks": 2,
+             "cpus": 0.1, "options": {"num_steps": 1, "prompts_per_step": 3, "samples_per_prompt": 2,
+                                      "num_eval_tasks": 2,
                                       "sampling": {"max_new_tokens": 12}}},
         ],
         **(extra or {}),

@@ -7,6 +7,7 @@ import itertools
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -46,6 +47,15 @@ async def async_sleepy(completion, example):
 
 def garbage(completion, example):
     return "yes"
+
+def picky(completion, example):
+    """For a real run: odd answers raise, multiples of 4 hang, the rest score."""
+    answer = int(example["answer"])
+    if answer % 2:
+        raise ValueError(f"odd answer {answer}")
+    if answer % 4 == 0:
+        time.sleep(30)
+    return {"correct": float(completion.strip() == example["answer"])}
 '''
 
 
@@ -56,6 +66,13 @@ def data(tmp_path, monkeypatch):
     (tmp_path / "user_rewards.py").write_text(USER_REWARDS)
     monkeypatch.syspath_prepend(str(tmp_path))
     return tmp_path
+
+
+@pytest.fixture
+def run_task(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    from task_runs import run_task   # tests/actors/task_runs.py
+    return run_task
 
 
 def options(data, **extra):
@@ -197,3 +214,25 @@ def test_postrain_eval_prints_the_accuracy_of_a_dataset_task(data):
                           "--task-options", json.dumps({"path": str(data / "nope.jsonl")}), "--json"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "nope.jsonl does not exist" in bad.stderr
+
+
+def test_a_short_run_on_a_dataset_task_drops_only_the_samples_whose_reward_raised_or_hung_and_is_tracked(
+        data, run_task, monkeypatch):
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")   # reading the run's local MLflow store
+    opts = options(data, reward="user_rewards:picky", reward_timeout_s=1.0, eval_fraction=0.1)
+    summary, folder = run_task(data, "dataset", opts, extra={"tracking": {"backends": ["mlflow"]}})
+    ledger = summary["ledger"]
+    assert summary["steps"] == 1 and ledger["created"] == 6 and ledger["in_flight"] == 0
+    assert ledger["created"] == ledger["trained"] + ledger["dropped"] and ledger["dropped"] > 0
+    reasons = " ".join(ledger["drop_reasons"])
+    assert "reward function 'user_rewards:picky' raised ValueError: odd answer" in reasons
+    assert "reward function 'user_rewards:picky' did not return within 1.0 s" in reasons
+    assert sorted(p.stem for p in (folder / "logs").iterdir()) == ["env", "generator", "learner", "orchestrator"]
+    # the tracker got the same train rows as metrics.jsonl, and the summary
+    from mlflow.tracking import MlflowClient
+    from postrain.core.metrics import read_metrics
+    client = MlflowClient((folder / "mlruns").resolve().as_uri())
+    (run,) = client.search_runs([client.get_experiment_by_name("postrain").experiment_id])
+    steps = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/loss")]
+    assert steps == [(row["step"], row["loss"]) for row in read_metrics(folder, "train")]
+    assert run.data.metrics["summary/ledger/created"] == 6 and run.info.status == "FINISHED"

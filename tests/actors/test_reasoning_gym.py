@@ -105,7 +105,7 @@ def test_postrain_eval_prints_the_accuracy_of_a_family():
 def test_a_short_run_on_a_mixture_trains_without_a_sandbox_and_balances_its_ledger(tmp_path, run_task):
     summary, folder = run_task(tmp_path, "reasoning_gym", MIXTURE | {"num_eval": 2})
     ledger = summary["ledger"]
-    assert summary["steps"] == 2 and ledger["created"] == 12 and ledger["in_flight"] == 0
-    assert ledger["created"] == ledger["trained"] + ledger["dropped"] and ledger["trained"] == 12
+    assert summary["steps"] == 1 and ledger["created"] == 6 and ledger["in_flight"] == 0
+    assert ledger["created"] == ledger["trained"] + ledger["dropped"] and ledger["trained"] == 6
     assert 0.0 <= summary["eval_after"] <= 1.0
     assert sorted(p.stem for p in (folder / "logs").iterdir()) == ["env", "generator", "learner", "orchestrator"]

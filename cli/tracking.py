@@ -1,0 +1,260 @@
+"""Experiment trackers: the rows of a run's metrics.jsonl, mirrored to W&B, MLflow or trackio.
+
+    [tracking]
+    backends = ["mlflow"]          # any of "wandb", "mlflow", "trackio"; none by default
+    project = "postrain"
+
+`postrain up` opens each backend before the first actor starts (a backend that is not installed
+is an error naming the extra to install: `pip install 'postrain[mlflow]'`), logs the run's config
+as the run's parameters, then follows RUN_FOLDER/metrics.jsonl from a thread of the head: every
+row any writer appends (config, eval, train, sync, queue, balance, ...) is logged to every backend
+as the figures `KIND/NAME` (numbers only; a row's step is its `step` figure, else the count of
+rows of its kind so far, as in TensorBoard). When the run ends, the rows left are logged, then
+summary.json's numbers as `summary/NAME` (nested: `summary/ledger/trained`; W&B: its run summary;
+MLflow also keeps the whole summary as the artifact summary.json), and the backend's run is closed.
+
+Offline by default where the service may be unreachable: W&B runs in offline mode unless
+WANDB_API_KEY is set or `offline = false` (sync later with `wandb sync RUN_FOLDER/wandb`); MLflow
+writes to a local store in RUN_FOLDER/mlruns unless `mlflow_tracking_uri` (or
+MLFLOW_TRACKING_URI) names a server; trackio writes its local database unless `trackio_space_id`
+names a Space. A backend that fails while the run goes on is logged once and left out from then
+on: a tracker never stops a run.
+
+A resumed run logs to a new tracker run, from the first row of its metrics.jsonl (the file holds
+the resumed run's whole history).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from postrain.core.errors import PostrainError
+
+log = logging.getLogger("postrain.tracking")
+BACKENDS = ("wandb", "mlflow", "trackio")
+_EXTRAS = {"wandb": "wandb", "mlflow": "mlflow", "trackio": "trackio"}
+
+
+class TrackingSection(BaseModel):
+    """Mirror the run's metrics rows to experiment trackers (cli/tracking.py)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    backends: list[Literal["wandb", "mlflow", "trackio"]] = Field(
+        default_factory=list, description="trackers to log to: wandb, mlflow, trackio (each an extra: "
+        "pip install 'postrain[wandb]'); none: no tracker is imported")
+    project: str = Field("postrain", description="the tracker's project (W&B, trackio) or experiment (MLflow)")
+    offline: bool | None = Field(None, description="W&B offline mode; none: offline unless WANDB_API_KEY "
+                                 "is set (MLflow and trackio are local unless a server or Space is named)")
+    mlflow_tracking_uri: str | None = Field(None, description="MLflow server or store; none: "
+                                            "MLFLOW_TRACKING_URI, else a local store in RUN_FOLDER/mlruns")
+    trackio_space_id: str | None = Field(None, description="a Hugging Face Space for trackio; none: local")
+    interval_s: float = Field(2.0, gt=0, description="how often new metrics rows are sent, seconds")
+
+
+# --------------------------------------------------------------------------- rows -> figures
+def row_figures(row: dict) -> dict[str, float]:
+    """The numeric figures of a metrics row as `KIND/NAME` (booleans and strings left out)."""
+    kind = row.get("kind", "row")
+    return {f"{kind}/{name}": float(value) for name, value in row.items()
+            if name not in ("time", "kind", "step") and isinstance(value, (int, float))
+            and not isinstance(value, bool)}
+
+
+def summary_figures(summary: dict, prefix: str = "summary/") -> dict[str, float]:
+    """The numbers of a run's summary, nested ones too: `summary/ledger/trained` (names only:
+    a table keyed by free text, such as the ledger's drop reasons, is left out)."""
+    figures = {}
+    for name, value in summary.items():
+        if not name.isidentifier():
+            continue
+        if isinstance(value, dict):
+            figures.update(summary_figures(value, f"{prefix}{name}/"))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            figures[f"{prefix}{name}"] = float(value)
+    return figures
+
+
+def flatten(config: dict, prefix: str = "") -> dict[str, str]:
+    """A nested config as `a.b.c` -> its value's text (MLflow parameters are flat strings)."""
+    flat = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, name + "."))
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            for i, item in enumerate(value):
+                flat.update(flatten(item, f"{name}.{item.get('name', i)}."))
+        else:
+            flat[name] = json.dumps(value) if not isinstance(value, str) else value
+    return flat
+
+
+# --------------------------------------------------------------------------- backends
+class WandbTracker:
+    def __init__(self, section: TrackingSection, folder: Path, name: str, config: dict) -> None:
+        import wandb
+        offline = section.offline if section.offline is not None else not os.environ.get("WANDB_API_KEY")
+        self.run = wandb.init(project=section.project, name=name, dir=str(folder), config=config,
+                              mode="offline" if offline else "online", reinit="create_new")
+
+    def log(self, figures: dict[str, float], kind: str, step: int) -> None:
+        self.run.log({**figures, f"{kind}/step": step})
+
+    def finish(self, summary: dict | None) -> None:
+        if summary:
+            self.run.summary.update(summary)
+        self.run.finish()
+
+
+class MlflowTracker:
+    def __init__(self, section: TrackingSection, folder: Path, name: str, config: dict) -> None:
+        from mlflow.entities import Param
+        from mlflow.tracking import MlflowClient
+        uri = section.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        if uri is None:   # a local file store: needs no database package (MLflow 3 asks for the opt-in)
+            uri = (folder / "mlruns").resolve().as_uri()
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self.client = MlflowClient(tracking_uri=uri)
+        experiment = self.client.get_experiment_by_name(section.project)
+        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(section.project)
+        self.run_id = self.client.create_run(experiment_id, run_name=name).info.run_id
+        params = [Param(k, v[:6000]) for k, v in flatten(config).items()]
+        for start in range(0, len(params), 100):   # MLflow takes at most 100 parameters per batch
+            self.client.log_batch(self.run_id, params=params[start:start + 100])
+
+    def log(self, figures: dict[str, float], kind: str, step: int) -> None:
+        from mlflow.entities import Metric
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in figures.items()])
+
+    def finish(self, summary: dict | None) -> None:
+        if summary:
+            self.log(summary_figures(summary), "summary", 0)
+            self.client.log_dict(self.run_id, summary, "summary.json")
+        self.client.set_terminated(self.run_id)
+
+
+class TrackioTracker:
+    def __init__(self, section: TrackingSection, folder: Path, name: str, config: dict) -> None:
+        import trackio
+        self.trackio = trackio
+        self.run = trackio.init(project=section.project, name=name, config=config,
+                                space_id=section.trackio_space_id)
+
+    def log(self, figures: dict[str, float], kind: str, step: int) -> None:
+        self.trackio.log({**figures, f"{kind}/step": step})
+
+    def finish(self, summary: dict | None) -> None:
+        if summary:
+            self.trackio.log(summary_figures(summary))
+        self.trackio.finish()
+
+
+_CLASSES = {"wandb": WandbTracker, "mlflow": MlflowTracker, "trackio": TrackioTracker}
+
+
+# --------------------------------------------------------------------------- following the run
+class RunTracking:
+    """The trackers of one run and the thread that feeds them metrics.jsonl's rows.
+
+        with RunTracking(folder, config.tracking, name, config_dict).start():
+            ...   # the run; rows reach the trackers every interval_s
+        # on exit: the last rows, the summary, each tracker's run closed
+
+    Invariant: `offset` is the byte just after the last whole line sent (a line still being
+    written waits for the next poll). Only the feeding thread calls the trackers while it runs;
+    `__exit__` joins it before the final rows and the summary."""
+
+    def __init__(self, folder: Path, section: TrackingSection, name: str, config: dict) -> None:
+        self.folder, self.section, self.name, self.config = Path(folder), section, name, config
+        self.trackers: dict[str, object] = {}
+        self.offset = 0
+        self.rows_per_kind: Counter = Counter()
+        self.num_rows = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "RunTracking":
+        """Open every backend; PostrainError names one that is not installed or will not open."""
+        for backend in self.section.backends:
+            try:
+                self.trackers[backend] = _CLASSES[backend](self.section, self.folder, self.name, self.config)
+            except ImportError as exc:
+                raise PostrainError(f"[tracking] backend {backend!r} is not installed ({exc}); fix: "
+                                    f"pip install 'postrain[{_EXTRAS[backend]}]'") from None
+            except Exception as exc:  # noqa: BLE001 - a tracker's own error, named
+                raise PostrainError(f"[tracking] backend {backend!r} did not open: "
+                                    f"{type(exc).__name__}: {exc}") from None
+        if self.trackers:
+            self._thread = threading.Thread(target=self._follow, name="tracking", daemon=True)
+            self._thread.start()
+        return self
+
+    def __enter__(self) -> "RunTracking":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+        if not self.trackers:
+            return
+        self.poll()
+        summary_path = self.folder / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+        for backend in list(self.trackers):
+            self._call(backend, "finish", summary)
+
+    def _follow(self) -> None:
+        while not self._stop.wait(self.section.interval_s):
+            self.poll()
+
+    def poll(self) -> int:
+        """Send the whole rows appended since the last poll; the number sent."""
+        path = self.folder / "metrics.jsonl"
+        if not path.exists():
+            return 0
+        with path.open("rb") as file:
+            file.seek(self.offset)
+            data = file.read()
+        whole = data[:data.rfind(b"\n") + 1]
+        self.offset += len(whole)
+        sent = 0
+        for line in whole.splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue   # a torn line a killed writer left (read_metrics skips it too)
+            self.send(row)
+            sent += 1
+        return sent
+
+    def send(self, row: dict) -> None:
+        kind = row.get("kind", "row")
+        self.rows_per_kind[kind] += 1
+        step = row.get("step")
+        if not isinstance(step, int) or isinstance(step, bool):
+            step = self.rows_per_kind[kind]
+        figures = row_figures(row)
+        if figures:
+            for backend in list(self.trackers):
+                self._call(backend, "log", figures, kind, step)
+        self.num_rows += 1
+
+    def _call(self, backend: str, method: str, *args) -> None:
+        """One tracker call; a failure drops that tracker for the rest of the run, with one warning."""
+        try:
+            getattr(self.trackers[backend], method)(*args)
+        except Exception as exc:  # noqa: BLE001 - a tracker must never stop the run
+            log.warning("tracking backend %s failed (%s: %s); it is left out for the rest of the run",
+                        backend, type(exc).__name__, exc)
+            self.trackers.pop(backend, None)
