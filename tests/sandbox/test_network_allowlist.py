@@ -1,0 +1,178 @@
+"""The network allowlist in real nsjail: named destinations answer, nothing else is reachable.
+
+Host services are real sockets on this machine; each records what reached it, so "refused" is
+checked on both ends: the jail's connection fails, and the service saw nothing.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+
+import psutil
+import pytest
+
+from postrain.sandbox import Policy, PolicyError, Sandbox, Status
+
+
+class Service:
+    """A TCP service on the host that answers "<name> got: <first bytes>" and records them."""
+
+    def __init__(self, name: str, host: str = "127.0.0.1") -> None:
+        self.name = name
+        self.received: list[bytes] = []
+        self.sock = socket.create_server((host, 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                data = conn.recv(4096)
+                self.received.append(data)
+                conn.sendall(f"{self.name} got: ".encode() + data)
+
+
+class UdpTrap:
+    """A UDP port on the host (all addresses) that records any datagram (a DNS exfiltration)."""
+
+    def __init__(self) -> None:
+        self.received: list[bytes] = []
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("0.0.0.0", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                self.received.append(self.sock.recv(4096))
+            except OSError:
+                return
+
+
+def host_address() -> str | None:
+    for addresses in psutil.net_if_addrs().values():
+        for addr in addresses:
+            if addr.family == socket.AF_INET and not addr.address.startswith("127."):
+                return addr.address
+    return None
+
+
+PROBE = """
+import json, socket, sys
+def tcp(host, port, payload=b"hello"):
+    try:
+        with socket.create_connection((host, port), timeout=1) as c:
+            c.sendall(payload)
+            return c.recv(4096).decode()
+    except OSError as exc:
+        return type(exc).__name__
+def udp(host, port):
+    try:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.sendto(b"secret.exfil.example", (host, port))
+        return "sent"
+    except OSError as exc:
+        return type(exc).__name__
+def resolve(name):
+    try:
+        return socket.getaddrinfo(name, 80)[0][4][0]
+    except OSError as exc:
+        return type(exc).__name__
+print(json.dumps({name: eval(expr) for name, expr in json.loads(sys.argv[1] if len(sys.argv) > 1 else input())}))
+"""
+
+
+@pytest.fixture(scope="module")
+def services():
+    return {"allowed": Service("allowed"), "named": Service("named"), "other": Service("other"),
+            "wide": Service("wide", host="0.0.0.0"), "udp": UdpTrap()}
+
+
+@pytest.fixture(scope="module")
+def session(services):
+    policy = Policy(wall_time_s=5, memory_mb=256, network_allow=(
+        f"127.0.0.1:{services['allowed'].port}", f"localhost:{services['named'].port}"))
+    with Sandbox(policy, mode="cold", num_spare_sessions=0) as sandbox, sandbox.session() as s:
+        yield s
+
+
+def probe(session, checks: dict[str, str]) -> dict:
+    result = session.run_python(PROBE, stdin=json.dumps(list(checks.items())) + "\n")
+    assert result.status is Status.OK, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_allowed_destinations_answer(session, services):
+    allowed, named = services["allowed"].port, services["named"].port
+    out = probe(session, {"literal": f"tcp('127.0.0.1', {allowed})",
+                          "name": f"tcp('localhost', {named})"})
+    assert out == {"literal": "allowed got: hello", "name": "named got: hello"}
+    shell = session.run(f"exec 3<>/dev/tcp/127.0.0.1/{allowed}; printf shell >&3; cat <&3")
+    assert shell.stdout == b"allowed got: shell"
+
+
+def test_everything_else_is_refused(session, services):
+    other, wide, udp = services["other"].port, services["wide"].port, services["udp"].port
+    checks = {"other_port": f"tcp('127.0.0.1', {other})",
+              "allowed_port_on_name_address": f"tcp('127.77.0.2', {services['allowed'].port})",
+              "ssh": "tcp('127.0.0.1', 22)", "outside": "tcp('1.1.1.1', 80)",
+              "dns_name": "resolve('example.com')", "dns_udp_outside": "udp('8.8.8.8', 53)",
+              "udp_host_loopback": f"udp('127.0.0.1', {udp})"}
+    address = host_address()
+    if address:
+        checks.update(host_service=f"tcp({address!r}, {wide})", udp_host=f"udp({address!r}, {udp})")
+    out = probe(session, checks)
+    refused = {"ConnectionRefusedError", "OSError", "TimeoutError", "socket.gaierror", "gaierror"}
+    for name in checks:
+        if name.startswith("udp_host_loopback"):
+            continue  # the jail's own lo: the datagram goes nowhere (checked on the host below)
+        assert out[name] in refused, (name, out[name])
+    assert out["dns_name"] == "gaierror"
+    assert services["other"].received == [] and services["wide"].received == []
+    assert services["udp"].received == []  # no datagram reached the host: no DNS exfiltration
+
+
+def test_the_allowlist_cannot_be_changed_from_inside(session, services):
+    other = services["other"].port
+    result = session.run(f"""
+        echo "127.0.0.1 evil" >> /etc/hosts 2>/dev/null && echo hosts-written
+        ls /run/postrain-net 2>/dev/null && echo sockets-listed
+        python3 -c "import socket; s=socket.socket(socket.AF_UNIX); s.connect('/run/postrain-net/0.sock')" 2>/dev/null && echo proxy-reached
+        python3 -c "
+import socket, struct, fcntl
+ifreq = struct.pack('16sH2s4s8s', b'lo:9', socket.AF_INET, b'', socket.inet_aton('10.9.9.9'), b'')
+fcntl.ioctl(socket.socket().fileno(), 0x8916, ifreq)" 2>/dev/null && echo address-added
+        kill -9 -1 2>/dev/null
+        python3 -c "
+import socket
+l = socket.create_server(('127.0.0.1', {other}))
+c = socket.create_connection(('127.0.0.1', {other})); c.sendall(b'x')
+print('self-listener', l.accept()[0].recv(1))"
+        echo done
+    """)
+    assert result.stdout == b"self-listener b'x'\ndone\n", result.stderr
+    assert services["other"].received == []  # its own listener on lo is not the host's service
+    out = probe(session, {"after": f"tcp('127.0.0.1', {services['allowed'].port})"})
+    assert out == {"after": "allowed got: hello"}  # the forwarder survived the attempts
+
+
+def test_no_escape_through_the_allowed_destination(session, services):
+    allowed, other = services["allowed"].port, services["other"].port
+    connect = f"CONNECT 127.0.0.1:{other} HTTP/1.1\\r\\nHost: 127.0.0.1:{other}\\r\\n\\r\\n"
+    out = probe(session, {"connect": f"tcp('127.0.0.1', {allowed}, {connect!r}.encode())"})
+    assert out["connect"].startswith("allowed got: CONNECT")   # the allowed service got it verbatim
+    assert services["other"].received == []
+
+
+def test_bad_entries_are_refused():
+    for bad in ("127.0.0.1", "host:0", "host:99999", ":80", "a b:80"):
+        with pytest.raises(PolicyError, match="network_allow entries must be 'host:port'"):
+            Policy(network_allow=(bad,))
+    with pytest.raises(PolicyError, match="exclude each other"):
+        Policy(network_allow=("127.0.0.1:80",), enable_network=True)

@@ -1,0 +1,102 @@
+"""Attacks that only sessions invite: state leaking between two sessions, a process left behind
+after close, a fork bomb in one session while another works. (Every attack of test_abuse.py also
+runs inside a session there; the network attacks are in test_network_allowlist.py.)"""
+from __future__ import annotations
+
+import json
+import threading
+
+import psutil
+import pytest
+
+from postrain.sandbox import Sandbox, SessionClosed, SessionLimits, Status
+
+LIMITS = SessionLimits(call_wall_time_s=8.0, call_cpu_time_s=4, memory_mb=160, max_processes=24,
+                       work_dir_size_mb=8, max_file_size_mb=4)
+VISIBLE = """
+import json, os
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+print(json.dumps({"pids": [p for p in range(1, 32768) if alive(p) and p != os.getpid()],
+                  "files": sorted(os.listdir("/work")), "state": sorted(os.listdir("/run/postrain")),
+                  "env": sorted(os.environ)}))
+"""
+
+
+@pytest.fixture(scope="module")
+def sandbox(small_policy):
+    with Sandbox(small_policy, mode="cold", num_spare_sessions=2) as sb:
+        sb.prewarm_sessions(LIMITS)
+        yield sb
+
+
+def in_thread(fn):
+    results = []
+    thread = threading.Thread(target=lambda: results.append(fn()))
+    thread.start()
+    return thread, results
+
+
+def jail_processes(session) -> list[psutil.Process]:
+    nsjail = psutil.Process(session._jail._proc.pid)
+    return [nsjail, *nsjail.children(recursive=True)]
+
+
+def test_no_state_leaks_between_two_sessions(sandbox):
+    with sandbox.session(limits=LIMITS) as a, sandbox.session(limits=LIMITS) as b:
+        a.run("echo secret > /work/a-secret && export A_TOKEN=a && cd /tmp 2>/dev/null; mkdir -p d && cd d")
+        busy, _ = in_thread(lambda: a.run("sleep 2 & sleep 2; wait"))
+        while not a.in_call:
+            pass
+        seen = json.loads(b.run_python(VISIBLE).stdout)
+        busy.join()
+        assert seen["pids"] == [1]          # its own call's init only: none of A's processes
+        assert seen["files"] == [] and seen["state"] == [] and "A_TOKEN" not in seen["env"]
+        assert b.run("pwd").stdout == b"/work\n"
+        assert a.run("cat /work/a-secret; pwd; echo $A_TOKEN").stdout == b"secret\n/work/d\na\n"
+
+
+def test_nothing_of_a_session_survives_close(sandbox):
+    session = sandbox.session(limits=LIMITS)
+    session.run("echo x > /work/file")
+    busy, results = in_thread(lambda: _catch(lambda: session.run(
+        "setsid sleep 60 & (trap '' TERM HUP; exec sleep 60) & sleep 60")))
+    while not session.in_call:
+        pass
+    processes = jail_processes(session)
+    while len(processes) < 6:   # nsjail, agent, init, bash, and its sleepers
+        processes = jail_processes(session)
+    session.close()
+    busy.join(timeout=10)
+    assert isinstance(results[0], SessionClosed) and results[0].reason == "closed"
+    gone, alive = psutil.wait_procs(processes, timeout=5)
+    assert alive == []
+    with pytest.raises(SessionClosed):
+        session.read_file("file")
+
+
+def _catch(fn):
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001
+        return exc
+
+
+def test_a_fork_bomb_in_one_session_leaves_another_working(sandbox):
+    with sandbox.session(limits=LIMITS) as bomb, sandbox.session(limits=LIMITS) as other:
+        thread, results = in_thread(lambda: bomb.run(":(){ :|:& };:; sleep 4", timeout_s=4))
+        while not bomb.in_call:
+            pass
+        outputs = [other.run(f"echo {i} && ls /usr/bin | wc -l > /dev/null && echo ok") for i in range(5)]
+        assert bomb.in_call  # all five ran while the bomb went on
+        thread.join()
+        assert [r.status for r in outputs] == [Status.OK] * 5
+        assert [r.stdout for r in outputs] == [f"{i}\nok\n".encode() for i in range(5)]
+        assert results[0].status in (Status.TIMEOUT, Status.OK, Status.NONZERO_EXIT)
+        assert bomb.run("echo survived").stdout == b"survived\n"  # and it ended with its call
