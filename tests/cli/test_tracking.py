@@ -102,3 +102,7 @@ def test_trackio_logs_locally(tmp_path, monkeypatch):
     with RunTracking(tmp_path, TrackingSection(backends=["trackio"], project="postrain-test"), "tracked",
                      CONFIG).start() as tracking:
         assert tracking.poll() == 4
+    import sqlite3   # trackio's local store
+    logged = [row[0] for row in sqlite3.connect(tmp_path / "trackio" / "postrain-test.db").execute(
+        "select metrics from metrics")]
+    assert [json.loads(m)["train/loss"] for m in logged if b"train/loss" in m] == [0.5, 0.25]
