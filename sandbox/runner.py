@@ -321,6 +321,10 @@ class Sandbox:
         """Start keeping spare jails for sessions of these limits (in the background)."""
         self._session_pool.prewarm(SessionLimits.of(limits).shape)
 
+    def num_spare_sessions(self, limits: SessionLimits | dict | None = None) -> int:
+        """Jails started ahead for sessions of these limits, ready now."""
+        return self._session_pool.num_spares(SessionLimits.of(limits).shape)
+
     def resize(self, num_workers: int) -> int:
         """Change the number of warm workers (or, cold, of concurrent `arun` runs); blocks while
         new workers start. Runs in flight finish; surplus workers close when idle."""

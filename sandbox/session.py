@@ -216,6 +216,11 @@ class SessionPool:
             jail = SessionJail(self.policy, shape)
         return jail
 
+    def num_spares(self, shape: tuple) -> int:
+        """Started jails of `shape` waiting for a session now."""
+        with self._lock:
+            return len(self._spares.get(shape, ()))
+
     def prewarm(self, shape: tuple) -> None:
         """Start keeping spares of `shape` (in the background)."""
         with self._lock:
