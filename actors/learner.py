@@ -37,11 +37,13 @@ from pathlib import Path
 import torch
 
 from postrain.actors.checkpoint import load_model
+from postrain.actors.device import resolve_device
 from postrain.actors.learner_batch import (LearnerError, PackedBatch, group_size_of, pack_batch,
                                            reward_components_of)
 from postrain.actors.model import LlamaModel, ModelConfig
 from postrain.actors.shared_prefix import plan_micro_batches
 from postrain.ext import rl_ops
+from postrain.ext.cupy_ops import BACKENDS as RL_OPS_BACKENDS
 
 OBJECTIVES = ("ppo", "decoupled")
 LR_SCHEDULES = ("constant", "cosine")
@@ -55,8 +57,12 @@ class LearnerConfig:
 
     model: str | dict = "tiny"             # load_model spec (built-in, HF folder, .gguf) or ModelConfig dict
     seed: int = 0                          # init of a from-scratch model, torch RNG
-    device: str = "cpu"                    # "cpu" | "cuda" | "cuda:N"
+    device: str = "auto"                   # "auto" (the GPU placed, else cpu) | "cpu" | "cuda" | "cuda:N"
     dtype: str = "float32"                 # parameter dtype: float32 | bfloat16 | float16
+    autocast_dtype: str | None = None      # "bfloat16" | "float16": the model's forward under torch.autocast
+                                           # (parameters, optimizer and the logprob head stay at `dtype`)
+    rl_ops_backend: str = "auto"           # logprobs and loss: "auto" (CuPy kernels for CUDA tensors where
+                                           # cupy imports) | "torch" | "cupy" (postrain.ext.rl_ops)
     reference_model: str | dict | None = None   # frozen KL reference: None, "initial" (a copy) or a spec
     # optimizer and schedule
     lr: float = 1e-6                       # peak learning rate
@@ -101,6 +107,10 @@ class LearnerConfig:
             (self.logprob_path in LOGPROB_PATHS,
              f"logprob_path must be one of {LOGPROB_PATHS}, got {self.logprob_path!r}"),
             (self.dtype in _DTYPES, f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}"),
+            (self.autocast_dtype in (None, "bfloat16", "float16"),
+             f"autocast_dtype must be 'bfloat16', 'float16' or unset, got {self.autocast_dtype!r}"),
+            (self.rl_ops_backend in RL_OPS_BACKENDS,
+             f"rl_ops_backend must be one of {RL_OPS_BACKENDS}, got {self.rl_ops_backend!r}"),
             (self.lr > 0, f"lr must be > 0, got {self.lr}"),
             (self.rl_lr is None or self.rl_lr > 0, f"rl_lr must be > 0 or unset, got {self.rl_lr}"),
             (self.micro_batch_size >= 1, f"micro_batch_size must be >= 1, got {self.micro_batch_size}"),
@@ -166,10 +176,10 @@ class Learner:
     def __init__(self, config: LearnerConfig | dict | None = None, *, process_group=None):
         self.config = config if isinstance(config, LearnerConfig) else LearnerConfig.from_dict(config)
         cfg = self.config
-        self.device = torch.device(cfg.device)
+        self.device = resolve_device(cfg.device)
         torch.manual_seed(cfg.seed)
         dtype = _DTYPES[cfg.dtype]
-        self.model, self.tokenizer = build_policy(cfg.model, cfg.seed, dtype, cfg.device)
+        self.model, self.tokenizer = build_policy(cfg.model, cfg.seed, dtype, self.device)
         self.model.train()
         self.reference = self._build_reference(dtype)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -210,7 +220,7 @@ class Learner:
                 logp, old, mb.advantages, mb.loss_mask, loss_cfg,
                 behavior_logp=behavior if decoupled else None,
                 ref_logp=None if ref is None else ref[i], entropy=entropy,
-                global_num_tokens=tokens, global_num_seqs=seqs)
+                global_num_tokens=tokens, global_num_seqs=seqs, backend=cfg.rl_ops_backend)
             if cfg.entropy_coef:
                 loss = loss - cfg.entropy_coef * rl_ops.aggregate_loss(
                     entropy, mb.loss_mask, cfg.agg_mode, loss_norm_constant=cfg.loss_norm_constant,
@@ -312,7 +322,7 @@ class Learner:
             ref = LlamaModel.empty(self.model.config).to(device=self.device, dtype=dtype)
             ref.load_state_dict(self.model.state_dict())
         else:
-            ref, _ = build_policy(spec, self.config.seed, dtype, self.config.device)
+            ref, _ = build_policy(spec, self.config.seed, dtype, self.device)
         for p in ref.parameters():
             p.requires_grad_(False)
         return ref.eval()
@@ -353,16 +363,20 @@ class Learner:
 
         Only the loss_mask positions reach the LM head: (N, H) hidden rows, N = trained tokens."""
         sel = mb.loss_mask                                                                # (B, T-1)
-        h = self._trained_hidden(model, mb)                                               # (N, H)
-        targets = mb.input_ids[:, 1:][sel]                                                # (N,)
+        cfg = self.config
+        with torch.autocast(self.device.type, dtype=_DTYPES[cfg.autocast_dtype or cfg.dtype],
+                            enabled=cfg.autocast_dtype is not None):
+            h = self._trained_hidden(model, mb)                                           # (N, H)
         weight = model.lm_head.weight
-        if self.config.logprob_path == "naive":
-            logp, entropy = rl_ops.naive_token_logprobs(h @ weight.t(), targets, self.config.temperature,
+        h = h.to(weight.dtype)
+        targets = mb.input_ids[:, 1:][sel]                                                # (N,)
+        if cfg.logprob_path == "naive":
+            logp, entropy = rl_ops.naive_token_logprobs(h @ weight.t(), targets, cfg.temperature,
                                                         return_entropy=True)
         else:
             logp, entropy = rl_ops.token_logprobs_from_hidden(
-                h, weight, targets, temperature=self.config.temperature,
-                chunk_size_tokens=self.config.chunk_size_tokens, return_entropy=True)
+                h, weight, targets, temperature=cfg.temperature, chunk_size_tokens=cfg.chunk_size_tokens,
+                return_entropy=True, backend=cfg.rl_ops_backend)
         zeros = torch.zeros(sel.shape, dtype=logp.dtype, device=sel.device)
         return zeros.masked_scatter(sel, logp), zeros.masked_scatter(sel, entropy)
 

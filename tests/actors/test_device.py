@@ -83,3 +83,29 @@ def test_the_device_checks_run_puts_the_learner_and_generator_on_gpus_and_valida
     assert {a["name"] for a in config["actors"] if a.get("gpus")} == on_gpu
     parsed = parse_up_config(tomllib.loads(to_toml(config)))     # the file it writes validates
     assert {spec.name for spec in parsed.actors if spec.gpus == 1} == on_gpu
+
+
+def test_bfloat16_autocast_keeps_float32_weights_and_trains_the_same_step_within_its_rounding():
+    from postrain.actors.learner import Learner, LearnerConfig
+    from postrain.bench.learner import rollout_batch
+
+    tiny = dict(vocab_size=264, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                num_kv_heads=2, max_position_embeddings=256, tie_word_embeddings=True)
+    batch = rollout_batch(4, 48, tiny["vocab_size"])
+    plain = Learner(LearnerConfig(model=tiny, device="cpu", lr=1e-4, micro_batch_size=2))
+    mixed = Learner(LearnerConfig(model=tiny, device="cpu", lr=1e-4, micro_batch_size=2, autocast_dtype="bfloat16"))
+    exact_logp, rounded_logp = torch.cat(plain.compute_logprobs(batch)), torch.cat(mixed.compute_logprobs(batch))
+    assert not torch.equal(exact_logp, rounded_logp)                    # the forward did run in bfloat16
+    assert torch.allclose(exact_logp, rounded_logp, atol=0.1)
+    exact, rounded = plain.train_step(batch), mixed.train_step(batch)
+    assert all(p.dtype == torch.float32 for p in mixed.model.parameters())
+    assert rounded["pg_loss"] == pytest.approx(exact["pg_loss"], rel=0.05, abs=1e-3)
+
+
+def test_learner_device_options_are_checked_naming_the_choices():
+    from postrain.actors.learner import LearnerConfig, LearnerError
+
+    with pytest.raises(LearnerError, match="autocast_dtype must be"):
+        LearnerConfig(autocast_dtype="int8")
+    with pytest.raises(LearnerError, match="rl_ops_backend must be one of"):
+        LearnerConfig(rl_ops_backend="triton")
