@@ -59,7 +59,8 @@ async def test_episodes_hold_one_session_of_the_sandbox_actor_and_a_killed_episo
         assert [hop["status"] for hop in calls[:2]] == ["ok", "ok"]
         assert await open_sessions(sandbox) == 0
 
-        # an environment actor killed while its episode's session is open: the reaper ends it
+        # an environment actor killed while its episode's session is open (its first turn, 400
+        # tokens, is still being sampled): the sandbox actor's reaper ends the session
         await sup.start(ActorSpec(name="generator", cls="postrain.actors.generator_actor:GeneratorActor",
                                   cpus=0.5, memory_mb=0, options={"model": "tiny", "kv_cache_mb": 16}))
         env_actor = await sup.start(ActorSpec(
@@ -69,7 +70,8 @@ async def test_episodes_hold_one_session_of_the_sandbox_actor_and_a_killed_episo
         async def rollout():
             try:
                 await env_actor.ask("rollout", {"task": task, "sample_id": "s0",
-                                                "sampling": {"max_new_tokens": 400, "seed": 1}}, timeout_s=60)
+                                                "sampling": {"max_new_tokens": 400, "ignore_eos": True,
+                                                             "seed": 1}}, timeout_s=60)
             except Exception:  # noqa: BLE001 - its actor is killed under it
                 pass
         async with trio.open_nursery() as nursery:
