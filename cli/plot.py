@@ -3,7 +3,9 @@
 Writes into RUN_DIR/plots:
 
     reward.png       mean reward (and mean `correct`) per RL step      train rows
-    accuracy.png     held-out accuracy at each evaluation             eval rows
+    accuracy.png     held-out accuracy (greedy, sampled) against      eval rows (before, after
+                     the run's wall time, a point per evaluation     the warm start, every
+                                                                      eval_every RL steps, after)
     kl.png           KL to the reference per RL step                  train rows
     throughput.png   learner tokens/s per RL step                     train rows
     staleness.png    histogram of sample staleness (policy versions)  ledger `trained` events,
@@ -74,13 +76,17 @@ def _accuracy_chart(run: dict):
     evals = [row for row in run["eval"] if isinstance(row.get("accuracy"), (int, float))]
     if not evals:
         return "no eval rows with 'accuracy'"
-    figure = _new_figure()
-    axes = figure.add_subplot()
-    labels = [str(row.get("phase", i)) for i, row in enumerate(evals)]
-    bars = axes.bar(range(len(evals)), [row["accuracy"] for row in evals])
-    axes.bar_label(bars, fmt="%.2f")
-    axes.set_xticks(range(len(evals)), labels)
-    axes.set(title="held-out accuracy", ylabel="accuracy", ylim=(0, 1.05))
+    minutes = [{**row, "minutes": (row["time"] - run["start_time"]) / 60} for row in evals]
+    series = {"greedy": _numbers(minutes, "minutes", "accuracy")}
+    sampled = _numbers(minutes, "minutes", "accuracy_sampled")
+    if sampled[0]:
+        series["sampled"] = sampled
+    figure = _line_chart("held-out accuracy", "accuracy", series, x_label="minutes since the run started")
+    axes = figure.axes[0]
+    for row in minutes:
+        axes.annotate(str(row.get("phase", "")).replace("_", " "), (row["minutes"], row["accuracy"]),
+                      textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
+    axes.set_ylim(0, 1.1)
     return figure
 
 
@@ -140,6 +146,7 @@ def load_run(run_folder: str | Path) -> dict:
         raise PlotError(f"{path} {state}; pass the run folder (run_dir/name) of a run that logged metrics")
     ledger_path = folder / "ledger.jsonl"
     run = {kind: [row for row in rows if row["kind"] == kind] for kind in ("train", "eval", "queue")}
+    run["start_time"] = rows[0]["time"]
     run["ledger"] = read_events(ledger_path) if ledger_path.exists() else []
     return run
 

@@ -1,6 +1,8 @@
 """One run of the orchestrator, in one run folder: its phases, its checkpoints, its RL loop.
 
     evaluate (held-out, greedy) -> supervised warm start -> GRPO steps -> evaluate -> summary
+                                                  (every `eval_every` steps: evaluate; at most
+                                                   `max_rl_wall_s` seconds of them)
 
 The parts (each in its own module, each with its own state):
 - `Admission` (admission.py): when batch b may start generating, the buffer, backpressure;
@@ -95,6 +97,8 @@ class RunDriver:
         self.evaluator = Evaluator(task, options, self.pool, metrics, self.emit)
         self.learner_idle_s = 0.0            # RL time the learner waited for a generated batch
         self.learner_busy_s = 0.0            # RL time spent in train + publish
+        self.rl_eval_s = 0.0                 # RL time spent in evaluations during RL (eval_every)
+        self.rl_budget_spent = False         # RL ended on max_rl_wall_s, before num_steps
 
     def emit(self, line: str) -> None:
         self.report({"line": line})
@@ -143,9 +147,9 @@ class RunDriver:
             self.metrics.close()
             return None
         rl_start = time.time()
-        steps = await self._rl()
+        steps = await self._rl(rl_start)
         rl_wall_s = time.time() - rl_start
-        await self.evaluator.phase("after", "after RL")
+        await self.evaluator.phase("after", "after RL", step=steps, rl_wall_s=round(rl_wall_s, 2))
         checkpoint = await self._checkpoint("done" if steps == self.options.num_steps else "rl")
         policy = await self.keeper.call("export_hf", {"path": str(self.folder / "policy")})
         self.ledger.check()
@@ -162,8 +166,8 @@ class RunDriver:
                 "steps": steps, "sft_steps": self.options.sft_steps, "samples": counts["trained"],
                 "ledger": counts, "wall_s": round(wall_s, 1), "rl_wall_s": round(rl_wall_s, 2),
                 "learner_idle_s": round(self.learner_idle_s, 2),
-                "learner_busy_s": round(self.learner_busy_s, 2),
-                "checkpoint": checkpoint, "policy": policy, "task": self.options.task,
+                "learner_busy_s": round(self.learner_busy_s, 2), "rl_eval_s": round(self.rl_eval_s, 2),
+                "rl_budget_spent": self.rl_budget_spent, "checkpoint": checkpoint, "policy": policy, "task": self.options.task,
                 "max_staleness": self.options.max_staleness, "resumes": self.resume_index,
                 "learner_recoveries": self.keeper.num_recoveries,
                 "generator_resyncs": self.keeper.num_generator_resyncs,
@@ -235,11 +239,12 @@ class RunDriver:
 
     # -- RL -------------------------------------------------------------------------------
 
-    async def _rl(self) -> int:
-        """GRPO steps num_trained..num_steps-1 under the admission rule, a checkpoint every
-        `checkpoint_every` steps and after the last; returns how many batches are trained in all.
-        Cancelled: batches in generation are abandoned with their samples in flight in the
-        ledger (a resume drops them as interrupted); trained steps stay trained."""
+    async def _rl(self, rl_start: float) -> int:
+        """GRPO steps num_trained..num_steps-1 under the admission rule, an evaluation every
+        `eval_every` steps, a checkpoint every `checkpoint_every` steps and after the last, until
+        `max_rl_wall_s` after `rl_start` (time.time()) is spent; returns how many batches are
+        trained in all. Cancelled: batches in generation are abandoned with their samples in
+        flight in the ledger (a resume drops them as interrupted); trained steps stay trained."""
         options, admission = self.options, self.admission
         num_steps = options.num_steps
         async with anyio.create_task_group() as tg:
@@ -258,12 +263,35 @@ class RunDriver:
                 admission.retire(b)
                 admission.check()
                 trained = admission.num_trained
+                budget_spent = self._rl_budget_spent(rl_start, trained)
+                if not budget_spent and options.eval_every and trained % options.eval_every == 0 \
+                        and trained < num_steps:
+                    eval_from = time.time()
+                    await self.evaluator.phase(f"step_{trained}", f"after RL step {trained}", step=trained,
+                                               rl_wall_s=round(eval_from - rl_start, 2))
+                    self.rl_eval_s += time.time() - eval_from
                 if trained % options.checkpoint_every == 0 or trained == num_steps:
                     await self._checkpoint("rl")
+                if budget_spent:
+                    admission.stop()
+                    break
             tg.cancel_scope.cancel()
+        reason = ("RL time budget (max_rl_wall_s) spent before it was trained" if self.rl_budget_spent
+                  else "run stopped before it was trained")
         for sample_id in self.ledger.in_flight():
-            self.ledger.drop(sample_id, "run stopped before it was trained")
+            self.ledger.drop(sample_id, reason)
         return admission.num_trained
+
+    def _rl_budget_spent(self, rl_start: float, trained: int) -> bool:
+        """True (with a line and a metrics row) when `max_rl_wall_s` is spent before num_steps."""
+        budget, elapsed = self.options.max_rl_wall_s, time.time() - rl_start
+        if budget is None or elapsed < budget or trained >= self.options.num_steps:
+            return False
+        self.rl_budget_spent = True
+        self.metrics.log("rl_budget_spent", step=trained, rl_wall_s=round(elapsed, 2), max_rl_wall_s=budget)
+        self.emit(f"RL time budget spent: {elapsed:.1f} s >= max_rl_wall_s={budget:g} after step {trained} of "
+                  f"{self.options.num_steps}; evaluating the policy of step {trained}")
+        return True
 
     async def _admit_batches(self, tg) -> None:
         """Admit batches num_trained.. in order, each generated by the pool in a task of `tg`.

@@ -14,6 +14,10 @@ redone from the start, up to `max_eval_repeats` times (an `eval_repeat` metrics
 row and a line each), then the run stops with EvaluationIncomplete. Every episode has
 a fixed seed and the policy does not change during an evaluation, so a repeat meets the
 same episodes; a reported accuracy is always the mean over all of them.
+
+During RL (`eval_every`), the RL loop waits for an evaluation after the step it follows, so
+the learner does not change the policy under it; batches already admitted keep generating
+beside it (max_staleness > 0), on the same weights.
 """
 from __future__ import annotations
 
@@ -48,14 +52,14 @@ class Evaluator:
         self.evals: dict[str, float] = {}   # phase -> accuracy; written by `phase` and the run's restore
         self.num_repeats = 0                # evaluations redone because episodes were lost to kills
 
-    async def phase(self, phase: str, label: str) -> None:
+    async def phase(self, phase: str, label: str, **context) -> None:
         """Evaluate into `evals` (`phase`, and `sampled_<phase>` when `eval_samples_per_task` > 0),
-        its metrics row and a printed line. Cancelled: no row or line; `evals` may hold the
-        greedy score of this phase."""
+        its metrics row (with `context`, e.g. the RL step) and a printed line. Cancelled: no row
+        or line; `evals` may hold the greedy score of this phase."""
         greedy = await self.score(0.0, 1, phase)
         self.evals[phase] = greedy
         line = f"held-out accuracy {label}: {greedy:.3f}"
-        row = {"accuracy": greedy}
+        row = {**context, "accuracy": greedy}
         num_samples = self.options.eval_samples_per_task
         if num_samples:
             temperature = self.options.sampling.temperature

@@ -43,6 +43,9 @@ class OrchestratorOptions(TaskOptions):
     sampling: SamplingParams = Field(default_factory=_rl_sampling, description="how rollouts sample "
                                      "(SamplingParams fields; stop is set to the tools' stop strings); "
                                      "default temperature 1.0, max_new_tokens 96")
+    max_rl_wall_s: float | None = Field(None, gt=0, description="seconds of RL at most (this start of "
+                                        "the run): once spent, the step in progress finishes, then the "
+                                        "final evaluation; none: num_steps alone ends RL")
     checkpoint_every: int = Field(10, ge=1, description="RL steps between checkpoints; the last step "
                                   "always checkpoints")
     # -- warm start and evaluation --
@@ -52,6 +55,9 @@ class OrchestratorOptions(TaskOptions):
     sft_checkpoint_every: int = Field(50, ge=1, description="warm-start steps between checkpoints; the last "
                                       "warm-start step always checkpoints (a kill or a resume in the warm "
                                       "start loses at most the steps since)")
+    eval_every: int = Field(0, ge=0, description="RL steps between evaluations during RL (greedy, and "
+                            "sampled with eval_samples_per_task), each a metrics row with its step and "
+                            "wall time; 0: only before and after")
     num_eval_tasks: int = Field(50, ge=0, description="held-out tasks per evaluation (greedy)")
     eval_samples_per_task: int = Field(0, ge=0, description="also sample this many episodes per held-out "
                                        "task at the run's sampling settings, seeded, and report their mean "

@@ -75,10 +75,12 @@ options = {{ num_steps = 2, prompts_per_step = 3, samples_per_prompt = 2, max_st
 """
 
 
-def run_up(tmp_path, task):
+def run_up(tmp_path, task, orchestrator_options=""):
+    """`postrain up` on CONFIG; `orchestrator_options` ("eval_every = 1, ") go before its others."""
     (tmp_path / "flaky_task.py").write_text(FLAKY_TASK)
     config = tmp_path / "run.toml"
-    config.write_text(CONFIG.format(run_dir=tmp_path / "runs", task=task))
+    config.write_text(CONFIG.format(run_dir=tmp_path / "runs", task=task)
+                      .replace("options = { num_steps", f"options = {{ {orchestrator_options}num_steps"))
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     result = subprocess.run([sys.executable, "-m", "postrain.cli", "up", "--config", str(config)],
                             capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
@@ -87,14 +89,19 @@ def run_up(tmp_path, task):
 
 
 def test_up_runs_eval_warm_start_and_grpo_steps_and_accounts_for_every_sample(tmp_path):
-    folder, stdout = run_up(tmp_path, "arithmetic")
+    folder, stdout = run_up(tmp_path, "arithmetic", "eval_every = 1, ")
     assert "held-out accuracy before" in stdout and "step 2/2" in stdout
     summary = json.loads((folder / "summary.json").read_text())
     assert {"eval_before", "eval_after", "steps", "samples", "ledger"} <= set(summary)
-    # each evaluation is greedy and sampled (eval_samples_per_task = 2)
-    assert all(0.0 <= summary[f"eval_sampled_{phase}"] <= 1.0 for phase in ("before", "after_sft", "after"))
-    assert [row["phase"] for row in read_metrics(folder, "eval")] == ["before", "after_sft", "after"]
-    assert all("accuracy_sampled" in row for row in read_metrics(folder, "eval"))
+    # each evaluation is greedy and sampled (eval_samples_per_task = 2), one during RL (eval_every = 1)
+    phases = ("before", "after_sft", "step_1", "after")
+    assert all(0.0 <= summary[f"eval_sampled_{phase}"] <= 1.0 for phase in phases)
+    evals = read_metrics(folder, "eval")
+    assert [row["phase"] for row in evals] == list(phases)
+    assert all("accuracy_sampled" in row for row in evals)
+    assert [row.get("step") for row in evals] == [None, None, 1, 2] and "held-out accuracy after RL step 1" in stdout
+    assert 0 <= evals[2]["rl_wall_s"] <= evals[3]["rl_wall_s"] and summary["rl_eval_s"] > 0
+    assert not summary["rl_budget_spent"]
     ledger = summary["ledger"]
     assert summary["steps"] == 2 and ledger["created"] == 2 * 3 * 2
     assert ledger["created"] == ledger["in_flight"] + ledger["trained"] + ledger["dropped"]
@@ -139,11 +146,18 @@ def test_a_learner_that_starts_from_a_checkpoint_is_what_generators_sample_and_e
     config = tmp_path / "run.toml"
     config.write_text(CONFIG.format(run_dir=tmp_path / "runs", task="arithmetic")
                       .replace("lr = 1e-3 } }", f'lr = 1e-3 }}, resume_from = "{checkpoint}" }}')
-                      .replace("num_steps = 2", "num_steps = 1").replace("sft_steps = 2", "sft_steps = 0"))
+                      .replace("num_steps = 2", "num_steps = 3, max_rl_wall_s = 0.001")
+                      .replace("sft_steps = 2", "sft_steps = 0"))
     result = subprocess.run([sys.executable, "-m", "postrain.cli", "up", "--config", str(config)],
                             capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     second = json.loads((tmp_path / "runs" / "e2e" / "summary.json").read_text())
+    # the RL time budget ends RL after its first step, then the final evaluation runs
+    assert second["steps"] == 1 and second["rl_budget_spent"] and "RL time budget spent" in result.stdout
+    assert [row["phase"] for row in read_metrics(tmp_path / "runs" / "e2e", "eval")][-1] == "after"
+    ledger = second["ledger"]
+    assert ledger["trained"] == 6 and ledger["created"] == ledger["trained"] + ledger["dropped"]
+    assert all("max_rl_wall_s" in reason for reason in ledger["drop_reasons"])
     # greedy evaluation of the same weights on the same held-out tasks
     assert second["eval_before"] == first["eval_after"]
     events = read_events(tmp_path / "runs" / "e2e" / "ledger.jsonl", "b0-g0-s0")

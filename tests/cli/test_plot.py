@@ -57,3 +57,16 @@ def test_an_absent_or_empty_metrics_file_is_a_clear_error(tmp_path):
         plot_run(tmp_path)
     with pytest.raises(SystemExit, match="postrain plot: .*metrics.jsonl is empty"):
         plot_command.main(argparse.Namespace(run_folder=str(tmp_path)))
+
+
+def test_accuracy_is_a_point_per_evaluation_against_wall_time(tmp_path):
+    synthetic_run(tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rows.insert(5, {"time": 103.0, "kind": "eval", "phase": "step_2", "step": 2, "accuracy": 0.65,
+                    "accuracy_sampled": 0.5})
+    write_jsonl(tmp_path / "metrics.jsonl", rows)
+    figure = plot_command._accuracy_chart(plot_command.load_run(tmp_path))
+    greedy, sampled = figure.axes[0].get_lines()
+    assert list(greedy.get_xdata()) == pytest.approx([0.0, 1 / 60, 3 / 60, 10 / 60])   # minutes
+    assert list(greedy.get_ydata()) == [0.0, 0.6, 0.65, 0.7]
+    assert list(sampled.get_ydata()) == [0.5]
