@@ -40,9 +40,10 @@ import numpy as np
 import torch
 
 from postrain.actors.model import Float16Weights, LlamaModel, PagedBatch
-from postrain.actors.sampling import SamplingParams, make_generator, sample_rows
+from postrain.actors.sampling import SamplingParams, make_generator, sample_rows, verify_drafts
+from postrain.actors.speculative import SpeculativeOptions, make_proposer, next_num_draft_tokens
 from postrain.core.errors import PostrainError
-from postrain.ext import KVBlockPool
+from postrain.ext import KVBlockPool, OutOfBlocksError
 
 
 class EngineError(PostrainError, ValueError):
@@ -71,17 +72,20 @@ class RequestOutput:
 
 
 class _Sequence:
-    """One sample in flight. Invariant while running: pool.num_tokens(seq_id) ==
-    len(token_ids) - 1 (the last sampled token's KV is written by the next decode)."""
+    """One sample in flight. Invariant while running, between steps: pool.num_tokens(seq_id)
+    == len(token_ids) - 1 (the last sampled token's KV is written by the next decode); within
+    a step, after its slots are reserved, == len(token_ids) + len(drafts)."""
 
-    __slots__ = ("seq_id", "request", "output", "token_ids", "generator")
+    __slots__ = ("seq_id", "request", "output", "token_ids", "generator", "drafts", "num_draft_tokens")
 
-    def __init__(self, seq_id, request, sample_index, generator):
+    def __init__(self, seq_id, request, sample_index, generator, num_draft_tokens=0):
         self.seq_id = seq_id
         self.request = request
         self.output = CompletionOutput(sample_index)
         self.token_ids = list(request.output.prompt_token_ids)
         self.generator = generator
+        self.drafts: list[int] = []               # this step's drafted tokens, verified by its forward
+        self.num_draft_tokens = num_draft_tokens  # its adaptive k (speculative decoding)
 
     @property
     def finished(self) -> bool:
@@ -89,13 +93,14 @@ class _Sequence:
 
 
 class _Request:
-    __slots__ = ("output", "params", "sequences", "stop_ids")
+    __slots__ = ("output", "params", "sequences", "stop_ids", "prompt_key")
 
     def __init__(self, output: RequestOutput, params: SamplingParams, stop_ids: set[int]):
         self.output = output
         self.params = params
         self.sequences: list[_Sequence] = []
         self.stop_ids = stop_ids
+        self.prompt_key = tuple(output.prompt_token_ids)    # the rollout proposer's store key
 
 
 @dataclass
@@ -116,10 +121,12 @@ class Engine:
     def __init__(self, model: LlamaModel, tokenizer=None, *, block_size_tokens: int = DEFAULT_BLOCK_SIZE_TOKENS,
                  num_blocks: int | None = None, kv_cache_mb: float = 256.0, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 4096, enable_prefix_caching: bool = True,
-                 policy_version: int = 0, seed: int = 0, weight_precision: str = "float32"):
+                 policy_version: int = 0, seed: int = 0, weight_precision: str = "float32",
+                 speculative: SpeculativeOptions | None = None):
         """weight_precision: "float32" multiplies by the model's own weights (what the learner
         scores); "float16" by float16 copies of them (`model.Float16Weights`: x86 CPU, half the
-        weight bytes per token, logprobs off by the rounding of the weights)."""
+        weight bytes per token, logprobs off by the rounding of the weights).
+        speculative: draft and verify tokens (`postrain.actors.speculative`); None = off."""
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise EngineError(f"max_num_seqs and max_num_batched_tokens must be >= 1, got "
                               f"{max_num_seqs} and {max_num_batched_tokens}")
@@ -142,13 +149,17 @@ class Engine:
         self.weight_precision = weight_precision
         # Invariant: None, or float16 copies of the model's current weights (refreshed per step).
         self._float16_weights = Float16Weights(model) if weight_precision == "float16" else None
+        self.speculative = speculative
+        self._proposer = make_proposer(speculative) if speculative is not None else None
         self._rng = torch.Generator().manual_seed(seed)
         self._ids = itertools.count()
         self._waiting: deque[_Prefill] = deque()     # FIFO; preempted sequences re-enter at the front
         self._running: list[_Sequence] = []          # admission order: the last is preempted first
         self._requests: dict[str, _Request] = {}
         self.counters = {"num_steps": 0, "num_generated_tokens": 0, "num_prefill_tokens": 0,
-                         "num_cached_prompt_tokens": 0, "num_preemptions": 0, "busy_s": 0.0}
+                         "num_cached_prompt_tokens": 0, "num_preemptions": 0, "busy_s": 0.0,
+                         "num_verify_steps": 0, "num_drafted_tokens": 0, "num_accepted_tokens": 0,
+                         "draft_s": 0.0}
 
     # ------------------------------------------------------------------ public API
 
@@ -165,7 +176,8 @@ class Engine:
             stop_ids |= set(self.tokenizer.eos_token_ids)
         request = _Request(RequestOutput(request_id, ids, []), params, stop_ids)
         for i in range(params.n):
-            seq = _Sequence(next(self._ids), request, i, make_generator(params.seed, i, self._rng))
+            seq = _Sequence(next(self._ids), request, i, make_generator(params.seed, i, self._rng),
+                            self.speculative.num_draft_tokens if self.speculative else 0)
             request.sequences.append(seq)
             request.output.outputs.append(seq.output)
         self._requests[request_id] = request
@@ -184,7 +196,9 @@ class Engine:
         if self._float16_weights is not None and self._float16_weights.is_stale():
             self._float16_weights = Float16Weights(self.model)     # weights swapped or trained in place
         with torch.inference_mode():
-            if decodes:
+            if any(s.drafts for s in decodes):
+                self._verify_and_advance(decodes, self._forward_verify(decodes), finished)
+            elif decodes:
                 logits = self._forward_decode(decodes)
                 self._sample_and_advance([[s] for s in decodes], logits, finished)
             if prefills:
@@ -243,7 +257,20 @@ class Engine:
             "kv_utilization": self.kv_utilization(), "prefix_hit_rate": pool["prefix_hit_rate"],
             "policy_version": self.policy_version,
             "tokens_per_s": self.counters["num_generated_tokens"] / busy if busy else 0.0,
+            **self.speculation_stats(),
             **self.counters,
+        }
+
+    def speculation_stats(self) -> dict:
+        """acceptance_rate: accepted over drafted tokens; tokens_per_verify_step: tokens a
+        sequence emitted per step in which it verified drafts (1 + accepted); draft_time_share:
+        the share of busy time spent proposing drafts. All 0.0 before any draft."""
+        c = self.counters
+        return {
+            "acceptance_rate": c["num_accepted_tokens"] / c["num_drafted_tokens"] if c["num_drafted_tokens"] else 0.0,
+            "tokens_per_verify_step": (1 + c["num_accepted_tokens"] / c["num_verify_steps"]
+                                       if c["num_verify_steps"] else 0.0),
+            "draft_time_share": c["draft_s"] / c["busy_s"] if c["busy_s"] else 0.0,
         }
 
     def kv_utilization(self) -> float:
@@ -282,22 +309,46 @@ class Engine:
         return ids
 
     def _reserve_decode_slots(self) -> list[_Sequence]:
-        """Reserve the next slot of every running sequence, preempting from the back if needed."""
+        """Reserve the next slot of every running sequence (and of its drafted tokens, which it
+        gives up first when blocks run short), preempting from the back if needed."""
         reserved: list[_Sequence] = []
+        self._propose_drafts()
         while len(reserved) < len(self._running):
             seq = self._running[len(reserved)]
-            if not self.pool.can_append(seq.seq_id, 1):
+            if not self.pool.can_append(seq.seq_id, 1 + len(seq.drafts)):
+                if seq.drafts:
+                    seq.drafts = []
+                    continue
                 self._preempt(self._running[-1])      # the newest; may be `seq` itself
                 continue
-            for src, dst in self.pool.append(seq.seq_id, seq.token_ids[-1:]):
-                for key_cache, value_cache in self.kv_caches:   # copy-on-write of a shared block
-                    key_cache[dst].copy_(key_cache[src])
-                    value_cache[dst].copy_(value_cache[src])
+            self._copy_blocks(self.pool.append(seq.seq_id, seq.token_ids[-1:] + seq.drafts))
             reserved.append(seq)
         return reserved
 
+    def _propose_drafts(self) -> None:
+        """Each running sequence's drafted tokens for this step (none without speculation)."""
+        if self._proposer is None:
+            return
+        start = time.perf_counter()
+        limit = self.config.max_position_embeddings
+        for seq in self._running:
+            params = seq.request.params
+            # Room: tokens the sample may still emit after this step's own, and positions.
+            room = min(seq.num_draft_tokens, params.max_new_tokens - len(seq.output.token_ids) - 1,
+                       limit - len(seq.token_ids))
+            seq.drafts = self._proposer.propose(seq.token_ids, seq.request.prompt_key, room) if room > 0 else []
+        self.counters["draft_s"] += time.perf_counter() - start
+
+    def _copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Do the allocator's copy-on-write block copies, (src, dst) block ids, in every layer."""
+        for src, dst in pairs:
+            for key_cache, value_cache in self.kv_caches:
+                key_cache[dst].copy_(key_cache[src])
+                value_cache[dst].copy_(value_cache[src])
+
     def _preempt(self, seq: _Sequence) -> None:
         """Free the sequence's blocks; it re-enters the queue first, to be recomputed."""
+        seq.drafts = []
         self._running.remove(seq)
         self.pool.free(seq.seq_id)
         self._waiting.appendleft(_Prefill([seq], 0))
@@ -356,6 +407,28 @@ class Engine:
         return self.model(input_ids.to(device), paged=batch,
                           logits_to_keep=torch.zeros(len(seqs), dtype=torch.long, device=device))
 
+    def _forward_verify(self, seqs: list[_Sequence]) -> torch.Tensor:
+        """Each sequence's last token and its drafts, right-padded into one batch; logits
+        (B, 1 + max drafts, V): row b, column i scores the position after its i-th input."""
+        device = self.model.lm_head.weight.device
+        tables = self._block_tables([s.seq_id for s in seqs])
+        width = 1 + max(len(s.drafts) for s in seqs)
+        input_ids = torch.zeros(len(seqs), width, dtype=torch.long)
+        positions = torch.zeros(len(seqs), width, dtype=torch.long)
+        for row, seq in enumerate(seqs):
+            new = seq.token_ids[-1:] + seq.drafts
+            input_ids[row, :len(new)] = torch.tensor(new)
+            positions[row, :len(new)] = torch.arange(len(seq.token_ids) - 1, len(seq.token_ids) - 1 + len(new))
+        lengths = torch.tensor([1 + len(s.drafts) for s in seqs])
+        valid = torch.arange(width)[None, :] < lengths[:, None]
+        block_size = self.block_size_tokens
+        slots = tables.gather(1, positions // block_size) * block_size + positions % block_size
+        slots = torch.where(valid, slots, torch.full_like(slots, -1))
+        context = torch.tensor([len(s.token_ids) + len(s.drafts) for s in seqs])
+        batch = PagedBatch(positions.to(device), slots.to(device), tables.to(device),
+                           context.to(device), self.kv_caches, weights=self._float16_weights)
+        return self.model(input_ids.to(device), paged=batch)
+
     def _forward_prefill(self, prefills: list[_Prefill]) -> torch.Tensor:
         """The uncached prompt tokens of each prefill, right-padded into one batch; logits (B, V)."""
         device = self.model.lm_head.weight.device
@@ -388,17 +461,52 @@ class Engine:
         tokens, logprobs = sample_rows(picked, [s.request.params for s in seqs],
                                        [s.generator for s in seqs])
         for seq, token, logprob in zip(seqs, tokens, logprobs):
-            seq.token_ids.append(token)
-            out = seq.output
-            out.token_ids.append(token)
-            out.logprobs.append(logprob)
-            out.policy_versions.append(self.policy_version)
-            self.counters["num_generated_tokens"] += 1
-            reason = self._stop_reason(seq, token)
-            if reason is not None:
-                self._finish(seq, reason)
-                if all(s.finished for s in seq.request.sequences):
-                    finished.append(self._complete(seq.request))
+            self._emit(seq, token, logprob, finished)
+
+    def _emit(self, seq: _Sequence, token: int, logprob: float, finished: list[RequestOutput]) -> None:
+        """Append one sampled token to the sequence; finish it (and its request) if it stops."""
+        seq.token_ids.append(token)
+        out = seq.output
+        out.token_ids.append(token)
+        out.logprobs.append(logprob)
+        out.policy_versions.append(self.policy_version)
+        self.counters["num_generated_tokens"] += 1
+        reason = self._stop_reason(seq, token)
+        if reason is not None:
+            self._finish(seq, reason)
+            if all(s.finished for s in seq.request.sequences):
+                finished.append(self._complete(seq.request))
+
+    def _verify_and_advance(self, seqs: list[_Sequence], logits: torch.Tensor,
+                            finished: list[RequestOutput]) -> None:
+        """Keep each sequence's accepted drafts and one token more (`verify_drafts`), roll the
+        rejected drafts' slots back, and adapt its k. logits (B, T, V) from `_forward_verify`."""
+        options = self.speculative
+        for row, seq in enumerate(seqs):
+            drafts = seq.drafts
+            seq.drafts = []
+            tokens, logprobs = verify_drafts(logits[row, :len(drafts) + 1], drafts, seq.request.params,
+                                             seq.generator)
+            num_accepted = len(tokens) - 1
+            self.counters["num_drafted_tokens"] += len(drafts)
+            self.counters["num_accepted_tokens"] += num_accepted
+            self.counters["num_verify_steps"] += bool(drafts)
+            if options.adaptive:
+                seq.num_draft_tokens = next_num_draft_tokens(seq.num_draft_tokens, len(drafts), num_accepted,
+                                                             options.num_draft_tokens)
+            for token, logprob in zip(tokens, logprobs):
+                self._emit(seq, token, logprob, finished)
+                if seq.finished:
+                    break
+            if not seq.finished and num_accepted < len(drafts):
+                self._roll_back(seq)
+
+    def _roll_back(self, seq: _Sequence) -> None:
+        """Release the slots of the sequence's rejected drafts (restoring the running invariant)."""
+        try:
+            self._copy_blocks(self.pool.truncate(seq.seq_id, seq.token_ids[:-1]))
+        except OutOfBlocksError:      # its cut block is shared and no block is free to copy it
+            self._preempt(seq)
 
     def _stop_reason(self, seq: _Sequence, token: int) -> str | None:
         params, out = seq.request.params, seq.output
@@ -416,6 +524,8 @@ class Engine:
 
     def _finish(self, seq: _Sequence, reason: str) -> None:
         seq.output.finish_reason = reason
+        if self._proposer is not None and reason != "abort":
+            self._proposer.record(seq.request.prompt_key, seq.output.token_ids)
         if seq in self._running:
             self._running.remove(seq)
             self.pool.free(seq.seq_id)

@@ -75,6 +75,69 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams],
     return tokens.tolist(), logprobs.tolist()
 
 
+def verify_drafts(logits: torch.Tensor, drafts: list[int], params: SamplingParams,
+                  generator: torch.Generator) -> tuple[list[int], list[float]]:
+    """Speculative sampling of one sequence: which drafted tokens to keep, and one more token.
+
+    logits (len(drafts) + 1, V): row i scores the position of drafts[i] (the last row, the
+    position after every draft). Returns the emitted tokens (the accepted drafts, then one
+    token of the target's own) and their logprobs, as `sample_rows` defines them.
+
+    The drafts are point masses (q(x) = 1 for the drafted x), so the rule of speculative
+    sampling, accept x with probability min(1, p(x) / q(x)) and on rejection draw from the
+    residual max(0, p - q) renormalised, becomes: accept x with probability p(x); on
+    rejection draw from p with x's mass removed. Each emitted token is then distributed as p,
+    the distribution `sample_rows` draws from (temperature, top-k and top-p included): a
+    position emits x either by acceptance (p(x)) or by a rejection of the draft d != x
+    followed by x from the residual ((1 - p(d)) * p(x) / (1 - p(d))). Greedy (temperature 0)
+    accepts a draft iff it is the argmax and emits the argmax at the first mismatch: the
+    tokens of plain greedy decoding.
+    """
+    z = logits.float().cpu()
+    temperature = params.logprob_temperature
+    if temperature != 1.0:
+        z = z / temperature                                                  # (k + 1, V)
+    log_probs = torch.log_softmax(z.double(), dim=-1)                        # (k + 1, V)
+    tokens: list[int] = []
+    for row in range(len(drafts) + 1):
+        draft = drafts[row] if row < len(drafts) else None
+        if params.temperature == 0:
+            best = int(z[row].argmax())                                      # the first argmax
+            tokens.append(best)
+            if best != draft:
+                break
+            continue
+        probs = _target_probs(z[row], log_probs[row], params)                # (V,) float64
+        if draft is not None and float(torch.rand(1, generator=generator, dtype=torch.float64)) < probs[draft]:
+            tokens.append(draft)
+            continue
+        if draft is not None:
+            probs[draft] = 0.0                                               # the residual
+        tokens.append(_draw(probs, generator))
+        break
+    logprobs = [float(log_probs[row, token]) for row, token in enumerate(tokens)]
+    return tokens, logprobs
+
+
+def _target_probs(z: torch.Tensor, log_probs: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """(V,) float64: the distribution `sample_rows` draws a sampled row from (truncation
+    applied, renormalised). z (V,) float32 scaled logits; log_probs (V,) its log_softmax."""
+    probs = log_probs.exp()
+    if params.top_k > 0 or params.top_p < 1.0:
+        probs.masked_fill_(~_kept_tokens(z, params), 0.0)
+    return probs.div_(probs.sum())
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One token by inverse CDF from (V,) float64 weights >= 0 (not necessarily normalised)."""
+    cum = probs.cumsum(0)
+    target = torch.rand(1, generator=generator, dtype=torch.float64) * cum[-1]
+    token = int(torch.searchsorted(cum, target, right=True))
+    while probs[min(token, probs.numel() - 1)] == 0.0 and token > 0:        # rounding at the edge
+        token -= 1
+    return min(token, probs.numel() - 1)
+
+
 _CHUNK = 256      # tokens per chunk of the two-level inverse CDF (fewer for a smaller vocabulary)
 
 

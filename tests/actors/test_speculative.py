@@ -1,0 +1,244 @@
+"""Speculative decoding in the engine: exact (greedy tokens, sampled distribution, logprobs),
+rollback of rejected drafts' KV slots, the proposers, adaptive k and the options.
+
+A real tiny model and the real allocator, checked after every mutation (CheckedKVBlockPool).
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from postrain.actors.engine import Engine
+from postrain.actors.model import ModelConfig, LlamaModel, build_model
+from postrain.actors.sampling import SamplingParams, verify_drafts
+from postrain.actors.speculative import (
+    NgramProposer, RolloutProposer, SpeculativeOptions, next_num_draft_tokens,
+)
+from postrain.actors.tasks import arithmetic, code
+from postrain.actors.tokenizer import byte_tokenizer
+from postrain.ext import CheckedKVBlockPool
+
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+NGRAM = SpeculativeOptions(method="ngram", num_draft_tokens=4)
+ROLLOUTS = SpeculativeOptions(method="rollouts", num_draft_tokens=4)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return byte_tokenizer()
+
+
+def tiny_model(seed=1):
+    return build_model("tiny").init_weights(seed=seed, std=0.1).eval()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model()
+
+
+def checked_engine(model, tokenizer, *, num_blocks=256, enable_prefix_caching=True, **kwargs):
+    engine = Engine(model, tokenizer, num_blocks=num_blocks, block_size_tokens=4,
+                    enable_prefix_caching=enable_prefix_caching, **kwargs)
+    engine.pool = CheckedKVBlockPool(num_blocks, 4, enable_prefix_caching)
+    return engine
+
+
+def task_prompts(tokenizer) -> list[str]:
+    """Built-in tasks' first turns (arithmetic, code) and a copy-heavy revise turn."""
+    arith = [tokenizer.apply_chat_template(arithmetic.prompt_messages(t["question"]))[-160:]
+             for t in arithmetic.eval_tasks({"num_eval": 2})]
+    task = code.eval_tasks()[0]
+    revise = (code.prompt_text(task)[-120:] + "\n<python>\ndef f(x):\n    return x + 1\n</python>\n"
+              "1 of 2 visible tests passed.\nFAIL test_1: assert f(2) == 4\n<python>\ndef f(x):\n")
+    return arith + [revise, "hello there hello there hello", "abababababab"]
+
+
+def random_prompts(num, seed=0):
+    rng = random.Random(seed)
+    return [[rng.randrange(256) for _ in range(rng.randint(3, 30))] for _ in range(num)]
+
+
+def run(engine, prompts, params):
+    return [(o.outputs[0].token_ids, o.outputs[0].policy_versions) for o in engine.generate(prompts, params)]
+
+
+@pytest.mark.parametrize("options", [NGRAM, ROLLOUTS], ids=["ngram", "rollouts"])
+@pytest.mark.parametrize("caching", [True, False], ids=["prefix-cache", "no-cache"])
+def test_greedy_is_token_identical_to_the_plain_engine(model, tokenizer, options, caching):
+    prompts = task_prompts(tokenizer) + random_prompts(2)
+    params = SamplingParams(max_new_tokens=20, **GREEDY)
+    plain = run(checked_engine(model, tokenizer, enable_prefix_caching=caching), prompts, params)
+    engine = checked_engine(model, tokenizer, enable_prefix_caching=caching, speculative=options)
+    assert run(engine, prompts, params) == plain
+    assert run(engine, prompts, params) == plain          # again: prefix hits, stored rollouts
+    stats = engine.stats()
+    assert stats["num_drafted_tokens"] > 0 and 0 < stats["acceptance_rate"] <= 1
+    assert stats["tokens_per_verify_step"] > 1
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks    # no slot leaked
+
+
+def test_greedy_identical_under_preemption_with_drafts(model, tokenizer):
+    """Blocks run short: drafts are given up first, then sequences are preempted and recomputed.
+    The second pass drafts from the first pass's rollouts, so most drafts are accepted."""
+    prompts = random_prompts(6, seed=0)
+    params = SamplingParams(max_new_tokens=30, **GREEDY)
+    plain = run(checked_engine(model, tokenizer), prompts, params)
+    engine = checked_engine(model, tokenizer, num_blocks=40, speculative=ROLLOUTS)
+    assert run(engine, prompts, params) == plain
+    assert run(engine, prompts, params) == plain
+    assert engine.counters["num_preemptions"] > 0 and engine.counters["num_accepted_tokens"] > 30
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks
+
+
+def test_weight_swap_mid_generation_matches_the_plain_engine(tokenizer):
+    prompts = task_prompts(tokenizer)[3:]
+    params = SamplingParams(max_new_tokens=20, **GREEDY)
+    new_weights = tiny_model(seed=2).state_dict()
+    results = []
+    for options in (None, NGRAM):
+        engine = checked_engine(tiny_model(), tokenizer, speculative=options)
+        ids = [engine.add_request(p, params) for p in prompts]
+        for _ in range(3):
+            engine.step()
+        engine.load_weights(new_weights, version=1)
+        done = {}
+        while engine.has_unfinished():
+            done.update({o.request_id: o.outputs[0] for o in engine.step()})
+        results.append([(done[i].token_ids, done[i].policy_versions) for i in ids])
+    assert results[0] == results[1]
+    assert all(len(set(versions)) == 2 for _, versions in results[1])   # both versions appear
+
+
+def test_logprobs_are_the_targets_and_match_the_learner(tokenizer):
+    """Sampled with drafts from the first pass's samples (a peaked model at a low temperature:
+    many are accepted)."""
+    from postrain.ext import token_logprobs
+    model = build_model("tiny").init_weights(seed=1, std=0.3).eval()
+    engine = checked_engine(model, tokenizer, speculative=ROLLOUTS)
+    prompt = tokenizer.encode("hello there")
+    params = SamplingParams(n=3, temperature=0.3, top_k=50, max_new_tokens=16, ignore_eos=True)
+    samples = [s for _ in range(2) for s in engine.generate([prompt], params)[0].outputs]
+    assert engine.counters["num_accepted_tokens"] > 0
+    for sample in samples:
+        ids = torch.tensor([prompt + sample.token_ids])
+        with torch.no_grad():
+            logits = model(ids)[0, len(prompt) - 1:-1]
+        learner = token_logprobs(logits, torch.tensor(sample.token_ids), temperature=0.3)
+        assert torch.allclose(torch.tensor(sample.logprobs, dtype=torch.float64), learner.double(), atol=1e-4)
+        assert sample.policy_versions == [0] * 16
+
+
+def _chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson's test of counts against probs (cells with expectation < 5 pooled)."""
+    expected = probs * counts.sum()
+    small = expected < 5
+    counts = torch.cat([counts[~small], counts[small].sum()[None]])
+    expected = torch.cat([expected[~small], expected[small].sum()[None]])
+    keep = expected > 0
+    statistic = ((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum()
+    dof = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2.0), statistic / 2.0))
+
+
+class _ForcedDrafts:
+    """A proposer of unlikely drafts: the least likely token under a fixed guess, k times."""
+
+    def __init__(self, token):
+        self.token = token
+
+    def propose(self, token_ids, prompt_key, k):
+        return [self.token] * k
+
+    def record(self, prompt_key, completion_ids):
+        pass
+
+
+def small_vocab_model():
+    config = ModelConfig(vocab_size=6, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                         num_kv_heads=1, max_position_embeddings=64)
+    return LlamaModel(config).init_weights(seed=5, std=0.6).eval()
+
+
+@pytest.mark.parametrize("truncation", [dict(), dict(top_p=0.8)], ids=["temperature-1", "top-p"])
+def test_sampled_distribution_equals_the_targets(truncation):
+    """Two tokens per sample over a 6-token vocabulary, low-acceptance drafts: the joint
+    distribution of (first, second) emitted token is the model's (chi-square over 36 cells)."""
+    model = small_vocab_model()
+    prompt = [1, 2, 3]
+    params = dict(temperature=1.0, max_new_tokens=2, ignore_eos=True, **truncation)
+    with torch.no_grad():
+        first = model(torch.tensor([prompt]))[0, -1]
+        second = model(torch.tensor([prompt + [t] for t in range(6)]))[:, -1]      # (6, V)
+    probe = SamplingParams(**params)
+    target = torch.stack([_row_probs(first, probe)[a] * _row_probs(second[a], probe) for a in range(6)])
+    forced = int(target.sum(0).argmin())
+    counts = torch.zeros(36, dtype=torch.float64)
+    engine = Engine(model, None, num_blocks=512, block_size_tokens=4, max_num_seqs=256,
+                    speculative=SpeculativeOptions(method="ngram", num_draft_tokens=2, adaptive=False))
+    engine._proposer = _ForcedDrafts(forced)
+    for seed in range(6):
+        out = engine.generate([prompt], SamplingParams(n=500, seed=seed, **params))[0]
+        for sample in out.outputs:
+            counts[sample.token_ids[0] * 6 + sample.token_ids[1]] += 1
+    assert engine.stats()["acceptance_rate"] < 0.5
+    assert _chi_square_pvalue(counts, target.flatten()) > 1e-3
+
+
+def _row_probs(logits, params):
+    """The target distribution of one row, computed independently of the engine's code."""
+    probs = torch.softmax(logits.double() / params.temperature, -1)
+    if params.top_p < 1.0:
+        order = probs.argsort(descending=True)
+        before = probs[order].cumsum(0) - probs[order]
+        keep = torch.zeros_like(probs, dtype=torch.bool)
+        keep[order[before < params.top_p]] = True
+        probs = probs * keep
+    return probs / probs.sum()
+
+
+def test_verify_drafts_accepts_the_argmax_run_when_greedy():
+    logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 1.0], [0.0, 0.0, 5.0]])
+    tokens, logprobs = verify_drafts(logits, [1, 0], SamplingParams(temperature=0.0), torch.Generator())
+    assert tokens == [1, 0, 2]
+    assert logprobs == pytest.approx(torch.log_softmax(logits.double(), -1)[[0, 1, 2], [1, 0, 2]].tolist())
+    tokens, _ = verify_drafts(logits, [2, 0], SamplingParams(temperature=0.0), torch.Generator())
+    assert tokens == [1]                                   # first draft rejected: the argmax instead
+
+
+def test_ngram_proposer_continues_the_latest_earlier_occurrence():
+    proposer = NgramProposer(SpeculativeOptions(method="ngram", min_ngram=2, max_ngram=3))
+    assert proposer.propose([5, 6, 7, 8, 1, 5, 6, 7, 9, 5, 6, 7], (), 3) == [9, 5, 6]
+    assert proposer.propose([1, 2, 3, 4], (), 3) == []     # no earlier occurrence
+    assert proposer.propose([1, 2, 9, 9, 1, 2], (), 8) == [9, 9, 1, 2]
+
+
+def test_rollout_proposer_drafts_from_earlier_samples_of_the_prompt():
+    proposer = RolloutProposer(SpeculativeOptions(method="rollouts", max_prompts=1,
+                                                  max_rollouts_per_prompt=2))
+    prompt = (10, 11, 12)
+    proposer.record(prompt, [20, 21, 22, 23])
+    assert proposer.propose(list(prompt), prompt, 3) == [20, 21, 22]      # at the first position
+    assert proposer.propose(list(prompt) + [20, 21], prompt, 5) == [22, 23]
+    proposer.record((1, 2), [3])                                          # evicts the older prompt
+    assert proposer.propose(list(prompt), prompt, 3) == []
+
+
+def test_adaptive_k_grows_on_full_acceptance_and_backs_off():
+    assert next_num_draft_tokens(2, 2, 2, k_max=4) == 4
+    assert next_num_draft_tokens(4, 4, 4, k_max=4) == 4
+    assert next_num_draft_tokens(3, 3, 1, k_max=4) == 2
+    assert next_num_draft_tokens(1, 1, 0, k_max=4) == 1
+    assert next_num_draft_tokens(3, 0, 0, k_max=4) == 3                   # nothing drafted: unchanged
+
+
+def test_options_refuse_bad_values():
+    with pytest.raises(ValidationError, match="method"):
+        SpeculativeOptions(method="medusa")
+    with pytest.raises(ValidationError, match="num_draft_tokens"):
+        SpeculativeOptions(method="ngram", num_draft_tokens=0)
+    with pytest.raises(ValidationError, match=r"min_ngram \(5\) must be <= max_ngram \(4\)"):
+        SpeculativeOptions(method="ngram", min_ngram=5)
