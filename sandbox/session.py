@@ -20,9 +20,13 @@ the jail's cgroup and tmpfs; session wall time and number of calls by `Session` 
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import functools
 import os
 import posixpath
+import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -126,6 +130,28 @@ def work_path(path: str) -> str:
     return normal
 
 
+@functools.lru_cache(maxsize=1)
+def image_mounts() -> tuple[str, ...]:
+    """nsjail flags for the task image's /etc: the host's /etc/alternatives (symlinks that Debian
+    tools such as awk go through) and a passwd/group that name the sandbox user; nothing else of
+    the host's /etc. The files live in a temp folder removed when this process exits."""
+    folder = tempfile.mkdtemp(prefix="postrain-image-")
+    atexit.register(shutil.rmtree, folder, True)
+    os.chmod(folder, 0o755)
+    files = {"passwd": f"root:x:0:0::/:/bin/false\nsandbox:x:{SANDBOX_UID}:{SANDBOX_UID}::/work:/bin/bash\n",
+             "group": f"root:x:0:\nsandbox:x:{SANDBOX_UID}:\n"}
+    flags = []
+    for name, text in files.items():
+        path = os.path.join(folder, name)
+        with open(path, "w") as f:
+            f.write(text)
+        os.chmod(path, 0o644)
+        flags += ["--bindmount_ro", f"{path}:/etc/{name}"]
+    if os.path.isdir("/etc/alternatives"):
+        flags += ["--bindmount_ro", "/etc/alternatives"]
+    return tuple(flags)
+
+
 def _bash() -> str:
     for path in ("/bin/bash", "/usr/bin/bash"):
         if os.path.exists(path):
@@ -151,7 +177,7 @@ class SessionJail(JailedAgent):
 
     def _argv(self) -> list[str]:
         memory_mb, max_processes, work_dir_size_mb = self.shape
-        extra = ["--mount", "none:/run/postrain:tmpfs:size=1048576,mode=0777"]
+        extra = ["--mount", "none:/run/postrain:tmpfs:size=1048576,mode=0777", *image_mounts()]
         if self.proxy is not None:
             extra += self.proxy.nsjail_mounts()
         argv = nsjail_argv(self.policy, cold=False, work_dir_size_mb=work_dir_size_mb, extra=tuple(extra),

@@ -81,6 +81,6 @@ def session_sandbox():
         yield SessionAttacks(sandbox)
 
 
-@pytest.fixture(params=["warm", "cold", "session"])
-def sandbox(request, warm_sandbox, cold_sandbox, session_sandbox):
-    return {"warm": warm_sandbox, "cold": cold_sandbox, "session": session_sandbox}[request.param]
+@pytest.fixture(params=["warm", "cold"])
+def sandbox(request, warm_sandbox, cold_sandbox):
+    return warm_sandbox if request.param == "warm" else cold_sandbox

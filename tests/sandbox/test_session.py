@@ -170,3 +170,11 @@ def test_stateless_runs_refuse_an_allowlist(small_policy):
     with Sandbox(small_policy.replace(network_allow=("127.0.0.1:9",)), mode="cold") as sb:
         with pytest.raises(PolicyError, match="network_allow applies to sessions only"):
             sb.run("print(1)")
+
+
+def test_the_task_image_has_the_usual_tools_and_no_host_etc(sandbox):
+    with sandbox.session(files={"scores.txt": "a 1\nb 2\nc 4\n"}, limits=LIMITS) as s:
+        result = s.run("awk '{s += $2} END {print s}' scores.txt | sed 's/7/seven/'; "
+                       "sort -r scores.txt | head -1 | cut -d' ' -f1; grep -c . scores.txt; "
+                       "whoami; echo ~; ls /etc")
+        assert result.stdout == b"seven\nc\n3\nsandbox\n/work\nalternatives\ngroup\npasswd\n", result.stderr
