@@ -4,7 +4,7 @@ A task is a `TaskSpec`: an environment class, an endless seeded stream of traini
 held-out evaluation set, and (optionally) supervised demonstrations. Configs name a task:
 
     spec = get_task("arithmetic")                 # built-in: "arithmetic", "code", "dataset",
-                                                  # "reasoning_gym" (a mixture of families)
+                                                  # "reasoning_gym" (a mixture of families), "verifiers"
     spec = get_task("reasoning_gym:chain_sum")    # one reasoning-gym family
     spec = get_task("my_pkg.tasks:SPEC")          # yours, by import path (a TaskSpec, or a
                                                   # function with no arguments that returns one)
@@ -30,7 +30,7 @@ from postrain.core import Options, import_object
 from postrain.core.errors import PostrainError
 
 from ..environment import Environment, check_options
-from . import arithmetic, code, dataset, demonstrations, reasoning_gym, terminal
+from . import arithmetic, code, dataset, demonstrations, reasoning_gym, terminal, verifiers_env
 
 
 class TaskError(PostrainError, ValueError):
@@ -165,6 +165,9 @@ CODE = register_task(TaskSpec(
 DATASET = register_task(TaskSpec(
     "dataset", dataset.DatasetEnv, dataset.train_tasks, dataset.eval_tasks,
     description="prompts and answers from a local JSONL/Parquet/Arrow file, scored by a reward function"))
+VERIFIERS = register_task(TaskSpec(
+    "verifiers", verifiers_env.VerifiersEnv, verifiers_env.train_tasks, verifiers_env.eval_tasks,
+    description="a verifiers taskset's prompts, scored by its own @vf.reward functions"))
 REASONING_GYM = register_task(TaskSpec(
     "reasoning_gym", reasoning_gym.ReasoningGymEnv, reasoning_gym.mixture_train_tasks,
     reasoning_gym.mixture_eval_tasks,
@@ -173,7 +176,7 @@ TERMINAL = register_task(TaskSpec(
     "terminal", terminal.TerminalEnv, terminal.train_tasks, terminal.eval_tasks, terminal.demonstrations,
     "shell work in one sandbox session per episode (files, repositories to fix); graded by a test script"))
 
-__all__ = ["ARITHMETIC", "CODE", "DATASET", "REASONING_GYM", "TERMINAL", "TaskError", "TaskSpec", "get_task", "list_tasks", "register_task"]
+__all__ = ["ARITHMETIC", "CODE", "DATASET", "REASONING_GYM", "TERMINAL", "VERIFIERS", "TaskError", "TaskSpec", "get_task", "list_tasks", "register_task"]
 
 
 class TaskOptions(Options):
@@ -181,7 +184,7 @@ class TaskOptions(Options):
     through a run config's `[shared]`: both roles must read the same task with the same knobs."""
 
     task: str = Field("arithmetic", description="the task: a registered name ('arithmetic', 'code', "
-                      "'dataset', 'reasoning_gym'), 'reasoning_gym:FAMILY', 'pkg.mod:TASK' (a TaskSpec or a function returning one) or 'pkg.mod:EnvClass' "
+                      "'dataset', 'reasoning_gym', 'verifiers'), 'reasoning_gym:FAMILY', 'pkg.mod:TASK' (a TaskSpec or a function returning one) or 'pkg.mod:EnvClass' "
                       "(an Environment subclass)")
     task_options: dict[str, Any] = Field(default_factory=dict, description="the task's knobs (part of the "
                                          "data order: a resume must keep them); checked by its options model")

@@ -7,7 +7,8 @@ page follows the code and cannot drift from it:
 type, default, description):
 - the kernel's sections, `postrain.core.config`: `[run]` (RunSection), `[head]`
   (HeadSection), `[[actors]]` (ActorSpec), and what `[shared]` means;
-- the head's own section, `postrain.cli.config`: `[balancer]` (BalancerSection);
+- the head's own sections, `postrain.cli.config`: `[balancer]` (BalancerSection) and `[tracking]`
+  (TrackingSection, cli/tracking.py);
 - each role's options: the model `postrain.core.options.options_class` finds on the role's
   actor class (ROLES below), with every nested model it uses as a table of its own, and the
   dataclass behind an options table that is a plain dict (EXPANDED_TABLES);
@@ -80,6 +81,7 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
 def render_config_reference() -> str:
     """The generated part of the config reference, as Markdown."""
     from postrain.cli.config import BalancerSection
+    from postrain.cli.tracking import TrackingSection
     from postrain.core.config import ActorSpec, HeadSection, RunConfig, RunSection
 
     out: list[str] = []
@@ -88,6 +90,7 @@ def render_config_reference() -> str:
     out += _shared_section(RunConfig)
     out += _model_section("`[[actors]]`", ActorSpec)
     out += _model_section("`[balancer]`", BalancerSection)
+    out += _model_section("`[tracking]`", TrackingSection)
     out += ["## Actor options", "",
             "Each `[[actors]]` entry's `options` table is validated by the model its class declares "
             "(`Options = ...` on the class; `postrain.core.options.options_class`). Unknown fields are "
