@@ -14,7 +14,10 @@ Messages:
   postrain.actors.sampling) and the policy version that sampled each token.
 - `load_weights` {"version": v, "weights": {name: tensor}} -> {"version": v}: swapped in
   between two engine steps; in-flight sequences go on, and tokens sampled afterwards
-  carry v. A version lower than the current one is refused.
+  carry v. A version lower than the current one is refused. A chunked sync (bodies that
+  add "chunk" and "num_chunks", from a learner on another host) is assembled and swapped
+  in with its last chunk; until then the reply is {"version": held, "complete": false}
+  (postrain.actors.weight_assembly: order, and a sync dropped for a newer one).
 - `stats` -> the engine's KV utilisation, batch size, queue depth, tokens/s.
 
 Design note. One task owns the engine. Handlers never touch it: they queue
@@ -40,6 +43,7 @@ from .device import resolve_device
 from .engine import Engine, RequestOutput
 from .records import GeneratedSample, GenerateReply, GenerateRequest, WeightSync, WeightSyncReply
 from .sampling import SamplingParams
+from .weight_assembly import SyncAssembler
 
 
 @dataclass
@@ -79,6 +83,7 @@ class GeneratorActor(Actor):
         self._waiters: dict[str, _Waiter] = {}       # request id -> its caller, until answered
         self._in_engine: set[str] = set()            # request ids the engine holds
         self._new_weights: list[tuple[dict, int, anyio.Event, list]] = []
+        self._chunks = SyncAssembler()               # the chunked sync in progress, if any
         self._work = anyio.Event()
         self.node.spawn(self._engine_loop)
 
@@ -105,15 +110,17 @@ class GeneratorActor(Actor):
 
     @handler("load_weights")
     async def load_weights(self, body):
-        """Swap in the weights at the engine loop's next safe point. Cancelled: not withdrawn;
-        the engine loop still loads them (whole, in its thread), only the reply is lost."""
+        """Swap in the weights (a whole sync, or the last chunk of one) at the engine loop's next
+        safe point. Cancelled: not withdrawn; the engine loop still loads them (whole, in its
+        thread), only the reply is lost. A chunk that does not complete its sync does not wait."""
         sync = WeightSync.from_wire(body)
         version = sync.version
-        if version < self.engine.policy_version:
-            raise ValueError(f"policy version must not go back: generator is at "
-                             f"{self.engine.policy_version}, got {version}")
+        held = max([self.engine.policy_version] + [queued[1] for queued in self._new_weights])
+        weights = self._chunks.take(sync, held)
+        if weights is None:
+            return WeightSyncReply(version=self.engine.policy_version, complete=False).to_wire()
         applied, result = anyio.Event(), []
-        self._new_weights.append((sync.weights, version, applied, result))
+        self._new_weights.append((weights, version, applied, result))
         self._work.set()
         await applied.wait()
         if result and isinstance(result[0], Exception):

@@ -20,9 +20,10 @@ Handlers (request/reply; bodies are dicts):
 Weight-sync contract (what a generator implements): the learner asks each target
 `load_weights` with body {"version": int, "weights": {name: CPU tensor}}, Hugging Face
 names, no tied `lm_head.weight` duplicate; the target swaps them in at a safe point and
-replies {"version": int}. With `chunk_mb` (links across hosts) one sync is several such
-messages, each holding some whole tensors plus "chunk": i and "num_chunks": n; the target
-applies the version when chunk n - 1 arrives. Tensors >= 1 MiB cross through /dev/shm (the wire does it), so
+replies {"version": int}. With `chunk_mb`, a target on another host gets one sync as several
+such messages, each holding some whole tensors plus "chunk": i and "num_chunks": n; the
+target applies the version when chunk n - 1 arrives (actors/weight_assembly.py). Tensors
+>= 1 MiB cross through /dev/shm (the wire does it) between processes on one host, so
 on one host a sync costs one write and one mapped read per tensor. `WeightReceiverActor`
 below is the reference receiver (tests and the bench use it).
 
@@ -50,8 +51,10 @@ from pydantic import Field, field_validator, model_validator
 
 from postrain.core import Actor, Options, handler
 from postrain.core.errors import PostrainError
+from postrain.core.transport import is_beyond_loopback
 
 from .records import PublishReport, SftBatch, TrainBatch, WeightSync, WeightSyncReply
+from .weight_assembly import SyncAssembler
 
 log = logging.getLogger("postrain.learner")
 
@@ -194,33 +197,41 @@ class LearnerActor(Actor):
     async def publish(self, body):
         """Push the current weights (version = learner.policy_version) to every target, concurrently.
 
-        body: targets (actor names), timeout_s (per message), chunk_mb (None: one message; else
-        messages of at most that many MiB of tensors, whole tensors, for links across hosts).
-        Cancelled: targets that already replied hold the new version; the others may or may not."""
+        body: targets (actor names), timeout_s (per message), chunk_mb (None: one message to
+        every target; else a target on another host, one reached over tcp beyond loopback, gets
+        messages of at most that many MiB of whole tensors, while a target on this host still
+        gets one message, its tensors through /dev/shm). Cancelled: targets that already
+        replied hold the new version; the others may or may not."""
         body = self._check_expected_version(body)
         names = list(body.get("targets") or [])
         timeout_s = float(body.get("timeout_s", 120.0))
         weights = self.learner.state_dict()
         version = self.learner.policy_version
-        messages = weight_messages(weights, version, body.get("chunk_mb"))
+        whole = weight_messages(weights, version)
+        chunked = weight_messages(weights, version, body.get("chunk_mb"))
         sync_s: dict[str, float] = {}
+        num_messages = 0
         start = time.perf_counter()
 
         async def push(name: str) -> None:
             """Send every message of the sync to `name`. Cancelled: it may or may not hold the
-            new version (a chunked sync may be part-received, and is completed by the next)."""
+            new version (a chunked sync may be part-received; the next sync drops it)."""
+            nonlocal num_messages
             if name not in self.targets:
                 self.targets[name] = await self.lookup(name)
+            target = self.targets[name]
+            messages = chunked if is_beyond_loopback(target.address) else whole
             t0 = time.perf_counter()
             for message in messages:
-                await self.targets[name].ask("load_weights", message, timeout_s=timeout_s)
+                await target.ask("load_weights", message, timeout_s=timeout_s)
+                num_messages += 1
             sync_s[name] = time.perf_counter() - t0
 
         async with anyio.create_task_group() as tg:
             for name in names:
                 tg.start_soon(push, name)
         num_bytes = sum(t.numel() * t.element_size() for t in weights.values())
-        self.last_publish = PublishReport(version=version, num_bytes=num_bytes, num_messages=len(messages),
+        self.last_publish = PublishReport(version=version, num_bytes=num_bytes, num_messages=num_messages,
                                           sync_s=sync_s, total_s=time.perf_counter() - start).to_wire()
         log.info("published weights v%d (%.1f MiB) to %s in %.3f s", version, num_bytes / 2**20,
                  ", ".join(f"{k} {v:.3f} s" for k, v in sync_s.items()) or "no targets",
@@ -245,7 +256,8 @@ class WeightReceiverActor(Actor):
 
     Rule: versions never go back; a lower version is an error naming both. Chunked syncs
     (bodies with "chunk" / "num_chunks") are applied when the last chunk arrives (chunks of
-    one sync arrive in order: the learner sends the next after the previous reply)."""
+    one sync arrive in order: the learner sends the next after the previous reply), as the
+    generator does (postrain.actors.weight_assembly)."""
 
     Options = WeightReceiverOptions
 
@@ -257,27 +269,17 @@ class WeightReceiverActor(Actor):
             self.model, _ = build_policy(self.options.model, 0, torch.float32, "cpu")
         self.version = -1
         self.weights: dict[str, torch.Tensor] = {}
-        self._pending: dict[str, torch.Tensor] = {}   # chunks of _pending_version received so far
-        self._pending_version: int | None = None
+        self._chunks = SyncAssembler()   # the chunked sync in progress, if any
 
     @handler("load_weights")
     async def load_weights(self, body):
         """Take a sync (or one chunk of it). Does not wait, so it is atomic under cancellation."""
         sync = WeightSync.from_wire(body)
-        version = sync.version
-        if version < self.version:
-            raise ValueError(f"policy version must not go back: this actor holds {self.version}, got "
-                             f"{version}; publish the learner's latest weights")
-        weights = sync.weights
-        if sync.num_chunks is not None:   # chunked sync: apply once every chunk of this version is here
-            if self._pending_version != version:
-                self._pending_version, self._pending = version, {}
-            self._pending.update(weights)
-            if not sync.completes_version:
-                return WeightSyncReply(version=self.version, complete=False).to_wire()
-            weights, self._pending, self._pending_version = self._pending, {}, None
-        self._apply(weights, version)
-        return WeightSyncReply(version=version, complete=True).to_wire()
+        weights = self._chunks.take(sync, self.version)
+        if weights is None:
+            return WeightSyncReply(version=self.version, complete=False).to_wire()
+        self._apply(weights, sync.version)
+        return WeightSyncReply(version=sync.version, complete=True).to_wire()
 
     def _apply(self, weights: dict, version: int) -> None:
         from postrain.actors.checkpoint import load_state_dict_checked

@@ -385,7 +385,8 @@ class WeightSyncReply(Record):
 
 @dataclass(frozen=True, slots=True)
 class PublishReport(Record):
-    """The learner's `publish` reply: the version pushed, its size, and seconds per target."""
+    """The learner's `publish` reply: the version pushed, its size, the `load_weights` messages
+    sent to all targets together, and seconds per target."""
 
     version: int
     num_bytes: int

@@ -71,9 +71,10 @@ def short_reason(exc: BaseException) -> str:
 class LearnerKeeper:
     """The orchestrator's handle to the learner: steps, publishes, checkpoints, recovery."""
 
-    def __init__(self, learner, generators: list[str], lookup, ledger, emit):
+    def __init__(self, learner, generators: list[str], lookup, ledger, emit, chunk_mb: float | None = None):
         self.learner = learner                   # ActorRef
         self.generator_names = list(generators)
+        self.chunk_mb = chunk_mb                 # publish's chunk_mb: generators on other hosts
         self._lookup = lookup                    # async name -> ActorRef (the head's registry)
         self._generators: dict[str, object] = {}
         self.ledger = ledger
@@ -277,7 +278,7 @@ class LearnerKeeper:
         targets = list(targets or self.generator_names)
         for attempt in range(3):
             try:
-                reply = await self._ask("publish", {"targets": targets}, self.version)
+                reply = await self._ask("publish", {"targets": targets, "chunk_mb": self.chunk_mb}, self.version)
                 result = PublishReport.from_wire(reply)
                 break
             except RemoteError as exc:  # a generator died mid-sync: wait until it is back, again

@@ -320,7 +320,8 @@ async def open_run(*, options: OrchestratorOptions, task, schedule, tokenizer, f
     ledger = SampleLedger(folder / "ledger.jsonl")
     metrics = MetricsWriter(folder)
     report_line = lambda line: report({"line": line})  # noqa: E731
-    keeper = LearnerKeeper(await lookup(options.learner), options.generators, lookup, ledger, report_line)
+    keeper = LearnerKeeper(await lookup(options.learner), options.generators, lookup, ledger, report_line,
+                           chunk_mb=options.weight_chunk_mb)
     envs = [await lookup(name) for name in options.envs]
     resume_index = note_resume(folder, state["next_batch"] if state else None) if resume else 0
     return RunDriver(options=options, task=task, schedule=schedule, tokenizer=tokenizer, folder=folder,

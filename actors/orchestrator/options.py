@@ -26,6 +26,10 @@ class OrchestratorOptions(TaskOptions):
     learner: str = Field("learner", description="the learner actor's name")
     generators: list[str] = Field(default_factory=lambda: ["generator"], description="generator actors that "
                                   "get every published version")
+    weight_chunk_mb: float | None = Field(64.0, gt=0, description="a weight sync to a generator on another "
+                                          "host (reached over tcp) goes in messages of at most this many "
+                                          "MiB of whole tensors; generators on this host get one message "
+                                          "through /dev/shm; none: one message to every generator")
     envs: list[str] = Field(default_factory=lambda: ["env"], min_length=1, description="environment actors; "
                             "rollouts go to them in turn")
     # -- the RL loop --

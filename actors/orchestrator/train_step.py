@@ -55,10 +55,14 @@ class TrainStep:
         self.num_steps = num_steps
 
     async def publish(self) -> PublishReport:
-        """The learner's weights to every generator, and a "sync" metrics row. Cancelled: see
-        LearnerKeeper.publish (generators that replied hold the version; no row is written)."""
+        """The learner's weights to every generator, and a "sync" metrics row: total_s, the size,
+        the messages, and `sync_s_<generator>` per generator (the figure that shows a slow host
+        or link). Cancelled: see LearnerKeeper.publish (generators that replied hold the
+        version; no row is written)."""
         report = PublishReport.from_wire(await self.keeper.publish())
-        self.metrics.log("sync", version=report.version, total_s=report.total_s)
+        self.metrics.log("sync", version=report.version, total_s=report.total_s, num_bytes=report.num_bytes,
+                         num_messages=report.num_messages,
+                         **{f"sync_s_{target}": seconds for target, seconds in sorted(report.sync_s.items())})
         return report
 
     async def run(self, b: int, groups: list[list[ScoredSample | None]]) -> str:

@@ -1,0 +1,127 @@
+"""Chunked weight syncs: the assembler's rules, and real publishes to a generator on "another
+host" (bound to tcp beyond loopback, so CurveZMQ and no /dev/shm) beside one on this host."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from postrain.actors.learner_actor import weight_messages
+from postrain.actors.ledger import SampleLedger
+from postrain.actors.orchestrator.train_step import TrainStep
+from postrain.actors.records import TrainBatch, WeightSync
+from postrain.actors.recovery import LearnerKeeper
+from postrain.actors.weight_assembly import SyncAssembler
+from postrain.core import ActorSpec, CurveKeys, RemoteError, Supervisor
+from postrain.core.metrics import MetricsWriter, read_metrics
+from postrain.core.testing import async_test
+
+TINY = "tiny"   # the built-in tiny model: learner and generators share it
+
+
+def chunks(version: int, names: str, num_chunks: int | None = None) -> list[WeightSync]:
+    """One sync of `version`: a chunk per letter of `names` (each a one-tensor chunk)."""
+    n = num_chunks or len(names)
+    return [WeightSync(version, {name: torch.full((2,), float(version))}, chunk=i, num_chunks=n)
+            for i, name in enumerate(names)]
+
+
+def test_a_chunked_sync_is_whole_only_with_its_last_chunk():
+    assembler = SyncAssembler()
+    first, second, third = chunks(1, "abc")
+    assert assembler.take(first, held_version=0) is None
+    assert assembler.take(second, held_version=0) is None
+    weights = assembler.take(third, held_version=0)
+    assert sorted(weights) == ["a", "b", "c"] and assembler.pending == {} and assembler.num_dropped == 0
+    whole = {"a": torch.zeros(2)}
+    assert assembler.take(WeightSync(2, whole), held_version=1) is whole
+
+
+def test_a_newer_sync_drops_the_one_in_progress_and_its_late_chunks_are_refused():
+    assembler = SyncAssembler()
+    old = chunks(1, "abc")
+    assembler.take(old[0], held_version=0)
+    assembler.take(old[1], held_version=0)
+    new = chunks(2, "abc")
+    assert assembler.take(new[0], held_version=0) is None
+    assert assembler.num_dropped == 1 and assembler.pending_version == 2
+    with pytest.raises(ValueError, match="a sync of version 2 is in progress, got 1"):
+        assembler.take(old[2], held_version=0)
+    with pytest.raises(ValueError, match="chunk 2 of 3 of version 2 arrived out of order"):
+        assembler.take(new[2], held_version=0)
+    assembler.take(new[1], held_version=0)
+    weights = assembler.take(new[2], held_version=0)
+    assert all(float(t[0]) == 2.0 for t in weights.values()) and sorted(weights) == ["a", "b", "c"]
+
+
+def test_versions_never_go_back_and_a_retried_sync_starts_again_at_chunk_0():
+    assembler = SyncAssembler()
+    with pytest.raises(ValueError, match="this actor holds 3, got 2"):
+        assembler.take(chunks(2, "ab")[0], held_version=3)
+    with pytest.raises(ValueError, match="arrived out of order .no sync in progress"):
+        assembler.take(chunks(4, "ab")[1], held_version=3)
+    retried = chunks(4, "ab")
+    assembler.take(retried[0], held_version=3)
+    assembler.take(retried[0], held_version=3)           # the same sync again from its start
+    assert assembler.num_dropped == 1
+    assert sorted(assembler.take(retried[1], held_version=3)) == ["a", "b"]
+
+
+def spec(name: str, cls: str, options: dict, bind: str = "ipc") -> ActorSpec:
+    return ActorSpec(name=name, cls=cls, options=options, cpus=0.5, memory_mb=0, max_restarts=0, bind=bind)
+
+
+def rollouts(num: int = 4) -> dict:
+    g = torch.Generator().manual_seed(0)
+    ids = [torch.randint(8, 264, (12,), generator=g) for _ in range(num)]
+    return {"token_ids": ids, "loss_mask": [[0] * 4 + [1] * 8] * num,
+            "behavior_logprobs": [torch.full((12,), -5.5) for _ in range(num)],
+            "policy_versions": [0] * num, "rewards": [1.0, 0.0, 0.0, 1.0], "group_ids": [0, 0, 1, 1]}
+
+
+GENERATOR = "postrain.actors.generator_actor:GeneratorActor"
+GREEDY = {"prompt_ids": [10, 20, 30, 40], "sampling": {"temperature": 0.0, "max_new_tokens": 12}}
+
+
+@async_test
+async def test_generators_here_and_on_another_host_hold_the_same_weights_and_drop_interrupted_syncs(tmp_path):
+    async with Supervisor.open(keys=CurveKeys.generate()) as sup:
+        learner = await sup.start(spec("learner", "postrain.actors.learner_actor:LearnerActor",
+                                       {"model": TINY, "learner": {"lr": 3e-2, "micro_batch_size": 2}}))
+        near = await sup.start(spec("near", GENERATOR, {"model": TINY, "kv_cache_mb": 4}))
+        far = await sup.start(spec("far", GENERATOR, {"model": TINY, "kv_cache_mb": 4}, bind="tcp://0.0.0.0:0"))
+
+        async def lookup(name):
+            return sup.ref(name)
+        ledger = SampleLedger()
+        keeper = LearnerKeeper(learner, ["near", "far"], lookup, ledger, emit=print, chunk_mb=1.0)
+        await keeper.attach()
+        await keeper.step(TrainBatch.from_wire(rollouts()))
+        report = await TrainStep(keeper, ledger, MetricsWriter(tmp_path, tensorboard=False),
+                                 report_figures=lambda figures: None, samples_per_prompt=2,
+                                 num_steps=1).publish()
+        # near: one message through /dev/shm; far: chunks of at most 1 MiB over tcp + Curve
+        num_tensors = len((await learner.ask("get_weights"))["weights"])
+        assert report.version == 1 and report.num_messages > 3 and report.num_messages <= 1 + num_tensors
+        for generator in (near, far):
+            assert (await generator.ask("stats"))["policy_version"] == 1
+        here, there = await near.ask("generate", GREEDY), await far.ask("generate", GREEDY)
+        assert here["samples"][0]["token_ids"] == there["samples"][0]["token_ids"]
+        assert here["samples"][0]["logprobs"] == pytest.approx(there["samples"][0]["logprobs"], abs=1e-6)
+        assert set(there["samples"][0]["policy_versions"]) == {1}
+        row = read_metrics(tmp_path, "sync")[-1]
+        assert row["version"] == 1 and row["sync_s_near"] > 0 and row["sync_s_far"] > 0
+        assert row["num_messages"] == report.num_messages and row["num_bytes"] == report.num_bytes
+
+        # a sync interrupted by a newer one is dropped whole, and its late chunks are refused
+        weights = (await learner.ask("get_weights"))["weights"]
+        interrupted, newer = weight_messages(weights, 2, 1.0), weight_messages(weights, 3, 1.0)
+        for message in interrupted[:2]:
+            assert await far.ask("load_weights", message) == {"version": 1, "complete": False}
+        assert (await far.ask("stats"))["policy_version"] == 1     # nothing applied from a part
+        for message in newer:
+            reply = await far.ask("load_weights", message)
+        assert reply["version"] == 3
+        with pytest.raises(RemoteError, match="must not go back: this actor holds 3, got 2"):
+            await far.ask("load_weights", interrupted[2])
+        assert set((await far.ask("generate", GREEDY))["samples"][0]["policy_versions"]) == {3}
+
