@@ -43,6 +43,7 @@ from .device import resolve_device
 from .engine import Engine, RequestOutput
 from .records import GeneratedSample, GenerateReply, GenerateRequest, WeightSync, WeightSyncReply
 from .sampling import SamplingParams
+from .speculative import SpeculativeOptions
 from .weight_assembly import SyncAssembler
 
 
@@ -64,6 +65,9 @@ class GeneratorOptions(Options):
     device: str = Field("auto", description="'auto' (the GPU the scheduler placed it on, where its spec "
                         "has gpus = 1; else the CPU), 'cpu', 'cuda' or 'cuda:N': where the model, the KV "
                         "cache and the sampling are")
+    speculative: SpeculativeOptions | None = Field(None, description="draft and verify tokens (exact: "
+                                                   "same distribution and logprobs); None = off. Example: "
+                                                   "{ method = \"ngram\", num_draft_tokens = 4 }")
 
 
 class GeneratorActor(Actor):
@@ -77,7 +81,7 @@ class GeneratorActor(Actor):
                                                 device=resolve_device(options.device))
         self.engine = Engine(self.model, self.tokenizer, kv_cache_mb=options.kv_cache_mb,
                              max_num_seqs=options.max_num_seqs, seed=options.seed,
-                             weight_precision=options.weight_precision)
+                             weight_precision=options.weight_precision, speculative=options.speculative)
         self._request_ids = itertools.count()
         self._new_requests: list[tuple[str, list[int] | str, SamplingParams]] = []
         self._waiters: dict[str, _Waiter] = {}       # request id -> its caller, until answered
@@ -133,10 +137,14 @@ class GeneratorActor(Actor):
         return self.engine.stats()
 
     def load(self) -> Load:
-        """Requests waiting for a batch slot and decoding (not a pool: its batch does not resize)."""
+        """Requests waiting for a batch slot and decoding (not a pool: its batch does not resize);
+        with speculative decoding, its acceptance rate, tokens per verify step and draft time share."""
         stats = self.engine.stats()
-        return super().load().replace(queued=stats["num_waiting"], running=stats["num_running"], figures={
-            "kv_utilization": round(stats["kv_utilization"], 3), "policy_version": stats["policy_version"]})
+        figures = {"kv_utilization": round(stats["kv_utilization"], 3), "policy_version": stats["policy_version"]}
+        if self.engine.speculative is not None:
+            figures.update({name: round(stats[name], 3) for name in
+                            ("acceptance_rate", "tokens_per_verify_step", "draft_time_share")})
+        return super().load().replace(queued=stats["num_waiting"], running=stats["num_running"], figures=figures)
 
     async def _engine_loop(self) -> None:
         """Admit new requests and weights, abort abandoned ones, step the engine, hand out what

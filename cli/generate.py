@@ -4,11 +4,14 @@
     postrain generate --model /models/SmolLM2-135M-Instruct.Q4_1.gguf --chat \\
         --prompt "What is 2+3?" --temperature 0 --json
     postrain generate --model /ckpt/step100 --prompt "def f(" --n 4 --seed 1 --json
+    postrain generate --model tiny --prompt "abcabcabc" --speculative ngram --json
 
 --model takes a Hugging Face folder, a .gguf file or a built-in config name
 (tiny, small: random weights). --json prints one object with the prompt's token
 ids and, per sample, token_ids, logprobs (log_softmax(logits / T) of each sampled
 token, T = the temperature, 1 when greedy), policy_versions, text and finish_reason.
+--speculative METHOD drafts and verifies tokens (exact: the same distribution and
+logprobs; see postrain.actors.speculative); its acceptance figures are in "stats".
 """
 from __future__ import annotations
 
@@ -30,6 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     parser.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    parser.add_argument("--speculative", choices=["ngram", "rollouts"], default=None,
+                        help="speculative decoding: where drafts come from (default: off)")
+    parser.add_argument("--num-draft-tokens", type=int, default=4,
+                        help="with --speculative: drafted tokens per step at most (default 4)")
     parser.add_argument("--json", action="store_true", help="print token ids, logprobs and text as JSON")
 
 
@@ -37,19 +44,28 @@ def main(args) -> int:
     from postrain.actors.checkpoint import CheckpointError, load_model
     from postrain.actors.engine import Engine, EngineError
     from postrain.actors.sampling import SamplingParams, SamplingParamsError
+    from postrain.actors.speculative import SpeculativeOptions
+    from pydantic import ValidationError
 
     try:
         params = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, seed=args.seed, max_new_tokens=args.max_tokens,
                                 stop=args.stop)
+        speculative = None
+        if args.speculative is not None:
+            speculative = SpeculativeOptions(method=args.speculative, num_draft_tokens=args.num_draft_tokens)
         model, tokenizer = load_model(args.model)
         prompt = args.prompt
         if args.chat:
             prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-        engine = Engine(model, tokenizer, max_num_seqs=max(64, args.n))
+        engine = Engine(model, tokenizer, max_num_seqs=max(64, args.n), speculative=speculative)
         out = engine.generate([prompt], params)[0]
     except (CheckpointError, EngineError, SamplingParamsError) as exc:
         print(f"postrain generate: {exc}", file=sys.stderr)
+        return 2
+    except ValidationError as exc:
+        problems = "; ".join(f"--{str(e['loc'][-1]).replace('_', '-')}: {e['msg']}" for e in exc.errors())
+        print(f"postrain generate: {problems}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps({

@@ -12,6 +12,7 @@ import torch
 from pydantic import ValidationError
 
 from postrain.actors.engine import Engine
+from postrain.actors.generator_actor import GeneratorActor
 from postrain.actors.model import ModelConfig, LlamaModel, build_model
 from postrain.actors.sampling import SamplingParams, verify_drafts
 from postrain.actors.speculative import (
@@ -19,6 +20,10 @@ from postrain.actors.speculative import (
 )
 from postrain.actors.tasks import arithmetic, code
 from postrain.actors.tokenizer import byte_tokenizer
+from postrain.core import ActorSpec, Supervisor
+from postrain.core.errors import ConfigError
+from postrain.core.options import validate_options
+from postrain.core.testing import async_test
 from postrain.ext import CheckedKVBlockPool
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -242,3 +247,44 @@ def test_options_refuse_bad_values():
         SpeculativeOptions(method="ngram", num_draft_tokens=0)
     with pytest.raises(ValidationError, match=r"min_ngram \(5\) must be <= max_ngram \(4\)"):
         SpeculativeOptions(method="ngram", min_ngram=5)
+
+
+@async_test
+async def test_generator_actor_speculates_and_reports_acceptance_in_its_load():
+    """A real generator process with `speculative` set: exact greedy tokens over ZeroMQ, and
+    the acceptance figures in its heartbeat load."""
+    import anyio
+
+    spec = ActorSpec(name="generator", cls="postrain.actors.generator_actor:GeneratorActor", cpus=0.5,
+                     memory_mb=0, options={"model": "tiny", "kv_cache_mb": 16,
+                                           "speculative": {"method": "rollouts", "num_draft_tokens": 3}})
+    request = {"prompt_ids": [5, 6, 7, 5, 6, 7], "sampling": {"max_new_tokens": 12, "temperature": 0.0}}
+    async with Supervisor.open(heartbeat_interval_s=0.1) as sup:
+        ref = await sup.start(spec)
+        first = await ref.ask("generate", request, timeout_s=60)
+        second = await ref.ask("generate", request, timeout_s=60)     # drafts from the first
+        stats = await ref.ask("stats", {}, timeout_s=10)
+        with anyio.fail_after(10):
+            while "acceptance_rate" not in (sup.records["generator"].load.figures
+                                            if sup.records["generator"].load else {}):
+                await anyio.sleep(0.05)
+    assert first["samples"][0]["token_ids"] == second["samples"][0]["token_ids"]
+    assert stats["num_accepted_tokens"] > 0 and stats["acceptance_rate"] > 0
+    with pytest.raises(ConfigError, match="speculative.num_draft_tokens"):
+        validate_options(GeneratorActor, {"speculative": {"method": "ngram", "num_draft_tokens": 99}})
+
+
+def test_generate_command_takes_speculative(capsys):
+    import json
+
+    from postrain.cli import main
+    argv = ["generate", "--model", "tiny", "--prompt", "abcabcabcabc", "--max-tokens", "12",
+            "--temperature", "0", "--json"]
+    assert main(argv) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(argv + ["--speculative", "ngram"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["samples"][0]["token_ids"] == plain["samples"][0]["token_ids"]
+    assert report["stats"]["num_drafted_tokens"] > 0 and "acceptance_rate" in report["stats"]
+    assert main(argv + ["--speculative", "ngram", "--num-draft-tokens", "0"]) == 2
+    assert "--num-draft-tokens: Input should be greater than or equal to 1" in capsys.readouterr().err
