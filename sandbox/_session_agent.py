@@ -9,8 +9,10 @@ Design note. The session's state is what a call leaves behind, never a live proc
 exported environment that the command's shell writes on exit (a bash EXIT trap, to a state file
 in /run/postrain) and that the agent hands to the next call. Each call otherwise runs exactly as
 a warm execution does (`execute` with req["session"]): its own PID namespace whose init's exit
-kills every process the call started, the sandbox uid, rlimits and the seccomp filter. So a call
-that times out loses only its own changes to cwd and environment, and nothing runs between calls.
+kills every process the call started, the sandbox uid, rlimits and the seccomp filter; those
+processes are forked ahead, between calls (`prepare`), and wait for the call's request, so a call
+starts with one write. So a call that times out loses only its own changes to cwd and
+environment, and nothing of the code runs between calls.
 File requests run in a forked child that has dropped to the sandbox uid, so they see and create
 exactly what the code would.
 """
@@ -32,8 +34,9 @@ def _session_exec(req, cfg, state):
     else:
         argv = [cfg["python"], "-c", req["code"]]
     _unlink_state()
+    prepared, state["prepared"] = state["prepared"], None
     reply = execute({**req, "session": True, "exec_argv": argv, "cwd": state["cwd"], "env": state["env"],
-                     "files": {}, "argv": [], "code": ""}, cfg)
+                     "files": {}, "argv": [], "code": ""}, cfg, prepared)
     if reply["killed_for"] is None and "command" in req:
         _load_state(state)
     _unlink_state()
@@ -182,11 +185,14 @@ def _add_loopback_address(address, index):
 # ---------------------------------------------------------------- the agent's loop
 def session_main():
     cfg = recv()
-    state = {"cwd": b"/work", "env": {k.encode(): v.encode() for k, v in cfg["env"].items()}}
+    state = {"cwd": b"/work", "env": {k.encode(): v.encode() for k, v in cfg["env"].items()},
+             "prepared": None}
     if cfg["routes"]:
         _start_forwarder(cfg["routes"])
     send({"kind": "ready", "pid": os.getpid()})
     while True:
+        if state["prepared"] is None:
+            state["prepared"] = prepare(cfg)  # between calls, off the next call's path
         try:
             req = recv()
         except EOFError:

@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 from postrain.sandbox import Sandbox, SessionClosed, SessionLimits, Status
+from postrain.sandbox.policy import HOST_UID
 
 LIMITS = SessionLimits(call_wall_time_s=8.0, call_cpu_time_s=4, memory_mb=160, max_processes=24,
                        work_dir_size_mb=8, max_file_size_mb=4)
@@ -59,6 +60,8 @@ def test_no_state_leaks_between_two_sessions(sandbox):
         assert seen["pids"] == [1]          # its own call's init only: none of A's processes
         assert seen["files"] == [] and seen["state"] == [] and "A_TOKEN" not in seen["env"]
         assert b.run("pwd").stdout == b"/work\n"
+        between_calls = [p for p in jail_processes(a) + jail_processes(b) if p.uids().real == HOST_UID]
+        assert between_calls == []  # the next call's processes wait as the jail's root, not the code's uid
         assert a.run("cat /work/a-secret; pwd; echo $A_TOKEN").stdout == b"secret\n/work/d\na\n"
 
 
