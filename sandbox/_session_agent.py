@@ -21,8 +21,13 @@ import stat
 
 _STATE_PATH = "/run/postrain/state"
 _MAX_STATE_BYTES = 1 << 20
-_PROLOGUE = ("trap '{ builtin pwd; builtin printf \"\\0\"; "
-             "/usr/bin/env -0; } >" + _STATE_PATH + " 2>/dev/null' EXIT\n")
+_NAMES_PATH = "/run/postrain/names"
+# On exit the shell writes "cwd\n\0" and then NAME=value\0 per exported variable, with builtins
+# only (no fork on the call's path).
+_PROLOGUE = ("trap '{ builtin pwd; builtin printf \"\\0\"; builtin compgen -e >" + _NAMES_PATH + "; "
+             "builtin mapfile -t __names <" + _NAMES_PATH + "; for __name in \"${__names[@]}\"; do "
+             "builtin printf \"%s=%s\\0\" \"$__name\" \"${!__name}\"; done; } >" + _STATE_PATH
+             + " 2>/dev/null' EXIT\n")
 _VOLATILE_ENV = (b"_", b"SHLVL", b"PWD")
 _SIOCSIFADDR = 0x8916
 
@@ -44,10 +49,11 @@ def _session_exec(req, cfg, state):
 
 
 def _unlink_state():
-    try:
-        os.unlink(_STATE_PATH)
-    except OSError:
-        pass
+    for path in (_STATE_PATH, _NAMES_PATH):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def _load_state(state):
