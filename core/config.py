@@ -19,6 +19,20 @@ must not silently fall back to a default).
     name = "echo"
     cls = "postrain.core.testing:EchoActor"
     cpus = 0.5
+    replicas = 2                   # actors echo-0 and echo-1
+
+    [cluster]                      # optional: run across the nodes of a Ray cluster
+    address = "auto"
+
+Replicas. An `[[actors]]` entry with `replicas = N` (N > 1) stands for N actors named
+NAME-0 .. NAME-(N-1), expanded when the config loads; everything after (placement, the
+supervisor, `postrain status`) sees N actors. Another actor's option that names the entry
+is rewritten by `resolve_options` (core/options.py): a list holding NAME gets the N
+replica names in its place; a single name is paired replica for replica when the actor
+naming it has the same number of replicas, and is an error otherwise.
+
+Without a `[cluster]` section the run is on this host, as ever, and nothing of Ray is
+imported; the `node` and `placement` hints of a spec apply only with one (core/cluster.py).
 
 Each actor's `options` are validated by the model its class declares
 (core/options.py). The application layer adds its own sections by
@@ -29,9 +43,10 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator,
+                      model_validator)
 
 from .errors import ConfigError
 
@@ -68,6 +83,14 @@ class ActorSpec(_Strict):
                                    "before READY; a setup that heartbeats (they come from a thread) may run longer")
     stop_timeout_s: float = Field(5.0, gt=0, description="wait after STOP before a kill")
     bind: str = Field("ipc", description="'ipc' (one host) or a tcp address like 'tcp://0.0.0.0:5555'")
+    replicas: int = Field(1, ge=1, le=1024, description="copies of this actor: N > 1 starts actors NAME-0 .. "
+                          "NAME-(N-1), each with these needs and options")
+    node: str | None = Field(None, description="[cluster] only: the node to run on (a node name as "
+                             "`postrain up --dry-run` lists them); none: any node with room")
+    placement: Literal["pack", "spread"] = Field("pack", description="[cluster] only, where `node` is unset: "
+                                                 "'pack' takes the first node with room, in the cluster's "
+                                                 "order; 'spread' the node holding the fewest replicas of "
+                                                 "this entry (then the most free cores)")
 
     @field_validator("cls")
     @classmethod
@@ -113,6 +136,22 @@ class HeadSection(_Strict):
         return self
 
 
+class ClusterSection(_Strict):
+    """Where a run spans several machines: the Ray cluster whose nodes it uses."""
+
+    address: str = Field(description="the Ray cluster: 'auto' (this machine already belongs to one: "
+                         "`ray start`) or the head's HOST:PORT, e.g. '10.0.0.1:6379'")
+    connect_timeout_s: float = Field(30.0, gt=0, le=600, description="how long `postrain up` waits for the "
+                                     "cluster to answer before it fails naming the address")
+
+    @field_validator("address")
+    @classmethod
+    def _check_address(cls, value: str) -> str:
+        if value != "auto" and not re.match(r"^(ray://)?[^\s:/]+:\d+$", value):
+            raise ValueError("must be 'auto' or HOST:PORT of the Ray head (e.g. '10.0.0.1:6379')")
+        return value
+
+
 class RunConfig(_Strict):
     """A run: the head's settings and the actors. The application layer extends it with its own
     sections by subclassing (postrain.cli.config.UpConfig adds `[balancer]`); a table no section
@@ -123,17 +162,55 @@ class RunConfig(_Strict):
     shared: dict[str, Any] = Field(default_factory=dict, description="settings several actors read, stated "
                                    "once: each actor whose options declare a field of that name gets the value")
     actors: list[ActorSpec] = Field(default_factory=list)
+    cluster: ClusterSection | None = Field(None, description="run across a Ray cluster's nodes; none: "
+                                           "this host only (nothing of Ray is imported)")
+    # Replica name -> (its entry's name, its index, the entry's number of replicas); set once at
+    # validation, when each entry with replicas > 1 is expanded into its replicas.
+    _replica_of: dict[str, tuple[str, int, int]] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
-    def _unique_names(self):
+    def _expand_and_check_names(self):
+        expanded, replica_of = [], {}
+        for spec in self.actors:
+            if spec.replicas == 1:
+                expanded.append(spec)
+                continue
+            for index in range(spec.replicas):
+                name = f"{spec.name}-{index}"
+                if not _NAME_RULE.match(name):
+                    raise ValueError(f"actor {spec.name!r} with replicas = {spec.replicas}: replica name "
+                                     f"{name!r} is over 40 characters; shorten the name")
+                expanded.append(spec.model_copy(update={"name": name, "replicas": 1}))
+                replica_of[name] = (spec.name, index, spec.replicas)
+        self.actors[:] = expanded      # in place: assigning would validate the config again
+        self._replica_of = replica_of
         seen = set()
         for spec in self.actors:
             if spec.name in seen:
-                raise ValueError(f"actor name {spec.name!r} is used twice; names must be unique")
+                raise ValueError(f"actor name {spec.name!r} is used twice; names must be unique "
+                                 "(an entry with replicas = N also takes the names NAME-0 .. NAME-(N-1))")
             seen.add(spec.name)
+            if spec.node is not None and self.cluster is None:
+                raise ValueError(f"actor {spec.name!r} sets node = {spec.node!r}, which applies only with a "
+                                 "[cluster] section; remove node or add [cluster]")
+        groups = {group for group, _, _ in replica_of.values()}
+        if self.run.driver in groups:
+            raise ValueError(f"run.driver = {self.run.driver!r} has replicas; a run has one driver: name "
+                             "one replica or give the driver replicas = 1")
         if self.run.driver is not None and self.run.driver not in seen:
             raise ValueError(f"run.driver = {self.run.driver!r} names no actor; actors: {sorted(seen)}")
         return self
+
+    def replica_groups(self) -> dict[str, list[str]]:
+        """Each entry with replicas > 1: its name -> its replicas' names, in order."""
+        groups: dict[str, list[str]] = {}
+        for name, (group, _, _) in self._replica_of.items():
+            groups.setdefault(group, []).append(name)
+        return groups
+
+    def replica_of(self, name: str) -> tuple[str, int, int] | None:
+        """(entry name, index, number of replicas) of replica `name`; None for a lone actor."""
+        return self._replica_of.get(name)
 
 
 def parse_config(data: dict, source: str = "<config>", schema: type[RunConfig] = RunConfig) -> RunConfig:

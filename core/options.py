@@ -79,13 +79,41 @@ def resolve_options(config) -> None:
             problems.append(f"{where}.{key}: also set in [shared]; state it once (remove one of them)")
         merged = {**shared, **spec.options}
         try:
-            validate_options(cls, merged, where)
+            validated = validate_options(cls, merged, where)
         except ConfigError as exc:
             problems += [line.strip() for line in str(exc).splitlines()[1:]]
             continue
+        merged.update(_replica_references(config, spec.name, validated, where, problems))
         spec.options = merged
     for key in sorted(set(config.shared) - used_shared):
         problems.append(f"shared.{key} = {config.shared[key]!r}: no actor declares an option of that name "
                         "(check the spelling; see the config reference in the docs)")
     if problems:
         raise ConfigError(f"{len(problems)} bad option(s):\n  " + "\n  ".join(problems))
+
+
+def _replica_references(config, name: str, validated: Options, where: str, problems: list[str]) -> dict:
+    """The options of actor `name` (given or default) that name an entry with replicas, rewritten
+    to the replicas' names: a list holding the entry's name gets all its replicas in its place;
+    a single name gets the replica of the same index when `name` is a replica of an entry with
+    as many replicas, else a line is added to `problems`. Options naming nothing replicated
+    are left out of the result."""
+    groups = config.replica_groups()
+    if not groups:
+        return {}
+    mine = config.replica_of(name)
+    rewritten = {}
+    for field in type(validated).model_fields:
+        value = getattr(validated, field)
+        if isinstance(value, list) and any(isinstance(v, str) and v in groups for v in value):
+            rewritten[field] = [r for v in value for r in (groups[v] if isinstance(v, str) and v in groups else [v])]
+        elif isinstance(value, str) and value in groups:
+            replicas = groups[value]
+            if mine is not None and mine[2] == len(replicas):
+                rewritten[field] = replicas[mine[1]]
+            else:
+                problems.append(f"{where}.{field} = {value!r}: names an entry with {len(replicas)} replicas "
+                                f"({replicas[0]} .. {replicas[-1]}) where one actor is meant; name one replica, "
+                                f"or give this actor's entry replicas = {len(replicas)} too (replica i then "
+                                "pairs with replica i)")
+    return rewritten
