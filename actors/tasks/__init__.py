@@ -170,7 +170,7 @@ VERIFIERS = register_task(TaskSpec(
     description="a verifiers taskset's prompts, scored by its own @vf.reward functions"))
 REASONING_GYM = register_task(TaskSpec(
     "reasoning_gym", reasoning_gym.ReasoningGymEnv, reasoning_gym.mixture_train_tasks,
-    reasoning_gym.mixture_eval_tasks,
+    reasoning_gym.mixture_eval_tasks, reasoning_gym.mixture_demonstrations,
     description="a weighted mixture of reasoning-gym families, each scored by its own verifier"))
 TERMINAL = register_task(TaskSpec(
     "terminal", terminal.TerminalEnv, terminal.train_tasks, terminal.eval_tasks, terminal.demonstrations,

@@ -17,6 +17,9 @@ Held out by seed: a family's held-out set is its first `num_eval` problems gener
 problem whose question is in the held-out set is skipped, so the two never share a question.
 The mixture draws each training problem's family with probability weight / sum(weights), seeded.
 
+Demonstrations (for a supervised warm start, `sft_steps`): training problems answered with the
+generator's own answer between <answer> tags, so a small model learns the format before RL.
+
 A task dict names the problem (family, config, seed, index) rather than carrying it: the
 environment regenerates it (reasoning-gym's generators are deterministic per seed and index), so
 nothing but plain data crosses the wire. An unknown family is a `TaskOptionsError` listing the
@@ -166,11 +169,31 @@ def mixture_eval_tasks(options: dict | None = None) -> list[dict]:
             for family in sorted(options["families"]) for p in _held_out(family, options)]
 
 
+def _entry(task: dict) -> tuple[Any, dict]:
+    """(the family's dataset, the problem's entry) of a task dict, regenerated."""
+    dataset = _dataset(task["family"], task["config"], task["seed"], task["size"])
+    return dataset, dataset[task["index"]]
+
+
 def score(completion: str, task: dict) -> dict[str, float]:
     """The family's own verdict on the completion's final answer: {"correct": score in [0, 1]}."""
-    dataset = _dataset(task["family"], task["config"], task["seed"], task["size"])
-    entry = dataset[task["index"]]
+    dataset, entry = _entry(task)
     return {"correct": float(dataset.score_answer(answer=final_answer(completion), entry=entry))}
+
+
+def prompt_messages(task: dict, options: dict) -> list[dict]:
+    """The first messages of an episode (demonstrations begin with the same)."""
+    return [{"role": "system", "content": options.get("system_prompt", SYSTEM_PROMPT)},
+            {"role": "user", "content": task["question"]}]
+
+
+def mixture_demonstrations(num: int, seed: int = 0, options: dict | None = None) -> list[dict]:
+    """`num` chat demonstrations for a supervised warm start: training problems (never held-out
+    ones), each answered with the generator's own answer between <answer> tags."""
+    options = options or {}
+    return [{"messages": [*prompt_messages(task, options),
+                          {"role": "assistant", "content": f"<answer>{_entry(task)[1]['answer']}</answer>"}]}
+            for task in itertools.islice(mixture_train_tasks(seed, options), num)]
 
 
 class ReasoningGymEnv(Environment):
@@ -183,8 +206,7 @@ class ReasoningGymEnv(Environment):
     async def reset(self, task: dict) -> list[dict]:
         """The question. Does not wait (cancel-safe)."""
         self.task = task
-        return [{"role": "system", "content": self.options.get("system_prompt", SYSTEM_PROMPT)},
-                {"role": "user", "content": task["question"]}]
+        return prompt_messages(task, self.options)
 
     async def step(self, action: str) -> StepResult:
         """Score the answer (in a worker thread, within score_timeout_s). Raises RewardFailure (the
@@ -232,4 +254,6 @@ def family_task(family: str):
     return TaskSpec(PREFIX + family, env_class,
                     train=lambda seed, options: mixture_train_tasks(seed, _as_mixture(family, options)),
                     eval=lambda options: mixture_eval_tasks(_as_mixture(family, options)),
+                    demos=lambda num, seed=0, options=None: mixture_demonstrations(
+                        num, seed, _as_mixture(family, options)),
                     description=f"reasoning-gym's {family} problems, scored by its verifier")

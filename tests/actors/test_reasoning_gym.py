@@ -93,6 +93,20 @@ def test_each_family_scores_with_its_own_verifier():
     assert result["accuracy"] == 1.0
 
 
+def test_demonstrations_answer_training_problems_in_tags_and_score_full_marks():
+    spec = get_task("reasoning_gym")
+    demos = spec.demonstrations(12, 0, MIXTURE)
+    held = {t["question"] for t in spec.eval_tasks(MIXTURE)}
+    train = list(itertools.islice(spec.train_tasks(0, MIXTURE), 12))
+    env = spec.make_env(options=MIXTURE)
+    for demo, task in zip(demos, train):
+        assert demo["messages"][:-1] == trio.run(env.reset, task) and task["question"] not in held
+        result = trio.run(env.step, demo["messages"][-1]["content"])
+        assert demo["messages"][-1]["content"].startswith("<answer>") and result.reward.components == {"correct": 1.0}
+    one = get_task("reasoning_gym:count_bits").demonstrations(2, 0, {"num_eval": 2})
+    assert len(one) == 2 and one[0]["messages"][-1]["content"].startswith("<answer>")
+
+
 def test_postrain_eval_prints_the_accuracy_of_a_family():
     result = subprocess.run([sys.executable, "-m", "postrain.cli", "eval", "--model", "tiny", "--task",
                              "reasoning_gym:chain_sum", "--task-options", '{"num_eval": 2, "max_terms": 2}',
