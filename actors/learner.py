@@ -389,9 +389,7 @@ class Learner:
             full = bool(mb.attention_mask.all())
             hidden = model.hidden_states(mb.input_ids, None if full else mb.attention_mask)  # (B, T, H)
             return hidden[:, :-1][sel]
-        prefix, suffix = model.shared_prefix_hidden_states(mb.shared.batch)   # (G, P, H), (B, S, H)
-        width = prefix.shape[-1]
-        rows = torch.cat([prefix.reshape(-1, width), suffix.reshape(-1, width)])          # (G*P + B*S, H)
+        rows = model.shared_prefix_hidden_states(mb.shared.batch)                         # (G*P + B*S, H)
         return rows[mb.shared.hidden_rows[:, :-1][sel]]
 
     @torch.no_grad()

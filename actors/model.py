@@ -222,6 +222,13 @@ class SharedPrefixBatch:
     def prefix_lens(self) -> torch.Tensor:
         return self.prefix_mask.sum(-1)                                   # (G,)
 
+    def split_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(1, G*P + B*S, ...) -> the prefix rows (G, P, ...) and the suffix rows (B, S, ...)."""
+        (num_prefixes, prefix_len), (num, seq) = self.prefix_ids.shape, self.suffix_ids.shape
+        rest = rows.shape[2:]
+        return (rows[0, :num_prefixes * prefix_len].reshape(num_prefixes, prefix_len, *rest),
+                rows[0, num_prefixes * prefix_len:].reshape(num, seq, *rest))
+
     def suffix_positions(self) -> torch.Tensor:
         """(B, S) absolute positions of the suffix tokens."""
         offsets = torch.arange(self.suffix_ids.shape[1], device=self.suffix_ids.device)
@@ -306,19 +313,20 @@ class Attention(nn.Module):
         out = self._grouped_attention(q, k, v, mask)                     # (B, T, H, D)
         return project(self.o_proj, out.reshape(batch, seq, -1), paged)
 
-    def forward_shared(self, xp, xs, rope_p, rope_s, mask_p, mask_s, group_of):
-        """Prefix rows xp (G, P, hidden) attend among themselves; suffix rows xs (B, S, hidden)
-        attend to their group's prefix keys, then to their own: keys (B, P + S). rope_*: (cos,
-        sin) (.., 1, D); mask_p (G, 1, Gq*P, P), mask_s (B, 1, Gq*S, P + S) from `group_mask`;
-        group_of (B,) int64. Gradients of every suffix reach the prefix through its keys/values."""
-        qp, kp, vp = self._rotated_qkv(xp, *rope_p, None)                # k, v (G, P, Hkv, D)
-        qs, ks, vs = self._rotated_qkv(xs, *rope_s, None)                # k, v (B, S, Hkv, D)
-        k = torch.cat([kp.index_select(0, group_of), ks], dim=1)          # (B, P + S, Hkv, D)
-        v = torch.cat([vp.index_select(0, group_of), vs], dim=1)
-        out_p = self._grouped_attention(qp, kp, vp, mask_p)
-        out_s = self._grouped_attention(qs, k, v, mask_s)
-        return (self.o_proj(out_p.reshape(*xp.shape[:2], -1)),
-                self.o_proj(out_s.reshape(*xs.shape[:2], -1)))
+    def forward_shared(self, x, cos, sin, mask_p, mask_s, batch: "SharedPrefixBatch"):
+        """x (1, G*P + B*S, hidden): the prefix rows, then the suffix rows (`batch`); cos, sin
+        (1, G*P + B*S, 1, D); mask_p (G, 1, Gq*P, P), mask_s (B, 1, Gq*S, P + S) from
+        `group_mask`. Prefixes attend among themselves; each suffix attends to its group's
+        prefix keys, then to its own (keys (B, P + S)), so the gradients of every suffix reach
+        the prefix through its keys and values. Projections run on all rows at once."""
+        (qp, qs), (kp, ks), (vp, vs) = (batch.split_rows(t) for t in self._rotated_qkv(x, cos, sin, None))
+        k = torch.cat([kp.index_select(0, batch.group_of), ks], dim=1)    # (B, P + S, Hkv, D)
+        v = torch.cat([vp.index_select(0, batch.group_of), vs], dim=1)
+        out_p = self._grouped_attention(qp, kp, vp, mask_p)               # (G, P, Hkv, Gq, D)
+        out_s = self._grouped_attention(qs, k, v, mask_s)                 # (B, S, Hkv, Gq, D)
+        width = self.num_heads * self.head_dim
+        out = torch.cat([out_p.reshape(1, -1, width), out_s.reshape(1, -1, width)], dim=1)
+        return self.o_proj(out)
 
     def _rotated_qkv(self, x, cos, sin, paged: PagedBatch | None):
         """q (B, T, H, D), k and v (B, T, Hkv, D); rotary applied to q and k."""
@@ -386,13 +394,10 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, paged, layer_idx)
         return x + self.mlp(self.post_attention_layernorm(x), paged)
 
-    def forward_shared(self, xp, xs, rope_p, rope_s, mask_p, mask_s, group_of):
-        """The layer on prefix rows xp (G, P, hidden) and suffix rows xs (B, S, hidden)."""
-        ap, a_s = self.self_attn.forward_shared(self.input_layernorm(xp), self.input_layernorm(xs),
-                                                rope_p, rope_s, mask_p, mask_s, group_of)
-        xp, xs = xp + ap, xs + a_s
-        return (xp + self.mlp(self.post_attention_layernorm(xp)),
-                xs + self.mlp(self.post_attention_layernorm(xs)))
+    def forward_shared(self, x, cos, sin, mask_p, mask_s, batch: "SharedPrefixBatch"):
+        """The layer on the rows of a shared-prefix batch (Attention.forward_shared)."""
+        x = x + self.self_attn.forward_shared(self.input_layernorm(x), cos, sin, mask_p, mask_s, batch)
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class Backbone(nn.Module):
@@ -469,26 +474,25 @@ class LlamaModel(nn.Module):
             x = layer(x, cos, sin, mask, paged, idx)
         return self.model.norm(x)
 
-    def shared_prefix_hidden_states(self, batch: SharedPrefixBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Final-norm hidden states of the prefixes (G, P, hidden) and the suffixes (B, S, hidden).
+    def shared_prefix_hidden_states(self, batch: SharedPrefixBatch) -> torch.Tensor:
+        """Final-norm hidden states (G*P + B*S, hidden): the prefixes' rows, then the suffixes'.
         Row for row they equal `hidden_states` of the whole samples (prefix + suffix) up to float
         rounding, in value and in gradient (tests/actors/test_shared_prefix.py)."""
-        xp = self.model.embed_tokens(batch.prefix_ids)                       # (G, P, H)
-        xs = self.model.embed_tokens(batch.suffix_ids)                       # (B, S, H)
+        ids = torch.cat([batch.prefix_ids.reshape(-1), batch.suffix_ids.reshape(-1)])[None]  # (1, R)
+        x = self.model.embed_tokens(ids)                                       # (1, R, H)
         groups = self.config.num_heads // self.config.num_kv_heads
         pos_p, mask_p = self._training_positions_and_mask(batch.prefix_ids, batch.prefix_mask)
-        pos_s = batch.suffix_positions()
-        last = max(int(pos_p.max()), int(pos_s.max()))
-        if last >= self.config.max_position_embeddings:
-            raise ValueError(f"position {last} is past the context length max_position_embeddings="
-                             f"{self.config.max_position_embeddings}; shorten the samples")
-        rope_p = tuple(t[:, :, None, :] for t in self.rotary(pos_p, xp.dtype))  # (G, P, 1, D)
-        rope_s = tuple(t[:, :, None, :] for t in self.rotary(pos_s, xs.dtype))  # (B, S, 1, D)
+        positions = torch.cat([pos_p.reshape(-1), batch.suffix_positions().reshape(-1)])[None]
+        if int(positions.max()) >= self.config.max_position_embeddings:
+            raise ValueError(f"position {int(positions.max())} is past the context length "
+                             f"max_position_embeddings={self.config.max_position_embeddings}; "
+                             "shorten the samples")
+        cos, sin = (t[:, :, None, :] for t in self.rotary(positions, x.dtype))  # (1, R, 1, D)
         mask_p = group_mask(mask_p, groups)                                    # (G, 1, Gq*P, P)
         mask_s = group_mask(batch.suffix_attention_mask(), groups)             # (B, 1, Gq*S, P + S)
         for layer in self.model.layers:
-            xp, xs = layer.forward_shared(xp, xs, rope_p, rope_s, mask_p, mask_s, batch.group_of)
-        return self.model.norm(xp), self.model.norm(xs)
+            x = layer.forward_shared(x, cos, sin, mask_p, mask_s, batch)
+        return self.model.norm(x)[0]
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 paged: PagedBatch | None = None, logits_to_keep: torch.Tensor | None = None):

@@ -39,9 +39,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class PrefixPlan:
-    """A micro-batch's shared-prefix layout. The model returns prefix hidden states (G, P, H) and
-    suffix hidden states (B, S, H); flattened and concatenated they are the rows
-    `hidden_rows` indexes. Invariant: for every real token t of sample b, row hidden_rows[b, t]
+    """A micro-batch's shared-prefix layout. The model returns the hidden states of the prefix
+    rows (G*P) then the suffix rows (B*S), the rows `hidden_rows` indexes. Invariant: for every real token t of sample b, row hidden_rows[b, t]
     holds the hidden state the plain path computes at (b, t)."""
 
     batch: SharedPrefixBatch
