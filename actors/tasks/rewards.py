@@ -143,9 +143,7 @@ class RewardFunction:
         return value
 
     def _to_reward(self, value: Any) -> Reward:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            value = {"reward": value}
-        if isinstance(value, bool):
+        if isinstance(value, (int, float)):   # bool included: True is 1.0
             value = {"reward": float(value)}
         ok = isinstance(value, dict) and value and all(
             isinstance(k, str) and isinstance(x, (int, float)) and math.isfinite(x) for k, x in value.items())
