@@ -16,7 +16,6 @@ environment, and nothing of the code runs between calls.
 File requests run in a forked child that has dropped to the sandbox uid, so they see and create
 exactly what the code would.
 """
-import socket
 import stat
 
 _STATE_PATH = "/run/postrain/state"
@@ -151,6 +150,7 @@ def _start_forwarder(routes):
     own loopback) and hands the connected socket to that route's host proxy (SCM_RIGHTS over a
     unix socket that only the jail's root can reach); the host relays it to the destination. The
     jail has no other way out: its network namespace holds only lo."""
+    import socket
     listeners = {}
     for index, (address, port, path) in enumerate(routes):
         if not address.startswith("127."):
@@ -182,6 +182,7 @@ def _start_forwarder(routes):
 def _add_loopback_address(address, index):
     """Give lo the address `address` (alias lo:index), so the jail can dial it."""
     import fcntl
+    import socket
     ifreq = struct.pack("16sH2s4s8s", f"lo:{index}".encode(), socket.AF_INET, b"\0\0",
                         socket.inet_aton(address), b"\0" * 8)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:

@@ -217,8 +217,10 @@ class SessionJail(JailedAgent):
 class SessionPool:
     """Spare session jails per shape, so that opening a session takes a started jail.
 
-    A background thread keeps `num_spare` spares for each of the `_MAX_SHAPES` most recently
-    asked shapes. Invariant (under _lock): every jail in _spares is started and unused."""
+    `num_spare` background threads keep `num_spare` spares for each of the `_MAX_SHAPES` most
+    recently asked shapes (a start is mostly the jail's Python starting, so starts overlap
+    well). Invariants (under _lock): every jail in _spares is started and unused;
+    len(_spares[shape]) + _starting[shape] <= num_spare."""
 
     def __init__(self, policy: Policy, num_spare: int = 2) -> None:
         self.policy = policy
@@ -226,7 +228,8 @@ class SessionPool:
         self._spares: OrderedDict[tuple, list[SessionJail]] = OrderedDict()
         self._lock = threading.Condition()
         self._closed = False
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
+        self._starting: dict[tuple, int] = {}  # jails being started per shape
         self.num_cold_starts = 0  # sessions that found no spare
 
     def take(self, shape: tuple) -> SessionJail:
@@ -259,9 +262,10 @@ class SessionPool:
         while len(self._spares) > _MAX_SHAPES:
             _, dropped = self._spares.popitem(last=False)
             threading.Thread(target=_close_all, args=(dropped,), daemon=True).start()
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._refill, name="session-pool", daemon=True)
-            self._thread.start()
+        while len(self._threads) < self.num_spare:
+            thread = threading.Thread(target=self._refill, name="session-pool", daemon=True)
+            thread.start()
+            self._threads.append(thread)
         return spares
 
     def _refill(self) -> None:
@@ -270,15 +274,20 @@ class SessionPool:
                 shape = None
                 while not self._closed:
                     shape = next((s for s, jails in reversed(self._spares.items())
-                                  if len(jails) < self.num_spare), None)
+                                  if len(jails) + self._starting.get(s, 0) < self.num_spare), None)
                     if shape is not None:
                         break
                     self._lock.wait()
                 if self._closed:
                     return
+                self._starting[shape] = self._starting.get(shape, 0) + 1
             try:
                 jail = SessionJail(self.policy, shape)
             except SandboxError:
+                jail = None
+            with self._lock:
+                self._starting[shape] -= 1
+            if jail is None:
                 time.sleep(1.0)  # the host is short of something; the next take starts one itself
                 continue
             with self._lock:
@@ -293,8 +302,8 @@ class SessionPool:
             spares = [jail for jails in self._spares.values() for jail in jails]
             self._spares.clear()
             self._lock.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+        for thread in self._threads:
+            thread.join(timeout=30)
         _close_all(spares)
 
 
