@@ -1,9 +1,12 @@
 """Attacks that only sessions invite: state leaking between two sessions, a process left behind
-after close, a fork bomb in one session while another works. (Every attack of test_abuse.py also
+after close, a fork bomb in one session while another works, the owner's death. (Every attack of test_abuse.py also
 runs inside a session there; the network attacks are in test_network_allowlist.py.)"""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
 import threading
 
 import psutil
@@ -103,3 +106,25 @@ def test_a_fork_bomb_in_one_session_leaves_another_working(sandbox):
         assert [r.stdout for r in outputs] == [f"{i}\nok\n".encode() for i in range(5)]
         assert results[0].status in (Status.TIMEOUT, Status.OK, Status.NONZERO_EXIT)
         assert bomb.run("echo survived").stdout == b"survived\n"  # and it ended with its call
+
+
+def test_a_session_ends_when_its_owner_process_dies(tmp_path):
+    owner = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import sys
+        from postrain.sandbox import Policy, Sandbox
+        sandbox = Sandbox(Policy(), mode="cold", num_spare_sessions=0)
+        session = sandbox.session()
+        session.run("echo x > /work/f")
+        print(session._jail._proc.pid, flush=True)
+        sys.stdin.read()  # until killed
+    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        nsjail = psutil.Process(int(owner.stdout.readline()))
+        jail = [nsjail, *nsjail.children(recursive=True)]
+        owner.kill()  # SIGKILL: no close, no atexit
+        owner.wait()
+        gone, alive = psutil.wait_procs(jail, timeout=10)
+        assert alive == []  # the agent read EOF and exited; its namespaces took the rest
+    finally:
+        owner.kill()
+        owner.wait()
