@@ -38,7 +38,7 @@ class ExecResult:
     stderr: bytes = b""               # at most policy.max_output_bytes
     stdout_truncated: bool = False
     stderr_truncated: bool = False
-    mode: str = "cold"                # "cold" or "warm"
+    mode: str = "cold"                # "cold", "warm" or "session"
     error: str = ""                   # for sandbox_error: what failed
 
     @property
