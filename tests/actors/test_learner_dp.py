@@ -39,9 +39,12 @@ RANK = textwrap.dedent("""
 
 
 def batch(step: int, num: int = 8) -> dict:
+    """Groups of 4 samples that share a 5-token prompt (so shared-prefix training runs on each rank)."""
     g = torch.Generator().manual_seed(100 + step)
-    ids = [torch.randint(8, 264, (6 + 2 * (i % 5),), generator=g) for i in range(num)]
-    return {"token_ids": ids, "loss_mask": [[0] * 3 + [1] * (len(x) - 3) for x in ids],
+    prompts = [torch.randint(8, 264, (5,), generator=g) for _ in range(num // 4)]
+    ids = [torch.cat([prompts[i // 4], torch.randint(8, 264, (3 + 2 * (i % 5),), generator=g)])
+           for i in range(num)]
+    return {"token_ids": ids, "loss_mask": [[0] * 5 + [1] * (len(x) - 5) for x in ids],
             "behavior_logprobs": [torch.randn(len(x), generator=g) * 0.1 - 5.5 for x in ids],
             "policy_versions": [step] * num, "advantages": torch.randn(num, generator=g).tolist()}
 
