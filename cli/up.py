@@ -120,6 +120,33 @@ def resume_config(run_folder: Path) -> UpConfig:
 
 
 
+def plan_on_cluster(config: UpConfig, path: Path, dry_run: bool) -> int:
+    """A config with `[cluster]`: join the Ray cluster, place every actor on its nodes and print
+    the plan node by node. Raises PostrainError (one line: an unreachable address, a spec that
+    fits on no node). Starting the run on the nodes is not wired into `postrain up` yet."""
+    from postrain.core.cluster import ClusterScheduler, describe_plan
+    try:
+        from postrain.core import ray_nodes
+    except ImportError as exc:
+        raise PostrainError(f"a [cluster] section needs Ray ({exc}): pip install 'postrain[cluster]'") from None
+
+    cluster = ray_nodes.connect(config.cluster)
+    try:
+        nodes = cluster.nodes()
+        groups = {name: group for group, names in config.replica_groups().items() for name in names}
+        plan = ClusterScheduler(nodes).plan(config.actors, groups)
+    finally:
+        cluster.disconnect()
+    print(f"postrain up: {path} -> {len(plan)} actors on {len(nodes)} nodes of {config.cluster.address}")
+    for line in describe_plan(plan, nodes):
+        print(f"  {line}")
+    if dry_run:
+        return 0
+    print("postrain up: starting a run across a cluster is not built yet; `--dry-run` shows the plan, and "
+          "postrain.core.ray_nodes starts node agents and actors from Python (docs/cluster.md)", file=sys.stderr)
+    return 2
+
+
 def main(args) -> int:
     path = Path(args.config) if args.config else default_config_path()
     if args.resume:
@@ -128,6 +155,8 @@ def main(args) -> int:
         config = resume_config(Path(args.resume)) if args.resume else load_up_config(path)
         if args.run_dir and not args.resume:
             config.run.run_dir = args.run_dir
+        if config.cluster is not None:
+            return plan_on_cluster(config, path, args.dry_run)
         plan = Scheduler().plan(config.actors)
     except (ConfigError, PostrainError) as exc:
         print(f"postrain up: {exc}", file=sys.stderr)

@@ -142,7 +142,7 @@ class ClusterSection(_Strict):
     address: str = Field(description="the Ray cluster: 'auto' (this machine already belongs to one: "
                          "`ray start`) or the head's HOST:PORT, e.g. '10.0.0.1:6379'")
     connect_timeout_s: float = Field(30.0, gt=0, le=600, description="how long `postrain up` waits for the "
-                                     "cluster to answer before it fails naming the address")
+                                     "head's address to accept a connection before it fails naming it")
 
     @field_validator("address")
     @classmethod

@@ -26,7 +26,8 @@ run left behind.
 
 The head's inbox doubles as the registry: actors ask it `lookup` for each
 other's addresses and then talk directly, so data never flows through the
-head.
+head. On a cluster each node's supervisor also knows the other nodes' actors
+(`add_peers`), so a lookup finds an actor wherever it runs.
 """
 from __future__ import annotations
 
@@ -124,6 +125,7 @@ class Supervisor:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.keys = keys
         self.records: dict[str, ActorRecord] = {}
+        self.peers: dict[str, str] = {}   # actors other supervisors run (other nodes): name -> address
         self.events: list[ActorEvent] = []
         self._event_added = anyio.Event()
         address = ipc_address(socket_dir, "head") if bind == "ipc" else bind
@@ -215,6 +217,11 @@ class Supervisor:
                 self._add_event(spec.name, "restarting", f"restart {record.restarts} in {delay:g} s "
                                 "(before READY)")
                 await anyio.sleep(delay)
+
+    def add_peers(self, addresses: dict[str, str]) -> None:
+        """Actors that other supervisors run (on other nodes: core/ray_nodes.py), by name: this
+        registry's `lookup` answers their addresses too. Its own actors keep precedence."""
+        self.peers.update(addresses)
 
     def log_path(self, name: str) -> str | None:
         """The file actor `name`'s stdout and stderr go to (None: the head's own)."""
@@ -494,7 +501,9 @@ class Supervisor:
         name = body.get("name") if isinstance(body, dict) else None
         record = self.records.get(name)
         if record is None:
-            raise KeyError(f"no actor named {name!r}; known: {sorted(self.records)}")
+            if name in self.peers:
+                return self.peers[name]
+            raise KeyError(f"no actor named {name!r}; known: {sorted({*self.records, *self.peers})}")
         return record.address
 
     async def _on_status(self, body) -> dict:

@@ -6,7 +6,7 @@ page follows the code and cannot drift from it:
 `<!-- config-reference -->` (docs/config-reference.md): one table per pydantic model (field,
 type, default, description):
 - the kernel's sections, `postrain.core.config`: `[run]` (RunSection), `[head]`
-  (HeadSection), `[[actors]]` (ActorSpec), and what `[shared]` means;
+  (HeadSection), `[[actors]]` (ActorSpec), `[cluster]` (ClusterSection), and what `[shared]` means;
 - the head's own sections, `postrain.cli.config`: `[balancer]` (BalancerSection) and `[tracking]`
   (TrackingSection, cli/tracking.py);
 - each role's options: the model `postrain.core.options.options_class` finds on the role's
@@ -82,13 +82,14 @@ def render_config_reference() -> str:
     """The generated part of the config reference, as Markdown."""
     from postrain.cli.config import BalancerSection
     from postrain.cli.tracking import TrackingSection
-    from postrain.core.config import ActorSpec, HeadSection, RunConfig, RunSection
+    from postrain.core.config import ActorSpec, ClusterSection, HeadSection, RunConfig, RunSection
 
     out: list[str] = []
     out += _model_section("`[run]`", RunSection)
     out += _model_section("`[head]`", HeadSection)
     out += _shared_section(RunConfig)
     out += _model_section("`[[actors]]`", ActorSpec)
+    out += _model_section("`[cluster]`", ClusterSection)
     out += _model_section("`[balancer]`", BalancerSection)
     out += _model_section("`[tracking]`", TrackingSection)
     out += ["## Actor options", "",

@@ -1,0 +1,243 @@
+"""The cluster on Ray: membership, each node's inventory, and one postrain node agent per node.
+
+The only module of postrain that imports Ray, and it is imported only for a config with a
+`[cluster]` section (`pip install -e '.[cluster]'`):
+
+    cluster = connect(ClusterSection(address="auto"))   # ClusterUnreachable: one line, within a minute
+    nodes = cluster.nodes()                              # [NodeInventory], the head's node first
+    agents = cluster.start_agents(nodes, keys=CurveKeys.generate(), run_tag=tag, log_dir="/shared/run/logs")
+    address = agents.start(spec, node="10.0.0.2")        # the actor's tcp address, once it is READY
+    agents.stop()                                        # every actor, then every agent
+
+Design note. Ray does what a cluster engine does well and nothing more: it knows the nodes,
+their resources and their liveness, and it starts one long-lived `NodeAgent` on each node
+(a Ray actor pinned to the node, using no CPU of Ray's accounting). Each agent runs the
+single-host kernel there: a `Supervisor` (core/supervisor.py) whose scheduler holds that
+node's inventory, so the actors it starts are spawned, pinned, watched, restarted and killed
+with their process group exactly as on one host, and die with the agent. The agent's
+supervisor binds its control socket and every actor's inbox on the node's own address
+with CurveZMQ (`CurveKeys`, made by the head per run and handed to the agents in Ray's
+calls), so a peer without the run's key is refused. Data flows actor to actor over those
+sockets, never through Ray or the head. Each agent's registry knows its own actors and the
+addresses of the others' (`add_peers`), so `Actor.lookup` finds an actor on any node.
+
+Not here (yet): a node that dies is not noticed or re-placed, and an actor restarted on
+its node binds a new port that peers on other nodes learn only from the next `add_peers`.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+from dataclasses import asdict
+
+import ray
+
+from .cluster import NodeInventory
+from .config import ActorSpec, ClusterSection
+from .errors import PostrainError
+from .scheduler import GpuInfo, Inventory
+from .transport import CurveKeys
+
+AGENT_START_TIMEOUT_S = 120.0
+
+
+def versions_here() -> dict:
+    """The Python and postrain versions of this process: every node must run the head's."""
+    from importlib.metadata import version
+    return {"python": sys.version.split()[0], "postrain": version("postrain")}
+
+
+class ClusterUnreachable(PostrainError):
+    """No Ray cluster answers at the configured address."""
+
+
+def connect(section: ClusterSection) -> "RayCluster":
+    """Join the Ray cluster at `section.address` as a driver; ClusterUnreachable (one line naming
+    the address and what to check) when it does not answer within connect_timeout_s."""
+    address = section.address
+    if address != "auto":
+        host, port = address.removeprefix("ray://").rsplit(":", 1)
+        try:
+            socket.create_connection((host, int(port)), timeout=section.connect_timeout_s).close()
+        except OSError as exc:
+            raise ClusterUnreachable(
+                f"no Ray cluster answers at [cluster] address = {address!r} ({exc.strerror or exc}); check "
+                "that `ray start --head` runs there, that the port is the head's GCS port (6379 by default), "
+                "and that this machine can reach it") from None
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="WARNING",
+                 configure_logging=False)
+    except (ConnectionError, RuntimeError, TimeoutError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ClusterUnreachable(
+            f"no Ray cluster answers at [cluster] address = {address!r} ({first}); check that this machine "
+            "belongs to a running cluster (`ray status`), or set address to the head's HOST:PORT") from None
+    return RayCluster(address)
+
+
+class RayCluster:
+    """A connection to a running Ray cluster (this process is one of its drivers)."""
+
+    def __init__(self, address: str):
+        self.address = address
+
+    def nodes(self) -> list[NodeInventory]:
+        """The live nodes, the head's first: what Ray declares of each (CPUs, GPUs, memory) as
+        core ids 0..N-1 and GPU ids 0..G-1 of that node. A node's name is its IP address, or
+        IP-NODEID8 where several nodes share an address (nodes on one machine)."""
+        alive = [n for n in ray.nodes() if n.get("Alive")]
+        alive.sort(key=lambda n: ("node:__internal_head__" not in n["Resources"], n["NodeManagerAddress"],
+                                  n["NodeID"]))
+        ips = [n["NodeManagerAddress"] for n in alive]
+        nodes = []
+        for n in alive:
+            ip, resources = n["NodeManagerAddress"], n["Resources"]
+            name = ip if ips.count(ip) == 1 else f"{ip}-{n['NodeID'][:8]}"
+            inventory = Inventory(cpu_ids=tuple(range(int(resources.get("CPU", 0)))),
+                                  memory_mb=int(resources.get("memory", 0)) // (1 << 20),
+                                  gpus=tuple(GpuInfo(i, "gpu", 0) for i in range(int(resources.get("GPU", 0)))))
+            nodes.append(NodeInventory(name, ip, inventory))
+        self._node_ids = {node.name: n["NodeID"] for node, n in zip(nodes, alive)}
+        return nodes
+
+    def start_agents(self, nodes: list[NodeInventory], *, keys: CurveKeys, run_tag: str, log_dir: str,
+                     heartbeat_interval_s: float = 1.0, heartbeat_timeout_s: float = 30.0) -> "Agents":
+        """One NodeAgent on each of `nodes` (from `nodes()`), each READY with its supervisor."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        agent_class = ray.remote(num_cpus=0, max_restarts=0)(NodeAgent)
+        handles = {}
+        for node in nodes:
+            strategy = NodeAffinitySchedulingStrategy(node_id=self._node_ids[node.name], soft=False)
+            handles[node.name] = agent_class.options(scheduling_strategy=strategy).remote(
+                node.name, node.address, asdict(node.inventory), keys.to_dict(), run_tag, log_dir,
+                heartbeat_interval_s, heartbeat_timeout_s)
+        try:
+            versions = ray.get([h.versions.remote() for h in handles.values()], timeout=AGENT_START_TIMEOUT_S)
+            addresses = ray.get([h.control_address.remote() for h in handles.values()], timeout=60)
+        except Exception as exc:
+            for handle in handles.values():
+                ray.kill(handle)
+            raise PostrainError(f"the node agents did not start within {AGENT_START_TIMEOUT_S:g} s ({exc}); "
+                                "check that postrain and the same Python are installed on every node") from None
+        agents = Agents(handles, dict(zip(handles, addresses)))
+        here = versions_here()
+        for node, theirs in zip(handles, versions):
+            if theirs != here:
+                agents.stop()
+                raise PostrainError(f"node {node} runs {theirs}, the head {here}: install the same postrain "
+                                    "and Python on every node")
+        return agents
+
+    def disconnect(self) -> None:
+        ray.shutdown()
+
+
+class Agents:
+    """The run's node agents, by node name."""
+
+    def __init__(self, handles: dict, control_addresses: dict[str, str]):
+        self.handles = handles
+        self.control_addresses = control_addresses   # node -> its agent's supervisor socket
+        self.addresses: dict[str, str] = {}          # actor -> its inbox, for every node's registry
+        self.node_of: dict[str, str] = {}            # actor -> its node
+
+    def start(self, spec: ActorSpec, node: str, timeout_s: float = 300.0) -> str:
+        """Start `spec` on `node`'s agent; its address once READY. Every agent learns it."""
+        address = ray.get(self.handles[node].start.remote(spec.model_dump()), timeout=timeout_s)
+        self.addresses[spec.name], self.node_of[spec.name] = address, node
+        ray.get([h.add_peers.remote({spec.name: address}) for h in self.handles.values()], timeout=60)
+        return address
+
+    def status(self) -> dict[str, dict]:
+        """Each node's supervisor status (as `postrain status` shows one host's)."""
+        return dict(zip(self.handles, ray.get([h.status.remote() for h in self.handles.values()], timeout=60)))
+
+    def stop(self) -> None:
+        """Stop every actor (its agent's supervisor shuts it down), then the agents."""
+        try:
+            ray.get([h.stop.remote() for h in self.handles.values()], timeout=120)
+        finally:
+            for handle in self.handles.values():
+                ray.kill(handle)
+
+
+class NodeAgent:
+    """Runs on one node, as a Ray actor: a single-host Supervisor in its own thread (a trio loop)
+    that Ray's calls drive. Invariant: after __init__ returns, `self.supervisor` is serving."""
+
+    def __init__(self, node: str, address: str, inventory: dict, keys: dict, run_tag: str, log_dir: str,
+                 heartbeat_interval_s: float, heartbeat_timeout_s: float):
+        from .scheduler import Scheduler
+
+        self.node, self.address = node, address
+        inventory = Inventory(cpu_ids=tuple(inventory["cpu_ids"]), memory_mb=inventory["memory_mb"],
+                              gpus=tuple(GpuInfo(**g) for g in inventory["gpus"]))
+        self._settings = dict(scheduler=Scheduler(inventory), bind=f"tcp://{address}:0",
+                              keys=CurveKeys.from_dict(keys), log_dir=log_dir, run_tag=run_tag,
+                              heartbeat_interval_s=heartbeat_interval_s, heartbeat_timeout_s=heartbeat_timeout_s)
+        os.makedirs(log_dir, exist_ok=True)
+        self._opened = threading.Event()
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._serve, name=f"postrain-agent-{node}", daemon=True)
+        self._thread.start()
+        self._opened.wait()
+        if self._failure is not None:
+            raise self._failure
+
+    def _serve(self) -> None:
+        import trio
+        try:
+            trio.run(self._main)
+        except BaseException as exc:  # reported by __init__ (a failed open) or the next call
+            self._failure = exc
+            self._opened.set()
+
+    async def _main(self) -> None:
+        import trio
+
+        from .supervisor import Supervisor
+        self._token = trio.lowlevel.current_trio_token()
+        self._stop = trio.Event()
+        async with Supervisor.open(**self._settings) as supervisor:
+            self.supervisor = supervisor
+            self._opened.set()
+            await self._stop.wait()
+
+    def _call(self, fn, *args):
+        import trio
+        return trio.from_thread.run(fn, *args, trio_token=self._token)
+
+    def control_address(self) -> str:
+        return self.supervisor.address
+
+    def versions(self) -> dict:
+        return versions_here()
+
+    def start(self, spec: dict) -> str:
+        """Start an actor here, its inbox on this node's address (tcp + Curve, any free port);
+        its address once READY."""
+        spec = ActorSpec.model_validate({**spec, "bind": f"tcp://{self.address}:0"})
+
+        async def start():
+            return (await self.supervisor.start(spec)).address
+        return self._call(start)
+
+    def add_peers(self, addresses: dict[str, str]) -> None:
+        async def add():
+            self.supervisor.add_peers(addresses)
+        self._call(add)
+
+    def status(self) -> dict:
+        async def status():
+            return self.supervisor.status()
+        return self._call(status)
+
+    def stop(self) -> None:
+        """Stop every actor of this node (the supervisor's shutdown) and end the loop."""
+        async def stop():
+            self._stop.set()
+        self._call(stop)
+        self._thread.join(timeout=120)

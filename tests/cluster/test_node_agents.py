@@ -1,0 +1,99 @@
+"""A local Ray cluster of two nodes on this machine (ray.cluster_utils.Cluster): one node agent
+per node starts real actor processes, which talk to each other over tcp + CurveZMQ; a peer
+without the run's key is refused; `postrain up --dry-run` prints the plan node by node, and
+an address nobody answers at fails with one line."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from postrain.core import AuthenticationError, CurveKeys, Node  # noqa: E402
+from postrain.core.cluster import ClusterScheduler  # noqa: E402
+from postrain.core.config import ClusterSection, parse_config  # noqa: E402
+from postrain.core.ray_nodes import connect  # noqa: E402
+from postrain.core.testing import async_test, to_toml  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    """Two Ray nodes of one CPU each (the head's first)."""
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    yield cluster
+    cluster.shutdown()
+
+
+def run_config(address: str) -> dict:
+    """An echo actor and a driver that asks it to echo; one CPU per node makes them two nodes apart."""
+    return {"cluster": {"address": address}, "run": {"driver": "driver"}, "actors": [
+        {"name": "echo", "cls": "postrain.core.testing:EchoActor", "cpus": 0.5, "memory_mb": 64},
+        {"name": "driver", "cls": "postrain.core.testing:CountingDriver", "cpus": 1, "memory_mb": 64,
+         "options": {"peer": "echo", "steps": 3}}]}
+
+
+@async_test
+async def test_agents_on_two_nodes_run_actors_that_talk_over_tcp_curve_and_refuse_a_stranger(two_nodes, tmp_path):
+    config = parse_config(run_config(two_nodes.address))
+    cluster = connect(config.cluster)
+    try:
+        nodes = cluster.nodes()
+        assert len(nodes) == 2 and all(len(node.inventory.cpu_ids) == 1 for node in nodes)
+        plan = ClusterScheduler(nodes).plan(config.actors)
+        assert [p.node for p in plan] == [nodes[0].name, nodes[1].name]
+        keys = CurveKeys.generate()
+        agents = cluster.start_agents(nodes, keys=keys, run_tag="clustertest1", log_dir=str(tmp_path / "logs"))
+        try:
+            specs = {spec.name: spec for spec in config.actors}
+            addresses = {p.name: agents.start(specs[p.name], p.node) for p in plan}
+            assert all(address.startswith("tcp://") for address in addresses.values())
+            status = agents.status()
+            assert [[a["name"] for a in status[node.name]["actors"]] for node in nodes] == [["echo"], ["driver"]]
+            async with Node("head", keys) as head:
+                # the driver (node 2) looks the echo actor (node 1) up through its agent and asks it
+                items = [item async for item in head.ref(addresses["driver"]).stream(
+                    "run", {"run_folder": str(tmp_path)}, timeout_s=60)]
+                assert items[-1] == {"summary": {"steps": 3, "run_folder": str(tmp_path)}}
+            stranger_keys = CurveKeys.generate()
+            stranger_keys = CurveKeys(keys.server_public, b"", stranger_keys.client_public,
+                                      stranger_keys.client_secret)
+            async with Node("stranger", stranger_keys) as stranger:
+                with pytest.raises(AuthenticationError, match="refused our CurveZMQ key"):
+                    await stranger.ref(addresses["echo"]).ask("echo", "x", timeout_s=20)
+        finally:
+            agents.stop()
+    finally:
+        cluster.disconnect()
+
+
+def up(tmp_path, doc: dict) -> subprocess.CompletedProcess:
+    (tmp_path / "run.toml").write_text(to_toml(doc))
+    return subprocess.run([sys.executable, "-m", "postrain.cli", "up", "--dry-run", "--config",
+                           str(tmp_path / "run.toml")], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+
+def test_up_dry_run_prints_the_plan_node_by_node(two_nodes, tmp_path):
+    result = up(tmp_path, run_config(two_nodes.address))
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    assert f"-> 2 actors on 2 nodes of {two_nodes.address}" in lines[0]
+    node_lines = [i for i, line in enumerate(lines) if line.startswith("node ")]
+    assert len(node_lines) == 2 and lines[node_lines[0] + 1].startswith("echo: cores [0]")
+    assert lines[node_lines[1] + 1].startswith("driver: cores [0]")
+
+
+def test_an_address_nobody_answers_at_fails_in_one_line_naming_it(tmp_path):
+    doc = run_config("127.0.0.1:9")
+    result = up(tmp_path, doc)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert "no Ray cluster answers at [cluster] address = '127.0.0.1:9'" in result.stderr
+    assert "ray start --head" in result.stderr
