@@ -21,8 +21,9 @@ calls), so a peer without the run's key is refused. Data flows actor to actor ov
 sockets, never through Ray or the head. Each agent's registry knows its own actors and the
 addresses of the others' (`add_peers`), so `Actor.lookup` finds an actor on any node.
 
-Not here (yet): a node that dies is not noticed or re-placed, and an actor restarted on
-its node binds a new port that peers on other nodes learn only from the next `add_peers`.
+An actor that dies is restarted by its node's agent on the address it had (the port it
+was given at its first start), so peers on other nodes reach it again without a new lookup.
+Not here (yet): a node that dies is not noticed, and its actors are not placed again.
 """
 from __future__ import annotations
 

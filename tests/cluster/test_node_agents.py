@@ -1,12 +1,15 @@
 """A local Ray cluster of two nodes on this machine (ray.cluster_utils.Cluster): one node agent
 per node starts real actor processes, which talk to each other over tcp + CurveZMQ; a peer
-without the run's key is refused; `postrain up --dry-run` prints the plan node by node, and
+without the run's key is refused; an actor killed on its node is restarted there; `postrain up --dry-run` prints the plan node by node, and
 an address nobody answers at fails with one line."""
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 
+import anyio
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -62,6 +65,17 @@ async def test_agents_on_two_nodes_run_actors_that_talk_over_tcp_curve_and_refus
                 items = [item async for item in head.ref(addresses["driver"]).stream(
                     "run", {"run_folder": str(tmp_path)}, timeout_s=60)]
                 assert items[-1] == {"summary": {"steps": 3, "run_folder": str(tmp_path)}}
+                # killed, the echo actor is restarted by its node's agent on the same address
+                echo = status[nodes[0].name]["actors"][0]
+                os.kill(echo["pid"], signal.SIGKILL)
+                with anyio.fail_after(60):
+                    while (restarted := agents.status()[nodes[0].name]["actors"][0])["state"] != "running" \
+                            or restarted["restarts"] < 1:
+                        await anyio.sleep(0.2)
+                assert restarted["address"] == echo["address"] and restarted["pid"] != echo["pid"]
+                items = [item async for item in head.ref(addresses["driver"]).stream(
+                    "run", {"run_folder": str(tmp_path)}, timeout_s=60)]
+                assert items[-1]["summary"]["steps"] == 3
             stranger_keys = CurveKeys.generate()
             stranger_keys = CurveKeys(keys.server_public, b"", stranger_keys.client_public,
                                       stranger_keys.client_secret)
