@@ -28,7 +28,6 @@ import struct
 import sys
 import threading
 import time
-import traceback
 import types
 
 sys.path.extend(sys.argv[1:])  # site-packages, when the interpreter runs with -S (no site hooks)
@@ -197,6 +196,7 @@ def _exec_python(req):
             print(exc.code, file=sys.stderr)
             code = 1
     except BaseException as exc:  # noqa: BLE001 - the code's own error, reported like python does
+        import traceback  # preloaded by warm workers; sessions never need it (their start is faster)
         traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
         code = 1
     try:

@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import os
 import posixpath
+import py_compile
 import shutil
 import tempfile
 import threading
@@ -43,6 +44,7 @@ from .warm import _REPLY_GRACE_S, JailedAgent, result_from_reply
 
 _AGENT_SOURCE = ((Path(__file__).parent / "_zygote.py").read_text() + "\n"
                  + (Path(__file__).parent / "_session_agent.py").read_text())
+_AGENT_DIR, _AGENT_MODULE = "/run/postrain-agent", "postrain_session_agent"
 _AGENT_MEMORY_MB = 48    # the agent and its helpers, on top of the session's memory_mb in the cgroup
 _AGENT_PROCESSES = 8     # the agent, the forwarder, one call's launcher and init, a file helper
 _MAX_SHAPES = 4          # jail shapes the pool keeps spares for (the most recently used)
@@ -132,12 +134,23 @@ def work_path(path: str) -> str:
 
 @functools.lru_cache(maxsize=1)
 def image_mounts() -> tuple[str, ...]:
-    """nsjail flags for the task image's /etc: the host's /etc/alternatives (symlinks that Debian
-    tools such as awk go through) and a passwd/group that name the sandbox user; nothing else of
-    the host's /etc. The files live in a temp folder removed when this process exits."""
+    """nsjail flags for what every session jail sees beside the read-only host mounts: in /etc the
+    host's /etc/alternatives (symlinks that Debian tools such as awk go through) and a
+    passwd/group that name the sandbox user, nothing else of the host's /etc; and the agent as a
+    module with its bytecode compiled here (at /run/postrain-agent, read-only), which saves every
+    jail start compiling it. The files live in a temp folder removed when this process exits."""
     folder = tempfile.mkdtemp(prefix="postrain-image-")
     atexit.register(shutil.rmtree, folder, True)
     os.chmod(folder, 0o755)
+    agent_dir = os.path.join(folder, "agent")
+    os.mkdir(agent_dir, 0o755)
+    agent = os.path.join(agent_dir, f"{_AGENT_MODULE}.py")
+    with open(agent, "w") as f:
+        f.write(_AGENT_SOURCE)
+    py_compile.compile(agent, doraise=True)  # for the host's Python; another one compiles in memory
+    for root, dirs, names in os.walk(agent_dir):
+        for name in dirs + names:
+            os.chmod(os.path.join(root, name), 0o755 if name in dirs else 0o644)
     files = {"passwd": f"root:x:0:0::/:/bin/false\nsandbox:x:{SANDBOX_UID}:{SANDBOX_UID}::/work:/bin/bash\n",
              "group": f"root:x:0:\nsandbox:x:{SANDBOX_UID}:\n"}
     flags = []
@@ -149,6 +162,7 @@ def image_mounts() -> tuple[str, ...]:
         flags += ["--bindmount_ro", f"{path}:/etc/{name}"]
     if os.path.isdir("/etc/alternatives"):
         flags += ["--bindmount_ro", "/etc/alternatives"]
+    flags += ["--bindmount_ro", f"{agent_dir}:{_AGENT_DIR}"]
     return tuple(flags)
 
 
@@ -183,8 +197,8 @@ class SessionJail(JailedAgent):
         argv = nsjail_argv(self.policy, cold=False, work_dir_size_mb=work_dir_size_mb, extra=tuple(extra),
                            memory_cap_mb=memory_mb + work_dir_size_mb + _AGENT_MEMORY_MB,
                            pids_cap=max_processes + _AGENT_PROCESSES)
-        return argv + [self.policy.python, *python_flags(self.policy), "-c", _AGENT_SOURCE,
-                       *site_paths(self.policy)]
+        boot = f"import sys; sys.path.insert(0, {_AGENT_DIR!r}); import {_AGENT_MODULE}"
+        return argv + [self.policy.python, *python_flags(self.policy), "-c", boot, *site_paths(self.policy)]
 
     def _config(self) -> dict:
         return {"uid": SANDBOX_UID, "gid": SANDBOX_UID, "env": dict(self.policy.env),

@@ -31,7 +31,8 @@ _HEADER = struct.Struct("<I")
 _ZYGOTE_SOURCE = (Path(__file__).parent / "_zygote.py").read_text() + "\nmain()\n"
 # Imported once in the zygote so that executed code finds them loaded (skipped where missing).
 DEFAULT_PRELOAD = ("json", "re", "math", "collections", "itertools", "functools", "random",
-                   "string", "heapq", "bisect", "dataclasses", "typing", "decimal", "fractions")
+                   "string", "heapq", "bisect", "dataclasses", "typing", "decimal", "fractions",
+                   "traceback")
 _START_TIMEOUT_S = 20.0
 _REPLY_GRACE_S = 5.0  # on top of wall_time_s before the host gives up on a worker
 
