@@ -88,11 +88,11 @@ def _bpf(code, jt, jf, k):
     return struct.pack("<HBBI", code, jt, jf, k)
 
 
-def install_seccomp():
-    """Kill the process on escape-relevant syscalls; clone3 says ENOSYS (libc falls back to clone)."""
+def _build_filter():
+    """The BPF program (bytes, number of instructions), or None off x86_64/aarch64."""
     machine = os.uname().machine
     if machine not in _AUDIT_ARCH:
-        return  # nsjail's own filter still applies
+        return None  # nsjail's own filter still applies
     col = 0 if machine == "x86_64" else 1
     LD_W_ABS, JEQ, JSET, RET = 0x20, 0x15, 0x45, 0x06
     kill, allow = _bpf(RET, 0, 0, _RET_KILL_PROCESS), _bpf(RET, 0, 0, _RET_ALLOW)
@@ -106,13 +106,23 @@ def install_seccomp():
     prog += [_bpf(JEQ, 0, 3, _NR_CLONE[col]), _bpf(LD_W_ABS, 0, 0, 16),  # args[0] low word
              _bpf(JSET, 0, 1, _CLONE_NS_FLAGS), kill]
     prog.append(allow)
-    blob = b"".join(prog)
+    return b"".join(prog), len(prog)
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+_FILTER = _build_filter()  # built once here, not in each run's child
+
+
+def install_seccomp():
+    """Kill the process on escape-relevant syscalls; clone3 says ENOSYS (libc falls back to clone)."""
+    if _FILTER is None:
+        return
+    blob, count = _FILTER
     buf = ctypes.create_string_buffer(blob)
-
-    class SockFprog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-    fprog = SockFprog(len(prog), ctypes.addressof(buf))
+    fprog = _SockFprog(count, ctypes.addressof(buf))
     PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
     _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
