@@ -147,7 +147,7 @@ class ClusterSection(_Strict):
     @field_validator("address")
     @classmethod
     def _check_address(cls, value: str) -> str:
-        if value != "auto" and not re.match(r"^(ray://)?[^\s:/]+:\d+$", value):
+        if value != "auto" and not re.match(r"^[^\s:/]+:\d+$", value):
             raise ValueError("must be 'auto' or HOST:PORT of the Ray head (e.g. '10.0.0.1:6379')")
         return value
 

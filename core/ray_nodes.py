@@ -59,14 +59,7 @@ def connect(section: ClusterSection) -> "RayCluster":
     the address and what to check) when it does not answer within connect_timeout_s."""
     address = section.address
     if address != "auto":
-        host, port = address.removeprefix("ray://").rsplit(":", 1)
-        try:
-            socket.create_connection((host, int(port)), timeout=section.connect_timeout_s).close()
-        except OSError as exc:
-            raise ClusterUnreachable(
-                f"no Ray cluster answers at [cluster] address = {address!r} ({exc.strerror or exc}); check "
-                "that `ray start --head` runs there, that the port is the head's GCS port (6379 by default), "
-                "and that this machine can reach it") from None
+        _check_gcs_answers(address, section.connect_timeout_s)
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="WARNING",
                  configure_logging=False)
@@ -76,6 +69,29 @@ def connect(section: ClusterSection) -> "RayCluster":
             f"no Ray cluster answers at [cluster] address = {address!r} ({first}); check that this machine "
             "belongs to a running cluster (`ray status`), or set address to the head's HOST:PORT") from None
     return RayCluster(address)
+
+
+def _check_gcs_answers(address: str, timeout_s: float) -> None:
+    """ClusterUnreachable unless a gRPC server (Ray's GCS speaks gRPC) answers at HOST:PORT
+    within timeout_s: `ray.init` itself waits minutes on a port that is open but not Ray's."""
+    import grpc
+
+    host, port = address.rsplit(":", 1)
+    fix = ("check that `ray start --head` runs there, that the port is the head's GCS port (6379 by "
+           "default), and that this machine can reach it")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ClusterUnreachable(f"no Ray cluster answers at [cluster] address = {address!r} "
+                                 f"({exc.strerror or exc}); {fix}") from None
+    channel = grpc.insecure_channel(address)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout_s)
+    except grpc.FutureTimeoutError:
+        raise ClusterUnreachable(f"no Ray cluster answers at [cluster] address = {address!r} (the port is "
+                                 f"open but did not answer as Ray's GCS within {timeout_s:g} s); {fix}") from None
+    finally:
+        channel.close()
 
 
 class RayCluster:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -111,3 +112,14 @@ def test_an_address_nobody_answers_at_fails_in_one_line_naming_it(tmp_path):
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert "no Ray cluster answers at [cluster] address = '127.0.0.1:9'" in result.stderr
     assert "ray start --head" in result.stderr
+
+
+def test_a_port_that_is_open_but_not_ray_fails_in_one_line_within_the_timeout(tmp_path):
+    with socket.socket() as listener:      # accepts connections (the backlog), never answers
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        doc = run_config(f"127.0.0.1:{listener.getsockname()[1]}")
+        doc["cluster"]["connect_timeout_s"] = 2
+        result = up(tmp_path, doc)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[-2000:]
+    assert "the port is open but did not answer as Ray's GCS within 2 s" in result.stderr
