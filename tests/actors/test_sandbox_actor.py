@@ -130,3 +130,37 @@ async def test_the_reaper_closes_sessions_whose_episode_vanished(tmp_path):
             await ref.ask("session_exec", {"session_id": opened["session_id"], "command": "true"})
     closes = [e for e in read_audit_log(tmp_path / "audit.jsonl") if e["kind"] == "session_close"]
     assert [e["reason"] for e in closes] == ["reaped"]
+
+
+@pytest.mark.slow
+@async_test
+async def test_the_balancer_grows_the_pool_for_sessions_waiting_to_open(tmp_path):
+    from postrain.actors.sandbox_actor import remote_session
+    from postrain.cli.balancer import Balancer
+    from postrain.cli.config import BalancerSection
+    from postrain.core import Inventory, Scheduler
+    config = BalancerSection(interval_s=0.2, grow_when_queued=1, grow_after_ticks=1, shrink_after_idle_s=60,
+                             min_workers=1, max_workers=3, worker_cpus=0.1)
+    scheduler = Scheduler(Inventory(cpu_ids=(0, 1), memory_mb=4096))
+    async with Supervisor.open(scheduler=scheduler, heartbeat_interval_s=0.2) as sup:
+        ref = await sup.start(sandbox_spec(tmp_path, num_workers=1, max_sessions_per_worker=1,
+                                           num_spare_sessions=1))
+        balancer = Balancer(sup, config)
+        outputs = []
+
+        async def episode(i):
+            async with remote_session(ref) as s:
+                outputs.append((await s.run(f"sleep 0.6; echo {i}")).stdout)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(balancer.run)
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as episodes:
+                    for i in range(3):
+                        episodes.start_soon(episode, i)
+            tg.cancel_scope.cancel()
+        grows = [d for d in balancer.decisions if d.action == "grow"]
+        assert grows and grows[0].figures["queued"] >= 1, balancer.decisions
+        assert sorted(outputs) == [b"0\n", b"1\n", b"2\n"]
+        stats = await ref.ask("stats")
+        assert stats["workers"] >= 2 and stats["max_sessions"] == stats["workers"]
