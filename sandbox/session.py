@@ -326,7 +326,6 @@ def _close_all(jails) -> None:
         jail.close()
 
 
-
 class Session:
     """One open session. Calls are serialized (one at a time); `close()` may come from any thread
     and ends a call in flight. Invariant: end_reason is None iff the session is open."""
@@ -381,24 +380,20 @@ class Session:
 
     def write_file(self, path: str, data: bytes | str) -> int:
         """Write a file under /work (parents made as needed); returns its size in bytes."""
-        relative = work_path(path)
-        data = data.encode() if isinstance(data, str) else bytes(data)
-        if len(data) > self.limits.max_file_size_mb * 1024 * 1024:
-            raise SessionFileError(f"write_file {path!r}: {len(data)} bytes exceed max_file_size_mb="
-                                   f"{self.limits.max_file_size_mb}; fix: write less or raise the limit")
-        self._file_request({"kind": "write_files", "files": {relative: data}}, path)
-        return len(data)
+        return self.write_files({path: data})
 
-    def write_files(self, files: dict[str, bytes | str]) -> None:
-        """Write several files at once (one call); used to lay a task's files into /work."""
+    def write_files(self, files: dict[str, bytes | str]) -> int:
+        """Write several files in one call (how a task's files are laid into /work); returns the
+        bytes written."""
         checked = {}
         for path, data in files.items():
             data = data.encode() if isinstance(data, str) else bytes(data)
             if len(data) > self.limits.max_file_size_mb * 1024 * 1024:
                 raise SessionFileError(f"file {path!r}: {len(data)} bytes exceed max_file_size_mb="
-                                       f"{self.limits.max_file_size_mb}; fix: raise the limit")
+                                       f"{self.limits.max_file_size_mb}; fix: write less or raise the limit")
             checked[work_path(path)] = data
         self._file_request({"kind": "write_files", "files": checked}, ", ".join(sorted(checked)))
+        return sum(len(data) for data in checked.values())
 
     # ------------------------------------------------------------ ending
     def close(self, reason: str = "closed") -> None:
