@@ -137,7 +137,8 @@ class RayCluster:
         except Exception as exc:
             for handle in handles.values():
                 ray.kill(handle)
-            raise PostrainError(f"the node agents did not start within {AGENT_START_TIMEOUT_S:g} s ({exc}); "
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise PostrainError(f"the node agents did not start (within {AGENT_START_TIMEOUT_S:g} s: {first}); "
                                 "check that postrain and the same Python are installed on every node") from None
         agents = Agents(handles, dict(zip(handles, addresses)))
         here = versions_here()
