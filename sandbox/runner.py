@@ -32,7 +32,8 @@ from typing import Callable
 from .audit import AuditLog
 from .policy import Policy, PolicyError, SandboxError, nsjail_argv, python_flags, site_paths
 from .result import ExecResult, Status, classify
-from .session import AsyncSession, Session, SessionLimits, SessionPool, open_session
+from .session import AsyncSession, Session, SessionLimits, open_session
+from .session_jail import SessionPool
 from .warm import DEFAULT_PRELOAD, WarmPool
 
 LANGUAGES = ("python",)
