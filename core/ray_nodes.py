@@ -121,7 +121,8 @@ class RayCluster:
 
     def start_agents(self, nodes: list[NodeInventory], *, keys: CurveKeys, run_tag: str, log_dir: str,
                      heartbeat_interval_s: float = 1.0, heartbeat_timeout_s: float = 30.0) -> "Agents":
-        """One NodeAgent on each of `nodes` (from `nodes()`), each READY with its supervisor."""
+        """One NodeAgent on each of `nodes` (from `nodes()`), each serving its supervisor, and each
+        running the head's Python and postrain versions (else PostrainError naming both)."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         agent_class = ray.remote(num_cpus=0, max_restarts=0)(NodeAgent)
@@ -133,14 +134,13 @@ class RayCluster:
                 heartbeat_interval_s, heartbeat_timeout_s)
         try:
             versions = ray.get([h.versions.remote() for h in handles.values()], timeout=AGENT_START_TIMEOUT_S)
-            addresses = ray.get([h.control_address.remote() for h in handles.values()], timeout=60)
         except Exception as exc:
             for handle in handles.values():
                 ray.kill(handle)
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise PostrainError(f"the node agents did not start (within {AGENT_START_TIMEOUT_S:g} s: {first}); "
                                 "check that postrain and the same Python are installed on every node") from None
-        agents = Agents(handles, dict(zip(handles, addresses)))
+        agents = Agents(handles)
         here = versions_here()
         for node, theirs in zip(handles, versions):
             if theirs != here:
@@ -156,16 +156,12 @@ class RayCluster:
 class Agents:
     """The run's node agents, by node name."""
 
-    def __init__(self, handles: dict, control_addresses: dict[str, str]):
-        self.handles = handles
-        self.control_addresses = control_addresses   # node -> its agent's supervisor socket
-        self.addresses: dict[str, str] = {}          # actor -> its inbox, for every node's registry
-        self.node_of: dict[str, str] = {}            # actor -> its node
+    def __init__(self, handles: dict):
+        self.handles = handles                       # node name -> its NodeAgent (a Ray actor handle)
 
     def start(self, spec: ActorSpec, node: str, timeout_s: float = 300.0) -> str:
         """Start `spec` on `node`'s agent; its address once READY. Every agent learns it."""
         address = ray.get(self.handles[node].start.remote(spec.model_dump()), timeout=timeout_s)
-        self.addresses[spec.name], self.node_of[spec.name] = address, node
         ray.get([h.add_peers.remote({spec.name: address}) for h in self.handles.values()], timeout=60)
         return address
 
@@ -227,9 +223,6 @@ class NodeAgent:
     def _call(self, fn, *args):
         import trio
         return trio.from_thread.run(fn, *args, trio_token=self._token)
-
-    def control_address(self) -> str:
-        return self.supervisor.address
 
     def versions(self) -> dict:
         return versions_here()
