@@ -151,6 +151,20 @@ def test_shared_prefix_sft_step_and_naive_logprob_path_equal_the_plain_ones():
     assert_same_step(lrn, "train_step", batch)
 
 
+def test_duplicates_and_samples_that_are_prefixes_of_others():
+    """Every suffix keeps at least one token: a sample equal to another, or to the start of
+    another, still trains (and scores) as on the plain path."""
+    a = list(range(10, 30))
+    ids = [a, a, a[:12], a + [5, 6], a[:2]]
+    batch = {"token_ids": ids, "loss_mask": [[0] * 3 + [1] * (len(x) - 3) if len(x) > 3 else [0, 1] for x in ids],
+             "behavior_logprobs": [[-5.0] * len(x) for x in ids], "advantages": [1.0, -1.0, 0.5, 0.2, -0.3]}
+    lrn = tiny_learner(micro_batch_size=5)
+    _, (mb,) = lrn._micro_batches(pack_batch(batch))
+    assert mb.shared.batch.prefix_mask.sum(-1).tolist() == [1, 19]       # {a[:2], a[:12]}, {a, a, a + ..}
+    assert int(mb.shared.batch.suffix_mask.sum(-1).min()) == 1
+    assert_same_step(lrn, "train_step", batch)
+
+
 def test_samples_that_share_nothing_take_the_plain_path():
     batch = group_batch(5, num_groups=6, group_size=1)
     lrn = tiny_learner(micro_batch_size=3)
