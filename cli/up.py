@@ -33,6 +33,10 @@ head.json (the head's address and metrics URL, for `postrain status` and
 `down`), logs/ (one log per actor), and whatever the actors write (metrics,
 checkpoints, summary.json).
 
+With a `[cluster]` section the actors run on the nodes of a Ray cluster instead: the plan
+is printed node by node, one node agent per node starts each actor on its node, and the
+head follows the driver there (cli/cluster_up.py, docs/cluster.md).
+
 `postrain up --resume RUN_DIR` starts the run in RUN_DIR again from its
 config.toml and asks the driver to continue from the run's last checkpoint
 (the orchestrator's resume: actors/orchestrator/driver.py). Actors die with their
@@ -47,7 +51,7 @@ import shutil
 import signal
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import AsyncExitStack, contextmanager
 from pathlib import Path
 
 import anyio
@@ -55,9 +59,11 @@ import anyio
 from postrain.core.errors import ActorError, ActorStartError, ConfigError, PostrainError
 from postrain.core.scheduler import Scheduler
 from postrain.core.supervisor import Supervisor, run_tag_for
+from postrain.core.transport import CurveKeys
 from postrain.core.wire import process_lives
 
 from .balancer import Balancer
+from .cluster_up import ClusterLaunch, node_agents, plan_on_cluster, start_on_node
 from .config import UpConfig, load_up_config
 from .monitor import RunMonitor
 from .tracking import RunTracking
@@ -120,33 +126,6 @@ def resume_config(run_folder: Path) -> UpConfig:
 
 
 
-def plan_on_cluster(config: UpConfig, path: Path, dry_run: bool) -> int:
-    """A config with `[cluster]`: join the Ray cluster, place every actor on its nodes and print
-    the plan node by node. Raises PostrainError (one line: an unreachable address, a spec that
-    fits on no node). Starting the run on the nodes is not wired into `postrain up` yet."""
-    from postrain.core.cluster import ClusterScheduler, describe_plan
-    try:
-        from postrain.core import ray_nodes
-    except ImportError as exc:
-        raise PostrainError(f"a [cluster] section needs Ray ({exc}): pip install 'postrain[cluster]'") from None
-
-    cluster = ray_nodes.connect(config.cluster)
-    try:
-        nodes = cluster.nodes()
-        groups = {name: group for group, names in config.replica_groups().items() for name in names}
-        plan = ClusterScheduler(nodes).plan(config.actors, groups)
-    finally:
-        cluster.disconnect()
-    print(f"postrain up: {path} -> {len(plan)} actors on {len(nodes)} nodes of {config.cluster.address}")
-    for line in describe_plan(plan, nodes):
-        print(f"  {line}")
-    if dry_run:
-        return 0
-    print("postrain up: starting a run across a cluster is not built yet; `--dry-run` shows the plan, and "
-          "postrain.core.ray_nodes starts node agents and actors from Python (docs/cluster.md)", file=sys.stderr)
-    return 2
-
-
 def main(args) -> int:
     path = Path(args.config) if args.config else default_config_path()
     if args.resume:
@@ -155,16 +134,18 @@ def main(args) -> int:
         config = resume_config(Path(args.resume)) if args.resume else load_up_config(path)
         if args.run_dir and not args.resume:
             config.run.run_dir = args.run_dir
-        if config.cluster is not None:
-            return plan_on_cluster(config, path, args.dry_run)
-        plan = Scheduler().plan(config.actors)
+        launch = plan_on_cluster(config, path) if config.cluster is not None else None
+        plan = Scheduler().plan(config.actors) if launch is None else []
     except (ConfigError, PostrainError) as exc:
         print(f"postrain up: {exc}", file=sys.stderr)
         return 2
-    print(f"postrain up: {path} -> {len(plan)} actors")
+    if launch is None:
+        print(f"postrain up: {path} -> {len(plan)} actors")
     for placement in plan:
         print(f"  {placement.describe()}")
     if args.dry_run:
+        if launch is not None:
+            launch.cluster.disconnect()
         return 0
     try:
         folder = prepare_run_folder(config)
@@ -186,14 +167,15 @@ def main(args) -> int:
             print(f"postrain up: {exc}", file=sys.stderr)
             return 2
         with tracking:
-            return _run_and_report(config, folder, monitor, bool(args.resume))
+            return _run_and_report(config, folder, monitor, bool(args.resume), launch)
 
 
-def _run_and_report(config: UpConfig, folder: Path, monitor: RunMonitor, resume: bool) -> int:
+def _run_and_report(config: UpConfig, folder: Path, monitor: RunMonitor, resume: bool,
+                    launch: ClusterLaunch | None = None) -> int:
     """The run's exit status; an actor's failure as one line per cause, not a traceback."""
     status = 1  # what an actor that failed leaves
     try:
-        status = anyio.run(_run, config, folder, monitor, resume, backend="trio")
+        status = anyio.run(_run, config, folder, monitor, resume, launch, backend="trio")
     except* ActorStartError as group:  # one line per cause, not a traceback of task groups
         for exc in _leaves(group):
             print(f"postrain up: {describe_start_error(exc)}", file=sys.stderr)
@@ -265,28 +247,43 @@ class _Stopper:
             print(f"received {name}; already stopping", flush=True)
 
 
-async def _run(config: UpConfig, folder: Path, monitor: RunMonitor, resume: bool = False) -> int:
+async def _run(config: UpConfig, folder: Path, monitor: RunMonitor, resume: bool = False,
+               launch: ClusterLaunch | None = None) -> int:
     """Start the actors, follow the run, stop them. Cancelled (a failed start): every actor is
     stopped and head.json removed all the same; a second signal cancels only the run's scope."""
     stopper = _Stopper()
     try:
         with stopper.installed():
-            status = await _run_actors(config, folder, monitor, resume, stopper)
+            status = await _run_actors(config, folder, monitor, resume, stopper, launch)
     finally:
         (folder / "head.json").unlink(missing_ok=True)
     return 128 + stopper.signum if stopper.signum is not None else status
 
 
 async def _run_actors(config: UpConfig, folder: Path, monitor: RunMonitor, resume: bool,
-                      stopper: _Stopper) -> int:
-    """Start every actor in config order, then follow the driver or serve until asked to stop.
-    Cancelled: leaving the supervisor stops every actor started so far (shielded), kills their
-    process groups and removes the run's shared memory."""
+                      stopper: _Stopper, launch: ClusterLaunch | None = None) -> int:
+    """Start every actor in config order (with `launch`: on its node, through the node agents),
+    then follow the driver or serve until asked to stop. Cancelled: leaving the supervisor (and
+    the agents) stops every actor started so far (shielded), kills their process groups and
+    removes the run's shared memory."""
     status = 0
     async with Supervisor.open(heartbeat_interval_s=config.head.heartbeat_interval_s,
                                heartbeat_timeout_s=config.head.heartbeat_timeout_s,
                                bind=config.head.bind, log_dir=str(folder / "logs"),
-                               run_tag=run_tag_for(str(folder.resolve()))) as supervisor:
+                               keys=CurveKeys.generate() if launch is not None else None,
+                               run_tag=run_tag_for(str(folder.resolve()))) as supervisor, \
+            AsyncExitStack() as stack:
+        if launch is None:
+            async def start(spec):
+                """One actor on this host. Cancelled: it is killed (Supervisor.start)."""
+                await supervisor.start(spec)
+                return f"  started {spec.name} (pid {supervisor.records[spec.name].pid})"
+        else:
+            agents = await stack.enter_async_context(node_agents(launch, supervisor, folder))
+
+            async def start(spec):
+                """One actor on its node. Cancelled: see start_on_node."""
+                return await start_on_node(agents, launch, spec, supervisor)
         with anyio.CancelScope() as scope:
             stopper.attach(supervisor, scope)
             monitor.attach(supervisor)
@@ -295,7 +292,7 @@ async def _run_actors(config: UpConfig, folder: Path, monitor: RunMonitor, resum
                 "metrics_url": monitor.metrics_url, "run_tag": supervisor.run_tag}))
             if monitor.metrics_url:
                 print(f"  metrics: {monitor.metrics_url}", flush=True)
-            if await _start_actors(supervisor, config):
+            if await _start_actors(supervisor, config, start):
                 status = await _serve(config, folder, monitor, resume, supervisor)
             else:
                 print("stopped during start-up; `postrain up --resume` continues the run", flush=True)
@@ -303,10 +300,11 @@ async def _run_actors(config: UpConfig, folder: Path, monitor: RunMonitor, resum
     return status
 
 
-async def _start_actors(supervisor: Supervisor, config: UpConfig) -> bool:
-    """Start the actors in config order; False when a stop was asked (`postrain down`, a
-    signal) before all were READY. Raises ActorStartError. Cancelled: the actor being started
-    is killed (Supervisor.start); those started stay, for the supervisor's shutdown."""
+async def _start_actors(supervisor: Supervisor, config: UpConfig, start) -> bool:
+    """Start the actors in config order (`start(spec)` -> its progress line); False when a stop
+    was asked (`postrain down`, a signal) before all were READY. Raises ActorStartError.
+    Cancelled: the actor being started is killed (Supervisor.start; on a cluster it may start
+    all the same); those started stay, for the supervisor's (and the agents') shutdown."""
     async with anyio.create_task_group() as tg:
         async def cancel_on_shutdown():
             """Stop starting actors once a stop is asked. Cancelled: nothing to undo."""
@@ -314,8 +312,7 @@ async def _start_actors(supervisor: Supervisor, config: UpConfig) -> bool:
             tg.cancel_scope.cancel()
         tg.start_soon(cancel_on_shutdown)
         for spec in config.actors:
-            await supervisor.start(spec)
-            print(f"  started {spec.name} (pid {supervisor.records[spec.name].pid})", flush=True)
+            print(await start(spec), flush=True)
         tg.cancel_scope.cancel()
     return not supervisor.shutdown_requested.is_set()
 

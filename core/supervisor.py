@@ -228,11 +228,12 @@ class Supervisor:
         return os.path.join(self.log_dir, f"{name}.log") if self.log_dir else None
 
     def ref(self, name: str) -> ActorRef:
+        """A (cached) reference to actor `name`: one of this supervisor's, or a peer's."""
         record = self.records.get(name)
-        if record is None:
-            raise KeyError(f"no actor named {name!r}; known: {sorted(self.records)}")
+        if record is None and name not in self.peers:
+            raise KeyError(f"no actor named {name!r}; known: {sorted({*self.records, *self.peers})}")
         if name not in self._refs:
-            self._refs[name] = self.node.ref(record.address, name)
+            self._refs[name] = self.node.ref(record.address if record else self.peers[name], name)
         return self._refs[name]
 
     async def stop(self, name: str) -> None:

@@ -1,10 +1,12 @@
 """A local Ray cluster of two nodes on this machine (ray.cluster_utils.Cluster): one node agent
 per node starts real actor processes, which talk to each other over tcp + CurveZMQ; a peer
-without the run's key is refused; an actor killed on its node is restarted there; `postrain up --dry-run` prints the plan node by node, and
+without the run's key is refused; an actor killed on its node is restarted there; `postrain up`
+runs a driven run with its actors on both nodes; `postrain up --dry-run` prints the plan node by node, and
 an address nobody answers at fails with one line."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -89,37 +91,55 @@ async def test_agents_on_two_nodes_run_actors_that_talk_over_tcp_curve_and_refus
         cluster.disconnect()
 
 
-def up(tmp_path, doc: dict) -> subprocess.CompletedProcess:
+def up_dry_run(tmp_path, doc: dict, capsys) -> tuple[int, str, str]:
+    """`postrain up --dry-run` in this process: (exit status, stdout, stderr)."""
+    from postrain.cli.main import main
+
     (tmp_path / "run.toml").write_text(to_toml(doc))
-    return subprocess.run([sys.executable, "-m", "postrain.cli", "up", "--dry-run", "--config",
-                           str(tmp_path / "run.toml")], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    capsys.readouterr()
+    status = main(["up", "--dry-run", "--config", str(tmp_path / "run.toml")])
+    out = capsys.readouterr()
+    return status, out.out, out.err
 
 
-def test_up_dry_run_prints_the_plan_node_by_node(two_nodes, tmp_path):
-    result = up(tmp_path, run_config(two_nodes.address))
-    assert result.returncode == 0, result.stderr[-2000:]
-    lines = [line.strip() for line in result.stdout.splitlines()]
+def test_up_dry_run_prints_the_plan_node_by_node(two_nodes, tmp_path, capsys):
+    status, out, err = up_dry_run(tmp_path, run_config(two_nodes.address), capsys)
+    assert status == 0, err[-2000:]
+    lines = [line.strip() for line in out.splitlines()]
     assert f"-> 2 actors on 2 nodes of {two_nodes.address}" in lines[0]
     node_lines = [i for i, line in enumerate(lines) if line.startswith("node ")]
     assert len(node_lines) == 2 and lines[node_lines[0] + 1].startswith("echo: cores [0]")
     assert lines[node_lines[1] + 1].startswith("driver: cores [0]")
+    assert not ray.is_initialized()      # a dry run leaves the cluster
 
 
-def test_an_address_nobody_answers_at_fails_in_one_line_naming_it(tmp_path):
-    doc = run_config("127.0.0.1:9")
-    result = up(tmp_path, doc)
-    assert result.returncode == 2
-    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
-    assert "no Ray cluster answers at [cluster] address = '127.0.0.1:9'" in result.stderr
-    assert "ray start --head" in result.stderr
+def test_up_runs_a_driven_run_with_its_actors_on_two_nodes(two_nodes, tmp_path):
+    doc = run_config(two_nodes.address)
+    doc["run"].update(name="spread", run_dir=str(tmp_path / "runs"))
+    (tmp_path / "run.toml").write_text(to_toml(doc))
+    result = subprocess.run([sys.executable, "-m", "postrain.cli", "up", "--quiet", "--config",
+                             str(tmp_path / "run.toml")], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    started = dict(re.findall(r"started (\w+) on node (\S+) \(tcp://", result.stdout))
+    assert set(started) == {"echo", "driver"} and started["echo"] != started["driver"]
+    assert '"steps": 3' in result.stdout and "stopping actors" in result.stdout
+    logs = tmp_path / "runs" / "spread" / "logs"
+    assert (logs / "echo.log").exists() and (logs / "driver.log").exists()
 
 
-def test_a_port_that_is_open_but_not_ray_fails_in_one_line_within_the_timeout(tmp_path):
+def test_an_address_nobody_answers_at_fails_in_one_line_naming_it(tmp_path, capsys):
+    status, _, err = up_dry_run(tmp_path, run_config("127.0.0.1:9"), capsys)
+    assert status == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert "no Ray cluster answers at [cluster] address = '127.0.0.1:9'" in err
+    assert "ray start --head" in err
+
+
+def test_a_port_that_is_open_but_not_ray_fails_in_one_line_within_the_timeout(tmp_path, capsys):
     with socket.socket() as listener:      # accepts connections (the backlog), never answers
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         doc = run_config(f"127.0.0.1:{listener.getsockname()[1]}")
-        doc["cluster"]["connect_timeout_s"] = 2
-        result = up(tmp_path, doc)
-    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[-2000:]
-    assert "the port is open but did not answer as Ray's GCS within 2 s" in result.stderr
+        doc["cluster"]["connect_timeout_s"] = 1
+        status, _, err = up_dry_run(tmp_path, doc, capsys)
+    assert status == 2 and err.count("\n") == 1, err[-2000:]
+    assert "the port is open but did not answer as Ray's GCS within 1 s" in err
