@@ -216,6 +216,7 @@ def test_postrain_eval_prints_the_accuracy_of_a_dataset_task(data):
     assert bad.returncode != 0 and "nope.jsonl does not exist" in bad.stderr
 
 
+@pytest.mark.slow
 def test_a_short_run_on_a_dataset_task_drops_only_the_samples_whose_reward_raised_or_hung_and_is_tracked(
         data, run_task, monkeypatch):
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")   # reading the run's local MLflow store

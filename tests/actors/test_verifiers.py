@@ -122,6 +122,7 @@ def test_a_bad_taskset_is_named(tasksets):
         get_task("verifiers").eval_tasks({"taskset": "vf_tasks:nope"})
 
 
+@pytest.mark.slow
 def test_a_short_run_on_a_verifiers_taskset_balances_its_ledger(tasksets, monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     from task_runs import run_task   # tests/actors/task_runs.py
