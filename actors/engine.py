@@ -40,14 +40,23 @@ import numpy as np
 import torch
 
 from postrain.actors.model import Float16Weights, LlamaModel, PagedBatch
-from postrain.actors.sampling import SamplingParams, make_generator, sample_rows, verify_drafts
-from postrain.actors.speculative import SpeculativeOptions, make_proposer, next_num_draft_tokens
+from postrain.actors.sampling import SamplingParams, make_generator, sample_rows, verify_rows
+from postrain.actors.speculative import Proposer, SpeculativeOptions, make_proposer, next_num_draft_tokens
 from postrain.core.errors import PostrainError
 from postrain.ext import KVBlockPool, OutOfBlocksError
 
 
 class EngineError(PostrainError, ValueError):
     """A request or engine setting the engine cannot serve."""
+
+
+def _verify_width(num_drafts: list[int]) -> int:
+    """Drafted tokens per sequence that one step verifies at most: the largest w that at least
+    half the batch drafts. Every row of the verify forward is as wide as the widest (1 + w
+    positions), so a few drafting sequences must not widen a large batch that drafts
+    nothing (at batch 32 a 5-position forward costs ~2x a decode step on this CPU)."""
+    ranked = sorted(num_drafts, reverse=True)
+    return ranked[(len(ranked) - 1) // 2] if ranked else 0
 
 
 @dataclass
@@ -122,11 +131,13 @@ class Engine:
                  num_blocks: int | None = None, kv_cache_mb: float = 256.0, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 4096, enable_prefix_caching: bool = True,
                  policy_version: int = 0, seed: int = 0, weight_precision: str = "float32",
-                 speculative: SpeculativeOptions | None = None):
+                 speculative: SpeculativeOptions | None = None, proposer: Proposer | None = None):
         """weight_precision: "float32" multiplies by the model's own weights (what the learner
         scores); "float16" by float16 copies of them (`model.Float16Weights`: x86 CPU, half the
         weight bytes per token, logprobs off by the rounding of the weights).
-        speculative: draft and verify tokens (`postrain.actors.speculative`); None = off."""
+        speculative: draft and verify tokens (`postrain.actors.speculative`); None = off.
+        proposer: where drafts come from, in place of the one `speculative.method` names (any
+        object with the `Proposer` methods)."""
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise EngineError(f"max_num_seqs and max_num_batched_tokens must be >= 1, got "
                               f"{max_num_seqs} and {max_num_batched_tokens}")
@@ -150,7 +161,10 @@ class Engine:
         # Invariant: None, or float16 copies of the model's current weights (refreshed per step).
         self._float16_weights = Float16Weights(model) if weight_precision == "float16" else None
         self.speculative = speculative
-        self._proposer = make_proposer(speculative) if speculative is not None else None
+        if proposer is not None and speculative is None:
+            raise EngineError("a proposer needs speculative options (num_draft_tokens, adaptive); "
+                              "pass speculative=SpeculativeOptions(...) too")
+        self._proposer = proposer or (make_proposer(speculative) if speculative is not None else None)
         self._rng = torch.Generator().manual_seed(seed)
         self._ids = itertools.count()
         self._waiting: deque[_Prefill] = deque()     # FIFO; preempted sequences re-enter at the front
@@ -337,6 +351,9 @@ class Engine:
             room = min(seq.num_draft_tokens, params.max_new_tokens - len(seq.output.token_ids) - 1,
                        limit - len(seq.token_ids))
             seq.drafts = self._proposer.propose(seq.token_ids, seq.request.prompt_key, room) if room > 0 else []
+        width = _verify_width([len(s.drafts) for s in self._running])
+        for seq in self._running:
+            del seq.drafts[width:]
         self.counters["draft_s"] += time.perf_counter() - start
 
     def _copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
@@ -479,14 +496,14 @@ class Engine:
 
     def _verify_and_advance(self, seqs: list[_Sequence], logits: torch.Tensor,
                             finished: list[RequestOutput]) -> None:
-        """Keep each sequence's accepted drafts and one token more (`verify_drafts`), roll the
+        """Keep each sequence's accepted drafts and one token more (`verify_rows`), roll the
         rejected drafts' slots back, and adapt its k. logits (B, T, V) from `_forward_verify`."""
         options = self.speculative
-        for row, seq in enumerate(seqs):
+        verdicts = verify_rows(logits, [s.drafts for s in seqs], [s.request.params for s in seqs],
+                               [s.generator for s in seqs])
+        for seq, (tokens, logprobs) in zip(seqs, verdicts):
             drafts = seq.drafts
             seq.drafts = []
-            tokens, logprobs = verify_drafts(logits[row, :len(drafts) + 1], drafts, seq.request.params,
-                                             seq.generator)
             num_accepted = len(tokens) - 1
             self.counters["num_drafted_tokens"] += len(drafts)
             self.counters["num_accepted_tokens"] += num_accepted

@@ -75,13 +75,28 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams],
     return tokens.tolist(), logprobs.tolist()
 
 
-def verify_drafts(logits: torch.Tensor, drafts: list[int], params: SamplingParams,
-                  generator: torch.Generator) -> tuple[list[int], list[float]]:
-    """Speculative sampling of one sequence: which drafted tokens to keep, and one more token.
+def verify_rows(logits: torch.Tensor, drafts: list[list[int]], params: list[SamplingParams],
+                generators: list[torch.Generator]) -> list[tuple[list[int], list[float]]]:
+    """Speculative sampling of a batch: for each sequence b, which of drafts[b] to keep and one
+    token more, with their logprobs (as `sample_rows` defines them).
 
-    logits (len(drafts) + 1, V): row i scores the position of drafts[i] (the last row, the
-    position after every draft). Returns the emitted tokens (the accepted drafts, then one
-    token of the target's own) and their logprobs, as `sample_rows` defines them.
+    logits (B, T, V), T >= 1 + len(drafts[b]): row b, column i scores the position of
+    drafts[b][i] (column len(drafts[b]), the position after every draft). Temperature scaling
+    and log_softmax run once over the batch; `verify_drafts` decides each sequence.
+    """
+    z = logits.float().cpu()
+    temps = torch.tensor([p.logprob_temperature for p in params])
+    if bool((temps != 1.0).any()):
+        z = z / temps[:, None, None]                                         # (B, T, V)
+    log_probs = torch.log_softmax(z.double(), dim=-1)                        # (B, T, V)
+    return [verify_drafts(z[b, :len(d) + 1], log_probs[b, :len(d) + 1], d, p, g)
+            for b, (d, p, g) in enumerate(zip(drafts, params, generators))]
+
+
+def verify_drafts(z: torch.Tensor, log_probs: torch.Tensor, drafts: list[int], params: SamplingParams,
+                  generator: torch.Generator) -> tuple[list[int], list[float]]:
+    """One sequence's verify rule. z (k + 1, V) float32 logits over the temperature; log_probs
+    its log_softmax (float64); row i scores the position of drafts[i], row k the one after.
 
     The drafts are point masses (q(x) = 1 for the drafted x), so the rule of speculative
     sampling, accept x with probability min(1, p(x) / q(x)) and on rejection draw from the
@@ -93,11 +108,6 @@ def verify_drafts(logits: torch.Tensor, drafts: list[int], params: SamplingParam
     accepts a draft iff it is the argmax and emits the argmax at the first mismatch: the
     tokens of plain greedy decoding.
     """
-    z = logits.float().cpu()
-    temperature = params.logprob_temperature
-    if temperature != 1.0:
-        z = z / temperature                                                  # (k + 1, V)
-    log_probs = torch.log_softmax(z.double(), dim=-1)                        # (k + 1, V)
     tokens: list[int] = []
     for row in range(len(drafts) + 1):
         draft = drafts[row] if row < len(drafts) else None

@@ -27,7 +27,7 @@ shrinks by 1 (never below 1, never above `num_draft_tokens`).
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -60,6 +60,16 @@ class SpeculativeOptions(Options):
         return self
 
 
+class Proposer(Protocol):
+    """What the engine asks of a draft source (deterministic drafts: token ids, no distribution)."""
+
+    def propose(self, token_ids: list[int], prompt_key: tuple[int, ...], k: int) -> list[int]:
+        """Up to k drafted tokens to follow token_ids (the prompt, then what was generated)."""
+
+    def record(self, prompt_key: tuple[int, ...], completion_ids: list[int]) -> None:
+        """A finished sample of the prompt whose token ids are prompt_key."""
+
+
 def next_num_draft_tokens(k: int, num_drafted: int, num_accepted: int, k_max: int) -> int:
     """A sequence's draft length after a verify step that drafted and accepted these many."""
     if num_drafted == 0:
@@ -90,11 +100,10 @@ class NgramProposer:
         self.min_ngram, self.max_ngram = options.min_ngram, options.max_ngram
 
     def propose(self, token_ids: list[int], prompt_key: tuple[int, ...], k: int) -> list[int]:
-        """Up to k drafted tokens to follow token_ids (prompt + generated so far)."""
         return self._lookup([np.asarray(token_ids)], np.asarray(token_ids[-self.max_ngram:]), k)
 
     def record(self, prompt_key: tuple[int, ...], completion_ids: list[int]) -> None:
-        """A finished sample of the prompt (ignored: this proposer looks only at its own text)."""
+        """Ignored: this proposer looks only at the sequence's own text."""
 
     def _lookup(self, texts: list[np.ndarray], suffix: np.ndarray, k: int) -> list[int]:
         """The first text, in order, holding the longest suffix n-gram; its continuation."""
@@ -135,5 +144,5 @@ class RolloutProposer(NgramProposer):
             self._rollouts.popitem(last=False)
 
 
-def make_proposer(options: SpeculativeOptions) -> NgramProposer:
+def make_proposer(options: SpeculativeOptions) -> Proposer:
     return {"ngram": NgramProposer, "rollouts": RolloutProposer}[options.method](options)

@@ -34,7 +34,9 @@ Figures (tokens/s = generated tokens over wall time, prefill included; medians o
 - kv_utilization (ours only): mean over decode steps of the batch-32 runs of
   token slots holding KV over slots of the blocks held (shared blocks once);
 - grpo_prompt_kv_copies (ours only): physical copies of the prompt's KV in the
-  16-sample group (1.0 = stored once).
+  16-sample group (1.0 = stored once);
+- speculative decoding (spec_*; `postrain.bench.speculative`): ours with drafted and
+  verified tokens against ours without, on replayed agentic turns and chat prompts.
 """
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ import torch
 from postrain.actors.checkpoint import load_model, save_checkpoint
 from postrain.actors.engine import Engine
 from postrain.actors.sampling import SamplingParams
+from postrain.bench.speculative import speculative_rows
 
 QUESTIONS = [
     "What is 17 + 25?", "Write a Python function that reverses a string.", "Name three prime numbers.",
@@ -217,6 +220,9 @@ def run(quick: bool) -> dict:
     results["logprob_gap_fp16w_mean"] = float(f"{float(fp16_gaps.mean()):.3g}")
     results["logprob_gap_fp16w_max"] = float(f"{float(fp16_gaps.max()):.3g}")
     results["logprob_gap_fp32_max"] = float(f"{float(_logprob_gaps(model, fp32_outputs).max()):.3g}")
+    spec_results, spec_peer = speculative_rows(model, tokenizer, lambda n: _prompts(tokenizer, n), quick)
+    results.update(spec_results)
+    peer.update(spec_peer)
     largest = batches[-1]
     model16, hf16 = model.to(torch.bfloat16), hf.to(torch.bfloat16)   # last: in place
     prompts = _prompts(tokenizer, largest)
