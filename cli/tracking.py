@@ -39,8 +39,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from postrain.core.errors import PostrainError
 
 log = logging.getLogger("postrain.tracking")
-BACKENDS = ("wandb", "mlflow", "trackio")
-_EXTRAS = {"wandb": "wandb", "mlflow": "mlflow", "trackio": "trackio"}
 
 
 class TrackingSection(BaseModel):
@@ -190,7 +188,7 @@ class RunTracking:
                 self.trackers[backend] = _CLASSES[backend](self.section, self.folder, self.name, self.config)
             except ImportError as exc:
                 raise PostrainError(f"[tracking] backend {backend!r} is not installed ({exc}); fix: "
-                                    f"pip install 'postrain[{_EXTRAS[backend]}]'") from None
+                                    f"pip install 'postrain[{backend}]'") from None
             except Exception as exc:  # noqa: BLE001 - a tracker's own error, named
                 raise PostrainError(f"[tracking] backend {backend!r} did not open: "
                                     f"{type(exc).__name__}: {exc}") from None

@@ -27,6 +27,7 @@ names closest to it.
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import itertools
@@ -34,7 +35,7 @@ import json
 import random
 from typing import Any, Iterator
 
-from pydantic import ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic import Field, create_model, field_validator, model_validator
 
 from postrain.core import Options
 
@@ -82,7 +83,6 @@ def check_config(family: str, config: dict) -> dict:
 
 
 def generator_fields(family: str) -> list[str]:
-    import dataclasses
     from reasoning_gym.factory import DATASETS
     return [f.name for f in dataclasses.fields(DATASETS[family][1]) if f.name not in _RESERVED]
 
