@@ -20,8 +20,12 @@ the same prompt lands on the same side wherever it occurs. Training walks the tr
 epochs, each shuffled by (seed, epoch); evaluation takes the first `num_eval` held-out rows in
 file order.
 
-The episode is single-turn: the prompt (after `system_prompt`, if set), one assistant turn, its
-reward. A reward that raises or hangs fails only its sample (`rewards.py`'s failure rule).
+The episode is single-turn by default: the prompt (after `system_prompt`, if set), one assistant
+turn, its reward. With `max_tool_calls` > 0 it is multi-turn: the model may run Python in the
+sandbox (`<python>...</python>`, the output comes back as the next user turn, the tool format of
+`actors/tools.py`) up to that many times, then answers (`<answer>...</answer>`); the turn that
+is not a tool call is scored, and an episode that runs out of turns is worth 0. A reward that
+raises or hangs fails only its sample (`rewards.py`'s failure rule).
 """
 from __future__ import annotations
 
@@ -38,7 +42,8 @@ from pydantic import Field, field_validator
 from postrain.core import Options
 from postrain.core.errors import PostrainError
 
-from ..environment import Environment, EnvironmentContractError, StepResult, validate_observation
+from ..environment import Environment, EnvironmentContractError, Reward, StepResult, validate_observation
+from ..tools import TOOL_INSTRUCTIONS, format_observation, format_tool_output, parse_action
 from .rewards import RewardError, RewardFunction, load_reward
 
 SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")
@@ -68,7 +73,10 @@ class DatasetOptions(Options):
     reward_timeout_s: float = Field(30.0, gt=0, description="a reward call past this fails its sample, "
                                     "seconds")
     system_prompt: str | None = Field(None, description="a system message before every prompt")
-    max_turns: int = Field(1, ge=1, le=1, description="single-turn: one assistant turn per episode")
+    max_tool_calls: int = Field(0, ge=0, description="Python runs in the sandbox the model may make "
+                                "before it answers (<python>...</python>, then <answer>...</answer>); "
+                                "0: single-turn, no sandbox unless the reward needs one")
+    tool_timeout_s: float = Field(5.0, gt=0, description="wall-time limit of one Python run, seconds")
 
     @field_validator("reward")
     @classmethod
@@ -211,37 +219,60 @@ def eval_tasks(options: dict | None = None) -> list[dict]:
 
 # --------------------------------------------------------------------------- the environment
 class DatasetEnv(Environment):
-    """One prompt from a dataset row, one answer, scored by the task's reward function."""
+    """A prompt from a dataset row, answered in one turn (or after up to `max_tool_calls` Python
+    runs in the sandbox), scored by the task's reward function."""
 
     max_turns = 1
     options_model = DatasetOptions
 
     @classmethod
     def needs_sandbox(cls, options: dict) -> bool:
-        """Only the `code_tests` reward runs code."""
-        return load_reward(options.get("reward", "exact")).uses_sandbox
+        """The `code_tests` reward and the Python tool run code."""
+        return load_reward(options.get("reward", "exact")).uses_sandbox or options.get("max_tool_calls", 0) > 0
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.reward: RewardFunction = load_reward(self.options.get("reward", "exact"))
+        self.max_tool_calls = int(self.options.get("max_tool_calls", 0))
+        self.max_turns = self.max_tool_calls + 1
 
     async def reset(self, task: dict) -> list[dict]:
-        """The prompt's messages. Does not wait (cancel-safe)."""
+        """The prompt's messages (the tool instructions first when the tool is offered). Does
+        not wait (cancel-safe)."""
         self.example = task["example"]
+        self.num_tool_calls = 0
         prompt = self.example[self.options.get("prompt_field", "prompt")]
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-        if self.options.get("system_prompt"):
-            messages.insert(0, {"role": "system", "content": self.options["system_prompt"]})
+        system = [text for text in (TOOL_INSTRUCTIONS if self.max_tool_calls else None,
+                                    self.options.get("system_prompt")) if text]
+        if system:
+            messages.insert(0, {"role": "system", "content": "\n\n".join(system)})
         return messages
 
     async def step(self, action: str) -> StepResult:
-        """Score the answer. Raises RewardFailure (the sample is dropped). Cancellation: no
-        reward; a sync reward's thread runs on to its end."""
+        """Run a tool call, or score the answer. Raises RewardFailure (the sample is dropped).
+        Cancellation: no result; a sandbox run or a sync reward's thread ends on its own."""
+        if self.max_tool_calls:
+            parsed = parse_action(action)
+            if parsed.kind == "tool_call":
+                return await self._run_tool(parsed.content)
         sandbox = self.require_sandbox() if self.reward.uses_sandbox else None
         reward = await self.reward.score(action, self.example, sandbox=sandbox,
                                          answer_field=self.options.get("answer_field", "answer"),
                                          timeout_s=float(self.options.get("reward_timeout_s", 30.0)))
         return StepResult(None, True, reward)
+
+    async def _run_tool(self, code: str) -> StepResult:
+        if self.num_tool_calls >= self.max_tool_calls:
+            return StepResult(format_observation("No more tool calls: give your final answer between "
+                                                 "<answer> and </answer>."), False)
+        self.num_tool_calls += 1
+        result = await self.require_sandbox().exec(code, timeout_s=float(self.options.get("tool_timeout_s", 5.0)))
+        return StepResult(format_tool_output(result), False)
+
+    async def truncated(self) -> Reward:
+        """Out of turns without an answer: worth 0 (no component). Does not wait (cancel-safe)."""
+        return Reward()
 
 
 __all__ = ["DatasetEnv", "DatasetError", "DatasetOptions", "RewardError", "eval_tasks", "train_tasks"]

@@ -18,7 +18,7 @@ Built-ins (they read the reference answer from the example's answer field):
     math          math-verify: the completion's answer (\\boxed{...}, $...$ or the last number)
                   is mathematically equal to the reference (1/2 == 0.5 == \\frac{1}{2})
     code_tests    the reference is a Python test file (`test_*` functions); it runs against the
-                  completion's code (a ```python fence is stripped) in the sandbox
+                  final answer's code (a ```python fence is stripped) in the sandbox
 
 The final answer of a completion is the text of its last `<answer>...</answer>`, or the whole
 completion when it has none (`final_answer`).
@@ -157,7 +157,7 @@ async def _code_tests(completion: str, tests: Any, sandbox) -> dict[str, float]:
     if sandbox is None:
         raise RewardFailure("reward function 'code_tests' needs a sandbox and the environment has none; "
                             "fix: add a SandboxActor to the run (the dataset task then asks for it)")
-    report = await sandbox.run_tests(strip_fence(completion), str(tests))
+    report = await sandbox.run_tests(strip_fence(final_answer(completion)), str(tests))
     passed = report.get("passed") if isinstance(report, dict) else getattr(report, "passed", None)
     if passed is None:
         raise RewardFailure(f"the sandbox returned no test report: {str(report)[:200]}")

@@ -168,6 +168,32 @@ def test_code_tests_runs_the_reference_tests_on_the_completion_in_the_sandbox():
     assert good.components == {"correct": 1.0} and half.components == {"correct": 0.5}
 
 
+def test_with_a_python_tool_the_model_may_run_code_in_the_sandbox_before_it_answers(data):
+    from postrain.actors.environment import run_episode
+    from postrain.sandbox import Sandbox
+    spec = get_task("dataset")
+    opts = options(data, reward="last_integer", max_tool_calls=1, eval_path=str(data / "eval.parquet"))
+    assert spec.needs_sandbox(opts) and not spec.needs_sandbox(options(data))
+    task = spec.eval_tasks(opts)[15]   # What is 1 + 5?
+
+    async def tool_then_answer(messages):
+        if messages[-1]["role"] == "user" and messages[-1]["content"].startswith("<output>"):
+            return f"<answer>{messages[-1]['content'].split()[1]}</answer>"
+        return "<python>\nprint(1 + 5)\n</python>"
+
+    async def tool_twice(messages):
+        return "<python>\nprint(1 + 5)\n</python>"
+    with Sandbox(mode="warm", num_workers=1) as box:
+        env = spec.make_env(sandbox=LocalSandbox(box), options=opts)
+        episode = trio.run(run_episode, env, task, tool_then_answer)
+        stubborn = trio.run(run_episode, spec.make_env(sandbox=LocalSandbox(box), options=opts), task, tool_twice)
+    assert episode.messages[0]["role"] == "system" and "<python>" in episode.messages[0]["content"]
+    assert episode.messages[3]["content"] == "<output>\n6\n</output>" and episode.num_turns == 2
+    assert episode.reward.components == {"correct": 1.0} and not episode.truncated
+    assert stubborn.truncated and stubborn.reward.total == 0.0
+    assert "No more tool calls" in stubborn.messages[-1]["content"] and stubborn.num_turns == 2
+
+
 def test_user_rewards_sync_and_async_floats_and_dicts(data):
     example = {"question": "q", "answer": "7"}
     half = trio.run(lambda: load_reward("user_rewards:half").score("7", example, answer_field="answer"))
