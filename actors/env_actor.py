@@ -279,7 +279,8 @@ class EnvironmentActor(Actor):
         try:
             return RemoteSandbox(await self.lookup(name))
         except Exception as exc:  # noqa: BLE001 - the head's answer names what it knows
-            why = (f"task {self.task.name!r} runs code (its environment declares uses_sandbox = True)"
+            why = (f"task {self.task.name!r} runs code (its environment declares uses_sandbox = True, "
+                   f"or needs a sandbox for these task options)"
                    if needs else f"its options name sandbox = {name!r}")
             raise SandboxRequiredError(
                 f"environment actor {self.name!r} needs the sandbox actor {name!r} ({why}), but the "
