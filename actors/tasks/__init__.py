@@ -163,7 +163,7 @@ CODE = register_task(TaskSpec(
     "code", code.CodeEnv, code.train_tasks, code.eval_tasks, _code_demos,
     "write a function; run the visible tests, revise; graded on hidden tests"))
 DATASET = register_task(TaskSpec(
-    "dataset", dataset.DatasetEnv, dataset.train_tasks, dataset.eval_tasks,
+    "dataset", dataset.DatasetEnv, dataset.train_tasks, dataset.eval_tasks, dataset.demonstrations,
     description="prompts and answers from a local JSONL/Parquet/Arrow file, scored by a reward function"))
 VERIFIERS = register_task(TaskSpec(
     "verifiers", verifiers_env.VerifiersEnv, verifiers_env.train_tasks, verifiers_env.eval_tasks,

@@ -13,6 +13,10 @@ the reference the reward reads (`rewards.py`: `exact`, `last_integer`, `math`, `
 file is read: a missing field is a `DatasetError` naming the file and the row (1-based; the line
 of a JSONL file).
 
+Demonstrations (for a supervised warm start, `sft_steps`): with the option `demonstration`, a
+format string over a row's fields (`"\\boxed{{{answer}}}"`), each training row becomes a chat
+demonstration: the episode's first messages, then that assistant turn.
+
 Held-out split, disjoint by construction: with `eval_path`, training reads all of `path` and
 evaluation all of `eval_path`; without, a row is held out iff the first 8 bytes of
 sha256(f"{split_seed}:" + its prompt as JSON) fall below `eval_fraction` of their range, so
@@ -73,6 +77,9 @@ class DatasetOptions(Options):
     reward_timeout_s: float = Field(30.0, gt=0, description="a reward call past this fails its sample, "
                                     "seconds")
     system_prompt: str | None = Field(None, description="a system message before every prompt")
+    demonstration: str | None = Field(None, description="the assistant turn of a supervised demonstration "
+                                      "of a training row, a format string over its fields, e.g. "
+                                      "'\\\\boxed{{{answer}}}' (for `sft_steps`); none: no demonstrations")
     max_tool_calls: int = Field(0, ge=0, description="Python runs in the sandbox the model may make "
                                 "before it answers (<python>...</python>, then <answer>...</answer>); "
                                 "0: single-turn, no sandbox unless the reward needs one")
@@ -217,6 +224,41 @@ def eval_tasks(options: dict | None = None) -> list[dict]:
     return [{"id": f"dataset-eval-{i}", "where": where, "example": row} for i, (where, row) in enumerate(rows)]
 
 
+def demonstrations(num: int, seed: int = 0, options: dict | None = None) -> list[dict]:
+    """`num` chat demonstrations for a supervised warm start: training rows (never held-out
+    ones) in the training order, each answered with the `demonstration` template filled from
+    the row (`"\\boxed{{{answer}}}"` -> `\\boxed{72}`)."""
+    options = options or {}
+    template = options.get("demonstration")
+    if not template:
+        raise DatasetError("this dataset task has no demonstrations; fix: set task option demonstration to "
+                           "the assistant turn as a format string over the row's fields, e.g. "
+                           "'\\\\boxed{{{answer}}}', or set sft_steps = 0")
+    out = []
+    for task in itertools.islice(train_tasks(seed, options), num):
+        try:
+            answer = template.format(**task["example"])
+        except (KeyError, IndexError, ValueError) as exc:
+            raise DatasetError(f"task option demonstration {template!r} does not fit {task['where']}: "
+                               f"{type(exc).__name__}: {exc}; fix: name the row's fields in braces and "
+                               f"double literal braces") from None
+        out.append({"messages": [*prompt_messages(task["example"], options),
+                                 {"role": "assistant", "content": answer}]})
+    return out
+
+
+def prompt_messages(example: dict, options: dict) -> list[dict]:
+    """The first messages of an episode on `example` (demonstrations begin with the same): the
+    system prompt (the tool instructions first when the tool is offered), then the prompt."""
+    prompt = example[options.get("prompt_field", "prompt")]
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    system = [text for text in (TOOL_INSTRUCTIONS if options.get("max_tool_calls", 0) else None,
+                                options.get("system_prompt")) if text]
+    if system:
+        messages.insert(0, {"role": "system", "content": "\n\n".join(system)})
+    return messages
+
+
 # --------------------------------------------------------------------------- the environment
 class DatasetEnv(Environment):
     """A prompt from a dataset row, answered in one turn (or after up to `max_tool_calls` Python
@@ -241,13 +283,7 @@ class DatasetEnv(Environment):
         not wait (cancel-safe)."""
         self.example = task["example"]
         self.num_tool_calls = 0
-        prompt = self.example[self.options.get("prompt_field", "prompt")]
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-        system = [text for text in (TOOL_INSTRUCTIONS if self.max_tool_calls else None,
-                                    self.options.get("system_prompt")) if text]
-        if system:
-            messages.insert(0, {"role": "system", "content": "\n\n".join(system)})
-        return messages
+        return prompt_messages(self.example, self.options)
 
     async def step(self, action: str) -> StepResult:
         """Run a tool call, or score the answer. Raises RewardFailure (the sample is dropped).
@@ -275,4 +311,5 @@ class DatasetEnv(Environment):
         return Reward()
 
 
-__all__ = ["DatasetEnv", "DatasetError", "DatasetOptions", "RewardError", "eval_tasks", "train_tasks"]
+__all__ = ["DatasetEnv", "DatasetError", "DatasetOptions", "RewardError", "demonstrations", "eval_tasks",
+           "train_tasks"]

@@ -194,6 +194,23 @@ def test_with_a_python_tool_the_model_may_run_code_in_the_sandbox_before_it_answ
     assert "No more tool calls" in stubborn.messages[-1]["content"] and stubborn.num_turns == 2
 
 
+def test_demonstrations_fill_the_template_from_training_rows_and_score_full_marks(data):
+    spec = get_task("dataset")
+    opts = options(data, reward="math", demonstration="\\boxed{{{answer}}}", system_prompt="Box it.",
+                   eval_fraction=0.2)
+    demos = spec.demonstrations(30, 0, opts)
+    held = {t["example"]["question"] for t in spec.eval_tasks(opts)}
+    env = spec.make_env(options=opts)
+    for demo, task in zip(demos, itertools.islice(spec.train_tasks(0, opts), 30)):
+        assert demo["messages"][:-1] == trio.run(env.reset, task) and task["example"]["question"] not in held
+        assert demo["messages"][-1] == {"role": "assistant", "content": f"\\boxed{{{task['example']['answer']}}}"}
+        assert trio.run(env.step, demo["messages"][-1]["content"]).reward.components == {"correct": 1.0}
+    with pytest.raises(DatasetError, match=r"has no demonstrations; fix: set task option demonstration"):
+        spec.demonstrations(1, 0, options(data))
+    with pytest.raises(DatasetError, match=r"demonstration '\{solution\}' does not fit .*train.jsonl line"):
+        spec.demonstrations(1, 0, options(data, demonstration="{solution}"))
+
+
 def test_user_rewards_sync_and_async_floats_and_dicts(data):
     example = {"question": "q", "answer": "7"}
     half = trio.run(lambda: load_reward("user_rewards:half").score("7", example, answer_field="answer"))
