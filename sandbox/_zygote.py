@@ -138,8 +138,10 @@ def _check(rc, what):
 
 def run_child(req, cfg, in_r, out_w, err_w, go_r=-1):
     """The executed code's process: drop everything, then exec the code in this interpreter.
-    Prepared ahead (go_r >= 0, `prepare`): it waits for its request on go_r first, still as the
-    jail's root, so that no process of the sandbox uid exists between a session's calls."""
+    Prepared ahead (go_r >= 0, `prepare`): it waits for its request on go_r, still as the jail's
+    root (so that no process of the sandbox uid exists between a session's calls) but already
+    under its seccomp filter, which forbids nothing that the rest of this function does."""
+    install_seccomp()
     if go_r >= 0:
         req = msgpack.unpackb(_read_to_end(go_r), raw=False)
     os.dup2(in_r, 0)
@@ -150,7 +152,6 @@ def run_child(req, cfg, in_r, out_w, err_w, go_r=-1):
     os.setgroups([])
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)  # from uid 0 to non-zero: every capability is dropped
-    install_seccomp()
     mb = 1024 * 1024
     limits = [(resource.RLIMIT_AS, req["memory_mb"] * mb),
               (resource.RLIMIT_CPU, req["cpu_time_s"]),
