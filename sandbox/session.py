@@ -19,6 +19,7 @@ import posixpath
 import threading
 import time
 import uuid
+from typing import Callable
 
 from postrain.core.errors import PostrainError
 
@@ -115,7 +116,7 @@ class Session:
     and ends a call in flight. Invariant: end_reason is None iff the session is open."""
 
     def __init__(self, jail: SessionJail, limits: SessionLimits, *, audit: AuditLog | None = None,
-                 requester: str = "local") -> None:
+                 requester: str = "local", retire: Callable[[SessionJail], None] | None = None) -> None:
         self.session_id = uuid.uuid4().hex[:16]
         self.limits = limits
         self.requester = requester
@@ -124,6 +125,7 @@ class Session:
         self.last_active = self.opened_at  # monotonic end of the latest call (the reaper reads it)
         self.end_reason: str | None = None
         self._jail = jail
+        self._retire = retire or SessionJail.close  # how the jail ends once no call uses it
         self._audit = audit
         self._call_lock = threading.Lock()   # one call at a time
         self._state_lock = threading.Lock()  # end_reason, _in_call
@@ -181,7 +183,9 @@ class Session:
 
     # ------------------------------------------------------------ ending
     def close(self, reason: str = "closed") -> None:
-        """End the session (idempotent): its jail, processes, mounts and files go at once."""
+        """End the session (idempotent). Its jail is signalled at once and reaped in the background
+        within milliseconds (`Sandbox.close` waits for that): every process, mount and file of it
+        goes; no call can reach it any more."""
         with self._state_lock:
             if self.end_reason is not None:
                 return
@@ -190,7 +194,7 @@ class Session:
         if in_call:
             self._jail.terminate()  # the call's thread sees its reply fail and closes the jail
         else:
-            self._jail.close()
+            self._retire(self._jail)
         if self._audit is not None:
             self._audit.record_session(event="close", session_id=self.session_id,
                                        requester=self.requester, reason=reason,
@@ -228,7 +232,7 @@ class Session:
             ended = self.end_reason is not None
         self.last_active = time.monotonic()
         if ended:
-            self._jail.close()
+            self._retire(self._jail)
 
     def _request(self, req: dict, timeout_s: float) -> dict | None:
         """The agent's reply, or None when the jail went away (the session then ends)."""
@@ -289,7 +293,7 @@ def open_session(pool: SessionPool, files: dict | None, limits: SessionLimits, *
                  audit: AuditLog | None, requester: str) -> Session:
     """Take a jail of the limits' shape from the pool and lay `files` into its /work."""
     jail = pool.take(limits.shape)
-    session = Session(jail, limits, audit=audit, requester=requester)
+    session = Session(jail, limits, audit=audit, requester=requester, retire=pool.retire)
     if files:
         try:
             session.write_files(files)

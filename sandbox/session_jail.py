@@ -146,6 +146,7 @@ class SessionPool:
         self._closed = False
         self._threads: list[threading.Thread] = []
         self._starting: dict[tuple, int] = {}  # jails being started per shape
+        self._retiring: list[threading.Thread] = []  # used jails being reaped
         self.num_cold_starts = 0  # sessions that found no spare
 
     def take(self, shape: tuple) -> SessionJail:
@@ -212,13 +213,24 @@ class SessionPool:
                 else:
                     self._spares[shape].append(jail)
 
+    def retire(self, jail: SessionJail) -> None:
+        """End a used jail: signalled now, reaped in the background (nsjail's teardown of the
+        jail's cgroups takes milliseconds that its session's caller need not wait for); `close`
+        waits for every retiring jail."""
+        jail.terminate()
+        thread = threading.Thread(target=jail.close, name="session-retire", daemon=True)
+        with self._lock:
+            self._retiring = [t for t in self._retiring if t.is_alive()] + [thread]
+        thread.start()
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
             spares = [jail for jails in self._spares.values() for jail in jails]
             self._spares.clear()
             self._lock.notify_all()
-        for thread in self._threads:
+            retiring = list(self._retiring)
+        for thread in self._threads + retiring:
             thread.join(timeout=30)
         _close_all(spares)
 
