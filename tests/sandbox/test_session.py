@@ -178,3 +178,14 @@ def test_the_task_image_has_the_usual_tools_and_no_host_etc(sandbox):
                        "sort -r scores.txt | head -1 | cut -d' ' -f1; grep -c . scores.txt; "
                        "whoami; echo ~; ls /etc")
         assert result.stdout == b"seven\nc\n3\nsandbox\n/work\nalternatives\ngroup\npasswd\n", result.stderr
+
+
+def test_memory_is_capped_for_the_whole_session_not_only_per_process(sandbox):
+    limits = {**LIMITS.to_dict(), "memory_mb": 160, "call_wall_time_s": 10.0}
+    grab = "python3 -c 'a = bytearray(110 << 20); import time; time.sleep(1.5); print(\"done\")'"
+    with sandbox.session(limits=limits) as s:
+        alone = s.run(grab)
+        assert alone.stdout == b"done\n", alone.stderr      # one fits under memory_mb
+        together = s.run(f"{grab} & {grab} & {grab} & wait")
+        assert together.stdout.count(b"done") < 3             # three do not fit in the session's cap
+        assert s.run("echo still serving").stdout == b"still serving\n"
