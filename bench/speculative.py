@@ -9,7 +9,8 @@ Workloads (replayed episodes, built from the tasks' own text; no sandbox runs):
 - agentic: the code task's revise-after-failure turn (the task, the model's first attempt
   with one planted bug, the test failures, "send the whole corrected function") and the
   arithmetic task's answer turn (the question, the model's `<python>` call, the tool's
-  `<output>`), alternating; samples stop at EOS (at most 96 new tokens);
+  `<output>`), alternating; 96 new tokens, EOS ignored (at temperature 1 the two runs draw
+  different samples, and a fixed length keeps the prefill's share equal in both);
 - chat: the plain chat prompts of `bench generate` (64 new tokens, EOS ignored).
 
 With and without speculation (method "ngram", k = 4, adaptive) run the same prompts with
@@ -185,7 +186,7 @@ def speculative_rows(model, tokenizer, chat_prompts, quick: bool) -> tuple[dict,
     for batch, kind, temperature in rows:
         prompts = agentic_prompts(tokenizer, batch) if kind == "agentic" else chat_prompts(batch)
         params = SamplingParams(temperature=temperature, seed=0, max_new_tokens=96 if kind == "agentic" else 64,
-                                ignore_eos=kind == "chat")
+                                ignore_eos=True)
         runs: dict[str, list] = {"on": [], "on_cpu": [], "off": [], "off_cpu": []}
         stats = []
         for _ in range(repeats):

@@ -159,6 +159,32 @@ def test_verify_drafts_accepts_the_argmax_run_when_greedy():
     assert rejected == [1]                                 # first draft rejected: the argmax instead
 
 
+class _DraftsFor:
+    """Drafts (always the token 7) only for sequences whose prompt starts with `first`."""
+
+    def __init__(self, first):
+        self.first = first
+
+    def propose(self, token_ids, prompt_key, k):
+        return [7] * k if prompt_key[0] == self.first else []
+
+    def record(self, prompt_key, completion_ids):
+        pass
+
+
+@pytest.mark.parametrize("num_drafting, verifies", [(1, False), (2, True)])
+def test_a_step_verifies_drafts_only_when_half_the_batch_drafts(model, tokenizer, num_drafting, verifies):
+    """A few drafting sequences must not widen a batch that drafts nothing: every row of the
+    verify forward is as wide as the widest."""
+    prompts = [[1, 2, 3], [1, 5, 6], [9, 2, 3], [8, 5, 6]][:2 + num_drafting] if verifies else \
+        [[1, 2, 3], [9, 2, 3], [8, 5, 6]]
+    params = SamplingParams(max_new_tokens=6, **GREEDY)
+    plain = run(checked_engine(model, tokenizer), prompts, params)
+    engine = checked_engine(model, tokenizer, speculative=NGRAM, proposer=_DraftsFor(1))
+    assert run(engine, prompts, params) == plain
+    assert (engine.counters["num_verify_steps"] > 0) == verifies
+
+
 def test_ngram_proposer_continues_the_latest_earlier_occurrence():
     proposer = NgramProposer(SpeculativeOptions(method="ngram", min_ngram=2, max_ngram=3))
     assert proposer.propose([5, 6, 7, 8, 1, 5, 6, 7, 9, 5, 6, 7], (), 3) == [9, 5, 6]
