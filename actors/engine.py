@@ -21,6 +21,14 @@ n samples is pre-filled ONCE; after its prefill the other n-1 sequences fork
 from it and share its blocks, and the first append into the shared partial
 block copies it. Requests join and leave at every step.
 
+With speculative decoding (`postrain.actors.speculative`), step (1) first asks
+the proposer for each running sequence's drafted tokens and reserves their
+slots too (a sequence short of blocks drops its drafts before anyone is
+preempted); the decode forward of (3) then scores the last token and the drafts
+of every sequence together, and (4) keeps each sequence's accepted drafts plus
+one token (`sampling.verify_rows`, exact) and rolls the rejected drafts' slots
+back (`pool.truncate`).
+
 Logprobs: see `postrain.actors.sampling` (log_softmax(logits / T) before
 truncation, the learner's definition). Every sampled token is tagged with
 the engine's `policy_version` at the step that sampled it; `load_weights`
