@@ -120,7 +120,9 @@ class RemoteSandbox:
 
 
 class TimedSession:
-    """A sandbox session whose calls are "tool" hops of an episode's timeline (same methods)."""
+    """A sandbox session whose calls are "tool" hops of an episode's timeline (same methods).
+    Cancellation of any call: as `_hop` (recorded as failed; the call ends remotely within its
+    limits, and the session stays usable for its close)."""
 
     def __init__(self, session, timeline: Timeline, actor: str):
         self.session, self.timeline, self.actor = session, timeline, actor
