@@ -112,8 +112,10 @@ class SandboxOptions(Options):
     audit_log: str | None = Field(None, description="append one JSONL audit record per execution to this file")
     max_queued: int = Field(1024, ge=0, description="requests that may wait for a worker; beyond it a "
                             "request is refused with SandboxQueueFull")
-    max_sessions_per_worker: int = Field(4, ge=1, description="open sessions per worker; opens beyond "
-                                         "num_workers * this wait in the queue")
+    max_sessions_per_worker: int = Field(16, ge=1, description="open sessions per worker; opens beyond "
+                                         "num_workers * this wait in the queue (an open session mostly "
+                                         "waits for its model between calls; idle, it holds under 10 MB "
+                                         "besides its files)")
     session_idle_timeout_s: float = Field(300.0, gt=0, description="a session with no call for this "
                                           "long is closed by the reaper (its episode vanished)")
     session_limits: dict[str, Any] = Field(default_factory=dict, description="default "
