@@ -6,6 +6,8 @@ import os
 
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 
 from postrain.sandbox import (PolicyError, Sandbox, SessionClosed, SessionFileError, SessionLimits,
                               Status, read_audit_log)
@@ -189,3 +191,14 @@ def test_memory_is_capped_for_the_whole_session_not_only_per_process(sandbox):
         together = s.run(f"{grab} & {grab} & {grab} & wait")
         assert together.stdout.count(b"done") < 3             # three do not fit in the session's cap
         assert s.run("echo still serving").stdout == b"still serving\n"
+
+
+@given(st.text(alphabet="ab./", min_size=1, max_size=12))
+def test_a_session_path_never_leaves_work(path):
+    from postrain.sandbox.session import work_path
+    try:
+        relative = work_path(path)
+    except PolicyError:
+        return
+    resolved = os.path.normpath(os.path.join("/work", relative))
+    assert resolved.startswith("/work/") and ".." not in relative.split("/")
