@@ -27,6 +27,11 @@ always ends in its exit status (`[exit status 0]`), since a shell user reads it 
 command. Generators should stop at `STOP_STRINGS` (the closing tags of every tool and of the
 answer), so a turn holds one call.
 
+Tools with names and arguments (a verifiers task's toolset) take one more tag, whose body is the
+call's arguments as one JSON object (`parse_named_call`):
+
+    <tool name="add">{"a": 2, "b": 3}</tool>
+
 Parsing is forgiving but honest: the first tag in the text wins (a second call in the same turn is
 ignored), an unterminated tag takes the rest of the text, Markdown fences inside a tool call are
 stripped; each of those makes `Action.well_formed` False (with the `problem` named) so a format
@@ -36,6 +41,7 @@ at the front (stderr: the end of a traceback says most) with a marker that says 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import signal as _signal
 
@@ -45,7 +51,8 @@ ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 OUTPUT_OPEN, OUTPUT_CLOSE = "<output>", "</output>"
 TOOL_TAGS = {"python": (TOOL_OPEN, TOOL_CLOSE), "bash": (BASH_OPEN, BASH_CLOSE)}  # tool -> its tags
 DEFAULT_TOOLS = ("python",)
-STOP_STRINGS = (TOOL_CLOSE, BASH_CLOSE, ANSWER_CLOSE)
+NAMED_CLOSE = "</tool>"
+STOP_STRINGS = (TOOL_CLOSE, BASH_CLOSE, ANSWER_CLOSE, NAMED_CLOSE)
 DEFAULT_MAX_OUTPUT_CHARS = 1200
 
 TOOL_INSTRUCTIONS = (
@@ -120,6 +127,67 @@ def parse_action(text: str, tools=DEFAULT_TOOLS) -> Action:
     if not body.strip():
         problems.append(f"empty {kind.replace('_', ' ')}")
     return Action(kind, body, not problems, "; ".join(problems), tool)
+
+
+_NAMED_OPEN = re.compile(r"""<tool\s+name\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s>]+))\s*>""")
+NAMED_CALL_EXAMPLE = '<tool name="NAME">{"argument": "value"}</tool>'
+
+
+@dataclasses.dataclass(frozen=True)
+class NamedCall:
+    """A turn parsed in the named-tool format. name: the called tool (None: the turn calls none);
+    arguments: the JSON object of its body (None when it is not one; an empty body is {});
+    error: why the call cannot run as written ("" when it can), for the model to read;
+    well_formed / problem: as `Action`'s (repairs the parser made, for a format reward)."""
+
+    name: str | None
+    arguments: dict | None
+    raw_arguments: str
+    well_formed: bool
+    problem: str = ""
+    error: str = ""
+
+
+def parse_named_call(text: str) -> NamedCall:
+    """The first `<tool name="NAME">{json}</tool>` of a turn. A turn without one is a final reply
+    (`name` None, no `error`); a `<tool` tag without a name, or a body that is not a JSON object,
+    is a call with an `error` that says how to write it."""
+    match = _NAMED_OPEN.search(text)
+    if match is None:
+        if "<tool" in text:
+            return NamedCall(None, None, "", False, "a <tool> tag without a name",
+                             f"a tool call needs the tool's name: {NAMED_CALL_EXAMPLE}")
+        return NamedCall(None, None, "", False, "no <tool name=...> call")
+    name = next(group for group in match.groups() if group is not None)
+    end = text.find(NAMED_CLOSE, match.end())
+    problems = []
+    if end < 0:
+        body, rest = text[match.end():], ""
+        problems.append(f"unterminated: no {NAMED_CLOSE}")
+    else:
+        body, rest = text[match.end():end], text[end + len(NAMED_CLOSE):]
+    if rest.strip():
+        problems.append(f"text after {NAMED_CLOSE} is ignored")
+    body = body.strip()
+    fenced = _FENCE.match(body)
+    if fenced:
+        body = fenced.group(1).strip()
+        problems.append("Markdown fence inside <tool> (stripped)")
+    try:
+        arguments = json.loads(body) if body else {}
+    except json.JSONDecodeError as exc:
+        return NamedCall(name, None, body, False, "; ".join([*problems, "arguments are not JSON"]),
+                         f"the arguments of tool {name!r} are not JSON ({exc}); write them as one JSON "
+                         f"object: {NAMED_CALL_EXAMPLE}")
+    if not isinstance(arguments, dict):
+        return NamedCall(name, None, body, False, "; ".join([*problems, "arguments are not an object"]),
+                         f"the arguments of tool {name!r} must be a JSON object, got a "
+                         f"{type(arguments).__name__}: {NAMED_CALL_EXAMPLE}")
+    return NamedCall(name, arguments, body, not problems, "; ".join(problems))
+
+
+def format_named_call(name: str, arguments: dict) -> str:
+    return f'<tool name="{name}">{json.dumps(arguments)}{NAMED_CLOSE}'
 
 
 def _no_call_problem(text: str, tags: dict) -> str:

@@ -1,28 +1,44 @@
-"""verifiers tasks: a `verifiers` taskset (its prompts, its `@vf.reward` functions) run by postrain.
+"""verifiers tasks: a `verifiers` taskset (its prompts, its tools, its `@vf.reward` functions) run by
+postrain.
 
     task = "verifiers"
-    task_options = { taskset = "my_pkg.envs:load_taskset", eval_fraction = 0.1 }
+    task_options = { taskset = "my_pkg.envs:load_taskset", eval_fraction = 0.1,
+                     sandbox_tools = { run_python = "python" }, max_turns = 8 }
 
 `taskset` names, by import path, a `verifiers.v1.Taskset` or a function with no arguments that
-returns one. Its tasks' data (a
-`vf.TaskData`: `prompt`, `system_prompt` and the task's own fields) become postrain task dicts;
-the episode is single-turn: the system prompt and the prompt, one assistant turn, then the
-task's own scoring (`Task.score`, without a runtime) on a trace of that conversation. Each
-`@vf.reward` becomes a reward component with its weight; `@vf.metric`s are not rewards and are
-left out.
+returns one. Its tasks' data (a `vf.TaskData`: `prompt`, `system_prompt` and the task's own
+fields) become postrain task dicts. postrain plays the model's turns itself (no OpenAI endpoint):
+
+- a task without tools is single-turn: the system prompt and the prompt, one assistant turn;
+- a task whose `Task.toolsets(config)` offers `@vf.tool`s is the tool loop: the tools' signatures
+  and descriptions join the system prompt, each turn may call one tool as
+  `<tool name="NAME">{json arguments}</tool>` (`postrain.actors.tools.parse_named_call`), its
+  output comes back as the next turn (`verifiers_tools.call_tool`: code tools named in
+  `sandbox_tools` run in postrain's sandbox, the others in a worker thread within
+  `tool_timeout_s`; an error is the tool's output, the episode goes on). The episode ends at a
+  turn without a tool call (the final reply), when a `@vf.stop` of the task (one taking the
+  `Trace`) says so after a turn, or after `max_turns` turns.
+
+At the end the task's own scoring (`Task.score`, without a runtime) runs on the whole trace: every
+turn, each tool call (a `ToolCall` with the arguments as the model wrote them) and its output (a
+`ToolMessage`), the stop condition (`max_turns` when turns ran out). Each `@vf.reward` becomes a
+reward component with its weight; `@vf.metric`s are not rewards and are left out.
 
 Held-out split, disjoint by construction: a task is held out iff the first 8 bytes of
 sha256(f"{split_seed}:" + its `Task.key`) fall below `eval_fraction` of their range (verifiers'
 key is the content hash of the task's data unless the taskset defines a durable one). The
 taskset must be finite (bound an infinite one with `.take(n)` in the function that returns it).
 
-verifiers is asyncio code and postrain's actors run trio: scoring runs in a worker thread with its
-own asyncio loop, bounded by `score_timeout_s`; a scorer that raises or hangs fails only its
-sample (`RewardFailure`, dropped with the reason in the ledger). Importing `verifiers.v1` takes
-seconds, so it happens only when a verifiers task is used.
+verifiers is asyncio code and postrain's actors run trio: scoring and stop hooks run in a worker
+thread with their own asyncio loop, bounded by `score_timeout_s`; a scorer that raises or hangs
+fails only its sample (`RewardFailure`, dropped with the reason in the ledger). Importing
+`verifiers.v1` takes seconds, so it happens only when a verifiers task is used.
 
-Not covered: verifiers' multi-turn harnesses (user simulators, agents) and MCP toolsets, which
-call a model over an OpenAI-compatible endpoint and run their tools in verifiers' own runtimes.
+Not covered: `vf.Env` subclasses whose `run(task, agents)` relays between agents (a simulated
+user is another model behind verifiers' harness and endpoint), `@vf.stop` hooks on a `Request` or
+`Response` (postrain's turns are text, not provider requests: such a task is refused at reset),
+toolsets' server hooks (`setup`, `setup_task`) and state channel, and verifiers' own runtimes
+(`Task.setup`/`finalize`, runtime-dependent rewards, which `Task.score` skips without a runtime).
 """
 from __future__ import annotations
 
@@ -31,15 +47,17 @@ import functools
 import hashlib
 import itertools
 import random
-from typing import Iterator
+from typing import Iterator, Literal
 
 import trio
 from pydantic import Field
 
 from postrain.core import Options, import_object
 
-from ..environment import Environment, Reward, StepResult, TaskOptionsError
+from ..environment import Environment, EnvironmentContractError, Reward, StepResult, TaskOptionsError
+from ..tools import OUTPUT_CLOSE, OUTPUT_OPEN, parse_named_call
 from .rewards import RewardFailure
+from .verifiers_tools import call_tool, discover_tools, tools_prompt
 
 
 class VerifiersOptions(Options):
@@ -52,7 +70,15 @@ class VerifiersOptions(Options):
     split_seed: int = Field(0, description="seed of the held-out hash")
     num_eval: int | None = Field(None, ge=0, description="held-out tasks per evaluation, at most (none: all)")
     score_timeout_s: float = Field(60.0, gt=0, description="a scoring call past this fails its sample, seconds")
-    max_turns: int = Field(1, ge=1, le=1, description="single-turn: one assistant turn per episode")
+    max_turns: int = Field(8, ge=1, description="assistant turns per episode, at most (a task without tools "
+                           "takes one)")
+    sandbox_tools: dict[str, Literal["python", "bash"]] = Field(
+        default_factory=dict, description="tools that run code: tool name -> 'python' or 'bash'; the tool's "
+        "one str argument runs in postrain's sandbox (a run then needs a sandbox actor)")
+    tool_timeout_s: float = Field(10.0, gt=0, description="a tool call (or its sandbox run) past this returns "
+                                  "an error to the model, seconds")
+    max_output_chars: int = Field(1200, ge=100, description="a tool's output longer than this is cut in the "
+                                  "middle, characters")
 
 
 @functools.lru_cache(maxsize=4)
@@ -114,55 +140,151 @@ def _message_dict(message) -> dict:
     return {"role": message.role, "content": content_text(message.content)}
 
 
-def score(taskset, wire: dict, messages: list[dict]) -> Reward:
-    """The task's own rewards on the finished conversation (blocking: its own asyncio loop)."""
-    import verifiers.v1 as vf
+def make_task(taskset, wire: dict):
+    """The taskset's Task object for a task dict's data."""
+    task_type = type(taskset).task_type()
+    return task_type(task_type.data_type().model_validate(wire), taskset.config.task)
+
+
+def build_trace(task, messages: list[dict], stop_condition: str | None = None):
+    """A verifiers Trace of the conversation: `messages` are verifiers message dicts (role,
+    content; an assistant's `tool_calls`, a tool message's `tool_call_id` and `name`)."""
+    from pydantic import TypeAdapter
     from verifiers.v1.configs.agent import AgentConfig
     from verifiers.v1.graph import MessageNode
     from verifiers.v1.trace import AgentInfo, Trace, TraceTask
-    task_type = type(taskset).task_type()
-    task = task_type(task_type.data_type().model_validate(wire), taskset.config.task)
-    kinds = {"system": vf.SystemMessage, "user": vf.UserMessage, "assistant": vf.AssistantMessage}
-    nodes = [MessageNode(parent=i - 1 if i else None, message=kinds[m["role"]](content=m["content"]),
+    from verifiers.v1.types import Message
+    adapter = TypeAdapter(Message)
+    nodes = [MessageNode(parent=i - 1 if i else None, message=adapter.validate_python(m),
                          sampled=m["role"] == "assistant") for i, m in enumerate(messages)]
-    trace = Trace(task=TraceTask(type=task_type.__name__, data=task.data), agent=AgentInfo(config=AgentConfig()),
+    trace = Trace(task=TraceTask(type=type(task).__name__, data=task.data), agent=AgentInfo(config=AgentConfig()),
                   nodes=nodes)
+    if stop_condition is not None:
+        trace.stop(stop_condition)
+    return trace
+
+
+def score(task, messages: list[dict], stop_condition: str | None = None) -> Reward:
+    """The task's own rewards on the finished conversation (blocking: its own asyncio loop)."""
+    trace = build_trace(task, messages, stop_condition)
     asyncio.run(task.score(trace))
     rewards = {name: r for name, r in trace.rewards.items() if r is not None}
     return Reward({name: r.score for name, r in rewards.items()}, {name: r.weight for name, r in rewards.items()})
 
 
-class VerifiersEnv(Environment):
-    """One verifiers task: its prompt, one answer, its rubric of `@vf.reward` functions."""
+def fired_stop(task, stops: list, messages: list[dict]) -> str | None:
+    """The name of the first of the task's `@vf.stop(trace)` hooks that says stop (blocking)."""
+    from verifiers.v1.trace import Trace
+    from verifiers.v1.utils.decorators import invoke
 
-    max_turns = 1
+    async def check(trace):
+        for stop in stops:
+            result = invoke(stop, {Trace: trace, "trace": trace})
+            result = await result if asyncio.iscoroutine(result) else result
+            if not isinstance(result, bool):
+                raise TypeError(f"@vf.stop {stop.__name__} must return a bool, got {type(result).__name__}")
+            if result:
+                return stop.__name__
+        return None
+    return asyncio.run(check(build_trace(task, messages)))
+
+
+def trace_stops(task) -> list:
+    """The task's `@vf.stop` hooks, each taking the Trace. EnvironmentContractError for one on a
+    Request or Response, which postrain cannot give (its turns are text)."""
+    from verifiers.v1.session import hook_boundary
+    from verifiers.v1.trace import Trace
+    stops = task.hooks("stop")
+    others = [fn.__name__ for fn in stops if hook_boundary(fn, allow_trace=True) is not Trace]
+    if others:
+        raise EnvironmentContractError(
+            f"{type(task).__name__} has @vf.stop hooks on a Request or Response ({others}); postrain's turns "
+            f"are text, so it can only run stop hooks that take the Trace; fix: make them take `trace: vf.Trace`")
+    return stops
+
+
+class VerifiersEnv(Environment):
+    """One verifiers task: its prompt, its tools (the tool loop) or one answer, its rubric of
+    `@vf.reward` functions on the whole trace.
+
+    State of an episode: `messages` the verifiers trace's messages so far (system and prompt,
+    then each assistant turn, each tool output); invariant: it ends in an assistant turn only when
+    the episode is over."""
+
+    max_turns = 8
     options_model = VerifiersOptions
 
+    @classmethod
+    def needs_sandbox(cls, options: dict) -> bool:
+        """Tools named in `sandbox_tools` run code in the sandbox."""
+        return bool(options.get("sandbox_tools"))
+
+    def __init__(self, **kwargs) -> None:
+        """TaskOptionsError for a taskset that does not load or a bad `sandbox_tools`."""
+        super().__init__(**kwargs)
+        taskset = load_taskset(self.options["taskset"])
+        discover_tools(type(taskset).task_type(), taskset.config.task, self.options.get("sandbox_tools", {}))
+
     async def reset(self, task: dict) -> list[dict]:
-        """The task's system prompt and prompt. Does not wait (cancel-safe)."""
+        """The task's system prompt (with its tools' descriptions) and prompt. Does not wait
+        (cancel-safe). EnvironmentContractError for stop hooks it cannot run."""
         from verifiers.v1 import TaskData
         self.wire = task["data"]
+        self.task = make_task(load_taskset(self.options["taskset"]), self.wire)
+        self.tools = discover_tools(type(self.task), self.task.config, self.options.get("sandbox_tools", {}))
+        self.stops = trace_stops(self.task)
         data = TaskData.model_validate({k: v for k, v in self.wire.items() if k in TaskData.model_fields})
         prompt = data.prompt if data.prompt is not None else ""
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else \
             [_message_dict(m) for m in prompt]
-        if data.system_prompt:
-            messages.insert(0, {"role": "system", "content": data.system_prompt})
+        system = "\n\n".join(filter(None, [data.system_prompt, self.tools and tools_prompt(self.tools)]))
+        if system:
+            messages.insert(0, {"role": "system", "content": system})
         self.messages = messages
-        return messages
+        self.num_calls = 0
+        return [dict(m) for m in messages]
 
     async def step(self, action: str) -> StepResult:
-        """Score the conversation with the task's rewards (a worker thread, within score_timeout_s).
-        Raises RewardFailure. Cancellation: no reward; the thread runs on to its end."""
-        taskset = load_taskset(self.options["taskset"])
-        conversation = [*self.messages, {"role": "assistant", "content": action}]
+        """A tool call's output (the episode goes on), or, at a final reply or a stop hook that
+        fires, the task's rewards. Raises RewardFailure (scoring or a stop hook raised or hung).
+        Cancellation: no result; a tool or scoring thread in flight ends when it does."""
+        call = parse_named_call(action) if self.tools else None
+        if call is None or (call.name is None and not call.error):
+            self.messages.append({"role": "assistant", "content": action})
+            return StepResult(None, True, await self._score(None))
+        timeout_s = float(self.options.get("tool_timeout_s", 10.0))
+        output = await call_tool(self.tools, call, sandbox=self.sandbox, timeout_s=timeout_s,
+                                 max_output_chars=int(self.options.get("max_output_chars", 1200)))
+        text = output.removeprefix(OUTPUT_OPEN + "\n").removesuffix("\n" + OUTPUT_CLOSE)
+        if call.name is None:  # a <tool> tag without a name: the error is the next user turn
+            self.messages += [{"role": "assistant", "content": action}, {"role": "user", "content": text}]
+        else:
+            self.num_calls += 1
+            call_id = f"call_{self.num_calls}"
+            self.messages += [{"role": "assistant", "content": action, "tool_calls": [
+                {"id": call_id, "name": call.name, "arguments": call.raw_arguments}]},
+                {"role": "tool", "tool_call_id": call_id, "name": call.name, "content": text}]
+        info = {"tool": call.name, "well_formed": call.well_formed}
+        if self.stops:
+            stopped = await self._blocking("stop hook", fired_stop, self.task, self.stops, self.messages)
+            if stopped is not None:
+                return StepResult(None, True, await self._score(stopped), {**info, "stop": stopped})
+        return StepResult(output, False, info=info)
+
+    async def truncated(self) -> Reward:
+        """Turns ran out: the task's rewards on the trace so far, stopped by `max_turns`."""
+        return await self._score("max_turns")
+
+    async def _score(self, stop_condition: str | None) -> Reward:
+        return await self._blocking("scoring", score, self.task, self.messages, stop_condition)
+
+    async def _blocking(self, what: str, fn, *args):
+        """`fn(*args)` in a worker thread within score_timeout_s; RewardFailure if it raises or hangs."""
         timeout_s = float(self.options.get("score_timeout_s", 60.0))
         try:
             with trio.fail_after(timeout_s):
-                reward = await trio.to_thread.run_sync(score, taskset, self.wire, conversation,
-                                                       abandon_on_cancel=True)
+                return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
         except trio.TooSlowError:
-            raise RewardFailure(f"verifiers scoring did not return within {timeout_s} s") from None
+            raise RewardFailure(f"verifiers {what} did not return within {timeout_s} s") from None
         except Exception as exc:  # noqa: BLE001 - a taskset's reward may raise anything
-            raise RewardFailure(f"verifiers scoring raised {type(exc).__name__}: {exc}"[:300]) from exc
-        return StepResult(None, True, reward)
+            raise RewardFailure(f"verifiers {what} raised {type(exc).__name__}: {exc}"[:300]) from exc
