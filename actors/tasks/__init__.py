@@ -167,7 +167,7 @@ DATASET = register_task(TaskSpec(
     description="prompts and answers from a local JSONL/Parquet/Arrow file, scored by a reward function"))
 VERIFIERS = register_task(TaskSpec(
     "verifiers", verifiers_env.VerifiersEnv, verifiers_env.train_tasks, verifiers_env.eval_tasks,
-    description="a verifiers taskset's prompts, scored by its own @vf.reward functions"))
+    description="a verifiers taskset's prompts and tools, scored by its own @vf.reward functions"))
 REASONING_GYM = register_task(TaskSpec(
     "reasoning_gym", reasoning_gym.ReasoningGymEnv, reasoning_gym.mixture_train_tasks,
     reasoning_gym.mixture_eval_tasks, reasoning_gym.mixture_demonstrations,

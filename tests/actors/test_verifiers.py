@@ -273,6 +273,16 @@ def test_a_tool_episode_calls_named_tools_runs_code_in_the_sandbox_and_is_scored
     assert [info["well_formed"] for info in episode.infos[:3]] == [True, False, False]  # raw body; fence
 
 
+def test_postrain_eval_plays_the_tool_loop_with_a_sandbox(tool_tasksets):
+    async def act(messages):
+        if messages[-1]["content"].startswith("<output>"):
+            return messages[-1]["content"].split("\n")[1]
+        return f'<tool name="python">print({messages[-1]["content"].removeprefix("What is ").rstrip("?")})</tool>'
+    options = {"taskset": "vf_tools:calc", "eval_fraction": 0.99, "sandbox_tools": {"python": "python"}}
+    scored = trio.run(lambda: evaluate("scripted", "verifiers", options, None, 8, policy=act))
+    assert scored["num_tasks"] == 6 and scored["num_failed"] == 0 and scored["accuracy"] == 1.0
+
+
 def test_the_tool_loop_ends_at_the_tasks_stop_hook_or_at_max_turns(tool_tasksets):
     add = format_named_call("add", {"a": 1, "b": 1})
     _, stopped = play({"taskset": "vf_tools:calc"}, add, add, add, add, "never asked")
