@@ -207,9 +207,10 @@ class VerifiersEnv(Environment):
     """One verifiers task: its prompt, its tools (the tool loop) or one answer, its rubric of
     `@vf.reward` functions on the whole trace.
 
-    State of an episode: `messages` the verifiers trace's messages so far (system and prompt,
-    then each assistant turn, each tool output); invariant: it ends in an assistant turn only when
-    the episode is over."""
+    State of an episode (set by `reset`): `task` the verifiers Task; `vf_tools` its tools by name
+    (fresh toolset objects per episode; {}: single-turn); `messages` the verifiers trace's
+    messages so far (system and prompt, then each assistant turn, each tool output); invariant:
+    it ends in an assistant turn only when the episode is over."""
 
     max_turns = 8
     options_model = VerifiersOptions
@@ -231,13 +232,13 @@ class VerifiersEnv(Environment):
         from verifiers.v1 import TaskData
         self.wire = task["data"]
         self.task = make_task(load_taskset(self.options["taskset"]), self.wire)
-        self.tools = discover_tools(type(self.task), self.task.config, self.options.get("sandbox_tools", {}))
+        self.vf_tools = discover_tools(type(self.task), self.task.config, self.options.get("sandbox_tools", {}))
         self.stops = trace_stops(self.task)
         data = TaskData.model_validate({k: v for k, v in self.wire.items() if k in TaskData.model_fields})
         prompt = data.prompt if data.prompt is not None else ""
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else \
             [_message_dict(m) for m in prompt]
-        system = "\n\n".join(filter(None, [data.system_prompt, self.tools and tools_prompt(self.tools)]))
+        system = "\n\n".join(filter(None, [data.system_prompt, self.vf_tools and tools_prompt(self.vf_tools)]))
         if system:
             messages.insert(0, {"role": "system", "content": system})
         self.messages = messages
@@ -248,12 +249,12 @@ class VerifiersEnv(Environment):
         """A tool call's output (the episode goes on), or, at a final reply or a stop hook that
         fires, the task's rewards. Raises RewardFailure (scoring or a stop hook raised or hung).
         Cancellation: no result; a tool or scoring thread in flight ends when it does."""
-        call = parse_named_call(action) if self.tools else None
+        call = parse_named_call(action) if self.vf_tools else None
         if call is None or (call.name is None and not call.error):
             self.messages.append({"role": "assistant", "content": action})
             return StepResult(None, True, await self._score(None))
         timeout_s = float(self.options.get("tool_timeout_s", 10.0))
-        output = await call_tool(self.tools, call, sandbox=self.sandbox, timeout_s=timeout_s,
+        output = await call_tool(self.vf_tools, call, sandbox=self.sandbox, timeout_s=timeout_s,
                                  max_output_chars=int(self.options.get("max_output_chars", 1200)))
         text = output.removeprefix(OUTPUT_OPEN + "\n").removesuffix("\n" + OUTPUT_CLOSE)
         if call.name is None:  # a <tool> tag without a name: the error is the next user turn
