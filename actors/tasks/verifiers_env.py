@@ -57,6 +57,7 @@ from postrain.core import Options, import_object
 from ..environment import Environment, EnvironmentContractError, Reward, StepResult, TaskOptionsError
 from ..tools import OUTPUT_CLOSE, OUTPUT_OPEN, parse_named_call
 from .rewards import RewardFailure
+from .verifiers_relay import Relay, load_env_class
 from .verifiers_tools import call_tool, discover_tools, tools_prompt
 
 
@@ -77,6 +78,11 @@ class VerifiersOptions(Options):
         "one str argument runs in postrain's sandbox (a run then needs a sandbox actor)")
     tool_timeout_s: float = Field(10.0, gt=0, description="a tool call (or its sandbox run) past this returns "
                                   "an error to the model, seconds")
+    env: str | None = Field(None, description="import path 'pkg.mod:EnvClass' of a verifiers.v1 Env subclass "
+                            "whose run(task, agents) writes the other side's turns (none: the task alone)")
+    policy_agent: str = Field("assistant", description="the agent of `env` that postrain's model plays")
+    env_timeout_s: float = Field(30.0, gt=0, description="the env's run past this between two turns fails "
+                                 "the sample, seconds")
     max_output_chars: int = Field(1200, ge=100, description="a tool's output longer than this is cut in the "
                                   "middle, characters")
 
@@ -221,23 +227,35 @@ class VerifiersEnv(Environment):
         return bool(options.get("sandbox_tools"))
 
     def __init__(self, **kwargs) -> None:
-        """TaskOptionsError for a taskset that does not load or a bad `sandbox_tools`."""
+        """TaskOptionsError for a taskset or env that does not load, or a bad `sandbox_tools`."""
         super().__init__(**kwargs)
         taskset = load_taskset(self.options["taskset"])
         discover_tools(type(taskset).task_type(), taskset.config.task, self.options.get("sandbox_tools", {}))
+        if self.options.get("env"):
+            load_env_class(self.options["env"])
 
     async def reset(self, task: dict) -> list[dict]:
-        """The task's system prompt (with its tools' descriptions) and prompt. Does not wait
-        (cancel-safe). EnvironmentContractError for stop hooks it cannot run."""
-        from verifiers.v1 import TaskData
-        self.wire = task["data"]
-        self.task = make_task(load_taskset(self.options["taskset"]), self.wire)
+        """The task's system prompt (with its tools' descriptions) and prompt; with an `env`, what
+        its run opens the model's interaction with. Cancel-safe without an `env`; with one, the
+        run is left waiting until `close`. EnvironmentContractError for stop hooks it cannot run."""
+        self.task = make_task(load_taskset(self.options["taskset"]), task["data"])
+        self.relay, opening = None, None
+        if self.options.get("env"):
+            self.relay = Relay(load_env_class(self.options["env"]), self.task, self.options.get("policy_agent", "assistant"))
+            self.relay.start(self.task)
+            kind, opening = await self.relay.next_event(float(self.options.get("env_timeout_s", 30.0)))
+            if kind == "end":
+                raise EnvironmentContractError("the verifiers env's run ended before any turn of the model; fix: "
+                                               "open an interaction and call turn()")
+            self.task = self.relay.task
         self.vf_tools = discover_tools(type(self.task), self.task.config, self.options.get("sandbox_tools", {}))
         self.stops = trace_stops(self.task)
-        data = TaskData.model_validate({k: v for k, v in self.wire.items() if k in TaskData.model_fields})
+        data = self.task.data
         prompt = data.prompt if data.prompt is not None else ""
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else \
             [_message_dict(m) for m in prompt]
+        if opening:  # the env's run opened with a message: it follows what the task prompts
+            messages = [m for m in messages if m["content"]] + [{"role": "user", "content": opening}]
         system = "\n\n".join(filter(None, [data.system_prompt, self.vf_tools and tools_prompt(self.vf_tools)]))
         if system:
             messages.insert(0, {"role": "system", "content": system})
@@ -252,7 +270,9 @@ class VerifiersEnv(Environment):
         call = parse_named_call(action) if self.vf_tools else None
         if call is None or (call.name is None and not call.error):
             self.messages.append({"role": "assistant", "content": action})
-            return StepResult(None, True, await self._score(None))
+            if self.relay is None:
+                return StepResult(None, True, await self._score(None))
+            return await self._env_turn(action)
         timeout_s = float(self.options.get("tool_timeout_s", 10.0))
         output = await call_tool(self.vf_tools, call, sandbox=self.sandbox, timeout_s=timeout_s,
                                  max_output_chars=int(self.options.get("max_output_chars", 1200)))
@@ -265,16 +285,36 @@ class VerifiersEnv(Environment):
             self.messages += [{"role": "assistant", "content": action, "tool_calls": [
                 {"id": call_id, "name": call.name, "arguments": call.raw_arguments}]},
                 {"role": "tool", "tool_call_id": call_id, "name": call.name, "content": text}]
-        info = {"tool": call.name, "well_formed": call.well_formed}
+        return await self._go_on(output, {"tool": call.name, "well_formed": call.well_formed})
+
+    async def _env_turn(self, reply: str) -> StepResult:
+        """Hand the model's final reply to the env's run; its next message, or the rewards when it ended."""
+        self.relay.reply(reply)
+        kind, message = await self.relay.next_event(float(self.options.get("env_timeout_s", 30.0)))
+        if kind == "end":
+            return StepResult(None, True, await self._score(None))
+        if not message:
+            raise EnvironmentContractError("the verifiers env's run called turn() without a message after the "
+                                           "first turn; fix: pass the next user message to turn(message)")
+        self.messages.append({"role": "user", "content": message})
+        return await self._go_on(message, {"env_turn": True})
+
+    async def _go_on(self, observation: str, info: dict) -> StepResult:
+        """The next observation, unless a stop hook of the task fires on the trace so far."""
         if self.stops:
             stopped = await self._blocking("stop hook", fired_stop, self.task, self.stops, self.messages)
             if stopped is not None:
                 return StepResult(None, True, await self._score(stopped), {**info, "stop": stopped})
-        return StepResult(output, False, info=info)
+        return StepResult(observation, False, info=info)
 
     async def truncated(self) -> Reward:
         """Turns ran out: the task's rewards on the trace so far, stopped by `max_turns`."""
         return await self._score("max_turns")
+
+    async def close(self) -> None:
+        """An env's run still waiting for a turn sees the exchange terminated. Does not wait."""
+        if getattr(self, "relay", None) is not None:
+            self.relay.close()
 
     async def _score(self, stop_condition: str | None) -> Reward:
         return await self._blocking("scoring", score, self.task, self.messages, stop_condition)

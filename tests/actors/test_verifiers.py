@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from postrain.actors import LocalSandbox, run_episode
-from postrain.actors.environment import EnvironmentContractError, TaskOptionsError
+from postrain.actors.environment import EnvironmentContractError, EnvironmentFailure, TaskOptionsError
 from postrain.actors.tasks import get_task
 from postrain.actors.tasks.rewards import RewardFailure
 from postrain.actors.tools import format_named_call
@@ -332,6 +332,77 @@ def test_a_sandbox_tool_must_take_one_string(tool_tasksets):
         spec.make_env(options={"taskset": "vf_tools:calc", "sandbox_tools": {"nope": "bash"}})
     with pytest.raises(TaskOptionsError, match=r"sandbox_tools\.python"):
         spec.make_env(options={"taskset": "vf_tools:calc", "sandbox_tools": {"python": "ruby"}})
+
+
+HINT_ENV = '''
+import verifiers.v1 as vf
+
+class GuessData(vf.TaskData):
+    answer: str
+
+class GuessTask(vf.Task[GuessData, vf.State, vf.TaskConfig]):
+    @vf.reward
+    async def solved(self, task, trace) -> float:
+        return float(trace.last_reply == task.answer)
+
+    @vf.reward(weight=0.0)
+    async def turns(self, trace) -> float:
+        return float(trace.num_turns)
+
+class GuessTaskset(vf.Taskset[GuessTask, vf.TasksetConfig]):
+    def load(self):
+        yield GuessTask(GuessData(prompt="Guess my number, 1 to 10.", answer="7"), self.config.task)
+
+class HintConfig(vf.EnvConfig):
+    assistant: vf.AgentConfig = vf.AgentConfig()
+    max_hints: int = 3
+
+class HintEnv(vf.Env[HintConfig]):
+    async def run(self, task, agents):
+        async with agents.assistant.interaction(task) as chat:
+            segment = await chat.turn()
+            for _ in range(self.config.max_hints):
+                if segment.terminated or segment.last_reply == task.data.answer:
+                    return
+                guess = int(segment.last_reply)
+                segment = await chat.turn("higher" if guess < int(task.data.answer) else "lower")
+
+class BrokenEnv(HintEnv):
+    async def run(self, task, agents):
+        async with agents.assistant.interaction(task) as chat:
+            await chat.turn()
+            raise ValueError("the env broke")
+
+def guess():
+    return GuessTaskset(vf.TasksetConfig())
+'''
+
+
+def test_an_envs_own_next_turns_drive_a_multi_turn_episode(tool_tasksets):
+    (tool_tasksets / "vf_hints.py").write_text(HINT_ENV)
+    options = {"taskset": "vf_hints:guess", "env": "vf_hints:HintEnv"}
+    _, solved = play(options, "5", "8", "7")
+    assert [m["content"] for m in solved.messages] == ["Guess my number, 1 to 10.", "5", "higher", "8", "lower", "7"]
+    assert not solved.truncated and solved.reward.components == {"solved": 1.0, "turns": 3.0}
+    _, out_of_hints = play(options, "1", "2", "3", "4")
+    assert not out_of_hints.truncated and out_of_hints.reward.components == {"solved": 0.0, "turns": 4.0}
+    spec = get_task("verifiers")
+    env = spec.make_env(options={**options, "max_turns": 2})
+    truncated = trio.run(run_episode, env, spec.eval_tasks({**options, "eval_fraction": 0.99})[0], scripted("1", "2"))
+    assert truncated.truncated and truncated.reward.components == {"solved": 0.0, "turns": 2.0}
+    trio.run(env.close)   # the env's run, still waiting for a turn, sees the exchange end
+    assert env.relay.events.get(timeout=10) == ("end", None)
+
+
+def test_an_env_that_raises_or_asks_for_another_model_fails_its_sample_by_name(tool_tasksets):
+    (tool_tasksets / "vf_hints.py").write_text(HINT_ENV)
+    with pytest.raises(EnvironmentFailure, match=r"the verifiers env's run raised ValueError: the env broke"):
+        play({"taskset": "vf_hints:guess", "env": "vf_hints:BrokenEnv"}, "5")
+    with pytest.raises(EnvironmentFailure, match=r"asked for agent 'user', but postrain plays only its model as "
+                                                 r"'assistant'"):
+        play({"taskset": "vf_hints:guess", "env": "verifiers.v1.envs.user_sim:UserSimEnv"}, "5")
+    with pytest.raises(TaskOptionsError, match=r"'vf_hints:guess' is a function, not a verifiers.v1.Env subclass"):
+        get_task("verifiers").make_env(options={"taskset": "vf_hints:guess", "env": "vf_hints:guess"})
 
 
 @pytest.mark.slow
