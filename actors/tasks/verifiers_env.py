@@ -17,7 +17,11 @@ fields) become postrain task dicts. postrain plays the model's turns itself (no 
   `sandbox_tools` run in postrain's sandbox, the others in a worker thread within
   `tool_timeout_s`; an error is the tool's output, the episode goes on). The episode ends at a
   turn without a tool call (the final reply), when a `@vf.stop` of the task (one taking the
-  `Trace`) says so after a turn, or after `max_turns` turns.
+  `Trace`) says so after a turn, or after `max_turns` turns;
+- with the option `env`, a `vf.Env` subclass whose `run(task, agents)` writes the other side's
+  turns itself (`verifiers_relay`): each `turn(message)` it makes for the model is the next
+  observation; the episode ends when its run returns (or by a stop hook, or `max_turns`). A
+  turn of the model that calls a tool gets the tool's output first; its reply goes to the run.
 
 At the end the task's own scoring (`Task.score`, without a runtime) runs on the whole trace: every
 turn, each tool call (a `ToolCall` with the arguments as the model wrote them) and its output (a
@@ -34,9 +38,10 @@ thread with their own asyncio loop, bounded by `score_timeout_s`; a scorer that 
 fails only its sample (`RewardFailure`, dropped with the reason in the ledger). Importing
 `verifiers.v1` takes seconds, so it happens only when a verifiers task is used.
 
-Not covered: `vf.Env` subclasses whose `run(task, agents)` relays between agents (a simulated
-user is another model behind verifiers' harness and endpoint), `@vf.stop` hooks on a `Request` or
-`Response` (postrain's turns are text, not provider requests: such a task is refused at reset),
+Not covered: a `vf.Env` whose run needs another model (a simulated user is a model behind
+verifiers' harness and endpoint: refused by the agent's name), `Env.setup`/`finalize`,
+`@vf.stop` hooks on a `Request` or `Response` (postrain's turns are text, not provider
+requests: such a task is refused at reset),
 toolsets' server hooks (`setup`, `setup_task`) and state channel, and verifiers' own runtimes
 (`Task.setup`/`finalize`, runtime-dependent rewards, which `Task.score` skips without a runtime).
 """
