@@ -74,8 +74,8 @@ def run(engine, prompts, params):
     return [(o.outputs[0].token_ids, o.outputs[0].policy_versions) for o in engine.generate(prompts, params)]
 
 
-@pytest.mark.parametrize("options", [NGRAM, ROLLOUTS], ids=["ngram", "rollouts"])
-@pytest.mark.parametrize("caching", [True, False], ids=["prefix-cache", "no-cache"])
+@pytest.mark.parametrize("options, caching", [(NGRAM, True), (NGRAM, False), (ROLLOUTS, True)],
+                         ids=["ngram-prefix-cache", "ngram-no-cache", "rollouts-prefix-cache"])
 def test_greedy_is_token_identical_to_the_plain_engine(model, tokenizer, options, caching):
     prompts = task_prompts(tokenizer) + random_prompts(2)
     params = SamplingParams(max_new_tokens=20, **GREEDY)
@@ -92,13 +92,13 @@ def test_greedy_is_token_identical_to_the_plain_engine(model, tokenizer, options
 def test_greedy_identical_under_preemption_with_drafts(model, tokenizer):
     """Blocks run short: drafts are given up first, then sequences are preempted and recomputed.
     The second pass drafts from the first pass's rollouts, so most drafts are accepted."""
-    prompts = random_prompts(6, seed=0)
-    params = SamplingParams(max_new_tokens=30, **GREEDY)
+    prompts = random_prompts(5, seed=0)
+    params = SamplingParams(max_new_tokens=20, **GREEDY)
     plain = run(checked_engine(model, tokenizer), prompts, params)
-    engine = checked_engine(model, tokenizer, num_blocks=40, speculative=ROLLOUTS)
+    engine = checked_engine(model, tokenizer, num_blocks=30, speculative=ROLLOUTS)
     assert run(engine, prompts, params) == plain
     assert run(engine, prompts, params) == plain
-    assert engine.counters["num_preemptions"] > 0 and engine.counters["num_accepted_tokens"] > 30
+    assert engine.counters["num_preemptions"] > 0 and engine.counters["num_accepted_tokens"] > 20
     assert engine.pool.num_free_blocks == engine.pool.num_blocks
 
 
