@@ -3,6 +3,7 @@ package: tasksets written here (no hub data), single-turn and with a toolset (th
 @vf.reward functions as reward components with their weights on the whole trace, code tools in a
 real sandbox, tools that raise, hang or are called badly, @vf.stop hooks and max_turns, a held-out
 split, a scorer that raises or hangs, and short real runs."""
+import json
 from pathlib import Path
 
 import pytest
@@ -215,6 +216,15 @@ class ResponseStopTaskset(vf.Taskset[ResponseStopTask, vf.TasksetConfig]):
 def calc():
     return CalcTaskset(vf.TasksetConfig())
 
+class AgainConfig(vf.EnvConfig):
+    assistant: vf.AgentConfig = vf.AgentConfig()
+
+class AgainEnv(vf.Env[AgainConfig]):
+    async def run(self, task, agents):
+        async with agents.assistant.interaction(task) as chat:
+            await chat.turn()
+            await chat.turn("Are you sure? Answer again.")
+
 def response_stop():
     return ResponseStopTaskset(vf.TasksetConfig())
 '''
@@ -407,12 +417,16 @@ def test_an_env_that_raises_or_asks_for_another_model_fails_its_sample_by_name(t
 
 @pytest.mark.slow
 def test_a_short_run_on_a_verifiers_tool_taskset_balances_its_ledger(tool_tasksets, monkeypatch):
-    """The tiny model's turns: replies that end at once (the single-turn path) and any tool calls."""
+    """The tiny model plays a tool task under an env that asks twice: multi-turn episodes (the env's
+    run in the env actor), with any tool calls the model makes, from the real generator."""
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     from task_runs import run_task   # tests/actors/task_runs.py
-    summary, folder = run_task(tool_tasksets, "verifiers", {"taskset": "vf_tools:calc", "num_eval": 2,
-                                                            "max_turns": 3})
+    summary, folder = run_task(tool_tasksets, "verifiers", {"taskset": "vf_tools:calc", "env": "vf_tools:AgainEnv",
+                                                            "num_eval": 2, "max_turns": 3})
     ledger = summary["ledger"]
     assert summary["steps"] == 1 and ledger["created"] == 6 and ledger["in_flight"] == 0
     assert ledger["created"] == ledger["trained"] + ledger["dropped"] and ledger["trained"] == 6
+    episodes = [json.loads(line) for line in (folder / "ledger.jsonl").read_text().splitlines()]
+    turns = [e["num_turns"] for e in episodes if e["event"] == "episode"]
+    assert len(turns) == 6 and all(n >= 2 for n in turns)   # the env asked again each time
     assert sorted(p.stem for p in (folder / "logs").iterdir()) == ["env", "generator", "learner", "orchestrator"]
