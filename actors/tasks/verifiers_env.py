@@ -81,8 +81,8 @@ class VerifiersOptions(Options):
     sandbox_tools: dict[str, Literal["python", "bash"]] = Field(
         default_factory=dict, description="tools that run code: tool name -> 'python' or 'bash'; the tool's "
         "one str argument runs in postrain's sandbox (a run then needs a sandbox actor)")
-    tool_timeout_s: float = Field(10.0, gt=0, description="a tool call (or its sandbox run) past this returns "
-                                  "an error to the model, seconds")
+    tool_timeout_s: float = Field(10.0, gt=0, description="a tool call (or its sandbox run) past this "
+                                  "returns an error to the model, seconds")
     env: str | None = Field(None, description="import path 'pkg.mod:EnvClass' of a verifiers.v1 Env subclass "
                             "whose run(task, agents) writes the other side's turns (none: the task alone)")
     policy_agent: str = Field("assistant", description="the agent of `env` that postrain's model plays")
@@ -168,8 +168,8 @@ def build_trace(task, messages: list[dict], stop_condition: str | None = None):
     adapter = TypeAdapter(Message)
     nodes = [MessageNode(parent=i - 1 if i else None, message=adapter.validate_python(m),
                          sampled=m["role"] == "assistant") for i, m in enumerate(messages)]
-    trace = Trace(task=TraceTask(type=type(task).__name__, data=task.data), agent=AgentInfo(config=AgentConfig()),
-                  nodes=nodes)
+    trace = Trace(task=TraceTask(type=type(task).__name__, data=task.data),
+                  agent=AgentInfo(config=AgentConfig()), nodes=nodes)
     if stop_condition is not None:
         trace.stop(stop_condition)
     return trace
@@ -180,7 +180,8 @@ def score(task, messages: list[dict], stop_condition: str | None = None) -> Rewa
     trace = build_trace(task, messages, stop_condition)
     asyncio.run(task.score(trace))
     rewards = {name: r for name, r in trace.rewards.items() if r is not None}
-    return Reward({name: r.score for name, r in rewards.items()}, {name: r.weight for name, r in rewards.items()})
+    return Reward({name: r.score for name, r in rewards.items()},
+                  {name: r.weight for name, r in rewards.items()})
 
 
 def fired_stop(task, stops: list, messages: list[dict]) -> str | None:
@@ -209,8 +210,9 @@ def trace_stops(task) -> list:
     others = [fn.__name__ for fn in stops if hook_boundary(fn, allow_trace=True) is not Trace]
     if others:
         raise EnvironmentContractError(
-            f"{type(task).__name__} has @vf.stop hooks on a Request or Response ({others}); postrain's turns "
-            f"are text, so it can only run stop hooks that take the Trace; fix: make them take `trace: vf.Trace`")
+            f"{type(task).__name__} has @vf.stop hooks on a Request or Response ({others}); postrain's "
+            f"turns are text, so it can only run stop hooks that take the Trace; fix: make them take "
+            f"`trace: vf.Trace`")
     return stops
 
 
@@ -246,14 +248,16 @@ class VerifiersEnv(Environment):
         self.task = make_task(load_taskset(self.options["taskset"]), task["data"])
         self.relay, opening = None, None
         if self.options.get("env"):
-            self.relay = Relay(load_env_class(self.options["env"]), self.task, self.options.get("policy_agent", "assistant"))
+            self.relay = Relay(load_env_class(self.options["env"]), self.task,
+                               self.options.get("policy_agent", "assistant"))
             self.relay.start(self.task)
             kind, opening = await self.relay.next_event(float(self.options.get("env_timeout_s", 30.0)))
             if kind == "end":
-                raise EnvironmentContractError("the verifiers env's run ended before any turn of the model; fix: "
-                                               "open an interaction and call turn()")
+                raise EnvironmentContractError("the verifiers env's run ended before any turn of the model; "
+                                               "fix: open an interaction and call turn()")
             self.task = self.relay.task
-        self.vf_tools = discover_tools(type(self.task), self.task.config, self.options.get("sandbox_tools", {}))
+        self.vf_tools = discover_tools(type(self.task), self.task.config,
+                                       self.options.get("sandbox_tools", {}))
         self.stops = trace_stops(self.task)
         data = self.task.data
         prompt = data.prompt if data.prompt is not None else ""
@@ -261,7 +265,8 @@ class VerifiersEnv(Environment):
             [_message_dict(m) for m in prompt]
         if opening:  # the env's run opened with a message: it follows what the task prompts
             messages = [m for m in messages if m["content"]] + [{"role": "user", "content": opening}]
-        system = "\n\n".join(filter(None, [data.system_prompt, self.vf_tools and tools_prompt(self.vf_tools)]))
+        system = "\n\n".join(filter(None, [data.system_prompt,
+                                           tools_prompt(self.vf_tools) if self.vf_tools else None]))
         if system:
             messages.insert(0, {"role": "system", "content": system})
         self.messages = messages
@@ -299,8 +304,8 @@ class VerifiersEnv(Environment):
         if kind == "end":
             return StepResult(None, True, await self._score(None))
         if not message:
-            raise EnvironmentContractError("the verifiers env's run called turn() without a message after the "
-                                           "first turn; fix: pass the next user message to turn(message)")
+            raise EnvironmentContractError("the verifiers env's run called turn() without a message after "
+                                           "the first turn; fix: pass the next user message to turn(message)")
         self.messages.append({"role": "user", "content": message})
         return await self._go_on(message, {"env_turn": True})
 

@@ -36,10 +36,11 @@ def load_env_class(path: str) -> type:
     try:
         obj = import_object(path)
     except ImportError as exc:
-        raise TaskOptionsError(f"cannot load the verifiers env {path!r}: {exc}; fix: check the import path") from None
+        raise TaskOptionsError(f"cannot load the verifiers env {path!r}: {exc}; fix: check the import "
+                               f"path") from None
     if not (isinstance(obj, type) and issubclass(obj, vf.Env)):
-        raise TaskOptionsError(f"{path!r} is a {type(obj).__name__}, not a verifiers.v1.Env subclass; fix: point "
-                               f"at the class whose run(task, agents) plays an episode")
+        raise TaskOptionsError(f"{path!r} is a {type(obj).__name__}, not a verifiers.v1.Env subclass; fix: "
+                               f"point at the class whose run(task, agents) plays an episode")
     return obj
 
 
@@ -70,7 +71,8 @@ class Relay:
                 asyncio.run(self.env.run(task, _Agents(self)))
                 self.events.put(("end", None))
             except Exception as exc:  # noqa: BLE001 - the env's run may raise anything: it fails the episode
-                self.events.put(("error", f"the verifiers env's run raised {type(exc).__name__}: {exc}"[:300]))
+                reason = f"the verifiers env's run raised {type(exc).__name__}: {exc}"
+                self.events.put(("error", reason[:300]))
         threading.Thread(target=main, name="verifiers-env-run", daemon=True).start()
 
     async def next_event(self, timeout_s: float) -> tuple[str, str | None]:
@@ -80,7 +82,8 @@ class Relay:
             with trio.fail_after(timeout_s):
                 kind, value = await trio.to_thread.run_sync(self.events.get, abandon_on_cancel=True)
         except trio.TooSlowError:
-            raise RuntimeError(f"the verifiers env's run did not reach its next turn within {timeout_s} s") from None
+            raise RuntimeError(f"the verifiers env's run did not reach its next turn within {timeout_s} "
+                               f"s") from None
         if kind == "error":
             raise RuntimeError(value)
         return kind, value

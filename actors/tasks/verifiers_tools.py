@@ -29,8 +29,8 @@ import trio
 from pydantic import ValidationError, create_model
 
 from ..environment import TaskOptionsError
-from ..tools import (NAMED_CALL_EXAMPLE, NamedCall, format_observation, format_shell_output, format_tool_output,
-                     truncate_middle)
+from ..tools import (NAMED_CALL_EXAMPLE, NamedCall, format_observation, format_shell_output,
+                     format_tool_output, truncate_middle)
 
 SANDBOX_KINDS = ("python", "bash")
 _SHELL = "import subprocess, sys\nsys.exit(subprocess.run(['/bin/sh', '-c', sys.stdin.read()]).returncode)\n"
@@ -80,7 +80,8 @@ def discover_tools(task_type: type, config, sandbox_tools: dict[str, str]) -> di
     for name, kind in sandbox_tools.items():
         if name not in tools:
             raise TaskOptionsError(f"sandbox_tools names {name!r}, which is not a tool of "
-                                   f"{task_type.__name__} (its tools: {sorted(tools)}); fix: name one of those")
+                                   f"{task_type.__name__} (its tools: {sorted(tools)}); fix: name one of "
+                                   f"those")
         if kind not in SANDBOX_KINDS:
             raise TaskOptionsError(f"sandbox_tools[{name!r}] is {kind!r}; fix: one of {SANDBOX_KINDS}")
         if tools[name].text_argument is None:
@@ -124,7 +125,8 @@ async def call_tool(tools: dict[str, VerifiersTool], call: NamedCall, *, sandbox
         try:
             kwargs = tool.arguments_model.model_validate(call.arguments).model_dump()
         except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors())
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}"
+                                 for e in exc.errors())
             return format_observation(f"[error: bad arguments for tool {call.name!r}: {problems}]")
     if tool.sandbox_kind is not None:
         return await _run_in_sandbox(tool, next(iter(kwargs.values())), sandbox, timeout_s, max_output_chars)
@@ -145,7 +147,8 @@ def _call_blocking(fn, kwargs: dict):
     return asyncio.run(result) if inspect.isawaitable(result) else result
 
 
-async def _run_in_sandbox(tool: VerifiersTool, code: str, sandbox, timeout_s: float, max_output_chars: int) -> str:
+async def _run_in_sandbox(tool: VerifiersTool, code: str, sandbox, timeout_s: float,
+                          max_output_chars: int) -> str:
     if tool.sandbox_kind == "python":
         result = await sandbox.exec(code, timeout_s=timeout_s)
         return format_tool_output(result, max_chars=max_output_chars)
