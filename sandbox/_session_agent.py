@@ -11,8 +11,9 @@ in /run/postrain) and that the agent hands to the next call. Each call otherwise
 a warm execution does (`execute` with req["session"]): its own PID namespace whose init's exit
 kills every process the call started, the sandbox uid, rlimits and the seccomp filter; those
 processes are forked ahead, between calls (`prepare`), and wait for the call's request, so a call
-starts with one write. So a call that times out loses only its own changes to cwd and
-environment, and nothing of the code runs between calls.
+starts with one write; a bash command's shell is that namespace's init itself ("as_init"). So a
+call that times out loses only its own changes to cwd and environment, and nothing of the code
+runs between calls.
 File requests run in a forked child that has dropped to the sandbox uid, so they see and create
 exactly what the code would.
 """
@@ -39,8 +40,10 @@ def _session_exec(req, cfg, state):
         argv = [cfg["python"], "-c", req["code"]]
     _unlink_state()
     prepared, state["prepared"] = state["prepared"], None
-    reply = execute({**req, "session": True, "exec_argv": argv, "cwd": state["cwd"], "env": state["env"],
-                     "files": {}, "argv": [], "code": ""}, cfg, prepared)
+    as_init = "command" in req and prepared is not None  # only a prepared init can become the shell
+    reply = execute({**req, "session": True, "as_init": as_init, "exec_argv": argv,
+                     "cwd": state["cwd"], "env": state["env"], "files": {}, "argv": [], "code": ""},
+                    cfg, prepared)
     if reply["killed_for"] is None and "command" in req:
         _load_state(state)
     _unlink_state()

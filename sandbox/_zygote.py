@@ -136,14 +136,11 @@ def _check(rc, what):
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def run_child(req, cfg, in_r, out_w, err_w, go_r=-1):
-    """The executed code's process: drop everything, then exec the code in this interpreter.
-    Prepared ahead (go_r >= 0, `prepare`): it waits for its request on go_r, still as the jail's
-    root (so that no process of the sandbox uid exists between a session's calls) but already
-    under its seccomp filter, which forbids nothing that the rest of this function does."""
-    install_seccomp()
-    if go_r >= 0:
-        req = msgpack.unpackb(_read_to_end(go_r), raw=False)
+def run_child(req, cfg, in_r, out_w, err_w, filtered=False):
+    """The executed code's process: drop everything, then exec the code in this interpreter
+    (filtered: under its seccomp filter already, which forbids nothing this function does)."""
+    if not filtered:
+        install_seccomp()
     os.dup2(in_r, 0)
     os.dup2(out_w, 1)
     os.dup2(err_w, 2)
@@ -159,8 +156,11 @@ def run_child(req, cfg, in_r, out_w, err_w, go_r=-1):
               (resource.RLIMIT_FSIZE, req["max_file_size_mb"] * mb),
               (resource.RLIMIT_NOFILE, req["max_open_files"]),
               (resource.RLIMIT_CORE, 0)]
+    # CPU: SIGXCPU at the limit, SIGKILL a second later; a namespace's init (req["as_init"])
+    # cannot die of SIGXCPU, so there SIGKILL comes at the limit itself.
+    cpu_grace = 0 if req.get("as_init") else 1
     for which, value in limits:
-        hard = value + 1 if which == resource.RLIMIT_CPU else value
+        hard = value + cpu_grace if which == resource.RLIMIT_CPU else value
         resource.setrlimit(which, (value, hard))
     if req.get("session"):
         _exec_in_session(req)
@@ -231,25 +231,43 @@ def _read_to_end(fd):
 
 def run_init(req, cfg, in_r, out_w, err_w, st_w, go_r=-1):
     """PID 1 of the run's namespace: a fresh /work (a session's call keeps the session's), then
-    the child; report its end and exit."""
+    the child; report its end and exit.
+    Prepared ahead (go_r >= 0, `prepare`): it waits for its request on go_r, still as the jail's
+    root (so that no process of the sandbox uid exists between a session's calls) but already
+    under the seccomp filter. A request with "as_init" (a session's bash command; prepared
+    inits only) makes it the call's process itself, one process less to wake per call; the
+    zygote then sees the call end when init does (a pidfd; Linux 5.3 or later). Being its namespace's init, that process ignores signals it has no handler
+    for unless they come from outside the namespace or are SIGKILL (so RLIMIT_CPU is enforced
+    by its hard limit alone, see `run_child`)."""
+    filtered = go_r >= 0
+    if filtered:
+        install_seccomp()
+        req = msgpack.unpackb(_read_to_end(go_r), raw=False)
+        os.close(go_r)
+        if req.get("as_init"):
+            os.close(st_w)
+            _run_as_child(req, cfg, in_r, out_w, err_w, filtered=True)
     if not req.get("session"):
         _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
         opts = f"size={req['work_dir_size_mb']}m,mode=0700,uid={cfg['uid']},gid={cfg['gid']}".encode()
         _check(_libc.mount(b"tmpfs", b"/work", b"tmpfs", MS_NOSUID | MS_NODEV, opts), "mount /work")
     pid = os.fork()
     if pid == 0:
-        try:
-            run_child(req, cfg, in_r, out_w, err_w, go_r)
-        except BaseException as exc:  # noqa: BLE001 - set-up failed before the code ran
-            os.write(2, f"sandbox set-up failed: {exc!r}\n".encode())
-        os._exit(125)
-    for fd in (in_r, out_w, err_w, go_r):
-        if fd >= 0:
-            os.close(fd)
+        _run_as_child(req, cfg, in_r, out_w, err_w, filtered)
+    for fd in (in_r, out_w, err_w):
+        os.close(fd)
     _, status, usage = os.wait4(pid, 0)
     msg = {"status": status, "cpu_s": usage.ru_utime + usage.ru_stime, "end": time.monotonic()}
     os.write(st_w, msgpack.packb(msg))
     os._exit(0)  # the kernel now kills whatever the code left in this PID namespace
+
+
+def _run_as_child(req, cfg, in_r, out_w, err_w, filtered):
+    try:
+        run_child(req, cfg, in_r, out_w, err_w, filtered)
+    except BaseException as exc:  # noqa: BLE001 - set-up failed before the code ran
+        os.write(2, f"sandbox set-up failed: {exc!r}\n".encode())
+    os._exit(125)
 
 
 def launch(req, cfg, in_r, out_w, err_w, st_w, go_r=-1):
@@ -319,12 +337,23 @@ def prepare(cfg):
     for fd in (in_r, out_w, err_w, st_w, go_r):
         os.close(fd)
     os.waitpid(launcher, 0)
-    return {"in_w": in_w, "out_r": out_r, "err_r": err_r, "st_r": st_r, "go_w": go_w}
+    os.set_blocking(st_r, False)
+    try:
+        status = os.read(st_r, 1 << 16)  # the launcher's report, written before it exited
+    except BlockingIOError:
+        status = b""
+    run = _Run(0)
+    _parse_status(run, status)
+    pidfd = os.pidfd_open(run.init_pid) if run.init_pid is not None else -1
+    return {"in_w": in_w, "out_r": out_r, "err_r": err_r, "st_r": st_r, "go_w": go_w,
+            "status": status, "init_pidfd": pidfd}
 
 
 def execute(req, cfg, prepared=None):
     """Run one request; with `prepared` (from `prepare`), in those waiting processes."""
     t0 = time.monotonic()
+    status_buf = bytearray()
+    init_pidfd = -1  # readable once init has ended (with a prepared init only)
     if prepared is None:
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
@@ -341,6 +370,8 @@ def execute(req, cfg, prepared=None):
         os.waitpid(launcher, 0)
     else:
         in_w, out_r, err_r, st_r = (prepared[k] for k in ("in_w", "out_r", "err_r", "st_r"))
+        status_buf += prepared["status"]
+        init_pidfd = prepared["init_pidfd"]
         view = memoryview(msgpack.packb(req, use_bin_type=True))
         try:
             while view:
@@ -356,8 +387,9 @@ def execute(req, cfg, prepared=None):
         os.close(in_w)
         in_w = -1
     names = {out_r: "stdout", err_r: "stderr"}
-    open_fds = {out_r, err_r, st_r}
-    status_buf = bytearray()
+    open_fds = {out_r, err_r, st_r} | ({init_pidfd} if init_pidfd >= 0 else set())
+    _parse_status(run, status_buf)
+    init_end = None
     deadline = t0 + req["wall_time_s"]
     while open_fds:
         timeout = deadline - time.monotonic()
@@ -377,6 +409,11 @@ def execute(req, cfg, prepared=None):
                 os.close(in_w)
                 in_w = -1
         for fd in readable:
+            if fd == init_pidfd:
+                init_end = time.monotonic()
+                open_fds.discard(fd)
+                os.close(fd)
+                continue
             chunk = os.read(fd, 1 << 16)
             if not chunk:
                 open_fds.discard(fd)
@@ -395,9 +432,13 @@ def execute(req, cfg, prepared=None):
     _parse_status(run, status_buf, final=True)
     if run.init_pid is not None:
         try:
-            os.waitpid(run.init_pid, 0)  # reparented to us when the launcher exited
+            _, status, usage = os.wait4(run.init_pid, 0)  # reparented to us when the launcher exited
         except ChildProcessError:
             pass
+        else:
+            if req.get("as_init"):
+                run.final = {"status": status, "cpu_s": usage.ru_utime + usage.ru_stime,
+                             "end": init_end or time.monotonic()}
     return _report(req, run, t0)
 
 
