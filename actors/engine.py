@@ -172,7 +172,7 @@ class Engine:
         if proposer is not None and speculative is None:
             raise EngineError("a proposer needs speculative options (num_draft_tokens, adaptive); "
                               "pass speculative=SpeculativeOptions(...) too")
-        self._proposer = proposer or (make_proposer(speculative) if speculative is not None else None)
+        self._proposer = proposer or (make_proposer(speculative, model) if speculative is not None else None)
         self._rng = torch.Generator().manual_seed(seed)
         self._ids = itertools.count()
         self._waiting: deque[_Prefill] = deque()     # FIFO; preempted sequences re-enter at the front

@@ -19,6 +19,11 @@ Proposers (deterministic: a draft is one token, not a distribution):
 - "rollouts": first the same lookup in recent completed samples of the same prompt (a
   bounded store: `max_rollouts_per_prompt` samples for each of the `max_prompts` most
   recent prompts, of any policy version), then in the sequence's own text as "ngram" does.
+- "draft_model": a small model with the policy's tokenizer (`draft_model`, any `load_model`
+  spec; its vocabulary size must be the policy's) continues the sequence greedily, k tokens,
+  each from a plain forward over the sequence's text (no KV cache of its own: simple, and
+  cheap next to the policy at a small draft model's size). Its weights stay as loaded: the
+  policy's updates do not reach it, which only lowers the acceptance rate.
 
 Adaptive k: each sequence drafts at most its own k, which starts at `num_draft_tokens`;
 after a verify step in which every drafted token was accepted it grows by 2, else it
@@ -30,18 +35,24 @@ from collections import OrderedDict, deque
 from typing import Literal, Protocol
 
 import numpy as np
+import torch
 from numpy.lib.stride_tricks import sliding_window_view
 from pydantic import Field, model_validator
 
 from postrain.core import Options
+from postrain.core.errors import PostrainError
+
+from .checkpoint import load_model
+from .model import LlamaModel
 
 
 class SpeculativeOptions(Options):
     """Speculative decoding of one generator (off when the generator has none)."""
 
-    method: Literal["ngram", "rollouts"] = Field(description="where drafts come from: 'ngram' (the "
-                                                 "sequence's own text) or 'rollouts' (earlier samples "
-                                                 "of the same prompt, then the sequence's own text)")
+    method: Literal["ngram", "rollouts", "draft_model"] = Field(
+        description="where drafts come from: 'ngram' (the sequence's own text), 'rollouts' (earlier "
+                    "samples of the same prompt, then the sequence's own text) or 'draft_model' (a small "
+                    "model with the policy's tokenizer, greedy)")
     num_draft_tokens: int = Field(4, ge=1, le=16, description="k: drafted tokens verified per sequence "
                                   "and step at most")
     adaptive: bool = Field(True, description="each sequence's k follows its recent acceptance "
@@ -51,13 +62,26 @@ class SpeculativeOptions(Options):
     max_rollouts_per_prompt: int = Field(8, ge=1, description="'rollouts': samples kept per prompt")
     max_prompts: int = Field(256, ge=1, description="'rollouts': prompts whose samples are kept "
                              "(least recently finished forgotten first)")
+    draft_model: str | None = Field(None, description="'draft_model': the model that drafts (a built-in "
+                                    "name, a Hugging Face folder or a .gguf file) with the policy's "
+                                    "tokenizer")
 
     @model_validator(mode="after")
-    def _ngram_range(self):
+    def _consistent(self):
         if self.min_ngram > self.max_ngram:
             raise ValueError(f"min_ngram ({self.min_ngram}) must be <= max_ngram ({self.max_ngram}); "
                              "raise max_ngram or lower min_ngram")
+        if self.method == "draft_model" and self.draft_model is None:
+            raise ValueError("method 'draft_model' needs draft_model (the model that drafts, e.g. a "
+                             "Hugging Face folder of a small model with the policy's tokenizer)")
+        if self.method != "draft_model" and self.draft_model is not None:
+            raise ValueError(f"draft_model is only used by method 'draft_model', not {self.method!r}; "
+                             "set method = \"draft_model\" or remove draft_model")
         return self
+
+
+class SpeculativeError(PostrainError, ValueError):
+    """A draft source that cannot serve this policy (e.g. a draft model with another vocabulary)."""
 
 
 class Proposer(Protocol):
@@ -144,5 +168,38 @@ class RolloutProposer(NgramProposer):
             self._rollouts.popitem(last=False)
 
 
-def make_proposer(options: SpeculativeOptions) -> Proposer:
+class DraftModelProposer:
+    """Drafts the greedy continuation of a small model (see the module docstring)."""
+
+    def __init__(self, draft: LlamaModel, target_vocab_size: int):
+        if draft.config.vocab_size != target_vocab_size:
+            raise SpeculativeError(f"the draft model's vocabulary has {draft.config.vocab_size} tokens, the "
+                                   f"policy's {target_vocab_size}: a draft model must use the policy's "
+                                   "tokenizer; pick one of the policy's family (same tokenizer)")
+        self.draft = draft.eval()
+        self.max_positions = draft.config.max_position_embeddings
+
+    def propose(self, token_ids: list[int], prompt_key: tuple[int, ...], k: int) -> list[int]:
+        k = min(k, self.max_positions - 1)
+        if k <= 0:
+            return []
+        device = self.draft.lm_head.weight.device
+        ids = torch.tensor([token_ids[-(self.max_positions - k):]], device=device)   # (1, T)
+        with torch.inference_mode():
+            for _ in range(k):
+                next_id = self.draft(ids, logits_to_keep=torch.tensor([ids.shape[1] - 1], device=device)).argmax(-1)
+                ids = torch.cat([ids, next_id[:, None]], dim=1)
+        return ids[0, -k:].tolist()
+
+    def record(self, prompt_key: tuple[int, ...], completion_ids: list[int]) -> None:
+        """Ignored: the draft model looks only at the sequence's own text."""
+
+
+def make_proposer(options: SpeculativeOptions, target: LlamaModel) -> Proposer:
+    """The proposer `options.method` names, for the policy `target` (a draft model is loaded
+    onto the policy's device and dtype)."""
+    if options.method == "draft_model":
+        weight = target.lm_head.weight
+        draft, _ = load_model(options.draft_model, dtype=weight.dtype, device=weight.device)
+        return DraftModelProposer(draft, target.config.vocab_size)
     return {"ngram": NgramProposer, "rollouts": RolloutProposer}[options.method](options)

@@ -5,6 +5,7 @@
         --prompt "What is 2+3?" --temperature 0 --json
     postrain generate --model /ckpt/step100 --prompt "def f(" --n 4 --seed 1 --json
     postrain generate --model tiny --prompt "abcabcabc" --speculative ngram --json
+    postrain generate --model /models/big --prompt "..." --speculative draft_model --draft-model /models/small
 
 --model takes a Hugging Face folder, a .gguf file or a built-in config name
 (tiny, small: random weights). --json prints one object with the prompt's token
@@ -33,10 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     parser.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    parser.add_argument("--speculative", choices=["ngram", "rollouts"], default=None,
+    parser.add_argument("--speculative", choices=["ngram", "rollouts", "draft_model"], default=None,
                         help="speculative decoding: where drafts come from (default: off)")
     parser.add_argument("--num-draft-tokens", type=int, default=4,
                         help="with --speculative: drafted tokens per step at most (default 4)")
+    parser.add_argument("--draft-model", default=None, help="with --speculative draft_model: the model that "
+                        "drafts (HF folder, .gguf file or built-in name; the --model's tokenizer)")
     parser.add_argument("--json", action="store_true", help="print token ids, logprobs and text as JSON")
 
 
@@ -44,7 +47,7 @@ def main(args) -> int:
     from postrain.actors.checkpoint import CheckpointError, load_model
     from postrain.actors.engine import Engine, EngineError
     from postrain.actors.sampling import SamplingParams, SamplingParamsError
-    from postrain.actors.speculative import SpeculativeOptions
+    from postrain.actors.speculative import SpeculativeError, SpeculativeOptions
     from pydantic import ValidationError
 
     try:
@@ -53,18 +56,20 @@ def main(args) -> int:
                                 stop=args.stop)
         speculative = None
         if args.speculative is not None:
-            speculative = SpeculativeOptions(method=args.speculative, num_draft_tokens=args.num_draft_tokens)
+            speculative = SpeculativeOptions(method=args.speculative, num_draft_tokens=args.num_draft_tokens,
+                                             draft_model=args.draft_model)
         model, tokenizer = load_model(args.model)
         prompt = args.prompt
         if args.chat:
             prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
         engine = Engine(model, tokenizer, max_num_seqs=max(64, args.n), speculative=speculative)
         out = engine.generate([prompt], params)[0]
-    except (CheckpointError, EngineError, SamplingParamsError) as exc:
+    except (CheckpointError, EngineError, SamplingParamsError, SpeculativeError) as exc:
         print(f"postrain generate: {exc}", file=sys.stderr)
         return 2
     except ValidationError as exc:
-        problems = "; ".join(f"--{str(e['loc'][-1]).replace('_', '-')}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join((f"--{str(e['loc'][-1]).replace('_', '-')}: " if e["loc"] else "") + e["msg"]
+                             for e in exc.errors())
         print(f"postrain generate: {problems}", file=sys.stderr)
         return 2
     if args.json:

@@ -13,10 +13,10 @@ from pydantic import ValidationError
 
 from postrain.actors.engine import Engine
 from postrain.actors.generator_actor import GeneratorActor
-from postrain.actors.model import build_model
+from postrain.actors.model import LlamaModel, ModelConfig, build_model
 from postrain.actors.sampling import SamplingParams, verify_rows
 from postrain.actors.speculative import (
-    NgramProposer, RolloutProposer, SpeculativeOptions, next_num_draft_tokens,
+    DraftModelProposer, NgramProposer, RolloutProposer, SpeculativeError, SpeculativeOptions, next_num_draft_tokens,
 )
 from postrain.actors.tasks import arithmetic, code
 from postrain.actors.tokenizer import byte_tokenizer
@@ -87,6 +87,31 @@ def test_greedy_is_token_identical_to_the_plain_engine(model, tokenizer, options
     assert stats["num_drafted_tokens"] > 0 and 0 < stats["acceptance_rate"] <= 1
     assert stats["tokens_per_verify_step"] > 1
     assert engine.pool.num_free_blocks == engine.pool.num_blocks    # no slot leaked
+
+
+def test_greedy_with_a_draft_model_is_token_identical_to_the_plain_engine(model, tokenizer):
+    """A draft model with other weights (the built-in tiny: mostly rejected), then the policy
+    drafting for itself (every greedy draft accepted)."""
+    prompts = task_prompts(tokenizer)[3:] + random_prompts(1)
+    params = SamplingParams(max_new_tokens=12, **GREEDY)
+    plain = run(checked_engine(model, tokenizer), prompts, params)
+    options = SpeculativeOptions(method="draft_model", draft_model="tiny", num_draft_tokens=3)
+    other = checked_engine(model, tokenizer, speculative=options)
+    assert run(other, prompts, params) == plain
+    assert other.counters["num_drafted_tokens"] > 0 and other.stats()["acceptance_rate"] < 0.5
+    itself = checked_engine(model, tokenizer, speculative=options,
+                            proposer=DraftModelProposer(model, model.config.vocab_size))
+    assert run(itself, prompts, params) == plain
+    assert itself.stats()["acceptance_rate"] > 0.95 and itself.stats()["tokens_per_verify_step"] > 3
+    assert itself.pool.num_free_blocks == itself.pool.num_blocks
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused(tokenizer):
+    small_vocab = LlamaModel(ModelConfig(vocab_size=6, hidden_size=32, intermediate_size=64, num_layers=1,
+                                         num_heads=2, num_kv_heads=1, max_position_embeddings=64))
+    options = SpeculativeOptions(method="draft_model", draft_model="tiny")
+    with pytest.raises(SpeculativeError, match="the draft model's vocabulary has 264 tokens, the policy's 6"):
+        Engine(small_vocab.init_weights(), None, num_blocks=8, speculative=options)
 
 
 def test_greedy_identical_under_preemption_with_drafts(model, tokenizer):
@@ -218,6 +243,10 @@ def test_options_refuse_bad_values():
         SpeculativeOptions(method="ngram", num_draft_tokens=0)
     with pytest.raises(ValidationError, match=r"min_ngram \(5\) must be <= max_ngram \(4\)"):
         SpeculativeOptions(method="ngram", min_ngram=5)
+    with pytest.raises(ValidationError, match="method 'draft_model' needs draft_model"):
+        SpeculativeOptions(method="draft_model")
+    with pytest.raises(ValidationError, match="draft_model is only used by method 'draft_model', not 'ngram'"):
+        SpeculativeOptions(method="ngram", draft_model="tiny")
 
 
 @async_test
@@ -259,3 +288,9 @@ def test_generate_command_takes_speculative(capsys):
     assert report["stats"]["num_drafted_tokens"] > 0 and "acceptance_rate" in report["stats"]
     assert main(argv + ["--speculative", "ngram", "--num-draft-tokens", "0"]) == 2
     assert "--num-draft-tokens: Input should be greater than or equal to 1" in capsys.readouterr().err
+    assert main(argv + ["--speculative", "draft_model", "--draft-model", "tiny"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["samples"][0]["token_ids"] == plain["samples"][0]["token_ids"]
+    assert report["stats"]["num_drafted_tokens"] > 0
+    assert main(argv + ["--speculative", "draft_model"]) == 2
+    assert "method 'draft_model' needs draft_model" in capsys.readouterr().err
