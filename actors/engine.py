@@ -47,9 +47,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from postrain.actors.checkpoint import load_model
 from postrain.actors.model import Float16Weights, LlamaModel, PagedBatch
 from postrain.actors.sampling import SamplingParams, make_generator, sample_rows, verify_rows
-from postrain.actors.speculative import Proposer, SpeculativeOptions, make_proposer, next_num_draft_tokens
+from postrain.actors.speculative import (
+    DraftModelProposer, Proposer, SpeculativeOptions, make_proposer, next_num_draft_tokens,
+)
 from postrain.core.errors import PostrainError
 from postrain.ext import KVBlockPool, OutOfBlocksError
 
@@ -172,7 +175,10 @@ class Engine:
         if proposer is not None and speculative is None:
             raise EngineError("a proposer needs speculative options (num_draft_tokens, adaptive); "
                               "pass speculative=SpeculativeOptions(...) too")
-        self._proposer = proposer or (make_proposer(speculative, model) if speculative is not None else None)
+        if proposer is None and speculative is not None:
+            proposer = (self._draft_model_proposer(speculative, seed) if speculative.method == "draft_model"
+                        else make_proposer(speculative))
+        self._proposer = proposer
         self._rng = torch.Generator().manual_seed(seed)
         self._ids = itertools.count()
         self._waiting: deque[_Prefill] = deque()     # FIFO; preempted sequences re-enter at the front
@@ -182,6 +188,18 @@ class Engine:
                          "num_cached_prompt_tokens": 0, "num_preemptions": 0, "busy_s": 0.0,
                          "num_verify_steps": 0, "num_drafted_tokens": 0, "num_accepted_tokens": 0,
                          "draft_s": 0.0}
+
+    def _draft_model_proposer(self, options: SpeculativeOptions, seed: int) -> DraftModelProposer:
+        """An engine over `options.draft_model`, on the policy's device and dtype, drafting."""
+        weight = self.model.lm_head.weight
+        draft, _ = load_model(options.draft_model, dtype=weight.dtype, device=weight.device)
+        if draft.config.vocab_size != self.config.vocab_size:
+            raise EngineError(f"the draft model {options.draft_model!r} has a vocabulary of "
+                              f"{draft.config.vocab_size} tokens, the policy {self.config.vocab_size}: a "
+                              "draft model must use the policy's tokenizer (pick a smaller model of the "
+                              "policy's family)")
+        return DraftModelProposer(Engine(draft, kv_cache_mb=options.draft_kv_cache_mb,
+                                         max_num_seqs=1, seed=seed))
 
     # ------------------------------------------------------------------ public API
 
@@ -270,7 +288,8 @@ class Engine:
         self.policy_version = version
 
     def stats(self) -> dict:
-        """KV utilisation, batch size, queue depth, and throughput counters."""
+        """KV utilisation, batch size, queue depth, and throughput counters; with speculative
+        decoding, `speculation_stats` too."""
         pool = self.pool.stats()
         busy = self.counters["busy_s"]
         return {
@@ -279,7 +298,7 @@ class Engine:
             "kv_utilization": self.kv_utilization(), "prefix_hit_rate": pool["prefix_hit_rate"],
             "policy_version": self.policy_version,
             "tokens_per_s": self.counters["num_generated_tokens"] / busy if busy else 0.0,
-            **self.speculation_stats(),
+            **(self.speculation_stats() if self.speculative is not None else {}),
             **self.counters,
         }
 

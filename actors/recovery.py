@@ -182,6 +182,17 @@ class LearnerKeeper:
                 await self._with_recovery(lambda: self._publish_locked(behind), "publish")
             return len(behind)
 
+    async def generator_stats(self) -> dict[str, dict]:
+        """Each generator's `stats`, by name; one that does not answer within STATS_RETRY_S (dead
+        or restarting) is left out. Cancelled: nothing changes."""
+        stats = {}
+        for name in self.generator_names:
+            try:
+                stats[name] = await (await self._generator(name)).ask("stats", timeout_s=STATS_RETRY_S)
+            except ActorError:        # dead, restarting or not answering: no figures this time
+                continue
+        return stats
+
     # -- internals ------------------------------------------------------------------
 
     async def _with_recovery(self, once, what: str):

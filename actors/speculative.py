@@ -21,9 +21,9 @@ Proposers (deterministic: a draft is one token, not a distribution):
   recent prompts, of any policy version), then in the sequence's own text as "ngram" does.
 - "draft_model": a small model with the policy's tokenizer (`draft_model`, any `load_model`
   spec; its vocabulary size must be the policy's) continues the sequence greedily, k tokens,
-  each from a plain forward over the sequence's text (no KV cache of its own: simple, and
-  cheap next to the policy at a small draft model's size). Its weights stay as loaded: the
-  policy's updates do not reach it, which only lowers the acceptance rate.
+  in an engine of its own (`draft_kv_cache_mb`) whose prefix cache keeps each sequence's
+  text between steps, so a step prefills only the tokens new since the last. Its weights
+  stay as loaded: the policy's updates do not reach it, which only lowers the acceptance.
 
 Adaptive k: each sequence drafts at most its own k, which starts at `num_draft_tokens`;
 after a verify step in which every drafted token was accepted it grows by 2, else it
@@ -35,15 +35,12 @@ from collections import OrderedDict, deque
 from typing import Literal, Protocol
 
 import numpy as np
-import torch
 from numpy.lib.stride_tricks import sliding_window_view
 from pydantic import Field, model_validator
 
 from postrain.core import Options
-from postrain.core.errors import PostrainError
 
-from .checkpoint import load_model
-from .model import LlamaModel
+from .sampling import SamplingParams
 
 
 class SpeculativeOptions(Options):
@@ -65,6 +62,8 @@ class SpeculativeOptions(Options):
     draft_model: str | None = Field(None, description="'draft_model': the model that drafts (a built-in "
                                     "name, a Hugging Face folder or a .gguf file) with the policy's "
                                     "tokenizer")
+    draft_kv_cache_mb: float = Field(256, gt=0, description="'draft_model': memory of its KV cache, MiB "
+                                     "(holds the drafting sequences' text between steps)")
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -80,8 +79,6 @@ class SpeculativeOptions(Options):
         return self
 
 
-class SpeculativeError(PostrainError, ValueError):
-    """A draft source that cannot serve this policy (e.g. a draft model with another vocabulary)."""
 
 
 class Proposer(Protocol):
@@ -169,37 +166,27 @@ class RolloutProposer(NgramProposer):
 
 
 class DraftModelProposer:
-    """Drafts the greedy continuation of a small model (see the module docstring)."""
+    """Drafts the greedy continuation of a small model (see the module docstring).
 
-    def __init__(self, draft: LlamaModel, target_vocab_size: int):
-        if draft.config.vocab_size != target_vocab_size:
-            raise SpeculativeError(f"the draft model's vocabulary has {draft.config.vocab_size} tokens, the "
-                                   f"policy's {target_vocab_size}: a draft model must use the policy's "
-                                   "tokenizer; pick one of the policy's family (same tokenizer)")
-        self.draft = draft.eval()
-        self.max_positions = draft.config.max_position_embeddings
+    drafter: an `Engine` over the draft model with prefix caching: each call prefills only
+    the sequence's text past its cached blocks (what earlier calls for it left there), then
+    decodes k tokens."""
+
+    def __init__(self, drafter):
+        self.drafter = drafter
+        self.max_positions = drafter.config.max_position_embeddings
 
     def propose(self, token_ids: list[int], prompt_key: tuple[int, ...], k: int) -> list[int]:
         k = min(k, self.max_positions - 1)
         if k <= 0:
             return []
-        device = self.draft.lm_head.weight.device
-        ids = torch.tensor([token_ids[-(self.max_positions - k):]], device=device)   # (1, T)
-        with torch.inference_mode():
-            for _ in range(k):
-                next_id = self.draft(ids, logits_to_keep=torch.tensor([ids.shape[1] - 1], device=device)).argmax(-1)
-                ids = torch.cat([ids, next_id[:, None]], dim=1)
-        return ids[0, -k:].tolist()
+        greedy = SamplingParams(temperature=0.0, max_new_tokens=k, ignore_eos=True)
+        return self.drafter.generate([token_ids[-(self.max_positions - k):]], greedy)[0].outputs[0].token_ids
 
     def record(self, prompt_key: tuple[int, ...], completion_ids: list[int]) -> None:
         """Ignored: the draft model looks only at the sequence's own text."""
 
 
-def make_proposer(options: SpeculativeOptions, target: LlamaModel) -> Proposer:
-    """The proposer `options.method` names, for the policy `target` (a draft model is loaded
-    onto the policy's device and dtype)."""
-    if options.method == "draft_model":
-        weight = target.lm_head.weight
-        draft, _ = load_model(options.draft_model, dtype=weight.dtype, device=weight.device)
-        return DraftModelProposer(draft, target.config.vocab_size)
+def make_proposer(options: SpeculativeOptions) -> Proposer:
+    """The "ngram" or "rollouts" proposer (the engine builds "draft_model"'s: it needs an engine)."""
     return {"ngram": NgramProposer, "rollouts": RolloutProposer}[options.method](options)

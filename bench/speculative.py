@@ -44,7 +44,7 @@ import torch
 from postrain.actors.engine import Engine
 from postrain.actors.model import LlamaModel, ModelConfig, PagedBatch
 from postrain.actors.sampling import SamplingParams
-from postrain.actors.speculative import SpeculativeOptions
+from postrain.actors.speculative import DraftModelProposer, SpeculativeOptions
 from postrain.actors.tasks import arithmetic, code
 from postrain.actors.tools import format_observation, format_tool_output
 
@@ -126,10 +126,11 @@ class _UnlikelyDrafts:
         pass
 
 
-def distribution_pvalue(top_p: float = 1.0, num_seeds: int = 6, samples_per_seed: int = 1000
-                        ) -> tuple[float, float]:
+def distribution_pvalue(top_p: float = 1.0, num_seeds: int = 6, samples_per_seed: int = 1000,
+                        drafts: str = "unlikely") -> tuple[float, float]:
     """(chi-square p-value, acceptance rate): three tokens per sample from a 6-token vocabulary
-    model whose second and third tokens come from verify steps with unlikely drafts, against
+    model whose second and third tokens come from verify steps with drafts ("unlikely": one
+    fixed unlikely token; "draft_model": the greedy tokens of another random model), against
     the model's joint distribution of the three (computed here from full forwards,
     independently of the engine's sampler; 216 cells)."""
     config = ModelConfig(vocab_size=6, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
@@ -146,7 +147,9 @@ def distribution_pvalue(top_p: float = 1.0, num_seeds: int = 6, samples_per_seed
     forced = int((second.mean(0) - 0.1).abs().argmin())   # a draft accepted about 1 time in 10
     engine = Engine(model, None, num_blocks=1024, block_size_tokens=4, max_num_seqs=256,
                     speculative=SpeculativeOptions(method="ngram", num_draft_tokens=2, adaptive=False),
-                    proposer=_UnlikelyDrafts(forced))
+                    proposer=_UnlikelyDrafts(forced) if drafts == "unlikely" else
+                    DraftModelProposer(Engine(LlamaModel(config).init_weights(seed=6, std=0.6).eval(), None,
+                                              num_blocks=256, block_size_tokens=4)))
     counts = torch.zeros(216, dtype=torch.float64)
     for seed in range(num_seeds):
         out = engine.generate([prompt], SamplingParams(n=samples_per_seed, seed=seed, **params))[0]

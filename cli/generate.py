@@ -47,7 +47,7 @@ def main(args) -> int:
     from postrain.actors.checkpoint import CheckpointError, load_model
     from postrain.actors.engine import Engine, EngineError
     from postrain.actors.sampling import SamplingParams, SamplingParamsError
-    from postrain.actors.speculative import SpeculativeError, SpeculativeOptions
+    from postrain.actors.speculative import SpeculativeOptions
     from pydantic import ValidationError
 
     try:
@@ -64,7 +64,7 @@ def main(args) -> int:
             prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
         engine = Engine(model, tokenizer, max_num_seqs=max(64, args.n), speculative=speculative)
         out = engine.generate([prompt], params)[0]
-    except (CheckpointError, EngineError, SamplingParamsError, SpeculativeError) as exc:
+    except (CheckpointError, EngineError, SamplingParamsError) as exc:
         print(f"postrain generate: {exc}", file=sys.stderr)
         return 2
     except ValidationError as exc:

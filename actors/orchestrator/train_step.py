@@ -17,6 +17,9 @@ from typing import Callable
 from ..records import PublishReport, TrainBatch
 from .rollout_pool import ScoredSample
 
+# A speculative generator's figures in its `stats` (postrain.actors.engine.Engine.speculation_stats).
+SPECULATION_FIGURES = ("acceptance_rate", "tokens_per_verify_step", "draft_time_share")
+
 
 def complete_samples(groups: list[list[ScoredSample | None]], ledger) -> list[ScoredSample]:
     """The samples of groups where every sample succeeded, in group order; the others'
@@ -57,12 +60,18 @@ class TrainStep:
     async def publish(self) -> PublishReport:
         """The learner's weights to every generator, and a "sync" metrics row: total_s, the size,
         the messages, and `sync_s_<generator>` per generator (the figure that shows a slow host
-        or link). Cancelled: see LearnerKeeper.publish (generators that replied hold the
-        version; no row is written)."""
+        or link); for each generator that decodes speculatively, its acceptance_rate,
+        tokens_per_verify_step and draft_time_share since it started, suffixed `_<generator>`.
+        Cancelled: see LearnerKeeper.publish (generators that replied hold the version; no row
+        is written)."""
         report = PublishReport.from_wire(await self.keeper.publish())
+        speculation = {f"{figure}_{name}": round(stats[figure], 4)
+                       for name, stats in sorted((await self.keeper.generator_stats()).items())
+                       if "acceptance_rate" in stats for figure in SPECULATION_FIGURES}
         self.metrics.log("sync", version=report.version, total_s=report.total_s, num_bytes=report.num_bytes,
                          num_messages=report.num_messages,
-                         **{f"sync_s_{target}": seconds for target, seconds in sorted(report.sync_s.items())})
+                         **{f"sync_s_{target}": seconds for target, seconds in sorted(report.sync_s.items())},
+                         **speculation)
         return report
 
     async def run(self, b: int, groups: list[list[ScoredSample | None]]) -> str:

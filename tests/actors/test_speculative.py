@@ -11,12 +11,12 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from postrain.actors.engine import Engine
+from postrain.actors.engine import Engine, EngineError
 from postrain.actors.generator_actor import GeneratorActor
 from postrain.actors.model import LlamaModel, ModelConfig, build_model
 from postrain.actors.sampling import SamplingParams, verify_rows
 from postrain.actors.speculative import (
-    DraftModelProposer, NgramProposer, RolloutProposer, SpeculativeError, SpeculativeOptions, next_num_draft_tokens,
+    DraftModelProposer, NgramProposer, RolloutProposer, SpeculativeOptions, next_num_draft_tokens,
 )
 from postrain.actors.tasks import arithmetic, code
 from postrain.actors.tokenizer import byte_tokenizer
@@ -100,7 +100,7 @@ def test_greedy_with_a_draft_model_is_token_identical_to_the_plain_engine(model,
     assert run(other, prompts, params) == plain
     assert other.counters["num_drafted_tokens"] > 0 and other.stats()["acceptance_rate"] < 0.5
     itself = checked_engine(model, tokenizer, speculative=options,
-                            proposer=DraftModelProposer(model, model.config.vocab_size))
+                            proposer=DraftModelProposer(Engine(model, num_blocks=64)))
     assert run(itself, prompts, params) == plain
     assert itself.stats()["acceptance_rate"] > 0.95 and itself.stats()["tokens_per_verify_step"] > 3
     assert itself.pool.num_free_blocks == itself.pool.num_blocks
@@ -110,7 +110,7 @@ def test_a_draft_model_with_another_vocabulary_is_refused(tokenizer):
     small_vocab = LlamaModel(ModelConfig(vocab_size=6, hidden_size=32, intermediate_size=64, num_layers=1,
                                          num_heads=2, num_kv_heads=1, max_position_embeddings=64))
     options = SpeculativeOptions(method="draft_model", draft_model="tiny")
-    with pytest.raises(SpeculativeError, match="the draft model's vocabulary has 264 tokens, the policy's 6"):
+    with pytest.raises(EngineError, match="the draft model 'tiny' has a vocabulary of 264 tokens, the policy 6"):
         Engine(small_vocab.init_weights(), None, num_blocks=8, speculative=options)
 
 
@@ -165,11 +165,13 @@ def test_logprobs_are_the_targets_and_match_the_learner(tokenizer):
         assert sample.policy_versions == [0] * 16
 
 
-@pytest.mark.parametrize("top_p", [1.0, 0.8], ids=["temperature-1", "top-p"])
-def test_sampled_distribution_equals_the_targets(top_p):
+@pytest.mark.parametrize("top_p, drafts", [(1.0, "unlikely"), (0.8, "unlikely"), (1.0, "draft_model")],
+                         ids=["temperature-1", "top-p", "draft-model"])
+def test_sampled_distribution_equals_the_targets(top_p, drafts):
     """Three tokens per sample over a 6-token vocabulary, the second and third from verify
-    steps with unlikely drafts: their joint distribution is the model's (chi-square)."""
-    pvalue, acceptance = distribution_pvalue(top_p, num_seeds=2, samples_per_seed=600)
+    steps with unlikely drafts or another model's greedy ones: their joint distribution is
+    the model's (chi-square)."""
+    pvalue, acceptance = distribution_pvalue(top_p, num_seeds=2, samples_per_seed=600, drafts=drafts)
     assert 0.02 < acceptance < 0.3                         # drafts both accepted and rejected
     assert pvalue > 1e-3
 

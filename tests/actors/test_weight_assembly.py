@@ -87,7 +87,8 @@ async def test_generators_here_and_on_another_host_hold_the_same_weights_and_dro
     async with Supervisor.open(keys=CurveKeys.generate()) as sup:
         learner = await sup.start(spec("learner", "postrain.actors.learner_actor:LearnerActor",
                                        {"model": TINY, "learner": {"lr": 3e-2, "micro_batch_size": 2}}))
-        near = await sup.start(spec("near", GENERATOR, {"model": TINY, "kv_cache_mb": 4}))
+        near = await sup.start(spec("near", GENERATOR, {"model": TINY, "kv_cache_mb": 4,
+                                                        "speculative": {"method": "ngram", "min_ngram": 1}}))
         far = await sup.start(spec("far", GENERATOR, {"model": TINY, "kv_cache_mb": 4}, bind="tcp://0.0.0.0:0"))
 
         async def lookup(name):
@@ -96,9 +97,11 @@ async def test_generators_here_and_on_another_host_hold_the_same_weights_and_dro
         keeper = LearnerKeeper(learner, ["near", "far"], lookup, ledger, emit=print, chunk_mb=1.0)
         await keeper.attach()
         await keeper.step(TrainBatch.from_wire(rollouts()))
+        before = await near.ask("generate", GREEDY)          # drafts: speculation figures in the sync row
         report = await TrainStep(keeper, ledger, MetricsWriter(tmp_path, tensorboard=False),
                                  report_figures=lambda figures: None, samples_per_prompt=2,
                                  num_steps=1).publish()
+        near_stats = await near.ask("stats")
         # near: one message through /dev/shm; far: chunks of at most 1 MiB over tcp + Curve
         num_tensors = len((await learner.ask("get_weights"))["weights"])
         assert report.version == 1 and report.num_messages > 3 and report.num_messages <= 1 + num_tensors
@@ -111,6 +114,10 @@ async def test_generators_here_and_on_another_host_hold_the_same_weights_and_dro
         row = read_metrics(tmp_path, "sync")[-1]
         assert row["version"] == 1 and row["sync_s_near"] > 0 and row["sync_s_far"] > 0
         assert row["num_messages"] == report.num_messages and row["num_bytes"] == report.num_bytes
+        assert near_stats["num_drafted_tokens"] > 0 and len(before["samples"][0]["token_ids"]) == 12
+        for figure in ("acceptance_rate", "tokens_per_verify_step", "draft_time_share"):
+            assert row[f"{figure}_near"] == pytest.approx(near_stats[figure], abs=1e-4)
+            assert f"{figure}_far" not in row                   # far does not speculate
 
         # a sync interrupted by a newer one is dropped whole, and its late chunks are refused
         weights = (await learner.ask("get_weights"))["weights"]
