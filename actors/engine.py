@@ -199,7 +199,7 @@ class Engine:
                               "draft model must use the policy's tokenizer (pick a smaller model of the "
                               "policy's family)")
         return DraftModelProposer(Engine(draft, kv_cache_mb=options.draft_kv_cache_mb,
-                                         max_num_seqs=1, seed=seed))
+                                         max_num_seqs=self.max_num_seqs, seed=seed))
 
     # ------------------------------------------------------------------ public API
 
@@ -372,12 +372,19 @@ class Engine:
             return
         start = time.perf_counter()
         limit = self.config.max_position_embeddings
+        drafting: list[tuple[_Sequence, int]] = []
         for seq in self._running:
             params = seq.request.params
             # Room: tokens the sample may still emit after this step's own, and positions.
             room = min(seq.num_draft_tokens, params.max_new_tokens - len(seq.output.token_ids) - 1,
                        limit - len(seq.token_ids))
-            seq.drafts = self._proposer.propose(seq.token_ids, seq.request.prompt_key, room) if room > 0 else []
+            seq.drafts = []
+            if room > 0:
+                drafting.append((seq, room))
+        if drafting:
+            drafts = self._proposer.propose_batch([(s.token_ids, s.request.prompt_key, room) for s, room in drafting])
+            for (seq, _), draft in zip(drafting, drafts):
+                seq.drafts = list(draft)
         width = _verify_width([len(s.drafts) for s in self._running])
         for seq in self._running:
             del seq.drafts[width:]

@@ -21,8 +21,9 @@ Proposers (deterministic: a draft is one token, not a distribution):
   recent prompts, of any policy version), then in the sequence's own text as "ngram" does.
 - "draft_model": a small model with the policy's tokenizer (`draft_model`, any `load_model`
   spec; its vocabulary size must be the policy's) continues the sequence greedily, k tokens,
-  in an engine of its own (`draft_kv_cache_mb`) whose prefix cache keeps each sequence's
-  text between steps, so a step prefills only the tokens new since the last. Its weights
+  in an engine of its own (`draft_kv_cache_mb`), all the step's drafting sequences in one
+  batch; its prefix cache keeps each sequence's text between steps, so a step prefills
+  only the tokens new since the last. Its weights
   stay as loaded: the policy's updates do not reach it, which only lowers the acceptance.
 
 Adaptive k: each sequence drafts at most its own k, which starts at `num_draft_tokens`;
@@ -81,11 +82,16 @@ class SpeculativeOptions(Options):
 
 
 
+# One sequence's draft request: (token_ids: the prompt, then what was generated; prompt_key:
+# the prompt's token ids; k: drafted tokens wanted at most, >= 1).
+DraftRequest = tuple[list[int], tuple[int, ...], int]
+
+
 class Proposer(Protocol):
     """What the engine asks of a draft source (deterministic drafts: token ids, no distribution)."""
 
-    def propose(self, token_ids: list[int], prompt_key: tuple[int, ...], k: int) -> list[int]:
-        """Up to k drafted tokens to follow token_ids (the prompt, then what was generated)."""
+    def propose_batch(self, requests: list[DraftRequest]) -> list[list[int]]:
+        """Up to k drafted tokens for each request, in order (all the step's drafting sequences)."""
 
     def record(self, prompt_key: tuple[int, ...], completion_ids: list[int]) -> None:
         """A finished sample of the prompt whose token ids are prompt_key."""
@@ -120,7 +126,11 @@ class NgramProposer:
     def __init__(self, options: SpeculativeOptions):
         self.min_ngram, self.max_ngram = options.min_ngram, options.max_ngram
 
+    def propose_batch(self, requests: list[DraftRequest]) -> list[list[int]]:
+        return [self.propose(*request) for request in requests]
+
     def propose(self, token_ids: list[int], prompt_key: tuple[int, ...], k: int) -> list[int]:
+        """One sequence's draft."""
         return self._lookup([np.asarray(token_ids)], np.asarray(token_ids[-self.max_ngram:]), k)
 
     def record(self, prompt_key: tuple[int, ...], completion_ids: list[int]) -> None:
@@ -168,20 +178,19 @@ class RolloutProposer(NgramProposer):
 class DraftModelProposer:
     """Drafts the greedy continuation of a small model (see the module docstring).
 
-    drafter: an `Engine` over the draft model with prefix caching: each call prefills only
-    the sequence's text past its cached blocks (what earlier calls for it left there), then
-    decodes k tokens."""
+    drafter: an `Engine` over the draft model with prefix caching: each call runs all the
+    step's drafting sequences as one batch, prefilling only each one's text past its cached
+    blocks (what earlier calls for it left there), then decoding k tokens."""
 
     def __init__(self, drafter):
         self.drafter = drafter
         self.max_positions = drafter.config.max_position_embeddings
 
-    def propose(self, token_ids: list[int], prompt_key: tuple[int, ...], k: int) -> list[int]:
-        k = min(k, self.max_positions - 1)
-        if k <= 0:
-            return []
-        greedy = SamplingParams(temperature=0.0, max_new_tokens=k, ignore_eos=True)
-        return self.drafter.generate([token_ids[-(self.max_positions - k):]], greedy)[0].outputs[0].token_ids
+    def propose_batch(self, requests: list[DraftRequest]) -> list[list[int]]:
+        ks = [min(k, self.max_positions - 1) for _, _, k in requests]
+        contexts = [token_ids[-(self.max_positions - k):] for (token_ids, _, _), k in zip(requests, ks)]
+        params = [SamplingParams(temperature=0.0, max_new_tokens=k, ignore_eos=True) for k in ks]
+        return [out.outputs[0].token_ids for out in self.drafter.generate(contexts, params)]
 
     def record(self, prompt_key: tuple[int, ...], completion_ids: list[int]) -> None:
         """Ignored: the draft model looks only at the sequence's own text."""

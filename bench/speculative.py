@@ -119,8 +119,8 @@ class _UnlikelyDrafts:
     def __init__(self, token: int):
         self.token = token
 
-    def propose(self, token_ids, prompt_key, k):
-        return [self.token] * k
+    def propose_batch(self, requests):
+        return [[self.token] * k for _, _, k in requests]
 
     def record(self, prompt_key, completion_ids):
         pass

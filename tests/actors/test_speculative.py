@@ -192,8 +192,8 @@ class _DraftsFor:
     def __init__(self, first):
         self.first = first
 
-    def propose(self, token_ids, prompt_key, k):
-        return [7] * k if prompt_key[0] == self.first else []
+    def propose_batch(self, requests):
+        return [[7] * k if prompt_key[0] == self.first else [] for _, prompt_key, k in requests]
 
     def record(self, prompt_key, completion_ids):
         pass
