@@ -147,7 +147,9 @@ def test_a_learner_that_starts_from_a_checkpoint_is_what_generators_sample_and_e
     config.write_text(CONFIG.format(run_dir=tmp_path / "runs", task="arithmetic")
                       .replace("lr = 1e-3 } }", f'lr = 1e-3 }}, resume_from = "{checkpoint}" }}')
                       .replace("num_steps = 2", "num_steps = 3, max_rl_wall_s = 0.001")
-                      .replace("sft_steps = 2", "sft_steps = 0"))
+                      .replace("sft_steps = 2", "sft_steps = 0")
+                      .replace("options = { kv_cache_mb = 16 }",
+                               'options = { kv_cache_mb = 16, speculative = { method = "rollouts", min_ngram = 1 } }'))
     result = subprocess.run([sys.executable, "-m", "postrain.cli", "up", "--config", str(config)],
                             capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -158,8 +160,13 @@ def test_a_learner_that_starts_from_a_checkpoint_is_what_generators_sample_and_e
     ledger = second["ledger"]
     assert ledger["trained"] == 6 and ledger["created"] == ledger["trained"] + ledger["dropped"]
     assert all("max_rl_wall_s" in reason for reason in ledger["drop_reasons"])
-    # greedy evaluation of the same weights on the same held-out tasks
+    # greedy evaluation of the same weights on the same held-out tasks (the second run speculates)
     assert second["eval_before"] == first["eval_after"]
+    # the speculating generator's figures are in each step's sync row
+    assert not any("acceptance_rate_generator" in row for row in read_metrics(tmp_path / "first", "sync"))
+    sync = read_metrics(tmp_path / "runs" / "e2e", "sync")
+    assert sync and all(0 < row["acceptance_rate_generator"] <= 1 and row["tokens_per_verify_step_generator"] > 1
+                        and 0 < row["draft_time_share_generator"] < 1 for row in sync)
     events = read_events(tmp_path / "runs" / "e2e" / "ledger.jsonl", "b0-g0-s0")
     generate = next(e for e in events if e["event"] == "generate")
     assert min(generate["policy_versions"]) == version
