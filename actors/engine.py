@@ -382,8 +382,8 @@ class Engine:
             if room > 0:
                 drafting.append((seq, room))
         if drafting:
-            drafts = self._proposer.propose_batch([(s.token_ids, s.request.prompt_key, room) for s, room in drafting])
-            for (seq, _), draft in zip(drafting, drafts):
+            requests = [(seq.token_ids, seq.request.prompt_key, room) for seq, room in drafting]
+            for (seq, _), draft in zip(drafting, self._proposer.propose_batch(requests)):
                 seq.drafts = list(draft)
         width = _verify_width([len(s.drafts) for s in self._running])
         for seq in self._running:

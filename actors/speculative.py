@@ -23,8 +23,8 @@ Proposers (deterministic: a draft is one token, not a distribution):
   spec; its vocabulary size must be the policy's) continues the sequence greedily, k tokens,
   in an engine of its own (`draft_kv_cache_mb`), all the step's drafting sequences in one
   batch; its prefix cache keeps each sequence's text between steps, so a step prefills
-  only the tokens new since the last. Its weights
-  stay as loaded: the policy's updates do not reach it, which only lowers the acceptance.
+  only the tokens new since the last. Its weights stay as loaded: the policy's updates do
+  not reach it, which only lowers the acceptance.
 
 Adaptive k: each sequence drafts at most its own k, which starts at `num_draft_tokens`;
 after a verify step in which every drafted token was accepted it grows by 2, else it
@@ -78,8 +78,6 @@ class SpeculativeOptions(Options):
             raise ValueError(f"draft_model is only used by method 'draft_model', not {self.method!r}; "
                              "set method = \"draft_model\" or remove draft_model")
         return self
-
-
 
 
 # One sequence's draft request: (token_ids: the prompt, then what was generated; prompt_key:

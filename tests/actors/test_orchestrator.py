@@ -148,8 +148,8 @@ def test_a_learner_that_starts_from_a_checkpoint_is_what_generators_sample_and_e
                       .replace("lr = 1e-3 } }", f'lr = 1e-3 }}, resume_from = "{checkpoint}" }}')
                       .replace("num_steps = 2", "num_steps = 3, max_rl_wall_s = 0.001")
                       .replace("sft_steps = 2", "sft_steps = 0")
-                      .replace("options = { kv_cache_mb = 16 }",
-                               'options = { kv_cache_mb = 16, speculative = { method = "rollouts", min_ngram = 1 } }'))
+                      .replace("options = { kv_cache_mb = 16 }", "options = { kv_cache_mb = 16, speculative = "
+                               '{ method = "rollouts", min_ngram = 1 } }'))
     result = subprocess.run([sys.executable, "-m", "postrain.cli", "up", "--config", str(config)],
                             capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -165,7 +165,8 @@ def test_a_learner_that_starts_from_a_checkpoint_is_what_generators_sample_and_e
     # the speculating generator's figures are in each step's sync row
     assert not any("acceptance_rate_generator" in row for row in read_metrics(tmp_path / "first", "sync"))
     sync = read_metrics(tmp_path / "runs" / "e2e", "sync")
-    assert sync and all(0 < row["acceptance_rate_generator"] <= 1 and row["tokens_per_verify_step_generator"] > 1
+    assert sync and all(0 < row["acceptance_rate_generator"] <= 1
+                        and row["tokens_per_verify_step_generator"] > 1
                         and 0 < row["draft_time_share_generator"] < 1 for row in sync)
     events = read_events(tmp_path / "runs" / "e2e" / "ledger.jsonl", "b0-g0-s0")
     generate = next(e for e in events if e["event"] == "generate")
