@@ -351,7 +351,9 @@ def test_exhaust_file_descriptors(sandbox, small_policy):
     count, errno_ = map(int, result.stdout.split())
     assert count < small_policy.max_open_files and errno_ == 24  # EMFILE
     if sandbox.mode != "session":  # a session holds its jail's pipes while open, and its pool refills
-        assert len(os.listdir("/proc/self/fd")) == host_fds
+        # No descriptor of the host leaked; fewer is fine (an earlier session's jail may finish
+        # its background reaping meanwhile).
+        assert len(os.listdir("/proc/self/fd")) <= host_fds
     check_next_run_clean(sandbox)
 
 
