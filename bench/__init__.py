@@ -24,12 +24,14 @@ BENCHMARKS: dict[str, str] = {
     "learner": "postrain.bench.learner",
     "e2e": "postrain.bench.e2e",
     "device": "postrain.bench.device",
+    "cluster": "postrain.bench.cluster",
 }
 
 
-def run_benchmark(name: str, quick: bool = False) -> dict:
+def run_benchmark(name: str, quick: bool = False, **options) -> dict:
+    """Run one benchmark; `options` go to its `run` (`address=` for `cluster`)."""
     module = importlib.import_module(BENCHMARKS[name])
-    report = module.run(quick=quick)
+    report = module.run(quick=quick, **options)
     if report.get("skipped"):           # nothing to measure on this machine (e.g. no GPU), not a failure
         return {"bench": name, "skipped": report["skipped"]}
     peer = report.get("peer", {})

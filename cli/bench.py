@@ -7,7 +7,7 @@ benchmark is printed, one per line: {"bench", "config", "results", "peer",
 "ratio"}. `--quick` runs fewer repeats on smaller inputs (a smoke run; its
 figures are not for the README). When several run, a benchmark that fails
 becomes an error row ({"bench", "error"} in JSON), the others still run, and
-the exit status is 1.
+the exit status is 1. `--address HOST:PORT` runs `cluster` on that running Ray cluster.
 """
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object per benchmark")
     parser.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run, not for the README)")
     parser.add_argument("--skip", default="", help="benchmarks to leave out of the run, joined by commas")
+    parser.add_argument("--address", default=None, help="`cluster` only: a running Ray cluster's HOST:PORT "
+                        "(default: start a local one of three nodes)")
 
 
 def select(name: str, skip: str, registry: dict) -> list[str]:
@@ -49,7 +51,8 @@ def main(args) -> int:
         if len(names) > 1:
             print(f"running {name} ...", file=sys.stderr, flush=True)
         try:
-            report = registry.run_benchmark(name, quick=args.quick)
+            options = {"address": args.address} if name == "cluster" and args.address else {}
+            report = registry.run_benchmark(name, quick=args.quick, **options)
         except Exception as exc:
             if len(names) == 1:
                 raise

@@ -1,0 +1,69 @@
+"""`postrain bench cluster`: its quick run measures messaging and a weight sync across two nodes
+of a local Ray cluster against raw pyzmq; the default run it times is spread over K nodes as its
+layouts say and still places; the first rollout is read from the run's ledger."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from postrain.actors.ledger import SampleLedger
+from postrain.bench.cluster import LAYOUTS, default_run_doc, first_generated_time
+from postrain.cli.config import load_up_config
+from postrain.core.cluster import ClusterScheduler, NodeInventory
+from postrain.core.scheduler import Inventory
+from postrain.core.testing import to_toml
+
+
+def nodes(num: int) -> list[NodeInventory]:
+    return [NodeInventory(f"10.0.0.{i + 1}", f"10.0.0.{i + 1}", Inventory(cpu_ids=(0, 1), memory_mb=16384))
+            for i in range(num)]
+
+
+@pytest.mark.parametrize("num_nodes", sorted(LAYOUTS))
+def test_the_default_run_is_spread_over_k_nodes_and_places(tmp_path, num_nodes):
+    doc = default_run_doc("10.0.0.1:6379", nodes(num_nodes), str(tmp_path / "runs"))
+    (tmp_path / "run.toml").write_text(to_toml(doc))
+    config = load_up_config(tmp_path / "run.toml")
+    plan = ClusterScheduler(nodes(num_nodes)).plan(config.actors)
+    assert {p.node for p in plan} == {node.name for node in nodes(num_nodes)}
+    where = {p.name: p.node for p in plan}
+    assert where["learner"] == f"10.0.0.{LAYOUTS[num_nodes].get('learner', 0) + 1}"
+    driver = next(spec for spec in config.actors if spec.name == config.run.driver)
+    assert driver.options["sft_steps"] == 0 and driver.options["num_eval_tasks"] == 0
+
+
+def test_the_first_rollout_is_the_ledgers_first_generated_event(tmp_path):
+    ledger = SampleLedger(tmp_path / "ledger.jsonl")
+    ledger.create("s0")
+    ledger.create("s1")
+    before = time.time()
+    ledger.advance("s1", "generated")
+    ledger.advance("s0", "generated")
+    ledger.close()
+    assert before <= first_generated_time(tmp_path / "ledger.jsonl") <= time.time()
+    empty = SampleLedger(tmp_path / "empty.jsonl")
+    empty.create("s0")
+    empty.close()
+    with pytest.raises(RuntimeError, match="has no generated sample"):
+        first_generated_time(tmp_path / "empty.jsonl")
+
+
+@pytest.mark.slow
+def test_a_quick_run_measures_links_across_two_nodes_against_raw_pyzmq():
+    pytest.importorskip("ray")
+    result = subprocess.run([sys.executable, "-m", "postrain.cli", "bench", "cluster", "--quick", "--json"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["bench"] == "cluster"
+    for name in ("rtt_p50_us", "rtt_p99_us", "oneway_msgs_per_s", "weight_sync_gb_per_s"):
+        assert report["results"][name] > 0 and report["peer"][name] > 0
+        assert report["ratio"][name] == pytest.approx(report["results"][name] / report["peer"][name], rel=0.02)
+        assert report["results"][f"curve_floor_{name}"] > 0
+    config = report["config"]
+    assert config["sync_bytes"] > 0 and config["sync_tensors"] > 1
+    assert set(config["weight_sync_gb_per_s_by_chunk_mb"]) == {"64", "16", "256", "whole"}
