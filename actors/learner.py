@@ -202,7 +202,7 @@ class Learner:
         """One policy-gradient optimizer step on a rollout batch; returns its metrics (floats)."""
         start = time.perf_counter()
         cfg = self.config
-        adv_metrics, advantages = self._advantages(batch)
+        adv_metrics, advantages = self.batch_advantages(batch)
         packed = pack_batch(batch, advantages=advantages)
         _, micro = self._micro_batches(packed)
         tokens, seqs = self._global_counts(packed)
@@ -327,8 +327,11 @@ class Learner:
             p.requires_grad_(False)
         return ref.eval()
 
-    def _advantages(self, batch: dict):
-        if "advantages" in batch:
+    def batch_advantages(self, batch: dict) -> tuple[dict[str, float], torch.Tensor | None]:
+        """(reward metrics, per-sample advantages (B,)) from a batch's rewards over its groups;
+        ({}, None) when the batch carries its advantages. Data parallel: the group's rank 0 calls
+        it on the whole batch before cutting it into shards (actors/learner_group.py)."""
+        if batch.get("advantages") is not None:
             return {}, None
         num = len(batch["token_ids"])
         components = reward_components_of(batch, num)

@@ -53,6 +53,7 @@ from postrain.core import Actor, Options, handler
 from postrain.core.errors import PostrainError
 from postrain.core.transport import is_beyond_loopback
 
+from .learner_group import LearnerGroup, shard_batch
 from .records import PublishReport, SftBatch, TrainBatch, WeightSync, WeightSyncReply
 from .weight_assembly import SyncAssembler
 
@@ -93,6 +94,10 @@ class PolicyVersionMismatch(PostrainError, RuntimeError):
     """The learner is not at the policy version the caller expects (it restarted)."""
 
 
+class LearnerGroupMisuse(PostrainError, RuntimeError):
+    """A request sent to a rank of a learner group that only rank 0 (or only a follower) takes."""
+
+
 class LearnerOptions(Options):
     model: str | dict = Field("tiny", description="the policy: a built-in name, a Hugging Face folder, a "
                               ".gguf file, or ModelConfig fields")
@@ -101,6 +106,9 @@ class LearnerOptions(Options):
                                     "(actors/learner.py): optimizer, schedule, objective, KL, advantages")
     resume_from: str | None = Field(None, description="a checkpoint folder to start from (weights, "
                                     "optimizer, RNG); none: fresh weights")
+    group_timeout_s: float = Field(300.0, gt=0, description="a learner of several ranks (`ranks = N` on its "
+                                   "spec): how long a rank waits for the others, to form the group and in "
+                                   "every collective, before the wait is an error naming the missing ranks")
 
     @field_validator("learner")
     @classmethod
@@ -143,54 +151,157 @@ class LearnerActor(Actor):
         return body
 
     async def setup(self):
-        """Build the learner (and load resume_from). Cancelled: the process is ending (a start
-        past its timeout), so nothing outlives it."""
-        from postrain.actors.learner import Learner
+        """Build the learner (and load resume_from). A rank of a group (`ranks = N`) builds it once
+        the group has formed, after READY (actors/learner_group.py); rank 0 starts forming it.
+        Cancelled: the process is ending (a start past its timeout), so nothing outlives it."""
+        from postrain.actors.device import resolve_device
 
-        self.learner = await anyio.to_thread.run_sync(Learner, self.options.learner_config())
+        self.learner = None
         self.resume_extra = None
-        if self.options.resume_from:
-            self.resume_extra = await anyio.to_thread.run_sync(
-                self.learner.load_checkpoint, self.options.resume_from)
         self.targets: dict[str, object] = {}
         self.last_publish: dict = {}
+        self.group: LearnerGroup | None = None
+        if self.rendezvous is None:
+            await anyio.to_thread.run_sync(self._build)
+            return
+        device = resolve_device(self.options.learner_config().device)
+        self.group = LearnerGroup(self, self.rendezvous, self.options.group_timeout_s,
+                                  "nccl" if device.type == "cuda" else "gloo", self._build)
+        if self.group.rank == 0:
+            self.node.spawn(self.group.lead)
+
+    async def teardown(self):
+        """Leave the learner's group, if any (its sockets close now, not at interpreter exit).
+        Cancelled: the process ends anyway."""
+        if self.group is not None:
+            await anyio.to_thread.run_sync(self.group.leave)
+
+    def _build(self):
+        """The Learner (resume_from loaded). Runs in a worker thread."""
+        from postrain.actors.learner import Learner
+
+        self.learner = Learner(self.options.learner_config())
+        if self.options.resume_from:
+            self.resume_extra = self.learner.load_checkpoint(self.options.resume_from)
+        return self.learner
+
+    async def _ready(self, leader_only: bool = True):
+        """The Learner, once built (a rank of a group waits for the group). `leader_only`: a
+        request other actors send to the learner, which a rank other than 0 refuses. Cancelled:
+        nothing changes."""
+        if self.group is not None:
+            if leader_only and self.group.rank != 0:
+                raise LearnerGroupMisuse(f"{self.name} is rank {self.group.rank} of the learner "
+                                         f"{self.group.names[0]}; send requests to {self.group.names[0]}")
+            await self.group.formed.wait()
+        return self.learner
+
+    def _run(self, kind: str, body: dict):
+        """One rank's part of a group request (every rank runs it on its own body). Runs in a
+        worker thread."""
+        learner = self.learner
+        if kind == "train":
+            return learner.train_step(body)
+        if kind == "sft":
+            return learner.sft_step(body)
+        if kind == "save_checkpoint":
+            return learner.save_checkpoint(body["path"], body.get("extra"))
+        assert kind == "load_checkpoint", kind
+        return learner.load_checkpoint(body["path"])
+
+    async def _step(self, kind: str, batch: dict) -> dict:
+        """A train or sft step: in this process, or (rank 0 of a group) on every rank, each on its
+        shard of the batch. Cancelled: atomic, the step runs to its end on every rank."""
+        learner = self.learner
+        if self.group is None:
+            return await self.in_compute_thread(learner.train_step if kind == "train" else learner.sft_step,
+                                                batch)  # torch threads: as many as its cores now
+
+        def cut():
+            """Validate the whole batch, compute its advantages, cut it into shards (a thread)."""
+            from postrain.actors.learner_batch import pack_batch
+            reward_metrics, advantages = learner.batch_advantages(batch) if kind == "train" else ({}, None)
+            pack_batch(batch, require_rl_fields=kind == "train", advantages=advantages)
+            whole = batch if advantages is None else {**batch, "advantages": advantages.tolist()}
+            return reward_metrics, shard_batch(whole, self.group.rendezvous.world_size)
+
+        reward_metrics, shards = await anyio.to_thread.run_sync(cut)
+        metrics = await self.group.run_step(kind, shards, lambda shard: self._run(kind, shard))
+        return {**metrics, **reward_metrics}
+
+    async def _everywhere(self, kind: str, body: dict):
+        """A checkpoint save or load: in this process, or on every rank of its group (rank 0's
+        result). Cancelled: it runs to its end on every rank."""
+        if self.group is None:
+            return await anyio.to_thread.run_sync(self._run, kind, body)
+        return await self.group.run_step(kind, [body] * self.group.rendezvous.world_size,
+                                         lambda b: self._run(kind, b))
+
+    @handler("join", concurrent=True)
+    async def join(self, body):
+        """A rank other than 0: rank 0 asks it to join its group (`generation`). Does not wait."""
+        if self.group is None or self.group.rank == 0:
+            raise LearnerGroupMisuse(f"{self.name} is not a follower rank of a learner group")
+        return await self.group.join(body["generation"])
+
+    @handler("group", concurrent=True)
+    async def group_state(self, body):
+        """This rank's generation and state (rank 0 probes its ranks). Does not wait."""
+        if self.group is None:
+            return {"generation": None, "state": "alone", "rank": 0}
+        return {"generation": self.group.generation, "state": self.group.state, "rank": self.group.rank}
+
+    @handler("rank_step")
+    async def rank_step(self, body):
+        """A rank other than 0: its part of rank 0's request (a shard's step, a checkpoint).
+        Cancelled: the step runs to its end in its thread."""
+        if self.group is None or self.group.rank == 0:
+            raise LearnerGroupMisuse(f"{self.name} is not a follower rank of a learner group")
+        await self.group.follow_step(body, self._run)
+        return "done"
 
     @handler("train")
     async def train(self, body):
         """One RL step. Cancelled: atomic; the step in its thread runs to the end (it cannot be
         abandoned), and its reply is dropped."""
+        await self._ready()
         batch = TrainBatch.from_wire(self._check_expected_version(body))
-        return await anyio.to_thread.run_sync(self.learner.train_step, batch.to_wire())
+        return await self._step("train", batch.to_wire())
 
     @handler("sft")
     async def sft(self, body):
         """One supervised step. Cancelled: atomic, as `train`."""
+        await self._ready()
         batch = SftBatch.from_wire(self._check_expected_version(body))
-        return await anyio.to_thread.run_sync(self.learner.sft_step, batch.to_wire())
+        return await self._step("sft", batch.to_wire())
 
     @handler("save_checkpoint")
     async def save_checkpoint(self, body):
         """Write a checkpoint. Cancelled: it is still written whole (its thread runs to the end);
         the reply is dropped."""
+        await self._ready()
         body = self._check_expected_version(body)
-        path = await anyio.to_thread.run_sync(self.learner.save_checkpoint, body["path"], body.get("extra"))
+        path = await self._everywhere("save_checkpoint", {"path": body["path"], "extra": body.get("extra")})
         return {"path": str(path), "step": self.learner.step, "policy_version": self.learner.policy_version}
 
     @handler("load_checkpoint")
     async def load_checkpoint(self, body):
         """Load a checkpoint. Cancelled: still loaded whole (its thread runs to the end)."""
-        extra = await anyio.to_thread.run_sync(self.learner.load_checkpoint, body["path"])
+        await self._ready()
+        extra = await self._everywhere("load_checkpoint", {"path": body["path"]})
         return {"step": self.learner.step, "policy_version": self.learner.policy_version, "extra": extra}
 
     @handler("export_hf")
     async def export_hf(self, body):
         """Write a Hugging Face folder. Cancelled: still written whole (its thread runs to the end)."""
+        await self._ready()
         body = self._check_expected_version(body)
         return {"path": str(await anyio.to_thread.run_sync(self.learner.export_hf, body["path"]))}
 
     @handler("get_weights")
     async def get_weights(self, body):
-        """The current weights and version. Does not wait (cancel-safe)."""
+        """The current weights and version. Waits only for a group to form (cancel-safe)."""
+        await self._ready()
         return {"version": self.learner.policy_version, "weights": self.learner.state_dict()}
 
     @handler("publish")
@@ -202,6 +313,7 @@ class LearnerActor(Actor):
         messages of at most that many MiB of whole tensors, while a target on this host still
         gets one message, its tensors through /dev/shm). Cancelled: targets that already
         replied hold the new version; the others may or may not."""
+        await self._ready()
         body = self._check_expected_version(body)
         names = list(body.get("targets") or [])
         timeout_s = float(body.get("timeout_s", 120.0))
@@ -240,7 +352,8 @@ class LearnerActor(Actor):
 
     @handler("stats")
     async def stats(self, body):
-        """Step, version, size, last publish. Does not wait (cancel-safe)."""
+        """Step, version, size, last publish. Waits only for a group to form (cancel-safe)."""
+        await self._ready(leader_only=False)
         return {"step": self.learner.step, "policy_version": self.learner.policy_version,
                 "num_params": sum(p.numel() for p in self.learner.params), "last_publish": self.last_publish}
 

@@ -49,7 +49,8 @@ def plan_on_cluster(config: UpConfig, path: Path) -> ClusterLaunch:
     cluster = ray_nodes.connect(config.cluster)
     try:
         nodes = cluster.nodes()
-        groups = {name: group for group, names in config.replica_groups().items() for name in names}
+        entries = {**config.replica_groups(), **config.rank_groups()}
+        groups = {name: group for group, names in entries.items() for name in names}
         plan = ClusterScheduler(nodes).plan(config.actors, groups)
     except BaseException:
         cluster.disconnect()
@@ -88,6 +89,15 @@ class node_agents:
                 await anyio.to_thread.run_sync(self.agents.stop)
             finally:
                 self.launch.cluster.disconnect()
+
+
+def meeting_point_on_node(agents, launch: ClusterLaunch):
+    """`meeting_point(rank0_name) -> (address, port)` for `complete_rendezvous`: rank 0's node
+    address and a port free there (its agent picks it)."""
+    def meeting_point(name: str) -> tuple[str, int]:
+        node = launch.node_of(name)
+        return next(n.address for n in launch.nodes if n.name == node), agents.free_port(node)
+    return meeting_point
 
 
 async def start_on_node(agents, launch: ClusterLaunch, spec: ActorSpec, supervisor: Supervisor) -> str:

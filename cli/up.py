@@ -59,11 +59,12 @@ import anyio
 from postrain.core.errors import ActorError, ActorStartError, ConfigError, PostrainError
 from postrain.core.scheduler import Scheduler
 from postrain.core.supervisor import Supervisor, run_tag_for
-from postrain.core.transport import CurveKeys
+from postrain.core.config import complete_rendezvous
+from postrain.core.transport import CurveKeys, free_tcp_port
 from postrain.core.wire import process_lives
 
 from .balancer import Balancer
-from .cluster_up import ClusterLaunch, node_agents, plan_on_cluster, start_on_node
+from .cluster_up import ClusterLaunch, meeting_point_on_node, node_agents, plan_on_cluster, start_on_node
 from .config import UpConfig, load_up_config
 from .monitor import RunMonitor
 from .tracking import RunTracking
@@ -284,6 +285,10 @@ async def _run_actors(config: UpConfig, folder: Path, monitor: RunMonitor, resum
             async def start(spec):
                 """One actor on its node. Cancelled: see start_on_node."""
                 return await start_on_node(agents, launch, spec, supervisor)
+        # the collective groups' meeting points (an entry with ranks > 1): rank 0's node, a free port
+        meeting_point = (meeting_point_on_node(agents, launch) if launch is not None
+                         else lambda name: ("127.0.0.1", free_tcp_port("127.0.0.1")))
+        await anyio.to_thread.run_sync(complete_rendezvous, config.actors, meeting_point)
         with anyio.CancelScope() as scope:
             stopper.attach(supervisor, scope)
             monitor.attach(supervisor)

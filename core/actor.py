@@ -68,6 +68,7 @@ import anyio
 import zmq
 
 from . import wire
+from .config import Rendezvous
 from .inbox import Handler, Inbox
 from .load import Load
 from .node import Node
@@ -127,6 +128,18 @@ class Actor:
         self._stop_requested = anyio.Event()
         self.progress_note = ""            # what the heartbeats say the actor is doing ("" once READY)
         self._keep_alive: Callable[[], "KeepAlive"] | None = None  # set by the process's runtime
+        self._incarnation = 0                  # set by the process's runtime
+        # The collective group this process is a rank of (an entry with ranks > 1), else None.
+        self.rendezvous: Rendezvous | None = None
+
+    async def crash(self, reason: str) -> None:
+        """End this process now as a crash: `reason` is logged and handed to the head (the exit
+        event shows it, as a traceback would), then the process exits 1 and its supervisor
+        restarts it under `max_restarts`. For a fault the actor cannot mend in place (a broken
+        collective group). Does not return; requests in flight fail with ActorDiedError."""
+        await _report_crash(self.head, {"name": self.name, "incarnation": self._incarnation}, reason)
+        logging.shutdown()
+        os._exit(1)
 
     def report_progress(self, note: str) -> None:
         """Say what the actor is doing now ("loading shard 3/8"); the next heartbeat carries it
@@ -217,7 +230,7 @@ def run_actor_process(spec: dict) -> None:
     spec keys: name, cls (import path), options, address, head_address (or None),
     head_pid (or None: the parent's death is not watched), incarnation, cpu_ids (or None),
     num_threads, heartbeat_interval_s, keys (or None), log_path (or None: inherit the head's
-    stdout and stderr)."""
+    stdout and stderr), rendezvous (or None: a Rendezvous as a dict, for a rank of a group)."""
     if spec.get("log_path"):
         log_fd = os.open(spec["log_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(log_fd, 1)
@@ -313,6 +326,9 @@ async def _actor_main(cls, spec: dict, startup_error: str | None) -> None:
             inbox_address = spec["address"]
             options = validate_options(cls, spec.get("options") or {})
             actor = cls(spec["name"], options, node, head, inbox_address)
+            actor._incarnation = spec.get("incarnation", 0)
+            if spec.get("rendezvous"):
+                actor.rendezvous = Rendezvous.model_validate(spec["rendezvous"])
             if "torch" in sys.modules and spec.get("num_threads"):
                 sys.modules["torch"].set_num_threads(spec["num_threads"])
             inbox = Inbox(node, inbox_address, actor.handlers())

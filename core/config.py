@@ -31,6 +31,13 @@ is rewritten by `resolve_options` (core/options.py): a list holding NAME gets th
 replica names in its place; a single name is paired replica for replica when the actor
 naming it has the same number of replicas, and is an error otherwise.
 
+Ranks. An entry with `ranks = N` (N > 1) is ONE actor run by N processes that form a
+collective group (torch.distributed data parallelism): NAME is rank 0, the one other actors
+talk to, and NAME-rank1 .. NAME-rank(N-1) are the others, each placed like any actor. Each
+rank's spec carries its `rendezvous` (the group's names, its rank, and where rank 0 hosts
+the group's meeting point), which the head completes before starting them
+(`complete_rendezvous`). Options naming the entry mean rank 0: nothing is rewritten.
+
 Without a `[cluster]` section the run is on this host, as ever, and nothing of Ray is
 imported; the `node` and `placement` hints of a spec apply only with one (core/cluster.py).
 
@@ -68,6 +75,23 @@ def _check_name(value: str) -> str:
 Name = Annotated[str, AfterValidator(_check_name)]
 
 
+class Rendezvous(_Strict):
+    """Where the processes of an entry with `ranks > 1` meet: one per rank, made when the config
+    loads (names and rank) and completed by the head before the ranks start (rank 0's node
+    address and a free port there). Invariant: every rank of a group has the same `names`,
+    `address` and `port`; names[rank] is the rank's own actor name."""
+
+    names: list[str] = Field(description="the group's actor names, rank 0 first")
+    rank: int = Field(ge=0, description="this process's rank")
+    address: str | None = Field(None, description="rank 0's node address (set by the head)")
+    port: int | None = Field(None, ge=1, le=65535, description="the meeting port on rank 0's node "
+                             "(set by the head)")
+
+    @property
+    def world_size(self) -> int:
+        return len(self.names)
+
+
 class ActorSpec(_Strict):
     """What the supervisor needs to start, place and restart one actor."""
 
@@ -85,6 +109,11 @@ class ActorSpec(_Strict):
     bind: str = Field("ipc", description="'ipc' (one host) or a tcp address like 'tcp://0.0.0.0:5555'")
     replicas: int = Field(1, ge=1, le=1024, description="copies of this actor: N > 1 starts actors NAME-0 .. "
                           "NAME-(N-1), each with these needs and options")
+    ranks: int = Field(1, ge=1, le=1024, description="processes that act as ONE actor (a collective "
+                       "group, e.g. data parallelism over torch.distributed): N > 1 starts NAME (rank 0, the one other actors "
+                       "talk to) and NAME-rank1 .. NAME-rank(N-1), each with these needs and options")
+    rendezvous: Rendezvous | None = Field(None, description="set when the config loads and by the head, "
+                                          "for each rank of an entry with ranks > 1; never in a config file")
     node: str | None = Field(None, description="[cluster] only: the node to run on (a node name as "
                              "`postrain up --dry-run` lists them); none: any node with room")
     placement: Literal["pack", "spread"] = Field("pack", description="[cluster] only, where `node` is unset: "
@@ -172,6 +201,12 @@ class RunConfig(_Strict):
     def _expand_and_check_names(self):
         expanded, replica_of = [], {}
         for spec in self.actors:
+            if spec.rendezvous is not None and spec.ranks == 1:
+                raise ValueError(f"actor {spec.name!r} sets rendezvous, which postrain sets for the ranks "
+                                 "of an entry with ranks > 1; remove it (and set ranks = N)")
+            if spec.ranks > 1:
+                expanded += _expand_ranks(spec)
+                continue
             if spec.replicas == 1:
                 expanded.append(spec)
                 continue
@@ -201,6 +236,11 @@ class RunConfig(_Strict):
             raise ValueError(f"run.driver = {self.run.driver!r} names no actor; actors: {sorted(seen)}")
         return self
 
+    def rank_groups(self) -> dict[str, list[str]]:
+        """Each entry with ranks > 1: its name (rank 0's) -> its ranks' names, rank 0 first."""
+        return {spec.name: list(spec.rendezvous.names) for spec in self.actors
+                if spec.rendezvous is not None and spec.rendezvous.rank == 0}
+
     def replica_groups(self) -> dict[str, list[str]]:
         """Each entry with replicas > 1: its name -> its replicas' names, in order."""
         groups: dict[str, list[str]] = {}
@@ -211,6 +251,36 @@ class RunConfig(_Strict):
     def replica_of(self, name: str) -> tuple[str, int, int] | None:
         """(entry name, index, number of replicas) of replica `name`; None for a lone actor."""
         return self._replica_of.get(name)
+
+
+def _expand_ranks(spec: ActorSpec) -> list[ActorSpec]:
+    """The N processes of an entry with ranks = N: NAME (rank 0), NAME-rank1 .. NAME-rank(N-1)."""
+    if spec.replicas > 1:
+        raise ValueError(f"actor {spec.name!r} sets both replicas = {spec.replicas} and ranks = {spec.ranks}; "
+                         "one entry is either several actors (replicas) or one actor of several processes "
+                         "(ranks): make two entries")
+    names = [spec.name] + [f"{spec.name}-rank{rank}" for rank in range(1, spec.ranks)]
+    if not _NAME_RULE.match(names[-1]):
+        raise ValueError(f"actor {spec.name!r} with ranks = {spec.ranks}: rank name {names[-1]!r} is over "
+                         "40 characters; shorten the name")
+    return [spec.model_copy(update={"name": name, "ranks": 1,
+                                    "rendezvous": Rendezvous(names=names, rank=rank)})
+            for rank, name in enumerate(names)]
+
+
+def complete_rendezvous(specs: list[ActorSpec], meeting_point) -> None:
+    """Give every rank of every group the address and port where its rank 0 hosts the group:
+    `meeting_point(rank0_name) -> (address, port)`, asked once per group (the head picks a free
+    port on rank 0's node). In place; specs without a rendezvous are left alone."""
+    points = {}
+    for spec in specs:
+        if spec.rendezvous is None:
+            continue
+        group = spec.rendezvous.names[0]
+        if group not in points:
+            points[group] = meeting_point(group)
+        address, port = points[group]
+        spec.rendezvous = spec.rendezvous.model_copy(update={"address": address, "port": port})
 
 
 def parse_config(data: dict, source: str = "<config>", schema: type[RunConfig] = RunConfig) -> RunConfig:

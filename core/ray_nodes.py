@@ -39,7 +39,7 @@ from .cluster import NodeInventory
 from .config import ActorSpec, ClusterSection
 from .errors import PostrainError
 from .scheduler import GpuInfo, Inventory
-from .transport import CurveKeys
+from .transport import CurveKeys, free_tcp_port
 
 AGENT_START_TIMEOUT_S = 120.0
 
@@ -165,6 +165,10 @@ class Agents:
         ray.get([h.add_peers.remote({spec.name: address}) for h in self.handles.values()], timeout=60)
         return address
 
+    def free_port(self, node: str) -> int:
+        """A tcp port free now on `node`'s address (a collective group's meeting point there)."""
+        return ray.get(self.handles[node].free_port.remote(), timeout=60)
+
     def status(self) -> dict[str, dict]:
         """Each node's supervisor status (as `postrain status` shows one host's)."""
         return dict(zip(self.handles, ray.get([h.status.remote() for h in self.handles.values()], timeout=60)))
@@ -235,6 +239,9 @@ class NodeAgent:
         async def start():
             return (await self.supervisor.start(spec)).address
         return self._call(start)
+
+    def free_port(self) -> int:
+        return free_tcp_port(self.address)
 
     def add_peers(self, addresses: dict[str, str]) -> None:
         async def add():

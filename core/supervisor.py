@@ -323,7 +323,8 @@ class Supervisor:
                    "cpu_ids": list(record.placement.cpu_ids), "num_threads": record.placement.num_threads,
                    "heartbeat_interval_s": self.heartbeat_interval_s, "run_tag": self.run_tag,
                    "keys": self.keys.to_dict() if self.keys else None,
-                   "log_path": self.log_path(spec.name)}
+                   "log_path": self.log_path(spec.name),
+                   "rendezvous": spec.rendezvous.model_dump() if spec.rendezvous is not None else None}
         # Inherited by the spawned child only. The run tag is in the child's environment from its
         # first instruction, so that /proc/PID/environ shows it (core/testing.py: leftovers).
         child_env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in record.placement.gpu_ids),

@@ -45,6 +45,15 @@ def make_socket_dir() -> str:
     return tempfile.mkdtemp(prefix="pr-", dir="/tmp")
 
 
+def free_tcp_port(host: str) -> int:
+    """A tcp port free on `host` (an address of this machine) now: the OS picks it. Another
+    process may take it before its user binds it; the user's bind then fails loudly."""
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
 def is_beyond_loopback(address: str) -> bool:
     """True when a tcp address listens (or connects) beyond the loopback interface."""
     if not address.startswith("tcp://"):

@@ -1,0 +1,93 @@
+"""A learner of two ranks on one host (real processes, gloo over loopback), given its rendezvous
+as `postrain up` gives it: a missing rank fails rank 0 with one line naming it within
+group_timeout_s; a hung rank fails the step naming it, and the whole group then restarts
+together and trains again. (Equality with one process, checkpoints and a run across two
+nodes: tests/cluster/test_learner_ranks.py.)"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from postrain.actors.learner_group import interface_holding, shard_batch
+from postrain.actors.learner_batch import LearnerError
+from postrain.core.config import complete_rendezvous, parse_config
+from postrain.core.errors import ActorDiedError
+from postrain.core.supervisor import Supervisor
+from postrain.core.testing import async_test
+from postrain.core.transport import free_tcp_port
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_learner_dp import CONFIG, batch  # noqa: E402  (the tiny model and its batches)
+
+pytestmark = pytest.mark.slow
+
+
+def learner_ranks(group_timeout_s: float, max_restarts: int = 0) -> list:
+    """The specs of a learner entry with ranks = 2, their rendezvous completed on this host."""
+    options = {"model": CONFIG["model"], "learner": {k: v for k, v in CONFIG.items() if k != "model"},
+               "group_timeout_s": group_timeout_s}
+    config = parse_config({"actors": [{"name": "learner", "cls": "postrain.actors.learner_actor:LearnerActor",
+                                       "ranks": 2, "cpus": 1, "memory_mb": 64, "max_restarts": max_restarts,
+                                       "restart_backoff_s": 0.1, "options": options}]})
+    complete_rendezvous(config.actors, lambda name: ("127.0.0.1", free_tcp_port("127.0.0.1")))
+    return config.actors
+
+
+def test_ranks_expand_to_one_actor_of_several_processes():
+    specs = learner_ranks(5)
+    assert [s.name for s in specs] == ["learner", "learner-rank1"]
+    assert [s.rendezvous.rank for s in specs] == [0, 1]
+    assert specs[0].rendezvous.port == specs[1].rendezvous.port and specs[0].rendezvous.address == "127.0.0.1"
+    assert interface_holding("127.0.0.1") == "lo"
+    with pytest.raises(LearnerError, match="a batch of 1 samples cannot be shared by 2 learner ranks"):
+        shard_batch({k: v[:1] for k, v in batch(0).items()}, 2)
+
+
+@async_test
+async def test_a_missing_rank_fails_rank_0_naming_it_within_the_group_timeout(tmp_path):
+    rank0, _ = learner_ranks(group_timeout_s=2)
+    async with Supervisor.open(log_dir=str(tmp_path)) as supervisor:
+        await supervisor.start(rank0)                 # READY at once: the group forms after READY
+        exited = await supervisor.wait_for_event("learner", "exited", timeout_s=60)
+    assert "rank 1 (learner-rank1) did not answer rank 0's call to join within group_timeout_s = 2 s" \
+        in exited.detail
+
+
+@async_test
+async def test_a_hung_rank_fails_the_step_naming_it_and_every_rank_restarts_together(tmp_path):
+    specs = learner_ranks(group_timeout_s=4, max_restarts=3)
+    async with Supervisor.open(log_dir=str(tmp_path)) as supervisor:
+        for spec in specs:
+            await supervisor.start(spec)
+        learner = supervisor.ref("learner")
+        assert (await learner.ask("train", batch(0), timeout_s=120))["policy_version"] == 1
+        follower = supervisor.records["learner-rank1"].pid
+        os.kill(follower, signal.SIGSTOP)             # hung: alive, silent
+        try:
+            seen = len(supervisor.events)
+            with pytest.raises(ActorDiedError):
+                await learner.ask("train", batch(1), timeout_s=60)
+            with anyio.fail_after(30):
+                while not (exits := [e for e in supervisor.events[seen:]
+                                     if e.name == "learner" and e.event == "exited"]):
+                    await anyio.sleep(0.1)
+            assert "rank 1 (learner-rank1) of the learner's group lost or restarted before train" \
+                in exits[0].detail
+        finally:
+            os.kill(follower, signal.SIGCONT)
+        # rank 0's new process calls the old rank 1 to its new group: rank 1 restarts to join it
+        with anyio.fail_after(120):
+            while True:
+                try:
+                    stats = await learner.ask("stats", timeout_s=10)
+                    break
+                except Exception:
+                    await anyio.sleep(0.2)
+        assert stats["policy_version"] == 0           # both restarted: the keeper restores the checkpoint
+        assert supervisor.records["learner-rank1"].pid != follower
+        assert (await learner.ask("train", batch(0), timeout_s=120))["policy_version"] == 1
