@@ -9,45 +9,93 @@ Design note. The session's state is what a call leaves behind, never a live proc
 exported environment that the command's shell writes on exit (a bash EXIT trap, to a state file
 in /run/postrain) and that the agent hands to the next call. Each call otherwise runs exactly as
 a warm execution does (`execute` with req["session"]): its own PID namespace whose init's exit
-kills every process the call started, the sandbox uid, rlimits and the seccomp filter; those
-processes are forked ahead, between calls (`prepare`), and wait for the call's request, so a call
-starts with one write; a bash command's shell is that namespace's init itself ("as_init"). So a
-call that times out loses only its own changes to cwd and environment, and nothing of the code
-runs between calls.
+kills every process the call started, the sandbox uid, rlimits and the seccomp filter. A bash
+command's shell is that namespace's init itself ("as_init"), started ahead, between calls
+(`prepare` with a shell), with the call's limits already applied: uid, rlimits (the session's
+calls share them; a call whose limits differ gets a shell started then), seccomp, its own PID
+namespace, and the session's cwd. Until its call it has read nothing of the session: its argv
+is fixed (`_SHELL_MAIN`), its environment empty, and it blocks reading fd 4, a pipe that only
+the agent writes. The call writes the session's environment, the state trap and the command
+(`_shell_script`) to the shell's fd 3 (an unnamed file of the agent's, out of the code's reach
+by any path), then one byte to fd 4; the shell reads and runs them. So a call starts with two
+writes, without an exec or bash start-up.
+So nothing of the code runs between calls (the shell's start-up cannot be steered by what the
+code left: no rc files, no environment; so BASH_ENV, SHELLOPTS and LD_PRELOAD act on the
+commands the shell starts, not on the shell itself), and a call that times out loses only its
+own changes to cwd and environment. A Python call runs under an init of its own (prepared
+ahead as the jail's root when the previous call was Python).
+Invariant: a prepared shell's cwd and limits are those of the state and the latest call when it
+started; only an exec call changes the state, and it consumes the prepared processes.
 File requests run in a forked child that has dropped to the sandbox uid, so they see and create
 exactly what the code would.
 """
 import stat
 
+_RUN_DIR = "/run/postrain"  # a tmpfs of the jail's own
 _STATE_PATH = "/run/postrain/state"
 _MAX_STATE_BYTES = 1 << 20
 _NAMES_PATH = "/run/postrain/names"
 # On exit the shell writes "cwd\n\0" and then NAME=value\0 per exported variable, with builtins
 # only (no fork on the call's path).
-_PROLOGUE = ("trap '{ builtin pwd; builtin printf \"\\0\"; builtin compgen -e >" + _NAMES_PATH + "; "
-             "builtin mapfile -t __names <" + _NAMES_PATH + "; for __name in \"${__names[@]}\"; do "
-             "builtin printf \"%s=%s\\0\" \"$__name\" \"${!__name}\"; done; } >" + _STATE_PATH
-             + " 2>/dev/null' EXIT\n")
-_VOLATILE_ENV = (b"_", b"SHLVL", b"PWD")
+_TRAP = ("builtin trap '{ builtin pwd; builtin printf \"\\0\"; builtin compgen -e >" + _NAMES_PATH + "; "
+         "builtin mapfile -t __names <" + _NAMES_PATH + "; for __name in \"${__names[@]}\"; do "
+         "builtin printf \"%s=%s\\0\" \"$__name\" \"${!__name}\"; done; } >" + _STATE_PATH
+         + " 2>/dev/null' EXIT\n").encode()
+# The shell started ahead: wait for the go byte on fd 4; read its call from fd 3 (a file, which
+# mapfile reads in blocks), its set-up and its command split by a NUL; close both (plain `exec`:
+# redirections on `builtin exec` would be undone); run the set-up, then the command at the top
+# level. One line, so that the command's errors read as a `bash -c` shell's ("line 1").
+_SHELL_MAIN = ('builtin read -r -n 1 -u 4 __go || builtin exit 125; builtin mapfile -t -d "" -u 3 __call; '
+               'exec 3<&- 4<&-; builtin eval "${__call[0]}"; builtin eval "builtin unset -v __go __call; ${__call[1]}"')
+_CALL_LIMITS = ("cpu_time_s", "memory_mb", "max_processes", "max_file_size_mb", "max_open_files")
+# Not kept: set by each shell itself, or (IFS) never taken from its environment by bash.
+_VOLATILE_ENV = (b"_", b"SHLVL", b"PWD", b"IFS")
 _SIOCSIFADDR = 0x8916
 
 
 def _session_exec(req, cfg, state):
     """One call in the session's cwd and environment; on a normal end, keep the state it left."""
-    if "command" in req:
-        argv = [cfg["bash"], "--noprofile", "--norc", "-c", _PROLOGUE + req["command"]]
-    else:
-        argv = [cfg["python"], "-c", req["code"]]
-    _unlink_state()
+    limits = {name: req[name] for name in _CALL_LIMITS}
+    shell = _shell(cfg, state["cwd"], limits) if "command" in req else None
     prepared, state["prepared"] = state["prepared"], None
-    as_init = "command" in req and prepared is not None  # only a prepared init can become the shell
-    reply = execute({**req, "session": True, "as_init": as_init, "exec_argv": argv,
-                     "cwd": state["cwd"], "env": state["env"], "files": {}, "argv": [], "code": ""},
-                    cfg, prepared)
-    if reply["killed_for"] is None and "command" in req:
+    if prepared is not None and prepared["shell"] != shell:
+        discard(prepared)
+        prepared = None
+    _unlink_state()
+    if shell is not None:
+        if prepared is None:
+            prepared = prepare(cfg, shell)  # none started ahead (the first command, or after Python)
+        reply = execute({**req, **shell}, cfg, prepared, _shell_script(req["command"], state["env"]))
+    else:
+        reply = execute({**req, "session": True, "as_init": False, "exec_argv": [cfg["python"], "-c", req["code"]],
+                         "cwd": state["cwd"], "env": state["env"], "files": {}, "argv": [], "code": ""},
+                        cfg, prepared)
+    if reply["killed_for"] is None and shell is not None:
         _load_state(state)
     _unlink_state()
+    state["shell_limits"] = limits if shell is not None else None
     return reply
+
+
+def _shell(cfg, cwd, limits):
+    """A bash call's request less its command: what a shell started for it is fixed by."""
+    return {**limits, "session": True, "as_init": True, "cwd": cwd, "env": {}, "script_dir": _RUN_DIR,
+            "exec_argv": [cfg["bash"], "--noprofile", "--norc", "-c", _SHELL_MAIN]}
+
+
+def _shell_script(command, env):
+    """What a shell reads as its call: the set-up (the session's exported variables, where a
+    readonly one of bash's is skipped, and the state trap), a NUL, the command (no NUL in it:
+    `Session.run` refuses those)."""
+    setup = _TRAP
+    if env:
+        setup = (b"builtin declare -gx " + b" ".join(name + b"=" + _quoted(value) for name, value in env.items())
+                 + b" 2>/dev/null\n" + setup)
+    return setup + b"\0" + os.fsencode(command)
+
+
+def _quoted(value):
+    return b"'" + value.replace(b"'", b"'\\''") + b"'"
 
 
 def _unlink_state():
@@ -76,8 +124,8 @@ def _load_state(state):
     env = {}
     for entry in rest.split(b"\0"):
         key, sep, value = entry.partition(b"=")
-        if sep and key and key not in _VOLATILE_ENV:
-            env[key] = value
+        if sep and key.isascii() and key.decode().isidentifier() and key not in _VOLATILE_ENV:
+            env[key] = value  # a name only: the file is the code's to write
     state["cwd"], state["env"] = cwd, env
 
 
@@ -196,13 +244,15 @@ def _add_loopback_address(address, index):
 def session_main():
     cfg = recv()
     state = {"cwd": b"/work", "env": {k.encode(): v.encode() for k, v in cfg["env"].items()},
-             "prepared": None}
+             "prepared": None, "shell_limits": None}
     if cfg["routes"]:
         _start_forwarder(cfg["routes"])
     send({"kind": "ready", "pid": os.getpid()})
     while True:
         if state["prepared"] is None:
-            state["prepared"] = prepare(cfg)  # between calls, off the next call's path
+            # between calls, off the next call's path: after a bash command, the next one's shell
+            limits = state["shell_limits"]
+            state["prepared"] = prepare(cfg, _shell(cfg, state["cwd"], limits) if limits else None)
         try:
             req = recv()
         except EOFError:

@@ -19,6 +19,7 @@ which is what makes warm runs faster than a bare `python -c`.
 import atexit
 import builtins
 import ctypes
+import fcntl
 import io
 import os
 import resource
@@ -136,15 +137,19 @@ def _check(rc, what):
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def run_child(req, cfg, in_r, out_w, err_w, filtered=False):
+def run_child(req, cfg, in_r, out_w, err_w, filtered=False, keep=()):
     """The executed code's process: drop everything, then exec the code in this interpreter
-    (filtered: under its seccomp filter already, which forbids nothing this function does)."""
+    (filtered: under its seccomp filter already, which forbids nothing this function does;
+    `keep`: more fds to pass on, as 3, 4, ...)."""
     if not filtered:
         install_seccomp()
     os.dup2(in_r, 0)
     os.dup2(out_w, 1)
     os.dup2(err_w, 2)
-    os.closerange(3, 1 << 16)
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3 + len(keep)) for fd in keep]  # off 3, 4, ...
+    for target, fd in enumerate(moved, 3):
+        os.dup2(fd, target)
+    os.closerange(3 + len(keep), 1 << 16)
     uid, gid = cfg["uid"], cfg["gid"]
     os.setgroups([])
     os.setresgid(gid, gid, gid)
@@ -229,19 +234,24 @@ def _read_to_end(fd):
         chunks.append(chunk)
 
 
-def run_init(req, cfg, in_r, out_w, err_w, st_w, go_r=-1):
+def run_init(req, cfg, in_r, out_w, err_w, st_w, go_r=-1, script_fd=-1):
     """PID 1 of the run's namespace: a fresh /work (a session's call keeps the session's), then
     the child; report its end and exit.
-    Prepared ahead (go_r >= 0, `prepare`): it waits for its request on go_r, still as the jail's
-    root (so that no process of the sandbox uid exists between a session's calls) but already
-    under the seccomp filter. A request with "as_init" (a session's bash command; prepared
-    inits only) makes it the call's process itself, one process less to wake per call; the
-    zygote then sees the call end when init does (a pidfd; Linux 5.3 or later). Being its namespace's init, that process ignores signals it has no handler
-    for unless they come from outside the namespace or are SIGKILL (so RLIMIT_CPU is enforced
-    by its hard limit alone, see `run_child`)."""
+    Prepared ahead (go_r >= 0, `prepare`), it is under the seccomp filter at once, then either
+    waits for its request on go_r as the jail's root, or (a session's shell started ahead: `req`
+    holds the call's exec_argv) becomes that shell now, which gets `script_fd` as fd 3 and go_r
+    as fd 4 (`prepare`). A
+    request with "as_init" makes it the call's process itself, one process less to wake per
+    call; the zygote then sees the call end when init does (a pidfd; Linux 5.3 or later). Being
+    its namespace's init, that process ignores signals it has no handler for unless they come
+    from outside the namespace or are SIGKILL (so RLIMIT_CPU is enforced by its hard limit
+    alone, see `run_child`)."""
     filtered = go_r >= 0
     if filtered:
         install_seccomp()
+        if req.get("exec_argv"):
+            os.close(st_w)
+            _run_as_child(req, cfg, in_r, out_w, err_w, filtered=True, keep=(script_fd, go_r))
         req = msgpack.unpackb(_read_to_end(go_r), raw=False)
         os.close(go_r)
         if req.get("as_init"):
@@ -262,15 +272,15 @@ def run_init(req, cfg, in_r, out_w, err_w, st_w, go_r=-1):
     os._exit(0)  # the kernel now kills whatever the code left in this PID namespace
 
 
-def _run_as_child(req, cfg, in_r, out_w, err_w, filtered):
+def _run_as_child(req, cfg, in_r, out_w, err_w, filtered, keep=()):
     try:
-        run_child(req, cfg, in_r, out_w, err_w, filtered)
+        run_child(req, cfg, in_r, out_w, err_w, filtered, keep)
     except BaseException as exc:  # noqa: BLE001 - set-up failed before the code ran
         os.write(2, f"sandbox set-up failed: {exc!r}\n".encode())
     os._exit(125)
 
 
-def launch(req, cfg, in_r, out_w, err_w, st_w, go_r=-1):
+def launch(req, cfg, in_r, out_w, err_w, st_w, go_r=-1, script_fd=-1):
     """The launcher: new namespaces, fork init, tell the zygote init's pid, exit."""
     try:
         flags = CLONE_NEWPID if req.get("session") else CLONE_NEWPID | CLONE_NEWNS
@@ -278,7 +288,7 @@ def launch(req, cfg, in_r, out_w, err_w, st_w, go_r=-1):
         pid = os.fork()
         if pid == 0:
             try:
-                run_init(req, cfg, in_r, out_w, err_w, st_w, go_r)
+                run_init(req, cfg, in_r, out_w, err_w, st_w, go_r, script_fd)
             except BaseException as exc:  # noqa: BLE001
                 os.write(st_w, msgpack.packb({"error": f"init failed: {exc!r}"}))
             os._exit(1)
@@ -319,20 +329,26 @@ class _Run:
             buf += chunk
 
 
-def prepare(cfg):
-    """A session call's processes, forked ahead: launcher, init in a new PID namespace, and the
-    child waiting for its request. A call then starts with one write instead of three forks.
-    Returns the agent's ends of its pipes."""
+def prepare(cfg, shell=None):
+    """A session call's processes, forked ahead: launcher and init in a new PID namespace, init
+    waiting for its request as the jail's root; or, with `shell` (a bash call's request less its
+    command: its limits, cwd and the shell's argv, `_session_agent.py`), init becomes that shell
+    at once, as the sandbox uid under those limits, and blocks reading fd 4, a pipe that only the
+    agent writes; `execute(..., script=)` writes the call's script to fd 3 (an unnamed file in
+    shell["script_dir"], which bash reads whole, where it reads a pipe byte by byte), then one
+    byte to fd 4. A call then starts with two writes instead of forks and an exec. Returns the
+    agent's ends of its pipes and files, init's pid and `shell`."""
     in_r, in_w = os.pipe()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     st_r, st_w = os.pipe()
     go_r, go_w = os.pipe()
+    script_fd = os.open(shell["script_dir"], os.O_TMPFILE | os.O_RDWR, 0o600) if shell else -1
     launcher = os.fork()
     if launcher == 0:
         for fd in (in_w, out_r, err_r, st_r, go_w):
             os.close(fd)
-        launch({"session": True}, cfg, in_r, out_w, err_w, st_w, go_r)
+        launch(shell or {"session": True}, cfg, in_r, out_w, err_w, st_w, go_r, script_fd)
         os._exit(1)
     for fd in (in_r, out_w, err_w, st_w, go_r):
         os.close(fd)
@@ -346,11 +362,26 @@ def prepare(cfg):
     _parse_status(run, status)
     pidfd = os.pidfd_open(run.init_pid) if run.init_pid is not None else -1
     return {"in_w": in_w, "out_r": out_r, "err_r": err_r, "st_r": st_r, "go_w": go_w,
-            "status": status, "init_pidfd": pidfd}
+            "status": status, "init_pidfd": pidfd, "init_pid": run.init_pid, "shell": shell,
+            "script_fd": script_fd}
 
 
-def execute(req, cfg, prepared=None):
-    """Run one request; with `prepared` (from `prepare`), in those waiting processes."""
+def discard(prepared):
+    """End processes that `prepare` forked for a call that will not use them."""
+    for key in ("in_w", "out_r", "err_r", "st_r", "go_w", "init_pidfd", "script_fd"):
+        if prepared[key] >= 0:
+            os.close(prepared[key])
+    if prepared["init_pid"] is not None:
+        try:
+            os.kill(prepared["init_pid"], signal.SIGKILL)  # reparented to us, not yet reaped
+            os.waitpid(prepared["init_pid"], 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+
+def execute(req, cfg, prepared=None, script=None):
+    """Run one request; with `prepared` (from `prepare`), in those waiting processes: a prepared
+    shell reads `script` (bytes), a prepared init the request itself."""
     t0 = time.monotonic()
     status_buf = bytearray()
     init_pidfd = -1  # readable once init has ended (with a prepared init only)
@@ -372,7 +403,11 @@ def execute(req, cfg, prepared=None):
         in_w, out_r, err_r, st_r = (prepared[k] for k in ("in_w", "out_r", "err_r", "st_r"))
         status_buf += prepared["status"]
         init_pidfd = prepared["init_pidfd"]
-        view = memoryview(msgpack.packb(req, use_bin_type=True))
+        if script is None:
+            view = memoryview(msgpack.packb(req, use_bin_type=True))
+        else:
+            _write_script(prepared, script)
+            view = memoryview(b"g")
         try:
             while view:
                 view = view[os.write(prepared["go_w"], view):]
@@ -440,6 +475,20 @@ def execute(req, cfg, prepared=None):
                 run.final = {"status": status, "cpu_s": usage.ru_utime + usage.ru_stime,
                              "end": init_end or time.monotonic()}
     return _report(req, run, t0)
+
+
+def _write_script(prepared, script):
+    """The call's script into a prepared shell's file (on failure, such as a full disk, the
+    prepared processes end: the caller reports the error)."""
+    fd, view, offset = prepared["script_fd"], memoryview(script), 0
+    try:
+        while offset < len(view):
+            offset += os.pwrite(fd, view[offset:], offset)
+    except OSError:
+        discard(prepared)
+        raise
+    os.close(fd)
+    prepared["script_fd"] = -1
 
 
 def _parse_status(run, buf, final=False):

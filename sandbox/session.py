@@ -148,6 +148,9 @@ class Session:
         """Run a bash command line in the session; never raises for the command's own failure."""
         if not isinstance(command, str):
             raise PolicyError(f"a session command must be a str, got {type(command).__name__}")
+        if "\0" in command:
+            raise PolicyError("a session command must not contain NUL characters (bash cannot read "
+                              "them); fix: pass binary data as stdin or through write_file")
         return self._exec({"command": command}, stdin, timeout_s, what=command)
 
     def run_python(self, code: str, stdin: bytes | str | None = None,
@@ -155,6 +158,9 @@ class Session:
         """Run a Python snippet (`python -c code`) in the session's cwd and environment."""
         if not isinstance(code, str):
             raise PolicyError(f"session Python code must be a str, got {type(code).__name__}")
+        if "\0" in code:
+            raise PolicyError("session Python code must not contain NUL characters (it is passed "
+                              "as `python -c`); fix: write '\\0' as an escape inside the code")
         return self._exec({"code": code}, stdin, timeout_s, what=code)
 
     def read_file(self, path: str) -> bytes:

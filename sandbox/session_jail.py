@@ -93,7 +93,7 @@ class SessionJail(JailedAgent):
 
     def _argv(self) -> list[str]:
         memory_mb, max_processes, work_dir_size_mb = self.shape
-        extra = ["--mount", "none:/run/postrain:tmpfs:size=1048576,mode=0777", *image_mounts()]
+        extra = ["--mount", "none:/run/postrain:tmpfs:size=4194304,mode=0777", *image_mounts()]
         if self.proxy is not None:
             extra += self.proxy.nsjail_mounts()
         argv = nsjail_argv(self.policy, cold=False, work_dir_size_mb=work_dir_size_mb, extra=tuple(extra),

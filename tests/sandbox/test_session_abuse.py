@@ -4,15 +4,17 @@ runs inside a session there; the network attacks are in test_network_allowlist.p
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import psutil
 import pytest
 
-from postrain.sandbox import Sandbox, SessionClosed, SessionLimits, Status
+from postrain.sandbox import Sandbox, SessionClosed, SessionFileError, SessionLimits, Status
 from postrain.sandbox.policy import HOST_UID
 
 LIMITS = SessionLimits(call_wall_time_s=8.0, call_cpu_time_s=4, memory_mb=160, max_processes=24,
@@ -63,9 +65,52 @@ def test_no_state_leaks_between_two_sessions(sandbox):
         assert seen["pids"] == [1]          # its own call's init only: none of A's processes
         assert seen["files"] == [] and seen["state"] == [] and "A_TOKEN" not in seen["env"]
         assert b.run("pwd").stdout == b"/work\n"
-        between_calls = [p for p in jail_processes(a) + jail_processes(b) if p.uids().real == HOST_UID]
-        assert between_calls == []  # the next call's processes wait as the jail's root, not the code's uid
+        a.run("true")
+        for session in (a, b):  # between calls: only the next call's shell, waiting, knowing nothing
+            assert_only_a_blank_shell_waits(session)
         assert a.run("cat /work/a-secret; pwd; echo $A_TOKEN").stdout == b"secret\n/work/d\na\n"
+
+
+def assert_only_a_blank_shell_waits(session):
+    """Of the code's uid, between calls, one process: the next call's shell, started ahead under
+    the call's limits in a PID namespace of its own, its argv the same in every session, its
+    environment empty, blocked on a read."""
+    agent = psutil.Process(session._jail._proc.pid).children()[0]
+    deadline = time.monotonic() + 5
+    while True:  # the agent starts the shell once it has replied
+        shells = [p for p in jail_processes(session) if p.uids().real == HOST_UID]
+        if (shells and shells[0].parent() == agent and shells[0].status() == psutil.STATUS_SLEEPING
+                or time.monotonic() > deadline):
+            break
+    assert len(shells) == 1
+    shell = shells[0]
+    assert shell.parent() == agent and shell.name() == "bash" and shell.environ() == {}
+    assert shell.cmdline()[1:4] == ["--noprofile", "--norc", "-c"] and "A_TOKEN" not in shell.cmdline()[4]
+    assert shell.status() == psutil.STATUS_SLEEPING and shell.children() == []
+    assert os.readlink(f"/proc/{shell.pid}/ns/pid") != os.readlink(f"/proc/{agent.pid}/ns/pid")
+    limits = session.limits
+    assert shell.rlimit(psutil.RLIMIT_CPU) == (limits.call_cpu_time_s, limits.call_cpu_time_s)
+    assert shell.rlimit(psutil.RLIMIT_NPROC) == (limits.max_processes,) * 2
+    assert shell.rlimit(psutil.RLIMIT_AS) == (limits.memory_mb << 20,) * 2
+    with open(f"/proc/{shell.pid}/status") as f:
+        status = dict(line.split(":", 1) for line in f)
+    assert int(status["CapEff"], 16) == 0 and status["Seccomp"].strip() == "2"
+
+
+def test_nothing_the_code_leaves_runs_between_calls(sandbox):
+    """Variables that make a shell run code at its start (BASH_ENV; SHELLOPTS with xtrace and a
+    PS4 that runs a command) do not reach the shell started ahead: it starts blank and takes
+    the session's environment only once its call comes; the commands it starts get them."""
+    with sandbox.session(limits=LIMITS) as s:
+        s.write_file("hook.sh", "echo hook >> /work/ran\n")
+        assert s.run("export BASH_ENV=/work/hook.sh PS4='$(echo ps4 >> /work/ran)'; set -x; "
+                     "export SHELLOPTS; true").ok  # traced here: this call writes /work/ran
+        assert s.run("rm /work/ran").ok
+        time.sleep(0.3)
+        with pytest.raises(SessionFileError, match="No such file"):
+            s.read_file("ran")
+        result = s.run("echo $BASH_ENV; bash -c true; cat /work/ran")
+        assert result.stdout.startswith(b"/work/hook.sh\nhook\n"), result
 
 
 def test_nothing_of_a_session_survives_close(sandbox):
