@@ -173,7 +173,7 @@ class GeneratorActor(Actor):
                 engine.abort(request_id)  # its caller was cancelled
                 self._in_engine.discard(request_id)
             if engine.has_unfinished():
-                for output in await anyio.to_thread.run_sync(engine.step):
+                for output in await self.in_compute_thread(engine.step):  # threads: its cores now
                     self._in_engine.discard(output.request_id)
                     self._finish(output.request_id, output, None)
 

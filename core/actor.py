@@ -44,6 +44,12 @@ a handler that blocks the loop on purpose wraps that work in
 `with self.keep_alive("loading checkpoint"):`. `report_progress(note)` puts
 a short note on the heartbeats (`postrain status` shows it).
 
+Cores that move (elastic cores, core/elastic.py). The head may re-pin a running actor with
+the kernel message `_cores` {"cpu_ids", "num_threads"}: every thread of the process is
+pinned to the new cores before the reply, and `num_threads` becomes the torch thread count
+of the compute that `in_compute_thread` starts from then on (torch keeps one count per
+thread, so the count is set in the thread that computes, at the start of each call).
+
 An actor never outlives its head: on Linux the process asks the kernel for
 SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG, set as the process
 starts), and on every system the heartbeat loop exits the process once its
@@ -128,6 +134,7 @@ class Actor:
         self._stop_requested = anyio.Event()
         self.progress_note = ""            # what the heartbeats say the actor is doing ("" once READY)
         self._keep_alive: Callable[[], "KeepAlive"] | None = None  # set by the process's runtime
+        self.num_threads: int | None = None  # torch threads for in_compute_thread; None: as started
         self._incarnation = 0                  # set by the process's runtime
         # The collective group this process is a rank of (an entry with ranks > 1), else None.
         self.rendezvous: Rendezvous | None = None
@@ -191,6 +198,7 @@ class Actor:
             table[kind] = Handler(fn, stream=stream, concurrent=concurrent,
                                   wants_message=num_params >= 2)
         table[wire.STOP] = Handler(self._handle_stop)
+        table[CORES] = Handler(self._handle_cores)
         return table
 
     async def _handle_stop(self, body) -> str:
@@ -198,6 +206,28 @@ class Actor:
         finds it done."""
         self._stop_requested.set()
         return "stopping"
+
+    async def _handle_cores(self, body) -> dict:
+        """Re-pin every thread to body["cpu_ids"]; later compute uses body["num_threads"]
+        threads (module doc). Atomic (it never awaits): the reply means the pin is in place."""
+        cpu_ids, num_threads = [int(c) for c in body["cpu_ids"]], int(body["num_threads"])
+        if not cpu_ids or num_threads < 1:
+            raise ValueError(f"_cores needs cpu_ids and num_threads >= 1, got {body!r}")
+        pin_threads(cpu_ids)
+        self.num_threads = num_threads
+        return {"cpu_ids": sorted(os.sched_getaffinity(0)), "num_threads": num_threads}
+
+    async def in_compute_thread(self, fn: Callable, *args):
+        """`fn(*args)` in a worker thread whose torch thread count is this actor's now (elastic
+        cores change it between calls). Cancelled: `fn` still runs to its end in its thread;
+        its result is dropped."""
+        num_threads = self.num_threads
+
+        def call():
+            if num_threads and "torch" in sys.modules:
+                sys.modules["torch"].set_num_threads(num_threads)
+            return fn(*args)
+        return await anyio.to_thread.run_sync(call)
 
 
 def import_object(path: str):
@@ -296,6 +326,26 @@ def _exit_if_orphaned(head_pid: int | None) -> None:
     if head_pid is not None and os.getppid() != head_pid:
         log.error("the head (pid %d) is gone; exiting rather than running as an orphan", head_pid)
         os._exit(1)
+
+
+CORES = "_cores"  # the head re-pins an actor (elastic cores): {"cpu_ids", "num_threads"}
+
+
+def pin_threads(cpu_ids) -> None:
+    """Pin every thread of this process to `cpu_ids` (sched_setaffinity(0) pins only the
+    calling thread). A thread started meanwhile inherits its creator's cores, so the pass is
+    repeated until no new thread appears."""
+    done: set[int] = set()
+    while True:
+        tids = {int(tid) for tid in os.listdir("/proc/self/task")} - done
+        if not tids:
+            return
+        for tid in tids:
+            try:
+                os.sched_setaffinity(tid, cpu_ids)
+            except ProcessLookupError:  # the thread ended meanwhile
+                pass
+        done |= tids
 
 
 def _pin_cpus(cpu_ids, num_threads) -> None:

@@ -9,8 +9,13 @@ other fractional requests up to a capacity of 1.0. So actors on one machine
 never oversubscribe it, and a request that cannot be met fails at once with
 what was asked and what is free, before any process starts.
 
+An actor whose spec is `elastic` is placed on cores no other elastic actor holds, so
+the elastic actors' homes are disjoint (elastic cores lend and return whole homes:
+core/elastic.py).
+
 Invariants (checked by `check()` and tests/core/test_scheduler.py):
     all(0 <= used <= 1 for used in core_used.values())
+    the cores of two elastic actors' placements never overlap
     sum of placed memory_mb <= inventory.memory_mb
     every GPU id is held by at most one actor
 """
@@ -100,6 +105,7 @@ class Scheduler:
     placements: dict[str, Placement] = field(default_factory=dict)
     _core_used: dict[int, float] = field(default_factory=dict)
     _cpu_share: dict[str, dict[int, float]] = field(default_factory=dict)
+    _elastic: set[str] = field(default_factory=set)   # names of the placed elastic actors
 
     def __post_init__(self):
         self._core_used = {cpu: 0.0 for cpu in self.inventory.cpu_ids}
@@ -129,10 +135,13 @@ class Scheduler:
         if spec.memory_mb > self.free_memory_mb():
             raise PlacementError(f"{asked}; free: {self.free_summary()}. Lower memory_mb or run fewer actors")
         gpu_ids = self._pick_gpus(spec.gpus, asked)
-        share = self._pick_cores(spec.cpus, asked)
+        elastic_cores = {cpu for name in self._elastic for cpu in self._cpu_share[name]}
+        share = self._pick_cores(spec.cpus, asked, avoid=elastic_cores if spec.elastic else set())
         for cpu, amount in share.items():
             self._core_used[cpu] += amount
         self._cpu_share[spec.name] = share
+        if spec.elastic:
+            self._elastic.add(spec.name)
         placement = Placement(spec.name, tuple(sorted(share)), gpu_ids, spec.memory_mb,
                               max(1, math.floor(spec.cpus + _EPS)))
         self.placements[spec.name] = placement
@@ -190,6 +199,7 @@ class Scheduler:
 
     def release(self, name: str) -> None:
         self.placements.pop(name, None)
+        self._elastic.discard(name)
         for cpu, amount in self._cpu_share.pop(name, {}).items():
             self._core_used[cpu] = max(0.0, self._core_used[cpu] - amount)
 
@@ -203,6 +213,8 @@ class Scheduler:
         assert self.free_memory_mb() >= 0
         held = [gpu for p in self.placements.values() for gpu in p.gpu_ids]
         assert len(held) == len(set(held)), held
+        elastic = [cpu for name in self._elastic for cpu in self._cpu_share[name]]
+        assert len(elastic) == len(set(elastic)), f"elastic actors share a core: {elastic}"
 
     def _pick_gpus(self, count: int, asked: str) -> tuple[int, ...]:
         if count == 0:
@@ -214,7 +226,12 @@ class Scheduler:
                                  "Ask for fewer GPUs (gpus = 0 runs on the CPU)")
         return tuple(free[:count])
 
-    def _pick_cores(self, cpus: float, asked: str) -> dict[int, float]:
+    def elastic_names(self) -> set[str]:
+        """The placed actors whose spec is elastic."""
+        return set(self._elastic)
+
+    def _pick_cores(self, cpus: float, asked: str, avoid: set[int]) -> dict[int, float]:
+        """Whole idle cores, then the fullest core with room for the fraction, never one in `avoid`."""
         whole = math.floor(cpus + _EPS)
         fraction = cpus - whole if cpus - whole > _EPS else 0.0
         idle = [cpu for cpu, used in self._core_used.items() if used <= _EPS]
@@ -225,9 +242,10 @@ class Scheduler:
         if fraction:
             # fullest core that still fits: keeps idle cores whole for whole-core requests
             fits = [(used, cpu) for cpu, used in self._core_used.items()
-                    if cpu not in share and used + fraction <= 1 + _EPS]
+                    if cpu not in share and cpu not in avoid and used + fraction <= 1 + _EPS]
             if not fits:
-                raise PlacementError(f"{asked}; free: {self.free_summary()}: no core has "
+                apart = " apart from the other elastic actors" if avoid else ""
+                raise PlacementError(f"{asked}; free: {self.free_summary()}: no core{apart} has "
                                      f"{fraction:.2f} left. Lower cpus or run fewer actors")
             share[max(fits)[1]] = fraction
         return share

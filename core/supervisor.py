@@ -28,6 +28,11 @@ The head's inbox doubles as the registry: actors ask it `lookup` for each
 other's addresses and then talk directly, so data never flows through the
 head. On a cluster each node's supervisor also knows the other nodes' actors
 (`add_peers`), so a lookup finds an actor wherever it runs.
+
+Elastic cores (core/elastic.py, core/lending.py): the run's driver tells the head `work`
+{"actor", "busy"} when it gives an actor work and when that work ends; the head's lender
+lends the cores of idle elastic actors to busy ones and answers once the re-pinning is done.
+An elastic actor (re)starts pinned to the cores it holds at that moment.
 """
 from __future__ import annotations
 
@@ -46,10 +51,12 @@ from typing import Any
 import anyio
 
 from . import wire
-from .actor import run_actor_process
+from .actor import CORES, run_actor_process
 from .config import ActorSpec
 from .errors import ActorStartError
+from .elastic import Home
 from .inbox import Handler, Inbox
+from .lending import CoreLender
 from .load import Load
 from .node import ActorRef, Node
 from .scheduler import Placement, Scheduler
@@ -132,7 +139,9 @@ class Supervisor:
         self.inbox = Inbox(node, address, {
             "_ready": Handler(self._on_ready), "_heartbeat": Handler(self._on_heartbeat),
             "_crashed": Handler(self._on_crashed), "lookup": Handler(self._on_lookup),
-            "status": Handler(self._on_status), "shutdown": Handler(self._on_shutdown)})
+            "status": Handler(self._on_status), "shutdown": Handler(self._on_shutdown),
+            "work": Handler(self._on_work)})
+        self.lender = CoreLender(self._elastic_homes, self._pin_cores)
         self.shutdown_requested = anyio.Event()  # set by a `shutdown` message (`postrain down`)
         self.address = self.inbox.bound_address
         self._refs: dict[str, ActorRef] = {}
@@ -325,6 +334,9 @@ class Supervisor:
                    "keys": self.keys.to_dict() if self.keys else None,
                    "log_path": self.log_path(spec.name),
                    "rendezvous": spec.rendezvous.model_dump() if spec.rendezvous is not None else None}
+        if spec.elastic and spec.name in self.scheduler.elastic_names():  # what it holds now (lending.py)
+            holding = self.lender.holding(spec.name, _home(record.placement))
+            payload.update(cpu_ids=list(holding.affinity), num_threads=holding.num_threads)
         # Inherited by the spawned child only. The run tag is in the child's environment from its
         # first instruction, so that /proc/PID/environ shows it (core/testing.py: leftovers).
         child_env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in record.placement.gpu_ids),
@@ -512,10 +524,31 @@ class Supervisor:
         """`status()` for `postrain status`. Does not wait (cancel-safe)."""
         return self.status()
 
+    async def _on_work(self, body) -> dict:
+        """{"actor", "busy"}: elastic cores follow (CoreLender.set_busy; its reply). Cancelled:
+        see CoreLender.set_busy."""
+        if not isinstance(body, dict) or not isinstance(body.get("actor"), str) \
+                or not isinstance(body.get("busy"), bool):
+            raise ValueError(f"work needs {{'actor': name, 'busy': true or false}}, got {body!r}")
+        return await self.lender.set_busy(body["actor"], body["busy"])
+
+    def _elastic_homes(self) -> dict[str, Home]:
+        """The placed elastic actors of this head and their homes (their placements)."""
+        return {name: _home(self.records[name].placement) for name in sorted(self.scheduler.elastic_names())
+                if name in self.records}
+
+    async def _pin_cores(self, name: str, body: dict) -> dict:
+        """Re-pin actor `name` (the kernel's `_cores`). Cancelled: it may or may not be re-pinned."""
+        return await self.ref(name).ask(CORES, body, timeout_s=30)
+
     async def _on_shutdown(self, body) -> str:
         """`postrain down`: set shutdown_requested. Does not wait (cancel-safe)."""
         self.shutdown_requested.set()
         return "shutting down"
+
+
+def _home(placement: Placement) -> Home:
+    return Home(frozenset(placement.cpu_ids), placement.num_threads)
 
 
 def _last_line(tb: str) -> str:

@@ -107,6 +107,18 @@ class EchoActor(Actor):
         not wait (cancel-safe)."""
         return {name: os.environ.get(name) for name in body}
 
+    @handler("pinned")
+    async def pinned(self, body):
+        """{"cores": the cores of every thread of this process, "num_threads": for compute} after
+        starting one thread the first time (so re-pinning must reach threads beyond the loop's).
+        Does not wait (cancel-safe)."""
+        if not hasattr(self, "idle_thread"):
+            import threading
+            self.idle_thread = threading.Thread(target=threading.Event().wait, daemon=True)
+            self.idle_thread.start()
+        cores = {tuple(sorted(os.sched_getaffinity(int(tid)))) for tid in os.listdir("/proc/self/task")}
+        return {"cores": sorted(cores), "num_threads": self.num_threads}
+
     @handler("sum_array")
     async def sum_array(self, body):
         """The sum of a received array. Does not wait (cancel-safe)."""
