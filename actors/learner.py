@@ -192,9 +192,17 @@ class Learner:
         self.group = process_group
         self.world_size, self.rank = 1, 0
         if torch.distributed.is_available() and torch.distributed.is_initialized():
-            self.world_size = torch.distributed.get_world_size(process_group)
-            self.rank = torch.distributed.get_rank(process_group)
-            self._broadcast_parameters()
+            self.join_process_group(process_group)
+
+    def join_process_group(self, process_group=None) -> None:
+        """Become a rank of torch.distributed's initialised group (`process_group`, or the default
+        one): rank 0's weights are broadcast, and from now on counts and gradients are summed
+        over the ranks. Every rank calls it (a collective); a learner built before its group
+        formed calls it once the group exists (actors/learner_group.py)."""
+        self.group = process_group
+        self.world_size = torch.distributed.get_world_size(process_group)
+        self.rank = torch.distributed.get_rank(process_group)
+        self._broadcast_parameters()
 
     # ------------------------------------------------------------------ public API
 

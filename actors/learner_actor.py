@@ -151,8 +151,8 @@ class LearnerActor(Actor):
         return body
 
     async def setup(self):
-        """Build the learner (and load resume_from). A rank of a group (`ranks = N`) builds it once
-        the group has formed, after READY (actors/learner_group.py); rank 0 starts forming it.
+        """Build the learner (and load resume_from). A rank of a group (`ranks = N`) joins its group
+        after READY (actors/learner_group.py); rank 0 starts forming it.
         Cancelled: the process is ending (a start past its timeout), so nothing outlives it."""
         from postrain.actors.device import resolve_device
 
@@ -161,12 +161,12 @@ class LearnerActor(Actor):
         self.targets: dict[str, object] = {}
         self.last_publish: dict = {}
         self.group: LearnerGroup | None = None
+        await anyio.to_thread.run_sync(self._build)
         if self.rendezvous is None:
-            await anyio.to_thread.run_sync(self._build)
             return
         device = resolve_device(self.options.learner_config().device)
         self.group = LearnerGroup(self, self.rendezvous, self.options.group_timeout_s,
-                                  "nccl" if device.type == "cuda" else "gloo", self._build)
+                                  "nccl" if device.type == "cuda" else "gloo", self.learner)
         if self.group.rank == 0:
             self.node.spawn(self.group.lead)
 

@@ -14,7 +14,8 @@ the checkpoint (actors/recovery.py). The rest follows from that rule:
   asks every other rank `join` it (over the run's ZeroMQ, until each answers or
   group_timeout_s passes); then every rank calls `init_process_group` on rank 0's address
   (gloo on CPU, NCCL on GPU) with group_timeout_s as the timeout of every collective, and
-  builds its Learner (rank 0's initial weights are broadcast). A rank asked to join another
+  its Learner (built before READY, as a lone learner's) joins it: rank 0's weights are
+  broadcast. A rank asked to join another
   generation than its own belonged to a rank 0 that has since restarted: it ends its
   process, and its restart joins the new one.
 - Working. The other actors talk to rank 0 alone. For a step rank 0 checks that every rank
@@ -121,19 +122,17 @@ class LearnerGroup:
 
     state: "waiting" (a follower not yet asked to join) -> "joining" -> "formed".
     Invariant: state == "formed" iff `formed` is set iff torch.distributed is initialised in
-    this process with `generation`'s group and the Learner is built."""
+    this process with `generation`'s group and the Learner has joined it."""
 
-    def __init__(self, actor, rendezvous: Rendezvous, timeout_s: float, backend: str,
-                 build: Callable[[], object]):
+    def __init__(self, actor, rendezvous: Rendezvous, timeout_s: float, backend: str, learner):
         self.actor = actor                  # the LearnerActor this process runs
         self.rendezvous = rendezvous
         self.timeout_s = timeout_s          # group_timeout_s: joining, and every collective
         self.backend = backend              # "gloo" | "nccl"
-        self.build = build                  # () -> Learner, run once the group is initialised
+        self.learner = learner              # built before the group: it joins it once formed
         self.generation: str | None = None
         self.state = "waiting"
         self.formed = anyio.Event()
-        self.learner = None
         self._refs: dict[str, object] = {}
 
     @property
@@ -154,7 +153,7 @@ class LearnerGroup:
 
     async def lead(self) -> None:
         """Rank 0: a new generation, every other rank asked to join it, then the group formed and
-        the Learner built. Any failure ends the process (Actor.crash). Cancelled: the process
+        the Learner in it. Any failure ends the process (Actor.crash). Cancelled: the process
         is ending."""
         self.generation, self.state = uuid.uuid4().hex[:12], "joining"
         try:
@@ -177,7 +176,7 @@ class LearnerGroup:
         return self.state
 
     async def _follow(self) -> None:
-        """A follower: form the group rank 0 leads and build the Learner; a failure ends the
+        """A follower: form the group rank 0 leads and put the Learner in it; a failure ends the
         process. Cancelled: the process is ending."""
         try:
             await anyio.to_thread.run_sync(self._initialise)
@@ -215,8 +214,8 @@ class LearnerGroup:
                               f"group_timeout_s = {self.timeout_s:g} s ({why}); look at their logs")
 
     def _initialise(self) -> None:
-        """init_process_group on rank 0's address (blocking: the other ranks must come), then
-        build the Learner. Runs in a worker thread."""
+        """init_process_group on rank 0's address (blocking: the other ranks must come), then the
+        Learner joins the group (rank 0's weights broadcast). Runs in a worker thread."""
         import torch.distributed as dist
 
         address = self.rendezvous.address
@@ -234,8 +233,7 @@ class LearnerGroup:
             raise GroupBroken(f"init_process_group at {address}:{self.rendezvous.port} failed, waiting for "
                               f"{self.describe(others)} (group_timeout_s = {self.timeout_s:g} s): "
                               f"{_one_line(exc)}") from None
-        log.info("rank %d: process group initialised; building the learner", self.rank)
-        self.learner = self.build()
+        self.learner.join_process_group()
 
     def leave(self) -> None:
         """Destroy this process's group (the actor stops). Runs in a worker thread."""
@@ -285,33 +283,50 @@ class LearnerGroup:
         return result
 
     async def _check_ranks(self, kind: str) -> None:
-        """Before a step: every rank answers in this generation, or the process ends naming those
-        that do not. Cancelled: nothing changes."""
-        lost = await self._unreachable_ranks()
-        if lost:
-            await self.actor.crash(f"{self.describe(lost)} of the learner's group lost or restarted before "
-                                   f"{kind} (not in group {self.generation}); every rank restarts and the "
-                                   "learner is restored from its last checkpoint")
+        """Before a step: every rank answers formed in this generation (one still joining it is
+        waited for, up to timeout_s), or the process ends naming those that do not.
+        Cancelled: nothing changes."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            states = await self._probe_ranks()
+            lost = [rank for rank, state in states.items() if state == "lost"]
+            if lost:
+                await self.actor.crash(f"{self.describe(lost)} of the learner's group lost or restarted before "
+                                       f"{kind} (not in group {self.generation}); every rank restarts and the "
+                                       "learner is restored from its last checkpoint")
+            joining = [rank for rank, state in states.items() if state == "joining"]
+            if not joining:
+                return
+            if time.monotonic() > deadline:
+                await self.actor.crash(f"{self.describe(joining)} of the learner's group did not finish joining "
+                                       f"within group_timeout_s = {self.timeout_s:g} s")
+            await anyio.sleep(0.1)
 
     async def _unreachable_ranks(self) -> list[int]:
-        """The other ranks that do not answer `group` in this generation, formed, within
-        PROBE_TIMEOUT_S (asked concurrently). Cancelled: nothing changes."""
-        lost: list[int] = []
+        """The other ranks that do not answer formed in this generation. Cancelled: nothing changes."""
+        return sorted(rank for rank, state in (await self._probe_ranks()).items() if state != "formed")
+
+    async def _probe_ranks(self) -> dict[int, str]:
+        """Each other rank's state as seen from here, asked concurrently: "formed" or "joining"
+        (in this generation), or "lost" (no answer within PROBE_TIMEOUT_S, or another
+        generation). Cancelled: nothing changes."""
+        states: dict[int, str] = {}
 
         async def probe(rank: int) -> None:
             """Ask one rank. Cancelled: nothing changes."""
             try:
                 ref = await self._ref(self.names[rank])
                 reply = await ref.ask("group", None, timeout_s=min(PROBE_TIMEOUT_S, self.timeout_s))
-                if reply.get("generation") != self.generation or reply.get("state") != "formed":
-                    lost.append(rank)
             except ActorError:
-                lost.append(rank)
+                states[rank] = "lost"
+                return
+            same = reply.get("generation") == self.generation
+            states[rank] = reply.get("state") if same and reply.get("state") in ("formed", "joining") else "lost"
 
         async with anyio.create_task_group() as tg:
             for rank in range(1, self.rendezvous.world_size):
                 tg.start_soon(probe, rank)
-        return sorted(lost)
+        return states
 
     async def _ref(self, name: str):
         if name not in self._refs:
