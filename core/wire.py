@@ -16,7 +16,10 @@ Frame 0 is a msgpack array, the envelope:
 Bulk arrays anywhere inside the body (numpy arrays, CPU torch tensors) do not
 go through msgpack: each becomes an ext value `ARRAY_EXT` holding
 `[frame_index, dtype, shape, is_torch]`, and its bytes travel as frame
-`frame_index` (>= 1), sent without copying. An array of at least
+`frame_index` (>= 1), sent without copying. An array larger than
+`FRAME_MAX_BYTES` travels as several frames instead, in order, each a slice of
+it (still no copy): `ARRAY_FRAMES_EXT` holds `[first_frame, num_frames, dtype,
+shape, is_torch]`. An array of at least
 `shm_min_bytes` (when the caller allows shared memory, i.e. both ends on one
 host) is written once to a file in /dev/shm and the envelope carries only
 `SHM_EXT` = `[path, dtype, shape, is_torch]`; the receiver maps the file and
@@ -28,7 +31,8 @@ what a killed process leaves is found and removed: by its pid
 
 Decoding is zero-copy too: a received array is a read-only view of the
 frame's memory (numpy) or a tensor over it (torch; treat it as read-only and
-`.clone()` before writing in place). No pickle anywhere: an unsupported type
+`.clone()` before writing in place). An array of several frames is joined into
+one new, writable buffer: one copy. No pickle anywhere: an unsupported type
 raises `WireError` at encode time, and any malformed frame raises `WireError`
 at decode time, which the actor answers with a typed error reply.
 """
@@ -50,6 +54,13 @@ from .errors import PostrainError
 
 ARRAY_EXT = 1
 SHM_EXT = 2
+ARRAY_FRAMES_EXT = 3
+# The largest frame of an array. CurveZMQ (every tcp link beyond loopback) encrypts and
+# decrypts each frame into freshly allocated buffers of its size: a 113 MB frame (SmolLM2's
+# embedding) pays that in new pages each time, and a 538 MB state went over raw pyzmq with
+# Curve at 0.05-0.07 GB/s in one frame against 0.15-0.2 GB/s in frames of 0.25-4 MiB (2-core
+# VM, 2026-12-01, loaded). Frames of this size are reused by the allocator.
+FRAME_MAX_BYTES = 4 << 20
 
 # Reserved kinds. User handlers may not use names starting with "_".
 REPLY = "_reply"        # the final answer to a request
@@ -182,8 +193,13 @@ def _place(raw, dtype: str, shape, is_torch: bool, buffers: list, shm_min_bytes:
     if shm_min_bytes is not None and SHM_DIR and nbytes >= shm_min_bytes:
         path = _write_shm(raw)
         return msgpack.ExtType(SHM_EXT, msgpack.packb([path, dtype, list(shape), is_torch]))
-    buffers.append(raw)
-    return msgpack.ExtType(ARRAY_EXT, msgpack.packb([len(buffers), dtype, list(shape), is_torch]))
+    if nbytes <= FRAME_MAX_BYTES:
+        buffers.append(raw)
+        return msgpack.ExtType(ARRAY_EXT, msgpack.packb([len(buffers), dtype, list(shape), is_torch]))
+    first = len(buffers) + 1
+    buffers.extend(raw[start:start + FRAME_MAX_BYTES] for start in range(0, nbytes, FRAME_MAX_BYTES))
+    return msgpack.ExtType(ARRAY_FRAMES_EXT, msgpack.packb([first, len(buffers) - first + 1, dtype,
+                                                            list(shape), is_torch]))
 
 
 _created_shm: set[str] = set()
@@ -380,10 +396,33 @@ def _ext_hook(code: int, data: bytes, frames):
         frame = frames[index]
         buffer = memoryview(frame)
         return _make_array(buffer, dtype, shape, is_torch)
+    if code == ARRAY_FRAMES_EXT:
+        first, count, dtype, shape, is_torch = _unpack_ext(data, "array of frames", num_fields=5)
+        if not (isinstance(first, int) and isinstance(count, int) and first >= 1 and count >= 1
+                and first + count <= len(frames)):
+            raise WireError(f"array refers to {count!r} frames from frame {first!r}, but the message "
+                            f"has {len(frames)} frames")
+        return _make_array(_join(frames[first:first + count], _expected_nbytes(dtype, shape, is_torch)),
+                           dtype, shape, is_torch)
     if code == SHM_EXT:
         path, dtype, shape, is_torch = _unpack_ext(data, "shared-memory array")
         return _map_shm(path, dtype, shape, is_torch)
     raise WireError(f"unknown msgpack ext type {code}")
+
+
+def _join(frames: list, nbytes: int) -> memoryview:
+    """The frames' bytes in one new writable buffer of `nbytes` (WireError if they differ)."""
+    total = sum(len(memoryview(frame)) for frame in frames)
+    if total != nbytes:
+        raise WireError(f"array frames hold {total} bytes, but its dtype and shape need {nbytes}: "
+                        "truncated or corrupt")
+    joined = np.empty(nbytes, dtype=np.uint8)
+    pos = 0
+    for frame in frames:
+        part = np.frombuffer(memoryview(frame), dtype=np.uint8)
+        joined[pos:pos + len(part)] = part
+        pos += len(part)
+    return memoryview(joined)
 
 
 def _ext_hook_without_frames(code: int, data: bytes):
@@ -401,14 +440,15 @@ def peek_msg_id(frames: list) -> int | None:
         return None
 
 
-def _unpack_ext(data: bytes, what: str):
+def _unpack_ext(data: bytes, what: str, num_fields: int = 4):
+    """The header's fields: where the bytes are (1 or 2 fields), then dtype, shape, is_torch."""
     try:
         fields = msgpack.unpackb(data, raw=False)
     except Exception as exc:
         raise WireError(f"malformed {what} header: {exc}") from exc
-    if not isinstance(fields, list) or len(fields) != 4:
-        raise WireError(f"malformed {what} header: expected 4 fields, got {fields!r}")
-    _, dtype, shape, _ = fields
+    if not isinstance(fields, list) or len(fields) != num_fields:
+        raise WireError(f"malformed {what} header: expected {num_fields} fields, got {fields!r}")
+    dtype, shape = fields[-3], fields[-2]
     if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
         raise WireError(f"malformed {what} shape {shape!r}")
     if not isinstance(dtype, str):

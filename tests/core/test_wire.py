@@ -69,6 +69,47 @@ def test_bulk_arrays_travel_as_separate_frames_without_copy():
     assert np.shares_memory(np.frombuffer(frames[1], dtype=np.float32), array)
 
 
+def test_an_array_over_the_frame_limit_travels_as_slices_and_arrives_whole_and_writable(monkeypatch):
+    monkeypatch.setattr(wire, "FRAME_MAX_BYTES", 1000)
+    weights = {"small": torch.arange(10, dtype=torch.float32), "big": torch.randn(7, 301),
+               "array": np.arange(2600, dtype=np.int16)}
+    frames = encode(Message("k", 1, 0, "s", None, weights))
+    assert len(frames) == 1 + 1 + 9 + 6 and all(len(f) <= 1000 for f in frames[1:])
+    assert np.shares_memory(np.frombuffer(frames[2], dtype=np.float32), weights["big"].numpy())
+    got = decode([bytes(f) for f in frames]).body
+    assert torch.equal(got["small"], weights["small"]) and torch.equal(got["big"], weights["big"])
+    np.testing.assert_array_equal(got["array"], weights["array"])
+    got["big"][0, 0] = 1.0      # joined into its own buffer: the receiver may write it
+    with pytest.raises(WireError, match="array refers to 9 frames from frame 2, but the message has 10 frames"):
+        decode([bytes(f) for f in frames[:10]])
+    frames[5] = b"x"
+    with pytest.raises(WireError, match="array frames hold 7429 bytes, but its dtype and shape need 8428"):
+        decode([bytes(f) for f in frames])
+
+
+def test_a_tensor_of_many_frames_crosses_a_curve_tcp_link_whole():
+    import zmq
+
+    from postrain.core.transport import CurveKeys, configure_client, configure_server
+
+    keys, context = CurveKeys.generate(), zmq.Context()
+    server, client = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
+    try:
+        configure_server(server, "tcp://192.0.2.1:0", keys)   # any address beyond loopback: Curve on
+        port = server.bind_to_random_port("tcp://127.0.0.1")
+        configure_client(client, "tcp://192.0.2.1:0", keys)
+        client.connect(f"tcp://127.0.0.1:{port}")
+        tensor = torch.randn(3 * wire.FRAME_MAX_BYTES // 4 + 5)
+        frames = encode(Message("load_weights", 1, 0, "s", None, {"w": tensor}))
+        assert len(frames) == 5
+        client.send_multipart(frames, copy=False)
+        assert torch.equal(decode(server.recv_multipart(copy=False)).body["w"], tensor)
+    finally:
+        server.close(linger=0)
+        client.close(linger=0)
+        context.term()
+
+
 def test_large_tensors_go_through_shared_memory_and_leave_no_file_behind(tmp_path):
     tensor = torch.randn(512, 1024)
     frames = encode(Message("k", 1, 0, "s", None, tensor), shm_min_bytes=1 << 20)
