@@ -2,7 +2,8 @@
 
 The head writes its control address to RUN_DIR/head.json; both commands ask
 it over ZeroMQ. `status` prints every actor (state, pid, restarts, placement,
-heartbeat age, load) and the free pools; `down` asks the head to stop the run
+heartbeat age, load) and the free pools; for a run on a cluster, also every node (alive or
+lost, its free room) and the node of each actor. `down` asks the head to stop the run
 cleanly (the driver finishes its step and checkpoints, then every actor stops).
 """
 from __future__ import annotations
@@ -51,10 +52,18 @@ def main(args) -> int:
         print(json.dumps(status, indent=2))
         return 0
     print(f"head pid {status['head']['pid']} at {status['head']['address']}; free: {status['pools']['free']}")
+    for node in status.get("nodes", []):   # a run on a cluster
+        if node["state"] == "lost":
+            print(f"node {node['name']} ({node['address']}): lost ({node['reason']})")
+        else:
+            print(f"node {node['name']} ({node['address']}): alive, {len(node['actors'])} actors; "
+                  f"free: {node['free'] or '-'}")
     for actor in status["actors"]:
         age = actor["heartbeat_age_s"]
+        where = f"  node {actor['node']}" if "node" in actor else ""
         print(f"  {actor['name']:<14} {actor['state']:<10} pid {actor['pid']!s:<7} restarts {actor['restarts']}"
-              f"  heartbeat {age if age is not None else '-'} s  {actor['placement']}  load {load_text(actor['load'])}")
+              f"  heartbeat {age if age is not None else '-'} s{where}  {actor['placement']}  "
+              f"load {load_text(actor['load'])}")
     return 0
 
 

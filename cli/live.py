@@ -121,14 +121,18 @@ def load_text(load: dict | None) -> str:
 
 
 def _actors_table(status: dict | None) -> Table:
+    """Every actor's health; a run on a cluster adds the node each runs on."""
     table = Table(title="actors", title_justify="left", expand=False, box=box.SIMPLE_HEAD)
-    for column in ("actor", "state", "pid", "restarts", "heartbeat s", "load"):
+    on_cluster = "nodes" in (status or {})
+    columns = ("actor", *(("node",) if on_cluster else ()), "state", "pid", "restarts", "heartbeat s", "load")
+    for column in columns:
         table.add_column(column, overflow="fold")
     for actor in (status or {}).get("actors", []):
         state = actor["state"]
         style = "green" if state == "running" else "yellow" if state in ("starting", "restarting") else "red"
         age = actor.get("heartbeat_age_s")
-        table.add_row(actor["name"], Text(state, style=style), str(actor.get("pid") or "-"),
+        node = (actor.get("node", "head"),) if on_cluster else ()
+        table.add_row(actor["name"], *node, Text(state, style=style), str(actor.get("pid") or "-"),
                       str(actor.get("restarts", 0)), "-" if age is None else f"{age:.1f}",
                       load_text(actor.get("load")))
     return table

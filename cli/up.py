@@ -53,6 +53,7 @@ import sys
 import time
 from contextlib import AsyncExitStack, contextmanager
 from pathlib import Path
+from typing import Callable
 
 import anyio
 
@@ -67,6 +68,7 @@ from .balancer import Balancer
 from .cluster_up import ClusterLaunch, meeting_point_on_node, node_agents, plan_on_cluster, start_on_node
 from .config import UpConfig, load_up_config
 from .monitor import RunMonitor
+from .node_watch import NodeWatch
 from .tracking import RunTracking
 
 HELP = "start a run: the head, then every actor the config names"
@@ -268,6 +270,7 @@ async def _run_actors(config: UpConfig, folder: Path, monitor: RunMonitor, resum
     the agents) stops every actor started so far (shielded), kills their process groups and
     removes the run's shared memory."""
     status = 0
+    watch = None   # a cluster run's NodeWatch
     async with Supervisor.open(heartbeat_interval_s=config.head.heartbeat_interval_s,
                                heartbeat_timeout_s=config.head.heartbeat_timeout_s,
                                bind=config.head.bind, log_dir=str(folder / "logs"),
@@ -281,6 +284,7 @@ async def _run_actors(config: UpConfig, folder: Path, monitor: RunMonitor, resum
                 return f"  started {spec.name} (pid {supervisor.records[spec.name].pid})"
         else:
             agents = await stack.enter_async_context(node_agents(launch, supervisor, folder))
+            watch = NodeWatch(agents, launch, config, supervisor, folder, emit=monitor.line)
 
             async def start(spec):
                 """One actor on its node. Cancelled: see start_on_node."""
@@ -298,7 +302,7 @@ async def _run_actors(config: UpConfig, folder: Path, monitor: RunMonitor, resum
             if monitor.metrics_url:
                 print(f"  metrics: {monitor.metrics_url}", flush=True)
             if await _start_actors(supervisor, config, start):
-                status = await _serve(config, folder, monitor, resume, supervisor)
+                status = await _serve(config, folder, monitor, resume, supervisor, watch)
             else:
                 print("stopped during start-up; `postrain up --resume` continues the run", flush=True)
         print("stopping actors", flush=True)
@@ -323,24 +327,36 @@ async def _start_actors(supervisor: Supervisor, config: UpConfig, start) -> bool
 
 
 async def _serve(config: UpConfig, folder: Path, monitor: RunMonitor, resume: bool,
-                 supervisor: Supervisor) -> int:
-    """Follow the driver to its end, or serve until a stop is asked; the monitor and the
-    balancer run alongside. Cancelled: the monitor and balancer stop; the actors run on for
-    the supervisor's shutdown."""
+                 supervisor: Supervisor, watch: NodeWatch | None = None) -> int:
+    """Follow the driver to its end, or serve until a stop is asked; the monitor, the balancer
+    and (a cluster run) the node watch run alongside. Cancelled: they stop; the actors run on
+    for the supervisor's shutdown."""
     status = 0  # what a stop that ran past stop_grace_s leaves
     async with anyio.create_task_group() as tg:
         tg.start_soon(monitor.watch)
+        if watch is not None:
+            tg.start_soon(watch.run)
         if config.balancer.enabled:
             tg.start_soon(Balancer(supervisor, config.balancer, folder, emit=monitor.line).run)
         if config.run.driver:
             tg.start_soon(_limit_stop_grace, supervisor, config.head.stop_grace_s, tg.cancel_scope)
-            status = await _follow_driver(supervisor, config.run.driver, folder, monitor, resume)
+            status = await _follow_driver(supervisor, config.run.driver, folder, monitor, resume,
+                                          watch.summary_figures if watch is not None else None)
         else:
             print("serving; stop with `postrain down RUN_DIR` or Ctrl-C", flush=True)
             await supervisor.shutdown_requested.wait()
             status = 0
         tg.cancel_scope.cancel()
     return status
+
+
+def _add_to_summary(folder: Path, summary: dict, figures: dict) -> dict:
+    """`summary` with `figures`, also written into the driver's summary.json when it wrote one."""
+    summary = {**summary, **figures}
+    path = folder / "summary.json"
+    if path.exists():
+        path.write_text(json.dumps({**json.loads(path.read_text()), **figures}, indent=2))
+    return summary
 
 
 async def _limit_stop_grace(supervisor: Supervisor, grace_s: float, scope: anyio.CancelScope) -> None:
@@ -354,7 +370,7 @@ async def _limit_stop_grace(supervisor: Supervisor, grace_s: float, scope: anyio
 
 
 async def _follow_driver(supervisor: Supervisor, driver: str, folder: Path, monitor: RunMonitor,
-                         resume: bool = False) -> int:
+                         resume: bool = False, summary_figures: Callable[[], dict] | None = None) -> int:
     """Stream the driver's progress lines and figures to the monitor; its last item is the run's
     summary. Cancelled: the stream is abandoned (the driver runs on until its actor is stopped)
     and the live view is closed; no summary is printed."""
@@ -385,6 +401,8 @@ async def _follow_driver(supervisor: Supervisor, driver: str, folder: Path, moni
         finally:
             tg.cancel_scope.cancel()
     if summary is not None:
+        if summary_figures is not None:   # the head's own counts (a cluster's node losses)
+            summary = _add_to_summary(folder, summary, summary_figures())
         print(json.dumps(summary, indent=2))
     return 0
 

@@ -198,8 +198,17 @@ class Actor:
             table[kind] = Handler(fn, stream=stream, concurrent=concurrent,
                                   wants_message=num_params >= 2)
         table[wire.STOP] = Handler(self._handle_stop)
+        table[wire.PEERS_MOVED] = Handler(self._handle_peers_moved)
         table[CORES] = Handler(self._handle_cores)
         return table
+
+    async def _handle_peers_moved(self, body) -> None:
+        """{name: address} of actors started again elsewhere (a cluster node was lost): this
+        process's references to them point there from now on (Node.rebind). Does not wait
+        (cancel-safe)."""
+        for name, address in body.items():
+            if self.node.rebind(name, address):
+                log.info("actor %s moved to %s; talking to it there", name, address)
 
     async def _handle_stop(self, body) -> str:
         """Ask the process to stop (teardown, then exit 0). Does not wait, so a cancellation

@@ -105,6 +105,16 @@ class ClusterScheduler:
             self.schedulers[placed.node].release(name)
             self._group_count[(placed.node, self._group_of.pop(name))] -= 1
 
+    def remove_node(self, name: str) -> list[NodePlacement]:
+        """A lost node leaves the cluster; returns the placements it held, in the order they
+        were made (to be placed again on the nodes left)."""
+        lost = [placed for placed in self.placements.values() if placed.node == name]
+        for placed in lost:
+            self.release(placed.name)
+        self.nodes = [node for node in self.nodes if node.name != name]
+        del self.schedulers[name]
+        return lost
+
     def plan(self, specs: list[ActorSpec], groups: dict[str, str] | None = None) -> list[NodePlacement]:
         """Place every spec on a scratch copy (a dry run); `groups`: replica name -> its entry."""
         scratch = ClusterScheduler(self.nodes)

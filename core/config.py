@@ -175,6 +175,9 @@ class ClusterSection(_Strict):
                          "`ray start`) or the head's HOST:PORT, e.g. '10.0.0.1:6379'")
     connect_timeout_s: float = Field(30.0, gt=0, le=600, description="how long `postrain up` waits for the "
                                      "head's address to accept a connection before it fails naming it")
+    node_timeout_s: float = Field(10.0, gt=0, le=600, description="a node whose agent has not answered the "
+                                  "head for this long (2 s once its connection closed), or that Ray reports "
+                                  "dead, is lost: its actors are placed again on nodes with room")
 
     @field_validator("address")
     @classmethod

@@ -121,6 +121,14 @@ class Node:
         self._closers.append(ref.close)
         return ref
 
+    def rebind(self, name: str, address: str) -> int:
+        """Point every open reference to actor `name` at `address` (it was started again
+        elsewhere: another node of a cluster); returns how many moved. See ActorRef.rebind."""
+        moved = [ref for ref in self._refs if ref.name == name and not ref._closed and ref.address != address]
+        for ref in moved:
+            ref.rebind(address)
+        return len(moved)
+
     def ensure_zap(self, allowed_keys: tuple[bytes, ...]) -> None:
         """Serve ZeroMQ's authentication requests for this process's Curve servers."""
         if self._zap_started:
@@ -165,6 +173,7 @@ class _Pending:
     error: Exception | None = None
     items: Any = None      # stream: a deque of Message | Exception
     wake: Any = None       # an Event while its caller waits as a follower; set on news or hand-over
+    sent: bool = False     # queued on a connection (False while it waits for one: see ActorRef.rebind)
 
     def has_news(self) -> bool:
         """A reply or an error is in (a stream: an item or an error waits to be taken)."""
@@ -208,6 +217,7 @@ class ActorRef:
         self._followers: dict[int, _Pending] = {}   # insertion-ordered: the oldest leads next
         self._connected = anyio.Event()
         self._auth_error: AuthenticationError | None = None
+        self._accepted = False         # a Curve handshake with the actor at `address` succeeded once
         self._closed = False
         node.spawn(self._watch_connection)
 
@@ -279,6 +289,33 @@ class ActorRef:
         finally:
             self._pending.pop(msg_id, None)
 
+    def rebind(self, address: str) -> None:
+        """Talk to the actor at `address` from now on (it was started again on another node).
+        Every request sent fails with ActorDiedError (it went to the old process, which is gone),
+        so its caller's retry rules apply; those still waiting for a connection (never sent) go
+        to the new address, as do later ones."""
+        old = self.address
+        sent = {msg_id: pending for msg_id, pending in self._pending.items() if pending.sent}
+        for msg_id, pending in sent.items():
+            del self._pending[msg_id]
+            self._deliver(pending, ActorDiedError(f"actor {self.name} moved from {old} to {address} with the "
+                                                  "request in flight (its node was lost); retry"))
+        self._sock.wake()  # a leading caller waits on the socket
+        sock = self._sock.sock
+        try:
+            sock.disconnect(old)
+        except zmq.ZMQError:
+            pass  # never connected there
+        configure_client(sock, address, self.node.keys)
+        self.address = address
+        self._uses_curve = is_beyond_loopback(address)
+        self._shm_min_bytes = self.node.shm_min_bytes_for(address)
+        if self._connected.is_set():
+            self._connected = anyio.Event()
+        self._auth_error = None
+        self._accepted = False
+        sock.connect(address)
+
     def close(self) -> None:
         if self._closed:
             return
@@ -306,6 +343,7 @@ class ActorRef:
                              self._shm_min_bytes)
         self._pending[msg_id] = pending
         if self._auth_error is None and not self._closed and self._sock.send_nowait(frames):
+            pending.sent = True
             return  # the fast path: connected, room in the queue
         await self._send_waiting(frames, msg_id, kind, pending, pending.deadline, pending.timeout_s)
 
@@ -321,6 +359,8 @@ class ActorRef:
                 if pending is not None and pending.error is not None:
                     raise pending.error   # failed while we waited (disconnect, reaper)
                 if self._sock.send_nowait(frames):
+                    if pending is not None:
+                        pending.sent = True
                     return
                 if self._connected.is_set():   # connected but full: wait for room
                     await anyio.sleep(0.0002)
@@ -434,9 +474,13 @@ class ActorRef:
                 frames = await self._monitor.recv_multipart()
             except (zmq.ZMQError, anyio.ClosedResourceError):
                 return
-            event = parse_monitor_message([bytes(f) for f in frames])["event"]
+            message = parse_monitor_message([bytes(f) for f in frames])
+            if message["endpoint"] and message["endpoint"].decode(errors="replace") != self.address:
+                continue  # the connection to an address this reference left (rebind)
+            event = message["event"]
             if event == _CONNECTED:
                 self._auth_error = None
+                self._accepted = True
                 self._connected.set()
             elif event == _LOST or (event & _AUTH_FAILED and not self._uses_curve):
                 if self._connected.is_set():
@@ -444,6 +488,12 @@ class ActorRef:
                 self._fail_all(ActorDiedError(
                     f"actor {self.name} ({self.address}) disconnected with the request in flight "
                     "(it died or was stopped); the supervisor restarts crashed actors: retry"))
+            elif event & _AUTH_FAILED and self._accepted:
+                # Not our key: the actor that accepted it is gone, and something else answers at its
+                # address (on one machine, a reconnect to a closed port can even meet itself). Keep
+                # waiting, as for any lost actor, until it is back or moves (rebind).
+                log.debug("actor %s (%s): handshake failed after it had accepted our key", self.name,
+                          self.address)
             elif event & _AUTH_FAILED:
                 self._auth_error = AuthenticationError(
                     f"actor {self.name} ({self.address}) refused our CurveZMQ key; use the run's "

@@ -23,7 +23,10 @@ addresses of the others' (`add_peers`), so `Actor.lookup` finds an actor on any 
 
 An actor that dies is restarted by its node's agent on the address it had (the port it
 was given at its first start), so peers on other nodes reach it again without a new lookup.
-Not here (yet): a node that dies is not noticed, and its actors are not placed again.
+A node that dies takes its actors with it: its agent, once its raylet is gone, kills them
+and exits (Ray would leave it running). The head notices (`Agents.dead_nodes`, or the agent's
+supervisor no longer answering) and places them again (cli/node_watch.py); `Agents.start`
+then tells every agent, and through it every actor, where they moved.
 """
 from __future__ import annotations
 
@@ -140,7 +143,9 @@ class RayCluster:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise PostrainError(f"the node agents did not start (within {AGENT_START_TIMEOUT_S:g} s: {first}); "
                                 "check that postrain and the same Python are installed on every node") from None
-        agents = Agents(handles)
+        agents = Agents(handles, {name: self._node_ids[name] for name in handles},
+                        dict(zip(handles, ray.get([h.supervisor_address.remote() for h in handles.values()],
+                                                  timeout=60))))
         here = versions_here()
         for node, theirs in zip(handles, versions):
             if theirs != here:
@@ -154,13 +159,31 @@ class RayCluster:
 
 
 class Agents:
-    """The run's node agents, by node name."""
+    """The run's node agents, by node name. Invariant: `handles` holds the agents of the nodes
+    not lost (`forget` removes one); node_ids and supervisor_addresses keep every node's."""
 
-    def __init__(self, handles: dict):
+    def __init__(self, handles: dict, node_ids: dict[str, str], supervisor_addresses: dict[str, str]):
         self.handles = handles                       # node name -> its NodeAgent (a Ray actor handle)
+        self.node_ids = node_ids                     # node name -> Ray's node id
+        self.supervisor_addresses = supervisor_addresses   # node name -> its agent's supervisor (tcp + Curve)
+
+    def dead_nodes(self) -> list[str]:
+        """The nodes of `handles` that Ray reports dead (its health checks: seconds after a
+        node's raylet stops answering)."""
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        return [name for name in self.handles if self.node_ids[name] not in alive]
+
+    def forget(self, node: str) -> None:
+        """A lost node: its agent is no longer called (and killed, should it still live)."""
+        handle = self.handles.pop(node)
+        try:
+            ray.kill(handle)
+        except Exception:   # its node is gone, and the agent with it
+            pass
 
     def start(self, spec: ActorSpec, node: str, timeout_s: float = 300.0) -> str:
-        """Start `spec` on `node`'s agent; its address once READY. Every agent learns it."""
+        """Start `spec` on `node`'s agent; its address once READY. Every agent learns it (and
+        tells its actors, when `spec` ran elsewhere before: Supervisor.add_peers)."""
         address = ray.get(self.handles[node].start.remote(spec.model_dump()), timeout=timeout_s)
         ray.get([h.add_peers.remote({spec.name: address}) for h in self.handles.values()], timeout=60)
         return address
@@ -174,9 +197,11 @@ class Agents:
         return dict(zip(self.handles, ray.get([h.status.remote() for h in self.handles.values()], timeout=60)))
 
     def stop(self) -> None:
-        """Stop every actor (its agent's supervisor shuts it down), then the agents."""
+        """Stop every actor (its agent's supervisor shuts it down), then the agents. An agent
+        that does not answer (its node died since it was last checked) is killed with the rest."""
         try:
-            ray.get([h.stop.remote() for h in self.handles.values()], timeout=120)
+            ray.wait([h.stop.remote() for h in self.handles.values()], num_returns=len(self.handles),
+                     timeout=120)
         finally:
             for handle in self.handles.values():
                 ray.kill(handle)
@@ -191,6 +216,7 @@ class NodeAgent:
         from .scheduler import Scheduler
 
         self.node, self.address = node, address
+        self._raylet_pid = os.getppid()        # the node's raylet starts its workers
         inventory = Inventory(cpu_ids=tuple(inventory["cpu_ids"]), memory_mb=inventory["memory_mb"],
                               gpus=tuple(GpuInfo(**g) for g in inventory["gpus"]))
         self._settings = dict(scheduler=Scheduler(inventory), bind=f"tcp://{address}:0",
@@ -222,7 +248,22 @@ class NodeAgent:
         async with Supervisor.open(**self._settings) as supervisor:
             self.supervisor = supervisor
             self._opened.set()
-            await self._stop.wait()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._die_with_node)
+                await self._stop.wait()
+                nursery.cancel_scope.cancel()
+
+    async def _die_with_node(self) -> None:
+        """Once the node's raylet is gone (this process is re-parented), the node is lost to the
+        cluster, and Ray leaves its workers running: kill every actor here at once and exit, so
+        that nothing of the run outlives its node. Cancelled (the agent stops): nothing to undo."""
+        import trio
+        while os.getppid() == self._raylet_pid:
+            await trio.sleep(0.5)
+        print(f"postrain node agent {self.node}: the node's raylet (pid {self._raylet_pid}) is gone; "
+              "killing this node's actors and exiting", file=sys.stderr, flush=True)
+        self.supervisor.kill_all()
+        os._exit(1)
 
     def _call(self, fn, *args):
         import trio
@@ -230,6 +271,11 @@ class NodeAgent:
 
     def versions(self) -> dict:
         return versions_here()
+
+    def supervisor_address(self) -> str:
+        """Where this node's supervisor serves (tcp + Curve): the head asks it `status`, which
+        also tells it the agent lives."""
+        return self.supervisor.address
 
     def start(self, spec: dict) -> str:
         """Start an actor here, its inbox on this node's address (tcp + Curve, any free port);

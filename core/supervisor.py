@@ -46,7 +46,7 @@ import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import anyio
 
@@ -133,6 +133,9 @@ class Supervisor:
         self.keys = keys
         self.records: dict[str, ActorRecord] = {}
         self.peers: dict[str, str] = {}   # actors other supervisors run (other nodes): name -> address
+        # A cluster's head: () -> {"nodes": [...], "actors": [...]}, the other nodes' view, merged
+        # into `status()` (cli/node_watch.py sets it); None on one host.
+        self.remote_status: Callable[[], dict] | None = None
         self.events: list[ActorEvent] = []
         self._event_added = anyio.Event()
         address = ipc_address(socket_dir, "head") if bind == "ipc" else bind
@@ -229,8 +232,33 @@ class Supervisor:
 
     def add_peers(self, addresses: dict[str, str]) -> None:
         """Actors that other supervisors run (on other nodes: core/ray_nodes.py), by name: this
-        registry's `lookup` answers their addresses too. Its own actors keep precedence."""
+        registry's `lookup` answers their addresses too. Its own actors keep precedence.
+        A peer known at another address has moved (started again on another node, its own lost):
+        this registry's references and every running actor's (told PEERS_MOVED, core/actor.py)
+        point at the new address from then on."""
+        moved = {name: address for name, address in addresses.items()
+                 if self.peers.get(name, address) != address}
         self.peers.update(addresses)
+        for name, address in moved.items():
+            self.node.rebind(name, address)
+        for record in self.records.values():
+            if moved and record.state == "running":
+                self.node.spawn(self._tell_moved, record.spec.name, moved)
+
+    async def _tell_moved(self, name: str, moved: dict[str, str]) -> None:
+        """Tell actor `name` the peers that moved. Cancelled: it may not be told; an actor that
+        restarts meanwhile looks its peers up afresh."""
+        try:
+            await self.ref(name).tell(wire.PEERS_MOVED, moved, timeout_s=5)
+        except Exception as exc:   # it died meanwhile: its next incarnation looks them up again
+            log.warning("could not tell actor %s that %s moved: %s", name, sorted(moved), exc)
+
+    def kill_all(self) -> None:
+        """SIGKILL every actor's process group now, with no stop message and no restart (a node
+        agent whose node is gone: core/ray_nodes.py)."""
+        for record in self.records.values():
+            record.stop_requested = True
+            self._kill(record)
 
     def log_path(self, name: str) -> str | None:
         """The file actor `name`'s stdout and stderr go to (None: the head's own)."""
@@ -308,6 +336,16 @@ class Supervisor:
                 await self._event_added.wait()
 
     def status(self) -> dict:
+        """The head, its free pools and every actor; on a cluster's head also the nodes, and the
+        actors of every node (each with its `node`)."""
+        status = self._own_status()
+        if self.remote_status is not None:
+            remote = self.remote_status()
+            status["nodes"] = remote["nodes"]
+            status["actors"] += remote["actors"]
+        return status
+
+    def _own_status(self) -> dict:
         now = time.monotonic()
         return {"head": {"pid": os.getpid(), "address": self.address},
                 "pools": {"free": self.scheduler.free_summary()},

@@ -69,6 +69,7 @@ END = "_end"            # the end of a stream
 ERROR = "_error"        # a typed error in place of a reply; body: {"type", "message", "traceback"}
 STOP = "_stop"          # asks the actor to stop
 PING = "_ping"          # answered with a REPLY by the runtime itself
+PEERS_MOVED = "_peers_moved"  # {name: address} of actors started again on another node (Supervisor.add_peers)
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
 DEFAULT_SHM_MIN_BYTES = 1 << 20

@@ -34,12 +34,9 @@ import stat
 _RUN_DIR = "/run/postrain"  # a tmpfs of the jail's own
 _STATE_PATH = "/run/postrain/state"
 _MAX_STATE_BYTES = 1 << 20
-_NAMES_PATH = "/run/postrain/names"
-# On exit the shell writes "cwd\n\0" and then NAME=value\0 per exported variable, with builtins
-# only (no fork on the call's path).
-_TRAP = ("builtin trap '{ builtin pwd; builtin printf \"\\0\"; builtin compgen -e >" + _NAMES_PATH + "; "
-         "builtin mapfile -t __names <" + _NAMES_PATH + "; for __name in \"${__names[@]}\"; do "
-         "builtin printf \"%s=%s\\0\" \"$__name\" \"${!__name}\"; done; } >" + _STATE_PATH
+# On exit the shell writes "cwd\n\0" and then its exported variables as `declare -px` prints
+# them (one line each, `_exported`): two builtins, no fork on the call's path.
+_TRAP = ("builtin trap '{ builtin pwd; builtin printf \"\\0\"; builtin declare -px; } >" + _STATE_PATH
          + " 2>/dev/null' EXIT\n").encode()
 # The shell started ahead: wait for the go byte on fd 4; read its call from fd 3 (a file, which
 # mapfile reads in blocks), its set-up and its command split by a NUL; close both (plain `exec`:
@@ -99,11 +96,10 @@ def _quoted(value):
 
 
 def _unlink_state():
-    for path in (_STATE_PATH, _NAMES_PATH):
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+    try:
+        os.unlink(_STATE_PATH)
+    except OSError:
+        pass
 
 
 def _load_state(state):
@@ -118,15 +114,66 @@ def _load_state(state):
         data = os.read(fd, _MAX_STATE_BYTES + 1)
     finally:
         os.close(fd)
-    cwd, sep, rest = data.partition(b"\n\0")
+    cwd, sep, exports = data.partition(b"\n\0")
     if not sep or len(data) > _MAX_STATE_BYTES or not cwd.startswith(b"/"):
         return
+    state["cwd"], state["env"] = cwd, _exported(exports)
+
+
+def _exported(text):
+    """The variables in `declare -px` output: `declare -FLAGS NAME="value"` (or NAME=$'value'
+    where the value holds control characters), one per line; unset and array ones are not in
+    an environment. The file is the code's to write: a line of any other shape is skipped."""
     env = {}
-    for entry in rest.split(b"\0"):
-        key, sep, value = entry.partition(b"=")
-        if sep and key.isascii() and key.decode().isidentifier() and key not in _VOLATILE_ENV:
-            env[key] = value  # a name only: the file is the code's to write
-    state["cwd"], state["env"] = cwd, env
+    for line in text.split(b"\n"):
+        head, sep, quoted = line.partition(b"=")
+        words = head.split(b" ")
+        if not sep or len(words) != 3 or words[0] != b"declare" or not words[1].startswith(b"-"):
+            continue
+        flags, name = words[1], words[2]
+        value = _unquoted(quoted)
+        if (value is not None and b"a" not in flags and b"A" not in flags and name.isascii()
+                and name.decode().isidentifier() and name not in _VOLATILE_ENV):
+            env[name] = value
+    return env
+
+
+_DOUBLE_QUOTED_ESCAPES = {ord(c): ord(c) for c in '"$`\\'}
+_ANSI_C_ESCAPES = {ord(k): v for k, v in {"a": 7, "b": 8, "e": 27, "E": 27, "f": 12, "n": 10, "r": 13,
+                                            "t": 9, "v": 11, "\\": 92, "'": 39, '"': 34, "?": 63}.items()}
+_OCTAL_DIGITS = [bytes([d]) for d in b"01234567"]
+
+
+def _unquoted(word):
+    """The value of a word quoted as `declare -p` quotes: "..." or $'...' (octal escapes for the
+    other bytes); None for anything else."""
+    if len(word) >= 2 and word[:1] == b'"' and word[-1:] == b'"':
+        body, escapes = word[1:-1], _DOUBLE_QUOTED_ESCAPES
+    elif len(word) >= 3 and word[:2] == b"$'" and word[-1:] == b"'":
+        body, escapes = word[2:-1], _ANSI_C_ESCAPES
+    else:
+        return None
+    if b"\\" not in body:
+        return body
+    out, i = bytearray(), 0
+    while i < len(body):
+        after = body[i + 1:i + 2]
+        if body[i] != 0x5C or not after:
+            out.append(body[i])
+            i += 1
+        elif after[0] in escapes:
+            out.append(escapes[after[0]])
+            i += 2
+        elif escapes is _ANSI_C_ESCAPES and after in _OCTAL_DIGITS:
+            end = i + 2
+            while end < min(i + 4, len(body)) and body[end:end + 1] in _OCTAL_DIGITS:
+                end += 1
+            out.append(int(body[i + 1:end], 8) & 0xFF)
+            i = end
+        else:  # a backslash bash keeps
+            out.append(0x5C)
+            i += 1
+    return bytes(out)
 
 
 # ---------------------------------------------------------------- files, as the sandbox uid

@@ -1,5 +1,6 @@
 """The live view of `postrain up`: a frame from figures and status, plain lines otherwise."""
 import io
+import re
 
 from rich.console import Console
 
@@ -44,6 +45,17 @@ def test_a_frame_shows_the_figures_queues_and_every_actor():
     assert "backpressure=staleness" in driver_row and "buffer_samples=64" in text
     quiet_row = next(line for line in lines if "quiet" in line and "4444" in line)
     assert quiet_row.rstrip().endswith("-"), "no heartbeat yet: no load"
+
+
+def test_on_a_cluster_each_actor_shows_its_node_and_on_one_host_no_node_column():
+    nodes = [{"name": "10.0.0.2", "address": "10.0.0.2", "state": "alive", "reason": "", "actors": ["pool"],
+              "free": ""}]
+    actors = [{**STATUS["actors"][0], "node": "10.0.0.2"}, {**STATUS["actors"][1], "node": "10.0.0.3"}]
+    text = render_text(RunSnapshot("demo", started=100.0, status={"nodes": nodes, "actors": actors}))
+    assert re.search(r"actor +node +state", text)
+    assert next(line for line in text.splitlines() if "4242" in line).split()[:3] == ["pool", "10.0.0.2", "running"]
+    assert next(line for line in text.splitlines() if "4343" in line).split()[:2] == ["driver", "10.0.0.3"]
+    assert " node " not in render_text(snapshot())
 
 
 def test_queue_depths_are_each_actors_reported_work_and_nothing_it_does_not_report():

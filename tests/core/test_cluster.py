@@ -86,6 +86,24 @@ def test_placement_is_atomic_and_releases_give_room_back():
     scheduler.check()
 
 
+def test_a_lost_node_gives_back_its_placements_and_they_fit_on_the_nodes_left_or_are_refused():
+    scheduler = ClusterScheduler(nodes())
+    cfg = config({"name": "learner", "cpus": 2, "gpus": 2, "node": "gpu-a"},
+                 {"name": "gen", "cpus": 2, "gpus": 1}, {"name": "env", "cpus": 1})
+    for spec in cfg.actors:
+        scheduler.place(spec)
+    assert {p.name: p.node for p in scheduler.placements.values()} == {"learner": "gpu-a", "gen": "gpu-b",
+                                                                      "env": "head"}
+    lost = scheduler.remove_node("gpu-b")
+    assert [p.name for p in lost] == ["gen"] and "gpu-b" not in scheduler.schedulers
+    scheduler.check()
+    with pytest.raises(PlacementError, match=r"actor 'gen' asks for 2 cores, 1 GPUs.*no node has room"):
+        scheduler.place(cfg.actors[1])      # gpu-a's GPUs are the learner's; the head has none
+    scheduler.release("learner")
+    assert scheduler.place(cfg.actors[1]).node == "gpu-a"
+    scheduler.check()
+
+
 def test_the_plan_is_printed_node_by_node():
     cfg = config({"name": "gen", "replicas": 2, "cpus": 1})
     lines = describe_plan(ClusterScheduler(nodes()).plan(cfg.actors), nodes())

@@ -2,7 +2,7 @@
 the reaper's drain between calls, over a real actor process."""
 import anyio
 
-from postrain.core import ActorSpec, Supervisor
+from postrain.core import ActorDiedError, ActorSpec, Supervisor
 from postrain.core.testing import async_test
 
 ECHO = "postrain.core.testing:EchoActor"
@@ -55,3 +55,42 @@ async def _many_callers_share_one_reference():
 def test_many_callers_share_one_reference_on_asyncio_with_uvloop():
     anyio.run(_many_callers_share_one_reference, backend="asyncio",
               backend_options={"use_uvloop": True})
+
+
+@async_test
+async def test_a_rebound_reference_fails_what_was_in_flight_and_reaches_the_new_address():
+    """An actor started again elsewhere (a cluster node lost): references to it follow."""
+    async with Supervisor.open() as sup:
+        old = await sup.start(ActorSpec(name="old", cls=ECHO, cpus=0.25, memory_mb=0))
+        new = await sup.start(ActorSpec(name="new", cls=ECHO, cpus=0.25, memory_mb=0))
+        ref = sup.node.ref(old.address, "moving")
+        assert await ref.ask("pid", timeout_s=10) == sup.records["old"].pid
+        async with anyio.create_task_group() as tg:
+            failures = []
+
+            async def in_flight():
+                try:
+                    await ref.ask("sleep", {"s": 5}, timeout_s=10)
+                except ActorDiedError as exc:
+                    failures.append(str(exc))
+            tg.start_soon(in_flight)
+            await anyio.sleep(0.3)
+            assert sup.node.rebind("moving", new.address) == 1
+        assert failures and "moved from" in failures[0]
+        await sup.stop("old")     # the old address's connection drops: it does not touch the new one
+        assert await ref.ask("pid", timeout_s=10) == sup.records["new"].pid
+        assert sup.node.rebind("moving", new.address) == 0      # already there
+
+        # a request still waiting for a connection (its actor gone) was never sent: it goes where
+        # the actor is started again, without failing
+        assert sup.node.rebind("moving", old.address) == 1
+        async with anyio.create_task_group() as tg:
+            pids = []
+
+            async def waiting():
+                pids.append(await ref.ask("pid", timeout_s=10))
+            tg.start_soon(waiting)
+            await anyio.sleep(0.3)
+            assert not pids
+            sup.node.rebind("moving", new.address)
+        assert pids == [sup.records["new"].pid]

@@ -3,7 +3,9 @@ isolation between sessions, the trio face and the audit log."""
 from __future__ import annotations
 
 import os
+import random
 
+import psutil
 import pytest
 import trio
 from hypothesis import given
@@ -41,6 +43,24 @@ def test_files_cwd_and_exported_environment_persist(sandbox):
         assert s.run("cat", stdin="from stdin").stdout == b"from stdin"
         assert s.run("exit 7").exit_code == 7 and s.run("pwd").stdout == b"/work/repo\n"
         assert s.num_calls == 13
+
+
+def test_exported_values_of_any_bytes_persist_exactly(sandbox):
+    """Whatever bytes a variable holds (quotes, backslashes, newlines, control and non-UTF-8
+    bytes), the next bash call and the next Python call see exactly them; unset goes too."""
+    rng = random.Random(18)
+    values = [b"", b"it's", b'q"u$o`t\\e', b"a\nb\n", b"\\n\\0\\x", b"$'x'", b"\x7f\x80\xff\t\x01",
+              b'declare -x Y="z"\n', "naïve ✓".encode()]
+    values += [bytes(rng.randrange(1, 256) for _ in range(rng.randrange(1, 40))) for _ in range(20)]
+    files = {f"v{i}": value for i, value in enumerate(values)}
+    with sandbox.session(files=files, limits=LIMITS) as s:
+        assert s.run(f'for i in $(seq 0 {len(values) - 1}); do X="$(cat v$i; echo .)"; '
+                     f'export "X$i=${{X%.}}"; done; export GONE=1').ok
+        assert s.run("unset GONE").ok
+        assert s.run(f'for i in $(seq 0 {len(values) - 1}); do n=X$i; printf %s "${{!n}}" > o$i; done').ok
+        assert [s.read_file(f"o{i}") for i in range(len(values))] == values
+        python = s.run_python("import os; print(repr({k: v for k, v in os.environb.items() if k[:1] in b'XG'}))")
+        assert eval(python.stdout) == {f"X{i}".encode(): value for i, value in enumerate(values)}
 
 
 def test_file_errors_and_bad_paths(sandbox):
@@ -121,7 +141,14 @@ def test_sessions_never_see_each_other(sandbox, host_sandbox_pids):
         a.run("echo secret > mine.txt && export TOKEN=a")
         assert b.run("ls -A /work; echo \"[$TOKEN]\"").stdout == b"[]\n"
         assert a.session_id != b.session_id
-    assert set(host_sandbox_pids()) <= before
+    left = []  # closing signals each jail at once; it is reaped in the background within milliseconds
+    for pid in set(host_sandbox_pids()) - before:
+        try:
+            left.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    gone, alive = psutil.wait_procs(left, timeout=5)
+    assert alive == []
 
 
 def test_close_during_a_call_ends_it(sandbox):

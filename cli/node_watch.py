@@ -1,0 +1,198 @@
+"""The head's watch over a cluster run's nodes: a lost node's actors placed again elsewhere,
+and every node's actors for `postrain status` and the live view.
+
+    watch = NodeWatch(agents, launch, config, supervisor, folder, emit=monitor.line)
+    async with anyio.create_task_group() as tg:   # once every actor runs
+        tg.start_soon(watch.run)                   # NodeLossError: a lost actor that fits nowhere
+
+Design note. A node is lost when Ray reports it dead (its health checks: seconds after its
+raylet stops answering), or when its agent's supervisor has not answered the head's
+`status` ask for `[cluster] node_timeout_s`, or for 2 s once the connection to it closed (the
+agent exits with its raylet, core/ray_nodes.py, so a killed node shows here in about a
+second). A lost node costs only what ran there: the head forgets its agent, takes the node
+out of its `ClusterScheduler`, and places each of its actors again, in config order, on the
+nodes left with room (the same rule as at the start; a `node` hint naming the lost node is
+dropped), where that node's agent starts it. `Agents.start` tells every agent, and through
+it every actor, the new address (Supervisor.add_peers), so their references follow; a
+request in flight to the lost actor failed with ActorDiedError and its caller's retry rules
+apply (the orchestrator retries rollouts, its LearnerKeeper restores a learner from the
+checkpoint and replays). Two losses stop the run with one line (NodeLossError), never a
+hang: the run's driver (its run state lives in it; `postrain up --resume` continues from
+its last checkpoint) and an actor that fits on no node left.
+
+Each loss and each actor placed again is a progress line and a metrics row (kinds
+"node_lost" and "replaced"); the run's summary counts them (`node_losses`, `replacements`).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import anyio
+
+from postrain.core.cluster import ClusterScheduler
+from postrain.core.errors import ActorDiedError, ActorError, PlacementError, PostrainError
+from postrain.core.metrics import MetricsWriter
+from postrain.core.supervisor import Supervisor
+
+from .cluster_up import ClusterLaunch
+from .config import UpConfig
+
+CLOSED_GRACE_S = 2.0   # a node whose agent's connection closed and stayed closed this long is lost
+
+
+class NodeLossError(PostrainError):
+    """A node was lost with an actor the run cannot go on without: its driver, or one that fits
+    on no node left."""
+
+
+@dataclass
+class NodeState:
+    """The head's view of one node. Invariant: lost_reason is set iff the node is lost; a lost
+    node is never asked again."""
+
+    name: str
+    address: str                       # the node's address (what its actors bind)
+    last_answer: float                 # time.monotonic() of its agent's last `status` answer
+    closed: bool = False               # the last ask failed because the connection closed
+    status: dict | None = None         # its agent's supervisor status, as last answered
+    lost_reason: str = ""
+    actors: list[str] = field(default_factory=list)   # the run's actors placed there now
+
+
+class NodeWatch:
+    """Watches the nodes of a running cluster run (`run`), places a lost node's actors again,
+    and answers the other nodes' view for the head's status (`remote_status`)."""
+
+    def __init__(self, agents, launch: ClusterLaunch, config: UpConfig, supervisor: Supervisor, folder: Path,
+                 emit: Callable[[str], None]):
+        self.agents = agents                 # postrain.core.ray_nodes.Agents
+        self.supervisor = supervisor
+        self.folder = folder
+        self.emit = emit
+        self.driver = config.run.driver
+        self.interval_s = config.head.heartbeat_interval_s
+        self.node_timeout_s = config.cluster.node_timeout_s
+        self.specs = {spec.name: spec for spec in config.actors}
+        self.groups = {name: group for group, names in config.replica_groups().items() for name in names}
+        self.scheduler = ClusterScheduler(list(launch.nodes))
+        for placed in launch.plan:   # the plan as it runs: each actor on its planned node
+            spec = self.specs[placed.name].model_copy(update={"node": placed.node})
+            self.scheduler.place(spec, self.groups.get(placed.name))
+        now = time.monotonic()
+        self.nodes = {node.name: NodeState(node.name, node.address, now) for node in launch.nodes}
+        for placed in launch.plan:
+            self.nodes[placed.node].actors.append(placed.name)
+        self.num_node_losses = 0
+        self.num_replacements = 0
+        self._refs = {}                      # node name -> ActorRef to its agent's supervisor
+        self._metrics = MetricsWriter(folder, tensorboard=False, skip_rows_when_full=True)
+        supervisor.remote_status = self.remote_status
+
+    # -- the watch ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Check the nodes every heartbeat interval until cancelled. Raises NodeLossError. Cancelled:
+        between checks nothing is half done; during a loss's placements, the actors started so
+        far run on (leaving `node_agents` stops them) and the counts include them."""
+        try:
+            while True:
+                await self.check()
+                await anyio.sleep(self.interval_s)
+        finally:
+            self._metrics.close()
+
+    async def check(self) -> None:
+        """Ask every live node's agent for its status, then treat every node found lost."""
+        live = [state for state in self.nodes.values() if not state.lost_reason]
+        async with anyio.create_task_group() as tg:
+            for state in live:
+                tg.start_soon(self._ask_status, state)
+        dead = set(await anyio.to_thread.run_sync(self.agents.dead_nodes))
+        now = time.monotonic()
+        for state in live:
+            silent_s = now - state.last_answer
+            if state.name in dead:
+                await self.lose(state, "Ray reports it dead")
+            elif state.closed and silent_s >= CLOSED_GRACE_S:
+                await self.lose(state, f"its agent's connection closed and it has not answered for "
+                                       f"{silent_s:.1f} s")
+            elif silent_s >= self.node_timeout_s:
+                await self.lose(state, f"its agent has not answered for {silent_s:.1f} s "
+                                       f"(node_timeout_s = {self.node_timeout_s:g})")
+
+    async def _ask_status(self, state: NodeState) -> None:
+        """One `status` ask to the node's agent. Cancelled: nothing changes."""
+        if state.name not in self._refs:
+            address = self.agents.supervisor_addresses[state.name]
+            self._refs[state.name] = self.supervisor.node.ref(address, f"node agent {state.name}")
+        try:
+            state.status = await self._refs[state.name].ask("status", timeout_s=max(1.0, self.interval_s))
+        except ActorDiedError:
+            state.closed = True
+        except ActorError:
+            pass
+        else:
+            state.last_answer, state.closed = time.monotonic(), False
+
+    # -- a lost node ----------------------------------------------------------------------
+
+    async def lose(self, state: NodeState, reason: str) -> None:
+        """Forget node `state` and place its actors again (module docstring). Raises NodeLossError."""
+        lost_at = time.monotonic()
+        state.lost_reason, state.status = reason, None
+        self.num_node_losses += 1
+        await anyio.to_thread.run_sync(self.agents.forget, state.name)
+        names = [placed.name for placed in self.scheduler.remove_node(state.name)]
+        state.actors = []
+        self.emit(f"node {state.name} lost ({reason}); its actors: {', '.join(names) or 'none'}")
+        self._metrics.log("node_lost", node=state.name, reason=reason, actors=",".join(names))
+        if self.driver in names:
+            raise NodeLossError(f"node {state.name} was lost ({reason}) with the run's driver "
+                                f"{self.driver!r} on it, which is not placed again (its run state lives in it); `postrain up "
+                                f"--resume {self.folder}` continues the run from its last checkpoint")
+        for name in names:
+            await self._place_again(name, state.name, lost_at)
+
+    async def _place_again(self, name: str, lost_node: str, lost_at: float) -> None:
+        """Place actor `name` (lost with `lost_node`) on a node with room and start it there.
+        Raises NodeLossError when none has room. Cancelled: see `run`."""
+        spec = self.specs[name]
+        if spec.node == lost_node:
+            spec = spec.model_copy(update={"node": None})
+        try:
+            placed = self.scheduler.place(spec, self.groups.get(name))
+        except PlacementError as exc:
+            raise NodeLossError(f"node {lost_node} was lost and actor {name!r}, which ran there, fits on no "
+                                f"node left ({exc}); add a node with room and `postrain up --resume "
+                                f"{self.folder}`") from None
+        address = await anyio.to_thread.run_sync(self.agents.start, spec, placed.node)
+        self.supervisor.add_peers({name: address})
+        self.nodes[placed.node].actors.append(name)
+        self.num_replacements += 1
+        after_s = time.monotonic() - lost_at
+        self.emit(f"actor {name} placed again on node {placed.node} ({address}), running {after_s:.1f} s "
+                  f"after node {lost_node} was lost")
+        self._metrics.log("replaced", actor=name, node=placed.node, lost_node=lost_node,
+                          running_after_s=round(after_s, 3))
+
+    # -- what the head shows -----------------------------------------------------------------
+
+    def remote_status(self) -> dict:
+        """The nodes (each: name, address, state "alive" | "lost", reason, actors) and the actors
+        of every live node as its agent last answered, each with its `node`."""
+        nodes, actors = [], []
+        for state in self.nodes.values():
+            nodes.append({"name": state.name, "address": state.address,
+                          "state": "lost" if state.lost_reason else "alive", "reason": state.lost_reason,
+                          "actors": list(state.actors),
+                          "free": (state.status or {}).get("pools", {}).get("free", "")})
+            for actor in (state.status or {}).get("actors", []):
+                actors.append({**actor, "node": state.name})
+        return {"nodes": nodes, "actors": actors}
+
+    def summary_figures(self) -> dict:
+        """What the run's summary gains on a cluster."""
+        return {"node_losses": self.num_node_losses, "replacements": self.num_replacements}

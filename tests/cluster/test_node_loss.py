@@ -1,0 +1,162 @@
+"""A node lost mid-run, on a local Ray cluster of three nodes on this machine
+(ray.cluster_utils.Cluster): a real short RL run (`postrain up`, the tiny model) spans the
+nodes, one node is killed (its raylet, and with it everything it started), and the run
+finishes: the lost actors are placed again on the nodes left, the rollouts in flight are
+retried, the ledger balances, no batch is trained twice, and the summary, the metrics and
+the progress lines count the loss and the re-placements. `postrain status` shows the nodes
+and the node of every actor, before and after the loss."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import psutil
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from postrain.actors.ledger import read_events  # noqa: E402
+from postrain.core.metrics import read_metrics  # noqa: E402
+from postrain.core.testing import to_toml  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+NUM_STEPS = 10
+TASK_OPTIONS = {"include_instructions": False, "max_digits": 1}
+
+
+@pytest.fixture(scope="module")
+def three_nodes():
+    """Three Ray nodes of two logical CPUs each: the head's (which the run keeps), a second,
+    and a third (which the test kills)."""
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    second = cluster.add_node(num_cpus=2)
+    third = cluster.add_node(num_cpus=2)
+    cluster.wait_for_nodes()
+    yield cluster, [cluster.head_node, second, third]
+    cluster.shutdown()
+
+
+def node_name(node) -> str:
+    """The name postrain gives a Ray node (several nodes share this machine's address)."""
+    return f"{node.node_ip_address}-{node.node_id[:8]}"
+
+
+def run_config(address: str, run_dir, head: str, second: str, third: str) -> dict:
+    """The learner and the driver on the head's node, the sandbox on the second, the generator
+    and the environment on the third."""
+    common = {"memory_mb": 0, "max_restarts": 3, "restart_backoff_s": 0.05}
+    return {
+        "cluster": {"address": address},
+        "run": {"name": "lossy", "run_dir": str(run_dir), "driver": "orchestrator"},
+        "shared": {"model": "tiny", "task": "arithmetic", "task_options": TASK_OPTIONS},
+        "head": {"heartbeat_interval_s": 0.5, "heartbeat_timeout_s": 120},
+        "actors": [
+            {"name": "sandbox", "cls": "postrain.actors.sandbox_actor:SandboxActor", "cpus": 0.2,
+             "node": second, "options": {"mode": "warm", "num_workers": 1}, **common},
+            {"name": "generator", "cls": "postrain.actors.generator_actor:GeneratorActor", "cpus": 0.5,
+             "node": third, "options": {"kv_cache_mb": 16}, **common},
+            {"name": "learner", "cls": "postrain.actors.learner_actor:LearnerActor", "cpus": 0.5,
+             "node": head, "options": {"learner": {"lr": 1e-3}}, **common},
+            {"name": "env", "cls": "postrain.actors.env_actor:EnvironmentActor", "cpus": 0.1, "node": third,
+             "options": {}, **common},
+            {"name": "orchestrator", "cls": "postrain.actors.orchestrator:OrchestratorActor", "cpus": 0.1,
+             "node": head, **common,
+             "options": {"num_steps": NUM_STEPS, "prompts_per_step": 2, "samples_per_prompt": 2,
+                         "max_staleness": 1, "sft_steps": 0, "num_eval_tasks": 2,
+                         "sampling": {"max_new_tokens": 16}}}]}
+
+
+def status_of(folder, capsys) -> tuple[dict, str]:
+    """`postrain status RUN_DIR --json` and the plain `postrain status RUN_DIR`, in this process."""
+    from postrain.cli.main import main
+
+    capsys.readouterr()
+    assert main(["status", str(folder), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert main(["status", str(folder)]) == 0
+    return status, capsys.readouterr().out
+
+
+def wait_for(predicate, what: str, process, timeout_s: float = 120.0):
+    """Poll `predicate` (it reads the run's files) until it returns something true."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        assert process.poll() is None, f"the run ended before {what}: {process.communicate()[0][-3000:]}"
+        time.sleep(0.2)
+    raise AssertionError(f"no {what} within {timeout_s:g} s")
+
+
+def rows(folder, kind: str) -> list[dict]:
+    return read_metrics(folder, kind) if (folder / "metrics.jsonl").exists() else []
+
+
+def test_a_node_lost_mid_run_costs_only_what_ran_there(three_nodes, tmp_path, capsys):
+    cluster, nodes = three_nodes
+    head, second, third = (node_name(node) for node in nodes)
+    doc = run_config(cluster.address, tmp_path / "runs", head, second, third)
+    (tmp_path / "run.toml").write_text(to_toml(doc))
+    folder = tmp_path / "runs" / "lossy"
+    process = subprocess.Popen([sys.executable, "-m", "postrain.cli", "up", "--quiet", "--config",
+                                str(tmp_path / "run.toml")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, cwd=tmp_path)
+    try:
+        before, text = wait_for(lambda: (folder / "head.json").exists()
+                                and (found := status_of(folder, capsys)) and len(found[0]["actors"]) == 5
+                                and found, "every actor running", process, timeout_s=180)
+        assert {(n["name"], n["state"]) for n in before["nodes"]} == {(head, "alive"), (second, "alive"),
+                                                                      (third, "alive")}
+        where = {actor["name"]: actor["node"] for actor in before["actors"]}
+        assert where == {"sandbox": second, "generator": third, "learner": head, "env": third,
+                         "orchestrator": head}
+        assert re.search(rf"node {re.escape(third)} \(\S+\): alive, 2 actors", text)
+        assert re.search(rf"generator\s+running .* node {re.escape(third)} ", text)
+        doomed = [actor["pid"] for actor in before["actors"] if actor["node"] == third]
+
+        # a step trained: the run is under way, with rollouts in flight on the third node
+        wait_for(lambda: rows(folder, "train"), "a first train row", process, timeout_s=120)
+        cluster.remove_node(nodes[2], allow_graceful=False)      # its raylet, killed
+        replaced = wait_for(lambda: len(rows(folder, "replaced")) == 2 and rows(folder, "replaced"),
+                            "the lost actors placed again", process)
+        assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                       for pid in doomed), "an actor outlived its node"
+        # the head asks each node for its actors every heartbeat interval: the moved ones show soon
+        after, text = wait_for(lambda: (found := status_of(folder, capsys)) and len(found[0]["actors"]) == 5
+                               and found, "the moved actors in `postrain status`", process, timeout_s=30)
+        assert {(n["name"], n["state"]) for n in after["nodes"]} == {(head, "alive"), (second, "alive"),
+                                                                     (third, "lost")}
+        moved = {actor["name"]: actor["node"] for actor in after["actors"]}
+        assert moved["generator"] in (head, second) and moved["env"] in (head, second)
+        assert f"node {third}" in text and "lost (" in text
+        stdout, _ = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, stdout[-4000:]
+
+    assert re.search(rf"node {re.escape(third)} lost \(.*\); its actors: generator, env", stdout)
+    assert re.search(r"actor generator placed again on node \S+ \(tcp://", stdout)
+    assert [row["actor"] for row in replaced] == ["generator", "env"]
+    assert all(row["lost_node"] == third and row["node"] != third for row in replaced)
+    assert [row["node"] for row in rows(folder, "node_lost")] == [third]
+
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["node_losses"] == 1 and summary["replacements"] == 2
+    assert '"node_losses": 1' in stdout
+    ledger = summary["ledger"]
+    assert summary["steps"] == NUM_STEPS
+    assert ledger["created"] == ledger["trained"] + ledger["dropped"] and ledger["in_flight"] == 0
+    assert [row["step"] for row in rows(folder, "train")] == list(range(1, NUM_STEPS + 1))
+    trained = Counter(event["sample_id"] for event in read_events(folder / "ledger.jsonl")
+                      if event["event"] == "trained")
+    assert trained and max(trained.values()) == 1, "a sample was trained twice"
