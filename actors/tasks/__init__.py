@@ -65,10 +65,13 @@ class TaskSpec:
         return bool(self.env_class.uses_sandbox)
 
     def needs_sandbox(self, options: dict | None = None) -> bool:
-        """`uses_sandbox`, or, for an environment class with a classmethod `needs_sandbox(options)`,
-        its answer for these options (a dataset task scored by `code_tests` runs code)."""
+        """For an environment class with a classmethod `needs_sandbox(options)`, its answer for these
+        options (a dataset task scored by `code_tests` runs code; arithmetic with plain answers does
+        not); else `uses_sandbox`."""
         by_options = getattr(self.env_class, "needs_sandbox", None)
-        return self.uses_sandbox or bool(by_options and by_options(self.check_options(options)))
+        if by_options is None:
+            return self.uses_sandbox
+        return bool(by_options(self.check_options(options)))
 
     def check_options(self, options: dict | None) -> dict:
         """A copy of `options`, checked by `options_model`; TaskOptionsError names a bad one."""

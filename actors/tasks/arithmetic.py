@@ -6,6 +6,10 @@ The model may run Python in the sandbox (`<python>print(3817 * 29 - 412)</python
     correct  1.0 if the final answer equals the value (weight 1.0)
     format   1.0 if every turn was a well-formed tool call or answer (weight 0.1)
 
+With `answer_format = "plain"` the episode is one turn without a tool: the prompt is the bare
+question, the reply's last integer is the answer (`What is 37 + 58?` -> `37 + 58 = 95`), and
+`correct` is the only component. No sandbox is needed then.
+
 Problems are generated, seeded and deterministic: `make_problem(rng, config)` draws
 `num_operands` integers of `min_digits..max_digits` digits joined by `operators`; the value
 follows Python's precedence. Difficulty knobs are the `ArithmeticConfig` fields, settable from
@@ -26,6 +30,8 @@ import operator
 import random
 from typing import Iterator
 
+from typing import Literal
+
 from pydantic import Field
 
 from postrain.core import Options
@@ -33,6 +39,7 @@ from postrain.core.errors import PostrainError
 
 from ..environment import Environment, Reward, StepResult
 from ..tools import TOOL_INSTRUCTIONS, format_observation, format_tool_output, parse_action
+from .rewards import last_integer
 
 EVAL_SEED = 20261130
 NUM_EVAL = 200
@@ -64,6 +71,9 @@ class ArithmeticOptions(Options):
     include_instructions: bool = Field(True, description="false: the bare question (for a warm-started "
                                        "tiny model)")
     max_turns: int = Field(4, ge=1, description="actions per episode before it is truncated")
+    answer_format: Literal["tagged", "plain"] = Field(
+        "tagged", description="tagged: Python tool calls, then <answer>N</answer>; plain: the bare "
+        "question, one reply without a tool, whose last integer is the answer")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,6 +176,11 @@ def answer_matches(answer: str, expected: int) -> bool:
     return value.is_integer() and int(value) == expected
 
 
+def plain_answer_correct(reply: str, expected: int) -> bool:
+    """A plain reply is right iff its last integer is `expected` (`37 + 58 = 95.` -> 95)."""
+    return last_integer(reply) == expected
+
+
 def prompt_messages(question: str, *, use_system_prompt: bool = True,
                     include_instructions: bool = True) -> list[dict]:
     """The first observation of an arithmetic episode (demonstrations use the same).
@@ -183,18 +198,30 @@ class ArithmeticEnv(Environment):
     Options: max_tool_calls (default 2; more calls are not run, the model is told to answer),
     tool_timeout_s (default 5.0), format_weight (default 0.1), use_system_prompt (default True),
     include_instructions (default True; False: the bare question, for a warm-started tiny model),
-    max_turns (default 4).
+    max_turns (default 4), answer_format (default "tagged"; "plain": one turn, no tool, judged by
+    `plain_answer_correct`).
     """
 
     max_turns = 4
     uses_sandbox = True
     options_model = ArithmeticOptions
 
+    @classmethod
+    def needs_sandbox(cls, options: dict) -> bool:
+        """Plain answers run no tool."""
+        return options.get("answer_format", "tagged") == "tagged"
+
+    @property
+    def plain(self) -> bool:
+        return self.options.get("answer_format", "tagged") == "plain"
+
     async def reset(self, task: dict) -> list[dict]:
         """The first messages. Does not wait (cancel-safe)."""
         self.expected = int(task["answer"])
         self.num_tool_calls = 0
         self.all_well_formed = True
+        if self.plain:
+            return [{"role": "user", "content": task["question"]}]
         return prompt_messages(task["question"],
                                use_system_prompt=bool(self.options.get("use_system_prompt", True)),
                                include_instructions=bool(self.options.get("include_instructions", True)))
@@ -206,6 +233,9 @@ class ArithmeticEnv(Environment):
     async def step(self, action: str) -> StepResult:
         """Judge an answer or run a tool call. Cancelled during a tool call: the call counts
         against max_tool_calls without an observation; the episode should not go on."""
+        if self.plain:
+            correct = plain_answer_correct(action, self.expected)
+            return StepResult(None, True, Reward({"correct": float(correct)}), {"answer": action})
         parsed = parse_action(action)
         self.all_well_formed &= parsed.well_formed
         if parsed.kind == "answer":
@@ -224,4 +254,4 @@ class ArithmeticEnv(Environment):
 
     async def truncated(self) -> Reward:
         """No answer in time: not correct. Does not wait (cancel-safe)."""
-        return self._reward(False)
+        return Reward({"correct": 0.0}) if self.plain else self._reward(False)

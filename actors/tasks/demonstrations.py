@@ -48,10 +48,14 @@ def arithmetic_demonstration(task: dict, *, use_system_prompt: bool = True,
 
 
 def arithmetic_demonstrations(num: int, seed: int = 0, options: dict | None = None) -> list[dict]:
-    """`num` demonstrations from training problems (seed `seed`; the same knobs as the task)."""
+    """`num` demonstrations from training problems (seed `seed`; the same knobs as the task).
+    With `answer_format = "plain"`: the bare question, then the value as the whole reply."""
+    tasks = itertools.islice(arithmetic.train_tasks(seed, options), num)
+    if (options or {}).get("answer_format", "tagged") == "plain":
+        return [{"messages": [{"role": "user", "content": t["question"]},
+                              {"role": "assistant", "content": str(t["answer"])}]} for t in tasks]
     use_system = bool((options or {}).get("use_system_prompt", True))
     instructions = bool((options or {}).get("include_instructions", True))
-    tasks = itertools.islice(arithmetic.train_tasks(seed, options), num)
     return [arithmetic_demonstration(t, use_system_prompt=use_system, include_instructions=instructions)
             for t in tasks]
 

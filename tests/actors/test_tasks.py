@@ -116,6 +116,31 @@ async def test_arithmetic_tool_errors_budget_and_truncation(sandbox):
     assert len(sys_free) == 1 and sys_free[0]["content"].endswith("What is 3817 * 29 - 412?")
 
 
+PLAIN = {"answer_format": "plain", "max_digits": 2, "max_operands": 2, "operators": ["+"]}
+
+
+@pytest.mark.parametrize("reply, correct", [
+    ("37 + 58 = 95", 1.0), ("The answer is 95.", 1.0), ("95", 1.0), ("1,095", 0.0),
+    ("To add 37 and 58, we", 0.0), ("", 0.0), ("<answer>95</answer>", 1.0),
+])
+def test_arithmetic_plain_answers_are_one_turn_judged_by_the_last_integer(reply, correct):
+    task = {"id": "t", "question": "What is 37 + 58?", "expression": "37 + 58", "answer": 95}
+    env = get_task("arithmetic").make_env(options=PLAIN)
+    ep = trio.run(run_episode, env, task, scripted(reply))
+    assert ep.messages[0] == {"role": "user", "content": "What is 37 + 58?"} and len(ep.messages) == 2
+    assert ep.reward.components == {"correct": correct} and not ep.truncated
+
+
+def test_arithmetic_plain_answers_need_no_sandbox_and_demonstrate_the_bare_value():
+    spec = get_task("arithmetic")
+    assert not spec.needs_sandbox(PLAIN) and spec.needs_sandbox({}) and spec.needs_sandbox(None)
+    demo = arithmetic_demonstrations(3, seed=0, options=PLAIN)[0]["messages"]
+    assert [m["role"] for m in demo] == ["user", "assistant"]
+    assert demo[1]["content"] == str(arithmetic.evaluate(demo[0]["content"][len("What is "):-1]))
+    with pytest.raises(TaskOptionsError, match="answer_format"):
+        spec.check_options({"answer_format": "boxed"})
+
+
 # ---------------------------------------------------------------- code problems
 def test_code_problems_are_many_distinct_and_split():
     names = [p["name"] for p in PROBLEMS]
