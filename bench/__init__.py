@@ -23,6 +23,7 @@ BENCHMARKS: dict[str, str] = {
     "kvpool": "postrain.bench.kvpool",
     "learner": "postrain.bench.learner",
     "e2e": "postrain.bench.e2e",
+    "default_run": "postrain.bench.default_run",
     "device": "postrain.bench.device",
     "cluster": "postrain.bench.cluster",
 }

@@ -107,7 +107,7 @@ class OrchestratorActor(Actor):
             return
         self.driver = await open_run(options=self.options, task=self.task, schedule=self.schedule,
                                      tokenizer=self.tokenizer, folder=folder, state=state, resume=resume,
-                                     lookup=self.lookup, report=report)
+                                     lookup=self.lookup, report=report, head=self.head)
         if self.stop_requested:
             self.driver.stop()
         await self.driver.run()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import time
 from typing import Callable
 
 import anyio
@@ -51,11 +52,13 @@ class Evaluator:
         self.emit = emit
         self.evals: dict[str, float] = {}   # phase -> accuracy; written by `phase` and the run's restore
         self.num_repeats = 0                # evaluations redone because episodes were lost to kills
+        self.eval_s = 0.0                   # seconds spent evaluating in this start of the run
 
     async def phase(self, phase: str, label: str, **context) -> None:
         """Evaluate into `evals` (`phase`, and `sampled_<phase>` when `eval_samples_per_task` > 0),
         its metrics row (with `context`, e.g. the RL step) and a printed line. Cancelled: no row
         or line; `evals` may hold the greedy score of this phase."""
+        start = time.monotonic()
         greedy = await self.score(0.0, 1, phase)
         self.evals[phase] = greedy
         line = f"held-out accuracy {label}: {greedy:.3f}"
@@ -66,7 +69,8 @@ class Evaluator:
             sampled = await self.score(temperature, num_samples, f"sampled_{phase}")
             self.evals[f"sampled_{phase}"] = row["accuracy_sampled"] = sampled
             line += f" greedy, {sampled:.3f} sampled (temperature {temperature}, {num_samples} per task)"
-        self.metrics.log("eval", phase=phase, **row)
+        self.eval_s += time.monotonic() - start
+        self.metrics.log("eval", phase=phase, **row, eval_s=round(time.monotonic() - start, 2))
         self.emit(line)
 
     def skip_warm_start(self) -> None:

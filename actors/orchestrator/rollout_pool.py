@@ -7,7 +7,8 @@ is retried once the actor is back, at most `max_rollout_retries` times, each a
 "retry" note in the ledger; so is a rollout carrying tokens older than the
 version published before it started (only a restarted generator's initial
 weights make those). Before a retry, generators behind the last publish get the
-weights again (`LearnerKeeper.resync_generators`).
+weights again (`LearnerKeeper.resync_generators`). While any rollout holds a slot the
+generators count as busy (`WorkSignal`: elastic cores follow the work).
 
 Every RL sample is in the ledger (postrain.actors.ledger), and this pool moves it:
 created on admission, generated and rewarded when its rollout returns, or dropped
@@ -53,7 +54,8 @@ class ScoredSample:
 class RolloutPool:
     """Rollouts on the environment actors `envs` (ActorRefs, used in turn)."""
 
-    def __init__(self, envs: list, keeper, ledger, max_concurrent_rollouts: int, max_rollout_retries: int):
+    def __init__(self, envs: list, keeper, ledger, max_concurrent_rollouts: int, max_rollout_retries: int,
+                 work, generators: list[str]):
         assert envs, "at least one environment actor"
         self.keeper = keeper                   # LearnerKeeper: published_version, resync_generators
         self.ledger = ledger
@@ -62,6 +64,8 @@ class RolloutPool:
         self._envs = itertools.cycle(envs)
         self.num_running = 0                   # rollouts holding a slot now: 0 <= num_running <= max
         self.num_retries = 0                   # retries so far, in all
+        self.work = work                       # WorkSignal: the generators are busy while rollouts run
+        self.generators = list(generators)
 
     def figures(self) -> dict:
         """The pool's part of the orchestrator's heartbeat load."""
@@ -137,7 +141,7 @@ class RolloutPool:
     async def _rollout_once(self, task: dict, sampling: SamplingParams) -> Rollout:
         """Cancelled: the slot is released and num_running restored."""
         request = RolloutRequest(task=task, sampling=sampling)
-        async with self.limiter:
+        async with self.limiter, self.work.busy(*self.generators):
             self.num_running += 1
             try:
                 reply = await next(self._envs).ask("rollout", request.to_wire(), timeout_s=ROLLOUT_TIMEOUT_S)

@@ -78,7 +78,7 @@ def homes_and_busy_sequences(draw):
     return homes, busy_sets
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(homes_and_busy_sequences())
 def test_no_core_is_ever_pinned_to_two_actors_and_owners_hold_their_cores_when_busy(case):
     homes, busy_sets = case

@@ -1,0 +1,95 @@
+"""Benchmark `default_run`: the built-in run (`postrain up`), elastic cores against pinned cores.
+
+    postrain bench default_run --json [--quick]
+
+Runs the shipped default config (actors/configs/default.toml) with `postrain up` twice, one
+after the other, same seed: as shipped (the learner and the generator `elastic = true`: cores
+follow the work) and with both pinned to their own cores (`elastic = false`, the peer).
+`--quick` shortens the run (20 warm-start steps, 2 GRPO steps, 10 held-out problems) for a
+smoke run; its figures are not the default run's.
+
+Figures (ours: elastic; peer: pinned):
+- `wall_s`: the `postrain up` process, start to exit (actor starts and stops included): the
+  figure a user waits for
+- `run_wall_s`, `warm_start_s`, `rl_wall_s`, `eval_s`: the summary's (the driver's whole run,
+  its supervised steps, its RL phase, its evaluations), to show where the time goes
+- `accuracy_greedy`, `accuracy_sampled`, `accuracy_after_sft`: held-out, after RL (and after
+  the warm start)
+- `cores_moved`: lends and returns of cores during the run
+`config` holds the load average (1 minute) before and after each arm: the machine may be
+shared, and wall times follow its load. Set POSTRAIN_BENCH_DIR to keep the run folders.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+QUICK_OPTIONS = {"sft_steps": 20, "num_steps": 2, "num_eval_tasks": 10}
+SUMMARY_FIGURES = {"run_wall_s": "wall_s", "warm_start_s": "warm_start_s", "rl_wall_s": "rl_wall_s",
+                   "eval_s": "eval_s", "accuracy_greedy": "eval_after", "accuracy_sampled": "eval_sampled_after",
+                   "accuracy_after_sft": "eval_after_sft", "cores_moved": "cores_moved"}
+
+
+def arm_config(elastic: bool, quick: bool) -> str:
+    """The default config's text with `elastic` set for every actor that declares it (and, quick,
+    shorter orchestrator options)."""
+    from postrain.cli.up import default_config_path
+
+    text = default_config_path().read_text()
+    text, count = re.subn(r"^elastic = (true|false)", f"elastic = {str(elastic).lower()}", text, flags=re.M)
+    if not count:
+        raise RuntimeError("the default config declares no elastic actor; nothing to compare")
+    if quick:
+        for name, value in QUICK_OPTIONS.items():
+            text = re.sub(rf"\b{name} = \d+", f"{name} = {value}", text)
+    return text
+
+
+def run_arm(folder: Path, elastic: bool, quick: bool) -> dict:
+    """One `postrain up` of the default run in `folder`; its figures."""
+    config = folder / f"default_elastic_{str(elastic).lower()}.toml"
+    config.write_text(arm_config(elastic, quick))
+    load_before = os.getloadavg()[0]
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "postrain.cli", "up", "--quiet", "--config", str(config),
+                             "--run-dir", str(folder / ("elastic" if elastic else "pinned"))],
+                            capture_output=True, text=True, timeout=3600)
+    wall_s = time.perf_counter() - start
+    if result.returncode != 0:
+        raise RuntimeError(f"the default run (elastic = {elastic}) failed:\n{result.stderr[-2000:]}")
+    summary = json.loads((folder / ("elastic" if elastic else "pinned") / "default" / "summary.json").read_text())
+    figures = {"wall_s": round(wall_s, 1), **{name: summary.get(key) for name, key in SUMMARY_FIGURES.items()}}
+    figures["load_before"], figures["load_after"] = round(load_before, 2), round(os.getloadavg()[0], 2)
+    return figures
+
+
+def run(quick: bool = False) -> dict:
+    keep = os.environ.get("POSTRAIN_BENCH_DIR")
+    with (tempfile.TemporaryDirectory(prefix="postrain-bench-default-") if not keep else _kept(keep)) as root:
+        ours = run_arm(Path(root), elastic=True, quick=quick)
+        peer = run_arm(Path(root), elastic=False, quick=quick)
+    loads = {f"{arm}_{key}": figures.pop(key) for arm, figures in (("elastic", ours), ("pinned", peer))
+             for key in ("load_before", "load_after")}
+    return {"config": {"quick": quick, "cpus": len(os.sched_getaffinity(0)), **loads,
+                       **({"orchestrator": QUICK_OPTIONS} if quick else {})},
+            "results": ours, "peer": peer}
+
+
+class _kept:
+    """A folder that stays (POSTRAIN_BENCH_DIR), as a context manager like TemporaryDirectory."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __enter__(self) -> str:
+        Path(self.path).mkdir(parents=True, exist_ok=True)
+        return self.path
+
+    def __exit__(self, *exc) -> None:
+        return None
