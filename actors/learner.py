@@ -425,7 +425,9 @@ class Learner:
     def _finish_step(self, sums: torch.Tensor, gap_max: torch.Tensor, start: float,
                      rl: bool) -> dict[str, float]:
         """All-reduce gradients and metric sums, clip, step AdamW, advance the counters."""
+        reduce_start = time.perf_counter()
         self._all_reduce_grads()
+        grad_all_reduce_s = time.perf_counter() - reduce_start
         self._all_reduce(sums)
         self._all_reduce(gap_max, op=torch.distributed.ReduceOp.MAX if self.world_size > 1 else None)
         if self.config.max_grad_norm is not None:
@@ -449,6 +451,8 @@ class Learner:
             "logprob_gap_max": float(gap_max), "logprob_gap_tokens": gap_count,
             "tokens_per_s": real / elapsed, "step_time_s": elapsed, "step": float(self.step),
             "policy_version": float(self.policy_version), "kl_coef": float(self.kl.coef)})
+        if self.world_size > 1:
+            metrics["grad_all_reduce_s"] = grad_all_reduce_s   # the wait for the slowest rank included
         return metrics
 
     # ------------------------------------------------------------------ data parallel

@@ -17,6 +17,13 @@ Handlers (request/reply; bodies are dicts):
         -> {"version", "num_bytes", "sync_s": {name: s}, "total_s"}
     stats(None) -> {"step", "policy_version", "num_params", "last_publish"}
 
+Data parallel (`ranks = N` on the actor's entry): the other actors talk to rank 0 alone,
+which shards train/sft batches over the ranks and sends checkpoint saves and loads to every
+rank; the other ranks take only what rank 0 sends them (actors/learner_group.py):
+
+    join({"generation"}) -> state      group(None) -> {"generation", "state", "rank"}
+    rank_step({"generation", "kind", "body"}) -> "done"
+
 Weight-sync contract (what a generator implements): the learner asks each target
 `load_weights` with body {"version": int, "weights": {name: CPU tensor}}, Hugging Face
 names, no tied `lm_head.weight` duplicate; the target swaps them in at a safe point and

@@ -1,8 +1,8 @@
 """A learner of two ranks on one host (real processes, gloo over loopback), given its rendezvous
 as `postrain up` gives it: a missing rank fails rank 0 with one line naming it within
 group_timeout_s; a hung rank fails the step naming it, and the whole group then restarts
-together and trains again. (Equality with one process, checkpoints and a run across two
-nodes: tests/cluster/test_learner_ranks.py.)"""
+together and trains again (marked `faults`: deselected by default). Equality with one
+process, checkpoints, and a run across two nodes: tests/cluster/test_learner_ranks.py."""
 from __future__ import annotations
 
 import os
@@ -58,6 +58,7 @@ async def test_a_missing_rank_fails_rank_0_naming_it_within_the_group_timeout(tm
         in exited.detail
 
 
+@pytest.mark.faults   # ~45 s on 2 cores: `pytest -m faults tests/actors/test_learner_group.py`
 @async_test
 async def test_a_hung_rank_fails_the_step_naming_it_and_every_rank_restarts_together(tmp_path):
     specs = learner_ranks(group_timeout_s=4, max_restarts=3)
