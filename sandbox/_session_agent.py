@@ -51,14 +51,14 @@ _SIOCSIFADDR = 0x8916
 
 
 def _session_exec(req, cfg, state):
-    """One call in the session's cwd and environment; on a normal end, keep the state it left."""
+    """One call in the session's cwd and environment; on a normal end of a bash call, its state
+    is to be kept (`_after_exec`, once the reply is sent)."""
     limits = {name: req[name] for name in _CALL_LIMITS}
     shell = _shell(cfg, state["cwd"], limits) if "command" in req else None
     prepared, state["prepared"] = state["prepared"], None
     if prepared is not None and prepared["shell"] != shell:
         discard(prepared)
         prepared = None
-    _unlink_state()
     if shell is not None:
         if prepared is None:
             prepared = prepare(cfg, shell)  # none started ahead (the first command, or after Python)
@@ -67,11 +67,20 @@ def _session_exec(req, cfg, state):
         reply = execute({**req, "session": True, "as_init": False, "exec_argv": [cfg["python"], "-c", req["code"]],
                          "cwd": state["cwd"], "env": state["env"], "files": {}, "argv": [], "code": ""},
                         cfg, prepared)
-    if reply["killed_for"] is None and shell is not None:
-        _load_state(state)
-    _unlink_state()
+    state["keep_state"] = reply["killed_for"] is None and shell is not None
     state["shell_limits"] = limits if shell is not None else None
     return reply
+
+
+def _after_exec(state):
+    """Off the call's path: keep the state the call left (if it is to be kept); no state file
+    stays for the next call."""
+    if state.pop("keep_state", False):
+        _load_state(state)
+    try:
+        os.unlink(_STATE_PATH)
+    except OSError:
+        pass
 
 
 def _shell(cfg, cwd, limits):
@@ -93,13 +102,6 @@ def _shell_script(command, env):
 
 def _quoted(value):
     return b"'" + value.replace(b"'", b"'\\''") + b"'"
-
-
-def _unlink_state():
-    try:
-        os.unlink(_STATE_PATH)
-    except OSError:
-        pass
 
 
 def _load_state(state):
@@ -319,6 +321,8 @@ def session_main():
         except Exception as exc:  # noqa: BLE001 - report, stay alive for the next call
             reply = {"error": f"session agent failed: {exc!r}"}
         send(reply)
+        if kind == "exec":
+            _after_exec(state)
 
 
 session_main()

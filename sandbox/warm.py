@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import queue
-import selectors
+import select
 import struct
 import subprocess
 import tempfile
@@ -130,17 +130,17 @@ class JailedAgent:
     def _read_exact(self, n: int, deadline: float) -> bytes:
         fd = self._proc.stdout.fileno()
         chunks: list[bytes] = []
-        with selectors.DefaultSelector() as sel:
-            sel.register(fd, selectors.EVENT_READ)
-            while n:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not sel.select(remaining):
-                    raise TimeoutError("the jailed agent did not answer in time")
-                chunk = os.read(fd, n)
-                if not chunk:
-                    raise EOFError("the jailed agent closed its pipe")
-                chunks.append(chunk)
-                n -= len(chunk)
+        poller = select.poll()  # no fd of its own to open and close per read, as an epoll has
+        poller.register(fd, select.POLLIN)
+        while n:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not poller.poll(remaining * 1000):
+                raise TimeoutError("the jailed agent did not answer in time")
+            chunk = os.read(fd, n)
+            if not chunk:
+                raise EOFError("the jailed agent closed its pipe")
+            chunks.append(chunk)
+            n -= len(chunk)
         return b"".join(chunks)
 
 
