@@ -32,15 +32,23 @@ TASK_OPTIONS = {"include_instructions": False, "max_digits": 1}
 
 
 @pytest.fixture(scope="module")
-def three_nodes():
-    """Three Ray nodes of two logical CPUs each: the head's (which the run keeps), a second,
-    and a third (which the test kills)."""
+def cluster():
+    """Two Ray nodes of two logical CPUs each, which every run keeps: the head's and a second."""
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
-    second = cluster.add_node(num_cpus=2)
-    third = cluster.add_node(num_cpus=2)
+    cluster.add_node(num_cpus=2)
     cluster.wait_for_nodes()
-    yield cluster, [cluster.head_node, second, third]
+    yield cluster
     cluster.shutdown()
+
+
+@pytest.fixture
+def nodes(cluster):
+    """The cluster's two nodes, and a third of two CPUs for the test to kill."""
+    kept = [node for node in cluster.list_all_nodes() if node.is_head()] + \
+        [node for node in cluster.list_all_nodes() if not node.is_head()]
+    doomed = cluster.add_node(num_cpus=2)
+    cluster.wait_for_nodes()
+    return [*kept, doomed]
 
 
 def node_name(node) -> str:
@@ -100,8 +108,7 @@ def rows(folder, kind: str) -> list[dict]:
     return read_metrics(folder, kind) if (folder / "metrics.jsonl").exists() else []
 
 
-def test_a_node_lost_mid_run_costs_only_what_ran_there(three_nodes, tmp_path, capsys):
-    cluster, nodes = three_nodes
+def test_a_node_lost_mid_run_costs_only_what_ran_there(cluster, nodes, tmp_path, capsys):
     head, second, third = (node_name(node) for node in nodes)
     doc = run_config(cluster.address, tmp_path / "runs", head, second, third)
     (tmp_path / "run.toml").write_text(to_toml(doc))
@@ -160,3 +167,38 @@ def test_a_node_lost_mid_run_costs_only_what_ran_there(three_nodes, tmp_path, ca
     trained = Counter(event["sample_id"] for event in read_events(folder / "ledger.jsonl")
                       if event["event"] == "trained")
     assert trained and max(trained.values()) == 1, "a sample was trained twice"
+
+
+def test_a_lost_actor_that_fits_on_no_node_left_stops_the_run_in_one_line(cluster, nodes, tmp_path, capsys):
+    head, second, third = (node_name(node) for node in nodes)
+    echo = "postrain.core.testing:EchoActor"
+    doc = {"cluster": {"address": cluster.address},
+           "run": {"name": "full", "run_dir": str(tmp_path / "runs"), "driver": "driver"},
+           "head": {"heartbeat_interval_s": 0.5},
+           "actors": [   # every core of the head's node and the second taken: nothing else fits there
+               {"name": "filler-a", "cls": echo, "cpus": 1, "memory_mb": 0, "node": head},
+               {"name": "filler-b", "cls": echo, "cpus": 2, "memory_mb": 0, "node": second},
+               {"name": "echo", "cls": echo, "cpus": 1, "memory_mb": 0, "node": third},
+               {"name": "driver", "cls": "postrain.core.testing:CountingDriver", "cpus": 1, "memory_mb": 0,
+                "node": head, "options": {"peer": "echo", "steps": 1000, "step_s": 0.5}}]}
+    (tmp_path / "run.toml").write_text(to_toml(doc))
+    folder = tmp_path / "runs" / "full"
+    process = subprocess.Popen([sys.executable, "-m", "postrain.cli", "up", "--quiet", "--config",
+                                str(tmp_path / "run.toml")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, cwd=tmp_path)
+    try:
+        wait_for(lambda: (folder / "head.json").exists() and (found := status_of(folder, capsys))
+                 and [a["state"] for a in found[0]["actors"]].count("running") == 4, "every actor running",
+                 process, timeout_s=120)
+        cluster.remove_node(nodes[2], allow_graceful=False)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 1, stdout[-2000:] + stderr[-2000:]
+    assert re.search(rf"node {re.escape(third)} lost \(.*\); its actors: echo", stdout)
+    assert stderr.count("\n") == 1 and "Traceback" not in stderr, stderr[-2000:]
+    assert re.search(rf"node {re.escape(third)} was lost and actor 'echo', which ran there, fits on no node "
+                     r"left \(actor 'echo' asks for 1 cores.*no node has room.*\); add a node with room and "
+                     rf"`postrain up --resume {re.escape(str(folder))}`", stderr)
