@@ -92,3 +92,82 @@ async def test_a_hung_rank_fails_the_step_naming_it_and_every_rank_restarts_toge
         assert stats["policy_version"] == 0           # both restarted: the keeper restores the checkpoint
         assert supervisor.records["learner-rank1"].pid != follower
         assert (await learner.ask("train", batch(0), timeout_s=120))["policy_version"] == 1
+
+
+RUN = """
+[run]
+name = "ranks"
+run_dir = "{run_dir}"
+driver = "orchestrator"
+[shared]
+model = "tiny"
+task = "arithmetic"
+task_options = {{ include_instructions = false, max_digits = 1 }}
+[head]
+heartbeat_interval_s = 0.5
+heartbeat_timeout_s = 120
+[[actors]]
+name = "sandbox"
+cls = "postrain.actors.sandbox_actor:SandboxActor"
+cpus = 0.2
+memory_mb = 0
+options = {{ mode = "warm", num_workers = 1 }}
+[[actors]]
+name = "generator"
+cls = "postrain.actors.generator_actor:GeneratorActor"
+cpus = 0.4
+memory_mb = 0
+options = {{ kv_cache_mb = 16 }}
+[[actors]]
+name = "learner"
+cls = "postrain.actors.learner_actor:LearnerActor"
+cpus = 0.5
+memory_mb = 0
+ranks = 2
+options = {{ group_timeout_s = 60, learner = {{ lr = 1e-3 }} }}
+[[actors]]
+name = "env"
+cls = "postrain.actors.env_actor:EnvironmentActor"
+cpus = 0.1
+memory_mb = 0
+[[actors]]
+name = "orchestrator"
+cls = "postrain.actors.orchestrator:OrchestratorActor"
+cpus = 0.1
+memory_mb = 0
+options = {{ num_steps = 4, checkpoint_every = 2, prompts_per_step = 2, samples_per_prompt = 2, max_staleness = 1, sft_steps = 1, sft_batch_size = 4, num_eval_tasks = 2, eval_samples_per_task = 1, sampling = {{ max_new_tokens = 16 }} }}
+"""
+
+
+@pytest.mark.faults   # ~1-2 min on 2 cores: `pytest -m faults tests/actors/test_learner_group.py`
+def test_a_run_whose_learner_rank_is_killed_restarts_the_ranks_together_and_balances(tmp_path):
+    """`postrain up` with the learner on two ranks on this host; rank 1 is SIGKILLed after the
+    first RL step: the group restarts together, the keeper restores and replays, and the run
+    finishes with every step applied once and a balanced ledger."""
+    import json
+    import subprocess
+
+    (tmp_path / "run.toml").write_text(RUN.format(run_dir=tmp_path / "runs"))
+    folder = tmp_path / "runs" / "ranks"
+    head = subprocess.Popen([sys.executable, "-m", "postrain.cli", "up", "--quiet", "--config",
+                             str(tmp_path / "run.toml")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, cwd=tmp_path)
+    out = []
+    try:
+        for line in head.stdout:
+            out.append(line)
+            if "step 1/4:" in line:
+                status = json.loads(subprocess.run([sys.executable, "-m", "postrain.cli", "status", str(folder),
+                                                    "--json"], capture_output=True, text=True, check=True).stdout)
+                rank1 = next(a for a in status["actors"] if a["name"] == "learner-rank1")
+                os.kill(rank1["pid"], signal.SIGKILL)
+        assert head.wait(timeout=600) == 0, "".join(out)[-4000:]
+    finally:
+        if head.poll() is None:
+            head.kill()
+    summary = json.loads((folder / "summary.json").read_text())
+    ledger = summary["ledger"]
+    assert summary["steps"] == 4 and summary["learner_recoveries"] >= 1, "".join(out)[-4000:]
+    assert ledger["created"] == ledger["trained"] + ledger["dropped"] and ledger["in_flight"] == 0
+    crash = (folder / "logs" / "learner.log").read_text().split("actor learner crashed:\n")[1].splitlines()[0]
+    assert "the learner's group" in crash and "rank 1 (learner-rank1)" in crash   # rank 0 names the lost rank
