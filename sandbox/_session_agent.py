@@ -14,11 +14,11 @@ command's shell is that namespace's init itself ("as_init"), started ahead, betw
 (`prepare` with a shell), with the call's limits already applied: uid, rlimits (the session's
 calls share them; a call whose limits differ gets a shell started then), seccomp, its own PID
 namespace, and the session's cwd. Until its call it has read nothing of the session: its argv
-is fixed (`_SHELL_MAIN`), its environment empty, and it blocks reading fd 4, a pipe that only
-the agent writes. The call writes the session's environment, the state trap and the command
-(`_shell_script`) to the shell's fd 3 (an unnamed file of the agent's, out of the code's reach
-by any path), then one byte to fd 4; the shell reads and runs them. So a call starts with two
-writes, without an exec or bash start-up.
+is fixed (`_SHELL_MAIN`), its environment empty (but for the policy's locale, `_shell`), and it
+blocks reading fd 4, a pipe that only the agent writes. The call writes the session's
+environment, the state trap and the command (`_shell_script`) to the shell's fd 3 (an unnamed
+file of the agent's, out of the code's reach by any path), then one byte to fd 4; the shell
+reads and runs them. So a call starts with two writes, without an exec or bash start-up.
 So nothing of the code runs between calls (the shell's start-up cannot be steered by what the
 code left: no rc files, no environment; so BASH_ENV, SHELLOPTS and LD_PRELOAD act on the
 commands the shell starts, not on the shell itself), and a call that times out loses only its
@@ -54,7 +54,7 @@ def _session_exec(req, cfg, state):
     """One call in the session's cwd and environment; on a normal end of a bash call, its state
     is to be kept (`_after_exec`, once the reply is sent)."""
     limits = {name: req[name] for name in _CALL_LIMITS}
-    shell = _shell(cfg, state["cwd"], limits) if "command" in req else None
+    shell = _shell(cfg, state, limits) if "command" in req else None
     prepared, state["prepared"] = state["prepared"], None
     if prepared is not None and prepared["shell"] != shell:
         discard(prepared)
@@ -83,10 +83,15 @@ def _after_exec(state):
         pass
 
 
-def _shell(cfg, cwd, limits):
-    """A bash call's request less its command: what a shell started for it is fixed by."""
-    return {**limits, "session": True, "as_init": True, "cwd": cwd, "env": {}, "script_dir": _RUN_DIR,
-            "exec_argv": [cfg["bash"], "--noprofile", "--norc", "-c", _SHELL_MAIN]}
+def _shell(cfg, state, limits):
+    """A bash call's request less its command: what a shell started for it is fixed by. Its
+    environment holds only the policy's locale variables (the operator's, never the code's)
+    that the session still has, so that bash loads that locale as it starts, off the call's
+    path."""
+    env = {name: value for name, value in cfg["env"].items()
+           if (name == "LANG" or name.startswith("LC_")) and state["env"].get(name.encode()) == value.encode()}
+    return {**limits, "session": True, "as_init": True, "cwd": state["cwd"], "env": env,
+            "script_dir": _RUN_DIR, "exec_argv": [cfg["bash"], "--noprofile", "--norc", "-c", _SHELL_MAIN]}
 
 
 def _shell_script(command, env):
@@ -301,7 +306,7 @@ def session_main():
         if state["prepared"] is None:
             # between calls, off the next call's path: after a bash command, the next one's shell
             limits = state["shell_limits"]
-            state["prepared"] = prepare(cfg, _shell(cfg, state["cwd"], limits) if limits else None)
+            state["prepared"] = prepare(cfg, _shell(cfg, state, limits) if limits else None)
         try:
             req = recv()
         except EOFError:

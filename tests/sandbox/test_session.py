@@ -101,7 +101,8 @@ def test_per_call_output_cpu_and_memory_limits(sandbox):
     with sandbox.session(limits=LIMITS) as s:
         flood = s.run("yes")
         assert flood.status is Status.OUTPUT_TRUNCATED and len(flood.stdout) == 4096
-        assert s.run("while :; do :; done").status is Status.TIMEOUT
+        spin = s.run("while :; do :; done", timeout_s=30)  # the shell started ahead holds the CPU limit
+        assert spin.status is Status.TIMEOUT and spin.signal == 9 and 1.5 <= spin.cpu_s < 5 and spin.wall_s < 30
         memory = s.run_python("x = bytearray(400 * 1024 * 1024)")
         assert memory.status is Status.MEMORY_LIMIT
         assert s.run("echo alive").stdout == b"alive\n"

@@ -74,7 +74,7 @@ def test_no_state_leaks_between_two_sessions(sandbox):
 def assert_only_a_blank_shell_waits(session):
     """Of the code's uid, between calls, one process: the next call's shell, started ahead under
     the call's limits in a PID namespace of its own, its argv the same in every session, its
-    environment empty, blocked on a read."""
+    environment only the policy's locale, blocked on a read."""
     agent = psutil.Process(session._jail._proc.pid).children()[0]
     deadline = time.monotonic() + 5
     while True:  # the agent starts the shell once it has replied
@@ -84,7 +84,8 @@ def assert_only_a_blank_shell_waits(session):
             break
     assert len(shells) == 1
     shell = shells[0]
-    assert shell.parent() == agent and shell.name() == "bash" and shell.environ() == {}
+    locale = {k: v for k, v in dict(session._jail.policy.env).items() if k == "LANG" or k.startswith("LC_")}
+    assert shell.parent() == agent and shell.name() == "bash" and shell.environ() == locale
     assert shell.cmdline()[1:4] == ["--noprofile", "--norc", "-c"] and "A_TOKEN" not in shell.cmdline()[4]
     assert shell.status() == psutil.STATUS_SLEEPING and shell.children() == []
     assert os.readlink(f"/proc/{shell.pid}/ns/pid") != os.readlink(f"/proc/{agent.pid}/ns/pid")
