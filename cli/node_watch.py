@@ -12,7 +12,8 @@ agent exits with its raylet, core/ray_nodes.py, so a killed node shows here in a
 second). A lost node costs only what ran there: the head forgets its agent, takes the node
 out of its `ClusterScheduler`, and places each of its actors again, in config order, on the
 nodes left with room (the same rule as at the start; a `node` hint naming the lost node is
-dropped), where that node's agent starts it. `Agents.start` tells every agent, and through
+dropped), where that node's agent starts it (a node found lost meanwhile is lost in turn,
+and the actor placed once more). `Agents.start` tells every agent, and through
 it every actor, the new address (Supervisor.add_peers), so their references follow; a
 request in flight to the lost actor failed with ActorDiedError and its caller's retry rules
 apply (the orchestrator retries rollouts, its LearnerKeeper restores a learner from the
@@ -32,7 +33,7 @@ from typing import Callable
 
 import anyio
 
-from postrain.core.cluster import ClusterScheduler
+from postrain.core.cluster import AgentLostError, ClusterScheduler
 from postrain.core.errors import ActorDiedError, ActorError, PlacementError, PostrainError
 from postrain.core.metrics import MetricsWriter
 from postrain.core.supervisor import Supervisor
@@ -141,6 +142,8 @@ class NodeWatch:
 
     async def lose(self, state: NodeState, reason: str) -> None:
         """Forget node `state` and place its actors again (module docstring). Raises NodeLossError."""
+        if state.lost_reason:
+            return   # lost already (found again by a placement that chose it)
         lost_at = time.monotonic()
         state.lost_reason, state.status = reason, None
         self.num_node_losses += 1
@@ -151,8 +154,9 @@ class NodeWatch:
         self._metrics.log("node_lost", node=state.name, reason=reason, actors=",".join(names))
         if self.driver in names:
             raise NodeLossError(f"node {state.name} was lost ({reason}) with the run's driver "
-                                f"{self.driver!r} on it, which is not placed again (its run state lives in it); `postrain up "
-                                f"--resume {self.folder}` continues the run from its last checkpoint")
+                                f"{self.driver!r} on it, which is not placed again (its run state lives in "
+                                f"it); `postrain up --resume {self.folder}` continues the run from its last "
+                                "checkpoint")
         for name in names:
             await self._place_again(name, state.name, lost_at)
 
@@ -160,15 +164,21 @@ class NodeWatch:
         """Place actor `name` (lost with `lost_node`) on a node with room and start it there.
         Raises NodeLossError when none has room. Cancelled: see `run`."""
         spec = self.specs[name]
-        if spec.node == lost_node:
+        if spec.node is not None and self.nodes[spec.node].lost_reason:
             spec = spec.model_copy(update={"node": None})
-        try:
-            placed = self.scheduler.place(spec, self.groups.get(name))
-        except PlacementError as exc:
-            raise NodeLossError(f"node {lost_node} was lost and actor {name!r}, which ran there, fits on no "
-                                f"node left ({exc}); add a node with room and `postrain up --resume "
-                                f"{self.folder}`") from None
-        address = await anyio.to_thread.run_sync(self.agents.start, spec, placed.node)
+        while True:
+            try:
+                placed = self.scheduler.place(spec, self.groups.get(name))
+            except PlacementError as exc:
+                raise NodeLossError(f"node {lost_node} was lost and actor {name!r}, which ran there, fits on "
+                                    f"no node left ({exc}); add a node with room and `postrain up --resume "
+                                    f"{self.folder}`") from None
+            try:
+                address = await anyio.to_thread.run_sync(self.agents.start, spec, placed.node)
+                break
+            except AgentLostError as exc:   # the node chosen was lost too: lose it, then choose again
+                self.scheduler.release(name)
+                await self.lose(self.nodes[exc.node], str(exc))
         self.supervisor.add_peers({name: address})
         self.nodes[placed.node].actors.append(name)
         self.num_replacements += 1

@@ -28,8 +28,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .config import ActorSpec
-from .errors import PlacementError
+from .errors import PlacementError, PostrainError
 from .scheduler import Inventory, Placement, Scheduler
+
+
+class AgentLostError(PostrainError):
+    """A node's agent died while the head called it: its node is lost (core/ray_nodes.py)."""
+
+    def __init__(self, message: str, node: str):
+        super().__init__(message)
+        self.node = node
 
 
 @dataclass(frozen=True)

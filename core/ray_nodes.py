@@ -38,7 +38,7 @@ from dataclasses import asdict
 
 import ray
 
-from .cluster import NodeInventory
+from .cluster import AgentLostError, NodeInventory
 from .config import ActorSpec, ClusterSection
 from .errors import PostrainError
 from .scheduler import GpuInfo, Inventory
@@ -184,8 +184,17 @@ class Agents:
     def start(self, spec: ActorSpec, node: str, timeout_s: float = 300.0) -> str:
         """Start `spec` on `node`'s agent; its address once READY. Every agent learns it (and
         tells its actors, when `spec` ran elsewhere before: Supervisor.add_peers)."""
-        address = ray.get(self.handles[node].start.remote(spec.model_dump()), timeout=timeout_s)
-        ray.get([h.add_peers.remote({spec.name: address}) for h in self.handles.values()], timeout=60)
+        try:
+            address = ray.get(self.handles[node].start.remote(spec.model_dump()), timeout=timeout_s)
+        except ray.exceptions.RayActorError as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise AgentLostError(f"the agent of node {node} is gone ({first})", node=node) from None
+        told = [h.add_peers.remote({spec.name: address}) for h in self.handles.values()]
+        for reply in told:
+            try:
+                ray.get(reply, timeout=60)
+            except ray.exceptions.RayActorError:   # a node lost meanwhile: the head notices it
+                pass
         return address
 
     def free_port(self, node: str) -> int:
