@@ -188,6 +188,10 @@ class LearnerActor(Actor):
         from postrain.actors.learner import Learner
 
         self.learner = Learner(self.options.learner_config())
+        # Elastic cores: a step takes up the actor's current torch thread count at the start of each
+        # micro-batch's forward (every forward of the policy starts with its embedding).
+        embedding = self.learner.model.model.embed_tokens
+        embedding.register_forward_pre_hook(lambda module, args: self.apply_num_threads())
         if self.options.resume_from:
             self.resume_extra = self.learner.load_checkpoint(self.options.resume_from)
         return self.learner

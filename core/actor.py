@@ -48,7 +48,8 @@ Cores that move (elastic cores, core/elastic.py). The head may re-pin a running 
 the kernel message `_cores` {"cpu_ids", "num_threads"}: every thread of the process is
 pinned to the new cores before the reply, and `num_threads` becomes the torch thread count
 of the compute that `in_compute_thread` starts from then on (torch keeps one count per
-thread, so the count is set in the thread that computes, at the start of each call).
+thread, so the count is set in the thread that computes, at the start of each call; a long
+computation may take up a new count midway by calling `apply_num_threads` at safe points).
 
 An actor never outlives its head: on Linux the process asks the kernel for
 SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG, set as the process
@@ -230,13 +231,17 @@ class Actor:
         """`fn(*args)` in a worker thread whose torch thread count is this actor's now (elastic
         cores change it between calls). Cancelled: `fn` still runs to its end in its thread;
         its result is dropped."""
-        num_threads = self.num_threads
-
         def call():
-            if num_threads and "torch" in sys.modules:
-                sys.modules["torch"].set_num_threads(num_threads)
+            self.apply_num_threads()
             return fn(*args)
         return await anyio.to_thread.run_sync(call)
+
+    def apply_num_threads(self) -> None:
+        """Set torch's thread count in the calling thread to this actor's current one (module
+        doc): in_compute_thread calls it first; a long step may call it between its parts."""
+        num_threads = self.num_threads
+        if num_threads and "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(num_threads)
 
 
 def import_object(path: str):

@@ -119,6 +119,13 @@ class EchoActor(Actor):
         cores = {tuple(sorted(os.sched_getaffinity(int(tid)))) for tid in os.listdir("/proc/self/task")}
         return {"cores": sorted(cores), "num_threads": self.num_threads}
 
+    @handler("compute_threads")
+    async def compute_threads(self, body):
+        """torch's thread count inside `in_compute_thread` (what a learner step would use).
+        Cancelled: the thread finishes; its answer is dropped."""
+        import torch
+        return await self.in_compute_thread(torch.get_num_threads)
+
     @handler("sum_array")
     async def sum_array(self, body):
         """The sum of a received array. Does not wait (cancel-safe)."""
