@@ -38,6 +38,14 @@ def learner_ranks(group_timeout_s: float, max_restarts: int = 0) -> list:
     return config.actors
 
 
+async def exit_event(supervisor, name: str):
+    """The first `exited` event of actor `name` (recorded already, or within 60 s)."""
+    with anyio.fail_after(60):
+        while not (exits := [e for e in supervisor.events if e.name == name and e.event == "exited"]):
+            await anyio.sleep(0.1)
+    return exits[0]
+
+
 def test_ranks_expand_to_one_actor_of_several_processes():
     specs = learner_ranks(5)
     assert [s.name for s in specs] == ["learner", "learner-rank1"]
@@ -53,9 +61,9 @@ async def test_a_missing_rank_fails_rank_0_naming_it_within_the_group_timeout(tm
     rank0, _ = learner_ranks(group_timeout_s=2)
     async with Supervisor.open(log_dir=str(tmp_path)) as supervisor:
         await supervisor.start(rank0)                 # READY at once: the group forms after READY
-        exited = await supervisor.wait_for_event("learner", "exited", timeout_s=60)
+        exited = await exit_event(supervisor, "learner")
     assert "rank 1 (learner-rank1) did not answer rank 0's call to join within group_timeout_s = 2 s" \
-        in exited.detail
+        in exited.detail, exited.detail
 
 
 @pytest.mark.faults   # ~45 s on 2 cores: `pytest -m faults tests/actors/test_learner_group.py`
@@ -70,15 +78,10 @@ async def test_a_hung_rank_fails_the_step_naming_it_and_every_rank_restarts_toge
         follower = supervisor.records["learner-rank1"].pid
         os.kill(follower, signal.SIGSTOP)             # hung: alive, silent
         try:
-            seen = len(supervisor.events)
             with pytest.raises(ActorDiedError):
                 await learner.ask("train", batch(1), timeout_s=60)
-            with anyio.fail_after(30):
-                while not (exits := [e for e in supervisor.events[seen:]
-                                     if e.name == "learner" and e.event == "exited"]):
-                    await anyio.sleep(0.1)
             assert "rank 1 (learner-rank1) of the learner's group lost or restarted before train" \
-                in exits[0].detail
+                in (await exit_event(supervisor, "learner")).detail
         finally:
             os.kill(follower, signal.SIGCONT)
         # rank 0's new process calls the old rank 1 to its new group: rank 1 restarts to join it
