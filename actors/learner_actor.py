@@ -172,8 +172,9 @@ class LearnerActor(Actor):
         if self.rendezvous is None:
             return
         device = resolve_device(self.options.learner_config().device)
+        # On a GPU the gradients go over NCCL and the step's small CPU counters over gloo.
         self.group = LearnerGroup(self, self.rendezvous, self.options.group_timeout_s,
-                                  "nccl" if device.type == "cuda" else "gloo", self.learner)
+                                  "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo", self.learner)
         if self.group.rank == 0:
             self.node.spawn(self.group.lead)
 

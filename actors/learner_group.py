@@ -13,7 +13,8 @@ the checkpoint (actors/recovery.py). The rest follows from that rule:
   free port there, the group's names). Rank 0 draws a new `generation` id per process and
   asks every other rank `join` it (over the run's ZeroMQ, until each answers or
   group_timeout_s passes); then every rank calls `init_process_group` on rank 0's address
-  (gloo on CPU, NCCL on GPU) with group_timeout_s as the timeout of every collective, and
+  (gloo on CPU; on a GPU NCCL for CUDA tensors and gloo for the step's CPU counters) with
+  group_timeout_s as the timeout of every collective, and
   its Learner (built before READY, as a lone learner's) joins it: rank 0's weights are
   broadcast. A rank asked to join another
   generation than its own belonged to a rank 0 that has since restarted: it ends its
@@ -128,7 +129,7 @@ class LearnerGroup:
         self.actor = actor                  # the LearnerActor this process runs
         self.rendezvous = rendezvous
         self.timeout_s = timeout_s          # group_timeout_s: joining, and every collective
-        self.backend = backend              # "gloo" | "nccl"
+        self.backend = backend              # "gloo" | "cpu:gloo,cuda:nccl"
         self.learner = learner              # built before the group: it joins it once formed
         self.generation: str | None = None
         self.state = "waiting"
