@@ -16,6 +16,10 @@ Figures (ours: elastic; peer: pinned):
 - `accuracy_greedy`, `accuracy_sampled`, `accuracy_after_sft`: held-out, after RL (and after
   the warm start)
 - `cores_moved`: lends and returns of cores during the run
+- `sft_step_s`, `sft_step_cpu_s`: one warm-start step of the default learner in this process,
+  with as many torch threads as the cores an elastic learner holds in the warm start (ours)
+  against one (the peer), interleaved, median (wall and CPU seconds): whether a lent core
+  helps at all on this machine, measured in a minute rather than two runs
 `config` holds the load average (1 minute) before and after each arm: the machine may be
 shared, and wall times follow its load. Set POSTRAIN_BENCH_DIR to keep the run folders.
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,7 +37,8 @@ from pathlib import Path
 
 QUICK_OPTIONS = {"sft_steps": 20, "num_steps": 2, "num_eval_tasks": 10}
 SUMMARY_FIGURES = {"run_wall_s": "wall_s", "warm_start_s": "warm_start_s", "rl_wall_s": "rl_wall_s",
-                   "eval_s": "eval_s", "accuracy_greedy": "eval_after", "accuracy_sampled": "eval_sampled_after",
+                   "eval_s": "eval_s", "accuracy_greedy": "eval_after",
+                   "accuracy_sampled": "eval_sampled_after",
                    "accuracy_after_sft": "eval_after_sft", "cores_moved": "cores_moved"}
 
 
@@ -55,28 +61,66 @@ def run_arm(folder: Path, elastic: bool, quick: bool) -> dict:
     """One `postrain up` of the default run in `folder`; its figures."""
     config = folder / f"default_elastic_{str(elastic).lower()}.toml"
     config.write_text(arm_config(elastic, quick))
+    run_dir = folder / ("elastic" if elastic else "pinned")
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
     result = subprocess.run([sys.executable, "-m", "postrain.cli", "up", "--quiet", "--config", str(config),
-                             "--run-dir", str(folder / ("elastic" if elastic else "pinned"))],
+                             "--run-dir", str(run_dir)],
                             capture_output=True, text=True, timeout=3600)
     wall_s = time.perf_counter() - start
     if result.returncode != 0:
         raise RuntimeError(f"the default run (elastic = {elastic}) failed:\n{result.stderr[-2000:]}")
-    summary = json.loads((folder / ("elastic" if elastic else "pinned") / "default" / "summary.json").read_text())
-    figures = {"wall_s": round(wall_s, 1), **{name: summary.get(key) for name, key in SUMMARY_FIGURES.items()}}
+    run_folder = run_dir / "default"
+    summary = json.loads((run_folder / "summary.json").read_text())
+    figures = {"wall_s": round(wall_s, 1),
+               **{name: summary.get(key) for name, key in SUMMARY_FIGURES.items()}}
     figures["load_before"], figures["load_after"] = round(load_before, 2), round(os.getloadavg()[0], 2)
     return figures
 
 
+def sft_step_seconds(num_threads: tuple[int, int], repeats: int) -> dict[int, tuple[float, float]]:
+    """Median (wall, CPU) seconds of the default learner's warm-start step at each thread count,
+    interleaved over `repeats` steps each (after one warm-up step each)."""
+    import torch
+
+    from postrain.actors.learner import Learner
+    from postrain.actors.orchestrator import chat_to_tokens
+    from postrain.actors.tasks import get_task
+
+    from .e2e import default_run_config, learner_config, orchestrator_options
+
+    config = default_run_config()
+    options = orchestrator_options(config)
+    learner, task = Learner(learner_config(config)), get_task(options["task"])
+    size = options["sft_batch_size"]
+    demos = task.demonstrations(size * 2 * (repeats + 1), seed=options["seed"],
+                                options=options["task_options"])
+    times: dict[int, list[tuple[float, float]]] = {n: [] for n in num_threads}
+    for i in range(2 * (repeats + 1)):
+        n = num_threads[i % 2]
+        rendered = [chat_to_tokens(learner.tokenizer, d["messages"]) for d in demos[i * size:(i + 1) * size]]
+        torch.set_num_threads(n)
+        wall, cpu = time.perf_counter(), time.process_time()
+        learner.sft_step({"token_ids": [ids for ids, _ in rendered], "loss_mask": [m for _, m in rendered]})
+        if i >= 2:  # the first step of each count warms up
+            times[n].append((time.perf_counter() - wall, time.process_time() - cpu))
+    return {n: (round(statistics.median(w for w, _ in t), 3), round(statistics.median(c for _, c in t), 3))
+            for n, t in times.items()}
+
+
 def run(quick: bool = False) -> dict:
     keep = os.environ.get("POSTRAIN_BENCH_DIR")
+    load_sft = os.getloadavg()[0]
+    steps = sft_step_seconds((2, 1), repeats=3 if quick else 5)
     with (tempfile.TemporaryDirectory(prefix="postrain-bench-default-") if not keep else _kept(keep)) as root:
         ours = run_arm(Path(root), elastic=True, quick=quick)
         peer = run_arm(Path(root), elastic=False, quick=quick)
+    ours["sft_step_s"], ours["sft_step_cpu_s"] = steps[2]
+    peer["sft_step_s"], peer["sft_step_cpu_s"] = steps[1]
     loads = {f"{arm}_{key}": figures.pop(key) for arm, figures in (("elastic", ours), ("pinned", peer))
              for key in ("load_before", "load_after")}
     return {"config": {"quick": quick, "cpus": len(os.sched_getaffinity(0)), **loads,
+                       "sft_step_load_before": round(load_sft, 2),
                        **({"orchestrator": QUICK_OPTIONS} if quick else {})},
             "results": ours, "peer": peer}
 

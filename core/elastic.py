@@ -89,7 +89,8 @@ class Transfer:
         return f"elastic cores: {self.action} {list(self.cpu_ids)} {self.giver} -> {self.taker} ({why})"
 
     def to_row(self) -> dict:
-        return {"action": self.action, "cpu_ids": list(self.cpu_ids), "giver": self.giver, "taker": self.taker}
+        return {"action": self.action, "cpu_ids": list(self.cpu_ids), "giver": self.giver,
+                "taker": self.taker}
 
 
 @dataclass(frozen=True)
@@ -151,10 +152,12 @@ def _transfers(homes: Mapping[str, Home], held, target) -> tuple[Transfer, ...]:
         if giver != taker:
             action = "lend" if giver == owner[core] else "return" if taker == owner[core] else "move"
             moved.setdefault((action, giver, taker), []).append(core)
-    return tuple(Transfer(action, tuple(cores), giver, taker) for (action, giver, taker), cores in moved.items())
+    return tuple(Transfer(action, tuple(cores), giver, taker)
+                 for (action, giver, taker), cores in moved.items())
 
 
-def check_holdings(homes: Mapping[str, Home], held: Mapping[str, frozenset[int]], busy: frozenset[str]) -> None:
+def check_holdings(homes: Mapping[str, Home], held: Mapping[str, frozenset[int]],
+                   busy: frozenset[str]) -> None:
     """Assert the module's invariants for a settled holding (after a whole plan)."""
     pool = set().union(*(home.cpu_ids for home in homes.values()))
     all_held = [core for cores in held.values() for core in cores]

@@ -71,7 +71,9 @@ class CoreLender:
     async def _repin(self, holding: elastic.Holding) -> None:
         """Send one `_cores`. Cancelled: the actor may or may not be re-pinned."""
         try:
-            await self._pin(holding.actor, {"cpu_ids": list(holding.affinity), "num_threads": holding.num_threads})
+            await self._pin(holding.actor, {"cpu_ids": list(holding.affinity),
+                                            "num_threads": holding.num_threads})
         except Exception as exc:  # noqa: BLE001 - a dead actor is re-pinned by its restart
-            log.warning("elastic cores: could not re-pin %s to %s: %s", holding.actor, list(holding.affinity), exc)
+            log.warning("elastic cores: could not re-pin %s to %s: %s", holding.actor,
+                        list(holding.affinity), exc)
 

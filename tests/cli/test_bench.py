@@ -40,3 +40,15 @@ def test_a_failed_benchmark_is_an_error_row_in_the_table():
     lines = table.splitlines()
     assert lines[1].split() == ["kvpool", "ops_per_s", "2,000", "1,000", "2"]
     assert lines[2].split()[:3] == ["generate", "error:", "FileNotFoundError:"]
+
+
+def test_the_default_run_bench_compares_the_shipped_config_with_its_elastic_actors_pinned():
+    import re
+
+    from postrain.bench.default_run import arm_config
+    from postrain.cli.up import default_config_path
+    shipped = default_config_path().read_text()
+    assert arm_config(True, quick=False) == shipped, "ours is the default run as shipped"
+    pinned = arm_config(False, quick=True)
+    assert re.findall(r"^elastic = (\w+)", pinned, re.M) == ["false", "false"]
+    assert "sft_steps = 20" in pinned and "num_steps = 2," in pinned and "num_eval_tasks = 10" in pinned
