@@ -17,20 +17,24 @@ Figures (medians over repeats; ours and the peer take turns within each repeat):
   on node 1 that assembles the chunks and loads them into its model (the generator's path:
   `publish` with the orchestrator's default `chunk_mb`, actors/weight_assembly.py), against the
   same bytes sent by raw pyzmq over plain tcp as one zero-copy multipart message to node 1.
-  `curve_floor_weight_sync_gb_per_s` (ours only): that raw send with CurveZMQ on. `config`
-  holds ours at other chunk sizes (`weight_sync_gb_per_s_by_chunk_mb`).
+  `curve_floor_weight_sync_gb_per_s` (ours only): that raw send with CurveZMQ on, in frames of
+  at most wire.FRAME_MAX_BYTES as ours. `config` holds ours at other chunk sizes
+  (`weight_sync_gb_per_s_by_chunk_mb`) and the raw Curve send of the whole state as one frame
+  (`curve_one_frame_weight_sync_gb_per_s`: what frames of at most FRAME_MAX_BYTES save).
 - `samples_per_s_K_nodes` (K = 2, 3): trained samples per second of the default run (short:
   RL_STEPS GRPO steps, no warm start, no evaluation) under `postrain up` with its actors spread
   over K nodes by `node` hints (LAYOUTS); `first_rollout_s_K_nodes`: seconds from starting
   `postrain up` to the first generated sample (the ledger's first `generated` event). Peer:
   the same run on 1 node, so `ratio` is what the extra nodes cost (they share this machine's
-  cores: not a speed-up).
+  cores: not a speed-up). The cluster's first run (1 node) is run twice and the second kept:
+  the first pays for cold caches and Ray's own start (in `config`).
 `--quick` (a smoke run): two nodes, the "tiny" model for the sync, fewer repeats, no RL runs.
 """
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -40,6 +44,7 @@ import time
 import tomllib
 from pathlib import Path
 
+import torch
 import zmq
 
 NODE_CPUS = 2                           # logical CPUs of each local node (this machine's cores)
@@ -168,10 +173,14 @@ class RawClient:
         self.sock.recv()
         return num_oneway / (time.perf_counter() - start)
 
-    def bulk_seconds(self, tensors: list) -> float:
-        """Seconds to send the tensors' bytes as one zero-copy message and hear the size back."""
+    def bulk_seconds(self, tensors: list, frame_max_bytes: int | None = None) -> float:
+        """Seconds to send the tensors' bytes as one zero-copy message (a frame per tensor, or
+        per slice of at most frame_max_bytes) and hear the size back."""
+        views = [memoryview(t.view(-1).view(torch.uint8).numpy()) for t in tensors]
+        if frame_max_bytes:
+            views = [v[i:i + frame_max_bytes] for v in views for i in range(0, len(v), frame_max_bytes)]
         start = time.perf_counter()
-        self.sock.send_multipart([b"bulk", *(memoryview(t.numpy()) for t in tensors)], copy=False)
+        self.sock.send_multipart([b"bulk", *views], copy=False)
         num_bytes = int(self.sock.recv())
         elapsed = time.perf_counter() - start
         assert num_bytes == sum(t.numel() * t.element_size() for t in tensors), num_bytes
@@ -214,7 +223,8 @@ async def _sync_gb_per_s(learner, chunk_mb: float | None) -> float:
 
 def _link_specs(nodes, model) -> list[tuple]:
     from postrain.core.config import ActorSpec
-    return [(ActorSpec(name="echo", cls="postrain.core.testing:EchoActor", cpus=0.25, memory_mb=64), nodes[1]),
+    return [(ActorSpec(name="echo", cls="postrain.core.testing:EchoActor", cpus=0.25, memory_mb=64),
+             nodes[1]),
             (ActorSpec(name="learner", cls="postrain.actors.learner_actor:LearnerActor", cpus=1.0,
                        memory_mb=3072, options={"model": model}), nodes[0]),
             (ActorSpec(name="receiver", cls="postrain.actors.learner_actor:WeightReceiverActor", cpus=1.0,
@@ -235,7 +245,8 @@ def measure_links(cluster: LocalOrExisting, nodes, sizes: dict, folder: Path) ->
     server = ray.remote(num_cpus=0)(RawServer).options(scheduling_strategy=NodeAffinitySchedulingStrategy(
         node_id=_ray_node_id(nodes[1]), soft=False)).remote(nodes[1].address)
     try:
-        addresses = {spec.name: agents.start(spec, node.name) for spec, node in _link_specs(nodes, sizes["model"])}
+        addresses = {spec.name: agents.start(spec, node.name)
+                     for spec, node in _link_specs(nodes, sizes["model"])}
         plain = ray.get(server.serve.remote(None), timeout=60)
         curve = ray.get(server.serve.remote((keys.server_public, keys.server_secret)), timeout=60)
         return anyio.run(_measure_links, keys, addresses, plain, curve, sizes, backend="trio")
@@ -246,11 +257,12 @@ def measure_links(cluster: LocalOrExisting, nodes, sizes: dict, folder: Path) ->
 
 async def _measure_links(keys, addresses: dict, plain_address: str, curve_address: str, sizes: dict):
     """Cancelled: the raw links are closed (finally); no figures."""
-    from postrain.core import Node
+    from postrain.core import Node, wire
 
     ours = {"rtts": [], "rates": [], "sync": []}
     peer = {"rtts": [], "rates": [], "sync": []}
     floor = {"rtts": [], "rates": [], "sync": []}
+    one_frame: list[float] = []
     by_chunk: dict[float | None, list[float]] = {mb: [] for mb in CHUNK_SWEEP_MB}
     async with Node("bench", keys) as node:
         echo, learner = node.ref(addresses["echo"]), node.ref(addresses["learner"])
@@ -269,10 +281,12 @@ async def _measure_links(keys, addresses: dict, plain_address: str, curve_addres
                 ours["rates"].append(await _actor_oneway_rate(echo, sizes["num_oneway"]))
                 floor["rates"].append(raw_curve.oneway_rate(sizes["num_oneway"]))
             num_bytes = sum(t.numel() * t.element_size() for t in tensors)
+            flat = [torch.cat([t.view(-1).view(torch.uint8) for t in tensors])]   # the state as one frame
             for _ in range(sizes["sync_repeats"]):
                 peer["sync"].append(num_bytes / raw.bulk_seconds(tensors) / 1e9)
                 ours["sync"].append(await _sync_gb_per_s(learner, CHUNK_MB))
-                floor["sync"].append(num_bytes / raw_curve.bulk_seconds(tensors) / 1e9)
+                floor["sync"].append(num_bytes / raw_curve.bulk_seconds(tensors, wire.FRAME_MAX_BYTES) / 1e9)
+                one_frame.append(num_bytes / raw_curve.bulk_seconds(flat) / 1e9)
                 for mb in CHUNK_SWEEP_MB:
                     by_chunk[mb].append(await _sync_gb_per_s(learner, mb))
         finally:
@@ -281,9 +295,11 @@ async def _measure_links(keys, addresses: dict, plain_address: str, curve_addres
     results, peer_figures = _link_figures(**ours), _link_figures(**peer)
     results.update({f"curve_floor_{k}": v for k, v in _link_figures(**floor).items()})
     config = {"sync_bytes": num_bytes, "sync_tensors": len(tensors),
-              "weight_sync_gb_per_s_by_chunk_mb": {f"{CHUNK_MB:g}": results["weight_sync_gb_per_s"],
-                                                    **{"whole" if mb is None else f"{mb:g}":
-                                                       round(statistics.median(v), 3) for mb, v in by_chunk.items()}}}
+              "curve_one_frame_weight_sync_gb_per_s": round(statistics.median(one_frame), 3),
+              "weight_sync_gb_per_s_by_chunk_mb": {
+                  f"{CHUNK_MB:g}": results["weight_sync_gb_per_s"],
+                  **{"whole" if mb is None else f"{mb:g}": round(statistics.median(v), 3)
+                     for mb, v in by_chunk.items()}}}
     return results, peer_figures, config
 
 
@@ -327,13 +343,14 @@ def run_default(address: str, nodes, folder: Path) -> dict:
     """`postrain up` of default_run_doc on `nodes`: its samples/s, seconds to the first rollout."""
     from postrain.core.testing import to_toml
 
-    doc = default_run_doc(address, nodes, str(folder / "runs"))
-    path = folder / f"{doc['run']['name']}.toml"
+    runs = Path(tempfile.mkdtemp(prefix="runs-", dir=folder))    # a fresh run folder: never a resume
+    doc = default_run_doc(address, nodes, str(runs))
+    path = runs / "run.toml"
     path.write_text(to_toml(doc))
     start = time.time()
     result = subprocess.run([sys.executable, "-m", "postrain.cli", "up", "--quiet", "--config", str(path)],
                             capture_output=True, text=True, timeout=1800)
-    run_folder = folder / "runs" / doc["run"]["name"]
+    run_folder = runs / doc["run"]["name"]
     if result.returncode != 0:
         raise RuntimeError(f"postrain up on {len(nodes)} nodes failed ({result.returncode}): "
                            f"{result.stderr[-1500:]}; logs in {run_folder / 'logs'}")
@@ -357,6 +374,7 @@ def run(quick: bool = False, address: str | None = None) -> dict:
     except ImportError:
         return {"skipped": "the cluster bench needs Ray: pip install 'postrain[cluster]'"}
     sizes = QUICK if quick else FULL
+    load_before = [round(x, 2) for x in os.getloadavg()]
     node_counts = (2,) if quick else (1, 2, 3)
     results, peer, config, runs = {}, {}, {}, {}
     cluster = LocalOrExisting(address)
@@ -373,6 +391,9 @@ def run(quick: bool = False, address: str | None = None) -> dict:
                     peer.update(theirs)
                     config.update(link_config)
                 if not quick:
+                    if k == 1:   # the cluster's first run pays for cold caches and Ray's own start
+                        cold = run_default(cluster.address, nodes, folder)
+                        config["first_run_1_node_cold"] = {n: round(v, 2) for n, v in cold.items()}
                     runs[k] = run_default(cluster.address, nodes, folder)
     finally:
         cluster.close()
@@ -392,5 +413,6 @@ def run(quick: bool = False, address: str | None = None) -> dict:
         **{k: v for k, v in sizes.items() if k != "model"},
         "runs": {f"{k}_nodes": {name: round(v, 2) for name, v in r.items()} for k, r in runs.items()},
         "rl_run": f"default config, {RL_STEPS} GRPO steps, no warm start, no evaluation; layouts {LAYOUTS}",
-        "order": "interleaved within each repeat: peer, ours, curve floor"})
+        "order": "interleaved within each repeat: peer, ours, curve floor",
+        "load_avg_1_5_15_min": {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]}})
     return {"config": config, "results": results, "peer": peer}

@@ -62,7 +62,8 @@ def test_a_quick_run_measures_links_across_two_nodes_against_raw_pyzmq():
     assert report["bench"] == "cluster"
     for name in ("rtt_p50_us", "rtt_p99_us", "oneway_msgs_per_s", "weight_sync_gb_per_s"):
         assert report["results"][name] > 0 and report["peer"][name] > 0
-        assert report["ratio"][name] == pytest.approx(report["results"][name] / report["peer"][name], rel=0.02)
+        ours, peer = report["results"][name], report["peer"][name]
+        assert report["ratio"][name] == pytest.approx(ours / peer, rel=0.02)
         assert report["results"][f"curve_floor_{name}"] > 0
     config = report["config"]
     assert config["sync_bytes"] > 0 and config["sync_tensors"] > 1

@@ -80,7 +80,7 @@ def test_an_array_over_the_frame_limit_travels_as_slices_and_arrives_whole_and_w
     assert torch.equal(got["small"], weights["small"]) and torch.equal(got["big"], weights["big"])
     np.testing.assert_array_equal(got["array"], weights["array"])
     got["big"][0, 0] = 1.0      # joined into its own buffer: the receiver may write it
-    with pytest.raises(WireError, match="array refers to 9 frames from frame 2, but the message has 10 frames"):
+    with pytest.raises(WireError, match="refers to 9 frames from frame 2, but the message has 10 frames"):
         decode([bytes(f) for f in frames[:10]])
     frames[5] = b"x"
     with pytest.raises(WireError, match="array frames hold 7429 bytes, but its dtype and shape need 8428"):
