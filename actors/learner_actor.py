@@ -28,8 +28,9 @@ Weight-sync contract (what a generator implements): the learner asks each target
 `load_weights` with body {"version": int, "weights": {name: CPU tensor}}, Hugging Face
 names, no tied `lm_head.weight` duplicate; the target swaps them in at a safe point and
 replies {"version": int}. With `chunk_mb`, a target on another host gets one sync as several
-such messages, each holding some whole tensors plus "chunk": i and "num_chunks": n; the
-target applies the version when chunk n - 1 arrives (actors/weight_assembly.py). Tensors
+such messages, each holding some whole tensors plus "chunk": i and "num_chunks": n, sent
+pipelined (chunks 0..n-2 as tells, chunk n - 1 asked); the target applies the version when
+chunk n - 1 arrives (actors/weight_assembly.py). Tensors
 >= 1 MiB cross through /dev/shm (the wire does it) between processes on one host, so
 on one host a sync costs one write and one mapped read per tensor. `WeightReceiverActor`
 below is the reference receiver (tests and the bench use it).
@@ -320,7 +321,8 @@ class LearnerActor(Actor):
     async def publish(self, body):
         """Push the current weights (version = learner.policy_version) to every target, concurrently.
 
-        body: targets (actor names), timeout_s (per message), chunk_mb (None: one message to
+        body: targets (actor names), timeout_s (per message; a chunked sync's last reply waits
+        for all its chunks), chunk_mb (None: one message to
         every target; else a target on another host, one reached over tcp beyond loopback, gets
         messages of at most that many MiB of whole tensors, while a target on this host still
         gets one message, its tensors through /dev/shm). Cancelled: targets that already
@@ -346,9 +348,15 @@ class LearnerActor(Actor):
             target = self.targets[name]
             messages = chunked if is_beyond_loopback(target.address) else whole
             t0 = time.perf_counter()
-            for message in messages:
-                await target.ask("load_weights", message, timeout_s=timeout_s)
-                num_messages += 1
+            # Pipelined: every chunk but the last goes as a tell, so the link never idles
+            # waiting for a reply; all go in order on one connection, and the target handles
+            # them one at a time in arrival order. The last chunk's reply confirms the whole
+            # sync; a chunk refused or lost on the way leaves the last one out of order: an
+            # error reply, never a part applied (actors/weight_assembly.py).
+            for message in messages[:-1]:
+                await target.tell("load_weights", message, timeout_s=timeout_s)
+            await target.ask("load_weights", messages[-1], timeout_s=timeout_s)
+            num_messages += len(messages)
             sync_s[name] = time.perf_counter() - t0
 
         async with anyio.create_task_group() as tg:
@@ -381,7 +389,7 @@ class WeightReceiverActor(Actor):
 
     Rule: versions never go back; a lower version is an error naming both. Chunked syncs
     (bodies with "chunk" / "num_chunks") are applied when the last chunk arrives (chunks of
-    one sync arrive in order: the learner sends the next after the previous reply), as the
+    one sync arrive in order on one connection and are handled one at a time), as the
     generator does (postrain.actors.weight_assembly)."""
 
     Options = WeightReceiverOptions

@@ -1,9 +1,10 @@
 """Putting chunked weight syncs back together, on the receiving side of `publish`.
 
 A sync of policy version v is one `load_weights` message, or (to a generator on another
-host: `publish` with chunk_mb) `num_chunks` messages of whole tensors, sent in order, each
-after the previous one's reply. `SyncAssembler.take` keeps the chunks of the sync in
-progress and hands back the whole state dict with its last chunk.
+host: `publish` with chunk_mb) `num_chunks` messages of whole tensors, sent in order on one
+connection without waiting (all but the last as tells; the receiver handles them one at a
+time, in arrival order; the last one's reply confirms the sync). `SyncAssembler.take` keeps
+the chunks of the sync in progress and hands back the whole state dict with its last chunk.
 
 Rules (tests/actors/test_weight_assembly.py):
 - versions never go back: a message below the version held, or below the sync in progress,
