@@ -16,10 +16,12 @@ Figures (ours: elastic; peer: pinned):
 - `accuracy_greedy`, `accuracy_sampled`, `accuracy_after_sft`: held-out, after RL (and after
   the warm start)
 - `cores_moved`: lends and returns of cores during the run
-- `sft_step_s`, `sft_step_cpu_s`: one warm-start step of the default learner in this process,
-  with as many torch threads as the cores an elastic learner holds in the warm start (ours)
-  against one (the peer), interleaved, median (wall and CPU seconds): whether a lent core
-  helps at all on this machine, measured in a minute rather than two runs
+- `sft_step_s`, `sft_step_cpu_s`: one warm-start step of the default learner, run as the
+  learner actor runs it: in a process that starts pinned to one core (OpenMP reads its
+  affinity when torch loads), then re-pinned to two cores with 2 torch threads (ours, the
+  warm start of an elastic learner) or kept on one core with 1 thread (the peer); interleaved,
+  median (wall and CPU seconds): whether a lent core helps at all on this machine, measured
+  in a minute rather than two runs
 `config` holds the load average (1 minute) before and after each arm: the machine may be
 shared, and wall times follow its load. Set POSTRAIN_BENCH_DIR to keep the run folders.
 """
@@ -78,14 +80,29 @@ def run_arm(folder: Path, elastic: bool, quick: bool) -> dict:
     return figures
 
 
-def sft_step_seconds(num_threads: tuple[int, int], repeats: int) -> dict[int, tuple[float, float]]:
-    """Median (wall, CPU) seconds of the default learner's warm-start step at each thread count,
-    interleaved over `repeats` steps each (after one warm-up step each)."""
+def sft_step_seconds(repeats: int) -> dict[int, tuple[float, float]]:
+    """Median (wall, CPU) seconds of the default learner's warm-start step on 2 cores and 2
+    threads, and on 1 and 1, in a fresh process that starts pinned to one core, as the learner
+    actor does (module doc)."""
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    if len(cores) < 2:
+        raise RuntimeError("the warm-start step on 2 threads needs 2 cores")
+    code = (f"import os; os.sched_setaffinity(0, {{{cores[0]}}}); os.environ['OMP_NUM_THREADS'] = '1'; "
+            f"from postrain.bench.default_run import _sft_steps_here; _sft_steps_here({cores}, {repeats})")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800)
+    if result.returncode != 0:
+        raise RuntimeError(f"the warm-start step timing failed:\n{result.stderr[-2000:]}")
+    return {int(n): tuple(seconds) for n, seconds in json.loads(result.stdout.splitlines()[-1]).items()}
+
+
+def _sft_steps_here(cores: list[int], repeats: int) -> None:
+    """`sft_step_seconds` inside its process: prints {threads: [wall, cpu]} as JSON."""
     import torch
 
     from postrain.actors.learner import Learner
     from postrain.actors.orchestrator import chat_to_tokens
     from postrain.actors.tasks import get_task
+    from postrain.core.actor import pin_threads
 
     from .e2e import default_run_config, learner_config, orchestrator_options
 
@@ -95,23 +112,24 @@ def sft_step_seconds(num_threads: tuple[int, int], repeats: int) -> dict[int, tu
     size = options["sft_batch_size"]
     demos = task.demonstrations(size * 2 * (repeats + 1), seed=options["seed"],
                                 options=options["task_options"])
-    times: dict[int, list[tuple[float, float]]] = {n: [] for n in num_threads}
+    times: dict[int, list[tuple[float, float]]] = {2: [], 1: []}
     for i in range(2 * (repeats + 1)):
-        n = num_threads[i % 2]
+        n = 2 - i % 2
         rendered = [chat_to_tokens(learner.tokenizer, d["messages"]) for d in demos[i * size:(i + 1) * size]]
+        pin_threads(cores[:n])
         torch.set_num_threads(n)
         wall, cpu = time.perf_counter(), time.process_time()
         learner.sft_step({"token_ids": [ids for ids, _ in rendered], "loss_mask": [m for _, m in rendered]})
         if i >= 2:  # the first step of each count warms up
             times[n].append((time.perf_counter() - wall, time.process_time() - cpu))
-    return {n: (round(statistics.median(w for w, _ in t), 3), round(statistics.median(c for _, c in t), 3))
-            for n, t in times.items()}
+    print(json.dumps({n: [round(statistics.median(w for w, _ in t), 3),
+                          round(statistics.median(c for _, c in t), 3)] for n, t in times.items()}))
 
 
 def run(quick: bool = False) -> dict:
     keep = os.environ.get("POSTRAIN_BENCH_DIR")
     load_sft = os.getloadavg()[0]
-    steps = sft_step_seconds((2, 1), repeats=3 if quick else 5)
+    steps = sft_step_seconds(repeats=3 if quick else 5)
     with (tempfile.TemporaryDirectory(prefix="postrain-bench-default-") if not keep else _kept(keep)) as root:
         ours = run_arm(Path(root), elastic=True, quick=quick)
         peer = run_arm(Path(root), elastic=False, quick=quick)

@@ -57,7 +57,15 @@ class WorkSignal:
                     await self._tell(actor, busy=self._count[actor] > 0)
 
     async def _tell(self, actor: str, busy: bool) -> None:
-        reply = await self.head.ask("work", {"actor": actor, "busy": busy}, timeout_s=60)
+        """One change to the head. A head that does not answer costs speed, not the run: the
+        cores stay where they are (a warning says so). Cancelled: the head may or may not move
+        the cores."""
+        try:
+            reply = await self.head.ask("work", {"actor": actor, "busy": busy}, timeout_s=60)
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            log.warning("cores: the head did not take %s %s work (%s); its cores stay where they are",
+                        actor, "having" if busy else "ending", exc)
+            return
         if not reply["elastic"]:
             self._not_elastic.add(actor)
             return
