@@ -83,6 +83,15 @@ def _after_exec(state):
         pass
 
 
+def _restart_shell(state):
+    """After files changed: a shell started ahead entered its cwd before (the directory may
+    only now exist); the loop starts the next one afresh."""
+    prepared = state["prepared"]
+    if prepared is not None and prepared["shell"] is not None:
+        discard(prepared)
+        state["prepared"] = None
+
+
 def _shell(cfg, state, limits):
     """A bash call's request less its command: what a shell started for it is fixed by. Its
     environment holds only the policy's locale variables (the operator's, never the code's)
@@ -321,6 +330,7 @@ def session_main():
                 reply = _as_sandbox_user(cfg, lambda: _read_file(req["path"], req["max_bytes"]))
             elif kind == "write_files":
                 reply = _as_sandbox_user(cfg, lambda: _write_files(req["files"]))
+                _restart_shell(state)
             else:
                 reply = {"error": f"unknown request kind {kind!r}"}
         except Exception as exc:  # noqa: BLE001 - report, stay alive for the next call

@@ -63,6 +63,13 @@ def test_exported_values_of_any_bytes_persist_exactly(sandbox):
         assert eval(python.stdout) == {f"X{i}".encode(): value for i, value in enumerate(values)}
 
 
+def test_the_working_directory_follows_files_written_between_calls(sandbox):
+    with sandbox.session(limits=LIMITS) as s:
+        assert s.run("mkdir d && cd d && rm -r /work/d").ok   # its cwd is gone: the next call starts in /work
+        s.write_file("d/x.txt", b"back")                       # and it is back before that call
+        assert s.run("pwd; cat x.txt").stdout == b"/work/d\nback"
+
+
 def test_file_errors_and_bad_paths(sandbox):
     with sandbox.session(limits=LIMITS) as s:
         with pytest.raises(SessionFileError, match="'missing.txt' failed .*No such file"):
