@@ -43,7 +43,8 @@ _TRAP = ("builtin trap '{ builtin pwd; builtin printf \"\\0\"; builtin declare -
 # redirections on `builtin exec` would be undone); run the set-up, then the command at the top
 # level. One line, so that the command's errors read as a `bash -c` shell's ("line 1").
 _SHELL_MAIN = ('builtin read -r -n 1 -u 4 __go || builtin exit 125; builtin mapfile -t -d "" -u 3 __call; '
-               'exec 3<&- 4<&-; builtin eval "${__call[0]}"; builtin eval "builtin unset -v __go __call; ${__call[1]}"')
+               'exec 3<&- 4<&-; builtin eval "${__call[0]}"; '
+               'builtin eval "builtin unset -v __go __call; ${__call[1]}"')
 _CALL_LIMITS = ("cpu_time_s", "memory_mb", "max_processes", "max_file_size_mb", "max_open_files")
 # Not kept: set by each shell itself, or (IFS) never taken from its environment by bash.
 _VOLATILE_ENV = (b"_", b"SHLVL", b"PWD", b"IFS")
@@ -64,9 +65,9 @@ def _session_exec(req, cfg, state):
             prepared = prepare(cfg, shell)  # none started ahead (the first command, or after Python)
         reply = execute({**req, **shell}, cfg, prepared, _shell_script(req["command"], state["env"]))
     else:
-        reply = execute({**req, "session": True, "as_init": False, "exec_argv": [cfg["python"], "-c", req["code"]],
-                         "cwd": state["cwd"], "env": state["env"], "files": {}, "argv": [], "code": ""},
-                        cfg, prepared)
+        python = {"session": True, "as_init": False, "exec_argv": [cfg["python"], "-c", req["code"]],
+                  "cwd": state["cwd"], "env": state["env"], "files": {}, "argv": [], "code": ""}
+        reply = execute({**req, **python}, cfg, prepared)
     state["keep_state"] = reply["killed_for"] is None and shell is not None
     state["shell_limits"] = limits if shell is not None else None
     return reply
@@ -97,8 +98,8 @@ def _shell(cfg, state, limits):
     environment holds only the policy's locale variables (the operator's, never the code's)
     that the session still has, so that bash loads that locale as it starts, off the call's
     path."""
-    env = {name: value for name, value in cfg["env"].items()
-           if (name == "LANG" or name.startswith("LC_")) and state["env"].get(name.encode()) == value.encode()}
+    env = {name: value for name, value in cfg["env"].items() if (name == "LANG" or name.startswith("LC_"))
+           and state["env"].get(name.encode()) == value.encode()}
     return {**limits, "session": True, "as_init": True, "cwd": state["cwd"], "env": env,
             "script_dir": _RUN_DIR, "exec_argv": [cfg["bash"], "--noprofile", "--norc", "-c", _SHELL_MAIN]}
 
@@ -109,8 +110,8 @@ def _shell_script(command, env):
     `Session.run` refuses those)."""
     setup = _TRAP
     if env:
-        setup = (b"builtin declare -gx " + b" ".join(name + b"=" + _quoted(value) for name, value in env.items())
-                 + b" 2>/dev/null\n" + setup)
+        assignments = b" ".join(name + b"=" + _quoted(value) for name, value in env.items())
+        setup = b"builtin declare -gx " + assignments + b" 2>/dev/null\n" + setup
     return setup + b"\0" + os.fsencode(command)
 
 

@@ -240,12 +240,11 @@ def run_init(req, cfg, in_r, out_w, err_w, st_w, go_r=-1, script_fd=-1):
     Prepared ahead (go_r >= 0, `prepare`), it is under the seccomp filter at once, then either
     waits for its request on go_r as the jail's root, or (a session's shell started ahead: `req`
     holds the call's exec_argv) becomes that shell now, which gets `script_fd` as fd 3 and go_r
-    as fd 4 (`prepare`). A
-    request with "as_init" makes it the call's process itself, one process less to wake per
-    call; the zygote then sees the call end when init does (a pidfd; Linux 5.3 or later). Being
-    its namespace's init, that process ignores signals it has no handler for unless they come
-    from outside the namespace or are SIGKILL (so RLIMIT_CPU is enforced by its hard limit
-    alone, see `run_child`)."""
+    as fd 4 (`prepare`). A request with "as_init" makes it the call's process itself, one
+    process less to wake per call; the zygote then sees the call end when init does (a pidfd;
+    Linux 5.3 or later). Being its namespace's init, that process ignores signals it has no
+    handler for unless they come from outside the namespace or are SIGKILL (so RLIMIT_CPU is
+    enforced by its hard limit alone, see `run_child`)."""
     filtered = go_r >= 0
     if filtered:
         install_seccomp()
