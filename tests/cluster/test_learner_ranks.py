@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import anyio
 import pytest
 import torch
 
@@ -63,7 +64,13 @@ async def test_two_ranks_on_two_nodes_train_like_one_process_and_checkpoint_toge
         try:
             complete_rendezvous(config.actors, meeting_point_on_node(agents, ClusterLaunch(cluster, nodes, plan)))
             assert config.actors[1].rendezvous.address == nodes[0].address
-            address = {p.name: agents.start(spec, p.node) for p, spec in zip(plan, config.actors)}
+            address = {}
+
+            async def start(placed, spec):
+                address[placed.name] = await anyio.to_thread.run_sync(agents.start, spec, placed.node)
+            async with anyio.create_task_group() as tg:      # both at once: each waits only for its READY
+                for placed, spec in zip(plan, config.actors):
+                    tg.start_soon(start, placed, spec)
             async with Node("head", keys) as head:
                 learner = head.ref(address["learner"])
                 for step in range(2):
@@ -106,7 +113,7 @@ RUN = {"run": {"name": "ranks", "driver": "orchestrator"},
            {"name": "orchestrator", "cls": "postrain.actors.orchestrator:OrchestratorActor", "cpus": 0.1,
             "memory_mb": 0, "options": {"num_steps": 2, "prompts_per_step": 2, "samples_per_prompt": 2,
                                         "max_staleness": 1, "sft_steps": 1, "sft_batch_size": 4,
-                                        "num_eval_tasks": 2, "eval_samples_per_task": 1,
+                                        "num_eval_tasks": 0,
                                         "sampling": {"max_new_tokens": 16}}}]}
 
 
