@@ -16,6 +16,8 @@ import json
 import sys
 import traceback
 
+from postrain.core.errors import PostrainError
+
 HELP = "run a benchmark (or all) and print figures against its peer"
 
 
@@ -54,6 +56,9 @@ def main(args) -> int:
             options = {"address": args.address} if name == "cluster" and args.address else {}
             report = registry.run_benchmark(name, quick=args.quick, **options)
         except Exception as exc:
+            if len(names) == 1 and isinstance(exc, PostrainError):   # bad input: one line, no traceback
+                print(f"postrain bench {name}: {exc}", file=sys.stderr)
+                return 1
             if len(names) == 1:
                 raise
             traceback.print_exc(file=sys.stderr)

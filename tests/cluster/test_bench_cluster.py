@@ -68,3 +68,12 @@ def test_a_quick_run_measures_links_across_two_nodes_against_raw_pyzmq():
     config = report["config"]
     assert config["sync_bytes"] > 0 and config["sync_tensors"] > 1
     assert set(config["weight_sync_gb_per_s_by_chunk_mb"]) == {"64", "16", "256", "whole"}
+
+
+def test_an_address_nobody_answers_at_fails_in_one_line():
+    pytest.importorskip("ray")
+    result = subprocess.run([sys.executable, "-m", "postrain.cli", "bench", "cluster", "--quick", "--address",
+                             "127.0.0.1:1"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "postrain bench cluster: no Ray cluster answers at [cluster] address = '127.0.0.1:1'")
