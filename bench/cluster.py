@@ -5,7 +5,8 @@ the same links, in one run.
 
 Without `--address` the bench starts a local Ray cluster (`ray.cluster_utils.Cluster`, nodes of
 NODE_CPUS logical CPUs each on this machine) and grows it from one node to three; with it, it
-uses the nodes of that running cluster (run it on the head's node). Node 0 is the Ray head's.
+uses the nodes of that running cluster (run it on the head's node; `postrain up` then starts
+its node agents on every node, also for the 1-node run). Node 0 is the Ray head's.
 
 Figures (medians over repeats; ours and the peer take turns within each repeat):
 - `rtt_p50_us`, `rtt_p99_us`, `oneway_msgs_per_s`: a 64-byte message from this process to an
