@@ -79,9 +79,9 @@ def interface_holding(address: str) -> str | None:
     return None
 
 
-def choose_interface(node_address: str) -> dict[str, str]:
+def choose_interface(node_address: str) -> None:
     """Point gloo and NCCL at the interface holding `node_address`, unless the user chose one
-    (left as set, and logged). Returns the variables as they are now."""
+    (left as set, and logged)."""
     interface = interface_holding(node_address)
     for variable in INTERFACE_VARIABLES:
         if os.environ.get(variable):
@@ -92,7 +92,6 @@ def choose_interface(node_address: str) -> dict[str, str]:
         else:
             log.warning("no interface here holds the node's address %s; %s is left unset (gloo and NCCL "
                         "then pick one themselves: set it if they pick the wrong one)", node_address, variable)
-    return {v: os.environ[v] for v in INTERFACE_VARIABLES if v in os.environ}
 
 
 # -- batches ------------------------------------------------------------------------------
@@ -205,7 +204,6 @@ class LearnerGroup:
                     await ref.ask("join", {"generation": self.generation}, timeout_s=PROBE_TIMEOUT_S)
                     missing.discard(rank)
                 except ActorError as exc:     # not started yet, restarting, or ending to rejoin
-                    self._refs.pop(self.names[rank], None)
                     last_error[rank] = _one_line(exc)
             if missing:
                 await anyio.sleep(0.5)
@@ -330,6 +328,8 @@ class LearnerGroup:
         return states
 
     async def _ref(self, name: str):
+        """A (cached) reference to rank `name`: a rank restarts on the address it had. Cancelled:
+        nothing is cached."""
         if name not in self._refs:
             self._refs[name] = await self.actor.lookup(name)
         return self._refs[name]
