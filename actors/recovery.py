@@ -26,7 +26,8 @@ Generators: a restarted generator holds its initial weights (version 0). `resync
 asks each generator its version (the ask waits until it is back) and republishes to any
 that is behind the last publish. The orchestrator calls it when a rollout failed because an
 actor died, or when a rollout carries tokens older than the version published before it
-started (only a restarted generator makes those).
+started (only a restarted generator makes those). A generator gone for good (its cluster node
+lost, no room for it elsewhere: `drop_generator`) is skipped by both from then on.
 
 Every method takes the keeper's lock: one learner operation at a time. Cancelled: the
 lock is released; a call in flight may still complete on the learner, and the next call
@@ -171,9 +172,9 @@ class LearnerKeeper:
         Cancelled: those behind may or may not have been republished; the next call looks again."""
         async with self.lock:
             behind = []
-            for name in self.generator_names:
-                stats = await self._wait_for(await self._generator(name))
-                if int(stats.get("policy_version", -1)) < self.published_version:
+            for name in list(self.generator_names):
+                stats = await self._wait_for_generator(name)
+                if stats is not None and int(stats.get("policy_version", -1)) < self.published_version:
                     behind.append(name)
             if behind:
                 self.num_generator_resyncs += len(behind)
@@ -181,6 +182,17 @@ class LearnerKeeper:
                           f"republishing version {self.version}")
                 await self._with_recovery(lambda: self._publish_locked(behind), "publish")
             return len(behind)
+
+    def drop_generator(self, name: str) -> bool:
+        """Generator `name` is gone for good (its node lost, no room elsewhere): publishes and
+        resyncs skip it from now on, and one waiting for it stops waiting. True when it was one
+        of the generators. Atomic (it never awaits, so it needs no lock)."""
+        if name not in self.generator_names:
+            return False
+        assert len(self.generator_names) > 1, f"generator {name} is the last; the head stops the run instead"
+        self.generator_names.remove(name)
+        self._generators.pop(name, None)
+        return True
 
     async def generator_stats(self) -> dict[str, dict]:
         """Each generator's `stats`, by name; one that does not answer within STATS_RETRY_S (dead
@@ -283,11 +295,24 @@ class LearnerKeeper:
                 except (ActorDiedError, ActorTimeoutError):
                     await anyio.sleep(0.2)
 
+    async def _wait_for_generator(self, name: str) -> dict | None:
+        """`_wait_for` generator `name`; None once it is gone for good (`drop_generator`), then or
+        while waiting. Cancelled: nothing changes."""
+        with anyio.fail_after(LEARNER_RESTART_TIMEOUT_S):
+            while name in self.generator_names:
+                try:
+                    return await (await self._generator(name)).ask("stats", timeout_s=STATS_RETRY_S)
+                except (ActorDiedError, ActorTimeoutError):
+                    await anyio.sleep(0.2)
+        return None
+
     async def _publish_locked(self, targets: list[str] | None = None) -> PublishReport:
         """Publish to `targets` (all generators by default), waiting out generators that die
-        mid-sync. Cancelled: some targets may hold the new version; published_version does not move."""
+        mid-sync and leaving out those gone for good. Cancelled: some targets may hold the new
+        version; published_version does not move."""
         targets = list(targets or self.generator_names)
         for attempt in range(3):
+            targets = [name for name in targets if name in self.generator_names]
             try:
                 reply = await self._ask("publish", {"targets": targets, "chunk_mb": self.chunk_mb}, self.version)
                 result = PublishReport.from_wire(reply)
@@ -298,9 +323,9 @@ class LearnerKeeper:
                 log.warning("publish failed (%s); waiting for the generators and publishing again",
                             short_reason(exc))
                 for name in targets:
-                    await self._wait_for(await self._generator(name))
+                    await self._wait_for_generator(name)
         self._expect(result.version, self.version, "publish")
-        if set(targets) == set(self.generator_names):
+        if set(self.generator_names) <= set(targets):
             self.published_version = self.version
         return result
 

@@ -17,12 +17,22 @@ and the actor placed once more). `Agents.start` tells every agent, and through
 it every actor, the new address (Supervisor.add_peers), so their references follow; a
 request in flight to the lost actor failed with ActorDiedError and its caller's retry rules
 apply (the orchestrator retries rollouts, its LearnerKeeper restores a learner from the
-checkpoint and replays). Two losses stop the run with one line (NodeLossError), never a
-hang: the run's driver (its run state lives in it; `postrain up --resume` continues from
-its last checkpoint) and an actor that fits on no node left.
+checkpoint and replays).
 
-Each loss and each actor placed again is a progress line and a metrics row (kinds
-"node_lost" and "replaced"); the run's summary counts them (`node_losses`, `replacements`).
+An actor that fits on no node left is dropped when the run can go on without it: it is a
+replica (`replicas = N`) of an entry with another replica left, and so is every actor that
+names it as a single option and cannot work without it (an environment's `generator`), which
+is dropped with it (`go_without`). The head tells every agent, and through them every actor,
+that they are gone for good (Supervisor.remove_peers, Actor.on_peers_gone): the orchestrator
+leaves them out of its rotation, publishes and resyncs, and retries their rollouts in flight
+on those left. Otherwise the loss stops the run with one line (NodeLossError), never a hang,
+as does the loss of the run's driver (its run state lives in it; `postrain up --resume`
+continues from its last checkpoint).
+
+Each loss, each actor placed again and each actor dropped is a progress line and a metrics
+row (kinds "node_lost", "replaced" and "dropped"); the run's summary counts them
+(`node_losses`, `replacements`, `actors_dropped`), and `postrain status` shows a dropped actor
+in state "dropped" with the reason.
 """
 from __future__ import annotations
 
@@ -34,6 +44,7 @@ from typing import Callable
 import anyio
 
 from postrain.core.cluster import AgentLostError, ClusterScheduler
+from postrain.core.config import ActorSpec
 from postrain.core.errors import ActorDiedError, ActorError, PlacementError, PostrainError
 from postrain.core.metrics import MetricsWriter
 from postrain.core.supervisor import Supervisor
@@ -46,7 +57,46 @@ CLOSED_GRACE_S = 2.0   # a node whose agent's connection closed and stayed close
 
 class NodeLossError(PostrainError):
     """A node was lost with an actor the run cannot go on without: its driver, or one that fits
-    on no node left."""
+    on no node left and is no replica, or the last replica of its entry (`go_without`)."""
+
+
+class IndispensableError(PostrainError):
+    """The run cannot go on without `actor`: `why` says what it is."""
+
+    def __init__(self, actor: str, why: str):
+        super().__init__(f"the run cannot go on without actor {actor!r} ({why})")
+        self.actor, self.why = actor, why
+
+
+def go_without(name: str, specs: dict[str, ActorSpec], groups: dict[str, str], driver: str | None,
+               gone: set[str]) -> dict[str, str]:
+    """The actors to drop when actor `name` cannot run again: `name` itself, and every actor
+    not `gone` already that names one of them as a single option (it cannot work without it),
+    each with what it needs ("" for `name`), in that order. `groups`: replica name -> its
+    entry. Raises IndispensableError for the first of them the run cannot go without: the
+    driver, an actor that is no replica, or the last replica of its entry not dropped."""
+    dropped = {name: ""}
+    needed = [name]
+    while needed:
+        one = needed.pop(0)
+        for other, spec in specs.items():
+            if other not in dropped and other not in gone and one in _single_names(spec.options):
+                dropped[other] = one
+                needed.append(other)
+    for actor in dropped:
+        entry = groups.get(actor)
+        if actor == driver:
+            raise IndispensableError(actor, "the run's driver")
+        if entry is None:
+            raise IndispensableError(actor, "it has no replicas")
+        if not [r for r, e in groups.items() if e == entry and r not in dropped and r not in gone]:
+            raise IndispensableError(actor, f"the last replica of {entry!r} left")
+    return dropped
+
+
+def _single_names(options: dict) -> set[str]:
+    """The option values that are one name (a str), not a list of them."""
+    return {value for value in options.values() if isinstance(value, str)}
 
 
 @dataclass
@@ -88,6 +138,7 @@ class NodeWatch:
             self.nodes[placed.node].actors.append(placed.name)
         self.num_node_losses = 0
         self.num_replacements = 0
+        self.dropped: dict[str, tuple[str, str]] = {}   # actor gone for good -> (its last node, why)
         self._refs = {}                      # node name -> ActorRef to its agent's supervisor
         self._metrics = MetricsWriter(folder, tensorboard=False, skip_rows_when_full=True)
         supervisor.remote_status = self.remote_status
@@ -158,11 +209,13 @@ class NodeWatch:
                                 f"it); `postrain up --resume {self.folder}` continues the run from its last "
                                 "checkpoint")
         for name in names:
-            await self._place_again(name, state.name, lost_at)
+            if name not in self.dropped:
+                await self._place_again(name, state.name, lost_at)
 
     async def _place_again(self, name: str, lost_node: str, lost_at: float) -> None:
-        """Place actor `name` (lost with `lost_node`) on a node with room and start it there.
-        Raises NodeLossError when none has room. Cancelled: see `run`."""
+        """Place actor `name` (lost with `lost_node`) on a node with room and start it there;
+        with none, drop it (`_drop`). Raises NodeLossError when none has room and the run
+        cannot go without it. Cancelled: see `run`."""
         spec = self.specs[name]
         if spec.node is not None and self.nodes[spec.node].lost_reason:
             spec = spec.model_copy(update={"node": None})
@@ -170,9 +223,16 @@ class NodeWatch:
             try:
                 placed = self.scheduler.place(spec, self.groups.get(name))
             except PlacementError as exc:
-                raise NodeLossError(f"node {lost_node} was lost and actor {name!r}, which ran there, fits on "
-                                    f"no node left ({exc}); add a node with room and `postrain up --resume "
-                                    f"{self.folder}`") from None
+                no_room = (f"node {lost_node} was lost and actor {name!r}, which ran there, fits on no node "
+                           "left")
+                try:
+                    dropped = go_without(name, self.specs, self.groups, self.driver, set(self.dropped))
+                except IndispensableError as why:
+                    more = "" if (why.actor, why.why) == (name, "it has no replicas") else f"; {why}"
+                    raise NodeLossError(f"{no_room} ({exc}){more}; add a node with room and `postrain up "
+                                        f"--resume {self.folder}`") from None
+                await self._drop(dropped, lost_node, f"{no_room} ({exc})")
+                return
             try:
                 address = await anyio.to_thread.run_sync(self.agents.start, spec, placed.node)
                 break
@@ -188,6 +248,26 @@ class NodeWatch:
         self._metrics.log("replaced", actor=name, node=placed.node, lost_node=lost_node,
                           running_after_s=round(after_s, 3))
 
+    async def _drop(self, dropped: dict[str, str], lost_node: str, no_room: str) -> None:
+        """Drop the actors `dropped` (go_without's answer; the first is the lost one): tell every
+        agent and the head's registry they are gone for good, each a line and a metrics row.
+        Cancelled: the agents may not all be told; the counts include every actor dropped."""
+        where = {name: node for node, state in self.nodes.items() for name in state.actors}
+        reasons = {}
+        for name, needs in dropped.items():
+            reasons[name] = no_room if not needs else f"it needs actor {needs!r}, dropped"
+            self.dropped[name] = (where.get(name, lost_node), reasons[name])
+        await anyio.to_thread.run_sync(self.agents.remove_peers, reasons)
+        self.supervisor.remove_peers(reasons)
+        for name, reason in reasons.items():
+            entry = self.groups[name]
+            replicas = [r for r, e in self.groups.items() if e == entry]
+            left = len([r for r in replicas if r not in self.dropped])
+            self.emit(f"actor {name} dropped: {reason}; the run goes on with {left} of {len(replicas)} "
+                      f"{entry!r} replicas")
+            self._metrics.log("dropped", actor=name, node=self.dropped[name][0], reason=reason,
+                              replicas_left=left)
+
     # -- what the head shows -----------------------------------------------------------------
 
     def remote_status(self) -> dict:
@@ -201,8 +281,18 @@ class NodeWatch:
                           "free": (state.status or {}).get("pools", {}).get("free", "")})
             for actor in (state.status or {}).get("actors", []):
                 actors.append({**actor, "node": state.name})
+        for actor in actors:
+            if actor["name"] in self.dropped:   # up, but out of the run (it needed one dropped)
+                actor["state"] = "dropped"
+        shown = {actor["name"] for actor in actors}
+        for name, (node, reason) in self.dropped.items():
+            if name not in shown:               # lost with its node, not placed again
+                actors.append({"name": name, "state": "dropped", "pid": None, "restarts": 0, "address": None,
+                               "placement": f"dropped: {reason}", "last_exit": reason,
+                               "heartbeat_age_s": None, "note": reason, "load": None, "node": node})
         return {"nodes": nodes, "actors": actors}
 
     def summary_figures(self) -> dict:
         """What the run's summary gains on a cluster."""
-        return {"node_losses": self.num_node_losses, "replacements": self.num_replacements}
+        return {"node_losses": self.num_node_losses, "replacements": self.num_replacements,
+                "actors_dropped": len(self.dropped)}

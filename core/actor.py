@@ -200,6 +200,7 @@ class Actor:
                                   wants_message=num_params >= 2)
         table[wire.STOP] = Handler(self._handle_stop)
         table[wire.PEERS_MOVED] = Handler(self._handle_peers_moved)
+        table[wire.PEERS_GONE] = Handler(self._handle_peers_gone)
         table[CORES] = Handler(self._handle_cores)
         return table
 
@@ -210,6 +211,20 @@ class Actor:
         for name, address in body.items():
             if self.node.rebind(name, address):
                 log.info("actor %s moved to %s; talking to it there", name, address)
+
+    async def _handle_peers_gone(self, body) -> None:
+        """{name: reason} of actors gone for good (a cluster node was lost with them and they fit
+        on no node left): `on_peers_gone` first, so the actor stops choosing them, then this
+        process's references to them are closed (their requests fail with ActorDiedError, and
+        the callers' retry rules apply). Does not wait (cancel-safe)."""
+        self.on_peers_gone(dict(body))
+        for name, reason in body.items():
+            if self.node.close_refs(name):
+                log.info("actor %s is gone for good (%s); its references are closed", name, reason)
+
+    def on_peers_gone(self, gone: dict[str, str]) -> None:
+        """Override to stop using actors gone for good ({name: reason}); it must not block.
+        The default does nothing: a reference to one of them fails with ActorDiedError."""
 
     async def _handle_stop(self, body) -> str:
         """Ask the process to stop (teardown, then exit 0). Does not wait, so a cancellation

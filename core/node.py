@@ -129,6 +129,15 @@ class Node:
             ref.rebind(address)
         return len(moved)
 
+    def close_refs(self, name: str) -> int:
+        """Close every open reference to actor `name` (it is gone for good): requests in
+        flight or waiting for a connection fail with ActorDiedError, as does every later one
+        through them; returns how many were closed."""
+        gone = [ref for ref in self._refs if ref.name == name and not ref._closed]
+        for ref in gone:
+            ref.close()
+        return len(gone)
+
     def ensure_zap(self, allowed_keys: tuple[bytes, ...]) -> None:
         """Serve ZeroMQ's authentication requests for this process's Curve servers."""
         if self._zap_started:
@@ -321,6 +330,7 @@ class ActorRef:
             return
         self._closed = True
         self._fail_all(ActorDiedError(f"reference to actor {self.name} was closed"))
+        self._connected.set()  # a sender waiting for a connection wakes, finds it closed and fails
         try:
             self._sock.sock.disable_monitor()  # libzmq's io thread blocks on a monitor nobody reads
         except zmq.ZMQError:

@@ -26,7 +26,8 @@ was given at its first start), so peers on other nodes reach it again without a 
 A node that dies takes its actors with it: its agent, once its raylet is gone, kills them
 and exits (Ray would leave it running). The head notices (`Agents.dead_nodes`, or the agent's
 supervisor no longer answering) and places them again (cli/node_watch.py); `Agents.start`
-then tells every agent, and through it every actor, where they moved.
+then tells every agent, and through it every actor, where they moved; one that fits on no
+node left and that the run can go without is gone for good (`Agents.remove_peers`).
 """
 from __future__ import annotations
 
@@ -197,6 +198,16 @@ class Agents:
                 pass
         return address
 
+    def remove_peers(self, gone: dict[str, str]) -> None:
+        """Tell every agent, and through it every actor, that the actors `gone` ({name: reason})
+        are gone for good (Supervisor.remove_peers)."""
+        told = [h.remove_peers.remote(gone) for h in self.handles.values()]
+        for reply in told:
+            try:
+                ray.get(reply, timeout=60)
+            except ray.exceptions.RayActorError:   # a node lost meanwhile: the head notices it
+                pass
+
     def free_port(self, node: str) -> int:
         """A tcp port free now on `node`'s address (a collective group's meeting point there)."""
         return ray.get(self.handles[node].free_port.remote(), timeout=60)
@@ -302,6 +313,11 @@ class NodeAgent:
         async def add():
             self.supervisor.add_peers(addresses)
         self._call(add)
+
+    def remove_peers(self, gone: dict[str, str]) -> None:
+        async def remove():
+            self.supervisor.remove_peers(gone)
+        self._call(remove)
 
     def status(self) -> dict:
         async def status():

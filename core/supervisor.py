@@ -243,15 +243,27 @@ class Supervisor:
             self.node.rebind(name, address)
         for record in self.records.values():
             if moved and record.state == "running":
-                self.node.spawn(self._tell_moved, record.spec.name, moved)
+                self.node.spawn(self._tell_peers, record.spec.name, wire.PEERS_MOVED, moved)
 
-    async def _tell_moved(self, name: str, moved: dict[str, str]) -> None:
-        """Tell actor `name` the peers that moved. Cancelled: it may not be told; an actor that
-        restarts meanwhile looks its peers up afresh."""
+    def remove_peers(self, gone: dict[str, str]) -> None:
+        """Actors gone for good ({name: reason}: their node was lost and they fit on no node
+        left): `lookup` no longer finds them, this registry's references to them are closed, and
+        every running actor is told (PEERS_GONE, core/actor.py)."""
+        for name in gone:
+            self.peers.pop(name, None)
+            self._refs.pop(name, None)
+            self.node.close_refs(name)
+        for record in self.records.values():
+            if gone and record.state == "running":
+                self.node.spawn(self._tell_peers, record.spec.name, wire.PEERS_GONE, dict(gone))
+
+    async def _tell_peers(self, name: str, kind: str, peers: dict[str, str]) -> None:
+        """Tell actor `name` the peers that moved (PEERS_MOVED) or are gone (PEERS_GONE).
+        Cancelled: it may not be told; an actor that restarts meanwhile looks its peers up afresh."""
         try:
-            await self.ref(name).tell(wire.PEERS_MOVED, moved, timeout_s=5)
+            await self.ref(name).tell(kind, peers, timeout_s=5)
         except Exception as exc:   # it died meanwhile: its next incarnation looks them up again
-            log.warning("could not tell actor %s that %s moved: %s", name, sorted(moved), exc)
+            log.warning("could not tell actor %s about peers %s: %s", name, sorted(peers), exc)
 
     def kill_all(self) -> None:
         """SIGKILL every actor's process group now, with no stop message and no restart (a node

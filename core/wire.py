@@ -70,6 +70,7 @@ ERROR = "_error"        # a typed error in place of a reply; body: {"type", "mes
 STOP = "_stop"          # asks the actor to stop
 PING = "_ping"          # answered with a REPLY by the runtime itself
 PEERS_MOVED = "_peers_moved"  # {name: address} of actors started again on another node (Supervisor.add_peers)
+PEERS_GONE = "_peers_gone"    # {name: reason} of actors gone for good (Supervisor.remove_peers)
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
 DEFAULT_SHM_MIN_BYTES = 1 << 20

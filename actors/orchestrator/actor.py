@@ -53,6 +53,14 @@ class OrchestratorActor(Actor):
         self.tokenizer = load_tokenizer(options.model)
         self.stop_requested = False          # set by `stop`; a run started later stops at once too
         self.driver: RunDriver | None = None  # the latest run (its figures stay after it ends)
+        self.gone: dict[str, str] = {}       # actors gone for good (name -> reason): never used again
+
+    def on_peers_gone(self, gone: dict[str, str]) -> None:
+        """Actors gone for good leave the run's rotation (RunDriver.drop_actors), now and in a
+        run started later. Atomic (it never awaits)."""
+        self.gone.update(gone)
+        if self.driver is not None:
+            self.driver.drop_actors(gone)
 
     def load(self) -> Load:
         """The kernel's generic figures: rollouts waiting for a slot (queued) and running, why
@@ -107,7 +115,7 @@ class OrchestratorActor(Actor):
             return
         self.driver = await open_run(options=self.options, task=self.task, schedule=self.schedule,
                                      tokenizer=self.tokenizer, folder=folder, state=state, resume=resume,
-                                     lookup=self.lookup, report=report, head=self.head)
+                                     lookup=self.lookup, report=report, head=self.head, gone=self.gone)
         if self.stop_requested:
             self.driver.stop()
         await self.driver.run()

@@ -20,7 +20,9 @@ Surviving crashes (design note). Any actor may be killed mid-run; the supervisor
 restarts it, and the run goes on without losing or doubling training: rollouts are
 retried (rollout_pool.py), the learner is restored from its checkpoint plus a replay of
 the steps since (recovery.py), and a checkpoint every `checkpoint_every` steps holds the
-learner, the ledger and the data cursor `num_trained` (actors/run_state.py).
+learner, the ledger and the data cursor `num_trained` (actors/run_state.py). An actor gone
+for good (a cluster node lost with it and no room for it elsewhere) leaves the rotation
+(`drop_actors`), and its rollouts in flight are retried on those left.
 `postrain up --resume RUN_DIR` restores it and rolls the ledger and metrics files back to
 it (later steps are trained again): the samples in flight then are dropped as
 "interrupted", and batches num_trained.. are created again with the same prompts (the
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Callable
@@ -67,6 +70,8 @@ from .rollout_pool import RolloutPool
 from .train_step import TrainStep
 from .warm_start import warm_start
 from .work import WorkSignal
+
+log = logging.getLogger("postrain.orchestrator")
 
 
 class RunStoppedError(PostrainError, RuntimeError):
@@ -110,6 +115,18 @@ class RunDriver:
     def stop(self) -> None:
         """Finish the step in progress, then evaluate and write the summary."""
         self.admission.stop()
+
+    def drop_actors(self, gone: dict[str, str]) -> None:
+        """Actors gone for good (name -> reason; the head keeps at least one generator and one
+        environment) leave the rotation: rollouts (training and evaluation) go to the
+        environments left, publishes and resyncs to the generators left. A rollout in flight on
+        one of them fails with ActorDiedError and is retried on those left (rollout_pool.py).
+        Atomic (it never awaits)."""
+        for name, reason in gone.items():
+            in_pool = self.pool.drop(name)
+            a_generator = self.keeper.drop_generator(name)
+            if in_pool or a_generator:
+                log.info("actor %s left the rotation (%s)", name, reason)
 
     def figures(self) -> dict:
         """The run's part of the orchestrator's heartbeat load (the balancer's figures)."""
@@ -318,10 +335,12 @@ class RunDriver:
 
 async def open_run(*, options: OrchestratorOptions, task, schedule, tokenizer, folder: Path,
                    state: dict | None, resume: bool, lookup, report: Callable[[dict], None],
-                   head=None) -> RunDriver:
+                   head=None, gone: dict[str, str] | None = None) -> RunDriver:
     """A RunDriver for `folder`: with `resume`, the ledger and metrics files cut back to the
-    checkpoint's `state` (none: to empty) and this resume noted; the actors looked up.
-    Cancelled: the files may be cut back already (the checkpoint is unchanged)."""
+    checkpoint's `state` (none: to empty) and this resume noted; the actors looked up, but for
+    those `gone` for good (name -> reason). Cancelled: the files may be cut back already (the
+    checkpoint is unchanged)."""
+    gone = gone or {}
     if resume:
         for name, offset_key in (("ledger.jsonl", "ledger_events_offset"), ("metrics.jsonl", "metrics_offset")):
             warning = repair_torn_lines(folder / name)
@@ -331,9 +350,10 @@ async def open_run(*, options: OrchestratorOptions, task, schedule, tokenizer, f
     ledger = SampleLedger(folder / "ledger.jsonl")
     metrics = MetricsWriter(folder)
     report_line = lambda line: report({"line": line})  # noqa: E731
-    keeper = LearnerKeeper(await lookup(options.learner), options.generators, lookup, ledger, report_line,
+    generators = [name for name in options.generators if name not in gone]
+    keeper = LearnerKeeper(await lookup(options.learner), generators, lookup, ledger, report_line,
                            chunk_mb=options.weight_chunk_mb)
-    envs = [await lookup(name) for name in options.envs]
+    envs = [await lookup(name) for name in options.envs if name not in gone]
     resume_index = note_resume(folder, state["next_batch"] if state else None) if resume else 0
     return RunDriver(options=options, task=task, schedule=schedule, tokenizer=tokenizer, folder=folder,
                      state=state, resume_index=resume_index, keeper=keeper, envs=envs, ledger=ledger,

@@ -1,6 +1,7 @@
 """The rollout pool: episodes on the environment actors, each sample's ledger transitions, retries.
 
-A rollout goes to the next environment actor in turn, holding one of
+A rollout goes to the next environment actor in turn (one gone for good, its node
+lost and no room for it elsewhere, leaves the turn: `drop`), holding one of
 `max_concurrent_rollouts` slots (training and evaluation share them). A rollout
 that fails because an actor on its path died (environment, generator, sandbox)
 is retried once the actor is back, at most `max_rollout_retries` times, each a
@@ -18,7 +19,6 @@ incomplete group, are the train step's.)
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 import anyio
 
@@ -61,11 +61,22 @@ class RolloutPool:
         self.ledger = ledger
         self.max_rollout_retries = max_rollout_retries
         self.limiter = anyio.Semaphore(max_concurrent_rollouts)
-        self._envs = itertools.cycle(envs)
+        self.envs = list(envs)                 # the rotation; never empty (see `drop`)
+        self._turn = 0                         # rollouts sent so far: the next goes to envs[_turn % len]
         self.num_running = 0                   # rollouts holding a slot now: 0 <= num_running <= max
         self.num_retries = 0                   # retries so far, in all
         self.work = work                       # WorkSignal: the generators are busy while rollouts run
         self.generators = list(generators)
+
+    def drop(self, name: str) -> bool:
+        """Actor `name` is gone for good: rollouts go to it no more (an environment) and no
+        longer mark it busy (a generator). True when it was one of them. Atomic."""
+        envs = [env for env in self.envs if env.name != name]
+        assert envs, f"environment actor {name} is the last one; the head stops the run instead"
+        known = name in self.generators or len(envs) < len(self.envs)
+        self.generators = [g for g in self.generators if g != name]
+        self.envs = envs
+        return known
 
     def figures(self) -> dict:
         """The pool's part of the orchestrator's heartbeat load."""
@@ -143,8 +154,9 @@ class RolloutPool:
         request = RolloutRequest(task=task, sampling=sampling)
         async with self.limiter, self.work.busy(*self.generators):
             self.num_running += 1
+            env, self._turn = self.envs[self._turn % len(self.envs)], self._turn + 1
             try:
-                reply = await next(self._envs).ask("rollout", request.to_wire(), timeout_s=ROLLOUT_TIMEOUT_S)
+                reply = await env.ask("rollout", request.to_wire(), timeout_s=ROLLOUT_TIMEOUT_S)
             finally:
                 self.num_running -= 1
         return Rollout.from_wire(reply)

@@ -1,10 +1,13 @@
 """A node lost mid-run, on a local Ray cluster of three nodes on this machine
 (ray.cluster_utils.Cluster): a real short RL run (`postrain up`, the tiny model) spans the
 nodes, one node is killed (its raylet, and with it everything it started), and the run
-finishes: the lost actors are placed again on the nodes left, the rollouts in flight are
-retried, the ledger balances, no batch is trained twice, and the summary, the metrics and
-the progress lines count the loss and the re-placements. `postrain status` shows the nodes
-and the node of every actor, before and after the loss."""
+finishes: a lost actor is placed again on a node left with room, a lost generator with no
+room left is dropped (with the environment that samples from it) and the run goes on with
+the other, the rollouts in flight are retried, the ledger balances, no batch is trained
+twice, and the summary, the metrics and the progress lines count the loss, the
+re-placement and the actors dropped. `postrain status` shows the nodes and the node of
+every actor, before and after the loss. A lost actor the run cannot go without stops it
+in one line (the rule: tests/cli/test_node_watch.py)."""
 from __future__ import annotations
 
 import json
@@ -56,24 +59,29 @@ def node_name(node) -> str:
     return f"{node.node_ip_address}-{node.node_id[:8]}"
 
 
-def run_config(address: str, run_dir, head: str, second: str, third: str) -> dict:
-    """The learner and the driver on the head's node, the sandbox on the second, the generator
-    and the environment on the third."""
+def run_config(address: str, run_dir, head: str, second: str) -> dict:
+    """Two generators and two environments (replicas: env-i samples from generator-i), spread
+    over the nodes: generator-1 and env-0 land on the third node; the learner and the driver
+    on the head's node, the sandbox and a filler on the second, so that neither has a whole
+    core left for a generator."""
     common = {"memory_mb": 0, "max_restarts": 3, "restart_backoff_s": 0.05}
+    spread = {"placement": "spread", "replicas": 2}
     return {
         "cluster": {"address": address},
         "run": {"name": "lossy", "run_dir": str(run_dir), "driver": "orchestrator"},
         "shared": {"model": "tiny", "task": "arithmetic", "task_options": TASK_OPTIONS},
         "head": {"heartbeat_interval_s": 0.5, "heartbeat_timeout_s": 120},
         "actors": [
+            {"name": "filler", "cls": "postrain.core.testing:EchoActor", "cpus": 1, "memory_mb": 0,
+             "node": second},
             {"name": "sandbox", "cls": "postrain.actors.sandbox_actor:SandboxActor", "cpus": 0.2,
              "node": second, "options": {"mode": "warm", "num_workers": 1}, **common},
-            {"name": "generator", "cls": "postrain.actors.generator_actor:GeneratorActor", "cpus": 0.5,
-             "node": third, "options": {"kv_cache_mb": 16}, **common},
+            {"name": "generator", "cls": "postrain.actors.generator_actor:GeneratorActor", "cpus": 1,
+             "options": {"kv_cache_mb": 16}, **spread, **common},
             {"name": "learner", "cls": "postrain.actors.learner_actor:LearnerActor", "cpus": 0.5,
              "node": head, "options": {"learner": {"lr": 1e-3}}, **common},
-            {"name": "env", "cls": "postrain.actors.env_actor:EnvironmentActor", "cpus": 0.1, "node": third,
-             "options": {}, **common},
+            {"name": "env", "cls": "postrain.actors.env_actor:EnvironmentActor", "cpus": 0.1, "options": {},
+             **spread, **common},
             {"name": "orchestrator", "cls": "postrain.actors.orchestrator:OrchestratorActor", "cpus": 0.1,
              "node": head, **common,
              "options": {"num_steps": NUM_STEPS, "prompts_per_step": 2, "samples_per_prompt": 2,
@@ -110,7 +118,7 @@ def rows(folder, kind: str) -> list[dict]:
 
 def test_a_node_lost_mid_run_costs_only_what_ran_there(cluster, nodes, tmp_path, capsys):
     head, second, third = (node_name(node) for node in nodes)
-    doc = run_config(cluster.address, tmp_path / "runs", head, second, third)
+    doc = run_config(cluster.address, tmp_path / "runs", head, second)
     (tmp_path / "run.toml").write_text(to_toml(doc))
     folder = tmp_path / "runs" / "lossy"
     process = subprocess.Popen([sys.executable, "-m", "postrain.cli", "up", "--quiet", "--config",
@@ -118,32 +126,28 @@ def test_a_node_lost_mid_run_costs_only_what_ran_there(cluster, nodes, tmp_path,
                                text=True, cwd=tmp_path)
     try:
         before, text = wait_for(lambda: (folder / "head.json").exists()
-                                and (found := status_of(folder, capsys)) and len(found[0]["actors"]) == 5
+                                and (found := status_of(folder, capsys)) and len(found[0]["actors"]) == 8
                                 and found, "every actor running", process, timeout_s=180)
         assert {(n["name"], n["state"]) for n in before["nodes"]} == {(head, "alive"), (second, "alive"),
                                                                       (third, "alive")}
         where = {actor["name"]: actor["node"] for actor in before["actors"]}
-        assert where == {"sandbox": second, "generator": third, "learner": head, "env": third,
-                         "orchestrator": head}
+        assert where == {"filler": second, "sandbox": second, "generator-0": head, "generator-1": third,
+                         "learner": head, "env-0": third, "env-1": second, "orchestrator": head}
         assert re.search(rf"node {re.escape(third)} \(\S+\): alive, 2 actors", text)
-        assert re.search(rf"generator\s+running .* node {re.escape(third)} ", text)
+        assert re.search(rf"generator-1\s+running .* node {re.escape(third)} ", text)
         doomed = [actor["pid"] for actor in before["actors"] if actor["node"] == third]
 
         # a step trained: the run is under way, with rollouts in flight on the third node
         wait_for(lambda: rows(folder, "train"), "a first train row", process, timeout_s=120)
         cluster.remove_node(nodes[2], allow_graceful=False)      # its raylet, killed
-        replaced = wait_for(lambda: len(rows(folder, "replaced")) == 2 and rows(folder, "replaced"),
-                            "the lost actors placed again", process)
+        # the head asks each node for its actors every heartbeat interval: the moved one shows soon
+        after, text = wait_for(lambda: (found := status_of(folder, capsys))
+                               and {("generator-1", "dropped"), ("env-0", "running")} <= {
+                                   (a["name"], a["state"]) for a in found[0]["actors"]
+                                   if a["node"] != third or a["state"] == "dropped"} and found,
+                               "generator-1 dropped and env-0 placed again, in `postrain status`", process)
         assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
                        for pid in doomed), "an actor outlived its node"
-        # the head asks each node for its actors every heartbeat interval: the moved ones show soon
-        after, text = wait_for(lambda: (found := status_of(folder, capsys)) and len(found[0]["actors"]) == 5
-                               and found, "the moved actors in `postrain status`", process, timeout_s=30)
-        assert {(n["name"], n["state"]) for n in after["nodes"]} == {(head, "alive"), (second, "alive"),
-                                                                     (third, "lost")}
-        moved = {actor["name"]: actor["node"] for actor in after["actors"]}
-        assert moved["generator"] in (head, second) and moved["env"] in (head, second)
-        assert f"node {third}" in text and "lost (" in text
         stdout, _ = process.communicate(timeout=300)
     finally:
         if process.poll() is None:
@@ -151,15 +155,34 @@ def test_a_node_lost_mid_run_costs_only_what_ran_there(cluster, nodes, tmp_path,
             process.communicate()
     assert process.returncode == 0, stdout[-4000:]
 
-    assert re.search(rf"node {re.escape(third)} lost \(.*\); its actors: generator, env", stdout)
-    assert re.search(r"actor generator placed again on node \S+ \(tcp://", stdout)
-    assert [row["actor"] for row in replaced] == ["generator", "env"]
-    assert all(row["lost_node"] == third and row["node"] != third for row in replaced)
+    # the third node's actors: env-0 placed again; generator-1 fits on no node left, so it is
+    # dropped, and env-1 (on the second node), which samples from it, with it
+    assert {(n["name"], n["state"]) for n in after["nodes"]} == {(head, "alive"), (second, "alive"),
+                                                                 (third, "lost")}
+    assert f"node {third}" in text and "lost (" in text
+    state = {actor["name"]: (actor["state"], actor["node"]) for actor in after["actors"]}
+    assert state["generator-1"] == ("dropped", third) and state["env-1"] == ("dropped", second)
+    assert state["generator-0"] == ("running", head)
+    assert state["env-0"] in {("running", head), ("running", second)}
+    assert re.search(r"generator-1\s+dropped .* node \S+\s+dropped: node \S+ was lost", text)
+    assert re.search(rf"node {re.escape(third)} lost \(.*\); its actors: generator-1, env-0", stdout)
+    assert re.search(rf"actor generator-1 dropped: node {re.escape(third)} was lost and actor "
+                     r"'generator-1', which ran there, fits on no node left \(.*no node has room.*\); the run "
+                     r"goes on with 1 of 2 'generator' replicas", stdout)
+    assert ("actor env-1 dropped: it needs actor 'generator-1', dropped; the run goes on with 1 of 2 "
+            "'env' replicas") in stdout
+    assert re.search(r"actor env-0 placed again on node \S+ \(tcp://", stdout)
+    dropped = rows(folder, "dropped")
+    assert [(row["actor"], row["node"], row["replicas_left"]) for row in dropped] == [
+        ("generator-1", third, 1), ("env-1", second, 1)]
+    replaced = rows(folder, "replaced")
+    assert [(row["actor"], row["lost_node"]) for row in replaced] == [("env-0", third)]
+    assert replaced[0]["node"] in (head, second)
     assert [row["node"] for row in rows(folder, "node_lost")] == [third]
 
     summary = json.loads((folder / "summary.json").read_text())
-    assert summary["node_losses"] == 1 and summary["replacements"] == 2
-    assert '"node_losses": 1' in stdout
+    assert (summary["node_losses"], summary["replacements"], summary["actors_dropped"]) == (1, 1, 2)
+    assert '"actors_dropped": 2' in stdout
     ledger = summary["ledger"]
     assert summary["steps"] == NUM_STEPS
     assert ledger["created"] == ledger["trained"] + ledger["dropped"] and ledger["in_flight"] == 0

@@ -1,6 +1,7 @@
 """ActorRef's reply reading: callers that read the socket themselves (leader/follower) and
 the reaper's drain between calls, over a real actor process."""
 import anyio
+import pytest
 
 from postrain.core import ActorDiedError, ActorSpec, Supervisor
 from postrain.core.testing import async_test
@@ -94,3 +95,30 @@ async def test_a_rebound_reference_fails_what_was_in_flight_and_reaches_the_new_
             assert not pids
             sup.node.rebind("moving", new.address)
         assert pids == [sup.records["new"].pid]
+
+
+@async_test
+async def test_a_peer_gone_for_good_fails_its_requests_at_once_and_is_no_longer_found():
+    """An actor lost with its cluster node and placed nowhere again: its references are closed,
+    so a request in flight or one waiting for a connection fails now, not at its timeout."""
+    async with Supervisor.open() as sup:
+        echo = await sup.start(ActorSpec(name="echo", cls=ECHO, cpus=0.25, memory_mb=0))
+        sup.add_peers({"far": echo.address, "nowhere": "tcp://127.0.0.1:9"})
+        far, nowhere = sup.node.ref(echo.address, "far"), sup.node.ref("tcp://127.0.0.1:9", "nowhere")
+        failures = []
+
+        async def ask(ref, body):
+            try:
+                await ref.ask("sleep", body, timeout_s=60)
+            except ActorDiedError as exc:
+                failures.append((ref.name, str(exc)))
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(ask, far, {"s": 30})        # sent, its reply still to come
+                tg.start_soon(ask, nowhere, {"s": 0})     # never connected
+                await anyio.sleep(0.3)
+                sup.remove_peers({"far": "its node was lost", "nowhere": "its node was lost"})
+        assert sorted(name for name, _ in failures) == ["far", "nowhere"]
+        assert all("closed" in message for _, message in failures)
+        with pytest.raises(KeyError, match="no actor named 'far'"):
+            sup.ref("far")
