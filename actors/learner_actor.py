@@ -21,7 +21,7 @@ Data parallel (`ranks = N` on the actor's entry): the other actors talk to rank 
 which shards train/sft batches over the ranks and sends checkpoint saves and loads to every
 rank; the other ranks take only what rank 0 sends them (actors/learner_group.py):
 
-    join({"generation"}) -> state      group(None) -> {"generation", "state", "rank"}
+    join({"generation", "address", "port"}) -> state    group(None) -> {"generation", "state", "rank"}
     rank_step({"generation", "kind", "body"}) -> "done"
 
 Weight-sync contract (what a generator implements): the learner asks each target
@@ -252,10 +252,11 @@ class LearnerActor(Actor):
 
     @handler("join", concurrent=True)
     async def join(self, body):
-        """A rank other than 0: rank 0 asks it to join its group (`generation`). Does not wait."""
+        """A rank other than 0: rank 0 asks it to join its group (`generation`, hosted at address:
+        port). Does not wait."""
         if self.group is None or self.group.rank == 0:
             raise LearnerGroupMisuse(f"{self.name} is not a follower rank of a learner group")
-        return await self.group.join(body["generation"])
+        return await self.group.join(body["generation"], body["address"], body["port"])
 
     @handler("group", concurrent=True)
     async def group_state(self, body):

@@ -11,14 +11,14 @@ mended in place: every rank's process ends and restarts, and the learner's keepe
 the checkpoint (actors/recovery.py). The rest follows from that rule:
 - Forming. Each rank's spec carries its `Rendezvous` from the head (rank 0's node address, a
   free port there, the group's names). Rank 0 draws a new `generation` id per process and
-  asks every other rank `join` it (over the run's ZeroMQ, until each answers or
-  group_timeout_s passes); then every rank calls `init_process_group` on rank 0's address
-  (gloo on CPU; on a GPU NCCL for CUDA tensors and gloo for the step's CPU counters) with
-  group_timeout_s as the timeout of every collective, and
-  its Learner (built before READY, as a lone learner's) joins it: rank 0's weights are
-  broadcast. A rank asked to join another
-  generation than its own belonged to a rank 0 that has since restarted: it ends its
-  process, and its restart joins the new one.
+  asks every other rank to `join` it at its own node's address and that port (over the
+  run's ZeroMQ, until each answers or group_timeout_s passes; so a rank 0 placed again on
+  another node after a node loss is still found). Then every rank calls
+  `init_process_group` there (gloo on CPU; on a GPU, NCCL for CUDA tensors and gloo for the
+  step's CPU counters) with group_timeout_s as the timeout of every collective, and its
+  Learner (built before READY, as a lone learner's) joins the group: rank 0's weights are
+  broadcast. A rank asked to join another generation than its own belonged to a rank 0
+  that has since restarted: it ends its process, and its restart joins the new one.
 - Working. The other actors talk to rank 0 alone. For a step rank 0 checks that every rank
   is in its generation (`group`), cuts the batch into one shard per rank (advantages
   computed over the whole batch first, so the shards train exactly what one process would),
@@ -86,12 +86,14 @@ def choose_interface(node_address: str) -> None:
     for variable in INTERFACE_VARIABLES:
         if os.environ.get(variable):
             log.info("%s=%s was set before the learner started: left as it is (the node's address %s "
-                     "is on %s)", variable, os.environ[variable], node_address, interface or "no interface here")
+                     "is on %s)", variable, os.environ[variable], node_address,
+                     interface or "no interface here")
         elif interface is not None:
             os.environ[variable] = interface
         else:
             log.warning("no interface here holds the node's address %s; %s is left unset (gloo and NCCL "
-                        "then pick one themselves: set it if they pick the wrong one)", node_address, variable)
+                        "then pick one themselves: set it if they pick the wrong one)",
+                        node_address, variable)
 
 
 # -- batches ------------------------------------------------------------------------------
@@ -133,6 +135,9 @@ class LearnerGroup:
         self.generation: str | None = None
         self.state = "waiting"
         self.formed = anyio.Event()
+        # where rank 0 hosts the group: its own node's address (rank 0 says it in `join`, so a
+        # rank 0 placed on another node after a node loss is still found) and the head's port
+        self.meeting_point: tuple[str, int] | None = None
         self._refs: dict[str, object] = {}
 
     @property
@@ -156,6 +161,7 @@ class LearnerGroup:
         the Learner in it. Any failure ends the process (Actor.crash). Cancelled: the process
         is ending."""
         self.generation, self.state = uuid.uuid4().hex[:12], "joining"
+        self.meeting_point = (_host_of(self.actor.address) or self.rendezvous.address, self.rendezvous.port)
         try:
             await self._gather_ranks()
             await anyio.to_thread.run_sync(self._initialise)
@@ -163,16 +169,17 @@ class LearnerGroup:
             await self.actor.crash(f"the learner's group did not form: {_one_line(exc)}")
         self._mark_formed()
 
-    async def join(self, generation: str) -> str:
-        """A follower asked by rank 0 to join `generation`: start joining it (once), answer the
-        state. From another generation than the one it joined: rank 0 restarted, so this process
-        ends and its restart joins the new group."""
+    async def join(self, generation: str, address: str, port: int) -> str:
+        """A follower asked by rank 0 to join `generation`, hosted at address:port: start joining
+        it (once), answer the state. From another generation than the one it joined: rank 0
+        restarted, so this process ends and its restart joins the new group."""
         if self.state == "waiting":
             self.generation, self.state = generation, "joining"
+            self.meeting_point = (address, int(port))
             self.actor.node.spawn(self._follow)
         elif generation != self.generation:
-            await self.actor.crash(f"rank 0 ({self.names[0]}) restarted (group {generation}; this rank was in "
-                                   f"{self.generation}): restarting to join the new group")
+            await self.actor.crash(f"rank 0 ({self.names[0]}) restarted (group {generation}; this rank was "
+                                   f"in {self.generation}): restarting to join the new group")
         return self.state
 
     async def _follow(self) -> None:
@@ -181,8 +188,9 @@ class LearnerGroup:
         try:
             await anyio.to_thread.run_sync(self._initialise)
         except Exception as exc:
+            address, port = self.meeting_point
             await self.actor.crash(f"rank {self.rank} could not join the group that rank 0 ({self.names[0]}, "
-                                   f"{self.rendezvous.address}:{self.rendezvous.port}) leads: {_one_line(exc)}")
+                                   f"{address}:{port}) leads: {_one_line(exc)}")
         self._mark_formed()
 
     def _mark_formed(self) -> None:
@@ -201,7 +209,9 @@ class LearnerGroup:
             for rank in sorted(missing):
                 try:
                     ref = await self._ref(self.names[rank])
-                    await ref.ask("join", {"generation": self.generation}, timeout_s=PROBE_TIMEOUT_S)
+                    address, port = self.meeting_point
+                    await ref.ask("join", {"generation": self.generation, "address": address, "port": port},
+                                  timeout_s=PROBE_TIMEOUT_S)
                     missing.discard(rank)
                 except ActorError as exc:     # not started yet, restarting, or ending to rejoin
                     last_error[rank] = _one_line(exc)
@@ -217,19 +227,19 @@ class LearnerGroup:
         Learner joins the group (rank 0's weights broadcast). Runs in a worker thread."""
         import torch.distributed as dist
 
-        address = self.rendezvous.address
+        address, port = self.meeting_point
         own_host = _host_of(self.actor.address) or address
         choose_interface(own_host)
         log.info("rank %d of %d joins the learner group at %s:%d (%s; %s)", self.rank,
-                 self.rendezvous.world_size, address, self.rendezvous.port, self.backend,
+                 self.rendezvous.world_size, address, port, self.backend,
                  ", ".join(f"{k}={os.environ.get(k, '')}" for k in INTERFACE_VARIABLES))
         try:
-            dist.init_process_group(self.backend, init_method=f"tcp://{address}:{self.rendezvous.port}",
+            dist.init_process_group(self.backend, init_method=f"tcp://{address}:{port}",
                                     rank=self.rank, world_size=self.rendezvous.world_size,
                                     timeout=timedelta(seconds=self.timeout_s))
         except Exception as exc:
             others = set(range(self.rendezvous.world_size)) - {self.rank}
-            raise GroupBroken(f"init_process_group at {address}:{self.rendezvous.port} failed, waiting for "
+            raise GroupBroken(f"init_process_group at {address}:{port} failed, waiting for "
                               f"{self.describe(others)} (group_timeout_s = {self.timeout_s:g} s): "
                               f"{_one_line(exc)}") from None
         self.learner.join_process_group()
@@ -255,8 +265,8 @@ class LearnerGroup:
             """Rank `rank`'s part. Cancelled: that rank's step runs on."""
             try:
                 ref = await self._ref(self.names[rank])
-                await ref.ask("rank_step", {"generation": self.generation, "kind": kind, "body": bodies[rank]},
-                              timeout_s=STEP_ASK_TIMEOUT_S)
+                body = {"generation": self.generation, "kind": kind, "body": bodies[rank]}
+                await ref.ask("rank_step", body, timeout_s=STEP_ASK_TIMEOUT_S)
             except ActorError as exc:
                 failures[rank] = _one_line(exc)
 
@@ -277,8 +287,8 @@ class LearnerGroup:
             blame = (f"{self.describe(lost)} lost, hung or restarted" if lost else
                      f"{self.describe(failures)} failed")
             details = "; ".join(f"rank {r}: {why}" for r, why in sorted(failures.items()))
-            await self.actor.crash(f"the learner's group broke during {kind}: {blame} ({details}); every rank "
-                                   "restarts and the learner is restored from its last checkpoint")
+            await self.actor.crash(f"the learner's group broke during {kind}: {blame} ({details}); every "
+                                   "rank restarts and the learner is restored from its last checkpoint")
         return result
 
     async def _check_ranks(self, kind: str) -> None:
@@ -290,15 +300,15 @@ class LearnerGroup:
             states = await self._probe_ranks()
             lost = [rank for rank, state in states.items() if state == "lost"]
             if lost:
-                await self.actor.crash(f"{self.describe(lost)} of the learner's group lost or restarted before "
-                                       f"{kind} (not in group {self.generation}); every rank restarts and the "
-                                       "learner is restored from its last checkpoint")
+                await self.actor.crash(f"{self.describe(lost)} of the learner's group lost or restarted "
+                                       f"before {kind} (not in group {self.generation}); every rank restarts "
+                                       "and the learner is restored from its last checkpoint")
             joining = [rank for rank, state in states.items() if state == "joining"]
             if not joining:
                 return
             if time.monotonic() > deadline:
-                await self.actor.crash(f"{self.describe(joining)} of the learner's group did not finish joining "
-                                       f"within group_timeout_s = {self.timeout_s:g} s")
+                await self.actor.crash(f"{self.describe(joining)} of the learner's group did not finish "
+                                       f"joining within group_timeout_s = {self.timeout_s:g} s")
             await anyio.sleep(0.1)
 
     async def _unreachable_ranks(self) -> list[int]:
@@ -319,8 +329,8 @@ class LearnerGroup:
             except ActorError:
                 states[rank] = "lost"
                 return
-            same = reply.get("generation") == self.generation
-            states[rank] = reply.get("state") if same and reply.get("state") in ("formed", "joining") else "lost"
+            state = reply.get("state") if reply.get("generation") == self.generation else None
+            states[rank] = state if state in ("formed", "joining") else "lost"
 
         async with anyio.create_task_group() as tg:
             for rank in range(1, self.rendezvous.world_size):

@@ -113,8 +113,9 @@ class ActorSpec(_Strict):
     replicas: int = Field(1, ge=1, le=1024, description="copies of this actor: N > 1 starts actors NAME-0 .. "
                           "NAME-(N-1), each with these needs and options")
     ranks: int = Field(1, ge=1, le=1024, description="processes that act as ONE actor (a collective "
-                       "group, e.g. data parallelism over torch.distributed): N > 1 starts NAME (rank 0, the one other actors "
-                       "talk to) and NAME-rank1 .. NAME-rank(N-1), each with these needs and options")
+                       "group, e.g. data parallelism over torch.distributed): N > 1 starts NAME (rank 0, the "
+                       "one other actors talk to) and NAME-rank1 .. NAME-rank(N-1), each with these needs and "
+                       "options")
     rendezvous: Rendezvous | None = Field(None, description="set when the config loads and by the head, "
                                           "for each rank of an entry with ranks > 1; never in a config file")
     node: str | None = Field(None, description="[cluster] only: the node to run on (a node name as "
@@ -262,9 +263,9 @@ class RunConfig(_Strict):
 def _expand_ranks(spec: ActorSpec) -> list[ActorSpec]:
     """The N processes of an entry with ranks = N: NAME (rank 0), NAME-rank1 .. NAME-rank(N-1)."""
     if spec.replicas > 1:
-        raise ValueError(f"actor {spec.name!r} sets both replicas = {spec.replicas} and ranks = {spec.ranks}; "
-                         "one entry is either several actors (replicas) or one actor of several processes "
-                         "(ranks): make two entries")
+        raise ValueError(f"actor {spec.name!r} sets both replicas = {spec.replicas} and ranks = "
+                         f"{spec.ranks}; one entry is either several actors (replicas) or one actor of several "
+                         "processes (ranks): make two entries")
     names = [spec.name] + [f"{spec.name}-rank{rank}" for rank in range(1, spec.ranks)]
     if not _NAME_RULE.match(names[-1]):
         raise ValueError(f"actor {spec.name!r} with ranks = {spec.ranks}: rank name {names[-1]!r} is over "

@@ -138,7 +138,9 @@ name = "orchestrator"
 cls = "postrain.actors.orchestrator:OrchestratorActor"
 cpus = 0.1
 memory_mb = 0
-options = {{ num_steps = 4, checkpoint_every = 2, prompts_per_step = 2, samples_per_prompt = 2, max_staleness = 1, sft_steps = 1, sft_batch_size = 4, num_eval_tasks = 2, eval_samples_per_task = 1, sampling = {{ max_new_tokens = 16 }} }}
+options = {{ num_steps = 4, checkpoint_every = 2, prompts_per_step = 2, samples_per_prompt = 2, \
+max_staleness = 1, sft_steps = 1, sft_batch_size = 4, num_eval_tasks = 2, eval_samples_per_task = 1, \
+sampling = {{ max_new_tokens = 16 }} }}
 """
 
 
@@ -160,8 +162,9 @@ def test_a_run_whose_learner_rank_is_killed_restarts_the_ranks_together_and_bala
         for line in head.stdout:
             out.append(line)
             if "step 1/4:" in line:
-                status = json.loads(subprocess.run([sys.executable, "-m", "postrain.cli", "status", str(folder),
-                                                    "--json"], capture_output=True, text=True, check=True).stdout)
+                status = subprocess.run([sys.executable, "-m", "postrain.cli", "status", str(folder), "--json"],
+                                        capture_output=True, text=True, check=True)
+                status = json.loads(status.stdout)
                 rank1 = next(a for a in status["actors"] if a["name"] == "learner-rank1")
                 os.kill(rank1["pid"], signal.SIGKILL)
         assert head.wait(timeout=600) == 0, "".join(out)[-4000:]

@@ -62,7 +62,8 @@ async def test_two_ranks_on_two_nodes_train_like_one_process_and_checkpoint_toge
         assert [p.node for p in plan] == [nodes[0].name, nodes[1].name]      # spread: one rank a node
         agents = cluster.start_agents(nodes, keys=keys, run_tag="ranks1", log_dir=str(tmp_path / "logs"))
         try:
-            complete_rendezvous(config.actors, meeting_point_on_node(agents, ClusterLaunch(cluster, nodes, plan)))
+            launch = ClusterLaunch(cluster, nodes, plan)
+            complete_rendezvous(config.actors, meeting_point_on_node(agents, launch))
             assert config.actors[1].rendezvous.address == nodes[0].address
             address = {}
 
@@ -93,8 +94,8 @@ async def test_two_ranks_on_two_nodes_train_like_one_process_and_checkpoint_toge
         torch.testing.assert_close(weights[name], tensor, atol=1e-6, rtol=0, msg=name)
         torch.testing.assert_close(reloaded[name], weights[name], atol=0, rtol=0, msg=name)
     assert metrics["loss"] == pytest.approx(expected[-1]["loss"], abs=1e-6)
-    assert loaded["policy_version"] == 2 and again["loss"] == pytest.approx(single.train_step(batch(2))["loss"],
-                                                                           abs=1e-6)
+    assert loaded["policy_version"] == 2
+    assert again["loss"] == pytest.approx(single.train_step(batch(2))["loss"], abs=1e-6)
     follower_log = (tmp_path / "logs" / "learner-rank1.log").read_text()
     assert f"GLOO_SOCKET_IFNAME={interface_holding(nodes[1].address)}" in follower_log
 
@@ -104,8 +105,8 @@ RUN = {"run": {"name": "ranks", "driver": "orchestrator"},
                   "task_options": {"include_instructions": False, "max_digits": 1}},
        "head": {"heartbeat_interval_s": 0.5, "heartbeat_timeout_s": 120},
        "actors": [
-           {"name": "sandbox", "cls": "postrain.actors.sandbox_actor:SandboxActor", "cpus": 0.2, "memory_mb": 0,
-            "options": {"mode": "warm", "num_workers": 1}},
+           {"name": "sandbox", "cls": "postrain.actors.sandbox_actor:SandboxActor", "cpus": 0.2,
+            "memory_mb": 0, "options": {"mode": "warm", "num_workers": 1}},
            {"name": "generator", "cls": "postrain.actors.generator_actor:GeneratorActor", "cpus": 0.5,
             "memory_mb": 0, "options": {"kv_cache_mb": 16}},
            {**learner_entry(learner={"lr": 1e-3}), "memory_mb": 0},
@@ -123,7 +124,8 @@ def test_a_short_run_with_the_learner_on_two_ranks_across_nodes_balances_its_led
     doc["run"]["run_dir"] = str(tmp_path / "runs")
     (tmp_path / "run.toml").write_text(to_toml(doc))
     result = subprocess.run([sys.executable, "-m", "postrain.cli", "up", "--quiet", "--config",
-                             str(tmp_path / "run.toml")], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                             str(tmp_path / "run.toml")], capture_output=True, text=True, timeout=300,
+                            cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     nodes = dict(re.findall(r"started ([\w-]+) on node (\S+) \(tcp://", result.stdout))
     assert nodes["learner"] != nodes["learner-rank1"]
