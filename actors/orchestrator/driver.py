@@ -99,7 +99,7 @@ class RunDriver:
         self.admission = Admission(options.max_staleness, options.max_buffered_batches)
         self.work = WorkSignal(head, metrics)  # head: the ActorRef its elastic cores are asked of
         self.pool = RolloutPool(envs, keeper, ledger, options.max_concurrent_rollouts,
-                                options.max_rollout_retries, self.work, options.generators)
+                                options.max_rollout_retries, self.work, keeper.generator_names)
         self.train_step = TrainStep(keeper, ledger, metrics, lambda figures: report({"figures": figures}),
                                     options.samples_per_prompt, options.num_steps)
         self.evaluator = Evaluator(task, options, self.pool, metrics, self.emit)
