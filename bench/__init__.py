@@ -24,6 +24,7 @@ BENCHMARKS: dict[str, str] = {
     "learner": "postrain.bench.learner",
     "e2e": "postrain.bench.e2e",
     "default_run": "postrain.bench.default_run",
+    "trl": "postrain.bench.trl",
     "device": "postrain.bench.device",
     "cluster": "postrain.bench.cluster",
 }
