@@ -3,8 +3,9 @@
     postrain bench default_run --json [--quick]
 
 Runs the shipped default config (actors/configs/default.toml) with `postrain up` twice, one
-after the other, same seed: as shipped (the learner and the generator `elastic = true`: cores
-follow the work) and with both pinned to their own cores (`elastic = false`, the peer).
+after the other, same seed: as shipped (the learner `elastic = true`, the generator
+`elastic = "lend"`: cores follow the work) and with both pinned to their own cores
+(`elastic = false`, the peer).
 `--quick` shortens the run (20 warm-start steps, 2 GRPO steps, 10 held-out problems) for a
 smoke run; its figures are not the default run's.
 
@@ -45,14 +46,15 @@ SUMMARY_FIGURES = {"run_wall_s": "wall_s", "warm_start_s": "warm_start_s", "rl_w
 
 
 def arm_config(elastic: bool, quick: bool) -> str:
-    """The default config's text with `elastic` set for every actor that declares it (and, quick,
-    shorter orchestrator options)."""
+    """The default config's text: as shipped (elastic), or with `elastic = false` for every actor
+    that declares it (pinned); and, quick, shorter orchestrator options."""
     from postrain.cli.up import default_config_path
 
     text = default_config_path().read_text()
-    text, count = re.subn(r"^elastic = (true|false)", f"elastic = {str(elastic).lower()}", text, flags=re.M)
-    if not count:
+    if not re.search(r'^elastic = (true|"lend")', text, flags=re.M):
         raise RuntimeError("the default config declares no elastic actor; nothing to compare")
+    if not elastic:
+        text = re.sub(r'^elastic = (true|"lend")', "elastic = false", text, flags=re.M)
     if quick:
         for name, value in QUICK_OPTIONS.items():
             text = re.sub(rf"\b{name} = \d+", f"{name} = {value}", text)

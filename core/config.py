@@ -99,9 +99,10 @@ class ActorSpec(_Strict):
     cls: str = Field(description="import path of the Actor subclass, 'package.module:Class'")
     options: dict[str, Any] = Field(default_factory=dict, description="passed to the actor as self.options")
     cpus: float = Field(1.0, gt=0, description="CPU cores it needs (fractions share a core)")
-    elastic: bool = Field(False, description="its cores may be lent to another elastic actor while it is "
-                          "idle, and it may borrow theirs while it works (the driver says who works: "
-                          "core/elastic.py); placed on cores no other elastic actor holds")
+    elastic: bool | Literal["lend"] = Field(
+        False, description="true: its cores may be lent to another elastic actor while it is idle, and it "
+        "may borrow theirs while it works (the driver says who works: core/elastic.py); \"lend\": it lends "
+        "but never borrows; placed on cores no other elastic actor holds")
     gpus: int = Field(0, ge=0, description="whole GPUs it needs")
     memory_mb: int = Field(512, ge=0, description="host memory it may use, MiB (placement accounting)")
     max_restarts: int = Field(3, ge=0, description="restarts after a crash before the supervisor gives up")

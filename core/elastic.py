@@ -10,10 +10,14 @@ cores is *held* by exactly one elastic actor: its owner (the actor it was placed
 *home*) or a borrower. Who holds what is a function of one thing only, which actors have work
 now (`busy`), so the rule (`assign`) is a pure function of the homes and the busy set:
 
-- nobody busy: every actor holds its home;
+- no busy actor that borrows: every actor holds its home;
 - otherwise every busy actor holds its home, and the home cores of the idle actors are dealt
-  out to the busy ones, one core at a time to the busy actor holding the fewest (ties by
-  name), so an idle actor holds nothing: it is *parked*.
+  out to the busy ones that borrow, one core at a time to the one holding the fewest (ties
+  by name), so an idle actor holds nothing: it is *parked*.
+
+An actor declared `elastic = "lend"` lends its cores while idle but never borrows (a
+generator of a small model, whose decoding a second thread slows down: each of its many
+small operations then waits for one more wake-up).
 
 Moving from one holding to the next (`plan`) is two phases: first every actor that loses
 cores is re-pinned to what it keeps (`revokes`), and only once all of them acknowledged are
@@ -33,6 +37,7 @@ hypothesis at every step of every plan):
     the held sets are pairwise disjoint and their union is the union of the homes
     a busy actor holds its whole home; an idle actor holds its home or nothing
     a core is held by someone other than its owner only while its owner is idle
+    an actor that does not borrow holds its home or nothing
 """
 from __future__ import annotations
 
@@ -45,6 +50,7 @@ class Home:
 
     cpu_ids: frozenset[int]
     num_threads: int
+    borrows: bool = True    # False: it lends while idle but never takes another's cores
 
 
 @dataclass(frozen=True)
@@ -120,13 +126,13 @@ def check_homes(homes: Mapping[str, Home]) -> None:
 
 def assign(homes: Mapping[str, Home], busy: frozenset[str]) -> dict[str, frozenset[int]]:
     """Who holds which cores when the actors in `busy` have work (design note). Pure."""
-    working = sorted(actor for actor in homes if actor in busy)
-    if not working:
+    takers = sorted(actor for actor, home in homes.items() if actor in busy and home.borrows)
+    if not takers:
         return {actor: home.cpu_ids for actor, home in homes.items()}
     held = {actor: set(homes[actor].cpu_ids) if actor in busy else set() for actor in homes}
     spare = sorted(core for actor, home in homes.items() if actor not in busy for core in home.cpu_ids)
     for core in spare:
-        taker = min(working, key=lambda actor: (len(held[actor]), actor))
+        taker = min(takers, key=lambda actor: (len(held[actor]), actor))
         held[taker].add(core)
     return {actor: frozenset(cores) for actor, cores in held.items()}
 
@@ -166,5 +172,6 @@ def check_holdings(homes: Mapping[str, Home], held: Mapping[str, frozenset[int]]
     for actor, home in homes.items():
         if actor in busy:
             assert home.cpu_ids <= held[actor], f"busy {actor} lacks its home {set(home.cpu_ids)}: {held}"
+            assert home.borrows or held[actor] == home.cpu_ids, f"{actor} borrows: {held}"
         else:
             assert held[actor] in (home.cpu_ids, frozenset()), f"idle {actor} holds {set(held[actor])}"

@@ -385,7 +385,7 @@ class Supervisor:
                    "log_path": self.log_path(spec.name),
                    "rendezvous": spec.rendezvous.model_dump() if spec.rendezvous is not None else None}
         if spec.elastic and spec.name in self.scheduler.elastic_names():  # what it holds now (lending.py)
-            holding = self.lender.holding(spec.name, _home(record.placement))
+            holding = self.lender.holding(spec.name, _home(record))
             payload.update(cpu_ids=list(holding.affinity), num_threads=holding.num_threads)
         # Inherited by the spawned child only. The run tag is in the child's environment from its
         # first instruction, so that /proc/PID/environ shows it (core/testing.py: leftovers).
@@ -584,7 +584,7 @@ class Supervisor:
 
     def _elastic_homes(self) -> dict[str, Home]:
         """The placed elastic actors of this head and their homes (their placements)."""
-        return {name: _home(self.records[name].placement) for name in sorted(self.scheduler.elastic_names())
+        return {name: _home(self.records[name]) for name in sorted(self.scheduler.elastic_names())
                 if name in self.records}
 
     async def _pin_cores(self, name: str, body: dict) -> dict:
@@ -597,8 +597,9 @@ class Supervisor:
         return "shutting down"
 
 
-def _home(placement: Placement) -> Home:
-    return Home(frozenset(placement.cpu_ids), placement.num_threads)
+def _home(record: ActorRecord) -> Home:
+    placement = record.placement
+    return Home(frozenset(placement.cpu_ids), placement.num_threads, borrows=record.spec.elastic is True)
 
 
 def _last_line(tb: str) -> str:

@@ -47,6 +47,16 @@ def test_the_learner_borrows_the_generators_core_while_it_trains_and_returns_it_
     assert [h.actor for h in step.revokes] == ["learner"], "the borrower gives back before the owner works"
 
 
+def test_an_actor_that_only_lends_keeps_its_own_cores_while_busy_and_lends_them_while_idle():
+    homes = {"learner": Home(frozenset({0}), 1), "generator": Home(frozenset({1}), 1, borrows=False)}
+    assert assign(homes, frozenset({"generator"})) == {"learner": {0}, "generator": {1}}
+    step = settle(homes, assign(homes, frozenset()), frozenset({"learner"}))
+    assert step.held == {"learner": {0, 1}, "generator": frozenset()}
+    step = settle(homes, step.held, frozenset({"generator"}))
+    assert step.held == {"learner": {0}, "generator": {1}}
+    assert [(t.action, t.giver, t.taker) for t in step.transfers] == [("return", "learner", "generator")]
+
+
 def test_both_busy_each_holds_its_own_and_nobody_busy_is_home():
     both = assign(LEARNER_GENERATOR, frozenset({"learner", "generator"}))
     assert both == {"learner": {0}, "generator": {1}}
@@ -72,7 +82,8 @@ def homes_and_busy_sequences(draw):
     cuts = sorted(draw(st.lists(st.integers(1, 7), min_size=num_actors - 1, max_size=num_actors - 1,
                                 unique=True)))
     bounds = [0, *cuts, 8]
-    homes = {f"actor{i}": Home(frozenset(cores[bounds[i]:bounds[i + 1]]), draw(st.integers(1, 3)))
+    homes = {f"actor{i}": Home(frozenset(cores[bounds[i]:bounds[i + 1]]), draw(st.integers(1, 3)),
+                               borrows=draw(st.booleans()))
              for i in range(num_actors)}
     busy_sets = draw(st.lists(st.frozensets(st.sampled_from(sorted(homes))), min_size=1, max_size=12))
     return homes, busy_sets
