@@ -48,6 +48,8 @@ from pathlib import Path
 import torch
 import zmq
 
+from postrain.bench.messaging import _actor_oneway_rate, _actor_round_trips
+
 NODE_CPUS = 2                           # logical CPUs of each local node (this machine's cores)
 PAYLOAD = b"x" * 64
 SMOLLM2_135M_SHAPE = {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_layers": 30,
@@ -193,26 +195,6 @@ class RawClient:
 
 
 # -- ours: actors under the node agents ----------------------------------------------------
-
-async def _actor_round_trips(ref, num_calls: int) -> list[float]:
-    """Seconds per `echo` ask. Cancelled: no times; a request may still be answered, and dropped."""
-    rtts = []
-    for _ in range(num_calls):
-        start = time.perf_counter()
-        await ref.ask("echo", PAYLOAD)
-        rtts.append(time.perf_counter() - start)
-    return rtts
-
-
-async def _actor_oneway_rate(ref, num_oneway: int) -> float:
-    """Tells per second, counted by the actor. Cancelled: no rate; the tells sent still arrive."""
-    before = await ref.ask("num_told")
-    start = time.perf_counter()
-    for _ in range(num_oneway):
-        await ref.tell("told", PAYLOAD)
-    after = await ref.ask("num_told")
-    return (after - before) / (time.perf_counter() - start)
-
 
 async def _sync_gb_per_s(learner, chunk_mb: float | None) -> float:
     """One publish to the receiver: GB/s of the sync as the learner timed it (first chunk sent to
