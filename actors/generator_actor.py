@@ -17,7 +17,10 @@ Messages:
   carry v. A version lower than the current one is refused. A chunked sync (bodies that
   add "chunk" and "num_chunks", from a learner on another host) is assembled and swapped
   in with its last chunk; until then the reply is {"version": held, "complete": false}
-  (postrain.actors.weight_assembly: order, and a sync dropped for a newer one).
+  (postrain.actors.weight_assembly: order, and a sync dropped for a newer one). From a
+  learner on another node each chunk's tensors come on the sealed channel ("sealed").
+- `weights_channel` -> {"address"}: where a learner on another node sends sealed weights
+  (opened on the first ask; core/sealed.py).
 - `stats` -> the engine's KV utilisation, batch size, queue depth, tokens/s.
 
 Design note. One task owns the engine. Handlers never touch it: they queue
@@ -44,7 +47,7 @@ from .engine import Engine, RequestOutput
 from .records import GeneratedSample, GenerateReply, GenerateRequest, WeightSync, WeightSyncReply
 from .sampling import SamplingParams
 from .speculative import SpeculativeOptions
-from .weight_assembly import SyncAssembler
+from .weight_assembly import SealedWeights, SyncAssembler
 
 
 @dataclass
@@ -88,8 +91,13 @@ class GeneratorActor(Actor):
         self._in_engine: set[str] = set()            # request ids the engine holds
         self._new_weights: list[tuple[dict, int, anyio.Event, list]] = []
         self._chunks = SyncAssembler()               # the chunked sync in progress, if any
+        self._sealed = SealedWeights(self.node.keys, self.address)
         self._work = anyio.Event()
         self.node.spawn(self._engine_loop)
+
+    async def teardown(self):
+        """Close the sealed channel, if open. Does not wait."""
+        self._sealed.close()
 
     @handler("generate", concurrent=True)
     async def generate(self, body):
@@ -120,6 +128,8 @@ class GeneratorActor(Actor):
         sync = WeightSync.from_wire(body)
         version = sync.version
         held = max([self.engine.policy_version] + [queued[1] for queued in self._new_weights])
+        if sync.sealed is not None:
+            sync = await self._sealed.fill(sync, self._chunks, held)
         weights = self._chunks.take(sync, held)
         if weights is None:
             return WeightSyncReply(version=self.engine.policy_version, complete=False).to_wire()
@@ -130,6 +140,12 @@ class GeneratorActor(Actor):
         if result and isinstance(result[0], Exception):
             raise result[0]
         return WeightSyncReply(version=version).to_wire()
+
+    @handler("weights_channel")
+    async def weights_channel(self, body):
+        """{"address"} of this actor's sealed channel for weights (opened now if not yet). Does not
+        wait (cancel-safe)."""
+        return {"address": self._sealed.address()}
 
     @handler("stats")
     async def stats(self, body):

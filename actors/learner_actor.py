@@ -13,7 +13,7 @@ Handlers (request/reply; bodies are dicts):
     load_checkpoint({"path"}) -> {"step", "policy_version", "extra"}
     export_hf({"path"}) -> {"path"}
     get_weights(None) -> {"version", "weights": {hf_name: tensor}}
-    publish({"targets": [actor names], "timeout_s"})
+    publish({"targets": [actor names], "timeout_s", "chunk_mb"})
         -> {"version", "num_bytes", "sync_s": {name: s}, "total_s"}
     stats(None) -> {"step", "policy_version", "num_params", "last_publish"}
 
@@ -27,13 +27,15 @@ rank; the other ranks take only what rank 0 sends them (actors/learner_group.py)
 Weight-sync contract (what a generator implements): the learner asks each target
 `load_weights` with body {"version": int, "weights": {name: CPU tensor}}, Hugging Face
 names, no tied `lm_head.weight` duplicate; the target swaps them in at a safe point and
-replies {"version": int}. With `chunk_mb`, a target on another host gets one sync as several
-such messages, each holding some whole tensors plus "chunk": i and "num_chunks": n, sent
-pipelined (chunks 0..n-2 as tells, chunk n - 1 asked); the target applies the version when
-chunk n - 1 arrives (actors/weight_assembly.py). Tensors
->= 1 MiB cross through /dev/shm (the wire does it) between processes on one host, so
-on one host a sync costs one write and one mapped read per tensor. `WeightReceiverActor`
-below is the reference receiver (tests and the bench use it).
+replies {"version": int}. A target on this host (the registry placed it on this node, or its
+address is ipc or loopback) gets one such message: its tensors >= 1 MiB cross through /dev/shm
+(the wire does it), so a sync costs one write and one mapped read per tensor. A target on
+another node gets one sync as several messages ("chunk": i of "num_chunks": n, of at most
+`chunk_mb` MiB of whole tensors each), sent pipelined (chunks 0..n-2 as tells, chunk n - 1
+asked) on the Curve connection, each naming its tensors ("sealed"), whose bytes travel on the
+target's sealed channel (`weights_channel`; core/sealed.py: plain tcp, AES-256-GCM pieces);
+the target applies the version when chunk n - 1 is whole (actors/weight_assembly.py).
+`WeightReceiverActor` below is the reference receiver (tests and the bench use it).
 
 Restarts: a learner restarted by the supervisor holds its initial weights (or its
 `resume_from` checkpoint). A caller that tracks the version names it in
@@ -50,6 +52,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
 from typing import Any
 
@@ -59,11 +62,10 @@ from pydantic import Field, field_validator, model_validator
 
 from postrain.core import Actor, Options, handler
 from postrain.core.errors import PostrainError
-from postrain.core.transport import is_beyond_loopback
 
 from .learner_group import LearnerGroup, shard_batch
-from .records import PublishReport, SftBatch, TrainBatch, WeightSync, WeightSyncReply
-from .weight_assembly import SyncAssembler
+from .records import PublishReport, SealedChunk, SftBatch, TrainBatch, WeightSync, WeightSyncReply
+from .weight_assembly import SealedWeights, SyncAssembler
 
 log = logging.getLogger("postrain.learner")
 
@@ -74,9 +76,17 @@ def weight_messages(weights: dict[str, torch.Tensor], version: int, chunk_mb: fl
     chunk_mb MiB each (a larger tensor travels alone) tagged "chunk" i of "num_chunks"."""
     if not chunk_mb:
         return [WeightSync(version, weights).to_wire()]
-    if chunk_mb <= 0:
+    parts = weight_chunks(weights, chunk_mb)
+    return [WeightSync(version, part, chunk=i, num_chunks=len(parts)).to_wire()
+            for i, part in enumerate(parts)]
+
+
+def weight_chunks(weights: dict[str, torch.Tensor], chunk_mb: float | None) -> list[dict]:
+    """The weights cut into chunks of whole tensors of at most chunk_mb MiB each (a larger tensor
+    travels alone); None: one chunk."""
+    if chunk_mb is not None and chunk_mb <= 0:
         raise ValueError(f"chunk_mb must be > 0 or None, got {chunk_mb}")
-    limit, parts, size = chunk_mb * 2**20, [{}], 0
+    limit, parts, size = (chunk_mb or float("inf")) * 2**20, [{}], 0
     for name, tensor in weights.items():
         nbytes = tensor.numel() * tensor.element_size()
         if parts[-1] and size + nbytes > limit:
@@ -84,8 +94,26 @@ def weight_messages(weights: dict[str, torch.Tensor], version: int, chunk_mb: fl
             size = 0
         parts[-1][name] = tensor
         size += nbytes
-    return [WeightSync(version, part, chunk=i, num_chunks=len(parts)).to_wire()
-            for i, part in enumerate(parts)]
+    return parts
+
+
+def sealed_sync(weights: dict[str, torch.Tensor], version: int, chunk_mb: float | None, sender: str,
+                piece_bytes: int, timeout_s: float) -> tuple[list[dict], list]:
+    """One sync to a target on another node: its `load_weights` bodies (chunks naming their
+    tensors, which travel sealed) and, per chunk, (Stream, [byte view of each tensor])."""
+    from postrain.core.sealed import Stream, new_sync_id
+
+    parts, sync_id = weight_chunks(weights, chunk_mb), new_sync_id()
+    messages, streams = [], []
+    for i, part in enumerate(parts):
+        tensors = [t.detach().contiguous() for t in part.values()]
+        layout = [[name, str(t.dtype).removeprefix("torch."), list(t.shape)]
+                  for name, t in zip(part, tensors)]
+        sealed = SealedChunk(sender, sync_id, layout, piece_bytes, timeout_s)
+        messages.append(WeightSync(version, {}, chunk=i, num_chunks=len(parts), sealed=sealed).to_wire())
+        streams.append((Stream(sender, version, sync_id, i),
+                        [memoryview(t.view(-1).view(torch.uint8).numpy()) for t in tensors]))
+    return messages, streams
 
 
 def weights_digest(weights: dict[str, torch.Tensor]) -> str:
@@ -167,6 +195,7 @@ class LearnerActor(Actor):
         self.learner = None
         self.resume_extra = None
         self.targets: dict[str, object] = {}
+        self.channels: dict[str, tuple] = {}   # target name -> (its address, its SealedSender): other nodes
         self.last_publish: dict = {}
         self.group: LearnerGroup | None = None
         await anyio.to_thread.run_sync(self._build)
@@ -182,6 +211,8 @@ class LearnerActor(Actor):
     async def teardown(self):
         """Leave the learner's group, if any (its sockets close now, not at interpreter exit).
         Cancelled: the process ends anyway."""
+        for _, channel in self.channels.values():
+            channel.close()
         if self.group is not None:
             await anyio.to_thread.run_sync(self.group.leave)
 
@@ -323,11 +354,11 @@ class LearnerActor(Actor):
         """Push the current weights (version = learner.policy_version) to every target, concurrently.
 
         body: targets (actor names), timeout_s (per message; a chunked sync's last reply waits
-        for all its chunks), chunk_mb (None: one message to
-        every target; else a target on another host, one reached over tcp beyond loopback, gets
-        messages of at most that many MiB of whole tensors, while a target on this host still
-        gets one message, its tensors through /dev/shm). Cancelled: targets that already
-        replied hold the new version; the others may or may not."""
+        for all its chunks), chunk_mb (a target on this host, by node identity or address, gets
+        one message, its tensors through /dev/shm; a target on another node gets chunks of at
+        most chunk_mb MiB of whole tensors (None: one chunk), their bytes on its sealed channel:
+        `_push_sealed`). Cancelled: targets that already replied hold the new version; the
+        others may or may not."""
         await self._ready()
         body = self._check_expected_version(body)
         names = list(body.get("targets") or [])
@@ -335,7 +366,6 @@ class LearnerActor(Actor):
         weights = self.learner.state_dict()
         version = self.learner.policy_version
         whole = weight_messages(weights, version)
-        chunked = weight_messages(weights, version, body.get("chunk_mb"))
         sync_s: dict[str, float] = {}
         num_messages = 0
         start = time.perf_counter()
@@ -347,17 +377,13 @@ class LearnerActor(Actor):
             if name not in self.targets:
                 self.targets[name] = await self.lookup(name)
             target = self.targets[name]
-            messages = chunked if is_beyond_loopback(target.address) else whole
             t0 = time.perf_counter()
-            # Pipelined: every chunk but the last goes as a tell, so the link never idles
-            # waiting for a reply; all go in order on one connection, and the target handles
-            # them one at a time in arrival order. The last chunk's reply confirms the whole
-            # sync; a chunk refused or lost on the way leaves the last one out of order: an
-            # error reply, never a part applied (actors/weight_assembly.py).
-            for message in messages[:-1]:
-                await target.tell("load_weights", message, timeout_s=timeout_s)
-            await target.ask("load_weights", messages[-1], timeout_s=timeout_s)
-            num_messages += len(messages)
+            if target.same_host:
+                await target.ask("load_weights", whole[0], timeout_s=timeout_s)
+                sent = 1
+            else:
+                sent = await self._push_sealed(name, target, weights, version, body.get("chunk_mb"), timeout_s)
+            num_messages += sent      # after the await: other targets' pushes add meanwhile
             sync_s[name] = time.perf_counter() - t0
 
         async with anyio.create_task_group() as tg:
@@ -370,6 +396,58 @@ class LearnerActor(Actor):
                  ", ".join(f"{k} {v:.3f} s" for k, v in sync_s.items()) or "no targets",
                  self.last_publish["total_s"])
         return self.last_publish
+
+    async def _push_sealed(self, name: str, target, weights: dict, version: int, chunk_mb: float | None,
+                           timeout_s: float) -> int:
+        """One sync to a target on another node; the number of messages. The chunks go in order
+        on the Curve connection, every one but the last as a tell, so the link never idles
+        waiting for a reply (the target handles them one at a time in arrival order); their
+        bytes go sealed on the target's channel from a worker thread, piece by piece, while
+        ZeroMQ sends the last (core/sealed.py). The last chunk's reply confirms the whole sync;
+        a chunk refused or lost leaves the last one refused: an error, never a part applied
+        (actors/weight_assembly.py). Cancelled: the sending thread stops at its next piece; the
+        target drops the sync."""
+        from postrain.core.sealed import SealedSender
+
+        address, channel = self.channels.get(name, (None, None))
+        if address != target.address:       # a new target, or one started again elsewhere
+            if channel is not None:
+                channel.close()
+            found = await target.ask("weights_channel", None, timeout_s=timeout_s)
+            channel = SealedSender(self.node.keys.bulk_key, found["address"])
+            self.channels[name] = (target.address, channel)
+        messages, streams = sealed_sync(weights, version, chunk_mb, self.name, channel.piece_bytes, timeout_s)
+        abandon, errors = threading.Event(), []
+
+        def send_all() -> None:
+            for stream, buffers in streams:
+                channel.send(stream, buffers, timeout_s, abandon)
+
+        async def send_pieces() -> None:
+            try:
+                await anyio.to_thread.run_sync(send_all)
+            except Exception as exc:      # SealedStreamError: no receiver, or abandoned below
+                errors.append(exc)
+                tg.cancel_scope.cancel()
+
+        async def confirm() -> None:
+            try:
+                for message in messages[:-1]:
+                    await target.tell("load_weights", message, timeout_s=timeout_s)
+                await target.ask("load_weights", messages[-1], timeout_s=timeout_s)
+            except Exception as exc:
+                errors.append(exc)
+                abandon.set()
+            except BaseException:         # cancelled: the pieces stop too
+                abandon.set()
+                raise
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send_pieces)
+            tg.start_soon(confirm)
+        if errors:
+            raise errors[0]
+        return len(messages)
 
     @handler("stats")
     async def stats(self, body):
@@ -404,11 +482,25 @@ class WeightReceiverActor(Actor):
         self.version = -1
         self.weights: dict[str, torch.Tensor] = {}
         self._chunks = SyncAssembler()   # the chunked sync in progress, if any
+        self._sealed = SealedWeights(self.node.keys, self.address)
+
+    async def teardown(self):
+        """Close the sealed channel, if open. Does not wait."""
+        self._sealed.close()
+
+    @handler("weights_channel")
+    async def weights_channel(self, body):
+        """{"address"} of the sealed channel for weights from another node (opened now if not yet).
+        Does not wait (cancel-safe)."""
+        return {"address": self._sealed.address()}
 
     @handler("load_weights")
     async def load_weights(self, body):
-        """Take a sync (or one chunk of it). Does not wait, so it is atomic under cancellation."""
+        """Take a sync (or one chunk of it). A sealed chunk waits for its pieces (cancelled: see
+        SealedWeights.fill, nothing applied); otherwise it does not wait (atomic)."""
         sync = WeightSync.from_wire(body)
+        if sync.sealed is not None:
+            sync = await self._sealed.fill(sync, self._chunks, self.version)
         weights = self._chunks.take(sync, self.version)
         if weights is None:
             return WeightSyncReply(version=self.version, complete=False).to_wire()

@@ -14,10 +14,21 @@ Rules (tests/actors/test_weight_assembly.py):
 - chunk 0 of the version in progress starts it again (a publish retried after a failure);
 - any other chunk must be the next one of the sync in progress, else it is refused
   (a missing chunk must not leave a state dict with holes).
+
+From a learner on another node each chunk's tensors come on the receiver's sealed channel
+(core/sealed.py), not in the message: `SealedWeights.fill` receives them into fresh tensors
+before the chunk is taken. A chunk whose pieces are refused (or do not come in time) fails,
+drops the sync in progress whole, and the sync's later chunks are refused: the receiver keeps
+the weights it held. Same-node targets never use the channel (they get /dev/shm), and nothing
+of it is imported until a learner on another node asks for it.
 """
 from __future__ import annotations
 
+import anyio
+
 from .records import WeightSync
+
+_ALIGN_BYTES = 64       # each tensor's offset in a chunk's buffer
 
 
 class SyncAssembler:
@@ -31,28 +42,17 @@ class SyncAssembler:
         self.pending_version: int | None = None
         self.next_chunk = 0
         self.num_chunks = 0
-        self.num_dropped = 0                    # syncs dropped unfinished for a newer one
+        self.num_dropped = 0                    # syncs dropped unfinished (a newer one, a failed chunk)
 
     def take(self, sync: WeightSync, held_version: int) -> dict | None:
         """The whole weights of `sync.version` when `sync` completes it, else None (the chunk
         is kept). Raises ValueError for a version that goes back or a chunk out of order."""
-        version = sync.version
-        if version < held_version:
-            raise ValueError(f"policy version must not go back: this actor holds {held_version}, got "
-                             f"{version}; publish the learner's latest weights")
-        if self.pending_version is not None and version < self.pending_version:
-            raise ValueError(f"policy version must not go back: a sync of version {self.pending_version} "
-                             f"is in progress, got {version}; publish the learner's latest weights")
+        self.check(sync, held_version)
         if sync.chunk is None or sync.chunk == 0:
-            self._drop()
+            self.drop()
             if sync.chunk is None:
                 return sync.weights
-            self.pending_version, self.num_chunks = version, sync.num_chunks
-        elif (version, sync.chunk, sync.num_chunks) != (self.pending_version, self.next_chunk, self.num_chunks):
-            held = (f"chunks 0..{self.next_chunk - 1} of {self.num_chunks} of version {self.pending_version}"
-                    if self.pending_version is not None else "no sync in progress")
-            raise ValueError(f"chunk {sync.chunk} of {sync.num_chunks} of version {version} arrived out of "
-                             f"order ({held}); chunks go in order from 0: publish again")
+            self.pending_version, self.num_chunks = sync.version, sync.num_chunks
         self.pending.update(sync.weights)
         self.next_chunk += 1
         if self.next_chunk < self.num_chunks:
@@ -61,8 +61,109 @@ class SyncAssembler:
         self.pending, self.pending_version, self.next_chunk, self.num_chunks = {}, None, 0, 0
         return weights
 
-    def _drop(self) -> None:
-        """Forget the sync in progress (a newer one, or the same one again, starts)."""
+    def check(self, sync: WeightSync, held_version: int) -> None:
+        """ValueError when `take` would refuse `sync` (a version that goes back, a chunk out of
+        order); changes nothing."""
+        version = sync.version
+        if version < held_version:
+            raise ValueError(f"policy version must not go back: this actor holds {held_version}, got "
+                             f"{version}; publish the learner's latest weights")
+        if self.pending_version is not None and version < self.pending_version:
+            raise ValueError(f"policy version must not go back: a sync of version {self.pending_version} "
+                             f"is in progress, got {version}; publish the learner's latest weights")
+        expected = (self.pending_version, self.next_chunk, self.num_chunks)
+        if sync.chunk not in (None, 0) and (version, sync.chunk, sync.num_chunks) != expected:
+            held = (f"chunks 0..{self.next_chunk - 1} of {self.num_chunks} of version {self.pending_version}"
+                    if self.pending_version is not None else "no sync in progress")
+            raise ValueError(f"chunk {sync.chunk} of {sync.num_chunks} of version {version} arrived out of "
+                             f"order ({held}); chunks go in order from 0: publish again")
+
+    def drop(self) -> None:
+        """Forget the sync in progress (a newer one, or the same one again, starts; or one of its
+        chunks failed)."""
         if self.pending_version is not None:
             self.num_dropped += 1
         self.pending, self.pending_version, self.next_chunk, self.num_chunks = {}, None, 0, 0
+
+
+class SealedWeights:
+    """One actor's end of sealed weight syncs: the channel (core/sealed.py) is bound on the host
+    of the actor's inbox when a learner on another node first asks for its `address`.
+    `keys`: the run's CurveKeys (their bulk_key seals the pieces). Invariant: `_receiver` is
+    None until `address` is first called."""
+
+    def __init__(self, keys, inbox_address: str):
+        self._keys = keys
+        self._inbox_address = inbox_address
+        self._receiver = None
+
+    def address(self) -> str:
+        if self._receiver is None:
+            from postrain.core.sealed import SealedReceiver
+            if not self._inbox_address.startswith("tcp://") or self._keys is None or not self._keys.bulk_key:
+                raise ValueError("sealed weights come only to an actor bound to tcp with the run's keys "
+                                 "(a cluster run); on one host weights come through /dev/shm")
+            host = self._inbox_address.removeprefix("tcp://").rsplit(":", 1)[0]
+            self._receiver = SealedReceiver(self._keys.bulk_key, host)
+        return self._receiver.address
+
+    async def fill(self, sync: WeightSync, assembler: SyncAssembler, held_version: int) -> WeightSync:
+        """`sync` (a sealed chunk) with its tensors received from the channel. Raises ValueError
+        for a chunk the assembler refuses or whose sync was dropped, SealedStreamError for a
+        piece refused or late (the sync in progress is then dropped whole). Cancelled: the
+        receive runs to its end (or its timeout) in its thread; nothing is applied."""
+        from postrain.core.sealed import SealedStreamError, Stream
+
+        sealed, receiver = sync.sealed, self._receiver
+        if receiver is None:
+            raise ValueError("a sealed chunk came before this actor's sealed channel was opened "
+                             "(ask `weights_channel` first)")
+        if sealed.sync_id in receiver.dropped:
+            assembler.drop()
+            raise ValueError(f"chunk {sync.chunk} of version {sync.version} belongs to a sync dropped after "
+                             "a refused or missing piece (see this actor's log); publish again")
+        try:
+            assembler.check(sync, held_version)
+        except ValueError:
+            receiver.dropped.append(sealed.sync_id)   # its pieces are skipped, quietly
+            raise
+        weights, buffers = empty_chunk(sealed.layout)
+        stream = Stream(sealed.sender, sync.version, sealed.sync_id, sync.chunk)
+        try:
+            await anyio.to_thread.run_sync(receiver.receive, stream, buffers, sealed.timeout_s)
+        except SealedStreamError:
+            assembler.drop()
+            raise
+        return WeightSync(sync.version, weights, chunk=sync.chunk, num_chunks=sync.num_chunks)
+
+    def close(self) -> None:
+        if self._receiver is not None:
+            self._receiver.close()
+
+
+def empty_chunk(layout: list) -> tuple[dict, list]:
+    """({name: tensor}, [writable byte view of each]) for a chunk's layout: one buffer for the
+    chunk (numpy's, which asks for huge pages: opening pieces into fresh small pages ran at a
+    third of the speed), each tensor a view of it at a 64-byte aligned offset."""
+    import numpy as np
+    import torch
+
+    dtypes = [getattr(torch, dtype, None) for _, dtype, _ in layout]
+    for (name, dtype, _), torch_dtype in zip(layout, dtypes):
+        if not isinstance(torch_dtype, torch.dtype):
+            raise ValueError(f"tensor {name!r} of a sealed chunk has dtype {dtype!r}, which is not a torch "
+                             "dtype")
+    sizes = [int(np.prod(shape, dtype=np.int64)) * torch.empty(0, dtype=d).element_size()
+             for (_, _, shape), d in zip(layout, dtypes)]
+    offsets, end = [], 0
+    for size in sizes:
+        offsets.append(end)
+        end += -(-size // _ALIGN_BYTES) * _ALIGN_BYTES
+    buffer = np.empty(end, dtype=np.uint8)
+    weights, views = {}, []
+    for (name, _, shape), torch_dtype, offset, size in zip(layout, dtypes, offsets, sizes):
+        part = buffer[offset:offset + size]
+        weights[name] = torch.frombuffer(part, dtype=torch_dtype).view(shape) if size else \
+            torch.empty(shape, dtype=torch_dtype)
+        views.append(memoryview(part))
+    return weights, views

@@ -188,8 +188,8 @@ class Actor:
         nothing is left behind (no reference is made until the head answers)."""
         if self.head is None:
             raise LookupError(f"cannot look up {name!r}: this actor runs without a head")
-        address = await self.head.ask("lookup", {"name": name}, timeout_s=timeout_s)
-        return self.node.ref(address, name)
+        found = await self.head.ask("lookup", {"name": name}, timeout_s=timeout_s)
+        return self.node.ref(found["address"], name, same_node=found["same_node"])
 
     def handlers(self) -> dict[str, Handler]:
         table = {}
@@ -205,12 +205,12 @@ class Actor:
         return table
 
     async def _handle_peers_moved(self, body) -> None:
-        """{name: address} of actors started again elsewhere (a cluster node was lost): this
-        process's references to them point there from now on (Node.rebind). Does not wait
-        (cancel-safe)."""
-        for name, address in body.items():
-            if self.node.rebind(name, address):
-                log.info("actor %s moved to %s; talking to it there", name, address)
+        """{name: {"address", "same_node"}} of actors started again elsewhere (a cluster node was
+        lost; `same_node`: on this actor's node): this process's references to them point there
+        from now on (Node.rebind). Does not wait (cancel-safe)."""
+        for name, moved in body.items():
+            if self.node.rebind(name, moved["address"], same_node=moved["same_node"]):
+                log.info("actor %s moved to %s; talking to it there", name, moved["address"])
 
     async def _handle_peers_gone(self, body) -> None:
         """{name: reason} of actors gone for good (a cluster node was lost with them and they fit

@@ -107,26 +107,30 @@ class Node:
     def next_msg_id(self) -> int:
         return next(self._msg_ids)
 
-    def shm_min_bytes_for(self, address: str) -> int | None:
-        """Shared memory only between processes on one host (ipc, or tcp on loopback)."""
-        local = not address.startswith("tcp://") or not is_beyond_loopback(address)
-        return self.shm_min_bytes if local else None
+    def shm_min_bytes_for(self, address: str, same_node: bool = False) -> int | None:
+        """Shared memory only between processes on one host: `same_node` (the registry placed the
+        actor on this process's node, whatever its address), or an address that proves it (ipc,
+        tcp on loopback)."""
+        return self.shm_min_bytes if reaches_same_host(address, same_node) else None
 
     def spawn(self, fn: Callable[..., Awaitable], *args) -> None:
         self._task_group.start_soon(fn, *args)
 
-    def ref(self, address: str, name: str | None = None) -> "ActorRef":
-        ref = ActorRef(self, address, name or address)
+    def ref(self, address: str, name: str | None = None, same_node: bool = False) -> "ActorRef":
+        """A reference to the actor at `address`; `same_node`: the registry says it runs on this
+        process's node (its lookup's answer), so bulk arrays go through /dev/shm even over tcp."""
+        ref = ActorRef(self, address, name or address, same_node)
         self._refs.append(ref)
         self._closers.append(ref.close)
         return ref
 
-    def rebind(self, name: str, address: str) -> int:
+    def rebind(self, name: str, address: str, same_node: bool = False) -> int:
         """Point every open reference to actor `name` at `address` (it was started again
-        elsewhere: another node of a cluster); returns how many moved. See ActorRef.rebind."""
+        elsewhere: another node of a cluster, this one when `same_node`); returns how many moved.
+        See ActorRef.rebind."""
         moved = [ref for ref in self._refs if ref.name == name and not ref._closed and ref.address != address]
         for ref in moved:
-            ref.rebind(address)
+            ref.rebind(address, same_node)
         return len(moved)
 
     def close_refs(self, name: str) -> int:
@@ -147,6 +151,13 @@ class Node:
         sock.linger = 0
         sock.bind("inproc://zeromq.zap.01")
         self.spawn(_serve_zap, AsyncSocket(sock), frozenset(allowed_keys))
+
+
+def reaches_same_host(address: str, same_node: bool) -> bool:
+    """Whether an actor at `address` shares this process's host (and so its /dev/shm): the
+    registry placed it on this node (`same_node`), or the address cannot leave the host (ipc,
+    tcp on loopback). Never decided by comparing IP addresses: nodes may share one."""
+    return same_node or not is_beyond_loopback(address)
 
 
 async def _serve_zap(sock: AsyncSocket, allowed_keys: frozenset) -> None:
@@ -205,10 +216,13 @@ class ActorRef:
     whose callers wait for the leader; when no task leads and one is waiting,
     one of them is woken to lead (`_hand_over`)."""
 
-    def __init__(self, node: Node, address: str, name: str):
+    def __init__(self, node: Node, address: str, name: str, same_node: bool = False):
         self.node = node
         self.address = address
         self.name = name
+        # The actor runs on this process's host: bulk arrays go through /dev/shm. Decided by node
+        # identity (`same_node`, from the registry) or by an address that proves it (ipc, loopback).
+        self.same_host = reaches_same_host(address, same_node)
         sock = node.context.socket(zmq.DEALER)
         sock.linger = 0
         sock.immediate = True          # queue only on a live connection: nothing waits in a dead pipe
@@ -220,7 +234,7 @@ class ActorRef:
         self._monitor = AsyncSocket(_monitor_socket(node.context, sock))
         sock.connect(address)
         self._sock = AsyncSocket(sock)
-        self._shm_min_bytes = node.shm_min_bytes_for(address)  # decided once, not per message
+        self._shm_min_bytes = node.shm_min_bytes_for(address, same_node)  # decided once, not per message
         self._pending: dict[int, _Pending] = {}
         self._reading = False
         self._followers: dict[int, _Pending] = {}   # insertion-ordered: the oldest leads next
@@ -298,8 +312,9 @@ class ActorRef:
         finally:
             self._pending.pop(msg_id, None)
 
-    def rebind(self, address: str) -> None:
-        """Talk to the actor at `address` from now on (it was started again on another node).
+    def rebind(self, address: str, same_node: bool = False) -> None:
+        """Talk to the actor at `address` from now on (it was started again on another node;
+        on this process's node when `same_node`).
         Every request sent fails with ActorDiedError (it went to the old process, which is gone),
         so its caller's retry rules apply; those still waiting for a connection (never sent) go
         to the new address, as do later ones."""
@@ -318,7 +333,8 @@ class ActorRef:
         configure_client(sock, address, self.node.keys)
         self.address = address
         self._uses_curve = is_beyond_loopback(address)
-        self._shm_min_bytes = self.node.shm_min_bytes_for(address)
+        self.same_host = reaches_same_host(address, same_node)
+        self._shm_min_bytes = self.node.shm_min_bytes_for(address, same_node)
         if self._connected.is_set():
             self._connected = anyio.Event()
         self._auth_error = None

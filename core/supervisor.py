@@ -240,10 +240,12 @@ class Supervisor:
                  if self.peers.get(name, address) != address}
         self.peers.update(addresses)
         for name, address in moved.items():
-            self.node.rebind(name, address)
+            self.node.rebind(name, address, same_node=name in self.records)
+        told = {name: {"address": address, "same_node": name in self.records}
+                for name, address in moved.items()}
         for record in self.records.values():
             if moved and record.state == "running":
-                self.node.spawn(self._tell_peers, record.spec.name, wire.PEERS_MOVED, moved)
+                self.node.spawn(self._tell_peers, record.spec.name, wire.PEERS_MOVED, told)
 
     def remove_peers(self, gone: dict[str, str]) -> None:
         """Actors gone for good ({name: reason}: their node was lost and they fit on no node
@@ -257,7 +259,7 @@ class Supervisor:
             if gone and record.state == "running":
                 self.node.spawn(self._tell_peers, record.spec.name, wire.PEERS_GONE, dict(gone))
 
-    async def _tell_peers(self, name: str, kind: str, peers: dict[str, str]) -> None:
+    async def _tell_peers(self, name: str, kind: str, peers: dict) -> None:
         """Tell actor `name` the peers that moved (PEERS_MOVED) or are gone (PEERS_GONE).
         Cancelled: it may not be told; an actor that restarts meanwhile looks its peers up afresh."""
         try:
@@ -560,15 +562,19 @@ class Supervisor:
             record.crash_traceback = str(body.get("traceback", ""))
         return "ok"
 
-    async def _on_lookup(self, body) -> str:
-        """The address of the actor named in `body`. Does not wait (cancel-safe)."""
+    async def _on_lookup(self, body) -> dict:
+        """{"address", "same_node"} of the actor named in `body`. Does not wait (cancel-safe).
+
+        Node identity: this supervisor runs the actors of one node (a cluster's node agent, or the
+        single host), and an actor looks up through its own node's supervisor; so an actor of
+        `records` shares the asker's node, a peer (`add_peers`: another supervisor's) does not."""
         name = body.get("name") if isinstance(body, dict) else None
         record = self.records.get(name)
         if record is None:
             if name in self.peers:
-                return self.peers[name]
+                return {"address": self.peers[name], "same_node": False}
             raise KeyError(f"no actor named {name!r}; known: {sorted({*self.records, *self.peers})}")
-        return record.address
+        return {"address": record.address, "same_node": True}
 
     async def _on_status(self, body) -> dict:
         """`status()` for `postrain status`. Does not wait (cancel-safe)."""

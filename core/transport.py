@@ -20,7 +20,7 @@ import ipaddress
 import os
 import socket as _socket
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
 import sniffio
@@ -74,32 +74,37 @@ def is_beyond_loopback(address: str) -> bool:
 
 @dataclass(frozen=True)
 class CurveKeys:
-    """A run's CurveZMQ identity: servers present server_*; clients present client_*.
+    """A run's keys: its CurveZMQ identity (servers present server_*; clients present client_*)
+    and `bulk_key`, the AES-256 key that seals bulk bytes between nodes (core/sealed.py).
 
     A listening socket beyond loopback accepts only clients whose public key
-    is in `allowed_client_keys` (by default the run's own client key)."""
+    is in `allowed_client_keys` (by default the run's own client key). The head makes them per
+    run (`generate`) and hands them out only as it hands out the Curve keys (to the node agents,
+    and from them in each actor's start); the secrets never appear in a repr, a log or a config."""
 
     server_public: bytes
-    server_secret: bytes
+    server_secret: bytes = field(repr=False)
     client_public: bytes
-    client_secret: bytes
+    client_secret: bytes = field(repr=False)
     allowed_client_keys: tuple[bytes, ...] = ()
+    bulk_key: bytes = field(default=b"", repr=False)
 
     @classmethod
     def generate(cls) -> "CurveKeys":
         server_public, server_secret = zmq.curve_keypair()
         client_public, client_secret = zmq.curve_keypair()
-        return cls(server_public, server_secret, client_public, client_secret, (client_public,))
+        return cls(server_public, server_secret, client_public, client_secret, (client_public,),
+                   os.urandom(32))
 
     def to_dict(self) -> dict:
         return {"server_public": self.server_public, "server_secret": self.server_secret,
                 "client_public": self.client_public, "client_secret": self.client_secret,
-                "allowed_client_keys": list(self.allowed_client_keys)}
+                "allowed_client_keys": list(self.allowed_client_keys), "bulk_key": self.bulk_key}
 
     @classmethod
     def from_dict(cls, data: dict) -> "CurveKeys":
         return cls(data["server_public"], data["server_secret"], data["client_public"],
-                   data["client_secret"], tuple(data["allowed_client_keys"]))
+                   data["client_secret"], tuple(data["allowed_client_keys"]), data["bulk_key"])
 
 
 def configure_server(sock: zmq.Socket, address: str, keys: CurveKeys | None) -> None:

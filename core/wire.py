@@ -69,7 +69,8 @@ END = "_end"            # the end of a stream
 ERROR = "_error"        # a typed error in place of a reply; body: {"type", "message", "traceback"}
 STOP = "_stop"          # asks the actor to stop
 PING = "_ping"          # answered with a REPLY by the runtime itself
-PEERS_MOVED = "_peers_moved"  # {name: address} of actors started again on another node (Supervisor.add_peers)
+# {name: {"address", "same_node"}} of actors started again on another node (Supervisor.add_peers)
+PEERS_MOVED = "_peers_moved"
 PEERS_GONE = "_peers_gone"    # {name: reason} of actors gone for good (Supervisor.remove_peers)
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None

@@ -1,11 +1,16 @@
 """Chunked weight syncs: the assembler's rules, and real publishes to a generator on "another
-host" (bound to tcp beyond loopback, so CurveZMQ and no /dev/shm) beside one on this host."""
+node" (under a second supervisor, bound to tcp beyond loopback: chunks over CurveZMQ, their
+bytes on its sealed channel) beside one on the learner's node (/dev/shm); a forged piece on the
+sealed channel leaves the receiver with the weights it held, and the run's key is in no log."""
 from __future__ import annotations
+
+import base64
 
 import pytest
 import torch
+import zmq
 
-from postrain.actors.learner_actor import weight_messages
+from postrain.actors.learner_actor import sealed_sync, weight_chunks, weight_messages, weights_digest
 from postrain.actors.ledger import SampleLedger
 from postrain.actors.orchestrator.train_step import TrainStep
 from postrain.actors.records import TrainBatch, WeightSync
@@ -13,9 +18,11 @@ from postrain.actors.recovery import LearnerKeeper
 from postrain.actors.weight_assembly import SyncAssembler
 from postrain.core import ActorSpec, CurveKeys, RemoteError, Supervisor
 from postrain.core.metrics import MetricsWriter, read_metrics
+from postrain.core.sealed import PIECE_BYTES, SealedSender, new_run_key
 from postrain.core.testing import async_test
 
 TINY = "tiny"   # the built-in tiny model: learner and generators share it
+HOST = "0.0.0.0"        # every address of this machine: beyond loopback
 
 
 def chunks(version: int, names: str, num_chunks: int | None = None) -> list[WeightSync]:
@@ -84,12 +91,17 @@ GREEDY = {"prompt_ids": [10, 20, 30, 40], "sampling": {"temperature": 0.0, "max_
 
 @async_test
 async def test_generators_here_and_on_another_host_hold_the_same_weights_and_drop_interrupted_syncs(tmp_path):
-    async with Supervisor.open(keys=CurveKeys.generate()) as sup:
+    keys = CurveKeys.generate()
+    async with Supervisor.open(keys=keys) as sup, Supervisor.open(keys=keys) as other_node:
         learner = await sup.start(spec("learner", "postrain.actors.learner_actor:LearnerActor",
-                                       {"model": TINY, "learner": {"lr": 3e-2, "micro_batch_size": 2}}))
+                                       {"model": TINY, "learner": {"lr": 3e-2, "micro_batch_size": 2}},
+                                       bind=f"tcp://{HOST}:0"))
         near = await sup.start(spec("near", GENERATOR, {"model": TINY, "kv_cache_mb": 4,
-                                                        "speculative": {"method": "ngram", "min_ngram": 1}}))
-        far = await sup.start(spec("far", GENERATOR, {"model": TINY, "kv_cache_mb": 4}, bind="tcp://0.0.0.0:0"))
+                                                        "speculative": {"method": "ngram", "min_ngram": 1}},
+                                    bind=f"tcp://{HOST}:0"))    # tcp, but the learner's node: /dev/shm
+        far = await other_node.start(spec("far", GENERATOR, {"model": TINY, "kv_cache_mb": 4},
+                                          bind=f"tcp://{HOST}:0"))
+        sup.add_peers({"far": far.address})      # as the node agents tell each other (core/ray_nodes.py)
 
         async def lookup(name):
             return sup.ref(name)
@@ -102,9 +114,9 @@ async def test_generators_here_and_on_another_host_hold_the_same_weights_and_dro
                                  report_figures=lambda figures: None, samples_per_prompt=2,
                                  num_steps=1).publish()
         near_stats = await near.ask("stats")
-        # near: one message through /dev/shm; far: chunks of at most 1 MiB over tcp + Curve
-        num_tensors = len((await learner.ask("get_weights"))["weights"])
-        assert report.version == 1 and report.num_messages > 3 and report.num_messages <= 1 + num_tensors
+        # near: one message through /dev/shm; far: chunks of at most 1 MiB, their bytes sealed
+        weights = (await learner.ask("get_weights"))["weights"]
+        assert report.version == 1 and report.num_messages == 1 + len(weight_chunks(weights, 1.0)) > 3
         for generator in (near, far):
             assert (await generator.ask("stats"))["policy_version"] == 1
         here, there = await near.ask("generate", GREEDY), await far.ask("generate", GREEDY)
@@ -120,7 +132,6 @@ async def test_generators_here_and_on_another_host_hold_the_same_weights_and_dro
             assert f"{figure}_far" not in row                   # far does not speculate
 
         # a sync interrupted by a newer one is dropped whole, and its late chunks are refused
-        weights = (await learner.ask("get_weights"))["weights"]
         interrupted, newer = weight_messages(weights, 2, 1.0), weight_messages(weights, 3, 1.0)
         for message in interrupted[:2]:
             assert await far.ask("load_weights", message) == {"version": 1, "complete": False}
@@ -132,3 +143,53 @@ async def test_generators_here_and_on_another_host_hold_the_same_weights_and_dro
             await far.ask("load_weights", interrupted[2])
         assert set((await far.ask("generate", GREEDY))["samples"][0]["policy_versions"]) == {3}
 
+
+
+RECEIVER = "postrain.actors.learner_actor:WeightReceiverActor"
+
+
+@async_test
+async def test_a_forged_sealed_piece_is_refused_and_the_receiver_keeps_its_weights_and_no_log_holds_the_key(
+        tmp_path):
+    keys = CurveKeys.generate()
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    async with Supervisor.open(keys=keys, log_dir=str(logs)) as sup, \
+            Supervisor.open(keys=keys, log_dir=str(logs)) as other_node:
+        learner = await sup.start(spec("learner", "postrain.actors.learner_actor:LearnerActor",
+                                       {"model": TINY}, bind=f"tcp://{HOST}:0"))
+        far = await other_node.start(spec("far", RECEIVER, {}, bind=f"tcp://{HOST}:0"))
+        sup.add_peers({"far": far.address})
+        await learner.ask("publish", {"targets": ["far"], "chunk_mb": 1.0})
+        weights = (await learner.ask("get_weights"))["weights"]
+        held = await far.ask("digest")
+        assert held == {"version": 0, "digest": weights_digest(weights)}        # bit for bit
+
+        # A sync whose pieces a stranger forges (the right header, not sealed with the run's key)
+        channel = (await far.ask("weights_channel"))["address"]
+        messages, streams = sealed_sync(weights, 1, 1.0, "learner", PIECE_BYTES, timeout_s=10)
+        forger = SealedSender(new_run_key(), channel)
+        await far.tell("load_weights", messages[0])
+        forger.send(streams[0][0], streams[0][1], timeout_s=10)
+        for message in messages[1:-1]:                   # the sync's later chunks find it dropped
+            await far.tell("load_weights", message)
+        with pytest.raises(RemoteError, match="dropped after a refused or missing piece"):
+            await far.ask("load_weights", messages[-1])
+        assert await far.ask("digest") == held                             # nothing half-loaded
+
+        # junk from a stranger on the channel costs the next sync nothing
+        stranger = zmq.Context.instance().socket(zmq.PUSH)
+        stranger.connect(channel)
+        stranger.send_multipart([b"junk", b"\0" * 64])
+        reply = await learner.ask("publish", {"targets": ["far"], "chunk_mb": 1.0})
+        assert reply["num_messages"] == len(weight_chunks(weights, 1.0))
+        assert await far.ask("digest") == held
+        stranger.close(linger=0)
+        forger.close()
+    far_log = (logs / "far.log").read_text()
+    assert "refused a piece on the sealed channel from 127.0.0.1: piece 0 of chunk 0 of version 1 from " \
+           "learner does not authenticate" in far_log and "not a sealed piece" in far_log
+    every_log = b"".join(path.read_bytes() for path in logs.iterdir())
+    key = keys.bulk_key
+    for form in (key, key.hex().encode(), repr(key).encode(), base64.b64encode(key)):
+        assert form not in every_log

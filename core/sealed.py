@@ -1,0 +1,264 @@
+"""Bulk bytes between nodes on a plain ZeroMQ tcp channel, each piece sealed with AES-256-GCM.
+
+CurveZMQ (every actor socket beyond loopback) encrypts each frame into a fresh buffer in one
+I/O thread, which held a weight sync across nodes to 0.2-0.3 of plain tcp. Large buffers
+(a weight sync's tensors) travel instead on a second channel: the receiver binds a PULL
+socket on its node's address, without Curve; the sender connects a PUSH socket; the sender
+seals every piece and the receiver opens it, each in a Python thread beside ZeroMQ's I/O
+threads, so sealing piece i + 1 overlaps sending piece i, and opening overlaps receipt.
+Control (what to expect, in which order, the final reply) stays on the actors' Curve
+messages; this channel carries only the sealed bytes.
+
+    receiver = SealedReceiver(run_key, host="10.0.0.2")        # receiver.address: tcp://10.0.0.2:PORT
+    sender = SealedSender(run_key, receiver.address)
+    stream = Stream(sender="learner", version=3, sync_id=new_sync_id(), chunk=0)
+    sender.send(stream, [memoryview(...), ...])                # a thread: returns once all are queued
+    receiver.receive(stream, [writable memoryview, ...], 60)   # a thread: SealedStreamError if refused
+
+Both ends learn the run's key (`CurveKeys.bulk_key`: made by the head per run, handed out with
+the Curve keys) and agree on the stream and its buffers' sizes over the Curve channel first.
+
+Invariants (tests/core/test_sealed.py):
+- Keys: a stream's key is HKDF-SHA256(run key; sender, version, sync id), the sync id 16
+  random bytes fresh for every sync (and every retry of one), so no two syncs share a key.
+- Nonce of piece p of chunk c: version mod 2**32, c, p (4 bytes each): within one key no
+  nonce repeats. Associated data: the piece's header (magic, sync id, version, chunk, piece,
+  sender), so a piece opens only as the very piece of the very stream it was sealed for.
+- Pieces: each buffer is cut into pieces of at most `piece_bytes` (a piece never spans two
+  buffers), numbered in buffer order; the receiver computes the same plan from the sizes.
+- The receiver takes exactly the pieces of its stream, in order. A piece that names the stream
+  but is not its next one, has the wrong size or does not authenticate (forged, tampered,
+  replayed from another position) is refused, logged in one line naming the peer's address,
+  and the receive fails (SealedStreamError): the caller discards the buffers, and the
+  stream's later pieces are skipped quietly (`dropped`). A piece that names another stream
+  (a stranger's junk, a piece replayed from another sync) is refused, logged and skipped: it
+  is no piece of this one. A stranger without the key gets nothing accepted.
+- A sender that stops mid-stream (it died) leaves its receiver waiting for the next piece
+  until `timeout_s`; pieces of a newer stream that arrive meanwhile are refused, so that
+  stream fails too and the one after goes through.
+- One thread at a time uses each end (a lock); `close` waits for it.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import struct
+import threading
+import time
+from dataclasses import dataclass
+
+import zmq
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from .errors import PostrainError
+
+log = logging.getLogger("postrain.core")
+
+KEY_BYTES = 32                 # AES-256
+TAG_BYTES = 16                 # the GCM tag after each piece's ciphertext
+PIECE_BYTES = 4 << 20          # measured: docs/performance.md, Cluster
+_MAGIC = b"PRS1"
+_HEADER = struct.Struct(">4s16sQII")   # magic, sync id, version, chunk, piece; then the sender's name
+_RING = 4                      # the sender's sealed buffers in flight (ZeroMQ sends them without copying)
+_POLL_S = 0.1                  # a waiting receiver checks for close this often
+_NUM_DROPPED_KEPT = 64
+
+
+class SealedStreamError(PostrainError):
+    """A sealed stream that could not be received whole: a piece refused, or none in time."""
+
+
+def new_run_key() -> bytes:
+    return os.urandom(KEY_BYTES)
+
+
+def new_sync_id() -> bytes:
+    return os.urandom(16)
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    """One chunk of one sync: what its pieces are sealed for."""
+
+    sender: str
+    version: int
+    sync_id: bytes
+    chunk: int
+
+    def header(self, piece: int) -> bytes:
+        return _HEADER.pack(_MAGIC, self.sync_id, self.version, self.chunk, piece) + self.sender.encode()
+
+    def nonce(self, piece: int) -> bytes:
+        return struct.pack(">III", self.version & 0xFFFFFFFF, self.chunk, piece)
+
+    def cipher(self, run_key: bytes) -> AESGCM:
+        """AES-256-GCM under this sync's own key (HKDF of the run's key)."""
+        sender = self.sender.encode()
+        info = b"postrain sealed bulk v1" + struct.pack(">H", len(sender)) + sender \
+            + struct.pack(">Q", self.version) + self.sync_id
+        return AESGCM(HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=info).derive(run_key))
+
+
+def piece_plan(sizes: list[int], piece_bytes: int) -> list[tuple[int, int, int]]:
+    """(buffer index, start, stop) of every piece, in order: each buffer cut into pieces of at
+    most piece_bytes (an empty buffer has none)."""
+    return [(index, start, min(start + piece_bytes, size))
+            for index, size in enumerate(sizes) for start in range(0, size, piece_bytes)]
+
+
+def _check_key(run_key: bytes) -> None:
+    if not isinstance(run_key, bytes) or len(run_key) != KEY_BYTES:
+        raise ValueError(f"a sealed channel needs the run's {KEY_BYTES}-byte key (CurveKeys.bulk_key), "
+                         f"got {type(run_key).__name__} of {len(run_key) if run_key else 0} bytes")
+
+
+class SealedSender:
+    """This process's end of one sealed channel, to the receiver at `address` (blocking calls,
+    made from a worker thread). Invariant: a ring buffer is sealed into only once ZeroMQ has
+    let go of its previous piece (`_trackers`)."""
+
+    def __init__(self, run_key: bytes, address: str, piece_bytes: int = PIECE_BYTES):
+        _check_key(run_key)
+        self.address = address
+        self.piece_bytes = piece_bytes
+        self._run_key = run_key
+        self._sock = zmq.Context.instance().socket(zmq.PUSH)
+        self._sock.linger = 0
+        self._sock.sndhwm = 2 * _RING
+        self._sock.immediate = True    # queue only on a live connection
+        self._sock.connect(address)
+        self._ring = [bytearray(piece_bytes + TAG_BYTES) for _ in range(_RING)]
+        self._trackers: list = [None] * _RING
+        self._lock = threading.Lock()
+
+    def send(self, stream: Stream, buffers: list[memoryview], timeout_s: float,
+             abandon: threading.Event | None = None) -> int:
+        """Seal and queue every piece of `buffers` (byte views) for `stream`; the number of pieces.
+        SealedStreamError when a piece cannot be queued within timeout_s (no receiver) or
+        `abandon` is set (the caller gave up)."""
+        with self._lock:
+            cipher = stream.cipher(self._run_key)
+            self._sock.sndtimeo = int(timeout_s * 1000)
+            plan = piece_plan([len(b) for b in buffers], self.piece_bytes)
+            for piece, (index, start, stop) in enumerate(plan):
+                if abandon is not None and abandon.is_set():
+                    raise SealedStreamError(f"sending chunk {stream.chunk} of version {stream.version} to "
+                                            f"{self.address} was abandoned at piece {piece} of {len(plan)}")
+                sealed = self._free_slot(piece, timeout_s)[:stop - start + TAG_BYTES]
+                header = stream.header(piece)
+                cipher.encrypt_into(stream.nonce(piece), buffers[index][start:stop], header, sealed)
+                try:
+                    self._trackers[piece % _RING] = self._sock.send_multipart([header, sealed], copy=False,
+                                                                              track=True)
+                except zmq.Again:
+                    raise SealedStreamError(f"the sealed channel to {self.address} took no piece within "
+                                            f"{timeout_s:g} s (chunk {stream.chunk} of version "
+                                            f"{stream.version}): is the receiver alive?") from None
+            return len(plan)
+
+    def _free_slot(self, piece: int, timeout_s: float) -> memoryview:
+        slot = piece % _RING
+        tracker = self._trackers[slot]
+        if tracker is not None:
+            try:
+                tracker.wait(timeout_s)
+            except zmq.NotDone:
+                raise SealedStreamError(f"the sealed channel to {self.address} sent nothing for "
+                                        f"{timeout_s:g} s") from None
+            self._trackers[slot] = None
+        return memoryview(self._ring[slot])
+
+    def close(self) -> None:
+        with self._lock:
+            self._sock.close(linger=0)
+
+
+class SealedReceiver:
+    """This process's end of sealed channels: a PULL socket bound on `host` (plain tcp, any free
+    port: `address`) that any number of senders connect to (blocking calls, made from a worker
+    thread). Invariant: `dropped` holds the sync ids of the last receives that failed."""
+
+    def __init__(self, run_key: bytes, host: str, piece_bytes: int = PIECE_BYTES):
+        _check_key(run_key)
+        self.piece_bytes = piece_bytes
+        self._run_key = run_key
+        self._sock = zmq.Context.instance().socket(zmq.PULL)
+        self._sock.linger = 0
+        self._sock.rcvhwm = 2 * _RING            # per connection: a stranger queues little
+        self._sock.maxmsgsize = piece_bytes + TAG_BYTES + 4096   # a larger frame drops its connection
+        port = self._sock.bind_to_random_port(f"tcp://{host}")
+        self.address = f"tcp://{host}:{port}"
+        self.dropped: collections.deque[bytes] = collections.deque(maxlen=_NUM_DROPPED_KEPT)
+        self._closing = False
+        self._lock = threading.Lock()
+
+    def receive(self, stream: Stream, buffers: list[memoryview], timeout_s: float) -> None:
+        """Fill `buffers` (writable byte views, the sizes the sender sends) with the opened pieces of
+        `stream`, in order; waits at most timeout_s for each piece. SealedStreamError on a piece
+        refused or none in time (the stream is then `dropped`; discard the buffers)."""
+        with self._lock:
+            try:
+                self._receive(stream, buffers, timeout_s)
+            except SealedStreamError:
+                self.dropped.append(stream.sync_id)
+                raise
+
+    def _receive(self, stream: Stream, buffers: list[memoryview], timeout_s: float) -> None:
+        cipher = stream.cipher(self._run_key)
+        plan = piece_plan([len(b) for b in buffers], self.piece_bytes)
+        piece = 0
+        while piece < len(plan):
+            frames = self._next(timeout_s, stream, piece, len(plan))
+            peer = frames[-1].get("Peer-Address") or "an unknown peer"
+            header = frames[0].bytes if len(frames) == 2 else b""
+            expected = stream.header(piece)
+            if header != expected:
+                self._refuse_other(header, stream, piece, peer)
+                continue
+            index, start, stop = plan[piece]
+            sealed = frames[1].buffer
+            try:
+                if len(sealed) != stop - start + TAG_BYTES:
+                    raise InvalidTag
+                cipher.decrypt_into(stream.nonce(piece), sealed, header, buffers[index][start:stop])
+            except InvalidTag:
+                self._refuse(peer, f"piece {piece} of chunk {stream.chunk} of version {stream.version} from "
+                             f"{stream.sender} does not authenticate (forged, tampered or not sealed with "
+                             "the run's key)")
+            piece += 1
+
+    def _next(self, timeout_s: float, stream: Stream, piece: int, num_pieces: int) -> list:
+        deadline = time.monotonic() + timeout_s
+        while not self._sock.poll(int(_POLL_S * 1000)):
+            if self._closing:
+                raise SealedStreamError("the sealed channel closed during a receive")
+            if time.monotonic() > deadline:
+                raise SealedStreamError(f"no piece {piece} of {num_pieces} of chunk {stream.chunk} of version "
+                                        f"{stream.version} from {stream.sender} within {timeout_s:g} s")
+        return self._sock.recv_multipart(copy=False)
+
+    def _refuse_other(self, header: bytes, stream: Stream, piece: int, peer: str) -> None:
+        """A piece that is not the next one of `stream`: skipped when it names another sync
+        (refused and logged, unless it is a leftover of a dropped one), fatal when it names this."""
+        fields = _HEADER.unpack_from(header) if len(header) >= _HEADER.size else None
+        if fields is None or fields[0] != _MAGIC:
+            log.warning("refused a piece on the sealed channel from %s: not a sealed piece", peer)
+        elif fields[1] == stream.sync_id:
+            self._refuse(peer, f"it claims piece {fields[4]} of chunk {fields[3]} where piece {piece} of chunk "
+                         f"{stream.chunk} of version {stream.version} from {stream.sender} is next "
+                         "(replayed or reordered)")
+        elif fields[1] not in self.dropped:
+            log.warning("refused a piece on the sealed channel from %s: it names no sync in progress", peer)
+
+    def _refuse(self, peer: str, why: str) -> None:
+        log.warning("refused a piece on the sealed channel from %s: %s", peer, why)
+        raise SealedStreamError(f"a piece from {peer} was refused: {why}; the sync is dropped (publish again)")
+
+    def close(self) -> None:
+        self._closing = True
+        with self._lock:
+            self._sock.close(linger=0)

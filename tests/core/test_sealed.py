@@ -1,0 +1,154 @@
+"""The sealed channel (core/sealed.py) over real ZeroMQ tcp sockets: bytes arrive bit for bit
+across piece and buffer boundaries; junk, a replayed piece, a reordered one, a tampered one
+and a stranger's forgery are refused, logged naming the peer, and accepted never."""
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+import pytest
+import zmq
+
+from postrain.core.sealed import (
+    SealedReceiver, SealedSender, SealedStreamError, Stream, new_run_key, new_sync_id, piece_plan,
+)
+
+PIECE = 1000                          # small pieces: every buffer below spans several, or none
+SIZES = [2500, 0, 1000, 7, 3001]
+
+
+def buffers(seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, size, dtype=np.uint8) for size in SIZES]
+
+
+def stream(version: int = 1, chunk: int = 0, sync_id: bytes | None = None) -> Stream:
+    return Stream("learner", version, sync_id or new_sync_id(), chunk)
+
+
+class Receiving:
+    """receiver.receive(...) in a thread (it blocks): `.join()` returns the filled buffers or raises."""
+
+    def __init__(self, receiver: SealedReceiver, s: Stream, timeout_s: float = 10.0):
+        self.out = [np.full(size, 0xAB, dtype=np.uint8) for size in SIZES]
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(receiver, s, timeout_s))
+        self._thread.start()
+
+    def _run(self, receiver, s, timeout_s):
+        try:
+            receiver.receive(s, [memoryview(b) for b in self.out], timeout_s)
+        except BaseException as exc:
+            self.error = exc
+
+    def join(self) -> list[np.ndarray]:
+        self._thread.join(30)
+        if self.error is not None:
+            raise self.error
+        return self.out
+
+
+@pytest.fixture
+def channel():
+    key = new_run_key()
+    receiver = SealedReceiver(key, "127.0.0.1", piece_bytes=PIECE)
+    sender = SealedSender(key, receiver.address, piece_bytes=PIECE)
+    tap = zmq.Context.instance().socket(zmq.PULL)     # a wire tap: captures valid pieces to replay
+    tap_address = f"tcp://127.0.0.1:{tap.bind_to_random_port('tcp://127.0.0.1')}"
+    stranger = zmq.Context.instance().socket(zmq.PUSH)
+    stranger.linger = 0
+    stranger.connect(receiver.address)
+    yield key, receiver, sender, (tap, tap_address), stranger
+    for sock in (tap, stranger):
+        sock.close(linger=0)
+    sender.close()
+    receiver.close()
+
+
+def captured_pieces(key: bytes, tap, tap_address: str, s: Stream, data: list) -> list[list[bytes]]:
+    """Every piece of `data` as sealed for `s` with the run's key, as an eavesdropper records them."""
+    recorder = SealedSender(key, tap_address, piece_bytes=PIECE)
+    num = recorder.send(s, [memoryview(b) for b in data], timeout_s=10)
+    pieces = [tap.recv_multipart() for _ in range(num)]
+    recorder.close()
+    return pieces
+
+
+def send_raw(stranger, pieces: list[list[bytes]]) -> None:
+    for frames in pieces:
+        stranger.send_multipart(frames)
+
+
+def test_a_stream_arrives_bit_for_bit_across_piece_and_buffer_boundaries(channel):
+    _, receiver, sender, _, _ = channel
+    assert piece_plan([2500, 0, 7], 1000) == [(0, 0, 1000), (0, 1000, 2000), (0, 2000, 2500), (2, 0, 7)]
+    for version in (1, 2):                         # the channel is reused, sync after sync
+        s, data = stream(version), buffers(version)
+        receiving = Receiving(receiver, s)
+        assert sender.send(s, [memoryview(b) for b in data], timeout_s=10) == len(piece_plan(SIZES, PIECE))
+        assert all(np.array_equal(got, want) for got, want in zip(receiving.join(), data))
+
+
+def test_junk_and_a_piece_replayed_from_another_sync_are_refused_and_skipped(channel, caplog):
+    key, receiver, sender, (tap, tap_address), stranger = channel
+    old = captured_pieces(key, tap, tap_address, stream(1), buffers(1))
+    s, data = stream(2), buffers(2)
+    receiving = Receiving(receiver, s)
+    with caplog.at_level(logging.WARNING, logger="postrain.core"):
+        stranger.send(b"junk")                                    # one frame, not a piece
+        stranger.send_multipart([b"PRS1" + bytes(40), b"x" * 50])  # a header of no sync
+        send_raw(stranger, old[:2])                               # valid pieces of an earlier sync
+        sender.send(s, [memoryview(b) for b in data], timeout_s=10)
+        got = receiving.join()
+    assert all(np.array_equal(g, w) for g, w in zip(got, data))   # the real stream went through
+    refusals = [r.getMessage() for r in caplog.records if "refused a piece" in r.getMessage()]
+    assert len(refusals) == 4 and all("from 127.0.0.1" in line for line in refusals), refusals
+    assert "not a sealed piece" in refusals[0] and "names no sync in progress" in refusals[-1]
+
+
+@pytest.mark.parametrize("attack", ["forged", "tampered", "replayed", "reordered", "relabelled"])
+def test_a_bad_piece_of_the_stream_in_progress_fails_it_and_is_logged(channel, caplog, attack):
+    key, receiver, sender, (tap, tap_address), stranger = channel
+    s, data = stream(3), buffers(3)
+    valid = captured_pieces(key, tap, tap_address, s, data)       # what the eavesdropper saw of s
+    header, sealed = valid[0]
+    if attack == "forged":          # the right header, bytes sealed with another key
+        bad = captured_pieces(new_run_key(), tap, tap_address, s, data)[0]
+    elif attack == "tampered":      # one bit flipped
+        bad = [header, bytes([sealed[0] ^ 1]) + sealed[1:]]
+    elif attack == "replayed":      # piece 0 delivered, then delivered again
+        send_raw(stranger, [valid[0]])
+        bad = valid[0]
+    elif attack == "reordered":     # piece 1 first
+        bad = valid[1]
+    else:                           # piece 1's bytes under piece 0's header
+        bad = [header, valid[1][1]]
+    receiving = Receiving(receiver, s)
+    with caplog.at_level(logging.WARNING, logger="postrain.core"):
+        send_raw(stranger, [bad])
+        with pytest.raises(SealedStreamError, match="refused: .*the sync is dropped"):
+            receiving.join()
+    line = [r.getMessage() for r in caplog.records if "refused a piece" in r.getMessage()][-1]
+    assert "from 127.0.0.1" in line and ("does not authenticate" in line or "is next" in line), line
+    assert s.sync_id in receiver.dropped
+    # what is left of the dropped stream is skipped quietly; the next stream goes through
+    caplog.clear()
+    send_raw(stranger, valid[1:3])
+    nxt, nxt_data = stream(4), buffers(4)
+    receiving = Receiving(receiver, nxt)
+    sender.send(nxt, [memoryview(b) for b in nxt_data], timeout_s=10)
+    assert all(np.array_equal(g, w) for g, w in zip(receiving.join(), nxt_data))
+    assert not [r for r in caplog.records if "refused a piece" in r.getMessage()]
+
+
+def test_a_receive_without_pieces_ends_at_its_timeout_and_a_sender_without_receiver_at_its(channel):
+    key, receiver, _, _, _ = channel
+    with pytest.raises(SealedStreamError, match="no piece 0 of 9 of chunk 0 of version 1 from learner with"):
+        Receiving(receiver, stream(1), timeout_s=0.3).join()
+    nowhere = SealedSender(key, "tcp://127.0.0.1:9", piece_bytes=PIECE)
+    with pytest.raises(SealedStreamError, match="took no piece within 0.3 s"):
+        nowhere.send(stream(1), [memoryview(b) for b in buffers(1)], timeout_s=0.3)
+    nowhere.close()
+    with pytest.raises(ValueError, match="needs the run's 32-byte key"):
+        SealedReceiver(b"short", "127.0.0.1")
