@@ -16,12 +16,18 @@ Figures (medians over repeats; ours and the peer take turns within each repeat):
 - `weight_sync_gb_per_s`: one weight sync of a SmolLM2-135M-shaped state (538 MB fp32, random
   values of the real model's shapes) from a `LearnerActor` on node 0 to a `WeightReceiverActor`
   on node 1 that assembles the chunks and loads them into its model (the generator's path:
-  `publish` with the orchestrator's default `chunk_mb`, actors/weight_assembly.py), against the
-  same bytes sent by raw pyzmq over plain tcp as one zero-copy multipart message to node 1.
-  `curve_floor_weight_sync_gb_per_s` (ours only): that raw send with CurveZMQ on, in frames of
-  at most wire.FRAME_MAX_BYTES as ours. `config` holds ours at other chunk sizes
+  `publish` with the orchestrator's default `chunk_mb`, the chunks on Curve, their bytes on the
+  receiver's sealed channel: core/sealed.py, actors/weight_assembly.py), against the same bytes
+  sent by raw pyzmq over plain tcp as one zero-copy multipart message to node 1.
+  `sealed_floor_weight_sync_gb_per_s` (ours only): the same bytes on a bare sealed channel
+  (core/sealed.py) from this process to a receiver on node 1 that opens them into fresh
+  buffers, no actors: what the channel alone reaches. `curve_floor_weight_sync_gb_per_s` (ours
+  only): the raw send with CurveZMQ on, in frames of at most wire.FRAME_MAX_BYTES: the bound
+  of the path weights took before the sealed channel; `curve_chunks_weight_sync_gb_per_s` (ours
+  only): that path itself, the chunks with their tensors in them over Curve, sent from this
+  process to the same receiver. `config` holds ours at other chunk sizes
   (`weight_sync_gb_per_s_by_chunk_mb`) and the raw Curve send of the whole state as one frame
-  (`curve_one_frame_weight_sync_gb_per_s`: what frames of at most FRAME_MAX_BYTES save).
+  (`curve_one_frame_weight_sync_gb_per_s`).
 - `samples_per_s_K_nodes` (K = 2, 3): trained samples per second of the default run (short:
   RL_STEPS GRPO steps, no warm start, no evaluation) under `postrain up` with its actors spread
   over K nodes by `node` hints (LAYOUTS); `first_rollout_s_K_nodes`: seconds from starting
@@ -34,6 +40,7 @@ Figures (medians over repeats; ours and the peer take turns within each repeat):
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import statistics
@@ -51,6 +58,7 @@ import zmq
 from postrain.bench.messaging import _actor_oneway_rate, _actor_round_trips
 
 NODE_CPUS = 2                           # logical CPUs of each local node (this machine's cores)
+SEALED_SYNC_ID = bytes(16)              # the bare sealed channel's streams differ by version (the repeat)
 PAYLOAD = b"x" * 64
 SMOLLM2_135M_SHAPE = {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_layers": 30,
                       "num_heads": 9, "num_kv_heads": 3, "tie_word_embeddings": True,
@@ -121,6 +129,17 @@ class RawServer:
     def __init__(self, host: str):
         self.host = host
 
+    def serve_sealed(self, run_key: bytes, sizes: list[int]) -> tuple[str, str]:
+        """A sealed channel's receiver (core/sealed.py) and a plain PAIR socket that answers
+        b"done" after each stream: repeat i is Stream("bench", i, SEALED_SYNC_ID, 0) of buffers of
+        `sizes`, opened into fresh ones as a weight receiver does. (sealed address, ack address)"""
+        from postrain.core.sealed import SealedReceiver
+        receiver = SealedReceiver(run_key, self.host)
+        ack = zmq.Context.instance().socket(zmq.PAIR)
+        port = ack.bind_to_random_port(f"tcp://{self.host}")
+        threading.Thread(target=_serve_sealed, args=(receiver, ack, sizes), daemon=True).start()
+        return receiver.address, f"tcp://{self.host}:{port}"
+
     def serve(self, server_keys: tuple[bytes, bytes] | None) -> str:
         sock = zmq.Context.instance().socket(zmq.PAIR)
         if server_keys:
@@ -146,6 +165,28 @@ def _serve_raw(sock: zmq.Socket) -> None:
             sock.send(str(sum(len(f.buffer) for f in frames[1:])).encode())
         else:
             sock.send_multipart(frames, copy=False)
+
+
+def _serve_sealed(receiver, ack: zmq.Socket, sizes: list[int]) -> None:
+    import numpy as np
+
+    from postrain.core.sealed import Stream
+    for repeat in itertools.count():
+        buffer = np.empty(sum(sizes), dtype=np.uint8)
+        offsets = [0, *itertools.accumulate(sizes)]
+        receiver.receive(Stream("bench", repeat, SEALED_SYNC_ID, 0),
+                         [memoryview(buffer[a:b]) for a, b in zip(offsets, offsets[1:])], timeout_s=600)
+        ack.send(b"done")
+
+
+def sealed_seconds(sender, ack: zmq.Socket, repeat: int, tensors: list) -> float:
+    """Seconds to send the tensors' bytes on the bare sealed channel and hear them opened."""
+    from postrain.core.sealed import Stream
+    views = [memoryview(t.view(-1).view(torch.uint8).numpy()) for t in tensors]
+    start = time.perf_counter()
+    sender.send(Stream("bench", repeat, SEALED_SYNC_ID, 0), views, timeout_s=600)
+    assert ack.recv() == b"done"
+    return time.perf_counter() - start
 
 
 class RawClient:
@@ -196,6 +237,20 @@ class RawClient:
 
 # -- ours: actors under the node agents ----------------------------------------------------
 
+async def _curve_chunks_gb_per_s(receiver, weights: dict, version: int) -> float:
+    """The path weights took to other nodes before the sealed channel: the `load_weights` chunks
+    with their tensors in them, over Curve (pipelined as `publish` sent them), from this process
+    to the receiver. GB/s from the first chunk sent to the last one's reply."""
+    from postrain.actors.learner_actor import weight_messages
+    messages = weight_messages(weights, version, CHUNK_MB)
+    num_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+    start = time.perf_counter()
+    for message in messages[:-1]:
+        await receiver.tell("load_weights", message, timeout_s=600)
+    await receiver.ask("load_weights", messages[-1], timeout_s=600)
+    return num_bytes / (time.perf_counter() - start) / 1e9
+
+
 async def _sync_gb_per_s(learner, chunk_mb: float | None) -> float:
     """One publish to the receiver: GB/s of the sync as the learner timed it (first chunk sent to
     last chunk applied). Cancelled: the receiver may hold part of a sync; the next drops it."""
@@ -232,26 +287,38 @@ def measure_links(cluster: LocalOrExisting, nodes, sizes: dict, folder: Path) ->
                      for spec, node in _link_specs(nodes, sizes["model"])}
         plain = ray.get(server.serve.remote(None), timeout=60)
         curve = ray.get(server.serve.remote((keys.server_public, keys.server_secret)), timeout=60)
-        return anyio.run(_measure_links, keys, addresses, plain, curve, sizes, backend="trio")
+        raw = {"plain": plain, "curve": curve, "server": server}
+        return anyio.run(_measure_links, keys, addresses, raw, sizes, backend="trio")
     finally:
         agents.stop()
         ray.kill(server)
 
 
-async def _measure_links(keys, addresses: dict, plain_address: str, curve_address: str, sizes: dict):
+async def _measure_links(keys, addresses: dict, raw_links: dict, sizes: dict):
     """Cancelled: the raw links are closed (finally); no figures."""
+    import ray
+
     from postrain.core import Node, wire
+    from postrain.core.sealed import SealedSender
 
     ours = {"rtts": [], "rates": [], "sync": []}
     peer = {"rtts": [], "rates": [], "sync": []}
     floor = {"rtts": [], "rates": [], "sync": []}
     one_frame: list[float] = []
+    sealed_floor: list[float] = []
+    curve_chunks: list[float] = []
     by_chunk: dict[float | None, list[float]] = {mb: [] for mb in CHUNK_SWEEP_MB}
     async with Node("bench", keys) as node:
         echo, learner = node.ref(addresses["echo"]), node.ref(addresses["learner"])
-        weights = (await learner.ask("get_weights", timeout_s=600))["weights"]
+        got = await learner.ask("get_weights", timeout_s=600)
+        weights, version = got["weights"], got["version"]
         tensors = [t.contiguous() for t in weights.values()]
-        raw, raw_curve = RawClient(plain_address), RawClient(curve_address, keys)
+        receiver = node.ref(addresses["receiver"])
+        raw, raw_curve = RawClient(raw_links["plain"]), RawClient(raw_links["curve"], keys)
+        sealed_address, ack_address = ray.get(raw_links["server"].serve_sealed.remote(
+            keys.bulk_key, [t.numel() * t.element_size() for t in tensors]), timeout=60)
+        sealed, ack = SealedSender(keys.bulk_key, sealed_address), zmq.Context.instance().socket(zmq.PAIR)
+        ack.connect(ack_address)
         try:
             await _actor_round_trips(echo, 100)   # warm up
             await _sync_gb_per_s(learner, CHUNK_MB)
@@ -265,9 +332,12 @@ async def _measure_links(keys, addresses: dict, plain_address: str, curve_addres
                 floor["rates"].append(raw_curve.oneway_rate(sizes["num_oneway"]))
             num_bytes = sum(t.numel() * t.element_size() for t in tensors)
             flat = [torch.cat([t.view(-1).view(torch.uint8) for t in tensors])]   # the state as one frame
-            for _ in range(sizes["sync_repeats"]):
+            sealed_seconds(sealed, ack, 0, tensors)    # warm up
+            for repeat in range(1, sizes["sync_repeats"] + 1):
                 peer["sync"].append(num_bytes / raw.bulk_seconds(tensors) / 1e9)
                 ours["sync"].append(await _sync_gb_per_s(learner, CHUNK_MB))
+                sealed_floor.append(num_bytes / sealed_seconds(sealed, ack, repeat, tensors) / 1e9)
+                curve_chunks.append(await _curve_chunks_gb_per_s(receiver, weights, version))
                 floor["sync"].append(num_bytes / raw_curve.bulk_seconds(tensors, wire.FRAME_MAX_BYTES) / 1e9)
                 one_frame.append(num_bytes / raw_curve.bulk_seconds(flat) / 1e9)
                 for mb in CHUNK_SWEEP_MB:
@@ -275,9 +345,13 @@ async def _measure_links(keys, addresses: dict, plain_address: str, curve_addres
         finally:
             raw.close()
             raw_curve.close()
+            sealed.close()
+            ack.close(linger=0)
     results, peer_figures = _link_figures(**ours), _link_figures(**peer)
     results.update({f"curve_floor_{k}": v for k, v in _link_figures(**floor).items()})
-    config = {"sync_bytes": num_bytes, "sync_tensors": len(tensors),
+    results["sealed_floor_weight_sync_gb_per_s"] = round(statistics.median(sealed_floor), 3)
+    results["curve_chunks_weight_sync_gb_per_s"] = round(statistics.median(curve_chunks), 3)
+    config = {"sync_bytes": num_bytes, "sync_tensors": len(tensors), "sealed_piece_bytes": sealed.piece_bytes,
               "curve_one_frame_weight_sync_gb_per_s": round(statistics.median(one_frame), 3),
               "weight_sync_gb_per_s_by_chunk_mb": {
                   f"{CHUNK_MB:g}": results["weight_sync_gb_per_s"],
@@ -396,6 +470,6 @@ def run(quick: bool = False, address: str | None = None) -> dict:
         **{k: v for k, v in sizes.items() if k != "model"},
         "runs": {f"{k}_nodes": {name: round(v, 2) for name, v in r.items()} for k, r in runs.items()},
         "rl_run": f"default config, {RL_STEPS} GRPO steps, no warm start, no evaluation; layouts {LAYOUTS}",
-        "order": "interleaved within each repeat: peer, ours, curve floor",
+        "order": "interleaved within each repeat: peer, ours, sealed floor, curve chunks, curve floor",
         "load_avg_1_5_15_min": {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]}})
     return {"config": config, "results": results, "peer": peer}

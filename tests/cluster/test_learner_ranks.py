@@ -2,7 +2,8 @@
 its two ranks, placed on two nodes and given the rendezvous the head hands out, train a step
 to the same weights as one process (to 1e-6) and checkpoint together; and a real short RL
 run through `postrain up` with the learner on two ranks across the nodes finishes with a
-balanced ledger."""
+balanced ledger. Weights published from the learner reach a receiver on its node through
+/dev/shm and one on the other node on the sealed channel, bit for bit."""
 from __future__ import annotations
 
 import json
@@ -20,9 +21,10 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from postrain.actors.learner import Learner, LearnerConfig  # noqa: E402
+from postrain.actors.learner_actor import weight_chunks, weights_digest  # noqa: E402
 from postrain.actors.learner_group import interface_holding  # noqa: E402
 from postrain.cli.cluster_up import ClusterLaunch, meeting_point_on_node  # noqa: E402
-from postrain.core import CurveKeys, Node  # noqa: E402
+from postrain.core import ActorSpec, CurveKeys, Node  # noqa: E402
 from postrain.core.cluster import ClusterScheduler  # noqa: E402
 from postrain.core.config import complete_rendezvous, parse_config  # noqa: E402
 from postrain.core.ray_nodes import connect  # noqa: E402
@@ -134,3 +136,41 @@ def test_a_short_run_with_the_learner_on_two_ranks_across_nodes_balances_its_led
     assert summary["steps"] == 2 and ledger["created"] == 2 * 2 * 2
     assert ledger["created"] == ledger["in_flight"] + ledger["trained"] + ledger["dropped"]
     assert ledger["in_flight"] == 0 and ledger["trained"] == summary["samples"] > 0
+
+
+@async_test
+async def test_weights_reach_a_receiver_on_the_learners_node_through_shm_and_one_on_another_node_sealed(
+        two_nodes, tmp_path):
+    """Same node by node identity: `near` binds tcp like every cluster actor, yet gets one message
+    (its tensors through /dev/shm); `far` gets chunks whose bytes travel on its sealed channel.
+    Both then hold the learner's weights bit for bit, and no log of the run holds its key."""
+    cluster = connect(parse_config({"cluster": {"address": two_nodes.address}, "actors": []}).cluster)
+    keys = CurveKeys.generate()
+    try:
+        nodes = cluster.nodes()
+        agents = cluster.start_agents(nodes, keys=keys, run_tag="sealed1", log_dir=str(tmp_path / "logs"))
+        try:
+            receiver = "postrain.actors.learner_actor:WeightReceiverActor"
+            specs = [("learner", "postrain.actors.learner_actor:LearnerActor", {"model": "tiny"}, nodes[0]),
+                     ("near", receiver, {}, nodes[0]), ("far", receiver, {}, nodes[1])]
+            address = {}
+            for name, cls, options, node in specs:
+                spec = ActorSpec(name=name, cls=cls, options=options, cpus=0.5, memory_mb=0, max_restarts=0)
+                address[name] = await anyio.to_thread.run_sync(agents.start, spec, node.name)
+            assert all(a.startswith(f"tcp://{nodes[0].address}") for a in address.values())  # one machine
+            async with Node("head", keys) as head:
+                learner = head.ref(address["learner"])
+                report = await learner.ask("publish", {"targets": ["near", "far"], "chunk_mb": 1.0},
+                                           timeout_s=120)
+                weights = (await learner.ask("get_weights", None, timeout_s=60))["weights"]
+                digests = [await head.ref(address[name]).ask("digest") for name in ("near", "far")]
+        finally:
+            agents.stop()
+    finally:
+        cluster.disconnect()
+    assert report["num_messages"] == 1 + len(weight_chunks(weights, 1.0))
+    assert digests == [{"version": 0, "digest": weights_digest(weights)}] * 2
+    every_log = b"".join(path.read_bytes() for path in (tmp_path / "logs").iterdir())
+    assert b"published weights v0" in every_log
+    for form in (keys.bulk_key, keys.bulk_key.hex().encode(), repr(keys.bulk_key).encode()):
+        assert form not in every_log
