@@ -195,7 +195,7 @@ class LearnerActor(Actor):
         self.learner = None
         self.resume_extra = None
         self.targets: dict[str, object] = {}
-        self.channels: dict[str, tuple] = {}   # target name -> (its address, its SealedSender): other nodes
+        self.channels: dict[str, object] = {}   # target name -> its SealedSender (targets on other nodes)
         self.last_publish: dict = {}
         self.group: LearnerGroup | None = None
         await anyio.to_thread.run_sync(self._build)
@@ -211,7 +211,7 @@ class LearnerActor(Actor):
     async def teardown(self):
         """Leave the learner's group, if any (its sockets close now, not at interpreter exit).
         Cancelled: the process ends anyway."""
-        for _, channel in self.channels.values():
+        for channel in self.channels.values():
             channel.close()
         if self.group is not None:
             await anyio.to_thread.run_sync(self.group.leave)
@@ -382,7 +382,8 @@ class LearnerActor(Actor):
                 await target.ask("load_weights", whole[0], timeout_s=timeout_s)
                 sent = 1
             else:
-                sent = await self._push_sealed(name, target, weights, version, body.get("chunk_mb"), timeout_s)
+                sent = await self._push_sealed(name, target, weights, version, body.get("chunk_mb"),
+                                               timeout_s)
             num_messages += sent      # after the await: other targets' pushes add meanwhile
             sync_s[name] = time.perf_counter() - t0
 
@@ -399,23 +400,23 @@ class LearnerActor(Actor):
 
     async def _push_sealed(self, name: str, target, weights: dict, version: int, chunk_mb: float | None,
                            timeout_s: float) -> int:
-        """One sync to a target on another node; the number of messages. The chunks go in order
-        on the Curve connection, every one but the last as a tell, so the link never idles
-        waiting for a reply (the target handles them one at a time in arrival order); their
-        bytes go sealed on the target's channel from a worker thread, piece by piece, while
-        ZeroMQ sends the last (core/sealed.py). The last chunk's reply confirms the whole sync;
-        a chunk refused or lost leaves the last one refused: an error, never a part applied
-        (actors/weight_assembly.py). Cancelled: the sending thread stops at its next piece; the
-        target drops the sync."""
+        """One sync to a target on another node; the number of messages. The target names its
+        channel first (`weights_channel`, asked every sync: one started again has a new one).
+        The chunks go in order on the Curve connection, every one but the last as a tell, so
+        the link never idles waiting for a reply (the target handles them one at a time in
+        arrival order); their bytes go sealed on the target's channel from a worker thread,
+        piece by piece, while ZeroMQ sends the last (core/sealed.py). The last chunk's reply
+        confirms the whole sync; a chunk refused or lost leaves the last one refused: an
+        error, never a part applied (actors/weight_assembly.py). Cancelled: the sending thread
+        stops within 0.1 s; the target drops the sync."""
         from postrain.core.sealed import SealedSender
 
-        address, channel = self.channels.get(name, (None, None))
-        if address != target.address:       # a new target, or one started again elsewhere
+        address = (await target.ask("weights_channel", None, timeout_s=timeout_s))["address"]
+        channel = self.channels.get(name)
+        if channel is None or channel.address != address:
             if channel is not None:
                 channel.close()
-            found = await target.ask("weights_channel", None, timeout_s=timeout_s)
-            channel = SealedSender(self.node.keys.bulk_key, found["address"])
-            self.channels[name] = (target.address, channel)
+            channel = self.channels[name] = SealedSender(self.node.keys.bulk_key, address)
         messages, streams = sealed_sync(weights, version, chunk_mb, self.name, channel.piece_bytes, timeout_s)
         abandon, errors = threading.Event(), []
 

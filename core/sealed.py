@@ -138,43 +138,56 @@ class SealedSender:
     def send(self, stream: Stream, buffers: list[memoryview], timeout_s: float,
              abandon: threading.Event | None = None) -> int:
         """Seal and queue every piece of `buffers` (byte views) for `stream`; the number of pieces.
-        SealedStreamError when a piece cannot be queued within timeout_s (no receiver) or
-        `abandon` is set (the caller gave up)."""
+        SealedStreamError when a piece cannot be queued within timeout_s (no receiver), or
+        within _POLL_S of `abandon` being set (the caller gave up)."""
         with self._lock:
             cipher = stream.cipher(self._run_key)
-            self._sock.sndtimeo = int(timeout_s * 1000)
+            self._sock.sndtimeo = int(_POLL_S * 1000)
             plan = piece_plan([len(b) for b in buffers], self.piece_bytes)
             for piece, (index, start, stop) in enumerate(plan):
-                if abandon is not None and abandon.is_set():
-                    raise SealedStreamError(f"sending chunk {stream.chunk} of version {stream.version} to "
-                                            f"{self.address} was abandoned at piece {piece} of {len(plan)}")
-                sealed = self._free_slot(piece, timeout_s)[:stop - start + TAG_BYTES]
+                wait = _Wait(timeout_s, abandon, f"piece {piece} of {len(plan)} of chunk {stream.chunk} of "
+                             f"version {stream.version} to {self.address}")
+                sealed = self._free_slot(piece, wait)[:stop - start + TAG_BYTES]
                 header = stream.header(piece)
                 cipher.encrypt_into(stream.nonce(piece), buffers[index][start:stop], header, sealed)
-                try:
-                    self._trackers[piece % _RING] = self._sock.send_multipart([header, sealed], copy=False,
-                                                                              track=True)
-                except zmq.Again:
-                    raise SealedStreamError(f"the sealed channel to {self.address} took no piece within "
-                                            f"{timeout_s:g} s (chunk {stream.chunk} of version "
-                                            f"{stream.version}): is the receiver alive?") from None
+                while True:
+                    try:
+                        tracker = self._sock.send_multipart([header, sealed], copy=False, track=True)
+                        self._trackers[piece % _RING] = tracker
+                        break
+                    except zmq.Again:
+                        wait.check("the receiver took nothing: is it alive?")
             return len(plan)
 
-    def _free_slot(self, piece: int, timeout_s: float) -> memoryview:
+    def _free_slot(self, piece: int, wait: "_Wait") -> memoryview:
         slot = piece % _RING
         tracker = self._trackers[slot]
-        if tracker is not None:
+        while tracker is not None:
             try:
-                tracker.wait(timeout_s)
+                tracker.wait(_POLL_S)
+                self._trackers[slot] = tracker = None
             except zmq.NotDone:
-                raise SealedStreamError(f"the sealed channel to {self.address} sent nothing for "
-                                        f"{timeout_s:g} s") from None
-            self._trackers[slot] = None
+                wait.check("ZeroMQ sent nothing")
         return memoryview(self._ring[slot])
 
     def close(self) -> None:
         with self._lock:
             self._sock.close(linger=0)
+
+
+class _Wait:
+    """The deadline and the abandon flag of one piece's send."""
+
+    def __init__(self, timeout_s: float, abandon: threading.Event | None, what: str):
+        self.deadline, self.timeout_s = time.monotonic() + timeout_s, timeout_s
+        self.abandon, self.what = abandon, what
+
+    def check(self, why: str) -> None:
+        """SealedStreamError when the caller gave up or the piece's time is out."""
+        if self.abandon is not None and self.abandon.is_set():
+            raise SealedStreamError(f"sending {self.what} was abandoned")
+        if time.monotonic() > self.deadline:
+            raise SealedStreamError(f"sending {self.what} took over {self.timeout_s:g} s ({why})")
 
 
 class SealedReceiver:
@@ -237,8 +250,9 @@ class SealedReceiver:
             if self._closing:
                 raise SealedStreamError("the sealed channel closed during a receive")
             if time.monotonic() > deadline:
-                raise SealedStreamError(f"no piece {piece} of {num_pieces} of chunk {stream.chunk} of version "
-                                        f"{stream.version} from {stream.sender} within {timeout_s:g} s")
+                raise SealedStreamError(f"no piece {piece} of {num_pieces} of chunk {stream.chunk} of "
+                                        f"version {stream.version} from {stream.sender} within "
+                                        f"{timeout_s:g} s")
         return self._sock.recv_multipart(copy=False)
 
     def _refuse_other(self, header: bytes, stream: Stream, piece: int, peer: str) -> None:
@@ -248,15 +262,16 @@ class SealedReceiver:
         if fields is None or fields[0] != _MAGIC:
             log.warning("refused a piece on the sealed channel from %s: not a sealed piece", peer)
         elif fields[1] == stream.sync_id:
-            self._refuse(peer, f"it claims piece {fields[4]} of chunk {fields[3]} where piece {piece} of chunk "
-                         f"{stream.chunk} of version {stream.version} from {stream.sender} is next "
+            self._refuse(peer, f"it claims piece {fields[4]} of chunk {fields[3]} where piece {piece} of "
+                         f"chunk {stream.chunk} of version {stream.version} from {stream.sender} is next "
                          "(replayed or reordered)")
         elif fields[1] not in self.dropped:
             log.warning("refused a piece on the sealed channel from %s: it names no sync in progress", peer)
 
     def _refuse(self, peer: str, why: str) -> None:
         log.warning("refused a piece on the sealed channel from %s: %s", peer, why)
-        raise SealedStreamError(f"a piece from {peer} was refused: {why}; the sync is dropped (publish again)")
+        raise SealedStreamError(f"a piece from {peer} was refused: {why}; the sync is dropped "
+                                "(publish again)")
 
     def close(self) -> None:
         self._closing = True

@@ -1,11 +1,15 @@
 """Chunked weight syncs: the assembler's rules, and real publishes to a generator on "another
 node" (under a second supervisor, bound to tcp beyond loopback: chunks over CurveZMQ, their
 bytes on its sealed channel) beside one on the learner's node (/dev/shm); a forged piece on the
-sealed channel leaves the receiver with the weights it held, and the run's key is in no log."""
+sealed channel leaves the receiver with the weights it held, a receiver started again (a new
+channel) gets the next publish whole, and the run's key is in no log."""
 from __future__ import annotations
 
 import base64
+import os
+import signal
 
+import anyio
 import pytest
 import torch
 import zmq
@@ -158,7 +162,8 @@ async def test_a_forged_sealed_piece_is_refused_and_the_receiver_keeps_its_weigh
             Supervisor.open(keys=keys, log_dir=str(logs)) as other_node:
         learner = await sup.start(spec("learner", "postrain.actors.learner_actor:LearnerActor",
                                        {"model": TINY}, bind=f"tcp://{HOST}:0"))
-        far = await other_node.start(spec("far", RECEIVER, {}, bind=f"tcp://{HOST}:0"))
+        far = await other_node.start(spec("far", RECEIVER, {}, bind=f"tcp://{HOST}:0").model_copy(
+            update={"max_restarts": 1}))
         sup.add_peers({"far": far.address})
         await learner.ask("publish", {"targets": ["far"], "chunk_mb": 1.0})
         weights = (await learner.ask("get_weights"))["weights"]
@@ -186,6 +191,14 @@ async def test_a_forged_sealed_piece_is_refused_and_the_receiver_keeps_its_weigh
         assert await far.ask("digest") == held
         stranger.close(linger=0)
         forger.close()
+
+        # started again (same address, a new channel), it gets the next publish whole
+        os.kill(other_node.records["far"].pid, signal.SIGKILL)
+        with anyio.fail_after(60):
+            while other_node.records["far"].restarts < 1 or other_node.records["far"].state != "running":
+                await anyio.sleep(0.1)
+        await learner.ask("publish", {"targets": ["far"], "chunk_mb": 1.0})
+        assert await far.ask("digest") == held
     far_log = (logs / "far.log").read_text()
     assert "refused a piece on the sealed channel from 127.0.0.1: piece 0 of chunk 0 of version 1 from " \
            "learner does not authenticate" in far_log and "not a sealed piece" in far_log

@@ -147,7 +147,7 @@ def test_a_receive_without_pieces_ends_at_its_timeout_and_a_sender_without_recei
     with pytest.raises(SealedStreamError, match="no piece 0 of 9 of chunk 0 of version 1 from learner with"):
         Receiving(receiver, stream(1), timeout_s=0.3).join()
     nowhere = SealedSender(key, "tcp://127.0.0.1:9", piece_bytes=PIECE)
-    with pytest.raises(SealedStreamError, match="took no piece within 0.3 s"):
+    with pytest.raises(SealedStreamError, match="took over 0.3 s .the receiver took nothing"):
         nowhere.send(stream(1), [memoryview(b) for b in buffers(1)], timeout_s=0.3)
     nowhere.close()
     with pytest.raises(ValueError, match="needs the run's 32-byte key"):
