@@ -29,8 +29,8 @@ Invariants (tests/core/test_sealed.py):
 - The receiver takes exactly the pieces of its stream, in order. A piece that names the stream
   but is not its next one, has the wrong size or does not authenticate (forged, tampered,
   replayed from another position) is refused, logged in one line naming the peer's address,
-  and the receive fails (SealedStreamError): the caller discards the buffers, and the
-  stream's later pieces are skipped quietly (`dropped`). A piece that names another stream
+  and the receive fails (SealedStreamError): the caller discards the buffers, and the later
+  pieces of its sync (any chunk) are skipped quietly (`dropped`: sync ids). A piece that names another stream
   (a stranger's junk, a piece replayed from another sync) is refused, logged and skipped: it
   is no piece of this one. A stranger without the key gets nothing accepted.
 - A sender that stops mid-stream (it died) leaves its receiver waiting for the next piece
