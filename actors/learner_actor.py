@@ -15,7 +15,7 @@ Handlers (request/reply; bodies are dicts):
     get_weights(None) -> {"version", "weights": {hf_name: tensor}}
     publish({"targets": [actor names], "timeout_s", "chunk_mb"})
         -> {"version", "num_bytes", "sync_s": {name: s}, "total_s"}
-    stats(None) -> {"step", "policy_version", "num_params", "last_publish"}
+    stats(None) -> {"step", "policy_version", "num_params", "last_publish", "num_pieces_sealed"}
 
 Data parallel (`ranks = N` on the actor's entry): the other actors talk to rank 0 alone,
 which shards train/sft batches over the ranks and sends checkpoint saves and loads to every
@@ -33,7 +33,8 @@ address is ipc or loopback) gets one such message: its tensors >= 1 MiB cross th
 another node gets one sync as several messages ("chunk": i of "num_chunks": n, of at most
 `chunk_mb` MiB of whole tensors each), sent pipelined (chunks 0..n-2 as tells, chunk n - 1
 asked) on the Curve connection, each naming its tensors ("sealed"), whose bytes travel on the
-target's sealed channel (`weights_channel`; core/sealed.py: plain tcp, AES-256-GCM pieces);
+target's sealed channel (`weights_channel`; core/sealed.py: plain tcp, AES-256-GCM pieces,
+sealed once per publish and sent alike to every target on another node: `num_pieces_sealed`);
 the target applies the version when chunk n - 1 is whole (actors/weight_assembly.py).
 `WeightReceiverActor` below is the reference receiver (tests and the bench use it).
 
@@ -195,7 +196,8 @@ class LearnerActor(Actor):
         self.learner = None
         self.resume_extra = None
         self.targets: dict[str, object] = {}
-        self.channels: dict[str, object] = {}   # target name -> its SealedSender (targets on other nodes)
+        self.sealed = None                      # the SealedSender to targets on other nodes, once needed
+        self.channel_addresses: dict[str, str] = {}   # target name -> its sealed channel's last address
         self.last_publish: dict = {}
         self.group: LearnerGroup | None = None
         await anyio.to_thread.run_sync(self._build)
@@ -211,8 +213,8 @@ class LearnerActor(Actor):
     async def teardown(self):
         """Leave the learner's group, if any (its sockets close now, not at interpreter exit).
         Cancelled: the process ends anyway."""
-        for channel in self.channels.values():
-            channel.close()
+        if self.sealed is not None:
+            self.sealed.close()
         if self.group is not None:
             await anyio.to_thread.run_sync(self.group.leave)
 
@@ -355,41 +357,69 @@ class LearnerActor(Actor):
 
         body: targets (actor names), timeout_s (per message; a chunked sync's last reply waits
         for all its chunks), chunk_mb (a target on this host, by node identity or address, gets
-        one message, its tensors through /dev/shm; a target on another node gets chunks of at
-        most chunk_mb MiB of whole tensors (None: one chunk), their bytes on its sealed channel:
-        `_push_sealed`). Cancelled: targets that already replied hold the new version; the
-        others may or may not."""
+        one message, its tensors through /dev/shm; the targets on other nodes get chunks of at
+        most chunk_mb MiB of whole tensors (None: one chunk), their bytes sealed once for all of
+        them on their sealed channels: `_push_sealed`). A target that fails does not stop the
+        others: they all finish, then the publish fails naming every target that failed and why
+        (the others hold the new version). Cancelled: targets that already replied hold the new
+        version; the others may or may not."""
         await self._ready()
         body = self._check_expected_version(body)
         names = list(body.get("targets") or [])
         timeout_s = float(body.get("timeout_s", 120.0))
         weights = self.learner.state_dict()
         version = self.learner.policy_version
-        whole = weight_messages(weights, version)
+        whole = weight_messages(weights, version)[0]
         sync_s: dict[str, float] = {}
+        errors: dict[str, Exception] = {}
+        far: dict[str, tuple] = {}                  # name -> (its reference, its sealed channel's address)
         num_messages = 0
         start = time.perf_counter()
 
-        async def push(name: str) -> None:
-            """Send every message of the sync to `name`. Cancelled: it may or may not hold the
-            new version (a chunked sync may be part-received; the next sync drops it)."""
+        async def find(name: str) -> None:
+            """Look `name` up; a target on another node names its sealed channel (into `far`)."""
+            try:
+                if name not in self.targets:
+                    self.targets[name] = await self.lookup(name)
+                target = self.targets[name]
+                if not target.same_host:
+                    channel = await target.ask("weights_channel", None, timeout_s=timeout_s)
+                    far[name] = (target, channel["address"])
+            except Exception as exc:
+                errors[name] = exc
+
+        async def push_near(name: str) -> None:
+            """One message to `name` (this host: /dev/shm). Cancelled: it may or may not hold the
+            new version."""
             nonlocal num_messages
-            if name not in self.targets:
-                self.targets[name] = await self.lookup(name)
-            target = self.targets[name]
-            t0 = time.perf_counter()
-            if target.same_host:
-                await target.ask("load_weights", whole[0], timeout_s=timeout_s)
-                sent = 1
-            else:
-                sent = await self._push_sealed(name, target, weights, version, body.get("chunk_mb"),
-                                               timeout_s)
-            num_messages += sent      # after the await: other targets' pushes add meanwhile
-            sync_s[name] = time.perf_counter() - t0
+            try:
+                await self.targets[name].ask("load_weights", whole, timeout_s=timeout_s)
+            except Exception as exc:
+                errors[name] = exc
+                return
+            num_messages += 1
+            sync_s[name] = time.perf_counter() - start
+
+        async def push_far() -> None:
+            nonlocal num_messages
+            done = await self._push_sealed(far, weights, version, body.get("chunk_mb"), timeout_s, errors)
+            for name, (num_sent, done_at) in done.items():
+                num_messages += num_sent
+                sync_s[name] = done_at - start
 
         async with anyio.create_task_group() as tg:
             for name in names:
-                tg.start_soon(push, name)
+                tg.start_soon(find, name)
+        async with anyio.create_task_group() as tg:
+            for name in names:
+                if name not in errors and name not in far:
+                    tg.start_soon(push_near, name)
+            if far:
+                tg.start_soon(push_far)
+        if errors:
+            raise PostrainError(f"publish of version {version} failed for {len(errors)} of {len(names)} "
+                                "targets (the others hold it): " + "; ".join(
+                                    f"{name}: {type(exc).__name__}: {exc}" for name, exc in errors.items()))
         num_bytes = sum(t.numel() * t.element_size() for t in weights.values())
         self.last_publish = PublishReport(version=version, num_bytes=num_bytes, num_messages=num_messages,
                                           sync_s=sync_s, total_s=time.perf_counter() - start).to_wire()
@@ -398,64 +428,78 @@ class LearnerActor(Actor):
                  self.last_publish["total_s"])
         return self.last_publish
 
-    async def _push_sealed(self, name: str, target, weights: dict, version: int, chunk_mb: float | None,
-                           timeout_s: float) -> int:
-        """One sync to a target on another node; the number of messages. The target names its
-        channel first (`weights_channel`, asked every sync: one started again has a new one).
-        The chunks go in order on the Curve connection, every one but the last as a tell, so
-        the link never idles waiting for a reply (the target handles them one at a time in
-        arrival order); their bytes go sealed on the target's channel from a worker thread,
-        piece by piece, while ZeroMQ sends the last (core/sealed.py). The last chunk's reply
-        confirms the whole sync; a chunk refused or lost leaves the last one refused: an
-        error, never a part applied (actors/weight_assembly.py). Cancelled: the sending thread
-        stops within 0.1 s; the target drops the sync."""
+    async def _push_sealed(self, far: dict[str, tuple], weights: dict, version: int, chunk_mb: float | None,
+                           timeout_s: float, errors: dict[str, Exception]) -> dict[str, tuple[int, float]]:
+        """One sync to the targets on other nodes (`far`: name -> (reference, the address its
+        `weights_channel` named, asked every sync: one started again has a new one)); the
+        number of messages of each target that took it whole. The others go in `errors`. The
+        chunks go in order on each target's Curve connection, every one but the last as a tell,
+        so the link never idles waiting for a reply (a target handles them one at a time in
+        arrival order); their bytes are sealed once, piece by piece, in one worker thread and
+        the same sealed pieces go to every target's channel while ZeroMQ sends the last
+        (core/sealed.py). A target's last reply confirms its whole sync; a chunk refused or
+        lost leaves its last one refused: an error, never a part applied
+        (actors/weight_assembly.py). A target whose pieces fail is cut off (its confirmation
+        cancelled), one whose confirmation fails stops getting pieces; the others go on.
+        Cancelled: the sending thread stops within 0.1 s; the targets drop the sync."""
         from postrain.core.sealed import SealedSender
 
-        address = (await target.ask("weights_channel", None, timeout_s=timeout_s))["address"]
-        channel = self.channels.get(name)
-        if channel is None or channel.address != address:
-            if channel is not None:
-                channel.close()
-            channel = self.channels[name] = SealedSender(self.node.keys.bulk_key, address)
-        messages, streams = sealed_sync(weights, version, chunk_mb, self.name, channel.piece_bytes, timeout_s)
-        abandon, errors = threading.Event(), []
+        if self.sealed is None:
+            self.sealed = SealedSender(self.node.keys.bulk_key)
+        sender = self.sealed
+        for name, (_, address) in far.items():
+            old = self.channel_addresses.get(name)
+            if old is not None and old != address:
+                sender.forget(old)            # the target started again: a new channel
+            self.channel_addresses[name] = address
+        messages, streams = sealed_sync(weights, version, chunk_mb, self.name, sender.piece_bytes, timeout_s)
+        abandon = {name: threading.Event() for name in far}
+        scopes = {name: anyio.CancelScope() for name in far}
+        done: dict[str, tuple[int, float]] = {}
 
-        def send_all() -> None:
+        def send_all() -> dict[str, Exception]:
+            names_of = {address: name for name, (_, address) in far.items()}
+            failed: dict[str, Exception] = {}
             for stream, buffers in streams:
-                channel.send(stream, buffers, timeout_s, abandon)
+                live = {address: abandon[name] for address, name in names_of.items() if name not in failed}
+                if not live:
+                    break
+                for address, exc in sender.send(stream, buffers, live, timeout_s).items():
+                    failed[names_of[address]] = exc
+            return failed
 
         async def send_pieces() -> None:
-            try:
-                await anyio.to_thread.run_sync(send_all)
-            except Exception as exc:      # SealedStreamError: no receiver, or abandoned below
-                errors.append(exc)
-                tg.cancel_scope.cancel()
+            for name, exc in (await anyio.to_thread.run_sync(send_all)).items():
+                errors.setdefault(name, exc)
+                scopes[name].cancel()
 
-        async def confirm() -> None:
-            try:
-                for message in messages[:-1]:
-                    await target.tell("load_weights", message, timeout_s=timeout_s)
-                await target.ask("load_weights", messages[-1], timeout_s=timeout_s)
-            except Exception as exc:
-                errors.append(exc)
-                abandon.set()
-            except BaseException:         # cancelled: the pieces stop too
-                abandon.set()
-                raise
+        async def confirm(name: str, target) -> None:
+            with scopes[name]:
+                try:
+                    for message in messages[:-1]:
+                        await target.tell("load_weights", message, timeout_s=timeout_s)
+                    await target.ask("load_weights", messages[-1], timeout_s=timeout_s)
+                    done[name] = (len(messages), time.perf_counter())
+                except Exception as exc:
+                    errors.setdefault(name, exc)
+                    abandon[name].set()
+                except BaseException:         # cancelled: its pieces stop too
+                    abandon[name].set()
+                    raise
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(send_pieces)
-            tg.start_soon(confirm)
-        if errors:
-            raise errors[0]
-        return len(messages)
+            for name, (target, _) in far.items():
+                tg.start_soon(confirm, name, target)
+        return {name: num for name, num in done.items() if name not in errors}
 
     @handler("stats")
     async def stats(self, body):
         """Step, version, size, last publish. Waits only for a group to form (cancel-safe)."""
         await self._ready(leader_only=False)
         return {"step": self.learner.step, "policy_version": self.learner.policy_version,
-                "num_params": sum(p.numel() for p in self.learner.params), "last_publish": self.last_publish}
+                "num_params": sum(p.numel() for p in self.learner.params), "last_publish": self.last_publish,
+                "num_pieces_sealed": self.sealed.num_pieces_sealed if self.sealed is not None else 0}
 
 
 class WeightReceiverOptions(Options):

@@ -25,7 +25,21 @@ Figures (medians over repeats; ours and the peer take turns within each repeat):
   only): the raw send with CurveZMQ on, in frames of at most wire.FRAME_MAX_BYTES: the bound
   of the path weights took before the sealed channel; `curve_chunks_weight_sync_gb_per_s` (ours
   only): that path itself, the chunks with their tensors in them over Curve, sent from this
-  process to the same receiver. `config` holds ours at other chunk sizes
+  process to the same receiver. The ceiling of any sealed channel here, from figures of the
+  same run (ours only): `seal_core_s` and `open_core_s` (CPU seconds of this process, single
+  thread, `time.process_time`; `seal_wall_s`, `open_wall_s` beside them) to seal every 4 MiB
+  piece of the state into the channel's ring of buffers and to open every piece into a fresh
+  buffer of the state's size, as the channel's two ends do, nothing else running;
+  `plain_send_s`, the peer's seconds for the same bytes, and `plain_cores_busy`, the CPU
+  seconds of both of its ends (both processes) over that wall time; `cores`, the CPUs this
+  process may run on (C). A sealed channel does the plain send's work (plain_cores_busy *
+  plain_send_s core-seconds) plus the crypto's (K = seal_core_s + open_core_s), on at most C
+  cores, and cannot beat the plain send itself, so it takes at least
+  max(plain_send_s, (plain_cores_busy * plain_send_s + K) / C), and
+  `sealed_ratio_bound` = plain_send_s / that: the best weight-sync ratio a sealed channel
+  could reach on this machine (a perfect overlap of crypto and transport on every core;
+  when the plain send keeps all C cores busy it is plain_send_s / (plain_send_s + K / C)).
+  `config` holds ours at other chunk sizes
   (`weight_sync_gb_per_s_by_chunk_mb`) and the raw Curve send of the whole state as one frame
   (`curve_one_frame_weight_sync_gb_per_s`).
 - `samples_per_s_K_nodes` (K = 2, 3): trained samples per second of the default run (short:
@@ -140,6 +154,10 @@ class RawServer:
         threading.Thread(target=_serve_sealed, args=(receiver, ack, sizes), daemon=True).start()
         return receiver.address, f"tcp://{self.host}:{port}"
 
+    def cpu_s(self) -> float:
+        """CPU seconds of this process so far (all its threads)."""
+        return time.process_time()
+
     def serve(self, server_keys: tuple[bytes, bytes] | None) -> str:
         sock = zmq.Context.instance().socket(zmq.PAIR)
         if server_keys:
@@ -179,14 +197,59 @@ def _serve_sealed(receiver, ack: zmq.Socket, sizes: list[int]) -> None:
         ack.send(b"done")
 
 
-def sealed_seconds(sender, ack: zmq.Socket, repeat: int, tensors: list) -> float:
+def sealed_seconds(sender, address: str, ack: zmq.Socket, repeat: int, tensors: list) -> float:
     """Seconds to send the tensors' bytes on the bare sealed channel and hear them opened."""
     from postrain.core.sealed import Stream
     views = [memoryview(t.view(-1).view(torch.uint8).numpy()) for t in tensors]
     start = time.perf_counter()
-    sender.send(Stream("bench", repeat, SEALED_SYNC_ID, 0), views, timeout_s=600)
+    failed = sender.send(Stream("bench", repeat, SEALED_SYNC_ID, 0), views, {address: None}, timeout_s=600)
+    assert not failed, failed
     assert ack.recv() == b"done"
     return time.perf_counter() - start
+
+
+def crypto_seconds(run_key: bytes, tensors: list, repeats: int) -> dict:
+    """The sealed channel's crypto alone on the tensors' bytes, in this thread, nothing else of the
+    bench running: every piece (the channel's plan and PIECE_BYTES) sealed into a ring of
+    buffers as SealedSender does, and opened into a fresh buffer of the state's size as a
+    receiver does (weight_assembly.empty_chunk). Medians: {"seal_core_s", "seal_wall_s",
+    "open_core_s", "open_wall_s"}, core seconds by time.process_time, wall by perf_counter."""
+    import numpy as np
+
+    from postrain.core.sealed import PIECE_BYTES, TAG_BYTES, Stream, piece_plan
+    stream = Stream("bench", 0, SEALED_SYNC_ID, 0)
+    cipher = stream.cipher(run_key)
+    views = [memoryview(t.view(-1).view(torch.uint8).numpy()) for t in tensors]
+    pieces = [(stream.nonce(p), views[i][a:b], stream.header(p))
+              for p, (i, a, b) in enumerate(piece_plan([len(v) for v in views], PIECE_BYTES))]
+    ring = [bytearray(PIECE_BYTES + TAG_BYTES) for _ in range(4)]
+    sealed = [cipher.encrypt(nonce, data, header) for nonce, data, header in pieces]   # what is opened
+    figures: dict[str, list[float]] = {name: [] for name in ("seal_core_s", "seal_wall_s", "open_core_s",
+                                                             "open_wall_s")}
+    for _ in range(repeats):
+        core, wall = time.process_time(), time.perf_counter()
+        for p, (nonce, data, header) in enumerate(pieces):
+            cipher.encrypt_into(nonce, data, header, memoryview(ring[p % 4])[:len(data) + TAG_BYTES])
+        figures["seal_core_s"].append(time.process_time() - core)
+        figures["seal_wall_s"].append(time.perf_counter() - wall)
+        core, wall = time.process_time(), time.perf_counter()
+        out = np.empty(sum(len(v) for v in views), dtype=np.uint8)
+        start = 0
+        for (nonce, data, header), piece in zip(pieces, sealed):
+            cipher.decrypt_into(nonce, piece, header, memoryview(out[start:start + len(data)]))
+            start += len(data)
+        figures["open_core_s"].append(time.process_time() - core)
+        figures["open_wall_s"].append(time.perf_counter() - wall)
+        del out
+    return {name: round(statistics.median(values), 3) for name, values in figures.items()}
+
+
+def sealed_ratio_bound(plain_send_s: float, plain_cores_busy: float, crypto_core_s: float,
+                       cores: int) -> float:
+    """The best ratio (plain seconds / sealed seconds) any sealed channel could reach: the plain
+    send's work plus the crypto's on `cores` cores, never faster than the plain send itself."""
+    best_s = max(plain_send_s, (plain_cores_busy * plain_send_s + crypto_core_s) / cores)
+    return round(plain_send_s / best_s, 3)
 
 
 class RawClient:
@@ -216,6 +279,15 @@ class RawClient:
             self.sock.send(PAYLOAD)
         self.sock.recv()
         return num_oneway / (time.perf_counter() - start)
+
+    def plain_send(self, tensors: list, server) -> tuple[float, float]:
+        """(seconds, cores busy) of one bulk send: CPU seconds of both ends' processes (this one,
+        and `server`, the RawServer's Ray actor) over the send's wall time."""
+        import ray
+        server_cpu, cpu = ray.get(server.cpu_s.remote(), timeout=60), time.process_time()
+        seconds = self.bulk_seconds(tensors)
+        cpu = time.process_time() - cpu + ray.get(server.cpu_s.remote(), timeout=60) - server_cpu
+        return seconds, cpu / seconds
 
     def bulk_seconds(self, tensors: list, frame_max_bytes: int | None = None) -> float:
         """Seconds to send the tensors' bytes as one zero-copy message (a frame per tensor, or
@@ -306,6 +378,7 @@ async def _measure_links(keys, addresses: dict, raw_links: dict, sizes: dict):
     floor = {"rtts": [], "rates": [], "sync": []}
     one_frame: list[float] = []
     sealed_floor: list[float] = []
+    plain_sends: list[tuple[float, float]] = []
     curve_chunks: list[float] = []
     by_chunk: dict[float | None, list[float]] = {mb: [] for mb in CHUNK_SWEEP_MB}
     async with Node("bench", keys) as node:
@@ -317,7 +390,7 @@ async def _measure_links(keys, addresses: dict, raw_links: dict, sizes: dict):
         raw, raw_curve = RawClient(raw_links["plain"]), RawClient(raw_links["curve"], keys)
         sealed_address, ack_address = ray.get(raw_links["server"].serve_sealed.remote(
             keys.bulk_key, [t.numel() * t.element_size() for t in tensors]), timeout=60)
-        sealed, ack = SealedSender(keys.bulk_key, sealed_address), zmq.Context.instance().socket(zmq.PAIR)
+        sealed, ack = SealedSender(keys.bulk_key), zmq.Context.instance().socket(zmq.PAIR)
         ack.connect(ack_address)
         try:
             await _actor_round_trips(echo, 100)   # warm up
@@ -332,16 +405,19 @@ async def _measure_links(keys, addresses: dict, raw_links: dict, sizes: dict):
                 floor["rates"].append(raw_curve.oneway_rate(sizes["num_oneway"]))
             num_bytes = sum(t.numel() * t.element_size() for t in tensors)
             flat = [torch.cat([t.view(-1).view(torch.uint8) for t in tensors])]   # the state as one frame
-            sealed_seconds(sealed, ack, 0, tensors)    # warm up
+            sealed_seconds(sealed, sealed_address, ack, 0, tensors)    # warm up
             for repeat in range(1, sizes["sync_repeats"] + 1):
-                peer["sync"].append(num_bytes / raw.bulk_seconds(tensors) / 1e9)
+                plain_sends.append(raw.plain_send(tensors, raw_links["server"]))
+                peer["sync"].append(num_bytes / plain_sends[-1][0] / 1e9)
                 ours["sync"].append(await _sync_gb_per_s(learner, CHUNK_MB))
-                sealed_floor.append(num_bytes / sealed_seconds(sealed, ack, repeat, tensors) / 1e9)
+                sealed_s = sealed_seconds(sealed, sealed_address, ack, repeat, tensors)
+                sealed_floor.append(num_bytes / sealed_s / 1e9)
                 curve_chunks.append(await _curve_chunks_gb_per_s(receiver, weights, version))
                 floor["sync"].append(num_bytes / raw_curve.bulk_seconds(tensors, wire.FRAME_MAX_BYTES) / 1e9)
                 one_frame.append(num_bytes / raw_curve.bulk_seconds(flat) / 1e9)
                 for mb in CHUNK_SWEEP_MB:
                     by_chunk[mb].append(await _sync_gb_per_s(learner, mb))
+            crypto = crypto_seconds(keys.bulk_key, tensors, sizes["sync_repeats"])
         finally:
             raw.close()
             raw_curve.close()
@@ -351,6 +427,12 @@ async def _measure_links(keys, addresses: dict, raw_links: dict, sizes: dict):
     results.update({f"curve_floor_{k}": v for k, v in _link_figures(**floor).items()})
     results["sealed_floor_weight_sync_gb_per_s"] = round(statistics.median(sealed_floor), 3)
     results["curve_chunks_weight_sync_gb_per_s"] = round(statistics.median(curve_chunks), 3)
+    plain_send_s = num_bytes / 1e9 / statistics.median(peer["sync"])
+    plain_cores_busy = statistics.median(busy for _, busy in plain_sends)
+    cores = len(os.sched_getaffinity(0))
+    results.update(crypto, plain_send_s=round(plain_send_s, 3), plain_cores_busy=round(plain_cores_busy, 2),
+                   cores=cores, sealed_ratio_bound=sealed_ratio_bound(
+                       plain_send_s, plain_cores_busy, crypto["seal_core_s"] + crypto["open_core_s"], cores))
     config = {"sync_bytes": num_bytes, "sync_tensors": len(tensors), "sealed_piece_bytes": sealed.piece_bytes,
               "curve_one_frame_weight_sync_gb_per_s": round(statistics.median(one_frame), 3),
               "weight_sync_gb_per_s_by_chunk_mb": {
@@ -470,6 +552,7 @@ def run(quick: bool = False, address: str | None = None) -> dict:
         **{k: v for k, v in sizes.items() if k != "model"},
         "runs": {f"{k}_nodes": {name: round(v, 2) for name, v in r.items()} for k, r in runs.items()},
         "rl_run": f"default config, {RL_STEPS} GRPO steps, no warm start, no evaluation; layouts {LAYOUTS}",
-        "order": "interleaved within each repeat: peer, ours, sealed floor, curve chunks, curve floor",
+        "order": "interleaved within each repeat: peer, ours, sealed floor, curve chunks, curve floor; "
+                 "then the crypto alone",
         "load_avg_1_5_15_min": {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]}})
     return {"config": config, "results": results, "peer": peer}

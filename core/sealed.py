@@ -10,9 +10,10 @@ Control (what to expect, in which order, the final reply) stays on the actors' C
 messages; this channel carries only the sealed bytes.
 
     receiver = SealedReceiver(run_key, host="10.0.0.2")        # receiver.address: tcp://10.0.0.2:PORT
-    sender = SealedSender(run_key, receiver.address)
+    sender = SealedSender(run_key)                              # to any number of receivers
     stream = Stream(sender="learner", version=3, sync_id=new_sync_id(), chunk=0)
-    sender.send(stream, [memoryview(...), ...])                # a thread: returns once all are queued
+    failed = sender.send(stream, [memoryview(...), ...], {receiver.address: None}, 60)
+                                                  # a thread: returns once all are queued; {} if all took them
     receiver.receive(stream, [writable memoryview, ...], 60)   # a thread: SealedStreamError if refused
 
 Both ends learn the run's key (`CurveKeys.bulk_key`: made by the head per run, handed out with
@@ -24,6 +25,9 @@ Invariants (tests/core/test_sealed.py):
 - Nonce of piece p of chunk c: version mod 2**32, c, p (4 bytes each): within one key no
   nonce repeats. Associated data: the piece's header (magic, sync id, version, chunk, piece,
   sender), so a piece opens only as the very piece of the very stream it was sealed for.
+- One sealing for all receivers: none of key, nonce or associated data names the receiver, so
+  a sync's pieces are sealed once and the same ciphertext goes to every receiver of the sync
+  (`SealedSender.send`); no (key, nonce) ever seals two different plaintexts.
 - Pieces: each buffer is cut into pieces of at most `piece_bytes` (a piece never spans two
   buffers), numbered in buffer order; the receiver computes the same plan from the sizes.
 - The receiver takes exactly the pieces of its stream, in order. A piece that names the stream
@@ -117,62 +121,120 @@ def _check_key(run_key: bytes) -> None:
 
 
 class SealedSender:
-    """This process's end of one sealed channel, to the receiver at `address` (blocking calls,
-    made from a worker thread). Invariant: a ring buffer is sealed into only once ZeroMQ has
-    let go of its previous piece (`_trackers`)."""
+    """This process's end of sealed channels to any number of receivers (blocking calls, made
+    from a worker thread): a PUSH socket per receiver address, made on first use, and one ring
+    of sealed buffers for all of them.
 
-    def __init__(self, run_key: bytes, address: str, piece_bytes: int = PIECE_BYTES):
+    Invariants: `send` seals each piece of a stream once (`num_pieces_sealed`) and queues the
+    very same sealed bytes to every receiver it names. That is safe because a stream's key,
+    nonce and associated data name the sender, version, sync id, chunk and piece, never the
+    receiver: every receiver of a sync gets identical ciphertext of identical plaintext under
+    one (key, nonce), so no nonce ever seals two different plaintexts, and a piece replayed
+    from one receiver's link to another's is the piece that receiver expects anyway. A ring
+    buffer is sealed into only once ZeroMQ has let go of its previous piece on every live
+    socket (`_trackers`); a receiver that fails has its socket closed and the ring is replaced
+    (its old buffers stay with ZeroMQ's messages until they are freed)."""
+
+    def __init__(self, run_key: bytes, piece_bytes: int = PIECE_BYTES):
         _check_key(run_key)
-        self.address = address
         self.piece_bytes = piece_bytes
+        self.num_pieces_sealed = 0
         self._run_key = run_key
-        self._sock = zmq.Context.instance().socket(zmq.PUSH)
-        self._sock.linger = 0
-        self._sock.sndhwm = 2 * _RING
-        self._sock.immediate = True    # queue only on a live connection
-        self._sock.connect(address)
-        self._ring = [bytearray(piece_bytes + TAG_BYTES) for _ in range(_RING)]
-        self._trackers: list = [None] * _RING
+        self._socks: dict[str, zmq.Socket] = {}
+        self._new_ring()
         self._lock = threading.Lock()
 
-    def send(self, stream: Stream, buffers: list[memoryview], timeout_s: float,
-             abandon: threading.Event | None = None) -> int:
-        """Seal and queue every piece of `buffers` (byte views) for `stream`; the number of pieces.
-        SealedStreamError when a piece cannot be queued within timeout_s (no receiver), or
-        within _POLL_S of `abandon` being set (the caller gave up)."""
+    def send(self, stream: Stream, buffers: list[memoryview], receivers: dict[str, threading.Event | None],
+             timeout_s: float) -> dict[str, SealedStreamError]:
+        """Seal every piece of `buffers` (byte views) for `stream` once and queue it to every
+        receiver (address: its abandon flag, or None). The receivers that failed, each with its
+        error: a piece it did not take within timeout_s (no receiver), or its flag set (its caller
+        gave up; seen within _POLL_S). A receiver that fails costs the others nothing but the
+        wait; the others get every piece, at the pace of the slowest."""
         with self._lock:
             cipher = stream.cipher(self._run_key)
-            self._sock.sndtimeo = int(_POLL_S * 1000)
             plan = piece_plan([len(b) for b in buffers], self.piece_bytes)
+            live, failed = dict(receivers), {}
             for piece, (index, start, stop) in enumerate(plan):
-                wait = _Wait(timeout_s, abandon, f"piece {piece} of {len(plan)} of chunk {stream.chunk} of "
-                             f"version {stream.version} to {self.address}")
-                sealed = self._free_slot(piece, wait)[:stop - start + TAG_BYTES]
+                what = f"piece {piece} of {len(plan)} of chunk {stream.chunk} of version {stream.version} to "
+                waits = {address: _Wait(timeout_s, abandon, what + address)
+                         for address, abandon in live.items()}
+                for address, wait in waits.items():
+                    self._try(address, live, failed, wait.check, "before it was sealed")
+                slot = piece % _RING
+                for address, tracker in self._trackers[slot]:
+                    if address in live:
+                        self._try(address, live, failed, _wait_sent, tracker, waits[address])
+                if not live:
+                    break
+                sealed = memoryview(self._ring[slot])[:stop - start + TAG_BYTES]
                 header = stream.header(piece)
                 cipher.encrypt_into(stream.nonce(piece), buffers[index][start:stop], header, sealed)
-                while True:
-                    try:
-                        tracker = self._sock.send_multipart([header, sealed], copy=False, track=True)
-                        self._trackers[piece % _RING] = tracker
-                        break
-                    except zmq.Again:
-                        wait.check("the receiver took nothing: is it alive?")
-            return len(plan)
+                self.num_pieces_sealed += 1
+                trackers = []
+                for address in list(live):
+                    tracker = self._try(address, live, failed, self._queue, address, [header, sealed],
+                                        waits[address])
+                    if tracker is not None:
+                        trackers.append((address, tracker))
+                self._trackers[slot] = trackers
+            return failed
 
-    def _free_slot(self, piece: int, wait: "_Wait") -> memoryview:
-        slot = piece % _RING
-        tracker = self._trackers[slot]
-        while tracker is not None:
+    def _try(self, address: str, live: dict, failed: dict, call, *args):
+        """call(*args); on SealedStreamError the receiver at `address` is failed with it (None)."""
+        try:
+            return call(*args)
+        except SealedStreamError as exc:
+            failed[address] = exc
+            del live[address]
+            self._close(address)
+            return None
+
+    def _queue(self, address: str, frames: list, wait: "_Wait"):
+        sock = self._socks.get(address)
+        if sock is None:
+            sock = self._socks[address] = zmq.Context.instance().socket(zmq.PUSH)
+            sock.linger = 0
+            sock.sndhwm = 2 * _RING
+            sock.immediate = True    # queue only on a live connection
+            sock.sndtimeo = int(_POLL_S * 1000)
+            sock.connect(address)
+        while True:
             try:
-                tracker.wait(_POLL_S)
-                self._trackers[slot] = tracker = None
-            except zmq.NotDone:
-                wait.check("ZeroMQ sent nothing")
-        return memoryview(self._ring[slot])
+                return sock.send_multipart(frames, copy=False, track=True)
+            except zmq.Again:
+                wait.check("the receiver took nothing: is it alive?")
+
+    def _new_ring(self) -> None:
+        self._ring = [bytearray(self.piece_bytes + TAG_BYTES) for _ in range(_RING)]
+        self._trackers: list[list] = [[] for _ in range(_RING)]
+
+    def forget(self, address: str) -> None:
+        """Close the socket to `address` (its receiver moved away), if open."""
+        with self._lock:
+            self._close(address)
+
+    def _close(self, address: str) -> None:
+        sock = self._socks.pop(address, None)
+        if sock is not None:
+            sock.close(linger=0)
+            self._new_ring()     # ZeroMQ may still hold the old ring's buffers
 
     def close(self) -> None:
         with self._lock:
-            self._sock.close(linger=0)
+            for sock in self._socks.values():
+                sock.close(linger=0)
+            self._socks.clear()
+
+
+def _wait_sent(tracker, wait: "_Wait") -> None:
+    """Until ZeroMQ has let go of a queued piece."""
+    while True:
+        try:
+            tracker.wait(_POLL_S)
+            return
+        except zmq.NotDone:
+            wait.check("ZeroMQ sent nothing")
 
 
 class _Wait:

@@ -22,7 +22,7 @@ from postrain.actors.recovery import LearnerKeeper
 from postrain.actors.weight_assembly import SyncAssembler
 from postrain.core import ActorSpec, CurveKeys, RemoteError, Supervisor
 from postrain.core.metrics import MetricsWriter, read_metrics
-from postrain.core.sealed import PIECE_BYTES, SealedSender, new_run_key
+from postrain.core.sealed import PIECE_BYTES, SealedSender, new_run_key, piece_plan
 from postrain.core.testing import async_test
 
 TINY = "tiny"   # the built-in tiny model: learner and generators share it
@@ -173,9 +173,9 @@ async def test_a_forged_sealed_piece_is_refused_and_the_receiver_keeps_its_weigh
         # A sync whose pieces a stranger forges (the right header, not sealed with the run's key)
         channel = (await far.ask("weights_channel"))["address"]
         messages, streams = sealed_sync(weights, 1, 1.0, "learner", PIECE_BYTES, timeout_s=10)
-        forger = SealedSender(new_run_key(), channel)
+        forger = SealedSender(new_run_key())
         await far.tell("load_weights", messages[0])
-        forger.send(streams[0][0], streams[0][1], timeout_s=10)
+        assert forger.send(streams[0][0], streams[0][1], {channel: None}, timeout_s=10) == {}
         for message in messages[1:-1]:                   # the sync's later chunks find it dropped
             await far.tell("load_weights", message)
         with pytest.raises(RemoteError, match="dropped after a refused or missing piece"):
@@ -206,3 +206,26 @@ async def test_a_forged_sealed_piece_is_refused_and_the_receiver_keeps_its_weigh
     key = keys.bulk_key
     for form in (key, key.hex().encode(), repr(key).encode(), base64.b64encode(key)):
         assert form not in every_log
+
+
+@async_test
+async def test_one_publish_seals_once_for_two_receivers_on_other_nodes_and_a_failed_target_stops_neither():
+    keys = CurveKeys.generate()
+    async with Supervisor.open(keys=keys) as sup, Supervisor.open(keys=keys) as node_b, \
+            Supervisor.open(keys=keys) as node_c:
+        learner = await sup.start(spec("learner", "postrain.actors.learner_actor:LearnerActor",
+                                       {"model": TINY}, bind=f"tcp://{HOST}:0"))
+        far_b = await node_b.start(spec("far_b", RECEIVER, {}, bind=f"tcp://{HOST}:0"))
+        far_c = await node_c.start(spec("far_c", RECEIVER, {}, bind=f"tcp://{HOST}:0"))
+        sup.add_peers({"far_b": far_b.address, "far_c": far_c.address})
+        with pytest.raises(RemoteError, match="failed for 1 of 3 targets .the others hold it.: ghost: "):
+            await learner.ask("publish", {"targets": ["far_b", "ghost", "far_c"], "chunk_mb": 1.0})
+        weights = (await learner.ask("get_weights"))["weights"]
+        for receiver in (far_b, far_c):                                         # bit for bit, both
+            assert await receiver.ask("digest") == {"version": 0, "digest": weights_digest(weights)}
+        _, streams = sealed_sync(weights, 0, 1.0, "learner", PIECE_BYTES, timeout_s=10)
+        one_sync = sum(len(piece_plan([len(b) for b in buffers], PIECE_BYTES)) for _, buffers in streams)
+        assert (await learner.ask("stats"))["num_pieces_sealed"] == one_sync > len(streams)   # not 2x
+        reply = await learner.ask("publish", {"targets": ["far_b", "far_c"], "chunk_mb": 1.0})
+        assert sorted(reply["sync_s"]) == ["far_b", "far_c"] and reply["num_messages"] == 2 * len(streams)
+        assert (await learner.ask("stats"))["num_pieces_sealed"] == 2 * one_sync

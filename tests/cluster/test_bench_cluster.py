@@ -11,7 +11,7 @@ import time
 import pytest
 
 from postrain.actors.ledger import SampleLedger
-from postrain.bench.cluster import LAYOUTS, default_run_doc, first_generated_time
+from postrain.bench.cluster import LAYOUTS, default_run_doc, first_generated_time, sealed_ratio_bound
 from postrain.cli.config import load_up_config
 from postrain.core.cluster import ClusterScheduler, NodeInventory
 from postrain.core.scheduler import Inventory
@@ -34,6 +34,14 @@ def test_the_default_run_is_spread_over_k_nodes_and_places(tmp_path, num_nodes):
     assert where["learner"] == f"10.0.0.{LAYOUTS[num_nodes].get('learner', 0) + 1}"
     driver = next(spec for spec in config.actors if spec.name == config.run.driver)
     assert driver.options["sft_steps"] == 0 and driver.options["num_eval_tasks"] == 0
+
+
+def test_the_sealed_ratio_bound_adds_the_crypto_to_the_plain_sends_work_on_the_cores():
+    # the plain send keeps both cores busy: every crypto core-second costs half a second
+    assert sealed_ratio_bound(0.25, 2.0, 0.3, cores=2) == pytest.approx(0.25 / (0.25 + 0.15), abs=1e-3)
+    # it keeps one of four busy: the crypto fits beside it, the plain send's own time is the bound
+    assert sealed_ratio_bound(0.25, 1.0, 0.3, cores=4) == 1.0
+    assert sealed_ratio_bound(0.25, 1.0, 0.9, cores=4) == pytest.approx(0.25 / 0.2875, abs=1e-3)
 
 
 def test_the_first_rollout_is_the_ledgers_first_generated_event(tmp_path):
@@ -65,6 +73,11 @@ def test_a_quick_run_measures_links_across_two_nodes_against_raw_pyzmq():
         ours, peer = report["results"][name], report["peer"][name]
         assert report["ratio"][name] == pytest.approx(ours / peer, rel=0.02)
         assert report["results"][f"curve_floor_{name}"] > 0
+    results = report["results"]
+    for name in ("seal_core_s", "open_core_s", "seal_wall_s", "open_wall_s", "plain_send_s",
+                 "plain_cores_busy"):
+        assert results[name] > 0
+    assert 0 < results["sealed_ratio_bound"] <= 1 and results["cores"] >= 1
     config = report["config"]
     assert config["sync_bytes"] > 0 and config["sync_tensors"] > 1
     assert set(config["weight_sync_gb_per_s_by_chunk_mb"]) == {"64", "16", "256", "whole"}

@@ -53,7 +53,7 @@ class Receiving:
 def channel():
     key = new_run_key()
     receiver = SealedReceiver(key, "127.0.0.1", piece_bytes=PIECE)
-    sender = SealedSender(key, receiver.address, piece_bytes=PIECE)
+    sender = SealedSender(key, piece_bytes=PIECE)
     tap = zmq.Context.instance().socket(zmq.PULL)     # a wire tap: captures valid pieces to replay
     tap_address = f"tcp://127.0.0.1:{tap.bind_to_random_port('tcp://127.0.0.1')}"
     stranger = zmq.Context.instance().socket(zmq.PUSH)
@@ -68,11 +68,16 @@ def channel():
 
 def captured_pieces(key: bytes, tap, tap_address: str, s: Stream, data: list) -> list[list[bytes]]:
     """Every piece of `data` as sealed for `s` with the run's key, as an eavesdropper records them."""
-    recorder = SealedSender(key, tap_address, piece_bytes=PIECE)
-    num = recorder.send(s, [memoryview(b) for b in data], timeout_s=10)
-    pieces = [tap.recv_multipart() for _ in range(num)]
+    recorder = SealedSender(key, piece_bytes=PIECE)
+    send(recorder, tap_address, s, data)
+    pieces = [tap.recv_multipart() for _ in range(recorder.num_pieces_sealed)]
     recorder.close()
     return pieces
+
+
+def send(sender: SealedSender, address: str, s: Stream, data: list, timeout_s: float = 10) -> None:
+    """`data` sealed for `s` to the receiver at `address`, which must take every piece."""
+    assert sender.send(s, [memoryview(b) for b in data], {address: None}, timeout_s) == {}
 
 
 def send_raw(stranger, pieces: list[list[bytes]]) -> None:
@@ -86,7 +91,8 @@ def test_a_stream_arrives_bit_for_bit_across_piece_and_buffer_boundaries(channel
     for version in (1, 2):                         # the channel is reused, sync after sync
         s, data = stream(version), buffers(version)
         receiving = Receiving(receiver, s)
-        assert sender.send(s, [memoryview(b) for b in data], timeout_s=10) == len(piece_plan(SIZES, PIECE))
+        send(sender, receiver.address, s, data)
+        assert sender.num_pieces_sealed == version * len(piece_plan(SIZES, PIECE))
         assert all(np.array_equal(got, want) for got, want in zip(receiving.join(), data))
 
 
@@ -99,7 +105,7 @@ def test_junk_and_a_piece_replayed_from_another_sync_are_refused_and_skipped(cha
         stranger.send(b"junk")                                    # one frame, not a piece
         stranger.send_multipart([b"PRS1" + bytes(40), b"x" * 50])  # a header of no sync
         send_raw(stranger, old[:2])                               # valid pieces of an earlier sync
-        sender.send(s, [memoryview(b) for b in data], timeout_s=10)
+        send(sender, receiver.address, s, data)
         got = receiving.join()
     assert all(np.array_equal(g, w) for g, w in zip(got, data))   # the real stream went through
     refusals = [r.getMessage() for r in caplog.records if "refused a piece" in r.getMessage()]
@@ -137,7 +143,7 @@ def test_a_bad_piece_of_the_stream_in_progress_fails_it_and_is_logged(channel, c
     send_raw(stranger, valid[1:3])
     nxt, nxt_data = stream(4), buffers(4)
     receiving = Receiving(receiver, nxt)
-    sender.send(nxt, [memoryview(b) for b in nxt_data], timeout_s=10)
+    send(sender, receiver.address, nxt, nxt_data)
     assert all(np.array_equal(g, w) for g, w in zip(receiving.join(), nxt_data))
     assert not [r for r in caplog.records if "refused a piece" in r.getMessage()]
 
@@ -146,9 +152,31 @@ def test_a_receive_without_pieces_ends_at_its_timeout_and_a_sender_without_recei
     key, receiver, _, _, _ = channel
     with pytest.raises(SealedStreamError, match="no piece 0 of 9 of chunk 0 of version 1 from learner with"):
         Receiving(receiver, stream(1), timeout_s=0.3).join()
-    nowhere = SealedSender(key, "tcp://127.0.0.1:9", piece_bytes=PIECE)
-    with pytest.raises(SealedStreamError, match="took over 0.3 s .the receiver took nothing"):
-        nowhere.send(stream(1), [memoryview(b) for b in buffers(1)], timeout_s=0.3)
+    nowhere = SealedSender(key, piece_bytes=PIECE)
+    failed = nowhere.send(stream(1), [memoryview(b) for b in buffers(1)], {"tcp://127.0.0.1:9": None}, 0.3)
+    assert list(failed) == ["tcp://127.0.0.1:9"]
+    assert isinstance(failed["tcp://127.0.0.1:9"], SealedStreamError)
+    assert "took over 0.3 s (the receiver took nothing" in str(failed["tcp://127.0.0.1:9"])
     nowhere.close()
     with pytest.raises(ValueError, match="needs the run's 32-byte key"):
         SealedReceiver(b"short", "127.0.0.1")
+
+
+def test_one_send_seals_each_piece_once_for_all_receivers_and_one_that_fails_costs_the_others_nothing(
+        channel):
+    key, receiver, sender, _, _ = channel
+    other = SealedReceiver(key, "127.0.0.1", piece_bytes=PIECE)
+    gave_up = threading.Event()
+    gave_up.set()
+    s, data = stream(5), buffers(5)
+    receivings = [Receiving(receiver, s), Receiving(other, s)]
+    failed = sender.send(s, [memoryview(b) for b in data], {receiver.address: None, other.address: None,
+                                                            "tcp://127.0.0.1:9": None,    # nobody there
+                                                            "tcp://127.0.0.1:7": gave_up}, 0.5)
+    assert sorted(failed) == ["tcp://127.0.0.1:7", "tcp://127.0.0.1:9"]
+    assert "abandoned" in str(failed["tcp://127.0.0.1:7"])
+    assert "took nothing" in str(failed["tcp://127.0.0.1:9"])
+    for receiving in receivings:                                   # both bit for bit
+        assert all(np.array_equal(got, want) for got, want in zip(receiving.join(), data))
+    assert sender.num_pieces_sealed == len(piece_plan(SIZES, PIECE))       # sealed once for all
+    other.close()
