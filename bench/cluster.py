@@ -332,8 +332,12 @@ async def _sync_gb_per_s(learner, chunk_mb: float | None) -> float:
 
 
 def _link_specs(nodes, model) -> list[tuple]:
+    """The actors of measure_links, in start order. Local nodes are the same two cores (core 0 of
+    every node is this machine's core 0): the echo takes a whole core of node 1 first, so that
+    the receiver gets core 1 while the learner holds core 0 of node 0, one real core each, as
+    on real nodes (with the echo at 0.25 cores, both ends of the sync were pinned to core 0)."""
     from postrain.core.config import ActorSpec
-    return [(ActorSpec(name="echo", cls="postrain.core.testing:EchoActor", cpus=0.25, memory_mb=64),
+    return [(ActorSpec(name="echo", cls="postrain.core.testing:EchoActor", cpus=1.0, memory_mb=64),
              nodes[1]),
             (ActorSpec(name="learner", cls="postrain.actors.learner_actor:LearnerActor", cpus=1.0,
                        memory_mb=3072, options={"model": model}), nodes[0]),
