@@ -27,9 +27,11 @@ side (the machine may be shared: compare ratios from one run). `--quick`: one me
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -216,7 +218,8 @@ def trl_side(config, model_path: str, num_steps: int) -> dict:
             trainer = trl.GRPOTrainer(model=model, reward_funcs=plain_answer_reward, args=args,
                                   train_dataset=trl_dataset(config, args.max_steps * options["prompts_per_step"]),
                                   processing_class=tokenizer, callbacks=[ends])
-            trainer.train()
+            with contextlib.redirect_stdout(sys.stderr):   # its per-step log rows; --json keeps stdout
+                trainer.train()
     finally:
         torch.set_num_threads(threads)
     rewards = [row["reward"] for row in trainer.state.log_history if "reward" in row]
