@@ -95,7 +95,7 @@ class LearnerConfig:
     reward_weights: dict[str, float] | None = None
     # logprob path
     logprob_path: str = "chunked"          # "chunked" (rl_ops) | "naive" (full logits; the bench's peer)
-    chunk_size_tokens: int | None = None   # None: rl_ops picks a 16 MiB fp32 block
+    chunk_size_tokens: int | None = None   # None: rl_ops picks a 32 MiB fp32 block
     shared_prefix: bool = True             # compute a prefix samples share once per micro-batch (exact)
 
     def __post_init__(self) -> None:

@@ -173,6 +173,7 @@ class LearnerOptions(Options):
 
 class LearnerActor(Actor):
     Options = LearnerOptions
+    keeps_freed_memory = True     # each step frees and reallocates (vocab x hidden) gradients
 
     def _check_expected_version(self, body) -> dict:
         """`body` without its "expect_policy_version"; raises PolicyVersionMismatch when the

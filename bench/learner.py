@@ -188,6 +188,9 @@ def publish_peer_s(model, repeats: int) -> tuple[float, int]:
 
 
 def run(quick: bool) -> dict:
+    from postrain.core.actor import keep_freed_memory
+
+    keep_freed_memory()           # as the learner actor's process does (LearnerActor.keeps_freed_memory)
     smol = None if quick else packaged_model_path("smollm2")
     repeats = 2 if quick else 5
     threads = torch.get_num_threads()
@@ -212,7 +215,7 @@ def _run(quick: bool, smol: str | None, repeats: int) -> dict:
     groups = group_train_speedup(smol or "tiny", {
         "one_turn": group_batch(8, 8, 40, [(16, True)], vocab),
         "multi_turn": group_batch(2, 8, 96, [(16, True), (24, False), (16, True)], vocab)},
-        repeats=1 if smol else repeats)
+        repeats=3 if smol else repeats)
     for prefix, name in (("", "one_turn"), ("multi_turn_", "multi_turn")):
         results[f"{prefix}group_train_speedup"] = groups[name]["speedup"]
         results[f"{prefix}group_train_wall_speedup"] = groups[name]["wall_speedup"]

@@ -24,12 +24,12 @@ import torch
 from .rl_ops_errors import RLOpsError
 
 # chunk_size_tokens=None picks the largest chunk whose fp32 (chunk x V) block fits this budget.
-CHUNK_BUDGET_BYTES = 16 * 2**20
+CHUNK_BUDGET_BYTES = 32 * 2**20
 MAX_CHUNK_SIZE_TOKENS = 4096
 
 
 def auto_chunk_size_tokens(vocab: int) -> int:
-    """Tokens per chunk so one (chunk x vocab) fp32 block is <= 16 MiB: 128 at a 32k vocabulary."""
+    """Tokens per chunk so one (chunk x vocab) fp32 block is <= 32 MiB: 256 at a 32k vocabulary."""
     return max(1, min(MAX_CHUNK_SIZE_TOKENS, CHUNK_BUDGET_BYTES // (4 * vocab)))
 
 
@@ -130,20 +130,26 @@ class _ChunkedLogprobs(torch.autograd.Function):
 
 
 class _ChunkedLinearLogprobs(torch.autograd.Function):
-    """hidden (N, H) @ weight (V, H)^T -> logp (N,), entropy (N,), never holding (N, V) logits."""
+    """hidden (N, H) @ weight (V, H)^T -> logp (N,), entropy (N,), never holding (N, V) logits.
+
+    Forward keeps the last chunk's logits for backward, which walks the chunks last first, so
+    a batch of one chunk projects through the LM head three times (forward, two gradients),
+    not four; the peak is unchanged: backward would recompute that block at its start anyway."""
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature, chunk, backend):
         n = hidden.shape[0]
+        chunk = _even_chunk(n, chunk)
         logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
         lse, entropy = torch.empty_like(logp), torch.empty_like(logp)
+        z = None
         for s in range(0, n, chunk):
             z = hidden[s:s + chunk] @ weight.t()  # (C, V) in the model dtype
             logp[s:s + chunk], lse[s:s + chunk], entropy[s:s + chunk] = _chunk_stats(
                 z, targets[s:s + chunk], temperature, backend)
         ctx.save_for_backward(hidden, weight, targets, lse, entropy)
         ctx.set_materialize_grads(False)
-        ctx.temperature, ctx.chunk, ctx.backend = temperature, chunk, backend
+        ctx.temperature, ctx.chunk, ctx.backend, ctx.last_logits = temperature, chunk, backend, z
         return logp, entropy
 
     @staticmethod
@@ -151,26 +157,40 @@ class _ChunkedLinearLogprobs(torch.autograd.Function):
         from . import cupy_ops
 
         hidden, weight, targets, lse, entropy = ctx.saved_tensors
+        last_logits, ctx.last_logits = ctx.last_logits, None
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
-        for s in range(0, hidden.shape[0], ctx.chunk):
+        starts = range(0, hidden.shape[0], ctx.chunk)
+        for s in reversed(starts):
             sl = slice(s, s + ctx.chunk)
             ge = None if grad_entropy is None else grad_entropy[sl].float()
             gl = torch.zeros_like(lse[sl]) if grad_logp is None else grad_logp[sl].float()
-            z = hidden[sl] @ weight.t()  # (C, V)
+            z = hidden[sl] @ weight.t() if last_logits is None else last_logits  # (C, V)
+            last_logits = None          # (gone on a second backward of a retained graph: recomputed)
             if cupy_ops.use_cupy(ctx.backend, z.device) and cupy_ops.logprob_kernel_supports(z):
                 gz = cupy_ops.logprob_gather_backward(z, targets[sl], lse[sl], entropy[sl], gl, ge,
                                                       ctx.temperature)
             else:
                 gz = _torch_chunk_grad(z, targets[sl], lse[sl], entropy[sl], gl, ge, ctx.temperature)
+            del z
             gz = gz.to(hidden.dtype)
             if grad_hidden is not None:
                 grad_hidden[sl] = gz @ weight
             if grad_weight is not None:
-                grad_weight += (gz.t() @ hidden[sl]).float()
+                if gz.dtype == torch.float32:
+                    grad_weight.addmm_(gz.t(), hidden[sl])      # no (V, H) temporary per chunk
+                else:
+                    grad_weight += (gz.t() @ hidden[sl]).float()
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None, None
+
+
+def _even_chunk(n: int, chunk: int) -> int:
+    """The chunk size <= `chunk` that cuts n tokens into as few chunks as `chunk` does, all of one
+    size but the last (128 tokens at chunk 85: 64 + 64, not 85 + 43; a thin chunk multiplies slowly)."""
+    num_chunks = max(1, -(-n // chunk))
+    return -(-n // num_chunks)
 
 
 def _check(targets: torch.Tensor, lead_shape, temperature: float, chunk: int) -> None:

@@ -1,5 +1,7 @@
 """Actors over real processes and real sockets: request/reply, tell, streams, errors, both loops."""
 import os
+import subprocess
+import sys
 
 import anyio
 import msgpack
@@ -210,3 +212,35 @@ def test_an_actor_dies_with_its_head_even_when_the_head_is_killed_with_sigkill()
     finally:
         head.kill()
         head.stdout.close()
+
+
+_REUSE_PROBE = """
+import resource, sys, threading
+from postrain.core.actor import keep_freed_memory
+if sys.argv[1] == "keep":
+    keep_freed_memory()
+faults = []
+def step():                        # as a learner's compute thread: a large block, freed, again
+    for _ in range(3):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        block = bytearray(64 * 2**20)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        del block
+thread = threading.Thread(target=step)
+thread.start()
+thread.join()
+print(faults[-1])
+"""
+
+
+@pytest.mark.parametrize("mode", ["keep", "default"])
+def test_an_actor_that_keeps_freed_memory_reuses_large_blocks_without_faulting(mode):
+    """A learner's process (keeps_freed_memory) reuses a freed 64 MiB block as it is: the second
+    allocation in a compute thread faults in no page; by default glibc maps it afresh (16k pages)."""
+    out = subprocess.run([sys.executable, "-c", _REUSE_PROBE, mode], capture_output=True, text=True,
+                         check=True)
+    faults = int(out.stdout)
+    if mode == "keep":
+        assert faults < 100, f"{faults} page faults on reusing a freed block"
+    else:
+        assert faults > 10_000, f"only {faults} page faults: the probe no longer shows glibc's default"
