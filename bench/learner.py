@@ -12,10 +12,12 @@ Figures (ours vs peer, same run, medians over repeats):
   group training (each group's prompt computed once per micro-batch of 8), one learner, same
   batch, same run; on SmolLM2-135M (the built-in "tiny" in --quick). The token count bounds it
   at 64 x 56 / (8 x 40 + 64 x 16) = 2.67x; the LM head over the trained tokens, which both
-  paths pay, brings that near 2.1x on SmolLM2's 49k vocabulary. `multi_turn_group_train_speedup`: the same on 2 x 8
+  paths pay, brings that lower on SmolLM2's 49k vocabulary. `multi_turn_group_train_speedup`: the same on 2 x 8
   tool episodes (a 96-token system prompt with tool descriptions; a 16-token call, a 24-token
-  tool output, a 16-token answer per sample; bound 2.24x). Speedups are in CPU seconds of the
-  bench process (one torch thread), robust to other load on a shared machine;
+  tool output, a 16-token answer per sample; bound 2.24x). Three interleaved pairs on SmolLM2.
+  The step figures run in a fresh process set up as the learner actor's (freed memory kept:
+  `LearnerActor.keeps_freed_memory`). Speedups are in CPU seconds of that process (one torch
+  thread), robust to other load on a shared machine;
   `*_group_train_wall_speedup` are the same in wall seconds. `group_step_s`,
   `multi_turn_group_step_s`: the shared-prefix steps' wall seconds; peer: the plain path's.
 - `peak_mem_mb`: peak extra resident memory of one train step on a 32k-vocabulary model
@@ -32,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import multiprocessing
 import subprocess
 import sys
 import tempfile
@@ -146,6 +149,33 @@ def peak_mem_mb(path: str, num_tokens: int) -> float:
     return float(json.loads(out.stdout.strip().splitlines()[-1])["peak_mb"])
 
 
+def _step_figures(quick: bool, smol: str | None, repeats: int) -> tuple[dict, dict]:
+    """The train-step figures (ours, peer), in a process set up as the learner actor's: freed
+    memory kept (LearnerActor.keeps_freed_memory), one torch thread."""
+    from postrain.core.actor import keep_freed_memory
+
+    keep_freed_memory()
+    torch.set_num_threads(1)
+    tiny_batch = rollout_batch(4 if quick else 8, 64 if quick else 128, 264)
+    tiny = tokens_per_s("tiny", tiny_batch, repeats)
+    results = {"tiny_tokens_per_s": tiny["chunked"]}
+    peer = {"tiny_tokens_per_s": tiny["naive"]}
+    if smol:
+        smol_tps = tokens_per_s(smol, rollout_batch(2, 64, 49152), 1)
+        results["smollm2_tokens_per_s"], peer["smollm2_tokens_per_s"] = smol_tps["chunked"], smol_tps["naive"]
+    vocab = 49152 if smol else 264
+    groups = group_train_speedup(smol or "tiny", {
+        "one_turn": group_batch(8, 8, 40, [(16, True)], vocab),
+        "multi_turn": group_batch(2, 8, 96, [(16, True), (24, False), (16, True)], vocab)},
+        repeats=3 if smol else repeats)
+    for prefix, name in (("", "one_turn"), ("multi_turn_", "multi_turn")):
+        results[f"{prefix}group_train_speedup"] = groups[name]["speedup"]
+        results[f"{prefix}group_train_wall_speedup"] = groups[name]["wall_speedup"]
+    for name, key in (("one_turn", "group_step_s"), ("multi_turn", "multi_turn_group_step_s")):
+        results[key], peer[key] = groups[name]["shared_s"], groups[name]["plain_s"]
+    return results, peer
+
+
 async def _publish_times(model, repeats: int) -> list[float]:
     """Seconds of each publish from a learner to one receiver (the first, a warm-up, dropped).
     Cancelled: both actors are stopped as the supervisor closes; no times are returned."""
@@ -188,9 +218,6 @@ def publish_peer_s(model, repeats: int) -> tuple[float, int]:
 
 
 def run(quick: bool) -> dict:
-    from postrain.core.actor import keep_freed_memory
-
-    keep_freed_memory()           # as the learner actor's process does (LearnerActor.keeps_freed_memory)
     smol = None if quick else packaged_model_path("smollm2")
     repeats = 2 if quick else 5
     threads = torch.get_num_threads()
@@ -204,23 +231,8 @@ def run(quick: bool) -> dict:
 def _run(quick: bool, smol: str | None, repeats: int) -> dict:
     import anyio
 
-    tiny_batch = rollout_batch(4 if quick else 8, 64 if quick else 128, 264)
-    tiny = tokens_per_s("tiny", tiny_batch, repeats)
-    results = {"tiny_tokens_per_s": tiny["chunked"]}
-    peer = {"tiny_tokens_per_s": tiny["naive"]}
-    if smol:
-        smol_tps = tokens_per_s(smol, rollout_batch(2, 64, 49152), 1)
-        results["smollm2_tokens_per_s"], peer["smollm2_tokens_per_s"] = smol_tps["chunked"], smol_tps["naive"]
-    vocab = 49152 if smol else 264
-    groups = group_train_speedup(smol or "tiny", {
-        "one_turn": group_batch(8, 8, 40, [(16, True)], vocab),
-        "multi_turn": group_batch(2, 8, 96, [(16, True), (24, False), (16, True)], vocab)},
-        repeats=3 if smol else repeats)
-    for prefix, name in (("", "one_turn"), ("multi_turn_", "multi_turn")):
-        results[f"{prefix}group_train_speedup"] = groups[name]["speedup"]
-        results[f"{prefix}group_train_wall_speedup"] = groups[name]["wall_speedup"]
-    for name, key in (("one_turn", "group_step_s"), ("multi_turn", "multi_turn_group_step_s")):
-        results[key], peer[key] = groups[name]["shared_s"], groups[name]["plain_s"]
+    with multiprocessing.get_context("spawn").Pool(1) as pool:   # a fresh process, as the actor's
+        results, peer = pool.apply(_step_figures, (quick, smol, repeats))
     mem_tokens = 512 if quick else 2048
     results["peak_mem_mb"] = peak_mem_mb("chunked", mem_tokens)
     peer["peak_mem_mb"] = peak_mem_mb("naive", mem_tokens)
