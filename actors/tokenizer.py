@@ -11,6 +11,7 @@ and the chat template (jinja2, as Hugging Face writes them). Three sources:
 """
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -26,6 +27,15 @@ CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_template(source: str):
+    """A chat template compiled once: compiling takes ~3 ms, rendering ~0.1 ms, and a warm
+    start renders each demonstration's prefix once per turn."""
+    import jinja2
+
+    return jinja2.Environment(trim_blocks=True, lstrip_blocks=True).from_string(source)
 
 
 class TokenizerError(PostrainError, ValueError):
@@ -65,10 +75,7 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """Render messages with the model's chat template (ChatML when it has none)."""
-        import jinja2
-
-        env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-        template = env.from_string(self.chat_template or CHATML_TEMPLATE)
+        template = _compiled_template(self.chat_template or CHATML_TEMPLATE)
         bos = self.hf.id_to_token(self.bos_token_id) if self.bos_token_id is not None else ""
         eos = self.hf.id_to_token(self.eos_token_id) if self.eos_token_id is not None else ""
         return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
