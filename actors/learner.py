@@ -183,8 +183,11 @@ class Learner:
         self.model.train()
         self.reference = self._build_reference(dtype)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        # fused: one kernel over all parameters; on the CPU 0.10 s a step for SmolLM2-135M's
+        # parameters against 0.66 s for the per-op (foreach) path
+        fused = all(p.device.type in ("cpu", "cuda") for p in self.params)
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
-                                           weight_decay=cfg.weight_decay)
+                                           weight_decay=cfg.weight_decay, fused=fused)
         self.kl = (rl_ops.AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
                    if cfg.kl_target else rl_ops.FixedKLController(cfg.kl_coef))
         self.step = 0
