@@ -32,9 +32,9 @@ Figures (ours vs peer, same run, medians over repeats):
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import statistics
-import multiprocessing
 import subprocess
 import sys
 import tempfile
