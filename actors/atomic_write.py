@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from postrain.core.jsonl import disk_full_error, is_disk_full
-from postrain.core.wire import process_lives
+from postrain.core.shm import process_lives
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2

@@ -2,7 +2,7 @@
 
     orchestrator --RolloutRequest--> env --GenerateRequest--> generator
     orchestrator <-------Rollout---- env <----GenerateReply--- generator
-    orchestrator --TrainBatch / SftBatch--> learner (through LearnerKeeper, actors/recovery.py)
+    orchestrator --TrainBatch / SftBatch--> learner (through LearnerKeeper, actors/learner/recovery.py)
     learner --WeightSync--> generator (`load_weights`), replies WeightSyncReply
     learner --PublishReport--> orchestrator (the `publish` reply)
     head --RunRequest--> orchestrator (`run`)
@@ -15,7 +15,7 @@ received before these records existed, so the wire format is unchanged: a field 
 is None is left out); `from_wire(dict)` is its inverse, refusing unknown keys by name.
 Tensors and arrays pass through untouched (the wire moves them as extra frames).
 
-`SamplingParams` lives here too (re-exported by actors/sampling.py, which holds the
+`SamplingParams` lives here too (re-exported by actors/generator/sampling.py, which holds the
 sampler): it is part of two messages, and this module must not import torch, so that
 the orchestrator and environment processes stay light.
 """
@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 from postrain.core.errors import PostrainError
 
-from .environment import Reward
+from .env.api import Reward
 
 
 class RecordError(PostrainError, ValueError):
@@ -154,7 +154,7 @@ def _codec(encode, decode) -> dict:
 @dataclass
 class SamplingParams:
     """How to sample one request. Applies per request; n samples share the prompt. The
-    logprobs this yields are defined in actors/sampling.py."""
+    logprobs this yields are defined in actors/generator/sampling.py."""
 
     n: int = 1                                   # samples per prompt (GRPO group size)
     temperature: float = 1.0                     # 0 = greedy (argmax)
@@ -225,7 +225,7 @@ class GenerateRequest(Record):
 
 @dataclass(frozen=True, slots=True)
 class GeneratedSample(Record):
-    """One sample of a `generate` reply: the EXACT sampled ids, their logprobs (actors/sampling.py)
+    """One sample of a `generate` reply: the EXACT sampled ids, their logprobs (actors/generator/sampling.py)
     and the policy version that sampled each token; all three of one length."""
 
     token_ids: list[int]
@@ -268,7 +268,7 @@ class RolloutRequest(Record):
 
 @dataclass(frozen=True, slots=True)
 class Rollout(Record):
-    """One episode as tokens (actors/env_actor.py): the rendered prompt, then per turn exactly the
+    """One episode as tokens (actors/env/actor.py): the rendered prompt, then per turn exactly the
     sampled ids (loss_mask 1, with their logprobs and policy versions) and the observation's tokens
     (loss_mask 0, logprob 0.0, version -1). Invariants: the four per-token lists have one length;
     num_policy_tokens == sum(loss_mask). `timeline`: the episode's hops (actors/timeline.py)."""
@@ -296,7 +296,7 @@ class Rollout(Record):
         return min((v for v in self.policy_versions if v >= 0), default=default)
 
 
-# -- learner: `train`, `sft` (actors/learner_batch.py has the per-token rules) ------------
+# -- learner: `train`, `sft` (actors/learner/batch.py has the per-token rules) ------------
 
 @dataclass(frozen=True, slots=True)
 class SftBatch(Record):
@@ -311,7 +311,7 @@ class SftBatch(Record):
 
 @dataclass(frozen=True, slots=True)
 class TrainBatch(Record):
-    """`train`: one RL batch (actors/learner_batch.py). Per sample: token_ids, loss_mask,
+    """`train`: one RL batch (actors/learner/batch.py). Per sample: token_ids, loss_mask,
     behavior_logprobs (and policy_versions: per token, or one int per sample), all aligned with
     token_ids; then either `advantages` (per sample, or per token) or `rewards` /
     `reward_components` for the learner's group-relative advantages, over `group_ids`

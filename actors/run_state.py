@@ -7,7 +7,7 @@ batch, group and sample, and the resume that created them (`b3-g0-s1` in the fir
 start, `b3-g0-s1.r2` after the second resume), so an id is never reused, not even by a
 batch that is created again.
 
-Run state: the learner checkpoint's `extra` (actors/learner_state.py), written by the
+Run state: the learner checkpoint's `extra` (actors/learner/state.py), written by the
 orchestrator between two train (or warm-start) steps. Fields:
 
     format            RUN_STATE_FORMAT

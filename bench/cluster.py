@@ -313,7 +313,7 @@ async def _curve_chunks_gb_per_s(receiver, weights: dict, version: int) -> float
     """The path weights took to other nodes before the sealed channel: the `load_weights` chunks
     with their tensors in them, over Curve (pipelined as `publish` sent them), from this process
     to the receiver. GB/s from the first chunk sent to the last one's reply."""
-    from postrain.actors.learner_actor import weight_messages
+    from postrain.actors.learner.publish import weight_messages
     messages = weight_messages(weights, version, CHUNK_MB)
     num_bytes = sum(t.numel() * t.element_size() for t in weights.values())
     start = time.perf_counter()
@@ -339,9 +339,9 @@ def _link_specs(nodes, model) -> list[tuple]:
     from postrain.core.config import ActorSpec
     return [(ActorSpec(name="echo", cls="postrain.core.testing:EchoActor", cpus=1.0, memory_mb=64),
              nodes[1]),
-            (ActorSpec(name="learner", cls="postrain.actors.learner_actor:LearnerActor", cpus=1.0,
+            (ActorSpec(name="learner", cls="postrain.actors.learner:LearnerActor", cpus=1.0,
                        memory_mb=3072, options={"model": model}), nodes[0]),
-            (ActorSpec(name="receiver", cls="postrain.actors.learner_actor:WeightReceiverActor", cpus=1.0,
+            (ActorSpec(name="receiver", cls="postrain.actors.weight_receiver:WeightReceiverActor", cpus=1.0,
                        memory_mb=2048, options={"model": model}), nodes[1])]
 
 

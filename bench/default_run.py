@@ -101,7 +101,7 @@ def _sft_steps_here(cores: list[int], repeats: int) -> None:
     """`sft_step_seconds` inside its process: prints {threads: [wall, cpu]} as JSON."""
     import torch
 
-    from postrain.actors.learner import Learner
+    from postrain.actors.learner.learner import Learner
     from postrain.actors.orchestrator import chat_to_tokens
     from postrain.actors.tasks import get_task
     from postrain.core.actor import pin_threads

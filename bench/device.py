@@ -55,7 +55,7 @@ def run(quick: bool) -> dict:
     reason = no_gpu_reason()
     if reason is not None:
         return {"skipped": reason, "config": {}, "results": {}}
-    from postrain.actors.checkpoint import packaged_model_path
+    from postrain.actors.models.loading import packaged_model_path
 
     model = packaged_model_path("smollm2") or "small"
     config = {"gpu": torch.cuda.get_device_name(0), "num_gpus": torch.cuda.device_count(),
@@ -110,7 +110,7 @@ def _gpu_tests(results: dict) -> None:
 # ----------------------------------------------------------------------------- 2. learner
 
 def _learner(model: str, quick: bool, results: dict, peer: dict) -> None:
-    from postrain.actors.learner import Learner, LearnerConfig
+    from postrain.actors.learner.learner import Learner, LearnerConfig
     from postrain.bench.learner import rollout_batch
 
     num, length = (8, 128) if quick else (32, 512)
@@ -142,9 +142,9 @@ def _learner(model: str, quick: bool, results: dict, peer: dict) -> None:
 def _engine(model_spec: str, quick: bool, results: dict, peer: dict) -> None:
     import transformers
 
-    from postrain.actors.checkpoint import load_model, save_checkpoint
-    from postrain.actors.engine import Engine
-    from postrain.actors.sampling import SamplingParams
+    from postrain.actors.models.loading import load_model, save_checkpoint
+    from postrain.actors.generator.engine import Engine
+    from postrain.actors.generator.sampling import SamplingParams
 
     model, tokenizer = load_model(model_spec, device="cuda")
     with tempfile.TemporaryDirectory() as folder:

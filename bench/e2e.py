@@ -50,7 +50,7 @@ def orchestrator_options(config) -> dict:
 
 def learner_config(config):
     """The LearnerConfig of the run's learner actor."""
-    from postrain.actors.learner_actor import LearnerOptions
+    from postrain.actors.learner.actor import LearnerOptions
     return next(LearnerOptions(**spec.options).learner_config() for spec in config.actors
                 if "learner" in spec.options)
 
@@ -58,7 +58,7 @@ def learner_config(config):
 def warm_start(config, folder: Path, sft_steps: int, sft_batch_size: int) -> float:
     """Supervised warm start of the default run's learner on demonstrations, saved as a learner
     checkpoint in `folder`. Returns the seconds it took."""
-    from postrain.actors.learner import Learner
+    from postrain.actors.learner.learner import Learner
     from postrain.actors.orchestrator import chat_to_tokens
     from postrain.actors.tasks import get_task
 

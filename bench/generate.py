@@ -49,9 +49,9 @@ from pathlib import Path
 
 import torch
 
-from postrain.actors.checkpoint import load_model, packaged_model_path, save_checkpoint
-from postrain.actors.engine import Engine
-from postrain.actors.sampling import SamplingParams
+from postrain.actors.models.loading import load_model, packaged_model_path, save_checkpoint
+from postrain.actors.generator.engine import Engine
+from postrain.actors.generator.sampling import SamplingParams
 from postrain.bench.speculative import speculative_rows
 
 QUESTIONS = [

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from postrain.actors.checkpoint import packaged_model_path
+from postrain.actors.models.loading import packaged_model_path
 
 MEM_MODEL = dict(vocab_size=32768, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
                  num_kv_heads=2, max_position_embeddings=1024, tie_word_embeddings=True)
@@ -51,7 +51,7 @@ MEM_MODEL = dict(vocab_size=32768, hidden_size=128, intermediate_size=256, num_l
 CHILD = r"""
 import json, re, sys
 import torch
-from postrain.actors.learner import Learner, LearnerConfig
+from postrain.actors.learner.learner import Learner, LearnerConfig
 from postrain.bench.learner import rollout_batch
 
 def rss_kb(key):
@@ -103,7 +103,7 @@ def group_train_speedup(model, batches: dict[str, dict], repeats: int) -> dict[s
     interleaved on one learner (micro-batches of 8 samples), after a warm-up step on two samples.
     `speedup` is plain / shared in CPU seconds of this process (one torch thread): the work
     itself, which other processes on a shared machine do not stretch as they stretch wall time."""
-    from postrain.actors.learner import Learner, LearnerConfig
+    from postrain.actors.learner.learner import Learner, LearnerConfig
 
     lrn = Learner(LearnerConfig(model=model, lr=1e-6, micro_batch_size=8))
     first = next(iter(batches.values()))
@@ -129,7 +129,7 @@ def group_train_speedup(model, batches: dict[str, dict], repeats: int) -> dict[s
 
 def tokens_per_s(model, batch: dict, repeats: int) -> dict:
     """Median real tokens/s of train_step, chunked (ours) and naive (peer) interleaved, one learner."""
-    from postrain.actors.learner import Learner, LearnerConfig
+    from postrain.actors.learner.learner import Learner, LearnerConfig
 
     lrn = Learner(LearnerConfig(model=model, lr=1e-6, micro_batch_size=len(batch["token_ids"])))
     runs: dict[str, list[float]] = {"chunked": [], "naive": []}
@@ -182,7 +182,7 @@ async def _publish_times(model, repeats: int) -> list[float]:
     from postrain.core import ActorSpec, Supervisor
 
     def spec(name, cls, options):
-        return ActorSpec(name=name, cls=f"postrain.actors.learner_actor:{cls}", options=options,
+        return ActorSpec(name=name, cls=f"postrain.actors.learner.actor:{cls}", options=options,
                          cpus=0.5, memory_mb=0, start_timeout_s=300, max_restarts=0)
 
     async with Supervisor.open() as sup:
@@ -199,8 +199,8 @@ def publish_peer_s(model, repeats: int) -> tuple[float, int]:
     """(median seconds of the /dev/shm safetensors hand-off, number of parameters)."""
     from safetensors.torch import load_file, save_file
 
-    from postrain.actors.checkpoint import load_state_dict_checked
-    from postrain.actors.learner import build_policy
+    from postrain.actors.models.loading import load_state_dict_checked
+    from postrain.actors.learner.learner import build_policy
 
     src, _ = build_policy(model, 0, torch.float32, "cpu")
     dst, _ = build_policy(model, 1, torch.float32, "cpu")

@@ -41,12 +41,12 @@ from pathlib import Path
 
 import torch
 
-from postrain.actors.engine import Engine
-from postrain.actors.model import LlamaModel, ModelConfig, PagedBatch
-from postrain.actors.sampling import SamplingParams
-from postrain.actors.speculative import DraftModelProposer, SpeculativeOptions
+from postrain.actors.generator.engine import Engine
+from postrain.actors.models.llama import LlamaModel, ModelConfig, PagedBatch
+from postrain.actors.generator.sampling import SamplingParams
+from postrain.actors.generator.speculative import DraftModelProposer, SpeculativeOptions
 from postrain.actors.tasks import arithmetic, code
-from postrain.actors.tools import format_observation, format_tool_output
+from postrain.actors.env.tools import format_observation, format_tool_output
 
 SPECULATIVE = SpeculativeOptions(method="ngram", num_draft_tokens=4)
 
@@ -228,7 +228,7 @@ def _median(values) -> float:
 
 
 def main() -> None:
-    from postrain.actors.checkpoint import load_model, packaged_model_path
+    from postrain.actors.models.loading import load_model, packaged_model_path
     from postrain.bench.generate import _prompts
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -46,7 +46,7 @@ INSTALL = ("no trl comparison: trl is not installed here; fix: pip install -e '.
 def run(quick: bool) -> dict:
     if importlib.util.find_spec("trl") is None:
         return {"skipped": INSTALL, "config": {}, "results": {}}
-    from postrain.actors.checkpoint import packaged_model_path
+    from postrain.actors.models.loading import packaged_model_path
 
     model_path = packaged_model_path("smollm2")
     if model_path is None:

@@ -3,7 +3,7 @@
 PATH is a Hugging Face folder (a run's `policy/` export), a .gguf file or a
 built-in name; the task is a registered name, 'pkg.mod:TASK' or 'pkg.mod:EnvClass'.
 Every held-out task runs as a real episode through the one episode driver that
-training uses (`postrain.actors.environment.run_episode`, so a reward here is the
+training uses (`postrain.actors.env.run_episode`, so a reward here is the
 reward the environment actor gives in training): greedy decoding with the engine,
 tool calls in a warm nsjail sandbox (only for tasks whose environment declares
 `uses_sandbox`), the task's own reward. Accuracy is the mean of the `correct`
@@ -56,7 +56,7 @@ async def evaluate(model_spec: str, task_name: str, task_options: dict, num_task
     `EpisodePolicy` or `fn(messages) -> text`) plays instead of the model when given (tests).
     Cancelled: no result; the local sandbox is shut (a run in it ends within its limits), and
     the episode's env.close() is awaited in the cancelled scope, so it may not finish."""
-    from postrain.actors.environment import LocalSandbox, run_episode
+    from postrain.actors.env import LocalSandbox, run_episode
     from postrain.actors.tasks import get_task
 
     task = get_task(task_name)
@@ -86,11 +86,11 @@ async def evaluate(model_spec: str, task_name: str, task_options: dict, num_task
 
 def engine_policy(model_spec: str, max_tokens: int):
     """Greedy decoding with the local engine, text in and out, stopping at a tool call's end."""
-    from postrain.actors.checkpoint import load_model
-    from postrain.actors.engine import Engine
-    from postrain.actors.environment import TextPolicy
-    from postrain.actors.sampling import SamplingParams
-    from postrain.actors.tools import STOP_STRINGS
+    from postrain.actors.models.loading import load_model
+    from postrain.actors.generator.engine import Engine
+    from postrain.actors.env import TextPolicy
+    from postrain.actors.generator.sampling import SamplingParams
+    from postrain.actors.env.tools import STOP_STRINGS
 
     model, tokenizer = load_model(model_spec)
     engine = Engine(model, tokenizer)

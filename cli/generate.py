@@ -12,7 +12,7 @@
 ids and, per sample, token_ids, logprobs (log_softmax(logits / T) of each sampled
 token, T = the temperature, 1 when greedy), policy_versions, text and finish_reason.
 --speculative METHOD drafts and verifies tokens (exact: the same distribution and
-logprobs; see postrain.actors.speculative); its acceptance figures are in "stats".
+logprobs; see postrain.actors.generator.speculative); its acceptance figures are in "stats".
 """
 from __future__ import annotations
 
@@ -44,10 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args) -> int:
-    from postrain.actors.checkpoint import CheckpointError, load_model
-    from postrain.actors.engine import Engine, EngineError
-    from postrain.actors.sampling import SamplingParams, SamplingParamsError
-    from postrain.actors.speculative import SpeculativeOptions
+    from postrain.actors.models.loading import CheckpointError, load_model
+    from postrain.actors.generator.engine import Engine, EngineError
+    from postrain.actors.generator.sampling import SamplingParams, SamplingParamsError
+    from postrain.actors.generator.speculative import SpeculativeOptions
     from pydantic import ValidationError
 
     try:

@@ -62,7 +62,7 @@ from postrain.core.scheduler import Scheduler
 from postrain.core.supervisor import Supervisor, run_tag_for
 from postrain.core.config import complete_rendezvous
 from postrain.core.transport import CurveKeys, free_tcp_port
-from postrain.core.wire import process_lives
+from postrain.core.shm import process_lives
 
 from .balancer import Balancer
 from .cluster_up import ClusterLaunch, meeting_point_on_node, node_agents, plan_on_cluster, start_on_node

@@ -11,17 +11,19 @@ postrain.actors, the `postrain` command in postrain.cli.
 # load the kernel (ZeroMQ, pydantic, anyio) with it.
 _EXPORTS = {
     "actor": ("Actor", "handler", "import_actor_class", "import_object"),
+    "actor_ref": ("ActorRef",),
     "config": ("ActorSpec", "RunConfig", "load_config", "parse_config"),
     "errors": ("ActorDiedError", "ActorError", "ActorStartError", "ActorTimeoutError", "AuthenticationError",
-               "ConfigError", "DiskFullError", "LoadError", "PlacementError", "PostrainError", "RemoteError"),
+               "ConfigError", "DiskFullError", "LoadError", "PlacementError", "PostrainError", "RemoteError",
+               "WireError"),
     "inbox": ("Reply",),
     "load": ("RESIZE", "Load", "ResizeRequest"),
-    "node": ("ActorRef", "Node"),
+    "node": ("Node",),
     "options": ("NoOptions", "Options", "resolve_options", "validate_options"),
     "scheduler": ("Inventory", "Placement", "Scheduler"),
     "supervisor": ("ActorEvent", "Supervisor"),
     "transport": ("CurveKeys",),
-    "wire": ("Message", "WireError"),
+    "wire": ("Message",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_MODULE_OF)

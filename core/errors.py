@@ -75,5 +75,10 @@ class DiskFullError(PostrainError, OSError):
     space and what to do. Whoever raises it has left its files whole (core/jsonl.py)."""
 
 
+class WireError(PostrainError, ValueError):
+    """A message that cannot be encoded or decoded (core/wire.py), or a shared-memory array that
+    cannot be mapped (core/shm.py); the message says which part and why."""
+
+
 class LoadError(PostrainError, ValueError):
     """An actor's load record (core/load.py) or a RESIZE body broke its schema."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import anyio
 from pydantic import Field
 
-from . import wire
+from . import shm
 from .actor import Actor, handler
 from .load import RESIZE, Load, ResizeRequest
 from .options import Options
@@ -41,10 +41,10 @@ class Leftovers:
 def leftovers(run_tag: str) -> Leftovers:
     """The live processes whose environment carries run `run_tag` (every actor the supervisor
     started, and what they started, inherit it: core/supervisor.py) and the run's shared-memory
-    files in /dev/shm (core/wire.py). For a `postrain up` run: `run_tag_for(str(run_folder))`
+    files in /dev/shm (core/shm.py). For a `postrain up` run: `run_tag_for(str(run_folder))`
     (postrain.core.supervisor), with the folder's resolved path."""
-    marker = f"{wire.RUN_TAG_ENV}={run_tag}".encode()
-    found = Leftovers(segments=sorted(path for path, _ in wire.shm_segments(run_tag)))
+    marker = f"{shm.RUN_TAG_ENV}={run_tag}".encode()
+    found = Leftovers(segments=sorted(path for path, _ in shm.shm_segments(run_tag)))
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
@@ -55,7 +55,7 @@ def leftovers(run_tag: str) -> Leftovers:
                 command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
         except OSError:  # gone, or not ours to read
             continue
-        if marker in environ and wire.process_lives(int(entry)):
+        if marker in environ and shm.process_lives(int(entry)):
             found.processes.append(f"{entry} {command[:120]}")
     return found
 
@@ -182,7 +182,7 @@ class EchoActor(Actor):
     async def leave_shm(self, body):
         """Write `n` bytes to a shared-memory file no one will take, as a tensor sent to a peer
         that died would stay; return its path. Does not wait (cancel-safe)."""
-        return wire._write_shm(bytes(body["n"]))
+        return shm.write_segment(bytes(body["n"]))
 
     @handler("block_alive")
     async def block_alive(self, body):

@@ -23,11 +23,8 @@ shape, is_torch]`. An array of at least
 `shm_min_bytes` (when the caller allows shared memory, i.e. both ends on one
 host) is written once to a file in /dev/shm and the envelope carries only
 `SHM_EXT` = `[path, dtype, shape, is_torch]`; the receiver maps the file and
-unlinks it, so the tensor crosses without a socket copy. A file is named
-`postrain-PID-[TAG_]HEX` (PID: the writer; TAG: `$POSTRAIN_RUN_TAG`, which the
-supervisor gives every actor of a run and their children inherit), so that
-what a killed process leaves is found and removed: by its pid
-(`remove_shm_of`) or by its run (`sweep_shm`).
+unlinks it, so the tensor crosses without a socket copy. The files' names, pool
+and removal (also of what a killed process left) are core/shm.py's.
 
 Decoding is zero-copy too: a received array is a read-only view of the
 frame's memory (numpy) or a tensor over it (torch; treat it as read-only and
@@ -38,19 +35,16 @@ at decode time, which the actor answers with a typed error reply.
 """
 from __future__ import annotations
 
-import atexit
-import mmap
-import os
 import sys
 import threading
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 import numpy as np
 
-from .errors import PostrainError
+from . import shm
+from .errors import WireError
 
 ARRAY_EXT = 1
 SHM_EXT = 2
@@ -73,9 +67,6 @@ PING = "_ping"          # answered with a REPLY by the runtime itself
 PEERS_MOVED = "_peers_moved"
 PEERS_GONE = "_peers_gone"    # {name: reason} of actors gone for good (Supervisor.remove_peers)
 
-SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
-DEFAULT_SHM_MIN_BYTES = 1 << 20
-
 _NUMPY_DTYPES = {
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "float16", "float32", "float64", "complex64", "complex128",
@@ -86,10 +77,6 @@ _TORCH_DTYPES = {
     "uint8": "uint8", "float16": "float16", "float32": "float32", "float64": "float64",
     "bfloat16": None,
 }
-
-
-class WireError(PostrainError, ValueError):
-    """A message that cannot be encoded or decoded; the message says which part and why."""
 
 
 @dataclass(slots=True)
@@ -193,8 +180,8 @@ def _encode_torch(tensor, buffers: list, shm_min_bytes: int | None):
 
 def _place(raw, dtype: str, shape, is_torch: bool, buffers: list, shm_min_bytes: int | None):
     nbytes = len(raw)
-    if shm_min_bytes is not None and SHM_DIR and nbytes >= shm_min_bytes:
-        path = _write_shm(raw)
+    if shm_min_bytes is not None and shm.SHM_DIR and nbytes >= shm_min_bytes:
+        path = shm.write_segment(raw)
         return msgpack.ExtType(SHM_EXT, msgpack.packb([path, dtype, list(shape), is_torch]))
     if nbytes <= FRAME_MAX_BYTES:
         buffers.append(raw)
@@ -203,165 +190,6 @@ def _place(raw, dtype: str, shape, is_torch: bool, buffers: list, shm_min_bytes:
     buffers.extend(raw[start:start + FRAME_MAX_BYTES] for start in range(0, nbytes, FRAME_MAX_BYTES))
     return msgpack.ExtType(ARRAY_FRAMES_EXT, msgpack.packb([first, len(buffers) - first + 1, dtype,
                                                             list(shape), is_torch]))
-
-
-_created_shm: set[str] = set()
-
-
-class _SegmentPool:
-    """Shared-memory files allocated ahead of time, by size.
-
-    A fresh tmpfs page costs an allocation and a zeroing before the copy; for
-    tensors sent again and again at the same size (weights, every policy
-    version) a sender takes a file whose pages already exist and a background
-    thread allocates the next one off the critical path.
-    Invariant: every path in `_free` exists, is unused and is `size` bytes long;
-    sum of pooled sizes <= MAX_POOLED_BYTES."""
-
-    MAX_POOLED_BYTES = 1 << 30
-
-    def __init__(self):
-        self._free: dict[int, list[str]] = {}
-        self._lock = threading.Lock()
-
-    def take(self, nbytes: int) -> str | None:
-        with self._lock:
-            paths = self._free.get(nbytes)
-            return paths.pop() if paths else None
-
-    def refill_soon(self, nbytes: int) -> None:
-        with self._lock:
-            pooled = sum(size * len(paths) for size, paths in self._free.items())
-            if self._free.get(nbytes) or pooled + nbytes > self.MAX_POOLED_BYTES:
-                return
-        threading.Thread(target=self._allocate, args=(nbytes,), daemon=True).start()
-
-    def clear(self) -> None:
-        with self._lock:
-            self._free.clear()
-
-    def _allocate(self, nbytes: int) -> None:
-        path = _new_shm_path()
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-            try:
-                os.posix_fallocate(fd, 0, nbytes)
-            finally:
-                os.close(fd)
-        except OSError:
-            _unlink_quietly(path)
-            return
-        _created_shm.add(path)
-        with self._lock:
-            self._free.setdefault(nbytes, []).append(path)
-
-
-_pool = _SegmentPool()
-atexit.register(lambda: cleanup_shm())  # pooled segments and undelivered tensors die with the process
-
-
-RUN_TAG_ENV = "POSTRAIN_RUN_TAG"  # set in every actor process of a supervised run (core/supervisor.py)
-
-
-def _new_shm_path() -> str:
-    tag = os.environ.get(RUN_TAG_ENV)
-    return os.path.join(SHM_DIR, f"postrain-{os.getpid()}-{tag + '_' if tag else ''}{uuid.uuid4().hex}")
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _write_shm(raw) -> str:
-    view = memoryview(raw)
-    path = _pool.take(len(view))
-    fresh = path is None
-    path = path or _new_shm_path()
-    fd = os.open(path, os.O_WRONLY | (os.O_CREAT | os.O_EXCL if fresh else 0), 0o600)
-    try:
-        written = 0
-        while written < len(view):  # one copy into tmpfs; no user-space page faults
-            written += os.pwrite(fd, view[written:], written)
-    finally:
-        os.close(fd)
-    _created_shm.add(path)
-    _pool.refill_soon(len(view))
-    return path
-
-
-def cleanup_shm() -> int:
-    """Unlink every shared-memory file this process wrote that no receiver took, and the pool.
-
-    Receivers unlink what they map, so only undelivered tensors and pooled segments remain.
-    Called when an actor stops. Returns how many were removed."""
-    removed = 0
-    _pool.clear()
-    for path in list(_created_shm):
-        _created_shm.discard(path)
-        try:
-            os.unlink(path)
-            removed += 1
-        except FileNotFoundError:
-            pass
-    return removed
-
-
-def remove_shm_of(pid: int) -> int:
-    """Unlink the shared-memory files of a process that has exited (the supervisor calls this)."""
-    removed = 0
-    if SHM_DIR:
-        prefix = f"postrain-{pid}-"
-        for name in os.listdir(SHM_DIR):
-            if name.startswith(prefix):
-                _unlink_quietly(os.path.join(SHM_DIR, name))
-                removed += 1
-    return removed
-
-
-def shm_segments(run_tag: str) -> list[tuple[str, int]]:
-    """(path, writer pid) of every shared-memory file that processes of run `run_tag` wrote and
-    no receiver has taken yet."""
-    found = []
-    if SHM_DIR:
-        for name in os.listdir(SHM_DIR):
-            parts = name.split("-", 2)
-            if len(parts) == 3 and parts[0] == "postrain" and parts[1].isdigit() \
-                    and parts[2].startswith(f"{run_tag}_"):
-                found.append((os.path.join(SHM_DIR, name), int(parts[1])))
-    return found
-
-
-def sweep_shm(run_tag: str) -> int:
-    """Unlink the shared-memory files of run `run_tag` whose writer has exited (killed, or a
-    child that never cleaned up); a live writer's files are left alone. Returns how many."""
-    removed = 0
-    for path, pid in shm_segments(run_tag):
-        if not process_lives(pid):
-            _unlink_quietly(path)
-            removed += 1
-    return removed
-
-
-def process_lives(pid: int) -> bool:
-    """Whether process `pid` exists and is not a zombie (a zombie has ended; only its exit
-    status waits to be read)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-        return state not in (b"Z", b"X")
-    except FileNotFoundError:
-        return False
-    except (OSError, IndexError):  # no /proc: ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
 
 
 def decode(frames: list) -> Message:
@@ -409,7 +237,8 @@ def _ext_hook(code: int, data: bytes, frames):
                            dtype, shape, is_torch)
     if code == SHM_EXT:
         path, dtype, shape, is_torch = _unpack_ext(data, "shared-memory array")
-        return _map_shm(path, dtype, shape, is_torch)
+        return _make_array(shm.map_segment(path, _expected_nbytes(dtype, shape, is_torch), dtype, shape),
+                           dtype, shape, is_torch)
     raise WireError(f"unknown msgpack ext type {code}")
 
 
@@ -486,31 +315,3 @@ def _make_array(buffer, dtype: str, shape: list, is_torch: bool):
         warnings.simplefilter("ignore", UserWarning)
         flat = torch.frombuffer(buffer, dtype=getattr(torch, dtype))
     return flat.view(shape)
-
-
-def _map_shm(path: str, dtype: str, shape: list, is_torch: bool):
-    if not SHM_DIR or os.path.dirname(path) != SHM_DIR or \
-            not os.path.basename(path).startswith("postrain-"):
-        raise WireError(f"shared-memory handle {path!r} is not a postrain file in {SHM_DIR}")
-    nbytes = _expected_nbytes(dtype, shape, is_torch)
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except OSError as exc:
-        raise WireError(f"shared-memory tensor {path} is gone: {exc}") from exc
-    try:
-        size = os.fstat(fd).st_size
-        if size != nbytes:
-            raise WireError(f"shared-memory file holds {size} bytes, but dtype {dtype} and "
-                            f"shape {shape} need {nbytes}")
-        # MAP_PRIVATE: the receiver may write its copy; the pages stay shared until then.
-        # Pages map lazily on first touch, as torch.multiprocessing's shared tensors do.
-        mapped = mmap.mmap(fd, nbytes, flags=mmap.MAP_PRIVATE) if nbytes else b""
-    finally:
-        os.close(fd)
-        os.unlink(path)  # the mapping keeps the memory alive; the name is no longer needed
-    if not is_torch:
-        return np.frombuffer(mapped, dtype=dtype).reshape(shape)
-    import torch
-    if nbytes == 0:
-        return torch.empty(shape, dtype=getattr(torch, dtype))
-    return torch.frombuffer(mapped, dtype=getattr(torch, dtype)).view(shape)

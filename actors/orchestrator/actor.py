@@ -28,7 +28,7 @@ import anyio
 
 from postrain.core import Actor, Load, handler
 
-from ..env_actor import load_tokenizer
+from ..env.actor import load_tokenizer
 from ..records import RunRequest
 from ..run_state import PromptSchedule, read_run_state
 from ..tasks import get_task

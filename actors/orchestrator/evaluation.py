@@ -30,8 +30,8 @@ import anyio
 
 from postrain.core.errors import PostrainError
 
-from ..recovery import is_actor_death, short_reason
-from ..tools import STOP_STRINGS
+from ..learner.recovery import is_actor_death, short_reason
+from ..env.tools import STOP_STRINGS
 from .options import OrchestratorOptions
 from .rollout_pool import RolloutPool, StaleRolloutError
 

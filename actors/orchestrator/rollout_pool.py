@@ -24,9 +24,9 @@ import anyio
 
 from postrain.core.errors import PostrainError
 
-from ..environment import Reward
+from ..env.api import Reward
 from ..records import Rollout, RolloutRequest, SamplingParams
-from ..recovery import is_actor_death, short_reason
+from ..learner.recovery import is_actor_death, short_reason
 from ..run_state import batch_sample_id
 from ..timeline import note_hops
 from .admission import AdmittedBatch

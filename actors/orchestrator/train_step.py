@@ -17,7 +17,7 @@ from typing import Callable
 from ..records import PublishReport, TrainBatch
 from .rollout_pool import ScoredSample
 
-# A speculative generator's figures in its `stats` (postrain.actors.engine.Engine.speculation_stats).
+# A speculative generator's figures in its `stats` (postrain.actors.generator.engine.Engine.speculation_stats).
 SPECULATION_FIGURES = ("acceptance_rate", "tokens_per_verify_step", "draft_time_share")
 
 

@@ -29,7 +29,7 @@ from pydantic import Field, ValidationInfo, field_validator
 from postrain.core import Options, import_object
 from postrain.core.errors import PostrainError
 
-from ..environment import Environment, check_options
+from ..env.api import Environment, check_options
 from . import arithmetic, code, dataset, demonstrations, reasoning_gym, terminal, verifiers_env
 
 

@@ -37,8 +37,8 @@ from pydantic import Field
 from postrain.core import Options
 from postrain.core.errors import PostrainError
 
-from ..environment import Environment, Reward, StepResult
-from ..tools import TOOL_INSTRUCTIONS, format_observation, format_tool_output, parse_action
+from ..env.api import Environment, Reward, StepResult
+from ..env.tools import TOOL_INSTRUCTIONS, format_observation, format_tool_output, parse_action
 from .rewards import last_integer
 
 EVAL_SEED = 20261130

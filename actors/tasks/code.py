@@ -28,8 +28,8 @@ from pydantic import Field
 from postrain.core import Options
 from postrain.core.errors import PostrainError
 
-from ..environment import Environment, Reward, StepResult
-from ..tools import format_observation, parse_action, truncate_head
+from ..env.api import Environment, Reward, StepResult
+from ..env.tools import format_observation, parse_action, truncate_head
 from .code_problems import PROBLEMS
 
 NUM_EVAL_PROBLEMS = 10

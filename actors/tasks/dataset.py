@@ -27,7 +27,7 @@ file order.
 The episode is single-turn by default: the prompt (after `system_prompt`, if set), one assistant
 turn, its reward. With `max_tool_calls` > 0 it is multi-turn: the model may run Python in the
 sandbox (`<python>...</python>`, the output comes back as the next user turn, the tool format of
-`actors/tools.py`) up to that many times, then answers (`<answer>...</answer>`); the turn that
+`actors/env/tools.py`) up to that many times, then answers (`<answer>...</answer>`); the turn that
 is not a tool call is scored, and an episode that runs out of turns is worth 0. A reward that
 raises or hangs fails only its sample (`rewards.py`'s failure rule).
 """
@@ -46,8 +46,8 @@ from pydantic import Field, field_validator
 from postrain.core import Options
 from postrain.core.errors import PostrainError
 
-from ..environment import Environment, EnvironmentContractError, Reward, StepResult, validate_observation
-from ..tools import TOOL_INSTRUCTIONS, format_observation, format_tool_output, parse_action
+from ..env.api import Environment, EnvironmentContractError, Reward, StepResult, validate_observation
+from ..env.tools import TOOL_INSTRUCTIONS, format_observation, format_tool_output, parse_action
 from .rewards import RewardError, RewardFunction, load_reward
 
 SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")

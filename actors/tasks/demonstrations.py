@@ -1,7 +1,7 @@
 """Supervised demonstrations in chat form, for the warm start before RL.
 
 A demonstration is `{"messages": [{"role": ..., "content": ...}, ...]}` whose assistant turns use
-the exact tool-call format of `postrain.actors.tools`, and whose first messages are exactly what
+the exact tool-call format of `postrain.actors.env.tools`, and whose first messages are exactly what
 the task's environment `reset` returns, so a model trained on them meets the same text in RL.
 Loss goes on the assistant turns only (the trainer's business).
 
@@ -25,8 +25,8 @@ from typing import Iterable, Iterator
 from postrain.sandbox import ExecResult, Status
 from postrain.core.errors import PostrainError
 
-from ..environment import ROLES
-from ..tools import format_answer, format_tool_call, format_tool_output
+from ..env.api import ROLES
+from ..env.tools import format_answer, format_tool_call, format_tool_output
 from . import arithmetic, code
 
 

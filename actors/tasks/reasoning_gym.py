@@ -39,7 +39,7 @@ from pydantic import Field, create_model, field_validator, model_validator
 
 from postrain.core import Options
 
-from ..environment import Environment, StepResult, TaskOptionsError
+from ..env.api import Environment, StepResult, TaskOptionsError
 from .rewards import RewardFunction, final_answer
 
 PREFIX = "reasoning_gym:"

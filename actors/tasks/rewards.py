@@ -43,7 +43,7 @@ import trio
 from postrain.core import import_object
 from postrain.core.errors import PostrainError
 
-from ..environment import EnvironmentFailure, Reward
+from ..env.api import EnvironmentFailure, Reward
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _INTEGER = re.compile(r"-?\d[\d,]*")

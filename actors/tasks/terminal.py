@@ -33,8 +33,8 @@ from postrain.core import Options
 from postrain.core.errors import PostrainError
 from postrain.sandbox import ExecResult, Status
 
-from ..environment import Environment, Reward, StepResult
-from ..tools import format_answer, format_shell_output, format_tool_call, parse_action
+from ..env.api import Environment, Reward, StepResult
+from ..env.tools import format_answer, format_shell_output, format_tool_call, parse_action
 from . import terminal_repos, terminal_text
 
 NUM_INSTANCES = 3

@@ -12,7 +12,7 @@ fields) become postrain task dicts. postrain plays the model's turns itself (no 
 - a task without tools is single-turn: the system prompt and the prompt, one assistant turn;
 - a task whose `Task.toolsets(config)` offers `@vf.tool`s is the tool loop: the tools' signatures
   and descriptions join the system prompt, each turn may call one tool as
-  `<tool name="NAME">{json arguments}</tool>` (`postrain.actors.tools.parse_named_call`), its
+  `<tool name="NAME">{json arguments}</tool>` (`postrain.actors.env.tools.parse_named_call`), its
   output comes back as the next turn (`verifiers_tools.call_tool`: code tools named in
   `sandbox_tools` run in postrain's sandbox, the others in a worker thread within
   `tool_timeout_s`; an error is the tool's output, the episode goes on). The episode ends at a
@@ -59,8 +59,8 @@ from pydantic import Field
 
 from postrain.core import Options, import_object
 
-from ..environment import Environment, EnvironmentContractError, Reward, StepResult, TaskOptionsError
-from ..tools import OUTPUT_CLOSE, OUTPUT_OPEN, parse_named_call
+from ..env.api import Environment, EnvironmentContractError, Reward, StepResult, TaskOptionsError
+from ..env.tools import OUTPUT_CLOSE, OUTPUT_OPEN, parse_named_call
 from .rewards import RewardFailure
 from .verifiers_relay import Relay, load_env_class
 from .verifiers_tools import call_tool, discover_tools, tools_prompt

@@ -27,7 +27,7 @@ import trio
 
 from postrain.core import import_object
 
-from ..environment import EnvironmentContractError, TaskOptionsError
+from ..env.api import EnvironmentContractError, TaskOptionsError
 
 
 def load_env_class(path: str) -> type:

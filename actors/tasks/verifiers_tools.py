@@ -1,6 +1,6 @@
 """The tools of a verifiers task, called by postrain: a task's `Task.toolsets(config)` (each a
 `vf.Toolset` with `@vf.tool` methods) become named tools the model calls in postrain's format,
-`<tool name="NAME">{json arguments}</tool>` (`postrain.actors.tools.parse_named_call`).
+`<tool name="NAME">{json arguments}</tool>` (`postrain.actors.env.tools.parse_named_call`).
 
 Where a tool runs:
 - a tool named in the task option `sandbox_tools` (`{"run_python": "python"}`) runs code: its one
@@ -28,8 +28,8 @@ from typing import Any, Callable
 import trio
 from pydantic import ValidationError, create_model
 
-from ..environment import TaskOptionsError
-from ..tools import (NAMED_CALL_EXAMPLE, NamedCall, format_observation, format_shell_output,
+from ..env.api import TaskOptionsError
+from ..env.tools import (NAMED_CALL_EXAMPLE, NamedCall, format_observation, format_shell_output,
                      format_tool_output, truncate_middle)
 
 SANDBOX_KINDS = ("python", "bash")

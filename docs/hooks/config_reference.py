@@ -45,9 +45,9 @@ RECORDS_MARKER = "<!-- records-reference -->"
 
 # (title, import path of the actor class): the roles whose options the page lists.
 ROLES = [
-    ("Generator", "postrain.actors.generator_actor:GeneratorActor"),
-    ("Learner", "postrain.actors.learner_actor:LearnerActor"),
-    ("Environment", "postrain.actors.env_actor:EnvironmentActor"),
+    ("Generator", "postrain.actors.generator:GeneratorActor"),
+    ("Learner", "postrain.actors.learner:LearnerActor"),
+    ("Environment", "postrain.actors.env:EnvironmentActor"),
     ("Sandbox", "postrain.actors.sandbox_actor:SandboxActor"),
     ("Orchestrator", "postrain.actors.orchestrator:OrchestratorActor"),
 ]
@@ -55,7 +55,7 @@ ROLES = [
 # An option that is a plain dict validated by a dataclass elsewhere: (role path, field) ->
 # the dataclass whose fields it takes. Rendered only while the field is still a plain dict.
 EXPANDED_TABLES = {
-    ("postrain.actors.learner_actor:LearnerActor", "learner"): "postrain.actors.learner:LearnerConfig",
+    ("postrain.actors.learner:LearnerActor", "learner"): "postrain.actors.learner:LearnerConfig",
 }
 
 # The `[shared]` names the roles use (a convention of the roles; the kernel accepts any name

@@ -1,4 +1,4 @@
-"""Environments for tests/actors/test_env_actor.py, importable by path from actor processes
+"""Environments for tests/actors/env/test_actor.py, importable by path from actor processes
 (the test prepends this folder to sys.path; spawned actors inherit it). Named as a task by
 import path, `scripted_envs:CountdownEnv`, they exercise `task = "pkg.mod:EnvClass"`."""
 from __future__ import annotations

@@ -14,7 +14,7 @@ import pytest
 
 from postrain.actors import atomic_write
 from postrain.actors.atomic_write import repair_interrupted_write, write_folder_atomically
-from postrain.actors.learner import Learner, LearnerConfig
+from postrain.actors.learner.learner import Learner, LearnerConfig
 from postrain.actors.run_state import read_run_state
 from postrain.core.errors import DiskFullError
 
@@ -22,8 +22,9 @@ LEARNER = {"model": "tiny", "lr": 1e-3}
 
 CHILD = textwrap.dedent('''
     import os, sys, time
-    from postrain.actors import atomic_write, learner_state
-    from postrain.actors.learner import Learner, LearnerConfig
+    from postrain.actors import atomic_write
+    from postrain.actors.learner import state as learner_state
+    from postrain.actors.learner.learner import Learner, LearnerConfig
 
     folder, stop_at = sys.argv[1], sys.argv[2]
     learner = Learner(LearnerConfig.from_dict({"model": "tiny", "lr": 1e-3}))

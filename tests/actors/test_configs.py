@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from postrain.actors import checkpoint
-from postrain.actors.checkpoint import CheckpointError, load_model, resolve_model
-from postrain.actors.env_actor import RemoteSandbox
-from postrain.actors.environment import run_episode
+from postrain.actors.models import loading as checkpoint
+from postrain.actors.models.loading import CheckpointError, load_model, resolve_model
+from postrain.actors.env.actor import RemoteSandbox
+from postrain.actors.env import run_episode
 from postrain.actors.tasks import get_task
 from postrain.actors.tasks.code_problems import PROBLEMS
 from postrain import cli

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import trio
 
-from postrain.actors.environment import LocalSandbox, TaskOptionsError
+from postrain.actors.env import LocalSandbox, TaskOptionsError
 from postrain.actors.tasks import get_task
 from postrain.actors.tasks.dataset import DatasetError
 from postrain.actors.tasks.rewards import RewardError, RewardFailure, load_reward
@@ -169,7 +169,7 @@ def test_code_tests_runs_the_reference_tests_on_the_completion_in_the_sandbox():
 
 
 def test_with_a_python_tool_the_model_may_run_code_in_the_sandbox_before_it_answers(data):
-    from postrain.actors.environment import run_episode
+    from postrain.actors.env import run_episode
     from postrain.sandbox import Sandbox
     spec = get_task("dataset")
     opts = options(data, reward="last_integer", max_tool_calls=1, eval_path=str(data / "eval.parquet"))

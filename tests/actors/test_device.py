@@ -61,7 +61,7 @@ async def test_an_actor_sees_exactly_the_gpus_it_was_placed_on():
 
 @async_test
 async def test_a_generator_asked_for_cuda_without_a_gpu_fails_to_start_with_the_fix():
-    spec = ActorSpec(name="gen", cls="postrain.actors.generator_actor:GeneratorActor", cpus=0.5,
+    spec = ActorSpec(name="gen", cls="postrain.actors.generator:GeneratorActor", cpus=0.5,
                      options={"model": "tiny", "device": "cuda"}, max_restarts=0)
     async with Supervisor.open() as sup:
         with pytest.raises(ActorStartError, match="sees no CUDA GPU") as caught:
@@ -86,7 +86,7 @@ def test_the_device_checks_run_puts_the_learner_and_generator_on_gpus_and_valida
 
 
 def test_bfloat16_autocast_keeps_float32_weights_and_trains_the_same_step_within_its_rounding():
-    from postrain.actors.learner import Learner, LearnerConfig
+    from postrain.actors.learner.learner import Learner, LearnerConfig
     from postrain.bench.learner import rollout_batch
 
     tiny = dict(vocab_size=264, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
@@ -103,7 +103,7 @@ def test_bfloat16_autocast_keeps_float32_weights_and_trains_the_same_step_within
 
 
 def test_learner_device_options_are_checked_naming_the_choices():
-    from postrain.actors.learner import LearnerConfig, LearnerError
+    from postrain.actors.learner.learner import LearnerConfig, LearnerError
 
     with pytest.raises(LearnerError, match="autocast_dtype must be"):
         LearnerConfig(autocast_dtype="int8")

@@ -34,21 +34,21 @@ memory_mb = 0
 options = {{ mode = "warm", num_workers = 1 }}
 [[actors]]
 name = "generator"
-cls = "postrain.actors.generator_actor:GeneratorActor"
+cls = "postrain.actors.generator:GeneratorActor"
 cpus = 0.7
 elastic = {elastic}
 memory_mb = 0
 options = {{ kv_cache_mb = 16 }}
 [[actors]]
 name = "learner"
-cls = "postrain.actors.learner_actor:LearnerActor"
+cls = "postrain.actors.learner:LearnerActor"
 cpus = 0.7
 elastic = {elastic}
 memory_mb = 0
 options = {{ learner = {{ lr = 1e-3 }} }}
 [[actors]]
 name = "env"
-cls = "postrain.actors.env_actor:EnvironmentActor"
+cls = "postrain.actors.env:EnvironmentActor"
 cpus = 0.1
 memory_mb = 0
 [[actors]]

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from postrain.actors.orchestrator import chat_to_tokens
-from postrain.actors.tokenizer import byte_tokenizer
+from postrain.actors.models.tokenizer import byte_tokenizer
 from postrain.actors.ledger import STATES, read_events
 from postrain.core.metrics import read_metrics
 
@@ -50,19 +50,19 @@ memory_mb = 0
 options = {{ mode = "warm", num_workers = 1 }}
 [[actors]]
 name = "generator"
-cls = "postrain.actors.generator_actor:GeneratorActor"
+cls = "postrain.actors.generator:GeneratorActor"
 cpus = 0.5
 memory_mb = 0
 options = {{ kv_cache_mb = 16 }}
 [[actors]]
 name = "learner"
-cls = "postrain.actors.learner_actor:LearnerActor"
+cls = "postrain.actors.learner:LearnerActor"
 cpus = 0.5
 memory_mb = 0
 options = {{ learner = {{ lr = 1e-3 }} }}
 [[actors]]
 name = "env"
-cls = "postrain.actors.env_actor:EnvironmentActor"
+cls = "postrain.actors.env:EnvironmentActor"
 cpus = 0.1
 memory_mb = 0
 options = {{ }}

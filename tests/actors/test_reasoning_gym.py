@@ -10,7 +10,7 @@ import pytest
 import reasoning_gym
 import trio
 
-from postrain.actors.environment import TaskOptionsError
+from postrain.actors.env import TaskOptionsError
 from postrain.actors.tasks import TaskError, get_task
 from postrain.cli.eval import evaluate
 

@@ -6,7 +6,7 @@ import torch
 from postrain.actors.records import (GeneratedSample, GenerateReply, GenerateRequest, PublishReport,
                                      RecordError, Rollout, RolloutRequest, SamplingParams,
                                      SamplingParamsError, SftBatch, TrainBatch, WeightSync)
-from postrain.actors.environment import Reward
+from postrain.actors.env import Reward
 from postrain.core import wire
 
 ROLLOUT = {"token_ids": [5, 6, 7, 8], "loss_mask": [0, 0, 1, 1], "behavior_logprobs": [0.0, 0.0, -0.5, -0.25],

@@ -19,7 +19,7 @@ from postrain.actors.tasks.code_problems import PROBLEMS
 from postrain.actors.tasks.demonstrations import (DemonstrationError, arithmetic_demonstrations,
                                                   code_demonstrations, read_jsonl, write_jsonl)
 from postrain.actors.sandbox_actor import result_to_wire
-from postrain.actors.tools import format_tool_output, parse_tool_call
+from postrain.actors.env.tools import format_tool_output, parse_tool_call
 from postrain.core.testing import async_test
 from postrain.sandbox import Policy, Sandbox
 

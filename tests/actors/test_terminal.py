@@ -7,11 +7,11 @@ import pytest
 import trio
 
 from postrain.actors import LocalSandbox, TaskOptionsError, get_task, run_episode
-from postrain.actors.environment import EnvironmentFailure
+from postrain.actors.env import EnvironmentFailure
 from postrain.actors.tasks import terminal
 from postrain.actors.tasks.terminal import (EVAL_IDS, KIND_NAMES, SUITE, TerminalEnv, demonstration,
                                             eval_tasks, train_split, train_tasks)
-from postrain.actors.tools import parse_action
+from postrain.actors.env.tools import parse_action
 from postrain.core.testing import async_test
 from postrain.sandbox import Policy, Sandbox
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import trio
 
-from postrain.actors.env_actor import RemoteSandbox
-from postrain.actors.environment import run_episode
+from postrain.actors.env.actor import RemoteSandbox
+from postrain.actors.env import run_episode
 from postrain.actors.ledger import read_events
 from postrain.actors.tasks.terminal import TerminalEnv, demonstration, eval_tasks
 from postrain.actors.timeline import Timeline
@@ -61,10 +61,10 @@ async def test_episodes_hold_one_session_of_the_sandbox_actor_and_a_killed_episo
 
         # an environment actor killed while its episode's session is open (its first turn, 400
         # tokens, is still being sampled): the sandbox actor's reaper ends the session
-        await sup.start(ActorSpec(name="generator", cls="postrain.actors.generator_actor:GeneratorActor",
+        await sup.start(ActorSpec(name="generator", cls="postrain.actors.generator:GeneratorActor",
                                   cpus=0.5, memory_mb=0, options={"model": "tiny", "kv_cache_mb": 16}))
         env_actor = await sup.start(ActorSpec(
-            name="env", cls="postrain.actors.env_actor:EnvironmentActor", cpus=0.1, memory_mb=0,
+            name="env", cls="postrain.actors.env:EnvironmentActor", cpus=0.1, memory_mb=0,
             options={"task": "terminal", "max_total_tokens": 1024}))
 
         async def rollout():

@@ -10,10 +10,10 @@ import pytest
 import trio
 
 from postrain.actors import LocalSandbox, run_episode
-from postrain.actors.environment import EnvironmentContractError, EnvironmentFailure, TaskOptionsError
+from postrain.actors.env import EnvironmentContractError, EnvironmentFailure, TaskOptionsError
 from postrain.actors.tasks import get_task
 from postrain.actors.tasks.rewards import RewardFailure
-from postrain.actors.tools import format_named_call
+from postrain.actors.env.tools import format_named_call
 from postrain.cli.eval import evaluate
 from postrain.sandbox import Policy, Sandbox
 

@@ -14,11 +14,11 @@ import pytest
 import torch
 import zmq
 
-from postrain.actors.learner_actor import sealed_sync, weight_chunks, weight_messages, weights_digest
+from postrain.actors.learner.publish import sealed_sync, weight_chunks, weight_messages, weights_digest
 from postrain.actors.ledger import SampleLedger
 from postrain.actors.orchestrator.train_step import TrainStep
 from postrain.actors.records import TrainBatch, WeightSync
-from postrain.actors.recovery import LearnerKeeper
+from postrain.actors.learner.recovery import LearnerKeeper
 from postrain.actors.weight_assembly import SyncAssembler
 from postrain.core import ActorSpec, CurveKeys, RemoteError, Supervisor
 from postrain.core.metrics import MetricsWriter, read_metrics
@@ -89,7 +89,7 @@ def rollouts(num: int = 4) -> dict:
             "policy_versions": [0] * num, "rewards": [1.0, 0.0, 0.0, 1.0], "group_ids": [0, 0, 1, 1]}
 
 
-GENERATOR = "postrain.actors.generator_actor:GeneratorActor"
+GENERATOR = "postrain.actors.generator:GeneratorActor"
 GREEDY = {"prompt_ids": [10, 20, 30, 40], "sampling": {"temperature": 0.0, "max_new_tokens": 12}}
 
 
@@ -97,7 +97,7 @@ GREEDY = {"prompt_ids": [10, 20, 30, 40], "sampling": {"temperature": 0.0, "max_
 async def test_generators_here_and_on_another_host_hold_the_same_weights_and_drop_interrupted_syncs(tmp_path):
     keys = CurveKeys.generate()
     async with Supervisor.open(keys=keys) as sup, Supervisor.open(keys=keys) as other_node:
-        learner = await sup.start(spec("learner", "postrain.actors.learner_actor:LearnerActor",
+        learner = await sup.start(spec("learner", "postrain.actors.learner:LearnerActor",
                                        {"model": TINY, "learner": {"lr": 3e-2, "micro_batch_size": 2}},
                                        bind=f"tcp://{HOST}:0"))
         near = await sup.start(spec("near", GENERATOR, {"model": TINY, "kv_cache_mb": 4,
@@ -149,7 +149,7 @@ async def test_generators_here_and_on_another_host_hold_the_same_weights_and_dro
 
 
 
-RECEIVER = "postrain.actors.learner_actor:WeightReceiverActor"
+RECEIVER = "postrain.actors.weight_receiver:WeightReceiverActor"
 
 
 @async_test
@@ -160,7 +160,7 @@ async def test_a_forged_sealed_piece_is_refused_and_the_receiver_keeps_its_weigh
     logs.mkdir()
     async with Supervisor.open(keys=keys, log_dir=str(logs)) as sup, \
             Supervisor.open(keys=keys, log_dir=str(logs)) as other_node:
-        learner = await sup.start(spec("learner", "postrain.actors.learner_actor:LearnerActor",
+        learner = await sup.start(spec("learner", "postrain.actors.learner:LearnerActor",
                                        {"model": TINY}, bind=f"tcp://{HOST}:0"))
         far = await other_node.start(spec("far", RECEIVER, {}, bind=f"tcp://{HOST}:0").model_copy(
             update={"max_restarts": 1}))
@@ -213,7 +213,7 @@ async def test_one_publish_seals_once_for_two_receivers_on_other_nodes_and_a_fai
     keys = CurveKeys.generate()
     async with Supervisor.open(keys=keys) as sup, Supervisor.open(keys=keys) as node_b, \
             Supervisor.open(keys=keys) as node_c:
-        learner = await sup.start(spec("learner", "postrain.actors.learner_actor:LearnerActor",
+        learner = await sup.start(spec("learner", "postrain.actors.learner:LearnerActor",
                                        {"model": TINY}, bind=f"tcp://{HOST}:0"))
         far_b = await node_b.start(spec("far_b", RECEIVER, {}, bind=f"tcp://{HOST}:0"))
         far_c = await node_c.start(spec("far_c", RECEIVER, {}, bind=f"tcp://{HOST}:0"))

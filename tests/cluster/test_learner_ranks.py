@@ -20,9 +20,9 @@ ray = pytest.importorskip("ray")
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from postrain.actors.learner import Learner, LearnerConfig  # noqa: E402
-from postrain.actors.learner_actor import weight_chunks, weights_digest  # noqa: E402
-from postrain.actors.learner_group import interface_holding  # noqa: E402
+from postrain.actors.learner.learner import Learner, LearnerConfig  # noqa: E402
+from postrain.actors.learner.publish import weight_chunks, weights_digest  # noqa: E402
+from postrain.actors.learner.group import interface_holding  # noqa: E402
 from postrain.cli.cluster_up import ClusterLaunch, meeting_point_on_node  # noqa: E402
 from postrain.core import ActorSpec, CurveKeys, Node  # noqa: E402
 from postrain.core.cluster import ClusterScheduler  # noqa: E402
@@ -30,7 +30,7 @@ from postrain.core.config import complete_rendezvous, parse_config  # noqa: E402
 from postrain.core.ray_nodes import connect  # noqa: E402
 from postrain.core.testing import async_test, to_toml  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "actors"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "actors" / "learner"))
 from test_learner_dp import CONFIG, batch  # noqa: E402  (the tiny model and its batches)
 
 pytestmark = pytest.mark.slow
@@ -47,7 +47,7 @@ def two_nodes():
 
 
 def learner_entry(**options) -> dict:
-    return {"name": "learner", "cls": "postrain.actors.learner_actor:LearnerActor", "ranks": 2, "cpus": 1,
+    return {"name": "learner", "cls": "postrain.actors.learner:LearnerActor", "ranks": 2, "cpus": 1,
             "memory_mb": 64, "placement": "spread", "max_restarts": 0, "options": options}
 
 
@@ -109,10 +109,10 @@ RUN = {"run": {"name": "ranks", "driver": "orchestrator"},
        "actors": [
            {"name": "sandbox", "cls": "postrain.actors.sandbox_actor:SandboxActor", "cpus": 0.2,
             "memory_mb": 0, "options": {"mode": "warm", "num_workers": 1}},
-           {"name": "generator", "cls": "postrain.actors.generator_actor:GeneratorActor", "cpus": 0.5,
+           {"name": "generator", "cls": "postrain.actors.generator:GeneratorActor", "cpus": 0.5,
             "memory_mb": 0, "options": {"kv_cache_mb": 16}},
            {**learner_entry(learner={"lr": 1e-3}), "memory_mb": 0},
-           {"name": "env", "cls": "postrain.actors.env_actor:EnvironmentActor", "cpus": 0.1, "memory_mb": 0},
+           {"name": "env", "cls": "postrain.actors.env:EnvironmentActor", "cpus": 0.1, "memory_mb": 0},
            {"name": "orchestrator", "cls": "postrain.actors.orchestrator:OrchestratorActor", "cpus": 0.1,
             "memory_mb": 0, "options": {"num_steps": 2, "prompts_per_step": 2, "samples_per_prompt": 2,
                                         "max_staleness": 1, "sft_steps": 1, "sft_batch_size": 4,
@@ -150,8 +150,8 @@ async def test_weights_reach_a_receiver_on_the_learners_node_through_shm_and_one
         nodes = cluster.nodes()
         agents = cluster.start_agents(nodes, keys=keys, run_tag="sealed1", log_dir=str(tmp_path / "logs"))
         try:
-            receiver = "postrain.actors.learner_actor:WeightReceiverActor"
-            specs = [("learner", "postrain.actors.learner_actor:LearnerActor", {"model": "tiny"}, nodes[0]),
+            receiver = "postrain.actors.weight_receiver:WeightReceiverActor"
+            specs = [("learner", "postrain.actors.learner:LearnerActor", {"model": "tiny"}, nodes[0]),
                      ("near", receiver, {}, nodes[0]), ("far", receiver, {}, nodes[1])]
             address = {}
             for name, cls, options, node in specs:

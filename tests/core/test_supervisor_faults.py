@@ -8,7 +8,7 @@ import pytest
 
 from postrain.core import ActorSpec, ActorStartError, Supervisor
 from postrain.core.testing import assert_nothing_left, async_test, leftovers
-from postrain.core.wire import process_lives
+from postrain.core.shm import process_lives
 
 ECHO = "postrain.core.testing:EchoActor"
 

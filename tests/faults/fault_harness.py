@@ -451,7 +451,7 @@ def check_files(folder: Path) -> None:
 
 def load_last_checkpoint(folder: Path, config: dict):
     """A learner from the run's last checkpoint (raises if it does not load)."""
-    from postrain.actors.learner import Learner, LearnerConfig
+    from postrain.actors.learner.learner import Learner, LearnerConfig
 
     learner_options = next(a for a in config["actors"] if a["name"] == "learner")["options"]["learner"]
     learner = Learner(LearnerConfig.from_dict({**learner_options, "model": config["shared"]["model"]}))

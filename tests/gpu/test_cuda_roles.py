@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from postrain.actors.checkpoint import packaged_model_path
-from postrain.actors.engine import Engine
-from postrain.actors.learner import Learner, LearnerConfig, build_policy
-from postrain.actors.sampling import SamplingParams
+from postrain.actors.models.loading import packaged_model_path
+from postrain.actors.generator.engine import Engine
+from postrain.actors.learner.learner import Learner, LearnerConfig, build_policy
+from postrain.actors.generator.sampling import SamplingParams
 from postrain.bench.learner import rollout_batch
 
 pytestmark = pytest.mark.gpu

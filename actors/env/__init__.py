@@ -1,0 +1,28 @@
+"""postrain.actors.env: the public Environment API, the one episode driver, tools, and the environment actor.
+
+    api.py       Environment, StepResult, Reward, the handles, check_options: what a task is
+    episode.py   run_episode and EpisodePolicy: the one driver of every episode (training and eval)
+    tools.py     the tool-call grammar of turns: parse_action, format_tool_output, ...
+    actor.py     EnvironmentActor: plays episodes on the generator and the sandbox for the orchestrator
+
+Configs name the actor `postrain.actors.env:EnvironmentActor`.
+"""
+from .api import (ROLES, Environment, EnvironmentContractError, EnvironmentFailure, GeneratorHandle,
+                  LocalSandbox, Reward, SandboxHandle, StepResult, TaskOptionsError, check_options,
+                  validate_observation, validate_step_result)
+from .episode import (ActionFn, Episode, EpisodePolicy, TextPolicy, checked_reset, checked_step,
+                      checked_truncated, drop_reason, run_episode)
+
+__all__ = ["ROLES", "ActionFn", "Environment", "EnvironmentActor", "EnvironmentContractError",
+           "EnvironmentFailure", "Episode", "EpisodePolicy", "GeneratorHandle", "LocalSandbox", "Reward",
+           "SandboxHandle", "StepResult", "TaskOptionsError", "TextPolicy", "check_options", "checked_reset",
+           "checked_step", "checked_truncated", "drop_reason", "run_episode", "validate_observation",
+           "validate_step_result"]
+
+
+def __getattr__(name: str):
+    """The actor imports torch (its tokenizer's model loader), so it loads on first use (PEP 562)."""
+    if name == "EnvironmentActor":
+        from .actor import EnvironmentActor
+        return EnvironmentActor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

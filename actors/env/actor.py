@@ -1,0 +1,308 @@
+"""The environment actor: runs episodes token by token, so nothing is re-tokenized for training.
+
+    [[actors]]
+    name = "env"
+    cls = "postrain.actors.env:EnvironmentActor"
+    options = { generator = "generator", max_total_tokens = 768 }   # task, task_options, model: [shared]
+
+Options: `EnvironmentOptions` below. `task` is a registered task, 'pkg.mod:TASK' or
+'pkg.mod:EnvClass' (`get_task`); `task_options` are checked by the task's options model at
+config load and again at setup, so a misspelt option is an error naming it. A sandbox actor
+is looked up only when the task's environment declares `uses_sandbox` (or `sandbox` names
+one); an environment that runs code and has no sandbox fails setup with the fix.
+
+`rollout` {"task": {...}, "sample_id": str, "sampling": {...}} (a `records.RolloutRequest`)
+-> a `records.Rollout` on the wire:
+    {"token_ids", "loss_mask", "behavior_logprobs", "policy_versions",
+     "reward": {"components", "weights"}, "num_turns", "num_policy_tokens", "tool_statuses",
+     "timeline"}
+where `timeline` lists the episode's hops: each generate call and each tool call
+with its start, duration and outcome (actors/timeline.py; `postrain trace`).
+
+Design note (tokens in, tokens out). The episode is played by the one driver,
+`environment.run_episode`, the same that `postrain eval` uses, so a reward is the same in
+training and evaluation; this actor only brings a token-level policy (`TokenPolicy`).
+The rollout is one growing list of token ids: the rendered prompt, then for each turn
+exactly the ids the generator sampled (loss_mask 1, with their logprobs and policy
+versions), then the observation's tokens (loss_mask 0). The action text the environment
+sees is the decode of the sampled ids; the sampled ids themselves are never re-encoded.
+An observation's tokens are the chat template's text between the end of the
+assistant's content and the next generation prompt, encoded alone.
+
+Failures: an environment that raises, hangs past `step_timeout_s` or returns
+garbage fails the request with `EnvironmentFailure` (its `reason` goes to the
+ledger); the actor keeps serving.
+"""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+from pydantic import Field
+
+from postrain.core import Actor, handler
+from postrain.core.errors import ConfigError
+
+from .api import EnvironmentFailure
+from .episode import Episode, EpisodePolicy, run_episode
+from ..records import Rollout
+from ..tasks import TaskOptions, TaskSpec, get_task
+from ..timeline import Timeline, tool_status
+from ..models.tokenizer import Tokenizer, byte_tokenizer
+
+DEFAULT_SANDBOX = "sandbox"   # the sandbox actor's name when the task needs one and none is named
+
+
+class SandboxRequiredError(ConfigError):
+    """The task's environment runs code (`uses_sandbox`) but the environment actor has no sandbox."""
+
+
+def load_tokenizer(model: str | dict) -> Tokenizer:
+    """The tokenizer of a model spec without loading its weights where that is possible
+    (ModelConfig fields, a built-in config, take the byte tokenizer)."""
+    if isinstance(model, dict):
+        return byte_tokenizer()
+    from ..models.loading import resolve_model
+    path = Path(resolve_model(model))
+    if path.is_dir() and (path / "tokenizer.json").exists():
+        return Tokenizer.from_file(path / "tokenizer.json", path / "tokenizer_config.json")
+    if not path.exists():
+        return byte_tokenizer()  # a built-in config
+    from ..models.loading import load_model
+    return load_model(path)[1]
+
+
+class RemoteSandbox:
+    """A `SandboxHandle` that calls the sandbox actor; with a `timeline`, each call is a hop in it."""
+
+    def __init__(self, ref, timeline: Timeline | None = None):
+        self.ref = ref
+        self.timeline = timeline
+
+    def for_episode(self, timeline: Timeline) -> "RemoteSandbox":
+        return RemoteSandbox(self.ref, timeline)
+
+    async def exec(self, code, *, stdin=None, files=None, timeout_s=None):
+        """Run `code` on the sandbox actor (an "exec" hop). Cancellation: not atomic; the caller
+        stops waiting, the run may still finish remotely within its limits (its reply is dropped)."""
+        body = {"code": code, "stdin": stdin, "files": files}
+        if timeout_s is not None:
+            body["limits"] = {"wall_time_s": float(timeout_s)}
+        return await self._ask("exec", body, timeout_s=(timeout_s or 30) + 30)
+
+    async def run_tests(self, solution, tests, *, test_timeout_s=2.0, timeout_s=None):
+        """Run `tests` against `solution` on the sandbox actor (a "run_tests" hop). Cancellation:
+        as `exec`; no report, the remote run still ends within its limits."""
+        body = {"solution": solution, "tests": tests, "test_timeout_s": test_timeout_s}
+        if timeout_s is not None:
+            body["limits"] = {"wall_time_s": float(timeout_s)}
+        return await self._ask("run_tests", body, timeout_s=(timeout_s or 60) + 30)
+
+    @contextlib.asynccontextmanager
+    async def session(self, files=None, limits=None):
+        """A session on the sandbox actor (`sandbox_actor.remote_session`), closed on exit; with a
+        timeline, each of its calls is a "tool" hop. Cancellation: as `remote_session` (the close
+        is still sent; a session whose close is lost is reaped by the sandbox actor)."""
+        from ..sandbox_actor import remote_session
+        async with remote_session(self.ref, files=files, limits=limits) as session:
+            if self.timeline is not None:
+                session = TimedSession(session, self.timeline, self.ref.name)
+            yield session
+
+    async def _ask(self, call: str, body: dict, timeout_s: float):
+        """`ref.ask(call, body)`, timed as a "tool" hop when there is a timeline. Cancellation:
+        the request may still run remotely; the hop stays in the timeline, status "failed: Cancelled"."""
+        if self.timeline is None:
+            return await self.ref.ask(call, body, timeout_s=timeout_s)
+        with self.timeline.hop("tool", self.ref.name, call=call) as hop:
+            reply = await self.ref.ask(call, body, timeout_s=timeout_s)
+            hop.update(tool_status(call, reply))
+        return reply
+
+
+class TimedSession:
+    """A sandbox session whose calls are "tool" hops of an episode's timeline (same methods).
+    Cancellation of any call: as `_hop` (recorded as failed; the call ends remotely within its
+    limits, and the session stays usable for its close)."""
+
+    def __init__(self, session, timeline: Timeline, actor: str):
+        self.session, self.timeline, self.actor = session, timeline, actor
+
+    async def run(self, command: str, *, stdin=None, timeout_s=None):
+        return await self._hop("session_exec", self.session.run(command, stdin=stdin, timeout_s=timeout_s))
+
+    async def run_python(self, code: str, *, stdin=None, timeout_s=None):
+        pending = self.session.run_python(code, stdin=stdin, timeout_s=timeout_s)
+        return await self._hop("session_exec", pending)
+
+    async def read_file(self, path: str):
+        return await self._hop("session_read_file", self.session.read_file(path))
+
+    async def write_file(self, path: str, data):
+        return await self._hop("session_write_file", self.session.write_file(path, data))
+
+    async def _hop(self, call: str, pending):
+        """Await the call as a hop. Cancellation: the hop records "failed: Cancelled"; the call
+        itself ends remotely within its limits."""
+        with self.timeline.hop("tool", self.actor, call=call) as hop:
+            result = await pending
+            status = getattr(result, "status", None)
+            if status is not None:
+                hop["status"] = getattr(status, "value", status)
+        return result
+
+
+def observation_ids(tokenizer: Tokenizer, conversation: list[dict], ended_with_eos: bool) -> list[int]:
+    """Token ids that close the last assistant turn, add the observation turn (the last
+    message of `conversation`) and open the next assistant turn."""
+    before_assistant = tokenizer.apply_chat_template(conversation[:-2], add_generation_prompt=True)
+    with_assistant = tokenizer.apply_chat_template(conversation[:-1], add_generation_prompt=False)
+    with_observation = tokenizer.apply_chat_template(conversation, add_generation_prompt=True)
+    content = conversation[-2]["content"]
+    if not (with_assistant.startswith(before_assistant + content) and with_observation.startswith(with_assistant)):
+        raise EnvironmentFailure("the chat template re-renders earlier turns differently; multi-turn "
+                                 "token rollouts need a prefix-stable template")
+    turn_end = with_assistant[len(before_assistant) + len(content):]
+    if ended_with_eos and tokenizer.eos_token_ids:
+        for eos in tokenizer.eos_token_ids:  # the sampled eos already closed the turn
+            eos_text = tokenizer.decode([eos])
+            if turn_end.startswith(eos_text):
+                turn_end = turn_end[len(eos_text):]
+                break
+    return tokenizer.encode(turn_end + with_observation[len(with_assistant):], add_bos=False)
+
+
+class TokenPolicy(EpisodePolicy):
+    """The environment actor's policy: asks the generator for each action and keeps the
+    rollout's token bookkeeping, exactly the sampled ids (see the module's design note).
+
+    Invariant: len(token_ids) == len(loss_mask) == len(behavior_logprobs) == len(policy_versions);
+    loss_mask is 1 exactly on sampled ids, whose policy_versions are >= 0 (others: -1, logprob 0.0).
+    `can_act` is False once `max_total_tokens` are used: the driver then truncates the episode.
+    """
+
+    def __init__(self, generator, tokenizer: Tokenizer, sampling: dict, max_total_tokens: int,
+                 timeline: Timeline) -> None:
+        self.generator, self.tokenizer, self.timeline = generator, tokenizer, timeline
+        self.sampling, self.max_total_tokens = dict(sampling), max_total_tokens
+        self.token_ids: list[int] = []
+        self.loss_mask: list[int] = []
+        self.behavior_logprobs: list[float] = []
+        self.policy_versions: list[int] = []
+        self._ended_with_eos = False   # the last action ended with a sampled eos
+
+    def _extend(self, ids: list[int], logprobs: list[float] | None = None,
+                versions: list[int] | None = None) -> None:
+        sampled = logprobs is not None
+        self.token_ids += ids
+        self.loss_mask += [int(sampled)] * len(ids)
+        self.behavior_logprobs += logprobs if sampled else [0.0] * len(ids)
+        self.policy_versions += versions if sampled else [-1] * len(ids)
+
+    def begin(self, messages: list[dict]) -> None:
+        tok = self.tokenizer
+        self._extend(tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True)))
+
+    def can_act(self) -> bool:
+        return len(self.token_ids) < self.max_total_tokens
+
+    async def act(self, messages: list[dict]) -> str:
+        """One generate call (a "generate" hop). Cancellation: the request is abandoned; the
+        bookkeeping is unchanged until the reply arrives."""
+        budget = self.max_total_tokens - len(self.token_ids)
+        params = {**self.sampling, "max_new_tokens": min(self.sampling.get("max_new_tokens", 128), budget),
+                  "n": 1}
+        with self.timeline.hop("generate", self.generator.name) as hop:
+            reply = await self.generator.ask("generate", {"prompt_ids": self.token_ids, "sampling": params},
+                                             timeout_s=600)
+            sample = reply["samples"][0]
+            hop.update(num_tokens=len(sample["token_ids"]),
+                       policy_versions=sorted(set(sample["policy_versions"])))
+        ids = list(sample["token_ids"])
+        self._extend(ids, list(sample["logprobs"]), list(sample["policy_versions"]))
+        self._ended_with_eos = bool(ids) and ids[-1] in self.tokenizer.eos_token_ids
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def observe(self, messages: list[dict]) -> None:
+        self._extend(observation_ids(self.tokenizer, messages, self._ended_with_eos))
+
+    def rollout(self, episode: Episode, timeline: Timeline) -> Rollout:
+        """The rollout of a finished episode played by this policy (its record checks the
+        invariants above)."""
+        statuses = [info["tool_status"] for info in episode.infos if info and info.get("tool_status")]
+        return Rollout(token_ids=self.token_ids, loss_mask=self.loss_mask,
+                       behavior_logprobs=self.behavior_logprobs, policy_versions=self.policy_versions,
+                       reward=episode.reward, num_turns=episode.num_turns,
+                       num_policy_tokens=sum(self.loss_mask), tool_statuses=statuses,
+                       timeline=timeline.to_list())
+
+
+class EnvironmentOptions(TaskOptions):
+    model: str | dict = Field("tiny", description="the policy (the generator's model spec): its tokenizer "
+                              "renders the conversation")
+    generator: str = Field("generator", description="the generator actor's name")
+    sandbox: str | None = Field(None, description="the sandbox actor's name; none: 'sandbox' when the "
+                                "task's environment declares uses_sandbox, else no sandbox; '': no sandbox")
+    step_timeout_s: float = Field(60.0, gt=0, description="time limit of each reset, step and "
+                                  "truncated call, seconds; past it the sample is dropped")
+    max_total_tokens: int = Field(1024, ge=1, description="tokens of one rollout (prompt, actions, "
+                                  "observations) at most; the episode is truncated there")
+
+
+class EnvironmentActor(Actor):
+    """Plays episodes of one task (`rollout`) with the generator as the policy."""
+
+    Options = EnvironmentOptions
+
+    async def setup(self):
+        """Resolve the task and its options, load the tokenizer, look up the generator and the
+        sandbox. Cancellation: not atomic (some attributes may be set), but a cancelled setup
+        ends the actor's process (`Actor.setup`), so no partial state serves requests."""
+        self.task: TaskSpec = get_task(self.options.task)
+        self.task_options = self.task.check_options(self.options.task_options)
+        self.tokenizer = load_tokenizer(self.options.model)
+        self.generator = await self.lookup(self.options.generator)
+        self.sandbox = await self._find_sandbox()
+
+    async def _find_sandbox(self) -> RemoteSandbox | None:
+        """The sandbox handle: looked up only when the task needs one or `sandbox` names one.
+        Cancellation: nothing is left behind (no attribute is set; `lookup` makes no reference)."""
+        name = self.options.sandbox
+        needs = self.task.needs_sandbox(self.task_options)
+        if name is None:
+            name = DEFAULT_SANDBOX if needs else ""
+        if not name:
+            if needs:
+                raise SandboxRequiredError(
+                    f"task {self.task.name!r} runs code (its environment {self.task.env_class.__name__} "
+                    f"declares uses_sandbox = True) but environment actor {self.name!r} has sandbox = ''; "
+                    f"fix: add a SandboxActor to the run and leave sandbox unset (it is then "
+                    f"{DEFAULT_SANDBOX!r}) or set sandbox = its name")
+            return None
+        try:
+            return RemoteSandbox(await self.lookup(name))
+        except Exception as exc:  # noqa: BLE001 - the head's answer names what it knows
+            why = (f"task {self.task.name!r} runs code (its environment declares uses_sandbox = True, "
+                   f"or needs a sandbox for these task options)"
+                   if needs else f"its options name sandbox = {name!r}")
+            raise SandboxRequiredError(
+                f"environment actor {self.name!r} needs the sandbox actor {name!r} ({why}), but the "
+                f"lookup failed: {exc}; fix: add a SandboxActor named {name!r} to the run, before this "
+                f"actor") from None
+
+    @handler("rollout", concurrent=True)
+    async def rollout(self, body):
+        """One episode. Cancellation: the episode is abandoned and its environment closed."""
+        timeline = Timeline()
+        sandbox = self.sandbox.for_episode(timeline) if self.sandbox else None
+        env = self.task.make_env(sandbox=sandbox, options=self.task_options)
+        policy = TokenPolicy(self.generator, self.tokenizer, body.get("sampling") or {},
+                             self.options.max_total_tokens, timeline)
+        try:
+            with timeline.hop("episode", self.name) as hop:
+                episode = await run_episode(env, body["task"], policy,
+                                            step_timeout_s=self.options.step_timeout_s)
+                hop["num_turns"] = episode.num_turns
+            return policy.rollout(episode, timeline).to_wire()
+        finally:
+            await env.close()

@@ -1,0 +1,345 @@
+"""The public Environment API: what a task is, turn by turn, and what it is worth.
+
+A user writes an environment by subclassing `Environment`:
+
+    class Echo(Environment):
+        async def reset(self, task):            # -> the first observation
+            return task["prompt"]               #    (a user message, or a list of chat messages)
+        async def step(self, action):           # -> StepResult(observation, done, reward)
+            return StepResult(None, True, Reward({"correct": float(action.strip() == "hi")}))
+
+Design in a paragraph: an environment is a small state machine that sees text, never tokens.
+One driver, `run_episode`, plays every episode, in training (the environment actor) and in
+`postrain eval` alike, so an environment scores the same in both. It owns the conversation:
+it takes `reset`'s observation, asks a policy for an action (the assistant turn's text),
+passes it to `step`, and appends a returned observation as the next user turn, until `done`
+or `max_turns` actions. What plays the assistant turns is an `EpisodePolicy`: a script or a
+local engine over text (`TextPolicy`, eval and tests), or the environment actor's token-level
+policy, which renders the same conversation into the exact token ids it samples. Rewards are
+named float components (`Reward`), weighted and summed by the learner
+(`postrain.ext.rl_ops.compute_advantages`), so one run can mix tasks and log each component.
+Environments never talk to sockets: what they may call outside themselves comes as handles
+(`sandbox`, `generator`) that the caller passes in.
+
+The contract (`run_episode` enforces it):
+
+- `reset` returns a str (one user message) or a non-empty list of `{"role", "content"}` maps;
+  `step` returns a `StepResult`. Anything else is garbage: `validate_observation` and
+  `validate_step_result` raise `EnvironmentContractError` naming the field, the value and the fix.
+- `done=False` requires an observation (the next user turn); `done=True` requires a reward.
+- The reward rule: an episode's reward is the per-component sum of every reward its steps
+  returned (intermediate rewards of non-final steps, which are optional, plus the final step's
+  reward), plus `truncated()`'s reward when the episode ended without `done` (after
+  `max_turns` actions, or when the policy's token budget ran out). Weights: the last given
+  for each component win.
+- An environment that raises, or does not answer within the caller's `step_timeout_s`, fails
+  only its sample: the caller drops that sample with the reason (`drop_reason(exc)`) in the
+  ledger and goes on; it never retries the same environment object. A hang that blocks the
+  event loop itself (a busy loop with no await) cannot be cut by a timeout: the supervisor
+  sees the actor's missed heartbeats and restarts it, and its samples are dropped.
+- `truncated()` gives the final reward of an episode that ran out of turns (default: an empty
+  `Reward`, worth 0).
+- Options: `self.options` is the task options dict of the config. A class may declare
+  `options_model` (a pydantic model with `extra="forbid"`): then a misspelt option is a
+  `TaskOptionsError` naming it, raised when the environment is made.
+- Sandbox: a class that runs code declares `uses_sandbox = True`; the environment actor then
+  looks a sandbox actor up at setup (and refuses to start without one). An environment that
+  declares nothing runs without a sandbox actor. An episode that works in one jail across its
+  turns (a shell) opens a session (`sandbox.session(files=...)`, an async context manager) in
+  `reset` and closes it in `close`, which every caller awaits whatever ended the episode.
+- Tools: `tools` names the tools its turns may call (`postrain.actors.env.tools`: "python", "bash");
+  the environment parses turns with `parse_action(text, self.tools)`.
+- One environment object serves one episode at a time; the caller makes a new object (or calls
+  `reset` again) per sample. Cancellation of `reset`/`step`: the episode is abandoned; a handle
+  call in flight ends within its own limits.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ValidationError
+
+from postrain.core.errors import ConfigError, PostrainError
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+class EnvironmentContractError(PostrainError, ValueError):
+    """An environment returned something the API does not allow (see the module docstring)."""
+
+
+class TaskOptionsError(ConfigError):
+    """Task options that break the task's options model (a misspelt or out-of-range knob)."""
+
+
+class EnvironmentFailure(PostrainError, RuntimeError):
+    """An environment raised or hung; `reason` is the short text the ledger records."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+# --------------------------------------------------------------------------- values
+@dataclasses.dataclass
+class Reward:
+    """Named reward components, each a finite float, and optional weights (default 1.0 each).
+
+    `total` = sum(weights.get(name, 1.0) * value). The learner receives `components` and
+    `weights` separately so that it can log each component and reweight them per task.
+    """
+
+    components: dict[str, float] = dataclasses.field(default_factory=dict)
+    weights: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for field in ("components", "weights"):
+            value = getattr(self, field)
+            if not isinstance(value, dict):
+                raise EnvironmentContractError(
+                    f"Reward.{field} must be a dict of name -> float, got {type(value).__name__}; "
+                    f"fix: Reward({{'correct': 1.0}})")
+            clean = {}
+            for name, x in value.items():
+                if not isinstance(name, str) or isinstance(x, bool) or not isinstance(x, (int, float)) \
+                        or not math.isfinite(x):
+                    raise EnvironmentContractError(
+                        f"Reward.{field}[{name!r}] must be a str name with a finite float, got "
+                        f"{x!r}; fix: use finite numbers such as 0.0 or 1.0")
+                clean[name] = float(x)
+            setattr(self, field, clean)
+
+    @property
+    def total(self) -> float:
+        return sum(self.weights.get(name, 1.0) * x for name, x in self.components.items())
+
+    def to_dict(self) -> dict:
+        """Plain data for the wire (msgpack) and the run's logs."""
+        return {"components": dict(self.components), "weights": dict(self.weights)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Reward":
+        return cls(dict(data.get("components") or {}), dict(data.get("weights") or {}))
+
+
+@dataclasses.dataclass
+class StepResult:
+    """What `step` returns.
+
+    observation: the next user turn's text (None once done); done: the episode is over;
+    reward: required when done (intermediate rewards are allowed and are summed per component
+    by `run_episode`); info: free-form plain data for logs (not used for training).
+    """
+
+    observation: str | None
+    done: bool
+    reward: Reward | None = None
+    info: dict = dataclasses.field(default_factory=dict)
+
+
+def validate_observation(obs: Any, *, where: str = "reset") -> str | list[dict]:
+    """Check a first observation: a str, or a non-empty list of {"role", "content"} str maps."""
+    if isinstance(obs, str):
+        return obs
+    if not isinstance(obs, list) or not obs:
+        raise EnvironmentContractError(
+            f"{where} must return a str or a non-empty list of chat messages, got {show_value(obs)}; "
+            f"fix: return the user's text, or [{{'role': 'user', 'content': '...'}}]")
+    for i, message in enumerate(obs):
+        if not isinstance(message, dict) or not isinstance(message.get("content"), str) \
+                or message.get("role") not in ROLES:
+            raise EnvironmentContractError(
+                f"{where}: message {i} must be a dict with role in {ROLES} and a str content, got "
+                f"{show_value(message)}; fix: {{'role': 'user', 'content': '...'}}")
+    return obs
+
+
+def validate_step_result(result: Any) -> StepResult:
+    """Check what `step` returned; raise EnvironmentContractError naming what is wrong."""
+    if not isinstance(result, StepResult):
+        raise EnvironmentContractError(
+            f"step must return a StepResult, got {show_value(result)}; "
+            f"fix: return StepResult(observation, done, reward)")
+    if not isinstance(result.done, bool):
+        raise EnvironmentContractError(
+            f"StepResult.done must be a bool, got {show_value(result.done)}; fix: pass True or False")
+    if result.observation is not None and not isinstance(result.observation, str):
+        raise EnvironmentContractError(
+            f"StepResult.observation must be a str or None, got {show_value(result.observation)}; "
+            f"fix: format the observation as text")
+    if not result.done and result.observation is None:
+        raise EnvironmentContractError(
+            "StepResult.observation is None but done is False: the next turn needs an observation; "
+            "fix: return the text the model should see next, or done=True")
+    if result.reward is not None and not isinstance(result.reward, Reward):
+        raise EnvironmentContractError(
+            f"StepResult.reward must be a Reward or None, got {show_value(result.reward)}; "
+            f"fix: Reward({{'correct': 1.0}})")
+    if result.done and result.reward is None:
+        raise EnvironmentContractError(
+            "StepResult.reward is None but done is True: a finished episode needs a reward; "
+            "fix: return Reward({...}) (Reward() is worth 0)")
+    if not isinstance(result.info, dict):
+        raise EnvironmentContractError(
+            f"StepResult.info must be a dict, got {show_value(result.info)}; fix: pass a dict or omit it")
+    return result
+
+
+def show_value(value: Any) -> str:
+    """A value as an error message shows it: its type and the start of its repr."""
+    text = repr(value)
+    return f"{type(value).__name__} {text[:80]}{'...' if len(text) > 80 else ''}"
+
+
+# --------------------------------------------------------------------------- handles
+@runtime_checkable
+class SandboxHandle(Protocol):
+    """What an environment may run code with. Results are ExecResult-like: `status` (a
+    `postrain.sandbox.Status` or its str value), `stdout`, `stderr` (bytes or str), `exit_code`,
+    `wall_s`; test reports are TestReport-like: `passed` {name: bool}, `errors` {name: str},
+    `collect_error` (str or None), `result`."""
+
+    async def exec(self, code: str, *, stdin: bytes | str | None = None,
+                   files: dict[str, bytes] | None = None, timeout_s: float | None = None) -> Any:
+        """Run `code` within `timeout_s`. Contract on cancellation: the caller stops waiting
+        at once and gets no result; the run itself must still end within its own limits."""
+        ...
+
+    async def run_tests(self, solution: str, tests: str, *, test_timeout_s: float = 2.0,
+                        timeout_s: float | None = None) -> Any:
+        """Run `tests` against `solution`. Contract on cancellation: as `exec` (no report; the
+        run still ends within its limits)."""
+        ...
+
+    def session(self, files: dict[str, bytes] | None = None, limits: dict | None = None) -> Any:
+        """An async context manager of a sandbox session (a jail for one episode, with `files`
+        laid into its work dir): inside, awaited `run(command, stdin=None, timeout_s=None)` (bash),
+        `run_python(code)`, `read_file(path)`, `write_file(path, data)`, each an ExecResult-like
+        result or bytes; on exit the session is closed. Contract on cancellation of the enter:
+        no session is left open past the sandbox's own reaper; of a call: as `exec`."""
+        ...
+
+
+@runtime_checkable
+class GeneratorHandle(Protocol):
+    """Optional: lets an environment sample from a model itself (a judge, a simulated user)."""
+
+    async def generate(self, messages: list[dict], **sampling: Any) -> str:
+        """The model's reply text to `messages`. Contract on cancellation: no text; the handle
+        keeps no per-call state (a remote request may still finish, its reply dropped)."""
+        ...
+
+
+class LocalSandbox:
+    """A `SandboxHandle` over an in-process `postrain.sandbox.Sandbox` (tests, `postrain eval`).
+
+    `timeout_s` sets both the wall and the CPU limit of that one run. Must be awaited from trio
+    (the Sandbox's `arun` runs in a trio worker thread). Cancellation: as `Sandbox.arun`.
+    """
+
+    def __init__(self, sandbox) -> None:
+        self.sandbox = sandbox
+
+    def _policy(self, timeout_s: float | None):
+        if timeout_s is None:
+            return None
+        return self.sandbox.policy.replace(wall_time_s=float(timeout_s),
+                                           cpu_time_s=max(1, math.ceil(timeout_s)))
+
+    async def exec(self, code: str, *, stdin: bytes | str | None = None,
+                   files: dict[str, bytes] | None = None, timeout_s: float | None = None):
+        """`Sandbox.arun` of `code`. Cancellation: the caller stops waiting at once (the worker
+        thread is abandoned); the run still ends within its wall limit and frees its worker."""
+        return await self.sandbox.arun(code, stdin=stdin or b"", files=files,
+                                       policy=self._policy(timeout_s), requester="environment")
+
+    async def run_tests(self, solution: str, tests: str, *, test_timeout_s: float = 2.0,
+                        timeout_s: float | None = None):
+        """`arun_tests` of `tests` against `solution`. Cancellation: no report; the run still
+        ends within its wall limit and frees its worker (as `exec`)."""
+        from postrain.sandbox.rewards import arun_tests
+        return await arun_tests(self.sandbox, solution, tests, test_timeout_s=test_timeout_s,
+                                policy=self._policy(timeout_s), requester="environment")
+
+    def session(self, files: dict[str, bytes] | None = None, limits: dict | None = None):
+        """`Sandbox.asession`: an async context manager of a session with `files` in /work."""
+        return self.sandbox.asession(files=files, limits=limits)
+
+
+# --------------------------------------------------------------------------- the base class
+class Environment:
+    """Subclass this; override `reset` and `step` (and `truncated` if running out of turns
+    deserves more than 0). Options come from the config's task options (`options`), checked
+    by `options_model` where the class declares one; `max_turns` may be set there, as a class
+    attribute, or both (the option wins)."""
+
+    max_turns: int = 8            # actions per episode before `truncated()` ends it
+    observation_role: str = "user"  # the chat role of step observations (user works everywhere)
+    uses_sandbox: ClassVar[bool] = False   # True: it runs code; the environment actor needs a sandbox
+    tools: ClassVar[tuple[str, ...]] = ("python",)  # the tools its turns may call (actors/env/tools.py)
+    options_model: ClassVar[type[BaseModel] | None] = None  # its task options' model; None: unchecked
+
+    def __init__(self, *, sandbox: SandboxHandle | None = None,
+                 generator: GeneratorHandle | None = None, options: dict | None = None) -> None:
+        self.sandbox = sandbox
+        self.generator = generator
+        self.options = check_options(self.options_model, options, type(self).__name__)
+        if "max_turns" in self.options:
+            max_turns = self.options["max_turns"]
+            if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+                raise EnvironmentContractError(
+                    f"options.max_turns must be an int >= 1, got {max_turns!r}; fix: e.g. 4")
+            self.max_turns = max_turns
+
+    def require_sandbox(self) -> SandboxHandle:
+        """The sandbox handle, or a clear error when the caller gave none."""
+        if self.sandbox is None:
+            raise EnvironmentContractError(
+                f"{type(self).__name__} runs code but was given no sandbox handle; fix: declare "
+                f"uses_sandbox = True on the class (the environment actor then looks one up), or pass "
+                f"sandbox=LocalSandbox(postrain.sandbox.Sandbox())")
+        return self.sandbox
+
+    async def reset(self, task: dict) -> str | list[dict]:
+        """The episode's first observation for `task`. Contract on cancellation: the episode is
+        abandoned; the object may be left half-reset, so the caller only `close`s it (or calls
+        `reset` again), never `step`s it."""
+        raise NotImplementedError(f"{type(self).__name__} must define async reset(self, task)")
+
+    async def step(self, action: str) -> StepResult:
+        """Apply the assistant's `action`. Contract on cancellation: not atomic; the episode is
+        abandoned and the caller only `close`s the object; a handle call in flight ends within
+        its own limits."""
+        raise NotImplementedError(f"{type(self).__name__} must define async step(self, action)")
+
+    async def truncated(self) -> Reward:
+        """The final reward when the episode ended without `done` (`max_turns` actions passed,
+        or the policy's token budget ran out). Contract on cancellation: the episode is
+        abandoned, no reward is recorded; the caller then `close`s the object. The default
+        holds no state, so cancelling it leaves nothing."""
+        return Reward()
+
+    async def close(self) -> None:
+        """Release what the environment holds; called once per environment object.
+        Contract on cancellation: callers await it in a `finally`, possibly inside an already
+        cancelled scope where every await raises at once, and never retry it; an override that
+        must await its cleanup shields it (a shielded cancel scope with its own timeout). The
+        default holds nothing."""
+
+
+def check_options(model: type[BaseModel] | None, options: dict | None, owner: str) -> dict:
+    """A copy of `options` (a task options dict), checked against `model` (None: unchecked).
+    Raises TaskOptionsError naming every bad option of `owner` and the options it knows."""
+    options = dict(options or {})
+    if model is None:
+        return options
+    try:
+        model.model_validate(options)
+    except ValidationError as exc:
+        from postrain.core.config import validation_lines
+        lines = validation_lines(exc, prefix="task_options.")
+        raise TaskOptionsError(f"{len(lines)} bad task option(s) of {owner}: " + "; ".join(lines)
+                               + f"; known options: {sorted(model.model_fields)}") from None
+    return options

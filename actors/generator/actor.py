@@ -1,0 +1,200 @@
+"""The generator actor: the engine behind the microkernel.
+
+    [[actors]]
+    name = "generator"
+    cls = "postrain.actors.generator:GeneratorActor"
+    options = { model = "tiny", kv_cache_mb = 64, max_num_seqs = 32, seed = 0 }
+
+Options: `GeneratorOptions` below (model and seed usually come from [shared]).
+
+Messages:
+- `generate` {"prompt_ids": [int] (or "prompt": str), "sampling": {SamplingParams fields}}
+  -> {"prompt_len", "samples": [{"token_ids", "logprobs", "policy_versions",
+  "finish_reason", "text"}]}: exact sampled ids, their logprobs (see
+  postrain.actors.generator.sampling) and the policy version that sampled each token.
+- `load_weights` {"version": v, "weights": {name: tensor}} -> {"version": v}: swapped in
+  between two engine steps; in-flight sequences go on, and tokens sampled afterwards
+  carry v. A version lower than the current one is refused. A chunked sync (bodies that
+  add "chunk" and "num_chunks", from a learner on another host) is assembled and swapped
+  in with its last chunk; until then the reply is {"version": held, "complete": false}
+  (postrain.actors.weight_assembly: order, and a sync dropped for a newer one). From a
+  learner on another node each chunk's tensors come on the sealed channel ("sealed").
+- `weights_channel` -> {"address"}: where a learner on another node sends sealed weights
+  (opened on the first ask; core/sealed.py).
+- `stats` -> the engine's KV utilisation, batch size, queue depth, tokens/s.
+
+Design note. One task owns the engine. Handlers never touch it: they queue
+requests and weights, and wait for an event. The engine task drains the
+queues between steps and runs each step in a worker thread, so the event loop
+keeps answering (heartbeats, new requests) while the model computes; requests
+that arrive during a step join the batch at the next one (continuous batching).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Literal
+
+import anyio
+import anyio.to_thread
+from pydantic import Field
+
+from postrain.core import Actor, Load, Options, handler
+
+from ..models.loading import load_model
+from ..device import resolve_device
+from .engine import Engine, RequestOutput
+from ..records import GeneratedSample, GenerateReply, GenerateRequest, WeightSync, WeightSyncReply
+from .sampling import SamplingParams
+from .speculative import SpeculativeOptions
+from ..weight_assembly import SealedWeights, SyncAssembler
+
+
+@dataclass
+class _Waiter:
+    done: anyio.Event = field(default_factory=anyio.Event)
+    output: RequestOutput | None = None
+    error: Exception | None = None
+
+
+class GeneratorOptions(Options):
+    model: str | dict = Field("tiny", description="the policy: a built-in name, a Hugging Face folder, a "
+                              ".gguf file, or ModelConfig fields (the learner's must match)")
+    seed: int = Field(0, description="init of a from-scratch model; the base of per-request sampling seeds")
+    kv_cache_mb: float = Field(64, gt=0, description="memory of the paged KV cache, MiB")
+    max_num_seqs: int = Field(32, ge=1, description="sequences decoded together at most (the batch)")
+    weight_precision: Literal["float32", "float16"] = Field("float32", description="'float16': sample "
+                                                            "with float16 weight copies (x86 CPU; see Engine)")
+    device: str = Field("auto", description="'auto' (the GPU the scheduler placed it on, where its spec "
+                        "has gpus = 1; else the CPU), 'cpu', 'cuda' or 'cuda:N': where the model, the KV "
+                        "cache and the sampling are")
+    speculative: SpeculativeOptions | None = Field(None, description="draft and verify tokens (exact: "
+                                                   "same distribution and logprobs); None = off. Example: "
+                                                   "{ method = \"ngram\", num_draft_tokens = 4 }")
+
+
+class GeneratorActor(Actor):
+    Options = GeneratorOptions
+
+    async def setup(self):
+        """Load the model, build the engine, start the engine loop. Cancelled: the process is
+        ending (a start past its timeout), so nothing outlives it."""
+        options = self.options
+        self.model, self.tokenizer = load_model(options.model, seed=options.seed,
+                                                device=resolve_device(options.device))
+        self.engine = Engine(self.model, self.tokenizer, kv_cache_mb=options.kv_cache_mb,
+                             max_num_seqs=options.max_num_seqs, seed=options.seed,
+                             weight_precision=options.weight_precision, speculative=options.speculative)
+        self._request_ids = itertools.count()
+        self._new_requests: list[tuple[str, list[int] | str, SamplingParams]] = []
+        self._waiters: dict[str, _Waiter] = {}       # request id -> its caller, until answered
+        self._in_engine: set[str] = set()            # request ids the engine holds
+        self._new_weights: list[tuple[dict, int, anyio.Event, list]] = []
+        self._chunks = SyncAssembler()               # the chunked sync in progress, if any
+        self._sealed = SealedWeights(self.node.keys, self.address)
+        self._work = anyio.Event()
+        self.node.spawn(self._engine_loop)
+
+    async def teardown(self):
+        """Close the sealed channel, if open. Does not wait."""
+        self._sealed.close()
+
+    @handler("generate", concurrent=True)
+    async def generate(self, body):
+        """Cancelled: the request is aborted at the next step."""
+        request = GenerateRequest.from_wire(body)
+        params = request.sampling
+        prompt = [int(t) for t in request.prompt_ids] if request.prompt_ids is not None else request.prompt
+        request_id = str(next(self._request_ids))
+        waiter = self._waiters[request_id] = _Waiter()
+        self._new_requests.append((request_id, prompt, params))
+        self._work.set()
+        try:
+            await waiter.done.wait()
+        finally:
+            self._waiters.pop(request_id, None)
+        if waiter.error is not None:
+            raise waiter.error
+        out = waiter.output
+        return GenerateReply(prompt_len=len(out.prompt_token_ids), samples=[
+            GeneratedSample(token_ids=s.token_ids, logprobs=s.logprobs, policy_versions=s.policy_versions,
+                            finish_reason=s.finish_reason, text=s.text) for s in out.outputs]).to_wire()
+
+    @handler("load_weights")
+    async def load_weights(self, body):
+        """Swap in the weights (a whole sync, or the last chunk of one) at the engine loop's next
+        safe point. Cancelled: not withdrawn; the engine loop still loads them (whole, in its
+        thread), only the reply is lost. A chunk that does not complete its sync does not wait."""
+        sync = WeightSync.from_wire(body)
+        version = sync.version
+        held = max([self.engine.policy_version] + [queued[1] for queued in self._new_weights])
+        if sync.sealed is not None:
+            sync = await self._sealed.fill(sync, self._chunks, held)
+        weights = self._chunks.take(sync, held)
+        if weights is None:
+            return WeightSyncReply(version=self.engine.policy_version, complete=False).to_wire()
+        applied, result = anyio.Event(), []
+        self._new_weights.append((weights, version, applied, result))
+        self._work.set()
+        await applied.wait()
+        if result and isinstance(result[0], Exception):
+            raise result[0]
+        return WeightSyncReply(version=version).to_wire()
+
+    @handler("weights_channel")
+    async def weights_channel(self, body):
+        """{"address"} of this actor's sealed channel for weights (opened now if not yet). Does not
+        wait (cancel-safe)."""
+        return {"address": self._sealed.address()}
+
+    @handler("stats")
+    async def stats(self, body):
+        """The engine's counters. Does not wait (cancel-safe)."""
+        return self.engine.stats()
+
+    def load(self) -> Load:
+        """Requests waiting for a batch slot and decoding (not a pool: its batch does not resize);
+        with speculative decoding, its acceptance rate, tokens per verify step and draft time share."""
+        stats = self.engine.stats()
+        figures = {"kv_utilization": round(stats["kv_utilization"], 3), "policy_version": stats["policy_version"]}
+        if self.engine.speculative is not None:
+            figures.update({name: round(stats[name], 3) for name in
+                            ("acceptance_rate", "tokens_per_verify_step", "draft_time_share")})
+        return super().load().replace(queued=stats["num_waiting"], running=stats["num_running"], figures=figures)
+
+    async def _engine_loop(self) -> None:
+        """Admit new requests and weights, abort abandoned ones, step the engine, hand out what
+        finished. Cancelled (the actor stops): a step or a weight load already in its thread
+        finishes (they cannot be abandoned), then the loop ends; waiting callers are never answered."""
+        engine = self.engine
+        while True:
+            if not (self._new_requests or self._new_weights or engine.has_unfinished()):
+                await self._work.wait()
+                self._work = anyio.Event()
+            for weights, version, applied, result in self._new_weights:
+                try:
+                    await anyio.to_thread.run_sync(engine.load_weights, weights, version)
+                except Exception as exc:  # reported to the caller of load_weights
+                    result.append(exc)
+                applied.set()
+            self._new_weights.clear()
+            requests, self._new_requests = self._new_requests, []
+            for request_id, prompt, params in requests:
+                try:
+                    engine.add_request(prompt, params, request_id=request_id)
+                    self._in_engine.add(request_id)
+                except Exception as exc:
+                    self._finish(request_id, None, exc)
+            for request_id in self._in_engine - self._waiters.keys():
+                engine.abort(request_id)  # its caller was cancelled
+                self._in_engine.discard(request_id)
+            if engine.has_unfinished():
+                for output in await self.in_compute_thread(engine.step):  # threads: its cores now
+                    self._in_engine.discard(output.request_id)
+                    self._finish(output.request_id, output, None)
+
+    def _finish(self, request_id: str, output, error) -> None:
+        waiter = self._waiters.get(request_id)
+        if waiter is not None:
+            waiter.output, waiter.error = output, error
+            waiter.done.set()

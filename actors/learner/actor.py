@@ -1,0 +1,445 @@
+"""The learner as an actor: train on batches, checkpoint, and publish weights to generators.
+
+    spec = ActorSpec(name="learner", cls="postrain.actors.learner:LearnerActor",
+                     options={"model": "tiny", "learner": {"lr": 1e-5}, "resume_from": None})
+    ref = await supervisor.start(spec)
+    metrics = await ref.ask("train", batch)                 # batch: postrain.actors.learner.batch
+    await ref.ask("publish", {"targets": ["gen0", "gen1"]})  # -> {"version", "sync_s": {...}, ...}
+
+Handlers (request/reply; bodies are dicts):
+
+    train(batch) -> metrics          sft(batch) -> metrics   (each body may add expect_policy_version)
+    save_checkpoint({"path", "extra"}) -> {"path", "step", "policy_version"}
+    load_checkpoint({"path"}) -> {"step", "policy_version", "extra"}
+    export_hf({"path"}) -> {"path"}
+    get_weights(None) -> {"version", "weights": {hf_name: tensor}}
+    publish({"targets": [actor names], "timeout_s", "chunk_mb"})
+        -> {"version", "num_bytes", "sync_s": {name: s}, "total_s"}
+    stats(None) -> {"step", "policy_version", "num_params", "last_publish", "num_pieces_sealed"}
+
+Data parallel (`ranks = N` on the actor's entry): the other actors talk to rank 0 alone,
+which shards train/sft batches over the ranks and sends checkpoint saves and loads to every
+rank; the other ranks take only what rank 0 sends them (actors/learner/group.py):
+
+    join({"generation", "address", "port"}) -> state    group(None) -> {"generation", "state", "rank"}
+    rank_step({"generation", "kind", "body"}) -> "done"
+
+Weight-sync contract (what a generator implements): the learner asks each target
+`load_weights` with body {"version": int, "weights": {name: CPU tensor}}, Hugging Face
+names, no tied `lm_head.weight` duplicate; the target swaps them in at a safe point and
+replies {"version": int}. A target on this host (the registry placed it on this node, or its
+address is ipc or loopback) gets one such message: its tensors >= 1 MiB cross through /dev/shm
+(the wire does it), so a sync costs one write and one mapped read per tensor. A target on
+another node gets one sync as several messages ("chunk": i of "num_chunks": n, of at most
+`chunk_mb` MiB of whole tensors each), sent pipelined (chunks 0..n-2 as tells, chunk n - 1
+asked) on the Curve connection, each naming its tensors ("sealed"), whose bytes travel on the
+target's sealed channel (`weights_channel`; core/sealed.py: plain tcp, AES-256-GCM pieces,
+sealed once per publish and sent alike to every target on another node: `num_pieces_sealed`);
+the target applies the version when chunk n - 1 is whole (actors/weight_assembly.py).
+`WeightReceiverActor` (actors/weight_receiver.py) is the reference receiver (tests and the bench use it).
+
+Restarts: a learner restarted by the supervisor holds its initial weights (or its
+`resume_from` checkpoint). A caller that tracks the version names it in
+`expect_policy_version` (train, sft, save_checkpoint, export_hf, publish); a learner at
+another version refuses with `PolicyVersionMismatch` instead of training, saving,
+exporting or publishing the wrong weights (the orchestrator then restores it:
+actors/learner/recovery.py).
+
+The compute handlers run in a worker thread (`anyio.to_thread.run_sync`), so the event
+loop keeps answering heartbeats during a long step. Cancelled: the step still completes
+in its thread (atomic: no half-applied update), and its reply is dropped.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import anyio
+from pydantic import Field, field_validator, model_validator
+
+from postrain.core import Actor, Options, handler
+from postrain.core.errors import PostrainError
+
+from .group import LearnerGroup, shard_batch
+from ..records import PublishReport, SftBatch, TrainBatch
+from .publish import sealed_sync, weight_messages
+
+log = logging.getLogger("postrain.learner")
+
+
+class PolicyVersionMismatch(PostrainError, RuntimeError):
+    """The learner is not at the policy version the caller expects (it restarted)."""
+
+
+class LearnerGroupMisuse(PostrainError, RuntimeError):
+    """A request sent to a rank of a learner group that only rank 0 (or only a follower) takes."""
+
+
+class LearnerOptions(Options):
+    model: str | dict = Field("tiny", description="the policy: a built-in name, a Hugging Face folder, a "
+                              ".gguf file, or ModelConfig fields")
+    seed: int = Field(0, description="init of a from-scratch model and the torch RNG")
+    learner: dict[str, Any] = Field(default_factory=dict, description="LearnerConfig fields "
+                                    "(actors/learner/learner.py): optimizer, schedule, objective, KL, advantages")
+    resume_from: str | None = Field(None, description="a checkpoint folder to start from (weights, "
+                                    "optimizer, RNG); none: fresh weights")
+    group_timeout_s: float = Field(300.0, gt=0, description="a learner of several ranks (`ranks = N` on its "
+                                   "spec): how long a rank waits for the others, to form the group and in "
+                                   "every collective, before the wait is an error naming the missing ranks")
+
+    @field_validator("learner")
+    @classmethod
+    def _no_shared_fields(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for name in ("model", "seed"):
+            if name in value:
+                raise ValueError(f"learner.{name} is the learner actor's own option: set options.{name} "
+                                 f"(or {name} in [shared]) instead")
+        return value
+
+    @model_validator(mode="after")
+    def _check_learner_config(self):
+        from .learner import LearnerError
+        try:
+            self.learner_config()
+        except (LearnerError, ValueError, TypeError) as exc:
+            raise ValueError(f"learner: {exc}") from None
+        return self
+
+    def learner_config(self):
+        """The LearnerConfig these options describe."""
+        from .learner import LearnerConfig
+        return LearnerConfig.from_dict({**self.learner, "model": self.model, "seed": self.seed})
+
+
+class LearnerActor(Actor):
+    Options = LearnerOptions
+    keeps_freed_memory = True     # each step frees and reallocates (vocab x hidden) gradients
+
+    def _check_expected_version(self, body) -> dict:
+        """`body` without its "expect_policy_version"; raises PolicyVersionMismatch when the
+        learner is at another version."""
+        if not isinstance(body, dict) or "expect_policy_version" not in body:
+            return body
+        body = dict(body)
+        expected = body.pop("expect_policy_version")
+        if expected is not None and int(expected) != self.learner.policy_version:
+            raise PolicyVersionMismatch(
+                f"this learner is at policy version {self.learner.policy_version}, the caller expects "
+                f"{expected}: it restarted; load the last checkpoint and replay the steps since")
+        return body
+
+    async def setup(self):
+        """Build the learner (and load resume_from). A rank of a group (`ranks = N`) joins its group
+        after READY (actors/learner/group.py); rank 0 starts forming it.
+        Cancelled: the process is ending (a start past its timeout), so nothing outlives it."""
+        from ..device import resolve_device
+
+        self.learner = None
+        self.resume_extra = None
+        self.targets: dict[str, object] = {}
+        self.sealed = None                      # the SealedSender to targets on other nodes, once needed
+        self.channel_addresses: dict[str, str] = {}   # target name -> its sealed channel's last address
+        self.last_publish: dict = {}
+        self.group: LearnerGroup | None = None
+        await anyio.to_thread.run_sync(self._build)
+        if self.rendezvous is None:
+            return
+        device = resolve_device(self.options.learner_config().device)
+        # On a GPU the gradients go over NCCL and the step's small CPU counters over gloo.
+        self.group = LearnerGroup(self, self.rendezvous, self.options.group_timeout_s,
+                                  "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo", self.learner)
+        if self.group.rank == 0:
+            self.node.spawn(self.group.lead)
+
+    async def teardown(self):
+        """Leave the learner's group, if any (its sockets close now, not at interpreter exit).
+        Cancelled: the process ends anyway."""
+        if self.sealed is not None:
+            self.sealed.close()
+        if self.group is not None:
+            await anyio.to_thread.run_sync(self.group.leave)
+
+    def _build(self):
+        """The Learner (resume_from loaded). Runs in a worker thread."""
+        from .learner import Learner
+
+        self.learner = Learner(self.options.learner_config())
+        # Elastic cores: a step takes up the actor's current torch thread count at the start of each
+        # micro-batch's forward (every forward of the policy starts with its embedding).
+        embedding = self.learner.model.model.embed_tokens
+        embedding.register_forward_pre_hook(lambda module, args: self.apply_num_threads())
+        if self.options.resume_from:
+            self.resume_extra = self.learner.load_checkpoint(self.options.resume_from)
+        return self.learner
+
+    async def _ready(self, leader_only: bool = True):
+        """The Learner, once built (a rank of a group waits for the group). `leader_only`: a
+        request other actors send to the learner, which a rank other than 0 refuses. Cancelled:
+        nothing changes."""
+        if self.group is not None:
+            if leader_only and self.group.rank != 0:
+                raise LearnerGroupMisuse(f"{self.name} is rank {self.group.rank} of the learner "
+                                         f"{self.group.names[0]}; send requests to {self.group.names[0]}")
+            await self.group.formed.wait()
+        return self.learner
+
+    def _run(self, kind: str, body: dict):
+        """One rank's part of a group request (every rank runs it on its own body). Runs in a
+        worker thread."""
+        learner = self.learner
+        if kind == "train":
+            return learner.train_step(body)
+        if kind == "sft":
+            return learner.sft_step(body)
+        if kind == "save_checkpoint":
+            return learner.save_checkpoint(body["path"], body.get("extra"))
+        assert kind == "load_checkpoint", kind
+        return learner.load_checkpoint(body["path"])
+
+    async def _step(self, kind: str, batch: dict) -> dict:
+        """A train or sft step: in this process, or (rank 0 of a group) on every rank, each on its
+        shard of the batch. Cancelled: atomic, the step runs to its end on every rank."""
+        learner = self.learner
+        if self.group is None:
+            return await self.in_compute_thread(learner.train_step if kind == "train" else learner.sft_step,
+                                                batch)  # torch threads: as many as its cores now
+
+        def cut():
+            """Validate the whole batch, compute its advantages, cut it into shards (a thread)."""
+            from .batch import pack_batch
+            reward_metrics, advantages = learner.batch_advantages(batch) if kind == "train" else ({}, None)
+            pack_batch(batch, require_rl_fields=kind == "train", advantages=advantages)
+            whole = batch if advantages is None else {**batch, "advantages": advantages.tolist()}
+            return reward_metrics, shard_batch(whole, self.group.rendezvous.world_size)
+
+        reward_metrics, shards = await anyio.to_thread.run_sync(cut)
+        metrics = await self.group.run_step(kind, shards, lambda shard: self._run(kind, shard))
+        return {**metrics, **reward_metrics}
+
+    async def _everywhere(self, kind: str, body: dict):
+        """A checkpoint save or load: in this process, or on every rank of its group (rank 0's
+        result). Cancelled: it runs to its end on every rank."""
+        if self.group is None:
+            return await anyio.to_thread.run_sync(self._run, kind, body)
+        return await self.group.run_step(kind, [body] * self.group.rendezvous.world_size,
+                                         lambda b: self._run(kind, b))
+
+    @handler("join", concurrent=True)
+    async def join(self, body):
+        """A rank other than 0: rank 0 asks it to join its group (`generation`, hosted at address:
+        port). Does not wait."""
+        if self.group is None or self.group.rank == 0:
+            raise LearnerGroupMisuse(f"{self.name} is not a follower rank of a learner group")
+        return await self.group.join(body["generation"], body["address"], body["port"])
+
+    @handler("group", concurrent=True)
+    async def group_state(self, body):
+        """This rank's generation and state (rank 0 probes its ranks). Does not wait."""
+        if self.group is None:
+            return {"generation": None, "state": "alone", "rank": 0}
+        return {"generation": self.group.generation, "state": self.group.state, "rank": self.group.rank}
+
+    @handler("rank_step")
+    async def rank_step(self, body):
+        """A rank other than 0: its part of rank 0's request (a shard's step, a checkpoint).
+        Cancelled: the step runs to its end in its thread."""
+        if self.group is None or self.group.rank == 0:
+            raise LearnerGroupMisuse(f"{self.name} is not a follower rank of a learner group")
+        await self.group.follow_step(body, self._run)
+        return "done"
+
+    @handler("train")
+    async def train(self, body):
+        """One RL step. Cancelled: atomic; the step in its thread runs to the end (it cannot be
+        abandoned), and its reply is dropped."""
+        await self._ready()
+        batch = TrainBatch.from_wire(self._check_expected_version(body))
+        return await self._step("train", batch.to_wire())
+
+    @handler("sft")
+    async def sft(self, body):
+        """One supervised step. Cancelled: atomic, as `train`."""
+        await self._ready()
+        batch = SftBatch.from_wire(self._check_expected_version(body))
+        return await self._step("sft", batch.to_wire())
+
+    @handler("save_checkpoint")
+    async def save_checkpoint(self, body):
+        """Write a checkpoint. Cancelled: it is still written whole (its thread runs to the end);
+        the reply is dropped."""
+        await self._ready()
+        body = self._check_expected_version(body)
+        path = await self._everywhere("save_checkpoint", {"path": body["path"], "extra": body.get("extra")})
+        return {"path": str(path), "step": self.learner.step, "policy_version": self.learner.policy_version}
+
+    @handler("load_checkpoint")
+    async def load_checkpoint(self, body):
+        """Load a checkpoint. Cancelled: still loaded whole (its thread runs to the end)."""
+        await self._ready()
+        extra = await self._everywhere("load_checkpoint", {"path": body["path"]})
+        return {"step": self.learner.step, "policy_version": self.learner.policy_version, "extra": extra}
+
+    @handler("export_hf")
+    async def export_hf(self, body):
+        """Write a Hugging Face folder. Cancelled: still written whole (its thread runs to the end)."""
+        await self._ready()
+        body = self._check_expected_version(body)
+        return {"path": str(await anyio.to_thread.run_sync(self.learner.export_hf, body["path"]))}
+
+    @handler("get_weights")
+    async def get_weights(self, body):
+        """The current weights and version. Waits only for a group to form (cancel-safe)."""
+        await self._ready()
+        return {"version": self.learner.policy_version, "weights": self.learner.state_dict()}
+
+    @handler("publish")
+    async def publish(self, body):
+        """Push the current weights (version = learner.policy_version) to every target, concurrently.
+
+        body: targets (actor names), timeout_s (per message; a chunked sync's last reply waits
+        for all its chunks), chunk_mb (a target on this host, by node identity or address, gets
+        one message, its tensors through /dev/shm; the targets on other nodes get chunks of at
+        most chunk_mb MiB of whole tensors (None: one chunk), their bytes sealed once for all of
+        them on their sealed channels: `_push_sealed`). A target that fails does not stop the
+        others: they all finish, then the publish fails naming every target that failed and why
+        (the others hold the new version). Cancelled: targets that already replied hold the new
+        version; the others may or may not."""
+        await self._ready()
+        body = self._check_expected_version(body)
+        names = list(body.get("targets") or [])
+        timeout_s = float(body.get("timeout_s", 120.0))
+        weights = self.learner.state_dict()
+        version = self.learner.policy_version
+        whole = weight_messages(weights, version)[0]
+        sync_s: dict[str, float] = {}
+        errors: dict[str, Exception] = {}
+        far: dict[str, tuple] = {}                  # name -> (its reference, its sealed channel's address)
+        num_messages = 0
+        start = time.perf_counter()
+
+        async def find(name: str) -> None:
+            """Look `name` up; a target on another node names its sealed channel (into `far`)."""
+            try:
+                if name not in self.targets:
+                    self.targets[name] = await self.lookup(name)
+                target = self.targets[name]
+                if not target.same_host:
+                    channel = await target.ask("weights_channel", None, timeout_s=timeout_s)
+                    far[name] = (target, channel["address"])
+            except Exception as exc:
+                errors[name] = exc
+
+        async def push_near(name: str) -> None:
+            """One message to `name` (this host: /dev/shm). Cancelled: it may or may not hold the
+            new version."""
+            nonlocal num_messages
+            try:
+                await self.targets[name].ask("load_weights", whole, timeout_s=timeout_s)
+            except Exception as exc:
+                errors[name] = exc
+                return
+            num_messages += 1
+            sync_s[name] = time.perf_counter() - start
+
+        async def push_far() -> None:
+            nonlocal num_messages
+            done = await self._push_sealed(far, weights, version, body.get("chunk_mb"), timeout_s, errors)
+            for name, (num_sent, done_at) in done.items():
+                num_messages += num_sent
+                sync_s[name] = done_at - start
+
+        async with anyio.create_task_group() as tg:
+            for name in names:
+                tg.start_soon(find, name)
+        async with anyio.create_task_group() as tg:
+            for name in names:
+                if name not in errors and name not in far:
+                    tg.start_soon(push_near, name)
+            if far:
+                tg.start_soon(push_far)
+        if errors:
+            raise PostrainError(f"publish of version {version} failed for {len(errors)} of {len(names)} "
+                                "targets (the others hold it): " + "; ".join(
+                                    f"{name}: {type(exc).__name__}: {exc}" for name, exc in errors.items()))
+        num_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+        self.last_publish = PublishReport(version=version, num_bytes=num_bytes, num_messages=num_messages,
+                                          sync_s=sync_s, total_s=time.perf_counter() - start).to_wire()
+        log.info("published weights v%d (%.1f MiB) to %s in %.3f s", version, num_bytes / 2**20,
+                 ", ".join(f"{k} {v:.3f} s" for k, v in sync_s.items()) or "no targets",
+                 self.last_publish["total_s"])
+        return self.last_publish
+
+    async def _push_sealed(self, far: dict[str, tuple], weights: dict, version: int, chunk_mb: float | None,
+                           timeout_s: float, errors: dict[str, Exception]) -> dict[str, tuple[int, float]]:
+        """One sync to the targets on other nodes (`far`: name -> (reference, the address its
+        `weights_channel` named, asked every sync: one started again has a new one)); the
+        number of messages of each target that took it whole. The others go in `errors`. The
+        chunks go in order on each target's Curve connection, every one but the last as a tell,
+        so the link never idles waiting for a reply (a target handles them one at a time in
+        arrival order); their bytes are sealed once, piece by piece, in one worker thread and
+        the same sealed pieces go to every target's channel while ZeroMQ sends the last
+        (core/sealed.py). A target's last reply confirms its whole sync; a chunk refused or
+        lost leaves its last one refused: an error, never a part applied
+        (actors/weight_assembly.py). A target whose pieces fail is cut off (its confirmation
+        cancelled), one whose confirmation fails stops getting pieces; the others go on.
+        Cancelled: the sending thread stops within 0.1 s; the targets drop the sync."""
+        from postrain.core.sealed import SealedSender
+
+        if self.sealed is None:
+            self.sealed = SealedSender(self.node.keys.bulk_key)
+        sender = self.sealed
+        for name, (_, address) in far.items():
+            old = self.channel_addresses.get(name)
+            if old is not None and old != address:
+                sender.forget(old)            # the target started again: a new channel
+            self.channel_addresses[name] = address
+        messages, streams = sealed_sync(weights, version, chunk_mb, self.name, sender.piece_bytes, timeout_s)
+        abandon = {name: threading.Event() for name in far}
+        scopes = {name: anyio.CancelScope() for name in far}
+        done: dict[str, tuple[int, float]] = {}
+
+        def send_all() -> dict[str, Exception]:
+            names_of = {address: name for name, (_, address) in far.items()}
+            failed: dict[str, Exception] = {}
+            for stream, buffers in streams:
+                live = {address: abandon[name] for address, name in names_of.items() if name not in failed}
+                if not live:
+                    break
+                for address, exc in sender.send(stream, buffers, live, timeout_s).items():
+                    failed[names_of[address]] = exc
+            return failed
+
+        async def send_pieces() -> None:
+            for name, exc in (await anyio.to_thread.run_sync(send_all)).items():
+                errors.setdefault(name, exc)
+                scopes[name].cancel()
+
+        async def confirm(name: str, target) -> None:
+            with scopes[name]:
+                try:
+                    for message in messages[:-1]:
+                        await target.tell("load_weights", message, timeout_s=timeout_s)
+                    await target.ask("load_weights", messages[-1], timeout_s=timeout_s)
+                    done[name] = (len(messages), time.perf_counter())
+                except Exception as exc:
+                    errors.setdefault(name, exc)
+                    abandon[name].set()
+                except BaseException:         # cancelled: its pieces stop too
+                    abandon[name].set()
+                    raise
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send_pieces)
+            for name, (target, _) in far.items():
+                tg.start_soon(confirm, name, target)
+        return {name: num for name, num in done.items() if name not in errors}
+
+    @handler("stats")
+    async def stats(self, body):
+        """Step, version, size, last publish. Waits only for a group to form (cancel-safe)."""
+        await self._ready(leader_only=False)
+        return {"step": self.learner.step, "policy_version": self.learner.policy_version,
+                "num_params": sum(p.numel() for p in self.learner.params), "last_publish": self.last_publish,
+                "num_pieces_sealed": self.sealed.num_pieces_sealed if self.sealed is not None else 0}

@@ -1,0 +1,149 @@
+"""Learner checkpoints: everything a resumed run needs, written atomically; Hugging Face export.
+
+A checkpoint is a folder:
+
+    model.safetensors      the policy (Hugging Face tensor names; metadata: step, policy_version)
+    reference.safetensors  the frozen KL reference, when the learner has one
+    optimizer.safetensors  AdamW state tensors ("state.<param index>.<name>") and RNG states ("rng.*")
+    state.json             format, step, policy_version, kl_coef, the optimizer's param groups,
+                           Python's RNG state, the learner config, and `extra` (the orchestrator's
+                           JSON-able state: ledger, data cursor, buffer)
+
+No pickle anywhere. Atomicity (actors/atomic_write.py): the folder is written as a hidden
+sibling and swapped into place in one step, so a kill or a full disk mid-write leaves the
+previous checkpoint whole and loadable (a full disk raises DiskFullError naming the
+folder); loading first repairs what a killed writer left. Under data parallel only rank 0
+writes; every rank loads.
+"""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from ..atomic_write import repair_interrupted_write, write_folder_atomically
+from ..models.loading import load_state_dict_checked, save_checkpoint
+from .batch import LearnerError
+
+FORMAT = "postrain-learner-1"
+
+
+def _optimizer_tensors(learner) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    state = learner.optimizer.state_dict()
+    tensors = {}
+    for index, entry in state["state"].items():
+        for name, value in entry.items():
+            if not isinstance(value, torch.Tensor):
+                value = torch.tensor(value)
+            tensors[f"state.{index}.{name}"] = value.detach().to("cpu").contiguous()
+    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()}
+              for g in state["param_groups"]]
+    return tensors, groups
+
+
+def _weights(model) -> dict[str, torch.Tensor]:
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    return state
+
+
+def _rng_tensors() -> dict[str, torch.Tensor]:
+    out = {"rng.torch_cpu": torch.random.get_rng_state(),
+           "rng.numpy": torch.from_numpy(np.random.get_state()[1].astype(np.int64))}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            out[f"rng.cuda.{i}"] = s
+    return out
+
+
+def save_learner_checkpoint(learner, folder: str | Path, extra: dict | None = None) -> Path:
+    """Write the learner's full state to `folder` (module docstring). Returns the folder."""
+    try:
+        extra_json = json.dumps(extra or {})
+    except TypeError as exc:
+        raise LearnerError(f"checkpoint extra must be JSON-able (dicts, lists, numbers, strings): {exc}; "
+                           "convert arrays with .tolist()") from None
+    if learner.rank != 0:
+        return Path(folder)
+    opt_tensors, groups = _optimizer_tensors(learner)
+    np_state = np.random.get_state()
+    state = {
+        "format": FORMAT, "step": learner.step, "policy_version": learner.policy_version,
+        "kl_coef": learner.kl.coef, "param_groups": groups, "config": learner.config.to_dict(),
+        "python_rng": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+        "numpy_rng": [np_state[0], int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "extra": json.loads(extra_json),
+    }
+    meta = {"format": "pt", "step": str(learner.step), "policy_version": str(learner.policy_version)}
+
+    def write(tmp: Path) -> None:
+        save_file(_weights(learner.model), str(tmp / "model.safetensors"), metadata=meta)
+        save_file({**opt_tensors, **_rng_tensors()}, str(tmp / "optimizer.safetensors"))
+        if learner.reference is not None:
+            save_file(_weights(learner.reference), str(tmp / "reference.safetensors"))
+        (tmp / "state.json").write_text(json.dumps(state))
+
+    return write_folder_atomically(Path(folder), write)
+
+
+def load_learner_checkpoint(learner, folder: str | Path) -> dict:
+    """Restore weights, optimizer, RNG and counters from `folder`; return its `extra` dict."""
+    folder = Path(folder)
+    repair_interrupted_write(folder)
+    if not (folder / "state.json").exists():
+        raise LearnerError(f"{folder} is not a learner checkpoint (no state.json); pass a folder written "
+                           "by Learner.save_checkpoint (export_hf folders hold weights only)")
+    state = json.loads((folder / "state.json").read_text())
+    if state.get("format") != FORMAT:
+        raise LearnerError(f"{folder}: checkpoint format {state.get('format')!r} is not {FORMAT!r}")
+    weights = load_file(str(folder / "model.safetensors"), device=str(learner.device))
+    load_state_dict_checked(learner.model, weights, source=str(folder))
+    if learner.reference is not None:
+        if not (folder / "reference.safetensors").exists():
+            raise LearnerError(f"{folder} has no reference.safetensors but this learner uses a KL "
+                               "reference; resume with reference_model=None or from a checkpoint of a "
+                               "run that had one")
+        load_state_dict_checked(learner.reference, load_file(str(folder / "reference.safetensors"),
+                                                             device=str(learner.device)), source=str(folder))
+    tensors = load_file(str(folder / "optimizer.safetensors"))
+    opt_state: dict[int, dict] = {}
+    for key, value in tensors.items():
+        if key.startswith("state."):
+            _, index, name = key.split(".", 2)
+            opt_state.setdefault(int(index), {})[name] = value
+    groups = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in state["param_groups"]]
+    learner.optimizer.load_state_dict({"state": opt_state, "param_groups": groups})
+    torch.random.set_rng_state(tensors["rng.torch_cpu"])
+    py = state["python_rng"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    kind, pos, has_gauss, gauss = state["numpy_rng"]
+    np.random.set_state((kind, tensors["rng.numpy"].numpy().astype(np.uint32), pos, has_gauss, gauss))
+    cuda = [tensors[k] for k in sorted(t for t in tensors if t.startswith("rng.cuda."))]
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
+    learner.step = int(state["step"])
+    learner.policy_version = int(state["policy_version"])
+    learner.kl.coef = float(state["kl_coef"])
+    return state["extra"]
+
+
+def checkpoint_info(folder: str | Path) -> dict:
+    """step and policy_version of a learner checkpoint, from its weights' metadata (cheap)."""
+    repair_interrupted_write(folder)
+    with safe_open(str(Path(folder) / "model.safetensors"), "pt") as handle:
+        meta = handle.metadata() or {}
+    return {"step": int(meta.get("step", -1)), "policy_version": int(meta.get("policy_version", -1))}
+
+
+def export_hf(learner, folder: str | Path) -> Path:
+    """The policy as a Hugging Face folder (`transformers` loads it), written atomically."""
+    if learner.rank != 0:
+        return Path(folder)
+    return write_folder_atomically(Path(folder), lambda tmp: save_checkpoint(
+        learner.model, learner.tokenizer, tmp, policy_version=learner.policy_version))

@@ -1,0 +1,29 @@
+"""postrain.actors.models: the policy's architectures, one module each, and the registry keyed by HF `model_type`.
+
+    llama.py       LlamaModel, ModelConfig, build_model: the Llama-family decoder (llama, qwen2, SmolLM)
+    loading.py     load_model / save_checkpoint: Hugging Face folders, GGUF files, built-in configs
+    tokenizer.py   Tokenizer: Hugging Face `tokenizers` and the built-in byte tokenizer
+
+The learner and the generator run the same model; the engine's KV manager owns the cache.
+Adding an architecture is one module and one line in `ARCHITECTURES`.
+"""
+
+# Hugging Face `model_type` -> the module (under postrain.actors.models) that implements it.
+ARCHITECTURES: dict[str, str] = {
+    "llama": "llama",
+    "qwen2": "llama",
+}
+
+# Model and loading names import torch, so they load on first use (PEP 562).
+_LAZY = {
+    "LlamaModel": "llama", "ModelConfig": "llama", "ModelConfigError": "llama", "build_model": "llama",
+    "BUILTIN_CONFIGS": "llama", "load_model": "loading", "save_checkpoint": "loading",
+    "CheckpointError": "loading", "Tokenizer": "tokenizer", "byte_tokenizer": "tokenizer",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,88 @@
+"""Checkpoints: our safetensors folders round-trip, load in transformers, and bad input is named."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from postrain.actors.models.loading import (
+    CheckpointError, checkpoint_policy_version, load_model, save_checkpoint,
+)
+from postrain.actors.models.tokenizer import byte_tokenizer
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    model, tokenizer = load_model("tiny", seed=4)
+    folder = save_checkpoint(model, tokenizer, tmp_path_factory.mktemp("ckpt"), policy_version=7)
+    return model, tokenizer, folder
+
+
+def test_round_trip_equal_logits_tokenizer_and_version(saved):
+    model, tokenizer, folder = saved
+    loaded, loaded_tok = load_model(folder)
+    ids = torch.tensor([tokenizer.encode("def f(x): return x*2")])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids), model(ids), atol=0, rtol=0)
+    assert loaded.config.tie_word_embeddings and loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    assert checkpoint_policy_version(folder) == 7
+    text = "x = 1 + 2  # ünïcode"
+    assert loaded_tok.encode(text) == tokenizer.encode(text)
+    assert loaded_tok.decode(loaded_tok.encode(text)) == text
+    assert loaded_tok.eos_token_ids == tokenizer.eos_token_ids
+    assert loaded_tok.apply_chat_template([{"role": "user", "content": "hi"}]) == \
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_our_checkpoint_loads_in_transformers(saved):
+    transformers = pytest.importorskip("transformers")
+    model, tokenizer, folder = saved
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    ids = torch.tensor([tokenizer.encode("2+3=5")])
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model(ids), atol=1e-4, rtol=1e-4)
+
+
+def test_bad_paths_are_named(tmp_path):
+    with pytest.raises(CheckpointError, match="no model at '/no/such/model'"):
+        load_model("/no/such/model")
+    stray = tmp_path / "weights.bin"
+    stray.write_bytes(b"x")
+    with pytest.raises(CheckpointError, match="not a .gguf"):
+        load_model(stray)
+    with pytest.raises(CheckpointError, match="has no config.json"):
+        load_model(tmp_path)
+    fake = tmp_path / "fake.gguf"
+    fake.write_bytes(b"NOPE" + bytes(40))
+    with pytest.raises(CheckpointError, match="not a GGUF file"):
+        load_model(fake)
+
+
+def _copy(folder, dest, edit_config=None, edit_state=None):
+    dest.mkdir()
+    config = json.loads((folder / "config.json").read_text())
+    if edit_config:
+        edit_config(config)
+    (dest / "config.json").write_text(json.dumps(config))
+    state = load_file(str(folder / "model.safetensors"))
+    if edit_state:
+        edit_state(state)
+    save_file(state, str(dest / "model.safetensors"))
+    byte_tokenizer().save(dest)
+    return dest
+
+
+def test_unknown_architecture_missing_tensor_and_shape_mismatch(saved, tmp_path):
+    _, _, folder = saved
+    bad = _copy(folder, tmp_path / "arch", edit_config=lambda c: c.update(model_type="gpt_neox"))
+    with pytest.raises(CheckpointError, match="model_type 'gpt_neox' is not supported"):
+        load_model(bad)
+    missing = _copy(folder, tmp_path / "missing",
+                    edit_state=lambda s: s.pop("model.layers.1.mlp.up_proj.weight"))
+    with pytest.raises(CheckpointError, match=r"missing tensor\(s\) \['model.layers.1.mlp.up_proj.weight'\]"):
+        load_model(missing)
+    shape = _copy(folder, tmp_path / "shape", edit_config=lambda c: c.update(intermediate_size=100))
+    with pytest.raises(CheckpointError, match="has shape .* the config implies"):
+        load_model(shape)
