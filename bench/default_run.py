@@ -104,7 +104,7 @@ def _sft_steps_here(cores: list[int], repeats: int) -> None:
     from postrain.actors.learner.learner import Learner
     from postrain.actors.orchestrator import chat_to_tokens
     from postrain.actors.tasks import get_task
-    from postrain.core.actor import pin_threads
+    from postrain.core.affinity import pin_threads
 
     from .e2e import default_run_config, learner_config, orchestrator_options
 

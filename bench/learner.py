@@ -152,7 +152,7 @@ def peak_mem_mb(path: str, num_tokens: int) -> float:
 def _step_figures(quick: bool, smol: str | None, repeats: int) -> tuple[dict, dict]:
     """The train-step figures (ours, peer), in a process set up as the learner actor's: freed
     memory kept (LearnerActor.keeps_freed_memory), one torch thread."""
-    from postrain.core.actor import keep_freed_memory
+    from postrain.core.runtime import keep_freed_memory
 
     keep_freed_memory()
     torch.set_num_threads(1)

@@ -25,24 +25,9 @@ An actor runs on trio by default; set `backend = "asyncio"` on the class to
 run on asyncio with uvloop (for libraries that need asyncio); the message
 layer is the same under both.
 
-The process lifecycle: the supervisor spawns `run_actor_process(spec)`; the
-process makes itself a process group (so that the head's terminal Ctrl-C goes
-to the head alone, and a kill of the group takes the actor's own children,
-nsjail workers included), pins itself to its CPU cores, binds its inbox, runs
-`setup()`, then tells the head READY. It sends a heartbeat every
-`heartbeat_interval_s` with its `load()` (a `Load`, core/load.py). A STOP
-message runs `teardown()` and exits 0; an exception in setup or in the
-runtime is reported to the head with its traceback, then the process exits 1.
-
-Liveness, not progress. While `setup()` runs, heartbeats come from a thread
-(`KeepAlive`), so a setup that blocks the event loop for minutes (loading a
-large checkpoint) still reports that the process lives, and the head's
-`start_timeout_s` limits silence, not the length of the setup; a stopped
-(SIGSTOP) or dead process goes silent and is restarted. After READY the
-event loop sends the heartbeats, so a loop stuck in a C call counts as hung;
-a handler that blocks the loop on purpose wraps that work in
-`with self.keep_alive("loading checkpoint"):`. `report_progress(note)` puts
-a short note on the heartbeats (`postrain status` shows it).
+The process that runs an actor (its entry, READY handshake, heartbeats, the thread that keeps
+it alive through a blocking setup, its death with the head) is core/runtime.py's; an actor
+sees it through `setup`, `teardown`, `load`, `keep_alive`, `report_progress` and `crash`.
 
 Cores that move (elastic cores, core/elastic.py). The head may re-pin a running actor with
 the kernel message `_cores` {"cpu_ids", "num_threads"}: every thread of the process is
@@ -50,39 +35,30 @@ pinned to the new cores before the reply, and `num_threads` becomes the torch th
 of the compute that `in_compute_thread` starts from then on (torch keeps one count per
 thread, so the count is set in the thread that computes, at the start of each call; a long
 computation may take up a new count midway by calling `apply_num_threads` at safe points).
-
-An actor never outlives its head: on Linux the process asks the kernel for
-SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG, set as the process
-starts), and on every system the heartbeat loop exits the process once its
-parent pid is no longer the head's (a head killed with SIGKILL cannot stop
-its actors; `postrain up --resume` starts a fresh set).
 """
 from __future__ import annotations
 
-import ctypes
 import importlib
 import inspect
 import logging
 import os
-import signal
 import sys
-import threading
-import traceback
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Callable, ClassVar
 
 import anyio
-import zmq
 
 from . import wire
+from .affinity import pin_threads
 from .config import Rendezvous
 from .inbox import Handler, Inbox
 from .load import Load
 from .node import Node
-from .options import NoOptions, Options, validate_options
-from .transport import CurveKeys, configure_client
+from .options import NoOptions, Options
 
 log = logging.getLogger("postrain.core")
+
+CORES = "_cores"  # the head re-pins an actor (elastic cores): {"cpu_ids", "num_threads"}
 
 
 def handler(kind: str | None = None, *, stream: bool = False, concurrent: bool = False):
@@ -112,7 +88,7 @@ class Actor:
 
     backend: ClassVar[str] = "trio"
     Options: ClassVar[type[Options]] = NoOptions
-    keeps_freed_memory: ClassVar[bool] = False   # a CPU learner: see `keep_freed_memory`
+    keeps_freed_memory: ClassVar[bool] = False   # a CPU learner: see core/runtime.py, keep_freed_memory
     _handler_specs: ClassVar[dict[str, tuple[str, bool, bool]]] = {}
 
     def __init_subclass__(cls, **kwargs):
@@ -135,7 +111,8 @@ class Actor:
         self.inbox: Inbox | None = None
         self._stop_requested = anyio.Event()
         self.progress_note = ""            # what the heartbeats say the actor is doing ("" once READY)
-        self._keep_alive: Callable[[], "KeepAlive"] | None = None  # set by the process's runtime
+        # Makes the runtime's KeepAlive heartbeat thread (core/runtime.py); set by the runtime.
+        self._keep_alive: Callable[[], AbstractContextManager] | None = None
         self.num_threads: int | None = None  # torch threads for in_compute_thread; None: as started
         self._incarnation = 0                  # set by the process's runtime
         # The collective group this process is a rank of (an entry with ranks > 1), else None.
@@ -146,7 +123,7 @@ class Actor:
         event shows it, as a traceback would), then the process exits 1 and its supervisor
         restarts it under `max_restarts`. For a fault the actor cannot mend in place (a broken
         collective group). Does not return; requests in flight fail with ActorDiedError."""
-        await _report_crash(self.head, {"name": self.name, "incarnation": self._incarnation}, reason)
+        await report_crash(self.head, {"name": self.name, "incarnation": self._incarnation}, reason)
         logging.shutdown()
         os._exit(1)
 
@@ -284,251 +261,9 @@ def import_actor_class(path: str) -> type[Actor]:
     return cls
 
 
-def run_actor_process(spec: dict) -> None:
-    """Entry point of an actor process (the supervisor spawns it).
-
-    spec keys: name, cls (import path), options, address, head_address (or None),
-    head_pid (or None: the parent's death is not watched), incarnation, cpu_ids (or None),
-    num_threads, heartbeat_interval_s, keys (or None), log_path (or None: inherit the head's
-    stdout and stderr), rendezvous (or None: a Rendezvous as a dict, for a rank of a group)."""
-    if spec.get("log_path"):
-        log_fd = os.open(spec["log_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(log_fd, 1)
-        os.dup2(log_fd, 2)
-        os.close(log_fd)
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {spec['name']} %(levelname)s %(message)s")
-    if spec.get("head_pid") is not None:
-        _own_process_group()
-    _die_with_parent(spec.get("head_pid"))
-    _pin_cpus(spec.get("cpu_ids"), spec.get("num_threads"))
-    backend = "trio"
-    try:
-        cls = import_actor_class(spec["cls"])
-        backend = cls.backend
-    except Exception:
-        cls = None
-        startup_error = traceback.format_exc()
-    else:
-        startup_error = None
-    if cls is not None and cls.keeps_freed_memory:
-        keep_freed_memory()
-    options = {"backend": backend}
-    if spec.get("run_tag"):  # names this run's shared memory; inherited by the actor's children
-        os.environ[wire.RUN_TAG_ENV] = spec["run_tag"]
-    if backend == "asyncio":
-        options["backend_options"] = {"use_uvloop": True}
-    try:
-        anyio.run(_actor_main, cls, spec, startup_error, **options)
-    except BaseException:
-        traceback.print_exc()
-        sys.exit(1)
-
-
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8  # <malloc.h>
-
-
-def keep_freed_memory() -> None:
-    """Keep freed memory in the process for reuse (glibc; elsewhere a no-op), for an actor whose
-    steps allocate and free the same large tensors over and over (a CPU learner: each
-    (vocab x hidden) gradient is 113 MiB on SmolLM2). glibc maps each block over 32 MiB
-    fresh and unmaps it when freed, so every step faults in every page of it again (60 ms per
-    such block here); with one arena, no mmap and no trimming, a freed block is reused as it is.
-    The process then holds its peak memory until it exits. Called before the event loop starts
-    any thread: a thread that already has an arena of its own keeps it (and maps large blocks)."""
-    try:
-        libc = ctypes.CDLL(None)
-        ok = all(libc.mallopt(param, value) == 1 for param, value in (
-            (M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, 2**31 - 1)))
-    except (AttributeError, OSError):
-        ok = False
-    if not ok:
-        log.info("this C library does not take glibc's mallopt; freed memory goes back as it likes")
-
-
-def _own_process_group() -> None:
-    """Lead a new process group: the terminal's SIGINT (sent to the head's foreground group)
-    no longer reaches the actor, whose stop the head orders; and the supervisor's kill of the
-    group (core/supervisor.py) also ends what the actor started (nsjail workers)."""
-    try:
-        os.setpgid(0, 0)
-    except OSError as exc:
-        log.warning("could not start a process group (%s); a kill reaches this process alone", exc)
-
-
-def _die_with_parent(head_pid: int | None) -> None:
-    """Ask the kernel to SIGKILL this process when its parent (the head) dies, then check that
-    the head did not die before we asked. The signal follows the parent *thread* that spawned
-    us: the supervisor spawns from its event loop's thread, which lives as long as the head."""
-    if head_pid is None:
-        return
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-                log.warning("prctl(PR_SET_PDEATHSIG) failed (errno %d); the heartbeat loop watches "
-                            "the head instead", ctypes.get_errno())
-        except (OSError, AttributeError) as exc:
-            log.warning("prctl unavailable (%s); the heartbeat loop watches the head instead", exc)
-    _exit_if_orphaned(head_pid)
-
-
-def _exit_if_orphaned(head_pid: int | None) -> None:
-    if head_pid is not None and os.getppid() != head_pid:
-        log.error("the head (pid %d) is gone; exiting rather than running as an orphan", head_pid)
-        os._exit(1)
-
-
-CORES = "_cores"  # the head re-pins an actor (elastic cores): {"cpu_ids", "num_threads"}
-
-
-def pin_threads(cpu_ids) -> None:
-    """Pin every thread of this process to `cpu_ids` (sched_setaffinity(0) pins only the
-    calling thread). A thread started meanwhile inherits its creator's cores, so the pass is
-    repeated until no new thread appears."""
-    done: set[int] = set()
-    while True:
-        tids = {int(tid) for tid in os.listdir("/proc/self/task")} - done
-        if not tids:
-            return
-        for tid in tids:
-            try:
-                os.sched_setaffinity(tid, cpu_ids)
-            except ProcessLookupError:  # the thread ended meanwhile
-                pass
-        done |= tids
-
-
-def _pin_cpus(cpu_ids, num_threads) -> None:
-    if cpu_ids:
-        try:
-            os.sched_setaffinity(0, cpu_ids)
-        except (AttributeError, OSError) as exc:
-            log.warning("could not pin to cores %s: %s", cpu_ids, exc)
-    if num_threads:
-        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-            os.environ[var] = str(num_threads)
-        if "torch" in sys.modules:
-            sys.modules["torch"].set_num_threads(num_threads)
-
-
-async def _actor_main(cls, spec: dict, startup_error: str | None) -> None:
-    """The actor process's life: setup, READY, serve until STOP, teardown; a failure is
-    reported to the head, then raised. Cancelled: only when the process is ending; the node's
-    sockets close and teardown does not run."""
-    keys = CurveKeys.from_dict(spec["keys"]) if spec.get("keys") else None
-    async with Node(spec["name"], keys) as node:
-        head = node.ref(spec["head_address"], "head") if spec.get("head_address") else None
-        if startup_error is not None:
-            await _report_crash(head, spec, startup_error)
-            raise RuntimeError(startup_error)
-        actor = None
-        try:
-            inbox_address = spec["address"]
-            options = validate_options(cls, spec.get("options") or {})
-            actor = cls(spec["name"], options, node, head, inbox_address)
-            actor._incarnation = spec.get("incarnation", 0)
-            if spec.get("rendezvous"):
-                actor.rendezvous = Rendezvous.model_validate(spec["rendezvous"])
-            if "torch" in sys.modules and spec.get("num_threads"):
-                sys.modules["torch"].set_num_threads(spec["num_threads"])
-            inbox = Inbox(node, inbox_address, actor.handlers())
-            actor.inbox = inbox
-            actor.address = inbox.bound_address
-            if head is not None:
-                actor._keep_alive = lambda: KeepAlive(actor, spec, keys)
-            with actor.keep_alive("setup"):  # setup may block the loop (a model load): see the module doc
-                await actor.setup()
-            actor.progress_note = ""
-        except Exception:
-            await _report_crash(head, spec, traceback.format_exc())
-            raise
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(inbox.serve)
-                if head is not None:
-                    await head.ask("_ready", {"name": spec["name"], "pid": os.getpid(),
-                                               "address": inbox.bound_address,
-                                               "incarnation": spec.get("incarnation", 0)})
-                    tg.start_soon(_heartbeat, actor, head, spec)
-                await actor._stop_requested.wait()
-                tg.cancel_scope.cancel()
-            await actor.teardown()
-        except Exception:
-            await _report_crash(head, spec, traceback.format_exc())
-            raise
-
-
-async def _heartbeat(actor: Actor, head, spec: dict) -> None:
-    """Tell the head this actor lives, with its load, every interval. Cancelled (the actor
-    stops): a heartbeat is queued whole or not at all (ZeroMQ sends are atomic); they stop."""
-    interval_s = spec.get("heartbeat_interval_s", 1.0)
-    while True:
-        _exit_if_orphaned(spec.get("head_pid"))
-        load = actor.load()
-        if not isinstance(load, Load):  # a bug in the actor: fail it loudly, not the head's view
-            raise TypeError(f"{type(actor).__name__}.load() must return a postrain.core.Load, got "
-                            f"{type(load).__name__}; fix: return super().load().replace(...)")
-        try:
-            await head.tell("_heartbeat", {"name": actor.name, "pid": os.getpid(),
-                                           "incarnation": spec.get("incarnation", 0),
-                                           "load": load.to_wire(), "note": actor.progress_note},
-                            timeout_s=interval_s)
-        except Exception as exc:  # the head may be restarting; keep serving
-            log.debug("heartbeat to head failed: %s", exc)
-        await anyio.sleep(interval_s)
-
-
-class KeepAlive:
-    """A thread that sends the head heartbeats (without a load: the loop may be blocked, so the
-    actor's state is not read) every heartbeat interval, from its own socket, while the
-    event loop is busy on purpose. Use as a context manager (Actor.keep_alive does).
-    Invariant: the thread runs only between __enter__ and __exit__."""
-
-    def __init__(self, actor: Actor, spec: dict, keys: CurveKeys | None):
-        self.actor = actor
-        self.address = spec["head_address"]
-        self.head_pid = spec.get("head_pid")
-        self.incarnation = spec.get("incarnation", 0)
-        self.interval_s = spec.get("heartbeat_interval_s", 1.0)
-        self.keys = keys
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name="postrain-keepalive", daemon=True)
-
-    def __enter__(self) -> "KeepAlive":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self._done.set()
-        self._thread.join(timeout=5)
-
-    def _beat(self) -> None:
-        sock = zmq.Context.instance().socket(zmq.DEALER)
-        sock.linger = 0
-        sock.sndhwm = 4  # a head that does not read gets a few, not a backlog
-        try:
-            configure_client(sock, self.address, self.keys)
-            sock.connect(self.address)
-            while True:
-                _exit_if_orphaned(self.head_pid)
-                body = {"name": self.actor.name, "pid": os.getpid(), "incarnation": self.incarnation,
-                        "load": None, "note": self.actor.progress_note}
-                try:
-                    sock.send_multipart(wire.encode(wire.Message("_heartbeat", 0, 0, self.actor.name,
-                                                                 None, body)), flags=zmq.NOBLOCK)
-                except zmq.Again:
-                    pass  # not connected yet, or the head is behind: the next beat tries again
-                if self._done.wait(self.interval_s):
-                    return
-        except zmq.ZMQError as exc:  # a closed context (the process ends): nothing to report to
-            log.debug("keep-alive heartbeats stopped: %s", exc)
-        finally:
-            sock.close(linger=0)
-
-
-async def _report_crash(head, spec: dict, tb: str) -> None:
-    """Log the traceback and hand it to the head (at most 2 s). Cancelled: the log line is
+async def report_crash(head, spec: dict, tb: str) -> None:
+    """Log the traceback and hand it to the head (at most 2 s): `spec` names the actor and its
+    incarnation (the runtime's spawn spec, or the same two keys). Cancelled: the log line is
     written; the head may not get the traceback and reports the exit code alone."""
     log.error("actor %s crashed:\n%s", spec["name"], tb)
     if head is None:

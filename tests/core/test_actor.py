@@ -216,7 +216,7 @@ def test_an_actor_dies_with_its_head_even_when_the_head_is_killed_with_sigkill()
 
 _REUSE_PROBE = """
 import resource, sys, threading
-from postrain.core.actor import keep_freed_memory
+from postrain.core.runtime import keep_freed_memory
 if sys.argv[1] == "keep":
     keep_freed_memory()
 faults = []

@@ -1,0 +1,113 @@
+"""`generate`: a prompt and how to sample it, in; samples with their token ids and logprobs, out."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from .base import Record, RecordError, codec
+
+
+class SamplingParamsError(RecordError):
+    """A sampling parameter outside its range."""
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one request. Applies per request; n samples share the prompt. The
+    logprobs this yields are defined in actors/generator/sampling.py."""
+
+    n: int = 1                                   # samples per prompt (GRPO group size)
+    temperature: float = 1.0                     # 0 = greedy (argmax)
+    top_p: float = 1.0                           # nucleus mass kept, in (0, 1]; 1 = off
+    top_k: int = 0                               # keep the k most likely tokens; 0 = off
+    seed: int | None = None                      # per-request seed; sample i uses seed + i
+    max_new_tokens: int = 64                     # generated tokens at most, per sample
+    stop: list[str] = field(default_factory=list)             # stop strings (text is cut before them)
+    stop_token_ids: list[int] = field(default_factory=list)   # extra stop ids (kept in token_ids)
+    ignore_eos: bool = False                     # True = do not stop on the tokenizer's EOS ids
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop)
+        self.stop_token_ids = list(self.stop_token_ids)
+        checks = [
+            (self.n >= 1, "n", self.n, ">= 1"),
+            (self.temperature >= 0, "temperature", self.temperature, ">= 0 (0 = greedy)"),
+            (0 < self.top_p <= 1, "top_p", self.top_p, "in (0, 1]"),
+            (self.top_k >= 0, "top_k", self.top_k, ">= 0 (0 = off)"),
+            (self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, ">= 1"),
+        ]
+        for ok, name, value, rule in checks:
+            if not ok:
+                raise SamplingParamsError(f"{name} must be {rule}, got {value!r}")
+        if any(not s for s in self.stop):
+            raise SamplingParamsError("stop strings must be non-empty, got ''")
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The T of the reported logprobs: the sampling temperature, 1 for greedy."""
+        return self.temperature if self.temperature > 0 else 1.0
+
+    def to_wire(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_wire(cls, data: dict | None) -> "SamplingParams":
+        """SamplingParams of a dict of its fields; an unknown field is a SamplingParamsError naming it."""
+        if isinstance(data, cls):
+            return data
+        data = dict(data or {})
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise SamplingParamsError(f"unknown sampling field(s) {unknown}; the fields are "
+                                      f"{[f.name for f in dataclasses.fields(cls)]}")
+        return cls(**data)
+
+
+SAMPLING_CODEC = codec(SamplingParams.to_wire, SamplingParams.from_wire)
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest(Record):
+    """`generate`: a prompt as token ids (or, for a person at a terminal, as text) and how to sample it."""
+
+    prompt_ids: list[int] | None = None
+    prompt: str | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams, metadata=SAMPLING_CODEC)
+
+    def _check(self) -> None:
+        if (self.prompt_ids is None) == (self.prompt is None):
+            self._fail("prompt_ids", self.prompt_ids, "given, or prompt instead (exactly one of the two)")
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratedSample(Record):
+    """One sample of a `generate` reply: the EXACT sampled ids, their logprobs (actors/generator/sampling.py)
+    and the policy version that sampled each token; all three of one length."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    policy_versions: list[int]
+    finish_reason: str | None      # "stop" | "length" | "abort"
+    text: str
+
+    def _check(self) -> None:
+        for name in ("logprobs", "policy_versions"):
+            if len(getattr(self, name)) != len(self.token_ids):
+                self._fail(name, getattr(self, name), f"one entry per token ({len(self.token_ids)})")
+
+    def to_wire(self) -> dict:  # finish_reason travels even when None
+        return {"token_ids": self.token_ids, "logprobs": self.logprobs,
+                "policy_versions": self.policy_versions, "finish_reason": self.finish_reason,
+                "text": self.text}
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateReply(Record):
+    """The `generate` reply: the prompt's length in tokens and `sampling.n` samples."""
+
+    prompt_len: int
+    samples: list[GeneratedSample] = field(metadata=codec(
+        lambda samples: [s.to_wire() for s in samples],
+        lambda samples: [GeneratedSample.from_wire(s) for s in samples]))
