@@ -166,17 +166,20 @@ def _task_options_section() -> list[str]:
 
 # --------------------------------------------------------------------------- the records page
 def render_records_reference() -> str:
-    """Every record class of postrain.actors.records, in source order, as Markdown."""
+    """Every record class of postrain.actors.records (a package: one module per exchange), module by
+    module in the order the package imports them, each in source order, as Markdown."""
     import importlib
     try:
         module = importlib.import_module(RECORDS_MODULE)
     except Exception as exc:
         log.error("records reference: cannot import %s: %s", RECORDS_MODULE, exc)
         raise ConfigReferenceError(f"records reference: cannot import {RECORDS_MODULE}: {exc}") from exc
+    modules = list(dict.fromkeys(obj.__module__ for obj in vars(module).values() if isinstance(obj, type)
+                                 and obj.__module__.startswith(module.__name__)))
     classes = [obj for obj in vars(module).values()
                if isinstance(obj, type) and dataclasses.is_dataclass(obj)
-               and obj.__module__ == module.__name__ and not obj.__name__.startswith("_")]
-    classes.sort(key=lambda cls: inspect.getsourcelines(cls)[1])
+               and obj.__module__.startswith(module.__name__) and not obj.__name__.startswith("_")]
+    classes.sort(key=lambda cls: (modules.index(cls.__module__), inspect.getsourcelines(cls)[1]))
     out: list[str] = _first_indented_block(module.__doc__ or "")
     for cls in classes:
         out += [f"## `{cls.__name__}`", ""]
