@@ -10,7 +10,7 @@ One package per role, each naming its actor for configs:
     models/         the architectures and their registry; loading, tokenizers
     tasks/          the built-in tasks and the task registry
 
-Shared by the roles: records.py (every message between roles), ledger.py, run_state.py,
+Shared by the roles: records/ (every message between roles), ledger.py, run_state.py,
 timeline.py, weight_assembly.py, weight_receiver.py, device.py, atomic_write.py.
 Old module paths (before the roles became packages) still import, with a warning: _moved.py.
 """

@@ -7,8 +7,10 @@ batch, group and sample, and the resume that created them (`b3-g0-s1` in the fir
 start, `b3-g0-s1.r2` after the second resume), so an id is never reused, not even by a
 batch that is created again.
 
-Run state: the learner checkpoint's `extra` (actors/learner/state.py), written by the
-orchestrator between two train (or warm-start) steps. Fields:
+Run state: a `RunState` record (records/run.py), the learner checkpoint's `extra`
+(actors/learner/state.py) in its wire form, written by the orchestrator between two train
+(or warm-start) steps; the same dict shape as before the record, so older checkpoints load.
+Fields:
 
     format            RUN_STATE_FORMAT
     phase             "sft": the warm start is under way: SFT steps 0..sft_step-1 are trained
@@ -40,8 +42,8 @@ from postrain.core.errors import PostrainError
 from postrain.core.jsonl import repair_torn_tail
 
 from .atomic_write import repair_interrupted_write
+from .records import RUN_STATE_FORMAT, RecordError, RunState
 
-RUN_STATE_FORMAT = "postrain-run-1"
 DATA_ORDER_KEYS = ("task", "seed", "prompts_per_step", "samples_per_prompt", "task_options")
 RESUMES_FILE = "resumes.jsonl"   # one line per `postrain up --resume`: when, from which batch
 
@@ -87,7 +89,7 @@ def data_order(cfg) -> dict:
     return {key: values[key] for key in DATA_ORDER_KEYS}
 
 
-def read_run_state(checkpoint_dir: str | Path) -> dict | None:
+def read_run_state(checkpoint_dir: str | Path) -> RunState | None:
     """The run state in a learner checkpoint folder, or None when there is no checkpoint yet.
     A checkpoint write that a kill interrupted is repaired first (the previous one is put back)."""
     repair_interrupted_write(checkpoint_dir)
@@ -99,11 +101,15 @@ def read_run_state(checkpoint_dir: str | Path) -> dict | None:
         raise ResumeError(f"{checkpoint_dir} holds no run state (format {extra.get('format')!r}, expected "
                           f"{RUN_STATE_FORMAT!r}); it was not written by the orchestrator of a run that "
                           "can be resumed; start a new run instead")
-    return extra
+    try:
+        return RunState.from_wire(extra)
+    except RecordError as exc:
+        raise ResumeError(f"{checkpoint_dir} holds a run state that cannot be read ({exc}); start a new "
+                          "run instead") from None
 
 
-def check_same_data_order(state: dict, cfg) -> None:
-    saved, now = state["data_order"], data_order(cfg)
+def check_same_data_order(state: RunState, cfg) -> None:
+    saved, now = state.data_order, data_order(cfg)
     changed = {key: (saved.get(key), now[key]) for key in DATA_ORDER_KEYS if saved.get(key) != now[key]}
     if changed:
         detail = ", ".join(f"{key}: {old!r} -> {new!r}" for key, (old, new) in changed.items())
@@ -111,12 +117,12 @@ def check_same_data_order(state: dict, cfg) -> None:
                           "prompts as before the restart; put the old values back or start a new run")
 
 
-def check_same_sft_shape(state: dict, cfg) -> None:
+def check_same_sft_shape(state: RunState, cfg) -> None:
     """A resume inside the warm start must give SFT step s the same demonstrations."""
-    saved = state.get("sft_shape") or {}
+    saved = state.sft_shape or {}
     now = {"sft_steps": cfg.sft_steps, "sft_batch_size": cfg.sft_batch_size}
     changed = {key: (saved.get(key), value) for key, value in now.items() if saved.get(key) != value}
-    if state["phase"] == "sft" and changed:
+    if state.phase == "sft" and changed:
         detail = ", ".join(f"{key}: {old!r} -> {new!r}" for key, (old, new) in changed.items())
         raise ResumeError(f"cannot resume inside the warm start: its shape changed ({detail}); SFT step s "
                           "must train on the same demonstrations as before; put the old values back or "

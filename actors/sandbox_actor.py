@@ -6,27 +6,28 @@ in its queue, up to `max_queued`, beyond which a request is refused with `Sandbo
 head's balancer sees them as `queued` in the heartbeat load and can add workers). Every execution is
 audited (JSONL) when `audit_log` is set; the requester recorded is the sender's actor name.
 
-Handlers (bodies are msgpack maps; bytes travel as bytes):
+Handlers (every body and reply a record of actors/records/sandbox.py; bytes travel as bytes):
 
-    exec          {code, stdin?, files?, argv?, limits?}  -> result map (status, exit_code, signal,
-                                                             wall_s, cpu_s, stdout, stderr, ...)
-    exec_stream   same body -> {"kind": "output", "name": "stdout"|"stderr", "data": bytes}...,
-                               then {"kind": "result", ...the exec result map}
-    run_tests     {solution, tests, test_timeout_s?, limits?} -> {passed: {name: bool}, errors,
-                                                                  collect_error, result}
-    run_io_cases  {code, cases: [[stdin, expected], ...], limits?} -> {passed: [bool], results}
-    session_open        {files?: {path: bytes}, limits?: {SessionLimits fields}}
-                        -> {session_id, limits}: a jail for one episode (waits in the queue while
-                        the actor has max_sessions_per_worker * num_workers sessions open)
-    session_exec        {session_id, command? (bash) | code? (python), stdin?, timeout_s?}
-                        -> the exec result map (mode "session")
-    session_read_file   {session_id, path} -> {data: bytes}
-    session_write_file  {session_id, path, data} -> {size}
-    session_close       {session_id} -> {num_calls, wall_s, reason}
-    stats         {} -> counters by status, queued, running, open sessions
-    resize        {num_workers, cpu_ids?} -> {num_workers, previous}: grow or shrink the warm
-                  pool (the head's balancer sends it); with cpu_ids the actor first re-pins itself
-                  to the cores the scheduler now reserves for it, so new workers run there
+    exec                ExecRequest -> ExecReply (status, exit_code, signal, wall_s, cpu_s, stdout, ...)
+    exec_stream         ExecRequest -> ExecStreamItem (kind "output": name, data)..., then one with
+                        kind "result" and the ExecReply
+    run_tests           RunTestsRequest -> RunTestsReply {passed: {name: bool}, errors, collect_error, result}
+    run_io_cases        RunIoCasesRequest -> RunIoCasesReply {passed: [bool], results}
+    session_open        SessionOpenRequest {files?, limits?: SessionLimits fields} -> SessionOpened
+                        {session_id, limits}: a jail for one episode (waits in the queue while the
+                        actor has max_sessions_per_worker * num_workers sessions open)
+    session_exec        SessionExecRequest {session_id, command (bash) | code (python), stdin?,
+                        timeout_s?} -> ExecReply (mode "session")
+    session_read_file   SessionReadFileRequest {session_id, path} -> SessionFileData {data}
+    session_write_file  SessionWriteFileRequest {session_id, path, data} -> SessionFileWritten {size}
+    session_close       SessionCloseRequest {session_id} -> SessionClosed {num_calls, wall_s, reason}
+    stats               no body -> SandboxStats: counters by status, queued, running, open sessions
+    resize              core's ResizeRequest {num_workers, cpu_ids?} -> ResizeReply {num_workers,
+                        previous}: grow or shrink the warm pool (the head's balancer sends it); with
+                        cpu_ids the actor first re-pins itself to the cores the scheduler now
+                        reserves for it, so new workers run there
+
+The client side of sessions (`remote_session`) is actors/sandbox_client.py.
 
 A session belongs to the actor that opened it (others get UnknownSession, as does an id that
 was closed or reaped). The reaper closes a session with no call for `session_idle_timeout_s`
@@ -35,16 +36,15 @@ and every session ends with the actor. Session calls share the workers with exec
 count as queued and running in the load, and opens waiting for a session slot count as queued,
 so the balancer grows the pool (and with it the session cap) by both.
 
-`limits` may change the per-execution limits of the actor's policy (wall_time_s, cpu_time_s,
-memory_mb, max_processes, max_file_size_mb, work_dir_size_mb, max_open_files,
-max_output_bytes); a bad value comes back as a RemoteError naming the field.
+`limits` may change the per-execution limits of the actor's policy (records.LIMIT_FIELDS:
+wall_time_s, cpu_time_s, memory_mb, max_processes, ...); a bad value comes back as a
+RemoteError naming the field.
 
 Options: `SandboxOptions` below (the config reference in the docs lists them).
 """
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import functools
 import math
@@ -57,13 +57,15 @@ import anyio.from_thread
 import anyio.to_thread
 from pydantic import Field, field_validator
 
-from postrain.core import RESIZE, Actor, Load, Options, ResizeRequest, handler
+from postrain.core import RESIZE, Actor, Load, Options, ResizeReply, ResizeRequest, handler
 from postrain.core.errors import PostrainError
-from postrain.sandbox import (ExecResult, Policy, PolicyError, Sandbox, Session, SessionLimits,
-                              Status, run_io_cases, run_tests)
+from postrain.sandbox import (ExecResult, Policy, PolicyError, Sandbox, Session, SessionLimits, run_io_cases,
+                              run_tests)
 
-LIMIT_FIELDS = ("wall_time_s", "cpu_time_s", "memory_mb", "max_processes", "max_file_size_mb",
-                "work_dir_size_mb", "max_open_files", "max_output_bytes")
+from .records import (ExecReply, ExecRequest, ExecStreamItem, RunIoCasesReply, RunIoCasesRequest,
+                      RunTestsReply, RunTestsRequest, SandboxStats, SessionCloseRequest, SessionClosed,
+                      SessionExecRequest, SessionFileData, SessionFileWritten, SessionOpened, SessionOpenRequest,
+                      SessionReadFileRequest, SessionWriteFileRequest)
 
 
 class SandboxQueueFull(PostrainError, RuntimeError):
@@ -75,20 +77,6 @@ class UnknownSession(PostrainError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0])
-
-
-def result_from_wire(data: dict) -> ExecResult:
-    """The ExecResult a result map (`result_to_wire`) carries."""
-    fields = {k: data[k] for k in ("exit_code", "signal", "wall_s", "cpu_s", "stdout", "stderr",
-                                   "stdout_truncated", "stderr_truncated", "mode", "error") if k in data}
-    return ExecResult(Status(data["status"]), **fields)
-
-
-def result_to_wire(result: ExecResult) -> dict:
-    return {"status": result.status.value, "exit_code": result.exit_code, "signal": result.signal,
-            "wall_s": result.wall_s, "cpu_s": result.cpu_s, "stdout": result.stdout,
-            "stderr": result.stderr, "stdout_truncated": result.stdout_truncated,
-            "stderr_truncated": result.stderr_truncated, "mode": result.mode, "error": result.error}
 
 
 def _policy(fields: dict[str, Any]) -> Policy:
@@ -184,25 +172,24 @@ class SandboxActor(Actor):
                                                "max_sessions": int(self.session_slots.total_tokens)})
 
     # ------------------------------------------------------------ handlers
-    @handler("exec", concurrent=True)
-    async def exec(self, body, msg):
+    @handler("exec", concurrent=True, request=ExecRequest, reply=ExecReply)
+    async def exec(self, request: ExecRequest, msg) -> ExecReply:
         """One execution's result. Cancelled: as `_in_worker` (queued: nothing ran; running: it
         still ends within its wall limit and frees its worker)."""
-        kwargs = self._run_kwargs(body, msg.sender)
-        return result_to_wire(await self._in_worker(self.sandbox.run, **kwargs))
+        kwargs = self._run_kwargs(request, msg.sender)
+        return ExecReply.of(await self._in_worker(self.sandbox.run, **kwargs))
 
-    @handler("exec_stream", stream=True, concurrent=True)
-    async def exec_stream(self, body, msg):
+    @handler("exec_stream", stream=True, concurrent=True, request=ExecRequest, reply=ExecStreamItem)
+    async def exec_stream(self, request: ExecRequest, msg):
         """Output chunks as they arrive, then the result. Cancelled (the caller stops reading):
         the run goes on in the node's task group until it ends within its limits; its chunks
         are dropped."""
-        kwargs = self._run_kwargs(body, msg.sender)
+        kwargs = self._run_kwargs(request, msg.sender)
         send, receive = anyio.create_memory_object_stream(max_buffer_size=math.inf)
 
         def on_output(name: str, data: bytes) -> None:  # in the worker thread
             try:
-                anyio.from_thread.run_sync(send.send_nowait,
-                                           {"kind": "output", "name": name, "data": data})
+                anyio.from_thread.run_sync(send.send_nowait, ExecStreamItem("output", name=name, data=data))
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass  # the caller stopped listening; the run still ends within its limits
 
@@ -212,7 +199,7 @@ class SandboxActor(Actor):
             async with send:
                 try:
                     result = await self._in_worker(self.sandbox.run, on_output=on_output, **kwargs)
-                    item = {"kind": "result", **result_to_wire(result)}
+                    item = ExecStreamItem("result", result=ExecReply.of(result))
                 except Exception as exc:  # noqa: BLE001 - handed to the stream's reader
                     item = exc
                 try:
@@ -227,93 +214,76 @@ class SandboxActor(Actor):
                     raise item
                 yield item
 
-    @handler("run_tests", concurrent=True)
-    async def run_tests(self, body, msg):
+    @handler("run_tests", concurrent=True, request=RunTestsRequest, reply=RunTestsReply)
+    async def run_tests(self, request: RunTestsRequest, msg) -> RunTestsReply:
         """The test report of a solution. Cancelled: as `exec`."""
-        policy = self._policy(body.get("limits"))
-        report = await self._in_worker(run_tests, self.sandbox, body["solution"], body["tests"],
-                                       test_timeout_s=float(body.get("test_timeout_s", 2.0)),
-                                       policy=policy, requester=msg.sender)
-        return {"passed": report.passed, "errors": report.errors,
-                "collect_error": report.collect_error, "result": result_to_wire(report.result)}
+        report = await self._in_worker(run_tests, self.sandbox, request.solution, request.tests,
+                                       test_timeout_s=float(request.test_timeout_s),
+                                       policy=self._policy(request.limits), requester=msg.sender)
+        return RunTestsReply.of(report)
 
-    @handler("run_io_cases", concurrent=True)
-    async def run_io_cases(self, body, msg):
+    @handler("run_io_cases", concurrent=True, request=RunIoCasesRequest, reply=RunIoCasesReply)
+    async def run_io_cases(self, request: RunIoCasesRequest, msg) -> RunIoCasesReply:
         """A verdict per stdin/expected case. Cancelled: as `exec`."""
-        policy = self._policy(body.get("limits"))
-        cases = [(str(stdin), str(expected)) for stdin, expected in body["cases"]]
-        verdicts = await self._in_worker(run_io_cases, self.sandbox, body["code"], cases,
-                                         policy=policy, requester=msg.sender)
-        return {"passed": [v.passed for v in verdicts],
-                "results": [result_to_wire(v.result) for v in verdicts]}
+        cases = [(str(stdin), str(expected)) for stdin, expected in request.cases]
+        verdicts = await self._in_worker(run_io_cases, self.sandbox, request.code, cases,
+                                         policy=self._policy(request.limits), requester=msg.sender)
+        return RunIoCasesReply(passed=[v.passed for v in verdicts],
+                               results=[ExecReply.of(v.result) for v in verdicts])
 
-    @handler("session_open", concurrent=True)
-    async def session_open(self, body, msg):
+    @handler("session_open", concurrent=True, request=SessionOpenRequest, reply=SessionOpened)
+    async def session_open(self, request: SessionOpenRequest, msg) -> SessionOpened:
         """A new session's id. Waits (counted as queued) while all session slots are taken.
         Cancelled while waiting: nothing opened; while opening: the open finishes in its thread
         and the session is closed at once."""
-        body = _map(body, "session_open")
-        limits = SessionLimits.of(body.get("limits"), self.session_limits)
-        files = body.get("files") or None
+        limits = SessionLimits.of(request.limits, self.session_limits)
         slot = object()
         await self._queued(self.session_slots.acquire_on_behalf_of(slot))
         opened = None
         try:
             opened = await anyio.to_thread.run_sync(functools.partial(
-                self.sandbox.session, files, limits, requester=msg.sender), limiter=_unlimited())
+                self.sandbox.session, request.files or None, limits, requester=msg.sender),
+                limiter=_unlimited())
         finally:
             if opened is None:
                 self.session_slots.release_on_behalf_of(slot)
         self.sessions[opened.session_id] = OpenSession(opened, msg.sender, slot)
-        return {"session_id": opened.session_id, "limits": limits.to_dict()}
+        return SessionOpened(session_id=opened.session_id, limits=limits.to_dict())
 
-    @handler("session_exec", concurrent=True)
-    async def session_exec(self, body, msg):
-        """A call's result map. Cancelled: as `exec` (the session's next call waits for it)."""
-        body = _map(body, "session_exec")
-        session = self._session(body, msg.sender)
-        has_command, has_code = isinstance(body.get("command"), str), isinstance(body.get("code"), str)
-        if has_command == has_code:
-            raise PolicyError("session_exec needs exactly one of 'command' (bash) or 'code' (python) "
-                              "as a str; fix: send {'session_id': ..., 'command': 'ls'}")
-        run = session.run if has_command else session.run_python
-        result = await self._in_worker(run, body["command"] if has_command else body["code"],
-                                       body.get("stdin"), body.get("timeout_s"))
-        return result_to_wire(result)
+    @handler("session_exec", concurrent=True, request=SessionExecRequest, reply=ExecReply)
+    async def session_exec(self, request: SessionExecRequest, msg) -> ExecReply:
+        """A call's result. Cancelled: as `exec` (the session's next call waits for it)."""
+        session = self._session(request.session_id, msg.sender)
+        run, source = (session.run, request.command) if request.command is not None else \
+            (session.run_python, request.code)
+        return ExecReply.of(await self._in_worker(run, source, request.stdin, request.timeout_s))
 
-    @handler("session_read_file", concurrent=True)
-    async def session_read_file(self, body, msg):
-        """{data}. Cancelled: the read finishes in its thread."""
-        body = _map(body, "session_read_file")
-        session = self._session(body, msg.sender)
-        return {"data": await self._in_worker(session.read_file, body.get("path"))}
+    @handler("session_read_file", concurrent=True, request=SessionReadFileRequest, reply=SessionFileData)
+    async def session_read_file(self, request: SessionReadFileRequest, msg) -> SessionFileData:
+        """The file's bytes. Cancelled: the read finishes in its thread."""
+        session = self._session(request.session_id, msg.sender)
+        return SessionFileData(await self._in_worker(session.read_file, request.path))
 
-    @handler("session_write_file", concurrent=True)
-    async def session_write_file(self, body, msg):
-        """{size}. Cancelled: the write finishes in its thread."""
-        body = _map(body, "session_write_file")
-        session = self._session(body, msg.sender)
-        data = body.get("data")
-        if not isinstance(data, (bytes, str)):
-            raise PolicyError(f"session_write_file needs 'data' as bytes or str, got "
-                              f"{type(data).__name__}")
-        return {"size": await self._in_worker(session.write_file, body.get("path"), data)}
+    @handler("session_write_file", concurrent=True, request=SessionWriteFileRequest, reply=SessionFileWritten)
+    async def session_write_file(self, request: SessionWriteFileRequest, msg) -> SessionFileWritten:
+        """Bytes written. Cancelled: the write finishes in its thread."""
+        session = self._session(request.session_id, msg.sender)
+        return SessionFileWritten(await self._in_worker(session.write_file, request.path, request.data))
 
-    @handler("session_close", concurrent=True)
-    async def session_close(self, body, msg):
-        """{num_calls, wall_s, reason}. Cancelled: the session is gone already (atomic)."""
-        session = self._session(_map(body, "session_close"), msg.sender)
+    @handler("session_close", concurrent=True, request=SessionCloseRequest, reply=SessionClosed)
+    async def session_close(self, request: SessionCloseRequest, msg) -> SessionClosed:
+        """Calls, seconds open, end reason. Cancelled: the session is gone already (atomic)."""
+        session = self._session(request.session_id, msg.sender)
         self._forget(session)
         await anyio.to_thread.run_sync(session.close, limiter=_unlimited())
-        return {"num_calls": session.num_calls, "reason": session.end_reason,
-                "wall_s": round(time.monotonic() - session.opened_at, 6)}
+        return SessionClosed(num_calls=session.num_calls, reason=session.end_reason,
+                             wall_s=round(time.monotonic() - session.opened_at, 6))
 
-    @handler(RESIZE)
-    async def resize(self, body):
+    @handler(RESIZE, request=ResizeRequest, reply=ResizeReply)
+    async def resize(self, request: ResizeRequest) -> ResizeReply:
         """The kernel's pool protocol (core/load.py). Runs in flight finish; surplus workers
         close when idle. Cancelled while new workers start: atomic; the thread call cannot be
         abandoned, so the pool, num_workers and the limiter all end at the asked size."""
-        request = ResizeRequest.from_wire(body)
         num_workers = request.num_workers
         if request.cpu_ids:
             pin_process(request.cpu_ids)
@@ -322,38 +292,31 @@ class SandboxActor(Actor):
         self.num_workers = num_workers
         self.limiter.total_tokens = num_workers
         self.session_slots.total_tokens = num_workers * self.options.max_sessions_per_worker
-        return {"num_workers": num_workers, "previous": previous}
+        return ResizeReply(num_workers=num_workers, previous=previous)
 
-    @handler("stats")
-    async def stats(self, body):
+    @handler("stats", request=None, reply=SandboxStats)
+    async def stats(self, body: None) -> SandboxStats:
         """Counters by status, queued, running, workers. Does not wait (cancel-safe)."""
-        return {"by_status": dict(self.status_counts), "queued": self.num_queued,
-                "running": self.num_running, "workers": self.num_workers, "mode": self.sandbox.mode,
-                "open_sessions": len(self.sessions),
-                "max_sessions": int(self.session_slots.total_tokens)}
+        return SandboxStats(by_status=dict(self.status_counts), queued=self.num_queued,
+                            running=self.num_running, workers=self.num_workers, mode=self.sandbox.mode,
+                            open_sessions=len(self.sessions),
+                            max_sessions=int(self.session_slots.total_tokens))
 
     # ------------------------------------------------------------ internals
-    def _policy(self, limits) -> Policy:
-        limits = dict(limits or {})
-        unknown = sorted(set(limits) - set(LIMIT_FIELDS))
-        if unknown:
-            raise PolicyError(f"limits may set only {', '.join(LIMIT_FIELDS)}; got {unknown}; "
-                              f"fix: drop those keys (mounts, network and env belong to the actor)")
+    def _policy(self, limits: dict | None) -> Policy:
+        """The actor's policy with a request's `limits` (their keys checked by its record)."""
         return self.sandbox.policy.replace(**limits) if limits else self.sandbox.policy
 
-    def _run_kwargs(self, body, sender: str) -> dict:
-        if not isinstance(body, dict) or not isinstance(body.get("code"), str):
-            raise PolicyError(f"a sandbox request must be a map with a str 'code', got "
-                              f"{type(body).__name__}; fix: send {{'code': '...'}}")
-        stdin = body.get("stdin") or b""
-        return {"code": body["code"], "stdin": stdin.encode() if isinstance(stdin, str) else stdin,
-                "files": body.get("files") or None, "argv": list(body.get("argv") or []),
-                "policy": self._policy(body.get("limits")), "requester": sender}
+    def _run_kwargs(self, request: ExecRequest, sender: str) -> dict:
+        stdin = request.stdin or b""
+        return {"code": request.code, "stdin": stdin.encode() if isinstance(stdin, str) else stdin,
+                "files": request.files or None, "argv": list(request.argv or []),
+                "policy": self._policy(request.limits), "requester": sender}
 
-    def _session(self, body: dict, sender: str) -> Session:
-        entry = self.sessions.get(body.get("session_id"))
+    def _session(self, session_id: str, sender: str) -> Session:
+        entry = self.sessions.get(session_id)
         if entry is None or entry.owner != sender:
-            raise UnknownSession(f"no open session {body.get('session_id')!r} of {sender!r} (never "
+            raise UnknownSession(f"no open session {session_id!r} of {sender!r} (never "
                                  f"opened, closed, or reaped after session_idle_timeout_s="
                                  f"{self.options.session_idle_timeout_s}); fix: session_open a new one")
         return entry.session
@@ -426,13 +389,6 @@ def _results_of(value) -> list[ExecResult]:
     return [result] if isinstance(result, ExecResult) else []
 
 
-def _map(body, kind: str) -> dict:
-    if not isinstance(body, dict):
-        raise PolicyError(f"a {kind} request must be a map, got {type(body).__name__}; "
-                          f"fix: send {{'session_id': ..., ...}}")
-    return body
-
-
 _UNLIMITED = None
 
 
@@ -442,66 +398,3 @@ def _unlimited():
     if _UNLIMITED is None:
         _UNLIMITED = anyio.CapacityLimiter(10_000)
     return _UNLIMITED
-
-
-_ASK_SLACK_S = 300.0  # waiting for a worker or a session slot, on top of a call's own wall limit
-
-
-class RemoteSession:
-    """A session of a sandbox actor, with `postrain.sandbox.AsyncSession`'s methods (so a tool
-    takes either). Open it with `remote_session(ref, ...)`."""
-
-    def __init__(self, ref, session_id: str, limits: dict) -> None:
-        self.ref = ref
-        self.session_id = session_id
-        self.limits = limits
-
-    async def run(self, command: str, stdin: bytes | str | None = None,
-                  timeout_s: float | None = None) -> ExecResult:
-        return await self._exec({"command": command}, stdin, timeout_s)
-
-    async def run_python(self, code: str, stdin: bytes | str | None = None,
-                         timeout_s: float | None = None) -> ExecResult:
-        return await self._exec({"code": code}, stdin, timeout_s)
-
-    async def read_file(self, path: str) -> bytes:
-        reply = await self.ref.ask("session_read_file", {"session_id": self.session_id, "path": path})
-        return reply["data"]
-
-    async def write_file(self, path: str, data: bytes | str) -> int:
-        reply = await self.ref.ask("session_write_file", {"session_id": self.session_id,
-                                                          "path": path, "data": data})
-        return reply["size"]
-
-    async def close(self) -> dict:
-        return await self.ref.ask("session_close", {"session_id": self.session_id})
-
-    async def _exec(self, body: dict, stdin, timeout_s) -> ExecResult:
-        body = {"session_id": self.session_id, **body}
-        if stdin is not None:
-            body["stdin"] = stdin
-        if timeout_s is not None:
-            body["timeout_s"] = timeout_s
-        wall_s = float(timeout_s or self.limits["call_wall_time_s"])
-        return result_from_wire(await self.ref.ask("session_exec", body, timeout_s=wall_s + _ASK_SLACK_S))
-
-
-@contextlib.asynccontextmanager
-async def remote_session(ref, files: dict | None = None, limits: dict | None = None):
-    """`async with remote_session(sandbox_ref, files=...) as s: await s.run("ls")`; the session is
-    closed on the way out, even when cancelled (a lost actor: the reaper closes it)."""
-    body = {}
-    if files:
-        body["files"] = files
-    if limits:
-        body["limits"] = dict(limits)
-    reply = await ref.ask("session_open", body, timeout_s=_ASK_SLACK_S)
-    session = RemoteSession(ref, reply["session_id"], reply["limits"])
-    try:
-        yield session
-    finally:
-        with anyio.CancelScope(shield=True):
-            try:
-                await session.close()
-            except PostrainError:
-                pass  # the actor is gone or has reaped it: nothing of the session is left

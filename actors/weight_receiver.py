@@ -13,7 +13,7 @@ from pydantic import Field
 from postrain.core import Actor, Options, handler
 
 from .learner.publish import weights_digest
-from .records import WeightSync, WeightSyncReply
+from .records import WeightsChannel, WeightsDigest, WeightSync, WeightSyncReply
 from .weight_assembly import SealedWeights, SyncAssembler
 
 
@@ -48,27 +48,26 @@ class WeightReceiverActor(Actor):
         """Close the sealed channel, if open. Does not wait."""
         self._sealed.close()
 
-    @handler("weights_channel")
-    async def weights_channel(self, body):
-        """{"address"} of the sealed channel for weights from another node (opened now if not yet).
+    @handler("weights_channel", request=None, reply=WeightsChannel)
+    async def weights_channel(self, body: None) -> WeightsChannel:
+        """The address of the sealed channel for weights from another node (opened now if not yet).
         Does not wait (cancel-safe)."""
-        return {"address": self._sealed.address()}
+        return WeightsChannel(address=self._sealed.address())
 
-    @handler("load_weights")
-    async def load_weights(self, body):
+    @handler("load_weights", request=WeightSync, reply=WeightSyncReply)
+    async def load_weights(self, sync: WeightSync) -> WeightSyncReply:
         """Take a sync (or one chunk of it). A sealed chunk waits for its pieces (cancelled: see
         SealedWeights.fill, nothing applied); otherwise it does not wait (atomic)."""
-        sync = WeightSync.from_wire(body)
         if sync.sealed is not None:
             sync = await self._sealed.fill(sync, self._chunks, self.version)
         weights = self._chunks.take(sync, self.version)
         if weights is None:
-            return WeightSyncReply(version=self.version, complete=False).to_wire()
+            return WeightSyncReply(version=self.version, complete=False)
         self._apply(weights, sync.version)
-        return WeightSyncReply(version=sync.version, complete=True).to_wire()
+        return WeightSyncReply(version=sync.version, complete=True)
 
     def _apply(self, weights: dict, version: int) -> None:
-        from ..models.loading import load_state_dict_checked
+        from .models.loading import load_state_dict_checked
 
         if self.model is not None:
             load_state_dict_checked(self.model, weights, source=f"weights v{version}")
@@ -76,11 +75,11 @@ class WeightReceiverActor(Actor):
             self.weights = dict(weights)
         self.version = version
 
-    @handler("digest")
-    async def digest(self, body):
+    @handler("digest", request=None, reply=WeightsDigest)
+    async def digest(self, body: None) -> WeightsDigest:
         """A digest of the weights held. Does not wait (cancel-safe)."""
         state = self.weights
         if self.model is not None:
             state = {k: v for k, v in self.model.state_dict().items()
                      if not (self.model.config.tie_word_embeddings and k == "lm_head.weight")}
-        return {"version": self.version, "digest": weights_digest(state)}
+        return WeightsDigest(version=self.version, digest=weights_digest(state))

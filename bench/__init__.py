@@ -9,11 +9,19 @@ measured in the same run; `run_benchmark` adds `ratio` (ours / theirs) for
 every figure both have. Figures are medians over repeats. Names carry their
 unit (`rtt_p50_us`, `msgs_per_s`). A benchmark that needs what this machine lacks returns
 {"skipped": "the one line that says why"} instead, and is reported so, not as a failure.
+
+A benchmark that runs the `postrain` command (a whole `postrain up`) starts it as a child
+process from `postrain_command`: the bench drives the application layer's command line as a
+user does and never imports it (the layers point one way: tests/test_layers.py).
 """
 from __future__ import annotations
 
 import importlib
 import math
+import sys
+from importlib.metadata import entry_points
+
+from postrain.core.errors import PostrainError
 
 BENCHMARKS: dict[str, str] = {
     "messaging": "postrain.bench.messaging",
@@ -28,6 +36,17 @@ BENCHMARKS: dict[str, str] = {
     "device": "postrain.bench.device",
     "cluster": "postrain.bench.cluster",
 }
+
+
+def postrain_command(*args: str) -> list[str]:
+    """The argv of `postrain ARGS` for a child process: this interpreter running the module of
+    the installed package's `postrain` console script (its entry point, `pip install -e .`)."""
+    scripts = entry_points(group="console_scripts", name="postrain")
+    if len(scripts) != 1:
+        raise PostrainError(f"found {len(scripts)} `postrain` console scripts, need exactly 1; install "
+                            "postrain once in this environment (pip install -e .)")
+    (script,) = scripts
+    return [sys.executable, "-m", script.module, *args]
 
 
 def run_benchmark(name: str, quick: bool = False, **options) -> dict:

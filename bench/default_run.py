@@ -38,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from postrain.bench import postrain_command
+
 QUICK_OPTIONS = {"sft_steps": 20, "num_steps": 2, "num_eval_tasks": 10}
 SUMMARY_FIGURES = {"run_wall_s": "wall_s", "warm_start_s": "warm_start_s", "rl_wall_s": "rl_wall_s",
                    "eval_s": "eval_s", "accuracy_greedy": "eval_after",
@@ -48,7 +50,7 @@ SUMMARY_FIGURES = {"run_wall_s": "wall_s", "warm_start_s": "warm_start_s", "rl_w
 def arm_config(elastic: bool, quick: bool) -> str:
     """The default config's text: as shipped (elastic), or with `elastic = false` for every actor
     that declares it (pinned); and, quick, shorter orchestrator options."""
-    from postrain.cli.up import default_config_path
+    from postrain.actors.run_config import default_config_path
 
     text = default_config_path().read_text()
     if not re.search(r'^elastic = (true|"lend")', text, flags=re.M):
@@ -68,8 +70,8 @@ def run_arm(folder: Path, elastic: bool, quick: bool) -> dict:
     run_dir = folder / ("elastic" if elastic else "pinned")
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "postrain.cli", "up", "--quiet", "--config", str(config),
-                             "--run-dir", str(run_dir)],
+    result = subprocess.run(postrain_command("up", "--quiet", "--config", str(config),
+                                             "--run-dir", str(run_dir)),
                             capture_output=True, text=True, timeout=3600)
     wall_s = time.perf_counter() - start
     if result.returncode != 0:
@@ -103,6 +105,7 @@ def _sft_steps_here(cores: list[int], repeats: int) -> None:
 
     from postrain.actors.learner.learner import Learner
     from postrain.actors.orchestrator import chat_to_tokens
+    from postrain.actors.records import SftBatch
     from postrain.actors.tasks import get_task
     from postrain.core.affinity import pin_threads
 
@@ -121,7 +124,7 @@ def _sft_steps_here(cores: list[int], repeats: int) -> None:
         pin_threads(cores[:n])
         torch.set_num_threads(n)
         wall, cpu = time.perf_counter(), time.process_time()
-        learner.sft_step({"token_ids": [ids for ids, _ in rendered], "loss_mask": [m for _, m in rendered]})
+        learner.sft_step(SftBatch(token_ids=[ids for ids, _ in rendered], loss_mask=[m for _, m in rendered]))
         if i >= 2:  # the first step of each count warms up
             times[n].append((time.perf_counter() - wall, time.process_time() - cpu))
     print(json.dumps({n: [round(statistics.median(w for w, _ in t), 3),

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import torch
 
+from postrain.bench import postrain_command
+
 TESTS_TIMEOUT_S = 180
 RUN_TIMEOUT_S = 150
 
@@ -195,7 +197,7 @@ def _hf_rate(hf, prompts, new_tokens: int, pad_id: int, n: int) -> float:
 def gpu_run_config(num_gpus: int, quick: bool) -> dict:
     """The built-in run's config with the learner on GPU 0 (and the generator on GPU 1 where
     there are two), shortened to a check: fewer warm-start and RL steps."""
-    from postrain.cli.up import default_config_path
+    from postrain.actors.run_config import default_config_path
 
     config = tomllib.loads(Path(default_config_path()).read_text())
     for actor in config["actors"]:
@@ -216,7 +218,7 @@ def _default_run(quick: bool, results: dict) -> None:
         path = Path(folder) / "gpu_run.toml"
         path.write_text(to_toml(config))
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "postrain.cli", "up", "--config", str(path)],
+        proc = subprocess.run(postrain_command("up", "--config", str(path)),
                               capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
         results["default_run_wall_s"] = round(time.perf_counter() - start, 1)
         if proc.returncode != 0:

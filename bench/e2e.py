@@ -38,8 +38,7 @@ QUICK = {"sft_steps": 40, "num_steps": 3, "num_eval_tasks": 10, "repeats": 1}
 
 def default_run_config():
     """The built-in run's config, every actor's options resolved ([shared] filled in)."""
-    from postrain.cli.config import load_up_config
-    from postrain.cli.up import default_config_path
+    from postrain.actors.run_config import default_config_path, load_up_config
 
     return load_up_config(default_config_path())
 
@@ -60,6 +59,7 @@ def warm_start(config, folder: Path, sft_steps: int, sft_batch_size: int) -> flo
     checkpoint in `folder`. Returns the seconds it took."""
     from postrain.actors.learner.learner import Learner
     from postrain.actors.orchestrator import chat_to_tokens
+    from postrain.actors.records import SftBatch
     from postrain.actors.tasks import get_task
 
     import torch
@@ -74,7 +74,7 @@ def warm_start(config, folder: Path, sft_steps: int, sft_batch_size: int) -> flo
     for step in range(sft_steps):
         batch = [chat_to_tokens(learner.tokenizer, d["messages"])
                  for d in demos[step * sft_batch_size:(step + 1) * sft_batch_size]]
-        learner.sft_step({"token_ids": [ids for ids, _ in batch], "loss_mask": [mask for _, mask in batch]})
+        learner.sft_step(SftBatch(token_ids=[ids for ids, _ in batch], loss_mask=[mask for _, mask in batch]))
     learner.save_checkpoint(folder)
     return time.perf_counter() - start
 
@@ -98,6 +98,7 @@ def arm_specs(config, checkpoint: str, max_staleness: int, num_steps: int, num_e
 async def run_arm(config, specs: list, folder: Path) -> dict:
     """Start the actors, follow the driver's `run` stream to its summary, stop them. Cancelled:
     leaving the supervisor stops every actor (shielded); the arm's folder keeps what was written."""
+    from postrain.actors.records import RunRequest, RunUpdate
     from postrain.core import Supervisor
 
     (folder / "logs").mkdir(parents=True, exist_ok=True)
@@ -107,10 +108,9 @@ async def run_arm(config, specs: list, folder: Path) -> dict:
         for spec in specs:
             await supervisor.start(spec)
         summary = None
-        async for item in supervisor.ref(config.run.driver).stream("run", {"run_folder": str(folder)},
-                                                                   timeout_s=3600):
-            if isinstance(item, dict) and "summary" in item:
-                summary = item["summary"]
+        request = RunRequest(run_folder=str(folder))
+        async for item in supervisor.ref(config.run.driver).stream("run", request.to_wire(), timeout_s=3600):
+            summary = RunUpdate.from_wire(item).summary or summary
     if summary is None:
         raise RuntimeError(f"the {config.run.driver} ended without a summary; see {folder / 'logs'}")
     return summary

@@ -52,22 +52,8 @@ import torch
 from postrain.actors.models.loading import load_model, packaged_model_path, save_checkpoint
 from postrain.actors.generator.engine import Engine
 from postrain.actors.generator.sampling import SamplingParams
+from postrain.bench.prompts import chat_prompts
 from postrain.bench.speculative import speculative_rows
-
-QUESTIONS = [
-    "What is 17 + 25?", "Write a Python function that reverses a string.", "Name three prime numbers.",
-    "Explain recursion in one sentence.", "What is the capital of Italy?", "Sort [3, 1, 2].",
-    "What does HTTP stand for?", "Compute 6 * 7.", "Give a synonym for fast.",
-    "What is a hash table?", "Translate 'good morning' to French.", "What is 2 to the power 10?",
-]
-
-
-def _prompts(tokenizer, count: int) -> list[list[int]]:
-    out = []
-    for i in range(count):
-        text = f"{QUESTIONS[i % len(QUESTIONS)]} (case {i})"
-        out.append(tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": text}])))
-    return out
 
 
 def _ours(engine: Engine, prompts, params: SamplingParams, kv_samples: list[float] | None = None):
@@ -168,7 +154,7 @@ def run(quick: bool) -> dict:
     kv_samples: list[float] = []
     fp32_outputs, fp16_outputs = [], []
     for batch in batches:
-        prompts = _prompts(tokenizer, batch)
+        prompts = chat_prompts(tokenizer, batch)
         runs: dict[str, list] = {"ours": [], "ours_cpu": [], "theirs": [], "theirs_cpu": [], "fp16w": [],
                                  "ceiling": []}
         for rep in range(repeats):      # ours, theirs, the matmul ceiling, float16 weights: interleaved
@@ -196,7 +182,7 @@ def run(quick: bool) -> dict:
         if runs["fp16w"]:
             results[f"tok_per_s_b{batch}_fp16w"] = _median(runs["fp16w"])
             peer[f"tok_per_s_b{batch}_fp16w"] = _median(runs["theirs"])
-    prompt = _prompts(tokenizer, 1)[0]
+    prompt = chat_prompts(tokenizer, 1)[0]
     group_params = SamplingParams(n=group, temperature=1.0, max_new_tokens=new_tokens,
                                   ignore_eos=True, seed=0)
     ours, theirs = [], []
@@ -211,12 +197,12 @@ def run(quick: bool) -> dict:
     results["logprob_gap_fp16w_mean"] = float(f"{float(fp16_gaps.mean()):.3g}")
     results["logprob_gap_fp16w_max"] = float(f"{float(fp16_gaps.max()):.3g}")
     results["logprob_gap_fp32_max"] = float(f"{float(_logprob_gaps(model, fp32_outputs).max()):.3g}")
-    spec_results, spec_peer = speculative_rows(model, tokenizer, lambda n: _prompts(tokenizer, n), quick)
+    spec_results, spec_peer = speculative_rows(model, tokenizer, lambda n: chat_prompts(tokenizer, n), quick)
     results.update(spec_results)
     peer.update(spec_peer)
     largest = batches[-1]
     model16, hf16 = model.to(torch.bfloat16), hf.to(torch.bfloat16)   # last: in place
-    prompts = _prompts(tokenizer, largest)
+    prompts = chat_prompts(tokenizer, largest)
     results[f"tok_per_s_b{largest}_bf16"] = round(_ours(
         Engine(model16, tokenizer, max_num_seqs=max(64, largest)), prompts, params)[0], 1)
     peer[f"tok_per_s_b{largest}_bf16"] = round(_theirs(hf16, prompts, new_tokens, pad_id)[0], 1)

@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 
 from postrain.actors.models.loading import packaged_model_path
+from postrain.actors.records import PublishReport, PublishRequest, TrainBatch
 
 MEM_MODEL = dict(vocab_size=32768, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
                  num_kv_heads=2, max_position_embeddings=1024, tie_word_embeddings=True)
@@ -70,18 +71,18 @@ print(json.dumps({"peak_mb": (rss_kb("VmHWM") - before) / 1024}))
 """
 
 
-def rollout_batch(num: int, length: int, vocab: int, seed: int = 0) -> dict:
+def rollout_batch(num: int, length: int, vocab: int, seed: int = 0) -> TrainBatch:
     """`num` samples of `length` tokens; the last 7/8 are the response."""
     g = torch.Generator().manual_seed(seed)
     prompt = max(1, length // 8)
-    return {"token_ids": [torch.randint(vocab, (length,), generator=g) for _ in range(num)],
-            "loss_mask": [[0] * prompt + [1] * (length - prompt)] * num,
-            "behavior_logprobs": [torch.full((length,), -8.0) for _ in range(num)],
-            "advantages": [1.0 if i % 2 else -1.0 for i in range(num)]}
+    return TrainBatch(token_ids=[torch.randint(vocab, (length,), generator=g) for _ in range(num)],
+                      loss_mask=[[0] * prompt + [1] * (length - prompt)] * num,
+                      behavior_logprobs=[torch.full((length,), -8.0) for _ in range(num)],
+                      advantages=[1.0 if i % 2 else -1.0 for i in range(num)])
 
 
 def group_batch(num_groups: int, group_size: int, prompt_len: int, turns: list[tuple[int, bool]],
-                vocab: int, seed: int = 0) -> dict:
+                vocab: int, seed: int = 0) -> TrainBatch:
     """GRPO groups of random tokens: one prompt per group, then per sample its own `turns`, each
     (num_tokens, trained): policy turns are trained, tool outputs are not."""
     g = torch.Generator().manual_seed(seed)
@@ -93,21 +94,21 @@ def group_batch(num_groups: int, group_size: int, prompt_len: int, turns: list[t
             ids.append(torch.cat([prompt, *own]))
             masks.append([0] * prompt_len + [int(trained) for n, trained in turns for _ in range(n)])
     num = len(ids)
-    return {"token_ids": ids, "loss_mask": masks,
-            "behavior_logprobs": [torch.full((len(x),), -8.0) for x in ids],
-            "advantages": [1.0 if i % 2 else -1.0 for i in range(num)]}
+    return TrainBatch(token_ids=ids, loss_mask=masks, behavior_logprobs=[torch.full((len(x),), -8.0) for x in ids],
+                      advantages=[1.0 if i % 2 else -1.0 for i in range(num)])
 
 
-def group_train_speedup(model, batches: dict[str, dict], repeats: int) -> dict[str, dict]:
+def group_train_speedup(model, batches: dict[str, TrainBatch], repeats: int) -> dict[str, dict]:
     """Per batch: median wall and CPU seconds of a train step with shared prefixes and without,
     interleaved on one learner (micro-batches of 8 samples), after a warm-up step on two samples.
     `speedup` is plain / shared in CPU seconds of this process (one torch thread): the work
     itself, which other processes on a shared machine do not stretch as they stretch wall time."""
+    from postrain.actors.learner.group import shard_batch
     from postrain.actors.learner.learner import Learner, LearnerConfig
 
     lrn = Learner(LearnerConfig(model=model, lr=1e-6, micro_batch_size=8))
     first = next(iter(batches.values()))
-    lrn.train_step({k: v[:2] for k, v in first.items()})
+    lrn.train_step(shard_batch(first, first.num_samples // 2)[0])        # its first two samples
     out = {}
     for name, batch in batches.items():
         wall: dict[bool, list[float]] = {True: [], False: []}
@@ -127,11 +128,11 @@ def group_train_speedup(model, batches: dict[str, dict], repeats: int) -> dict[s
     return out
 
 
-def tokens_per_s(model, batch: dict, repeats: int) -> dict:
+def tokens_per_s(model, batch: TrainBatch, repeats: int) -> dict:
     """Median real tokens/s of train_step, chunked (ours) and naive (peer) interleaved, one learner."""
     from postrain.actors.learner.learner import Learner, LearnerConfig
 
-    lrn = Learner(LearnerConfig(model=model, lr=1e-6, micro_batch_size=len(batch["token_ids"])))
+    lrn = Learner(LearnerConfig(model=model, lr=1e-6, micro_batch_size=batch.num_samples))
     runs: dict[str, list[float]] = {"chunked": [], "naive": []}
     for _ in range(repeats + 1):          # the first round is a warm-up
         for path in runs:
@@ -182,16 +183,18 @@ async def _publish_times(model, repeats: int) -> list[float]:
     from postrain.core import ActorSpec, Supervisor
 
     def spec(name, cls, options):
-        return ActorSpec(name=name, cls=f"postrain.actors.learner.actor:{cls}", options=options,
+        return ActorSpec(name=name, cls=cls, options=options,
                          cpus=0.5, memory_mb=0, start_timeout_s=300, max_restarts=0)
 
     async with Supervisor.open() as sup:
-        learner = await sup.start(spec("learner", "LearnerActor", {"model": model}))
-        await sup.start(spec("gen0", "WeightReceiverActor", {"model": model}))
+        learner = await sup.start(spec("learner", "postrain.actors.learner:LearnerActor", {"model": model}))
+        await sup.start(spec("gen0", "postrain.actors.weight_receiver:WeightReceiverActor",
+                             {"model": model}))
         times = []
         for _ in range(repeats + 1):
-            reply = await learner.ask("publish", {"targets": ["gen0"]}, timeout_s=300)
-            times.append(reply["sync_s"]["gen0"])
+            reply = PublishReport.from_wire(
+                await learner.ask("publish", PublishRequest(targets=["gen0"]).to_wire(), timeout_s=300))
+            times.append(reply.sync_s["gen0"])
         return times[1:]
 
 

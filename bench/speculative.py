@@ -42,7 +42,8 @@ from pathlib import Path
 import torch
 
 from postrain.actors.generator.engine import Engine
-from postrain.actors.models.llama import LlamaModel, ModelConfig, PagedBatch
+from postrain.actors.generator.attention import GatherSdpaBackend, PagedMetadata
+from postrain.actors.models.llama import LlamaModel, ModelConfig
 from postrain.actors.generator.sampling import SamplingParams
 from postrain.actors.generator.speculative import DraftModelProposer, SpeculativeOptions
 from postrain.actors.tasks import arithmetic, code
@@ -101,14 +102,13 @@ def verify_cost(model, batch: int, num_new: int, context: int = 300) -> float:
     tables = torch.arange(batch * num_blocks).view(batch, num_blocks)
     positions = (context + torch.arange(num_new))[None].expand(batch, num_new)
     slots = tables.gather(1, positions // block_size) * block_size + positions % block_size
-    paged = PagedBatch(positions, slots, tables, torch.full((batch,), context + num_new), engine.kv_caches,
-                       num_padding=0)
+    paged = PagedMetadata(positions, slots, tables, torch.full((batch,), context + num_new), num_padding=0)
     ids = torch.randint(0, model.config.vocab_size, (batch, num_new))
     best = float("inf")
     with torch.inference_mode():
         for _ in range(5):
             start = time.process_time()
-            model(ids, paged=paged)
+            model(ids, paged=GatherSdpaBackend().bind(paged, engine.kv_caches))
             best = min(best, time.process_time() - start)
     return best
 
@@ -229,7 +229,7 @@ def _median(values) -> float:
 
 def main() -> None:
     from postrain.actors.models.loading import load_model, packaged_model_path
-    from postrain.bench.generate import _prompts
+    from postrain.bench.prompts import chat_prompts
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the tiny model, fewer rows, one repeat")
@@ -239,7 +239,7 @@ def main() -> None:
     load_before = round(os.getloadavg()[0], 1)
     gguf = None if args.quick else packaged_model_path("smollm2")
     model, tokenizer = load_model(gguf or "tiny")
-    results, peer = speculative_rows(model, tokenizer, lambda n: _prompts(tokenizer, n), args.quick)
+    results, peer = speculative_rows(model, tokenizer, lambda n: chat_prompts(tokenizer, n), args.quick)
     print(json.dumps({"bench": "generate (speculative rows)", "config": {
         "model": Path(gguf).name if gguf else "tiny", "torch_threads": torch.get_num_threads(),
         "speculative": SPECULATIVE.model_dump(), "load_avg_1m": [load_before, round(os.getloadavg()[0], 1)]},

@@ -70,7 +70,7 @@ def run(quick: bool) -> dict:
 
 
 def addition_config():
-    from postrain.cli.config import load_up_config
+    from postrain.actors.run_config import load_up_config
     return load_up_config(CONFIG)
 
 

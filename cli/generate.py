@@ -26,11 +26,13 @@ HELP = "generate text with the engine from a model folder, a .gguf file or a bui
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="HF folder, .gguf file or built-in name (tiny, small)")
     parser.add_argument("--prompt", required=True, help="the prompt text")
-    parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per sample (default 64)")
-    parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (default 1.0 = off)")
-    parser.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens (default 0 = off)")
-    parser.add_argument("--n", type=int, default=1, help="samples of the prompt (default 1)")
+    # Sampling flags left out take SamplingParams' defaults (the one table, actors/records/generate.py).
+    parser.add_argument("--max-tokens", type=int, default=None, help="new tokens per sample "
+                        "(default: SamplingParams.max_new_tokens, 64)")
+    parser.add_argument("--temperature", type=float, default=None, help="0 = greedy (default 1.0)")
+    parser.add_argument("--top-p", type=float, default=None, help="nucleus mass (default 1.0 = off)")
+    parser.add_argument("--top-k", type=int, default=None, help="keep the k likeliest tokens (default 0 = off)")
+    parser.add_argument("--n", type=int, default=None, help="samples of the prompt (default 1)")
     parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     parser.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
@@ -51,9 +53,9 @@ def main(args) -> int:
     from pydantic import ValidationError
 
     try:
-        params = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p,
-                                top_k=args.top_k, seed=args.seed, max_new_tokens=args.max_tokens,
-                                stop=args.stop)
+        given = {"n": args.n, "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
+                 "seed": args.seed, "max_new_tokens": args.max_tokens}
+        params = SamplingParams(stop=args.stop, **{k: v for k, v in given.items() if v is not None})
         speculative = None
         if args.speculative is not None:
             speculative = SpeculativeOptions(method=args.speculative, num_draft_tokens=args.num_draft_tokens,
@@ -62,7 +64,7 @@ def main(args) -> int:
         prompt = args.prompt
         if args.chat:
             prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-        engine = Engine(model, tokenizer, max_num_seqs=max(64, args.n), speculative=speculative)
+        engine = Engine(model, tokenizer, max_num_seqs=max(64, params.n), speculative=speculative)
         out = engine.generate([prompt], params)[0]
     except (CheckpointError, EngineError, SamplingParamsError) as exc:
         print(f"postrain generate: {exc}", file=sys.stderr)

@@ -32,30 +32,11 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from postrain.actors.run_config import TrackingSection
 from postrain.core.errors import PostrainError
 
 log = logging.getLogger("postrain.tracking")
-
-
-class TrackingSection(BaseModel):
-    """Mirror the run's metrics rows to experiment trackers (cli/tracking.py)."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    backends: list[Literal["wandb", "mlflow", "trackio"]] = Field(
-        default_factory=list, description="trackers to log to: wandb, mlflow, trackio (each an extra: "
-        "pip install 'postrain[wandb]'); none: no tracker is imported")
-    project: str = Field("postrain", description="the tracker's project (W&B, trackio) or experiment (MLflow)")
-    offline: bool | None = Field(None, description="W&B offline mode; none: offline unless WANDB_API_KEY "
-                                 "is set (MLflow and trackio are local unless a server or Space is named)")
-    mlflow_tracking_uri: str | None = Field(None, description="MLflow server or store; none: "
-                                            "MLFLOW_TRACKING_URI, else a local store in RUN_FOLDER/mlruns")
-    trackio_space_id: str | None = Field(None, description="a Hugging Face Space for trackio; none: local")
-    interval_s: float = Field(2.0, gt=0, description="how often new metrics rows are sent, seconds")
 
 
 # --------------------------------------------------------------------------- rows -> figures

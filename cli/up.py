@@ -40,11 +40,10 @@ head follows the driver there (cli/cluster_up.py, docs/cluster.md).
 `postrain up --resume RUN_DIR` starts the run in RUN_DIR again from its
 config.toml and asks the driver to continue from the run's last checkpoint
 (the orchestrator's resume: actors/orchestrator/driver.py). Actors die with their
-head (core/actor.py), so a head killed with SIGKILL leaves no orphans to stop first.
+head (core/runtime.py), so a head killed with SIGKILL leaves no orphans to stop first.
 """
 from __future__ import annotations
 
-import importlib.resources
 import json
 import os
 import shutil
@@ -57,6 +56,8 @@ from typing import Callable
 
 import anyio
 
+from postrain.actors.run_config import default_config_path
+from postrain.actors.records import RunRequest, RunUpdate
 from postrain.core.errors import ActorError, ActorStartError, ConfigError, PostrainError
 from postrain.core.scheduler import Scheduler
 from postrain.core.supervisor import Supervisor, run_tag_for
@@ -72,7 +73,6 @@ from .node_watch import NodeWatch
 from .tracking import RunTracking
 
 HELP = "start a run: the head, then every actor the config names"
-DEFAULT_CONFIG = ("postrain.actors", "configs/default.toml")  # package, resource: the built-in run
 MIN_FREE_DISK_MB = 200
 
 
@@ -84,11 +84,6 @@ def add_arguments(parser) -> None:
                         help="continue the run in RUN_DIR (its config.toml) from its last checkpoint")
     parser.add_argument("--quiet", action="store_true",
                         help="plain progress lines instead of the live view (always so when stdout is not a terminal)")
-
-
-def default_config_path() -> Path:
-    package, resource = DEFAULT_CONFIG
-    return Path(str(importlib.resources.files(package).joinpath(resource)))
 
 
 def prepare_run_folder(config: UpConfig) -> Path:
@@ -387,13 +382,15 @@ async def _follow_driver(supervisor: Supervisor, driver: str, folder: Path, moni
         tg.start_soon(stop_driver_on_shutdown)
         try:
             with monitor.view:
-                async for item in ref.stream("run", {"run_folder": str(folder), "resume": resume}, timeout_s=3600):
-                    if isinstance(item, dict) and "line" in item:
-                        monitor.line(item["line"])
-                    if isinstance(item, dict) and "figures" in item:
-                        monitor.figures(item["figures"])
-                    if isinstance(item, dict) and "summary" in item:
-                        summary = item["summary"]
+                request = RunRequest(run_folder=str(folder), resume=resume)
+                async for item in ref.stream("run", request.to_wire(), timeout_s=3600):
+                    update = RunUpdate.from_wire(item)
+                    if update.line is not None:
+                        monitor.line(update.line)
+                    if update.figures is not None:
+                        monitor.figures(update.figures)
+                    if update.summary is not None:
+                        summary = update.summary
         except ActorError as exc:
             print(f"postrain up: the run's driver {driver!r} failed: {exc}\n"
                   f"its log: {folder / 'logs' / (driver + '.log')}", file=sys.stderr)

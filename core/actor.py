@@ -55,14 +55,18 @@ from .inbox import Handler, Inbox
 from .load import Load
 from .node import Node
 from .options import NoOptions, Options
+from .typed import UNTYPED, check_codec, typed
 
 log = logging.getLogger("postrain.core")
 
 CORES = "_cores"  # the head re-pins an actor (elastic cores): {"cpu_ids", "num_threads"}
 
 
-def handler(kind: str | None = None, *, stream: bool = False, concurrent: bool = False):
-    """Declare an actor method as the handler of message `kind` (default: the method's name)."""
+def handler(kind: str | None = None, *, stream: bool = False, concurrent: bool = False,
+            request=UNTYPED, reply=UNTYPED):
+    """Declare an actor method as the handler of message `kind` (default: the method's name).
+    `request` / `reply`: the records its body is decoded into and its reply encoded from
+    (core/typed.py; None: no body / no reply); left out, body and reply pass untyped."""
     def mark(fn):
         if not inspect.iscoroutinefunction(fn) and not inspect.isasyncgenfunction(fn):
             raise TypeError(f"handler {fn.__name__} must be `async def`")
@@ -72,7 +76,11 @@ def handler(kind: str | None = None, *, stream: bool = False, concurrent: bool =
         name = kind or fn.__name__
         if name.startswith("_"):
             raise ValueError(f"handler kind {name!r} may not start with '_' (reserved)")
+        check_codec(name, "request", request)
+        check_codec(name, "reply", reply)
+        fn = typed(fn, name, request, reply, stream)
         fn._postrain_handler = (name, stream, concurrent)
+        fn._postrain_types = (request, reply)
         return fn
     return mark
 

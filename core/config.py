@@ -27,7 +27,7 @@ must not silently fall back to a default).
 Replicas. An `[[actors]]` entry with `replicas = N` (N > 1) stands for N actors named
 NAME-0 .. NAME-(N-1), expanded when the config loads; everything after (placement, the
 supervisor, `postrain status`) sees N actors. Another actor's option that names the entry
-is rewritten by `resolve_options` (core/options.py): a list holding NAME gets the N
+is rewritten by `resolve_options` (core/run_options.py): a list holding NAME gets the N
 replica names in its place; a single name is paired replica for replica when the actor
 naming it has the same number of replicas, and is an error otherwise.
 
@@ -42,8 +42,9 @@ Without a `[cluster]` section the run is on this host, as ever, and nothing of R
 imported; the `node` and `placement` hints of a spec apply only with one (core/cluster.py).
 
 Each actor's `options` are validated by the model its class declares
-(core/options.py). The application layer adds its own sections by
-subclassing `RunConfig` (postrain.cli.config adds `[balancer]`).
+(core/options.py). The layers above add their own sections by subclassing
+`RunConfig` (postrain.actors.run_config.UpConfig, what `postrain up` reads, adds
+`[balancer]` and `[tracking]`).
 """
 from __future__ import annotations
 
@@ -190,9 +191,10 @@ class ClusterSection(_Strict):
 
 
 class RunConfig(_Strict):
-    """A run: the head's settings and the actors. The application layer extends it with its own
-    sections by subclassing (postrain.cli.config.UpConfig adds `[balancer]`); a table no section
-    declares is an error, so a misspelt section name cannot be ignored."""
+    """A run: the head's settings and the actors. The layers above extend it with their own
+    sections by subclassing (postrain.actors.run_config.UpConfig adds `[balancer]` and
+    `[tracking]`); a table no section declares is an error, so a misspelt section name cannot
+    be ignored."""
 
     run: RunSection = Field(default_factory=RunSection)
     head: HeadSection = Field(default_factory=HeadSection)

@@ -1,8 +1,8 @@
 """The head's side of elastic cores: who works now, and the re-pinning that follows (core/elastic.py).
 
-    await head.ask("work", {"actor": "learner", "busy": True})   # before giving it work
-    -> {"elastic": True, "transfers": [{"action": "lend", "cpu_ids": [1], "giver": ..., "taker": ...}],
-        "holdings": {name: {"cpu_ids": [...], "num_threads": n, "parked": bool}}}
+    reply = WorkReply.from_wire(await head.ask("work", WorkRequest("learner", busy=True).to_wire()))
+    # WorkReply(elastic=True, transfers=[{"action": "lend", "cpu_ids": [1], "giver": ..., "taker": ...}],
+    #           holdings={name: {"cpu_ids": [...], "num_threads": n, "parked": bool}})
 
 A driver (the one that hands out work) says when an actor starts and stops having work. The
 lender runs the pure rule (`elastic.plan`) and enacts its plan with the kernel's `_cores`
@@ -19,6 +19,7 @@ re-pins it) leaves the holding as planned; the error is logged, not raised.
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict, dataclass, field
 from typing import Awaitable, Callable
 
 import anyio
@@ -28,6 +29,42 @@ from . import elastic
 log = logging.getLogger("postrain.core")
 
 Pin = Callable[[str, dict], Awaitable[object]]  # ask actor NAME the `_cores` body; returns its reply
+
+
+@dataclass(frozen=True)
+class WorkRequest:
+    """The head's `work` message: `actor` starts (busy) or stops (not busy) having work."""
+
+    actor: str
+    busy: bool
+
+    def to_wire(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, body) -> "WorkRequest":
+        """ValueError naming the shape unless body is {"actor": str, "busy": bool}."""
+        if not isinstance(body, dict) or set(body) != {"actor", "busy"} or not isinstance(body["actor"], str) \
+                or not isinstance(body["busy"], bool):
+            raise ValueError(f"work needs {{'actor': name, 'busy': true or false}}, got {body!r}")
+        return cls(body["actor"], body["busy"])
+
+
+@dataclass(frozen=True)
+class WorkReply:
+    """The reply to `work`: whether the actor is elastic, the transfers made (rows: action,
+    cpu_ids, giver, taker) and, per actor re-pinned, {"cpu_ids", "num_threads", "parked"}."""
+
+    elastic: bool
+    transfers: list[dict] = field(default_factory=list)
+    holdings: dict[str, dict] = field(default_factory=dict)
+
+    def to_wire(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, body: dict) -> "WorkReply":
+        return cls(bool(body["elastic"]), list(body.get("transfers", [])), dict(body.get("holdings", {})))
 
 
 class CoreLender:
@@ -44,14 +81,14 @@ class CoreLender:
         """What `actor` holds now (its home before any change)."""
         return elastic.Holding(actor, self.held.get(actor, home.cpu_ids), home)
 
-    async def set_busy(self, actor: str, busy: bool) -> dict:
+    async def set_busy(self, actor: str, busy: bool) -> WorkReply:
         """Note that `actor` has work (busy) or none, move cores by the rule, reply (module doc).
         Cancelled: not atomic; the pins sent so far stay, and `held` records the plan as done
         (the next change plans from it)."""
         async with self._lock:
             homes = self._homes()
             if actor not in homes:
-                return {"elastic": False, "transfers": [], "holdings": {}}
+                return WorkReply(elastic=False)
             elastic.check_homes(homes)
             self.busy = (self.busy | {actor}) if busy else (self.busy - {actor})
             held = {name: self.held.get(name, home.cpu_ids) for name, home in homes.items()}
@@ -63,10 +100,10 @@ class CoreLender:
                 async with anyio.create_task_group() as tg:
                     for holding in phase:
                         tg.start_soon(self._repin, holding)
-            return {"elastic": True, "transfers": [t.to_row() for t in step.transfers],
-                    "holdings": {h.actor: {"cpu_ids": list(h.affinity), "num_threads": h.num_threads,
-                                           "parked": h.parked}
-                                 for h in (*step.revokes, *step.grants)}}
+            return WorkReply(elastic=True, transfers=[t.to_row() for t in step.transfers],
+                             holdings={h.actor: {"cpu_ids": list(h.affinity), "num_threads": h.num_threads,
+                                                 "parked": h.parked}
+                                       for h in (*step.revokes, *step.grants)})
 
     async def _repin(self, holding: elastic.Holding) -> None:
         """Send one `_cores`. Cancelled: the actor may or may not be re-pinned."""

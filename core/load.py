@@ -133,6 +133,21 @@ class ResizeRequest:
         return cls(body.get("num_workers"), tuple(int(c) for c in body.get("cpu_ids") or ()))
 
 
+
+@dataclass(frozen=True, slots=True)
+class ResizeReply:
+    """The reply to RESIZE: the pool's new worker count and the one before."""
+
+    num_workers: int
+    previous: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"num_workers": self.num_workers, "previous": self.previous}
+
+    @classmethod
+    def from_wire(cls, body: Any) -> "ResizeReply":
+        return cls(int(body["num_workers"]), int(body["previous"]))
+
 def _check_count(name: str, value, *, optional: bool) -> None:
     if value is None and optional:
         return

@@ -14,7 +14,7 @@ from pydantic import Field
 
 from . import shm
 from .actor import Actor, handler
-from .load import RESIZE, Load, ResizeRequest
+from .load import RESIZE, Load, ResizeReply, ResizeRequest
 from .options import Options
 
 
@@ -40,7 +40,7 @@ class Leftovers:
 
 def leftovers(run_tag: str) -> Leftovers:
     """The live processes whose environment carries run `run_tag` (every actor the supervisor
-    started, and what they started, inherit it: core/supervisor.py) and the run's shared-memory
+    started, and what they started, inherit it: core/lifecycle.py) and the run's shared-memory
     files in /dev/shm (core/shm.py). For a `postrain up` run: `run_tag_for(str(run_folder))`
     (postrain.core.supervisor), with the folder's resolved path."""
     marker = f"{shm.RUN_TAG_ENV}={run_tag}".encode()
@@ -225,12 +225,11 @@ class PoolEchoActor(EchoActor):
     def load(self) -> Load:
         return super().load().replace(queued=0, running=0, workers=self.num_workers, figures={"note": "mine"})
 
-    @handler(RESIZE)
-    async def resize(self, body):
+    @handler(RESIZE, request=ResizeRequest, reply=ResizeReply)
+    async def resize(self, request: ResizeRequest) -> ResizeReply:
         """Take the new worker count. Does not wait (cancel-safe: atomic)."""
-        request = ResizeRequest.from_wire(body)
         previous, self.num_workers = self.num_workers, request.num_workers
-        return {"num_workers": self.num_workers, "previous": previous}
+        return ResizeReply(self.num_workers, previous)
 
 
 class BadLoadActor(EchoActor):

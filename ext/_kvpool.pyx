@@ -2,7 +2,8 @@
 """Compiled paged KV-cache block allocator; the contract is `_kvpool.pxd`.
 
 Same API and behaviour as the pure-Python twin `_kvpool_py.py`, whose module
-docstring holds the design note and the hash definition; keep the two in step
+docstring holds the design note (the hash definition, the errors and the invariant
+checker both share are `_kvpool_common.py`'s); keep the two in step
 (the stateful test in tests/ext/test_kvpool_stateful.py runs them side by side).
 All per-block state lives in one C array of 16-byte `BlockMeta` records; the
 prefix index is an open-addressing table of int32 block ids; free lists are
@@ -16,7 +17,7 @@ from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, u
 from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memcpy
 
-from postrain.ext._kvpool_py import (
+from postrain.ext._kvpool_common import (
     InvalidArgumentError, InvalidBlockError, OutOfBlocksError, SequenceExistsError,
     UnknownSequenceError, MAX_NUM_BLOCKS, MAX_TOKEN_ID, check_state, _check_salt, _check_out_width,
 )

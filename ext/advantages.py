@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import cupy_ops
 from .rl_ops_errors import RLOpsError
 
 ADVANTAGE_MODES = ("grpo", "dr_grpo", "rloo")
@@ -191,11 +192,28 @@ def compute_advantages(components: Mapping[str, torch.Tensor], weights: Mapping[
     "torch" or "cupy" (raises where CuPy cannot run). Samples of a zero-variance group keep
     A = 0; `keep_samples` marks the rest, for callers that drop them (DAPO).
     """
-    from . import cupy_ops  # local: cupy_ops imports this module
-
     device = next(iter(components.values())).device if components else torch.device("cpu")
     if cupy_ops.use_cupy(backend, device):
-        return cupy_ops.compute_advantages_cupy(components, weights, group_size, mode=mode, eps=eps,
-                                                response_lengths=response_lengths, overlong=overlong)
+        return _compute_advantages_fused(components, weights, group_size, mode=mode, eps=eps,
+                                         response_lengths=response_lengths, overlong=overlong)
     return compute_advantages_reference(components, weights, group_size, mode=mode, eps=eps,
                                         response_lengths=response_lengths, overlong=overlong)
+
+
+def _compute_advantages_fused(components, weights, group_size: int, *, mode: str, eps: float,
+                              response_lengths=None, overlong=None) -> AdvantageResult:
+    """`compute_advantages` as one kernel launch (cupy_ops.group_advantages_fused)."""
+    if mode not in ADVANTAGE_MODES:
+        raise RLOpsError(f"advantage mode must be one of {ADVANTAGE_MODES}, got {mode!r}")
+    stacked, w = _stack_components(components, weights or {})  # (K, N), (K,)
+    num_groups = _as_groups(stacked[0], group_size).shape[0]
+    if overlong is not None and response_lengths is None:
+        raise RLOpsError("the overlong penalty needs response_lengths (one length per sample), "
+                         "got None; pass response_lengths or overlong=None")
+    rewards, advantages, zero_var = cupy_ops.group_advantages_fused(
+        stacked, w, group_size, num_groups, mode=mode, eps=eps, response_lengths=response_lengths,
+        overlong=overlong)
+    keep = zero_var == 0
+    return AdvantageResult(advantages=advantages, rewards=rewards,
+                           keep_samples=keep.repeat_interleave(group_size),
+                           num_zero_variance_groups=int((~keep).sum().item()))

@@ -96,21 +96,16 @@ def _f32(t: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- advantages
 
 
-def compute_advantages_cupy(components, weights, group_size: int, *, mode: str, eps: float,
-                            response_lengths=None, overlong=None):
-    """`advantages.compute_advantages` as one kernel launch (one thread per group)."""
+def group_advantages_fused(stacked, w, group_size: int, num_groups: int, *, mode: str, eps: float,
+                           response_lengths=None, overlong=None):
+    """The kernel of `advantages.compute_advantages` (one thread per group), on inputs that
+    module has checked: stacked (K, N) reward components and w (K,) their weights
+    (`advantages._stack_components`), N = num_groups * group_size; response_lengths (N,) where
+    `overlong` (an OverlongPenalty) is given. Returns (rewards (N,), advantages (N,),
+    zero_var (num_groups,) int32: 1 for a group whose rewards are all equal)."""
     import numpy as np
 
-    from .advantages import ADVANTAGE_MODES, AdvantageResult, _as_groups, _stack_components
-
-    if mode not in ADVANTAGE_MODES:
-        raise RLOpsError(f"advantage mode must be one of {ADVANTAGE_MODES}, got {mode!r}")
-    stacked, w = _stack_components(components, weights or {})  # (K, N), (K,)
     num_components, n = stacked.shape
-    num_groups = _as_groups(stacked[0], group_size).shape[0]
-    if overlong is not None and response_lengths is None:
-        raise RLOpsError("the overlong penalty needs response_lengths (one length per sample), "
-                         "got None; pass response_lengths or overlong=None")
     device = stacked.device
     lengths = stacked[0] if overlong is None else _f32(response_lengths.to(device))
     rewards = torch.empty(n, dtype=torch.float32, device=device)
@@ -125,10 +120,7 @@ def compute_advantages_cupy(components, weights, group_size: int, *, mode: str, 
             np.float32(max_len), np.float32(buffer_len), np.float32(factor))
     kernel = _kernel("group_advantages", "group_advantages", device)
     _launch(kernel, device, (num_groups + 127) // 128, 128, args)
-    keep = zero_var == 0
-    return AdvantageResult(advantages=advantages, rewards=rewards,
-                           keep_samples=keep.repeat_interleave(group_size),
-                           num_zero_variance_groups=int((~keep).sum().item()))
+    return rewards, advantages, zero_var
 
 
 # ---------------------------------------------------------------- policy loss
@@ -156,35 +148,32 @@ class _FusedPolicyLoss(torch.autograd.Function):
         return grad, None, None, None, None
 
 
-def policy_loss_cupy(logp, old_logp, advantages, mask, config, *, behavior_logp=None, ref_logp=None,
-                     global_num_tokens=None, global_num_seqs=None):
-    """`policy_loss.policy_loss_reference` with the per-token work in one fused kernel.
+def policy_loss_fused(logp, old_logp, adv, mask, config, weights, num_row_stats: int, *,
+                      behavior_logp=None, ref_logp=None):
+    """The per-token work of `rl_ops_loss.policy_loss_reference` in one fused kernel, on inputs
+    that module has checked: adv (B, T) the advantages per token (`rl_ops_loss.check_inputs`),
+    weights (B, T) each token's weight in the aggregate (`rl_ops_loss.row_weights`).
 
-    Returns (scalar loss differentiable in logp, row stats (B, 9), advantages (B, T)).
+    Returns (scalar loss differentiable in logp, row stats (B, num_row_stats)).
     """
     import numpy as np
 
-    from .rl_ops_loss import ROW_STATS, check_inputs, row_weights
-
-    adv = _f32(check_inputs(logp, old_logp, advantages, mask, behavior_logp, ref_logp))
     b, t = logp.shape
     device = logp.device
     lp, old, m = _f32(logp), _f32(old_logp), _f32(mask)
     beh = lp if behavior_logp is None else _f32(behavior_logp)
     ref = lp if ref_logp is None else _f32(ref_logp)
     dloss = torch.empty_like(lp)
-    stats = torch.empty(b, len(ROW_STATS), dtype=torch.float32, device=device)
+    stats = torch.empty(b, num_row_stats, dtype=torch.float32, device=device)
     args = (_cp(lp), _cp(old), _cp(beh), _cp(ref), _cp(adv), _cp(m), _cp(dloss), _cp(stats), np.int32(t),
             np.float32(config.clip_low), np.float32(config.clip_high),
             np.float32(config.dual_clip or 0.0), np.float32(config.behavior_weight_cap or 0.0),
             np.float32(config.kl_coef), np.int32(behavior_logp is not None),
             np.int32(ref_logp is not None), np.int32(_KL_KIND_IDS[config.kl_kind]))
     _launch(_kernel("policy_loss", "policy_loss_forward", device), device, b, _POLICY_BLOCK, args)
-    weights = row_weights(m, config.agg_mode, loss_norm_constant=config.loss_norm_constant,
-                          global_num_tokens=global_num_tokens, global_num_seqs=global_num_seqs)
     loss = _FusedPolicyLoss.apply(logp if logp.dtype == torch.float32 else logp.float(), dloss, stats,
                                   m, weights.contiguous())
-    return loss, stats, adv
+    return loss, stats
 
 
 # ---------------------------------------------------------------- logprobs

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import os
 
-from postrain.ext._kvpool_py import (
+from postrain.ext._kvpool_common import (
     InvalidArgumentError, InvalidBlockError, KVPoolError, OutOfBlocksError,
-    SequenceExistsError, UnknownSequenceError,
+    SequenceExistsError, UnknownSequenceError, block_hash,
 )
 from postrain.ext._kvpool_py import KVBlockPool as PythonKVBlockPool
-from postrain.ext._kvpool_py import block_hash
 
 try:
     from postrain.ext._kvpool import KVBlockPool as CompiledKVBlockPool

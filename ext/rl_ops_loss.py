@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import cupy_ops
 from .kl import check_kl_kind, kl_estimate
 from .rl_ops_errors import RLOpsError
 
@@ -229,16 +230,18 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     "torch" or "cupy". `entropy` only feeds the metric; add an entropy bonus yourself with
     `aggregate_loss(entropy, mask, mode)`.
     """
-    from . import cupy_ops  # local: cupy_ops imports this module
-
     config = config or PolicyLossConfig()
     if config.kl_coef and ref_logp is None:
         raise RLOpsError(f"kl_coef={config.kl_coef} needs ref_logp (the reference policy's logp per "
                          "token), got None; pass ref_logp or set kl_coef=0")
     if cupy_ops.use_cupy(backend, logp.device):
-        loss, stats, adv = cupy_ops.policy_loss_cupy(
-            logp, old_logp, advantages, mask, config, behavior_logp=behavior_logp, ref_logp=ref_logp,
-            global_num_tokens=global_num_tokens, global_num_seqs=global_num_seqs)
+        adv = check_inputs(logp, old_logp, advantages, mask, behavior_logp, ref_logp)
+        adv = adv.detach().float().contiguous()                       # (B, T)
+        weights = row_weights(mask.detach().float().contiguous(), config.agg_mode,
+                              loss_norm_constant=config.loss_norm_constant,
+                              global_num_tokens=global_num_tokens, global_num_seqs=global_num_seqs)
+        loss, stats = cupy_ops.policy_loss_fused(logp, old_logp, adv, mask, config, weights, len(ROW_STATS),
+                                                 behavior_logp=behavior_logp, ref_logp=ref_logp)
     else:
         loss, stats, adv = policy_loss_reference(
             logp, old_logp, advantages, mask, config, behavior_logp=behavior_logp, ref_logp=ref_logp,

@@ -1,8 +1,9 @@
 """In-jail agent of a session: one jail that lives for one episode.
 
-Runs INSIDE nsjail, appended by the host to `_zygote.py`'s source (it uses its framing, `execute`
-and `install_seccomp`), so it imports nothing of postrain. One config frame in, "ready" out, then
-one reply per request: exec (a bash command or a Python snippet), read_file, write_files, exit.
+Runs INSIDE nsjail, appended by the host to the sources of `_zygote.py` (it uses its framing and
+`execute`) and `_run_processes.py` (`install_seccomp`), so it imports nothing of postrain. One
+config frame in, "ready" out, then one reply per request: exec (a bash command or a Python
+snippet), read_file, write_files, exit.
 
 Design note. The session's state is what a call leaves behind, never a live process: its files in
 /work (the jail's own tmpfs, which lives as long as the jail), and the working directory and

@@ -20,14 +20,12 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from pathlib import Path
 
 from .netproxy import NetworkProxy
 from .policy import SANDBOX_UID, Policy, SandboxError, nsjail_argv, python_flags, site_paths
-from .warm import JailedAgent
+from .warm import JailedAgent, jailed_source
 
-_AGENT_SOURCE = ((Path(__file__).parent / "_zygote.py").read_text() + "\n"
-                 + (Path(__file__).parent / "_session_agent.py").read_text())
+_AGENT_SOURCE = jailed_source("_session_agent.py")
 _AGENT_DIR, _AGENT_MODULE = "/run/postrain-agent", "postrain_session_agent"
 _AGENT_MEMORY_MB = 48    # the agent and its helpers, on top of the session's memory_mb in the cgroup
 _AGENT_PROCESSES = 8     # the agent, the forwarder, one call's launcher and init, a file helper

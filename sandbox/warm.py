@@ -28,7 +28,18 @@ from .policy import SANDBOX_UID, Policy, SandboxError, nsjail_argv, python_flags
 from .result import ExecResult, Status, classify
 
 _HEADER = struct.Struct("<I")
-_ZYGOTE_SOURCE = (Path(__file__).parent / "_zygote.py").read_text() + "\nmain()\n"
+# The in-jail agent's modules, in the order their source runs (they import nothing of postrain).
+_JAILED_MODULES = ("_zygote.py", "_run_processes.py")
+
+
+def jailed_source(*more: str) -> str:
+    """The source a jailed agent runs: the zygote (framing, the zygote's side of a run), the
+    processes of one run, then the files named in `more` (this folder's), joined."""
+    folder = Path(__file__).parent
+    return "\n".join((folder / name).read_text() for name in (*_JAILED_MODULES, *more))
+
+
+_ZYGOTE_SOURCE = jailed_source() + "\nmain()\n"
 # Imported once in the zygote so that executed code finds them loaded (skipped where missing).
 DEFAULT_PRELOAD = ("json", "re", "math", "collections", "itertools", "functools", "random",
                    "string", "heapq", "bisect", "dataclasses", "typing", "decimal", "fractions",

@@ -1,15 +1,30 @@
-"""The packages' import graph points one way (DESIGN.md, Layout):
+"""The packages' import graph points one way (DESIGN.md, Layout), and has no cycles:
 
     ext, sandbox        leaf libraries: import nothing of ours but postrain.core.errors (the one error root)
     core                the kernel: imports nothing of ours above it, and names no role
     actors              the roles: core, ext, sandbox
-    cli, bench          the application layer and the bench: anything
+    bench               the bench: core, ext, sandbox, actors
+    cli                 the application layer: anything, the bench included
 
 Checked on the source: every `import`/`from` statement (at any depth: function-level imports
 count) and every string that spells a postrain module path (a run-time string import counts too).
+So the bench never names `postrain.cli`, not even in a string: where it runs the `postrain`
+command (a whole `postrain up`) as a child process, it takes the command from the installed
+package's console-script entry point (`postrain.bench.postrain_command`), which is a command
+line, not an import; no exception table is needed.
+
+No cycles: across all six packages, module A importing B (directly or through others) while B
+imports A is an error, whatever the depth of either import (a function-level import, or one
+under `if TYPE_CHECKING:`, still ties the two modules together: move what both need below
+both instead). Relative imports are resolved; an import names the module it loads (`from P
+import name` loads the submodule P.name where there is one, else P itself, so a package's
+__init__ importing a submodule that imports from the package's __init__ is a cycle). Compiled
+modules (.pyx) are in the graph with their Python-level imports.
 """
 import ast
 import re
+from collections import deque
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -21,7 +36,7 @@ ALLOWED = {
     "sandbox": {"sandbox", "core.errors"},
     "actors": {"actors", "core", "ext", "sandbox"},
     "cli": {"cli", "core", "ext", "sandbox", "actors", "bench"},
-    "bench": {"bench", "core", "ext", "sandbox", "actors", "cli"},
+    "bench": {"bench", "core", "ext", "sandbox", "actors"},
 }
 MODULE_PATH = re.compile(r"postrain\.((?:core|actors|cli|bench|ext|sandbox)\b(?:\.\w+)?)")
 ROLE_WORDS = re.compile(r"\b(sandbox|orchestrator|(?<!async )generator|learner|rollout|reward|ledger|environment)s?\b",
@@ -92,3 +107,132 @@ def test_the_kernel_names_no_role_in_its_code():
             if text and ROLE_WORDS.search(text.replace("_", " ")):
                 named.setdefault(str(path.relative_to(ROOT)), set()).add(text[:60])
     assert not named, f"role names in the kernel: {named}"
+
+
+# ------------------------------------------------------------------------------- cycles
+def module_name(path: Path) -> str:
+    """postrain.PACKAGE.MODULE of a source file (a package's __init__.py: the package)."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return "postrain." + ".".join(parts)
+
+
+PYX_IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import\b|import\s+([\w.]+))", re.MULTILINE)
+
+
+def imported_names(path: Path) -> list[tuple[int, str | None, list[str]]]:
+    """(level, module, names) of every import statement of a source file; for `import a.b`:
+    (0, None, ["a.b"]). A compiled module (.pyx) is read for its Python imports (`cimport`s
+    are C declarations, not imports)."""
+    if path.suffix == ".pyx":
+        return [(0, None, [plain]) if plain else (0, source, [])
+                for source, plain in PYX_IMPORT.findall(path.read_text())]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.append((0, None, [alias.name for alias in node.names]))
+        elif isinstance(node, ast.ImportFrom):
+            found.append((node.level, node.module, [alias.name for alias in node.names]))
+    return found
+
+
+@cache
+def import_graph() -> dict[str, set[str]]:
+    """Each of our modules -> the modules of ours its import statements load (itself left out)."""
+    files = {module_name(path): path for package in ALLOWED
+             for path in sources(package) + sorted((ROOT / package).rglob("*.pyx"))}
+
+    def ours(name: str) -> str | None:     # the longest prefix of `name` that is one of our modules
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for module, path in files.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        loaded = set()
+        for level, source, names in imported_names(path):
+            if source is None and not level:               # import a.b.c
+                loaded.update(ours(name) for name in names)
+                continue
+            base = source or ""
+            if level:                                       # relative: from its package, up level - 1
+                anchor = package.split(".")[:len(package.split(".")) - (level - 1)]
+                base = ".".join(anchor + ([source] if source else []))
+            loaded.update(ours(f"{base}.{name}") if f"{base}.{name}" in files else ours(base)
+                          for name in names or [""])
+        graph[module] = {target for target in loaded if target and target != module}
+    return graph
+
+
+@cache
+def import_cycles() -> list[tuple[list[str], list[str]]]:
+    """The strongly connected components of more than one module (Tarjan), each as (a shortest
+    cycle through its first module: [a, b, ..., a], all its modules)."""
+    graph = import_graph()
+    index, low, stack, on_stack, components = {}, {}, [], set(), []
+
+    def connect(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for target in sorted(graph[module]):
+            if target not in index:
+                connect(target)
+                low[module] = min(low[module], low[target])
+            elif target in on_stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                components.append(component)
+
+    for module in sorted(graph):
+        if module not in index:
+            connect(module)
+    return [(shortest_cycle(graph, component), sorted(component)) for component in components]
+
+
+def shortest_cycle(graph: dict[str, set[str]], component: set[str]) -> list[str]:
+    """A shortest import cycle through the component's first module, by breadth-first search."""
+    start = min(component)
+    came_from = {start: None}
+    queue = deque([start])
+    while queue:
+        module = queue.popleft()
+        for target in sorted(graph[module] & component):
+            if target == start:
+                path = [module]                         # back from `module` to `start`
+                while came_from[path[-1]] is not None:
+                    path.append(came_from[path[-1]])
+                return path[::-1] + [start]
+            if target not in came_from:
+                came_from[target] = module
+                queue.append(target)
+    raise AssertionError(f"no cycle through {start} in its component {sorted(component)}")
+
+
+def test_the_import_graph_sees_relative_function_level_and_compiled_imports():
+    graph = import_graph()
+    assert "postrain.core.errors" in graph["postrain.core.config"]           # from .errors import ...
+    assert "postrain.ext.cupy_ops" in graph["postrain.ext.advantages"]       # from . import cupy_ops
+    assert "postrain.core.supervisor" in graph["postrain.core.ray_nodes"]    # a function-level import
+    assert "postrain.ext._kvpool" in graph["postrain.ext.kvpool"]            # a compiled module
+    assert graph["postrain.ext._kvpool"] == {"postrain.ext._kvpool_common"}  # ... and its imports
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_no_import_cycles(package):
+    """No module of `package` is on an import cycle (see the module docstring)."""
+    cycles = [(cycle, members) for cycle, members in import_cycles()
+              if any(module.split(".")[1] == package for module in members)]
+    assert not cycles, "import cycles:\n" + "\n".join(
+        " -> ".join(cycle) + (f" (one of the cycles among {', '.join(members)})" if len(members) > 2 else "")
+        for cycle, members in cycles)

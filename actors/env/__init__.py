@@ -7,13 +7,13 @@
 
 Configs name the actor `postrain.actors.env:EnvironmentActor`.
 """
-from .api import (ROLES, Environment, EnvironmentContractError, EnvironmentFailure, GeneratorHandle,
+from .api import (ROLES, AnyOptions, Environment, EnvironmentContractError, EnvironmentFailure, GeneratorHandle,
                   LocalSandbox, Reward, SandboxHandle, StepResult, TaskOptionsError, check_options,
                   validate_observation, validate_step_result)
 from .episode import (ActionFn, Episode, EpisodePolicy, TextPolicy, checked_reset, checked_step,
                       checked_truncated, drop_reason, run_episode)
 
-__all__ = ["ROLES", "ActionFn", "Environment", "EnvironmentActor", "EnvironmentContractError",
+__all__ = ["ROLES", "ActionFn", "AnyOptions", "Environment", "EnvironmentActor", "EnvironmentContractError",
            "EnvironmentFailure", "Episode", "EpisodePolicy", "GeneratorHandle", "LocalSandbox", "Reward",
            "SandboxHandle", "StepResult", "TaskOptionsError", "TextPolicy", "check_options", "checked_reset",
            "checked_step", "checked_truncated", "drop_reason", "run_episode", "validate_observation",

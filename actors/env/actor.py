@@ -11,8 +11,8 @@ config load and again at setup, so a misspelt option is an error naming it. A sa
 is looked up only when the task's environment declares `uses_sandbox` (or `sandbox` names
 one); an environment that runs code and has no sandbox fails setup with the fix.
 
-`rollout` {"task": {...}, "sample_id": str, "sampling": {...}} (a `records.RolloutRequest`)
--> a `records.Rollout` on the wire:
+`rollout` {"task": {...}, "sample_id": str, "sampling": {...}} (a `records.RolloutRequest`; a
+sampling field left out takes `SamplingParams`' default) -> a `records.Rollout` on the wire:
     {"token_ids", "loss_mask", "behavior_logprobs", "policy_versions",
      "reward": {"components", "weights"}, "num_turns", "num_policy_tokens", "tool_statuses",
      "timeline"}
@@ -36,6 +36,7 @@ ledger); the actor keeps serving.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from pathlib import Path
 
 from pydantic import Field
@@ -45,7 +46,8 @@ from postrain.core.errors import ConfigError
 
 from .api import EnvironmentFailure
 from .episode import Episode, EpisodePolicy, run_episode
-from ..records import Rollout
+from ..records import (ExecReply, ExecRequest, GenerateReply, GenerateRequest, Rollout, RolloutRequest,
+                       RunTestsReply, RunTestsRequest, SamplingParams)
 from ..tasks import TaskOptions, TaskSpec, get_task
 from ..timeline import Timeline, tool_status
 from ..models.tokenizer import Tokenizer, byte_tokenizer
@@ -85,37 +87,36 @@ class RemoteSandbox:
     async def exec(self, code, *, stdin=None, files=None, timeout_s=None):
         """Run `code` on the sandbox actor (an "exec" hop). Cancellation: not atomic; the caller
         stops waiting, the run may still finish remotely within its limits (its reply is dropped)."""
-        body = {"code": code, "stdin": stdin, "files": files}
-        if timeout_s is not None:
-            body["limits"] = {"wall_time_s": float(timeout_s)}
-        return await self._ask("exec", body, timeout_s=(timeout_s or 30) + 30)
+        limits = {"wall_time_s": float(timeout_s)} if timeout_s is not None else None
+        request = ExecRequest(code, stdin=stdin, files=files, limits=limits)
+        return ExecReply.from_wire(await self._ask("exec", request, timeout_s=(timeout_s or 30) + 30))
 
     async def run_tests(self, solution, tests, *, test_timeout_s=2.0, timeout_s=None):
         """Run `tests` against `solution` on the sandbox actor (a "run_tests" hop). Cancellation:
         as `exec`; no report, the remote run still ends within its limits."""
-        body = {"solution": solution, "tests": tests, "test_timeout_s": test_timeout_s}
-        if timeout_s is not None:
-            body["limits"] = {"wall_time_s": float(timeout_s)}
-        return await self._ask("run_tests", body, timeout_s=(timeout_s or 60) + 30)
+        limits = {"wall_time_s": float(timeout_s)} if timeout_s is not None else None
+        request = RunTestsRequest(solution, tests, test_timeout_s=float(test_timeout_s), limits=limits)
+        return RunTestsReply.from_wire(await self._ask("run_tests", request, timeout_s=(timeout_s or 60) + 30))
 
     @contextlib.asynccontextmanager
     async def session(self, files=None, limits=None):
-        """A session on the sandbox actor (`sandbox_actor.remote_session`), closed on exit; with a
+        """A session on the sandbox actor (`sandbox_client.remote_session`), closed on exit; with a
         timeline, each of its calls is a "tool" hop. Cancellation: as `remote_session` (the close
         is still sent; a session whose close is lost is reaped by the sandbox actor)."""
-        from ..sandbox_actor import remote_session
+        from ..sandbox_client import remote_session
         async with remote_session(self.ref, files=files, limits=limits) as session:
             if self.timeline is not None:
                 session = TimedSession(session, self.timeline, self.ref.name)
             yield session
 
-    async def _ask(self, call: str, body: dict, timeout_s: float):
-        """`ref.ask(call, body)`, timed as a "tool" hop when there is a timeline. Cancellation:
-        the request may still run remotely; the hop stays in the timeline, status "failed: Cancelled"."""
+    async def _ask(self, call: str, request, timeout_s: float) -> dict:
+        """`ref.ask(call, request)` (a record), timed as a "tool" hop when there is a timeline; the
+        reply's wire dict. Cancellation: the request may still run remotely; the hop stays in the
+        timeline, status "failed: Cancelled"."""
         if self.timeline is None:
-            return await self.ref.ask(call, body, timeout_s=timeout_s)
+            return await self.ref.ask(call, request.to_wire(), timeout_s=timeout_s)
         with self.timeline.hop("tool", self.ref.name, call=call) as hop:
-            reply = await self.ref.ask(call, body, timeout_s=timeout_s)
+            reply = await self.ref.ask(call, request.to_wire(), timeout_s=timeout_s)
             hop.update(tool_status(call, reply))
         return reply
 
@@ -181,10 +182,10 @@ class TokenPolicy(EpisodePolicy):
     `can_act` is False once `max_total_tokens` are used: the driver then truncates the episode.
     """
 
-    def __init__(self, generator, tokenizer: Tokenizer, sampling: dict, max_total_tokens: int,
+    def __init__(self, generator, tokenizer: Tokenizer, sampling: SamplingParams, max_total_tokens: int,
                  timeline: Timeline) -> None:
         self.generator, self.tokenizer, self.timeline = generator, tokenizer, timeline
-        self.sampling, self.max_total_tokens = dict(sampling), max_total_tokens
+        self.sampling, self.max_total_tokens = sampling, max_total_tokens
         self.token_ids: list[int] = []
         self.loss_mask: list[int] = []
         self.behavior_logprobs: list[float] = []
@@ -210,16 +211,15 @@ class TokenPolicy(EpisodePolicy):
         """One generate call (a "generate" hop). Cancellation: the request is abandoned; the
         bookkeeping is unchanged until the reply arrives."""
         budget = self.max_total_tokens - len(self.token_ids)
-        params = {**self.sampling, "max_new_tokens": min(self.sampling.get("max_new_tokens", 128), budget),
-                  "n": 1}
+        params = dataclasses.replace(self.sampling, n=1,
+                                     max_new_tokens=min(self.sampling.max_new_tokens, budget))
+        request = GenerateRequest(prompt_ids=list(self.token_ids), sampling=params)
         with self.timeline.hop("generate", self.generator.name) as hop:
-            reply = await self.generator.ask("generate", {"prompt_ids": self.token_ids, "sampling": params},
-                                             timeout_s=600)
-            sample = reply["samples"][0]
-            hop.update(num_tokens=len(sample["token_ids"]),
-                       policy_versions=sorted(set(sample["policy_versions"])))
-        ids = list(sample["token_ids"])
-        self._extend(ids, list(sample["logprobs"]), list(sample["policy_versions"]))
+            reply = await self.generator.ask("generate", request.to_wire(), timeout_s=600)
+            sample = GenerateReply.from_wire(reply).samples[0]
+            hop.update(num_tokens=len(sample.token_ids), policy_versions=sorted(set(sample.policy_versions)))
+        ids = list(sample.token_ids)
+        self._extend(ids, list(sample.logprobs), list(sample.policy_versions))
         self._ended_with_eos = bool(ids) and ids[-1] in self.tokenizer.eos_token_ids
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
@@ -290,19 +290,19 @@ class EnvironmentActor(Actor):
                 f"lookup failed: {exc}; fix: add a SandboxActor named {name!r} to the run, before this "
                 f"actor") from None
 
-    @handler("rollout", concurrent=True)
-    async def rollout(self, body):
+    @handler("rollout", concurrent=True, request=RolloutRequest, reply=Rollout)
+    async def rollout(self, request: RolloutRequest) -> Rollout:
         """One episode. Cancellation: the episode is abandoned and its environment closed."""
         timeline = Timeline()
         sandbox = self.sandbox.for_episode(timeline) if self.sandbox else None
         env = self.task.make_env(sandbox=sandbox, options=self.task_options)
-        policy = TokenPolicy(self.generator, self.tokenizer, body.get("sampling") or {},
-                             self.options.max_total_tokens, timeline)
+        policy = TokenPolicy(self.generator, self.tokenizer, request.sampling, self.options.max_total_tokens,
+                             timeline)
         try:
             with timeline.hop("episode", self.name) as hop:
-                episode = await run_episode(env, body["task"], policy,
+                episode = await run_episode(env, request.task, policy,
                                             step_timeout_s=self.options.step_timeout_s)
                 hop["num_turns"] = episode.num_turns
-            return policy.rollout(episode, timeline).to_wire()
+            return policy.rollout(episode, timeline)
         finally:
             await env.close()

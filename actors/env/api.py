@@ -39,9 +39,14 @@ The contract (`run_episode` enforces it):
   sees the actor's missed heartbeats and restarts it, and its samples are dropped.
 - `truncated()` gives the final reward of an episode that ran out of turns (default: an empty
   `Reward`, worth 0).
-- Options: `self.options` is the task options dict of the config. A class may declare
-  `options_model` (a pydantic model with `extra="forbid"`): then a misspelt option is a
-  `TaskOptionsError` naming it, raised when the environment is made.
+- Options: `self.options` is the config's task options, validated: an instance of the class's
+  `options_model` (a pydantic model with `extra="forbid"`, usually a `postrain.core.Options`),
+  read as attributes (`self.options.max_tool_calls`); each default lives in its field, and a
+  misspelt or out-of-range option is a `TaskOptionsError` naming it, raised when the
+  environment is made. A class without `options_model` gets `AnyOptions`: unchecked, each given
+  option an attribute, and readable as a mapping (`self.options.get("target", 3)`) as before.
+  A `max_turns` option (a field, or a key given to `AnyOptions`) that is not None sets
+  `self.max_turns`; else the class attribute does.
 - Sandbox: a class that runs code declares `uses_sandbox = True`; the environment actor then
   looks a sandbox actor up at setup (and refuses to start without one). An environment that
   declares nothing runs without a sandbox actor. An episode that works in one jail across its
@@ -59,7 +64,7 @@ import dataclasses
 import math
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from postrain.core.errors import ConfigError, PostrainError
 
@@ -273,21 +278,21 @@ class Environment:
     """Subclass this; override `reset` and `step` (and `truncated` if running out of turns
     deserves more than 0). Options come from the config's task options (`options`), checked
     by `options_model` where the class declares one; `max_turns` may be set there, as a class
-    attribute, or both (the option wins)."""
+    attribute, or both (an option that is not None wins)."""
 
     max_turns: int = 8            # actions per episode before `truncated()` ends it
     observation_role: str = "user"  # the chat role of step observations (user works everywhere)
     uses_sandbox: ClassVar[bool] = False   # True: it runs code; the environment actor needs a sandbox
     tools: ClassVar[tuple[str, ...]] = ("python",)  # the tools its turns may call (actors/env/tools.py)
-    options_model: ClassVar[type[BaseModel] | None] = None  # its task options' model; None: unchecked
+    options_model: ClassVar[type[BaseModel] | None] = None  # its task options' model; None: AnyOptions
 
     def __init__(self, *, sandbox: SandboxHandle | None = None,
                  generator: GeneratorHandle | None = None, options: dict | None = None) -> None:
         self.sandbox = sandbox
         self.generator = generator
         self.options = check_options(self.options_model, options, type(self).__name__)
-        if "max_turns" in self.options:
-            max_turns = self.options["max_turns"]
+        max_turns = getattr(self.options, "max_turns", None)
+        if max_turns is not None:   # checked here too: AnyOptions checks nothing
             if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
                 raise EnvironmentContractError(
                     f"options.max_turns must be an int >= 1, got {max_turns!r}; fix: e.g. 4")
@@ -329,17 +334,42 @@ class Environment:
         default holds nothing."""
 
 
-def check_options(model: type[BaseModel] | None, options: dict | None, owner: str) -> dict:
-    """A copy of `options` (a task options dict), checked against `model` (None: unchecked).
-    Raises TaskOptionsError naming every bad option of `owner` and the options it knows."""
-    options = dict(options or {})
-    if model is None:
+class AnyOptions(BaseModel):
+    """The task options of an environment (or task) that declares no `options_model`: nothing is
+    checked, every option given is an attribute (`options.target`), and it reads as the plain
+    dict it was (`options.get("target", 3)`, `options["target"]`, `"target" in options`), so
+    environments written against dict options keep working. Frozen, like every options model."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return (self.model_extra or {}).get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        return (self.model_extra or {})[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in (self.model_extra or {})
+
+    def keys(self):
+        return (self.model_extra or {}).keys()
+
+
+def check_options(model: type[BaseModel] | None, options: dict | BaseModel | None, owner: str) -> BaseModel:
+    """The task options of `owner` validated by `model` (None: `AnyOptions`, unchecked): an
+    instance of `model`, whose attributes the task reads. `options` is a dict (a config's
+    `task_options`), None (all defaults) or an options instance: one of `model` comes back as it
+    is (it was checked when made, and models are frozen), another model's set fields are checked
+    anew. Raises TaskOptionsError naming every bad option and the options `model` knows."""
+    model = model or AnyOptions
+    if isinstance(options, model):
         return options
+    if isinstance(options, BaseModel):
+        options = options.model_dump(exclude_unset=True)
     try:
-        model.model_validate(options)
+        return model.model_validate(dict(options or {}))
     except ValidationError as exc:
         from postrain.core.config import validation_lines
         lines = validation_lines(exc, prefix="task_options.")
         raise TaskOptionsError(f"{len(lines)} bad task option(s) of {owner}: " + "; ".join(lines)
                                + f"; known options: {sorted(model.model_fields)}") from None
-    return options

@@ -1,7 +1,13 @@
 """postrain.actors.generator: sampling rollouts with a paged KV cache.
 
     actor.py         GeneratorActor: `generate` requests in, token ids and logprobs out; weight swaps
-    engine.py        Engine: continuous batching over the paged KV cache
+    engine.py        Engine: the thin loop (schedule -> run -> sample/verify -> update)
+    scheduler.py     Scheduler, StepPlan: admission, preemption, the typed plan of each step
+    kv_manager.py    KVManager: the paged KV cache tensors over the Cython block allocator
+    runner.py        ModelRunner: executes a StepPlan through an attention backend; logits out
+    attention.py     AttentionBackend, PagedMetadata, GatherSdpaBackend (CPU: gather + SDPA)
+    sequence.py      RequestOutput, CompletionOutput, the sequences in flight, EngineError
+    verify.py        speculative drafting and exact verification of a step's drafts
     sampling.py      SamplingParams, sample_rows, verify_rows: temperature, top-p/top-k, seeds, stops
     speculative.py   SpeculativeOptions and the draft proposers (n-gram, rollout, draft model)
 
@@ -12,6 +18,8 @@ Configs name the actor `postrain.actors.generator:GeneratorActor`.
 _LAZY = {
     "GeneratorActor": "actor", "GeneratorOptions": "actor",
     "Engine": "engine", "EngineError": "engine", "CompletionOutput": "engine", "RequestOutput": "engine",
+    "Scheduler": "scheduler", "StepPlan": "scheduler", "KVManager": "kv_manager", "ModelRunner": "runner",
+    "AttentionBackend": "attention", "GatherSdpaBackend": "attention", "PagedMetadata": "attention",
     "SamplingParams": "sampling", "SpeculativeOptions": "speculative",
 }
 __all__ = sorted(_LAZY)

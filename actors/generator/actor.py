@@ -8,20 +8,21 @@
 Options: `GeneratorOptions` below (model and seed usually come from [shared]).
 
 Messages:
-- `generate` {"prompt_ids": [int] (or "prompt": str), "sampling": {SamplingParams fields}}
-  -> {"prompt_len", "samples": [{"token_ids", "logprobs", "policy_versions",
+Every body and reply is a record of postrain.actors.records:
+- `generate` GenerateRequest {"prompt_ids": [int] (or "prompt": str), "sampling": {SamplingParams fields}}
+  -> GenerateReply {"prompt_len", "samples": [{"token_ids", "logprobs", "policy_versions",
   "finish_reason", "text"}]}: exact sampled ids, their logprobs (see
   postrain.actors.generator.sampling) and the policy version that sampled each token.
-- `load_weights` {"version": v, "weights": {name: tensor}} -> {"version": v}: swapped in
+- `load_weights` WeightSync {"version": v, "weights": {name: tensor}} -> WeightSyncReply: swapped in
   between two engine steps; in-flight sequences go on, and tokens sampled afterwards
   carry v. A version lower than the current one is refused. A chunked sync (bodies that
   add "chunk" and "num_chunks", from a learner on another host) is assembled and swapped
   in with its last chunk; until then the reply is {"version": held, "complete": false}
   (postrain.actors.weight_assembly: order, and a sync dropped for a newer one). From a
   learner on another node each chunk's tensors come on the sealed channel ("sealed").
-- `weights_channel` -> {"address"}: where a learner on another node sends sealed weights
+- `weights_channel` (no body) -> WeightsChannel {"address"}: where a learner on another node sends sealed weights
   (opened on the first ask; core/sealed.py).
-- `stats` -> the engine's KV utilisation, batch size, queue depth, tokens/s.
+- `stats` (no body) -> GeneratorStats: the engine's KV utilisation, batch size, queue depth, tokens/s.
 
 Design note. One task owns the engine. Handlers never touch it: they queue
 requests and weights, and wait for an event. The engine task drains the
@@ -44,7 +45,8 @@ from postrain.core import Actor, Load, Options, handler
 from ..models.loading import load_model
 from ..device import resolve_device
 from .engine import Engine, RequestOutput
-from ..records import GeneratedSample, GenerateReply, GenerateRequest, WeightSync, WeightSyncReply
+from ..records import (GeneratedSample, GenerateReply, GenerateRequest, GeneratorStats, WeightsChannel, WeightSync,
+                       WeightSyncReply)
 from .sampling import SamplingParams
 from .speculative import SpeculativeOptions
 from ..weight_assembly import SealedWeights, SyncAssembler
@@ -99,10 +101,9 @@ class GeneratorActor(Actor):
         """Close the sealed channel, if open. Does not wait."""
         self._sealed.close()
 
-    @handler("generate", concurrent=True)
-    async def generate(self, body):
+    @handler("generate", concurrent=True, request=GenerateRequest, reply=GenerateReply)
+    async def generate(self, request: GenerateRequest) -> GenerateReply:
         """Cancelled: the request is aborted at the next step."""
-        request = GenerateRequest.from_wire(body)
         params = request.sampling
         prompt = [int(t) for t in request.prompt_ids] if request.prompt_ids is not None else request.prompt
         request_id = str(next(self._request_ids))
@@ -118,39 +119,38 @@ class GeneratorActor(Actor):
         out = waiter.output
         return GenerateReply(prompt_len=len(out.prompt_token_ids), samples=[
             GeneratedSample(token_ids=s.token_ids, logprobs=s.logprobs, policy_versions=s.policy_versions,
-                            finish_reason=s.finish_reason, text=s.text) for s in out.outputs]).to_wire()
+                            finish_reason=s.finish_reason, text=s.text) for s in out.outputs])
 
-    @handler("load_weights")
-    async def load_weights(self, body):
+    @handler("load_weights", request=WeightSync, reply=WeightSyncReply)
+    async def load_weights(self, sync: WeightSync) -> WeightSyncReply:
         """Swap in the weights (a whole sync, or the last chunk of one) at the engine loop's next
         safe point. Cancelled: not withdrawn; the engine loop still loads them (whole, in its
         thread), only the reply is lost. A chunk that does not complete its sync does not wait."""
-        sync = WeightSync.from_wire(body)
         version = sync.version
         held = max([self.engine.policy_version] + [queued[1] for queued in self._new_weights])
         if sync.sealed is not None:
             sync = await self._sealed.fill(sync, self._chunks, held)
         weights = self._chunks.take(sync, held)
         if weights is None:
-            return WeightSyncReply(version=self.engine.policy_version, complete=False).to_wire()
+            return WeightSyncReply(version=self.engine.policy_version, complete=False)
         applied, result = anyio.Event(), []
         self._new_weights.append((weights, version, applied, result))
         self._work.set()
         await applied.wait()
         if result and isinstance(result[0], Exception):
             raise result[0]
-        return WeightSyncReply(version=version).to_wire()
+        return WeightSyncReply(version=version)
 
-    @handler("weights_channel")
-    async def weights_channel(self, body):
-        """{"address"} of this actor's sealed channel for weights (opened now if not yet). Does not
+    @handler("weights_channel", request=None, reply=WeightsChannel)
+    async def weights_channel(self, body: None) -> WeightsChannel:
+        """The address of this actor's sealed channel for weights (opened now if not yet). Does not
         wait (cancel-safe)."""
-        return {"address": self._sealed.address()}
+        return WeightsChannel(address=self._sealed.address())
 
-    @handler("stats")
-    async def stats(self, body):
+    @handler("stats", request=None, reply=GeneratorStats)
+    async def stats(self, body: None) -> GeneratorStats:
         """The engine's counters. Does not wait (cancel-safe)."""
-        return self.engine.stats()
+        return GeneratorStats.from_wire(self.engine.stats())
 
     def load(self) -> Load:
         """Requests waiting for a batch slot and decoding (not a pool: its batch does not resize);

@@ -3,31 +3,34 @@
     spec = ActorSpec(name="learner", cls="postrain.actors.learner:LearnerActor",
                      options={"model": "tiny", "learner": {"lr": 1e-5}, "resume_from": None})
     ref = await supervisor.start(spec)
-    metrics = await ref.ask("train", batch)                 # batch: postrain.actors.learner.batch
-    await ref.ask("publish", {"targets": ["gen0", "gen1"]})  # -> {"version", "sync_s": {...}, ...}
+    metrics = await ref.ask("train", batch.to_wire())       # batch: a TrainBatch (postrain.actors.records)
+    report = PublishReport.from_wire(await ref.ask("publish", PublishRequest(targets=["gen0"]).to_wire()))
 
-Handlers (request/reply; bodies are dicts):
+Handlers (request/reply; every body and reply is a record, postrain.actors.records:
+records/train.py, records/weights.py, records/learner.py; declared on `@handler`, so the
+kernel decodes and encodes them, core/typed.py):
 
-    train(batch) -> metrics          sft(batch) -> metrics   (each body may add expect_policy_version)
-    save_checkpoint({"path", "extra"}) -> {"path", "step", "policy_version"}
-    load_checkpoint({"path"}) -> {"step", "policy_version", "extra"}
-    export_hf({"path"}) -> {"path"}
-    get_weights(None) -> {"version", "weights": {hf_name: tensor}}
-    publish({"targets": [actor names], "timeout_s", "chunk_mb"})
-        -> {"version", "num_bytes", "sync_s": {name: s}, "total_s"}
-    stats(None) -> {"step", "policy_version", "num_params", "last_publish", "num_pieces_sealed"}
+    train(TrainBatch) -> StepMetrics          sft(SftBatch) -> StepMetrics
+    save_checkpoint(SaveCheckpoint) -> CheckpointSaved
+    load_checkpoint(LoadCheckpoint) -> CheckpointLoaded
+    export_hf(ExportHf) -> ExportedHf
+    get_weights(None) -> WeightSync (the whole version, {hf_name: tensor})
+    publish(PublishRequest) -> PublishReport
+    stats(None) -> LearnerStats
+
+The requests of train, sft, save_checkpoint, export_hf and publish may carry
+`expect_policy_version` (below).
 
 Data parallel (`ranks = N` on the actor's entry): the other actors talk to rank 0 alone,
 which shards train/sft batches over the ranks and sends checkpoint saves and loads to every
 rank; the other ranks take only what rank 0 sends them (actors/learner/group.py):
 
-    join({"generation", "address", "port"}) -> state    group(None) -> {"generation", "state", "rank"}
-    rank_step({"generation", "kind", "body"}) -> "done"
+    join(JoinGroup) -> GroupState    group(None) -> GroupState    rank_step(RankStep) -> GroupState
 
 Weight-sync contract (what a generator implements): the learner asks each target
-`load_weights` with body {"version": int, "weights": {name: CPU tensor}}, Hugging Face
+`load_weights` with a WeightSync {"version": int, "weights": {name: CPU tensor}}, Hugging Face
 names, no tied `lm_head.weight` duplicate; the target swaps them in at a safe point and
-replies {"version": int}. A target on this host (the registry placed it on this node, or its
+replies a WeightSyncReply {"version": int}. A target on this host (the registry placed it on this node, or its
 address is ipc or loopback) gets one such message: its tensors >= 1 MiB cross through /dev/shm
 (the wire does it), so a sync costs one write and one mapped read per tensor. A target on
 another node gets one sync as several messages ("chunk": i of "num_chunks": n, of at most
@@ -51,6 +54,7 @@ in its thread (atomic: no half-applied update), and its reply is dropped.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -62,8 +66,10 @@ from pydantic import Field, field_validator, model_validator
 from postrain.core import Actor, Options, handler
 from postrain.core.errors import PostrainError
 
+from ..records import (CheckpointLoaded, CheckpointSaved, ExportedHf, ExportHf, GroupState, JoinGroup, LearnerStats,
+                       LoadCheckpoint, PublishReport, PublishRequest, RankStep, Record, SaveCheckpoint, SftBatch,
+                       StepMetrics, TrainBatch, WeightSync)
 from .group import LearnerGroup, shard_batch
-from ..records import PublishReport, SftBatch, TrainBatch
 from .publish import sealed_sync, weight_messages
 
 log = logging.getLogger("postrain.learner")
@@ -117,18 +123,14 @@ class LearnerActor(Actor):
     Options = LearnerOptions
     keeps_freed_memory = True     # each step frees and reallocates (vocab x hidden) gradients
 
-    def _check_expected_version(self, body) -> dict:
-        """`body` without its "expect_policy_version"; raises PolicyVersionMismatch when the
-        learner is at another version."""
-        if not isinstance(body, dict) or "expect_policy_version" not in body:
-            return body
-        body = dict(body)
-        expected = body.pop("expect_policy_version")
-        if expected is not None and int(expected) != self.learner.policy_version:
+    def _check_expected_version(self, request: Record) -> None:
+        """PolicyVersionMismatch when `request` names an `expect_policy_version` (records/learner.py)
+        and the learner is at another version."""
+        expected = request.expect_policy_version
+        if expected is not None and expected != self.learner.policy_version:
             raise PolicyVersionMismatch(
                 f"this learner is at policy version {self.learner.policy_version}, the caller expects "
                 f"{expected}: it restarted; load the last checkpoint and replay the steps since")
-        return body
 
     async def setup(self):
         """Build the learner (and load resume_from). A rank of a group (`ranks = N`) joins its group
@@ -141,7 +143,7 @@ class LearnerActor(Actor):
         self.targets: dict[str, object] = {}
         self.sealed = None                      # the SealedSender to targets on other nodes, once needed
         self.channel_addresses: dict[str, str] = {}   # target name -> its sealed channel's last address
-        self.last_publish: dict = {}
+        self.last_publish: PublishReport | None = None
         self.group: LearnerGroup | None = None
         await anyio.to_thread.run_sync(self._build)
         if self.rendezvous is None:
@@ -185,20 +187,20 @@ class LearnerActor(Actor):
             await self.group.formed.wait()
         return self.learner
 
-    def _run(self, kind: str, body: dict):
-        """One rank's part of a group request (every rank runs it on its own body). Runs in a
-        worker thread."""
+    def _run(self, kind: str, request: Record):
+        """One rank's part of a group request (every rank runs it on its own request record: a
+        TrainBatch, SftBatch, SaveCheckpoint or LoadCheckpoint). Runs in a worker thread."""
         learner = self.learner
         if kind == "train":
-            return learner.train_step(body)
+            return learner.train_step(request)
         if kind == "sft":
-            return learner.sft_step(body)
+            return learner.sft_step(request)
         if kind == "save_checkpoint":
-            return learner.save_checkpoint(body["path"], body.get("extra"))
+            return learner.save_checkpoint(request.path, request.extra)
         assert kind == "load_checkpoint", kind
-        return learner.load_checkpoint(body["path"])
+        return learner.load_checkpoint(request.path)
 
-    async def _step(self, kind: str, batch: dict) -> dict:
+    async def _step(self, kind: str, batch: TrainBatch | SftBatch) -> dict[str, float]:
         """A train or sft step: in this process, or (rank 0 of a group) on every rank, each on its
         shard of the batch. Cancelled: atomic, the step runs to its end on every rank."""
         learner = self.learner
@@ -210,15 +212,15 @@ class LearnerActor(Actor):
             """Validate the whole batch, compute its advantages, cut it into shards (a thread)."""
             from .batch import pack_batch
             reward_metrics, advantages = learner.batch_advantages(batch) if kind == "train" else ({}, None)
-            pack_batch(batch, require_rl_fields=kind == "train", advantages=advantages)
-            whole = batch if advantages is None else {**batch, "advantages": advantages.tolist()}
+            pack_batch(batch, advantages=advantages)
+            whole = batch if advantages is None else dataclasses.replace(batch, advantages=advantages.tolist())
             return reward_metrics, shard_batch(whole, self.group.rendezvous.world_size)
 
         reward_metrics, shards = await anyio.to_thread.run_sync(cut)
         metrics = await self.group.run_step(kind, shards, lambda shard: self._run(kind, shard))
         return {**metrics, **reward_metrics}
 
-    async def _everywhere(self, kind: str, body: dict):
+    async def _everywhere(self, kind: str, body: SaveCheckpoint | LoadCheckpoint):
         """A checkpoint save or load: in this process, or on every rank of its group (rank 0's
         result). Cancelled: it runs to its end on every rank."""
         if self.group is None:
@@ -226,79 +228,80 @@ class LearnerActor(Actor):
         return await self.group.run_step(kind, [body] * self.group.rendezvous.world_size,
                                          lambda b: self._run(kind, b))
 
-    @handler("join", concurrent=True)
-    async def join(self, body):
+    @handler("join", concurrent=True, request=JoinGroup, reply=GroupState)
+    async def join(self, request: JoinGroup) -> GroupState:
         """A rank other than 0: rank 0 asks it to join its group (`generation`, hosted at address:
         port). Does not wait."""
         if self.group is None or self.group.rank == 0:
             raise LearnerGroupMisuse(f"{self.name} is not a follower rank of a learner group")
-        return await self.group.join(body["generation"], body["address"], body["port"])
+        await self.group.join(request.generation, request.address, request.port)
+        return self.group.describe_state()
 
-    @handler("group", concurrent=True)
-    async def group_state(self, body):
+    @handler("group", concurrent=True, request=None, reply=GroupState)
+    async def group_state(self, body: None) -> GroupState:
         """This rank's generation and state (rank 0 probes its ranks). Does not wait."""
         if self.group is None:
-            return {"generation": None, "state": "alone", "rank": 0}
-        return {"generation": self.group.generation, "state": self.group.state, "rank": self.group.rank}
+            return GroupState(generation=None, state="alone", rank=0)
+        return self.group.describe_state()
 
-    @handler("rank_step")
-    async def rank_step(self, body):
+    @handler("rank_step", request=RankStep, reply=GroupState)
+    async def rank_step(self, step: RankStep) -> GroupState:
         """A rank other than 0: its part of rank 0's request (a shard's step, a checkpoint).
         Cancelled: the step runs to its end in its thread."""
         if self.group is None or self.group.rank == 0:
             raise LearnerGroupMisuse(f"{self.name} is not a follower rank of a learner group")
-        await self.group.follow_step(body, self._run)
-        return "done"
+        await self.group.follow_step(step, self._run)
+        return self.group.describe_state()
 
-    @handler("train")
-    async def train(self, body):
+    @handler("train", request=TrainBatch, reply=StepMetrics)
+    async def train(self, batch: TrainBatch) -> StepMetrics:
         """One RL step. Cancelled: atomic; the step in its thread runs to the end (it cannot be
         abandoned), and its reply is dropped."""
         await self._ready()
-        batch = TrainBatch.from_wire(self._check_expected_version(body))
-        return await self._step("train", batch.to_wire())
+        self._check_expected_version(batch)
+        return StepMetrics(values=await self._step("train", batch))
 
-    @handler("sft")
-    async def sft(self, body):
+    @handler("sft", request=SftBatch, reply=StepMetrics)
+    async def sft(self, batch: SftBatch) -> StepMetrics:
         """One supervised step. Cancelled: atomic, as `train`."""
         await self._ready()
-        batch = SftBatch.from_wire(self._check_expected_version(body))
-        return await self._step("sft", batch.to_wire())
+        self._check_expected_version(batch)
+        return StepMetrics(values=await self._step("sft", batch))
 
-    @handler("save_checkpoint")
-    async def save_checkpoint(self, body):
+    @handler("save_checkpoint", request=SaveCheckpoint, reply=CheckpointSaved)
+    async def save_checkpoint(self, request: SaveCheckpoint) -> CheckpointSaved:
         """Write a checkpoint. Cancelled: it is still written whole (its thread runs to the end);
         the reply is dropped."""
         await self._ready()
-        body = self._check_expected_version(body)
-        path = await self._everywhere("save_checkpoint", {"path": body["path"], "extra": body.get("extra")})
-        return {"path": str(path), "step": self.learner.step, "policy_version": self.learner.policy_version}
+        self._check_expected_version(request)
+        path = await self._everywhere("save_checkpoint", request)
+        return CheckpointSaved(path=str(path), step=self.learner.step, policy_version=self.learner.policy_version)
 
-    @handler("load_checkpoint")
-    async def load_checkpoint(self, body):
+    @handler("load_checkpoint", request=LoadCheckpoint, reply=CheckpointLoaded)
+    async def load_checkpoint(self, request: LoadCheckpoint) -> CheckpointLoaded:
         """Load a checkpoint. Cancelled: still loaded whole (its thread runs to the end)."""
         await self._ready()
-        extra = await self._everywhere("load_checkpoint", {"path": body["path"]})
-        return {"step": self.learner.step, "policy_version": self.learner.policy_version, "extra": extra}
+        extra = await self._everywhere("load_checkpoint", request)
+        return CheckpointLoaded(step=self.learner.step, policy_version=self.learner.policy_version, extra=extra)
 
-    @handler("export_hf")
-    async def export_hf(self, body):
+    @handler("export_hf", request=ExportHf, reply=ExportedHf)
+    async def export_hf(self, request: ExportHf) -> ExportedHf:
         """Write a Hugging Face folder. Cancelled: still written whole (its thread runs to the end)."""
         await self._ready()
-        body = self._check_expected_version(body)
-        return {"path": str(await anyio.to_thread.run_sync(self.learner.export_hf, body["path"]))}
+        self._check_expected_version(request)
+        return ExportedHf(path=str(await anyio.to_thread.run_sync(self.learner.export_hf, request.path)))
 
-    @handler("get_weights")
-    async def get_weights(self, body):
+    @handler("get_weights", request=None, reply=WeightSync)
+    async def get_weights(self, body: None) -> WeightSync:
         """The current weights and version. Waits only for a group to form (cancel-safe)."""
         await self._ready()
-        return {"version": self.learner.policy_version, "weights": self.learner.state_dict()}
+        return WeightSync(version=self.learner.policy_version, weights=self.learner.state_dict())
 
-    @handler("publish")
-    async def publish(self, body):
+    @handler("publish", request=PublishRequest, reply=PublishReport)
+    async def publish(self, request: PublishRequest) -> PublishReport:
         """Push the current weights (version = learner.policy_version) to every target, concurrently.
 
-        body: targets (actor names), timeout_s (per message; a chunked sync's last reply waits
+        body: a PublishRequest: targets (actor names), timeout_s (per message; a chunked sync's last reply waits
         for all its chunks), chunk_mb (a target on this host, by node identity or address, gets
         one message, its tensors through /dev/shm; the targets on other nodes get chunks of at
         most chunk_mb MiB of whole tensors (None: one chunk), their bytes sealed once for all of
@@ -307,9 +310,9 @@ class LearnerActor(Actor):
         (the others hold the new version). Cancelled: targets that already replied hold the new
         version; the others may or may not."""
         await self._ready()
-        body = self._check_expected_version(body)
-        names = list(body.get("targets") or [])
-        timeout_s = float(body.get("timeout_s", 120.0))
+        self._check_expected_version(request)
+        names = list(request.targets)
+        timeout_s = request.timeout_s
         weights = self.learner.state_dict()
         version = self.learner.policy_version
         whole = weight_messages(weights, version)[0]
@@ -345,7 +348,7 @@ class LearnerActor(Actor):
 
         async def push_far() -> None:
             nonlocal num_messages
-            done = await self._push_sealed(far, weights, version, body.get("chunk_mb"), timeout_s, errors)
+            done = await self._push_sealed(far, weights, version, request.chunk_mb, timeout_s, errors)
             for name, (num_sent, done_at) in done.items():
                 num_messages += num_sent
                 sync_s[name] = done_at - start
@@ -365,10 +368,10 @@ class LearnerActor(Actor):
                                     f"{name}: {type(exc).__name__}: {exc}" for name, exc in errors.items()))
         num_bytes = sum(t.numel() * t.element_size() for t in weights.values())
         self.last_publish = PublishReport(version=version, num_bytes=num_bytes, num_messages=num_messages,
-                                          sync_s=sync_s, total_s=time.perf_counter() - start).to_wire()
+                                          sync_s=sync_s, total_s=time.perf_counter() - start)
         log.info("published weights v%d (%.1f MiB) to %s in %.3f s", version, num_bytes / 2**20,
                  ", ".join(f"{k} {v:.3f} s" for k, v in sync_s.items()) or "no targets",
-                 self.last_publish["total_s"])
+                 self.last_publish.total_s)
         return self.last_publish
 
     async def _push_sealed(self, far: dict[str, tuple], weights: dict, version: int, chunk_mb: float | None,
@@ -436,10 +439,10 @@ class LearnerActor(Actor):
                 tg.start_soon(confirm, name, target)
         return {name: num for name, num in done.items() if name not in errors}
 
-    @handler("stats")
-    async def stats(self, body):
+    @handler("stats", request=None, reply=LearnerStats)
+    async def stats(self, body: None) -> LearnerStats:
         """Step, version, size, last publish. Waits only for a group to form (cancel-safe)."""
         await self._ready(leader_only=False)
-        return {"step": self.learner.step, "policy_version": self.learner.policy_version,
-                "num_params": sum(p.numel() for p in self.learner.params), "last_publish": self.last_publish,
-                "num_pieces_sealed": self.sealed.num_pieces_sealed if self.sealed is not None else 0}
+        return LearnerStats(step=self.learner.step, policy_version=self.learner.policy_version,
+                            num_params=sum(p.numel() for p in self.learner.params), last_publish=self.last_publish,
+                            num_pieces_sealed=self.sealed.num_pieces_sealed if self.sealed is not None else 0)

@@ -1,33 +1,34 @@
-"""Rollout batches for the learner: the wire format, validation, padding and micro-batches.
+"""Learner batches: validation, padding and per-sample fields, from the records that travel.
 
-A batch is a plain dict (msgpack-able; arrays travel as extra frames):
+A batch is a record (postrain.actors.records, records/train.py): a `TrainBatch` for an RL step,
+an `SftBatch` for a supervised one. Per sample (arrays travel as extra frames):
 
-    {"token_ids":        [ids_0, ids_1, ...],     # per sample: prompt + response, the EXACT sampled ids
-     "loss_mask":        [m_0, m_1, ...],         # same length as ids_i; 1 = produced by the policy
-     "behavior_logprobs": [lp_0, lp_1, ...],      # same length; lp_i[t] = generator's logprob of ids_i[t]
-     "policy_versions":  [v_0, v_1, ...],         # optional; same length per token, or one int per sample
-     "advantages":       [a_0, a_1, ...],         # (B,) per sample, or per token (same length as ids_i)
-     # or, instead of advantages:
-     "rewards":          [r_0, r_1, ...],         # (B,) scalar rewards ...
-     "reward_components": {"correct": [...], ...},  # ... or named components (weighted by the config)
-     "group_ids":        [g_0, g_1, ...]}         # (B,) samples of one prompt; contiguous, equal sizes
+    token_ids          prompt + response, the EXACT sampled ids
+    loss_mask          same length as token_ids; 1 = produced by the policy
+    behavior_logprobs  (TrainBatch) same length; the generator's logprob of each token
+    policy_versions    (TrainBatch, optional) same length per token, or one int per sample
+    advantages         (TrainBatch) per sample (B,), or per token (same length as token_ids)
+    rewards / reward_components / group_ids   (TrainBatch, instead of advantages) scalar
+                       rewards or named components (weighted by the config), over contiguous
+                       groups of equal size: the learner computes group-relative advantages
 
-Entries where loss_mask is 0 (prompt, tool output) are ignored in behavior_logprobs and
-policy_versions. Token t is scored from the prefix before it, so the learner works on
-targets = ids[1:] and every per-token field is shifted the same way; loss_mask[0] must be 0.
+The record checks the shapes it can see (one entry per sample); `pack_batch` checks the rest
+(per-token lengths, loss_mask[i][0] == 0) and pads. Entries where loss_mask is 0 (prompt, tool
+output) are ignored in behavior_logprobs and policy_versions. Token t is scored from the prefix
+before it, so the learner works on targets = ids[1:] and every per-token field is shifted the
+same way.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from postrain.core.errors import PostrainError
 
-if TYPE_CHECKING:
-    from .shared_prefix import PrefixPlan
+from ..records import SftBatch, TrainBatch
+from .packed import PackedBatch, PrefixPlan
+
+__all__ = ["LearnerError", "PackedBatch", "PrefixPlan", "group_size_of", "pack_batch", "reward_components_of"]
 
 
 class LearnerError(PostrainError, ValueError):
@@ -52,60 +53,15 @@ def _as_vector(value, name: str, num_samples: int, dtype=torch.float32) -> torch
     return t
 
 
-@dataclass
-class PackedBatch:
-    """A batch padded on the right. Shapes: B samples, T the longest sample; per-token fields
-    are aligned with targets = input_ids[:, 1:], so they are (B, T - 1).
-
-    Invariants: loss_mask <= attention_mask[:, 1:]; advantages is (B,) or (B, T - 1); `shared`
-    describes these rows (rows() and select() drop it: a plan belongs to one micro-batch).
-    """
-
-    input_ids: torch.Tensor          # (B, T) int64, 0 past each sample's end
-    attention_mask: torch.Tensor     # (B, T) int64, 1 = real token
-    loss_mask: torch.Tensor          # (B, T - 1) bool: target t+1 was produced by the policy
-    behavior_logp: torch.Tensor      # (B, T - 1) float32 (0 where loss_mask is False)
-    policy_versions: torch.Tensor    # (B, T - 1) int64, -1 where unknown
-    advantages: torch.Tensor         # (B,) or (B, T - 1) float32
-    shared: "PrefixPlan | None" = None   # shared-prefix layout of a micro-batch (actors/learner/shared_prefix.py)
-
-    @property
-    def num_samples(self) -> int:
-        return self.input_ids.shape[0]
-
-    @property
-    def num_real_tokens(self) -> int:
-        return int(self.attention_mask.sum())
-
-    def rows(self, start: int, stop: int) -> "PackedBatch":
-        """Samples [start, stop), trimmed to their own longest length (a micro-batch)."""
-        width = max(int(self.attention_mask[start:stop].sum(-1).max()), 2)
-        adv = self.advantages[start:stop]
-        return PackedBatch(
-            self.input_ids[start:stop, :width], self.attention_mask[start:stop, :width],
-            self.loss_mask[start:stop, :width - 1], self.behavior_logp[start:stop, :width - 1],
-            self.policy_versions[start:stop, :width - 1], adv if adv.dim() == 1 else adv[:, :width - 1])
-
-    def select(self, indices: torch.Tensor) -> "PackedBatch":
-        """The samples at `indices` (B',) int64, in that order, at the same width."""
-        return PackedBatch(*(getattr(self, f)[indices] for f in (
-            "input_ids", "attention_mask", "loss_mask", "behavior_logp", "policy_versions", "advantages")))
-
-    def to(self, device) -> "PackedBatch":
-        return PackedBatch(*(getattr(self, f).to(device) for f in (
-            "input_ids", "attention_mask", "loss_mask", "behavior_logp", "policy_versions", "advantages")),
-            shared=None if self.shared is None else self.shared.to(device))
-
-
-def pack_batch(batch: dict, *, require_rl_fields: bool = True,
-               advantages: torch.Tensor | None = None) -> PackedBatch:
-    """Validate a batch dict (module docstring) and pad it. `advantages` (B,) overrides the batch's;
-    without RL fields (SFT) behaviour logprobs and advantages are zeros."""
-    if not isinstance(batch, dict) or "token_ids" not in batch or "loss_mask" not in batch:
-        got = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
-        raise LearnerError("a batch must be a dict with at least 'token_ids' and 'loss_mask' (one list "
-                           f"per sample); got {got}")
-    ids = [_as_1d(x, "token_ids", i, torch.int64) for i, x in enumerate(batch["token_ids"])]
+def pack_batch(batch: TrainBatch | SftBatch, *, advantages: torch.Tensor | None = None) -> PackedBatch:
+    """Validate a batch record (module docstring) and pad it. `advantages` (B,) overrides a
+    TrainBatch's; an SftBatch's behaviour logprobs and advantages are zeros."""
+    if not isinstance(batch, (TrainBatch, SftBatch)):
+        raise LearnerError(f"a learner batch is a TrainBatch or an SftBatch (postrain.actors.records), got "
+                           f"{type(batch).__name__}; build one, e.g. TrainBatch(token_ids=..., loss_mask=..., "
+                           "behavior_logprobs=..., advantages=...)")
+    rl = isinstance(batch, TrainBatch)
+    ids = [_as_1d(x, "token_ids", i, torch.int64) for i, x in enumerate(batch.token_ids)]
     num = len(ids)
     if num == 0:
         raise LearnerError("the batch is empty; send at least one sample")
@@ -113,7 +69,7 @@ def pack_batch(batch: dict, *, require_rl_fields: bool = True,
     if min(lengths) < 2:
         raise LearnerError(f"every sample needs >= 2 tokens (a prompt and a response), got a sample of "
                            f"{min(lengths)}")
-    masks = _per_token(batch, "loss_mask", lengths, torch.bool)
+    masks = _per_token(batch.loss_mask, "loss_mask", lengths, torch.bool)
     if any(bool(m[0]) for m in masks):
         raise LearnerError("loss_mask[i][0] must be 0: the first token has no prefix to be scored from; "
                            "the prompt's tokens are not trained")
@@ -125,22 +81,18 @@ def pack_batch(batch: dict, *, require_rl_fields: bool = True,
     versions = torch.full((num, width), -1, dtype=torch.int64)
     for i, n in enumerate(lengths):
         input_ids[i, :n], attention[i, :n], loss_mask[i, :n] = ids[i], 1, masks[i]
-    if require_rl_fields:
-        if "behavior_logprobs" not in batch:
-            raise LearnerError("an RL batch needs 'behavior_logprobs' (the generator's logprob of every "
-                               "token, aligned with token_ids); use the sft step for supervised data")
-        for i, lp in enumerate(_per_token(batch, "behavior_logprobs", lengths, torch.float32)):
+    if rl:
+        for i, lp in enumerate(_per_token(batch.behavior_logprobs, "behavior_logprobs", lengths, torch.float32)):
             behavior[i, :lengths[i]] = lp
-        _fill_versions(batch.get("policy_versions"), versions, lengths)
+        _fill_versions(batch.policy_versions, versions, lengths)
     if advantages is None:
-        advantages = _batch_advantages(batch, lengths, width) if require_rl_fields else torch.zeros(num)
+        advantages = _batch_advantages(batch.advantages, lengths, width) if rl else torch.zeros(num)
     adv = advantages if advantages.dim() == 1 else advantages[:, 1:]
     return PackedBatch(input_ids, attention, loss_mask[:, 1:], behavior[:, 1:] * loss_mask[:, 1:],
                        versions[:, 1:], adv.to(torch.float32))
 
 
-def _per_token(batch: dict, name: str, lengths: list[int], dtype) -> list[torch.Tensor]:
-    values = batch[name]
+def _per_token(values, name: str, lengths: list[int], dtype) -> list[torch.Tensor]:
     if len(values) != len(lengths):
         raise LearnerError(f"{name} must have one entry per sample ({len(lengths)}), got {len(values)}")
     out = []
@@ -163,20 +115,19 @@ def _fill_versions(values, versions: torch.Tensor, lengths: list[int]) -> None:
         if isinstance(v, (int, np.integer)) or (isinstance(v, torch.Tensor) and v.dim() == 0):
             versions[i, :n] = int(v)
         else:
-            versions[i, :n] = _per_token({"policy_versions": [v]}, "policy_versions", [n], torch.int64)[0]
+            versions[i, :n] = _per_token([v], "policy_versions", [n], torch.int64)[0]
 
 
-def _batch_advantages(batch: dict, lengths: list[int], width: int) -> torch.Tensor:
-    """The batch's own advantages: (B,) per sample or (B, width) per token."""
+def _batch_advantages(adv, lengths: list[int], width: int) -> torch.Tensor:
+    """A TrainBatch's own advantages: (B,) per sample or (B, width) per token."""
     num = len(lengths)
-    if "advantages" not in batch:
+    if adv is None:
         raise LearnerError("an RL batch needs 'advantages', or 'rewards'/'reward_components' with "
                            "'group_ids' for the learner to compute them")
-    adv = batch["advantages"]
     first = adv[0] if len(adv) else None
     if isinstance(adv, (list, tuple)) and first is not None and np.ndim(first) == 1:
         out = torch.zeros(num, width)
-        for i, a in enumerate(_per_token(batch, "advantages", lengths, torch.float32)):
+        for i, a in enumerate(_per_token(adv, "advantages", lengths, torch.float32)):
             out[i, :lengths[i]] = a
         return out
     return _as_vector(adv, "advantages", num)
@@ -201,10 +152,11 @@ def group_size_of(group_ids, num_samples: int) -> int:
     return sizes[0]
 
 
-def reward_components_of(batch: dict, num_samples: int) -> dict[str, torch.Tensor]:
-    if "reward_components" in batch:
+def reward_components_of(batch: TrainBatch, num_samples: int) -> dict[str, torch.Tensor]:
+    """A TrainBatch's rewards as named components ({"reward": rewards} for plain rewards)."""
+    if batch.reward_components is not None:
         return {k: _as_vector(v, f"reward_components[{k!r}]", num_samples)
-                for k, v in batch["reward_components"].items()}
-    if "rewards" in batch:
-        return {"reward": _as_vector(batch["rewards"], "rewards", num_samples)}
+                for k, v in batch.reward_components.items()}
+    if batch.rewards is not None:
+        return {"reward": _as_vector(batch.rewards, "rewards", num_samples)}
     raise LearnerError("the batch has neither 'advantages' nor 'rewards'/'reward_components'")

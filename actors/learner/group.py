@@ -38,6 +38,7 @@ them already (then they are left, and the log says so).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -50,6 +51,9 @@ import anyio
 
 from postrain.core.config import Rendezvous
 from postrain.core.errors import ActorError, PostrainError
+
+from ..records import GroupState, JoinGroup, Record, RankStep, SftBatch, TrainBatch
+from ..records.train import NOT_PER_SAMPLE
 
 log = logging.getLogger("postrain.learner")
 
@@ -98,23 +102,29 @@ def choose_interface(node_address: str) -> None:
 
 # -- batches ------------------------------------------------------------------------------
 
-_PER_SAMPLE = ("token_ids", "loss_mask", "behavior_logprobs", "policy_versions", "advantages")
-
-
-def shard_batch(batch: dict, num_ranks: int) -> list[dict]:
-    """`batch` (a train or SFT batch as a wire dict, with per-sample `advantages` where it is an
-    RL batch: rank 0 computes them over the whole batch first) cut into `num_ranks` contiguous
-    shards whose sizes differ by at most one sample. LearnerError when there are fewer samples
-    than ranks (every rank needs at least one)."""
+def shard_batch(batch: TrainBatch | SftBatch, num_ranks: int) -> list[TrainBatch | SftBatch]:
+    """`batch` (a TrainBatch with per-sample `advantages`: rank 0 computes them over the whole
+    batch first; or an SftBatch) cut into `num_ranks` contiguous shards of the same record, whose
+    sizes differ by at most one sample: every per-sample field sliced alike. LearnerError when
+    there are fewer samples than ranks (every rank needs at least one)."""
     from .batch import LearnerError
 
-    num = len(batch["token_ids"])
+    num = len(batch.token_ids)
     if num < num_ranks:
         raise LearnerError(f"a batch of {num} samples cannot be shared by {num_ranks} learner ranks (each "
                            "needs one): send larger batches or use fewer ranks")
     bounds = [num * rank // num_ranks for rank in range(num_ranks + 1)]
-    return [{key: batch[key][lo:hi] for key in _PER_SAMPLE if batch.get(key) is not None}
+    per_sample = [f.name for f in dataclasses.fields(batch)
+                  if f.name not in NOT_PER_SAMPLE and getattr(batch, f.name) is not None]
+    return [dataclasses.replace(batch, **{name: _rows(getattr(batch, name), lo, hi) for name in per_sample})
             for lo, hi in zip(bounds, bounds[1:])]
+
+
+def _rows(value, lo: int, hi: int):
+    """Samples [lo, hi) of a per-sample field (a dict of them: each value's)."""
+    if isinstance(value, dict):
+        return {name: values[lo:hi] for name, values in value.items()}
+    return value[lo:hi]
 
 
 # -- the group ---------------------------------------------------------------------------
@@ -210,8 +220,8 @@ class LearnerGroup:
                 try:
                     ref = await self._ref(self.names[rank])
                     address, port = self.meeting_point
-                    await ref.ask("join", {"generation": self.generation, "address": address, "port": port},
-                                  timeout_s=PROBE_TIMEOUT_S)
+                    await ref.ask("join", JoinGroup(generation=self.generation, address=address,
+                                                    port=port).to_wire(), timeout_s=PROBE_TIMEOUT_S)
                     missing.discard(rank)
                 except ActorError as exc:     # not started yet, restarting, or ending to rejoin
                     last_error[rank] = _one_line(exc)
@@ -253,9 +263,9 @@ class LearnerGroup:
 
     # -- working (rank 0) --------------------------------------------------------------------
 
-    async def run_step(self, kind: str, bodies: list[dict], own: Callable[[dict], object]):
-        """Rank 0: every rank runs `kind` on its body (rank r gets bodies[r]; rank 0 runs
-        `own(bodies[0])` here) and rank 0's result is returned. A rank lost, hung or in another
+    async def run_step(self, kind: str, bodies: list[Record], own: Callable[[Record], object]):
+        """Rank 0: every rank runs `kind` on its request record (rank r gets bodies[r], as a
+        RankStep; rank 0 runs `own(bodies[0])` here) and rank 0's result is returned. A rank lost, hung or in another
         generation ends this process naming it. Cancelled: the ranks' step runs to its end."""
         await self._check_ranks(kind)
         failures: dict[int, str] = {}
@@ -265,8 +275,8 @@ class LearnerGroup:
             """Rank `rank`'s part. Cancelled: that rank's step runs on."""
             try:
                 ref = await self._ref(self.names[rank])
-                body = {"generation": self.generation, "kind": kind, "body": bodies[rank]}
-                await ref.ask("rank_step", body, timeout_s=STEP_ASK_TIMEOUT_S)
+                step = RankStep.of(self.generation, kind, bodies[rank])
+                await ref.ask("rank_step", step.to_wire(), timeout_s=STEP_ASK_TIMEOUT_S)
             except ActorError as exc:
                 failures[rank] = _one_line(exc)
 
@@ -325,11 +335,12 @@ class LearnerGroup:
             """Ask one rank. Cancelled: nothing changes."""
             try:
                 ref = await self._ref(self.names[rank])
-                reply = await ref.ask("group", None, timeout_s=min(PROBE_TIMEOUT_S, self.timeout_s))
+                reply = GroupState.from_wire(await ref.ask("group", None,
+                                                           timeout_s=min(PROBE_TIMEOUT_S, self.timeout_s)))
             except ActorError:
                 states[rank] = "lost"
                 return
-            state = reply.get("state") if reply.get("generation") == self.generation else None
+            state = reply.state if reply.generation == self.generation else None
             states[rank] = state if state in ("formed", "joining") else "lost"
 
         async with anyio.create_task_group() as tg:
@@ -346,17 +357,21 @@ class LearnerGroup:
 
     # -- working (the other ranks) --------------------------------------------------------------
 
-    async def follow_step(self, body: dict, run: Callable[[str, dict], object]) -> None:
-        """A follower: run rank 0's `rank_step` (run(kind, body) in a worker thread). Refused when
-        it names another generation; a failure of the step (a collective) ends the process.
+    def describe_state(self) -> GroupState:
+        """This rank's generation and state (the `group` reply)."""
+        return GroupState(generation=self.generation, state=self.state, rank=self.rank)
+
+    async def follow_step(self, step: RankStep, run: Callable[[str, Record], object]) -> None:
+        """A follower: run rank 0's `rank_step` (run(kind, request) in a worker thread). Refused
+        when it names another generation; a failure of the step (a collective) ends the process.
         Cancelled: the step's thread runs to its end."""
-        if body.get("generation") != self.generation or self.state != "formed":
+        if step.generation != self.generation or self.state != "formed":
             raise GroupBroken(f"rank {self.rank} is in group {self.generation} ({self.state}), not "
-                              f"{body.get('generation')}")
+                              f"{step.generation}")
         try:
-            await anyio.to_thread.run_sync(run, body["kind"], body["body"])
+            await anyio.to_thread.run_sync(run, step.kind, step.request)
         except Exception as exc:
-            await self.actor.crash(f"rank {self.rank}: {body['kind']} with rank 0 ({self.names[0]}) failed: "
+            await self.actor.crash(f"rank {self.rank}: {step.kind} with rank 0 ({self.names[0]}) failed: "
                                    f"{type(exc).__name__}: {_one_line(exc)}; restarting with the group")
 
 

@@ -1,8 +1,8 @@
 """The learner: GRPO-family policy updates (and SFT) on rollout batches, without any actor.
 
     learner = Learner(LearnerConfig(model="tiny", lr=1e-5, micro_batch_size=4))
-    metrics = learner.train_step(batch)       # batch format: postrain.actors.learner.batch
-    metrics = learner.sft_step(batch)         # cross-entropy on loss_mask tokens (warm start)
+    metrics = learner.train_step(batch)       # a TrainBatch (postrain.actors.records; batch.py)
+    metrics = learner.sft_step(batch)         # an SftBatch: cross-entropy on loss_mask tokens (warm start)
     learner.save_checkpoint("runs/x/ckpt/step10", extra={"ledger": ...}); learner.load_checkpoint(...)
     learner.export_hf("runs/x/hf")            # a Hugging Face folder transformers loads
 
@@ -38,9 +38,10 @@ import torch
 
 from ..models.loading import load_model
 from ..device import resolve_device
-from .batch import (LearnerError, PackedBatch, group_size_of, pack_batch,
-                                           reward_components_of)
 from ..models.llama import LlamaModel, ModelConfig
+from ..records import SftBatch, TrainBatch
+from .batch import LearnerError, group_size_of, pack_batch, reward_components_of
+from .packed import PackedBatch
 from .shared_prefix import plan_micro_batches
 from postrain.ext import rl_ops
 from postrain.ext.cupy_ops import BACKENDS as RL_OPS_BACKENDS
@@ -209,7 +210,7 @@ class Learner:
 
     # ------------------------------------------------------------------ public API
 
-    def train_step(self, batch: dict) -> dict[str, float]:
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One policy-gradient optimizer step on a rollout batch; returns its metrics (floats)."""
         start = time.perf_counter()
         cfg = self.config
@@ -248,10 +249,12 @@ class Learner:
         self.kl.update(metrics["kl"], 1)
         return metrics
 
-    def sft_step(self, batch: dict) -> dict[str, float]:
+    def sft_step(self, batch: SftBatch) -> dict[str, float]:
         """One supervised step: token-mean cross-entropy on the loss_mask tokens (SFT warm start)."""
         start = time.perf_counter()
-        packed = pack_batch(batch, require_rl_fields=False)
+        if not isinstance(batch, SftBatch):
+            raise LearnerError(f"an sft step takes an SftBatch (postrain.actors.records), got {type(batch).__name__}")
+        packed = pack_batch(batch)
         _, micro = self._micro_batches(packed)
         tokens, _ = self._global_counts(packed)
         sums = torch.zeros(len(_TOKEN_MEAN_METRICS) + 5, dtype=torch.float64)
@@ -271,12 +274,11 @@ class Learner:
         return {k: metrics[k] for k in keep}
 
     @torch.no_grad()
-    def compute_logprobs(self, batch: dict) -> list[torch.Tensor]:
+    def compute_logprobs(self, batch: TrainBatch | SftBatch) -> list[torch.Tensor]:
         """The policy's logprob of every token of every sample (index 0 is 0: no prefix), as the
-        train step computes it; aligned with batch["token_ids"]. For consistency checks."""
-        packed = pack_batch({"token_ids": batch["token_ids"],
-                             "loss_mask": [[0] + [1] * (len(x) - 1) for x in batch["token_ids"]]},
-                            require_rl_fields=False)
+        train step computes it; aligned with batch.token_ids. For consistency checks."""
+        packed = pack_batch(SftBatch(token_ids=batch.token_ids,
+                                     loss_mask=[[0] + [1] * (len(x) - 1) for x in batch.token_ids]))
         order, micro = self._micro_batches(packed)
         rows = []
         for mb in micro:
@@ -338,15 +340,18 @@ class Learner:
             p.requires_grad_(False)
         return ref.eval()
 
-    def batch_advantages(self, batch: dict) -> tuple[dict[str, float], torch.Tensor | None]:
+    def batch_advantages(self, batch: TrainBatch) -> tuple[dict[str, float], torch.Tensor | None]:
         """(reward metrics, per-sample advantages (B,)) from a batch's rewards over its groups;
         ({}, None) when the batch carries its advantages. Data parallel: the group's rank 0 calls
         it on the whole batch before cutting it into shards (actors/learner/group.py)."""
-        if batch.get("advantages") is not None:
+        if not isinstance(batch, TrainBatch):
+            raise LearnerError(f"a train step takes a TrainBatch (postrain.actors.records), got "
+                               f"{type(batch).__name__}; build one, e.g. TrainBatch(token_ids=..., ...)")
+        if batch.advantages is not None:
             return {}, None
-        num = len(batch["token_ids"])
+        num = batch.num_samples
         components = reward_components_of(batch, num)
-        group_size = group_size_of(batch["group_ids"], num) if "group_ids" in batch else num
+        group_size = group_size_of(batch.group_ids, num) if batch.group_ids is not None else num
         res = rl_ops.compute_advantages(components, self.config.reward_weights, group_size,
                                         mode=self.config.advantage_mode)
         rewards = res.rewards

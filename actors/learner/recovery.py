@@ -8,7 +8,7 @@ path to the learner, and it keeps, after every call that returned,
                        + each update in `since_checkpoint`, applied once, in order
     learner.policy_version == self.version == checkpoint_version + len(since_checkpoint)
 
-`since_checkpoint` holds the batches (TrainBatch, SftBatch: actors/records.py) of the steps
+`since_checkpoint` holds the batches (TrainBatch, SftBatch: actors/records/train.py) of the steps
 since the last checkpoint.
 When the learner dies (our ask fails with ActorDiedError) or turns out to have restarted
 (every call names the version the invariant predicts, `expect_policy_version`, and a
@@ -35,13 +35,18 @@ sees its version and recovers.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
+from typing import TypeVar
 
 import anyio
 
 from postrain.core.errors import ActorDiedError, ActorError, ActorTimeoutError, PostrainError, RemoteError
 
-from ..records import PublishReport, SftBatch, StepMetrics, TrainBatch
+from ..records import (CheckpointLoaded, CheckpointSaved, LearnerStats, LoadCheckpoint, PublishReport,
+                       PublishRequest, Record, SaveCheckpoint, SftBatch, StepMetrics, TrainBatch)
+
+R = TypeVar("R", bound=Record)
 
 log = logging.getLogger("postrain.recovery")
 
@@ -99,8 +104,8 @@ class LearnerKeeper:
         Cancelled: the version is known; the publish may have reached some generators only
         (`resync_generators` republishes to those behind)."""
         async with self.lock:
-            stats = await self.learner.ask("stats", timeout_s=120)
-            self.version = self.checkpoint_version = int(stats["policy_version"])
+            stats = LearnerStats.from_wire(await self.learner.ask("stats", timeout_s=120))
+            self.version = self.checkpoint_version = stats.policy_version
             await self._with_recovery(self._publish_locked, "publish")
 
     async def restore(self, checkpoint_path: str) -> None:
@@ -126,8 +131,8 @@ class LearnerKeeper:
         async with self.lock:
             async def once():
                 """The step, once. Cancelled: as `step`."""
-                metrics = await self._ask(kind, batch.to_wire(), self.version, timeout_s=900)
-                self._expect(int(metrics["policy_version"]), self.version + 1, kind)
+                metrics = StepMetrics.from_wire(await self._ask(kind, batch, self.version, timeout_s=900))
+                self._expect(metrics.policy_version, self.version + 1, kind)
                 return metrics
             metrics = await self._with_recovery(once, kind)
             self.version += 1
@@ -140,7 +145,7 @@ class LearnerKeeper:
         async with self.lock:
             return await self._with_recovery(self._publish_locked, "publish")
 
-    async def checkpoint(self, path: str, make_extra) -> dict:
+    async def checkpoint(self, path: str, make_extra) -> CheckpointSaved:
         """Save the learner with `make_extra()` (called under the lock, before the save: the
         orchestrator's state at exactly this learner version). Cancelled: the file at `path` may
         be written (the learner's save runs to its end) but the keeper keeps its previous restore
@@ -150,21 +155,25 @@ class LearnerKeeper:
 
             async def once():
                 """The save, once. Cancelled: as `checkpoint`."""
-                reply = await self._ask("save_checkpoint", {"path": path, "extra": extra}, self.version)
-                self._expect(int(reply["policy_version"]), self.version, "save_checkpoint")
+                reply = CheckpointSaved.from_wire(
+                    await self._ask("save_checkpoint", SaveCheckpoint(path=path, extra=extra), self.version))
+                self._expect(reply.policy_version, self.version, "save_checkpoint")
                 return reply
             reply = await self._with_recovery(once, "save_checkpoint")
             self.checkpoint_path, self.checkpoint_version = path, self.version
             self.since_checkpoint = []
             return reply
 
-    async def call(self, kind: str, body: dict, timeout_s: float = 600) -> dict:
-        """Any other learner request (export_hf, stats) against the learner of the invariant.
+    async def call(self, kind: str, request: Record | None, reply: type[R], timeout_s: float = 600) -> R:
+        """Any other learner request (`export_hf` with an ExportHf, `stats` with None) against the
+        learner of the invariant; its reply decoded as `reply` (ExportedHf, LearnerStats).
         Cancelled: the request may still run on the learner; see `_with_recovery`."""
         async with self.lock:
             async def once():
                 """The request, once. Cancelled: as `call`."""
-                return await self._ask(kind, body, self.version, timeout_s=timeout_s)
+                if request is None:     # nothing to guard: no version check
+                    return reply.from_wire(await self.learner.ask(kind, None, timeout_s=timeout_s))
+                return reply.from_wire(await self._ask(kind, request, self.version, timeout_s=timeout_s))
             return await self._with_recovery(once, kind)
 
     async def resync_generators(self) -> int:
@@ -224,12 +233,13 @@ class LearnerKeeper:
                                "look at its log (logs/learner.log) and raise its max_restarts only if "
                                "the cause is external")
 
-    async def _ask(self, kind: str, body: dict, expect_version: int, timeout_s: float = 600):
-        """Ask the learner, which refuses when it is not at `expect_version` (it restarted).
-        Cancelled: the request may still run on the learner; nothing here changes."""
+    async def _ask(self, kind: str, request: Record, expect_version: int, timeout_s: float = 600):
+        """Ask the learner `request` (a record with `expect_policy_version`), which it refuses when
+        it is not at `expect_version` (it restarted). Cancelled: the request may still run on the
+        learner; nothing here changes."""
+        guarded = dataclasses.replace(request, expect_policy_version=expect_version)
         try:
-            return await self.learner.ask(kind, {**body, "expect_policy_version": expect_version},
-                                          timeout_s=timeout_s)
+            return await self.learner.ask(kind, guarded.to_wire(), timeout_s=timeout_s)
         except RemoteError as exc:
             if exc.error_type == "PolicyVersionMismatch":
                 raise _LearnerRestarted(exc.remote_message) from None
@@ -264,8 +274,9 @@ class LearnerKeeper:
         checkpoint_version stay consistent with each other (they change together)."""
         stats = await self._wait_for(self.learner)
         if self.checkpoint_path is not None:
-            reply = await self.learner.ask("load_checkpoint", {"path": self.checkpoint_path}, timeout_s=600)
-            loaded = int(reply["policy_version"])
+            reply = CheckpointLoaded.from_wire(await self.learner.ask(
+                "load_checkpoint", LoadCheckpoint(path=self.checkpoint_path).to_wire(), timeout_s=600))
+            loaded = reply.policy_version
             if not self.checkpoint_version <= loaded <= self.version:
                 raise LearnerLostError(f"{self.checkpoint_path} holds policy version {loaded}, outside "
                                        f"{self.checkpoint_version}..{self.version}; it was overwritten")
@@ -273,13 +284,13 @@ class LearnerKeeper:
             del self.since_checkpoint[:loaded - self.checkpoint_version]
             self.checkpoint_version = loaded
         else:  # no checkpoint yet: a restarted learner holds its starting weights again
-            self._expect(int(stats["policy_version"]), self.checkpoint_version, "restart")
+            self._expect(LearnerStats.from_wire(stats).policy_version, self.checkpoint_version, "restart")
         version = self.checkpoint_version
         for batch, sample_ids in self.since_checkpoint:
             kind = _step_kind(batch)
-            metrics = await self._ask(kind, batch.to_wire(), version, timeout_s=900)
+            metrics = StepMetrics.from_wire(await self._ask(kind, batch, version, timeout_s=900))
             version += 1
-            self._expect(int(metrics["policy_version"]), version, f"replayed {kind}")
+            self._expect(metrics.policy_version, version, f"replayed {kind}")
             for sid in sample_ids:
                 self.ledger.note(sid, "replayed", policy_version=version)
         assert version == self.version, (version, self.version)
@@ -314,8 +325,8 @@ class LearnerKeeper:
         for attempt in range(3):
             targets = [name for name in targets if name in self.generator_names]
             try:
-                reply = await self._ask("publish", {"targets": targets, "chunk_mb": self.chunk_mb}, self.version)
-                result = PublishReport.from_wire(reply)
+                request = PublishRequest(targets=targets, chunk_mb=self.chunk_mb)
+                result = PublishReport.from_wire(await self._ask("publish", request, self.version))
                 break
             except RemoteError as exc:  # a generator died mid-sync: wait until it is back, again
                 if attempt == 2:

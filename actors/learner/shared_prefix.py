@@ -26,39 +26,16 @@ batch whose samples share nothing trains exactly as before.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import torch
 
 from ..models.llama import SharedPrefixBatch
+from .packed import PackedBatch, PrefixPlan
 
-if TYPE_CHECKING:
-    from .batch import PackedBatch
-
-
-@dataclass
-class PrefixPlan:
-    """A micro-batch's shared-prefix layout. The model returns the hidden states of the prefix
-    rows (G*P) then the suffix rows (B*S), the rows `hidden_rows` indexes. Invariant: for every real token t of sample b, row hidden_rows[b, t]
-    holds the hidden state the plain path computes at (b, t)."""
-
-    batch: SharedPrefixBatch
-    hidden_rows: torch.Tensor      # (B, T) int64 into cat(prefix rows (G*P), suffix rows (B*S)); 0 past the end
-
-    @property
-    def num_token_rows(self) -> int:
-        """Token rows the forward pass computes: G * P + B * S."""
-        return self.batch.prefix_ids.numel() + self.batch.suffix_ids.numel()
-
-    def to(self, device) -> "PrefixPlan":
-        b = self.batch
-        return PrefixPlan(SharedPrefixBatch(*(t.to(device) for t in (
-            b.prefix_ids, b.prefix_mask, b.suffix_ids, b.suffix_mask, b.group_of))), self.hidden_rows.to(device))
+__all__ = ["PrefixPlan", "common_prefix_lengths", "plan_micro_batches", "prefix_plan", "runs_of_shared_prefixes"]
 
 
-def plan_micro_batches(packed: "PackedBatch", micro_batch_size: int,
-                       enable_shared_prefix: bool) -> tuple[torch.Tensor, list["PackedBatch"]]:
+def plan_micro_batches(packed: PackedBatch, micro_batch_size: int,
+                       enable_shared_prefix: bool) -> tuple[torch.Tensor, list[PackedBatch]]:
     """(order, micro-batches): the samples in `order` (B,) int64, cut into consecutive micro-batches
     of `micro_batch_size`, each with its PrefixPlan where that is cheaper than padding. Without
     shared prefixes (disabled, or no cheaper) samples are sorted by length, so short ones pad to
@@ -76,16 +53,16 @@ def plan_micro_batches(packed: "PackedBatch", micro_batch_size: int,
     return by_length, plain
 
 
-def _cut(packed: "PackedBatch", size: int) -> list["PackedBatch"]:
+def _cut(packed: PackedBatch, size: int) -> list[PackedBatch]:
     return [packed.rows(s, min(s + size, packed.num_samples)) for s in range(0, packed.num_samples, size)]
 
 
-def _cost(mb: "PackedBatch") -> int:
+def _cost(mb: PackedBatch) -> int:
     """Token rows the forward pass of this micro-batch computes."""
     return mb.shared.num_token_rows if mb.shared is not None else mb.input_ids.numel()
 
 
-def _with_plan(mb: "PackedBatch") -> "PackedBatch":
+def _with_plan(mb: PackedBatch) -> PackedBatch:
     plan = prefix_plan(mb.input_ids, mb.attention_mask.sum(-1))
     if plan is not None and plan.num_token_rows < mb.input_ids.numel():
         mb.shared = plan

@@ -5,6 +5,7 @@
     driver.py        RunDriver: the run's phases, checkpoints and resume, the RL loop
     admission.py     Admission: when batch b may start (staleness, buffer), backpressure
     rollout_pool.py  RolloutPool: episodes on the environment actors, retries, ledger transitions
+    scored_sample.py ScoredSample: a sample whose rollout came back (pool -> admission -> train step)
     train_step.py    TrainStep: complete groups -> learner step -> publish -> metrics
     evaluation.py    Evaluator: held-out accuracy, greedy and sampled
     warm_start.py    the supervised warm start, chat_to_tokens
@@ -15,7 +16,8 @@ from .actor import OrchestratorActor
 from .admission import Admission, AdmittedBatch
 from .driver import RunDriver
 from .options import OrchestratorOptions
-from .rollout_pool import RolloutPool, ScoredSample
+from .rollout_pool import RolloutPool
+from .scored_sample import ScoredSample
 from .train_step import TrainStep
 from .warm_start import chat_to_tokens
 

@@ -5,11 +5,12 @@
     cls = "postrain.actors.orchestrator:OrchestratorActor"
     options = { num_steps = 50, max_staleness = 1, sampling = { max_new_tokens = 64 } }   # options.py
 
-Messages:
-- `run` {"run_folder", "resume"} (RunRequest) -> a stream of {"line": str} (progress),
-  {"figures": {...}} (one per RL step: the train metrics row plus num_steps and sample
-  counts, for the head's live view and exporter) and, last, {"summary": {...}};
-- `stop` -> the run finishes the step in progress, then evaluates and writes the summary.
+Messages (records/run.py):
+- `run` RunRequest {"run_folder", "resume"} -> a stream of RunUpdate items: {"line": str}
+  (progress), {"figures": {...}} (one per RL step: the train metrics row plus num_steps and
+  sample counts, for the head's live view and exporter) and, last, {"summary": {...}};
+- `stop` (no body) -> StopRun: the run finishes the step in progress, then evaluates and
+  writes the summary.
 
 A run stopped by a full disk ends the `run` stream with a RunStoppedError whose message is
 one line (what was full, what to free, how to resume); any other failure with its traceback.
@@ -29,7 +30,7 @@ import anyio
 from postrain.core import Actor, Load, handler
 
 from ..env.actor import load_tokenizer
-from ..records import RunRequest
+from ..records import RunRequest, RunUpdate, StopRun
 from ..run_state import PromptSchedule, read_run_state
 from ..tasks import get_task
 from .driver import RunDriver, RunStoppedError, open_run
@@ -72,46 +73,48 @@ class OrchestratorActor(Actor):
             queued=figures.pop("prompts_waiting", None), running=figures.pop("rollouts_in_flight", None),
             backpressure="" if backpressure == "none" else backpressure, figures=figures)
 
-    @handler("stop")
-    async def stop(self, body):
+    @handler("stop", request=None, reply=StopRun)
+    async def stop(self, body: None) -> StopRun:
         """Finish the current step, then evaluate and write the summary. Atomic: it never awaits,
         so a cancellation cannot cut it in half."""
         self.stop_requested = True
         if self.driver is not None:
             self.driver.stop()
+        return StopRun(running=self.driver is not None)
 
-    @handler("run", stream=True, concurrent=True)  # concurrent: a `stop` must not wait behind the run
-    async def run(self, body):
+    # concurrent: a `stop` must not wait behind the run
+    @handler("run", stream=True, concurrent=True, request=RunRequest, reply=RunUpdate)
+    async def run(self, request: RunRequest):
         """The run's items (module docstring). The run goes on in its own task (a stream handler
         must not yield from inside a task group); this handler relays what it reports.
         Cancelled: the relay ends; the run's task goes on until it finishes or fails."""
-        request = RunRequest.from_wire(body)
         send, receive = anyio.create_memory_object_stream(math.inf)
         self.node.spawn(self._run_to_channel, Path(request.run_folder), request.resume, send)
         async with receive:
             async for item in receive:
-                if "error" in item:
-                    raise (RunStoppedError if item.get("stopped") else RuntimeError)(item["error"])
+                if isinstance(item, Exception):
+                    raise item
                 yield item
 
     async def _run_to_channel(self, folder: Path, resume: bool, send) -> None:
-        """Run, reporting into `send`; an error becomes the stream's last item. Cancelled: the
-        stream closes without a summary (see RunDriver.run for the files)."""
+        """Run, reporting RunUpdates into `send`; an error becomes the stream's last item (the
+        exception the stream raises: a RunStoppedError's one line, or any other with its
+        traceback). Cancelled: the stream closes without a summary (see RunDriver.run for the files)."""
         async with send:
             try:
                 await self._run(folder, resume, send.send_nowait)
             except RunStoppedError as exc:
-                send.send_nowait({"error": str(exc), "stopped": True})
+                send.send_nowait(RunStoppedError(str(exc)))
             except Exception:
-                send.send_nowait({"error": traceback.format_exc()})
+                send.send_nowait(RuntimeError(traceback.format_exc()))
 
     async def _run(self, folder: Path, resume: bool, report) -> None:
         """The whole run; with `resume`, from the run folder's checkpoint (driver.py).
         Cancelled: see RunDriver.run."""
         state = read_run_state(folder / "checkpoint") if resume else None
-        if state is not None and state["phase"] == "done" and (folder / "summary.json").exists():
-            report({"line": f"the run in {folder} already finished; its summary:"})
-            report({"summary": json.loads((folder / "summary.json").read_text())})
+        if state is not None and state.phase == "done" and (folder / "summary.json").exists():
+            report(RunUpdate(line=f"the run in {folder} already finished; its summary:"))
+            report(RunUpdate(summary=json.loads((folder / "summary.json").read_text())))
             return
         self.driver = await open_run(options=self.options, task=self.task, schedule=self.schedule,
                                      tokenizer=self.tokenizer, folder=folder, state=state, resume=resume,

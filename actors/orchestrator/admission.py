@@ -20,12 +20,10 @@ sets its `generated` event. Everything here runs on the orchestrator's event loo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import anyio
 
-if TYPE_CHECKING:
-    from .rollout_pool import ScoredSample
+from .scored_sample import ScoredSample
 
 BACKPRESSURE = ("none", "staleness", "buffer_full")
 

@@ -60,8 +60,9 @@ from postrain.core.metrics import MetricsWriter
 
 from ..ledger import SampleLedger
 from ..learner.recovery import LearnerKeeper
-from ..run_state import (RUN_STATE_FORMAT, check_same_data_order, check_same_sft_shape, cut_back, data_order,
-                         note_resume, repair_torn_lines)
+from ..records import CheckpointSaved, ExportedHf, ExportHf, RunState, RunUpdate
+from ..run_state import (check_same_data_order, check_same_sft_shape, cut_back, data_order, note_resume,
+                         repair_torn_lines)
 from ..env.tools import STOP_STRINGS
 from .admission import Admission
 from .evaluation import Evaluator
@@ -83,8 +84,8 @@ class RunDriver:
     """The phases of one run (module docstring). Made by `open_run`; `run()` once."""
 
     def __init__(self, *, options: OrchestratorOptions, task, schedule, tokenizer, folder: Path,
-                 state: dict | None, resume_index: int, keeper: LearnerKeeper, envs: list,
-                 ledger: SampleLedger, metrics: MetricsWriter, report: Callable[[dict], None], head=None):
+                 state: RunState | None, resume_index: int, keeper: LearnerKeeper, envs: list,
+                 ledger: SampleLedger, metrics: MetricsWriter, report: Callable[[RunUpdate], None], head=None):
         self.options = options
         self.task = task                     # TaskSpec
         self.schedule = schedule             # PromptSchedule: batch b's prompts
@@ -92,7 +93,7 @@ class RunDriver:
         self.folder = folder
         self.state = state                   # the checkpoint's run state to resume from (None: start)
         self.resume_index = resume_index     # 0: a fresh start; k: the k-th `postrain up --resume`
-        self.report = report                 # items of the `run` stream: {"line"}, {"figures"}, {"summary"}
+        self.report = report                 # items of the `run` stream (RunUpdate: line, figures, summary)
         self.keeper = keeper
         self.ledger = ledger
         self.metrics = metrics
@@ -100,7 +101,7 @@ class RunDriver:
         self.work = WorkSignal(head, metrics)  # head: the ActorRef its elastic cores are asked of
         self.pool = RolloutPool(envs, keeper, ledger, options.max_concurrent_rollouts,
                                 options.max_rollout_retries, self.work, keeper.generator_names)
-        self.train_step = TrainStep(keeper, ledger, metrics, lambda figures: report({"figures": figures}),
+        self.train_step = TrainStep(keeper, ledger, metrics, lambda figures: report(RunUpdate(figures=figures)),
                                     options.samples_per_prompt, options.num_steps)
         self.evaluator = Evaluator(task, options, self.pool, metrics, self.emit)
         self.learner_idle_s = 0.0            # RL time the learner waited for a generated batch
@@ -110,7 +111,7 @@ class RunDriver:
         self.warm_start_s = 0.0              # seconds of supervised warm-start steps (this start)
 
     def emit(self, line: str) -> None:
-        self.report({"line": line})
+        self.report(RunUpdate(line=line))
 
     def stop(self) -> None:
         """Finish the step in progress, then evaluate and write the summary."""
@@ -157,9 +158,9 @@ class RunDriver:
                 self.emit("no checkpoint was written before the run stopped; starting it from the beginning")
             await self.keeper.attach()
             warmed_up = await self._warm_up()
-        elif self.state["phase"] == "sft":
+        elif self.state.phase == "sft":
             await self._restore(self.state)
-            warmed_up = await self._warm_up(sft_from=int(self.state["sft_step"]))
+            warmed_up = await self._warm_up(sft_from=self.state.sft_step)
         else:
             await self._restore(self.state)
             warmed_up = True
@@ -172,13 +173,13 @@ class RunDriver:
         rl_wall_s = time.time() - rl_start
         await self.evaluator.phase("after", "after RL", step=steps, rl_wall_s=round(rl_wall_s, 2))
         checkpoint = await self._checkpoint("done" if steps == self.options.num_steps else "rl")
-        policy = await self.keeper.call("export_hf", {"path": str(self.folder / "policy")})
+        policy = await self.keeper.call("export_hf", ExportHf(path=str(self.folder / "policy")), ExportedHf)
         self.ledger.check()
-        summary = self._summary(steps, time.time() - start, rl_wall_s, checkpoint["path"], policy["path"])
+        summary = self._summary(steps, time.time() - start, rl_wall_s, checkpoint.path, policy.path)
         (self.folder / "summary.json").write_text(json.dumps(summary, indent=2))
         self.ledger.close()
         self.metrics.close()
-        self.report({"summary": summary})
+        self.report(RunUpdate(summary=summary))
         return summary
 
     def _summary(self, steps: int, wall_s: float, rl_wall_s: float, checkpoint: str, policy: str) -> dict:
@@ -224,39 +225,40 @@ class RunDriver:
 
     # -- checkpoints and resume ----------------------------------------------------------
 
-    async def _checkpoint(self, phase: str, sft_step: int | None = None) -> dict:
+    async def _checkpoint(self, phase: str, sft_step: int | None = None) -> CheckpointSaved:
         """Learner + run state (actors/run_state.py) at the learner's current version; `sft_step`:
         the SFT steps done (phase "sft" only). Cancelled: see LearnerKeeper.checkpoint (the
         previous checkpoint stays the one to resume)."""
         options = self.options
 
         def make_extra() -> dict:  # synchronous: one consistent moment of the ledger and the files
-            return {"format": RUN_STATE_FORMAT, "phase": phase, "next_batch": self.admission.num_trained,
-                    "sft_step": options.sft_steps if sft_step is None else sft_step,
-                    "sft_shape": {"sft_steps": options.sft_steps, "sft_batch_size": options.sft_batch_size},
-                    "evals": dict(self.evaluator.evals), "ledger": self.ledger.state_dict(),
-                    "ledger_events_offset": self.ledger.events_offset(),
-                    "metrics_offset": self.metrics.size(), "data_order": data_order(options)}
+            return RunState(phase=phase, next_batch=self.admission.num_trained,
+                            sft_step=options.sft_steps if sft_step is None else sft_step,
+                            sft_shape={"sft_steps": options.sft_steps, "sft_batch_size": options.sft_batch_size},
+                            evals=dict(self.evaluator.evals), ledger=self.ledger.state_dict(),
+                            ledger_events_offset=self.ledger.events_offset(), metrics_offset=self.metrics.size(),
+                            data_order=data_order(options)).to_wire()
         return await self.keeper.checkpoint(str(self.folder / "checkpoint"), make_extra)
 
-    async def _restore(self, state: dict) -> None:
+    async def _restore(self, state: RunState) -> None:
         """The checkpoint's learner, ledger, evaluations and cursor. Cancelled: the learner may
         or may not hold the checkpoint; a later resume loads it again."""
         check_same_data_order(state, self.options)
         check_same_sft_shape(state, self.options)
-        self.ledger.load_state_dict(state["ledger"])
+        self.ledger.load_state_dict(state.ledger)
         interrupted = self.ledger.in_flight()
         for sample_id in interrupted:
             self.ledger.drop(sample_id, "interrupted", resume=self.resume_index)
-        self.evaluator.evals.update(state["evals"])
-        self.admission.start_at(int(state["next_batch"]))
+        self.evaluator.evals.update(state.evals)
+        self.admission.start_at(state.next_batch)
         await self.keeper.restore(str(self.folder / "checkpoint"))
         num_trained = self.admission.num_trained
         self.metrics.log("resume", resume=self.resume_index, next_batch=num_trained,
                          policy_version=self.keeper.version, num_interrupted=len(interrupted),
-                         phase=state["phase"], sft_step=int(state.get("sft_step", self.options.sft_steps)))
-        if state["phase"] == "sft":
-            self.emit(f"resumed in the warm start after SFT step {state['sft_step']}/{self.options.sft_steps} "
+                         phase=state.phase,
+                         sft_step=self.options.sft_steps if state.sft_step is None else state.sft_step)
+        if state.phase == "sft":
+            self.emit(f"resumed in the warm start after SFT step {state.sft_step}/{self.options.sft_steps} "
                       f"(policy version {self.keeper.version}); the steps after it are trained again")
             return
         self.emit(f"resumed at batch {num_trained} (policy version {self.keeper.version}); "
@@ -334,7 +336,7 @@ class RunDriver:
 
 
 async def open_run(*, options: OrchestratorOptions, task, schedule, tokenizer, folder: Path,
-                   state: dict | None, resume: bool, lookup, report: Callable[[dict], None],
+                   state: RunState | None, resume: bool, lookup, report: Callable[[RunUpdate], None],
                    head=None, gone: dict[str, str] | None = None) -> RunDriver:
     """A RunDriver for `folder`: with `resume`, the ledger and metrics files cut back to the
     checkpoint's `state` (none: to empty) and this resume noted; the actors looked up, but for
@@ -345,16 +347,16 @@ async def open_run(*, options: OrchestratorOptions, task, schedule, tokenizer, f
         for name, offset_key in (("ledger.jsonl", "ledger_events_offset"), ("metrics.jsonl", "metrics_offset")):
             warning = repair_torn_lines(folder / name)
             if warning:
-                report({"line": warning})
-            cut_back(folder / name, state[offset_key] if state else 0)
+                report(RunUpdate(line=warning))
+            cut_back(folder / name, getattr(state, offset_key) if state else 0)
     ledger = SampleLedger(folder / "ledger.jsonl")
     metrics = MetricsWriter(folder)
-    report_line = lambda line: report({"line": line})  # noqa: E731
+    report_line = lambda line: report(RunUpdate(line=line))  # noqa: E731
     generators = [name for name in options.generators if name not in gone]
     keeper = LearnerKeeper(await lookup(options.learner), generators, lookup, ledger, report_line,
                            chunk_mb=options.weight_chunk_mb)
     envs = [await lookup(name) for name in options.envs if name not in gone]
-    resume_index = note_resume(folder, state["next_batch"] if state else None) if resume else 0
+    resume_index = note_resume(folder, state.next_batch if state else None) if resume else 0
     return RunDriver(options=options, task=task, schedule=schedule, tokenizer=tokenizer, folder=folder,
                      state=state, resume_index=resume_index, keeper=keeper, envs=envs, ledger=ledger,
                      metrics=metrics, report=report, head=head)

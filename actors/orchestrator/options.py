@@ -13,7 +13,8 @@ from ..tasks import TaskOptions
 
 
 def _rl_sampling() -> SamplingParams:
-    return SamplingParams(temperature=1.0, max_new_tokens=96)
+    """SamplingParams' defaults, with room for a tool call and an answer (96 new tokens, not 64)."""
+    return SamplingParams(max_new_tokens=96)
 
 
 class OrchestratorOptions(TaskOptions):
@@ -46,7 +47,7 @@ class OrchestratorOptions(TaskOptions):
                                      "tokens are older than the last publish")
     sampling: SamplingParams = Field(default_factory=_rl_sampling, description="how rollouts sample "
                                      "(SamplingParams fields; stop is set to the tools' stop strings); "
-                                     "default temperature 1.0, max_new_tokens 96")
+                                     "SamplingParams' defaults but max_new_tokens 96")
     max_rl_wall_s: float | None = Field(None, gt=0, description="seconds of RL at most (this start of "
                                         "the run): once spent, the step in progress finishes, then the "
                                         "final evaluation; none: num_steps alone ends RL")

@@ -18,18 +18,19 @@ incomplete group, are the train step's.)
 """
 from __future__ import annotations
 
-import dataclasses
 
 import anyio
 
 from postrain.core.errors import PostrainError
 
-from ..env.api import Reward
 from ..records import Rollout, RolloutRequest, SamplingParams
 from ..learner.recovery import is_actor_death, short_reason
 from ..run_state import batch_sample_id
 from ..timeline import note_hops
 from .admission import AdmittedBatch
+from .scored_sample import ScoredSample
+
+__all__ = ["RolloutPool", "ScoredSample", "StaleRolloutError"]
 
 ROLLOUT_TIMEOUT_S = 900
 
@@ -37,18 +38,6 @@ ROLLOUT_TIMEOUT_S = 900
 class StaleRolloutError(PostrainError, RuntimeError):
     """A rollout kept coming back sampled by weights older than the last publish (a generator
     that kept restarting), after every retry."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ScoredSample:
-    """A sample whose rollout came back: its ledger id and the rollout (with its reward)."""
-
-    sample_id: str
-    rollout: Rollout
-
-    @property
-    def reward(self) -> Reward:
-        return self.rollout.reward
 
 
 class RolloutPool:

@@ -15,7 +15,7 @@ import statistics
 from typing import Callable
 
 from ..records import PublishReport, TrainBatch
-from .rollout_pool import ScoredSample
+from .scored_sample import ScoredSample
 
 # A speculative generator's figures in its `stats` (postrain.actors.generator.engine.Engine.speculation_stats).
 SPECULATION_FIGURES = ("acceptance_rate", "tokens_per_verify_step", "draft_time_share")
@@ -64,7 +64,7 @@ class TrainStep:
         tokens_per_verify_step and draft_time_share since it started, suffixed `_<generator>`.
         Cancelled: see LearnerKeeper.publish (generators that replied hold the version; no row
         is written)."""
-        report = PublishReport.from_wire(await self.keeper.publish())
+        report = await self.keeper.publish()
         speculation = {f"{figure}_{name}": round(stats[figure], 4)
                        for name, stats in sorted((await self.keeper.generator_stats()).items())
                        if "acceptance_rate" in stats for figure in SPECULATION_FIGURES}
@@ -85,7 +85,7 @@ class TrainStep:
             return f"step {b + 1}: every group failed; nothing to train"
         batch = train_batch(samples, self.samples_per_prompt)
         metrics = await self.keeper.step(batch, [s.sample_id for s in samples])
-        trained_version = metrics.get("policy_version", 1) - 1  # the weights this step started from
+        trained_version = metrics.policy_version - 1  # the weights this step started from
         staleness = [trained_version - s.rollout.oldest_policy_version(default=trained_version)
                      for s in samples]
         for sample, sample_staleness in zip(samples, staleness):
@@ -93,7 +93,7 @@ class TrainStep:
         sync = await self.publish()
         rewards = batch.rewards
         correct = statistics.fmean(s.reward.components.get("correct", s.reward.total) for s in samples)
-        learner_figures = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+        learner_figures = {k: v for k, v in metrics.values.items() if isinstance(v, (int, float))}
         row = self.metrics.log("train", **{**learner_figures, "step": b + 1,
                                            "reward_mean": statistics.fmean(rewards), "correct_mean": correct,
                                            "sync_s": sync.total_s, "staleness_max": max(staleness),

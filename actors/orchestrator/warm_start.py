@@ -42,7 +42,7 @@ async def warm_start(task, tokenizer, options: OrchestratorOptions, keeper, metr
         rendered = [chat_to_tokens(tokenizer, d["messages"]) for d in chunk]
         batch = SftBatch(token_ids=[ids for ids, _ in rendered], loss_mask=[mask for _, mask in rendered])
         step_metrics = await keeper.step(batch)
-        metrics.log("sft", **step_metrics)
+        metrics.log("sft", **step_metrics.values)
         if step % 10 == 0 or step == num_steps - 1:
             emit(f"sft step {step + 1}/{num_steps}: loss {step_metrics['loss']:.3f}")
         if (step + 1) % options.sft_checkpoint_every == 0 or step + 1 == num_steps:

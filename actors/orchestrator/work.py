@@ -20,6 +20,8 @@ from contextlib import asynccontextmanager
 
 import anyio
 
+from postrain.core.lending import WorkReply, WorkRequest
+
 log = logging.getLogger("postrain.orchestrator")
 
 
@@ -61,16 +63,16 @@ class WorkSignal:
         cores stay where they are (a warning says so). Cancelled: the head may or may not move
         the cores."""
         try:
-            reply = await self.head.ask("work", {"actor": actor, "busy": busy}, timeout_s=60)
+            reply = WorkReply.from_wire(await self.head.ask("work", WorkRequest(actor, busy).to_wire(), timeout_s=60))
         except Exception as exc:  # noqa: BLE001 - see the docstring
             log.warning("cores: the head did not take %s %s work (%s); its cores stay where they are",
                         actor, "having" if busy else "ending", exc)
             return
-        if not reply["elastic"]:
+        if not reply.elastic:
             self._not_elastic.add(actor)
             return
-        holdings = reply["holdings"]
-        for transfer in reply["transfers"]:
+        holdings = reply.holdings
+        for transfer in reply.transfers:
             self.num_moves += 1
             taker = holdings.get(transfer["taker"], {})
             log.info("cores %s %s: %s -> %s (%s %s work); %s now has %s threads", transfer["action"],

@@ -40,7 +40,7 @@ def _conforms(value: Any, tp: Any) -> bool:
         return isinstance(value, numbers.Integral) and not isinstance(value, bool)
     if tp is float:
         return isinstance(value, numbers.Real) and not isinstance(value, bool)
-    if origin is list or tp is list:
+    if origin in (list, tuple) or tp in (list, tuple):   # tuple[X, ...]: checked as list[X]
         if not isinstance(value, (list, tuple)):
             return False
         # Per-token lists of numbers are checked by length only (`_check`): checking each element

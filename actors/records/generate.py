@@ -11,10 +11,14 @@ class SamplingParamsError(RecordError):
     """A sampling parameter outside its range."""
 
 
-@dataclass
-class SamplingParams:
+@dataclass(frozen=True, slots=True)
+class SamplingParams(Record):
     """How to sample one request. Applies per request; n samples share the prompt. The
-    logprobs this yields are defined in actors/generator/sampling.py."""
+    logprobs this yields are defined in actors/generator/sampling.py.
+
+    The one table of sampling defaults: a role that needs a default takes it from here
+    (`SamplingParams().max_new_tokens`), never a literal of its own. Frozen: derive a
+    variant with `dataclasses.replace(params, max_new_tokens=8)`."""
 
     n: int = 1                                   # samples per prompt (GRPO group size)
     temperature: float = 1.0                     # 0 = greedy (argmax)
@@ -22,15 +26,17 @@ class SamplingParams:
     top_k: int = 0                               # keep the k most likely tokens; 0 = off
     seed: int | None = None                      # per-request seed; sample i uses seed + i
     max_new_tokens: int = 64                     # generated tokens at most, per sample
-    stop: list[str] = field(default_factory=list)             # stop strings (text is cut before them)
-    stop_token_ids: list[int] = field(default_factory=list)   # extra stop ids (kept in token_ids)
+    stop: tuple[str, ...] = ()                   # stop strings (text is cut before them); a str: one
+    stop_token_ids: tuple[int, ...] = ()         # extra stop ids (kept in token_ids)
     ignore_eos: bool = False                     # True = do not stop on the tokenizer's EOS ids
 
     def __post_init__(self):
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.stop = list(self.stop)
-        self.stop_token_ids = list(self.stop_token_ids)
+        # The wire and configs bring lists (and a lone stop string): normalise before the type checks.
+        object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        Record.__post_init__(self)
+
+    def _check(self) -> None:
         checks = [
             (self.n >= 1, "n", self.n, ">= 1"),
             (self.temperature >= 0, "temperature", self.temperature, ">= 0 (0 = greedy)"),
@@ -50,11 +56,14 @@ class SamplingParams:
         return self.temperature if self.temperature > 0 else 1.0
 
     def to_wire(self) -> dict:
-        return dataclasses.asdict(self)
+        """Every field (seed too when None), stop lists as lists: what the handlers always received."""
+        return {f.name: list(v) if isinstance(v, tuple) else v
+                for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
 
     @classmethod
     def from_wire(cls, data: dict | None) -> "SamplingParams":
-        """SamplingParams of a dict of its fields; an unknown field is a SamplingParamsError naming it."""
+        """SamplingParams of a dict of its fields (None or {}: the defaults); an unknown field is a
+        SamplingParamsError naming it."""
         if isinstance(data, cls):
             return data
         data = dict(data or {})
@@ -111,3 +120,31 @@ class GenerateReply(Record):
     samples: list[GeneratedSample] = field(metadata=codec(
         lambda samples: [s.to_wire() for s in samples],
         lambda samples: [GeneratedSample.from_wire(s) for s in samples]))
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratorStats(Record):
+    """The generator's `stats` reply (no body): the engine's batch and queue, its KV cache, the policy
+    version, throughput and counters since start; the speculation figures with speculative decoding."""
+
+    num_running: int
+    num_waiting: int
+    kv_num_used_blocks: int
+    kv_num_blocks: int
+    kv_utilization: float
+    prefix_hit_rate: float
+    policy_version: int
+    tokens_per_s: float
+    num_steps: int
+    num_generated_tokens: int
+    num_prefill_tokens: int
+    num_cached_prompt_tokens: int
+    num_preemptions: int
+    busy_s: float
+    num_verify_steps: int
+    num_drafted_tokens: int
+    num_accepted_tokens: int
+    draft_s: float
+    acceptance_rate: float | None = None           # with speculative decoding only
+    tokens_per_verify_step: float | None = None    # with speculative decoding only
+    draft_time_share: float | None = None          # with speculative decoding only

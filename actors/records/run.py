@@ -1,9 +1,14 @@
-"""`run`: the head asks the orchestrator to drive a run."""
+"""`run`, `stop`: the head drives a run on the orchestrator, and follows it (the `run` stream's
+items); `RunState`: the orchestrator's part of a checkpoint (actors/run_state.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .base import Record
+
+RUN_STATE_FORMAT = "postrain-run-1"
+RUN_PHASES = ("sft", "rl", "done")
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,6 +19,54 @@ class RunRequest(Record):
     resume: bool = False
 
 
-#: A learner step's reply (`train`, `sft`): float metrics, always with "policy_version" (the
-#: version after the step), "loss" and "step"; the rest vary with the objective (see learner.py).
-StepMetrics = dict[str, float]
+@dataclass(frozen=True, slots=True)
+class RunUpdate(Record):
+    """One item of the orchestrator's `run` stream: exactly one of `line` (a line of progress),
+    `figures` (one per RL step: the train metrics row plus num_steps and the sample counts, for
+    the head's live view and exporters) or `summary` (the last item: the run's summary.json)."""
+
+    line: str | None = None
+    figures: dict[str, Any] | None = None
+    summary: dict[str, Any] | None = None
+
+    def _check(self) -> None:
+        given = [name for name in ("line", "figures", "summary") if getattr(self, name) is not None]
+        if len(given) != 1:
+            self._fail("line", self.line, f"given alone: one of line, figures, summary (got {given or 'none'})")
+
+
+@dataclass(frozen=True, slots=True)
+class StopRun(Record):
+    """The orchestrator's `stop`: finish the step in progress, then evaluate and write the summary.
+    Its reply says whether a run was under way (one started later stops at once too)."""
+
+    running: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RunState(Record):
+    """The orchestrator's part of a learner checkpoint (its `extra`): what a resumed run continues
+    from. Written between two train (or warm-start) steps; the fields are described in
+    actors/run_state.py. `sft_step` and `sft_shape` are absent from checkpoints written before
+    the warm start checkpointed (None: the warm start is done)."""
+
+    phase: str
+    next_batch: int
+    evals: dict[str, float]
+    ledger: dict[str, Any]
+    ledger_events_offset: int
+    metrics_offset: int
+    data_order: dict[str, Any]
+    sft_step: int | None = None
+    sft_shape: dict[str, int] | None = None
+    format: str = RUN_STATE_FORMAT
+
+    def _check(self) -> None:
+        if self.format != RUN_STATE_FORMAT:
+            self._fail("format", self.format, repr(RUN_STATE_FORMAT))
+        if self.phase not in RUN_PHASES:
+            self._fail("phase", self.phase, f"one of {RUN_PHASES}")
+        if self.next_batch < 0 or self.ledger_events_offset < 0 or self.metrics_offset < 0:
+            self._fail("next_batch", self.next_batch, ">= 0, with the file offsets >= 0")
+        if self.phase == "sft" and self.sft_step is None:
+            self._fail("sft_step", None, "given in phase 'sft' (the SFT steps trained)")

@@ -1,9 +1,19 @@
-"""`train`, `sft`: the batches the learner steps on (actors/learner/batch.py has the per-token rules)."""
+"""`train`, `sft`: the batches the learner steps on (actors/learner/batch.py has the per-token
+rules), and the step's reply.
+
+Both batches may carry `expect_policy_version`: the learner version the caller's LearnerKeeper
+predicts (actors/learner/recovery.py); a learner at another version refuses the step
+(PolicyVersionMismatch) instead of training the wrong weights. It is a guard on the request,
+not part of the data: the learner ignores it once checked."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from .base import Record, Vector
+from .base import Record, RecordError, Vector
+
+#: The fields of the batches below that are not per-sample (a shard keeps them whole).
+NOT_PER_SAMPLE = ("expect_policy_version",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -12,6 +22,7 @@ class SftBatch(Record):
 
     token_ids: list[Vector]
     loss_mask: list[Vector]
+    expect_policy_version: int | None = None
 
     def _check(self) -> None:
         _one_per_sample(self, ("loss_mask",))
@@ -33,6 +44,7 @@ class TrainBatch(Record):
     rewards: Vector | None = None
     reward_components: dict[str, Vector] | None = None
     group_ids: Vector | None = None
+    expect_policy_version: int | None = None
 
     def _check(self) -> None:
         _one_per_sample(self, ("loss_mask", "behavior_logprobs", "policy_versions", "advantages", "rewards",
@@ -47,6 +59,43 @@ class TrainBatch(Record):
     @property
     def num_samples(self) -> int:
         return len(self.token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class StepMetrics(Record):
+    """The `train` / `sft` reply: the step's float metrics by name, always with "policy_version"
+    (the version after the step), "loss" and "step"; the rest vary with the objective
+    (actors/learner/learner.py). It travels flat, as the dict {name: value}."""
+
+    values: dict[str, float]
+
+    REQUIRED = ("policy_version", "loss", "step")
+
+    def _check(self) -> None:
+        missing = [name for name in self.REQUIRED if name not in self.values]
+        if missing:
+            self._fail("values", self.values, f"a dict with {list(self.REQUIRED)} (missing {missing})")
+
+    @property
+    def policy_version(self) -> int:
+        return int(self.values["policy_version"])
+
+    def __getitem__(self, name: str) -> float:
+        return self.values[name]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.values.get(name, default)
+
+    def to_wire(self) -> dict:
+        return dict(self.values)
+
+    @classmethod
+    def from_wire(cls, data: Any) -> "StepMetrics":
+        if isinstance(data, cls):
+            return data
+        if not isinstance(data, dict):
+            raise RecordError(f"a StepMetrics travels as a dict of metrics, got {type(data).__name__}")
+        return cls(values=dict(data))
 
 
 def _one_per_sample(record: Record, names: tuple[str, ...]) -> None:

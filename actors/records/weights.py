@@ -80,3 +80,20 @@ class PublishReport(Record):
     num_messages: int
     sync_s: dict[str, float]
     total_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class WeightsChannel(Record):
+    """The `weights_channel` reply (no body): where a learner on another node sends this
+    receiver's sealed weight pieces (core/sealed.py)."""
+
+    address: str
+
+
+@dataclass(frozen=True, slots=True)
+class WeightsDigest(Record):
+    """The weight receiver's `digest` reply (no body): the version held and a sha256 of its weights
+    (actors/learner/publish.py, weights_digest)."""
+
+    version: int
+    digest: str

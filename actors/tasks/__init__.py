@@ -15,155 +15,31 @@ held-out evaluation set, and (optionally) supervised demonstrations. Configs nam
     env = spec.make_env(sandbox=handle, options={"max_tool_calls": 2})
 
 `register_task(spec)` adds one under its name. Task dicts are plain data (they travel over the
-wire); the same `options` dict (a config's `task_options`) feeds the task generator (difficulty
-knobs) and the environment, and the task's `options_model` (by default its environment class's)
-checks it wherever the spec uses it: a misspelt option is a `TaskOptionsError` naming it.
+wire); the same options (a config's `task_options`) feed the task generator (difficulty knobs)
+and the environment: the task's `options_model` (by default its environment class's) checks
+them wherever the spec uses them (a misspelt option is a `TaskOptionsError` naming it), and the
+generator and the environment read the validated model's attributes, whose fields hold every
+default.
+
+Modules: `registry.py` holds TaskSpec and the registry (re-exported here); this package imports
+the built-in task modules and registers them; no task module imports this package.
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from postrain.core import Options, import_object
-from postrain.core.errors import PostrainError
+from postrain.core import Options
 
-from ..env.api import Environment, check_options
 from . import arithmetic, code, dataset, demonstrations, reasoning_gym, terminal, verifiers_env
-
-
-class TaskError(PostrainError, ValueError):
-    """An unknown task name, a bad import path or a bad registration."""
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskSpec:
-    """name; env_class (an Environment subclass); train(seed, options) -> endless iterator of task
-    dicts; eval(options) -> the held-out list; demos(num, seed, options) -> demonstrations or None;
-    options_model: the pydantic model of its task options (None: the env class's
-    `options_model`, which may be None too: unchecked). Every method checks `options` first."""
-
-    name: str
-    env_class: type
-    train: Callable[[int, dict | None], Iterator[dict]]
-    eval: Callable[[dict | None], list[dict]]
-    demos: Callable[..., list[dict]] | None = None
-    description: str = ""
-    options_model: type | None = None
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.env_class, type) and issubclass(self.env_class, Environment)):
-            raise TaskError(f"TaskSpec({self.name!r}).env_class must be an Environment subclass, got "
-                            f"{self.env_class!r}; fix: subclass postrain.actors.Environment")
-        if self.options_model is None:
-            object.__setattr__(self, "options_model", self.env_class.options_model)
-
-    @property
-    def uses_sandbox(self) -> bool:
-        """Its environment runs code (`Environment.uses_sandbox`): a run needs a sandbox actor."""
-        return bool(self.env_class.uses_sandbox)
-
-    def needs_sandbox(self, options: dict | None = None) -> bool:
-        """For an environment class with a classmethod `needs_sandbox(options)`, its answer for these
-        options (a dataset task scored by `code_tests` runs code; arithmetic with plain answers does
-        not); else `uses_sandbox`."""
-        by_options = getattr(self.env_class, "needs_sandbox", None)
-        if by_options is None:
-            return self.uses_sandbox
-        return bool(by_options(self.check_options(options)))
-
-    def check_options(self, options: dict | None) -> dict:
-        """A copy of `options`, checked by `options_model`; TaskOptionsError names a bad one."""
-        return check_options(self.options_model, options, f"task {self.name!r}")
-
-    def train_tasks(self, seed: int = 0, options: dict | None = None) -> Iterator[dict]:
-        return self.train(seed, self.check_options(options))
-
-    def eval_tasks(self, options: dict | None = None) -> list[dict]:
-        return self.eval(self.check_options(options))
-
-    def demonstrations(self, num: int, seed: int = 0, options: dict | None = None) -> list[dict]:
-        if self.demos is None:
-            raise TaskError(f"task {self.name!r} has no built-in demonstrations; fix: give the SFT "
-                            f"stage a JSONL file of chat demonstrations")
-        return self.demos(num, seed, self.check_options(options))
-
-    def make_env(self, *, sandbox=None, generator=None, options: dict | None = None) -> Environment:
-        return self.env_class(sandbox=sandbox, generator=generator, options=self.check_options(options))
-
-    @classmethod
-    def from_environment(cls, env_class: type, name: str) -> "TaskSpec":
-        """The task of an Environment subclass named alone (`task = "pkg.mod:EnvClass"`): its
-        classmethods `train_tasks(seed, options)` and `eval_tasks(options)` (and
-        `demonstrations(num, seed, options)`) where it defines them. An environment actor needs
-        none of them (the orchestrator sends the tasks); a missing one fails when it is used."""
-        def missing(method: str, signature: str):
-            def fail(*args, **kwargs):
-                raise TaskError(f"task {name!r} is the environment class {env_class.__name__}, which "
-                                f"defines no {method}; fix: add a classmethod {method}{signature} to "
-                                f"it, or name a TaskSpec as the task")
-            return fail
-        return cls(name, env_class,
-                   train=getattr(env_class, "train_tasks", None) or missing("train_tasks", "(seed, options)"),
-                   eval=getattr(env_class, "eval_tasks", None) or missing("eval_tasks", "(options)"),
-                   demos=getattr(env_class, "demonstrations", None),
-                   description=(env_class.__doc__ or "").strip().split("\n")[0])
-
-
-def _code_demos(num: int, seed: int = 0, options: dict | None = None) -> list[dict]:
-    demos = demonstrations.code_demonstrations(seed, options)
-    return [demos[i % len(demos)] for i in range(num)]
-
-
-_REGISTRY: dict[str, TaskSpec] = {}
-
-
-def register_task(spec: TaskSpec, *, replace: bool = False) -> TaskSpec:
-    if not isinstance(spec, TaskSpec):
-        raise TaskError(f"register_task takes a TaskSpec, got {type(spec).__name__}")
-    if spec.name in _REGISTRY and not replace:
-        raise TaskError(f"task {spec.name!r} is already registered; fix: pick another name or pass "
-                        f"replace=True")
-    _REGISTRY[spec.name] = spec
-    return spec
-
-
-def get_task(name: str) -> TaskSpec:
-    """A registered task by name, or an import path 'package.module:attr' (through
-    `postrain.core.import_object`) of a TaskSpec, a function returning one, or an Environment
-    subclass (`TaskSpec.from_environment`, named by the path)."""
-    if name in _REGISTRY:
-        return _REGISTRY[name]
-    if name.startswith(reasoning_gym.PREFIX):
-        return reasoning_gym.family_task(name.removeprefix(reasoning_gym.PREFIX))
-    if ":" not in name:
-        raise TaskError(f"unknown task {name!r}; registered: {sorted(_REGISTRY)}; fix: use one of "
-                        f"those or an import path 'package.module:SPEC' (or ':EnvClass')")
-    try:
-        obj = import_object(name)
-    except ImportError as exc:
-        raise TaskError(f"cannot load task {name!r}: {exc}; fix: check the import path") from exc
-    if isinstance(obj, type) and issubclass(obj, Environment):
-        return TaskSpec.from_environment(obj, name)
-    if callable(obj) and not isinstance(obj, TaskSpec):
-        obj = obj()
-    if not isinstance(obj, TaskSpec):
-        raise TaskError(f"task {name!r} is a {type(obj).__name__}, not a TaskSpec or an Environment "
-                        f"subclass; fix: point at a TaskSpec, a function that returns one, or an "
-                        f"Environment subclass")
-    return obj
-
-
-def list_tasks() -> list[str]:
-    return sorted(_REGISTRY)
-
+from .registry import TaskError, TaskSpec, get_task, list_tasks, register_task, register_task_family
 
 ARITHMETIC = register_task(TaskSpec(
     "arithmetic", arithmetic.ArithmeticEnv, arithmetic.train_tasks, arithmetic.eval_tasks,
     demonstrations.arithmetic_demonstrations, "integer + - * questions with a Python tool"))
 CODE = register_task(TaskSpec(
-    "code", code.CodeEnv, code.train_tasks, code.eval_tasks, _code_demos,
+    "code", code.CodeEnv, code.train_tasks, code.eval_tasks, demonstrations.code_demonstration_cycle,
     "write a function; run the visible tests, revise; graded on hidden tests"))
 DATASET = register_task(TaskSpec(
     "dataset", dataset.DatasetEnv, dataset.train_tasks, dataset.eval_tasks, dataset.demonstrations,
@@ -178,8 +54,10 @@ REASONING_GYM = register_task(TaskSpec(
 TERMINAL = register_task(TaskSpec(
     "terminal", terminal.TerminalEnv, terminal.train_tasks, terminal.eval_tasks, terminal.demonstrations,
     "shell work in one sandbox session per episode (files, repositories to fix); graded by a test script"))
+register_task_family(reasoning_gym.PREFIX, reasoning_gym.family_task)
 
-__all__ = ["ARITHMETIC", "CODE", "DATASET", "REASONING_GYM", "TERMINAL", "VERIFIERS", "TaskError", "TaskSpec", "get_task", "list_tasks", "register_task"]
+__all__ = ["ARITHMETIC", "CODE", "DATASET", "REASONING_GYM", "TERMINAL", "VERIFIERS", "TaskError",
+           "TaskOptions", "TaskSpec", "get_task", "list_tasks", "register_task", "register_task_family"]
 
 
 class TaskOptions(Options):

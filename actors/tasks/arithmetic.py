@@ -12,8 +12,8 @@ question, the reply's last integer is the answer (`What is 37 + 58?` -> `37 + 58
 
 Problems are generated, seeded and deterministic: `make_problem(rng, config)` draws
 `num_operands` integers of `min_digits..max_digits` digits joined by `operators`; the value
-follows Python's precedence. Difficulty knobs are the `ArithmeticConfig` fields, settable from
-task options.
+follows Python's precedence. Difficulty knobs are fields of `ArithmeticOptions` (the task
+options), which checks their ranges and holds every default.
 
 Held-out split, disjoint by construction: an expression belongs to the evaluation split iff the
 first byte of sha256("arithmetic:" + expression) is < `EVAL_HASH_CUTOFF` (about 5%).
@@ -23,21 +23,18 @@ first byte of sha256("arithmetic:" + expression) is < `EVAL_HASH_CUTOFF` (about 
 from __future__ import annotations
 
 import ast
-import dataclasses
 import hashlib
 import itertools
 import operator
 import random
-from typing import Iterator
+from typing import Iterator, Literal
 
-from typing import Literal
-
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from postrain.core import Options
 from postrain.core.errors import PostrainError
 
-from ..env.api import Environment, Reward, StepResult
+from ..env.api import Environment, Reward, StepResult, check_options
 from ..env.tools import TOOL_INSTRUCTIONS, format_observation, format_tool_output, parse_action
 from .rewards import last_integer
 
@@ -49,12 +46,13 @@ _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 
 
 class ArithmeticConfigError(PostrainError, ValueError):
-    """A difficulty knob out of range."""
+    """An expression that is not integers joined by + - * (`evaluate`)."""
 
 
 class ArithmeticOptions(Options):
     """The task options of `arithmetic` (a config's `task_options`): the problem generator's
-    knobs and `ArithmeticEnv`'s. Types are checked here; ranges by `ArithmeticConfig`."""
+    difficulty knobs and `ArithmeticEnv`'s, each default in its field; ranges are checked here
+    (1 <= min_digits <= max_digits <= 9, 2 <= min_operands <= max_operands <= 6)."""
 
     min_digits: int = Field(1, description="digits of each operand, at least")
     max_digits: int = Field(3, description="digits of each operand, at most (<= 9)")
@@ -75,37 +73,23 @@ class ArithmeticOptions(Options):
         "tagged", description="tagged: Python tool calls, then <answer>N</answer>; plain: the bare "
         "question, one reply without a tool, whose last integer is the answer")
 
-
-@dataclasses.dataclass(frozen=True)
-class ArithmeticConfig:
-    """Difficulty knobs (all from task options of the same name)."""
-
-    min_digits: int = 1         # digits of each operand, at least
-    max_digits: int = 3         # digits of each operand, at most (<= 9)
-    min_operands: int = 2       # numbers per expression, at least
-    max_operands: int = 3       # numbers per expression, at most (<= 6)
-    operators: tuple[str, ...] = OPERATORS   # a subset of + - *
-
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _ranges(self) -> "ArithmeticOptions":
         if not 1 <= self.min_digits <= self.max_digits <= 9:
-            raise ArithmeticConfigError(
-                f"digits must satisfy 1 <= min_digits <= max_digits <= 9, got "
-                f"{self.min_digits}..{self.max_digits}; fix: e.g. min_digits=1, max_digits=3")
+            raise ValueError(f"digits must satisfy 1 <= min_digits <= max_digits <= 9, got "
+                             f"{self.min_digits}..{self.max_digits}; fix: e.g. min_digits=1, max_digits=3")
         if not 2 <= self.min_operands <= self.max_operands <= 6:
-            raise ArithmeticConfigError(
-                f"operands must satisfy 2 <= min_operands <= max_operands <= 6, got "
-                f"{self.min_operands}..{self.max_operands}; fix: e.g. 2..3")
-        ops = tuple(self.operators)
-        if not ops or set(ops) - set(OPERATORS):
-            raise ArithmeticConfigError(
-                f"operators must be a non-empty subset of {OPERATORS}, got {ops!r}; fix: e.g. ['+', '*']")
-        object.__setattr__(self, "operators", ops)
+            raise ValueError(f"operands must satisfy 2 <= min_operands <= max_operands <= 6, got "
+                             f"{self.min_operands}..{self.max_operands}; fix: e.g. 2..3")
+        if not self.operators or set(self.operators) - set(OPERATORS):
+            raise ValueError(f"operators must be a non-empty subset of {OPERATORS}, got {self.operators!r}; "
+                             f"fix: e.g. ['+', '*']")
+        return self
 
-    @classmethod
-    def from_options(cls, options: dict | None) -> "ArithmeticConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: (tuple(v) if k == "operators" else v)
-                      for k, v in (options or {}).items() if k in names})
+
+def arithmetic_options(options: dict | ArithmeticOptions | None) -> ArithmeticOptions:
+    """`options` checked (a dict, None or an `ArithmeticOptions`); TaskOptionsError names a bad one."""
+    return check_options(ArithmeticOptions, options, "task 'arithmetic'")
 
 
 def evaluate(expression: str) -> int:
@@ -125,7 +109,7 @@ def in_eval_split(expression: str) -> bool:
     return hashlib.sha256(f"arithmetic:{expression}".encode()).digest()[0] < EVAL_HASH_CUTOFF
 
 
-def make_problem(rng: random.Random, config: ArithmeticConfig) -> dict:
+def make_problem(rng: random.Random, config: ArithmeticOptions) -> dict:
     """One problem: {"question", "expression", "answer"} (answer: int)."""
     num = rng.randint(config.min_operands, config.max_operands)
     numbers = [rng.randint(10 ** (d - 1) if d > 1 else 0, 10 ** d - 1)
@@ -136,9 +120,13 @@ def make_problem(rng: random.Random, config: ArithmeticConfig) -> dict:
             "answer": evaluate(expression)}
 
 
-def train_tasks(seed: int = 0, options: dict | None = None) -> Iterator[dict]:
-    """An endless, deterministic stream of training problems (never one of the eval split)."""
-    config = ArithmeticConfig.from_options(options)
+def train_tasks(seed: int = 0, options: dict | ArithmeticOptions | None = None) -> Iterator[dict]:
+    """An endless, deterministic stream of training problems (never one of the eval split).
+    Bad options raise here, not at the first problem."""
+    return _train_tasks(seed, arithmetic_options(options))
+
+
+def _train_tasks(seed: int, config: ArithmeticOptions) -> Iterator[dict]:
     rng = random.Random(f"arithmetic-train-{seed}")
     for i in itertools.count():
         problem = make_problem(rng, config)
@@ -146,10 +134,10 @@ def train_tasks(seed: int = 0, options: dict | None = None) -> Iterator[dict]:
             yield {"id": f"arithmetic-train-{seed}-{i}", **problem}
 
 
-def eval_tasks(options: dict | None = None) -> list[dict]:
-    """The held-out set: `NUM_EVAL` distinct problems (or fewer when the knobs allow fewer)."""
-    config = ArithmeticConfig.from_options(options)
-    num = int((options or {}).get("num_eval", NUM_EVAL))
+def eval_tasks(options: dict | ArithmeticOptions | None = None) -> list[dict]:
+    """The held-out set: `num_eval` distinct problems (or fewer when the knobs allow fewer)."""
+    config = arithmetic_options(options)
+    num = config.num_eval
     rng = random.Random(f"arithmetic-eval-{EVAL_SEED}")
     out, seen = [], set()
     for _ in range(200_000):
@@ -195,25 +183,24 @@ def prompt_messages(question: str, *, use_system_prompt: bool = True,
 class ArithmeticEnv(Environment):
     """Answer an arithmetic question, optionally after running Python.
 
-    Options: max_tool_calls (default 2; more calls are not run, the model is told to answer),
-    tool_timeout_s (default 5.0), format_weight (default 0.1), use_system_prompt (default True),
-    include_instructions (default True; False: the bare question, for a warm-started tiny model),
-    max_turns (default 4), answer_format (default "tagged"; "plain": one turn, no tool, judged by
-    `plain_answer_correct`).
+    Options (`ArithmeticOptions`, defaults there): max_tool_calls (more calls are not run, the
+    model is told to answer), tool_timeout_s, format_weight, use_system_prompt,
+    include_instructions (false: the bare question, for a warm-started tiny model), max_turns,
+    answer_format ("plain": one turn, no tool, judged by `plain_answer_correct`).
     """
 
-    max_turns = 4
     uses_sandbox = True
     options_model = ArithmeticOptions
+    options: ArithmeticOptions
 
     @classmethod
-    def needs_sandbox(cls, options: dict) -> bool:
+    def needs_sandbox(cls, options: ArithmeticOptions) -> bool:
         """Plain answers run no tool."""
-        return options.get("answer_format", "tagged") == "tagged"
+        return options.answer_format == "tagged"
 
     @property
     def plain(self) -> bool:
-        return self.options.get("answer_format", "tagged") == "plain"
+        return self.options.answer_format == "plain"
 
     async def reset(self, task: dict) -> list[dict]:
         """The first messages. Does not wait (cancel-safe)."""
@@ -223,12 +210,12 @@ class ArithmeticEnv(Environment):
         if self.plain:
             return [{"role": "user", "content": task["question"]}]
         return prompt_messages(task["question"],
-                               use_system_prompt=bool(self.options.get("use_system_prompt", True)),
-                               include_instructions=bool(self.options.get("include_instructions", True)))
+                               use_system_prompt=self.options.use_system_prompt,
+                               include_instructions=self.options.include_instructions)
 
     def _reward(self, correct: bool) -> Reward:
         return Reward({"correct": float(correct), "format": float(self.all_well_formed)},
-                      {"format": float(self.options.get("format_weight", 0.1))})
+                      {"format": self.options.format_weight})
 
     async def step(self, action: str) -> StepResult:
         """Judge an answer or run a tool call. Cancelled during a tool call: the call counts
@@ -243,12 +230,11 @@ class ArithmeticEnv(Environment):
             return StepResult(None, True, self._reward(correct), {"answer": parsed.content})
         if parsed.kind == "none":
             return StepResult(None, True, self._reward(False), {"problem": parsed.problem})
-        if self.num_tool_calls >= int(self.options.get("max_tool_calls", 2)):
+        if self.num_tool_calls >= self.options.max_tool_calls:
             return StepResult(format_observation("No more tool calls: give your final answer "
                                                  "between <answer> and </answer>."), False)
         self.num_tool_calls += 1
-        timeout_s = float(self.options.get("tool_timeout_s", 5.0))
-        result = await self.require_sandbox().exec(parsed.content, timeout_s=timeout_s)
+        result = await self.require_sandbox().exec(parsed.content, timeout_s=self.options.tool_timeout_s)
         status = result.get("status") if isinstance(result, dict) else getattr(result, "status", None)
         return StepResult(format_tool_output(result), False, info={"tool_status": str(status)})
 

@@ -50,8 +50,8 @@ class CodeTaskError(PostrainError, ValueError):
 class CodeOptions(Options):
     """The task options of `code` (a config's `task_options`), all read by `CodeEnv`."""
 
-    max_attempts: int = Field(DEFAULT_MAX_ATTEMPTS, description="attempts on the visible tests before "
-                              "grading (>= 1)")
+    max_attempts: int = Field(DEFAULT_MAX_ATTEMPTS, ge=1, description="attempts on the visible tests "
+                              "before grading (>= 1)")
     test_timeout_s: float = Field(2.0, gt=0, description="time limit of one test, seconds")
     run_timeout_s: float = Field(10.0, gt=0, description="wall-time limit of one sandbox run, seconds")
     format_weight: float = Field(0.0, description="weight of the `format` reward component (0: logged only)")
@@ -108,8 +108,8 @@ def eval_problems() -> list[dict]:
     return [p for p in PROBLEMS if p["name"] in EVAL_PROBLEMS]
 
 
-def train_tasks(seed: int = 0, options: dict | None = None) -> Iterator[dict]:
-    """Endless: the training problems, reshuffled (seeded) each pass."""
+def train_tasks(seed: int = 0, options: dict | CodeOptions | None = None) -> Iterator[dict]:
+    """Endless: the training problems, reshuffled (seeded) each pass (no option changes them)."""
     rng = random.Random(f"code-train-{seed}")
     problems = train_problems()
     for epoch in itertools.count():
@@ -121,7 +121,7 @@ def train_tasks(seed: int = 0, options: dict | None = None) -> Iterator[dict]:
             yield task
 
 
-def eval_tasks(options: dict | None = None) -> list[dict]:
+def eval_tasks(options: dict | CodeOptions | None = None) -> list[dict]:
     return [problem_to_task(p, "eval") for p in eval_problems()]
 
 
@@ -167,20 +167,19 @@ def visible_feedback(report, num_tests: int, attempts_left: int, *, max_chars: i
 class CodeEnv(Environment):
     """Write a function; test it on the visible tests, revise; graded on the hidden tests.
 
-    Options: max_attempts (default 3), test_timeout_s (per test, default 2.0), run_timeout_s
-    (per sandbox run, default 10.0), format_weight (default 0.0), use_system_prompt (True).
-    `max_turns` defaults to max_attempts + 1.
+    Options (`CodeOptions`, defaults there): max_attempts, test_timeout_s (per test),
+    run_timeout_s (per sandbox run), format_weight, use_system_prompt, max_turns (none:
+    max_attempts + 1).
     """
 
     uses_sandbox = True
     options_model = CodeOptions
+    options: CodeOptions
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.max_attempts = int(self.options.get("max_attempts", DEFAULT_MAX_ATTEMPTS))
-        if self.max_attempts < 1:
-            raise CodeTaskError(f"options.max_attempts must be >= 1, got {self.max_attempts}; fix: e.g. 3")
-        if "max_turns" not in self.options:
+        self.max_attempts = self.options.max_attempts
+        if self.options.max_turns is None:
             self.max_turns = self.max_attempts + 1
 
     async def reset(self, task: dict) -> list[dict]:
@@ -191,13 +190,12 @@ class CodeEnv(Environment):
         self.hidden = build_test_file(self.func_name, task["hidden_tests"])
         self.num_attempts = 0
         self.all_well_formed = True
-        return prompt_messages(task, use_system_prompt=bool(self.options.get("use_system_prompt", True)))
+        return prompt_messages(task, use_system_prompt=self.options.use_system_prompt)
 
     async def _run(self, solution: str, tests: str):
         """The sandbox's test report. Cancelled: no report; the run still ends within its limits."""
         return await self.require_sandbox().run_tests(
-            solution, tests, test_timeout_s=float(self.options.get("test_timeout_s", 2.0)),
-            timeout_s=float(self.options.get("run_timeout_s", 10.0)))
+            solution, tests, test_timeout_s=self.options.test_timeout_s, timeout_s=self.options.run_timeout_s)
 
     async def _grade(self, solution: str, info: dict) -> StepResult:
         """The final step: the hidden tests' pass fraction. Cancelled: no verdict; nothing changes."""
@@ -206,7 +204,7 @@ class CodeEnv(Environment):
         num_passed = sum(bool(v) for v in passed.values())
         fraction = num_passed / len(self.task["hidden_tests"])
         reward = Reward({"hidden_tests": fraction, "format": float(self.all_well_formed)},
-                        {"format": float(self.options.get("format_weight", 0.0))})
+                        {"format": self.options.format_weight})
         return StepResult(None, True, reward, {**info, "hidden_passed": num_passed,
                                                "attempts": self.num_attempts})
 
@@ -217,7 +215,7 @@ class CodeEnv(Environment):
         self.all_well_formed &= parsed.well_formed
         if parsed.kind == "none" or not parsed.content.strip():
             reward = Reward({"hidden_tests": 0.0, "format": 0.0},
-                            {"format": float(self.options.get("format_weight", 0.0))})
+                            {"format": self.options.format_weight})
             return StepResult(None, True, reward, {"problem": parsed.problem or "empty code"})
         if parsed.kind == "answer":
             return await self._grade(_strip_fence(parsed.content), {"submitted": True})
@@ -234,7 +232,7 @@ class CodeEnv(Environment):
     async def truncated(self) -> Reward:
         """Out of turns: no hidden test passed. Does not wait (cancel-safe)."""
         return Reward({"hidden_tests": 0.0, "format": float(self.all_well_formed)},
-                      {"format": float(self.options.get("format_weight", 0.0))})
+                      {"format": self.options.format_weight})
 
 
 def _strip_fence(code: str) -> str:

@@ -46,7 +46,8 @@ from pydantic import Field, field_validator
 from postrain.core import Options
 from postrain.core.errors import PostrainError
 
-from ..env.api import Environment, EnvironmentContractError, Reward, StepResult, validate_observation
+from ..env.api import (Environment, EnvironmentContractError, Reward, StepResult, check_options,
+                       validate_observation)
 from ..env.tools import TOOL_INSTRUCTIONS, format_observation, format_tool_output, parse_action
 from .rewards import RewardError, RewardFunction, load_reward
 
@@ -90,6 +91,11 @@ class DatasetOptions(Options):
     def _known_reward(cls, value: str) -> str:
         load_reward(value)   # RewardError (a ValueError) names the problem and the fix
         return value
+
+
+def dataset_options(options: dict | DatasetOptions | None) -> DatasetOptions:
+    """`options` checked (a dict, None or a `DatasetOptions`); TaskOptionsError names a bad one."""
+    return check_options(DatasetOptions, options, "task 'dataset'")
 
 
 # --------------------------------------------------------------------------- reading files
@@ -179,12 +185,11 @@ def _load(path: str, prompt_field: str, answer_field: str | None) -> tuple[tuple
     return rows
 
 
-def load_rows(path: str, options: dict) -> tuple[tuple[str, dict], ...]:
+def load_rows(path: str, options: DatasetOptions) -> tuple[tuple[str, dict], ...]:
     """Every (where, row) of the dataset at `path`, each checked (`check_row`). Read once per
     process and kept (the file must not change during a run)."""
-    reward = load_reward(options.get("reward", "exact"))
-    answer_field = options.get("answer_field", "answer") if reward.builtin else None
-    return _load(str(path), options.get("prompt_field", "prompt"), answer_field)
+    answer_field = options.answer_field if load_reward(options.reward).builtin else None
+    return _load(str(path), options.prompt_field, answer_field)
 
 
 # --------------------------------------------------------------------------- the split
@@ -193,22 +198,20 @@ def in_eval_split(prompt, split_seed: int, eval_fraction: float) -> bool:
     return int.from_bytes(digest[:8], "big") < eval_fraction * 2 ** 64
 
 
-def _split(options: dict, held_out: bool) -> list[tuple[str, dict]]:
-    if options.get("eval_path"):
-        return list(load_rows(options["eval_path"] if held_out else options["path"], options))
-    field = options.get("prompt_field", "prompt")
-    seed, fraction = options.get("split_seed", 0), options.get("eval_fraction", 0.05)
-    return [(where, row) for where, row in load_rows(options["path"], options)
-            if in_eval_split(row[field], seed, fraction) == held_out]
+def _split(options: DatasetOptions, held_out: bool) -> list[tuple[str, dict]]:
+    if options.eval_path:
+        return list(load_rows(options.eval_path if held_out else options.path, options))
+    return [(where, row) for where, row in load_rows(options.path, options)
+            if in_eval_split(row[options.prompt_field], options.split_seed, options.eval_fraction) == held_out]
 
 
-def train_tasks(seed: int = 0, options: dict | None = None) -> Iterator[dict]:
+def train_tasks(seed: int = 0, options: dict | DatasetOptions | None = None) -> Iterator[dict]:
     """An endless, deterministic stream of training rows: epochs, each shuffled by (seed, epoch)."""
-    options = options or {}
+    options = dataset_options(options)
     rows = _split(options, held_out=False)
     if not rows:
-        raise DatasetError(f"dataset {options['path']} has no training rows (eval_fraction = "
-                           f"{options.get('eval_fraction', 0.05)} held all out); fix: lower eval_fraction")
+        raise DatasetError(f"dataset {options.path} has no training rows (eval_fraction = "
+                           f"{options.eval_fraction} held all out); fix: lower eval_fraction")
     for epoch in itertools.count():
         order = list(range(len(rows)))
         random.Random(f"dataset-{seed}-{epoch}").shuffle(order)
@@ -217,19 +220,19 @@ def train_tasks(seed: int = 0, options: dict | None = None) -> Iterator[dict]:
             yield {"id": f"dataset-train-{seed}-{epoch}-{i}", "where": where, "example": row}
 
 
-def eval_tasks(options: dict | None = None) -> list[dict]:
+def eval_tasks(options: dict | DatasetOptions | None = None) -> list[dict]:
     """The held-out rows, in file order, at most `num_eval`."""
-    options = options or {}
-    rows = _split(options, held_out=True)[:options.get("num_eval")]
+    options = dataset_options(options)
+    rows = _split(options, held_out=True)[:options.num_eval]
     return [{"id": f"dataset-eval-{i}", "where": where, "example": row} for i, (where, row) in enumerate(rows)]
 
 
-def demonstrations(num: int, seed: int = 0, options: dict | None = None) -> list[dict]:
+def demonstrations(num: int, seed: int = 0, options: dict | DatasetOptions | None = None) -> list[dict]:
     """`num` chat demonstrations for a supervised warm start: training rows (never held-out
     ones) in the training order, each answered with the `demonstration` template filled from
     the row (`"\\boxed{{{answer}}}"` -> `\\boxed{72}`)."""
-    options = options or {}
-    template = options.get("demonstration")
+    options = dataset_options(options)
+    template = options.demonstration
     if not template:
         raise DatasetError("this dataset task has no demonstrations; fix: set task option demonstration to "
                            "the assistant turn as a format string over the row's fields, e.g. "
@@ -247,13 +250,13 @@ def demonstrations(num: int, seed: int = 0, options: dict | None = None) -> list
     return out
 
 
-def prompt_messages(example: dict, options: dict) -> list[dict]:
+def prompt_messages(example: dict, options: DatasetOptions) -> list[dict]:
     """The first messages of an episode on `example` (demonstrations begin with the same): the
     system prompt (the tool instructions first when the tool is offered), then the prompt."""
-    prompt = example[options.get("prompt_field", "prompt")]
+    prompt = example[options.prompt_field]
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-    system = [text for text in (TOOL_INSTRUCTIONS if options.get("max_tool_calls", 0) else None,
-                                options.get("system_prompt")) if text]
+    system = [text for text in (TOOL_INSTRUCTIONS if options.max_tool_calls else None,
+                                options.system_prompt) if text]
     if system:
         messages.insert(0, {"role": "system", "content": "\n\n".join(system)})
     return messages
@@ -262,20 +265,21 @@ def prompt_messages(example: dict, options: dict) -> list[dict]:
 # --------------------------------------------------------------------------- the environment
 class DatasetEnv(Environment):
     """A prompt from a dataset row, answered in one turn (or after up to `max_tool_calls` Python
-    runs in the sandbox), scored by the task's reward function."""
+    runs in the sandbox), scored by the task's reward function. Options: `DatasetOptions`;
+    `max_turns` is max_tool_calls + 1."""
 
-    max_turns = 1
     options_model = DatasetOptions
+    options: DatasetOptions
 
     @classmethod
-    def needs_sandbox(cls, options: dict) -> bool:
+    def needs_sandbox(cls, options: DatasetOptions) -> bool:
         """The `code_tests` reward and the Python tool run code."""
-        return load_reward(options.get("reward", "exact")).uses_sandbox or options.get("max_tool_calls", 0) > 0
+        return load_reward(options.reward).uses_sandbox or options.max_tool_calls > 0
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.reward: RewardFunction = load_reward(self.options.get("reward", "exact"))
-        self.max_tool_calls = int(self.options.get("max_tool_calls", 0))
+        self.reward: RewardFunction = load_reward(self.options.reward)
+        self.max_tool_calls = self.options.max_tool_calls
         self.max_turns = self.max_tool_calls + 1
 
     async def reset(self, task: dict) -> list[dict]:
@@ -294,8 +298,8 @@ class DatasetEnv(Environment):
                 return await self._run_tool(parsed.content)
         sandbox = self.require_sandbox() if self.reward.uses_sandbox else None
         reward = await self.reward.score(action, self.example, sandbox=sandbox,
-                                         answer_field=self.options.get("answer_field", "answer"),
-                                         timeout_s=float(self.options.get("reward_timeout_s", 30.0)))
+                                         answer_field=self.options.answer_field,
+                                         timeout_s=self.options.reward_timeout_s)
         return StepResult(None, True, reward)
 
     async def _run_tool(self, code: str) -> StepResult:
@@ -303,7 +307,7 @@ class DatasetEnv(Environment):
             return StepResult(format_observation("No more tool calls: give your final answer between "
                                                  "<answer> and </answer>."), False)
         self.num_tool_calls += 1
-        result = await self.require_sandbox().exec(code, timeout_s=float(self.options.get("tool_timeout_s", 5.0)))
+        result = await self.require_sandbox().exec(code, timeout_s=self.options.tool_timeout_s)
         return StepResult(format_tool_output(result), False)
 
     async def truncated(self) -> Reward:

@@ -8,7 +8,11 @@ Loss goes on the assistant turns only (the trainer's business).
 - `arithmetic_demonstrations(num, seed)`: ask, call Python with the expression
   (`print(3817 * 29 - 412)`), read the `<output>` the sandbox would give, answer.
 - `code_demonstrations(seed)`: one per training problem: the reference solution as a `<python>`
-  attempt (it passes the visible tests, which ends the episode).
+  attempt (it passes the visible tests, which ends the episode); `code_demonstration_cycle(num,
+  seed)` repeats them to `num` (the `code` task's demonstrations).
+
+`options` (a dict, None or the task's options model) are checked by the task's model, whose
+fields hold the defaults (`use_system_prompt`, `include_instructions`, `answer_format`).
 
 Both are deterministic and use training tasks only (never the held-out split). Tool outputs are
 made with `format_tool_output` on the result a successful run has (a test checks that the real
@@ -25,9 +29,14 @@ from typing import Iterable, Iterator
 from postrain.sandbox import ExecResult, Status
 from postrain.core.errors import PostrainError
 
-from ..env.api import ROLES
+from ..env.api import ROLES, check_options
 from ..env.tools import format_answer, format_tool_call, format_tool_output
-from . import arithmetic, code
+from .arithmetic import ArithmeticOptions, arithmetic_options, evaluate
+from .arithmetic import prompt_messages as arithmetic_prompt
+from .arithmetic import train_tasks as arithmetic_train_tasks
+from .code import CodeOptions, train_problems
+from .code import prompt_messages as code_prompt
+from .code import train_tasks as code_train_tasks
 
 
 class DemonstrationError(PostrainError, ValueError):
@@ -37,41 +46,46 @@ class DemonstrationError(PostrainError, ValueError):
 def arithmetic_demonstration(task: dict, *, use_system_prompt: bool = True,
                              include_instructions: bool = True) -> dict:
     """The demonstration for one arithmetic task (a `train_tasks` item)."""
-    value = arithmetic.evaluate(task["expression"])
+    value = evaluate(task["expression"])
     output = format_tool_output(ExecResult(Status.OK, exit_code=0, stdout=f"{value}\n".encode()))
-    messages = arithmetic.prompt_messages(task["question"], use_system_prompt=use_system_prompt,
-                                          include_instructions=include_instructions)
+    messages = arithmetic_prompt(task["question"], use_system_prompt=use_system_prompt,
+                                 include_instructions=include_instructions)
     messages += [{"role": "assistant", "content": format_tool_call(f"print({task['expression']})")},
                  {"role": "user", "content": output},
                  {"role": "assistant", "content": format_answer(str(value))}]
     return {"messages": messages}
 
 
-def arithmetic_demonstrations(num: int, seed: int = 0, options: dict | None = None) -> list[dict]:
+def arithmetic_demonstrations(num: int, seed: int = 0,
+                              options: dict | ArithmeticOptions | None = None) -> list[dict]:
     """`num` demonstrations from training problems (seed `seed`; the same knobs as the task).
     With `answer_format = "plain"`: the bare question, then the value as the whole reply."""
-    tasks = itertools.islice(arithmetic.train_tasks(seed, options), num)
-    if (options or {}).get("answer_format", "tagged") == "plain":
+    options = arithmetic_options(options)
+    tasks = itertools.islice(arithmetic_train_tasks(seed, options), num)
+    if options.answer_format == "plain":
         return [{"messages": [{"role": "user", "content": t["question"]},
                               {"role": "assistant", "content": str(t["answer"])}]} for t in tasks]
-    use_system = bool((options or {}).get("use_system_prompt", True))
-    instructions = bool((options or {}).get("include_instructions", True))
-    return [arithmetic_demonstration(t, use_system_prompt=use_system, include_instructions=instructions)
-            for t in tasks]
+    return [arithmetic_demonstration(t, use_system_prompt=options.use_system_prompt,
+                                     include_instructions=options.include_instructions) for t in tasks]
 
 
-def code_demonstrations(seed: int = 0, options: dict | None = None) -> list[dict]:
+def code_demonstrations(seed: int = 0, options: dict | CodeOptions | None = None) -> list[dict]:
     """One demonstration per training problem, in a seeded order."""
-    use_system = bool((options or {}).get("use_system_prompt", True))
-    by_name = {p["name"]: p for p in code.train_problems()}
-    tasks = itertools.islice(code.train_tasks(seed, options), len(by_name))
+    options = check_options(CodeOptions, options, "task 'code'")
+    by_name = {p["name"]: p for p in train_problems()}
     out = []
-    for task in tasks:
-        messages = code.prompt_messages(task, use_system_prompt=use_system)
+    for task in itertools.islice(code_train_tasks(seed, options), len(by_name)):
+        messages = code_prompt(task, use_system_prompt=options.use_system_prompt)
         messages.append({"role": "assistant",
                          "content": format_tool_call(by_name[task["name"]]["reference"])})
         out.append({"messages": messages})
     return out
+
+
+def code_demonstration_cycle(num: int, seed: int = 0, options: dict | CodeOptions | None = None) -> list[dict]:
+    """`num` code demonstrations: `code_demonstrations(seed, options)` repeated in order."""
+    demos = code_demonstrations(seed, options)
+    return [demos[i % len(demos)] for i in range(num)]
 
 
 def validate_demonstration(demo, *, where: str = "demonstration") -> dict:

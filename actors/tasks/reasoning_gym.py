@@ -39,7 +39,8 @@ from pydantic import Field, create_model, field_validator, model_validator
 
 from postrain.core import Options
 
-from ..env.api import Environment, StepResult, TaskOptionsError
+from ..env.api import Environment, StepResult, TaskOptionsError, check_options
+from .registry import TaskError, TaskSpec
 from .rewards import RewardFunction, final_answer
 
 PREFIX = "reasoning_gym:"
@@ -118,6 +119,11 @@ class MixtureOptions(Options):
         return self
 
 
+def mixture_options(options: dict | MixtureOptions | None) -> MixtureOptions:
+    """`options` checked (a dict, None or a `MixtureOptions`); TaskOptionsError names a bad one."""
+    return check_options(MixtureOptions, options, "task 'reasoning_gym'")
+
+
 @functools.lru_cache(maxsize=64)
 def _dataset(family: str, config_json: str, seed: int, size: int):
     import reasoning_gym
@@ -132,17 +138,16 @@ def _problem(family: str, config: dict, seed: int, size: int, index: int) -> dic
             "question": question}
 
 
-def _held_out(family: str, options: dict) -> list[dict]:
-    num, seed = options.get("num_eval", 20), options.get("eval_seed", EVAL_SEED)
-    config = options.get("configs", {}).get(family, {})
-    return [_problem(family, config, seed, max(num, 1), i) for i in range(num)]
+def _held_out(family: str, options: MixtureOptions) -> list[dict]:
+    num, config = options.num_eval, options.configs.get(family, {})
+    return [_problem(family, config, options.eval_seed, max(num, 1), i) for i in range(num)]
 
 
-def mixture_train_tasks(seed: int = 0, options: dict | None = None) -> Iterator[dict]:
+def mixture_train_tasks(seed: int = 0, options: dict | MixtureOptions | None = None) -> Iterator[dict]:
     """An endless, deterministic stream of training problems, families drawn by weight."""
-    options = options or {}
-    families = sorted(options["families"])
-    weights = [options["families"][f] for f in families]
+    options = mixture_options(options)
+    families = sorted(options.families)
+    weights = [options.families[f] for f in families]
     held_out = {f: {p["question"] for p in _held_out(f, options)} for f in families}
     rng = random.Random(f"reasoning-gym-{seed}")
     next_index = dict.fromkeys(families, 0)
@@ -151,7 +156,7 @@ def mixture_train_tasks(seed: int = 0, options: dict | None = None) -> Iterator[
         while True:   # skip problems whose question is held out
             index = next_index[family]
             next_index[family] += 1
-            problem = _problem(family, options.get("configs", {}).get(family, {}),
+            problem = _problem(family, options.configs.get(family, {}),
                                _train_seed(seed, family), TRAIN_SIZE, index % TRAIN_SIZE)
             if problem["question"] not in held_out[family]:
                 break
@@ -162,11 +167,11 @@ def _train_seed(seed: int, family: str) -> int:
     return random.Random(f"reasoning-gym-train-{seed}-{family}").randrange(2 ** 31)
 
 
-def mixture_eval_tasks(options: dict | None = None) -> list[dict]:
+def mixture_eval_tasks(options: dict | MixtureOptions | None = None) -> list[dict]:
     """The held-out problems: `num_eval` per family, families in name order."""
-    options = options or {}
+    options = mixture_options(options)
     return [{"id": f"rg-eval-{family}-{p['index']}", **p}
-            for family in sorted(options["families"]) for p in _held_out(family, options)]
+            for family in sorted(options.families) for p in _held_out(family, options)]
 
 
 def _entry(task: dict) -> tuple[Any, dict]:
@@ -181,26 +186,29 @@ def score(completion: str, task: dict) -> dict[str, float]:
     return {"correct": float(dataset.score_answer(answer=final_answer(completion), entry=entry))}
 
 
-def prompt_messages(task: dict, options: dict) -> list[dict]:
-    """The first messages of an episode (demonstrations begin with the same)."""
-    return [{"role": "system", "content": options.get("system_prompt", SYSTEM_PROMPT)},
+def prompt_messages(task: dict, options: MixtureOptions) -> list[dict]:
+    """The first messages of an episode (demonstrations begin with the same); `options`: a
+    mixture's or one family's (both have `system_prompt`)."""
+    return [{"role": "system", "content": options.system_prompt},
             {"role": "user", "content": task["question"]}]
 
 
-def mixture_demonstrations(num: int, seed: int = 0, options: dict | None = None) -> list[dict]:
+def mixture_demonstrations(num: int, seed: int = 0, options: dict | MixtureOptions | None = None) -> list[dict]:
     """`num` chat demonstrations for a supervised warm start: training problems (never held-out
     ones), each answered with the generator's own answer between <answer> tags."""
-    options = options or {}
+    options = mixture_options(options)
     return [{"messages": [*prompt_messages(task, options),
                           {"role": "assistant", "content": f"<answer>{_entry(task)[1]['answer']}</answer>"}]}
             for task in itertools.islice(mixture_train_tasks(seed, options), num)]
 
 
 class ReasoningGymEnv(Environment):
-    """A reasoning-gym problem, one answer, scored by the family's verifier."""
+    """A reasoning-gym problem, one answer, scored by the family's verifier. Options:
+    `MixtureOptions`, or a family's model (`family_options_model`); both hold the knobs it reads
+    (`system_prompt`, `score_timeout_s`, `max_turns` = 1)."""
 
-    max_turns = 1
     options_model = MixtureOptions
+    options: MixtureOptions
     scorer = RewardFunction("reasoning_gym", score)
 
     async def reset(self, task: dict) -> list[dict]:
@@ -212,7 +220,7 @@ class ReasoningGymEnv(Environment):
         """Score the answer (in a worker thread, within score_timeout_s). Raises RewardFailure (the
         sample is dropped). Cancellation: no reward; the scorer's thread runs on to its end."""
         reward = await self.scorer.score(action, self.task, answer_field="",
-                                         timeout_s=float(self.options.get("score_timeout_s", 30.0)))
+                                         timeout_s=self.options.score_timeout_s)
         return StepResult(None, True, reward)
 
 
@@ -234,17 +242,18 @@ def family_options_model(family: str) -> type[Options]:
                         __validators__={"_config": model_validator(mode="after")(check)})
 
 
-def _as_mixture(family: str, options: dict | None) -> dict:
-    options = dict(options or {})
-    knobs = {k: options.pop(k) for k in _KNOBS if k in options}
-    return {"families": {family: 1.0}, "configs": {family: options}, **knobs}
+def _as_mixture(family: str, options: Options) -> MixtureOptions:
+    """A family's checked options (`family_options_model`) as the one-family mixture: the
+    generator's options given become its `configs` entry, the knobs carry over (given or not)."""
+    given = options.model_dump(include=options.model_fields_set)
+    return mixture_options({"families": {family: 1.0}, "configs": {family: {
+        k: v for k, v in given.items() if k not in _KNOBS}}, **{k: getattr(options, k) for k in _KNOBS}})
 
 
 @functools.cache
 def family_task(family: str):
     """The TaskSpec of `reasoning_gym:FAMILY` (TaskError listing the closest names when reasoning-gym
     has no such family)."""
-    from . import TaskError, TaskSpec
     try:
         check_family(family)
     except TaskOptionsError as exc:

@@ -33,12 +33,13 @@ from postrain.core import Options
 from postrain.core.errors import PostrainError
 from postrain.sandbox import ExecResult, Status
 
-from ..env.api import Environment, Reward, StepResult
+from ..env.api import Environment, Reward, StepResult, check_options
 from ..env.tools import format_answer, format_shell_output, format_tool_call, parse_action
-from . import terminal_repos, terminal_text
+from .terminal_repos import KINDS as REPO_KINDS
+from .terminal_text import KINDS as TEXT_KINDS
 
 NUM_INSTANCES = 3
-KINDS = terminal_text.KINDS + terminal_repos.KINDS
+KINDS = TEXT_KINDS + REPO_KINDS
 WORK_DIR = "/work"
 CHECK_TIMEOUT_S = 30.0
 CLOSE_TIMEOUT_S = 10.0
@@ -101,23 +102,25 @@ def _check_kinds(kinds: list[str]) -> None:
                          f"unknown {unknown}")
 
 
-def _of_kinds(tasks: list[dict], options: dict | None) -> list[dict]:
-    kinds = (options or {}).get("kinds")
-    if kinds is None:
-        return tasks
-    _check_kinds(kinds)
-    return [t for t in tasks if t["kind"] in kinds]
+def terminal_options(options: dict | TerminalOptions | None) -> TerminalOptions:
+    """`options` checked (a dict, None or a `TerminalOptions`); TaskOptionsError names a bad one."""
+    return check_options(TerminalOptions, options, "task 'terminal'")
 
 
-def train_split(options: dict | None = None) -> list[dict]:
+def _of_kinds(tasks: list[dict], options: dict | TerminalOptions | None) -> list[dict]:
+    kinds = terminal_options(options).kinds   # checked by TerminalOptions
+    return tasks if kinds is None else [t for t in tasks if t["kind"] in kinds]
+
+
+def train_split(options: dict | TerminalOptions | None = None) -> list[dict]:
     return _of_kinds([t for t in SUITE if t["id"] not in EVAL_IDS], options)
 
 
-def eval_tasks(options: dict | None = None) -> list[dict]:
+def eval_tasks(options: dict | TerminalOptions | None = None) -> list[dict]:
     return _of_kinds([t for t in SUITE if t["id"] in EVAL_IDS], options)
 
 
-def train_tasks(seed: int = 0, options: dict | None = None) -> Iterator[dict]:
+def train_tasks(seed: int = 0, options: dict | TerminalOptions | None = None) -> Iterator[dict]:
     """Endless: the training tasks, reshuffled (seeded) each pass."""
     rng = random.Random(f"terminal-train-{seed}")
     tasks = train_split(options)
@@ -135,26 +138,27 @@ def prompt_messages(task: dict, *, use_system_prompt: bool = True) -> list[dict]
     return [{"role": "user", "content": f"{TERMINAL_INSTRUCTIONS}\n\n{task['prompt']}"}]
 
 
-def demonstration(task: dict, *, use_system_prompt: bool = True, max_output_chars: int = 1200) -> dict:
+def demonstration(task: dict, options: dict | TerminalOptions | None = None) -> dict:
     """The reference solution as a conversation: each step a `<bash>` turn and the `<output>` the
-    session gives for it (the step's recorded output), then `<answer>done</answer>`."""
-    messages = prompt_messages(task, use_system_prompt=use_system_prompt)
+    session gives for it (the step's recorded output, cut as `options` cut outputs), then
+    `<answer>done</answer>`."""
+    options = terminal_options(options)
+    messages = prompt_messages(task, use_system_prompt=options.use_system_prompt)
     for step in task["solution"]:
         result = ExecResult(Status.OK if step["exit_code"] == 0 else Status.NONZERO_EXIT,
                             exit_code=step["exit_code"], stdout=step["stdout"].encode(),
                             stderr=step["stderr"].encode())
         messages += [{"role": "assistant", "content": format_tool_call(step["command"], "bash")},
-                     {"role": "user", "content": format_shell_output(result, max_chars=max_output_chars)}]
+                     {"role": "user", "content": format_shell_output(result, max_chars=options.max_output_chars)}]
     messages.append({"role": "assistant", "content": format_answer("done")})
     return {"messages": messages}
 
 
-def demonstrations(num: int, seed: int = 0, options: dict | None = None) -> list[dict]:
+def demonstrations(num: int, seed: int = 0, options: dict | TerminalOptions | None = None) -> list[dict]:
     """`num` demonstrations of training tasks (never the held-out split), in a seeded order."""
-    options = options or {}
+    options = terminal_options(options)
     tasks = itertools.islice(train_tasks(seed, options), num)
-    return [demonstration(t, use_system_prompt=bool(options.get("use_system_prompt", True)),
-                          max_output_chars=int(options.get("max_output_chars", 1200))) for t in tasks]
+    return [demonstration(t, options) for t in tasks]
 
 
 def _status(result) -> str:
@@ -165,15 +169,15 @@ def _status(result) -> str:
 class TerminalEnv(Environment):
     """Do a task in a shell (one sandbox session per episode); graded by the task's check script.
 
-    Options: `TerminalOptions` (max_turns 10, command_timeout_s 10.0, max_output_chars 1200,
-    format_weight 0.0, use_system_prompt True, kinds). Needs a sandbox handle with sessions
+    Options: `TerminalOptions` (max_turns, command_timeout_s, max_output_chars, format_weight,
+    use_system_prompt, kinds; defaults there). Needs a sandbox handle with sessions
     (`LocalSandbox`, or the environment actor's handle on the sandbox actor).
     """
 
-    max_turns = 10
     uses_sandbox = True
     tools = ("bash",)
     options_model = TerminalOptions
+    options: TerminalOptions
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -192,7 +196,7 @@ class TerminalEnv(Environment):
             if _status(result) != "ok":
                 raise TerminalTaskError(f"task {task['id']}: its setup failed in the session "
                                         f"({format_shell_output(result)}); fix the task's setup script")
-        return prompt_messages(task, use_system_prompt=bool(self.options.get("use_system_prompt", True)))
+        return prompt_messages(task, use_system_prompt=self.options.use_system_prompt)
 
     async def step(self, action: str) -> StepResult:
         """Run a command and show its output, or end the episode and grade it. Cancelled while a
@@ -200,9 +204,8 @@ class TerminalEnv(Environment):
         parsed = parse_action(action, self.tools)
         self.all_well_formed &= parsed.well_formed
         if parsed.kind == "tool_call" and parsed.content.strip():
-            result = await self.session.run(parsed.content,
-                                            timeout_s=float(self.options.get("command_timeout_s", 10.0)))
-            output = format_shell_output(result, max_chars=int(self.options.get("max_output_chars", 1200)))
+            result = await self.session.run(parsed.content, timeout_s=self.options.command_timeout_s)
+            output = format_shell_output(result, max_chars=self.options.max_output_chars)
             return StepResult(output, False, info={"tool_status": _status(result)})
         info = {"answer": parsed.content} if parsed.kind == "answer" else {"problem": parsed.problem}
         reward, verdict = await self._grade()
@@ -219,7 +222,7 @@ class TerminalEnv(Environment):
         passed = _status(result) == "ok"
         stdout = getattr(result, "stdout", b"") or b""
         reward = Reward({"passed": float(passed), "format": float(self.all_well_formed)},
-                        {"format": float(self.options.get("format_weight", 0.0))})
+                        {"format": self.options.format_weight})
         return reward, {"check_status": _status(result),
                         "check_output": bytes(stdout)[-300:].decode(errors="replace")}
 

@@ -59,7 +59,8 @@ from pydantic import Field
 
 from postrain.core import Options, import_object
 
-from ..env.api import Environment, EnvironmentContractError, Reward, StepResult, TaskOptionsError
+from ..env.api import (Environment, EnvironmentContractError, Reward, StepResult, TaskOptionsError,
+                       check_options)
 from ..env.tools import OUTPUT_CLOSE, OUTPUT_OPEN, parse_named_call
 from .rewards import RewardFailure
 from .verifiers_relay import Relay, load_env_class
@@ -92,6 +93,11 @@ class VerifiersOptions(Options):
                                   "middle, characters")
 
 
+def verifiers_options(options: dict | VerifiersOptions | None) -> VerifiersOptions:
+    """`options` checked (a dict, None or a `VerifiersOptions`); TaskOptionsError names a bad one."""
+    return check_options(VerifiersOptions, options, "task 'verifiers'")
+
+
 @functools.lru_cache(maxsize=4)
 def load_taskset(path: str):
     """The Taskset at `path` (made once per process)."""
@@ -116,21 +122,21 @@ def _tasks(path: str) -> tuple:
     return tuple(load_taskset(path))
 
 
-def _held_out(task, options: dict) -> bool:
-    digest = hashlib.sha256(f"{options.get('split_seed', 0)}:{task.key}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") < options.get("eval_fraction", 0.1) * 2 ** 64
+def _held_out(task, options: VerifiersOptions) -> bool:
+    digest = hashlib.sha256(f"{options.split_seed}:{task.key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") < options.eval_fraction * 2 ** 64
 
 
 def _wire(task) -> dict:
     return task.data.model_dump(mode="json", exclude_none=True)
 
 
-def train_tasks(seed: int = 0, options: dict | None = None) -> Iterator[dict]:
+def train_tasks(seed: int = 0, options: dict | VerifiersOptions | None = None) -> Iterator[dict]:
     """An endless, deterministic stream of the training tasks: epochs, each shuffled by (seed, epoch)."""
-    options = options or {}
-    tasks = [t for t in _tasks(options["taskset"]) if not _held_out(t, options)]
+    options = verifiers_options(options)
+    tasks = [t for t in _tasks(options.taskset) if not _held_out(t, options)]
     if not tasks:
-        raise TaskOptionsError(f"the verifiers taskset {options['taskset']!r} has no training tasks; fix: "
+        raise TaskOptionsError(f"the verifiers taskset {options.taskset!r} has no training tasks; fix: "
                                f"lower eval_fraction")
     for epoch in itertools.count():
         order = list(range(len(tasks)))
@@ -139,10 +145,10 @@ def train_tasks(seed: int = 0, options: dict | None = None) -> Iterator[dict]:
             yield {"id": f"vf-train-{seed}-{epoch}-{i}", "data": _wire(tasks[i])}
 
 
-def eval_tasks(options: dict | None = None) -> list[dict]:
+def eval_tasks(options: dict | VerifiersOptions | None = None) -> list[dict]:
     """The held-out tasks in the taskset's order, at most `num_eval`."""
-    options = options or {}
-    held = [t for t in _tasks(options["taskset"]) if _held_out(t, options)][:options.get("num_eval")]
+    options = verifiers_options(options)
+    held = [t for t in _tasks(options.taskset) if _held_out(t, options)][:options.num_eval]
     return [{"id": f"vf-eval-{i}", "data": _wire(t)} for i, t in enumerate(held)]
 
 
@@ -225,39 +231,37 @@ class VerifiersEnv(Environment):
     messages so far (system and prompt, then each assistant turn, each tool output); invariant:
     it ends in an assistant turn only when the episode is over."""
 
-    max_turns = 8
     options_model = VerifiersOptions
+    options: VerifiersOptions
 
     @classmethod
-    def needs_sandbox(cls, options: dict) -> bool:
+    def needs_sandbox(cls, options: VerifiersOptions) -> bool:
         """Tools named in `sandbox_tools` run code in the sandbox."""
-        return bool(options.get("sandbox_tools"))
+        return bool(options.sandbox_tools)
 
     def __init__(self, **kwargs) -> None:
         """TaskOptionsError for a taskset or env that does not load, or a bad `sandbox_tools`."""
         super().__init__(**kwargs)
-        taskset = load_taskset(self.options["taskset"])
-        discover_tools(type(taskset).task_type(), taskset.config.task, self.options.get("sandbox_tools", {}))
-        if self.options.get("env"):
-            load_env_class(self.options["env"])
+        taskset = load_taskset(self.options.taskset)
+        discover_tools(type(taskset).task_type(), taskset.config.task, self.options.sandbox_tools)
+        if self.options.env:
+            load_env_class(self.options.env)
 
     async def reset(self, task: dict) -> list[dict]:
         """The task's system prompt (with its tools' descriptions) and prompt; with an `env`, what
         its run opens the model's interaction with. Cancel-safe without an `env`; with one, the
         run is left waiting until `close`. EnvironmentContractError for stop hooks it cannot run."""
-        self.task = make_task(load_taskset(self.options["taskset"]), task["data"])
+        self.task = make_task(load_taskset(self.options.taskset), task["data"])
         self.relay, opening = None, None
-        if self.options.get("env"):
-            self.relay = Relay(load_env_class(self.options["env"]), self.task,
-                               self.options.get("policy_agent", "assistant"))
+        if self.options.env:
+            self.relay = Relay(load_env_class(self.options.env), self.task, self.options.policy_agent)
             self.relay.start(self.task)
-            kind, opening = await self.relay.next_event(float(self.options.get("env_timeout_s", 30.0)))
+            kind, opening = await self.relay.next_event(self.options.env_timeout_s)
             if kind == "end":
                 raise EnvironmentContractError("the verifiers env's run ended before any turn of the model; "
                                                "fix: open an interaction and call turn()")
             self.task = self.relay.task
-        self.vf_tools = discover_tools(type(self.task), self.task.config,
-                                       self.options.get("sandbox_tools", {}))
+        self.vf_tools = discover_tools(type(self.task), self.task.config, self.options.sandbox_tools)
         self.stops = trace_stops(self.task)
         data = self.task.data
         prompt = data.prompt if data.prompt is not None else ""
@@ -283,9 +287,8 @@ class VerifiersEnv(Environment):
             if self.relay is None:
                 return StepResult(None, True, await self._score(None))
             return await self._env_turn(action)
-        timeout_s = float(self.options.get("tool_timeout_s", 10.0))
-        output = await call_tool(self.vf_tools, call, sandbox=self.sandbox, timeout_s=timeout_s,
-                                 max_output_chars=int(self.options.get("max_output_chars", 1200)))
+        output = await call_tool(self.vf_tools, call, sandbox=self.sandbox, timeout_s=self.options.tool_timeout_s,
+                                 max_output_chars=self.options.max_output_chars)
         text = output.removeprefix(OUTPUT_OPEN + "\n").removesuffix("\n" + OUTPUT_CLOSE)
         if call.name is None:  # a <tool> tag without a name: the error is the next user turn
             self.messages += [{"role": "assistant", "content": action}, {"role": "user", "content": text}]
@@ -300,7 +303,7 @@ class VerifiersEnv(Environment):
     async def _env_turn(self, reply: str) -> StepResult:
         """Hand the model's final reply to the env's run; its next message, or the rewards when it ended."""
         self.relay.reply(reply)
-        kind, message = await self.relay.next_event(float(self.options.get("env_timeout_s", 30.0)))
+        kind, message = await self.relay.next_event(self.options.env_timeout_s)
         if kind == "end":
             return StepResult(None, True, await self._score(None))
         if not message:
@@ -331,7 +334,7 @@ class VerifiersEnv(Environment):
 
     async def _blocking(self, what: str, fn, *args):
         """`fn(*args)` in a worker thread within score_timeout_s; RewardFailure if it raises or hangs."""
-        timeout_s = float(self.options.get("score_timeout_s", 60.0))
+        timeout_s = self.options.score_timeout_s
         try:
             with trio.fail_after(timeout_s):
                 return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)

@@ -7,8 +7,8 @@ page follows the code and cannot drift from it:
 type, default, description):
 - the kernel's sections, `postrain.core.config`: `[run]` (RunSection), `[head]`
   (HeadSection), `[[actors]]` (ActorSpec), `[cluster]` (ClusterSection), and what `[shared]` means;
-- the head's own sections, `postrain.cli.config`: `[balancer]` (BalancerSection) and `[tracking]`
-  (TrackingSection, cli/tracking.py);
+- the head's own sections, `postrain.actors.run_config` (the config `postrain up` reads):
+  `[balancer]` (BalancerSection) and `[tracking]` (TrackingSection);
 - each role's options: the model `postrain.core.options.options_class` finds on the role's
   actor class (ROLES below), with every nested model it uses as a table of its own, and the
   dataclass behind an options table that is a plain dict (EXPANDED_TABLES);
@@ -80,8 +80,7 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
 # ---------------------------------------------------------------------------- the config page
 def render_config_reference() -> str:
     """The generated part of the config reference, as Markdown."""
-    from postrain.cli.config import BalancerSection
-    from postrain.cli.tracking import TrackingSection
+    from postrain.actors.run_config import BalancerSection, TrackingSection
     from postrain.core.config import ActorSpec, ClusterSection, HeadSection, RunConfig, RunSection
 
     out: list[str] = []

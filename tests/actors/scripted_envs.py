@@ -38,7 +38,7 @@ class CountdownEnv(Environment):
     async def step(self, action):
         self.turn += 1
         chars = Reward({"chars": len(action) / 100, "step": 0.25})
-        if self.turn >= int(self.options.get("target", 2)):
+        if self.turn >= self.options.target:
             return StepResult(None, True, Reward({**chars.components, "finished": 1.0}, {"finished": 2.0}),
                               info={"turn": self.turn})
         return StepResult(f"{self.turn} down.", False, chars, info={"turn": self.turn})

@@ -25,10 +25,15 @@ CHILD = textwrap.dedent('''
     from postrain.actors import atomic_write
     from postrain.actors.learner import state as learner_state
     from postrain.actors.learner.learner import Learner, LearnerConfig
+    from postrain.actors.records import RunState
+
+    def run_state(next_batch):      # the mark of checkpoint A (1) or B (2)
+        return RunState(phase="rl", next_batch=next_batch, evals={}, ledger={}, ledger_events_offset=0,
+                        metrics_offset=0, data_order={}).to_wire()
 
     folder, stop_at = sys.argv[1], sys.argv[2]
     learner = Learner(LearnerConfig.from_dict({"model": "tiny", "lr": 1e-3}))
-    learner.save_checkpoint(folder, extra={"format": "postrain-run-1", "mark": "A"})
+    learner.save_checkpoint(folder, extra=run_state(1))
 
     def stop(where):
         print(where, flush=True)
@@ -49,7 +54,7 @@ CHILD = textwrap.dedent('''
                 stop("between renames")
         atomic_write.os.rename = rename
     learner.step = 7
-    learner.save_checkpoint(folder, extra={"format": "postrain-run-1", "mark": "B"})
+    learner.save_checkpoint(folder, extra=run_state(2))
     print("B written", flush=True)
 ''')
 
@@ -83,9 +88,9 @@ def test_a_writer_killed_inside_a_checkpoint_write_leaves_the_previous_one_loada
         assert leftovers == {".checkpoint.tmp"} and folder.exists(), "the kill left its hidden folder"
     else:   # the old one renamed aside, the new one not yet in: no checkpoint under its name
         assert leftovers == {".checkpoint.tmp", ".checkpoint.old"} and not folder.exists()
-    assert read_run_state(folder)["mark"] == "A", "the run state reads the previous checkpoint"
+    assert read_run_state(folder).next_batch == 1, "the run state reads the previous checkpoint (A)"
     extra, step = load(folder)
-    assert extra["mark"] == "A" and step == 0
+    assert extra["next_batch"] == 1 and step == 0
     assert [p.name for p in folder.parent.iterdir()] == ["checkpoint"], "repaired: nothing hidden is left"
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 import anyio
 import pytest
 
+from postrain.actors.records import (ExecReply, ExecRequest, ExecStreamItem, RunIoCasesReply, RunIoCasesRequest,
+                                     RunTestsReply, RunTestsRequest, SandboxStats)
 from postrain.core.testing import async_test
 from postrain.core import ActorSpec, RemoteError, Supervisor
 from postrain.sandbox import read_audit_log
@@ -22,43 +24,42 @@ def sandbox_spec(tmp_path, **options):
 async def test_exec_concurrent_stream_tests_and_audit(tmp_path):
     async with Supervisor.open() as sup:
         ref = await sup.start(sandbox_spec(tmp_path))
-        reply = await ref.ask("exec", {"code": "print(input() * 2)", "stdin": b"ab\n"})
-        assert reply["status"] == "ok" and reply["stdout"] == b"abab\n" and reply["mode"] == "warm"
+        reply = ExecReply.from_wire(await ref.ask("exec", ExecRequest("print(input() * 2)", stdin=b"ab\n").to_wire()))
+        assert reply.status == "ok" and reply.stdout == b"abab\n" and reply.mode == "warm"
 
         results = {}
 
         async def one(i):
-            results[i] = await ref.ask("exec", {"code": f"print({i} ** 2)"})
+            results[i] = ExecReply.from_wire(await ref.ask("exec", ExecRequest(f"print({i} ** 2)").to_wire()))
         async with anyio.create_task_group() as tg:
             for i in range(6):
                 tg.start_soon(one, i)
-        assert {i: r["stdout"] for i, r in results.items()} == {i: f"{i * i}\n".encode() for i in range(6)}
+        assert {i: r.stdout for i, r in results.items()} == {i: f"{i * i}\n".encode() for i in range(6)}
 
-        items = [item async for item in ref.stream(
+        items = [ExecStreamItem.from_wire(item) async for item in ref.stream(
             "exec_stream", {"code": "import sys\nfor i in range(3):\n    print(i, flush=True)\n"})]
-        assert [i["kind"] for i in items][-1] == "result" and items[-1]["status"] == "ok"
-        streamed = b"".join(i["data"] for i in items if i["kind"] == "output" and i["name"] == "stdout")
-        assert streamed == items[-1]["stdout"] == b"0\n1\n2\n"
+        assert [i.kind for i in items][-1] == "result" and items[-1].result.status == "ok"
+        streamed = b"".join(i.data for i in items if i.kind == "output" and i.name == "stdout")
+        assert streamed == items[-1].result.stdout == b"0\n1\n2\n"
 
-        timeout = await ref.ask("exec", {"code": "while True: pass", "limits": {"wall_time_s": 0.5}})
-        assert timeout["status"] == "timeout"
+        timeout = await ref.ask("exec", ExecRequest("while True: pass", limits={"wall_time_s": 0.5}).to_wire())
+        assert ExecReply.from_wire(timeout).status == "timeout"
 
-        report = await ref.ask("run_tests", {
-            "solution": "def sq(x):\n    return x * x\n",
-            "tests": "from solution import sq\ndef test_a():\n    assert sq(3) == 9\n"
-                     "def test_b():\n    assert sq(2) == 5\n"})
-        assert report["passed"] == {"test_a": True, "test_b": False}
-        cases = await ref.ask("run_io_cases", {"code": "print(int(input()) + 1)",
-                                               "cases": [["1", "2"], ["5", "7"]]})
-        assert cases["passed"] == [True, False]
+        report = RunTestsReply.from_wire(await ref.ask("run_tests", RunTestsRequest(
+            solution="def sq(x):\n    return x * x\n",
+            tests="from solution import sq\ndef test_a():\n    assert sq(3) == 9\n"
+                  "def test_b():\n    assert sq(2) == 5\n").to_wire()))
+        assert report.passed == {"test_a": True, "test_b": False} and report.result.status == "ok"
+        cases = await ref.ask("run_io_cases", RunIoCasesRequest("print(int(input()) + 1)",
+                                                                [["1", "2"], ["5", "7"]]).to_wire())
+        assert RunIoCasesReply.from_wire(cases).passed == [True, False]
 
-        stats = await ref.ask("stats")
-        assert stats["by_status"]["ok"] >= 10 and stats["by_status"]["timeout"] == 1
-        assert stats["queued"] == 0 and stats["running"] == 0 and stats["workers"] == 2
+        stats = SandboxStats.from_wire(await ref.ask("stats"))
+        assert stats.by_status["ok"] >= 10 and stats.by_status["timeout"] == 1
+        assert stats.queued == 0 and stats.running == 0 and stats.workers == 2
 
     audit = read_audit_log(tmp_path / "audit.jsonl")
-    assert len(audit) == stats["by_status"]["ok"] + stats["by_status"]["timeout"] \
-        + stats["by_status"].get("nonzero_exit", 0)
+    assert len(audit) == stats.by_status["ok"] + stats.by_status["timeout"] + stats.by_status.get("nonzero_exit", 0)
     assert all(entry["requester"] and len(entry["sha256"]) == 64 for entry in audit)
 
 
@@ -70,14 +71,18 @@ async def test_bad_requests_come_back_typed_and_the_actor_keeps_serving(tmp_path
             await ref.ask("exec", {"code": "pass", "limits": {"enable_network": True}})
         with pytest.raises(RemoteError, match="wall_time_s must be a finite number > 0"):
             await ref.ask("exec", {"code": "pass", "limits": {"wall_time_s": -1}})
-        with pytest.raises(RemoteError, match="must be a map with a str 'code'"):
+        with pytest.raises(RemoteError, match="ExecRequest travels as a dict, got str"):
             await ref.ask("exec", "print(1)")
+        with pytest.raises(RemoteError, match=r"ExecRequest.code must be of type str, got int 1"):
+            await ref.ask("exec", {"code": 1})
+        with pytest.raises(RemoteError, match="stats takes no body"):
+            await ref.ask("stats", {"verbose": True})
         assert (await ref.ask("exec", {"code": "print('still serving')"}))["stdout"] == b"still serving\n"
 
 
 @async_test
 async def test_sessions_over_the_wire_with_cap_owner_check_and_audit(tmp_path):
-    from postrain.actors.sandbox_actor import remote_session
+    from postrain.actors.sandbox_client import remote_session
     spec = sandbox_spec(tmp_path, num_workers=1, max_sessions_per_worker=1,
                         session_limits={"call_wall_time_s": 3.0, "memory_mb": 128})
     async with Supervisor.open() as sup:
@@ -135,7 +140,7 @@ async def test_the_reaper_closes_sessions_whose_episode_vanished(tmp_path):
 @pytest.mark.slow
 @async_test
 async def test_the_balancer_grows_the_pool_for_sessions_waiting_to_open(tmp_path):
-    from postrain.actors.sandbox_actor import remote_session
+    from postrain.actors.sandbox_client import remote_session
     from postrain.cli.balancer import Balancer
     from postrain.cli.config import BalancerSection
     from postrain.core import Inventory, Scheduler

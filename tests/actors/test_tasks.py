@@ -2,7 +2,6 @@
 nsjail sandbox with scripted actions; demonstrations and their JSONL form; the task registry."""
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 
@@ -12,13 +11,12 @@ import trio
 from postrain.actors import (LocalSandbox, TaskOptionsError, TaskSpec, get_task, list_tasks, register_task,
                              run_episode)
 from postrain.actors.tasks import TaskError, arithmetic, code
-from postrain.actors.tasks.arithmetic import (ArithmeticConfig, ArithmeticConfigError, ArithmeticEnv,
-                                              ArithmeticOptions, answer_matches, in_eval_split)
+from postrain.actors.tasks.arithmetic import ArithmeticEnv, ArithmeticOptions, answer_matches, in_eval_split
 from postrain.actors.tasks.code import CodeEnv, CodeOptions, CodeTaskError, build_test_file
 from postrain.actors.tasks.code_problems import PROBLEMS
 from postrain.actors.tasks.demonstrations import (DemonstrationError, arithmetic_demonstrations,
                                                   code_demonstrations, read_jsonl, write_jsonl)
-from postrain.actors.sandbox_actor import result_to_wire
+from postrain.actors.records import ExecReply, RunTestsReply
 from postrain.actors.env.tools import format_tool_output, parse_tool_call
 from postrain.core.testing import async_test
 from postrain.sandbox import Policy, Sandbox
@@ -51,10 +49,11 @@ def test_arithmetic_generator_is_deterministic_and_follows_knobs():
         numbers = t["expression"].split(" * ")
         assert len(numbers) == 3 and all(len(n) == 4 for n in numbers)
         assert t["question"] == f"What is {t['expression']}?"
-    with pytest.raises(ArithmeticConfigError, match="max_digits <= 9, got 3..2"):
-        ArithmeticConfig(min_digits=3, max_digits=2)
-    with pytest.raises(ArithmeticConfigError, match=r"subset of \('\+', '-', '\*'\), got \('/',\)"):
-        ArithmeticConfig.from_options({"operators": ["/"]})
+    # ranges are checked with the options, before any problem is made
+    with pytest.raises(TaskOptionsError, match="max_digits <= 9, got 3..2"):
+        arithmetic.train_tasks(0, {"min_digits": 3, "max_digits": 2})
+    with pytest.raises(TaskOptionsError, match=r"subset of \('\+', '-', '\*'\), got \('/',\)"):
+        get_task("arithmetic").check_options({"operators": ["/"]})
 
 
 def test_arithmetic_eval_split_is_disjoint_by_construction():
@@ -309,11 +308,10 @@ def test_a_misspelt_task_option_is_an_error_naming_it(name, option):
 
 
 def test_task_option_models_keep_the_tasks_names_and_defaults():
-    arithmetic_options = ArithmeticOptions()
-    for field in dataclasses.fields(ArithmeticConfig):
-        assert getattr(arithmetic_options, field.name) == getattr(ArithmeticConfig(), field.name)
-    a = arithmetic_options
-    assert a.num_eval == arithmetic.NUM_EVAL and a.max_turns == ArithmeticEnv.max_turns
+    a = ArithmeticOptions()
+    assert (a.min_digits, a.max_digits, a.min_operands, a.max_operands, a.operators) == \
+        (1, 3, 2, 3, arithmetic.OPERATORS)
+    assert a.num_eval == arithmetic.NUM_EVAL and a.max_turns == ArithmeticEnv().max_turns == 4
     assert (a.max_tool_calls, a.tool_timeout_s, a.format_weight, a.use_system_prompt,
             a.include_instructions) == (2, 5.0, 0.1, True, True)
     code_options = CodeOptions()
@@ -325,25 +323,38 @@ def test_task_option_models_keep_the_tasks_names_and_defaults():
                                           "max_tool_calls": 1, "operators": ["+", "*"]})
     get_task("code").check_options({"max_attempts": 2})
     env = get_task("code").make_env(options={"max_attempts": 2})
-    assert env.options == {"max_attempts": 2} and env.max_turns == 3
+    assert env.options == CodeOptions(max_attempts=2) and env.max_turns == 3
     assert get_task("arithmetic").uses_sandbox and get_task("code").uses_sandbox
+    with pytest.raises(TaskOptionsError, match=r"task_options.max_attempts = 0: Input should be greater"):
+        CodeEnv(options={"max_attempts": 0})
+
+
+def test_environments_read_their_options_as_a_validated_model():
+    spec = get_task("arithmetic")
+    options = spec.check_options({"max_tool_calls": 1})
+    assert isinstance(options, ArithmeticOptions) and options.max_tool_calls == 1
+    assert options.tool_timeout_s == 5.0                # the default lives in the model's field
+    assert spec.check_options(options) is options       # a checked instance passes as it is
+    env = spec.make_env(options=options)
+    assert env.options is options and env.max_turns == 4
+    assert spec.make_env(options={"max_turns": 2}).max_turns == 2
+    with pytest.raises(Exception):
+        options.max_tool_calls = 3                      # frozen: every episode sees the same options
 
 
 # ---------------------------------------------------------------- the sandbox actor's wire shapes
 class WireSandbox:
-    """A handle that answers in the sandbox actor's wire maps (what a run's environment actor
-    gets back from `exec` / `run_tests`), over the same real sandbox."""
+    """A handle that answers with the sandbox actor's reply records (what a run's environment
+    actor's RemoteSandbox returns from `exec` / `run_tests`), over the same real sandbox."""
 
     def __init__(self, local):
         self.local = local
 
     async def exec(self, code, **kwargs):
-        return result_to_wire(await self.local.exec(code, **kwargs))
+        return ExecReply.of(await self.local.exec(code, **kwargs))
 
     async def run_tests(self, solution, tests, **kwargs):
-        report = await self.local.run_tests(solution, tests, **kwargs)
-        return {"passed": report.passed, "errors": report.errors,
-                "collect_error": report.collect_error, "result": result_to_wire(report.result)}
+        return RunTestsReply.of(await self.local.run_tests(solution, tests, **kwargs))
 
 
 @async_test

@@ -11,7 +11,8 @@ import time
 import pytest
 
 from postrain.actors.ledger import SampleLedger
-from postrain.bench.cluster import LAYOUTS, default_run_doc, first_generated_time, sealed_ratio_bound
+from postrain.bench.cluster import LAYOUTS, default_run_doc, first_generated_time
+from postrain.bench.cluster_links import sealed_ratio_bound
 from postrain.cli.config import load_up_config
 from postrain.core.cluster import ClusterScheduler, NodeInventory
 from postrain.core.scheduler import Inventory

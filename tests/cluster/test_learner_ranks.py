@@ -77,14 +77,14 @@ async def test_two_ranks_on_two_nodes_train_like_one_process_and_checkpoint_toge
             async with Node("head", keys) as head:
                 learner = head.ref(address["learner"])
                 for step in range(2):
-                    metrics = await learner.ask("train", batch(step), timeout_s=120)
+                    metrics = await learner.ask("train", batch(step).to_wire(), timeout_s=120)
                 weights = (await learner.ask("get_weights", None, timeout_s=60))["weights"]
                 await learner.ask("save_checkpoint", {"path": str(tmp_path / "ckpt")}, timeout_s=60)
-                await learner.ask("train", batch(2), timeout_s=120)
+                await learner.ask("train", batch(2).to_wire(), timeout_s=120)
                 loaded = await learner.ask("load_checkpoint", {"path": str(tmp_path / "ckpt")}, timeout_s=60)
                 reloaded = (await learner.ask("get_weights", None, timeout_s=60))["weights"]
                 # the follower loaded it too: the next step's all-reduce would diverge otherwise
-                again = await learner.ask("train", batch(2), timeout_s=120)
+                again = await learner.ask("train", batch(2).to_wire(), timeout_s=120)
         finally:
             agents.stop()
     finally:

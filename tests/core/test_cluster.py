@@ -10,7 +10,7 @@ import pytest
 from postrain.core.cluster import ClusterScheduler, NodeInventory, describe_plan
 from postrain.core.config import parse_config
 from postrain.core.errors import ConfigError, PlacementError
-from postrain.core.options import resolve_options
+from postrain.core.run_options import resolve_options
 from postrain.core.scheduler import GpuInfo, Inventory
 
 ECHO = "postrain.core.testing:EchoActor"

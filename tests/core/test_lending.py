@@ -25,7 +25,7 @@ async def test_an_idle_actors_core_goes_to_the_busy_one_and_comes_back_before_th
         await learner.ask("pinned"), await generator.ask("pinned")  # each starts an extra thread
 
         reply = await sup.lender.set_busy("learner", True)
-        assert reply["transfers"] == [{"action": "lend", "cpu_ids": list(home["generator"]),
+        assert reply.transfers == [{"action": "lend", "cpu_ids": list(home["generator"]),
                                        "giver": "generator", "taker": "learner"}]
         assert await learner.ask("pinned") == {"cores": [CORES[:2]], "num_threads": 2}
         assert await learner.ask("compute_threads", timeout_s=60) == 2, "its compute runs 2 torch threads"
@@ -33,7 +33,7 @@ async def test_an_idle_actors_core_goes_to_the_busy_one_and_comes_back_before_th
             "parked: its event loop stays home with one thread"
 
         reply = await sup.lender.set_busy("generator", True)  # both work: each holds its own
-        assert [t["action"] for t in reply["transfers"]] == ["return"]
+        assert [t["action"] for t in reply.transfers] == ["return"]
         assert await learner.ask("pinned") == {"cores": [home["learner"]], "num_threads": 1}
         assert await learner.ask("compute_threads", timeout_s=60) == 1, "its next compute is back to 1"
         assert await generator.ask("pinned") == {"cores": [home["generator"]], "num_threads": 1}

@@ -100,6 +100,14 @@ def test_an_environment_class_is_a_task_by_import_path():
         ArithmeticEnv().require_sandbox()
 
 
+def test_an_environment_without_options_model_gets_its_options_unchecked():
+    env = Environment(options={"target": 2, "max_turns": 3})
+    assert env.options.target == 2 and env.max_turns == 3                   # attributes, as models read
+    assert env.options.get("target", 9) == 2 and env.options.get("nope", 9) == 9   # and as the dict read
+    assert env.options["target"] == 2 and "target" in env.options and "nope" not in env.options
+    assert Environment().max_turns == Environment.max_turns                 # no option: the class's
+
+
 # ---------------------------------------------------------------- the episode driver's contract
 class Counter(Environment):
     """Counts to options['target'] with intermediate rewards; misbehaves on request."""
@@ -261,5 +269,12 @@ async def test_readme_custom_environment_runs_as_written(sandbox, tmp_path, monk
 
         ep = await run_episode(spec.make_env(sandbox=sandbox), task, scripted("<answer>postrain"))
         assert ep.reward.components == {"correct": 0.0, "format": 0.0} and ep.num_turns == 1
+
+        env = spec.make_env(sandbox=sandbox, options={"format_weight": 0.5})   # its options model
+        assert env.options.format_weight == 0.5
+        ep = await run_episode(env, task, scripted("<answer>niartsop</answer>"))
+        assert ep.reward.weights == {"format": 0.5}
+        with pytest.raises(TaskOptionsError, match=r"task_options.format_wieght = 0.5: unknown field"):
+            spec.make_env(sandbox=sandbox, options={"format_wieght": 0.5})
     finally:
         sys.modules.pop("readme_reverse_env", None)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 
 from postrain.actors.learner.publish import weight_messages, weights_digest
+from postrain.actors.records import (CheckpointLoaded, CheckpointSaved, LearnerStats, LoadCheckpoint, PublishReport,
+                                     PublishRequest, SaveCheckpoint, TrainBatch, WeightSync)
 from postrain.core import ActorSpec, RemoteError, Supervisor
 from postrain.core.testing import async_test
 
@@ -12,49 +14,55 @@ TINY = dict(vocab_size=264, hidden_size=64, intermediate_size=128, num_layers=2,
 
 
 def spec(name: str, cls: str, options: dict) -> ActorSpec:
-    return ActorSpec(name=name, cls=f"postrain.actors.learner.actor:{cls}", options=options, cpus=0.5,
-                     memory_mb=0, max_restarts=0)
+    return ActorSpec(name=name, cls=cls, options=options, cpus=0.5, memory_mb=0, max_restarts=0)
 
 
 def rollouts(num: int = 4) -> dict:
+    """A TrainBatch's wire dict: four samples in two groups, rewards for the learner's advantages."""
     g = torch.Generator().manual_seed(0)
     ids = [torch.randint(8, 264, (12,), generator=g) for _ in range(num)]
-    return {"token_ids": ids, "loss_mask": [[0] * 4 + [1] * 8] * num,
-            "behavior_logprobs": [torch.full((12,), -5.5) for _ in range(num)],
-            "policy_versions": [0] * num, "rewards": [1.0, 0.0, 0.0, 1.0], "group_ids": [0, 0, 1, 1]}
+    return TrainBatch(token_ids=ids, loss_mask=[[0] * 4 + [1] * 8] * num,
+                      behavior_logprobs=[torch.full((12,), -5.5) for _ in range(num)],
+                      policy_versions=[0] * num, rewards=[1.0, 0.0, 0.0, 1.0], group_ids=[0, 0, 1, 1]).to_wire()
 
 
 @async_test
 async def test_learner_actor_trains_checkpoints_and_publishes(tmp_path):
     async with Supervisor.open() as sup:
-        learner = await sup.start(spec("learner", "LearnerActor",
+        learner = await sup.start(spec("learner", "postrain.actors.learner.actor:LearnerActor",
                                        {"model": TINY, "learner": {"lr": 1e-3, "micro_batch_size": 2}}))
-        receiver = await sup.start(spec("gen0", "WeightReceiverActor", {"model": TINY}))
+        receiver = await sup.start(spec("gen0", "postrain.actors.weight_receiver:WeightReceiverActor", {"model": TINY}))
         metrics = await learner.ask("train", rollouts(), timeout_s=120)
         assert metrics["policy_version"] == 1 and metrics["num_tokens"] == 32
         assert {"loss", "kl", "entropy", "grad_norm", "logprob_gap_mean", "clip_frac_low"} <= set(metrics)
 
-        published = await learner.ask("publish", {"targets": ["gen0"]}, timeout_s=120)
-        assert published["version"] == 1 and published["sync_s"]["gen0"] > 0
-        got = await learner.ask("get_weights")
-        assert got["version"] == 1
+        published = PublishReport.from_wire(
+            await learner.ask("publish", PublishRequest(targets=["gen0"]).to_wire(), timeout_s=120))
+        assert published.version == 1 and published.sync_s["gen0"] > 0
+        got = WeightSync.from_wire(await learner.ask("get_weights"))
+        assert got.version == 1
         held = await receiver.ask("digest")
-        assert held == {"version": 1, "digest": weights_digest(got["weights"])}
-        assert published["num_bytes"] == sum(t.numel() * 4 for t in got["weights"].values())
+        assert held == {"version": 1, "digest": weights_digest(got.weights)}
+        assert published.num_bytes == sum(t.numel() * 4 for t in got.weights.values())
+        stats = LearnerStats.from_wire(await learner.ask("stats"))
+        assert (stats.step, stats.policy_version, stats.last_publish) == (1, 1, published)
 
         await learner.ask("train", rollouts(), timeout_s=120)   # version 2: chunk_mb is for other hosts,
-        published = await learner.ask("publish", {"targets": ["gen0"], "chunk_mb": 0.05}, timeout_s=120)
-        assert published["version"] == 2 and published["num_messages"] == 1   # so one message here
-        got = await learner.ask("get_weights")
-        assert await receiver.ask("digest") == {"version": 2, "digest": weights_digest(got["weights"])}
+        published = PublishReport.from_wire(await learner.ask(
+            "publish", PublishRequest(targets=["gen0"], chunk_mb=0.05).to_wire(), timeout_s=120))
+        assert published.version == 2 and published.num_messages == 1   # so one message here
+        got = WeightSync.from_wire(await learner.ask("get_weights"))
+        assert await receiver.ask("digest") == {"version": 2, "digest": weights_digest(got.weights)}
 
-        saved = await learner.ask("save_checkpoint", {"path": str(tmp_path / "c1"), "extra": {"cursor": 4}})
-        assert saved["policy_version"] == 2
+        saved = CheckpointSaved.from_wire(await learner.ask(
+            "save_checkpoint", SaveCheckpoint(path=str(tmp_path / "c1"), extra={"cursor": 4}).to_wire()))
+        assert saved.policy_version == 2
         await learner.ask("train", rollouts(), timeout_s=120)
-        restored = await learner.ask("load_checkpoint", {"path": saved["path"]})
-        assert restored == {"step": 2, "policy_version": 2, "extra": {"cursor": 4}}
+        restored = CheckpointLoaded.from_wire(
+            await learner.ask("load_checkpoint", LoadCheckpoint(path=saved.path).to_wire()))
+        assert restored == CheckpointLoaded(step=2, policy_version=2, extra={"cursor": 4})
         try:   # a receiver refuses an older version, by name
-            await receiver.ask("load_weights", {"version": 1, "weights": got["weights"]})
+            await receiver.ask("load_weights", WeightSync(version=1, weights=got.weights).to_wire())
             raise AssertionError("an older version was accepted")
         except RemoteError as exc:
             assert "must not go back" in str(exc)

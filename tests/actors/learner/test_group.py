@@ -15,6 +15,7 @@ import pytest
 
 from postrain.actors.learner.group import interface_holding, shard_batch
 from postrain.actors.learner.batch import LearnerError
+from postrain.actors.records import LearnerStats
 from postrain.core.config import complete_rendezvous, parse_config
 from postrain.core.errors import ActorDiedError
 from postrain.core.supervisor import Supervisor
@@ -53,7 +54,7 @@ def test_ranks_expand_to_one_actor_of_several_processes():
     assert specs[0].rendezvous.port == specs[1].rendezvous.port and specs[0].rendezvous.address == "127.0.0.1"
     assert interface_holding("127.0.0.1") == "lo"
     with pytest.raises(LearnerError, match="a batch of 1 samples cannot be shared by 2 learner ranks"):
-        shard_batch({k: v[:1] for k, v in batch(0).items()}, 2)
+        shard_batch(shard_batch(batch(0), 8)[0], 2)
 
 
 @async_test
@@ -74,12 +75,12 @@ async def test_a_hung_rank_fails_the_step_naming_it_and_every_rank_restarts_toge
         for spec in specs:
             await supervisor.start(spec)
         learner = supervisor.ref("learner")
-        assert (await learner.ask("train", batch(0), timeout_s=120))["policy_version"] == 1
+        assert (await learner.ask("train", batch(0).to_wire(), timeout_s=120))["policy_version"] == 1
         follower = supervisor.records["learner-rank1"].pid
         os.kill(follower, signal.SIGSTOP)             # hung: alive, silent
         try:
             with pytest.raises(ActorDiedError):
-                await learner.ask("train", batch(1), timeout_s=60)
+                await learner.ask("train", batch(1).to_wire(), timeout_s=60)
             assert "rank 1 (learner-rank1) of the learner's group lost or restarted before train" \
                 in (await exit_event(supervisor, "learner")).detail
         finally:
@@ -88,13 +89,13 @@ async def test_a_hung_rank_fails_the_step_naming_it_and_every_rank_restarts_toge
         with anyio.fail_after(120):
             while True:
                 try:
-                    stats = await learner.ask("stats", timeout_s=10)
+                    stats = LearnerStats.from_wire(await learner.ask("stats", timeout_s=10))
                     break
                 except Exception:
                     await anyio.sleep(0.2)
-        assert stats["policy_version"] == 0           # both restarted: the keeper restores the checkpoint
+        assert stats.policy_version == 0           # both restarted: the keeper restores the checkpoint
         assert supervisor.records["learner-rank1"].pid != follower
-        assert (await learner.ask("train", batch(0), timeout_s=120))["policy_version"] == 1
+        assert (await learner.ask("train", batch(0).to_wire(), timeout_s=120))["policy_version"] == 1
 
 
 RUN = """

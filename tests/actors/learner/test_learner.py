@@ -5,6 +5,7 @@ A real tiny Llama (random weights, the byte tokenizer's vocabulary) and the real
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -15,6 +16,7 @@ from postrain.actors.generator.engine import Engine
 from postrain.actors.learner.learner import Learner, LearnerConfig, build_policy
 from postrain.actors.learner.batch import LearnerError, pack_batch
 from postrain.actors.generator.sampling import SamplingParams
+from postrain.actors.records import SftBatch, TrainBatch
 
 TINY = dict(vocab_size=264, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
             num_kv_heads=2, max_position_embeddings=256, tie_word_embeddings=True)
@@ -26,14 +28,19 @@ def learner(**kw) -> Learner:
     return Learner(LearnerConfig(**kw))
 
 
-def random_batch(seed: int, num: int = 4, prompt_len: int = 6, advantages=None) -> dict:
+def random_batch(seed: int, num: int = 4, prompt_len: int = 6, advantages=None) -> TrainBatch:
     g = torch.Generator().manual_seed(seed)
     ids = [torch.randint(8, 264, (prompt_len + 5 + 3 * i,), generator=g) for i in range(num)]
     mask = [[0] * prompt_len + [1] * (len(x) - prompt_len) for x in ids]
     behavior = [torch.randn(len(x), generator=g) * 0.1 - 5.5 for x in ids]
     adv = advantages if advantages is not None else [1.0 if i % 2 == 0 else -1.0 for i in range(num)]
-    return {"token_ids": ids, "loss_mask": mask, "behavior_logprobs": behavior,
-            "policy_versions": [0] * num, "advantages": adv}
+    return TrainBatch(token_ids=ids, loss_mask=mask, behavior_logprobs=behavior, policy_versions=[0] * num,
+                      advantages=adv)
+
+
+def sft(batch: TrainBatch) -> SftBatch:
+    """The same samples as a supervised batch."""
+    return SftBatch(token_ids=batch.token_ids, loss_mask=batch.loss_mask)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.8])
@@ -45,19 +52,19 @@ def test_recomputed_logprobs_match_the_generator_engine(temperature):
     prompts = [tokenizer.encode("def f(x):"), tokenizer.encode("2+3=")]
     outs = engine.generate(prompts, SamplingParams(n=3, temperature=temperature, max_new_tokens=10,
                                                    seed=7, ignore_eos=True))
-    batch = {"token_ids": [], "loss_mask": [], "behavior_logprobs": [], "policy_versions": [],
-             "rewards": [], "group_ids": []}
+    fields = {"token_ids": [], "loss_mask": [], "behavior_logprobs": [], "policy_versions": [],
+              "rewards": [], "group_ids": []}
     for group, (prompt, out) in enumerate(zip(prompts, outs)):
         for i, sample in enumerate(out.outputs):
-            batch["token_ids"].append(prompt + sample.token_ids)
-            batch["loss_mask"].append([0] * len(prompt) + [1] * len(sample.token_ids))
-            batch["behavior_logprobs"].append([0.0] * len(prompt) + sample.logprobs)
-            batch["policy_versions"].append([0] * len(prompt) + sample.policy_versions)
-            batch["rewards"].append(float(i == 0))
-            batch["group_ids"].append(group)
+            fields["token_ids"].append(prompt + sample.token_ids)
+            fields["loss_mask"].append([0] * len(prompt) + [1] * len(sample.token_ids))
+            fields["behavior_logprobs"].append([0.0] * len(prompt) + sample.logprobs)
+            fields["policy_versions"].append([0] * len(prompt) + sample.policy_versions)
+            fields["rewards"].append(float(i == 0))
+            fields["group_ids"].append(group)
+    batch = TrainBatch(**fields)
     mine = lrn.compute_logprobs(batch)
-    for ids, lp_mine, lp_gen, mask in zip(batch["token_ids"], mine, batch["behavior_logprobs"],
-                                          batch["loss_mask"]):
+    for ids, lp_mine, lp_gen, mask in zip(batch.token_ids, mine, batch.behavior_logprobs, batch.loss_mask):
         m = torch.tensor(mask, dtype=torch.bool)
         gap = (lp_mine[m] - torch.tensor(lp_gen)[m]).abs().max()
         assert gap < 1e-4, f"train-inference logprob gap {gap:.2e} for {len(ids)} tokens"
@@ -78,7 +85,7 @@ def test_decoupled_weighs_stale_tokens_by_the_current_weights_over_the_behaviour
     batch = random_batch(4)     # behaviour logprobs from some older policy
     current = lrn.compute_logprobs(batch)
     weights = [torch.clamp(torch.exp(cur - beh), max=1.0)[torch.tensor(mask, dtype=torch.bool)]
-               for cur, beh, mask in zip(current, batch["behavior_logprobs"], batch["loss_mask"])]
+               for cur, beh, mask in zip(current, batch.behavior_logprobs, batch.loss_mask)]
     expected = float(torch.cat(weights).mean())
     assert 0.2 < expected < 0.99, "some tokens are capped, some are not"
     metrics = lrn.train_step(batch)
@@ -89,21 +96,21 @@ def test_decoupled_weighs_stale_tokens_by_the_current_weights_over_the_behaviour
 def test_sft_overfits_a_tiny_batch_and_the_rl_step_moves_logprobs_by_advantage():
     lrn = learner(lr=3e-3, max_grad_norm=1.0)
     batch = random_batch(0)
-    losses = [lrn.sft_step(batch)["loss"] for _ in range(25)]
+    losses = [lrn.sft_step(sft(batch))["loss"] for _ in range(25)]
     assert losses[-1] < 0.5 * losses[0], losses
     assert all(math.isfinite(x) for x in losses)
 
     rl = learner(lr=1e-3)
     rl_batch = random_batch(1)
-    rl_batch["behavior_logprobs"] = rl.compute_logprobs(rl_batch)   # on-policy
+    rl_batch = dataclasses.replace(rl_batch, behavior_logprobs=rl.compute_logprobs(rl_batch))   # on-policy
     before = rl.compute_logprobs(rl_batch)
     for _ in range(4):
         metrics = rl.train_step(rl_batch)
     after = rl.compute_logprobs(rl_batch)
-    for i, mask in enumerate(rl_batch["loss_mask"]):
+    for i, mask in enumerate(rl_batch.loss_mask):
         m = torch.tensor(mask, dtype=torch.bool)
         moved = float((after[i][m] - before[i][m]).mean())
-        assert moved > 0 if rl_batch["advantages"][i] > 0 else moved < 0, (i, moved)
+        assert moved > 0 if rl_batch.advantages[i] > 0 else moved < 0, (i, moved)
     assert metrics["clip_frac_high"] + metrics["clip_frac_low"] > 0   # the clip engaged
     assert metrics["staleness_max"] == 3
 
@@ -123,7 +130,9 @@ def test_gradient_accumulation_equals_one_full_batch(agg_mode):
 
 
 def test_micro_batches_sort_by_length_and_the_step_stays_the_same():
-    batch = {k: v[::-1] for k, v in random_batch(5, num=6).items()}   # longest first, lengths differ
+    batch = random_batch(5, num=6)
+    batch = dataclasses.replace(batch, **{f.name: getattr(batch, f.name)[::-1]       # longest first, lengths differ
+                                          for f in dataclasses.fields(batch) if getattr(batch, f.name) is not None})
     many = learner(micro_batch_size=2, lr=1.0, adam_eps=1.0, agg_mode="seq-mean-token-mean")
     packed = pack_batch(batch)
     order, micro = many._micro_batches(packed)                        # the samples share no prefix
@@ -131,8 +140,8 @@ def test_micro_batches_sort_by_length_and_the_step_stays_the_same():
     assert widths == sorted(widths) and widths[0] < widths[-1]       # short samples pad to short ones
     assert order.tolist() == [5, 4, 3, 2, 1, 0] and all(mb.shared is None for mb in micro)
     one = learner(micro_batch_size=6, lr=1.0, adam_eps=1.0, agg_mode="seq-mean-token-mean")
-    for step in ("train_step", "sft_step"):
-        m_one, m_many = getattr(one, step)(batch), getattr(many, step)(batch)
+    for step, records in (("train_step", batch), ("sft_step", sft(batch))):
+        m_one, m_many = getattr(one, step)(records), getattr(many, step)(records)
         assert m_one["loss"] == pytest.approx(m_many["loss"], abs=1e-6)
         for name, tensor in one.model.state_dict().items():
             torch.testing.assert_close(many.model.state_dict()[name], tensor, atol=1e-6, rtol=0)
@@ -185,12 +194,11 @@ def test_lr_schedule_warmup_then_cosine():
 def test_bad_batches_and_options_are_named():
     lrn = learner()
     batch = random_batch(6)
-    batch["loss_mask"][1] = batch["loss_mask"][1][:-1]
+    batch.loss_mask[1] = batch.loss_mask[1][:-1]
     with pytest.raises(LearnerError, match=r"loss_mask\[1\] has 13 entries but token_ids\[1\] has 14"):
         lrn.train_step(batch)
-    batch = random_batch(6)
-    del batch["advantages"]
-    batch["rewards"], batch["group_ids"] = [1.0, 0.0, 1.0, 0.0], [0, 1, 0, 1]
+    batch = dataclasses.replace(random_batch(6), advantages=None, rewards=[1.0, 0.0, 1.0, 0.0],
+                                group_ids=[0, 1, 0, 1])
     with pytest.raises(LearnerError, match="group 0 is not contiguous"):
         lrn.train_step(batch)
     with pytest.raises(LearnerError, match="unknown learner option"):
@@ -198,6 +206,6 @@ def test_bad_batches_and_options_are_named():
     with pytest.raises(LearnerError, match="need reference_model"):
         LearnerConfig(kl_coef=0.1)
     batch = random_batch(6)
-    batch["loss_mask"] = [[0] * len(m) for m in batch["loss_mask"]]
+    batch = dataclasses.replace(batch, loss_mask=[[0] * len(m) for m in batch.loss_mask])
     with pytest.raises(LearnerError, match="no trained tokens"):
         lrn.train_step(batch)

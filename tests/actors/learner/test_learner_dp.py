@@ -10,7 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from postrain.actors.learner.group import shard_batch
 from postrain.actors.learner.learner import Learner, LearnerConfig
+from postrain.actors.records import TrainBatch
 
 TINY = dict(vocab_size=264, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
             num_kv_heads=2, max_position_embeddings=256, tie_word_embeddings=True)
@@ -38,20 +40,19 @@ RANK = textwrap.dedent("""
 """)
 
 
-def batch(step: int, num: int = 8) -> dict:
+def batch(step: int, num: int = 8) -> TrainBatch:
     """Groups of 4 samples that share a 5-token prompt (so shared-prefix training runs on each rank)."""
     g = torch.Generator().manual_seed(100 + step)
     prompts = [torch.randint(8, 264, (5,), generator=g) for _ in range(num // 4)]
     ids = [torch.cat([prompts[i // 4], torch.randint(8, 264, (3 + 2 * (i % 5),), generator=g)])
            for i in range(num)]
-    return {"token_ids": ids, "loss_mask": [[0] * 5 + [1] * (len(x) - 5) for x in ids],
-            "behavior_logprobs": [torch.randn(len(x), generator=g) * 0.1 - 5.5 for x in ids],
-            "policy_versions": [step] * num, "advantages": torch.randn(num, generator=g).tolist()}
+    return TrainBatch(token_ids=ids, loss_mask=[[0] * 5 + [1] * (len(x) - 5) for x in ids],
+                      behavior_logprobs=[torch.randn(len(x), generator=g) * 0.1 - 5.5 for x in ids],
+                      policy_versions=[step] * num, advantages=torch.randn(num, generator=g).tolist())
 
 
-def shard(full: dict, rank: int, world: int) -> dict:
-    per = len(full["token_ids"]) // world
-    return {k: v[rank * per:(rank + 1) * per] for k, v in full.items()}
+def shard(full: TrainBatch, rank: int, world: int) -> TrainBatch:
+    return shard_batch(full, world)[rank]
 
 
 def test_two_gloo_ranks_match_one_process(tmp_path):

@@ -25,6 +25,7 @@ from postrain.actors.learner.learner import Learner, LearnerConfig
 from postrain.actors.learner.recovery import is_actor_death
 from postrain.actors.run_state import (PromptSchedule, ResumeError, batch_sample_id, check_same_data_order,
                                        cut_back, data_order, read_run_state)
+from postrain.actors.records import RUN_STATE_FORMAT, RunRequest, RunState, RunUpdate
 from postrain.actors.tasks import get_task
 from postrain.core import ActorSpec, Supervisor
 from postrain.core.errors import ActorDiedError, RemoteError
@@ -68,11 +69,12 @@ async def run_with_killer(folder, orchestrator: dict, killer, resume: bool = Fal
             await sup.start(spec)
         async with anyio.create_task_group() as tg:
             tg.start_soon(killer, sup, lines)
-            request = {"run_folder": str(folder), "resume": resume}
-            async for item in sup.ref("orchestrator").stream("run", request, timeout_s=600):
-                if "line" in item:
-                    lines.append(item["line"])
-                summary = item.get("summary", summary)
+            request = RunRequest(run_folder=str(folder), resume=resume)
+            async for item in sup.ref("orchestrator").stream("run", request.to_wire(), timeout_s=600):
+                update = RunUpdate.from_wire(item)
+                if update.line is not None:
+                    lines.append(update.line)
+                summary = update.summary or summary
             tg.cancel_scope.cancel()
         restarts = {name: record.restarts for name, record in sup.records.items()}
     return summary, lines, restarts
@@ -116,7 +118,9 @@ def test_batch_prompts_are_a_function_of_seed_and_batch_index():
 
 def test_a_resume_that_would_change_the_data_order_is_refused(tmp_path):
     cfg = orchestrator_options(seed=0)
-    state = {"data_order": data_order(cfg)}
+    state = RunState(phase="rl", next_batch=0, evals={}, ledger={}, ledger_events_offset=0, metrics_offset=0,
+                     data_order=data_order(cfg))
+    assert RunState.from_wire(state.to_wire()) == state and state.to_wire()["format"] == RUN_STATE_FORMAT
     check_same_data_order(state, cfg)
     with pytest.raises(ResumeError, match="data order changed \\(seed: 0 -> 1\\)"):
         check_same_data_order(state, {**cfg, "seed": 1})
@@ -392,9 +396,10 @@ async def test_an_evaluation_that_lost_episodes_to_a_kill_is_redone_not_half_cou
 
 @pytest.mark.slow
 def test_a_full_disk_stops_the_run_cleanly_and_resume_after_freeing_space_finishes(small_disk, tmp_path):
-    """A real full disk (a tmpfs run folder): filled during RL so that the next checkpoint does
-    not fit, the run stops with one line naming the folder and what to do, the previous
-    checkpoint loads, the JSONL files hold whole lines; freed, `--resume` finishes the run."""
+    """A real full disk (a tmpfs run folder): filled so that the warm-start checkpoint fits and
+    the first RL checkpoint does not, the run stops with one line naming the folder and what to
+    do, the previous checkpoint loads, the JSONL files hold whole lines; freed, `--resume`
+    finishes the run."""
     from postrain.actors.learner.state import checkpoint_info
 
     disk = small_disk(240 * 1024)   # `postrain up` asks for 200 MiB free at start
@@ -403,24 +408,33 @@ def test_a_full_disk_stops_the_run_cleanly_and_resume_after_freeing_space_finish
     config.write_text(CONFIG.format(run_dir=disk, actors=_toml_actors(
         orchestrator_options(num_steps=num_steps, checkpoint_every=2, max_staleness=0))))
     folder = disk / "resumable"
+    # The warm-start checkpoint holds the weights (W bytes); an RL checkpoint also holds AdamW's
+    # two moments (3 W) and is written beside the one it replaces. With 2 W free before the first,
+    # the warm-start checkpoint fits (W to spare for the JSONL files) and the next (4 W) cannot.
+    learner = Learner(LearnerConfig.from_dict({**LEARNER, "model": "tiny"}))
+    weights = sum(p.numel() * p.element_size() for p in learner.model.parameters() if p.requires_grad)
     head = subprocess.Popen([sys.executable, "-m", "postrain.cli", "up", "--quiet", "--config", str(config)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     output = []
-    for line in head.stdout:   # step 1 is trained; the checkpoint after the warm start is in place
+    for line in head.stdout:   # the learner is READY; the orchestrator, which asks for checkpoints, is not
         output.append(line)
-        if line.startswith("step 1/"):
+        if line.startswith("  started learner"):
             break
     else:
-        pytest.fail("the run ended before step 1:\n" + "".join(output[-40:]) + head.stderr.read()[-3000:])
-    size_mb = sum(f.stat().st_size for f in (folder / "checkpoint").iterdir()) / (1 << 20)
+        pytest.fail("the run ended before the learner started:\n" + "".join(output[-40:])
+                    + head.stderr.read()[-3000:])
+    # The learner writes every checkpoint and has been asked for none (the orchestrator starts after
+    # it): stopped (SIGSTOP) while the disk fills, it cannot race the filling, however slow that is.
+    learner_process = psutil.Process(int(re.search(r"\(pid (\d+)\)", line)[1]))
     ballast = disk / "ballast"
-    with open(ballast, "wb") as out:   # leave half a checkpoint free: the next one cannot be written
-        try:                           # (or none, when the run's own writes meet the ballast's)
-            while shutil.disk_usage(disk).free > size_mb / 2 * (1 << 20):
+    learner_process.suspend()
+    try:
+        with open(ballast, "wb") as out:
+            while shutil.disk_usage(disk).free > 2 * weights + (1 << 20):
                 out.write(b"\0" * (1 << 20))
                 out.flush()
-        except OSError:
-            pass
+    finally:
+        learner_process.resume()
     rest, errors = head.communicate(timeout=300)
     output.append(rest)
     assert head.returncode == 1, "".join(output)[-3000:] + errors[-3000:]
@@ -431,8 +445,8 @@ def test_a_full_disk_stops_the_run_cleanly_and_resume_after_freeing_space_finish
     assert f"postrain up --resume {folder}" in reason, reason
 
     state = read_run_state(folder / "checkpoint")
-    assert state["phase"] == "rl" and state["next_batch"] in (0, 2), "the previous checkpoint is in place"
-    assert checkpoint_info(folder / "checkpoint")["policy_version"] == state["next_batch"]
+    assert state.phase == "rl" and state.next_batch == 0, "the warm-start checkpoint is in place"
+    assert checkpoint_info(folder / "checkpoint")["policy_version"] == state.next_batch
     for name in ("ledger.jsonl", "metrics.jsonl"):
         data = (folder / name).read_bytes()
         assert data.endswith(b"\n") and all(json.loads(line) for line in data.splitlines()), name

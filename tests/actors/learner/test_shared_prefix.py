@@ -17,13 +17,14 @@ from postrain.actors.models.loading import packaged_model_path
 from postrain.actors.learner.learner import Learner, LearnerConfig, build_policy
 from postrain.actors.learner.batch import pack_batch
 from postrain.actors.learner.shared_prefix import plan_micro_batches, prefix_plan, runs_of_shared_prefixes
+from postrain.actors.records import SftBatch, TrainBatch
 
 TINY = dict(vocab_size=264, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
             num_kv_heads=2, max_position_embeddings=256, tie_word_embeddings=True)
 
 
 def group_batch(seed: int, num_groups: int = 3, group_size: int = 4, multi_turn: bool = False,
-                vocab: int = 264) -> dict:
+                vocab: int = 264) -> TrainBatch:
     """GRPO groups in shuffled order: one prompt per group, ragged responses. Multi-turn: a
     response, a tool output (not trained), a second response; in each group the first two
     samples repeat the first turn and the third repeats part of it, so shared prefixes end
@@ -48,22 +49,25 @@ def group_batch(seed: int, num_groups: int = 3, group_size: int = 4, multi_turn:
             samples.append((ids, mask))
     order = torch.randperm(len(samples), generator=g).tolist()
     samples = [samples[i] for i in order]
-    return {"token_ids": [ids for ids, _ in samples], "loss_mask": [m for _, m in samples],
-            "behavior_logprobs": [(torch.randn(len(ids), generator=g) * 0.1 - 5.5).tolist()
-                                  for ids, _ in samples],
-            "policy_versions": [0] * len(samples),
-            "advantages": torch.randn(len(samples), generator=g).tolist()}
+    return TrainBatch(token_ids=[ids for ids, _ in samples], loss_mask=[m for _, m in samples],
+                      behavior_logprobs=[(torch.randn(len(ids), generator=g) * 0.1 - 5.5).tolist()
+                                         for ids, _ in samples],
+                      policy_versions=[0] * len(samples),
+                      advantages=torch.randn(len(samples), generator=g).tolist())
 
 
-def gradients_of_one_step(lrn: Learner, step: str, batch: dict, shared_prefix: bool):
-    """(metrics, the gradient AdamW would step with) of one step; the weights stay as they are."""
+def gradients_of_one_step(lrn: Learner, step: str, batch: TrainBatch, shared_prefix: bool):
+    """(metrics, the gradient AdamW would step with) of one step (sft_step: on the batch's samples
+    as an SftBatch); the weights stay as they are."""
+    if step == "sft_step":
+        batch = SftBatch(token_ids=batch.token_ids, loss_mask=batch.loss_mask)
     grads = []
     lrn.config.shared_prefix = shared_prefix
     lrn.optimizer.step = lambda: grads.extend(p.grad.clone() for p in lrn.params)
     return getattr(lrn, step)(batch), grads
 
 
-def assert_same_step(lrn: Learner, step: str, batch: dict, rtol: float = 1e-5):
+def assert_same_step(lrn: Learner, step: str, batch: TrainBatch, rtol: float = 1e-5):
     """The same loss and gradient with and without shared prefixes, to float32 rounding: the
     whole gradient within rtol of the plain one in norm, every tensor of it within 10 * rtol."""
     (m_shared, g_shared), (m_plain, g_plain) = (gradients_of_one_step(lrn, step, batch, shared)
@@ -155,8 +159,8 @@ def test_duplicates_and_samples_that_are_prefixes_of_others():
     another, still trains (and scores) as on the plain path."""
     a = list(range(10, 30))
     ids = [a, a, a[:12], a + [5, 6], a[:2]]
-    batch = {"token_ids": ids, "loss_mask": [[0] * 3 + [1] * (len(x) - 3) if len(x) > 3 else [0, 1] for x in ids],
-             "behavior_logprobs": [[-5.0] * len(x) for x in ids], "advantages": [1.0, -1.0, 0.5, 0.2, -0.3]}
+    batch = TrainBatch(token_ids=ids, loss_mask=[[0] * 3 + [1] * (len(x) - 3) if len(x) > 3 else [0, 1] for x in ids],
+                       behavior_logprobs=[[-5.0] * len(x) for x in ids], advantages=[1.0, -1.0, 0.5, 0.2, -0.3])
     lrn = tiny_learner(micro_batch_size=5)
     _, (mb,) = lrn._micro_batches(pack_batch(batch))
     assert mb.shared.batch.prefix_mask.sum(-1).tolist() == [1, 19]       # {a[:2], a[:12]}, {a, a, a + ..}

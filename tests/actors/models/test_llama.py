@@ -12,9 +12,20 @@ import pytest
 import torch
 
 from postrain.actors.models.loading import load_hf_folder, load_model, packaged_model_path
-from postrain.actors.models.llama import LlamaModel, ModelConfig, PagedBatch, build_model
+from postrain.actors.generator.attention import GatherSdpaBackend, PagedMetadata
+from postrain.actors.generator.kv_manager import new_kv_caches
+from postrain.actors.models.llama import LlamaModel, ModelConfig, build_model
 
 transformers = pytest.importorskip("transformers")
+
+
+def paged_step(positions, slots, block_tables, context_lens, caches):
+    """The CPU attention backend bound to one forward's paged metadata (what the runner builds)."""
+    return GatherSdpaBackend().bind(PagedMetadata(positions, slots, block_tables, context_lens), caches)
+
+
+def caches_for(model, num_blocks, block_size_tokens):
+    return new_kv_caches(model.config, num_blocks, block_size_tokens, torch.float32)
 
 TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
@@ -92,7 +103,7 @@ def test_greedy_generation_equals_transformers(pair):
 
 def _paged_decode(model: LlamaModel, prompts: list[list[int]], new_tokens: int, block_size: int):
     """Prefill all prompts in one padded paged batch, then decode greedily, one token per step."""
-    caches = model.new_kv_caches(num_blocks=64, block_size_tokens=block_size)
+    caches = caches_for(model, 64, block_size)
     next_block = iter(range(63, 0, -1))     # scattered, descending block ids
     tables = [[] for _ in prompts]
     seqs = [list(p) for p in prompts]
@@ -115,7 +126,7 @@ def _paged_decode(model: LlamaModel, prompts: list[list[int]], new_tokens: int, 
         table = torch.tensor([t + [0] * (max_blocks - len(t)) for t in tables])
         ctx = torch.tensor([len(s) for s in seqs])
         last = torch.tensor([len(n) - 1 for n in new])
-        out = model(ids, paged=PagedBatch(pos, slots, table, ctx, caches), logits_to_keep=last)
+        out = model(ids, paged=paged_step(pos, slots, table, ctx, caches), logits_to_keep=last)
         for i in range(len(seqs)):
             lengths[i] = len(seqs[i])
             logits_seen[i].append(out[i])
@@ -155,7 +166,7 @@ def test_smollm2_gguf_matches_transformers():
     text = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2+3?"}])
     prompt = tokenizer.encode(text)
     with torch.no_grad():
-        caches = ours.new_kv_caches(num_blocks=8, block_size_tokens=16)
+        caches = caches_for(ours, 8, 16)
         mine = _greedy_paged(ours, prompt, 32, caches, block_size=16)   # on past <|im_end|>
         full = torch.tensor([prompt + mine])
         theirs = hf(full).logits
@@ -173,7 +184,7 @@ def _greedy_paged(model, prompt, new_tokens, caches, block_size):
         new = seq[done:]
         pos = torch.arange(done, len(seq))[None]
         num_blocks = (len(seq) + block_size - 1) // block_size
-        out = model(torch.tensor([new]), paged=PagedBatch(
+        out = model(torch.tensor([new]), paged=paged_step(
             pos, pos.clone(), torch.arange(num_blocks)[None], torch.tensor([len(seq)]), caches),
             logits_to_keep=torch.tensor([len(new) - 1]))
         done = len(seq)
@@ -184,7 +195,7 @@ def _greedy_paged(model, prompt, new_tokens, caches, block_size):
 
 
 def test_float16_weight_copies_change_only_the_paged_path():
-    from postrain.actors.models.llama import Float16Weights
+    from postrain.actors.models.blocks import Float16Weights
 
     model = build_model(ModelConfig(vocab_size=64, hidden_size=48, intermediate_size=64, num_layers=2,
                                     num_heads=6, num_kv_heads=2, qkv_bias=True, max_position_embeddings=128),
@@ -199,10 +210,9 @@ def test_float16_weight_copies_change_only_the_paged_path():
     pos = torch.arange(len(prompt))[None]
 
     def paged_logits(with_weights):
-        caches = model.new_kv_caches(num_blocks=4, block_size_tokens=4)
-        batch = PagedBatch(pos, pos.clone(), torch.arange(2)[None], torch.tensor([len(prompt)]), caches,
-                           weights=weights if with_weights else None)
-        return model(ids, paged=batch)[0]
+        caches = caches_for(model, 4, 4)
+        step = paged_step(pos, pos.clone(), torch.arange(2)[None], torch.tensor([len(prompt)]), caches)
+        return model(ids, paged=step, weights=weights if with_weights else None)[0]
 
     with torch.no_grad():
         full = model(ids)[0]
@@ -217,7 +227,7 @@ def test_float16_weight_copies_change_only_the_paged_path():
 
 
 def test_float16_weight_copies_need_a_float32_cpu_model():
-    from postrain.actors.models.llama import Float16Weights, ModelConfigError
+    from postrain.actors.models.blocks import Float16Weights, ModelConfigError
 
     model = build_model(ModelConfig(vocab_size=16, hidden_size=16, intermediate_size=16, num_layers=1,
                                     num_heads=2, num_kv_heads=1)).to(torch.bfloat16)

@@ -1,0 +1,83 @@
+"""The model runner: executes a `StepPlan` and returns the logits to sample or verify.
+
+    runner = ModelRunner(model, kv_manager)                 # backend=GatherSdpaBackend() on the CPU
+    out = runner.run(plan, weights=None)                    # StepLogits(decodes=..., prefills=...)
+
+For each part of the plan (decodes, then prefills: see `scheduler`) it right-pads the rows'
+new tokens into one (B, T) batch, builds the `PagedMetadata` (positions, slot per new token,
+block tables, context lengths) from the rows' block tables, binds the attention backend to
+it and the KV manager's cache, and calls the model once. Which logits come back:
+decode-only rows -> (B, V) at each row's one token; rows with drafts -> (B, T, V), column i
+scoring the position after the row's i-th input; prefills -> (B, V) at each prompt's last token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..models.blocks import Float16Weights
+from ..models.protocol import CausalLM
+from .attention import AttentionBackend, GatherSdpaBackend, PagedMetadata
+from .kv_manager import KVManager
+from .scheduler import ScheduledSequence, StepPlan
+
+
+@dataclass(frozen=True)
+class StepLogits:
+    """The logits of one plan; None where the plan had no such rows."""
+
+    decodes: torch.Tensor | None    # (B, V), or (B, 1 + max drafts, V) when the plan has drafts
+    prefills: torch.Tensor | None   # (B, V): each prompt's last token
+
+
+def paged_inputs(rows: tuple[ScheduledSequence, ...], block_size_tokens: int
+                 ) -> tuple[torch.Tensor, PagedMetadata]:
+    """(input_ids (B, T), metadata) of rows right-padded to the longest (CPU tensors)."""
+    lengths = np.fromiter((r.num_new_tokens for r in rows), dtype=np.int64, count=len(rows))
+    starts = np.fromiter((r.start_position for r in rows), dtype=np.int64, count=len(rows))
+    width = int(lengths.max())
+    valid = np.arange(width)[None, :] < lengths[:, None]                      # (B, T)
+    input_ids = np.zeros((len(rows), width), dtype=np.int64)
+    input_ids[valid] = [t for r in rows for t in r.input_ids]
+    positions = np.where(valid, starts[:, None] + np.arange(width)[None, :], 0)
+    tables = np.zeros((len(rows), max(len(r.block_table) for r in rows)), dtype=np.int64)
+    for row, r in enumerate(rows):
+        tables[row, :len(r.block_table)] = r.block_table
+    blocks = np.take_along_axis(tables, positions // block_size_tokens, axis=1)
+    slots = np.where(valid, blocks * block_size_tokens + positions % block_size_tokens, -1)
+    metadata = PagedMetadata(torch.from_numpy(positions), torch.from_numpy(slots), torch.from_numpy(tables),
+                             torch.from_numpy(starts + lengths), num_padding=int((~valid).sum()))
+    return torch.from_numpy(input_ids), metadata
+
+
+class ModelRunner:
+    """Runs plans through `model` with `backend` over `kv`'s cache (see module docstring)."""
+
+    def __init__(self, model: CausalLM, kv: KVManager, backend: AttentionBackend | None = None):
+        self.model = model
+        self.kv = kv
+        self.backend = backend or GatherSdpaBackend()
+        self.device = next(model.parameters()).device
+
+    def run(self, plan: StepPlan, weights: Float16Weights | None = None) -> StepLogits:
+        """The decode forward first, then the prefill forward (under the caller's inference mode)."""
+        decodes = self.forward(plan.decodes, "all" if plan.has_drafts else "last", weights) if plan.decodes else None
+        prefills = self.forward(plan.prefills, "last", weights) if plan.prefills else None
+        return StepLogits(decodes, prefills)
+
+    def forward(self, rows: tuple[ScheduledSequence, ...], keep: str,
+                weights: Float16Weights | None = None) -> torch.Tensor:
+        """One forward of rows; keep="last": logits (B, V) at each row's last new token,
+        keep="all": (B, T, V)."""
+        input_ids, metadata = paged_inputs(rows, self.kv.block_size_tokens)
+        if self.device.type != "cpu":
+            metadata = PagedMetadata(*(t.to(self.device) for t in (
+                metadata.positions, metadata.slot_mapping, metadata.block_tables, metadata.context_lens)),
+                num_padding=metadata.num_padding)
+        step = self.backend.bind(metadata, self.kv.kv_caches)
+        keep_index = None
+        if keep == "last":
+            keep_index = torch.tensor([r.num_new_tokens - 1 for r in rows], device=self.device)
+        return self.model(input_ids.to(self.device), paged=step, logits_to_keep=keep_index, weights=weights)

@@ -1,0 +1,67 @@
+"""The engine's per-request state: the outputs callers read (`RequestOutput`, `CompletionOutput`),
+the sequences in flight that the scheduler and the engine share, and `EngineError`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .sampling import SamplingParams
+from postrain.core.errors import PostrainError
+
+
+class EngineError(PostrainError, ValueError):
+    """A request or engine setting the engine cannot serve."""
+
+
+@dataclass
+class CompletionOutput:
+    """One sample. token_ids are exactly the sampled ids (a stop string's tokens included)."""
+
+    sample_index: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)        # see postrain.actors.generator.sampling
+    policy_versions: list[int] = field(default_factory=list)   # the weights that sampled each token
+    text: str = ""                                             # decoded, cut before a stop string
+    finish_reason: str | None = None                           # "stop" | "length" | "abort"
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    num_cached_prompt_tokens: int = 0        # prompt tokens whose KV came from the prefix cache
+    finished: bool = False
+
+
+class Sequence:
+    """One sample in flight. Invariant while running, between steps: the KV manager holds
+    len(token_ids) - 1 tokens of it (the last sampled token's KV is written by the next
+    decode); within a step, after its slots are reserved, len(token_ids) + len(drafts)."""
+
+    __slots__ = ("seq_id", "request", "output", "token_ids", "generator", "drafts", "num_draft_tokens")
+
+    def __init__(self, seq_id, request, sample_index, generator, num_draft_tokens=0):
+        self.seq_id = seq_id
+        self.request = request
+        self.output = CompletionOutput(sample_index)
+        self.token_ids = list(request.output.prompt_token_ids)
+        self.generator = generator
+        self.drafts: list[int] = []               # this step's drafted tokens, verified by its forward
+        self.num_draft_tokens = num_draft_tokens  # its adaptive k (speculative decoding)
+
+    @property
+    def finished(self) -> bool:
+        return self.output.finish_reason is not None
+
+
+class Request:
+    """A prompt and its n samples (`sequences`, all sharing the prompt's blocks once forked)."""
+
+    __slots__ = ("output", "params", "sequences", "stop_ids", "prompt_key")
+
+    def __init__(self, output: RequestOutput, params: SamplingParams, stop_ids: set[int]):
+        self.output = output
+        self.params = params
+        self.sequences: list[Sequence] = []
+        self.stop_ids = stop_ids
+        self.prompt_key = tuple(output.prompt_token_ids)    # the rollout proposer's store key

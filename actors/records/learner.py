@@ -1,0 +1,152 @@
+"""The learner's other requests and replies: checkpoints, export, publish, stats, and its group's
+own messages (actors/learner/actor.py; `train`/`sft` take records/train.py, `get_weights` replies
+a WeightSync and `publish` a PublishReport, records/weights.py).
+
+The requests that train, save, export or publish the learner's weights (TrainBatch, SftBatch,
+SaveCheckpoint, ExportHf, PublishRequest) may carry `expect_policy_version`: the version the
+caller's LearnerKeeper predicts (actors/learner/recovery.py); a learner at another version
+refuses them with PolicyVersionMismatch (it restarted) instead of acting on the wrong weights.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .base import Record, codec
+from .train import SftBatch, TrainBatch
+from .weights import PublishReport
+
+GROUP_STATES = ("alone", "waiting", "joining", "formed")
+
+
+@dataclass(frozen=True, slots=True)
+class SaveCheckpoint(Record):
+    """`save_checkpoint`: the folder to write, and the caller's own JSON-able state to keep in it
+    (the orchestrator's RunState wire dict: records/run.py)."""
+
+    path: str
+    extra: dict | None = None
+    expect_policy_version: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointSaved(Record):
+    """The `save_checkpoint` reply: where it was written, at which step and version."""
+
+    path: str
+    step: int
+    policy_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class LoadCheckpoint(Record):
+    """`load_checkpoint`: the folder a `save_checkpoint` wrote."""
+
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointLoaded(Record):
+    """The `load_checkpoint` reply: the learner's step and version now, and the `extra` saved."""
+
+    step: int
+    policy_version: int
+    extra: dict | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExportHf(Record):
+    """`export_hf`: the folder to write the policy to, as Hugging Face files."""
+
+    path: str
+    expect_policy_version: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExportedHf(Record):
+    """The `export_hf` reply: the folder written."""
+
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class PublishRequest(Record):
+    """`publish`: push the current weights to `targets` (actor names). timeout_s: per message;
+    chunk_mb: the largest chunk to a target on another node (None: one chunk)."""
+
+    targets: list[str] = field(default_factory=list)
+    timeout_s: float = 120.0
+    chunk_mb: float | None = None
+    expect_policy_version: int | None = None
+
+    def _check(self) -> None:
+        if self.timeout_s <= 0:
+            self._fail("timeout_s", self.timeout_s, "> 0")
+        if self.chunk_mb is not None and self.chunk_mb <= 0:
+            self._fail("chunk_mb", self.chunk_mb, "> 0, or None for one chunk")
+
+
+@dataclass(frozen=True, slots=True)
+class LearnerStats(Record):
+    """The `stats` reply: step, version, parameter count, the last publish (None before the
+    first), and the pieces sealed for targets on other nodes so far."""
+
+    step: int
+    policy_version: int
+    num_params: int
+    num_pieces_sealed: int = 0
+    last_publish: PublishReport | None = field(default=None,
+                                               metadata=codec(PublishReport.to_wire, PublishReport.from_wire))
+
+
+@dataclass(frozen=True, slots=True)
+class JoinGroup(Record):
+    """`join` (rank 0 to another rank of its learner group): join group `generation`, hosted at
+    address:port (actors/learner/group.py)."""
+
+    generation: str
+    address: str
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupState(Record):
+    """The `group`, `join` and `rank_step` reply: a rank's generation (None before it joined one),
+    its state (GROUP_STATES; "alone": not a rank of a group) and its rank."""
+
+    generation: str | None
+    state: str
+    rank: int
+
+    def _check(self) -> None:
+        if self.state not in GROUP_STATES:
+            self._fail("state", self.state, f"one of {GROUP_STATES}")
+
+
+@dataclass(frozen=True, slots=True)
+class RankStep(Record):
+    """`rank_step` (rank 0 to another rank): its part of a request, in group `generation`. kind:
+    train, sft, save_checkpoint or load_checkpoint; body: that request's record, on the wire
+    (TrainBatch, SftBatch, SaveCheckpoint, LoadCheckpoint: `request`)."""
+
+    generation: str
+    kind: str
+    body: dict[str, Any]
+
+    def _check(self) -> None:
+        if self.kind not in RANK_REQUESTS:
+            self._fail("kind", self.kind, f"one of {sorted(RANK_REQUESTS)}")
+
+    @classmethod
+    def of(cls, generation: str, kind: str, request: Record) -> "RankStep":
+        return cls(generation=generation, kind=kind, body=request.to_wire())
+
+    @property
+    def request(self) -> Record:
+        """The body as its record."""
+        return RANK_REQUESTS[self.kind].from_wire(self.body)
+
+
+#: The requests a rank's step carries, by kind.
+RANK_REQUESTS: dict[str, type[Record]] = {"train": TrainBatch, "sft": SftBatch, "save_checkpoint": SaveCheckpoint,
+                                          "load_checkpoint": LoadCheckpoint}

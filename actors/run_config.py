@@ -1,0 +1,99 @@
+"""The run config file as `postrain up` reads it, and the built-in run's file.
+
+    [balancer]                     # optional; see BalancerSection (the head's balancer)
+    max_workers = 4
+
+    [tracking]                     # optional; see TrackingSection (the head's trackers)
+    backends = ["mlflow"]
+
+`UpConfig` is the kernel's RunConfig (core/config.py) plus the head's own sections.
+`load_up_config` is what `postrain up` (and `--dry-run`) runs: the file is
+validated, then every actor's options against its class's model with
+`[shared]` filled in (postrain.core.run_options), so any bad field of any actor
+is named before a process starts. `default_config_path` is the built-in run
+(configs/default.toml beside the roles).
+
+It lives here, below the application layer (postrain.cli, whose balancer and trackers the two
+sections configure) and the bench (postrain.bench), because both read run configs: the layers
+point one way, and the bench may not import the application layer.
+"""
+from __future__ import annotations
+
+import importlib.resources
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from postrain.core.config import RunConfig, load_config, parse_config
+from postrain.core.run_options import resolve_options
+
+DEFAULT_CONFIG = ("postrain.actors", "configs/default.toml")  # package, resource: the built-in run
+
+
+def default_config_path() -> Path:
+    """The built-in run's config file (what `postrain up` runs without --config)."""
+    package, resource = DEFAULT_CONFIG
+    return Path(str(importlib.resources.files(package).joinpath(resource)))
+
+
+class BalancerSection(BaseModel):
+    """The head's balancer (postrain.cli.balancer): the workers of every pool actor (one whose load
+    reports `workers`) follow its queue; each change of an actor's backpressure is logged."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    enabled: bool = Field(True, description="run the balancer on the head")
+    interval_s: float = Field(1.0, gt=0, description="how often it reads the loads and decides")
+    grow_when_queued: int = Field(2, ge=1, description="pieces of work waiting at a pool actor (its "
+                                  "load's `queued`) that count as a backlog")
+    grow_after_ticks: int = Field(2, ge=1, description="consecutive ticks of backlog before a worker is "
+                                  "added")
+    shrink_after_idle_s: float = Field(30.0, gt=0, description="seconds with nothing queued and a worker "
+                                       "spare before a worker is removed")
+    min_workers: int = Field(1, ge=1, description="never fewer workers per pool actor")
+    max_workers: int = Field(8, ge=1, description="never more workers per pool actor")
+    worker_cpus: float = Field(0.1, gt=0, le=1, description="cores reserved per worker beyond the ones "
+                               "a pool actor started with (its spec's cpus cover those)")
+
+    @model_validator(mode="after")
+    def _check_bounds(self):
+        if self.min_workers > self.max_workers:
+            raise ValueError(f"min_workers ({self.min_workers}) must be <= max_workers ({self.max_workers})")
+        return self
+
+
+class TrackingSection(BaseModel):
+    """Mirror the run's metrics rows to experiment trackers (postrain.cli.tracking)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    backends: list[Literal["wandb", "mlflow", "trackio"]] = Field(
+        default_factory=list, description="trackers to log to: wandb, mlflow, trackio (each an extra: "
+        "pip install 'postrain[wandb]'); none: no tracker is imported")
+    project: str = Field("postrain", description="the tracker's project (W&B, trackio) or experiment (MLflow)")
+    offline: bool | None = Field(None, description="W&B offline mode; none: offline unless WANDB_API_KEY "
+                                 "is set (MLflow and trackio are local unless a server or Space is named)")
+    mlflow_tracking_uri: str | None = Field(None, description="MLflow server or store; none: "
+                                            "MLFLOW_TRACKING_URI, else a local store in RUN_FOLDER/mlruns")
+    trackio_space_id: str | None = Field(None, description="a Hugging Face Space for trackio; none: local")
+    interval_s: float = Field(2.0, gt=0, description="how often new metrics rows are sent, seconds")
+
+
+class UpConfig(RunConfig):
+    balancer: BalancerSection = Field(default_factory=BalancerSection)
+    tracking: TrackingSection = Field(default_factory=TrackingSection)
+
+
+def load_up_config(path: str | Path) -> UpConfig:
+    """The run config at `path`, every actor's options checked; ConfigError naming each bad field."""
+    config = load_config(path, UpConfig)
+    resolve_options(config)
+    return config
+
+
+def parse_up_config(data: dict, source: str = "<config>") -> UpConfig:
+    """`load_up_config` for a parsed TOML document."""
+    config = parse_config(data, source, UpConfig)
+    resolve_options(config)
+    return config

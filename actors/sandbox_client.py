@@ -1,0 +1,81 @@
+"""The client side of the sandbox actor's sessions: a session on a remote sandbox actor, with
+`postrain.sandbox.AsyncSession`'s methods, so a tool takes either.
+
+    async with remote_session(sandbox_ref, files={"data/n.txt": b"20\\n"}) as s:
+        result = await s.run("cat data/n.txt")            # an ExecResult
+
+Every request is a record of actors/records/sandbox.py; the actor is actors/sandbox_actor.py.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import anyio
+
+from postrain.core.errors import PostrainError
+from postrain.sandbox import ExecResult
+
+from .records import (ExecReply, SessionCloseRequest, SessionClosed, SessionExecRequest, SessionFileData,
+                      SessionFileWritten, SessionOpened, SessionOpenRequest, SessionReadFileRequest,
+                      SessionWriteFileRequest)
+
+ASK_SLACK_S = 300.0  # waiting for a worker or a session slot, on top of a call's own wall limit
+
+
+class RemoteSession:
+    """A session of a sandbox actor (`session_id`, its `limits`: SessionLimits fields). Open it
+    with `remote_session(ref, ...)`. Each call cancelled: the caller stops waiting; the call ends
+    remotely within the session's limits (the session's next call waits for it)."""
+
+    def __init__(self, ref, session_id: str, limits: dict) -> None:
+        self.ref = ref
+        self.session_id = session_id
+        self.limits = limits
+
+    async def run(self, command: str, stdin: bytes | str | None = None,
+                  timeout_s: float | None = None) -> ExecResult:
+        return await self._exec(SessionExecRequest(self.session_id, command=command, stdin=stdin,
+                                                   timeout_s=_seconds(timeout_s)))
+
+    async def run_python(self, code: str, stdin: bytes | str | None = None,
+                         timeout_s: float | None = None) -> ExecResult:
+        return await self._exec(SessionExecRequest(self.session_id, code=code, stdin=stdin,
+                                                   timeout_s=_seconds(timeout_s)))
+
+    async def read_file(self, path: str) -> bytes:
+        request = SessionReadFileRequest(self.session_id, path)
+        return SessionFileData.from_wire(await self.ref.ask("session_read_file", request.to_wire())).data
+
+    async def write_file(self, path: str, data: bytes | str) -> int:
+        request = SessionWriteFileRequest(self.session_id, path, data)
+        return SessionFileWritten.from_wire(await self.ref.ask("session_write_file", request.to_wire())).size
+
+    async def close(self) -> SessionClosed:
+        request = SessionCloseRequest(self.session_id)
+        return SessionClosed.from_wire(await self.ref.ask("session_close", request.to_wire()))
+
+    async def _exec(self, request: SessionExecRequest) -> ExecResult:
+        wall_s = float(request.timeout_s or self.limits["call_wall_time_s"])
+        reply = await self.ref.ask("session_exec", request.to_wire(), timeout_s=wall_s + ASK_SLACK_S)
+        return ExecReply.from_wire(reply).to_result()
+
+
+def _seconds(timeout_s: float | None) -> float | None:
+    return None if timeout_s is None else float(timeout_s)
+
+
+@contextlib.asynccontextmanager
+async def remote_session(ref, files: dict | None = None, limits: dict | None = None):
+    """`async with remote_session(sandbox_ref, files=...) as s: await s.run("ls")`; the session is
+    closed on the way out, even when cancelled (a lost actor: the reaper closes it)."""
+    request = SessionOpenRequest(files=files or None, limits=dict(limits) if limits else None)
+    opened = SessionOpened.from_wire(await ref.ask("session_open", request.to_wire(), timeout_s=ASK_SLACK_S))
+    session = RemoteSession(ref, opened.session_id, opened.limits)
+    try:
+        yield session
+    finally:
+        with anyio.CancelScope(shield=True):
+            try:
+                await session.close()
+            except PostrainError:
+                pass  # the actor is gone or has reaped it: nothing of the session is left

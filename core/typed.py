@@ -1,0 +1,80 @@
+"""Typed handlers: the kernel decodes a handler's body into its declared record and encodes the
+record it returns, so a role's handler never sees or returns a bare dict.
+
+    @handler("exec", request=ExecRequest, reply=ExecReply)
+    async def exec(self, request: ExecRequest) -> ExecReply: ...
+
+`request` / `reply` is any class with `from_wire(data)` / `to_wire()` (the kernel names no role:
+the roles' records live above it, in postrain.actors.records), or None: a bodiless message
+(a body other than None or {} is refused) / a handler that returns nothing. Left out, the
+handler is untyped (UNTYPED: body and reply pass as they are); tests/actors/test_handlers.py
+refuses that for every role's handler. A stream's reply class types each item.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Callable
+
+from .inbox import Reply
+
+
+class _Untyped:
+    def __repr__(self) -> str:
+        return "UNTYPED"
+
+
+UNTYPED: Any = _Untyped()   # a handler's request or reply that was not declared
+
+
+def check_codec(kind: str, what: str, cls) -> None:
+    """TypeError unless `cls` is UNTYPED, None or a class with the codec method a `what` needs."""
+    method = "from_wire" if what == "request" else "to_wire"
+    if cls is not UNTYPED and cls is not None and not (isinstance(cls, type) and hasattr(cls, method)):
+        raise TypeError(f"handler {kind!r}: {what}= must be a class with {method}() or None, got {cls!r}")
+
+
+def decode(kind: str, request, body):
+    """The body a typed handler receives: the request record (None for a bodiless message)."""
+    if request is UNTYPED:
+        return body
+    if request is None:
+        if body not in (None, {}):
+            raise TypeError(f"{kind} takes no body (request=None), got {type(body).__name__} {body!r:.80}")
+        return None
+    return request.from_wire(body)
+
+
+def encode(kind: str, reply, value):
+    """The wire form of what a typed handler returned (or yielded); TypeError when it is not the
+    declared record. A `Reply` (core/inbox.py) keeps its policy_version."""
+    if reply is UNTYPED:
+        return value
+    if isinstance(value, Reply):
+        return Reply(encode(kind, reply, value.body), value.policy_version)
+    if reply is None:
+        if value is not None:
+            raise TypeError(f"handler {kind!r} declares reply=None but returned {type(value).__name__}")
+        return None
+    if not isinstance(value, reply):
+        raise TypeError(f"handler {kind!r} must return a {reply.__name__} (its reply=), got "
+                        f"{type(value).__name__}; fix: build the record, not its wire dict")
+    return value.to_wire()
+
+
+def typed(fn: Callable, kind: str, request, reply, stream: bool) -> Callable:
+    """`fn` wrapped to decode its body and encode its reply(s); `fn` itself when both are UNTYPED."""
+    if request is UNTYPED and reply is UNTYPED:
+        return fn
+    if stream:
+        @functools.wraps(fn)
+        async def typed_stream(self, body, *rest):
+            async with contextlib.aclosing(fn(self, decode(kind, request, body), *rest)) as items:
+                async for item in items:
+                    yield encode(kind, reply, item)
+        return typed_stream
+
+    @functools.wraps(fn)
+    async def typed_call(self, body, *rest):
+        return encode(kind, reply, await fn(self, decode(kind, request, body), *rest))
+    return typed_call
