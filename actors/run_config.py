@@ -10,7 +10,9 @@
 `load_up_config` is what `postrain up` (and `--dry-run`) runs: the file is
 validated, then every actor's options against its class's model with
 `[shared]` filled in (postrain.core.run_options), so any bad field of any actor
-is named before a process starts. `default_config_path` is the built-in run
+is named before a process starts. The config's own folder goes on the import path
+first (`add_import_dir`), for the head and every actor it starts: a module beside the
+config file is importable by the name the config gives it. `default_config_path` is the built-in run
 (configs/default.toml beside the roles).
 
 It lives here, below the application layer (postrain.cli, whose balancer and trackers the two
@@ -20,6 +22,8 @@ point one way, and the bench may not import the application layer.
 from __future__ import annotations
 
 import importlib.resources
+import json
+import sys
 from pathlib import Path
 from typing import Literal
 
@@ -35,6 +39,34 @@ def default_config_path() -> Path:
     """The built-in run's config file (what `postrain up` runs without --config)."""
     package, resource = DEFAULT_CONFIG
     return Path(str(importlib.resources.files(package).joinpath(resource)))
+
+
+def add_import_dir(folder: str | Path) -> None:
+    """Put `folder` on this process's import path (last: an installed package of the same name
+    wins). Actors are spawned with the head's import path (multiprocessing's spawn passes
+    sys.path), so every actor of the run imports from it too. Idempotent."""
+    entry = str(Path(folder).resolve())
+    if entry not in sys.path:
+        sys.path.append(entry)
+
+
+SOURCE_FILE = "source.json"   # in a run folder, beside config.toml: where that config came from
+
+
+def write_run_source(run_folder: Path, config_path: Path) -> None:
+    """Record, beside the run's config.toml copy, the config file it copies and the folder on the
+    import path (its folder), for `--resume` and `postrain eval RUN_FOLDER`."""
+    config_path = Path(config_path).resolve()
+    (Path(run_folder) / SOURCE_FILE).write_text(json.dumps(
+        {"config": str(config_path), "import_dir": str(config_path.parent)}))
+
+
+def run_import_dir(run_folder: Path) -> Path:
+    """The import folder of the run in `run_folder` (its source.json), else the folder itself."""
+    try:
+        return Path(json.loads((Path(run_folder) / SOURCE_FILE).read_text())["import_dir"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return Path(run_folder)
 
 
 class BalancerSection(BaseModel):
@@ -78,6 +110,9 @@ class TrackingSection(BaseModel):
                                             "MLFLOW_TRACKING_URI, else a local store in RUN_FOLDER/mlruns")
     trackio_space_id: str | None = Field(None, description="a Hugging Face Space for trackio; none: local")
     interval_s: float = Field(2.0, gt=0, description="how often new metrics rows are sent, seconds")
+    samples_every_steps: int = Field(10, ge=0, description="every this many RL steps, a table of that step's "
+                                     "samples (prompt, completion, tool output, reward, advantage; from "
+                                     "samples.jsonl) goes to each tracker and to TensorBoard as text; 0: none")
 
 
 class UpConfig(RunConfig):
@@ -85,8 +120,11 @@ class UpConfig(RunConfig):
     tracking: TrackingSection = Field(default_factory=TrackingSection)
 
 
-def load_up_config(path: str | Path) -> UpConfig:
-    """The run config at `path`, every actor's options checked; ConfigError naming each bad field."""
+def load_up_config(path: str | Path, import_dir: str | Path | None = None) -> UpConfig:
+    """The run config at `path`, every actor's options checked; ConfigError naming each bad field.
+    `import_dir` (default: the config's own folder) goes on the import path first, so that the
+    modules a config names (`task = "my_pkg.reverse:TASK"`) may sit beside it (add_import_dir)."""
+    add_import_dir(Path(path).parent if import_dir is None else import_dir)
     config = load_config(path, UpConfig)
     resolve_options(config)
     return config

@@ -28,6 +28,8 @@ Fields:
                       bytes of ledger.jsonl and metrics.jsonl at that moment; a resumed run
                       moves what came later to *.rolled-back.jsonl (those steps are trained
                       again), so the files tell the history of the restored weights
+    samples_offset    bytes of samples.jsonl (each RL sample's text) at that moment, cut back
+                      the same way; absent (None) in checkpoints from before that file
     data_order        the knobs the data order depends on (task, task_options, seed, prompts_per_step,
                       samples_per_prompt); a resume with other values is refused
 """

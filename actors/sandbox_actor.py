@@ -19,6 +19,7 @@ Handlers (every body and reply a record of actors/records/sandbox.py; bytes trav
     session_exec        SessionExecRequest {session_id, command (bash) | code (python), stdin?,
                         timeout_s?} -> ExecReply (mode "session")
     session_read_file   SessionReadFileRequest {session_id, path} -> SessionFileData {data}
+    session_snapshot    SessionSnapshotRequest {session_id} -> SessionFileData {data: a tar of /work}
     session_write_file  SessionWriteFileRequest {session_id, path, data} -> SessionFileWritten {size}
     session_close       SessionCloseRequest {session_id} -> SessionClosed {num_calls, wall_s, reason}
     stats               no body -> SandboxStats: counters by status, queued, running, open sessions
@@ -65,7 +66,7 @@ from postrain.sandbox import (ExecResult, Policy, PolicyError, Sandbox, Session,
 from .records import (ExecReply, ExecRequest, ExecStreamItem, RunIoCasesReply, RunIoCasesRequest,
                       RunTestsReply, RunTestsRequest, SandboxStats, SessionCloseRequest, SessionClosed,
                       SessionExecRequest, SessionFileData, SessionFileWritten, SessionOpened, SessionOpenRequest,
-                      SessionReadFileRequest, SessionWriteFileRequest)
+                      SessionReadFileRequest, SessionSnapshotRequest, SessionWriteFileRequest)
 
 
 class SandboxQueueFull(PostrainError, RuntimeError):
@@ -263,6 +264,12 @@ class SandboxActor(Actor):
         """The file's bytes. Cancelled: the read finishes in its thread."""
         session = self._session(request.session_id, msg.sender)
         return SessionFileData(await self._in_worker(session.read_file, request.path))
+
+    @handler("session_snapshot", concurrent=True, request=SessionSnapshotRequest, reply=SessionFileData)
+    async def session_snapshot(self, request: SessionSnapshotRequest, msg) -> SessionFileData:
+        """The work dir as a tar, for a grader (`Session.snapshot`). Cancelled: it finishes in its thread."""
+        session = self._session(request.session_id, msg.sender)
+        return SessionFileData(await self._in_worker(session.snapshot))
 
     @handler("session_write_file", concurrent=True, request=SessionWriteFileRequest, reply=SessionFileWritten)
     async def session_write_file(self, request: SessionWriteFileRequest, msg) -> SessionFileWritten:

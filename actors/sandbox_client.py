@@ -17,7 +17,7 @@ from postrain.sandbox import ExecResult
 
 from .records import (ExecReply, SessionCloseRequest, SessionClosed, SessionExecRequest, SessionFileData,
                       SessionFileWritten, SessionOpened, SessionOpenRequest, SessionReadFileRequest,
-                      SessionWriteFileRequest)
+                      SessionSnapshotRequest, SessionWriteFileRequest)
 
 ASK_SLACK_S = 300.0  # waiting for a worker or a session slot, on top of a call's own wall limit
 
@@ -45,6 +45,12 @@ class RemoteSession:
     async def read_file(self, path: str) -> bytes:
         request = SessionReadFileRequest(self.session_id, path)
         return SessionFileData.from_wire(await self.ref.ask("session_read_file", request.to_wire())).data
+
+    async def snapshot(self) -> bytes:
+        """The work dir as a tar (`Session.snapshot`), what a grader checks."""
+        request = SessionSnapshotRequest(self.session_id)
+        return SessionFileData.from_wire(await self.ref.ask("session_snapshot", request.to_wire(),
+                                                            timeout_s=ASK_SLACK_S)).data
 
     async def write_file(self, path: str, data: bytes | str) -> int:
         request = SessionWriteFileRequest(self.session_id, path, data)

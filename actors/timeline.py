@@ -19,6 +19,8 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
+from .records import ExecReply, RunTestsReply
+
 
 class Timeline:
     """The hops of one episode, in the order they started. Owned by one episode's task."""
@@ -45,13 +47,12 @@ class Timeline:
         return list(self.hops)
 
 
-def tool_status(call: str, reply: dict) -> dict:
+def tool_status(reply: ExecReply | RunTestsReply) -> dict:
     """What a trace shows of a sandbox reply: its status (and tests passed, for run_tests)."""
-    if call == "run_tests":
-        passed = reply.get("passed") or []
-        return {"status": (reply.get("result") or {}).get("status", "?"),
-                "tests_passed": sum(bool(p) for p in passed), "num_tests": len(passed)}
-    return {"status": reply.get("status", "?")}
+    if isinstance(reply, RunTestsReply):
+        return {"status": reply.result.status, "tests_passed": sum(reply.passed.values()),
+                "num_tests": len(reply.passed)}
+    return {"status": reply.status}
 
 
 def note_hops(ledger, sample_id: str, timeline: list[dict] | None) -> None:

@@ -37,7 +37,7 @@ def select(name: str, skip: str, registry: dict) -> list[str]:
     skipped = [n for n in skip.split(",") if n]
     unknown = [n for n in names + skipped if n not in registry]
     if unknown:
-        raise SystemExit(f"unknown benchmark {unknown[0]!r}; choose from: {', '.join(registry)} or 'all'")
+        raise SystemExit(f"postrain bench: unknown benchmark {unknown[0]!r}; choose from: {', '.join(registry)} or 'all'")
     return [n for n in names if n not in skipped]
 
 

@@ -5,6 +5,10 @@ it over ZeroMQ. `status` prints every actor (state, pid, restarts, placement,
 heartbeat age, load) and the free pools; for a run on a cluster, also every node (alive or
 lost, its free room) and the node of each actor. `down` asks the head to stop the run
 cleanly (the driver finishes its step and checkpoints, then every actor stops).
+
+A run folder without a running head (no head.json) is described from its files: a finished
+run shows its summary.json, a stopped one the `postrain up --resume` that continues it; both
+commands then exit 0. A folder that holds no run is an error.
 """
 from __future__ import annotations
 
@@ -27,12 +31,47 @@ def add_arguments(parser) -> None:
 
 
 def head_address(run_folder: str) -> str:
+    """The address of the running head of the run in `run_folder`; SystemExit (one line) where
+    there is none: not_running() says why."""
     path = Path(run_folder) / "head.json"
     try:
         return json.loads(path.read_text())["address"]
-    except FileNotFoundError:
-        raise SystemExit(f"no running head in {run_folder}: {path} is missing "
+    except (OSError, ValueError, KeyError):
+        raise SystemExit(f"postrain: no running head in {run_folder}: {path} is missing or unreadable "
                          "(is `postrain up` running with this run folder?)") from None
+
+
+def not_running(run_folder: str, command: str = "status") -> dict | None:
+    """None while a head serves the run in `run_folder` (its head.json); else what the folder says:
+    {"state": "finished", "summary": {...}} (its summary.json) or {"state": "stopped", ...}.
+    SystemExit (one line) for a folder that holds no run."""
+    folder = Path(run_folder)
+    if (folder / "head.json").exists():
+        return None
+    if (folder / "summary.json").exists():
+        try:
+            return {"state": "finished", "run_folder": str(folder),
+                    "summary": json.loads((folder / "summary.json").read_text())}
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"postrain {command}: the run in {folder} finished but its summary.json is "
+                             f"unreadable ({exc})") from None
+    if (folder / "config.toml").exists():
+        return {"state": "stopped", "run_folder": str(folder),
+                "resume": f"postrain up --resume {folder}"}
+    raise SystemExit(f"postrain {command}: {folder} holds no run (no head.json, summary.json or "
+                     "config.toml); pass the run folder (run_dir/name) that `postrain up` wrote")
+
+
+def print_not_running(state: dict, as_json: bool, verb: str = "") -> None:
+    """A run without a head, in words or as one JSON object."""
+    if as_json:
+        print(json.dumps(state, indent=2))
+    elif state["state"] == "finished":
+        print(f"the run in {state['run_folder']} has finished{verb}; its summary:")
+        print(json.dumps(state["summary"], indent=2))
+    else:
+        print(f"the run in {state['run_folder']} is not running (stopped before it finished){verb}; "
+              f"`{state['resume']}` continues it")
 
 
 async def ask_head(run_folder: str, kind: str) -> object:
@@ -43,10 +82,16 @@ async def ask_head(run_folder: str, kind: str) -> object:
         try:
             return await node.ref(address, "head").ask(kind, timeout_s=5)
         except ActorError as exc:
-            raise SystemExit(f"the head at {address} did not answer: {exc}") from None
+            raise SystemExit(f"postrain: the head at {address} (from {run_folder}/head.json) did not answer: "
+                             f"{exc}; if its process is gone, `postrain up --resume {run_folder}` continues "
+                             "the run") from None
 
 
 def main(args) -> int:
+    state = not_running(args.run_folder)
+    if state is not None:
+        print_not_running(state, args.json)
+        return 0
     status = anyio.run(ask_head, args.run_folder, "status", backend="trio")
     if args.json:
         print(json.dumps(status, indent=2))
@@ -68,6 +113,10 @@ def main(args) -> int:
 
 
 def down_main(args) -> int:
+    state = not_running(args.run_folder, "down")
+    if state is not None:
+        print_not_running(state, False, "; nothing to stop")
+        return 0
     print(anyio.run(ask_head, args.run_folder, "shutdown", backend="trio"))
     return 0
 

@@ -1,4 +1,15 @@
-"""`postrain eval --model PATH --task NAME`: held-out accuracy of a model on a task.
+"""`postrain eval [RUN_FOLDER] [--model PATH] [--task NAME]`: held-out accuracy of a model on a task.
+
+    postrain eval runs/default                       # the run's policy on the run's own task
+    postrain eval --model runs/default/policy --task arithmetic --task-options '{"max_digits": 2}'
+
+With RUN_FOLDER (a folder `postrain up` wrote), every default comes from the run: the model
+is its exported `policy/`, the task and its options, the number of held-out tasks
+(`num_eval_tasks`) and the new tokens per turn (`sampling.max_new_tokens`) are the
+orchestrator's in RUN_FOLDER/config.toml (the config the run started from; the modules it
+names are imported from the folder that config came from, as `postrain up` did). A flag
+given overrides its default. Without RUN_FOLDER, --model is required and the task defaults
+to arithmetic with its default options.
 
 PATH is a Hugging Face folder (a run's `policy/` export), a .gguf file or a
 built-in name; the task is a registered name, 'pkg.mod:TASK' or 'pkg.mod:EnvClass'.
@@ -13,41 +24,116 @@ the fraction of hidden tests passed). An episode whose environment fails scores
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import statistics
+from pathlib import Path
 
 import trio
 
-HELP = "held-out accuracy of a model on a task (greedy, real sandbox)"
+HELP = "held-out accuracy of a run's policy (or any model) on a task (greedy, real sandbox)"
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (a one-line error otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", required=True, help="HF folder (e.g. RUN_FOLDER/policy), .gguf file or built-in name")
-    parser.add_argument("--task", default="arithmetic",
-                        help="task name, pkg.module:TASK or pkg.module:EnvClass (default: arithmetic)")
-    parser.add_argument("--task-options", default="{}", help='task knobs as JSON, e.g. \'{"max_digits": 2}\'')
-    parser.add_argument("--num-tasks", type=int, default=None, help="evaluate only the first N held-out tasks")
-    parser.add_argument("--max-tokens", type=int, default=128, help="new tokens per turn (default 128)")
+    parser.add_argument("run_folder", nargs="?", metavar="RUN_FOLDER",
+                        help="a run folder (run_dir/name): its policy/, task, task options, num_eval_tasks "
+                        "and max_new_tokens are the defaults")
+    parser.add_argument("--model", help="HF folder (e.g. RUN_FOLDER/policy), .gguf file or built-in name "
+                        "(default: RUN_FOLDER/policy; required without RUN_FOLDER)")
+    parser.add_argument("--task", help="task name, pkg.module:TASK or pkg.module:EnvClass (default: the run's, "
+                        "else arithmetic)")
+    parser.add_argument("--task-options", help='task knobs as a JSON object, e.g. \'{"max_digits": 2}\' '
+                        "(default: the run's for the run's task, else the task's defaults)")
+    parser.add_argument("--num-tasks", type=positive_int, default=None,
+                        help="evaluate only the first N held-out tasks, N >= 1 (default: the run's "
+                        "num_eval_tasks, else all)")
+    parser.add_argument("--max-tokens", type=positive_int, default=None,
+                        help="new tokens per turn, >= 1 (default: the run's max_new_tokens, else 128)")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
 
 def main(args) -> int:
+    from postrain.core.errors import ConfigError, PostrainError
     try:
-        task_options = json.loads(args.task_options)
-    except json.JSONDecodeError as exc:
-        raise SystemExit(f"--task-options must be a JSON object: {exc}") from None
-    from postrain.core.errors import PostrainError
-    try:
-        result = trio.run(evaluate, args.model, args.task, task_options, args.num_tasks, args.max_tokens)
-    except PostrainError as exc:  # a bad task, task option or model: one line, no traceback
+        plan = eval_plan(args)
+        result = trio.run(evaluate, plan["model"], plan["task"], plan["task_options"], plan["num_tasks"],
+                          plan["max_tokens"])
+    except (ConfigError, PostrainError) as exc:  # a bad run folder, task, option or model: one line
         raise SystemExit(f"postrain eval: {exc}") from None
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps({**result, "task_options": plan["task_options"], "source": plan["source"]}))
     else:
         print(f"{result['task']}: accuracy {result['accuracy']:.3f} on {result['num_tasks']} held-out tasks "
-              f"({result['num_failed']} failed episodes) with {result['model']}")
+              f"({result['num_failed']} failed episodes) with {result['model']}"
+              + (f" (task and options from {plan['source']})" if plan["source"] else ""))
     return 0
+
+
+def eval_plan(args) -> dict:
+    """model, task, task_options, num_tasks, max_tokens and source (the run config read, or None):
+    the flags given, else the run's (RUN_FOLDER), else the defaults. PostrainError names a bad one."""
+    from postrain.core.errors import PostrainError
+    run = run_defaults(Path(args.run_folder)) if args.run_folder else {}
+    if args.model is None and not run:
+        raise PostrainError("give a run folder (`postrain eval runs/default`) or --model PATH")
+    task = args.task or run.get("task", "arithmetic")
+    if args.task_options is not None:
+        try:
+            task_options = json.loads(args.task_options)
+        except json.JSONDecodeError as exc:
+            raise PostrainError(f"--task-options must be a JSON object, got {args.task_options!r} ({exc})") from None
+        if not isinstance(task_options, dict):
+            raise PostrainError(f"--task-options must be a JSON object, got {args.task_options!r}")
+    else:
+        task_options = run.get("task_options", {}) if task == run.get("task") else {}
+    model = args.model or run["model"]
+    return {"model": model, "task": task, "task_options": task_options,
+            "num_tasks": args.num_tasks or run.get("num_tasks"),
+            "max_tokens": args.max_tokens or run.get("max_tokens", 128),
+            "source": run.get("source")}
+
+
+def run_defaults(folder: Path) -> dict:
+    """What a run folder says about evaluating its policy: model (its policy/), task, task_options,
+    num_tasks and max_tokens (the orchestrator's options, [shared] filled in), source (the config)."""
+    from postrain.actors.run_config import load_up_config, run_import_dir
+    from postrain.core.actor import import_actor_class
+    from postrain.core.errors import PostrainError
+    from postrain.core.options import options_class, validate_options
+    path = folder / "config.toml"
+    if not path.is_file():
+        raise PostrainError(f"{folder} holds no config.toml, so it is not a run folder; give the folder "
+                            "`postrain up` ran in (run_dir/name), or --model and --task")
+    config = load_up_config(path, import_dir=run_import_dir(folder))
+    specs = sorted(config.actors, key=lambda spec: spec.name != config.run.driver)   # the driver first
+    options = next((validate_options(cls, spec.options) for spec in specs
+                    if "task" in options_class(cls := import_actor_class(spec.cls)).model_fields), None)
+    if options is None:
+        raise PostrainError(f"{path} names no task (no actor has a `task` option); give --model and --task")
+    policy = folder / "policy"
+    if not policy.is_dir():
+        raise PostrainError(f"{folder} holds no policy/ (a run exports it when it finishes); finish the run "
+                            f"(`postrain up --resume {folder}`) or give --model")
+    run = {"model": str(policy), "task": options.task, "task_options": dict(options.task_options),
+           "source": str(path)}
+    if getattr(options, "num_eval_tasks", 0):
+        run["num_tasks"] = options.num_eval_tasks
+    sampling = getattr(options, "sampling", None)
+    if getattr(sampling, "max_new_tokens", None):
+        run["max_tokens"] = sampling.max_new_tokens
+    return run
 
 
 async def evaluate(model_spec: str, task_name: str, task_options: dict, num_tasks: int | None,
@@ -62,6 +148,10 @@ async def evaluate(model_spec: str, task_name: str, task_options: dict, num_task
     task = get_task(task_name)
     task_options = task.check_options(task_options)
     tasks = task.eval_tasks(task_options)[:num_tasks]
+    if not tasks:
+        from postrain.core.errors import PostrainError
+        raise PostrainError(f"task {task.name!r} has no held-out tasks with these options; fix: check "
+                            "--task-options (or the task's eval_tasks)")
     if policy is None:
         policy = engine_policy(model_spec, max_tokens)
     scores, failed = [], 0

@@ -6,8 +6,8 @@ sends `{"figures": {...}}` once per training step), the supervisor's status
 progress line. A view turns snapshots into output:
 
 - `LiveView` redraws one rich frame in place below the scrolling progress
-  lines (step, reward, KL, tokens/s, staleness, sync time, each actor's queue,
-  an actors table);
+  lines (the phase under way with done / total, elapsed and ETA; step, reward,
+  KL, tokens/s, staleness, sync time, each actor's queue, an actors table);
 - `PlainView` prints each progress line as it comes (`--quiet`, or stdout
   is not a terminal: logs, CI, pipes).
 
@@ -31,6 +31,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from postrain.actors.orchestrator.progress import format_duration
 from postrain.core.load import Load
 
 
@@ -138,16 +139,34 @@ def _actors_table(status: dict | None) -> Table:
     return table
 
 
+def progress_text(figures: dict, now: float) -> str:
+    """The phase under way (the driver's `phase*` figures, postrain.actors.orchestrator.progress):
+    `warm start 11/250  elapsed 0:12  ETA 4:20`, its clock running between the driver's updates
+    (`now`: time.time()); "" before the driver reports a phase."""
+    phase, done, total = figures.get("phase"), figures.get("phase_done"), figures.get("phase_total")
+    if phase is None or done is None or total is None:
+        return ""
+    started, updated = figures.get("phase_started"), figures.get("phase_updated")
+    elapsed = now - started if isinstance(started, (int, float)) else figures.get("phase_elapsed_s")
+    eta = figures.get("phase_eta_s")
+    if isinstance(eta, (int, float)) and isinstance(updated, (int, float)):
+        eta = max(0.0, eta - (now - updated))
+    return f"{phase} {done}/{total}  elapsed {format_duration(elapsed)}  ETA {format_duration(eta)}"
+
+
 def render_frame(snapshot: RunSnapshot, now: float | None = None) -> Group:
     """One frame of the live view: a header with the latest progress line, training figures and
     queues side by side, and the actors table."""
-    elapsed_s = (now if now is not None else time.time()) - snapshot.started
+    now = now if now is not None else time.time()
+    elapsed_s = now - snapshot.started
     header = Text(f"postrain up: {snapshot.run_name}   {int(elapsed_s // 60)}m{int(elapsed_s % 60):02d}s",
                   style="bold")
     figures_row = Table.grid(padding=(0, 4))
     figures_row.add_row(_training_table(snapshot.figures), _queue_table(snapshot))
     last_line = Text(snapshot.last_line or "(no progress yet)", style="dim")
-    return Group(header, last_line, figures_row, _actors_table(snapshot.status))
+    phase = progress_text(snapshot.figures, now)
+    parts = [header, *([Text(phase, style="bold cyan")] if phase else []), last_line, figures_row]
+    return Group(*parts, _actors_table(snapshot.status))
 
 
 class PlainView:

@@ -4,6 +4,7 @@ A subcommand module defines (and imports torch only inside `main`, so that
 `postrain --help` stays fast):
 
     HELP: str                              one line for `postrain --help`
+    DESCRIPTION: str                       optional: `postrain NAME --help`'s text (else the docstring)
     def add_arguments(parser) -> None      its flags
     def main(args) -> int                  runs it; the exit status
 
@@ -23,23 +24,41 @@ SUBCOMMANDS: dict[str, str] = {
     "bench": "postrain.cli.bench",
     "plot": "postrain.cli.plot",
     "trace": "postrain.cli.trace",
+    "samples": "postrain.cli.samples",
     "sandbox": "postrain.cli.sandbox",
     "generate": "postrain.cli.generate",
     "eval": "postrain.cli.eval",
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: what is wrong and where the help is (no usage block)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message}; see `{self.prog} --help`\n")
+
+
+def version() -> str:
+    """The installed package's version."""
+    from importlib.metadata import PackageNotFoundError, version as package_version
+    try:
+        return package_version("postrain")
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="postrain",
         description="RL post-training of language-model agents: actors over ZeroMQ, "
         "nsjail sandboxes, GRPO-family learners.",
     )
+    parser.add_argument("--version", action="version", version=f"postrain {version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for name, module_name in SUBCOMMANDS.items():
         module = importlib.import_module(module_name)
-        sub = subparsers.add_parser(name, help=module.HELP, description=module.__doc__,
+        sub = subparsers.add_parser(name, help=module.HELP, description=getattr(module, "DESCRIPTION", module.__doc__),
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(sub)
         sub.set_defaults(_module=module)
@@ -47,7 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:   # named with the subcommand they were given to
+        parser.exit(2, f"postrain {args.command}: unrecognized arguments: {' '.join(extra)}; see "
+                       f"`postrain {args.command} --help`\n")
     try:
         return int(args._module.main(args) or 0)
     except KeyboardInterrupt:

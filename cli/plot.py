@@ -6,15 +6,20 @@ Writes into RUN_DIR/plots:
     accuracy.png     held-out accuracy (greedy, sampled) against      eval rows (before, after
                      the run's wall time, a point per evaluation     the warm start, every
                                                                       eval_every RL steps, after)
-    kl.png           KL to the reference per RL step                  train rows
+    warm_start.png   the warm start's loss per SFT step              sft rows
+    kl.png           KL to the reference per RL step, only where      train rows with a nonzero
+                     the run uses KL (kl_coef or kl_target)          `kl`
     throughput.png   learner tokens/s per RL step                     train rows
     staleness.png    histogram of sample staleness (policy versions)  ledger `trained` events,
                                                                       else train rows' staleness_max
-    queues.png       queue depths over time                           queue rows (the head's)
+    queues.png       queue depths over time, one panel per actor      queue rows (the head's)
+                     (its queued and running work), a moving
+                     average over the raw samples
 
 A chart whose series the run does not have is skipped with a note saying
-which rows it needs; a missing or empty metrics.jsonl is an error. Drawn with
-matplotlib's Agg canvas (no display needed).
+which rows it needs (or why it is not drawn: KL 0 at every step); a missing or
+empty metrics.jsonl is an error. Drawn with matplotlib's Agg canvas (no display
+needed).
 """
 from __future__ import annotations
 
@@ -26,7 +31,10 @@ from postrain.actors.ledger import read_events
 from postrain.core.errors import PostrainError
 from postrain.core.metrics import read_metrics
 
-HELP = "draw a run's charts (reward, accuracy, KL, throughput, staleness, queues) as PNGs in RUN_DIR/plots"
+HELP = ("draw a run's charts (reward, accuracy, warm-start loss, KL, throughput, staleness, queues) as PNGs "
+        "in RUN_DIR/plots")
+QUEUE_SMOOTHING_ROWS = 5   # queue rows in the moving average of queues.png (the head writes one every 2 s)
+QUEUE_SUFFIXES = ("queued", "running", "workers")
 
 
 def add_arguments(parser) -> None:
@@ -90,6 +98,47 @@ def _accuracy_chart(run: dict):
     return figure
 
 
+def _kl_chart(run: dict):
+    """KL per step, only when the run uses KL: a learner without kl_coef or kl_target reports
+    0.0 at every step, a flat line that says nothing."""
+    xs, ys = _numbers(run["train"], "step", "kl")
+    if not xs:
+        return "no train rows with 'kl'"
+    if not any(ys):
+        return "KL is 0 at every step: the run does not use KL (kl_coef = 0, no kl_target)"
+    return _line_chart("KL per step", "KL", {"kl": (xs, ys)})
+
+
+def _warm_start_chart(run: dict):
+    """The warm start's loss against its step (1..n, in the order of the sft rows)."""
+    losses = [row["loss"] for row in run["sft"] if isinstance(row.get("loss"), (int, float))]
+    if not losses:
+        return "no sft rows with 'loss' (the run has no warm start: sft_steps = 0)"
+    return _line_chart("warm start (supervised) loss", "loss", {"loss": (list(range(1, len(losses) + 1)), losses)},
+                       x_label="warm-start step")
+
+
+def moving_average(values: list[float], window: int) -> list[float]:
+    """The mean of each value and the `window - 1` before it (fewer at the start)."""
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def queue_panels(names: list[str]) -> dict[str, list[str]]:
+    """Queue figures grouped by actor: `env_queued` and `env_running` share the panel `env`; a
+    name without such a suffix is a panel of its own."""
+    panels: dict[str, list[str]] = {}
+    for name in names:
+        actor, _, suffix = name.rpartition("_")
+        panels.setdefault(actor if actor and suffix in QUEUE_SUFFIXES else name, []).append(name)
+    return panels
+
+
 def _staleness_chart(run: dict):
     trained = [round(e["staleness"]) for e in run["ledger"] if e["event"] == "trained"
                and isinstance(e.get("staleness"), (int, float))]
@@ -115,21 +164,37 @@ def _queues_chart(run: dict):
     if not rows:
         return "no queue rows (the head writes them while actors report queue depths)"
     origin = rows[0]["time"]
-    names = list(dict.fromkeys(k for row in rows for k in row if k not in ("time", "kind")))
-    series = {}
-    for name in names:
-        xs, ys = _numbers(rows, "time", name)
-        if xs:
-            series[name.replace("_", " ")] = ([x - origin for x in xs], ys)
-    if not series:
+    names = [name for name in dict.fromkeys(k for row in rows for k in row if k not in ("time", "kind"))
+             if _numbers(rows, "time", name)[0]]
+    if not names:
         return "queue rows hold no numeric depths"
-    return _line_chart("queue depths", "items", series, x_label="seconds since the first queue row")
+    panels = queue_panels(names)
+    from matplotlib.figure import Figure
+    figure = Figure(figsize=(7, 1.0 + 1.6 * len(panels)), dpi=100)
+    axes_list = figure.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    for axes, (panel, members) in zip(axes_list, panels.items()):
+        peak = 1.0
+        for name in members:
+            xs, ys = _numbers(rows, "time", name)
+            peak = max(peak, *ys)
+            xs = [x - origin for x in xs]
+            line, = axes.plot(xs, moving_average(ys, QUEUE_SMOOTHING_ROWS), label=name.rpartition("_")[2]
+                              if len(members) > 1 else name.replace("_", " "))
+            axes.plot(xs, ys, color=line.get_color(), alpha=0.2, linewidth=0.8)
+        axes.set_ylabel(panel.replace("_", " "), fontsize=8)
+        axes.set_ylim(0, peak * 1.1)   # an idle actor's panel reads 0..1, not 0..0.05
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=7, loc="upper right")
+    axes_list[0].set_title(f"queue depths (moving average of {QUEUE_SMOOTHING_ROWS} rows; raw faint)")
+    axes_list[-1].set_xlabel("seconds since the first queue row")
+    return figure
 
 
 CHARTS: dict[str, Callable] = {
     "reward.png": _step_chart("reward_mean", "mean reward per step", "reward", {"correct_mean": "correct_mean"}),
     "accuracy.png": _accuracy_chart,
-    "kl.png": _step_chart("kl", "KL per step", "KL"),
+    "warm_start.png": _warm_start_chart,
+    "kl.png": _kl_chart,
     "throughput.png": _step_chart("tokens_per_s", "learner throughput", "tokens/s"),
     "staleness.png": _staleness_chart,
     "queues.png": _queues_chart,
@@ -145,7 +210,7 @@ def load_run(run_folder: str | Path) -> dict:
         state = "is empty" if path.exists() else "does not exist"
         raise PlotError(f"{path} {state}; pass the run folder (run_dir/name) of a run that logged metrics")
     ledger_path = folder / "ledger.jsonl"
-    run = {kind: [row for row in rows if row["kind"] == kind] for kind in ("train", "eval", "queue")}
+    run = {kind: [row for row in rows if row["kind"] == kind] for kind in ("train", "eval", "queue", "sft")}
     run["start_time"] = rows[0]["time"]
     run["ledger"] = read_events(ledger_path) if ledger_path.exists() else []
     return run

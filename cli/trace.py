@@ -18,14 +18,20 @@ creation:
     outcome: trained in step 1
 
 (sample ids: `b{batch}-g{group}-s{sample}`, and `.r{k}` after the k-th resume.)
-Retries and replays noted by the orchestrator show with their details.
+Retries and replays noted by the orchestrator show with their details. Then what the
+model said, from RUN_DIR/samples.jsonl when the run recorded it (postrain samples prints
+the same for many samples): the prompt, each completion and tool output, the reward and
+the advantage.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from postrain.actors.ledger import read_events
+from postrain.actors.orchestrator.sample_log import read_samples
 from postrain.core.errors import PostrainError
+
+from .samples import format_sample
 
 HELP = "print one sample's life from a run's ledger: hops, tool calls, reward, the step that trained it"
 NUM_KNOWN_IDS_SHOWN = 8
@@ -141,4 +147,8 @@ def main(args) -> int:
     except TraceError as exc:
         raise SystemExit(f"postrain trace: {exc}") from None
     print(format_trace(args.sample_id, events))
+    texts = [row for row in read_samples(args.run_folder) if row.get("sample_id") == args.sample_id]
+    if texts:
+        print()
+        print(format_sample(texts[-1]))
     return 0

@@ -22,6 +22,15 @@ on: a tracker never stops a run.
 
 A resumed run logs to a new tracker run, from the first row of its metrics.jsonl (the file holds
 the resumed run's whole history).
+
+Samples. Every `samples_every_steps` RL steps (default 10; 0: none), and for the run's last
+step, a table of that step's samples from RUN_FOLDER/samples.jsonl (sample id, group,
+outcome, reward, advantage, prompt, completion, tool output; at most SAMPLE_TABLE_ROWS rows,
+texts cut to SAMPLE_TABLE_CHARS) goes to each backend that keeps tables: W&B a `samples`
+wandb.Table, MLflow the table artifact `samples/step_NNNNNN.json` (log_table), trackio a
+trackio.Table where its version has one. Where tensorboard is installed the same table is a
+TensorBoard text summary `samples` in RUN_FOLDER/tensorboard (markdown), with or without a
+[tracking] backend. What TRL's and veRL's users look at to see what the model writes.
 """
 from __future__ import annotations
 
@@ -37,6 +46,11 @@ from postrain.actors.run_config import TrackingSection
 from postrain.core.errors import PostrainError
 
 log = logging.getLogger("postrain.tracking")
+
+SAMPLES_FILE = "samples.jsonl"   # postrain.actors.orchestrator.sample_log.SAMPLES_FILE
+SAMPLE_TABLE_ROWS = 16           # rows of a samples table, at most
+SAMPLE_TABLE_CHARS = 1000        # characters of a text in a samples table, at most
+SAMPLE_COLUMNS = ("sample_id", "group", "outcome", "reward", "advantage", "prompt", "completion", "tool_output")
 
 
 # --------------------------------------------------------------------------- rows -> figures
@@ -77,6 +91,33 @@ def flatten(config: dict, prefix: str = "") -> dict[str, str]:
     return flat
 
 
+def _short(text: str, max_chars: int = SAMPLE_TABLE_CHARS) -> str:
+    return text if len(text) <= max_chars else text[:max_chars] + f" [... {len(text) - max_chars} more]"
+
+
+def sample_table(rows: list[dict]) -> tuple[list[str], list[list]]:
+    """(columns, data) of a samples table: one row per sample (at most SAMPLE_TABLE_ROWS), the
+    turns' completions and tool outputs joined, each text cut to SAMPLE_TABLE_CHARS."""
+    data = []
+    for row in rows[:SAMPLE_TABLE_ROWS]:
+        turns = row.get("turns") or []
+        completion = "\n---\n".join(turn.get("completion", "") for turn in turns)
+        tool_output = "\n---\n".join(turn.get("tool_output", "") for turn in turns if turn.get("tool_output"))
+        data.append([row.get("sample_id"), row.get("group"), row.get("outcome"), row.get("reward"),
+                     row.get("advantage"), _short(row.get("prompt", "")), _short(completion), _short(tool_output)])
+    return list(SAMPLE_COLUMNS), data
+
+
+def markdown_table(columns: list[str], data: list[list]) -> str:
+    """A samples table as markdown (TensorBoard's text plugin renders it)."""
+    def cell(value) -> str:
+        text = f"{value:.3f}" if isinstance(value, float) else "" if value is None else str(value)
+        return text.replace("|", "\\|").replace("\n", "<br>")
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(v) for v in values) + " |" for values in data]
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------- backends
 class WandbTracker:
     def __init__(self, section: TrackingSection, folder: Path, name: str, config: dict) -> None:
@@ -87,6 +128,10 @@ class WandbTracker:
 
     def log(self, figures: dict[str, float], kind: str, step: int) -> None:
         self.run.log({**figures, f"{kind}/step": step})
+
+    def log_samples(self, columns: list[str], data: list[list], step: int) -> None:
+        import wandb
+        self.run.log({"samples": wandb.Table(columns=columns, data=data), "samples/step": step})
 
     def finish(self, summary: dict | None) -> None:
         if summary:
@@ -115,6 +160,14 @@ class MlflowTracker:
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in figures.items()])
 
+    def log_samples(self, columns: list[str], data: list[list], step: int) -> None:
+        table = {column: [values[i] for values in data] for i, column in enumerate(columns)}
+        name = f"samples/step_{step:06d}.json"
+        try:
+            self.client.log_table(self.run_id, data=table, artifact_file=name)
+        except ImportError:   # log_table needs pandas; the same columns as a JSON artifact
+            self.client.log_dict(self.run_id, table, name)
+
     def finish(self, summary: dict | None) -> None:
         if summary:
             self.log(summary_figures(summary), "summary", 0)
@@ -132,6 +185,11 @@ class TrackioTracker:
     def log(self, figures: dict[str, float], kind: str, step: int) -> None:
         self.trackio.log({**figures, f"{kind}/step": step})
 
+    def log_samples(self, columns: list[str], data: list[list], step: int) -> None:
+        table = getattr(self.trackio, "Table", None)
+        if table is not None:   # trackio versions without tables get none
+            self.trackio.log({"samples": table(columns=columns, data=data), "samples/step": step})
+
     def finish(self, summary: dict | None) -> None:
         if summary:
             self.trackio.log(summary_figures(summary))
@@ -139,6 +197,31 @@ class TrackioTracker:
 
 
 _CLASSES = {"wandb": WandbTracker, "mlflow": MlflowTracker, "trackio": TrackioTracker}
+
+
+class TensorBoardSamples:
+    """Samples tables as TensorBoard text summaries in RUN_FOLDER/tensorboard, where tensorboard
+    is installed (else nothing, without a word, as for the scalars); opened at the first table."""
+
+    def __init__(self, folder: Path) -> None:
+        self.log_dir = Path(folder) / "tensorboard"
+        self._writer = None
+        self.available = True
+
+    def log_samples(self, columns: list[str], data: list[list], step: int) -> None:
+        if self._writer is None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                self.available = False
+                return
+            self._writer = SummaryWriter(log_dir=str(self.log_dir))
+        self._writer.add_text("samples", markdown_table(columns, data), global_step=step)
+        self._writer.flush()
+
+    def finish(self, summary: dict | None) -> None:
+        if self._writer is not None:
+            self._writer.close()
 
 
 # --------------------------------------------------------------------------- following the run
@@ -159,6 +242,11 @@ class RunTracking:
         self.offset = 0
         self.rows_per_kind: Counter = Counter()
         self.num_rows = 0
+        self.samples_offset = 0                  # as `offset`, in samples.jsonl
+        self.pending_samples: dict[int, list[dict]] = {}   # step -> its rows read so far (not yet sent)
+        self.num_sample_tables = 0               # tables sent (per step, to all sinks)
+        self.samples_tensorboard: TensorBoardSamples | None = (
+            TensorBoardSamples(self.folder) if section.samples_every_steps else None)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -173,7 +261,7 @@ class RunTracking:
             except Exception as exc:  # noqa: BLE001 - a tracker's own error, named
                 raise PostrainError(f"[tracking] backend {backend!r} did not open: "
                                     f"{type(exc).__name__}: {exc}") from None
-        if self.trackers:
+        if self.trackers or self.samples_tensorboard is not None:
             self._thread = threading.Thread(target=self._follow, name="tracking", daemon=True)
             self._thread.start()
         return self
@@ -185,6 +273,9 @@ class RunTracking:
         if self._thread is not None:
             self._stop.set()
             self._thread.join()
+        self.poll_samples(final=True)
+        if self.samples_tensorboard is not None:
+            self.samples_tensorboard.finish(None)
         if not self.trackers:
             return
         self.poll()
@@ -195,27 +286,55 @@ class RunTracking:
 
     def _follow(self) -> None:
         while not self._stop.wait(self.section.interval_s):
-            self.poll()
+            if self.trackers:
+                self.poll()
+            self.poll_samples()
 
     def poll(self) -> int:
         """Send the whole rows appended since the last poll; the number sent."""
-        path = self.folder / "metrics.jsonl"
-        if not path.exists():
-            return 0
-        with path.open("rb") as file:
-            file.seek(self.offset)
-            data = file.read()
-        whole = data[:data.rfind(b"\n") + 1]
-        self.offset += len(whole)
-        sent = 0
-        for line in whole.splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue   # a torn line a killed writer left (read_metrics skips it too)
+        rows, self.offset = _new_rows(self.folder / "metrics.jsonl", self.offset)
+        for row in rows:
             self.send(row)
-            sent += 1
+        return len(rows)
+
+    def poll_samples(self, final: bool = False) -> int:
+        """Read the samples.jsonl lines appended since the last poll and send a table for each
+        step that is complete (a later step's line came, or `final`) and due (a multiple of
+        `samples_every_steps`, or the last step at the end); the number of tables sent."""
+        every = self.section.samples_every_steps
+        if not every:
+            return 0
+        rows, self.samples_offset = _new_rows(self.folder / SAMPLES_FILE, self.samples_offset)
+        for row in rows:
+            if isinstance(row.get("step"), int):
+                self.pending_samples.setdefault(row["step"], []).append(row)
+        if not self.pending_samples:
+            return 0
+        last = max(self.pending_samples)
+        sent = 0
+        for step in sorted(self.pending_samples):
+            if step == last and not final:
+                break   # its lines may still be coming
+            rows = self.pending_samples.pop(step)
+            if step % every == 0 or (final and step == last):
+                self.send_samples(step, rows)
+                sent += 1
         return sent
+
+    def send_samples(self, step: int, rows: list[dict]) -> None:
+        """One step's samples table to every backend that keeps tables, and to TensorBoard."""
+        columns, data = sample_table(rows)
+        for backend in list(self.trackers):
+            if hasattr(self.trackers[backend], "log_samples"):
+                self._call(backend, "log_samples", columns, data, step)
+        if self.samples_tensorboard is not None:
+            try:
+                self.samples_tensorboard.log_samples(columns, data, step)
+            except Exception as exc:  # noqa: BLE001 - like a tracker: never stops the run
+                log.warning("TensorBoard samples table failed (%s: %s); no more tables there",
+                            type(exc).__name__, exc)
+                self.samples_tensorboard = None
+        self.num_sample_tables += 1
 
     def send(self, row: dict) -> None:
         kind = row.get("kind", "row")
@@ -237,3 +356,21 @@ class RunTracking:
             log.warning("tracking backend %s failed (%s: %s); it is left out for the rest of the run",
                         backend, type(exc).__name__, exc)
             self.trackers.pop(backend, None)
+
+
+def _new_rows(path: Path, offset: int) -> tuple[list[dict], int]:
+    """The JSON rows of the whole lines of `path` after byte `offset`, and the new offset (just
+    after the last whole line: a line still being written waits for the next read)."""
+    if not path.exists():
+        return [], offset
+    with path.open("rb") as file:
+        file.seek(offset)
+        data = file.read()
+    whole = data[:data.rfind(b"\n") + 1]
+    rows = []
+    for line in whole.splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue   # a torn line a killed writer left (read_metrics skips it too)
+    return rows, offset + len(whole)

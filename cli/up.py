@@ -28,10 +28,13 @@ logs the orchestrator's backpressure; each decision is a line and a
 "balance" metrics row. With a `[tracking]` section, the rows of metrics.jsonl
 and the summary go to W&B, MLflow or trackio too (cli/tracking.py).
 
-The run folder (run_dir/name) holds config.toml (the resolved config),
-head.json (the head's address and metrics URL, for `postrain status` and
-`down`), logs/ (one log per actor), and whatever the actors write (metrics,
-checkpoints, summary.json).
+The run folder (run_dir/name) holds config.toml (a copy of the config),
+source.json (where it came from), head.json (the head's address and metrics
+URL, for `postrain status` and `down`), logs/ (one log per actor), and whatever
+the actors write (metrics, checkpoints, summary.json). A folder that already
+holds a run is refused (`--dry-run` too), naming `--resume` and `--overwrite`
+(which deletes the run's files, RUN_FILES, first). The config's own folder is
+on the import path of the head and every actor (actors/run_config.py).
 
 With a `[cluster]` section the actors run on the nodes of a Ray cluster instead: the plan
 is printed node by node, one node agent per node starts each actor on its node, and the
@@ -56,7 +59,7 @@ from typing import Callable
 
 import anyio
 
-from postrain.actors.run_config import default_config_path
+from postrain.actors.run_config import default_config_path, run_import_dir, write_run_source
 from postrain.actors.records import RunRequest, RunUpdate
 from postrain.core.errors import ActorError, ActorStartError, ConfigError, PostrainError
 from postrain.core.scheduler import Scheduler
@@ -73,6 +76,15 @@ from .node_watch import NodeWatch
 from .tracking import RunTracking
 
 HELP = "start a run: the head, then every actor the config names"
+DESCRIPTION = """Start a run: check the config, place every actor, start them, follow the run to its end.
+
+examples:
+  postrain up                                    the built-in run (a tiny model, arithmetic; runs/default)
+  postrain up --config my_run.toml --dry-run     check a config and print the placement; starts nothing
+  postrain up --resume runs/default              continue a stopped run from its last checkpoint
+
+A run folder (run_dir/name) that already holds a run is refused: --resume it or --overwrite it.
+Modules a config names by import path may sit beside the config file. More: docs/operations.md."""
 MIN_FREE_DISK_MB = 200
 
 
@@ -82,6 +94,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--run-dir", help="override [run] run_dir")
     parser.add_argument("--resume", metavar="RUN_DIR",
                         help="continue the run in RUN_DIR (its config.toml) from its last checkpoint")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start over in a run folder that holds a run: its files are deleted first")
     parser.add_argument("--quiet", action="store_true",
                         help="plain progress lines instead of the live view (always so when stdout is not a terminal)")
 
@@ -91,6 +105,8 @@ def prepare_run_folder(config: UpConfig) -> Path:
     folder = Path(config.run.run_dir) / config.run.name
     try:
         (folder / "logs").mkdir(parents=True, exist_ok=True)
+        for path in (folder, folder / "logs"):  # the run's user only: logs, checkpoints, secrets
+            path.chmod(0o700)
         probe = folder / ".write-test"
         probe.write_text("ok")
         probe.unlink()
@@ -102,6 +118,53 @@ def prepare_run_folder(config: UpConfig) -> Path:
         raise PostrainError(f"run folder {folder} has {free_mb} MiB free, under the {MIN_FREE_DISK_MB} MiB "
                             "a run needs for logs and checkpoints; free space or choose another run_dir")
     return folder
+
+
+# What a run writes into its folder (the actors, the head, the trackers): `--overwrite` deletes
+# these and nothing else; any of RUN_MARKERS means the folder holds a run.
+RUN_FILES = ("config.toml", "source.json", "head.json", "summary.json", "*.jsonl", "logs", "checkpoint",
+             "policy", "plots", "tensorboard", "mlruns", "wandb", ".checkpoint*", ".policy*")
+RUN_MARKERS = ("config.toml", "summary.json", "metrics.jsonl", "ledger.jsonl", "checkpoint", "policy")
+
+
+def check_run_folder_unused(config: UpConfig, overwrite: bool) -> Path:
+    """The run folder of `config`; PostrainError when it holds a run (one of RUN_MARKERS) that
+    `overwrite` does not allow replacing, or whose head still lives."""
+    folder = Path(config.run.run_dir) / config.run.name
+    held = [name for name in RUN_MARKERS if (folder / name).exists()]
+    if not held:
+        return folder
+    pid = _live_head_pid(folder)
+    if pid is not None:
+        raise PostrainError(f"the run in {folder} is still going (head pid {pid}); stop it with "
+                            f"`postrain down {folder}` first, or choose another [run] name or --run-dir")
+    if not overwrite:
+        raise PostrainError(f"run folder {folder} already holds a run ({', '.join(held)}); continue it "
+                            f"with `postrain up --resume {folder}`, start it over with --overwrite (deletes "
+                            "its files), or choose another [run] name or --run-dir")
+    return folder
+
+
+def clear_run_folder(folder: Path) -> list[str]:
+    """Delete the files a run wrote into `folder` (RUN_FILES); the names deleted."""
+    removed = []
+    for pattern in RUN_FILES:
+        for path in sorted(folder.glob(pattern)):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+            removed.append(path.name)
+    return removed
+
+
+def _live_head_pid(folder: Path) -> int | None:
+    """The pid of the head of the run in `folder` while it lives (its head.json), else None."""
+    try:
+        pid = json.loads((folder / "head.json").read_text()).get("pid")
+    except (OSError, ValueError):
+        return None
+    return pid if pid and process_lives(pid) else None
 
 
 def resume_config(run_folder: Path) -> UpConfig:
@@ -116,7 +179,7 @@ def resume_config(run_folder: Path) -> UpConfig:
         if pid and process_lives(pid):
             raise PostrainError(f"the run in {run_folder} is still going (head pid {pid}); stop it with "
                                 f"`postrain down {run_folder}` before resuming it")
-    config = load_up_config(path)
+    config = load_up_config(path, import_dir=run_import_dir(run_folder))
     config.run.run_dir, config.run.name = str(run_folder.resolve().parent), run_folder.resolve().name
     if not config.run.driver:
         raise PostrainError(f"{path} names no [run] driver; only a driven run (an orchestrator) can resume")
@@ -129,9 +192,13 @@ def main(args) -> int:
     if args.resume:
         path = Path(args.resume) / "config.toml"
     try:
+        if args.resume and args.overwrite:
+            raise PostrainError("--resume continues a run and --overwrite deletes one; give one of them")
         config = resume_config(Path(args.resume)) if args.resume else load_up_config(path)
         if args.run_dir and not args.resume:
             config.run.run_dir = args.run_dir
+        if not args.resume:   # a second run into a run's folder would mix their files
+            check_run_folder_unused(config, args.overwrite)
         launch = plan_on_cluster(config, path) if config.cluster is not None else None
         plan = Scheduler().plan(config.actors) if launch is None else []
     except (ConfigError, PostrainError) as exc:
@@ -145,6 +212,9 @@ def main(args) -> int:
         if launch is not None:
             launch.cluster.disconnect()
         return 0
+    if args.overwrite:
+        removed = clear_run_folder(Path(config.run.run_dir) / config.run.name)
+        print(f"postrain up: --overwrite: deleted {', '.join(removed)}")
     try:
         folder = prepare_run_folder(config)
     except PostrainError as exc:
@@ -152,6 +222,7 @@ def main(args) -> int:
         return 2
     if not args.resume:
         shutil.copyfile(path, folder / "config.toml")
+        write_run_source(folder, path)
     try:
         monitor = RunMonitor(folder, config, quiet=args.quiet).start()  # a taken metrics port fails here
     except PostrainError as exc:

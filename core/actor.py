@@ -254,7 +254,11 @@ def import_object(path: str):
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ImportError(f"cannot import {module_name} (from {path!r}): {exc}") from exc
+        fix = ""
+        if isinstance(exc, ModuleNotFoundError) and exc.name and module_name.startswith(exc.name):
+            fix = (f"; fix: put {exc.name} beside the run config (its folder is on the import path of "
+                   f"the head and every actor) or install it (`pip install -e` its project)")
+        raise ImportError(f"cannot import {module_name} (from {path!r}): {exc}{fix}") from exc
     try:
         return getattr(module, attr)
     except AttributeError:

@@ -389,8 +389,10 @@ class ActorRef:
                           self.address)
             elif event & _AUTH_FAILED:
                 self._auth_error = AuthenticationError(
-                    f"actor {self.name} ({self.address}) refused our CurveZMQ key; use the run's "
-                    "keys (run_dir/keys) or add this client's public key to the allowed keys")
+                    f"actor {self.name} ({self.address}) refused our CurveZMQ key; connect with the "
+                    "run's CurveKeys (the head makes them per run and hands them out in memory, to "
+                    "node agents and actors; they are never written to the run folder) or add this "
+                    "client's public key to the actor's allowed_client_keys")
                 self._fail_all(self._auth_error)
                 # wake senders waiting for a connection so they raise the auth error
                 self._connected.set()

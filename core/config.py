@@ -324,9 +324,9 @@ def validation_lines(exc: ValidationError, prefix: str = "") -> list[str]:
     """One line per bad field: `path.to.field = value: rule`."""
     lines = []
     for error in exc.errors():
-        location = prefix + ".".join(str(part) for part in error["loc"]) or "(top level)"
+        location = (prefix + ".".join(str(part) for part in error["loc"])).rstrip(".") or "(top level)"
         message = error["msg"].removeprefix("Value error, ")
-        if error["type"] == "extra_forbidden":
+        if error["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
             message = "unknown field (check the spelling; see the config reference in the docs)"
         value = error.get("input")
         shown = "" if isinstance(value, dict) or error["type"] == "missing" else f" = {value!r}"

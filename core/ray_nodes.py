@@ -242,7 +242,7 @@ class NodeAgent:
         self._settings = dict(scheduler=Scheduler(inventory), bind=f"tcp://{address}:0",
                               keys=CurveKeys.from_dict(keys), log_dir=log_dir, run_tag=run_tag,
                               heartbeat_interval_s=heartbeat_interval_s, heartbeat_timeout_s=heartbeat_timeout_s)
-        os.makedirs(log_dir, exist_ok=True)
+        os.makedirs(log_dir, mode=0o700, exist_ok=True)
         self._opened = threading.Event()
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._serve, name=f"postrain-agent-{node}", daemon=True)

@@ -62,7 +62,8 @@ def run_actor_process(spec: dict) -> None:
     num_threads, heartbeat_interval_s, keys (or None), log_path (or None: inherit the head's
     stdout and stderr), rendezvous (or None: a Rendezvous as a dict, for a rank of a group)."""
     if spec.get("log_path"):
-        log_fd = os.open(spec["log_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        log_fd = os.open(spec["log_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.fchmod(log_fd, 0o600)  # the run's user only, also for a log an earlier run made
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
         os.close(log_fd)

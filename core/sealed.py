@@ -40,6 +40,15 @@ Invariants (tests/core/test_sealed.py):
 - A sender that stops mid-stream (it died) leaves its receiver waiting for the next piece
   until `timeout_s`; pieces of a newer stream that arrive meanwhile are refused, so that
   stream fails too and the one after goes through.
+- A receive's deadline is set when it starts and moves only when a piece of its stream is
+  taken (then: that moment + timeout_s): frames that are no piece of it (a stranger's junk)
+  never move it, and the deadline is checked before every frame, so junk arriving without
+  pause cannot hold a receive (nor the lock) past it.
+- What a stranger costs: its connections pass a gate (core/gate.py): at most
+  `max_connections_per_peer` per address and `max_connections` in all, each queueing at most
+  RCVHWM (2 * _RING) frames of at most MAXMSGSIZE (piece_bytes + TAG_BYTES + 4096) bytes; so
+  one address queues at most max_connections_per_peer * 2 * _RING pieces. Its junk is logged
+  at most once per peer address per `warning_interval_s`, with a count of what was not.
 - One thread at a time uses each end (a lock); `close` waits for it.
 """
 from __future__ import annotations
@@ -59,6 +68,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from .errors import PostrainError
+from .gate import ConnectionGate, RateLimitedLog
 
 log = logging.getLogger("postrain.core")
 
@@ -254,14 +264,22 @@ class _Wait:
 
 class SealedReceiver:
     """This process's end of sealed channels: a PULL socket bound on `host` (plain tcp, any free
-    port: `address`) that any number of senders connect to (blocking calls, made from a worker
-    thread). Invariant: `dropped` holds the sync ids of the last receives that failed."""
+    port: `address`) that senders connect to (blocking calls, made from a worker thread).
+    max_connections_per_peer (default 4: a sender needs one) and max_connections (default 16):
+    open connections admitted per peer address and in all (more are refused at the handshake);
+    warning_interval_s (default 10 s): at most one warning line per peer address this often.
+    Invariant: `dropped` holds the sync ids of the last receives that failed."""
 
-    def __init__(self, run_key: bytes, host: str, piece_bytes: int = PIECE_BYTES):
+    def __init__(self, run_key: bytes, host: str, piece_bytes: int = PIECE_BYTES,
+                 max_connections: int = 16, max_connections_per_peer: int = 4,
+                 warning_interval_s: float = 10.0):
         _check_key(run_key)
         self.piece_bytes = piece_bytes
         self._run_key = run_key
-        self._sock = zmq.Context.instance().socket(zmq.PULL)
+        self.gate = ConnectionGate(max_connections, max_connections_per_peer, "the sealed channel",
+                                   warning_interval_s)
+        self._warn = RateLimitedLog(log, warning_interval_s)
+        self._sock = self.gate.socket(zmq.PULL)
         self._sock.linger = 0
         self._sock.rcvhwm = 2 * _RING            # per connection: a stranger queues little
         self._sock.maxmsgsize = piece_bytes + TAG_BYTES + 4096   # a larger frame drops its connection
@@ -286,8 +304,9 @@ class SealedReceiver:
         cipher = stream.cipher(self._run_key)
         plan = piece_plan([len(b) for b in buffers], self.piece_bytes)
         piece = 0
+        deadline = time.monotonic() + timeout_s     # moved by pieces of this stream only
         while piece < len(plan):
-            frames = self._next(timeout_s, stream, piece, len(plan))
+            frames = self._next(deadline, timeout_s, stream, piece, len(plan))
             peer = frames[-1].get("Peer-Address") or "an unknown peer"
             header = frames[0].bytes if len(frames) == 2 else b""
             expected = stream.header(piece)
@@ -305,30 +324,35 @@ class SealedReceiver:
                              f"{stream.sender} does not authenticate (forged, tampered or not sealed with "
                              "the run's key)")
             piece += 1
+            deadline = time.monotonic() + timeout_s
 
-    def _next(self, timeout_s: float, stream: Stream, piece: int, num_pieces: int) -> list:
-        deadline = time.monotonic() + timeout_s
-        while not self._sock.poll(int(_POLL_S * 1000)):
+    def _next(self, deadline: float, timeout_s: float, stream: Stream, piece: int, num_pieces: int) -> list:
+        """The next frames on the socket, if they come before `deadline` (checked before every
+        frame, so a flood of frames cannot outlast it)."""
+        while True:
             if self._closing:
                 raise SealedStreamError("the sealed channel closed during a receive")
-            if time.monotonic() > deadline:
+            left_s = deadline - time.monotonic()
+            if left_s <= 0:
                 raise SealedStreamError(f"no piece {piece} of {num_pieces} of chunk {stream.chunk} of "
                                         f"version {stream.version} from {stream.sender} within "
                                         f"{timeout_s:g} s")
-        return self._sock.recv_multipart(copy=False)
+            if self._sock.poll(max(1, int(min(left_s, _POLL_S) * 1000))):
+                return self._sock.recv_multipart(copy=False)
 
     def _refuse_other(self, header: bytes, stream: Stream, piece: int, peer: str) -> None:
         """A piece that is not the next one of `stream`: skipped when it names another sync
         (refused and logged, unless it is a leftover of a dropped one), fatal when it names this."""
         fields = _HEADER.unpack_from(header) if len(header) >= _HEADER.size else None
         if fields is None or fields[0] != _MAGIC:
-            log.warning("refused a piece on the sealed channel from %s: not a sealed piece", peer)
+            self._warn.warning(peer, "refused a piece on the sealed channel from %s: not a sealed piece", peer)
         elif fields[1] == stream.sync_id:
             self._refuse(peer, f"it claims piece {fields[4]} of chunk {fields[3]} where piece {piece} of "
                          f"chunk {stream.chunk} of version {stream.version} from {stream.sender} is next "
                          "(replayed or reordered)")
         elif fields[1] not in self.dropped:
-            log.warning("refused a piece on the sealed channel from %s: it names no sync in progress", peer)
+            self._warn.warning(peer, "refused a piece on the sealed channel from %s: it names no sync in "
+                               "progress", peer)
 
     def _refuse(self, peer: str, why: str) -> None:
         log.warning("refused a piece on the sealed channel from %s: %s", peer, why)
@@ -339,3 +363,4 @@ class SealedReceiver:
         self._closing = True
         with self._lock:
             self._sock.close(linger=0)
+            self.gate.close()

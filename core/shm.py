@@ -8,19 +8,25 @@ unlinks its name (`map_segment`), so the tensor crosses without a socket copy.
 A file is named `postrain-PID-[TAG_]HEX` (PID: the writer; TAG: `$POSTRAIN_RUN_TAG`, which the
 supervisor gives every actor of a run and their children inherit), so that what a killed
 process leaves is found and removed: by its pid (`remove_shm_of`) or by its run (`sweep_shm`).
-A process removes what no receiver took when it ends (`cleanup_shm`, also at exit). Files
+A process removes what no receiver took when it ends (`cleanup_shm`, also at exit). Files are
+0600 (their writer's user only); /dev/shm is open to every local user, so the clean-up removes
+only this user's regular files and logs anything else named like them, never failing on it. Files
 of the sizes sent again and again (weights, every policy version) come from a pool allocated
 ahead of time (`_SegmentPool`).
 """
 from __future__ import annotations
 
 import atexit
+import logging
 import mmap
 import os
+import stat
 import threading
 import uuid
 
 from .errors import WireError
+
+log = logging.getLogger("postrain.core")
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
 DEFAULT_SHM_MIN_BYTES = 1 << 20
@@ -94,6 +100,35 @@ def _unlink_quietly(path: str) -> None:
         pass
 
 
+def _remove_left_file(path: str) -> bool:
+    """Unlink `path`, a file a dead writer of ours left, if it is one: a regular file of this
+    process's user. Anything else named like it (a directory, another user's file: /dev/shm is
+    writable by every local user) is left and logged, never an error. True if it was removed."""
+    try:
+        info = os.lstat(path)
+        if not stat.S_ISREG(info.st_mode):
+            why = "not a regular file"
+        elif info.st_uid != os.geteuid():
+            why = f"owned by uid {info.st_uid}, not by this process's uid {os.geteuid()}"
+        else:
+            os.unlink(path)
+            return True
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        why = exc.strerror or repr(exc)
+    log.warning("shared-memory clean-up left %s: %s", path, why)
+    return False
+
+
+def _shm_names() -> list[str]:
+    try:
+        return os.listdir(SHM_DIR) if SHM_DIR else []
+    except OSError as exc:
+        log.warning("shared-memory clean-up cannot list %s: %s", SHM_DIR, exc.strerror)
+        return []
+
+
 def write_segment(raw) -> str:
     """Write `raw` (a buffer) to a shared-memory file of this process (a pooled one of its size
     when there is one) and return the file's path; the receiver unlinks it."""
@@ -155,39 +190,31 @@ def cleanup_shm() -> int:
 
 
 def remove_shm_of(pid: int) -> int:
-    """Unlink the shared-memory files of a process that has exited (the supervisor calls this)."""
-    removed = 0
-    if SHM_DIR:
-        prefix = f"postrain-{pid}-"
-        for name in os.listdir(SHM_DIR):
-            if name.startswith(prefix):
-                _unlink_quietly(os.path.join(SHM_DIR, name))
-                removed += 1
-    return removed
+    """Unlink the shared-memory files of a process that has exited (the supervisor calls this);
+    what is not this user's regular file is left and logged. Returns how many were removed."""
+    prefix = f"postrain-{pid}-"
+    return sum(_remove_left_file(os.path.join(SHM_DIR, name))
+               for name in _shm_names() if name.startswith(prefix))
 
 
 def shm_segments(run_tag: str) -> list[tuple[str, int]]:
     """(path, writer pid) of every shared-memory file that processes of run `run_tag` wrote and
     no receiver has taken yet."""
     found = []
-    if SHM_DIR:
-        for name in os.listdir(SHM_DIR):
-            parts = name.split("-", 2)
-            if len(parts) == 3 and parts[0] == "postrain" and parts[1].isdigit() \
-                    and parts[2].startswith(f"{run_tag}_"):
-                found.append((os.path.join(SHM_DIR, name), int(parts[1])))
+    for name in _shm_names():
+        parts = name.split("-", 2)
+        if len(parts) == 3 and parts[0] == "postrain" and parts[1].isdigit() \
+                and parts[2].startswith(f"{run_tag}_"):
+            found.append((os.path.join(SHM_DIR, name), int(parts[1])))
     return found
 
 
 def sweep_shm(run_tag: str) -> int:
     """Unlink the shared-memory files of run `run_tag` whose writer has exited (killed, or a
-    child that never cleaned up); a live writer's files are left alone. Returns how many."""
-    removed = 0
-    for path, pid in shm_segments(run_tag):
-        if not process_lives(pid):
-            _unlink_quietly(path)
-            removed += 1
-    return removed
+    child that never cleaned up); a live writer's files are left alone, and so is what is not
+    this user's regular file (logged: anyone can make a name in /dev/shm). Never raises for what
+    it finds there. Returns how many were removed."""
+    return sum(_remove_left_file(path) for path, pid in shm_segments(run_tag) if not process_lives(pid))
 
 
 def process_lives(pid: int) -> bool:

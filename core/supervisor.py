@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import secrets
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -33,6 +34,7 @@ from .actor import CORES
 from .actor_ref import ActorRef
 from .config import ActorSpec
 from .elastic import Home
+from .errors import PostrainError
 from .inbox import Handler, Inbox
 from .lending import CoreLender, WorkRequest
 from .lifecycle import ActorEvent, ActorProcesses, ActorRecord
@@ -45,10 +47,33 @@ from .transport import CurveKeys, ipc_address, is_beyond_loopback, make_socket_d
 log = logging.getLogger("postrain.core")
 
 
-def run_tag_for(key: str) -> str:
-    """A stable run tag for `key` (the run folder's path: a resumed run has the tag of the run
-    it resumes, so it finds what a killed head left)."""
-    return hashlib.sha1(key.encode()).hexdigest()[:12]
+RUN_TAG_SECRET = ".run_tag_secret"  # in a run folder: the random secret its run tag comes from
+
+
+def run_tag_for(folder: str) -> str:
+    """The run tag of the run kept in `folder`: stable for that folder (a resumed run has the tag
+    of the run it resumes, so it finds what a killed head left), yet not predictable by another
+    local user (who could otherwise plant files under it before the run starts): it comes from a
+    random secret in folder/RUN_TAG_SECRET, made on first use, readable by its user only.
+    PostrainError where that file is not this user's own, or others may read it."""
+    path = os.path.join(folder, RUN_TAG_SECRET)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            info = os.fstat(f.fileno())
+            if info.st_uid != os.geteuid() or info.st_mode & 0o077:
+                raise PostrainError(
+                    f"run tag secret {path} is owned by uid {info.st_uid} with mode "
+                    f"{oct(info.st_mode & 0o777)}; it must be this user's (uid {os.geteuid()}) with mode "
+                    f"0600; fix: remove the file (the run then gets a new tag)") from None
+            secret = f.read()
+    else:
+        secret = secrets.token_bytes(32)
+        with os.fdopen(fd, "wb") as f:
+            f.write(secret)
+    return hashlib.sha256(b"postrain run tag\0" + secret).hexdigest()[:12]
 
 
 class Supervisor:

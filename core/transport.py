@@ -118,6 +118,8 @@ def configure_server(sock: zmq.Socket, address: str, keys: CurveKeys | None) -> 
     sock.curve_publickey = keys.server_public
     sock.curve_secretkey = keys.server_secret
     sock.zap_domain = b"postrain"
+    if hasattr(zmq, "ZAP_ENFORCE_DOMAIN"):   # libzmq >= 4.2.2: no ZAP handler, no connection (else
+        sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)   # Curve without a handler admits any client key)
 
 
 def configure_client(sock: zmq.Socket, address: str, keys: CurveKeys | None) -> None:

@@ -4,7 +4,7 @@ code under its seccomp filter.
 Runs INSIDE nsjail, after `_zygote.py` in the same source (the host joins them: warm.py,
 `jailed_source`), so it imports nothing of postrain and finds msgpack on the path the zygote
 set. The zygote's side of a run (`_zygote.py`: `execute`, `prepare`) forks `launch`, which
-unshares a new PID (and, but for a session, mount) namespace and forks `run_init`, PID 1
+unshares a new PID and IPC (and, but for a session, mount) namespace and forks `run_init`, PID 1
 there; init mounts a fresh tmpfs at /work and forks `run_child`, which drops to the sandbox uid
 (no capabilities left), sets the rlimits, adds the seccomp filter (`install_seccomp`) and runs
 the code. See `_zygote.py`'s design note for why nothing of a run survives it.
@@ -26,6 +26,7 @@ import msgpack
 
 _libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
 MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 2, 4, 16384, 1 << 18
 
@@ -244,7 +245,11 @@ def _run_as_child(req, cfg, in_r, out_w, err_w, filtered, keep=()):
 def launch(req, cfg, in_r, out_w, err_w, st_w, go_r=-1, script_fd=-1):
     """The launcher: new namespaces, fork init, tell the zygote init's pid, exit."""
     try:
-        flags = CLONE_NEWPID if req.get("session") else CLONE_NEWPID | CLONE_NEWNS
+        # A fresh IPC namespace too: SysV segments, semaphores and message queues (and POSIX
+        # message queues) of one run are gone with it, never seen by the next (issue 32).
+        flags = CLONE_NEWPID | CLONE_NEWIPC
+        if not req.get("session"):
+            flags |= CLONE_NEWNS
         _check(_libc.unshare(flags), "unshare")
         pid = os.fork()
         if pid == 0:

@@ -3,23 +3,24 @@
 Runs INSIDE nsjail, appended by the host to the sources of `_zygote.py` (it uses its framing and
 `execute`) and `_run_processes.py` (`install_seccomp`), so it imports nothing of postrain. One
 config frame in, "ready" out, then one reply per request: exec (a bash command or a Python
-snippet), read_file, write_files, exit.
+snippet), read_file, write_files, snapshot (the work dir as a tar, for a grader), exit.
 
 Design note. The session's state is what a call leaves behind, never a live process: its files in
 /work (the jail's own tmpfs, which lives as long as the jail), and the working directory and
 exported environment that the command's shell writes on exit (a bash EXIT trap, to a state file
 in /run/postrain) and that the agent hands to the next call. Each call otherwise runs exactly as
 a warm execution does (`execute` with req["session"]): its own PID namespace whose init's exit
-kills every process the call started, the sandbox uid, rlimits and the seccomp filter. A bash
-command's shell is that namespace's init itself ("as_init"), started ahead, between calls
-(`prepare` with a shell), with the call's limits already applied: uid, rlimits (the session's
-calls share them; a call whose limits differ gets a shell started then), seccomp, its own PID
-namespace, and the session's cwd. Until its call it has read nothing of the session: its argv
-is fixed (`_SHELL_MAIN`), its environment empty (but for the policy's locale, `_shell`), and it
-blocks reading fd 4, a pipe that only the agent writes. The call writes the session's
-environment, the state trap and the command (`_shell_script`) to the shell's fd 3 (an unnamed
-file of the agent's, out of the code's reach by any path), then one byte to fd 4; the shell
-reads and runs them. So a call starts with two writes, without an exec or bash start-up.
+kills every process the call started (and IPC namespace: no SysV object outlives the call),
+the sandbox uid, rlimits and the seccomp filter. A bash command's shell is that namespace's
+init itself ("as_init"), started ahead, between calls (`prepare` with a shell), with the call's
+limits already applied: uid, rlimits (the session's calls share them; a call whose limits
+differ gets a shell started then), seccomp, its own PID namespace, and the session's cwd.
+Until its call it has read nothing of the session: its argv is fixed (`_SHELL_MAIN`), its
+environment empty (but for the policy's locale, `_shell`), and it blocks reading fd 4, a pipe
+that only the agent writes. The call writes the session's environment, the state trap and the
+command (`_shell_script`) to the shell's fd 3 (an unnamed file of the agent's, out of the code's
+reach by any path), then one byte to fd 4; the shell reads and runs them. So a call starts with
+two writes, without an exec or bash start-up.
 So nothing of the code runs between calls (the shell's start-up cannot be steered by what the
 code left: no rc files, no environment; so BASH_ENV, SHELLOPTS and LD_PRELOAD act on the
 commands the shell starts, not on the shell itself), and a call that times out loses only its
@@ -250,6 +251,26 @@ def _read_file(path, max_bytes):
     return {"data": b"".join(chunks)}
 
 
+def _snapshot(max_bytes):
+    """The work dir as an uncompressed tar (what the grader checks; `sandbox/grader.py`): every
+    entry the sandbox uid can read, symlinks as symlinks (never followed), modes kept; entries it
+    cannot read are left out (as they would be to the code)."""
+    import io
+    import tarfile
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for folder, dirs, names in os.walk(".", followlinks=False):
+            for name in sorted(dirs) + sorted(names):
+                path = os.path.join(folder, name)
+                try:
+                    tar.add(path, arcname=path[2:], recursive=False)
+                except OSError:
+                    continue
+                if buffer.tell() > max_bytes:
+                    return {"error": f"the work dir is larger than {max_bytes} bytes"}
+    return {"data": buffer.getvalue()}
+
+
 def _write_files(files):
     for name, data in files.items():
         parent = os.path.dirname(name)
@@ -330,6 +351,8 @@ def session_main():
                 reply = _session_exec(req, cfg, state)
             elif kind == "read_file":
                 reply = _as_sandbox_user(cfg, lambda: _read_file(req["path"], req["max_bytes"]))
+            elif kind == "snapshot":
+                reply = _as_sandbox_user(cfg, lambda: _snapshot(req["max_bytes"]))
             elif kind == "write_files":
                 reply = _as_sandbox_user(cfg, lambda: _write_files(req["files"]))
                 _restart_shell(state)

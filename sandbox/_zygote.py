@@ -9,13 +9,14 @@ session's cwd and environment); warm.py's `jailed_source` joins them. It talks t
 fds 0/1 with length-prefixed msgpack frames: one config frame in, "ready" out, then per
 execution one request in, output frames (when streaming) and one result out.
 
-Design note. Per execution the zygote forks a launcher that unshares a new PID and mount namespace
-and forks `init` (PID 1 there); init mounts a fresh tmpfs at /work and forks the child that runs
+Design note. Per execution the zygote forks a launcher that unshares a new PID, IPC and mount
+namespace and forks `init` (PID 1 there); init mounts a fresh tmpfs at /work and forks the child that runs
 the code after dropping to the sandbox uid (no capabilities left), setting rlimits and adding a
 seccomp filter that forbids mount/unshare/setns/ptrace and namespace clones. When init exits (or
 the zygote SIGKILLs it on timeout or output flood), the kernel kills every process left in that
-PID namespace, and the mount namespace with its tmpfs goes with them: nothing of one run, not a
-daemonized grandchild, not a file, survives into the next. The child skips interpreter start-up,
+PID namespace, and the mount namespace with its tmpfs and the IPC namespace with any SysV or
+POSIX-mqueue object go with them: nothing of one run, not a daemonized grandchild, not a file,
+not a shared-memory segment, survives into the next. The child skips interpreter start-up,
 which is what makes warm runs faster than a bare `python -c`.
 """
 import builtins

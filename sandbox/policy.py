@@ -17,6 +17,8 @@ from pathlib import Path
 
 from postrain.core.errors import PostrainError
 
+from .cgroups import CgroupError, cgroup_flags, host_cgroups
+
 # Inside the jail the code runs as SANDBOX_UID/GID, mapped to HOST_UID/GID outside: an unprivileged
 # id that owns nothing on the host. Inside uid 0 is mapped to host root only so that nsjail (and the
 # warm zygote, which keeps its namespace capabilities) can reach the Python prefix under /root.
@@ -88,7 +90,8 @@ class Policy:
     enable_network: bool = False       # False: a fresh network namespace with no interfaces, not even lo
     network_allow: tuple[str, ...] = ()  # sessions only: "host:port" TCP destinations the jail may
                                        # reach (through a host proxy); nothing else, DNS included
-    enable_cgroups: bool = True        # use cgroup v1 memory/pids caps where the host has them
+    enable_cgroups: bool = True        # cgroup memory/pids caps of the jail (v1 or v2, whichever the host
+                                       # has); where neither can, jails are refused (SandboxError)
     enable_site_hooks: bool = False    # run site-packages' .pth hooks at start-up (slow, host-specific);
                                        # site-packages is on sys.path either way
     python: str = dataclasses.field(default_factory=_default_python)        # interpreter inside the jail
@@ -179,36 +182,6 @@ def kafel_policy(cold: bool) -> str:
     return "KILL_PROCESS { " + ", ".join(names) + " } DEFAULT ALLOW"
 
 
-def cgroup_parent(controller: str) -> str | None:
-    """The cgroup v1 parent nsjail creates per-jail groups in, or None where unusable."""
-    mount = f"/sys/fs/cgroup/{controller}"
-    parent = "NSJAIL"
-    try:
-        os.makedirs(os.path.join(mount, parent), exist_ok=True)
-        if not os.access(os.path.join(mount, parent, "tasks"), os.W_OK):
-            return None
-    except OSError:
-        return None
-    _remove_stale_groups(os.path.join(mount, parent))
-    return parent
-
-
-_cleaned: set[str] = set()
-
-
-def _remove_stale_groups(parent_dir: str) -> None:
-    """Remove per-jail groups left by an nsjail that was SIGKILLed (once per process)."""
-    if parent_dir in _cleaned:
-        return
-    _cleaned.add(parent_dir)
-    for name in os.listdir(parent_dir):
-        if name.startswith("NSJAIL.") and name[7:].isdigit() and not os.path.exists(f"/proc/{name[7:]}"):
-            try:
-                os.rmdir(os.path.join(parent_dir, name))  # fails (EBUSY) if it still has tasks
-            except OSError:
-                pass
-
-
 def nsjail_argv(policy: Policy, *, cold: bool, task_dir: str | None = None,
                 log_path: str | None = None, memory_cap_mb: int | None = None,
                 pids_cap: int | None = None, work_dir_size_mb: int | None = None,
@@ -248,14 +221,13 @@ def nsjail_argv(policy: Policy, *, cold: bool, task_dir: str | None = None,
         argv += ["--disable_clone_newnet"]
     elif not policy.network_allow:
         argv += ["--iface_no_lo"]  # with an allowlist, lo carries the jail's end of its proxy
-    if policy.enable_cgroups:
-        mem_parent, pids_parent = cgroup_parent("memory"), cgroup_parent("pids")
-        if mem_parent:
-            cap = (memory_cap_mb or policy.memory_mb) * 1024 * 1024
-            argv += ["--cgroup_mem_parent", mem_parent, "--cgroup_mem_max", str(cap)]
-        if pids_parent:
-            argv += ["--cgroup_pids_parent", pids_parent,
-                     "--cgroup_pids_max", str(pids_cap or policy.max_processes)]
+    if policy.enable_cgroups:  # v1 or v2, whichever enforces both caps here; else refused
+        try:
+            memory_bytes = (memory_cap_mb or policy.memory_mb) * 1024 * 1024
+            argv += cgroup_flags(host_cgroups(), memory_bytes=memory_bytes,
+                                 max_pids=pids_cap or policy.max_processes)
+        except CgroupError as exc:
+            raise SandboxError(str(exc)) from None
     for key, value in policy.env:
         argv += ["--env", f"{key}={value}"]
     argv += list(extra)

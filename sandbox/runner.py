@@ -30,7 +30,7 @@ import weakref
 from typing import Callable
 
 from .audit import AuditLog
-from .policy import Policy, PolicyError, SandboxError, nsjail_argv, python_flags, site_paths
+from .policy import HOST_UID, Policy, PolicyError, SandboxError, nsjail_argv, python_flags, site_paths
 from .result import ExecResult, Status, classify
 from .session import AsyncSession, Session, SessionLimits, open_session
 from .session_jail import SessionPool
@@ -87,6 +87,30 @@ def check_files(files: dict[str, bytes] | None) -> dict[str, bytes]:
     return out
 
 
+def write_task_files(task_dir: str, files: dict[str, bytes]) -> None:
+    """Lay `files` out under `task_dir` (made here) for a jail to read at /task, readable by the
+    jail's user only: folders 0700 and files 0600 of its host uid (HOST_UID, when we are root
+    and can give them away; else ours), so no other local user reads a task's hidden tests. The
+    temp folder around it stays 0700 and ours."""
+    owner = HOST_UID if os.geteuid() == 0 else None
+    made = [task_dir]
+    os.mkdir(task_dir, 0o700)
+    for name, data in files.items():
+        parent = task_dir
+        for part in name.split("/")[:-1]:  # names are checked: relative, no '..' (check_files)
+            parent = os.path.join(parent, part)
+            if not os.path.isdir(parent):
+                os.mkdir(parent, 0o700)
+                made.append(parent)
+        fd = os.open(os.path.join(task_dir, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            if owner is not None:
+                os.fchown(f.fileno(), owner, owner)
+            f.write(data)
+    for folder in made if owner is not None else ():
+        os.chown(folder, owner, owner)
+
+
 def run_cold(code: str, *, policy: Policy, stdin: bytes = b"", files: dict[str, bytes] | None = None,
              argv: list[str] | None = None,
              on_output: Callable[[str, bytes], None] | None = None) -> ExecResult:
@@ -95,13 +119,7 @@ def run_cold(code: str, *, policy: Policy, stdin: bytes = b"", files: dict[str, 
     run_dir = tempfile.mkdtemp(prefix="postrain-cold-")
     task_dir = os.path.join(run_dir, "task")  # mounted read-only at /task
     try:
-        for name, data in {"main.py": code.encode(), **files}.items():
-            path = os.path.join(task_dir, name)
-            os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-            with open(path, "wb") as f:
-                f.write(data)
-            os.chmod(path, 0o644)
-        os.chmod(run_dir, 0o755)
+        write_task_files(task_dir, {"main.py": code.encode(), **files})
         log_path = os.path.join(run_dir, "nsjail.log")
         jail = nsjail_argv(policy, cold=True, task_dir=task_dir, log_path=log_path)
         prelude = _PRELUDE % (_site_paths(policy),)

@@ -170,6 +170,14 @@ class Session:
         reply = self._file_request({"kind": "read_file", "path": relative, "max_bytes": limit}, path)
         return reply["data"]
 
+    def snapshot(self) -> bytes:
+        """The whole work dir as an uncompressed tar, taken by the agent (never by the code) while
+        no call runs, so no process of the session exists to change it: what a grader checks
+        (`postrain.sandbox.grader`). Entries the sandbox uid cannot read are left out; symlinks
+        stay symlinks. SessionFileError if it exceeds work_dir_size_mb plus headers."""
+        limit = (self.limits.work_dir_size_mb + 16) * 1024 * 1024
+        return self._file_request({"kind": "snapshot", "max_bytes": limit}, "/work")["data"]
+
     def write_file(self, path: str, data: bytes | str) -> int:
         """Write a file under /work (parents made as needed); returns its size in bytes."""
         return self.write_files({path: data})
@@ -336,6 +344,9 @@ class AsyncSession:
 
     async def write_file(self, path: str, data: bytes | str) -> int:
         return await self._in_thread(self.session.write_file, path, data)
+
+    async def snapshot(self) -> bytes:
+        return await self._in_thread(self.session.snapshot)
 
     async def close(self) -> None:
         import trio

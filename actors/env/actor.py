@@ -44,13 +44,13 @@ from pydantic import Field
 from postrain.core import Actor, handler
 from postrain.core.errors import ConfigError
 
-from .api import EnvironmentFailure
-from .episode import Episode, EpisodePolicy, run_episode
+from ..models.tokenizer import Tokenizer, byte_tokenizer
 from ..records import (ExecReply, ExecRequest, GenerateReply, GenerateRequest, Rollout, RolloutRequest,
                        RunTestsReply, RunTestsRequest, SamplingParams)
 from ..tasks import TaskOptions, TaskSpec, get_task
 from ..timeline import Timeline, tool_status
-from ..models.tokenizer import Tokenizer, byte_tokenizer
+from .api import EnvironmentFailure
+from .episode import Episode, EpisodePolicy, run_episode
 
 DEFAULT_SANDBOX = "sandbox"   # the sandbox actor's name when the task needs one and none is named
 
@@ -89,14 +89,14 @@ class RemoteSandbox:
         stops waiting, the run may still finish remotely within its limits (its reply is dropped)."""
         limits = {"wall_time_s": float(timeout_s)} if timeout_s is not None else None
         request = ExecRequest(code, stdin=stdin, files=files, limits=limits)
-        return ExecReply.from_wire(await self._ask("exec", request, timeout_s=(timeout_s or 30) + 30))
+        return await self._ask("exec", request, ExecReply, timeout_s=(timeout_s or 30) + 30)
 
     async def run_tests(self, solution, tests, *, test_timeout_s=2.0, timeout_s=None):
         """Run `tests` against `solution` on the sandbox actor (a "run_tests" hop). Cancellation:
         as `exec`; no report, the remote run still ends within its limits."""
         limits = {"wall_time_s": float(timeout_s)} if timeout_s is not None else None
         request = RunTestsRequest(solution, tests, test_timeout_s=float(test_timeout_s), limits=limits)
-        return RunTestsReply.from_wire(await self._ask("run_tests", request, timeout_s=(timeout_s or 60) + 30))
+        return await self._ask("run_tests", request, RunTestsReply, timeout_s=(timeout_s or 60) + 30)
 
     @contextlib.asynccontextmanager
     async def session(self, files=None, limits=None):
@@ -109,15 +109,15 @@ class RemoteSandbox:
                 session = TimedSession(session, self.timeline, self.ref.name)
             yield session
 
-    async def _ask(self, call: str, request, timeout_s: float) -> dict:
+    async def _ask(self, call: str, request, reply_cls, timeout_s: float):
         """`ref.ask(call, request)` (a record), timed as a "tool" hop when there is a timeline; the
-        reply's wire dict. Cancellation: the request may still run remotely; the hop stays in the
-        timeline, status "failed: Cancelled"."""
+        reply as a `reply_cls` record. Cancellation: the request may still run remotely; the hop
+        stays in the timeline, status "failed: Cancelled"."""
         if self.timeline is None:
-            return await self.ref.ask(call, request.to_wire(), timeout_s=timeout_s)
+            return reply_cls.from_wire(await self.ref.ask(call, request.to_wire(), timeout_s=timeout_s))
         with self.timeline.hop("tool", self.ref.name, call=call) as hop:
-            reply = await self.ref.ask(call, request.to_wire(), timeout_s=timeout_s)
-            hop.update(tool_status(call, reply))
+            reply = reply_cls.from_wire(await self.ref.ask(call, request.to_wire(), timeout_s=timeout_s))
+            hop.update(tool_status(reply))
         return reply
 
 
@@ -141,6 +141,9 @@ class TimedSession:
 
     async def write_file(self, path: str, data):
         return await self._hop("session_write_file", self.session.write_file(path, data))
+
+    async def snapshot(self):
+        return await self._hop("session_snapshot", self.session.snapshot())
 
     async def _hop(self, call: str, pending):
         """Await the call as a hop. Cancellation: the hop records "failed: Cancelled"; the call

@@ -34,22 +34,22 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
 import anyio
 import anyio.to_thread
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from postrain.core import Actor, Load, Options, handler
 
-from ..models.loading import load_model
 from ..device import resolve_device
-from .engine import Engine, RequestOutput
+from ..models.loading import check_model_spec, load_model
 from ..records import (GeneratedSample, GenerateReply, GenerateRequest, GeneratorStats, WeightsChannel, WeightSync,
                        WeightSyncReply)
+from ..weight_assembly import SealedWeights, SyncAssembler
+from .engine import Engine, RequestOutput
 from .sampling import SamplingParams
 from .speculative import SpeculativeOptions
-from ..weight_assembly import SealedWeights, SyncAssembler
 
 
 @dataclass
@@ -60,8 +60,9 @@ class _Waiter:
 
 
 class GeneratorOptions(Options):
-    model: str | dict = Field("tiny", description="the policy: a built-in name, a Hugging Face folder, a "
-                              ".gguf file, or ModelConfig fields (the learner's must match)")
+    model: Annotated[str | dict, AfterValidator(check_model_spec)] = Field(
+        "tiny", description="the policy: a built-in name, a Hugging Face folder, a "
+        ".gguf file, or ModelConfig fields (the learner's must match)")
     seed: int = Field(0, description="init of a from-scratch model; the base of per-request sampling seeds")
     kv_cache_mb: float = Field(64, gt=0, description="memory of the paged KV cache, MiB")
     max_num_seqs: int = Field(32, ge=1, description="sequences decoded together at most (the batch)")

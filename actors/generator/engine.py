@@ -40,6 +40,8 @@ import time
 
 import torch
 
+from postrain.ext import OutOfBlocksError
+
 from ..models.blocks import Float16Weights
 from ..models.loading import load_model
 from ..models.protocol import CausalLM
@@ -51,7 +53,6 @@ from .scheduler import ScheduledSequence, Scheduler, StepPlan
 from .sequence import CompletionOutput, EngineError, Request, RequestOutput, Sequence
 from .speculative import DraftModelProposer, Proposer, SpeculativeOptions, make_proposer
 from .verify import propose_drafts, verify_drafts
-from postrain.ext import OutOfBlocksError
 
 __all__ = ["CompletionOutput", "Engine", "EngineError", "RequestOutput"]
 

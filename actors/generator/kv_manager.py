@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from ..models.protocol import CausalLM
 from postrain.ext import KVBlockPool
+
+from ..models.protocol import CausalLM
 
 
 def new_kv_caches(config, num_blocks: int, block_size_tokens: int, dtype: torch.dtype,

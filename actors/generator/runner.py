@@ -63,7 +63,9 @@ class ModelRunner:
 
     def run(self, plan: StepPlan, weights: Float16Weights | None = None) -> StepLogits:
         """The decode forward first, then the prefill forward (under the caller's inference mode)."""
-        decodes = self.forward(plan.decodes, "all" if plan.has_drafts else "last", weights) if plan.decodes else None
+        decodes = None
+        if plan.decodes:
+            decodes = self.forward(plan.decodes, "all" if plan.has_drafts else "last", weights)
         prefills = self.forward(plan.prefills, "last", weights) if plan.prefills else None
         return StepLogits(decodes, prefills)
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .sampling import SamplingParams
 from postrain.core.errors import PostrainError
+
+from .sampling import SamplingParams
 
 
 class EngineError(PostrainError, ValueError):

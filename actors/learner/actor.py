@@ -58,14 +58,15 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator
 
 from postrain.core import Actor, Options, handler
 from postrain.core.errors import PostrainError
 
+from ..models.loading import check_model_spec
 from ..records import (CheckpointLoaded, CheckpointSaved, ExportedHf, ExportHf, GroupState, JoinGroup, LearnerStats,
                        LoadCheckpoint, PublishReport, PublishRequest, RankStep, Record, SaveCheckpoint, SftBatch,
                        StepMetrics, TrainBatch, WeightSync)
@@ -84,8 +85,9 @@ class LearnerGroupMisuse(PostrainError, RuntimeError):
 
 
 class LearnerOptions(Options):
-    model: str | dict = Field("tiny", description="the policy: a built-in name, a Hugging Face folder, a "
-                              ".gguf file, or ModelConfig fields")
+    model: Annotated[str | dict, AfterValidator(check_model_spec)] = Field(
+        "tiny", description="the policy: a built-in name, a Hugging Face folder, a "
+        ".gguf file, or ModelConfig fields")
     seed: int = Field(0, description="init of a from-scratch model and the torch RNG")
     learner: dict[str, Any] = Field(default_factory=dict, description="LearnerConfig fields "
                                     "(actors/learner/learner.py): optimizer, schedule, objective, KL, advantages")
@@ -97,21 +99,18 @@ class LearnerOptions(Options):
 
     @field_validator("learner")
     @classmethod
-    def _no_shared_fields(cls, value: dict[str, Any]) -> dict[str, Any]:
+    def _check_learner_config(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """Each LearnerConfig field's type (a bad one is named as learner.FIELD = VALUE: RULE),
+        then its rules (LearnerConfig.__post_init__)."""
         for name in ("model", "seed"):
             if name in value:
                 raise ValueError(f"learner.{name} is the learner actor's own option: set options.{name} "
                                  f"(or {name} in [shared]) instead")
+        from pydantic import TypeAdapter
+        from .learner import LearnerConfig
+        TypeAdapter(LearnerConfig).validate_python(
+            {**value, "model": info.data.get("model", "tiny"), "seed": info.data.get("seed", 0)})
         return value
-
-    @model_validator(mode="after")
-    def _check_learner_config(self):
-        from .learner import LearnerError
-        try:
-            self.learner_config()
-        except (LearnerError, ValueError, TypeError) as exc:
-            raise ValueError(f"learner: {exc}") from None
-        return self
 
     def learner_config(self):
         """The LearnerConfig these options describe."""

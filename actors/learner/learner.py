@@ -31,20 +31,21 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ..models.loading import load_model
+from postrain.ext import rl_ops
+from postrain.ext.cupy_ops import BACKENDS as RL_OPS_BACKENDS
+
 from ..device import resolve_device
 from ..models.llama import LlamaModel, ModelConfig
+from ..models.loading import load_model
 from ..records import SftBatch, TrainBatch
 from .batch import LearnerError, group_size_of, pack_batch, reward_components_of
 from .packed import PackedBatch
 from .shared_prefix import plan_micro_batches
-from postrain.ext import rl_ops
-from postrain.ext.cupy_ops import BACKENDS as RL_OPS_BACKENDS
 
 OBJECTIVES = ("ppo", "decoupled")
 LR_SCHEDULES = ("constant", "cosine")
@@ -56,6 +57,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 class LearnerConfig:
     """Every knob of the learner; units in names, defaults for RL fine-tuning of a small LM."""
 
+    __pydantic_config__ = {"extra": "forbid"}   # the learner's options check it (a misspelt field is named)
     model: str | dict = "tiny"             # load_model spec (built-in, HF folder, .gguf) or ModelConfig dict
     seed: int = 0                          # init of a from-scratch model, torch RNG
     device: str = "auto"                   # "auto" (the GPU placed, else cpu) | "cpu" | "cuda" | "cuda:N"
@@ -69,31 +71,31 @@ class LearnerConfig:
     lr: float = 1e-6                       # peak learning rate
     rl_lr: float | None = None             # constant lr of RL steps after a warm start (None: the schedule)
     weight_decay: float = 0.0              # AdamW decoupled weight decay
-    betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: float = 1e-8
+    betas: tuple[float, float] = (0.9, 0.999)   # AdamW's (beta1, beta2): decay of the gradient's running mean and of its square
+    adam_eps: float = 1e-8                 # AdamW's epsilon, added to the denominator's square root
     max_grad_norm: float | None = 1.0      # clip the global grad norm; None = no clipping
     warmup_steps: int = 0                  # linear warm-up from lr/warmup_steps to lr
     lr_schedule: str = "constant"          # after warm-up: "constant" | "cosine" (to min_lr_ratio * lr)
     total_steps: int = 0                   # cosine horizon in steps (needed for "cosine")
-    min_lr_ratio: float = 0.0
+    min_lr_ratio: float = 0.0              # cosine's floor as a fraction of lr (0.1: it ends at lr / 10)
     micro_batch_size: int = 8              # samples per forward/backward (gradient accumulation)
     # policy loss (postrain.ext.rl_ops)
     objective: str = "ppo"                 # "ppo" | "decoupled" (proximal recompute for stale samples)
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    dual_clip: float | None = 3.0
+    clip_low: float = 0.2                  # PPO clip below: the ratio is clipped at 1 - clip_low
+    clip_high: float = 0.28                # PPO clip above: 1 + clip_high (DAPO's clip-higher when > clip_low)
+    dual_clip: float | None = 3.0          # a token with advantage A < 0 loses at most -dual_clip * A (c > 1); None = off
     behavior_weight_cap: float | None = 2.0   # decoupled only: cap on exp(prox - behaviour)
-    agg_mode: str = "token-mean"
-    loss_norm_constant: float | None = None
+    agg_mode: str = "token-mean"           # loss aggregation: token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
+    loss_norm_constant: float | None = None   # C of seq-mean-token-sum-norm (loss / (B * C), Dr. GRPO); None: the padded length
     kl_coef: float = 0.0                   # KL-to-reference loss weight (needs reference_model)
-    kl_kind: str = "k3"
+    kl_kind: str = "k3"                    # KL estimator: k1 | k2 | k3 (k3 = exp(x) - x - 1: unbiased, low variance, >= 0)
     kl_target: float | None = None         # set: adapt kl_coef with AdaptiveKLController
-    kl_horizon: int = 10000
+    kl_horizon: int = 10000                # the adaptive KL controller's horizon in steps (with kl_target)
     entropy_coef: float = 0.0              # entropy bonus weight (0 = metric only)
     temperature: float = 1.0               # the generator's sampling temperature (logprobs at T)
     # advantages, when the batch carries rewards instead of advantages
     advantage_mode: str = "grpo"           # "grpo" | "dr_grpo" | "rloo"
-    reward_weights: dict[str, float] | None = None
+    reward_weights: dict[str, float] | None = None   # reward = sum of weight * component per named component (a missing weight is 1.0); None: all 1.0
     # logprob path
     logprob_path: str = "chunked"          # "chunked" (rl_ops) | "naive" (full logits; the bench's peer)
     chunk_size_tokens: int | None = None   # None: rl_ops picks a 32 MiB fp32 block

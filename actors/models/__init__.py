@@ -1,7 +1,8 @@
 """postrain.actors.models: the policy's architectures, one module each, and the registry keyed by HF `model_type`.
 
+    config.py      ModelConfig and its rules, the built-in configs (tiny, small)
     blocks.py      the shared blocks: rotary, RMSNorm, Attention, MLP, SharedPrefixBatch, Float16Weights
-    llama.py       LlamaModel, ModelConfig, build_model: the Llama-family decoder (llama, qwen2, SmolLM)
+    llama.py       LlamaModel, build_model: the Llama-family decoder (llama, qwen2, SmolLM)
     protocol.py    CausalLM: what the generator and learner need of any architecture
     loading.py     load_model / save_checkpoint: Hugging Face folders, GGUF files, built-in configs
     tokenizer.py   Tokenizer: Hugging Face `tokenizers` and the built-in byte tokenizer
@@ -18,8 +19,8 @@ ARCHITECTURES: dict[str, str] = {
 
 # Model and loading names import torch, so they load on first use (PEP 562).
 _LAZY = {
-    "LlamaModel": "llama", "ModelConfig": "llama", "ModelConfigError": "llama", "build_model": "llama",
-    "BUILTIN_CONFIGS": "llama", "load_model": "loading", "save_checkpoint": "loading",
+    "LlamaModel": "llama", "ModelConfig": "config", "ModelConfigError": "config", "build_model": "llama",
+    "BUILTIN_CONFIGS": "config", "load_model": "loading", "save_checkpoint": "loading",
     "CheckpointError": "loading", "Tokenizer": "tokenizer", "byte_tokenizer": "tokenizer",
     "CausalLM": "protocol", "SharedPrefixBatch": "blocks", "Float16Weights": "blocks",
 }

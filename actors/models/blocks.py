@@ -19,26 +19,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from postrain.core.errors import PostrainError
-
-if TYPE_CHECKING:
-    from .llama import ModelConfig
-
-
-class ModelConfigError(PostrainError, ValueError):
-    """A model config that cannot describe a supported model."""
-
-
-def rope_type_of(rope_scaling: dict | None) -> str:
-    if not rope_scaling:
-        return "default"
-    return rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
+from .config import ModelConfig, ModelConfigError, rope_type_of  # noqa: F401  (re-exported)
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -156,7 +143,7 @@ class SharedPrefixBatch:
         """(B, 1, S, P + S) bool: suffix token s sees its group's real prefix tokens and its own
         tokens up to s (a padding row also sees itself, so no row is empty)."""
         device = self.suffix_ids.device
-        prefix_len, seq = self.prefix_mask.shape[1], self.suffix_ids.shape[1]
+        seq = self.suffix_ids.shape[1]
         to_prefix = self.prefix_mask.bool().index_select(0, self.group_of)[:, None, :]   # (B, 1, P)
         causal = torch.ones(seq, seq, dtype=torch.bool, device=device).tril()
         own = causal[None] & self.suffix_mask.bool()[:, None, :]                          # (B, S, S)

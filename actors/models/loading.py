@@ -71,6 +71,27 @@ def resolve_model(path_or_name: str | Path) -> str:
     return path
 
 
+MODEL_RULE = ("a model is a built-in name ({names}), a packaged one ({packaged}), a Hugging Face folder "
+              "(config.json + *.safetensors) or a .gguf file (relative paths: from the working directory)")
+
+
+def check_model_spec(spec: str | dict) -> str | dict:
+    """`spec` when load_model could load it (without loading it: names and paths only, so a config
+    check stays fast); CheckpointError naming the rule otherwise. A dict (ModelConfig fields) passes."""
+    if isinstance(spec, dict):
+        return spec
+    rule = MODEL_RULE.format(names=", ".join(sorted(BUILTIN_CONFIGS)), packaged=", ".join(PACKAGED_MODELS))
+    path = Path(resolve_model(spec))
+    if str(path) in BUILTIN_CONFIGS or (path.is_file() and path.suffix == ".gguf"):
+        return spec
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise CheckpointError(f"model folder {str(path)!r} has no config.json; {rule}")
+    if path.is_dir():
+        return spec
+    what = "a file but not a .gguf" if path.is_file() else "no built-in name and no such file or folder"
+    raise CheckpointError(f"unknown model {spec!r} ({what}); {rule}")
+
+
 def load_model(path_or_name: str | Path, dtype: torch.dtype = torch.float32,
                device: str | torch.device = "cpu", seed: int = 0) -> tuple[LlamaModel, Tokenizer]:
     """(model in eval mode, tokenizer) from a built-in name, a Hugging Face folder or a .gguf file."""
@@ -86,8 +107,9 @@ def load_model(path_or_name: str | Path, dtype: torch.dtype = torch.float32,
         raise CheckpointError(f"{path} is a file but not a .gguf; pass a Hugging Face folder "
                               "(config.json + *.safetensors), a .gguf file or a built-in name")
     else:
-        raise CheckpointError(f"no model at {text!r}: not a folder, not a .gguf file and not a "
-                              f"built-in config (built-ins: {sorted(BUILTIN_CONFIGS)})")
+        raise CheckpointError(f"no model at {text!r}: not a folder, not a .gguf file and not a built-in "
+                              f"name; " + MODEL_RULE.format(names=", ".join(sorted(BUILTIN_CONFIGS)),
+                                                           packaged=", ".join(PACKAGED_MODELS)))
     return model.to(device=device, dtype=dtype).eval(), tokenizer
 
 

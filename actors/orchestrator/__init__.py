@@ -9,6 +9,9 @@
     train_step.py    TrainStep: complete groups -> learner step -> publish -> metrics
     evaluation.py    Evaluator: held-out accuracy, greedy and sampled
     warm_start.py    the supervised warm start, chat_to_tokens
+    sample_log.py    SampleLog: samples.jsonl, each RL sample's text, reward and advantage
+    progress.py      PhaseProgress: a phase's done / total, elapsed and ETA
+    learning_signal.py  LearningSignalWatch: warns on steps without a learning signal
 
 Configs name the actor `postrain.actors.orchestrator:OrchestratorActor`.
 """

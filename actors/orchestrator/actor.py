@@ -8,7 +8,8 @@
 Messages (records/run.py):
 - `run` RunRequest {"run_folder", "resume"} -> a stream of RunUpdate items: {"line": str}
   (progress), {"figures": {...}} (one per RL step: the train metrics row plus num_steps and
-  sample counts, for the head's live view and exporter) and, last, {"summary": {...}};
+  sample counts; and as each phase advances: phase, phase_done, phase_total, elapsed and ETA
+  (progress.py); for the head's live view and exporter) and, last, {"summary": {...}};
 - `stop` (no body) -> StopRun: the run finishes the step in progress, then evaluates and
   writes the summary.
 

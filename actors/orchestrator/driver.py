@@ -58,16 +58,19 @@ from postrain.core.errors import DiskFullError, PostrainError, RemoteError
 from postrain.core.jsonl import is_disk_full
 from postrain.core.metrics import MetricsWriter
 
-from ..ledger import SampleLedger
+from ..env.tools import STOP_STRINGS
 from ..learner.recovery import LearnerKeeper
+from ..ledger import SampleLedger
 from ..records import CheckpointSaved, ExportedHf, ExportHf, RunState, RunUpdate
 from ..run_state import (check_same_data_order, check_same_sft_shape, cut_back, data_order, note_resume,
                          repair_torn_lines)
-from ..env.tools import STOP_STRINGS
 from .admission import Admission
 from .evaluation import Evaluator
+from .learning_signal import LearningSignalWatch
 from .options import OrchestratorOptions
+from .progress import PhaseProgress
 from .rollout_pool import RolloutPool
+from .sample_log import SAMPLES_FILE, SampleLog
 from .train_step import TrainStep
 from .warm_start import warm_start
 from .work import WorkSignal
@@ -85,7 +88,8 @@ class RunDriver:
 
     def __init__(self, *, options: OrchestratorOptions, task, schedule, tokenizer, folder: Path,
                  state: RunState | None, resume_index: int, keeper: LearnerKeeper, envs: list,
-                 ledger: SampleLedger, metrics: MetricsWriter, report: Callable[[RunUpdate], None], head=None):
+                 ledger: SampleLedger, metrics: MetricsWriter, report: Callable[[RunUpdate], None], head=None,
+                 sample_log: SampleLog | None = None):
         self.options = options
         self.task = task                     # TaskSpec
         self.schedule = schedule             # PromptSchedule: batch b's prompts
@@ -97,13 +101,19 @@ class RunDriver:
         self.keeper = keeper
         self.ledger = ledger
         self.metrics = metrics
+        self.sample_log = sample_log         # samples.jsonl: each RL sample's text (sample_log.py)
         self.admission = Admission(options.max_staleness, options.max_buffered_batches)
         self.work = WorkSignal(head, metrics)  # head: the ActorRef its elastic cores are asked of
         self.pool = RolloutPool(envs, keeper, ledger, options.max_concurrent_rollouts,
                                 options.max_rollout_retries, self.work, keeper.generator_names)
-        self.train_step = TrainStep(keeper, ledger, metrics, lambda figures: report(RunUpdate(figures=figures)),
-                                    options.samples_per_prompt, options.num_steps)
-        self.evaluator = Evaluator(task, options, self.pool, metrics, self.emit)
+        self.train_step = TrainStep(keeper, ledger, metrics, self.report_figures,
+                                    options.samples_per_prompt, options.num_steps, sample_log=sample_log,
+                                    signal=LearningSignalWatch(options.samples_per_prompt,
+                                                               options.sampling.temperature,
+                                                               options.warn_no_signal_every,
+                                                               options.sft_steps),
+                                    emit=self.emit)
+        self.evaluator = Evaluator(task, options, self.pool, metrics, self.emit, self.report_figures)
         self.learner_idle_s = 0.0            # RL time the learner waited for a generated batch
         self.learner_busy_s = 0.0            # RL time spent in train + publish
         self.rl_eval_s = 0.0                 # RL time spent in evaluations during RL (eval_every)
@@ -111,7 +121,20 @@ class RunDriver:
         self.warm_start_s = 0.0              # seconds of supervised warm-start steps (this start)
 
     def emit(self, line: str) -> None:
+        """A progress line: to the head (printed, live view) and to this actor's log in the run
+        folder (logs/orchestrator.log)."""
+        log.info("%s", line)
         self.report(RunUpdate(line=line))
+
+    def report_figures(self, figures: dict) -> None:
+        """Figures for the head's live view and exporter (a step's row, a phase's progress)."""
+        self.report(RunUpdate(figures=figures))
+
+    def _close_files(self) -> None:
+        self.ledger.close()
+        self.metrics.close()
+        if self.sample_log is not None:
+            self.sample_log.close()
 
     def stop(self) -> None:
         """Finish the step in progress, then evaluate and write the summary."""
@@ -165,8 +188,7 @@ class RunDriver:
             await self._restore(self.state)
             warmed_up = True
         if not warmed_up:  # stopped inside the warm start: its checkpoint is the run's state
-            self.ledger.close()
-            self.metrics.close()
+            self._close_files()
             return None
         rl_start = time.time()
         steps = await self._rl(rl_start)
@@ -177,8 +199,7 @@ class RunDriver:
         self.ledger.check()
         summary = self._summary(steps, time.time() - start, rl_wall_s, checkpoint.path, policy.path)
         (self.folder / "summary.json").write_text(json.dumps(summary, indent=2))
-        self.ledger.close()
-        self.metrics.close()
+        self._close_files()
         self.report(RunUpdate(summary=summary))
         return summary
 
@@ -204,15 +225,18 @@ class RunDriver:
         first evaluation done, SFT steps 0..sft_from-1 trained. Cancelled: a resume continues
         from the last "sft" checkpoint, or starts the run again when there is none."""
         if sft_from is None:
-            self.emit(f"evaluating the initial policy on {self.options.num_eval_tasks} held-out tasks")
+            self.emit(f"evaluating the initial policy on {self.evaluator.num_tasks()} held-out tasks")
             await self.evaluator.phase("before", "before")
         if self.options.sft_steps:
             sft_from_s = time.monotonic()
+            progress = PhaseProgress("warm start", self.options.sft_steps, self.report_figures,
+                                     done=sft_from or 0)
             async with self.work.busy(self.options.learner):
                 finished = await warm_start(self.task, self.tokenizer, self.options, self.keeper, self.metrics,
                                             self.emit, self.train_step.publish,
                                             lambda done: self._checkpoint("sft", sft_step=done),
-                                            start_step=sft_from or 0, stopping=lambda: self.admission.stopping)
+                                            start_step=sft_from or 0, stopping=lambda: self.admission.stopping,
+                                            progress=progress)
             self.warm_start_s = time.monotonic() - sft_from_s
             if not finished:
                 return False
@@ -237,6 +261,7 @@ class RunDriver:
                             sft_shape={"sft_steps": options.sft_steps, "sft_batch_size": options.sft_batch_size},
                             evals=dict(self.evaluator.evals), ledger=self.ledger.state_dict(),
                             ledger_events_offset=self.ledger.events_offset(), metrics_offset=self.metrics.size(),
+                            samples_offset=self.sample_log.size() if self.sample_log is not None else None,
                             data_order=data_order(options)).to_wire()
         return await self.keeper.checkpoint(str(self.folder / "checkpoint"), make_extra)
 
@@ -275,6 +300,7 @@ class RunDriver:
         flight in the ledger (a resume drops them as interrupted); trained steps stay trained."""
         options, admission = self.options, self.admission
         num_steps = options.num_steps
+        progress = PhaseProgress("RL", num_steps, self.report_figures, done=admission.num_trained)
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._admit_batches, tg)
             for b in range(admission.num_trained, num_steps):
@@ -287,7 +313,9 @@ class RunDriver:
                 busy_from = time.monotonic()
                 self.learner_idle_s += busy_from - idle_from
                 async with self.work.busy(options.learner):
-                    self.emit(await self.train_step.run(b, batch.groups))
+                    line = await self.train_step.run(b, batch.groups)
+                progress.advance()
+                self.emit(f"{line} ({progress.timing_text()})")
                 self.learner_busy_s += time.monotonic() - busy_from
                 admission.retire(b)
                 admission.check()
@@ -344,13 +372,17 @@ async def open_run(*, options: OrchestratorOptions, task, schedule, tokenizer, f
     checkpoint is unchanged)."""
     gone = gone or {}
     if resume:
-        for name, offset_key in (("ledger.jsonl", "ledger_events_offset"), ("metrics.jsonl", "metrics_offset")):
+        for name, offset_key in (("ledger.jsonl", "ledger_events_offset"), ("metrics.jsonl", "metrics_offset"),
+                                 (SAMPLES_FILE, "samples_offset")):
             warning = repair_torn_lines(folder / name)
             if warning:
                 report(RunUpdate(line=warning))
-            cut_back(folder / name, getattr(state, offset_key) if state else 0)
+            offset = getattr(state, offset_key) if state else 0
+            if offset is not None:   # None: a checkpoint from before samples.jsonl; the file stays
+                cut_back(folder / name, offset)
     ledger = SampleLedger(folder / "ledger.jsonl")
     metrics = MetricsWriter(folder)
+    sample_log = SampleLog(folder, tokenizer, task.name, options.sample_text_max_chars)
     report_line = lambda line: report(RunUpdate(line=line))  # noqa: E731
     generators = [name for name in options.generators if name not in gone]
     keeper = LearnerKeeper(await lookup(options.learner), generators, lookup, ledger, report_line,
@@ -359,7 +391,7 @@ async def open_run(*, options: OrchestratorOptions, task, schedule, tokenizer, f
     resume_index = note_resume(folder, state.next_batch if state else None) if resume else 0
     return RunDriver(options=options, task=task, schedule=schedule, tokenizer=tokenizer, folder=folder,
                      state=state, resume_index=resume_index, keeper=keeper, envs=envs, ledger=ledger,
-                     metrics=metrics, report=report, head=head)
+                     metrics=metrics, report=report, head=head, sample_log=sample_log)
 
 
 def find_disk_full(exc: BaseException) -> BaseException | None:

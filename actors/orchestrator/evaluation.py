@@ -30,10 +30,14 @@ import anyio
 
 from postrain.core.errors import PostrainError
 
-from ..learner.recovery import is_actor_death, short_reason
 from ..env.tools import STOP_STRINGS
+from ..learner.recovery import is_actor_death, short_reason
 from .options import OrchestratorOptions
+from .progress import PhaseProgress
 from .rollout_pool import RolloutPool, StaleRolloutError
+
+# An evaluation of at least this many episodes prints a progress line at each quarter of them.
+PROGRESS_LINES_FROM_EPISODES = 20
 
 
 class EvaluationIncomplete(PostrainError, RuntimeError):
@@ -44,21 +48,30 @@ class Evaluator:
     """Evaluates into `evals` ({"before": x, "sampled_before": y, ...}), a run's accuracies so far."""
 
     def __init__(self, task, options: OrchestratorOptions, pool: RolloutPool, metrics,
-                 emit: Callable[[str], None]):
+                 emit: Callable[[str], None], report_figures: Callable[[dict], None] | None = None):
         self.task = task                 # TaskSpec: its held-out tasks
         self.options = options
         self.pool = pool
         self.metrics = metrics
         self.emit = emit
+        self.report_figures = report_figures   # the head's live view: episodes done, elapsed, ETA
+        self._progress: PhaseProgress | None = None   # the evaluation under way
         self.evals: dict[str, float] = {}   # phase -> accuracy; written by `phase` and the run's restore
         self.num_repeats = 0                # evaluations redone because episodes were lost to kills
         self.eval_s = 0.0                   # seconds spent evaluating in this start of the run
 
+    def num_tasks(self) -> int:
+        """Held-out tasks each evaluation scores: the first `num_eval_tasks`, or all the task has."""
+        return len(self.task.eval_tasks(self.options.task_options)[: self.options.num_eval_tasks])
+
     async def phase(self, phase: str, label: str, **context) -> None:
         """Evaluate into `evals` (`phase`, and `sampled_<phase>` when `eval_samples_per_task` > 0),
-        its metrics row (with `context`, e.g. the RL step) and a printed line. Cancelled: no row
+        its metrics row (with `context`, e.g. the RL step) and a printed line (with progress
+        lines at each quarter of a long one: episodes done, elapsed, ETA). Cancelled: no row
         or line; `evals` may hold the greedy score of this phase."""
         start = time.monotonic()
+        num_episodes = self.num_tasks() * (1 + self.options.eval_samples_per_task)
+        self._progress = PhaseProgress(f"evaluation {label}", num_episodes, self.report_figures)
         greedy = await self.score(0.0, 1, phase)
         self.evals[phase] = greedy
         line = f"held-out accuracy {label}: {greedy:.3f}"
@@ -69,6 +82,8 @@ class Evaluator:
             sampled = await self.score(temperature, num_samples, f"sampled_{phase}")
             self.evals[f"sampled_{phase}"] = row["accuracy_sampled"] = sampled
             line += f" greedy, {sampled:.3f} sampled (temperature {temperature}, {num_samples} per task)"
+        line += f" ({num_episodes} episodes, {time.monotonic() - start:.1f} s)"
+        self._progress = None
         self.eval_s += time.monotonic() - start
         self.metrics.log("eval", phase=phase, **row, eval_s=round(time.monotonic() - start, 2))
         self.emit(line)
@@ -119,9 +134,23 @@ class Evaluator:
             except Exception as exc:
                 if is_actor_death(exc) or isinstance(exc, StaleRolloutError):
                     lost.append(short_reason(exc))
-                return  # otherwise the environment failed on the policy's output: the episode scores 0
+                else:  # the environment failed on the policy's output: the episode scores 0
+                    self._episode_done()
+                return
             scores[index] = rollout.reward.components.get("correct", rollout.reward.total)
+            self._episode_done()
         async with anyio.create_task_group() as tg:
             for index, (task, episode_seed) in enumerate(episodes):
                 tg.start_soon(one, index, task, episode_seed)
         return scores, lost
+
+    def _episode_done(self) -> None:
+        """Count an episode of the evaluation under way; a line at each quarter of a long one."""
+        progress = self._progress
+        if progress is None:   # `score` called outside `phase`
+            return
+        progress.advance()
+        total = progress.total
+        quarter = max(1, total // 4)
+        if total >= PROGRESS_LINES_FROM_EPISODES and progress.done % quarter == 0 and progress.done < total:
+            self.emit(f"  {progress.phase}: {progress.done}/{total} episodes ({progress.timing_text()})")

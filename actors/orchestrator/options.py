@@ -6,10 +6,10 @@ orchestrator) gets the same value.
 """
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from ..records import SamplingParams
-from ..tasks import TaskOptions
+from ..tasks import TaskOptions, get_task
 
 
 def _rl_sampling() -> SamplingParams:
@@ -53,9 +53,19 @@ class OrchestratorOptions(TaskOptions):
                                         "final evaluation; none: num_steps alone ends RL")
     checkpoint_every: int = Field(10, ge=1, description="RL steps between checkpoints; the last step "
                                   "always checkpoints")
+    sample_text_max_chars: int = Field(4096, ge=64, description="characters kept of each text in "
+                                       "samples.jsonl (a prompt, a completion, a tool output; head and "
+                                       "tail, the cut marked)")
+    warn_no_signal_every: int = Field(10, ge=1, description="RL steps between two warnings while every "
+                                      "group of a step has zero reward variance (no learning signal); "
+                                      "the first such step always warns")
     # -- warm start and evaluation --
-    sft_steps: int = Field(0, ge=0, description="supervised warm-start steps on the task's demonstrations "
-                           "before RL; 0: none")
+    sft_demonstrations: str | None = Field(None, description="a JSONL file of chat demonstrations for the "
+                                           "warm start, one {\"messages\": [...]} per line with an assistant "
+                                           "turn (relative to the directory `postrain up` starts in); none: the "
+                                           "task's own (its TaskSpec's demos)")
+    sft_steps: int = Field(0, ge=0, description="supervised warm-start steps on the demonstrations "
+                           "(sft_demonstrations, else the task's) before RL; 0: none")
     sft_batch_size: int = Field(16, ge=1, description="demonstrations per warm-start step")
     sft_checkpoint_every: int = Field(50, ge=1, description="warm-start steps between checkpoints; the last "
                                       "warm-start step always checkpoints (a kill or a resume in the warm "
@@ -71,6 +81,37 @@ class OrchestratorOptions(TaskOptions):
                                   "an episode could not finish because actors on its path kept dying "
                                   "(after max_rollout_retries); then the run stops; an evaluation is "
                                   "never reported from part of its episodes")
+
+    @field_validator("sft_demonstrations")
+    @classmethod
+    def _readable_demonstrations(cls, value: str | None) -> str | None:
+        if value is not None:
+            from ..tasks.demonstrations import read_jsonl
+            try:
+                if not read_jsonl(value):
+                    raise ValueError(f"{value} holds no demonstration; fix: one {{\"messages\": [...]}} per line")
+            except OSError as exc:
+                raise ValueError(f"cannot read {value} ({exc.strerror}); fix: a JSONL file of chat "
+                                 "demonstrations (relative paths: to the directory `postrain up` starts in)") from None
+        return value
+
+    @field_validator("sft_steps")
+    @classmethod
+    def _demonstrations_for_warm_start(cls, value: int, info: ValidationInfo) -> int:
+        """A warm start needs demonstrations: a file, or a task that has its own (refused here,
+        at `--dry-run`, not after the first evaluation)."""
+        if value == 0 or "task" not in info.data or info.data.get("sft_demonstrations"):
+            return value
+        if "sft_demonstrations" not in info.data:   # a bad file: that is the error
+            return value
+        task = info.data["task"]
+        if get_task(task).demos is None:
+            raise ValueError(f"a warm start of {value} steps needs demonstrations, and task {task!r} has "
+                             "none; fix: set sft_steps = 0 in the orchestrator's options (no warm start), "
+                             "or give it demonstrations: sft_demonstrations = \"FILE.jsonl\" (one "
+                             "{\"messages\": [...]} per line) or demos= in its TaskSpec "
+                             "(a function (num, seed, options) -> list of {\"messages\": [...]})")
+        return value
 
     @property
     def batch_size(self) -> int:

@@ -23,8 +23,8 @@ import anyio
 
 from postrain.core.errors import PostrainError
 
-from ..records import Rollout, RolloutRequest, SamplingParams
 from ..learner.recovery import is_actor_death, short_reason
+from ..records import Rollout, RolloutRequest, SamplingParams
 from ..run_state import batch_sample_id
 from ..timeline import note_hops
 from .admission import AdmittedBatch

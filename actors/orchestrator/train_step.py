@@ -7,7 +7,10 @@ group ids; the learner computes the group-relative advantages), stepped through 
 `LearnerKeeper` (exactly once, whatever dies meanwhile), then published. Each sample
 is then "trained" in the ledger with its staleness (versions between the policy that
 sampled its oldest token and the one that trained on it), and the step's figures go
-to metrics.jsonl and to the head's live view.
+to metrics.jsonl and to the head's live view. Each sample that came back gets its line
+of text in samples.jsonl (sample_log.py: prompt, completions, tool outputs, reward,
+advantage), and a step whose groups all have zero reward variance gets a warning
+(learning_signal.py).
 """
 from __future__ import annotations
 
@@ -15,10 +18,15 @@ import statistics
 from typing import Callable
 
 from ..records import PublishReport, TrainBatch
+from .learning_signal import LearningSignalWatch, num_zero_variance_groups
+from .sample_log import SampleLog
 from .scored_sample import ScoredSample
 
 # A speculative generator's figures in its `stats` (postrain.actors.generator.engine.Engine.speculation_stats).
 SPECULATION_FIGURES = ("acceptance_rate", "tokens_per_verify_step", "draft_time_share")
+
+
+GROUP_INCOMPLETE = "group incomplete: another sample of its prompt failed"
 
 
 def complete_samples(groups: list[list[ScoredSample | None]], ledger) -> list[ScoredSample]:
@@ -29,7 +37,7 @@ def complete_samples(groups: list[list[ScoredSample | None]], ledger) -> list[Sc
         if any(item is None for item in group):
             for item in group:
                 if item is not None:
-                    ledger.drop(item.sample_id, "group incomplete: another sample of its prompt failed")
+                    ledger.drop(item.sample_id, GROUP_INCOMPLETE)
             continue
         samples.extend(group)
     return samples
@@ -49,13 +57,17 @@ class TrainStep:
     """Trains generated batches and publishes the weights; owns no state beyond its collaborators."""
 
     def __init__(self, keeper, ledger, metrics, report_figures: Callable[[dict], None],
-                 samples_per_prompt: int, num_steps: int):
+                 samples_per_prompt: int, num_steps: int, *, sample_log: SampleLog | None = None,
+                 signal: LearningSignalWatch | None = None, emit: Callable[[str], None] | None = None):
         self.keeper = keeper                   # LearnerKeeper: the only path to the learner
         self.ledger = ledger
         self.metrics = metrics                 # MetricsWriter of the run folder
         self.report_figures = report_figures   # one call per RL step: the head's live view
         self.samples_per_prompt = samples_per_prompt
         self.num_steps = num_steps
+        self.sample_log = sample_log           # samples.jsonl, or None (not recorded)
+        self.signal = signal                   # warns on steps without a learning signal, or None
+        self.emit = emit or (lambda line: None)
 
     async def publish(self) -> PublishReport:
         """The learner's weights to every generator, and a "sync" metrics row: total_s, the size,
@@ -82,12 +94,17 @@ class TrainStep:
         it, the samples are trained in the ledger and the publish may be partial."""
         samples = complete_samples(groups, self.ledger)
         if not samples:
+            if self.sample_log is not None:
+                self.sample_log.record_step(b + 1, b, groups, {}, {})
             return f"step {b + 1}: every group failed; nothing to train"
         batch = train_batch(samples, self.samples_per_prompt)
         metrics = await self.keeper.step(batch, [s.sample_id for s in samples])
         trained_version = metrics.policy_version - 1  # the weights this step started from
         staleness = [trained_version - s.rollout.oldest_policy_version(default=trained_version)
                      for s in samples]
+        if self.sample_log is not None:   # before "trained": a trained sample always has its text
+            trained = {s.sample_id: round(n) for s, n in zip(samples, staleness)}
+            self.sample_log.record_step(b + 1, b, groups, trained, {})
         for sample, sample_staleness in zip(samples, staleness):
             self.ledger.advance(sample.sample_id, "trained", step=b + 1, staleness=round(sample_staleness))
         sync = await self.publish()
@@ -97,7 +114,11 @@ class TrainStep:
         row = self.metrics.log("train", **{**learner_figures, "step": b + 1,
                                            "reward_mean": statistics.fmean(rewards), "correct_mean": correct,
                                            "sync_s": sync.total_s, "staleness_max": max(staleness),
-                                           "staleness_mean": statistics.fmean(staleness)})
+                                           "staleness_mean": statistics.fmean(staleness),
+                                           "num_groups": len(rewards) // self.samples_per_prompt,
+                                           "num_zero_variance_groups":
+                                               num_zero_variance_groups(rewards, self.samples_per_prompt)})
+        self._check_signal(b + 1, rewards)
         counts = self.ledger.counts()
         self.report_figures({**{k: v for k, v in row.items() if k not in ("time", "kind")},
                              "num_steps": self.num_steps, "samples_trained": counts["trained"],
@@ -105,3 +126,10 @@ class TrainStep:
         return (f"step {b + 1}/{self.num_steps}: reward {statistics.fmean(rewards):.3f} "
                 f"correct {correct:.3f} loss {metrics.get('loss', 0):.4f} kl {metrics.get('kl', 0):.4f} "
                 f"tokens/s {metrics.get('tokens_per_s', 0):.0f} sync {sync.total_s:.2f}s")
+
+    def _check_signal(self, step: int, rewards: list[float]) -> None:
+        """A warning line and a `warning` metrics row when the step had no learning signal."""
+        warning = self.signal.check(step, list(rewards)) if self.signal is not None else None
+        if warning is not None:
+            self.metrics.log("warning", **warning["row"])
+            self.emit(warning["line"])

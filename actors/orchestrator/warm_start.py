@@ -1,6 +1,6 @@
 """The supervised warm start: `sft_steps` steps on the task's demonstrations before RL.
 
-Demonstrations are conversations; `chat_to_tokens` renders one with the policy's chat
+Demonstrations are conversations (the task's own, or a JSONL file: `sft_demonstrations`); `chat_to_tokens` renders one with the policy's chat
 template and marks exactly the assistant turns' tokens for the loss, so the model learns
 to answer (and to call tools) in the format the environments parse.
 
@@ -12,26 +12,31 @@ run continues from the step after the checkpoint. Step s always trains on demons
 """
 from __future__ import annotations
 
+import random
 from typing import Awaitable, Callable
 
 from ..records import SftBatch
 from .options import OrchestratorOptions
+from .progress import PhaseProgress
 
 
 async def warm_start(task, tokenizer, options: OrchestratorOptions, keeper, metrics,
                      emit: Callable[[str], None], publish: Callable[[], Awaitable],
                      checkpoint: Callable[[int], Awaitable], start_step: int = 0,
-                     stopping: Callable[[], bool] = lambda: False) -> bool:
+                     stopping: Callable[[], bool] = lambda: False,
+                     progress: PhaseProgress | None = None) -> bool:
     """SFT steps `start_step`..`sft_steps`-1 through the keeper, `checkpoint(steps_done)` every
     `sft_checkpoint_every` steps and after the last, then publish the weights; True then. When
     `stopping()` turns true (`postrain down`, Ctrl-C), it checkpoints the steps done after the
-    step in progress and returns False: a resume continues from that step.
+    step in progress and returns False: a resume continues from that step. `progress` counts
+    the steps (the head's live view) and puts elapsed and ETA in the progress lines.
 
     Cancelled: the steps taken so far stay applied (each exactly once, see LearnerKeeper.step);
     the last checkpoint is where a resume continues; the generators may still hold the weights
     from before the warm start."""
     num_steps, batch_size = options.sft_steps, options.sft_batch_size
-    demos = task.demonstrations(num_steps * batch_size, seed=options.seed, options=options.task_options)
+    progress = progress or PhaseProgress("warm start", num_steps, done=start_step)
+    demos = demonstrations(task, num_steps * batch_size, options)
     for step in range(start_step, num_steps):
         if stopping():
             await checkpoint(step)
@@ -43,12 +48,25 @@ async def warm_start(task, tokenizer, options: OrchestratorOptions, keeper, metr
         batch = SftBatch(token_ids=[ids for ids, _ in rendered], loss_mask=[mask for _, mask in rendered])
         step_metrics = await keeper.step(batch)
         metrics.log("sft", **step_metrics.values)
+        progress.advance()
         if step % 10 == 0 or step == num_steps - 1:
-            emit(f"sft step {step + 1}/{num_steps}: loss {step_metrics['loss']:.3f}")
+            emit(f"sft step {step + 1}/{num_steps}: loss {step_metrics['loss']:.3f} "
+                 f"({progress.timing_text()})")
         if (step + 1) % options.sft_checkpoint_every == 0 or step + 1 == num_steps:
             await checkpoint(step + 1)
     await publish()
     return True
+
+
+def demonstrations(task, num: int, options: OrchestratorOptions) -> list[dict]:
+    """The warm start's `num` demonstrations: the file `sft_demonstrations` (read whole, shuffled
+    with `seed`, then cycled to `num`), else the task's own."""
+    if options.sft_demonstrations is None:
+        return task.demonstrations(num, seed=options.seed, options=options.task_options)
+    from ..tasks.demonstrations import read_jsonl
+    demos = read_jsonl(options.sft_demonstrations)
+    random.Random(options.seed).shuffle(demos)
+    return [demos[i % len(demos)] for i in range(num)]
 
 
 def chat_to_tokens(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:

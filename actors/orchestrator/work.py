@@ -8,9 +8,10 @@ some: the learner during the warm start and each train step, the generators whil
 rollout (training or evaluation) is in flight. `busy` counts nested and concurrent uses per
 actor; the head hears only the changes (first use: busy; last: idle), and a "busy" returns
 only once the head has re-pinned the cores (an owner gets its cores back before its work
-starts). Every move of cores the head reports is a line in the orchestrator's log and a
-"cores" row of metrics.jsonl. An actor the head says is not elastic is not signalled again;
-without a head (an orchestrator run alone) nothing is sent.
+starts). Every move of cores the head reports is a debug line in the orchestrator's log (its
+info lines are the run's progress) and a "cores" row of metrics.jsonl. An actor the head says
+is not elastic is not signalled again; without a head (an orchestrator run alone) nothing is
+sent.
 """
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ class WorkSignal:
         for transfer in reply.transfers:
             self.num_moves += 1
             taker = holdings.get(transfer["taker"], {})
-            log.info("cores %s %s: %s -> %s (%s %s work); %s now has %s threads", transfer["action"],
+            log.debug("cores %s %s: %s -> %s (%s %s work); %s now has %s threads", transfer["action"],
                      transfer["cpu_ids"], transfer["giver"], transfer["taker"], actor,
                      "has" if busy else "ends its", transfer["taker"], taker.get("num_threads"))
             self.metrics.log("cores", **transfer, because=actor, busy=busy,

@@ -36,7 +36,8 @@ from .run import RUN_STATE_FORMAT, RunRequest, RunState, RunUpdate, StopRun
 from .sandbox import (LIMIT_FIELDS, ExecReply, ExecRequest, ExecStreamItem, RunIoCasesReply,
                       RunIoCasesRequest, RunTestsReply, RunTestsRequest, SandboxStats, SessionCloseRequest,
                       SessionClosed, SessionExecRequest, SessionFileData, SessionFileWritten, SessionOpened,
-                      SessionOpenRequest, SessionReadFileRequest, SessionWriteFileRequest)
+                      SessionOpenRequest, SessionReadFileRequest, SessionSnapshotRequest,
+                      SessionWriteFileRequest)
 
 __all__ = ["SAMPLING_CODEC", "GenerateReply", "GenerateRequest", "GeneratedSample", "PublishReport", "Record",
            "RecordError", "Rollout", "RolloutRequest", "RunRequest", "SamplingParams", "SamplingParamsError",
@@ -48,4 +49,4 @@ __all__ += ["GeneratorStats", "WeightsChannel", "WeightsDigest"]
 __all__ += ["ExecReply", "ExecRequest", "ExecStreamItem", "LIMIT_FIELDS", "RunIoCasesReply",
             "RunIoCasesRequest", "RunTestsReply", "RunTestsRequest", "SandboxStats", "SessionCloseRequest",
             "SessionClosed", "SessionExecRequest", "SessionFileData", "SessionFileWritten", "SessionOpenRequest",
-            "SessionOpened", "SessionReadFileRequest", "SessionWriteFileRequest"]
+            "SessionOpened", "SessionReadFileRequest", "SessionSnapshotRequest", "SessionWriteFileRequest"]

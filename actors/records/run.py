@@ -22,8 +22,9 @@ class RunRequest(Record):
 @dataclass(frozen=True, slots=True)
 class RunUpdate(Record):
     """One item of the orchestrator's `run` stream: exactly one of `line` (a line of progress),
-    `figures` (one per RL step: the train metrics row plus num_steps and the sample counts, for
-    the head's live view and exporters) or `summary` (the last item: the run's summary.json)."""
+    `figures` (one per RL step: the train metrics row plus num_steps and the sample counts; and
+    a phase's progress: phase, phase_done, phase_total, phase_elapsed_s, phase_eta_s; for the
+    head's live view and exporters) or `summary` (the last item: the run's summary.json)."""
 
     line: str | None = None
     figures: dict[str, Any] | None = None
@@ -59,6 +60,7 @@ class RunState(Record):
     data_order: dict[str, Any]
     sft_step: int | None = None
     sft_shape: dict[str, int] | None = None
+    samples_offset: int | None = None   # bytes of samples.jsonl; None: a checkpoint from before it
     format: str = RUN_STATE_FORMAT
 
     def _check(self) -> None:

@@ -218,6 +218,13 @@ class SessionFileWritten(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class SessionSnapshotRequest(Record):
+    """`session_snapshot`: the session's work dir as a tar, for a grader (reply: SessionFileData)."""
+
+    session_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class SessionCloseRequest(Record):
     """`session_close`: end the session now."""
 

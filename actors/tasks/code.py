@@ -12,8 +12,9 @@ Reward components: `hidden_tests` = fraction of the hidden tests passed (weight 
 
 Problems (`code_problems.PROBLEMS`, 65 written for postrain) are split by a hash of their name:
 `EVAL_PROBLEMS` (10) form the held-out set, the rest train; `train_tasks` cycles the training
-problems in a seeded order. A test is a comparison `call == expected`; `build_test_file` makes a
-test file whose failures say what the call returned and what was expected.
+problems in a seeded order. A test is a comparison `call == expected` (expected: a literal); the
+jail only evaluates the calls and the host compares the values (`postrain.sandbox.grader`), so a
+solution cannot forge its reward. `build_test_file` makes a test file of them (for `run_tests`).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from pydantic import Field
 
 from postrain.core import Options
 from postrain.core.errors import PostrainError
+from postrain.sandbox.grader import calls_request, judge_calls, literal_value
 
 from ..env.api import Environment, Reward, StepResult
 from ..env.tools import format_observation, parse_action, truncate_head
@@ -186,16 +188,23 @@ class CodeEnv(Environment):
         """Build the test files; the first messages. Does not wait (cancel-safe)."""
         self.task = task
         self.func_name = task["signature"].split("(")[0].removeprefix("def ").strip()
-        self.visible = build_test_file(self.func_name, task["visible_tests"])
-        self.hidden = build_test_file(self.func_name, task["hidden_tests"])
+        self.visible = list(task["visible_tests"])
+        self.hidden = list(task["hidden_tests"])
+        for test in self.visible + self.hidden:
+            literal_value(_parse_test(test)[1])  # CodeTaskError/ValueError now, not at grading
         self.num_attempts = 0
         self.all_well_formed = True
         return prompt_messages(task, use_system_prompt=self.options.use_system_prompt)
 
-    async def _run(self, solution: str, tests: str):
-        """The sandbox's test report. Cancelled: no report; the run still ends within its limits."""
-        return await self.require_sandbox().run_tests(
-            solution, tests, test_timeout_s=self.options.test_timeout_s, timeout_s=self.options.run_timeout_s)
+    async def _run(self, solution: str, tests: list[str]):
+        """The test report of `tests` (`call == expected`), judged on the host (`judge_calls`: the
+        jail reports each call's value, the expected values never enter it, so no solution can
+        forge a pass; docs/sandbox.md, "Grader contract"). Cancelled: no report; the run still
+        ends within its limits."""
+        calls, expected = zip(*(_parse_test(test) for test in tests))
+        code, files = calls_request(solution, list(calls), call_timeout_s=self.options.test_timeout_s)
+        result = await self.require_sandbox().exec(code, files=files, timeout_s=self.options.run_timeout_s)
+        return judge_calls(result, list(calls), list(expected))
 
     async def _grade(self, solution: str, info: dict) -> StepResult:
         """The final step: the hidden tests' pass fraction. Cancelled: no verdict; nothing changes."""

@@ -81,8 +81,9 @@ class TaskSpec:
 
     def demonstrations(self, num: int, seed: int = 0, options: dict | BaseModel | None = None) -> list[dict]:
         if self.demos is None:
-            raise TaskError(f"task {self.name!r} has no built-in demonstrations; fix: give the SFT "
-                            f"stage a JSONL file of chat demonstrations")
+            raise TaskError(f"task {self.name!r} has no built-in demonstrations; fix: set the "
+                            f"orchestrator's sft_steps = 0, or its sft_demonstrations = \"FILE.jsonl\" "
+                            f"(chat demonstrations), or give the TaskSpec demos=")
         return self.demos(num, seed, self.check_options(options))
 
     def make_env(self, *, sandbox=None, generator=None, options: dict | BaseModel | None = None) -> Environment:
@@ -144,7 +145,8 @@ def get_task(name: str) -> TaskSpec:
     try:
         obj = import_object(name)
     except ImportError as exc:
-        raise TaskError(f"cannot load task {name!r}: {exc}; fix: check the import path") from exc
+        fix = "" if "; fix:" in str(exc) else "; fix: check the import path"
+        raise TaskError(f"cannot load task {name!r}: {exc}{fix}") from exc
     if isinstance(obj, type) and issubclass(obj, Environment):
         return TaskSpec.from_environment(obj, name)
     if callable(obj) and not isinstance(obj, TaskSpec):

@@ -6,7 +6,8 @@ sees the task and works in a shell: each `<bash>` block it writes runs in the se
 working directory and exported variables persist between commands) and comes back as
 `<output>...[exit status N]</output>`. The episode ends when the model writes `<answer>` (any
 text: "done"), writes a turn without a command, or runs out of turns; then the task's check (a
-test script) runs in the same session, in a clean environment, and its verdict is the reward.
+test script) grades a snapshot of /work in a fresh jail, outside the session, in a clean
+environment (`postrain.sandbox.grader`), and its verdict is the reward.
 The session is closed when the environment is, whatever ended the episode.
 
 Reward components: `passed` = 1.0 if the check exits 0, else 0.0 (weight 1.0); `format` = 1.0 if
@@ -32,6 +33,7 @@ from pydantic import Field, field_validator
 from postrain.core import Options
 from postrain.core.errors import PostrainError
 from postrain.sandbox import ExecResult, Status
+from postrain.sandbox.grader import check_request, check_verdict
 
 from ..env.api import Environment, Reward, StepResult, check_options
 from ..env.tools import format_answer, format_shell_output, format_tool_call, parse_action
@@ -43,11 +45,7 @@ KINDS = TEXT_KINDS + REPO_KINDS
 WORK_DIR = "/work"
 CHECK_TIMEOUT_S = 30.0
 CLOSE_TIMEOUT_S = 10.0
-# The check runs from /work in a fresh bash with a clean environment: nothing the agent exported,
-# and no shell state of its, changes how the verdict is reached.
-CHECK_COMMAND = (f"cd {WORK_DIR} && exec /usr/bin/env -i PATH=/usr/local/bin:/usr/bin:/bin HOME={WORK_DIR} "
-                 f"LANG=C.UTF-8 PYTHONDONTWRITEBYTECODE=1 /bin/bash --noprofile --norc -s")
-
+GRADE_SLACK_S = 10.0  # the grader's run: the check's own limit plus laying the snapshot out
 TERMINAL_INSTRUCTIONS = (
     "You work in a Linux shell, in the folder /work. To run a command, write it between <bash> and "
     "</bash>; one command line per turn (pipes and && are fine). Its output comes back between "
@@ -216,15 +214,18 @@ class TerminalEnv(Environment):
         return (await self._grade())[0]
 
     async def _grade(self) -> tuple[Reward, dict]:
-        """Run the check in the session. Cancelled: no verdict; the check ends within its limits."""
-        result = await self.session.run(CHECK_COMMAND, stdin=self.task["check"].encode(),
-                                        timeout_s=CHECK_TIMEOUT_S)
-        passed = _status(result) == "ok"
-        stdout = getattr(result, "stdout", b"") or b""
-        reward = Reward({"passed": float(passed), "format": float(self.all_well_formed)},
+        """Grade out of the policy's reach (docs/sandbox.md, "Grader contract"): a snapshot of the
+        session's /work, taken by its agent while no call runs (every process of a call ends
+        with it), checked in a fresh jail by the grader's driver, in a clean environment; the
+        verdict is the check's exit status as that driver saw it. Cancelled: no verdict; the
+        grader's run ends within its limits."""
+        snapshot = await self.session.snapshot()
+        code, files = check_request(self.task["check"], snapshot, timeout_s=CHECK_TIMEOUT_S)
+        result = await self.require_sandbox().exec(code, files=files, timeout_s=CHECK_TIMEOUT_S + GRADE_SLACK_S)
+        verdict = check_verdict(result)
+        reward = Reward({"passed": float(verdict.passed), "format": float(self.all_well_formed)},
                         {"format": self.options.format_weight})
-        return reward, {"check_status": _status(result),
-                        "check_output": bytes(stdout)[-300:].decode(errors="replace")}
+        return reward, {"check_status": verdict.status, "check_output": verdict.stdout[-300:]}
 
     async def close(self) -> None:
         """Close the session (if one opened). Shielded, within CLOSE_TIMEOUT_S, so it runs even in

@@ -47,7 +47,7 @@ def files_under(root):
         out += [os.path.join(folder, n) for n in names]
     return sorted(out)
 def run(argv):
-    return subprocess.run(argv, capture_output=True, text=True, timeout=20)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)
 '''
 
 

@@ -55,16 +55,29 @@ def make_fix_unit_test(index: int) -> dict:
     field, wrong, fix = _STATS_BUGS[index % len(_STATS_BUGS)]
     stats = _STATS.format(**{**_STATS_RIGHT, field: wrong})
     xs = [rng.randint(1, 20) * 2 for _ in range(4)]
-    tests = _TESTS.format(xs=xs, mean=sum(xs) / len(xs), x=rng.randint(1, 99),
-                          even=rng.randrange(2, 100, 2), odd=rng.randrange(1, 100, 2))
+    tests_x, even, odd = rng.randint(1, 99), rng.randrange(2, 100, 2), rng.randrange(1, 100, 2)
+    tests = _TESTS.format(xs=xs, mean=sum(xs) / len(xs), x=tests_x, even=even, odd=odd)
     files = {"mathlib/__init__.py": "", "mathlib/stats.py": stats, "tests/__init__.py": "",
              "tests/test_stats.py": tests}
     prompt = ("The unit tests of this repository fail (`python3 -m unittest`). Find the bug in the "
               "package mathlib/ and fix it there; do not change the tests.")
+    # The verdict must not come from a process that imported the package (it could patch unittest
+    # or exit 0): a child computes the tests' calls and a few unseen ones and prints the values;
+    # this process, which never imports mathlib, compares them.
+    xs2 = [x + 3 for x in xs]
+    calls = (f"[mean({xs!r}), clamp({tests_x}, 0, 100), clamp(150, 0, 100), is_even({even}), "
+             f"is_even({odd}), mean({xs2!r}), clamp(-7, 0, 100), is_even({even + 2}), is_even({odd + 2})]")
+    want = [sum(xs) / len(xs), tests_x, 100, True, False, sum(xs2) / len(xs2), 0, True, False]
+    probe = ("import json, sys; sys.path.insert(0, '/work'); from mathlib.stats import clamp, is_even, mean; "
+             f"print(); print(json.dumps({calls}))")
     check = python_check(f"""
 unchanged('tests/test_stats.py', {sha256(tests)!r})
-result = run(['python3', '-m', 'unittest'])
-if result.returncode != 0:
+result = run(['python3', '-I', '-c', {probe!r}])
+try:
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+except (ValueError, IndexError):
+    got = None
+if result.returncode != 0 or got != {want!r}:
     fail('the unit tests still fail: ' + result.stderr[-300:])
 """)
     solution = [Step("python3 -m unittest 2>&1 | tail -n 1", "FAILED (failures=1)\n"),
@@ -117,7 +130,7 @@ except ValueError as exc:
 for name, value in {({k: v for k, v in good.items() if k != key})!r}.items():
     if cfg.get(name) != value:
         fail('settings.json: ' + name + ' was changed; the task says to leave it')
-result = run(['python3', 'app.py'])
+result = run(['python3', '-I', 'app.py'])
 if result.returncode != 0:
     fail('python3 app.py still fails: ' + result.stderr[-300:])
 """)

@@ -18,7 +18,8 @@ type, default, description):
 `postrain.actors.records`, the messages that cross between roles.
 
 Dataclass fields carry no description object, so their description is the comment that
-follows the field on its line in the source (`name: int = 0   # what it is`).
+follows the field on its line in the source (`name: int = 0   # what it is`), continued by the
+comment-only lines below it whose `#` stands in the same column.
 
 A class that fails to import fails the build (an error, so `mkdocs build --strict` and
 tests/test_docs.py catch it): a reference that silently leaves a part out is the drift these
@@ -268,10 +269,18 @@ def _field_comments(cls: type) -> dict[str, str]:
     except (OSError, TypeError):
         return {}
     comments = {}
+    last, column = None, -1   # the field whose comment a comment-only line aligned with it continues
     for line in source.splitlines():
         match = re.match(r"^\s+(\w+)\s*:[^#]*#\s*(.+)$", line)
         if match and match.group(1) not in comments:
             comments[match.group(1)] = match.group(2).strip()
+            last, column = match.group(1), line.index("#", match.end(1))
+            continue
+        more = re.match(r"^(\s+)#\s*(.+)$", line)
+        if more and last is not None and len(more.group(1)) == column:
+            comments[last] += " " + more.group(2).strip()
+        else:
+            last = None
     return comments
 
 

@@ -6,6 +6,7 @@ only its samples (dropped with the reason) while training goes on.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -122,7 +123,26 @@ def test_up_runs_eval_warm_start_and_grpo_steps_and_accounts_for_every_sample(tm
     traced = subprocess.run([sys.executable, "-m", "postrain.cli", "trace", str(folder), "b0-g0-s0"],
                             capture_output=True, text=True, timeout=120)
     assert traced.returncode == 0, traced.stderr
-    assert "env -> generator" in traced.stdout and traced.stdout.strip().endswith("outcome: trained in step 1")
+    assert "env -> generator" in traced.stdout and "outcome: trained in step 1\n\nsample b0-g0-s0" in traced.stdout
+    assert "  prompt:\n" in traced.stdout and "  completion" in traced.stdout   # what the model said
+    # samples.jsonl: every trained sample's text, reward and advantage; `postrain samples` prints them
+    samples = [json.loads(line) for line in (folder / "samples.jsonl").read_text().splitlines()]
+    assert sorted(row["sample_id"] for row in samples) == sorted(
+        e["sample_id"] for e in read_events(folder / "ledger.jsonl") if e["event"] == "trained")
+    assert all(row["prompt"] and row["turns"] and isinstance(row["advantage"], float) for row in samples)
+    assert {row["step"] for row in samples} == {1, 2} and all(row["task"] == "arithmetic" for row in samples)
+    printed = subprocess.run([sys.executable, "-m", "postrain.cli", "samples", str(folder), "--step", "1",
+                              "--worst", "--limit", "2"], capture_output=True, text=True, timeout=120)
+    assert printed.returncode == 0 and printed.stdout.count("\nsample b0-") == 1, printed.stderr
+    # progress: real counts, elapsed and ETA on every phase's lines, and the same lines in the run folder
+    assert "evaluating the initial policy on 4 held-out tasks" in stdout
+    assert re.search(r"sft step 2/2: loss \S+ \(\d+:\d\d elapsed, ETA 0:00\)", stdout), stdout
+    assert re.search(r"step 2/2: reward .* \(\d+:\d\d elapsed, ETA 0:00\)", stdout), stdout
+    assert re.search(r"held-out accuracy before: .* \(12 episodes, [\d.]+ s\)", stdout), stdout
+    orchestrator_log = (folder / "logs" / "orchestrator.log").read_text()
+    assert "held-out accuracy before" in orchestrator_log and "step 2/2: reward" in orchestrator_log
+    assert "cores lend" not in orchestrator_log and "cores return" not in orchestrator_log
+    assert all(row["num_groups"] == 3 and 0 <= row["num_zero_variance_groups"] <= 3 for row in train_rows)
     plotted = subprocess.run([sys.executable, "-m", "postrain.cli", "plot", str(folder)],
                              capture_output=True, text=True, timeout=120)
     assert plotted.returncode == 0 and "reward.png" in plotted.stdout, plotted.stderr

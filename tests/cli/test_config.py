@@ -46,3 +46,48 @@ def test_a_bad_value_names_the_field_the_value_and_the_rule(tmp_path, capsys):
     path = write_default(tmp_path, options_of={"generator": {"kv_cache_mb": -1}})
     assert cli.main(["up", "--dry-run", "--config", path]) == 2
     assert "actors.1(generator).options.kv_cache_mb = -1: Input should be greater than 0" in capsys.readouterr().err
+
+
+def test_a_learner_fields_type_error_names_its_path_value_and_rule(tmp_path, capsys):
+    learner = {**DEFAULT["actors"][2]["options"]["learner"], "lr": "big", "betas": [0.9, "x"], "lrr": 1}
+    path = write_default(tmp_path, options_of={"learner": {"learner": learner}})
+    assert cli.main(["up", "--dry-run", "--config", path]) == 2
+    err = capsys.readouterr().err
+    assert "actors.2(learner).options.learner.lr = 'big': Input should be a valid number" in err
+    assert "actors.2(learner).options.learner.betas.1 = 'x': Input should be a valid number" in err
+    assert "actors.2(learner).options.learner.lrr = 1: unknown field" in err
+    assert "not supported between" not in err and "options.:" not in err
+    learner.pop("lrr")
+    path = write_default(tmp_path, options_of={"learner": {"learner": {**learner, "lr": -1.0, "betas": [0.9, 0.9]}}})
+    assert cli.main(["up", "--dry-run", "--config", path]) == 2
+    assert "actors.2(learner).options.learner: lr must be > 0, got -1.0" in capsys.readouterr().err
+
+
+def test_an_unknown_model_fails_the_dry_run_listing_the_built_in_names_and_the_rule(tmp_path, capsys):
+    path = write_default(tmp_path, shared={**DEFAULT["shared"], "model": "tinny"})
+    assert cli.main(["up", "--dry-run", "--config", path]) == 2
+    err = capsys.readouterr().err
+    assert ("actors.1(generator).options.model = 'tinny': unknown model 'tinny' (no built-in name and no such "
+            "file or folder); a model is a built-in name (small, tiny)") in err
+    assert "a Hugging Face folder (config.json + *.safetensors) or a .gguf file" in err
+    (tmp_path / "folder").mkdir()
+    path = write_default(tmp_path, shared={**DEFAULT["shared"], "model": str(tmp_path / "folder")})
+    assert cli.main(["up", "--dry-run", "--config", path]) == 2
+    assert "has no config.json" in capsys.readouterr().err
+
+
+def test_a_warm_start_for_a_task_without_demonstrations_fails_the_dry_run_naming_both_fixes(tmp_path, capsys):
+    """The docs' complete environment (tests/actors/env/test_api.py runs it) has no demonstrations;
+    the built-in config's warm start needs some: refused here, not after the first evaluation."""
+    (tmp_path / "my_reverse.py").write_text(
+        "from postrain.actors import TaskSpec\nfrom postrain.actors.tasks.arithmetic import ArithmeticEnv\n"
+        "TASK = TaskSpec('reverse', ArithmeticEnv, train=lambda s, o: iter([]), eval=lambda o: [])\n")
+    path = write_default(tmp_path, shared={**DEFAULT["shared"], "task": "my_reverse:TASK", "task_options": {}})
+    assert cli.main(["up", "--dry-run", "--config", path]) == 2
+    err = capsys.readouterr().err
+    assert ("actors.4(orchestrator).options.sft_steps = 250: a warm start of 250 steps needs demonstrations, "
+            "and task 'my_reverse:TASK' has none; fix: set sft_steps = 0") in err
+    assert 'sft_demonstrations = "FILE.jsonl"' in err and "Traceback" not in err
+    path = write_default(tmp_path, shared={**DEFAULT["shared"], "task": "my_reverse:TASK", "task_options": {}},
+                         options_of={"orchestrator": {"sft_steps": 0}})
+    assert cli.main(["up", "--dry-run", "--config", path]) == 0

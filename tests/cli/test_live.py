@@ -4,7 +4,8 @@ import re
 
 from rich.console import Console
 
-from postrain.cli.live import LiveView, PlainView, RunSnapshot, make_view, queue_depths, render_frame
+from postrain.cli.live import (LiveView, PlainView, RunSnapshot, make_view, progress_text, queue_depths,
+                               render_frame)
 from postrain.core.load import Load
 
 STATUS = {"actors": [
@@ -87,3 +88,15 @@ def test_the_live_view_keeps_every_line_above_its_frame():
         view.refresh(snapshot())
     text = out.getvalue()
     assert "held-out accuracy before: 0.000" in text and "queues" in text
+
+
+def test_the_phase_under_way_shows_done_total_elapsed_and_an_eta_that_counts_down():
+    figures = {"phase": "warm start", "phase_done": 50, "phase_total": 250, "phase_elapsed_s": 60.0,
+               "phase_eta_s": 240.0, "phase_started": 1000.0, "phase_updated": 1060.0}
+    assert progress_text(figures, now=1060.0) == "warm start 50/250  elapsed 1:00  ETA 4:00"
+    assert progress_text(figures, now=1090.0) == "warm start 50/250  elapsed 1:30  ETA 3:30"
+    assert progress_text({**figures, "phase_eta_s": None}, now=1060.0).endswith("ETA ?")
+    assert progress_text({}, now=0.0) == ""
+    snap = snapshot()
+    snap.add_figures({**figures, "phase_started": 115.0, "phase_updated": 175.0})
+    assert "warm start 50/250  elapsed 1:00  ETA 4:00" in render_text(snap)

@@ -77,3 +77,18 @@ def test_an_unknown_sample_id_is_an_error_listing_known_ids(tmp_path):
     assert message.startswith("postrain trace: unknown sample 'b9-g9-s9'")
     assert "known ids: b0-g0-s0, b0-g0-s1" in message
     assert "no ledger at" in trace_error(tmp_path / "nowhere", "b0-g0-s0")
+
+
+def test_trace_ends_with_what_the_model_said_when_the_run_recorded_it(tmp_path, capsys):
+    write_ledger(tmp_path)
+    (tmp_path / "samples.jsonl").write_text(json.dumps({
+        "sample_id": "b0-g0-s0", "step": 1, "group": 0, "outcome": "trained", "reward": 1.1,
+        "components": {"correct": 1.0}, "advantage": 0.7, "prompt": "What is 3 + 4?",
+        "turns": [{"completion": "<python>print(3 + 4)</python>", "tool_output": "<output>7</output>"},
+                  {"completion": "<answer>7</answer>", "tool_output": ""}]}) + "\n")
+    out = trace(tmp_path, "b0-g0-s0", capsys)
+    hops, texts = out.split("outcome: trained in step 1\n\n")
+    assert texts.startswith("sample b0-g0-s0  step 1  group 0  trained  reward 1.100 (correct 1.000)")
+    assert "  completion 1:\n    <python>print(3 + 4)</python>\n  tool output 1:\n    <output>7</output>" in texts
+    assert "  completion 2:\n    <answer>7</answer>" in texts
+    assert trace(tmp_path, "b0-g0-s1", capsys).splitlines()[-1].startswith("outcome: dropped")   # no text line

@@ -104,3 +104,38 @@ def test_trackio_logs_locally(tmp_path, monkeypatch):
     logged = [row[0] for row in sqlite3.connect(tmp_path / "trackio" / "postrain-test.db").execute(
         "select metrics from metrics")]
     assert [json.loads(m)["train/loss"] for m in logged if b"train/loss" in m] == [0.5, 0.25]
+
+
+def write_samples(folder, steps):
+    rows = [{"sample_id": f"b{step - 1}-g0-s{i}", "step": step, "group": 0, "outcome": "trained", "reward": float(i),
+             "advantage": 0.5, "prompt": "What is 2 + 3?", "turns": [{"completion": "x" * 3000 + "|end",
+                                                                      "tool_output": "5"}]}
+            for step in steps for i in range(2)]
+    with (folder / "samples.jsonl").open("a") as file:
+        file.write("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def test_every_nth_step_and_the_last_a_samples_table_reaches_mlflow_and_tensorboard(tmp_path):
+    pytest.importorskip("tensorboard")
+    write_rows(tmp_path)
+    section = TrackingSection(backends=["mlflow"], samples_every_steps=2)
+    with RunTracking(tmp_path, section, "tracked", CONFIG).start() as tracking:
+        write_samples(tmp_path, [1, 2])
+        assert tracking.poll_samples() == 0      # step 2 may still be coming
+        write_samples(tmp_path, [3])
+        assert tracking.poll_samples() == 1      # step 2 (due); step 1 is not
+    assert tracking.num_sample_tables == 2       # and step 3, the last, at the end
+    client, run = mlflow_run(tmp_path)
+    names = sorted(a.path for a in client.list_artifacts(run.info.run_id, "samples"))
+    assert names == ["samples/step_000002.json", "samples/step_000003.json"]
+    table = json.loads((tmp_path / "mlruns").joinpath(
+        *client.get_run(run.info.run_id).info.artifact_uri.split("/mlruns/")[1].split("/"),
+        "samples", "step_000002.json").read_text())
+    assert table["columns"][:5] == ["sample_id", "group", "outcome", "reward", "advantage"]
+    assert table["data"][0][0] == "b1-g0-s0" and "more]" in table["data"][0][6]   # the text is cut
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    accumulator = EventAccumulator(str(tmp_path / "tensorboard"))
+    accumulator.Reload()
+    texts = accumulator.Tensors("samples/text_summary")   # TensorBoard's text plugin reads these
+    assert sorted(t.step for t in texts) == [2, 3]
+    assert b"| sample_id | group |" in texts[0].tensor_proto.string_val[0]

@@ -70,7 +70,15 @@ def test_status_and_down_talk_to_a_running_head(tmp_path):
     finally:
         head.kill()
     result = postrain("status", str(folder))
-    assert result.returncode != 0 and "no running head" in result.stderr
+    assert result.returncode == 0 and "is not running" in result.stdout and "--resume" in result.stdout
+    (folder / "summary.json").write_text('{"steps": 3}')
+    result = postrain("status", str(folder), "--json")
+    assert result.returncode == 0 and json.loads(result.stdout) == {
+        "state": "finished", "run_folder": str(folder), "summary": {"steps": 3}}
+    result = postrain("down", str(folder))
+    assert result.returncode == 0 and "has finished; nothing to stop" in result.stdout
+    result = postrain("status", str(tmp_path))
+    assert result.returncode == 1 and "holds no run" in result.stderr
 
 
 def test_resume_takes_a_run_folder_whose_head_is_gone(tmp_path):
@@ -118,3 +126,62 @@ def test_a_bad_import_path_is_one_line_naming_the_actor_before_anything_starts(t
     assert "actors.0(echo).cls = 'postrain.core.testing:Missing'" in result.stderr
     assert "has no attribute 'Missing'" in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "runs").exists()
+
+
+def test_the_run_folder_and_its_logs_are_the_run_users_only(tmp_path):
+    """Logs, checkpoints and the run tag's secret live there (issue 32): 0700, also for a folder
+    that existed before with looser modes."""
+    import stat
+
+    from postrain.cli.up import prepare_run_folder
+    from postrain.cli.config import load_up_config
+
+    config = load_up_config(write_config(tmp_path))
+    folder = tmp_path / "runs" / "t"
+    (folder / "logs").mkdir(parents=True, mode=0o755)
+    os.chmod(folder, 0o755)
+    assert prepare_run_folder(config) == folder
+    for path in (folder, folder / "logs"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
+
+
+def test_up_into_a_folder_that_holds_a_run_refuses_naming_resume_and_overwrite(tmp_path):
+    """A second run into a run's folder would mix their metrics, ledgers and logs (issue 33)."""
+    path = write_config(tmp_path)
+    assert postrain("up", "--quiet", "--config", str(path)).returncode == 0
+    folder = tmp_path / "runs" / "t"
+    (folder / "ledger.jsonl").write_text('{"old": true}\n')
+    (folder / "notes.txt").write_text("mine")
+    with open(folder / "logs" / "echo.log", "a") as log:
+        log.write("OLD RUN\n")
+    for extra in ((), ("--dry-run",)):
+        result = postrain("up", "--quiet", "--config", str(path), *extra)
+        assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+        assert (f"run folder {folder} already holds a run" in result.stderr
+                and f"postrain up --resume {folder}" in result.stderr and "--overwrite" in result.stderr)
+    assert (folder / "ledger.jsonl").read_text() == '{"old": true}\n', "nothing was touched"
+    result = postrain("up", "--quiet", "--config", str(path), "--overwrite")
+    assert result.returncode == 0, result.stderr
+    assert not (folder / "ledger.jsonl").exists() and (folder / "notes.txt").read_text() == "mine"
+    assert "OLD RUN" not in (folder / "logs" / "echo.log").read_text(), "the logs start over too"
+    result = postrain("up", "--resume", str(folder), "--overwrite")
+    assert result.returncode == 2 and "give one of them" in result.stderr
+
+
+def test_a_module_beside_the_config_is_importable_by_the_head_and_every_actor(tmp_path):
+    """The config's folder is on the import path of the head and of the actors it spawns; the
+    run records it (source.json) for --resume and `postrain eval RUN_FOLDER`."""
+    from postrain.actors.run_config import run_import_dir
+
+    (tmp_path / "my_actors.py").write_text(
+        "from postrain.core.testing import EchoActor\n\nclass MyEcho(EchoActor):\n    pass\n")
+    path = write_config(tmp_path)
+    path.write_text(path.read_text().replace("postrain.core.testing:EchoActor", "my_actors:MyEcho"))
+    result = postrain("up", "--quiet", "--config", str(path), cwd="/")
+    assert result.returncode == 0, result.stderr
+    assert run_import_dir(tmp_path / "runs" / "t") == tmp_path.resolve()
+    path.write_text(path.read_text().replace("my_actors:MyEcho", "other_pkg.mod:MyEcho"))
+    result = postrain("up", "--quiet", "--config", str(path), "--overwrite", cwd="/")
+    assert result.returncode == 2, result.stderr
+    assert ("No module named 'other_pkg'; fix: put other_pkg beside the run config" in result.stderr
+            and "pip install -e" in result.stderr)

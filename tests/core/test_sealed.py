@@ -1,10 +1,12 @@
 """The sealed channel (core/sealed.py) over real ZeroMQ tcp sockets: bytes arrive bit for bit
 across piece and buffer boundaries; junk, a replayed piece, a reordered one, a tampered one
-and a stranger's forgery are refused, logged naming the peer, and accepted never."""
+and a stranger's forgery are refused, logged naming the peer, and accepted never; a stranger's
+junk neither holds a receive past its deadline nor floods the log, and its connections are capped."""
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -52,7 +54,7 @@ class Receiving:
 @pytest.fixture
 def channel():
     key = new_run_key()
-    receiver = SealedReceiver(key, "127.0.0.1", piece_bytes=PIECE)
+    receiver = SealedReceiver(key, "127.0.0.1", piece_bytes=PIECE, warning_interval_s=0)  # every line
     sender = SealedSender(key, piece_bytes=PIECE)
     tap = zmq.Context.instance().socket(zmq.PULL)     # a wire tap: captures valid pieces to replay
     tap_address = f"tcp://127.0.0.1:{tap.bind_to_random_port('tcp://127.0.0.1')}"
@@ -180,3 +182,122 @@ def test_one_send_seals_each_piece_once_for_all_receivers_and_one_that_fails_cos
         assert all(np.array_equal(got, want) for got, want in zip(receiving.join(), data))
     assert sender.num_pieces_sealed == len(piece_plan(SIZES, PIECE))       # sealed once for all
     other.close()
+
+
+class Junk:
+    """A stranger sending junk frames without pause, in a thread, until `stop` (or 20 s at most:
+    the loop ends by itself); `finished` is set when it has stopped."""
+
+    def __init__(self, address: str):
+        self.stop, self.flowing, self.finished = threading.Event(), threading.Event(), threading.Event()
+        self.num_sent = 0
+        self.sock = zmq.Context.instance().socket(zmq.PUSH)
+        self.sock.linger = 0
+        self.sock.connect(address)
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        end = time.monotonic() + 20
+        try:
+            while not self.stop.is_set() and time.monotonic() < end:
+                try:
+                    self.sock.send(b"junk", zmq.NOBLOCK)
+                    self.num_sent += 1
+                    if self.num_sent == 100:
+                        self.flowing.set()
+                except zmq.Again:
+                    self.stop.wait(0.001)
+        finally:
+            self.finished.set()
+
+    def close(self):
+        self.stop.set()
+        self.finished.wait(30)
+        self.sock.close(linger=0)
+
+
+@pytest.fixture
+def pair():
+    """A receiver with the default caps and warning interval, and a sender, of one run."""
+    key = new_run_key()
+    receiver, sender = SealedReceiver(key, "127.0.0.1", piece_bytes=PIECE), SealedSender(key, piece_bytes=PIECE)
+    yield key, receiver, sender
+    sender.close()
+    receiver.close()
+
+
+def test_junk_without_pause_neither_holds_a_receive_past_its_deadline_nor_stalls_the_next_sync(pair):
+    _, receiver, sender = pair
+    junk = Junk(receiver.address)
+    try:
+        assert junk.flowing.wait(10)
+        with pytest.raises(SealedStreamError, match="no piece 0 of 9 of chunk 0 of version 1 .* within 0.5 s"):
+            Receiving(receiver, stream(1), timeout_s=0.5).join()
+        assert not junk.finished.is_set()      # the receive ended while the junk still came
+        s, data = stream(2), buffers(2)
+        receiving = Receiving(receiver, s)
+        send(sender, receiver.address, s, data)      # the next genuine sync, through the junk
+        assert all(np.array_equal(got, want) for got, want in zip(receiving.join(), data))
+        assert not junk.finished.is_set()
+    finally:
+        junk.close()
+
+
+def test_a_strangers_junk_is_logged_once_per_peer_and_interval(pair, caplog):
+    key, receiver, _ = pair
+    tap = zmq.Context.instance().socket(zmq.PULL)
+    tap_address = f"tcp://127.0.0.1:{tap.bind_to_random_port('tcp://127.0.0.1')}"
+    stranger = zmq.Context.instance().socket(zmq.PUSH)
+    stranger.linger = 0
+    stranger.connect(receiver.address)
+    s, data = stream(3), buffers(3)
+    pieces = captured_pieces(key, tap, tap_address, s, data)
+    try:
+        receiving = Receiving(receiver, s)
+        with caplog.at_level(logging.WARNING, logger="postrain.core"):
+            for _ in range(50):
+                stranger.send(b"junk")
+                stranger.send_multipart([b"PRS1" + bytes(40), b"x" * 50])
+            send_raw(stranger, pieces)            # on the same connection: after all 100 junk frames
+            got = receiving.join()
+        assert all(np.array_equal(g, w) for g, w in zip(got, data))
+        refusals = [r.getMessage() for r in caplog.records if "refused a piece" in r.getMessage()]
+        assert refusals == ["refused a piece on the sealed channel from 127.0.0.1: not a sealed piece"]
+    finally:
+        tap.close(linger=0)
+        stranger.close(linger=0)
+
+
+def test_a_peer_gets_at_most_its_share_of_connections_and_the_rest_are_refused(pair, caplog):
+    from zmq.utils.monitor import recv_monitor_message
+    _, receiver, sender = pair
+    strangers, monitors = [], []
+    for _ in range(6):
+        sock = zmq.Context.instance().socket(zmq.PUSH)
+        sock.linger = 0
+        monitors.append(sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH))
+        sock.connect(receiver.address)
+        strangers.append(sock)
+    try:
+        with caplog.at_level(logging.WARNING, logger="postrain.core"):
+            outcomes = []
+            for monitor in monitors:
+                assert monitor.poll(10_000), "no handshake within 10 s"
+                outcomes.append(recv_monitor_message(monitor)["event"])
+        assert outcomes.count(zmq.EVENT_HANDSHAKE_SUCCEEDED) == 4        # max_connections_per_peer
+        assert outcomes.count(zmq.EVENT_HANDSHAKE_FAILED_AUTH) == 2
+        assert receiver.gate.num_refused >= 2
+        lines = [r.getMessage() for r in caplog.records if "refused a connection" in r.getMessage()]
+        assert lines and "to the sealed channel from 127.0.0.1" in lines[0] and "at most 4 a peer" in lines[0]
+        assert len(lines) == 1                                  # once per peer and interval
+    finally:
+        for sock, monitor in zip(strangers, monitors):
+            sock.disable_monitor()
+            monitor.close(linger=0)
+            sock.close(linger=0)
+    with receiver.gate.changed:                                 # the strangers gone, a sender gets in
+        assert receiver.gate.changed.wait_for(lambda: receiver.gate.num_admitted == 0, 10)
+    s, data = stream(4), buffers(4)
+    receiving = Receiving(receiver, s)
+    send(sender, receiver.address, s, data)
+    assert all(np.array_equal(got, want) for got, want in zip(receiving.join(), data))

@@ -122,8 +122,10 @@ async def test_curve_refuses_a_peer_without_an_accepted_key_and_accepts_the_runs
         stranger_keys = CurveKeys(keys.server_public, b"", stranger_keys.client_public,
                                   stranger_keys.client_secret)
         async with Node("stranger", stranger_keys) as stranger:
-            with pytest.raises(AuthenticationError, match="refused our CurveZMQ key"):
+            with pytest.raises(AuthenticationError, match="refused our CurveZMQ key") as info:
                 await stranger.ref(ref.address).ask("echo", "x", timeout_s=10)
+        # the fix it names exists: no keys file in the run folder (issue 32), the allowlist does
+        assert "run_dir/keys" not in str(info.value) and "allowed_client_keys" in str(info.value)
 
 
 @async_test
@@ -161,3 +163,19 @@ def test_a_load_record_refuses_what_the_wire_cannot_carry():
         ResizeRequest.from_wire({"num_workers": 0})
     load = Load(served=2, queued=1, workers=4, backpressure="", figures={"k": 1.5})
     assert Load.from_wire(load.to_wire()) == load and "running" not in load.to_wire()
+
+
+@async_test
+async def test_actor_logs_are_readable_by_the_runs_user_only(tmp_path):
+    """An actor's log (its stdout and stderr) is 0600, also where an earlier run left it 0644
+    (issue 32)."""
+    import stat
+
+    stale = tmp_path / "old.log"
+    stale.write_text("earlier run\n")
+    stale.chmod(0o644)
+    async with Supervisor.open(log_dir=str(tmp_path)) as sup:
+        await sup.start(spec("new"))
+        await sup.start(spec("old"))
+        for name in ("new", "old"):
+            assert stat.S_IMODE(os.stat(sup.log_path(name)).st_mode) == 0o600, name

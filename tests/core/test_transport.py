@@ -87,3 +87,53 @@ def test_async_socket_sends_a_large_frame_through_pyzmq_and_it_decodes(pair):
     del frames
     gc.collect()   # the array alone keeps ZeroMQ's buffer alive
     assert np.array_equal(received, tensor)
+
+
+def _first_handshake(monitor) -> int:
+    """The first handshake outcome a client's monitor reports (success, a failure, or a drop)."""
+    from zmq.utils.monitor import recv_monitor_message
+    while monitor.poll(10_000):
+        event = recv_monitor_message(monitor)["event"]
+        if event != zmq.EVENT_CONNECTED and event != zmq.EVENT_CONNECT_DELAYED:
+            return event
+    raise AssertionError("no handshake outcome within 10 s")
+
+
+def test_a_curve_server_admits_clients_only_through_a_zap_handler():
+    """ZAP_ENFORCE_DOMAIN: without a ZAP handler a Curve server refuses every client (libzmq's
+    default admits any key then); with one, a Curve connection works as before."""
+    from zmq.auth.thread import ThreadAuthenticator
+
+    from postrain.core.transport import CurveKeys, configure_client, configure_server
+
+    keys, context = CurveKeys.generate(), zmq.Context()
+    try:
+        for with_handler in (False, True):
+            auth = None
+            if with_handler:
+                auth = ThreadAuthenticator(context)
+                auth.start()
+                auth.configure_curve(domain="*", location=zmq.auth.CURVE_ALLOW_ANY)
+            server, client = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
+            monitor = client.get_monitor_socket()
+            try:
+                configure_server(server, "tcp://192.0.2.1:0", keys)   # beyond loopback: Curve on
+                assert server.getsockopt(zmq.ZAP_ENFORCE_DOMAIN) == 1
+                port = server.bind_to_random_port("tcp://127.0.0.1")
+                configure_client(client, "tcp://192.0.2.1:0", keys)
+                client.connect(f"tcp://127.0.0.1:{port}")
+                outcome = _first_handshake(monitor)
+                if with_handler:
+                    assert outcome == zmq.EVENT_HANDSHAKE_SUCCEEDED
+                    client.send(b"hello")
+                    assert server.poll(10_000) and server.recv() == b"hello"
+                else:
+                    assert outcome != zmq.EVENT_HANDSHAKE_SUCCEEDED, "admitted without a ZAP handler"
+            finally:
+                client.disable_monitor()
+                for sock in (monitor, server, client):
+                    sock.close(linger=0)
+                if auth is not None:
+                    auth.stop()
+    finally:
+        context.term()

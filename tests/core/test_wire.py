@@ -92,7 +92,12 @@ def test_a_tensor_of_many_frames_crosses_a_curve_tcp_link_whole():
 
     from postrain.core.transport import CurveKeys, configure_client, configure_server
 
+    from zmq.auth.thread import ThreadAuthenticator
+
     keys, context = CurveKeys.generate(), zmq.Context()
+    auth = ThreadAuthenticator(context)      # a Curve server admits clients only through a ZAP handler
+    auth.start()
+    auth.configure_curve(domain="*", location=zmq.auth.CURVE_ALLOW_ANY)
     server, client = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
     try:
         configure_server(server, "tcp://192.0.2.1:0", keys)   # any address beyond loopback: Curve on
@@ -107,6 +112,7 @@ def test_a_tensor_of_many_frames_crosses_a_curve_tcp_link_whole():
     finally:
         server.close(linger=0)
         client.close(linger=0)
+        auth.stop()
         context.term()
 
 

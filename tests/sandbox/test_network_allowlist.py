@@ -1,11 +1,16 @@
 """The network allowlist in real nsjail: named destinations answer, nothing else is reachable.
 
 Host services are real sockets on this machine; each records what reached it, so "refused" is
-checked on both ends: the jail's connection fails, and the service saw nothing.
+checked on both ends: the jail's connection fails, and the service saw nothing. The proxy's own
+limits (connection caps, names resolved once and checked) are driven directly, the way the jail's
+forwarder hands it connections.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import selectors
 import socket
 import threading
 
@@ -13,6 +18,7 @@ import psutil
 import pytest
 
 from postrain.sandbox import Policy, PolicyError, Sandbox, Status
+from postrain.sandbox import netproxy
 
 
 class Service:
@@ -98,7 +104,11 @@ def services():
 def session(services):
     policy = Policy(wall_time_s=5, memory_mb=256, network_allow=(
         f"127.0.0.1:{services['allowed'].port}", f"localhost:{services['named'].port}"))
-    with Sandbox(policy, mode="cold", num_spare_sessions=0) as sandbox, sandbox.session() as s:
+    with contextlib.ExitStack() as stack:
+        with pytest.MonkeyPatch.context() as patch:   # "localhost" may resolve to loopback: said so
+            patch.setattr(netproxy, "DEFAULT_OPTIONS", netproxy.ProxyOptions(private_names=("localhost",)))
+            sandbox = stack.enter_context(Sandbox(policy, mode="cold", num_spare_sessions=0))
+            s = stack.enter_context(sandbox.session())      # its proxy is made here
         yield s
 
 
@@ -176,3 +186,157 @@ def test_bad_entries_are_refused():
             Policy(network_allow=(bad,))
     with pytest.raises(PolicyError, match="exclude each other"):
         Policy(network_allow=("127.0.0.1:80",), enable_network=True)
+
+
+class EchoServer:
+    """A TCP echo service on 127.0.0.1 that holds every connection open: one thread for all."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.num_accepted = 0
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self.sock, selectors.EVENT_READ)
+        self._stop = False
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop:
+            for key, _ in self._selector.select(0.1):
+                if key.fileobj is self.sock:
+                    conn, _ = self.sock.accept()
+                    self.num_accepted += 1
+                    self._selector.register(conn, selectors.EVENT_READ)
+                    continue
+                try:
+                    data = key.fileobj.recv(4096)
+                except OSError:
+                    data = b""
+                if data:
+                    key.fileobj.sendall(data)
+                else:
+                    self._selector.unregister(key.fileobj)
+                    key.fileobj.close()
+
+    def close(self) -> None:
+        self._stop = True
+        self._thread.join(10)
+        for key in list(self._selector.get_map().values()):
+            key.fileobj.close()
+
+
+def through(proxy, index: int) -> socket.socket:
+    """A TCP connection through route `index` of `proxy`, handed over as the jail's forwarder does."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    ours = socket.create_connection(listener.getsockname())
+    theirs, _ = listener.accept()
+    listener.close()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as handoff:
+        handoff.connect(proxy.socket_path(index))
+        socket.send_fds(handoff, [b"c"], [theirs.fileno()])
+    theirs.close()
+    ours.settimeout(10)
+    return ours
+
+
+def outcome(conn: socket.socket) -> str:
+    """"echoed" if the destination answered through the proxy, "refused" if it closed the connection."""
+    try:
+        conn.sendall(b"ping")
+        return "echoed" if conn.recv(16) == b"ping" else "refused"
+    except (ConnectionResetError, BrokenPipeError):
+        return "refused"
+
+
+def test_the_proxy_caps_connections_per_session_refusing_the_excess(caplog):
+    echo = EchoServer()
+    num_threads = threading.active_count()
+    proxy = netproxy.NetworkProxy((f"127.0.0.1:{echo.port}",))      # the default options
+    conns = []
+    try:
+        with caplog.at_level(logging.WARNING, logger="postrain.sandbox"):
+            for _ in range(80):
+                conns.append(through(proxy, 0))
+            outcomes = [outcome(conn) for conn in conns]
+        assert outcomes.count("echoed") == 32, outcomes.count("echoed")
+        assert proxy.options.max_connections_per_session == 32
+        assert outcomes.count("refused") == 48 and echo.num_accepted == 32
+        assert threading.active_count() - num_threads <= 1 + 2 * 32   # the route's + two per connection
+        lines = [r.getMessage() for r in caplog.records if "network proxy refused" in r.getMessage()]
+        assert lines == ["network proxy refused a connection: 32 open, the cap "
+                         "(ProxyOptions.max_connections_per_session)"]     # once per interval
+        for conn in conns[:8]:                                  # closed ones free their slots
+            conn.close()
+        for _ in range(100):
+            late = through(proxy, 0)
+            if outcome(late) == "echoed":
+                break
+            late.close()
+        else:
+            raise AssertionError("no slot came free after 8 connections closed")
+        late.close()
+    finally:
+        for conn in conns:
+            conn.close()
+        proxy.close()
+        echo.close()
+
+
+def test_the_total_cap_holds_across_sessions():
+    echo = EchoServer()
+    options = netproxy.ProxyOptions(max_connections_per_session=8, max_connections_total=12)
+    proxies = [netproxy.NetworkProxy((f"127.0.0.1:{echo.port}",), options) for _ in range(2)]
+    conns = []
+    try:
+        first = [through(proxies[0], 0) for _ in range(10)]
+        got_first = [outcome(conn) for conn in first]
+        second = [through(proxies[1], 0) for _ in range(10)]
+        got_second = [outcome(conn) for conn in second]
+        conns = first + second
+        assert got_first.count("echoed") == 8 and got_second.count("echoed") == 4
+    finally:
+        for conn in conns:
+            conn.close()
+        for proxy in proxies:
+            proxy.close()
+        echo.close()
+
+
+def test_a_name_is_checked_and_pinned_and_an_internal_address_needs_saying_so(caplog):
+    echo = EchoServer()
+    plain = netproxy.NetworkProxy((f"localhost:{echo.port}", f"127.0.0.1:{echo.port}"))
+    answers, asked = ["127.0.0.1"], []
+
+    def resolve(host, port):
+        asked.append(host)
+        return list(answers)
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="postrain.sandbox"):
+            assert outcome(through(plain, 0)) == "refused"     # localhost resolves to loopback
+        assert outcome(through(plain, 1)) == "echoed"          # the same port, named as 127.0.0.1
+        assert echo.num_accepted == 1
+        assert "network proxy refused a connection to localhost" in caplog.text
+        assert "write the address itself in network_allow" in caplog.text
+
+        rebound = netproxy.NetworkProxy((f"svc.test:{echo.port}",), resolve=resolve)
+        for answer in ("127.0.0.1", "169.254.169.254", "10.1.2.3", "192.168.0.1", "fe80::1", "::1",
+                       "::ffff:127.0.0.1"):
+            answers[:] = [answer]
+            assert outcome(through(rebound, 0)) == "refused", answer
+        assert echo.num_accepted == 1
+        rebound.close()
+
+        internal = netproxy.NetworkProxy((f"svc.test:{echo.port}",), netproxy.ProxyOptions(
+            private_names=("svc.test",)), resolve=resolve)
+        answers[:] = ["127.0.0.1"]
+        asked.clear()
+        assert outcome(through(internal, 0)) == "echoed"       # said explicitly: allowed
+        answers[:] = ["169.254.169.254"]                        # DNS rebinding after the check
+        assert outcome(through(internal, 0)) == "echoed"       # pinned: still the checked address
+        assert asked == ["svc.test"] and echo.num_accepted == 3
+        internal.close()
+    finally:
+        plain.close()
+        echo.close()

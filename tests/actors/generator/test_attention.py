@@ -20,8 +20,8 @@ def causal_sdpa(q, k, v):
     """Reference: q (T, H, D), k, v (T, Hkv, D) of one whole sequence -> (T, H, D)."""
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True)
-    return out.transpose(0, 1)
+    q, k, v = (t.transpose(0, 1) for t in (q, k, v))
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(0, 1)
 
 
 def test_gather_sdpa_equals_causal_sdpa_over_prefill_then_decode():
@@ -42,7 +42,10 @@ def test_gather_sdpa_equals_causal_sdpa_over_prefill_then_decode():
                      for b, (start, end) in enumerate(step))
         _, metadata = paged_inputs(rows, BLOCK)
         width = metadata.positions.shape[1]
-        pad = lambda ts: torch.stack([F.pad(t[s:e], (0, 0, 0, 0, 0, width - (e - s))) for t, (s, e) in zip(ts, step)])
+
+        def pad(ts):
+            return torch.stack([F.pad(t[s:e], (0, 0, 0, 0, 0, width - (e - s))) for t, (s, e) in zip(ts, step)])
+
         attended = backend.bind(metadata, caches)
         for layer in range(CONFIG.num_layers):
             out = attended.attend(layer, pad(q), pad(k), pad(v))        # (B, T, H, D)
@@ -60,4 +63,5 @@ def test_paged_metadata_puts_each_new_token_in_its_own_blocks():
     assert meta.slot_mapping.tolist() == [[4 * 4 + 3, 0, 1, 2, 3], [5 * 4 + 1, -1, -1, -1, -1]]
     assert meta.context_lens.tolist() == [8, 10] and meta.num_padding == 4
     assert meta.block_tables.tolist() == [[4, 0, 9], [2, 8, 5]]
-    assert PagedMetadata(meta.positions, meta.slot_mapping, meta.block_tables, meta.context_lens).num_padding == 4
+    counted = PagedMetadata(meta.positions, meta.slot_mapping, meta.block_tables, meta.context_lens)
+    assert counted.num_padding == 4

@@ -12,7 +12,8 @@ CONFIG = ModelConfig(vocab_size=32, hidden_size=16, intermediate_size=16, num_la
 
 def make_kv(num_blocks=8, caching=True, dtype=torch.float32) -> KVManager:
     model = build_model(CONFIG).to(dtype)
-    return KVManager.for_model(model, block_size_tokens=4, num_blocks=num_blocks, enable_prefix_caching=caching)
+    return KVManager.for_model(model, block_size_tokens=4, num_blocks=num_blocks,
+                               enable_prefix_caching=caching)
 
 
 def test_one_cache_pair_per_layer_in_the_models_dtype():

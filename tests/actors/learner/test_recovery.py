@@ -264,6 +264,9 @@ def test_head_killed_leaves_no_orphans_and_resume_trains_each_batch_once_in_the_
     rolled_back = read_events(folder / "ledger.rolled-back.jsonl")
     assert {e["sample_id"] for e in rolled_back if e["event"] == "trained"} == {
         batch_sample_id(2, g, s) for g in range(2) for s in range(2)}
+    # samples.jsonl is cut back with the ledger: one text line per trained sample, none twice
+    texts = [json.loads(line)["sample_id"] for line in (folder / "samples.jsonl").read_text().splitlines()]
+    assert sorted(texts) == sorted(set().union(*trained.values()))
     # the same prompts per batch before and after the restart, as the schedule gives them
     schedule = PromptSchedule(get_task("arithmetic"), 0, TASK_OPTIONS, 2)
     for e in events + rolled_back:

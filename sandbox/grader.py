@@ -1,0 +1,247 @@
+"""Graders out of the policy's reach: checks on a snapshot, and calls judged on the host.
+
+A reward the policy can write is the worst bug an RL system can have, so a grader never runs where
+the policy's processes ran or could still run, never under an environment the policy set, and never
+trusts a verdict that code of the policy's could have printed. Two graders follow that rule:
+
+- `check_request` / `check_verdict`: a task's check script (bash) run on a snapshot of an episode's
+  work dir (`Session.snapshot()`, a tar the session agent takes while no call of the session runs)
+  in a fresh jail of its own (a plain `Sandbox.run`: new PID and mount namespaces, a fresh tmpfs
+  /work, nothing of the session). Inside, a driver (`python -I -S`, never importing anything from
+  /work) lays the snapshot into /work, then starts `bash --noprofile --norc -c SCRIPT` with an
+  environment it builds itself (fixed PATH, HOME, LANG; no LD_*, no BASH_ENV, no PYTHON*
+  but PYTHONDONTWRITEBYTECODE), stdin /dev/null, stdout and stderr into unnamed memory files, in a
+  session of its own. The verdict is bash's wait status as the driver's waitpid sees it, printed
+  on the driver's own stdout, which no process of the check holds (no /proc in the jail to reopen
+  it): code the check runs can kill or stop the check (a fail) but cannot write its verdict.
+- `calls_request` / `judge_calls`: a function task's tests (`call == expected`) judged on the host.
+  The jail only evaluates each call (in a forked child, with a time limit) and reports the value's
+  repr; the expected values never enter the jail, and the host compares `ast.literal_eval` of the
+  report with them. A solution that forges the report (prints it, patches the driver, returns an
+  object equal to everything) can at most claim plain values, which pass only if they are right.
+
+Both requests are (code, files) for `Sandbox.run` / a sandbox handle's `exec`; the judges read its
+result. See docs/sandbox.md, "Grader contract".
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import operator
+
+from .result import ExecResult, Status
+
+SNAPSHOT_FILE = "snapshot.tar"
+CHECK_FILE = "check.sh"
+CALLS_FILE = "calls.json"
+MAX_VALUE_CHARS = 100_000   # a reported value's repr beyond this is a failed call
+CHECK_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/work", "TMPDIR": "/work",
+             "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+
+_CHECK_DRIVER = r'''
+import json, os, signal, subprocess, sys, tarfile, time
+os.chdir("/work")
+with open("%(check)s", "rb") as f:
+    script = f.read()
+with open("%(snapshot)s", "rb") as f:
+    archive = f.read()
+os.unlink("%(check)s"); os.unlink("%(snapshot)s")
+import io
+with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
+    members = []
+    for member in tar.getmembers():
+        try:
+            members.append(tarfile.tar_filter(member, "/work"))
+        except tarfile.FilterError:
+            pass
+    tar.errorlevel = 0
+    tar.extractall("/work", members=members, filter="fully_trusted")
+del archive
+out, err = os.memfd_create("stdout"), os.memfd_create("stderr")
+timeout_s = %(timeout_s)r
+proc = subprocess.Popen(["/bin/bash", "--noprofile", "--norc", "-c", script], cwd="/work",
+                        env=%(env)r, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                        close_fds=True, start_new_session=True)
+timed_out = False
+try:
+    proc.wait(timeout=timeout_s)
+except subprocess.TimeoutExpired:
+    timed_out = True
+    for sig in (signal.SIGKILL,):
+        try:
+            os.killpg(proc.pid, sig)
+        except OSError:
+            pass
+    proc.wait()
+def tail(fd):
+    size = os.lseek(fd, 0, os.SEEK_END)
+    os.lseek(fd, max(0, size - 4000), os.SEEK_SET)
+    return os.read(fd, 4000).decode("utf-8", "replace")
+code = proc.returncode
+verdict = {"exit_code": code if code >= 0 else None, "signal": -code if code < 0 else None,
+           "timed_out": timed_out, "stdout": tail(out), "stderr": tail(err)}
+sys.stdout.write("\n" + json.dumps(verdict) + "\n")
+sys.stdout.flush()
+os._exit(0)
+'''
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckVerdict:
+    """What a check said: `passed` iff it exited 0 within its time; `status` ("ok", "nonzero_exit",
+    "timeout", "killed_by_signal", "sandbox_error": no verdict came back), its output's tails."""
+
+    passed: bool
+    status: str
+    exit_code: int | None
+    stdout: str
+    stderr: str
+
+
+def check_request(script: str, snapshot: bytes, *, timeout_s: float) -> tuple[str, dict[str, bytes]]:
+    """(code, files) that run the bash `script` on the work dir `snapshot` (a tar, as
+    `Session.snapshot()` gives) in a fresh jail; give the run a wall limit above `timeout_s`."""
+    code = _CHECK_DRIVER % {"check": CHECK_FILE, "snapshot": SNAPSHOT_FILE, "timeout_s": float(timeout_s),
+                            "env": CHECK_ENV}
+    return code, {CHECK_FILE: script.encode(), SNAPSHOT_FILE: bytes(snapshot)}
+
+
+def check_verdict(result) -> CheckVerdict:
+    """The verdict of a `check_request` run (an ExecResult, or one from the wire): the driver's last
+    stdout line. No such line, or a run that did not end ok, is a failed check (sandbox_error)."""
+    status = getattr(getattr(result, "status", None), "value", getattr(result, "status", None))
+    stdout = getattr(result, "stdout", b"") or b""
+    stdout = stdout.decode("utf-8", "replace") if isinstance(stdout, (bytes, bytearray)) else str(stdout)
+    lines = stdout.rstrip("\n").rsplit("\n", 1)
+    try:
+        verdict = json.loads(lines[-1]) if str(status) == "ok" else None
+    except ValueError:
+        verdict = None
+    if not isinstance(verdict, dict):
+        stderr = getattr(result, "stderr", b"") or b""
+        stderr = stderr.decode("utf-8", "replace") if isinstance(stderr, (bytes, bytearray)) else str(stderr)
+        return CheckVerdict(False, "sandbox_error", None, "", f"the grader's run ended {status}: {stderr[-300:]}")
+    if verdict.get("timed_out"):
+        kind = "timeout"
+    elif verdict.get("signal"):
+        kind = "killed_by_signal"
+    else:
+        kind = "ok" if verdict.get("exit_code") == 0 else "nonzero_exit"
+    return CheckVerdict(kind == "ok", kind, verdict.get("exit_code"), str(verdict.get("stdout", "")),
+                        str(verdict.get("stderr", "")))
+
+
+# ---------------------------------------------------------------- calls judged on the host
+_CALLS_DRIVER = r'''
+import json, os, select, signal, sys, traceback
+with open("/work/%(calls)s") as f:
+    request = json.load(f)
+os.unlink("/work/%(calls)s")
+sys.path.insert(0, "/work")
+report = []
+try:
+    import solution
+    namespace = dict(vars(solution))
+    load_error = None
+except BaseException:
+    load_error = traceback.format_exc(limit=-3)[-1500:]
+for call in request["calls"] if load_error is None else []:
+    r, w = os.pipe()
+    sys.stdout.flush(); sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            msg = {"repr": repr(eval(call, namespace))}
+        except BaseException as exc:
+            msg = {"error": "".join(traceback.format_exception_only(type(exc), exc))[-500:]}
+        sys.stdout.flush(); sys.stderr.flush()
+        os.write(w, json.dumps(msg).encode()); os._exit(0)
+    os.close(w)
+    data = b""
+    while True:
+        if not select.select([r], [], [], request["timeout_s"])[0]:
+            os.kill(pid, signal.SIGKILL); data = b'{"error": "timeout"}'; break
+        chunk = os.read(r, 1 << 16)
+        if not chunk:
+            break
+        data += chunk
+    os.close(r); os.waitpid(pid, 0)
+    try:
+        report.append(json.loads(data))
+    except ValueError:
+        report.append({"error": "the call's process died without a value"})
+sys.stdout.write("\n" + json.dumps({"load_error": load_error, "results": report}) + "\n")
+'''
+
+
+def calls_request(solution: str, calls: list[str], *, call_timeout_s: float = 2.0) -> tuple[str, dict[str, bytes]]:
+    """(code, files) that evaluate each call expression (`add(1, 2)`) against `solution` (module
+    `solution`) in the jail and report each value's repr; nothing expected goes in."""
+    body = json.dumps({"calls": list(calls), "timeout_s": float(call_timeout_s)})
+    return _CALLS_DRIVER % {"calls": CALLS_FILE}, {"solution.py": solution.encode(), CALLS_FILE: body.encode()}
+
+
+def judge_calls(result, calls: list[str], expected: list[str]):
+    """A TestReport (`passed` {test_i: bool}, `errors`, `collect_error`, `result`) of a
+    `calls_request` run: call i passes iff the jail reported a plain value (a Python literal) equal
+    to `expected[i]` (a literal, or + and * of literals), compared here, on the host."""
+    from .rewards import TestReport
+    stdout = getattr(result, "stdout", b"") or b""
+    stdout = stdout.decode("utf-8", "replace") if isinstance(stdout, (bytes, bytearray)) else str(stdout)
+    try:
+        report = json.loads(stdout.rstrip("\n").rsplit("\n", 1)[-1])
+        results, load_error = list(report["results"]), report["load_error"]
+    except (ValueError, KeyError, TypeError):
+        status = getattr(getattr(result, "status", None), "value", getattr(result, "status", None))
+        stderr = getattr(result, "stderr", b"") or b""
+        stderr = stderr.decode("utf-8", "replace") if isinstance(stderr, (bytes, bytearray)) else str(stderr)
+        return TestReport({}, {}, f"no report (status {status}): {stderr[-1000:]}", result)
+    if load_error is not None:
+        return TestReport({}, {}, str(load_error), result)
+    passed, errors = {}, {}
+    for i, (call, want_source) in enumerate(zip(calls, expected)):
+        name, want = f"test_{i}", literal_value(want_source)
+        got = results[i] if i < len(results) and isinstance(results[i], dict) else {"error": "no value"}
+        if "repr" not in got:
+            passed[name], errors[name] = False, str(got.get("error", "no value"))
+            continue
+        text = str(got["repr"])
+        try:
+            value = ast.literal_eval(text) if len(text) <= MAX_VALUE_CHARS else _NOT_PLAIN
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            value = _NOT_PLAIN
+        passed[name] = value is not _NOT_PLAIN and _equal(value, want)
+        if not passed[name]:
+            shown = text if len(text) <= 200 else text[:200] + "..."
+            errors[name] = f"AssertionError: {call} returned {shown}, expected {want!r}"
+    return TestReport(passed, errors, None, result)
+
+
+_NOT_PLAIN = object()
+_OPS = {ast.Add: operator.add, ast.Mult: operator.mul, ast.Sub: operator.sub}
+
+
+def literal_value(source: str):
+    """The value of a task author's expected expression: a Python literal, or literals joined by
+    +, - and * (`'z' * 12`, `[2] * 10`); ValueError for anything else."""
+    def value(node):
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Mult) and any(isinstance(v, int) and v > 10_000 for v in (left, right)):
+                raise ValueError(f"expected value {source!r} is too large")
+            return _OPS[type(node.op)](left, right)
+        return ast.literal_eval(node)
+    return value(ast.parse(source, mode="eval").body)
+
+
+def _equal(got, want) -> bool:
+    try:
+        return bool(got == want)
+    except Exception:  # noqa: BLE001 - plain values compare; anything else is a failure
+        return False
+
+
+__all__ = ["CheckVerdict", "check_request", "check_verdict", "calls_request", "judge_calls", "literal_value",
+           "CHECK_ENV"]
