@@ -29,6 +29,7 @@ for reuse (`keep_freed_memory`), set before the event loop starts any thread.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -36,6 +37,7 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 
 import anyio
 import zmq
@@ -71,16 +73,19 @@ def run_actor_process(spec: dict) -> None:
     if spec.get("head_pid") is not None:
         _own_process_group()
     _die_with_parent(spec.get("head_pid"))
-    pin_cpus(spec.get("cpu_ids"), spec.get("num_threads"))
     backend = "trio"
-    try:
-        cls = import_actor_class(spec["cls"])
-        backend = cls.backend
-    except Exception:
-        cls = None
-        startup_error = traceback.format_exc()
-    else:
-        startup_error = None
+    # The import (torch, a model library) may take long on a loaded machine: beat meanwhile, so
+    # that start_timeout_s limits silence from the spawn on, not the import's length.
+    with _beating_while_importing(spec):
+        pin_cpus(spec.get("cpu_ids"), spec.get("num_threads"))
+        try:
+            cls = import_actor_class(spec["cls"])
+            backend = cls.backend
+        except Exception:
+            cls = None
+            startup_error = traceback.format_exc()
+        else:
+            startup_error = None
     if cls is not None and cls.keeps_freed_memory:
         keep_freed_memory()
     options = {"backend": backend}
@@ -174,7 +179,7 @@ async def _actor_main(cls, spec: dict, startup_error: str | None) -> None:
             actor.inbox = inbox
             actor.address = inbox.bound_address
             if head is not None:
-                actor._keep_alive = lambda: KeepAlive(actor, spec, keys)
+                actor._keep_alive = lambda: KeepAlive(spec, keys, lambda: actor.progress_note)
             with actor.keep_alive("setup"):  # setup may block the loop (a model load): see the module doc
                 await actor.setup()
             actor.progress_note = ""
@@ -217,14 +222,24 @@ async def _heartbeat(actor: Actor, head, spec: dict) -> None:
         await anyio.sleep(interval_s)
 
 
+def _beating_while_importing(spec: dict):
+    """KeepAlive for the process's start before its event loop (no head: no beats)."""
+    if not spec.get("head_address"):
+        return contextlib.nullcontext()
+    keys = CurveKeys.from_dict(spec["keys"]) if spec.get("keys") else None
+    return KeepAlive(spec, keys, lambda: "importing " + spec["cls"].partition(":")[0])
+
+
 class KeepAlive:
-    """A thread that sends the head heartbeats (without a load: the loop may be blocked, so the
-    actor's state is not read) every heartbeat interval, from its own socket, while the
-    event loop is busy on purpose. Use as a context manager (Actor.keep_alive does).
+    """A thread that sends the head heartbeats (without a load: the loop may be blocked, or not
+    started yet, so the actor's state is not read) every heartbeat interval, from its own
+    socket, while the event loop is busy on purpose or before it runs. Use as a context manager
+    (Actor.keep_alive does). `note()` says what the process is doing, read at each beat.
     Invariant: the thread runs only between __enter__ and __exit__."""
 
-    def __init__(self, actor: Actor, spec: dict, keys: CurveKeys | None):
-        self.actor = actor
+    def __init__(self, spec: dict, keys: CurveKeys | None, note: Callable[[], str]):
+        self.name = spec["name"]
+        self.note = note
         self.address = spec["head_address"]
         self.head_pid = spec.get("head_pid")
         self.incarnation = spec.get("incarnation", 0)
@@ -250,10 +265,10 @@ class KeepAlive:
             sock.connect(self.address)
             while True:
                 _exit_if_orphaned(self.head_pid)
-                body = {"name": self.actor.name, "pid": os.getpid(), "incarnation": self.incarnation,
-                        "load": None, "note": self.actor.progress_note}
+                body = {"name": self.name, "pid": os.getpid(), "incarnation": self.incarnation,
+                        "load": None, "note": self.note()}
                 try:
-                    sock.send_multipart(wire.encode(wire.Message("_heartbeat", 0, 0, self.actor.name,
+                    sock.send_multipart(wire.encode(wire.Message("_heartbeat", 0, 0, self.name,
                                                                  None, body)), flags=zmq.NOBLOCK)
                 except zmq.Again:
                     pass  # not connected yet, or the head is behind: the next beat tries again

@@ -71,6 +71,24 @@ async def test_a_slow_setup_that_keeps_heartbeating_outlives_start_timeout_s():
         assert await ref.ask("echo", "up") == "up"
 
 
+SLOW_IMPORT = """
+import time
+time.sleep(6)  # an actor module whose imports are slow (torch on a loaded machine)
+from postrain.core.testing import EchoActor
+"""
+
+
+@async_test
+async def test_an_import_slower_than_start_timeout_s_still_starts_because_the_process_beats_meanwhile(
+        tmp_path, monkeypatch):
+    (tmp_path / "slow_import_actor.py").write_text(SLOW_IMPORT)
+    monkeypatch.syspath_prepend(str(tmp_path))  # the spawned process starts with this sys.path
+    async with Supervisor.open(heartbeat_interval_s=0.2) as sup:
+        ref = await sup.start(spec("slow", cls="slow_import_actor:EchoActor", start_timeout_s=4))
+        assert sup.records["slow"].incarnation == 1, "the import was not taken for a hang"
+        assert await ref.ask("echo", "up") == "up"
+
+
 @async_test
 async def test_a_start_that_goes_silent_is_killed_after_start_timeout_s_and_counts_against_the_budget():
     async with Supervisor.open(heartbeat_interval_s=0.2) as sup:

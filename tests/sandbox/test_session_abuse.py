@@ -77,11 +77,15 @@ def assert_only_a_blank_shell_waits(session):
     environment only the policy's locale, blocked on a read."""
     agent = psutil.Process(session._jail._proc.pid).children()[0]
     deadline = time.monotonic() + 5
-    while True:  # the agent starts the shell once it has replied
-        shells = [p for p in jail_processes(session) if p.uids().real == HOST_UID]
-        if (shells and shells[0].parent() == agent and shells[0].status() == psutil.STATUS_SLEEPING
-                or time.monotonic() > deadline):
-            break
+    while True:  # the agent starts the shell once it has replied; the last call's processes end
+        try:
+            shells = [p for p in jail_processes(session) if p.uids().real == HOST_UID]
+            if (shells and shells[0].parent() == agent and shells[0].status() == psutil.STATUS_SLEEPING
+                    or time.monotonic() > deadline):
+                break
+        except psutil.NoSuchProcess:  # one ended while we looked: look again
+            pass
+        time.sleep(0.01)
     assert len(shells) == 1
     shell = shells[0]
     locale = {k: v for k, v in dict(session._jail.policy.env).items() if k == "LANG" or k.startswith("LC_")}
