@@ -19,6 +19,8 @@ trusts a verdict that code of the policy's could have printed. Two graders follo
   repr; the expected values never enter the jail, and the host compares `ast.literal_eval` of the
   report with them. A solution that forges the report (prints it, patches the driver, returns an
   object equal to everything) can at most claim plain values, which pass only if they are right.
+  `comparison_tests` reads a test file of `assert CALL == EXPECTED` statements (the dataset task's
+  `code_tests` reward) into such calls, and refuses a file with any other statement.
 
 Both requests are (code, files) for `Sandbox.run` / a sandbox handle's `exec`; the judges read its
 result. See docs/sandbox.md, "Grader contract".
@@ -29,8 +31,6 @@ import ast
 import dataclasses
 import json
 import operator
-
-from .result import ExecResult, Status
 
 SNAPSHOT_FILE = "snapshot.tar"
 CHECK_FILE = "check.sh"
@@ -143,6 +143,9 @@ report = []
 try:
     import solution
     namespace = dict(vars(solution))
+    namespace["solution"] = solution
+    for line in request.get("imports", []):
+        exec(line, namespace)
     load_error = None
 except BaseException:
     load_error = traceback.format_exc(limit=-3)[-1500:]
@@ -176,10 +179,12 @@ sys.stdout.write("\n" + json.dumps({"load_error": load_error, "results": report}
 '''
 
 
-def calls_request(solution: str, calls: list[str], *, call_timeout_s: float = 2.0) -> tuple[str, dict[str, bytes]]:
+def calls_request(solution: str, calls: list[str], *, call_timeout_s: float = 2.0,
+                  imports: list[str] = ()) -> tuple[str, dict[str, bytes]]:
     """(code, files) that evaluate each call expression (`add(1, 2)`) against `solution` (module
-    `solution`) in the jail and report each value's repr; nothing expected goes in."""
-    body = json.dumps({"calls": list(calls), "timeout_s": float(call_timeout_s)})
+    `solution`, its names and itself in scope, then the `imports` statements run) in the jail and
+    report each value's repr; nothing expected goes in."""
+    body = json.dumps({"calls": list(calls), "timeout_s": float(call_timeout_s), "imports": list(imports)})
     return _CALLS_DRIVER % {"calls": CALLS_FILE}, {"solution.py": solution.encode(), CALLS_FILE: body.encode()}
 
 
@@ -223,6 +228,84 @@ _NOT_PLAIN = object()
 _OPS = {ast.Add: operator.add, ast.Mult: operator.mul, ast.Sub: operator.sub}
 
 
+class TestFileError(ValueError):
+    """A test file that cannot be judged on the host (a statement that is not a comparison)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ComparisonTests:
+    """A test file read as comparisons judged on the host: `imports` (statements run in the jail
+    before the calls), and per test name its (call, expected) pairs; a test passes iff all of its
+    comparisons do. Module-level asserts form the test `test_module`."""
+
+    imports: tuple[str, ...]
+    tests: dict[str, tuple[tuple[str, str], ...]]
+
+    def flat(self) -> tuple[list[str], list[str]]:
+        """The calls and expected sources of every comparison, in order."""
+        pairs = [pair for comparisons in self.tests.values() for pair in comparisons]
+        return [call for call, _ in pairs], [want for _, want in pairs]
+
+    def judge(self, result):
+        """The TestReport per test (not per comparison) of a `calls_request` run of `flat()`."""
+        calls, expected = self.flat()
+        report = judge_calls(result, calls, expected)
+        if report.collect_error is not None:
+            return report
+        passed, errors, i = {}, {}, 0
+        for name, comparisons in self.tests.items():
+            verdicts = [f"test_{j}" for j in range(i, i + len(comparisons))]
+            i += len(comparisons)
+            passed[name] = all(report.passed.get(v, False) for v in verdicts)
+            failures = [report.errors[v] for v in verdicts if v in report.errors]
+            if failures:
+                errors[name] = failures[0]
+        return dataclasses.replace(report, passed=passed, errors=errors)
+
+
+def comparison_tests(source: str) -> ComparisonTests:
+    """Read a test file of `assert CALL == EXPECTED` statements (at module level or in `test_*`
+    functions; EXPECTED a literal, see `literal_value`) and of import statements. Anything else
+    would have to run in the solution's process, where the solution could forge it, so it is
+    refused: TestFileError names the line and the fix."""
+    try:
+        module = ast.parse(source)
+    except SyntaxError as exc:
+        raise TestFileError(f"the test file does not parse: {exc}") from None
+    imports, tests = [], {}
+
+    def comparison(node) -> tuple[str, str]:
+        test = node.test if isinstance(node, ast.Assert) else None
+        if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+            raise TestFileError(f"line {node.lineno}: {ast.unparse(node)[:80]!r} is not `assert CALL == EXPECTED`; "
+                                "tests are judged on the host, where the solution cannot reach them, so each "
+                                "must compare a call with a literal; fix: rewrite it so, or grade with a reward "
+                                "function of your own")
+        want = ast.unparse(test.comparators[0])
+        try:
+            literal_value(want)
+        except (ValueError, SyntaxError, TypeError) as exc:
+            raise TestFileError(f"line {node.lineno}: the expected value {want[:80]!r} is not a literal "
+                                f"({exc}); fix: write the value out") from None
+        return ast.unparse(test.left), want
+
+    for node in module.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            imports.append(ast.unparse(node))
+        elif isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
+            body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+            tests[node.name] = tuple(comparison(statement) for statement in body)
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # a docstring
+        else:
+            tests.setdefault("test_module", ())
+            tests["test_module"] += (comparison(node),)
+    tests = {name: pairs for name, pairs in tests.items() if pairs}
+    if not tests:
+        raise TestFileError("the test file has no `assert CALL == EXPECTED`; fix: add at least one")
+    return ComparisonTests(tuple(imports), tests)
+
+
 def literal_value(source: str):
     """The value of a task author's expected expression: a Python literal, or literals joined by
     +, - and * (`'z' * 12`, `[2] * 10`); ValueError for anything else."""
@@ -244,4 +327,4 @@ def _equal(got, want) -> bool:
 
 
 __all__ = ["CheckVerdict", "check_request", "check_verdict", "calls_request", "judge_calls", "literal_value",
-           "CHECK_ENV"]
+           "CHECK_ENV", "ComparisonTests", "TestFileError", "comparison_tests"]

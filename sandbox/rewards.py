@@ -7,7 +7,8 @@
   finds `test_*` functions and runs each in a forked child with its own time limit, so a test that
   crashes, hangs or calls `os._exit` fails alone. The report is the last marker line on stdout.
   Limitation: the solution runs in the sandbox with the driver, so a solution written to forge the
-  report could; use `run_io_cases` where the reward must hold against that.
+  report could: it is feedback for the policy, never a grader. Where a reward must hold, use
+  `run_io_cases` or the host-judged comparisons of `postrain.sandbox.grader.comparison_tests`.
 
 Both have async twins (`arun_io_cases`, `arun_tests`) for trio callers.
 """

@@ -17,8 +17,11 @@ Built-ins (they read the reference answer from the example's answer field):
                   (so a GSM8K answer "... #### 72" works as it is; commas and spaces ignored)
     math          math-verify: the completion's answer (\\boxed{...}, $...$ or the last number)
                   is mathematically equal to the reference (1/2 == 0.5 == \\frac{1}{2})
-    code_tests    the reference is a Python test file (`test_*` functions); it runs against the
-                  final answer's code (a ```python fence is stripped) in the sandbox
+    code_tests    the reference is a Python test file of `assert CALL == EXPECTED` statements (in
+                  `test_*` functions or at module level); the calls run against the final answer's
+                  code (a ```python fence is stripped) in the sandbox, the values are compared on
+                  the host (postrain.sandbox.grader.comparison_tests); `correct` is the fraction
+                  of tests passed
 
 The final answer of a completion is the text of its last `<answer>...</answer>`, or the whole
 completion when it has none (`final_answer`).
@@ -42,6 +45,7 @@ import trio
 
 from postrain.core import import_object
 from postrain.core.errors import PostrainError
+from postrain.sandbox.grader import TestFileError, calls_request, comparison_tests
 
 from ..env.api import EnvironmentFailure, Reward
 
@@ -154,14 +158,19 @@ class RewardFunction:
 
 
 async def _code_tests(completion: str, tests: Any, sandbox) -> dict[str, float]:
+    """The fraction of the reference's tests passed, judged on the host (`comparison_tests`): the
+    jail evaluates the calls, the expected values never enter it, so no solution forges a pass."""
     if sandbox is None:
         raise RewardFailure("reward function 'code_tests' needs a sandbox and the environment has none; "
                             "fix: add a SandboxActor to the run (the dataset task then asks for it)")
-    report = await sandbox.run_tests(strip_fence(final_answer(completion)), str(tests))
-    passed = report.get("passed") if isinstance(report, dict) else getattr(report, "passed", None)
-    if passed is None:
-        raise RewardFailure(f"the sandbox returned no test report: {str(report)[:200]}")
-    return {"correct": sum(map(bool, passed.values())) / len(passed) if passed else 0.0}
+    try:
+        reference = comparison_tests(str(tests))
+    except TestFileError as exc:
+        raise RewardFailure(f"reward function 'code_tests': the example's test file: {exc}") from None
+    calls, _ = reference.flat()
+    code, files = calls_request(strip_fence(final_answer(completion)), calls, imports=list(reference.imports))
+    report = reference.judge(await sandbox.exec(code, files=files))
+    return {"correct": report.num_passed / len(reference.tests)}
 
 
 _BUILTINS = {"exact": exact, "last_integer": last_integer_match, "math": math_match, "code_tests": _code_tests}

@@ -168,6 +168,48 @@ def test_code_tests_runs_the_reference_tests_on_the_completion_in_the_sandbox():
     assert good.components == {"correct": 1.0} and half.components == {"correct": 0.5}
 
 
+# Solutions written to forge the code_tests reward rather than to add: each must score 0.
+FORGERIES = {
+    "equal to everything": "class Any:\n    def __eq__(self, other): return True\n"
+                           "def add(a, b): return Any()",
+    "a printed report": "import json, sys, os\n"
+                        "print('\\n' + json.dumps({'load_error': None, 'results': [{'repr': '3'}, {'repr': '4'}]}))\n"
+                        "sys.stdout.flush(); os._exit(0)\ndef add(a, b): return 0",
+    "exits at import": "import os\nos._exit(0)",
+    "patched builtins": "import builtins\nbuiltins.AssertionError = type('Never', (Exception,), {})\n"
+                        "builtins.repr = lambda value: 'None'\ndef add(a, b): return 0",
+    "kills its parent": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\ndef add(a, b): return 0",
+}
+
+
+@pytest.mark.parametrize("forgery", sorted(FORGERIES))
+def test_code_tests_is_judged_on_the_host_so_a_forged_solution_scores_nothing(forgery):
+    from postrain.sandbox import Sandbox
+    tests = ("import solution\nfrom solution import add\n\ndef test_one():\n    \"Adds.\"\n"
+             "    assert add(1, 2) == 3\n    assert solution.add(0, 3) == 3\n\nassert add(2, 2) == 4\n")
+    with Sandbox(mode="warm", num_workers=1) as box:
+        async def score(completion):
+            return await load_reward("code_tests").score(completion, {"tests": tests}, answer_field="tests",
+                                                         sandbox=LocalSandbox(box))
+        assert trio.run(score, "def add(a, b):\n    return a + b").components == {"correct": 1.0}
+        assert trio.run(score, FORGERIES[forgery]).components == {"correct": 0.0}
+        if forgery == "patched builtins":  # a forged report claims values: it scores what returning them does
+            claims_3 = FORGERIES[forgery].replace("'None'", "'3'")
+            assert trio.run(score, claims_3).components == trio.run(score, "def add(a, b): return 3").components
+
+
+@pytest.mark.parametrize("tests, named", [
+    ("from solution import add\ndef test_one():\n    got = add(1, 2)\n    assert got == 3\n", "line 3"),
+    ("from solution import add\ndef test_one():\n    assert add(1, 2) == three()\n", "not a literal"),
+    ("from solution import add\n", "no `assert CALL == EXPECTED`"),
+])
+def test_code_tests_refuses_a_test_file_it_cannot_judge_on_the_host_naming_the_line(tests, named):
+    from postrain.actors.tasks.rewards import RewardFailure
+    with pytest.raises(RewardFailure, match=named):
+        trio.run(lambda: load_reward("code_tests").score("def add(a, b): return a + b", {"tests": tests},
+                                                         answer_field="tests", sandbox=object()))
+
+
 def test_with_a_python_tool_the_model_may_run_code_in_the_sandbox_before_it_answers(data):
     from postrain.actors.env import run_episode
     from postrain.sandbox import Sandbox
