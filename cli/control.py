@@ -19,6 +19,7 @@ import anyio
 
 from postrain.core.errors import ActorError
 from postrain.core.node import Node
+from postrain.core.transport import CurveKeys
 
 from .live import load_text
 
@@ -39,6 +40,23 @@ def head_address(run_folder: str) -> str:
     except (OSError, ValueError, KeyError):
         raise SystemExit(f"postrain: no running head in {run_folder}: {path} is missing or unreadable "
                          "(is `postrain up` running with this run folder?)") from None
+
+
+def control_client_keys(keys: CurveKeys | None) -> dict | None:
+    """What head.json carries for `status` and `down` to reach a head on tcp (Curve even on
+    loopback): the client's half and the server's public key, never a server secret or the
+    bulk key. The run folder is the run user's only (0700)."""
+    if keys is None:
+        return None
+    return {name: getattr(keys, name).decode() for name in ("server_public", "client_public", "client_secret")}
+
+
+def _client_keys(run_folder: str) -> CurveKeys | None:
+    found = json.loads((Path(run_folder) / "head.json").read_text()).get("client_keys")
+    if not found:
+        return None
+    return CurveKeys(found["server_public"].encode(), b"", found["client_public"].encode(),
+                     found["client_secret"].encode())
 
 
 def not_running(run_folder: str, command: str = "status") -> dict | None:
@@ -78,7 +96,7 @@ async def ask_head(run_folder: str, kind: str) -> object:
     """Ask the head of the run in `run_folder` one request. Cancelled: the head may still act on
     it (a `shutdown` once received runs to the end); nothing is left on this side."""
     address = head_address(run_folder)
-    async with Node("cli") as node:
+    async with Node("cli", _client_keys(run_folder)) as node:
         try:
             return await node.ref(address, "head").ask(kind, timeout_s=5)
         except ActorError as exc:

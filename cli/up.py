@@ -71,6 +71,7 @@ from postrain.core.shm import process_lives
 from .balancer import Balancer
 from .cluster_up import ClusterLaunch, meeting_point_on_node, node_agents, plan_on_cluster, start_on_node
 from .config import UpConfig, load_up_config
+from .control import control_client_keys
 from .monitor import RunMonitor
 from .node_watch import NodeWatch
 from .tracking import RunTracking
@@ -123,7 +124,7 @@ def prepare_run_folder(config: UpConfig) -> Path:
 # What a run writes into its folder (the actors, the head, the trackers): `--overwrite` deletes
 # these and nothing else; any of RUN_MARKERS means the folder holds a run.
 RUN_FILES = ("config.toml", "source.json", "head.json", "summary.json", "*.jsonl", "logs", "checkpoint",
-             "policy", "plots", "tensorboard", "mlruns", "wandb", ".checkpoint*", ".policy*")
+             "policy", "plots", "report.html", "tensorboard", "mlruns", "wandb", ".checkpoint*", ".policy*")
 RUN_MARKERS = ("config.toml", "summary.json", "metrics.jsonl", "ledger.jsonl", "checkpoint", "policy")
 
 
@@ -329,6 +330,12 @@ async def _run(config: UpConfig, folder: Path, monitor: RunMonitor, resume: bool
     return 128 + stopper.signum if stopper.signum is not None else status
 
 
+def _binds_tcp(config: UpConfig) -> bool:
+    """Whether a socket of the run listens on tcp, where it needs Curve keys even on loopback
+    (any local user can reach 127.0.0.1; ipc sockets live in the run's private folder)."""
+    return any(bind.startswith("tcp://") for bind in [config.head.bind, *(a.bind for a in config.actors)])
+
+
 async def _run_actors(config: UpConfig, folder: Path, monitor: RunMonitor, resume: bool,
                       stopper: _Stopper, launch: ClusterLaunch | None = None) -> int:
     """Start every actor in config order (with `launch`: on its node, through the node agents),
@@ -340,7 +347,7 @@ async def _run_actors(config: UpConfig, folder: Path, monitor: RunMonitor, resum
     async with Supervisor.open(heartbeat_interval_s=config.head.heartbeat_interval_s,
                                heartbeat_timeout_s=config.head.heartbeat_timeout_s,
                                bind=config.head.bind, log_dir=str(folder / "logs"),
-                               keys=CurveKeys.generate() if launch is not None else None,
+                               keys=CurveKeys.generate() if launch is not None or _binds_tcp(config) else None,
                                run_tag=run_tag_for(str(folder.resolve()))) as supervisor, \
             AsyncExitStack() as stack:
         if launch is None:
@@ -364,7 +371,8 @@ async def _run_actors(config: UpConfig, folder: Path, monitor: RunMonitor, resum
             monitor.attach(supervisor)
             (folder / "head.json").write_text(json.dumps({
                 "address": supervisor.address, "pid": os.getpid(), "started": time.time(),
-                "metrics_url": monitor.metrics_url, "run_tag": supervisor.run_tag}))
+                "metrics_url": monitor.metrics_url, "run_tag": supervisor.run_tag,
+                "client_keys": control_client_keys(supervisor.keys)}))
             if monitor.metrics_url:
                 print(f"  metrics: {monitor.metrics_url}", flush=True)
             if await _start_actors(supervisor, config, start):

@@ -31,7 +31,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from . import wire
 from .errors import ActorDiedError, ActorTimeoutError, AuthenticationError, RemoteError
-from .transport import HWM_MESSAGES, AsyncSocket, configure_client, is_beyond_loopback
+from .transport import HWM_MESSAGES, AsyncSocket, configure_client, is_beyond_loopback, uses_curve
 
 log = logging.getLogger("postrain.core")
 
@@ -97,7 +97,7 @@ class ActorRef:
         sock.reconnect_ivl = 20
         sock.reconnect_ivl_max = 500
         configure_client(sock, address, node.keys)
-        self._uses_curve = is_beyond_loopback(address)  # else a failed handshake means the peer went away
+        self._uses_curve = uses_curve(address, node.keys)  # else a failed handshake means the peer went away
         self._monitor = AsyncSocket(_monitor_socket(node.context, sock))
         sock.connect(address)
         self._sock = AsyncSocket(sock)
@@ -199,7 +199,7 @@ class ActorRef:
             pass  # never connected there
         configure_client(sock, address, self.node.keys)
         self.address = address
-        self._uses_curve = is_beyond_loopback(address)
+        self._uses_curve = uses_curve(address, self.node.keys)
         self.same_host = reaches_same_host(address, same_node)
         self._shm_min_bytes = self.node.shm_min_bytes_for(address, same_node)
         if self._connected.is_set():

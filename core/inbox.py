@@ -24,7 +24,7 @@ import zmq
 
 from . import wire
 from .node import Node
-from .transport import HWM_MESSAGES, AsyncSocket, configure_server, is_beyond_loopback
+from .transport import HWM_MESSAGES, AsyncSocket, configure_server, uses_curve
 
 log = logging.getLogger("postrain.core")
 
@@ -70,7 +70,7 @@ class Inbox:
         sock.router_mandatory = True   # a full peer queue makes send wait, not drop
         sock.sndhwm = sock.rcvhwm = HWM_MESSAGES
         configure_server(sock, address, node.keys)
-        if is_beyond_loopback(address):
+        if uses_curve(address, node.keys):
             node.ensure_zap(allowed_client_keys or node.keys.allowed_client_keys)
         sock.bind(address)
         self.bound_address = sock.last_endpoint.decode()

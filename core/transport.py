@@ -107,13 +107,25 @@ class CurveKeys:
                    data["client_secret"], tuple(data["allowed_client_keys"]), data["bulk_key"])
 
 
-def configure_server(sock: zmq.Socket, address: str, keys: CurveKeys | None) -> None:
-    """Make `sock` a CurveZMQ server when `address` listens beyond loopback."""
-    if not is_beyond_loopback(address):
-        return
+def uses_curve(address: str, keys: CurveKeys | None) -> bool:
+    """Whether a socket at `address` speaks CurveZMQ: every tcp address when the run has keys
+    (so that another local user cannot call an actor on 127.0.0.1 either); never ipc, whose
+    socket lives in the run's private folder. A tcp address beyond loopback without keys is an
+    error (ValueError), never a plain socket."""
+    if not address.startswith("tcp://"):
+        return False
     if keys is None:
-        raise ValueError(f"{address} listens beyond loopback, which needs CurveZMQ keys; "
-                         "pass the run's CurveKeys (CurveKeys.generate())")
+        if is_beyond_loopback(address):
+            raise ValueError(f"{address} is beyond loopback, which needs CurveZMQ keys; "
+                             "pass the run's CurveKeys (CurveKeys.generate())")
+        return False
+    return True
+
+
+def configure_server(sock: zmq.Socket, address: str, keys: CurveKeys | None) -> None:
+    """Make `sock` a CurveZMQ server when `uses_curve(address, keys)`."""
+    if not uses_curve(address, keys):
+        return
     sock.curve_server = True
     sock.curve_publickey = keys.server_public
     sock.curve_secretkey = keys.server_secret
@@ -123,10 +135,9 @@ def configure_server(sock: zmq.Socket, address: str, keys: CurveKeys | None) -> 
 
 
 def configure_client(sock: zmq.Socket, address: str, keys: CurveKeys | None) -> None:
-    if not is_beyond_loopback(address):
+    """Make `sock` a CurveZMQ client when `uses_curve(address, keys)`."""
+    if not uses_curve(address, keys):
         return
-    if keys is None:
-        raise ValueError(f"{address} is beyond loopback, which needs CurveZMQ keys")
     sock.curve_serverkey = keys.server_public
     sock.curve_publickey = keys.client_public
     sock.curve_secretkey = keys.client_secret

@@ -52,15 +52,21 @@ def test_a_broken_config_or_run_folder_fails_before_anything_starts(tmp_path):
     assert result.returncode == 2 and "is not writable" in result.stderr
 
 
-def test_status_and_down_talk_to_a_running_head(tmp_path):
+@pytest.mark.parametrize("bind", ["ipc", "tcp"])
+def test_status_and_down_talk_to_a_running_head(tmp_path, bind):
+    from postrain.core.transport import free_tcp_port
     folder = tmp_path / "runs" / "t"
-    head = subprocess.Popen([sys.executable, "-m", "postrain.cli", "up", "--config",
-                             str(write_config(tmp_path, driver=False))],
+    config = write_config(tmp_path, driver=False)
+    if bind == "tcp":  # on loopback, Curve all the same; head.json gives `status` the client's keys
+        config.write_text(config.read_text().replace(
+            "[head]\n", f'[head]\nbind = "tcp://127.0.0.1:{free_tcp_port("127.0.0.1")}"\n'))
+    head = subprocess.Popen([sys.executable, "-m", "postrain.cli", "up", "--config", str(config)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for line in head.stdout:  # wait for the head's own word that it serves
             if line.startswith("serving"):
                 break
+        assert json.loads((folder / "head.json").read_text())["address"].startswith(bind)
         status = postrain("status", str(folder), "--json")
         assert status.returncode == 0, status.stderr
         actors = {a["name"]: a for a in json.loads(status.stdout)["actors"]}
@@ -69,6 +75,8 @@ def test_status_and_down_talk_to_a_running_head(tmp_path):
         assert head.wait(timeout=60) == 0
     finally:
         head.kill()
+    if bind == "tcp":
+        return
     result = postrain("status", str(folder))
     assert result.returncode == 0 and "is not running" in result.stdout and "--resume" in result.stdout
     (folder / "summary.json").write_text('{"steps": 3}')

@@ -129,6 +129,16 @@ async def test_curve_refuses_a_peer_without_an_accepted_key_and_accepts_the_runs
 
 
 @async_test
+async def test_an_actor_on_loopback_tcp_answers_the_run_and_not_another_local_user():
+    async with Supervisor.open(keys=CurveKeys.generate()) as sup:
+        ref = await sup.start(spec("local", bind="tcp://127.0.0.1:0"))
+        assert await ref.ask("echo", "trusted") == "trusted"
+        async with Node("local-user", None) as stranger:   # plain tcp, as any local user can
+            with pytest.raises(ActorTimeoutError):
+                await stranger.ref(ref.address).ask("echo", "x", timeout_s=3)
+
+
+@async_test
 async def test_heartbeats_carry_a_typed_load_and_a_pool_resizes_by_the_kernels_message():
     async with Supervisor.open(heartbeat_interval_s=0.1) as sup:
         ref = await sup.start(spec("pool", cls="postrain.core.testing:PoolEchoActor"))
