@@ -16,8 +16,9 @@ single-host kernel there: a `Supervisor` (core/supervisor.py) whose scheduler ho
 node's inventory, so the actors it starts are spawned, pinned, watched, restarted and killed
 with their process group exactly as on one host, and die with the agent. The agent's
 supervisor binds its control socket and every actor's inbox on the node's own address
-with CurveZMQ (`CurveKeys`, made by the head per run and handed to the agents in Ray's
-calls), so a peer without the run's key is refused. Data flows actor to actor over those
+with CurveZMQ (`CurveKeys`, made by the head per run and handed to each agent sealed to the
+agent's own enrolment key, core/enrol.py: Ray carries public keys and ciphertext, never a
+secret), so a peer without the run's key is refused. Data flows actor to actor over those
 sockets, never through Ray or the head. Each agent's registry knows its own actors and the
 addresses of the others' (`add_peers`), so `Actor.lookup` finds an actor on any node.
 
@@ -37,10 +38,12 @@ import sys
 import threading
 from dataclasses import asdict
 
+import msgpack
 import ray
 
 from .cluster import AgentLostError, NodeInventory
 from .config import ActorSpec, ClusterSection
+from .enrol import EnrolmentKey, seal_for
 from .errors import PostrainError
 from .scheduler import GpuInfo, Inventory
 from .transport import CurveKeys, free_tcp_port
@@ -134,10 +137,14 @@ class RayCluster:
         for node in nodes:
             strategy = NodeAffinitySchedulingStrategy(node_id=self._node_ids[node.name], soft=False)
             handles[node.name] = agent_class.options(scheduling_strategy=strategy).remote(
-                node.name, node.address, asdict(node.inventory), keys.to_dict(), run_tag, log_dir,
+                node.name, node.address, asdict(node.inventory), run_tag, log_dir,
                 heartbeat_interval_s, heartbeat_timeout_s)
         try:
             versions = ray.get([h.versions.remote() for h in handles.values()], timeout=AGENT_START_TIMEOUT_S)
+            publics = ray.get([h.enrolment_key.remote() for h in handles.values()], timeout=60)
+            secrets = msgpack.packb(keys.to_dict())   # through Ray only sealed (core/enrol.py)
+            ray.get([h.enrol.remote(seal_for(public, secrets, enrolment_context(node, run_tag)))
+                     for (node, h), public in zip(handles.items(), publics)], timeout=AGENT_START_TIMEOUT_S)
         except Exception as exc:
             for handle in handles.values():
                 ray.kill(handle)
@@ -157,6 +164,11 @@ class RayCluster:
 
     def disconnect(self) -> None:
         ray.shutdown()
+
+
+def enrolment_context(node: str, run_tag: str) -> bytes:
+    """What a sealed box of the run's keys is bound to: one agent's node, in one run."""
+    return f"node={node}|run={run_tag}".encode()
 
 
 class Agents:
@@ -229,9 +241,11 @@ class Agents:
 
 class NodeAgent:
     """Runs on one node, as a Ray actor: a single-host Supervisor in its own thread (a trio loop)
-    that Ray's calls drive. Invariant: after __init__ returns, `self.supervisor` is serving."""
+    that Ray's calls drive. It starts without the run's keys and with an enrolment key pair
+    (core/enrol.py); `enrol` opens the keys the head sealed to it and starts the supervisor.
+    Invariant: after `enrol` returns, `self.supervisor` is serving."""
 
-    def __init__(self, node: str, address: str, inventory: dict, keys: dict, run_tag: str, log_dir: str,
+    def __init__(self, node: str, address: str, inventory: dict, run_tag: str, log_dir: str,
                  heartbeat_interval_s: float, heartbeat_timeout_s: float):
         from .scheduler import Scheduler
 
@@ -240,12 +254,22 @@ class NodeAgent:
         inventory = Inventory(cpu_ids=tuple(inventory["cpu_ids"]), memory_mb=inventory["memory_mb"],
                               gpus=tuple(GpuInfo(**g) for g in inventory["gpus"]))
         self._settings = dict(scheduler=Scheduler(inventory), bind=f"tcp://{address}:0",
-                              keys=CurveKeys.from_dict(keys), log_dir=log_dir, run_tag=run_tag,
+                              log_dir=log_dir, run_tag=run_tag,
                               heartbeat_interval_s=heartbeat_interval_s, heartbeat_timeout_s=heartbeat_timeout_s)
+        self._enrolment = EnrolmentKey()
         os.makedirs(log_dir, mode=0o700, exist_ok=True)
+
+    def enrolment_key(self) -> bytes:
+        """The public half of this agent's enrolment key: the head seals the run's keys to it."""
+        return self._enrolment.public
+
+    def enrol(self, box: dict) -> None:
+        """Open the run's keys (sealed to this agent for this node and run) and start serving."""
+        keys = msgpack.unpackb(self._enrolment.open(box, enrolment_context(self.node, self._settings["run_tag"])))
+        self._settings["keys"] = CurveKeys.from_dict(keys)
         self._opened = threading.Event()
         self._failure: BaseException | None = None
-        self._thread = threading.Thread(target=self._serve, name=f"postrain-agent-{node}", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name=f"postrain-agent-{self.node}", daemon=True)
         self._thread.start()
         self._opened.wait()
         if self._failure is not None:
@@ -255,7 +279,7 @@ class NodeAgent:
         import trio
         try:
             trio.run(self._main)
-        except BaseException as exc:  # reported by __init__ (a failed open) or the next call
+        except BaseException as exc:  # reported by enrol (a failed open) or the next call
             self._failure = exc
             self._opened.set()
 

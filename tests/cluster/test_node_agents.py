@@ -91,6 +91,33 @@ async def test_agents_on_two_nodes_run_actors_that_talk_over_tcp_curve_and_refus
         cluster.disconnect()
 
 
+def test_the_runs_secrets_never_travel_in_a_ray_call(two_nodes, tmp_path, monkeypatch):
+    """Ray keeps its calls' arguments in its task specs and control store: spy on every actor
+    creation and method call the head makes, and look for the secrets in what Ray was given."""
+    import pickle
+
+    import ray.actor
+    given = []
+    for cls in (ray.actor.ActorClass, ray.actor.ActorMethod):
+        def spy(self, args=None, kwargs=None, *rest, _real=cls._remote, **options):
+            given.append(pickle.dumps((args, kwargs)))
+            return _real(self, args, kwargs, *rest, **options)
+        monkeypatch.setattr(cls, "_remote", spy)
+    cluster = connect(ClusterSection(address=two_nodes.address))
+    try:
+        keys = CurveKeys.generate()
+        agents = cluster.start_agents(cluster.nodes(), keys=keys, run_tag="secrets1", log_dir=str(tmp_path / "logs"))
+        try:
+            assert all(state["actors"] == [] for state in agents.status().values()), "the agents serve"
+        finally:
+            agents.stop()
+    finally:
+        cluster.disconnect()
+    assert len(given) >= 6, "the spy saw the agents' creation and calls"
+    for secret in (keys.server_secret, keys.client_secret, keys.bulk_key):
+        assert not any(secret in call for call in given)
+
+
 def up_dry_run(tmp_path, doc: dict, capsys) -> tuple[int, str, str]:
     """`postrain up --dry-run` in this process: (exit status, stdout, stderr)."""
     from postrain.cli.main import main
