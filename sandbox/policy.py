@@ -12,6 +12,7 @@ import dataclasses
 import importlib.util
 import math
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -21,7 +22,8 @@ from .cgroups import CgroupError, cgroup_flags, host_cgroups
 
 # Inside the jail the code runs as SANDBOX_UID/GID, mapped to HOST_UID/GID outside: an unprivileged
 # id that owns nothing on the host. Inside uid 0 is mapped to host root only so that nsjail (and the
-# warm zygote, which keeps its namespace capabilities) can reach the Python prefix under /root.
+# warm zygote, which keeps its namespace capabilities) can reach the Python prefix under /root; the
+# read-only mounts are locked so that this root cannot make them writable (`nsjail_argv`).
 SANDBOX_UID = 1000
 HOST_UID = 99999
 
@@ -232,4 +234,25 @@ def nsjail_argv(policy: Policy, *, cold: bool, task_dir: str | None = None,
         argv += ["--env", f"{key}={value}"]
     argv += list(extra)
     argv.append("--")
-    return argv
+    return argv if cold else _with_locked_read_only_mounts(argv)
+
+
+# Runs nsjail in a mount namespace of its own in which each read-only mount source is first bound
+# read-only over itself. nsjail's user namespace then inherits those mounts locked read-only (the
+# kernel locks the flags of mounts a less privileged namespace inherits), so jail root, whose
+# capabilities the warm zygote and the session agent keep, cannot remount them writable. Only for
+# those jails: a cold run's code never has capabilities, and the wrapper costs a few processes
+# (the warm and session jails are started ahead, so no call waits for it).
+_LOCK_MOUNTS = ('while [ "$1" != "--" ]; do mount --bind -o ro "$1" "$1" || exit 97; shift; done; '
+                'shift; exec "$@"')
+
+
+def _with_locked_read_only_mounts(argv: list[str]) -> list[str]:
+    sources = [value.split(":")[0] for flag, value in zip(argv, argv[1:])
+               if flag == "--bindmount_ro" and not value.startswith("/dev/")]
+    tools = [shutil.which("unshare"), shutil.which("mount")]
+    if None in tools:
+        raise SandboxError("the sandbox needs util-linux's `unshare` and `mount` to lock its read-only "
+                           "mounts; fix: install util-linux")
+    return [tools[0], "--mount", "--propagation", "private", "--", "/bin/sh", "-c", _LOCK_MOUNTS, "sh",
+            *dict.fromkeys(sources), "--", *argv]

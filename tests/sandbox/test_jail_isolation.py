@@ -122,8 +122,6 @@ _REMOUNT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 32 finding 4, open: the jail's uid 0 is host uid 0 "
-                   "(nsjail must reach a Python prefix under a 0700 /root), with CAP_SYS_ADMIN there")
 def test_jail_root_cannot_make_a_read_only_host_mount_writable(tmp_path):
     import subprocess
 
