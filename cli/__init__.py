@@ -2,7 +2,8 @@
 
 The `postrain` command (`main`), one subcommand per module: `up` (the head:
 supervisor, scheduler, balancer, live view, metrics exporter), `status` and
-`down` (talk to a running head), `eval`, `generate`, `plot`, `trace`, `bench`
+`down` (talk to a running head), `eval`, `generate`, `plot`, `trace`, `samples`,
+`report` (one HTML page of a run), `init` (scaffold an environment package), `bench`
 and `sandbox`. It may import every layer below it (core, ext, sandbox,
 actors); nothing below imports it.
 """

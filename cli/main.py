@@ -28,6 +28,8 @@ SUBCOMMANDS: dict[str, str] = {
     "sandbox": "postrain.cli.sandbox",
     "generate": "postrain.cli.generate",
     "eval": "postrain.cli.eval",
+    "init": "postrain.cli.init",
+    "report": "postrain.cli.report",
 }
 
 

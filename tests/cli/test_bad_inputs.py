@@ -190,6 +190,18 @@ CASES = [
      "max_new_tokens must be >= 1, got -1", 1),
     ("sandbox-no-action", lambda t: ["sandbox"], "required: ACTION", 1),
     ("sandbox-missing-file", lambda t: ["sandbox", "exec", str(t / "nope.py")], "cannot read", 1),
+    # -- init, report, samples -------------------------------------------------------------------
+    ("init-name-not-identifier", lambda t: ["init", str(t / "p"), "--name", "2x"],
+     "--name '2x' is not a Python package name", 1),
+    ("init-shadows-a-module", lambda t: ["init", str(t / "json")],
+     "package name 'json' is already an importable module", 1),
+    ("init-file-exists", lambda t: ["init", str(t), "--name", "p", *([] if file(t, "run.toml", "") else [])],
+     "run.toml already exists; nothing was written; fix: give a new folder", 1),
+    ("init-into-a-file", lambda t: ["init", file(t, "f", ""), "--name", "p"], "is a file, not a folder", 1),
+    ("report-not-a-run", lambda t: ["report", str(t)], "holds no run (no config.toml, metrics.jsonl", 1),
+    ("report-negative-samples", lambda t: ["report", str(t), "--max-samples", "-1"],
+     "--max-samples must be >= 0 (0: all), got -1", 1),
+    ("samples-no-file", lambda t: ["samples", str(t)], "no samples.jsonl in", 1),
 ]
 
 # Run as real processes too: a flag error, a config error, a run-folder error, a SystemExit text.
@@ -215,7 +227,8 @@ def test_every_bad_input_is_one_line_without_a_traceback(tmp_path):
         argv = make(folder)
         commands.update(argv[:1])
         check(case_id, *run_in_process(argv), expected, max_lines)
-    assert {"up", "status", "down", "eval", "plot", "trace", "bench", "generate", "sandbox"} <= commands
+    assert {"up", "status", "down", "eval", "plot", "trace", "bench", "generate", "sandbox", "init", "report",
+            "samples"} <= commands
 
 
 @pytest.mark.parametrize("case_id", SUBPROCESS_CASES)
