@@ -175,6 +175,18 @@ class NodeWatch:
                 await self.lose(state, f"its agent has not answered for {silent_s:.1f} s "
                                        f"(node_timeout_s = {self.node_timeout_s:g})")
 
+    async def explain(self) -> None:
+        """Check the nodes until one is found lost (which raises, as `check` does) or
+        node_timeout_s passes with every node answering: for a failure elsewhere (the driver's)
+        that a node's loss may have caused, so that the user reads the cause."""
+        deadline = time.monotonic() + self.node_timeout_s
+        while time.monotonic() < deadline:
+            await self.check()
+            if all(time.monotonic() - state.last_answer < self.interval_s + 1.0
+                   for state in self.nodes.values() if not state.lost_reason):
+                return   # every node answers now: no loss to explain the failure
+            await anyio.sleep(self.interval_s)
+
     async def _ask_status(self, state: NodeState) -> None:
         """One `status` ask to the node's agent. Cancelled: nothing changes."""
         if state.name not in self._refs:

@@ -55,7 +55,6 @@ import sys
 import time
 from contextlib import AsyncExitStack, contextmanager
 from pathlib import Path
-from typing import Callable
 
 import anyio
 
@@ -414,8 +413,7 @@ async def _serve(config: UpConfig, folder: Path, monitor: RunMonitor, resume: bo
             tg.start_soon(Balancer(supervisor, config.balancer, folder, emit=monitor.line).run)
         if config.run.driver:
             tg.start_soon(_limit_stop_grace, supervisor, config.head.stop_grace_s, tg.cancel_scope)
-            status = await _follow_driver(supervisor, config.run.driver, folder, monitor, resume,
-                                          watch.summary_figures if watch is not None else None)
+            status = await _follow_driver(supervisor, config.run.driver, folder, monitor, resume, watch)
         else:
             print("serving; stop with `postrain down RUN_DIR` or Ctrl-C", flush=True)
             await supervisor.shutdown_requested.wait()
@@ -444,10 +442,12 @@ async def _limit_stop_grace(supervisor: Supervisor, grace_s: float, scope: anyio
 
 
 async def _follow_driver(supervisor: Supervisor, driver: str, folder: Path, monitor: RunMonitor,
-                         resume: bool = False, summary_figures: Callable[[], dict] | None = None) -> int:
+                         resume: bool = False, watch: NodeWatch | None = None) -> int:
     """Stream the driver's progress lines and figures to the monitor; its last item is the run's
-    summary. Cancelled: the stream is abandoned (the driver runs on until its actor is stopped)
-    and the live view is closed; no summary is printed."""
+    summary. A driver that fails in a cluster run may have lost a peer with a node: the node
+    watch gets its time to say so first (`NodeWatch.explain`, which raises the node's loss).
+    Cancelled: the stream is abandoned (the driver runs on until its actor is stopped) and the
+    live view is closed; no summary is printed."""
     ref = supervisor.ref(driver)
     summary = None
     async with anyio.create_task_group() as tg:
@@ -471,14 +471,16 @@ async def _follow_driver(supervisor: Supervisor, driver: str, folder: Path, moni
                     if update.summary is not None:
                         summary = update.summary
         except ActorError as exc:
+            if watch is not None:
+                await watch.explain()
             print(f"postrain up: the run's driver {driver!r} failed: {exc}\n"
                   f"its log: {folder / 'logs' / (driver + '.log')}", file=sys.stderr)
             return 1
         finally:
             tg.cancel_scope.cancel()
     if summary is not None:
-        if summary_figures is not None:   # the head's own counts (a cluster's node losses)
-            summary = _add_to_summary(folder, summary, summary_figures())
+        if watch is not None:   # the head's own counts (a cluster's node losses)
+            summary = _add_to_summary(folder, summary, watch.summary_figures())
         print(json.dumps(summary, indent=2))
     return 0
 

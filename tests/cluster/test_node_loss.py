@@ -220,7 +220,7 @@ def test_a_lost_actor_that_fits_on_no_node_left_stops_the_run_in_one_line(cluste
             process.kill()
             process.communicate()
     assert process.returncode == 1, stdout[-2000:] + stderr[-2000:]
-    assert re.search(rf"node {re.escape(third)} lost \(.*\); its actors: echo", stdout)
+    assert re.search(rf"node {re.escape(third)} lost \(.*\); its actors: echo", stdout), stdout[-3000:] + stderr[-2000:]
     assert stderr.count("\n") == 1 and "Traceback" not in stderr, stderr[-2000:]
     assert re.search(rf"node {re.escape(third)} was lost and actor 'echo', which ran there, fits on no node "
                      r"left \(actor 'echo' asks for 1 cores.*no node has room.*\); add a node with room and "
