@@ -6,6 +6,7 @@ One package per role, each naming its actor for configs:
     learner/        postrain.actors.learner:LearnerActor          training, checkpoints, weight publishing
     env/            postrain.actors.env:EnvironmentActor          the Environment API, episodes, tools
     orchestrator/   postrain.actors.orchestrator:OrchestratorActor    the run's driver
+    gateway/        postrain.actors.gateway:GatewayActor          the OpenAI API over HTTP, token-in/token-out
     sandbox_actor   postrain.actors.sandbox_actor:SandboxActor    nsjail runs and sessions for episodes
     models/         the architectures and their registry; loading, tokenizers
     tasks/          the built-in tasks and the task registry
@@ -17,7 +18,7 @@ Old module paths (before the roles became packages) still import, with a warning
 
 # The public Environment API and the task registry (actors/env/, actors/tasks/).
 from ._moved import install as _install_moved_modules
-from .env import (Environment, EnvironmentContractError, EnvironmentFailure, Episode, EpisodePolicy,
+from .env import (AgentEnvironment, Environment, EnvironmentContractError, EnvironmentFailure, Episode, EpisodePolicy,
                   GeneratorHandle, LocalSandbox, Reward, SandboxHandle, StepResult, TaskOptionsError,
                   TextPolicy, checked_reset, checked_step, checked_truncated, drop_reason, run_episode,
                   validate_observation, validate_step_result)

@@ -15,6 +15,7 @@ from postrain.core import Actor, Options, handler
 from .learner.publish import weights_digest
 from .records import WeightsChannel, WeightsDigest, WeightSync, WeightSyncReply
 from .weight_assembly import SealedWeights, SyncAssembler
+from .weight_patch import WeightPatcher
 
 
 class WeightReceiverOptions(Options):
@@ -42,6 +43,7 @@ class WeightReceiverActor(Actor):
         self.version = -1
         self.weights: dict[str, torch.Tensor] = {}
         self._chunks = SyncAssembler()   # the chunked sync in progress, if any
+        self._patches = WeightPatcher()  # LoRA adapters and deltas -> whole weights (weight_patch.py)
         self._sealed = SealedWeights(self.node.keys, self.address)
 
     async def teardown(self):
@@ -63,6 +65,7 @@ class WeightReceiverActor(Actor):
         weights = self._chunks.take(sync, self.version)
         if weights is None:
             return WeightSyncReply(version=self.version, complete=False)
+        weights = self._patches.resolve(sync, weights, self.version, self._held)
         self._apply(weights, sync.version)
         return WeightSyncReply(version=sync.version, complete=True)
 
@@ -75,11 +78,14 @@ class WeightReceiverActor(Actor):
             self.weights = dict(weights)
         self.version = version
 
+    def _held(self) -> dict:
+        """The weights held now ({name: tensor}, no tied duplicate)."""
+        if self.model is None:
+            return self.weights
+        return {k: v for k, v in self.model.state_dict().items()
+                if not (self.model.config.tie_word_embeddings and k == "lm_head.weight")}
+
     @handler("digest", request=None, reply=WeightsDigest)
     async def digest(self, body: None) -> WeightsDigest:
         """A digest of the weights held. Does not wait (cancel-safe)."""
-        state = self.weights
-        if self.model is not None:
-            state = {k: v for k, v in self.model.state_dict().items()
-                     if not (self.model.config.tie_word_embeddings and k == "lm_head.weight")}
-        return WeightsDigest(version=self.version, digest=weights_digest(state))
+        return WeightsDigest(version=self.version, digest=weights_digest(self._held()))

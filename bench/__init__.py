@@ -35,6 +35,8 @@ BENCHMARKS: dict[str, str] = {
     "trl": "postrain.bench.trl",
     "device": "postrain.bench.device",
     "cluster": "postrain.bench.cluster",
+    "gateway": "postrain.bench.gateway",
+    "long": "postrain.bench.long",
 }
 
 

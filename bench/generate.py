@@ -36,7 +36,13 @@ Figures (tokens/s = generated tokens over wall time, prefill included; medians o
 - grpo_prompt_kv_copies (ours only): physical copies of the prompt's KV in the
   16-sample group (1.0 = stored once);
 - speculative decoding (spec_*; `postrain.bench.speculative`): ours with drafted and
-  verified tokens against ours without, on replayed agentic turns and chat prompts.
+  verified tokens against ours without, on replayed agentic turns and chat prompts;
+- tok_per_s_<arch>_b1, tok_per_s_<arch>_b32 (b4 in quick mode): one random model per registered
+  architecture built by transformers at the "tiny" shape (`postrain.bench.architectures`:
+  sliding windows of 64 tokens where the architecture has them), ours against transformers'
+  generate on the same folder;
+- moe_expert_time_share_b32 (b4 in quick mode; ours only, `postrain.bench.moe`): the share of the
+  engine's generate time spent in the MoE blocks (router + grouped experts) of a tiny Qwen3-MoE.
 """
 from __future__ import annotations
 
@@ -52,6 +58,8 @@ import torch
 from postrain.actors.models.loading import load_model, packaged_model_path, save_checkpoint
 from postrain.actors.generator.engine import Engine
 from postrain.actors.generator.sampling import SamplingParams
+from postrain.bench.architectures import architecture_rows
+from postrain.bench.moe import moe_generate_rows
 from postrain.bench.prompts import chat_prompts
 from postrain.bench.speculative import speculative_rows
 
@@ -200,6 +208,10 @@ def run(quick: bool) -> dict:
     spec_results, spec_peer = speculative_rows(model, tokenizer, lambda n: chat_prompts(tokenizer, n), quick)
     results.update(spec_results)
     peer.update(spec_peer)
+    arch_results, arch_peer = architecture_rows(quick, _ours, _theirs)
+    results.update(arch_results)
+    peer.update(arch_peer)
+    results.update(moe_generate_rows(quick))       # qwen3_moe: the MoE blocks' share of generate time
     largest = batches[-1]
     model16, hf16 = model.to(torch.bfloat16), hf.to(torch.bfloat16)   # last: in place
     prompts = chat_prompts(tokenizer, largest)

@@ -24,6 +24,13 @@ Figures (ours vs peer, same run, medians over repeats):
   (2048 tokens), each path in a fresh subprocess (the method of `bench/rl_ops.py`: glibc
   unmaps freed large blocks, the kernel's peak-RSS mark is reset after a warm-up step).
   Peer: the naive path, same batch.
+- MoE (`postrain.bench.moe`, a random tiny Qwen3-MoE): `moe_train_speedup` (the grouped expert
+  path's train step against the per-token reference's, target >= 3x) and the routing mismatch
+  and train-rollout logprob gaps with and without routing replay (R3).
+- LoRA and weight syncs (`postrain.bench.scaling`): `lora_step_speedup` (full fine-tuning's
+  step over LoRA rank 16 on every linear layer), `lora_sync_bytes_ratio` (adapters over a full
+  sync), `delta_sync_bytes_ratio` and `delta_changed_fraction` (a bfloat16 delta after one step
+  at the default learning rate).
 - `publish_s`: one weight sync on one host, learner actor -> a `WeightReceiverActor` that
   loads the weights into its model (SmolLM2-135M when installed, else "small"). Peer: the
   file hand-off users would otherwise do, in one process: safetensors to /dev/shm, read back,
@@ -45,6 +52,8 @@ import torch
 
 from postrain.actors.models.loading import packaged_model_path
 from postrain.actors.records import PublishReport, PublishRequest, TrainBatch
+from postrain.bench.moe import moe_learner_rows
+from postrain.bench.scaling import scaling_learner_rows
 
 MEM_MODEL = dict(vocab_size=32768, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
                  num_kv_heads=2, max_position_embeddings=1024, tie_word_embeddings=True)
@@ -242,6 +251,12 @@ def _run(quick: bool, smol: str | None, repeats: int) -> dict:
     pub_model = smol or "small"
     results["publish_s"] = statistics.median(anyio.run(_publish_times, pub_model, repeats, backend="trio"))
     peer["publish_s"], num_params = publish_peer_s(pub_model, repeats)
+    moe_results, moe_peer, moe_config = moe_learner_rows(quick)
+    results.update(moe_results)
+    peer.update(moe_peer)
+    lora_results, lora_peer, lora_config = scaling_learner_rows(quick, smol, group_batch)   # LoRA, delta syncs
+    results.update(lora_results)
+    peer.update(lora_peer)
     return {
         "config": {"tiny_batch": "8 x 128 tokens" if not quick else "4 x 64 tokens",
                    "smollm2": smol is not None, "smollm2_batch": "2 x 64 tokens",
@@ -250,7 +265,8 @@ def _run(quick: bool, smol: str | None, repeats: int) -> dict:
                    "group_model": Path(str(smol or "tiny")).name,
                    "group_batches": {"one_turn": "8 groups x 8 samples, 40-token prompt, 16-token responses",
                                      "multi_turn": "2 x 8, 96-token prompt, 16 + 24 (tool) + 16 tokens"},
-                   "torch_threads": 1, "repeats": repeats, "dtype": "float32"},
+                   "torch_threads": 1, "repeats": repeats, "dtype": "float32", **moe_config,
+                   **lora_config},
         "results": results,
         "peer": peer,
     }

@@ -28,8 +28,10 @@ SUBCOMMANDS: dict[str, str] = {
     "sandbox": "postrain.cli.sandbox",
     "generate": "postrain.cli.generate",
     "eval": "postrain.cli.eval",
+    "serve": "postrain.cli.serve",
     "init": "postrain.cli.init",
     "report": "postrain.cli.report",
+    "sweep": "postrain.cli.sweep",
 }
 
 

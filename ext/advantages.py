@@ -13,6 +13,10 @@ Formulas (r: shaped reward of one sample, G: group size, g: its group):
 - RLOO           A = r - mean_{j in g, j != i}(r_j) = G / (G - 1) * (r - mean_g(r))
 - dynamic sampling (DAPO): a group whose rewards are all equal has A = 0 for
   every sample and no learning signal; `filter_groups` drops it and counts it.
+- groups of different sizes (`group_size` a list of sizes): the same formulas, each group
+  over its own members. A sample lost to an infrastructure failure is simply absent from its
+  group, so the others' advantages are exactly what they would be had it never been sampled;
+  a group left with one sample has no baseline (A = 0, counted as zero variance).
 
 `compute_advantages` is the one entry point callers use: it shapes and
 normalises in one call, and on CUDA tensors it runs one fused CuPy kernel
@@ -20,7 +24,7 @@ normalises in one call, and on CUDA tensors it runs one fused CuPy kernel
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -131,6 +135,32 @@ def group_advantages(rewards: torch.Tensor, group_size: int, mode: str = "grpo",
     return out.reshape(-1)
 
 
+def ragged_group_advantages(rewards: torch.Tensor, group_sizes: Sequence[int], mode: str = "grpo",
+                            eps: float = GRPO_EPS) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages (N,), zero-variance flag per group (num_groups,) bool) for contiguous groups of
+    the given sizes (module docstring). Invariant: sum(group_sizes) == N, every size >= 1."""
+    if any(size < 1 for size in group_sizes) or sum(group_sizes) != rewards.numel():
+        raise RLOpsError(f"group sizes must be >= 1 and sum to the {rewards.numel()} rewards, got "
+                         f"{list(group_sizes)}; keep each prompt's samples contiguous")
+    out, flat = [], rewards.to(torch.float32)
+    zero = torch.zeros(len(group_sizes), dtype=torch.bool)
+    for g, group in enumerate(torch.split(flat, list(group_sizes))):
+        if group.numel() < 2 or bool(group.max() == group.min()):
+            zero[g] = True
+            out.append(torch.zeros_like(group))
+        else:
+            out.append(group_advantages(group, group.numel(), mode, eps))
+    return torch.cat(out), zero
+
+
+def _uniform_size(group_size: int | Sequence[int], n: int) -> int | None:
+    """The common size where `group_size` is one (an int, or a list of equal sizes), else None."""
+    if isinstance(group_size, int):
+        return group_size
+    sizes = list(group_size)
+    return sizes[0] if sizes and len(set(sizes)) == 1 and sizes[0] >= 2 and sum(sizes) == n else None
+
+
 @dataclass(frozen=True)
 class GroupFilter:
     """What DAPO dynamic sampling keeps.
@@ -169,12 +199,21 @@ class AdvantageResult:
 
 
 def compute_advantages_reference(components: Mapping[str, torch.Tensor],
-                                 weights: Mapping[str, float] | None, group_size: int, *,
+                                 weights: Mapping[str, float] | None, group_size: int | Sequence[int], *,
                                  mode: str = "grpo", eps: float = GRPO_EPS,
                                  response_lengths: torch.Tensor | None = None,
                                  overlong: OverlongPenalty | None = None) -> AdvantageResult:
     """Torch reference of `compute_advantages` (shaping, then the group baseline)."""
     rewards = shape_rewards(components, weights, response_lengths=response_lengths, overlong=overlong)
+    size = _uniform_size(group_size, rewards.numel())
+    if size is None:
+        if mode not in ADVANTAGE_MODES:
+            raise RLOpsError(f"advantage mode must be one of {ADVANTAGE_MODES}, got {mode!r}")
+        advantages, zero = ragged_group_advantages(rewards, group_size, mode, eps)
+        keep = (~zero).repeat_interleave(torch.tensor(list(group_size)))
+        return AdvantageResult(advantages=advantages, rewards=rewards, keep_samples=keep,
+                               num_zero_variance_groups=int(zero.sum()))
+    group_size = size
     advantages = group_advantages(rewards, group_size, mode, eps)
     groups = filter_groups(rewards, group_size)
     return AdvantageResult(advantages=advantages, rewards=rewards, keep_samples=groups.keep_samples,
@@ -182,7 +221,7 @@ def compute_advantages_reference(components: Mapping[str, torch.Tensor],
 
 
 def compute_advantages(components: Mapping[str, torch.Tensor], weights: Mapping[str, float] | None,
-                       group_size: int, *, mode: str = "grpo", eps: float = GRPO_EPS,
+                       group_size: int | Sequence[int], *, mode: str = "grpo", eps: float = GRPO_EPS,
                        response_lengths: torch.Tensor | None = None,
                        overlong: OverlongPenalty | None = None,
                        backend: str = "auto") -> AdvantageResult:
@@ -190,9 +229,16 @@ def compute_advantages(components: Mapping[str, torch.Tensor], weights: Mapping[
 
     backend: "auto" (CuPy fused kernel for CUDA tensors where CuPy imports, else torch),
     "torch" or "cupy" (raises where CuPy cannot run). Samples of a zero-variance group keep
-    A = 0; `keep_samples` marks the rest, for callers that drop them (DAPO).
+    A = 0; `keep_samples` marks the rest, for callers that drop them (DAPO). `group_size` may be
+    a list of contiguous group sizes (groups that lost samples): those run in torch.
     """
     device = next(iter(components.values())).device if components else torch.device("cpu")
+    num = next(iter(components.values())).numel() if components else 0
+    size = _uniform_size(group_size, num)
+    if size is None:
+        return compute_advantages_reference(components, weights, group_size, mode=mode, eps=eps,
+                                            response_lengths=response_lengths, overlong=overlong)
+    group_size = size
     if cupy_ops.use_cupy(backend, device):
         return _compute_advantages_fused(components, weights, group_size, mode=mode, eps=eps,
                                          response_lengths=response_lengths, overlong=overlong)

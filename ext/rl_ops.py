@@ -13,7 +13,8 @@ The formulas are in the docstrings of the modules this one gathers:
 `advantages` (shaping, GRPO / Dr. GRPO / RLOO, DAPO dynamic sampling), `kl` (k1/k2/k3,
 KL in the reward, controllers), `rl_ops_loss` (PPO clip-higher, dual clip, decoupled
 objective, aggregation modes, metrics) and `logprobs` (chunked log-softmax + gather +
-entropy). Functions that have a fused CuPy kernel (`compute_advantages`, `policy_loss`,
+entropy); `stabilisers` (GSPO, CISPO, TIS / MIS / geometric MIS / IcePop) and their named
+presets in `loss_presets`. Functions that have a fused CuPy kernel (`compute_advantages`, `policy_loss`,
 `token_logprobs`, `token_logprobs_from_hidden`) take backend="auto" | "torch" | "cupy".
 """
 from __future__ import annotations
@@ -24,13 +25,16 @@ from .advantages import (ADVANTAGE_MODES, GRPO_EPS, AdvantageResult, GroupFilter
 from .cupy_ops import cupy_available
 from .kl import (KL_KINDS, AdaptiveKLController, FixedKLController, fold_kl_into_rewards,
                  kl_estimate)
+from .loss_presets import LOSS_PRESETS, LossPreset, loss_preset
 from .logprobs import naive_token_logprobs, token_logprobs, token_logprobs_from_hidden
 from .rl_ops_loss import (AGG_MODES, PolicyLossConfig, aggregate_loss, global_grad_norm, policy_loss,
                           policy_loss_reference, row_weights)
 from .rl_ops_errors import RLOpsError
+from .stabilisers import IS_MODES, LOSS_TYPES
 
 __all__ = [
-    "ADVANTAGE_MODES", "AGG_MODES", "GRPO_EPS", "KL_KINDS", "AdaptiveKLController", "AdvantageResult",
+    "ADVANTAGE_MODES", "AGG_MODES", "GRPO_EPS", "IS_MODES", "KL_KINDS", "LOSS_PRESETS", "LOSS_TYPES",
+    "LossPreset", "loss_preset", "AdaptiveKLController", "AdvantageResult",
     "FixedKLController", "GroupFilter", "OverlongPenalty", "PolicyLossConfig", "RLOpsError",
     "aggregate_loss", "compute_advantages", "compute_advantages_reference", "cupy_available",
     "filter_groups", "fold_kl_into_rewards", "global_grad_norm", "group_advantages", "kl_estimate",

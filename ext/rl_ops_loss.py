@@ -20,6 +20,11 @@ lp_old: the proximal policy's logp, lp_beh: the behaviour policy that sampled it
 
 w carries no gradient. Without `behavior_logp`, lp_old is the behaviour policy (w = 1).
 
+Stabilisers (`stabilisers.py`, formulas there; torch only, backend="auto" picks torch for them):
+loss_type "gspo" replaces the token ratio by GSPO's sequence ratio, "cispo" replaces the clipped
+surrogate by CISPO's stop-gradient clipped weight; is_mode other than "token-tis" replaces w by a
+masking mismatch correction (seq-mis, geo-mis, icepop). `loss_presets.py` names the combinations.
+
 Aggregation (m: mask, n_b = sum_t m_bt, B' = rows with n_b > 0, C = loss_norm_constant,
 default T = mask.shape[1]):
 
@@ -41,6 +46,7 @@ from dataclasses import dataclass
 import torch
 
 from . import cupy_ops
+from . import stabilisers
 from .kl import check_kl_kind, kl_estimate
 from .rl_ops_errors import RLOpsError
 
@@ -61,6 +67,8 @@ class PolicyLossConfig:
     kl_coef, kl_kind: KL-to-reference loss term (0 disables the gradient; the KL metric is
     still reported when ref_logp is given).
     agg_mode: one of AGG_MODES; loss_norm_constant: C of seq-mean-token-sum-norm (None: T).
+    loss_type: "ppo" | "gspo" | "cispo"; is_mode: "token-tis" (w capped at behavior_weight_cap) |
+    "seq-mis" | "geo-mis" | "icepop", with is_low <= ratio <= is_high kept (stabilisers.py).
     """
 
     clip_low: float = 0.2
@@ -71,9 +79,15 @@ class PolicyLossConfig:
     kl_kind: str = "k3"
     agg_mode: str = "token-mean"
     loss_norm_constant: float | None = None
+    loss_type: str = "ppo"
+    is_mode: str = "token-tis"
+    is_low: float | None = None
+    is_high: float | None = None
 
     def __post_init__(self) -> None:
-        if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
+        stabilisers.check_stabiliser_fields(self.loss_type, self.is_mode, self.is_low, self.is_high,
+                                            self.clip_low, self.dual_clip)
+        if not (0 <= self.clip_low <= 1 and self.clip_high >= 0):
             raise RLOpsError(f"clip range needs 0 <= clip_low < 1 and clip_high >= 0, got "
                              f"clip_low={self.clip_low}, clip_high={self.clip_high}")
         if self.dual_clip is not None and self.dual_clip <= 1 + self.clip_high:
@@ -88,6 +102,11 @@ class PolicyLossConfig:
         if self.kl_coef < 0:
             raise RLOpsError(f"kl_coef must be >= 0, got {self.kl_coef}")
         check_kl_kind(self.kl_kind)
+
+    @property
+    def torch_only(self) -> bool:
+        """True where no fused CuPy kernel computes this loss (a stabiliser is on)."""
+        return self.loss_type != "ppo" or self.is_mode != "token-tis"
 
 
 def row_weights(mask: torch.Tensor, mode: str, *, loss_norm_constant: float | None = None,
@@ -142,37 +161,45 @@ def check_inputs(logp, old_logp, advantages, mask, behavior_logp, ref_logp) -> t
 
 
 def per_token_loss(logp, old_logp, advantages, config: PolicyLossConfig, *, behavior_logp=None,
-                   ref_logp=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """l_bt and the per-token pieces the metrics need; all (B, T) (torch reference).
+                   ref_logp=None, mask=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """l_bt and the per-token pieces the metrics need; all (B, T) (torch reference). `mask` is
+    needed by the per-sequence stabilisers (GSPO, seq-mis, geo-mis).
 
     Computes in float32, or float64 where logp is float64 (for gradcheck)."""
     ftype = torch.promote_types(logp.dtype, torch.float32)
     lp = logp.to(ftype)
     adv = advantages.to(ftype)
-    ratio = torch.exp((lp - old_logp.to(ftype)).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    pg1 = -adv * ratio
-    pg2 = -adv * ratio.clamp(1.0 - config.clip_low, 1.0 + config.clip_high)
-    pg = torch.maximum(pg1, pg2)
+    lo, hi = 1.0 - config.clip_low, 1.0 + config.clip_high
+    if config.loss_type == "gspo":
+        ratio = stabilisers.gspo_token_ratio(lp, old_logp, mask)
+    else:
+        ratio = torch.exp((lp - old_logp.to(ftype)).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     dual = torch.zeros_like(adv, dtype=torch.bool)
+    if config.loss_type == "cispo":
+        pg = stabilisers.cispo_token_loss(lp, ratio, adv, config.clip_low, config.clip_high)
+        clip_low, clip_high = ratio.detach() < lo, ratio.detach() > hi
+    else:
+        pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(lo, hi))
+        clip_low, clip_high = (adv < 0) & (ratio < lo), (adv > 0) & (ratio > hi)
     if config.dual_clip is not None:
         pg3 = -adv * config.dual_clip
         dual = (adv < 0) & (pg3 < pg)
         pg = torch.where(adv < 0, torch.minimum(pg, pg3), pg)
     weight = torch.ones_like(adv)
+    token_masked = torch.zeros_like(adv, dtype=torch.bool)
+    seq_masked = torch.zeros(adv.shape[0], dtype=torch.bool, device=adv.device)
     if behavior_logp is not None:
-        with torch.no_grad():
-            weight = torch.exp((old_logp.to(ftype) - behavior_logp.to(ftype))
-                               .clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-            if config.behavior_weight_cap is not None:
-                weight = weight.clamp(max=config.behavior_weight_cap)
+        weight, token_masked, seq_masked = stabilisers.mismatch_weights(
+            old_logp.to(ftype), behavior_logp, mask, config.is_mode, cap=config.behavior_weight_cap,
+            low=config.is_low, high=config.is_high)
         pg = pg * weight
     kl = torch.zeros_like(adv)
     if ref_logp is not None:
         kl = kl_estimate(lp, ref_logp.to(ftype), config.kl_kind)
     loss = pg + config.kl_coef * kl if config.kl_coef else pg
-    pieces = {"pg": pg, "kl": kl, "ratio": ratio, "behavior_weight": weight,
-              "clip_low": (adv < 0) & (ratio < 1.0 - config.clip_low),
-              "clip_high": (adv > 0) & (ratio > 1.0 + config.clip_high), "clip_dual": dual}
+    pieces = {"pg": pg, "kl": kl, "ratio": ratio, "behavior_weight": weight, "clip_low": clip_low,
+              "clip_high": clip_high, "clip_dual": dual, "token_masked": token_masked,
+              "seq_masked": seq_masked}
     return loss, pieces
 
 
@@ -180,7 +207,7 @@ def row_stats_reference(loss, pieces, mask) -> torch.Tensor:
     """Per-row partial sums in ROW_STATS order: (B, len(ROW_STATS)) float32, no gradient."""
     m = mask.to(torch.float32)
     cols = {"loss": loss.detach(), "num_tokens": torch.ones_like(m)}
-    cols.update({k: v.detach().to(torch.float32) for k, v in pieces.items()})
+    cols.update({k: v.detach().to(torch.float32) for k, v in pieces.items() if k in ROW_STATS})
     return torch.stack([(cols[name] * m).sum(-1) for name in ROW_STATS], dim=-1)
 
 
@@ -209,12 +236,20 @@ def policy_loss_reference(logp, old_logp, advantages, mask, config: PolicyLossCo
                           behavior_logp=None, ref_logp=None, global_num_tokens=None,
                           global_num_seqs=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Torch reference: (scalar loss, per-row stats (B, len(ROW_STATS)), advantages (B, T))."""
+    return _reference_with_pieces(logp, old_logp, advantages, mask, config, behavior_logp=behavior_logp,
+                                  ref_logp=ref_logp, global_num_tokens=global_num_tokens,
+                                  global_num_seqs=global_num_seqs)[:3]
+
+
+def _reference_with_pieces(logp, old_logp, advantages, mask, config: PolicyLossConfig, *,
+                           behavior_logp=None, ref_logp=None, global_num_tokens=None, global_num_seqs=None):
+    """`policy_loss_reference` and the per-token pieces (`per_token_loss`)."""
     adv = check_inputs(logp, old_logp, advantages, mask, behavior_logp, ref_logp)
     loss_tok, pieces = per_token_loss(logp, old_logp, adv, config, behavior_logp=behavior_logp,
-                                      ref_logp=ref_logp)
+                                      ref_logp=ref_logp, mask=mask)
     loss = aggregate_loss(loss_tok, mask, config.agg_mode, loss_norm_constant=config.loss_norm_constant,
                           global_num_tokens=global_num_tokens, global_num_seqs=global_num_seqs)
-    return loss, row_stats_reference(loss_tok, pieces, mask), adv
+    return loss, row_stats_reference(loss_tok, pieces, mask), adv, pieces
 
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
@@ -231,10 +266,14 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     `aggregate_loss(entropy, mask, mode)`.
     """
     config = config or PolicyLossConfig()
+    if config.torch_only and backend == "cupy":
+        raise RLOpsError(f"loss_type={config.loss_type!r} / is_mode={config.is_mode!r} have no CuPy kernel; "
+                         "use backend='auto' (torch for them) or 'torch'")
     if config.kl_coef and ref_logp is None:
         raise RLOpsError(f"kl_coef={config.kl_coef} needs ref_logp (the reference policy's logp per "
                          "token), got None; pass ref_logp or set kl_coef=0")
-    if cupy_ops.use_cupy(backend, logp.device):
+    masked = [0.0, 0.0]   # the fused kernel's loss masks nothing
+    if not config.torch_only and cupy_ops.use_cupy(backend, logp.device):
         adv = check_inputs(logp, old_logp, advantages, mask, behavior_logp, ref_logp)
         adv = adv.detach().float().contiguous()                       # (B, T)
         weights = row_weights(mask.detach().float().contiguous(), config.agg_mode,
@@ -243,10 +282,14 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         loss, stats = cupy_ops.policy_loss_fused(logp, old_logp, adv, mask, config, weights, len(ROW_STATS),
                                                  behavior_logp=behavior_logp, ref_logp=ref_logp)
     else:
-        loss, stats, adv = policy_loss_reference(
+        loss, stats, adv, pieces = _reference_with_pieces(
             logp, old_logp, advantages, mask, config, behavior_logp=behavior_logp, ref_logp=ref_logp,
             global_num_tokens=global_num_tokens, global_num_seqs=global_num_seqs)
-    return loss, loss_metrics(loss, stats, adv, mask, entropy)
+        masked = [float(x) for x in stabilisers.stabiliser_metrics(pieces["token_masked"],
+                                                                    pieces["seq_masked"], mask)]
+    metrics = loss_metrics(loss, stats, adv, mask, entropy)
+    metrics.update(masked_token_frac=masked[0], masked_seq_frac=masked[1])
+    return loss, metrics
 
 
 def global_grad_norm(parameters) -> float:

@@ -29,6 +29,10 @@ sees is the decode of the sampled ids; the sampled ids themselves are never re-e
 An observation's tokens are the chat template's text between the end of the
 assistant's content and the next generation prompt, encoded alone.
 
+An `AgentEnvironment` task (actors/env/agent.py) plays each episode as an agent program on the
+OpenAI API instead: through the run's gateway actor (named "gateway"), whose per-episode token
+record becomes the rollout.
+
 Failures: an environment that raises, hangs past `step_timeout_s` or returns
 garbage fails the request with `EnvironmentFailure` (its `reason` goes to the
 ledger); the actor keeps serving.
@@ -49,6 +53,7 @@ from ..records import (ExecReply, ExecRequest, GenerateReply, GenerateRequest, R
                        RunTestsReply, RunTestsRequest, SamplingParams)
 from ..tasks import TaskOptions, TaskSpec, get_task
 from ..timeline import Timeline, tool_status
+from .agent import DEFAULT_GATEWAY, AgentEnvironment, agent_rollout
 from .api import EnvironmentFailure
 from .episode import Episode, EpisodePolicy, run_episode
 
@@ -194,6 +199,8 @@ class TokenPolicy(EpisodePolicy):
         self.behavior_logprobs: list[float] = []
         self.policy_versions: list[int] = []
         self._ended_with_eos = False   # the last action ended with a sampled eos
+        self.routed_experts: bytes | None = None   # MoE: the last action's routing record, of the
+        self._routed_len = 0                         # first _routed_len tokens (all, at that action)
 
     def _extend(self, ids: list[int], logprobs: list[float] | None = None,
                 versions: list[int] | None = None) -> None:
@@ -223,6 +230,7 @@ class TokenPolicy(EpisodePolicy):
             hop.update(num_tokens=len(sample.token_ids), policy_versions=sorted(set(sample.policy_versions)))
         ids = list(sample.token_ids)
         self._extend(ids, list(sample.logprobs), list(sample.policy_versions))
+        self.routed_experts, self._routed_len = sample.routed_experts, len(self.token_ids)
         self._ended_with_eos = bool(ids) and ids[-1] in self.tokenizer.eos_token_ids
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
@@ -237,7 +245,15 @@ class TokenPolicy(EpisodePolicy):
                        behavior_logprobs=self.behavior_logprobs, policy_versions=self.policy_versions,
                        reward=episode.reward, num_turns=episode.num_turns,
                        num_policy_tokens=sum(self.loss_mask), tool_statuses=statuses,
-                       timeline=timeline.to_list())
+                       timeline=timeline.to_list(), routed_experts=self._routing_record())
+
+    def _routing_record(self) -> bytes | None:
+        """The last action's routing record, padded with "not recorded" rows (all-ones bytes, the
+        sentinel of models.moe.encode_routing) for the observation tokens after it."""
+        record = self.routed_experts
+        if record is None or not self._routed_len:
+            return record
+        return record + b"\xff" * (len(record) // self._routed_len * (len(self.token_ids) - self._routed_len))
 
 
 class EnvironmentOptions(TaskOptions):
@@ -266,6 +282,10 @@ class EnvironmentActor(Actor):
         self.tokenizer = load_tokenizer(self.options.model)
         self.generator = await self.lookup(self.options.generator)
         self.sandbox = await self._find_sandbox()
+        self.gateway = None   # an AgentEnvironment task's episodes run through the run's gateway (agent.py)
+        if issubclass(self.task.env_class, AgentEnvironment):
+            self.gateway = await self.lookup(DEFAULT_GATEWAY)
+            self.gateway_address = await self.gateway.ask("address")
 
     async def _find_sandbox(self) -> RemoteSandbox | None:
         """The sandbox handle: looked up only when the task needs one or `sandbox` names one.
@@ -299,6 +319,11 @@ class EnvironmentActor(Actor):
         timeline = Timeline()
         sandbox = self.sandbox.for_episode(timeline) if self.sandbox else None
         env = self.task.make_env(sandbox=sandbox, options=self.task_options)
+        if self.gateway is not None:
+            try:
+                return await agent_rollout(env, request.task, self.gateway, self.gateway_address, timeline)
+            finally:
+                await env.close()
         policy = TokenPolicy(self.generator, self.tokenizer, request.sampling, self.options.max_total_tokens,
                              timeline)
         try:

@@ -20,6 +20,10 @@ Every body and reply is a record of postrain.actors.records:
   in with its last chunk; until then the reply is {"version": held, "complete": false}
   (postrain.actors.weight_assembly: order, and a sync dropped for a newer one). From a
   learner on another node each chunk's tensors come on the sealed channel ("sealed").
+  A sync with a "patch" (LoRA adapters, or the elements changed since the version held) is
+  turned into the whole weights and loaded only if their digest is the learner's; else it is
+  refused and the weights held stay (postrain.actors.weight_patch).
+- `digest` (no body) -> WeightsDigest {"version", "digest"}: a sha256 of the weights held.
 - `weights_channel` (no body) -> WeightsChannel {"address"}: where a learner on another node sends sealed weights
   (opened on the first ask; core/sealed.py).
 - `stats` (no body) -> GeneratorStats: the engine's KV utilisation, batch size, queue depth, tokens/s.
@@ -44,9 +48,11 @@ from postrain.core import Actor, Load, Options, handler
 
 from ..device import resolve_device
 from ..models.loading import check_model_spec, load_model
-from ..records import (GeneratedSample, GenerateReply, GenerateRequest, GeneratorStats, WeightsChannel, WeightSync,
-                       WeightSyncReply)
+from ..learner.publish import weights_digest
+from ..records import (GeneratedSample, GenerateReply, GenerateRequest, GeneratorStats, WeightsChannel, WeightsDigest,
+                       WeightSync, WeightSyncReply)
 from ..weight_assembly import SealedWeights, SyncAssembler
+from ..weight_patch import WeightPatcher
 from .engine import Engine, RequestOutput
 from .sampling import SamplingParams
 from .speculative import SpeculativeOptions
@@ -66,6 +72,9 @@ class GeneratorOptions(Options):
     seed: int = Field(0, description="init of a from-scratch model; the base of per-request sampling seeds")
     kv_cache_mb: float = Field(64, gt=0, description="memory of the paged KV cache, MiB")
     max_num_seqs: int = Field(32, ge=1, description="sequences decoded together at most (the batch)")
+    prefill_chunk_tokens: int = Field(0, ge=0, description="prompt tokens read per engine step at most, "
+                                      "so decoding keeps its pace while a long prompt is read (chunked "
+                                      "prefill; docs/long-context.md); 0 = a whole prompt in one step")
     weight_precision: Literal["float32", "float16"] = Field("float32", description="'float16': sample "
                                                             "with float16 weight copies (x86 CPU; see Engine)")
     device: str = Field("auto", description="'auto' (the GPU the scheduler placed it on, where its spec "
@@ -87,6 +96,7 @@ class GeneratorActor(Actor):
                                                 device=resolve_device(options.device))
         self.engine = Engine(self.model, self.tokenizer, kv_cache_mb=options.kv_cache_mb,
                              max_num_seqs=options.max_num_seqs, seed=options.seed,
+                             prefill_chunk_tokens=options.prefill_chunk_tokens,
                              weight_precision=options.weight_precision, speculative=options.speculative)
         self._request_ids = itertools.count()
         self._new_requests: list[tuple[str, list[int] | str, SamplingParams]] = []
@@ -94,6 +104,7 @@ class GeneratorActor(Actor):
         self._in_engine: set[str] = set()            # request ids the engine holds
         self._new_weights: list[tuple[dict, int, anyio.Event, list]] = []
         self._chunks = SyncAssembler()               # the chunked sync in progress, if any
+        self._patches = WeightPatcher()              # LoRA adapters and deltas -> whole weights
         self._sealed = SealedWeights(self.node.keys, self.address)
         self._work = anyio.Event()
         self.node.spawn(self._engine_loop)
@@ -120,7 +131,8 @@ class GeneratorActor(Actor):
         out = waiter.output
         return GenerateReply(prompt_len=len(out.prompt_token_ids), samples=[
             GeneratedSample(token_ids=s.token_ids, logprobs=s.logprobs, policy_versions=s.policy_versions,
-                            finish_reason=s.finish_reason, text=s.text) for s in out.outputs])
+                            finish_reason=s.finish_reason, text=s.text, routed_experts=s.routed_experts)
+            for s in out.outputs])
 
     @handler("load_weights", request=WeightSync, reply=WeightSyncReply)
     async def load_weights(self, sync: WeightSync) -> WeightSyncReply:
@@ -134,6 +146,8 @@ class GeneratorActor(Actor):
         weights = self._chunks.take(sync, held)
         if weights is None:
             return WeightSyncReply(version=self.engine.policy_version, complete=False)
+        weights = await anyio.to_thread.run_sync(   # a patch: checked by its digest, or refused (weight_patch.py)
+            self._patches.resolve, sync, weights, held, self._held_weights)
         applied, result = anyio.Event(), []
         self._new_weights.append((weights, version, applied, result))
         self._work.set()
@@ -141,6 +155,18 @@ class GeneratorActor(Actor):
         if result and isinstance(result[0], Exception):
             raise result[0]
         return WeightSyncReply(version=version)
+
+    def _held_weights(self) -> dict:
+        """The engine's weights now ({HF name: tensor}, no tied duplicate): what a patch applies to."""
+        model = self.engine.model
+        return {k: v for k, v in model.state_dict().items()
+                if not (model.config.tie_word_embeddings and k == "lm_head.weight")}
+
+    @handler("digest", request=None, reply=WeightsDigest)
+    async def digest(self, body: None) -> WeightsDigest:
+        """The version held and a sha256 of the engine's weights (the learner's publish.weights_digest).
+        Does not wait (cancel-safe)."""
+        return WeightsDigest(version=self.engine.policy_version, digest=weights_digest(self._held_weights()))
 
     @handler("weights_channel", request=None, reply=WeightsChannel)
     async def weights_channel(self, body: None) -> WeightsChannel:

@@ -9,9 +9,12 @@ The seam. The model (`postrain.actors.models.blocks.PagedAttention`) only hands 
 rotated q, k, v for the step's new tokens to the bound step; a backend decides how keys and
 values are stored and read. `GatherSdpaBackend` is the CPU one: scatter the new k/v into
 their slots, gather every sequence's blocks back into a dense (B, L) view, and run SDPA
-with a causal mask on absolute positions. A fused paged-attention GPU kernel is a second
-`AttentionBackend` whose `bind` returns an object reading the cache through
-`block_tables`/`context_lens` directly (no gather); the runner takes it as `backend=`.
+with a causal mask on absolute positions, narrowed to the layer's sliding window where the
+model passes one (`attend(..., window=)`: Mistral, Gemma 3's local layers; such a layer
+gathers only the blocks its window reaches). The model may also pass a logits `scale` and a
+`softcap`. A fused paged-attention GPU kernel is a second `AttentionBackend` whose `bind`
+returns an object reading the cache through `block_tables`/`context_lens` directly (no
+gather); the runner takes it as `backend=`.
 """
 from __future__ import annotations
 
@@ -53,9 +56,10 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def bind(self, metadata: PagedMetadata, kv_caches: KVCaches) -> PagedAttention:
-        """The step's attention: `attend(layer_idx, q, k, v)` writes k, v (B, T, Hkv, D) at
-        `metadata.slot_mapping` in `kv_caches[layer_idx]` and returns q's attention output
-        (B, T, H, D) over each sequence's cached keys (query t sees positions <= its own)."""
+        """The step's attention: `attend(layer_idx, q, k, v, window=, scale=, softcap=)` writes
+        k, v (B, T, Hkv, D) at `metadata.slot_mapping` in `kv_caches[layer_idx]` and returns q's
+        attention output (B, T, H, D) over each sequence's cached keys (query at position p sees
+        positions j <= p, and p - j < window when the layer has a window)."""
 
 
 class GatherSdpaBackend(AttentionBackend):
@@ -67,23 +71,30 @@ class GatherSdpaBackend(AttentionBackend):
 
 
 class GatherSdpaStep:
-    """`GatherSdpaBackend` bound to one forward. Invariant: `_bias` is None until the first
-    layer attends, then the (B, 1, G*T, L) bias every later layer of this step reuses."""
+    """`GatherSdpaBackend` bound to one forward. Invariant: `_views` maps each window (None =
+    full attention) a layer of this step attended with to the blocks its rows gather, (B * W,)
+    block ids, and its (B, 1, G*T, W * block_size) bias; built by the first such layer and
+    reused by every later one. A full layer gathers every block of the tables; a sliding layer
+    only the blocks from the one holding its earliest visible key (`_window_blocks`)."""
 
     def __init__(self, metadata: PagedMetadata, kv_caches: KVCaches):
         self.metadata = metadata
         self.positions = metadata.positions
         self.kv_caches = kv_caches
-        self._bias: torch.Tensor | None = None
+        self._views: dict[int | None, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        keys, values = self._write_and_gather(k, v, self.kv_caches[layer_idx])   # (B, L, Hkv, D)
-        if self._bias is None:
-            self._bias = self._attention_bias(q.shape[2] // k.shape[2], q.dtype)
-        out = grouped_attention(q, keys, values, self._bias)                   # (B, T, Hkv, G, D)
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+               window: int | None = None, scale: float | None = None,
+               softcap: float | None = None) -> torch.Tensor:
+        view = self._views.get(window)
+        if view is None:
+            view = self._views[window] = self._view(q.shape[2] // k.shape[2], q.dtype, window)
+        tables, bias = view
+        keys, values = self._write_and_gather(k, v, self.kv_caches[layer_idx], tables)  # (B, L, Hkv, D)
+        out = grouped_attention(q, keys, values, bias, scale, softcap)         # (B, T, Hkv, G, D)
         return out.reshape(q.shape)                                            # (B, T, H, D)
 
-    def _write_and_gather(self, k, v, cache: tuple[torch.Tensor, torch.Tensor]):
+    def _write_and_gather(self, k, v, cache: tuple[torch.Tensor, torch.Tensor], flat_tables: torch.Tensor):
         key_cache, value_cache = cache
         _, _, heads, dim = key_cache.shape
         meta = self.metadata
@@ -95,17 +106,44 @@ class GatherSdpaStep:
         key_cache.view(-1, heads, dim).index_copy_(0, slots, new_k.to(key_cache.dtype))
         value_cache.view(-1, heads, dim).index_copy_(0, slots, new_v.to(value_cache.dtype))
         batch = meta.block_tables.shape[0]
-        flat_tables = meta.block_tables.reshape(-1)
         gathered_k = key_cache.index_select(0, flat_tables).view(batch, -1, heads, dim)  # (B, L, Hkv, D)
         gathered_v = value_cache.index_select(0, flat_tables).view(batch, -1, heads, dim)
         return gathered_k.to(k.dtype), gathered_v.to(v.dtype)
 
-    def _attention_bias(self, groups: int, dtype: torch.dtype) -> torch.Tensor:
-        """(B, 1, groups * T, L) additive mask (0 or -inf): query t sees cached key j iff
-        j <= its position. Built once per forward; every layer shares it."""
+    def _window_blocks(self, window: int | None) -> torch.Tensor:
+        """(B, W) indices into each row's block table: all of them for full attention; for a
+        window, W consecutive ones from the block holding the row's earliest visible key (its
+        first new token's position - window + 1). Indices past a row's table are left past
+        it: their keys' positions exceed every query's, so the bias hides them."""
+        tables = self.metadata.block_tables
+        num_blocks = tables.shape[1]
+        every = torch.arange(num_blocks, device=tables.device)
+        if window is None:
+            return every.expand(tables.shape[0], -1)
         block_size = self.kv_caches[0][0].shape[1]
-        positions = self.positions
-        keys = torch.arange(self.metadata.block_tables.shape[1] * block_size, device=positions.device)
-        mask = group_mask((keys[None, None, :] <= positions[:, :, None])[:, None], groups)
+        first = (self.positions[:, 0] - window + 1).clamp(min=0) // block_size             # (B,)
+        last = (self.metadata.context_lens - 1).clamp(min=0) // block_size
+        width = int((last - first).max()) + 1
+        if width >= num_blocks:
+            return every.expand(tables.shape[0], -1)
+        return first[:, None] + every[None, :width]                                        # (B, W)
+
+    def _view(self, groups: int, dtype: torch.dtype, window: int | None):
+        """(flat block ids (B * W,), (B, 1, groups * T, W * block_size) additive bias (0 or -inf)):
+        query t sees cached key j iff j <= its position (and position - j < window)."""
+        block_size = self.kv_caches[0][0].shape[1]
+        positions, tables = self.positions, self.metadata.block_tables
+        index = self._window_blocks(window)                                                # (B, W)
+        flat = tables.gather(1, index.clamp(max=tables.shape[1] - 1)).reshape(-1)
+        offsets = torch.arange(block_size, device=positions.device)
+        keys = (index[:, :, None] * block_size + offsets).reshape(index.shape[0], 1, -1)  # (B, 1, L)
+        visible = keys <= positions[:, :, None]                                # (B, T, L)
+        if window is not None:
+            visible = visible & (positions[:, :, None] - keys < window)
+        visible[:, :, 0] |= self.metadata.slot_mapping < 0                     # padding: never an empty row
+        return flat, self._bias(group_mask(visible[:, None], groups), dtype)
+
+    @staticmethod
+    def _bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
         return bias.masked_fill_(~mask, float("-inf"))

@@ -69,7 +69,7 @@ class Engine:
                  max_num_batched_tokens: int = 4096, enable_prefix_caching: bool = True,
                  policy_version: int = 0, seed: int = 0, weight_precision: str = "float32",
                  speculative: SpeculativeOptions | None = None, proposer: Proposer | None = None,
-                 attention_backend: AttentionBackend | None = None):
+                 attention_backend: AttentionBackend | None = None, prefill_chunk_tokens: int = 0):
         """model: any architecture of the registry (`postrain.actors.models.CausalLM`).
         weight_precision: "float32" multiplies by the model's own weights (what the learner
         scores); "float16" by float16 copies of them (`models.blocks.Float16Weights`: x86 CPU,
@@ -77,7 +77,9 @@ class Engine:
         speculative: draft and verify tokens (`postrain.actors.generator.speculative`); None = off.
         proposer: where drafts come from, in place of the one `speculative.method` names (any
         object with the `Proposer` methods).
-        attention_backend: how attention reads the paged cache; None = `GatherSdpaBackend`."""
+        attention_backend: how attention reads the paged cache; None = `GatherSdpaBackend`.
+        prefill_chunk_tokens: prompt tokens read per step at most, so running sequences keep
+        decoding while a long prompt is read (`scheduler`: chunked prefill); 0 = one step."""
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise EngineError(f"max_num_seqs and max_num_batched_tokens must be >= 1, got "
                               f"{max_num_seqs} and {max_num_batched_tokens}")
@@ -96,8 +98,11 @@ class Engine:
                          "num_verify_steps": 0, "num_drafted_tokens": 0, "num_accepted_tokens": 0,
                          "draft_s": 0.0}
         self.scheduler = Scheduler(self.kv, max_num_seqs=max_num_seqs,
-                                   max_num_batched_tokens=max_num_batched_tokens, counters=self.counters)
+                                   max_num_batched_tokens=max_num_batched_tokens, counters=self.counters,
+                                   prefill_chunk_tokens=prefill_chunk_tokens)
         self.runner = ModelRunner(model, self.kv, attention_backend)
+        if getattr(self.config, "moe_layers", ()):      # MoE: record every token's experts (R3)
+            self.runner.routing_sink = self._record_routing
         self.policy_version = policy_version
         self.weight_precision = weight_precision
         # Invariant: None, or float16 copies of the model's current weights (refreshed per step).
@@ -304,11 +309,18 @@ class Engine:
 
     def _advance_prefills(self, plan: StepPlan, logits: torch.Tensor | None,
                           finished: list[RequestOutput]) -> None:
-        """Fork each prefill's samples (they run from now on) and sample them all from its row."""
+        """Fork each prefill's samples (they run from now on) and sample them all from its row;
+        a row that read an earlier chunk of its prompt only wrote KV."""
         if logits is None:
             return
-        groups = [self._group(entry) for entry in plan.prefills]
-        for entry, group in zip(plan.prefills, groups):
+        rows = [i for i, entry in enumerate(plan.prefills) if entry.completes_prompt]
+        if not rows:
+            return
+        if len(rows) < len(plan.prefills):
+            logits = logits[rows]
+        entries = [plan.prefills[i] for i in rows]
+        groups = [self._group(entry) for entry in entries]
+        for entry, group in zip(entries, groups):
             self.scheduler.start_running(entry, group)
         self._sample_and_advance(groups, logits, finished)
 
@@ -374,8 +386,18 @@ class Engine:
             return "length"
         return None
 
+    def _record_routing(self, entry: ScheduledSequence, experts) -> None:
+        """The experts of a row's new tokens, kept by position; a prefill's forks get them too."""
+        for seq_id in (entry.seq_id, *entry.fork_seq_ids):
+            seq = self._sequences.get(seq_id)
+            if seq is not None:
+                seq.record_routing(entry.start_position, experts)
+
     def _finish(self, seq: Sequence, reason: str) -> None:
         seq.output.finish_reason = reason
+        if seq.routing is not None:
+            from ..models.moe import encode_routing
+            seq.output.routed_experts = encode_routing(seq.routing, len(seq.token_ids), self.config.num_experts)
         if self._proposer is not None and reason != "abort":
             self._proposer.record(seq.request.prompt_key, seq.output.token_ids)
         self.scheduler.finish(seq)

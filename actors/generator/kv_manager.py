@@ -98,6 +98,10 @@ class KVManager:
 
     # ------------------------------------------------------------------ queries
 
+    def match_prefix(self, token_ids: list[int]) -> int:
+        """How many leading tokens `allocate` would take from the prefix cache now (read-only)."""
+        return self.pool.match_prefix(token_ids)
+
     def block_table(self, seq_id: int) -> list[int]:
         return self.pool.block_table(seq_id)
 

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ..models.blocks import Float16Weights
+from ..models.moe import routing_trace
 from ..models.protocol import CausalLM
 from .attention import AttentionBackend, GatherSdpaBackend, PagedMetadata
 from .kv_manager import KVManager
@@ -60,6 +61,9 @@ class ModelRunner:
         self.kv = kv
         self.backend = backend or GatherSdpaBackend()
         self.device = next(model.parameters()).device
+        # MoE routing replay (R3): called with (row, experts (num_new_tokens, L, k) int64 numpy)
+        # after each forward when set (the engine sets it for models with MoE layers)
+        self.routing_sink = None
 
     def run(self, plan: StepPlan, weights: Float16Weights | None = None) -> StepLogits:
         """The decode forward first, then the prefill forward (under the caller's inference mode)."""
@@ -82,4 +86,12 @@ class ModelRunner:
         keep_index = None
         if keep == "last":
             keep_index = torch.tensor([r.num_new_tokens - 1 for r in rows], device=self.device)
-        return self.model(input_ids.to(self.device), paged=step, logits_to_keep=keep_index, weights=weights)
+        if self.routing_sink is None:
+            return self.model(input_ids.to(self.device), paged=step, logits_to_keep=keep_index, weights=weights)
+        with routing_trace(self.model, record=True) as trace:
+            logits = self.model(input_ids.to(self.device), paged=step, logits_to_keep=keep_index, weights=weights)
+        experts = trace.chosen_experts()                                       # (B*T, L, k)
+        chosen = experts.view(len(rows), input_ids.shape[1], *experts.shape[1:]).cpu().numpy()
+        for row, experts in zip(rows, chosen):
+            self.routing_sink(row, experts[:row.num_new_tokens])
+        return logits

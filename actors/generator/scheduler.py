@@ -18,6 +18,18 @@ samples is pre-filled ONCE: its first sequence owns the blocks and the others fo
 after the prefill. The plan lists decodes before prefills: the decode forward runs first,
 so any block it completes is written before a prefix-cache hit of this step's prefills
 reads it. The scheduler decides; it never runs the model.
+
+Chunked prefill (`prefill_chunk_tokens` > 0). A step reads at most `prefill_chunk_tokens`
+prompt tokens in all (and at most `max_num_batched_tokens` minus the step's decode tokens),
+so a long prompt is read over several steps while the running sequences keep decoding, one
+token a step each. Prompts already being read (`prefilling`, admission order) get the budget
+first, then new prompts are admitted with what is left. A prompt's blocks are reserved chunk
+by chunk (`KVManager.allocate` for the first chunk, `append` for the next), so a block enters
+the prefix index only in the step whose forward writes it; a prompt is admitted only while
+its whole length fits in the free blocks. When blocks run short, prompts being read are
+preempted (newest first) before any decoding sequence. Only a prompt's last chunk is
+sampled from (`ScheduledSequence.completes_prompt`); the earlier chunks only write KV.
+With `prefill_chunk_tokens` = 0 every prompt is read in one step (the default).
 """
 from __future__ import annotations
 
@@ -40,6 +52,8 @@ class ScheduledSequence:
     block_table: tuple[int, ...]       # its block ids, in order, after this step's reservations
     drafts: tuple[int, ...] = ()       # drafted tokens to verify (decodes only): input_ids[1:]
     fork_seq_ids: tuple[int, ...] = ()  # samples that fork from it after its prefill (prefills only)
+    completes_prompt: bool = True      # prefills: this row reads the prompt's last tokens, so the
+                                       # step samples from it (False: an earlier chunk, KV only)
 
     @property
     def num_new_tokens(self) -> int:
@@ -72,25 +86,38 @@ class PrefillGroup:
 
     seqs: list[Sequence]
     num_cached: int = 0        # prompt tokens the prefix cache held at admission
+    num_scheduled: int = 0     # prompt tokens whose KV is written by the end of the current step
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.seqs[0].token_ids
 
 
 class Scheduler:
     """Admission, preemption and step plans over a `KVManager` (see module docstring).
 
-    Invariants: every sequence is in at most one of `waiting` (in a group) and `running`; a
-    running sequence holds blocks, a waiting one none; `running` is in admission order, so
-    `running[-1]` is preempted first (tests/actors/generator/test_scheduler.py).
+    Invariants: every sequence is in at most one of `waiting` (in a group), `prefilling` (as
+    a group's first sequence) and `running`; a running or prefilling sequence holds blocks, a
+    waiting one none; a prefilling group's first sequence holds exactly `num_scheduled` < its
+    prompt's length tokens between steps; `running` is in admission order, so `running[-1]`
+    is preempted first, after every prefilling group (tests/actors/generator/test_scheduler.py,
+    test_chunked_prefill.py).
     """
 
     def __init__(self, kv: KVManager, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 counters: dict):
+                 counters: dict, prefill_chunk_tokens: int = 0):
         """counters: the engine's; this adds to num_prefill_tokens, num_cached_prompt_tokens
-        and num_preemptions."""
+        and num_preemptions. prefill_chunk_tokens: prompt tokens read per step at most (0 = a
+        whole prompt in one step)."""
+        if prefill_chunk_tokens < 0:
+            raise EngineError(f"prefill_chunk_tokens must be >= 0 (0 = off), got {prefill_chunk_tokens}")
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.prefill_chunk_tokens = prefill_chunk_tokens
         self.counters = counters
         self.waiting: deque[PrefillGroup] = deque()   # FIFO; preempted sequences re-enter at the front
+        self.prefilling: list[PrefillGroup] = []      # prompts part-read (chunked prefill), admission order
         self.running: list[Sequence] = []             # admission order: the last is preempted first
 
     def add(self, seqs: list[Sequence]) -> None:
@@ -98,12 +125,20 @@ class Scheduler:
         self.waiting.append(PrefillGroup(list(seqs)))
 
     def schedule(self) -> StepPlan:
-        """Reserve every running sequence's slots (preempting as needed), admit waiting
-        prompts, and return the step's plan (block tables read after all reservations)."""
+        """Reserve every running sequence's slots (preempting as needed), continue the prompts
+        being read, admit waiting prompts, and return the step's plan (block tables read after
+        all reservations)."""
         decoding = self._reserve_decode_slots()
-        admitted = self._admit(len(decoding))
+        if self.prefill_chunk_tokens:
+            budget = min(self.prefill_chunk_tokens,
+                         self.max_num_batched_tokens - sum(1 + len(s.drafts) for s in decoding))
+            chunks = self._continue_prefills(budget)
+            budget -= sum(end - start for _, start, end in chunks)
+            chunks += self._admit_chunked(len(decoding), budget)
+        else:
+            chunks = [(g, g.num_cached, len(g.prompt)) for g in self._admit(len(decoding))]
         decodes = tuple(self._decode_entry(seq) for seq in decoding)
-        prefills = tuple(self._prefill_entry(group) for group in admitted)
+        prefills = tuple(self._prefill_entry(*chunk) for chunk in chunks)
         return StepPlan(decodes, prefills)
 
     def start_running(self, group: ScheduledSequence, seqs: list[Sequence]) -> None:
@@ -119,8 +154,11 @@ class Scheduler:
             self.kv.free(seq.seq_id)
 
     def drop_waiting(self, request) -> None:
-        """Forget the queued prefills of `request` (aborted)."""
+        """Forget the queued and part-read prefills of `request` (aborted), freeing their blocks."""
         self.waiting = deque(g for g in self.waiting if g.seqs[0].request is not request)
+        for group in [g for g in self.prefilling if g.seqs[0].request is request]:
+            self.prefilling.remove(group)
+            self.kv.free(group.seqs[0].seq_id)
 
     def preempt(self, seq: Sequence) -> None:
         """Free the sequence's blocks; it re-enters the queue first, to be recomputed."""
@@ -130,23 +168,86 @@ class Scheduler:
         self.waiting.appendleft(PrefillGroup([seq]))
         self.counters["num_preemptions"] += 1
 
+    def _preempt_prefilling(self) -> PrefillGroup:
+        """Stop reading the newest part-read prompt: free its blocks; it re-enters the queue first."""
+        group = self.prefilling.pop()
+        self.kv.free(group.seqs[0].seq_id)
+        group.num_cached = group.num_scheduled = 0
+        self.waiting.appendleft(group)
+        self.counters["num_preemptions"] += 1
+        return group
+
     # ------------------------------------------------------------------ steps of `schedule`
 
     def _reserve_decode_slots(self) -> list[Sequence]:
         """Reserve the next slot of every running sequence (and of its drafted tokens, which it
-        gives up first when blocks run short), preempting from the back if needed."""
+        gives up first when blocks run short), preempting part-read prompts, then running
+        sequences from the back, if needed."""
         reserved: list[Sequence] = []
         while len(reserved) < len(self.running):
             seq = self.running[len(reserved)]
             if not self.kv.can_append(seq.seq_id, 1 + len(seq.drafts)):
                 if seq.drafts:
                     seq.drafts = []
-                    continue
-                self.preempt(self.running[-1])      # the newest; may be `seq` itself
+                elif self.prefilling:
+                    self._preempt_prefilling()
+                else:
+                    self.preempt(self.running[-1])      # the newest; may be `seq` itself
                 continue
             self.kv.append(seq.seq_id, seq.token_ids[-1:] + seq.drafts)
             reserved.append(seq)
         return reserved
+
+    def _continue_prefills(self, budget: int) -> list[tuple[PrefillGroup, int, int]]:
+        """The next chunk of each part-read prompt, oldest first, within `budget` tokens;
+        a chunk that finds no blocks preempts the newest part-read prompt (maybe itself)."""
+        chunks: list[tuple[PrefillGroup, int, int]] = []
+        for group in list(self.prefilling):
+            if budget <= 0:
+                break
+            if group not in self.prefilling:       # preempted for an older prompt's chunk
+                continue
+            start = group.num_scheduled
+            end = min(len(group.prompt), start + budget)
+            seq_id = group.seqs[0].seq_id
+            while group in self.prefilling and not self.kv.can_append(seq_id, end - start):
+                self._preempt_prefilling()
+            if group not in self.prefilling:
+                continue
+            self.kv.append(seq_id, group.prompt[start:end])
+            chunks.append(self._advance(group, start, end))
+            budget -= end - start
+        return chunks
+
+    def _admit_chunked(self, num_decoding: int, budget: int) -> list[tuple[PrefillGroup, int, int]]:
+        """Admit waiting prompts while the budget lasts; each reads its first chunk now."""
+        chunks: list[tuple[PrefillGroup, int, int]] = []
+        num_seqs = num_decoding + sum(len(g.seqs) for g in self.prefilling)
+        while self.waiting and budget > 0:
+            group = self.waiting[0]
+            fan_out = len(group.seqs)
+            if num_seqs + fan_out > self.max_num_seqs and num_seqs > 0:
+                break
+            if not self._has_room(len(group.prompt), fan_out, bool(chunks)):
+                break
+            self.waiting.popleft()
+            prompt = group.prompt
+            end = min(len(prompt), self.kv.match_prefix(prompt) + budget)
+            group.num_cached = self.kv.allocate(group.seqs[0].seq_id, prompt[:end])
+            self._count_admission(group)
+            self.prefilling.append(group)
+            chunks.append(self._advance(group, group.num_cached, end))
+            num_seqs += fan_out
+            budget -= end - group.num_cached
+        return chunks
+
+    def _advance(self, group: PrefillGroup, start: int, end: int) -> tuple[PrefillGroup, int, int]:
+        """Record that this step writes the group's prompt KV up to `end`; a group whose
+        prompt is then whole leaves `prefilling` (the engine starts it running)."""
+        group.num_scheduled = end
+        if end == len(group.prompt):
+            self.prefilling.remove(group)
+        return group, start, end
 
     def _admit(self, num_decoding: int) -> list[PrefillGroup]:
         admitted: list[PrefillGroup] = []
@@ -174,7 +275,7 @@ class Scheduler:
         needed = -(-num_tokens // self.kv.block_size_tokens) + fan_out - 1
         if needed <= self.kv.num_free_blocks:
             return True
-        if not admitted_any and not self.running:
+        if not admitted_any and not self.running and not self.prefilling:
             raise EngineError(
                 f"a request needs {needed} KV blocks but the cache has only {self.kv.num_blocks}; "
                 "raise kv_cache_mb/num_blocks or lower n or the prompt length")
@@ -191,8 +292,9 @@ class Scheduler:
         return ScheduledSequence(seq.seq_id, tuple(seq.token_ids[-1:] + seq.drafts), len(seq.token_ids) - 1,
                                  tuple(self.kv.block_table(seq.seq_id)), tuple(seq.drafts))
 
-    def _prefill_entry(self, group: PrefillGroup) -> ScheduledSequence:
+    def _prefill_entry(self, group: PrefillGroup, start: int, end: int) -> ScheduledSequence:
         first = group.seqs[0]
-        return ScheduledSequence(first.seq_id, tuple(first.token_ids[group.num_cached:]), group.num_cached,
+        return ScheduledSequence(first.seq_id, tuple(group.prompt[start:end]), start,
                                  tuple(self.kv.block_table(first.seq_id)),
-                                 fork_seq_ids=tuple(s.seq_id for s in group.seqs[1:]))
+                                 fork_seq_ids=tuple(s.seq_id for s in group.seqs[1:]),
+                                 completes_prompt=end == len(group.prompt))

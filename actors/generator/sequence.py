@@ -23,6 +23,8 @@ class CompletionOutput:
     policy_versions: list[int] = field(default_factory=list)   # the weights that sampled each token
     text: str = ""                                             # decoded, cut before a stop string
     finish_reason: str | None = None                           # "stop" | "length" | "abort"
+    routed_experts: bytes | None = None   # MoE models: per token of prompt + sample, the experts it was
+                                          # routed to in each MoE layer (models.moe.encode_routing)
 
 
 @dataclass
@@ -39,7 +41,8 @@ class Sequence:
     len(token_ids) - 1 tokens of it (the last sampled token's KV is written by the next
     decode); within a step, after its slots are reserved, len(token_ids) + len(drafts)."""
 
-    __slots__ = ("seq_id", "request", "output", "token_ids", "generator", "drafts", "num_draft_tokens")
+    __slots__ = ("seq_id", "request", "output", "token_ids", "generator", "drafts", "num_draft_tokens",
+                 "routing")
 
     def __init__(self, seq_id, request, sample_index, generator, num_draft_tokens=0):
         self.seq_id = seq_id
@@ -49,6 +52,22 @@ class Sequence:
         self.generator = generator
         self.drafts: list[int] = []               # this step's drafted tokens, verified by its forward
         self.num_draft_tokens = num_draft_tokens  # its adaptive k (speculative decoding)
+        self.routing = None     # MoE: (>= positions computed, L, k) int16 experts by position, -1 = not computed
+
+    def record_routing(self, start: int, experts) -> None:
+        """Keep the experts (n, L, k) the tokens at positions start.. were routed to (a later
+        forward of the same position, after a preemption or a rejected draft, overwrites)."""
+        import numpy as np
+
+        end = start + len(experts)
+        table = self.routing
+        if table is None or table.shape[0] < end:
+            size = max(end, 2 * (0 if table is None else table.shape[0]))
+            grown = np.full((size,) + tuple(experts.shape[1:]), -1, dtype=np.int16)
+            if table is not None:
+                grown[:table.shape[0]] = table
+            table = self.routing = grown
+        table[start:end] = experts
 
     @property
     def finished(self) -> bool:

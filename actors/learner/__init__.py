@@ -4,6 +4,7 @@
     learner.py         Learner, LearnerConfig: one optimizer step of a GRPO-family objective
     batch.py           pack_batch: a train batch as padded tensors (one schema)
     shared_prefix.py   group training: each prompt's prefix run once for its samples
+    routing.py         MoE policies: routing replay (R3), the router's aux loss, routing metrics
     group.py           LearnerGroup: data-parallel ranks, rendezvous, collectives with timeouts
     state.py           learner checkpoints (weights, optimizer, RNG, extra) and Hugging Face export
     recovery.py        LearnerKeeper: the orchestrator's side of a learner that died and came back

@@ -58,7 +58,7 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import anyio
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator
@@ -71,7 +71,8 @@ from ..records import (CheckpointLoaded, CheckpointSaved, ExportedHf, ExportHf, 
                        LoadCheckpoint, PublishReport, PublishRequest, RankStep, Record, SaveCheckpoint, SftBatch,
                        StepMetrics, TrainBatch, WeightSync)
 from .group import LearnerGroup, shard_batch
-from .publish import sealed_sync, weight_messages
+from .publish import sealed_sync
+from .sync_plan import WEIGHT_SYNC_MODES, SyncPlanner
 
 log = logging.getLogger("postrain.learner")
 
@@ -93,6 +94,14 @@ class LearnerOptions(Options):
                                     "(actors/learner/learner.py): optimizer, schedule, objective, KL, advantages")
     resume_from: str | None = Field(None, description="a checkpoint folder to start from (weights, "
                                     "optimizer, RNG); none: fresh weights")
+    weight_sync: Literal[WEIGHT_SYNC_MODES] = Field("auto", description="after a generator's first full "
+                             "sync, send it only what changed ('delta': the LoRA adapters, or the changed "
+                             "elements), or always the whole weights ('full'); 'auto': delta under LoRA, "
+                             "else full (actors/learner/sync_plan.py)")
+    publish_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None, description="the dtype weights travel in and generators run (the rollout dtype): "
+        "'bfloat16' halves a sync of float32 weights, and most elements of a step's update round away "
+        "in it (a delta sync sends the rest); none: the learner's dtype")
     group_timeout_s: float = Field(300.0, gt=0, description="a learner of several ranks (`ranks = N` on its "
                                    "spec): how long a rank waits for the others, to form the group and in "
                                    "every collective, before the wait is an error naming the missing ranks")
@@ -143,6 +152,7 @@ class LearnerActor(Actor):
         self.sealed = None                      # the SealedSender to targets on other nodes, once needed
         self.channel_addresses: dict[str, str] = {}   # target name -> its sealed channel's last address
         self.last_publish: PublishReport | None = None
+        self.sync_plan: SyncPlanner | None = None   # what each target holds (built with the learner)
         self.group: LearnerGroup | None = None
         await anyio.to_thread.run_sync(self._build)
         if self.rendezvous is None:
@@ -167,6 +177,7 @@ class LearnerActor(Actor):
         from .learner import Learner
 
         self.learner = Learner(self.options.learner_config())
+        self.sync_plan = SyncPlanner(self.options.weight_sync, self.learner.lora, self.options.publish_dtype)
         # Elastic cores: a step takes up the actor's current torch thread count at the start of each
         # micro-batch's forward (every forward of the policy starts with its embedding).
         embedding = self.learner.model.model.embed_tokens
@@ -312,9 +323,9 @@ class LearnerActor(Actor):
         self._check_expected_version(request)
         names = list(request.targets)
         timeout_s = request.timeout_s
-        weights = self.learner.state_dict()
-        version = self.learner.policy_version
-        whole = weight_messages(weights, version)[0]
+        plan = self.sync_plan.prepare(self.learner)   # the whole weights, or patches (sync_plan.py)
+        weights, version = plan.weights, plan.version
+        num_bytes_sent = 0
         sync_s: dict[str, float] = {}
         errors: dict[str, Exception] = {}
         far: dict[str, tuple] = {}                  # name -> (its reference, its sealed channel's address)
@@ -336,12 +347,22 @@ class LearnerActor(Actor):
         async def push_near(name: str) -> None:
             """One message to `name` (this host: /dev/shm). Cancelled: it may or may not hold the
             new version."""
-            nonlocal num_messages
+            nonlocal num_messages, num_bytes_sent
             try:
-                await self.targets[name].ask("load_weights", whole, timeout_s=timeout_s)
+                message = plan.message_for(name)
+                try:
+                    await self.targets[name].ask("load_weights", message, timeout_s=timeout_s)
+                except Exception as exc:          # a patch refused (it missed the base?): the whole weights
+                    if not plan.is_patch(message):
+                        raise
+                    log.info("%s refused a weight patch (%s); sending the whole weights", name, exc)
+                    message = plan.full_message()
+                    await self.targets[name].ask("load_weights", message, timeout_s=timeout_s)
             except Exception as exc:
+                self.sync_plan.forget(name)
                 errors[name] = exc
                 return
+            num_bytes_sent += plan.sent(name, message)
             num_messages += 1
             sync_s[name] = time.perf_counter() - start
 
@@ -349,6 +370,7 @@ class LearnerActor(Actor):
             nonlocal num_messages
             done = await self._push_sealed(far, weights, version, request.chunk_mb, timeout_s, errors)
             for name, (num_sent, done_at) in done.items():
+                self.sync_plan.forget(name)      # other nodes get whole weights, not patches
                 num_messages += num_sent
                 sync_s[name] = done_at - start
 
@@ -361,12 +383,15 @@ class LearnerActor(Actor):
                     tg.start_soon(push_near, name)
             if far:
                 tg.start_soon(push_far)
+        plan.finish()
         if errors:
             raise PostrainError(f"publish of version {version} failed for {len(errors)} of {len(names)} "
                                 "targets (the others hold it): " + "; ".join(
                                     f"{name}: {type(exc).__name__}: {exc}" for name, exc in errors.items()))
         num_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+        num_bytes_sent += num_bytes * sum(1 for name in far if name not in errors)
         self.last_publish = PublishReport(version=version, num_bytes=num_bytes, num_messages=num_messages,
+                                          num_bytes_sent=num_bytes_sent,
                                           sync_s=sync_s, total_s=time.perf_counter() - start)
         log.info("published weights v%d (%.1f MiB) to %s in %.3f s", version, num_bytes / 2**20,
                  ", ".join(f"{k} {v:.3f} s" for k, v in sync_s.items()) or "no targets",

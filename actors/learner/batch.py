@@ -28,7 +28,7 @@ from postrain.core.errors import PostrainError
 from ..records import SftBatch, TrainBatch
 from .packed import PackedBatch, PrefixPlan
 
-__all__ = ["LearnerError", "PackedBatch", "PrefixPlan", "group_size_of", "pack_batch", "reward_components_of"]
+__all__ = ["LearnerError", "PackedBatch", "PrefixPlan", "group_size_of", "group_sizes_of", "pack_batch", "reward_components_of"]
 
 
 class LearnerError(PostrainError, ValueError):
@@ -135,6 +135,16 @@ def _batch_advantages(adv, lengths: list[int], width: int) -> torch.Tensor:
 
 def group_size_of(group_ids, num_samples: int) -> int:
     """The common size of contiguous groups; raises LearnerError if groups interleave or differ."""
+    sizes = group_sizes_of(group_ids, num_samples)
+    if len(set(sizes)) != 1:
+        raise LearnerError(f"groups must all have the same size for group-relative advantages, got sizes "
+                           f"{sorted(set(sizes))}; drop or pad incomplete groups first")
+    return sizes[0]
+
+
+def group_sizes_of(group_ids, num_samples: int) -> list[int]:
+    """The sizes of contiguous groups, in order (a group that lost samples to a failure is
+    smaller); raises LearnerError if groups interleave."""
     ids = _as_vector(group_ids, "group_ids", num_samples, torch.int64).tolist()
     sizes, seen, prev = [], set(), object()
     for g in ids:
@@ -146,10 +156,7 @@ def group_size_of(group_ids, num_samples: int) -> int:
             sizes.append(0)
             prev = g
         sizes[-1] += 1
-    if len(set(sizes)) != 1:
-        raise LearnerError(f"groups must all have the same size for group-relative advantages, got sizes "
-                           f"{sorted(set(sizes))}; drop or pad incomplete groups first")
-    return sizes[0]
+    return sizes
 
 
 def reward_components_of(batch: TrainBatch, num_samples: int) -> dict[str, torch.Tensor]:

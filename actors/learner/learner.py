@@ -40,11 +40,15 @@ from postrain.ext import rl_ops
 from postrain.ext.cupy_ops import BACKENDS as RL_OPS_BACKENDS
 
 from ..device import resolve_device
+from ..models import model_class
 from ..models.llama import LlamaModel, ModelConfig
 from ..models.loading import load_model
 from ..records import SftBatch, TrainBatch
-from .batch import LearnerError, group_size_of, pack_batch, reward_components_of
+from .batch import LearnerError, group_sizes_of, pack_batch, reward_components_of
 from .packed import PackedBatch
+from .loss_preset import apply_loss_preset, preset_loss_config
+from .routing import LearnerRouting, logprob_gap
+from .lora import LearnerLora, lora_config
 from .shared_prefix import plan_micro_batches
 
 OBJECTIVES = ("ppo", "decoupled")
@@ -81,6 +85,8 @@ class LearnerConfig:
     micro_batch_size: int = 8              # samples per forward/backward (gradient accumulation)
     # policy loss (postrain.ext.rl_ops)
     objective: str = "ppo"                 # "ppo" | "decoupled" (proximal recompute for stale samples)
+    loss: str = "ppo"                      # a named loss preset: ppo | dapo | gspo | cispo | tis | mis | geo-mis | icepop | kl (loss_preset.py)
+    loss_options: dict[str, float | str | None] | None = None   # PolicyLossConfig fields over the preset's (e.g. {is_high = 3.0})
     clip_low: float = 0.2                  # PPO clip below: the ratio is clipped at 1 - clip_low
     clip_high: float = 0.28                # PPO clip above: 1 + clip_high (DAPO's clip-higher when > clip_low)
     dual_clip: float | None = 3.0          # a token with advantage A < 0 loses at most -dual_clip * A (c > 1); None = off
@@ -100,9 +106,14 @@ class LearnerConfig:
     logprob_path: str = "chunked"          # "chunked" (rl_ops) | "naive" (full logits; the bench's peer)
     chunk_size_tokens: int | None = None   # None: rl_ops picks a 32 MiB fp32 block
     shared_prefix: bool = True             # compute a prefix samples share once per micro-batch (exact)
+    # mixture-of-experts policies (actors/learner/routing.py)
+    routing_replay: bool = False           # route recorded tokens to the experts the generator used (R3)
+    router_aux_loss_coef: float = 0.0      # weight of the router's load-balancing loss; 0 = off
+    lora: dict | None = None               # {rank, alpha, targets}: train adapters only, base frozen (lora.py)
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)
+        apply_loss_preset(self)   # the preset's objective / KL fields, before the rules check them
         rules = [
             (self.objective in OBJECTIVES, f"objective must be one of {OBJECTIVES}, got {self.objective!r}"),
             (self.lr_schedule in LR_SCHEDULES,
@@ -132,6 +143,7 @@ class LearnerConfig:
             if not ok:
                 raise LearnerError(message)
         self.loss_config()  # validates the clip / aggregation fields (RLOpsError)
+        lora_config(self.lora)   # validates the adapter fields (LearnerError)
 
     @classmethod
     def from_dict(cls, values: dict | None) -> "LearnerConfig":
@@ -147,11 +159,7 @@ class LearnerConfig:
         return out
 
     def loss_config(self, kl_coef: float | None = None) -> rl_ops.PolicyLossConfig:
-        return rl_ops.PolicyLossConfig(
-            clip_low=self.clip_low, clip_high=self.clip_high, dual_clip=self.dual_clip,
-            behavior_weight_cap=self.behavior_weight_cap if self.objective == "decoupled" else None,
-            kl_coef=self.kl_coef if kl_coef is None else kl_coef, kl_kind=self.kl_kind,
-            agg_mode=self.agg_mode, loss_norm_constant=self.loss_norm_constant)
+        return preset_loss_config(self, kl_coef)   # the classic fields, the `loss` preset, loss_options
 
 
 def build_policy(spec: str | dict, seed: int, dtype: torch.dtype, device: str):
@@ -159,14 +167,15 @@ def build_policy(spec: str | dict, seed: int, dtype: torch.dtype, device: str):
     from ..models.tokenizer import byte_tokenizer
 
     if isinstance(spec, dict):
-        model = LlamaModel(ModelConfig(**spec)).init_weights(seed)
+        config = ModelConfig(**spec)
+        model = model_class(config.architecture)(config).init_weights(seed)
         return model.to(device=device, dtype=dtype), byte_tokenizer()
     return load_model(spec, dtype=dtype, device=device, seed=seed)
 
 
 # Metrics averaged over trained tokens (weighted by each micro-batch's num_tokens).
 _TOKEN_MEAN_METRICS = ("pg_loss", "kl", "entropy", "clip_frac_low", "clip_frac_high", "clip_frac_dual",
-                       "ratio_mean", "behavior_weight_mean")
+                       "ratio_mean", "behavior_weight_mean", "masked_token_frac", "masked_seq_frac")
 
 
 class Learner:
@@ -184,11 +193,11 @@ class Learner:
         dtype = _DTYPES[cfg.dtype]
         self.model, self.tokenizer = build_policy(cfg.model, cfg.seed, dtype, self.device)
         self.model.train()
+        self.routing = LearnerRouting(self.model, cfg.routing_replay, cfg.router_aux_loss_coef)
         self.reference = self._build_reference(dtype)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        # fused: one kernel over all parameters; on the CPU 0.10 s a step for SmolLM2-135M's
-        # parameters against 0.66 s for the per-op (foreach) path
-        fused = all(p.device.type in ("cpu", "cuda") for p in self.params)
+        self.lora = LearnerLora(self.model, cfg.lora, cfg.seed)   # inactive without the lora option
+        self.params = self.lora.trainable(self.model)   # LoRA: the adapters alone (base frozen)
+        fused = all(p.device.type in ("cpu", "cuda") for p in self.params)  # 0.10 s/step, foreach 0.66 (135M)
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
                                            weight_decay=cfg.weight_decay, fused=fused)
         self.kl = (rl_ops.AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
@@ -217,7 +226,7 @@ class Learner:
         start = time.perf_counter()
         cfg = self.config
         adv_metrics, advantages = self.batch_advantages(batch)
-        packed = pack_batch(batch, advantages=advantages)
+        packed = self.routing.pack(batch, pack_batch(batch, advantages=advantages))
         _, micro = self._micro_batches(packed)
         tokens, seqs = self._global_counts(packed)
         decoupled = cfg.objective == "decoupled"
@@ -239,8 +248,11 @@ class Learner:
                 loss = loss - cfg.entropy_coef * rl_ops.aggregate_loss(
                     entropy, mb.loss_mask, cfg.agg_mode, loss_norm_constant=cfg.loss_norm_constant,
                     global_num_tokens=tokens, global_num_seqs=seqs)
+            loss = loss + self.routing.aux_loss(mb, float(mb.attention_mask.sum()) / float(packed.num_real_tokens))
             loss.backward()
-            gap_sum, gap_count, mb_gap_max = self._gap(logp.detach(), mb)
+            self.routing.account(logp.detach(), mb, self.policy_version,
+                                 lambda: self._logprobs(self.model, mb, replay=not cfg.routing_replay)[0])
+            gap_sum, gap_count, mb_gap_max = logprob_gap(logp.detach(), mb, self.policy_version)
             sums += torch.tensor([m[k] * m["num_tokens"] for k in _TOKEN_MEAN_METRICS]
                                  + [float(loss.detach()), m["num_tokens"], gap_sum, gap_count,
                                     float(mb.attention_mask.sum())], dtype=torch.float64)
@@ -248,6 +260,7 @@ class Learner:
         metrics = self._finish_step(sums, gap_max, start, rl=True)
         metrics.update(adv_metrics)
         metrics.update(self._staleness(packed))
+        metrics.update(self.routing.step_metrics())
         self.kl.update(metrics["kl"], 1)
         return metrics
 
@@ -279,8 +292,8 @@ class Learner:
     def compute_logprobs(self, batch: TrainBatch | SftBatch) -> list[torch.Tensor]:
         """The policy's logprob of every token of every sample (index 0 is 0: no prefix), as the
         train step computes it; aligned with batch.token_ids. For consistency checks."""
-        packed = pack_batch(SftBatch(token_ids=batch.token_ids,
-                                     loss_mask=[[0] + [1] * (len(x) - 1) for x in batch.token_ids]))
+        packed = self.routing.pack(batch, pack_batch(SftBatch(
+            token_ids=batch.token_ids, loss_mask=[[0] + [1] * (len(x) - 1) for x in batch.token_ids])))
         order, micro = self._micro_batches(packed)
         rows = []
         for mb in micro:
@@ -297,7 +310,7 @@ class Learner:
         state = {k: v.detach().to("cpu") for k, v in self.model.state_dict().items()}
         if self.model.config.tie_word_embeddings:
             state.pop("lm_head.weight", None)
-        return state
+        return self.lora.merged(state)     # LoRA: base + scale * B @ A (new tensors)
 
     def lr_at(self, step: int) -> float:
         """The learning rate of optimizer step `step` (0-based): warm-up, then constant or cosine."""
@@ -334,7 +347,7 @@ class Learner:
         if spec is None:
             return None
         if spec == "initial":
-            ref = LlamaModel.empty(self.model.config).to(device=self.device, dtype=dtype)
+            ref = type(self.model).empty(self.model.config).to(device=self.device, dtype=dtype)
             ref.load_state_dict(self.model.state_dict())
         else:
             ref, _ = build_policy(spec, self.config.seed, dtype, self.device)
@@ -353,8 +366,8 @@ class Learner:
             return {}, None
         num = batch.num_samples
         components = reward_components_of(batch, num)
-        group_size = group_size_of(batch.group_ids, num) if batch.group_ids is not None else num
-        res = rl_ops.compute_advantages(components, self.config.reward_weights, group_size,
+        sizes = group_sizes_of(batch.group_ids, num) if batch.group_ids is not None else [num]  # ragged: failures
+        res = rl_ops.compute_advantages(components, self.config.reward_weights, sizes,
                                         mode=self.config.advantage_mode)
         rewards = res.rewards
         return {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std(unbiased=False)),
@@ -365,7 +378,8 @@ class Learner:
         in `order` (B,), grouped by shared prefix where that saves compute, else sorted by length
         so that short samples pad to short ones (actors/learner/shared_prefix.py). The gradient is the
         same in any order, since every micro-batch's loss uses the whole batch's normalisers."""
-        order, micro = plan_micro_batches(packed, self.config.micro_batch_size, self.config.shared_prefix)
+        order, micro = plan_micro_batches(packed, self.config.micro_batch_size,   # MoE routing: plain rows
+                                          self.config.shared_prefix and not self.routing.active)
         return order, [mb.to(self.device) for mb in micro]
 
     def _global_counts(self, packed: PackedBatch) -> tuple[float, float]:
@@ -378,7 +392,7 @@ class Learner:
                                "response tokens with 1")
         return float(counts[0]), float(counts[1])
 
-    def _logprobs(self, model: LlamaModel, mb: PackedBatch):
+    def _logprobs(self, model: LlamaModel, mb: PackedBatch, replay: bool | None = None):
         """logp, entropy (B, T - 1) of the targets input_ids[:, 1:] (float32, or the model's dtype
         if wider); 0 where not trained.
 
@@ -386,13 +400,15 @@ class Learner:
         sel = mb.loss_mask                                                                # (B, T-1)
         cfg = self.config
         with torch.autocast(self.device.type, dtype=_DTYPES[cfg.autocast_dtype or cfg.dtype],
-                            enabled=cfg.autocast_dtype is not None):
+                            enabled=cfg.autocast_dtype is not None), self.routing.trace(model, mb, replay):
             h = self._trained_hidden(model, mb)                                           # (N, H)
         weight = model.lm_head.weight
         h = h.to(weight.dtype)
         targets = mb.input_ids[:, 1:][sel]                                                # (N,)
-        if cfg.logprob_path == "naive":
-            logp, entropy = rl_ops.naive_token_logprobs(h @ weight.t(), targets, cfg.temperature,
+        cap = model.config.final_logit_softcapping                # Gemma: the full logits, capped
+        if cfg.logprob_path == "naive" or cap is not None:
+            logits = h @ weight.t() if cap is None else torch.tanh(h @ weight.t() / cap) * cap
+            logp, entropy = rl_ops.naive_token_logprobs(logits, targets, cfg.temperature,
                                                         return_entropy=True)
         else:
             logp, entropy = rl_ops.token_logprobs_from_hidden(
@@ -416,14 +432,6 @@ class Learner:
     @torch.no_grad()
     def _recompute(self, micro: list[PackedBatch], model: LlamaModel) -> list[torch.Tensor]:
         return [self._logprobs(model, mb)[0] for mb in micro]
-
-    def _gap(self, recomputed: torch.Tensor, mb: PackedBatch) -> tuple[float, float, float]:
-        """|recomputed - behaviour| over trained tokens sampled by the current weights."""
-        same = mb.loss_mask & (mb.policy_versions == self.policy_version)
-        if not bool(same.any()):
-            return 0.0, 0.0, 0.0
-        diff = (recomputed.float() - mb.behavior_logp)[same].abs().double()
-        return float(diff.sum()), float(same.sum()), float(diff.max())
 
     def _staleness(self, packed: PackedBatch) -> dict[str, float]:
         known = packed.loss_mask & (packed.policy_versions >= 0)
@@ -488,5 +496,5 @@ class Learner:
 
     def _broadcast_parameters(self) -> None:
         with torch.no_grad():
-            for tensor in list(self.model.state_dict().values()):
+            for tensor in list(self.model.state_dict().values()) + self.lora.parameters():
                 torch.distributed.broadcast(tensor, src=0, group=self.group)

@@ -51,6 +51,7 @@ class PackedBatch:
     policy_versions: torch.Tensor    # (B, T - 1) int64, -1 where unknown
     advantages: torch.Tensor         # (B,) or (B, T - 1) float32
     shared: PrefixPlan | None = None   # shared-prefix layout of a micro-batch (actors/learner/shared_prefix.py)
+    routed_experts: torch.Tensor | None = None   # (B, T, moe_layers, top_k) int64, -1 = none (routing.py)
 
     @property
     def num_samples(self) -> int:
@@ -64,17 +65,21 @@ class PackedBatch:
         """Samples [start, stop), trimmed to their own longest length (a micro-batch)."""
         width = max(int(self.attention_mask[start:stop].sum(-1).max()), 2)
         adv = self.advantages[start:stop]
+        routed = None if self.routed_experts is None else self.routed_experts[start:stop, :width]
         return PackedBatch(
             self.input_ids[start:stop, :width], self.attention_mask[start:stop, :width],
             self.loss_mask[start:stop, :width - 1], self.behavior_logp[start:stop, :width - 1],
-            self.policy_versions[start:stop, :width - 1], adv if adv.dim() == 1 else adv[:, :width - 1])
+            self.policy_versions[start:stop, :width - 1], adv if adv.dim() == 1 else adv[:, :width - 1],
+            routed_experts=routed)
 
     def select(self, indices: torch.Tensor) -> "PackedBatch":
         """The samples at `indices` (B',) int64, in that order, at the same width."""
         return PackedBatch(*(getattr(self, f)[indices] for f in (
-            "input_ids", "attention_mask", "loss_mask", "behavior_logp", "policy_versions", "advantages")))
+            "input_ids", "attention_mask", "loss_mask", "behavior_logp", "policy_versions", "advantages")),
+            routed_experts=None if self.routed_experts is None else self.routed_experts[indices])
 
     def to(self, device) -> "PackedBatch":
         return PackedBatch(*(getattr(self, f).to(device) for f in (
             "input_ids", "attention_mask", "loss_mask", "behavior_logp", "policy_versions", "advantages")),
-            shared=None if self.shared is None else self.shared.to(device))
+            shared=None if self.shared is None else self.shared.to(device),
+            routed_experts=None if self.routed_experts is None else self.routed_experts.to(device))

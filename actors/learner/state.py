@@ -5,6 +5,7 @@ A checkpoint is a folder:
     model.safetensors      the policy (Hugging Face tensor names; metadata: step, policy_version)
     reference.safetensors  the frozen KL reference, when the learner has one
     optimizer.safetensors  AdamW state tensors ("state.<param index>.<name>") and RNG states ("rng.*")
+    adapters.safetensors   the LoRA adapters, when the learner has them (model.safetensors: the base)
     state.json             format, step, policy_version, kl_coef, the optimizer's param groups,
                            Python's RNG state, the learner config, and `extra` (the orchestrator's
                            JSON-able state: ledger, data cursor, buffer)
@@ -85,6 +86,8 @@ def save_learner_checkpoint(learner, folder: str | Path, extra: dict | None = No
     def write(tmp: Path) -> None:
         save_file(_weights(learner.model), str(tmp / "model.safetensors"), metadata=meta)
         save_file({**opt_tensors, **_rng_tensors()}, str(tmp / "optimizer.safetensors"))
+        if learner.lora.active:
+            save_file({k: v.contiguous() for k, v in learner.lora.adapters().items()}, str(tmp / "adapters.safetensors"))
         if learner.reference is not None:
             save_file(_weights(learner.reference), str(tmp / "reference.safetensors"))
         (tmp / "state.json").write_text(json.dumps(state))
@@ -104,6 +107,11 @@ def load_learner_checkpoint(learner, folder: str | Path) -> dict:
         raise LearnerError(f"{folder}: checkpoint format {state.get('format')!r} is not {FORMAT!r}")
     weights = load_file(str(folder / "model.safetensors"), device=str(learner.device))
     load_state_dict_checked(learner.model, weights, source=str(folder))
+    if learner.lora.active:
+        if not (folder / "adapters.safetensors").exists():
+            raise LearnerError(f"{folder} has no adapters.safetensors but this learner trains LoRA adapters; "
+                               "resume without the lora option or from a checkpoint of a LoRA run")
+        learner.lora.load_adapters(load_file(str(folder / "adapters.safetensors")), source=str(folder))
     if learner.reference is not None:
         if not (folder / "reference.safetensors").exists():
             raise LearnerError(f"{folder} has no reference.safetensors but this learner uses a KL "
@@ -142,8 +150,10 @@ def checkpoint_info(folder: str | Path) -> dict:
 
 
 def export_hf(learner, folder: str | Path) -> Path:
-    """The policy as a Hugging Face folder (`transformers` loads it), written atomically."""
+    """The policy as a Hugging Face folder (`transformers` loads it), written atomically; with
+    LoRA, the merged weights (the base comes back bit for bit after)."""
     if learner.rank != 0:
         return Path(folder)
-    return write_folder_atomically(Path(folder), lambda tmp: save_checkpoint(
-        learner.model, learner.tokenizer, tmp, policy_version=learner.policy_version))
+    with learner.lora.merged_into(learner.model):
+        return write_folder_atomically(Path(folder), lambda tmp: save_checkpoint(
+            learner.model, learner.tokenizer, tmp, policy_version=learner.policy_version))

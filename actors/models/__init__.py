@@ -3,6 +3,11 @@
     config.py      ModelConfig and its rules, the built-in configs (tiny, small)
     blocks.py      the shared blocks: rotary, RMSNorm, Attention, MLP, SharedPrefixBatch, Float16Weights
     llama.py       LlamaModel, build_model: the Llama-family decoder (llama, qwen2, SmolLM)
+    mistral.py     MistralModel: Llama with a sliding window on every layer
+    gemma3.py      Gemma3Model: local/global layers, sandwich and Gemma norms, soft-capped logits
+    qwen3.py       Qwen3Model: Llama with q/k RMSNorm per head and an explicit head_dim
+    qwen3_moe.py   Qwen3MoeModel: Qwen3 with routed experts (moe.py) in its MoE layers
+    moe.py         SparseMoeBlock: router, grouped experts, routing traces (replay), aux loss
     protocol.py    CausalLM: what the generator and learner need of any architecture
     loading.py     load_model / save_checkpoint: Hugging Face folders, GGUF files, built-in configs
     tokenizer.py   Tokenizer: Hugging Face `tokenizers` and the built-in byte tokenizer
@@ -15,7 +20,21 @@ Adding an architecture is one module and one line in `ARCHITECTURES`.
 ARCHITECTURES: dict[str, str] = {
     "llama": "llama",
     "qwen2": "llama",
+    "qwen3": "qwen3",
+    "qwen3_moe": "qwen3_moe",
+    "mistral": "mistral",
+    "gemma3_text": "gemma3",
 }
+
+
+def model_class(model_type: str):
+    """The nn.Module class (a CausalLM) that implements Hugging Face `model_type`: the
+    `MODEL_CLASS` of its module in ARCHITECTURES."""
+    import importlib
+
+    if model_type not in ARCHITECTURES:
+        raise KeyError(f"model_type {model_type!r} is not registered; registered: {sorted(ARCHITECTURES)}")
+    return importlib.import_module(f"{__name__}.{ARCHITECTURES[model_type]}").MODEL_CLASS
 
 # Model and loading names import torch, so they load on first use (PEP 562).
 _LAZY = {

@@ -64,17 +64,36 @@ def group_mask(mask: torch.Tensor, groups: int) -> torch.Tensor:
     return mask[:, :, None].expand(-1, -1, groups, -1, -1).reshape(mask.shape[0], 1, groups * seq, keys)
 
 
-def grouped_attention(q, k, v, mask):
+def window_mask(mask: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None):
+    """`mask` (T, L) or (B|1, 1, T, L) boolean, narrowed to a sliding window: query at position
+    p sees a key at position j only if p - j < window (itself and the window - 1 before it, as
+    in Hugging Face). q_pos (B, T), k_pos (B|1, L). None = `mask` unchanged."""
+    if window is None:
+        return mask
+    near = (q_pos[:, :, None] - k_pos[:, None, :]) < window                  # (B, T, L)
+    return (mask if mask.dim() == 4 else mask[None, None]) & near[:, None]
+
+
+def grouped_attention(q, k, v, mask, scale: float | None = None, softcap: float | None = None):
     """GQA without copying K/V: the `groups` query heads that share a KV head become
     extra query rows of that head. q (B, T, H, D); k, v (B, L, Hkv, D);
     mask (B|1, 1, G*T, L) from `group_mask` (boolean, or an additive float bias).
+    scale: the logits' scale (None = 1/sqrt(D)); softcap: logits -> softcap * tanh(logits /
+    softcap) before the mask (Gemma; runs an explicit softmax instead of fused SDPA).
     Returns (B, T, Hkv, G, D): query head h = kv * G + g, as in Hugging Face's repeat_kv."""
     batch, seq, num_heads, head_dim = q.shape
     kv_heads = k.shape[2]
     groups = num_heads // kv_heads
     q = q.view(batch, seq, kv_heads, groups, head_dim).permute(0, 2, 3, 1, 4)
     q = q.reshape(batch, kv_heads, groups * seq, head_dim)                 # (B, Hkv, G*T, D)
-    out = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
+    if softcap is None:
+        out = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+                                             scale=scale)
+    else:
+        scores = q @ k.permute(0, 2, 3, 1) * (head_dim ** -0.5 if scale is None else scale)
+        scores = torch.tanh(scores / softcap) * softcap
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        out = torch.softmax(scores.float(), dim=-1).to(v.dtype) @ v.transpose(1, 2)
     return out.view(batch, kv_heads, groups, seq, head_dim).permute(0, 3, 1, 2, 4)
 
 
@@ -100,9 +119,12 @@ class PagedAttention(Protocol):
 
     positions: torch.Tensor          # (B, T) int64 absolute positions of the step's new tokens
 
-    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+               window: int | None = None, scale: float | None = None,
+               softcap: float | None = None) -> torch.Tensor:
         """Store k, v (B, T, Hkv, D) of layer `layer_idx` in the cache, attend q (B, T, H, D)
-        over each sequence's cached keys and values; returns (B, T, H, D)."""
+        over each sequence's cached keys and values; returns (B, T, H, D). window: the layer's
+        sliding window (`window_mask`), scale and softcap as in `grouped_attention`."""
         ...
 
 
@@ -200,14 +222,26 @@ def project(module: nn.Linear, x: torch.Tensor, weights: Float16Weights | None =
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig):
+    """Grouped-query attention of layer `layer_idx`. `window` (the config's `window_of`), `scale`
+    and `softcap` go to the paged backend; on the training path the model's mask already holds
+    the window (`window_mask`). Subclasses set scale / softcap (Gemma)."""
+
+    scale: float | None = None
+    softcap: float | None = None
+
+    def __init__(self, config: ModelConfig, layer_idx: int = 0):
         super().__init__()
+        self.window = config.window_of(layer_idx)
         h, d = config.hidden_size, config.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, d
         self.q_proj = nn.Linear(h, config.num_heads * d, bias=config.qkv_bias)
         self.k_proj = nn.Linear(h, config.num_kv_heads * d, bias=config.qkv_bias)
         self.v_proj = nn.Linear(h, config.num_kv_heads * d, bias=config.qkv_bias)
         self.o_proj = nn.Linear(config.num_heads * d, h, bias=config.o_bias)
+        self.qk_norm = config.qk_norm                  # Qwen3: RMSNorm over each head's q and k
+        if config.qk_norm:
+            self.q_norm = RMSNorm(d, config.rms_norm_eps)
+            self.k_norm = RMSNorm(d, config.rms_norm_eps)
 
     def forward(self, x, cos, sin, mask, paged: PagedAttention | None, layer_idx: int,
                 weights: Float16Weights | None = None):
@@ -216,9 +250,10 @@ class Attention(nn.Module):
         batch, seq, _ = x.shape
         q, k, v = self._rotated_qkv(x, cos, sin, weights)
         if paged is not None:
-            out = paged.attend(layer_idx, q, k, v)                          # (B, T, H, D)
+            out = paged.attend(layer_idx, q, k, v, window=self.window, scale=self.scale,
+                               softcap=self.softcap)                        # (B, T, H, D)
         else:
-            out = grouped_attention(q, k, v, mask)                          # (B, T, Hkv, G, D)
+            out = grouped_attention(q, k, v, mask, self.scale, self.softcap)  # (B, T, Hkv, G, D)
         return project(self.o_proj, out.reshape(batch, seq, -1), weights)
 
     def forward_shared(self, x, cos, sin, mask_p, mask_s, batch: "SharedPrefixBatch"):
@@ -230,8 +265,8 @@ class Attention(nn.Module):
         (qp, qs), (kp, ks), (vp, vs) = (batch.split_rows(t) for t in self._rotated_qkv(x, cos, sin, None))
         k = torch.cat([kp.index_select(0, batch.group_of), ks], dim=1)    # (B, P + S, Hkv, D)
         v = torch.cat([vp.index_select(0, batch.group_of), vs], dim=1)
-        out_p = grouped_attention(qp, kp, vp, mask_p)                     # (G, P, Hkv, Gq, D)
-        out_s = grouped_attention(qs, k, v, mask_s)                       # (B, S, Hkv, Gq, D)
+        out_p = grouped_attention(qp, kp, vp, mask_p, self.scale, self.softcap)  # (G, P, Hkv, Gq, D)
+        out_s = grouped_attention(qs, k, v, mask_s, self.scale, self.softcap)    # (B, S, Hkv, Gq, D)
         width = self.num_heads * self.head_dim
         out = torch.cat([out_p.reshape(1, -1, width), out_s.reshape(1, -1, width)], dim=1)
         return self.o_proj(out)
@@ -242,6 +277,8 @@ class Attention(nn.Module):
         q = project(self.q_proj, x, weights).view(batch, seq, self.num_heads, self.head_dim)
         k = project(self.k_proj, x, weights).view(batch, seq, self.num_kv_heads, self.head_dim)
         v = project(self.v_proj, x, weights).view(batch, seq, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         q = (q * cos + rotate_half(q) * sin).to(x.dtype)
         k = (k * cos + rotate_half(k) * sin).to(x.dtype)
         return q, k, v

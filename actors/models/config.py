@@ -41,14 +41,39 @@ class ModelConfig:
     o_bias: bool = False                   # Llama attention_bias=True: bias on o_proj too
     mlp_bias: bool = False                 # Llama mlp_bias
     tie_word_embeddings: bool = False      # LM head shares the embedding matrix (SmolLM, small Qwen2)
-    architecture: str = "llama"            # "llama" | "qwen2": the HF model_type written on save
+    qk_norm: bool = False                  # Qwen3: RMSNorm over each head's q and k, before rotary
+    # mixture of experts (qwen3_moe); num_experts == 0: every layer is a dense MLP
+    num_experts: int = 0                   # routed experts per MoE layer (E)
+    num_experts_per_tok: int = 0           # experts each token goes to (top-k of E)
+    moe_intermediate_size: int = 0         # each expert's SwiGLU inner width
+    norm_topk_prob: bool = True            # renormalise the top-k gate probabilities to sum to 1
+    decoder_sparse_step: int = 1           # layer i is MoE when (i + 1) % decoder_sparse_step == 0
+    mlp_only_layers: tuple[int, ...] = ()  # ... and i is not listed here (those stay dense)
+    router_aux_loss_coef: float = 0.0      # kept for export; the learner's own option switches the loss on
+    architecture: str = "llama"            # the HF model_type written on save (a key of ARCHITECTURES)
+    sliding_window: int | None = None      # tokens a sliding layer's query sees, itself included
+    layer_types: list[str] | None = None   # per layer "full_attention" | "sliding_attention";
+                                           # None = every layer sliding if sliding_window is set (Mistral)
+    # Gemma 3 (gemma3_text); None = the Llama behaviour
+    query_pre_attn_scalar: float | None = None    # attention logits scaled by this ** -0.5 (None: head_dim)
+    final_logit_softcapping: float | None = None  # LM-head logits -> cap * tanh(logits / cap)
+    rope_local_base_freq: float | None = None     # rotary base of the sliding layers (None: rope_theta)
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
 
     def __post_init__(self):
         if self.head_dim == 0:
             self.head_dim = self.hidden_size // self.num_heads
+        self.mlp_only_layers = tuple(self.mlp_only_layers)
         self.validate()
+
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        """Indices of the decoder layers whose MLP is a routed MoE block (HF Qwen3-MoE's rule)."""
+        if self.num_experts <= 0:
+            return ()
+        return tuple(i for i in range(self.num_layers)
+                     if i not in self.mlp_only_layers and (i + 1) % self.decoder_sparse_step == 0)
 
     def validate(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -60,10 +85,35 @@ class ModelConfig:
                                    f"({self.num_kv_heads}) for grouped-query attention")
         if self.head_dim % 2:
             raise ModelConfigError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if self.sliding_window is not None and self.sliding_window <= 0:
+            raise ModelConfigError(f"sliding_window must be > 0 or None, got {self.sliding_window}")
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.num_layers:
+                raise ModelConfigError(f"layer_types has {len(self.layer_types)} entries for "
+                                       f"{self.num_layers} layers; give one per layer")
+            kinds = set(self.layer_types) - {"full_attention", "sliding_attention"}
+            if kinds:
+                raise ModelConfigError(f"layer_types {sorted(kinds)} are not supported; use "
+                                       "'full_attention' or 'sliding_attention'")
+            if "sliding_attention" in self.layer_types and self.sliding_window is None:
+                raise ModelConfigError("layer_types has sliding layers but sliding_window is not set")
+        if self.num_experts > 0 and not (0 < self.num_experts_per_tok <= self.num_experts
+                                         and self.moe_intermediate_size > 0 and self.decoder_sparse_step >= 1):
+            raise ModelConfigError(
+                f"a MoE config needs 0 < num_experts_per_tok <= num_experts, moe_intermediate_size > 0 and "
+                f"decoder_sparse_step >= 1; got num_experts={self.num_experts}, num_experts_per_tok="
+                f"{self.num_experts_per_tok}, moe_intermediate_size={self.moe_intermediate_size}, "
+                f"decoder_sparse_step={self.decoder_sparse_step}")
         rope_type = rope_type_of(self.rope_scaling)
         if rope_type not in ("default", "linear", "llama3"):
             raise ModelConfigError(f"rope_scaling type {rope_type!r} is not supported; "
                                    "use None, 'linear' or 'llama3'")
+
+    def window_of(self, layer_idx: int) -> int | None:
+        """The sliding window of layer `layer_idx` in tokens, or None for full attention."""
+        if self.layer_types is None:
+            return self.sliding_window
+        return self.sliding_window if self.layer_types[layer_idx] == "sliding_attention" else None
 
     @property
     def num_params(self) -> int:

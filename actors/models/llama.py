@@ -32,16 +32,16 @@ from torch import nn
 
 from .blocks import (
     MLP, Attention, Float16Weights, PagedAttention, RMSNorm, SharedPrefixBatch, group_mask, project,
-    rope_inv_freq,
+    rope_inv_freq, window_mask,
 )
 from .config import BUILTIN_CONFIGS, ModelConfig, ModelConfigError
 
 __all__ = ["BUILTIN_CONFIGS", "LlamaModel", "ModelConfig", "ModelConfigError", "build_model"]
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer_idx: int = 0):
         super().__init__()
-        self.self_attn = Attention(config)
+        self.self_attn = Attention(config, layer_idx)
         self.mlp = MLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -63,7 +63,7 @@ class Backbone(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, idx) for idx in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
@@ -102,11 +102,34 @@ class LlamaModel(nn.Module):
                     param.copy_(torch.randn(param.shape, generator=gen) * std)
         return self
 
-    def rotary(self, positions: torch.Tensor, dtype: torch.dtype):
+    def rotary(self, positions: torch.Tensor, dtype: torch.dtype, inv_freq: torch.Tensor | None = None):
         """cos, sin (B, T, head_dim) for absolute positions (B, T); computed in float32."""
-        freqs = positions[..., None].float() * self.inv_freq.float()          # (B, T, D/2)
+        inv_freq = self.inv_freq if inv_freq is None else inv_freq
+        freqs = positions[..., None].float() * inv_freq.float()               # (B, T, D/2)
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    # Hooks an architecture over these layers overrides (gemma3.py): the embedding, the rotary
+    # table of each layer, the logits from final hidden states.
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def layer_rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(cos, sin), each (B, T, 1, D), for every layer (one shared table here)."""
+        cos, sin = self.rotary(positions, dtype)
+        return [(cos[:, :, None, :], sin[:, :, None, :])] * self.config.num_layers
+
+    def layer_masks(self, mask: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> list[torch.Tensor]:
+        """Every layer's grouped mask (`group_mask`) from the causal/padding `mask`, narrowed to
+        the layer's sliding window on positions q_pos (B, T) and k_pos (B|1, L); built once per window."""
+        groups = self.config.num_heads // self.config.num_kv_heads
+        by_window: dict = {}
+        for layer in self.model.layers:
+            window = layer.self_attn.window
+            if window not in by_window:
+                by_window[window] = group_mask(window_mask(mask, q_pos, k_pos, window), groups)
+        return [by_window[layer.self_attn.window] for layer in self.model.layers]
 
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                       paged: PagedAttention | None = None,
@@ -114,21 +137,20 @@ class LlamaModel(nn.Module):
         """Final-norm hidden states (B, T, hidden_size). See `forward` for the arguments."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, seq), got shape {tuple(input_ids.shape)}")
-        x = self.model.embed_tokens(input_ids)                                # (B, T, H)
-        groups = self.config.num_heads // self.config.num_kv_heads
+        x = self.embed(input_ids)                                             # (B, T, H)
         if paged is not None:
-            positions, mask = paged.positions, None                           # the backend masks
+            positions = paged.positions                                       # the backend masks
+            masks = [None] * self.config.num_layers
         else:
             positions, mask = self._training_positions_and_mask(input_ids, attention_mask)
-            mask = group_mask(mask, groups)                                   # (B|1, 1, G*T, T)
+            masks = self.layer_masks(mask, positions, positions)              # (B|1, 1, G*T, T) each
         if int(positions.max()) >= self.config.max_position_embeddings:
             raise ValueError(f"position {int(positions.max())} is past the context length "
                              f"max_position_embeddings={self.config.max_position_embeddings}; "
                              "shorten the prompt or lower max_new_tokens")
-        cos, sin = self.rotary(positions, x.dtype)
-        cos, sin = cos[:, :, None, :], sin[:, :, None, :]                     # (B, T, 1, D)
+        rotary = self.layer_rotary(positions, x.dtype)                        # (B, T, 1, D) each
         for idx, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, mask, paged, idx, weights)
+            x = layer(x, *rotary[idx], masks[idx], paged, idx, weights)
         return self.model.norm(x)
 
     def shared_prefix_hidden_states(self, batch: SharedPrefixBatch) -> torch.Tensor:
@@ -136,19 +158,20 @@ class LlamaModel(nn.Module):
         Row for row they equal `hidden_states` of the whole samples (prefix + suffix) up to float
         rounding, in value and in gradient (tests/actors/learner/test_shared_prefix.py)."""
         ids = torch.cat([batch.prefix_ids.reshape(-1), batch.suffix_ids.reshape(-1)])[None]  # (1, R)
-        x = self.model.embed_tokens(ids)                                       # (1, R, H)
-        groups = self.config.num_heads // self.config.num_kv_heads
+        x = self.embed(ids)                                                    # (1, R, H)
         pos_p, mask_p = self._training_positions_and_mask(batch.prefix_ids, batch.prefix_mask)
-        positions = torch.cat([pos_p.reshape(-1), batch.suffix_positions().reshape(-1)])[None]
+        pos_s = batch.suffix_positions()                                       # (B, S)
+        positions = torch.cat([pos_p.reshape(-1), pos_s.reshape(-1)])[None]
         if int(positions.max()) >= self.config.max_position_embeddings:
             raise ValueError(f"position {int(positions.max())} is past the context length "
                              f"max_position_embeddings={self.config.max_position_embeddings}; "
                              "shorten the samples")
-        cos, sin = (t[:, :, None, :] for t in self.rotary(positions, x.dtype))  # (1, R, 1, D)
-        mask_p = group_mask(mask_p, groups)                                    # (G, 1, Gq*P, P)
-        mask_s = group_mask(batch.suffix_attention_mask(), groups)             # (B, 1, Gq*S, P + S)
-        for layer in self.model.layers:
-            x = layer.forward_shared(x, cos, sin, mask_p, mask_s, batch)
+        rotary = self.layer_rotary(positions, x.dtype)                         # (1, R, 1, D) each
+        masks_p = self.layer_masks(mask_p, pos_p, pos_p)                       # (G, 1, Gq*P, P) each
+        keys_s = torch.cat([pos_p.index_select(0, batch.group_of), pos_s], dim=1)   # (B, P + S)
+        masks_s = self.layer_masks(batch.suffix_attention_mask(), pos_s, keys_s)  # (B, 1, Gq*S, P + S)
+        for idx, layer in enumerate(self.model.layers):
+            x = layer.forward_shared(x, *rotary[idx], masks_p[idx], masks_s[idx], batch)
         return self.model.norm(x)[0]
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -193,6 +216,9 @@ def build_model(config: ModelConfig | str, seed: int = 0) -> LlamaModel:
                                    f"choose one of {sorted(BUILTIN_CONFIGS)}")
         config = dataclasses.replace(BUILTIN_CONFIGS[config])
     return LlamaModel(config).init_weights(seed)
+
+
+MODEL_CLASS = LlamaModel      # the registry's entry point (postrain.actors.models.model_class)
 
 
 if __name__ == "__main__":

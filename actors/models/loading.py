@@ -25,11 +25,12 @@ from safetensors.torch import load_file, save_file
 
 from postrain.core.errors import PostrainError
 
-from . import ARCHITECTURES
-from .llama import BUILTIN_CONFIGS, LlamaModel, ModelConfig, build_model
+from . import ARCHITECTURES, model_class
+from .llama import BUILTIN_CONFIGS, LlamaModel, ModelConfig, ModelConfigError, build_model
 from .tokenizer import Tokenizer, byte_tokenizer
 
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
+GGUF_ARCHITECTURES = ("llama", "qwen2")       # GGUF files load for these (load_gguf)
 
 
 class CheckpointError(PostrainError, ValueError):
@@ -116,12 +117,24 @@ def load_model(path_or_name: str | Path, dtype: torch.dtype = torch.float32,
 # ----------------------------------------------------------------------------- Hugging Face
 
 
+HOW_TO_ADD = ("to add one, write postrain/actors/models/<name>.py (a MODEL_CLASS over the shared blocks) "
+              "and add one line to ARCHITECTURES in postrain/actors/models/__init__.py; see docs/models.md")
+ACTIVATIONS = {"gemma3_text": "gelu_pytorch_tanh"}    # the MLP activation each model_type honours (else silu)
+
+
 def config_from_hf(hf: dict) -> ModelConfig:
     """ModelConfig from a Hugging Face config.json dict (transformers 4.x or 5.x layout)."""
     model_type = hf.get("model_type")
     if model_type not in SUPPORTED_ARCHITECTURES:
         raise CheckpointError(f"model_type {model_type!r} is not supported; supported: "
-                              f"{list(SUPPORTED_ARCHITECTURES)} (Llama, Qwen2, SmolLM)")
+                              f"{', '.join(SUPPORTED_ARCHITECTURES)}; {HOW_TO_ADD}")
+    activation = hf.get("hidden_act", hf.get("hidden_activation", "silu"))
+    if activation != ACTIVATIONS.get(model_type, "silu"):
+        raise CheckpointError(f"config.json field hidden_act={activation!r} is not supported for "
+                              f"{model_type}; supported: {ACTIVATIONS.get(model_type, 'silu')!r}")
+    if model_type == "qwen2" and hf.get("use_sliding_window"):   # its window on the upper layers
+        raise CheckpointError(f"config.json field use_sliding_window=true is not supported for {model_type}; "
+                              "set it to false (the released checkpoints do)")
     rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
     theta = rope.pop("rope_theta", None) or hf.get("rope_theta", 10000.0)
     if rope.get("rope_type", rope.get("type", "default")) == "default":
@@ -129,7 +142,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
     is_qwen = model_type == "qwen2"
     attention_bias = bool(hf.get("attention_bias", False))
     try:
-        return ModelConfig(
+        config = ModelConfig(
             vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
             intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
             num_heads=hf["num_attention_heads"],
@@ -142,8 +155,12 @@ def config_from_hf(hf: dict) -> ModelConfig:
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             architecture=model_type, bos_token_id=hf.get("bos_token_id"),
             eos_token_id=hf.get("eos_token_id"))
+        extra = getattr(model_class(model_type), "config_fields_from_hf", None)   # the architecture's own fields
+        return config if extra is None else dataclasses.replace(config, **extra(hf))
     except KeyError as exc:
         raise CheckpointError(f"config.json lacks the field {exc.args[0]!r}") from None
+    except ModelConfigError as exc:                   # a field the implementation does not honour
+        raise CheckpointError(f"config.json ({model_type}): {exc}") from None
 
 
 def config_to_hf(config: ModelConfig) -> dict:
@@ -167,7 +184,8 @@ def config_to_hf(config: ModelConfig) -> dict:
     if arch == "llama":
         hf["attention_bias"] = config.o_bias
         hf["mlp_bias"] = config.mlp_bias
-    return hf
+    extra = getattr(model_class(arch), "hf_config_fields", None)   # the architecture's own fields
+    return hf if extra is None else {**hf, **extra(config)}
 
 
 def load_hf_folder(folder: str | Path, require_tokenizer: bool = True
@@ -187,7 +205,10 @@ def load_hf_folder(folder: str | Path, require_tokenizer: bool = True
     state = {}
     for file in files:
         state.update(load_file(str(file)))
-    model = LlamaModel.empty(config)
+    cls = model_class(config.architecture)
+    if hasattr(cls, "state_from_hf"):            # e.g. per-expert tensors -> stacked experts
+        state = cls.state_from_hf(state, config)
+    model = cls.empty(config)
     load_state_dict_checked(model, state, source=str(folder), assign=True)
     if (folder / "tokenizer.json").exists():
         tokenizer = Tokenizer.from_file(folder / "tokenizer.json", folder / "tokenizer_config.json",
@@ -248,6 +269,8 @@ def save_checkpoint(model: LlamaModel, tokenizer: Tokenizer, folder: str | Path,
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
+    if hasattr(model, "state_to_hf"):            # e.g. stacked experts -> Hugging Face's per-expert tensors
+        state = model.state_to_hf(state)
     metadata = {"format": "pt"}
     if policy_version is not None:
         metadata["policy_version"] = str(policy_version)
@@ -359,9 +382,9 @@ def load_gguf(path: str | Path) -> tuple[LlamaModel, Tokenizer]:
         raise CheckpointError("reading a .gguf file needs the `gguf` package: pip install gguf") from None
     reader = _GGUFFile(Path(path))
     arch = reader.fields.get("general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise CheckpointError(f"{path}: GGUF architecture {arch!r} is not supported; "
-                              f"supported: {list(SUPPORTED_ARCHITECTURES)}")
+    if arch not in GGUF_ARCHITECTURES:     # the tensor layouts _GGUF_LAYER_NAMES knows (no q/k norm, no experts)
+        raise CheckpointError(f"{path}: GGUF architecture {arch!r} is not supported; supported: "
+                              f"{list(GGUF_ARCHITECTURES)}; load a Hugging Face folder of the model instead")
     config = _gguf_config(reader, arch)
     state = {}
     for tensor_name, dims, kind, data in reader.tensors:

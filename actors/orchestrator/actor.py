@@ -51,7 +51,7 @@ class OrchestratorActor(Actor):
         options = self.options
         self.task = get_task(options.task)
         self.schedule = PromptSchedule(self.task, options.seed, options.task_options,
-                                       options.prompts_per_step)
+                                       options.prompts_generated_per_step)
         self.tokenizer = load_tokenizer(options.model)
         self.stop_requested = False          # set by `stop`; a run started later stops at once too
         self.driver: RunDriver | None = None  # the latest run (its figures stay after it ends)

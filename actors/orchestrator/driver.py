@@ -71,6 +71,7 @@ from .options import OrchestratorOptions
 from .progress import PhaseProgress
 from .rollout_pool import RolloutPool
 from .sample_log import SAMPLES_FILE, SampleLog
+from .dynamic_sampling import BatchRules
 from .train_step import TrainStep
 from .warm_start import warm_start
 from .work import WorkSignal
@@ -112,7 +113,7 @@ class RunDriver:
                                                                options.sampling.temperature,
                                                                options.warn_no_signal_every,
                                                                options.sft_steps),
-                                    emit=self.emit)
+                                    emit=self.emit, rules=BatchRules.from_options(options))
         self.evaluator = Evaluator(task, options, self.pool, metrics, self.emit, self.report_figures)
         self.learner_idle_s = 0.0            # RL time the learner waited for a generated batch
         self.learner_busy_s = 0.0            # RL time spent in train + publish
@@ -356,7 +357,7 @@ class RunDriver:
         options = self.options
         sampling = dataclasses.replace(options.sampling, stop=list(STOP_STRINGS))
         for b in range(self.admission.num_trained, options.num_steps):
-            batch = await self.admission.admit(b, options.prompts_per_step, options.samples_per_prompt)
+            batch = await self.admission.admit(b, options.prompts_generated_per_step, options.samples_per_prompt)
             if batch is None:
                 return
             tg.start_soon(self.pool.generate_batch, batch, self.schedule.prompts(b),

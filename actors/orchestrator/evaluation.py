@@ -32,6 +32,7 @@ from postrain.core.errors import PostrainError
 
 from ..env.tools import STOP_STRINGS
 from ..learner.recovery import is_actor_death, short_reason
+from .health import HealthWatch, report_warnings
 from .options import OrchestratorOptions
 from .progress import PhaseProgress
 from .rollout_pool import RolloutPool, StaleRolloutError
@@ -59,6 +60,7 @@ class Evaluator:
         self.evals: dict[str, float] = {}   # phase -> accuracy; written by `phase` and the run's restore
         self.num_repeats = 0                # evaluations redone because episodes were lost to kills
         self.eval_s = 0.0                   # seconds spent evaluating in this start of the run
+        self.health = HealthWatch()         # accuracy collapse, all-zero evaluation warnings (health.py)
 
     def num_tasks(self) -> int:
         """Held-out tasks each evaluation scores: the first `num_eval_tasks`, or all the task has."""
@@ -87,6 +89,7 @@ class Evaluator:
         self.eval_s += time.monotonic() - start
         self.metrics.log("eval", phase=phase, **row, eval_s=round(time.monotonic() - start, 2))
         self.emit(line)
+        report_warnings(self.health.check_eval(phase, self.evals), self.metrics, self.emit)
 
     def skip_warm_start(self) -> None:
         """No warm start: its scores are those before it."""

@@ -11,10 +11,17 @@ line names the likely causes, the ones the run's own settings point at first.
 from __future__ import annotations
 
 
-def num_zero_variance_groups(rewards: list[float], group_size: int) -> int:
-    """Groups (contiguous, `group_size` each) whose rewards are all equal."""
-    groups = [rewards[i:i + group_size] for i in range(0, len(rewards), group_size)]
-    return sum(1 for group in groups if group and max(group) == min(group))
+def split_groups(rewards: list[float], group_size: int | list[int]) -> list[list[float]]:
+    """Contiguous groups of `group_size` each, or of the listed sizes (groups that lost samples)."""
+    if isinstance(group_size, int):
+        return [rewards[i:i + group_size] for i in range(0, len(rewards), group_size)] if group_size else []
+    starts = [sum(group_size[:g]) for g in range(len(group_size))]
+    return [rewards[start:start + size] for start, size in zip(starts, group_size)]
+
+
+def num_zero_variance_groups(rewards: list[float], group_size: int | list[int]) -> int:
+    """Groups (contiguous, `group_size` each or of the listed sizes) whose rewards are all equal."""
+    return sum(1 for group in split_groups(rewards, group_size) if group and max(group) == min(group))
 
 
 def likely_causes(rewards: list[float], samples_per_prompt: int, temperature: float,
@@ -52,11 +59,12 @@ class LearningSignalWatch:
         self.last_warned: int | None = None     # the step of the last warning
         self.num_steps_without = 0              # steps without a signal so far (all of them)
 
-    def check(self, step: int, rewards: list[float]) -> dict | None:
+    def check(self, step: int, rewards: list[float], group_sizes: list[int] | None = None) -> dict | None:
         """The warning for RL step `step` (1-based) whose samples' total rewards are `rewards`
-        (complete groups, contiguous), or None: {"line": ..., "row": {...metrics row figures}}."""
-        group_size = self.samples_per_prompt
-        num_groups = len(rewards) // group_size if group_size else 0
+        (contiguous groups of `group_sizes`, default samples_per_prompt each), or None:
+        {"line": ..., "row": {...metrics row figures}}."""
+        group_size = self.samples_per_prompt if group_sizes is None else group_sizes
+        num_groups = len(split_groups(rewards, group_size))
         zero = num_zero_variance_groups(rewards, group_size)
         if not num_groups or zero < num_groups:
             return None

@@ -45,6 +45,17 @@ class OrchestratorOptions(TaskOptions):
                                          "evaluation together)")
     max_rollout_retries: int = Field(3, ge=0, description="retries of a rollout whose actor died or whose "
                                      "tokens are older than the last publish")
+    dynamic_sampling: bool = Field(False, description="DAPO's dynamic sampling: a group whose rewards are all "
+                                   "equal is dropped before training (ledger: 'zero reward variance'); at most "
+                                   "prompts_per_step groups train (dynamic_sampling.py)")
+    dynamic_sampling_extra_prompts: int = Field(0, ge=0, description="with dynamic_sampling: prompts generated "
+                                                "per batch beyond prompts_per_step, so that the groups left "
+                                                "after the drop fill the batch")
+    overlong_max_tokens: int | None = Field(None, gt=0, description="DAPO's overlong shaping: a sample of more "
+                                            "policy tokens than this minus overlong_buffer_tokens loses up to 1 "
+                                            "of its reward, linearly, all of it beyond this; none: off")
+    overlong_buffer_tokens: int = Field(16, ge=1, description="the ramp of overlong shaping, tokens (at most "
+                                        "overlong_max_tokens)")
     sampling: SamplingParams = Field(default_factory=_rl_sampling, description="how rollouts sample "
                                      "(SamplingParams fields; stop is set to the tools' stop strings); "
                                      "SamplingParams' defaults but max_new_tokens 96")
@@ -112,6 +123,20 @@ class OrchestratorOptions(TaskOptions):
                              "{\"messages\": [...]} per line) or demos= in its TaskSpec "
                              "(a function (num, seed, options) -> list of {\"messages\": [...]})")
         return value
+
+    @field_validator("overlong_buffer_tokens")
+    @classmethod
+    def _buffer_within_maximum(cls, value: int, info: ValidationInfo) -> int:
+        maximum = info.data.get("overlong_max_tokens")
+        if maximum is not None and value > maximum:
+            raise ValueError(f"overlong_buffer_tokens = {value} exceeds overlong_max_tokens = {maximum}; fix: a "
+                             "buffer at most the maximum (DAPO: a quarter of it)")
+        return value
+
+    @property
+    def prompts_generated_per_step(self) -> int:
+        """Prompts generated per RL batch: prompts_per_step, plus the extra ones of dynamic sampling."""
+        return self.prompts_per_step + (self.dynamic_sampling_extra_prompts if self.dynamic_sampling else 0)
 
     @property
     def batch_size(self) -> int:

@@ -19,7 +19,9 @@ One line per sample, written by the train step (train_step.py) when its batch is
 `advantage` is GRPO's group-relative advantage of the total reward, (r - group mean) / (group
 std + eps), 0 in a group whose rewards are all equal (ext/advantages.py): the learner's own
 with its default `advantage_mode = "grpo"` (with "dr_grpo" or "rloo" the learner's differs
-in scale, not in sign). It is null for a sample dropped with its incomplete group.
+in scale, not in sign), over the samples of its group that came back (a failed one is left
+out, as the learner leaves it out). It is null for a sample dropped with its group (fewer
+than two came back).
 
 Never lost silently: every line is written whole or not at all (postrain.core.jsonl), and a
 write refused for want of space raises DiskFullError, which stops the run exactly as a full
@@ -111,7 +113,7 @@ class SampleLog:
         written = 0
         for g, group in enumerate(groups):
             samples = [s for s in group if s is not None]
-            complete = len(samples) == len(group)
+            complete = len(samples) >= 2   # a failed sample is left out of its group's baseline
             advantages = (group_advantages([s.reward.total for s in samples]) if complete
                           else [None] * len(samples))
             for sample, advantage in zip(samples, advantages):

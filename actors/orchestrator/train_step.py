@@ -1,8 +1,11 @@
 """The train/publish step: one generated batch -> one learner step -> the new weights on every generator.
 
-A group with any failed sample is dropped whole (each of its samples "dropped" in the
-ledger with the reason): GRPO compares the samples of one prompt, so a partial group
-would bias its baseline. The complete groups become one `TrainBatch` (rewards and
+A sample whose rollout failed (its actor died past the retries, its reward function raised,
+its environment failed) is already "dropped" in the ledger with the reason, and is never
+trained, not as a 0 either: it is left out of its group, and the group's baseline is its
+other samples' (the learner's advantages over groups of different sizes, ext/advantages.py),
+exactly as if it had never been sampled. A group left with fewer than 2 samples has no
+baseline and is dropped whole (GROUP_INCOMPLETE). The groups become one `TrainBatch` (rewards and
 group ids; the learner computes the group-relative advantages), stepped through the
 `LearnerKeeper` (exactly once, whatever dies meanwhile), then published. Each sample
 is then "trained" in the ledger with its staleness (versions between the policy that
@@ -10,7 +13,7 @@ sampled its oldest token and the one that trained on it), and the step's figures
 to metrics.jsonl and to the head's live view. Each sample that came back gets its line
 of text in samples.jsonl (sample_log.py: prompt, completions, tool outputs, reward,
 advantage), and a step whose groups all have zero reward variance gets a warning
-(learning_signal.py).
+(learning_signal.py), as do a collapse of the reward or of the entropy (health.py).
 """
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ import statistics
 from typing import Callable
 
 from ..records import PublishReport, TrainBatch
+from .dynamic_sampling import BatchRules
+from .health import HealthWatch, report_warnings
 from .learning_signal import LearningSignalWatch, num_zero_variance_groups
 from .sample_log import SampleLog
 from .scored_sample import ScoredSample
@@ -26,31 +31,37 @@ from .scored_sample import ScoredSample
 SPECULATION_FIGURES = ("acceptance_rate", "tokens_per_verify_step", "draft_time_share")
 
 
-GROUP_INCOMPLETE = "group incomplete: another sample of its prompt failed"
+GROUP_INCOMPLETE = "group incomplete: the other samples of its prompt failed (no baseline)"
+MIN_GROUP_SIZE = 2   # samples a group keeps after failures to be trained (a baseline needs two)
 
 
-def complete_samples(groups: list[list[ScoredSample | None]], ledger) -> list[ScoredSample]:
-    """The samples of groups where every sample succeeded, in group order; the others'
-    succeeded samples are dropped in the ledger."""
-    samples = []
+def surviving_groups(groups: list[list[ScoredSample | None]], ledger) -> list[list[ScoredSample]]:
+    """Each group's samples that came back (None: a failed rollout, left out), in order; a
+    group with fewer than MIN_GROUP_SIZE left is dropped, its samples "dropped" in the ledger."""
+    kept = []
     for group in groups:
-        if any(item is None for item in group):
-            for item in group:
-                if item is not None:
-                    ledger.drop(item.sample_id, GROUP_INCOMPLETE)
+        samples = [item for item in group if item is not None]
+        if len(samples) < MIN_GROUP_SIZE:
+            for item in samples:
+                ledger.drop(item.sample_id, GROUP_INCOMPLETE)
             continue
-        samples.extend(group)
-    return samples
+        kept.append(samples)
+    return kept
 
 
-def train_batch(samples: list[ScoredSample], samples_per_prompt: int) -> TrainBatch:
-    """The learner's batch of complete groups (each `samples_per_prompt` samples, contiguous)."""
+def train_batch(groups: list[list[ScoredSample]], rules: BatchRules | None = None) -> TrainBatch:
+    """The learner's batch: each group's samples contiguous, with its group id (sizes may differ),
+    rewards shaped by `rules` (DAPO's overlong penalty; dynamic_sampling.py)."""
+    rules = rules or BatchRules()
+    samples = [s for group in groups for s in group]
     rollouts = [s.rollout for s in samples]
     return TrainBatch(token_ids=[r.token_ids for r in rollouts], loss_mask=[r.loss_mask for r in rollouts],
                       behavior_logprobs=[r.behavior_logprobs for r in rollouts],
                       policy_versions=[r.policy_versions for r in rollouts],
-                      rewards=[r.reward.total for r in rollouts],
-                      group_ids=[i // samples_per_prompt for i in range(len(rollouts))])
+                      rewards=[rules.reward(s) for s in samples],
+                      group_ids=[g for g, group in enumerate(groups) for _ in group],
+                      routed_experts=([r.routed_experts for r in rollouts]
+                                      if any(r.routed_experts is not None for r in rollouts) else None))
 
 
 class TrainStep:
@@ -58,7 +69,8 @@ class TrainStep:
 
     def __init__(self, keeper, ledger, metrics, report_figures: Callable[[dict], None],
                  samples_per_prompt: int, num_steps: int, *, sample_log: SampleLog | None = None,
-                 signal: LearningSignalWatch | None = None, emit: Callable[[str], None] | None = None):
+                 signal: LearningSignalWatch | None = None, emit: Callable[[str], None] | None = None,
+                 rules: BatchRules | None = None):
         self.keeper = keeper                   # LearnerKeeper: the only path to the learner
         self.ledger = ledger
         self.metrics = metrics                 # MetricsWriter of the run folder
@@ -68,6 +80,8 @@ class TrainStep:
         self.sample_log = sample_log           # samples.jsonl, or None (not recorded)
         self.signal = signal                   # warns on steps without a learning signal, or None
         self.emit = emit or (lambda line: None)
+        self.health = HealthWatch()            # reward / entropy collapse warnings (health.py)
+        self.rules = rules or BatchRules()     # DAPO's dynamic sampling and overlong shaping
 
     async def publish(self) -> PublishReport:
         """The learner's weights to every generator, and a "sync" metrics row: total_s, the size,
@@ -92,12 +106,19 @@ class TrainStep:
         Cancelled: before the learner's reply, the step is not taken here (the keeper's next
         call sees the learner's version and recovers) and no sample is marked trained; after
         it, the samples are trained in the ledger and the publish may be partial."""
-        samples = complete_samples(groups, self.ledger)
+        survivors = surviving_groups(groups, self.ledger)
+        kept, num_dynamic_dropped = self.rules.select(survivors, self.ledger)
+        samples = [s for group in kept for s in group]
+        sizes = [len(group) for group in kept]
         if not samples:
             if self.sample_log is not None:
                 self.sample_log.record_step(b + 1, b, groups, {}, {})
-            return f"step {b + 1}: every group failed; nothing to train"
-        batch = train_batch(samples, self.samples_per_prompt)
+            if survivors:   # dynamic sampling dropped every group: a step without a learning signal
+                self._check_signal(b + 1, [self.rules.reward(s) for g in survivors for s in g],
+                                   [len(g) for g in survivors])
+            return (f"step {b + 1}: every group failed or had equal rewards (dynamic sampling); nothing "
+                    "to train")
+        batch = train_batch(kept, self.rules)
         metrics = await self.keeper.step(batch, [s.sample_id for s in samples])
         trained_version = metrics.policy_version - 1  # the weights this step started from
         staleness = [trained_version - s.rollout.oldest_policy_version(default=trained_version)
@@ -115,10 +136,15 @@ class TrainStep:
                                            "reward_mean": statistics.fmean(rewards), "correct_mean": correct,
                                            "sync_s": sync.total_s, "staleness_max": max(staleness),
                                            "staleness_mean": statistics.fmean(staleness),
-                                           "num_groups": len(rewards) // self.samples_per_prompt,
-                                           "num_zero_variance_groups":
-                                               num_zero_variance_groups(rewards, self.samples_per_prompt)})
-        self._check_signal(b + 1, rewards)
+                                           "num_groups": len(sizes),
+                                           "num_zero_variance_groups": num_zero_variance_groups(rewards, sizes),
+                                           "zero_variance_group_frac":
+                                               num_zero_variance_groups(rewards, sizes) / len(sizes),
+                                           "num_dynamic_sampling_dropped_groups": num_dynamic_dropped,
+                                           "overlong_penalty_mean":
+                                               statistics.fmean(self.rules.penalty(s) for s in samples)})
+        self._check_signal(b + 1, rewards, sizes)
+        report_warnings(self.health.check_step(b + 1, row), self.metrics, self.emit)
         counts = self.ledger.counts()
         self.report_figures({**{k: v for k, v in row.items() if k not in ("time", "kind")},
                              "num_steps": self.num_steps, "samples_trained": counts["trained"],
@@ -127,9 +153,9 @@ class TrainStep:
                 f"correct {correct:.3f} loss {metrics.get('loss', 0):.4f} kl {metrics.get('kl', 0):.4f} "
                 f"tokens/s {metrics.get('tokens_per_s', 0):.0f} sync {sync.total_s:.2f}s")
 
-    def _check_signal(self, step: int, rewards: list[float]) -> None:
+    def _check_signal(self, step: int, rewards: list[float], sizes: list[int]) -> None:
         """A warning line and a `warning` metrics row when the step had no learning signal."""
-        warning = self.signal.check(step, list(rewards)) if self.signal is not None else None
+        warning = self.signal.check(step, list(rewards), sizes) if self.signal is not None else None
         if warning is not None:
             self.metrics.log("warning", **warning["row"])
             self.emit(warning["line"])

@@ -31,7 +31,8 @@ from .rollout import Rollout, RolloutRequest
 from .train import SftBatch, StepMetrics, TrainBatch
 from .learner import (CheckpointLoaded, CheckpointSaved, ExportedHf, ExportHf, GroupState, JoinGroup, LearnerStats,
                       LoadCheckpoint, PublishRequest, RankStep, SaveCheckpoint)
-from .weights import PublishReport, SealedChunk, WeightsChannel, WeightsDigest, WeightSync, WeightSyncReply
+from .weights import (PublishReport, SealedChunk, WeightPatch, WeightsChannel, WeightsDigest, WeightSync,
+                      WeightSyncReply)
 from .run import RUN_STATE_FORMAT, RunRequest, RunState, RunUpdate, StopRun
 from .sandbox import (LIMIT_FIELDS, ExecReply, ExecRequest, ExecStreamItem, RunIoCasesReply,
                       RunIoCasesRequest, RunTestsReply, RunTestsRequest, SandboxStats, SessionCloseRequest,
@@ -45,7 +46,7 @@ __all__ = ["SAMPLING_CODEC", "GenerateReply", "GenerateRequest", "GeneratedSampl
 __all__ += ["CheckpointLoaded", "CheckpointSaved", "ExportHf", "ExportedHf", "GroupState", "JoinGroup",
             "LearnerStats", "LoadCheckpoint", "PublishRequest", "RankStep", "SaveCheckpoint",
             "RUN_STATE_FORMAT", "RunState", "RunUpdate", "StopRun"]
-__all__ += ["GeneratorStats", "WeightsChannel", "WeightsDigest"]
+__all__ += ["GeneratorStats", "WeightPatch", "WeightsChannel", "WeightsDigest"]
 __all__ += ["ExecReply", "ExecRequest", "ExecStreamItem", "LIMIT_FIELDS", "RunIoCasesReply",
             "RunIoCasesRequest", "RunTestsReply", "RunTestsRequest", "SandboxStats", "SessionCloseRequest",
             "SessionClosed", "SessionExecRequest", "SessionFileData", "SessionFileWritten", "SessionOpenRequest",

@@ -100,6 +100,8 @@ class GeneratedSample(Record):
     policy_versions: list[int]
     finish_reason: str | None      # "stop" | "length" | "abort"
     text: str
+    routed_experts: bytes | None = None   # MoE policies: the experts each token of prompt + sample went
+                                          # to in each MoE layer (routing replay; models.moe.encode_routing)
 
     def _check(self) -> None:
         for name in ("logprobs", "policy_versions"):
@@ -107,9 +109,12 @@ class GeneratedSample(Record):
                 self._fail(name, getattr(self, name), f"one entry per token ({len(self.token_ids)})")
 
     def to_wire(self) -> dict:  # finish_reason travels even when None
-        return {"token_ids": self.token_ids, "logprobs": self.logprobs,
+        wire = {"token_ids": self.token_ids, "logprobs": self.logprobs,
                 "policy_versions": self.policy_versions, "finish_reason": self.finish_reason,
                 "text": self.text}
+        if self.routed_experts is not None:
+            wire["routed_experts"] = self.routed_experts
+        return wire
 
 
 @dataclass(frozen=True, slots=True)

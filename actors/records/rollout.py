@@ -35,6 +35,8 @@ class Rollout(Record):
     tool_statuses: list[Any] = field(default_factory=list)
     timeline: list[dict[str, Any]] = field(default_factory=list)
     sample_id: str | None = None
+    routed_experts: bytes | None = None   # MoE policies: the generator's routing record of every token
+                                          # (GeneratedSample.routed_experts of the last action, padded)
 
     def _check(self) -> None:
         for name in ("loss_mask", "behavior_logprobs", "policy_versions"):

@@ -45,10 +45,12 @@ class TrainBatch(Record):
     reward_components: dict[str, Vector] | None = None
     group_ids: Vector | None = None
     expect_policy_version: int | None = None
+    routed_experts: list[bytes | None] | None = None   # MoE: per sample the generator's routing record,
+                                                       # aligned with token_ids (routing replay, learner/routing.py)
 
     def _check(self) -> None:
         _one_per_sample(self, ("loss_mask", "behavior_logprobs", "policy_versions", "advantages", "rewards",
-                               "group_ids"))
+                               "group_ids", "routed_experts"))
         for name, values in (self.reward_components or {}).items():
             if len(values) != len(self.token_ids):
                 self._fail(f"reward_components[{name!r}]", values,

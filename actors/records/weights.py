@@ -33,6 +33,28 @@ class SealedChunk(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class WeightPatch(Record):
+    """A sync that is not the whole weights (actors/weight_patch.py): kind "lora" (the adapters,
+    scaled by lora_scale; with base_version None the base tensors too) or "delta" (the elements
+    changed since base_version). digest: weights_digest of the whole weights after applying it;
+    a receiver refuses a patch it cannot apply or whose result has another digest."""
+
+    kind: str
+    digest: str
+    base_version: int | None = None
+    lora_scale: float | None = None
+    dtype: str | None = None      # the weights' travel (rollout) dtype: the receiver's are cast to it first
+
+    def _check(self) -> None:
+        if self.kind not in ("lora", "delta"):
+            self._fail("kind", self.kind, "'lora' or 'delta'")
+        if (self.kind == "lora") != (self.lora_scale is not None):
+            self._fail("lora_scale", self.lora_scale, "given for kind 'lora' only")
+        if self.kind == "delta" and self.base_version is None:
+            self._fail("base_version", self.base_version, "the version a delta applies to")
+
+
+@dataclass(frozen=True, slots=True)
 class WeightSync(Record):
     """`load_weights`: the learner's weights at `version` ({Hugging Face name: CPU tensor}, no tied
     lm_head duplicate). Chunked (links across hosts): one sync is `num_chunks` messages of whole
@@ -46,6 +68,8 @@ class WeightSync(Record):
     num_chunks: int | None = None
     sealed: SealedChunk | None = field(default=None,
                                        metadata=codec(SealedChunk.to_wire, SealedChunk.from_wire))
+    patch: WeightPatch | None = field(default=None,     # None: `weights` are the whole weights
+                                      metadata=codec(WeightPatch.to_wire, WeightPatch.from_wire))
 
     def _check(self) -> None:
         if (self.chunk is None) != (self.num_chunks is None):
@@ -80,6 +104,7 @@ class PublishReport(Record):
     num_messages: int
     sync_s: dict[str, float]
     total_s: float
+    num_bytes_sent: int | None = None   # tensor bytes sent to all targets together (patches are smaller)
 
 
 @dataclass(frozen=True, slots=True)

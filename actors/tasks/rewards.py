@@ -169,7 +169,13 @@ async def _code_tests(completion: str, tests: Any, sandbox) -> dict[str, float]:
         raise RewardFailure(f"reward function 'code_tests': the example's test file: {exc}") from None
     calls, _ = reference.flat()
     code, files = calls_request(strip_fence(final_answer(completion)), calls, imports=list(reference.imports))
-    report = reference.judge(await sandbox.exec(code, files=files))
+    result = await sandbox.exec(code, files=files)
+    field = (lambda name: result.get(name)) if isinstance(result, dict) else (lambda name: getattr(result, name, None))
+    if str(getattr(field("status"), "value", field("status"))) == "sandbox_error":   # not the code: no score, not a 0
+        error = field("error")
+        raise RewardFailure(f"reward function 'code_tests': the sandbox failed ({error or 'no detail'}); the "
+                            "sample is dropped, not scored 0")
+    report = reference.judge(result)
     return {"correct": report.num_passed / len(reference.tests)}
 
 

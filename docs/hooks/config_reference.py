@@ -51,6 +51,7 @@ ROLES = [
     ("Environment", "postrain.actors.env:EnvironmentActor"),
     ("Sandbox", "postrain.actors.sandbox_actor:SandboxActor"),
     ("Orchestrator", "postrain.actors.orchestrator:OrchestratorActor"),
+    ("Gateway", "postrain.actors.gateway:GatewayActor"),
 ]
 
 # An option that is a plain dict validated by a dataclass elsewhere: (role path, field) ->

@@ -1,0 +1,21 @@
+"""The gateway role: the OpenAI API over HTTP in front of the run's generators, with exact
+token-in/token-out per episode (docs/agents.md).
+
+- `actor.py`: `GatewayActor` (config: `postrain.actors.gateway:GatewayActor`) and its options;
+- `app.py`: the Starlette app (routes, API errors, server-sent events);
+- `service.py`: one call, apart from HTTP: render or extend, generate, parse tool calls;
+- `protocol.py`: the API's requests checked into typed calls, `APIError`;
+- `episodes.py`: token-in/token-out: each episode's segments;
+- `templates.py`: conversations with tools through the model's chat template (or the default);
+- `tool_calls.py`: Hermes/Qwen and Llama 3 tool calls parsed from the model's text;
+- `pool.py`: load spreading over the generators, the bound on requests in flight;
+- `records.py`: the actor's typed messages.
+"""
+from .actor import GatewayActor, GatewayOptions
+from .episodes import EpisodeStore, EpisodeTokens, Segment
+from .protocol import APIError
+from .records import CloseEpisode, EpisodeSegments, GatewayAddress, OpenEpisode
+from .tool_calls import parse_tool_calls, tool_call_format
+
+__all__ = ["APIError", "CloseEpisode", "EpisodeSegments", "EpisodeStore", "EpisodeTokens", "GatewayActor",
+           "GatewayAddress", "GatewayOptions", "OpenEpisode", "Segment", "parse_tool_calls", "tool_call_format"]

@@ -1,0 +1,159 @@
+"""The gateway actor: the OpenAI API over HTTP in front of the run's generators.
+
+    [[actors]]
+    name = "gateway"
+    cls = "postrain.actors.gateway:GatewayActor"
+    options = { generators = ["generator"], port = 8000 }   # model: [shared]
+
+Options: `GatewayOptions` below.
+
+Messages (records of postrain.actors.gateway.records):
+- `address` (no body) -> GatewayAddress {"url", "base_url", "model"}: where clients connect.
+- `open_episode` OpenEpisode {"key"} -> None: calls made with API key `key` are recorded from now
+  on (token-in/token-out, episodes.py).
+- `close_episode` CloseEpisode {"key"} -> EpisodeSegments {"segments", "num_calls"}: the episode's
+  segments, each a trainable sample; the key is served unrecorded afterwards.
+
+Design note. The HTTP server is hypercorn serving a Starlette app on this actor's own trio
+loop (hypercorn has a native trio worker; Starlette is written against anyio, so it runs on
+trio as it is): requests and the ZeroMQ asks to generators share one event loop and one
+cancellation model, with no thread or second loop between them. The listening socket is bound
+in `setup`, before READY, so the address a caller gets already accepts connections.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from pathlib import Path
+from typing import Literal
+
+import anyio
+from pydantic import Field
+
+from postrain.core import Actor, Options, handler
+
+from ..models.tokenizer import Tokenizer
+from .episodes import EpisodeStore
+from .pool import GeneratorPool
+from .records import CloseEpisode, EpisodeSegments, GatewayAddress, OpenEpisode
+from .service import GatewayService
+from .tool_calls import tool_call_format
+
+log = logging.getLogger("postrain.gateway")
+DEFAULT_CONTEXT_TOKENS = 4096
+
+
+class GatewayOptions(Options):
+    model: str | dict = Field("tiny", description="the policy (the generators' model spec): its tokenizer "
+                              "and chat template render the conversations")
+    generators: list[str] = Field(["generator"], min_length=1, description="the generator actors' names; "
+                                  "each request goes to the one with the fewest in flight")
+    host: str = Field("127.0.0.1", description="the address the HTTP server listens on")
+    port: int = Field(0, ge=0, le=65535, description="its TCP port; 0: a free one (ask `address`)")
+    served_model_name: str | None = Field(None, description="the model id clients send; none: the model "
+                                          "spec as given ('policy' for a dict spec)")
+    max_pending_requests: int = Field(256, ge=1, description="requests in flight at most; past it, 429 "
+                                      "with Retry-After")
+    max_n: int = Field(16, ge=1, description="choices per request (n) at most")
+    max_context_tokens: int | None = Field(None, ge=2, description="prompt + completion tokens at most; "
+                                           "none: the model config's max_position_embeddings")
+    tool_call_format: Literal["auto", "hermes", "llama3"] = Field(
+        "auto", description="how tool calls are written by the model; auto: from its chat template")
+    max_open_episodes: int = Field(4096, ge=1, description="episodes recorded at once at most (oldest "
+                                   "dropped past it)")
+    request_timeout_s: float = Field(600.0, gt=0, description="a generate call's time limit, seconds")
+
+
+
+def gateway_tokenizer(model: str | dict) -> Tokenizer:
+    """The tokenizer of a model spec, without its weights (a .gguf file: its metadata only; else the
+    environment actor's loader)."""
+    from ..env.actor import load_tokenizer
+    from ..models.loading import _gguf_tokenizer, _GGUFFile, resolve_model
+    if isinstance(model, str) and resolve_model(model).endswith(".gguf") and Path(resolve_model(model)).is_file():
+        path = Path(resolve_model(model))
+        return _gguf_tokenizer(_GGUFFile(path), path)
+    return load_tokenizer(model)
+
+
+def context_tokens(model: str | dict) -> int:
+    """The model's context length (max_position_embeddings) from its config, without its weights."""
+    from ..models.config import BUILTIN_CONFIGS, ModelConfig
+    from ..models.loading import resolve_model
+    if isinstance(model, dict):
+        return ModelConfig(**model).max_position_embeddings
+    if model in BUILTIN_CONFIGS and not Path(model).exists():
+        return BUILTIN_CONFIGS[model].max_position_embeddings
+    path = Path(resolve_model(model))
+    if path.is_dir() and (path / "config.json").is_file():
+        return int(json.loads((path / "config.json").read_text()).get("max_position_embeddings",
+                                                                     DEFAULT_CONTEXT_TOKENS))
+    return DEFAULT_CONTEXT_TOKENS
+
+
+class GatewayActor(Actor):
+    Options = GatewayOptions
+
+    async def setup(self):
+        """Load the tokenizer, look up the generators, bind the socket, start serving.
+        Cancelled: the process ends with it (Actor.setup), socket included."""
+        from .app import build_app
+        options = self.options
+        tokenizer = gateway_tokenizer(options.model)
+        refs = [await self.lookup(name) for name in options.generators]
+        self.model_name = options.served_model_name or (options.model if isinstance(options.model, str)
+                                                        else "policy")
+        fmt = options.tool_call_format
+        self.service = GatewayService(
+            tokenizer, GeneratorPool(refs, options.max_pending_requests, options.request_timeout_s),
+            (self.model_name,), options.max_context_tokens or context_tokens(options.model),
+            tool_call_format(tokenizer.chat_template) if fmt == "auto" else fmt,
+            EpisodeStore(tokenizer, options.max_open_episodes), max_n=options.max_n)
+        self._socket = socket.socket(socket.AF_INET6 if ":" in options.host else socket.AF_INET)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._socket.bind((options.host, options.port))
+        except OSError as exc:
+            raise OSError(f"the gateway cannot listen on {options.host}:{options.port} ({exc.strerror}); fix: "
+                          f"choose another port (0: a free one) or host") from None
+        self._socket.listen(1024)
+        host, port = self._socket.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{port}"
+        self._stopped = anyio.Event()
+        self.node.spawn(self._serve, build_app(self.service))
+        log.info("gateway %s serves %s at %s/v1", self.name, self.model_name, self.url)
+
+    async def _serve(self, app) -> None:
+        """hypercorn on this loop until teardown. Cancelled: the server stops (connections cut)."""
+        from hypercorn.config import Config
+        from hypercorn.trio import serve
+        config = Config()
+        config.bind = [f"fd://{self._socket.fileno()}"]
+        config.accesslog = None
+        config.keep_alive_timeout = 75
+        config.graceful_timeout = 1.0   # at stop: connections in flight get 1 s, then the process ends
+        await serve(app, config, shutdown_trigger=self._stopped.wait)
+
+    async def teardown(self):
+        """Stop accepting; requests in flight end with the process. Does not wait."""
+        self._stopped.set()
+
+    @handler("address", request=None, reply=GatewayAddress)
+    async def server_address(self, body: None) -> GatewayAddress:
+        """Where the server listens. Does not wait (cancel-safe)."""
+        return GatewayAddress(url=self.url, base_url=self.url + "/v1", model=self.model_name)
+
+    @handler("open_episode", request=OpenEpisode, reply=None)
+    async def open_episode(self, request: OpenEpisode) -> None:
+        """Record calls with this key from now on. Does not wait (cancel-safe)."""
+        self.service.episodes.open(request.key)
+
+    @handler("close_episode", request=CloseEpisode, reply=EpisodeSegments)
+    async def close_episode(self, request: CloseEpisode) -> EpisodeSegments:
+        """The episode's segments; it is no longer recorded. Does not wait (cancel-safe)."""
+        episode = self.service.episodes.get(request.key)
+        num_calls = episode.num_calls if episode is not None else 0
+        segments = self.service.close_episode(request.key)
+        return EpisodeSegments(segments=[s.to_wire() for s in segments], num_calls=num_calls)

@@ -1,0 +1,136 @@
+"""What each generator gets at a publish: the whole weights, or a patch on what it already holds.
+
+    planner = SyncPlanner(mode="delta", lora=learner.lora)       # the learner actor's `weight_sync`
+    plan = planner.prepare(learner)                              # once per publish
+    message = plan.message_for("gen0")                           # a `load_weights` body
+    plan.sent("gen0", message)  /  planner.forget("gen0")        # after its reply / a failure
+    plan.finish()                                                # the publish is over
+
+Design note. A patch is only worth sending to a target that holds what it patches, and the
+learner knows that from the target's own replies: `held[name]` is the version the target
+confirmed from this learner, and is forgotten on any failure (a restarted target holds
+nothing of ours). Modes (`weight_sync`): "full" sends the whole weights every time; "delta"
+sends them whole to a target the learner has not synced (or that missed a version), and
+after that only what changed: with LoRA the adapters (the first sync is the frozen base plus
+the adapters, and the target merges), otherwise the elements that changed since the last
+publish (actors/weight_patch.py). "auto" is "delta" under LoRA, else "full" (a delta keeps
+one copy of the published weights on the learner). Every patch carries the digest of the
+weights it must produce; a receiver that cannot produce them refuses it, and the caller sends
+`full_message()` instead, so no generator runs on weights that differ from the learner's.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..records import WeightPatch, WeightSync
+from ..weight_patch import encode_delta
+from .publish import weights_digest
+
+WEIGHT_SYNC_MODES = ("auto", "full", "delta")
+
+
+def base_weights(learner) -> dict[str, torch.Tensor]:
+    """The model's own weights (the frozen base under LoRA), CPU, HF names, no tied duplicate."""
+    model = learner.model
+    return {k: v.detach().to("cpu") for k, v in model.state_dict().items()
+            if not (model.config.tie_word_embeddings and k == "lm_head.weight")}
+
+
+def tensor_bytes(weights: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in weights.values())
+
+
+class SyncPlanner:
+    """The learner's memory of its targets across publishes.
+
+    Invariants: `held[name]` is a version `name` confirmed; `published` is None or a copy of
+    the weights of `published_version` (mode "delta" without LoRA only)."""
+
+    def __init__(self, mode: str, lora, dtype: str | None = None):
+        if mode not in WEIGHT_SYNC_MODES:
+            raise ValueError(f"weight_sync must be one of {WEIGHT_SYNC_MODES}, got {mode!r}")
+        self.lora = lora
+        self.dtype = dtype                      # the rollout dtype weights travel in; None: the learner's
+        self.mode = ("delta" if lora.active else "full") if mode == "auto" else mode
+        self.held: dict[str, int] = {}
+        self.published: dict[str, torch.Tensor] | None = None
+        self.published_version: int | None = None
+
+    def prepare(self, learner) -> "PublishPlan":
+        """The plan of one publish of the learner's current weights."""
+        return PublishPlan(self, learner)
+
+    def forget(self, name: str) -> None:
+        """`name` holds nothing we know of (it failed): its next sync is whole."""
+        self.held.pop(name, None)
+
+
+class PublishPlan:
+    """One publish: `weights` (the whole weights, merged under LoRA) at `version`; the messages
+    are built once, on first use, and shared by every target."""
+
+    def __init__(self, planner: SyncPlanner, learner):
+        self.planner = planner
+        self.weights = learner.state_dict() if planner.dtype is None else planner.lora.merged(
+            {k: v.to(getattr(torch, planner.dtype)) for k, v in base_weights(learner).items()})
+        self.version = learner.policy_version
+        self._learner = learner
+        self._full: dict | None = None
+        self._patch: dict | None = None
+        self._digest: str | None = None
+        self.num_changed: int | None = None     # delta: elements changed since the last publish
+
+    @property
+    def digest(self) -> str:
+        if self._digest is None:
+            self._digest = weights_digest(self.weights)
+        return self._digest
+
+    def full_message(self) -> dict:
+        """The whole weights; under LoRA with patches, the frozen base and the adapters."""
+        if self._full is None:
+            planner, lora = self.planner, self.planner.lora
+            if planner.mode == "delta" and lora.active:
+                base = {k: v.to(getattr(torch, planner.dtype)) if planner.dtype else v
+                        for k, v in base_weights(self._learner).items()}
+                patch = WeightPatch("lora", self.digest, lora_scale=lora.config.scale, dtype=planner.dtype)
+                self._full = WeightSync(self.version, {**base, **lora.adapters()}, patch=patch).to_wire()
+            else:
+                self._full = WeightSync(self.version, self.weights).to_wire()
+        return self._full
+
+    def message_for(self, name: str) -> dict:
+        """A patch when `name` holds what it patches, else the whole weights."""
+        planner = self.planner
+        held = planner.held.get(name)
+        if planner.mode != "delta" or held is None:
+            return self.full_message()
+        if planner.lora.active:
+            if self._patch is None:
+                patch = WeightPatch("lora", self.digest, base_version=held, lora_scale=planner.lora.config.scale,
+                                    dtype=planner.dtype)
+                self._patch = WeightSync(self.version, planner.lora.adapters(), patch=patch).to_wire()
+            return self._patch
+        if held != planner.published_version or planner.published is None:
+            return self.full_message()                 # it missed a version
+        if self._patch is None:
+            encoded, self.num_changed = encode_delta(planner.published, self.weights)
+            patch = WeightPatch("delta", self.digest, base_version=planner.published_version, dtype=planner.dtype)
+            self._patch = WeightSync(self.version, encoded, patch=patch).to_wire()
+        return self._patch
+
+    def sent(self, name: str, message: dict) -> int:
+        """`name` confirmed `message`: remember its version; returns the message's tensor bytes."""
+        self.planner.held[name] = self.version
+        return tensor_bytes(message["weights"])
+
+    def finish(self) -> None:
+        """The publish is over: a delta planner keeps a copy of what it published."""
+        planner = self.planner
+        if planner.mode == "delta" and not planner.lora.active and planner.published_version != self.version:
+            planner.published = {k: v.detach().clone() for k, v in self.weights.items()}
+            planner.published_version = self.version
+
+    @staticmethod
+    def is_patch(message: dict) -> bool:
+        return message.get("patch") is not None and message["patch"].get("base_version") is not None

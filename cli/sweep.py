@@ -1,0 +1,248 @@
+"""`postrain sweep --config C --seeds 0-9 [--set KEY=V1,V2 ...] [--parallel N] [--resume]`: one
+run config over seeds x overrides, and the spread of what it gives.
+
+Each combination of the `--set` values and each seed is one `postrain up` run, in its own folder
+under the sweep folder (`--sweep-dir`, default runs/sweep-<config name>), one after another or
+`--parallel N` at once. The seed goes to the config's [shared] seed (every role that declares
+it: the model's init, the data order, the sampling). When they have ended, every run's
+summary.json goes into one table, min / median / max over the seeds of each accuracy, RL's own
+gain, wall time, and the count of collapses (cli/sweep_table.py), printed, written to
+sweep.json, and drawn in sweep.png (one dot per run).
+
+--set KEY=V1,V2: KEY is a dotted path into the config: a section and its key (`shared.seed`,
+`run.name`) or an actor's name and one of its options (`orchestrator.num_steps`); an option
+table named like its actor may be skipped, so `learner.rl_lr` is `learner.learner.rl_lr`, the
+learner actor's LearnerConfig. Values are TOML (1e-4, "gspo", true). Several --set: every
+combination. Every run's config is checked before the first starts.
+
+--resume continues a sweep: runs with a summary.json are kept, an unfinished run continues from
+its checkpoint (`postrain up --resume`) or starts over, the rest run. Ctrl-C (SIGINT) stops the
+runs in flight cleanly (each `postrain up` gets one SIGINT: it finishes its step and
+checkpoints), writes sweep.json with what finished, and exits 130.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+from postrain.core.errors import PostrainError
+
+from .sweep_table import PLOT_FILE, build_table, collapsed, format_table, plot_spread
+
+HELP = "run one config over several seeds and overrides; the spread of the results"
+SWEEP_FILE = "sweep.json"
+
+
+class SweepError(PostrainError, ValueError):
+    """A sweep's arguments or folder are not usable."""
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--config", help="TOML run config (default: the built-in run)")
+    parser.add_argument("--seeds", default="0-4", help="seeds: 0-9, 0,3,7 or 0-4,9 (default 0-4)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=V1,V2",
+                        help="an override and its values, e.g. learner.rl_lr=1e-4,3e-4 (repeatable)")
+    parser.add_argument("--parallel", type=int, default=1, help="runs at once (default 1)")
+    parser.add_argument("--sweep-dir", help="the sweep's folder (default: runs/sweep-<config name>)")
+    parser.add_argument("--resume", action="store_true", help="continue the sweep in its folder")
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'0-9', '0,3,7', '0-4,9' -> sorted distinct seeds; SweepError naming the bad part."""
+    seeds: set[int] = set()
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if not m or (m.group(2) is not None and int(m.group(2)) < int(m.group(1))):
+            raise SweepError(f"--seeds: {part!r} is not a seed or a range; write e.g. 0-9 or 0,3,7")
+        seeds.update(range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1))
+    return sorted(seeds)
+
+
+def toml_value(text: str):
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text.strip()
+
+
+def parse_sets(items: list[str]) -> list[tuple[str, list]]:
+    """['learner.rl_lr=1e-4,3e-4'] -> [('learner.rl_lr', [0.0001, 0.0003])]."""
+    out = []
+    for item in items:
+        key, sep, values = item.partition("=")
+        if not sep or not key.strip() or not values.strip():
+            raise SweepError(f"--set {item!r}: write KEY=V1,V2, e.g. learner.rl_lr=1e-4,3e-4")
+        out.append((key.strip(), [toml_value(v) for v in values.split(",")]))
+    return out
+
+
+def set_path(doc: dict, key: str, value) -> None:
+    """Set the dotted `key` in a parsed run config (module docstring's rule); SweepError if no part names it."""
+    head, *rest = key.split(".")
+    actors = {a.get("name"): a for a in doc.get("actors", [])}
+    if head in actors and rest:
+        target = actors[head].setdefault("options", {})
+        if len(rest) == 1 and rest[0] not in target and isinstance(target.get(head), dict):
+            target = target[head]
+    elif head != "actors" and rest and isinstance(doc.get(head, {}), dict):
+        target = doc.setdefault(head, {})
+    else:
+        raise SweepError(f"--set {key}: {head!r} is neither a section of the config ({sorted(k for k in doc if k != 'actors')}) "
+                         f"nor an actor's name ({sorted(actors)}); write SECTION.KEY or ACTOR.OPTION")
+    for part in rest[:-1]:
+        target = target.setdefault(part, {})
+    target[rest[-1]] = value
+
+
+def run_name(overrides: dict, seed: int) -> str:
+    """A [run] name (a letter first, letters, digits, _ and -, at most 40): seed3_rl_lr-0p0001."""
+    label = "".join(f"_{k.split('.')[-1]}-{v}" for k, v in overrides.items())
+    name = re.sub(r"[^A-Za-z0-9_-]", "_", f"seed{seed}{label}".replace(".", "p"))
+    if len(name) > 40:   # distinct still: a digest of the whole label
+        name = f"{name[:31]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+    return name
+
+
+def plan_runs(config_path: Path, seeds: list[int], sets: list[tuple[str, list]], sweep_dir: Path) -> list[dict]:
+    """Every run of the sweep: its name, seed, overrides and config document (checked here)."""
+    from postrain.actors.run_config import add_import_dir, parse_up_config
+
+    add_import_dir(config_path.resolve().parent)   # modules the config names may sit beside it
+    base = tomllib.loads(config_path.read_text())
+    runs = []
+    for combo in itertools.product(*[values for _, values in sets]):
+        overrides = {key: value for (key, _), value in zip(sets, combo)}
+        for seed in seeds:
+            doc = json.loads(json.dumps(base))
+            for key, value in overrides.items():
+                set_path(doc, key, value)
+            name = run_name(overrides, seed)
+            doc.setdefault("shared", {})["seed"] = seed
+            doc.setdefault("run", {}).update(name=name, run_dir=str(sweep_dir))
+            try:
+                parse_up_config(doc, f"{config_path} with {overrides or 'no overrides'}, seed {seed}")
+            except PostrainError as exc:
+                raise SweepError(" ".join(line.strip() for line in str(exc).splitlines() if line.strip())) from None
+            runs.append({"name": name, "seed": seed, "overrides": overrides, "doc": doc,
+                         "folder": str(sweep_dir / name)})
+    return runs
+
+
+def _command(run: dict, config_file: Path) -> list[str]:
+    folder = Path(run["folder"])
+    up = [sys.executable, "-m", "postrain.cli", "up", "--quiet"]
+    if (folder / "checkpoint").exists() and (folder / "config.toml").exists():
+        return up + ["--resume", str(folder)]
+    return up + ["--config", str(config_file)] + (["--overwrite"] if folder.exists() else [])
+
+
+def _start(run: dict, sweep_dir: Path, import_dir: Path) -> subprocess.Popen:
+    from postrain.core.testing import to_toml
+
+    config_file = sweep_dir / "_configs" / f"{run['name']}.toml"
+    config_file.parent.mkdir(parents=True, exist_ok=True)
+    config_file.write_text(to_toml(run["doc"]))
+    log = (sweep_dir / "_logs").joinpath(f"{run['name']}.log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(import_dir), os.environ.get("PYTHONPATH")]))}
+    with log.open("a") as out:   # the child keeps its own copy of the descriptor
+        return subprocess.Popen(_command(run, config_file), stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)   # Ctrl-C reaches the sweep, which forwards one SIGINT
+
+
+def _finish(run: dict, code: int) -> None:
+    folder = Path(run["folder"])
+    summary_file = folder / "summary.json"
+    run["exit_code"] = code
+    if summary_file.exists():
+        run["summary"] = json.loads(summary_file.read_text())
+        run["status"] = "finished"
+        run["collapsed"] = collapsed(run["summary"], folder)
+    else:
+        run["status"] = "interrupted" if code in (130, -signal.SIGINT) else "failed"
+    print(f"sweep: {run['name']}: {run['status']} (exit {code}, log {Path(run['folder']).parent / '_logs' / run['name']}.log)",
+          flush=True)
+
+
+def execute(runs: list[dict], parallel: int, sweep_dir: Path, import_dir: Path) -> bool:
+    """Run the pending runs, `parallel` at once. Returns False when interrupted (SIGINT)."""
+    pending = [r for r in runs if r["status"] != "finished"]
+    running: list[tuple[dict, subprocess.Popen]] = []
+    try:
+        while pending or running:
+            while pending and len(running) < parallel:
+                run = pending.pop(0)
+                print(f"sweep: {run['name']}: started", flush=True)
+                running.append((run, _start(run, sweep_dir, import_dir)))
+            still = []
+            for run, proc in running:
+                code = proc.poll()
+                if code is None:
+                    still.append((run, proc))
+                else:
+                    _finish(run, code)
+            if len(still) == len(running):
+                time.sleep(0.2)
+            running = still
+        return True
+    except KeyboardInterrupt:
+        for _, proc in running:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)     # one: the run stops cleanly and checkpoints
+        for run, proc in running:
+            _finish(run, proc.wait())
+        return False
+
+
+def write_sweep(sweep_dir: Path, config_path: Path, runs: list[dict], interrupted: bool) -> dict:
+    table = build_table(runs)
+    plot = plot_spread(table, runs, sweep_dir / PLOT_FILE)
+    doc = {"config": str(config_path), "interrupted": interrupted, "plot": str(plot) if plot else None,
+           "table": table, "runs": [{k: v for k, v in r.items() if k != "doc"} for r in runs]}
+    tmp = sweep_dir / (SWEEP_FILE + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2))
+    tmp.replace(sweep_dir / SWEEP_FILE)
+    return doc
+
+
+def main(args) -> int:
+    from postrain.actors.run_config import default_config_path
+
+    try:
+        if args.parallel < 1:
+            raise SweepError(f"--parallel must be >= 1, got {args.parallel}")
+        config_path = Path(args.config) if args.config else default_config_path()
+        if not config_path.is_file():
+            raise SweepError(f"--config {config_path}: no such file")
+        sweep_dir = Path(args.sweep_dir or Path("runs") / f"sweep-{config_path.stem}").resolve()
+        if (sweep_dir / "_configs").exists() and not args.resume:
+            raise SweepError(f"{sweep_dir} already holds a sweep; pass --resume to continue it, or choose "
+                             "another --sweep-dir")
+        runs = plan_runs(config_path, parse_seeds(args.seeds), parse_sets(args.set), sweep_dir)
+    except SweepError as exc:
+        raise SystemExit(f"postrain sweep: {exc}") from None
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    for run in runs:
+        run["status"] = "pending"
+        if args.resume and (Path(run["folder"]) / "summary.json").exists():
+            _finish(run, 0)
+    print(f"sweep: {len(runs)} runs in {sweep_dir} ({sum(r['status'] == 'finished' for r in runs)} already "
+          f"finished), {args.parallel} at once", flush=True)
+    completed = execute(runs, args.parallel, sweep_dir, config_path.resolve().parent)
+    doc = write_sweep(sweep_dir, config_path, runs, interrupted=not completed)
+    for line in format_table(doc["table"]):
+        print(line)
+    print(f"wrote {sweep_dir / SWEEP_FILE}" + (f" and {doc['plot']}" if doc["plot"] else ""))
+    if not completed:
+        print("sweep interrupted: `postrain sweep ... --resume` continues it", file=sys.stderr)
+        return 130
+    return 0 if all(r["status"] == "finished" for r in runs) else 1

@@ -1,0 +1,112 @@
+"""Infrastructure failures are not zero rewards: a sample whose reward function raised (or whose
+actor died past the retries) is dropped in the ledger with the reason, left out of its group,
+and the group's other samples get exactly the advantages they would have had if it had never
+been sampled; the learner trains the uneven groups (actors/orchestrator/train_step.py,
+ext/advantages.py). Real parts: the rollout pool's sample path, a user's reward function that
+raises, the ledger, a tiny Llama learner."""
+from __future__ import annotations
+
+import torch
+import trio
+
+from postrain.actors.env.api import Reward
+from postrain.actors.learner.learner import Learner, LearnerConfig
+from postrain.actors.ledger import SampleLedger, read_events
+from postrain.actors.orchestrator.rollout_pool import RolloutPool
+from postrain.actors.orchestrator.train_step import GROUP_INCOMPLETE, surviving_groups, train_batch
+from postrain.actors.records import Rollout
+from postrain.actors.tasks.rewards import RewardFunction
+from postrain.ext.advantages import group_advantages
+
+TINY = dict(vocab_size=264, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+            num_kv_heads=1, max_position_embeddings=64, tie_word_embeddings=True)
+
+
+def rollout(seed: int, reward: float) -> Rollout:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(8, 264, (10,), generator=g).tolist()
+    mask = [0] * 4 + [1] * 6
+    return Rollout(token_ids=ids, loss_mask=mask, behavior_logprobs=[-5.5] * 10,
+                   policy_versions=[0 if m else -1 for m in mask], reward=Reward({"correct": reward}),
+                   num_turns=1, num_policy_tokens=6)
+
+
+def broken_reward(completion, example):
+    raise ConnectionError("the grader's service is down")
+
+
+def pool_sample(ledger: SampleLedger, sample_id: str, outcome: Rollout | None, group: list) -> None:
+    """The rollout pool's per-sample path (`RolloutPool._sample`), whose episode returns `outcome`
+    or, for None, whose reward function raises as a user's may."""
+    pool = RolloutPool.__new__(RolloutPool)   # only its ledger and `rollout` take part here
+    pool.ledger = ledger
+
+    async def episode(task, sampling, sample_id=None, min_version=None):
+        if outcome is None:
+            await RewardFunction("grader", broken_reward).score("42", {"answer": "42"}, answer_field="answer")
+        return outcome
+
+    pool.rollout = episode
+    trio.run(pool._sample, sample_id, {}, None, group, 0)
+
+
+def test_a_failed_sample_is_left_out_of_its_groups_baseline_and_never_trained_as_zero(tmp_path):
+    ledger = SampleLedger(tmp_path / "ledger.jsonl")
+    rewards = [[1.0, 0.0, None, 1.0], [0.0, 1.0, 0.5, 0.0], [None, None, None, 1.0]]
+    groups = []
+    for g, group_rewards in enumerate(rewards):
+        group = []
+        for s, reward in enumerate(group_rewards):
+            sample_id = f"b0-g{g}-s{s}"
+            ledger.create(sample_id)
+            pool_sample(ledger, sample_id, None if reward is None else rollout(10 * g + s, reward), group)
+        groups.append(group)
+
+    kept = surviving_groups(groups, ledger)
+    batch = train_batch(kept)
+    # the failed samples are in the ledger as dropped, with the reason; none is in the batch as a 0
+    for sample_id in ("b0-g0-s2", "b0-g2-s0", "b0-g2-s1", "b0-g2-s2"):
+        assert ledger.state(sample_id) == "dropped"
+        dropped = [e for e in read_events(tmp_path / "ledger.jsonl", sample_id) if e["event"] == "dropped"]
+        assert dropped[-1]["reason"].startswith("rollout failed: ")
+        assert "reward function 'grader' raised ConnectionError" in dropped[-1]["reason"]
+    assert ledger.state("b0-g2-s3") == "dropped" and ledger.drop_reasons[GROUP_INCOMPLETE] == 1
+    assert batch.rewards == [1.0, 0.0, 1.0, 0.0, 1.0, 0.5, 0.0] and batch.group_ids == [0, 0, 0, 1, 1, 1, 1]
+
+    learner = Learner(LearnerConfig(model=TINY, micro_batch_size=4))
+    _, advantages = learner.batch_advantages(batch)
+    # group 0's advantages are those of the three that came back, as if the fourth never existed
+    alone = group_advantages(torch.tensor([1.0, 0.0, 1.0]), 3)
+    torch.testing.assert_close(advantages[:3], alone)
+    torch.testing.assert_close(advantages[3:], group_advantages(torch.tensor([0.0, 1.0, 0.5, 0.0]), 4))
+    # had the failure been trained as a 0, group 0's baseline would differ
+    as_zero = group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), 4)[[0, 1, 3]]
+    assert not torch.allclose(advantages[:3], as_zero)
+
+    metrics = learner.train_step(batch)                # uneven groups train end to end
+    assert metrics["num_tokens"] == 7 * 6
+    for group in kept:
+        for sample in group:
+            ledger.advance(sample.sample_id, "trained", step=1)
+    counts = ledger.counts()
+    assert counts["created"] == 12 and counts["trained"] == 7 and counts["dropped"] == 5
+    ledger.check()   # created = in flight + trained + dropped
+
+
+class FailingSandbox:
+    """A sandbox handle whose jail fails (a warm worker killed under it): the sandbox's own
+    sandbox_error result, which no code can produce."""
+
+    async def exec(self, code, *, files=None, stdin=None, timeout_s=None):
+        from postrain.sandbox.result import ExecResult, Status
+        return ExecResult(Status.SANDBOX_ERROR, error="warm worker died")
+
+
+def test_a_sandbox_that_fails_under_a_code_reward_is_a_failure_not_a_zero():
+    import pytest
+    from postrain.actors.tasks.rewards import RewardFailure, load_reward
+
+    tests = "assert f(1) == 2\n"
+    with pytest.raises(RewardFailure, match=r"the sandbox failed \(warm worker died\); the sample is dropped"):
+        trio.run(lambda: load_reward("code_tests").score("def f(x): return x + 1", {"tests": tests},
+                                                          answer_field="tests", sandbox=FailingSandbox()))

@@ -1,0 +1,168 @@
+"""`postrain sweep` as a user runs it: real `postrain up` runs (a head, an echo actor and a driver
+that writes a summary.json whose accuracies depend on its seed and options), the table and the
+plot, and `--resume` after a SIGINT. The driver module sits beside the config, as a user's would."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from postrain.cli.sweep import SweepError, parse_seeds, parse_sets, set_path
+
+DRIVER = '''
+import json
+from pathlib import Path
+
+import anyio
+from pydantic import Field
+
+from postrain.core.actor import Actor, handler
+from postrain.core.options import Options
+
+
+class SummaryDriverOptions(Options):
+    seed: int = Field(0, description="the run's seed ([shared])")
+    gain: float = Field(0.1, description="RL's gain this run reports")
+    hold_seed: int = Field(-1, description="the seed whose run waits, while hold_file exists, until stopped")
+    hold_file: str = Field("", description="see hold_seed")
+
+
+class SummaryDriver(Actor):
+    """Streams two steps, then writes summary.json: after the warm start 0.3 + 0.01 * seed, after RL
+    that plus `gain`. The run of `hold_seed` waits after its first step while `hold_file` exists."""
+
+    Options = SummaryDriverOptions
+
+    async def setup(self):
+        self.stopping = False
+
+    @handler("run", stream=True, concurrent=True)
+    async def run(self, body):
+        o = self.options
+        yield {"line": "step 1"}
+        while o.seed == o.hold_seed and Path(o.hold_file).exists() and not self.stopping:
+            await anyio.sleep(0.05)
+        if self.stopping:
+            return
+        start = 0.3 + 0.01 * o.seed
+        summary = {"eval_before": 0.0, "eval_after_sft": start, "eval_after": start + o.gain, "wall_s": 1.0 + o.seed}
+        Path(body["run_folder"], "summary.json").write_text(json.dumps(summary))
+        yield {"summary": summary}
+
+    @handler("stop")
+    async def stop(self, body):
+        self.stopping = True
+'''
+
+
+def write_config(tmp_path, hold_seed: int = -1):
+    (tmp_path / "sweep_driver.py").write_text(DRIVER)
+    config = tmp_path / "run.toml"
+    config.write_text(f"""
+[run]
+name = "x"
+run_dir = "{tmp_path / 'ignored'}"
+driver = "driver"
+[[actors]]
+name = "echo"
+cls = "postrain.core.testing:EchoActor"
+cpus = 0.25
+memory_mb = 0
+[[actors]]
+name = "driver"
+cls = "sweep_driver:SummaryDriver"
+cpus = 0.25
+memory_mb = 0
+options = {{ hold_seed = {hold_seed}, hold_file = "{tmp_path / 'hold'}" }}
+""")
+    return config
+
+
+def sweep(*args, **kw):
+    return subprocess.Popen([sys.executable, "-m", "postrain.cli", "sweep", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def test_arguments_are_parsed_and_bad_ones_named():
+    assert parse_seeds("0-3,7") == [0, 1, 2, 3, 7]
+    assert parse_sets(["learner.rl_lr=1e-4,3e-4"]) == [("learner.rl_lr", [1e-4, 3e-4])]
+    doc = {"actors": [{"name": "learner", "options": {"learner": {"lr": 1.0}}}], "shared": {}}
+    set_path(doc, "learner.rl_lr", 1e-4)
+    set_path(doc, "shared.seed", 3)
+    assert doc["actors"][0]["options"]["learner"] == {"lr": 1.0, "rl_lr": 1e-4} and doc["shared"]["seed"] == 3
+    with pytest.raises(SweepError, match=r"--seeds: '5-2' is not a seed or a range"):
+        parse_seeds("5-2")
+    with pytest.raises(SweepError, match="write KEY=V1,V2"):
+        parse_sets(["learner.rl_lr"])
+    with pytest.raises(SweepError, match="neither a section of the config"):
+        set_path(doc, "actors.x", 1)
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--seeds", "x"], "postrain sweep: --seeds: 'x' is not a seed or a range"),
+    (["--set", "learner.rl_lr=-1", "--seeds", "0"], "rl_lr must be > 0 or unset, got -1.0"),
+    (["--set", "nobody.x=1", "--seeds", "0"], "nobody: unknown field"),
+    (["--parallel", "0"], "--parallel must be >= 1, got 0"),
+    (["--config", "nope.toml"], "--config nope.toml: no such file"),
+])
+def test_bad_inputs_are_one_line_naming_the_fix(tmp_path, argv, expected):
+    from postrain.cli.main import main
+    with pytest.raises(SystemExit) as exc:
+        main(["sweep", "--sweep-dir", str(tmp_path / "sw"), *argv])
+    assert isinstance(exc.value.code, str) and "\n" not in exc.value.code and expected in exc.value.code
+    assert not (tmp_path / "sw").exists()           # nothing started
+
+
+@pytest.mark.slow
+def test_a_sweep_tables_and_plots_the_spread_over_seeds_and_overrides(tmp_path):
+    out = tmp_path / "sw"
+    proc = sweep("--config", str(write_config(tmp_path)), "--seeds", "0-1", "--set", "driver.gain=0.1,0.3",
+                 "--parallel", "2", "--sweep-dir", str(out))
+    text, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, text
+    doc = json.loads((out / "sweep.json").read_text())
+    assert [r["status"] for r in doc["runs"]] == ["finished"] * 4
+    low, high = doc["table"]
+    assert low["overrides"] == {"driver.gain": 0.1} and low["seeds"] == [0, 1]
+    assert low["figures"]["eval_after_sft"] == {"min": 0.3, "median": 0.305, "max": 0.31, "n": 2}
+    assert low["figures"]["rl_gain"]["median"] == pytest.approx(0.1)
+    assert high["figures"]["rl_gain"]["min"] == pytest.approx(0.3) and high["figures"]["wall_s"]["max"] == 2.0
+    assert low["collapses"] == 0
+    assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+    assert "driver.gain=0.3: 2/2 runs finished, 0 collapsed" in text and "rl_gain" in text
+
+
+@pytest.mark.slow
+def test_resume_after_a_sigint_keeps_finished_runs_and_runs_the_rest(tmp_path):
+    out = tmp_path / "sw"
+    (tmp_path / "hold").write_text("")
+    config = write_config(tmp_path, hold_seed=1)
+    proc = sweep("--config", str(config), "--seeds", "0-1", "--parallel", "2", "--sweep-dir", str(out))
+    log = out / "_logs" / "seed1.log"
+    deadline = time.monotonic() + 120
+    while not ((out / "seed0" / "summary.json").exists() and log.exists() and "step 1" in log.read_text()):
+        # until seed 0's run has finished and seed 1's waits inside its hold
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    text, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, text
+    doc = json.loads((out / "sweep.json").read_text())
+    assert doc["interrupted"] and [r["status"] for r in doc["runs"]] == ["finished", "interrupted"]
+    first_summary = (out / "seed0" / "summary.json").stat().st_mtime_ns
+
+    (tmp_path / "hold").unlink()
+    proc = sweep("--config", str(config), "--seeds", "0-1", "--sweep-dir", str(out), "--resume")
+    text, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, text
+    doc = json.loads((out / "sweep.json").read_text())
+    assert [r["status"] for r in doc["runs"]] == ["finished"] * 2 and not doc["interrupted"]
+    assert (out / "seed0" / "summary.json").stat().st_mtime_ns == first_summary     # not run again
+    assert "seed0: started" not in text and doc["table"][0]["figures"]["eval_after_sft"]["n"] == 2
+    # a sweep folder is not reused without --resume
+    again = sweep("--config", str(config), "--seeds", "0", "--sweep-dir", str(out))
+    assert again.wait(timeout=60) != 0 and "pass --resume to continue it" in again.stdout.read()
