@@ -17,6 +17,12 @@ caller adds: actor, step, reason, tool calls), which `postrain trace` reads.
 were trained and which were in flight (those are dropped with reason
 "interrupted" on resume, then re-created from the data cursor).
 
+Segments: an episode whose history changed under the model (records/rollout.py) trains
+several samples, one per segment. Segment 0 is the episode's own sample id; segment k >= 1 is
+`segment_id(sample_id, k)`, created when the rollout comes back (its `created` event names
+the episode: `segment_of`, `segment`), so each segment is trained or dropped on its own and
+the invariant above counts segments. The episode's sample gets a "segments" note listing them.
+
 Each event line is written whole or not at all (postrain.core.jsonl): on a full disk the
 transition raises DiskFullError and the file still ends on a whole line.
 """
@@ -33,6 +39,11 @@ from postrain.core.jsonl import JsonlAppender, read_jsonl
 STATES = ("created", "generated", "rewarded", "trained", "dropped")
 _ORDER = {state: index for index, state in enumerate(STATES)}
 IN_FLIGHT = ("created", "generated", "rewarded")
+
+
+def segment_id(sample_id: str, segment: int) -> str:
+    """The ledger id of segment `segment` of episode `sample_id` (segment 0: `sample_id` itself)."""
+    return sample_id if segment == 0 else f"{sample_id}.seg{segment}"
 
 
 class LedgerError(PostrainError, ValueError):

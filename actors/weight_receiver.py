@@ -33,6 +33,7 @@ class WeightReceiverActor(Actor):
     generator does (postrain.actors.weight_assembly)."""
 
     Options = WeightReceiverOptions
+    needs_bulk_key = True         # opens sealed weights from another node (core/identity.py)
 
     async def setup(self):
         """Build the model, if any. Does not wait (cancel-safe)."""

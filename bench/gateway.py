@@ -7,7 +7,8 @@ message for the peer), with the same prompt ids and sampling, measured in turn.
 
 Figures (medians over repeats):
 - latency_p50_ms: one short chat completion (4 greedy tokens), request to reply;
-- throughput_req_per_s: 32 concurrent chat requests (16 sampled tokens each), all answered;
+- throughput_req_per_s: 32 concurrent chat requests (16 sampled tokens each), all answered (the
+  32 HTTP clients connect before, as the direct path's socket is);
 - gateway_latency_p50_ratio, gateway_throughput_ratio (ours only): the two ratios, for the record;
 - retok_*: a tool-calling harness (the arithmetic task's questions, a calculator tool, up to 3
   model calls) runs episodes through the gateway on SmolLM2-135M-Instruct with its own chat
@@ -107,6 +108,9 @@ async def _speed(address, generator, quick: bool) -> dict:
     http = clients[0]
     first = await http.post("/v1/chat/completions", chat)   # warm both paths
     ids = first["prompt_token_ids"]
+    async with anyio.create_task_group() as group:   # every client connected, as the direct path is
+        for client in clients[1:]:
+            group.start_soon(client.post, "/v1/chat/completions", chat)
     direct = GenerateRequest(prompt_ids=ids, sampling=SamplingParams(max_new_tokens=4, temperature=0)).to_wire()
     await generator.ask("generate", direct, timeout_s=120)
     ours, theirs = [], []

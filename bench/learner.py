@@ -31,6 +31,9 @@ Figures (ours vs peer, same run, medians over repeats):
   step over LoRA rank 16 on every linear layer), `lora_sync_bytes_ratio` (adapters over a full
   sync), `delta_sync_bytes_ratio` and `delta_changed_fraction` (a bfloat16 delta after one step
   at the default learning rate).
+- Sharded learner (`postrain.bench.fsdp`): `fsdp_state_bytes_per_rank_ratio` (a rank's bytes of
+  parameters, gradients and AdamW state with 4 FSDP ranks over one process's; target <= 0.30)
+  and `fsdp2_step_s` / `fsdp4_step_s` against DDP at the same rank count (real gloo ranks).
 - `publish_s`: one weight sync on one host, learner actor -> a `WeightReceiverActor` that
   loads the weights into its model (SmolLM2-135M when installed, else "small"). Peer: the
   file hand-off users would otherwise do, in one process: safetensors to /dev/shm, read back,
@@ -52,6 +55,7 @@ import torch
 
 from postrain.actors.models.loading import packaged_model_path
 from postrain.actors.records import PublishReport, PublishRequest, TrainBatch
+from postrain.bench.fsdp import fsdp_learner_rows
 from postrain.bench.moe import moe_learner_rows
 from postrain.bench.scaling import scaling_learner_rows
 
@@ -257,6 +261,9 @@ def _run(quick: bool, smol: str | None, repeats: int) -> dict:
     lora_results, lora_peer, lora_config = scaling_learner_rows(quick, smol, group_batch)   # LoRA, delta syncs
     results.update(lora_results)
     peer.update(lora_peer)
+    fsdp_results, fsdp_peer, fsdp_config = fsdp_learner_rows(quick)          # sharded ranks (FSDP2)
+    results.update(fsdp_results)
+    peer.update(fsdp_peer)
     return {
         "config": {"tiny_batch": "8 x 128 tokens" if not quick else "4 x 64 tokens",
                    "smollm2": smol is not None, "smollm2_batch": "2 x 64 tokens",
@@ -266,7 +273,7 @@ def _run(quick: bool, smol: str | None, repeats: int) -> dict:
                    "group_batches": {"one_turn": "8 groups x 8 samples, 40-token prompt, 16-token responses",
                                      "multi_turn": "2 x 8, 96-token prompt, 16 + 24 (tool) + 16 tokens"},
                    "torch_threads": 1, "repeats": repeats, "dtype": "float32", **moe_config,
-                   **lora_config},
+                   **lora_config, **fsdp_config},
         "results": results,
         "peer": peer,
     }

@@ -14,7 +14,9 @@ the prompt in one step; medians over `repeats`):
 - long_prompt_ttft_ms: the long prompt's time to first token (chunking trades some of it);
 - decode_tok_per_s: the decoding sequences' tokens over the window's wall time;
 - cp{N}_peak_mem_ratio, cp_step_s_{N} (`postrain.bench.long_cp`, when present): context-parallel
-  training's peak memory per rank at N ranks against 1.
+  training's peak memory per rank at N ranks against 1;
+- kv_* (`postrain.bench.long_kv`): each KV cache dtype's bytes per token, blocks in a fixed
+  kv_cache_mb, logprob drift against the float32 model and decode tokens/s, on SmolLM2-135M.
 """
 from __future__ import annotations
 
@@ -98,6 +100,10 @@ def run(quick: bool) -> dict:
         cp_results, cp_config = context_parallel_rows(quick)
         results.update(cp_results)
         config.update(cp_config)
+    from postrain.bench.long_kv import kv_dtype_rows
+    kv_results, kv_config = kv_dtype_rows(quick)
+    results.update(kv_results)
+    config.update(kv_config)
     config.update(torch_threads=torch.get_num_threads(),
                   load_avg_1m=[load_before, round(os.getloadavg()[0], 1)])
     return {"config": config, "results": results, "peer": peer}

@@ -21,6 +21,13 @@ tool calls in a warm nsjail sandbox (only for tasks whose environment declares
 reward component (or of the total reward for tasks without one, such as `code`:
 the fraction of hidden tests passed). An episode whose environment fails scores
 0 and is counted.
+
+An agent module (a task whose environment is an `AgentEnvironment`, e.g.
+`--task examples/agents/arithmetic_agent.py`'s `arithmetic_agent:ArithmeticAgent`) is evaluated
+through a gateway, as it trains: a generator and a gateway actor are started for the model
+(as `postrain serve` starts them), and each held-out task is one episode of the agent's own
+`run(client, task)` with its own sampling settings (cli/eval_agents.py); the result adds
+`num_model_calls`. `--max-tokens` does not apply (the agent sets its own).
 """
 from __future__ import annotations
 
@@ -142,8 +149,10 @@ async def evaluate(model_spec: str, task_name: str, task_options: dict, num_task
     `EpisodePolicy` or `fn(messages) -> text`) plays instead of the model when given (tests).
     Cancelled: no result; the local sandbox is shut (a run in it ends within its limits), and
     the episode's env.close() is awaited in the cancelled scope, so it may not finish."""
-    from postrain.actors.env import LocalSandbox, run_episode
+    from postrain.actors.env import run_episode
     from postrain.actors.tasks import get_task
+
+    from .eval_agents import episode_sandbox, evaluate_agent
 
     task = get_task(task_name)
     task_options = task.check_options(task_options)
@@ -152,14 +161,14 @@ async def evaluate(model_spec: str, task_name: str, task_options: dict, num_task
         from postrain.core.errors import PostrainError
         raise PostrainError(f"task {task.name!r} has no held-out tasks with these options; fix: check "
                             "--task-options (or the task's eval_tasks)")
+    from postrain.actors.env import AgentEnvironment
+    if isinstance(task.env_class, type) and issubclass(task.env_class, AgentEnvironment):
+        return await evaluate_agent(model_spec, task, task_options, tasks)
     if policy is None:
         policy = engine_policy(model_spec, max_tokens)
     scores, failed = [], 0
     with contextlib.ExitStack() as stack:
-        sandbox = None
-        if task.needs_sandbox(task_options):
-            from postrain.sandbox import Sandbox
-            sandbox = LocalSandbox(stack.enter_context(Sandbox(mode="warm", num_workers=1)))
+        sandbox = episode_sandbox(stack, task, task_options)
         for item in tasks:
             env = task.make_env(sandbox=sandbox, options=task_options)
             try:

@@ -97,6 +97,9 @@ class Actor:
     backend: ClassVar[str] = "trio"
     Options: ClassVar[type[Options]] = NoOptions
     keeps_freed_memory: ClassVar[bool] = False   # a CPU learner: see core/runtime.py, keep_freed_memory
+    # Given the run's bulk key (core/identity.py): only a class that seals or opens bulk bytes between
+    # nodes (weights) says True; every other actor is started without it. ActorSpec.bulk_key overrides.
+    needs_bulk_key: ClassVar[bool] = False
     _handler_specs: ClassVar[dict[str, tuple[str, bool, bool]]] = {}
 
     def __init_subclass__(cls, **kwargs):
@@ -125,6 +128,8 @@ class Actor:
         self._incarnation = 0                  # set by the process's runtime
         # The collective group this process is a rank of (an entry with ranks > 1), else None.
         self.rendezvous: Rendezvous | None = None
+        # The secret the ranks of that group prove to each other when they meet (core/identity.py).
+        self.group_secret: bytes | None = None
 
     async def crash(self, reason: str) -> None:
         """End this process now as a crash: `reason` is logged and handed to the head (the exit
@@ -184,10 +189,12 @@ class Actor:
             num_params = len(inspect.signature(fn).parameters)
             table[kind] = Handler(fn, stream=stream, concurrent=concurrent,
                                   wants_message=num_params >= 2)
-        table[wire.STOP] = Handler(self._handle_stop)
-        table[wire.PEERS_MOVED] = Handler(self._handle_peers_moved)
-        table[wire.PEERS_GONE] = Handler(self._handle_peers_gone)
-        table[CORES] = Handler(self._handle_cores)
+        # The kernel's own messages come from the supervisors alone (on tcp, their control key):
+        # an actor that could send PEERS_MOVED could point another at an address of its choosing.
+        table[wire.STOP] = Handler(self._handle_stop, control_only=True)
+        table[wire.PEERS_MOVED] = Handler(self._handle_peers_moved, control_only=True)
+        table[wire.PEERS_GONE] = Handler(self._handle_peers_gone, control_only=True)
+        table[CORES] = Handler(self._handle_cores, control_only=True)
         return table
 
     async def _handle_peers_moved(self, body) -> None:

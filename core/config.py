@@ -122,6 +122,9 @@ class ActorSpec(_Strict):
                                           "for each rank of an entry with ranks > 1; never in a config file")
     node: str | None = Field(None, description="[cluster] only: the node to run on (a node name as "
                              "`postrain up --dry-run` lists them); none: any node with room")
+    bulk_key: bool | None = Field(None, description="whether this actor is given the run's bulk key (it seals "
+                                  "weights between nodes: core/sealed.py); none: as its class declares "
+                                  "(Actor.needs_bulk_key)")
     placement: Literal["pack", "spread"] = Field("pack", description="[cluster] only, where `node` is unset: "
                                                  "'pack' takes the first node with room, in the cluster's "
                                                  "order; 'spread' the node holding the fewest replicas of "

@@ -23,6 +23,7 @@ import anyio
 import zmq
 
 from . import wire
+from .identity import CONTROL, may_send_as
 from .node import Node
 from .transport import HWM_MESSAGES, AsyncSocket, configure_server, uses_curve
 
@@ -38,12 +39,16 @@ class Handler:
     """How the inbox runs one message kind.
 
     stream: the function is an async generator; each item is sent as ITEM, then END.
-    concurrent: run each message in its own task (default: one at a time, in order)."""
+    concurrent: run each message in its own task (default: one at a time, in order).
+    control_only: on a socket that authenticates callers, served only for the run's control key
+    (the supervisors and the operator, core/identity.py): the kernel's STOP, PEERS_MOVED,
+    PEERS_GONE and CORES to an actor, `shutdown` to the head."""
 
     fn: Callable
     stream: bool = False
     concurrent: bool = False
     wants_message: bool = False
+    control_only: bool = False
 
 
 @dataclass
@@ -76,6 +81,9 @@ class Inbox:
         self.bound_address = sock.last_endpoint.decode()
         self._sock = AsyncSocket(sock)
         self._shm_min_bytes = node.shm_min_bytes_for(address)  # decided once, not per reply
+        # A Curve server knows who calls (the ZAP User-Id, core/identity.py): a message whose
+        # declared sender is not the caller's authenticated name is refused (SenderMismatch).
+        self._authenticates = uses_curve(address, node.keys)
         node._closers.append(self.close)
         self.num_in_flight = 0    # handlers running
         self.num_served = 0
@@ -96,10 +104,15 @@ class Inbox:
         the loop yields once, so a flood of tells cannot starve the actor's other tasks.
         Decoding and dispatch are inline here: every await saved is saved per message.
         Cancelled: as `serve`; a handler running inline is cancelled with it (see `_run`)."""
-        sock, handlers = self._sock, self.handlers
+        sock, handlers, authenticates = self._sock, self.handlers, self._authenticates
         num_in_row = 0
+        user = None
         while True:
-            frames = sock.recv_multipart_nowait()
+            if authenticates:
+                received = sock.recv_authenticated_nowait()
+                frames, user = received if received is not None else (None, None)
+            else:
+                frames = sock.recv_multipart_nowait()
             if frames is None:
                 num_in_row = 0
                 try:
@@ -114,7 +127,11 @@ class Inbox:
                 await self._reject_malformed(identity, frames, exc)
             else:
                 handler = handlers.get(msg.kind)
-                if handler is None:
+                if user is not None and not may_send_as(user, msg.sender):
+                    await self._reject_sender(identity, msg, user)
+                elif user is not None and handler is not None and handler.control_only and user != CONTROL:
+                    await self._reject_sender(identity, msg, user, "only the run's supervisors may send it")
+                elif handler is None:
                     await self._reject_unknown(identity, msg)
                 elif handler.concurrent:
                     tg.start_soon(self._run, handler, identity, msg)
@@ -132,6 +149,22 @@ class Inbox:
         log.warning("inbox %s: malformed message: %s", self.address, exc)
         corr_id = wire.peek_msg_id(frames) or UNKNOWN_REQUEST
         await self.post_error(identity, corr_id, "MalformedMessage", str(exc))
+
+    async def _reject_sender(self, identity, msg: wire.Message, user: str, why: str = "") -> None:
+        """Count, log and refuse a message whose declared sender is not its caller's authenticated
+        name, or (`why`) a kernel message from an actor. Cancelled: the reply may not be sent
+        (`post`); the count and log line stay."""
+        self.num_rejected += 1
+        log.warning("inbox %s: refused %r declaring sender %r from a connection authenticated as %r%s",
+                    self.address, msg.kind, msg.sender, user or "nobody", f": {why}" if why else "")
+        if why:
+            await self.post_error(identity, msg.msg_id, "SenderMismatch",
+                                  f"message kind {msg.kind!r} from actor {user!r} refused: {why}")
+            return
+        await self.post_error(identity, msg.msg_id, "SenderMismatch",
+                              f"this message declares sender {msg.sender!r}, but its connection's key "
+                              f"authenticates {user or 'no one'!r}; an actor sends under its own name "
+                              "and key only")
 
     async def _reject_unknown(self, identity, msg: wire.Message) -> None:
         """Answer a PING, or count, log and refuse a kind with no handler. Cancelled: the

@@ -20,6 +20,7 @@ from zmq.utils import z85
 
 from . import shm
 from .actor_ref import ActorRef, reaches_same_host
+from .identity import Identities
 from .transport import AsyncSocket, CurveKeys
 
 log = logging.getLogger("postrain.core")
@@ -51,6 +52,10 @@ class Node:
         self._refs: list[ActorRef] = []
         self._closers: list[Callable[[], None]] = []  # sockets to close after the tasks end
         self._zap_started = False
+        # Who holds a client key (core/identity.py), for this process's Curve servers: set by the
+        # runtime (asks the head) or the supervisor (its own table) before an inbox binds; else
+        # made by `ensure_zap` from the keys it is given, each trusted to declare any sender.
+        self.identities: Identities | None = None
 
     async def __aenter__(self) -> "Node":
         """Open the node's task group and start its reaper. Cancelled: nothing started."""
@@ -124,19 +129,25 @@ class Node:
         return len(gone)
 
     def ensure_zap(self, allowed_keys: tuple[bytes, ...]) -> None:
-        """Serve ZeroMQ's authentication requests for this process's Curve servers."""
+        """Serve ZeroMQ's authentication requests for this process's Curve servers: a client key
+        is let in when `self.identities` names it, `allowed_keys` (Z85) as CONTROL."""
+        if self.identities is None:
+            self.identities = Identities(allowed_keys)
+        elif not set(allowed_keys) <= self.identities.trusted:
+            self.identities.trusted = self.identities.trusted | set(allowed_keys)
         if self._zap_started:
             return
         self._zap_started = True
         sock = self.context.socket(zmq.REP)
         sock.linger = 0
         sock.bind("inproc://zeromq.zap.01")
-        self.spawn(_serve_zap, AsyncSocket(sock), frozenset(allowed_keys))
+        self.spawn(_serve_zap, AsyncSocket(sock), self.identities)
 
 
-async def _serve_zap(sock: AsyncSocket, allowed_keys: frozenset) -> None:
-    """ZAP (RFC 27): accept a CURVE client only if its public key is allowed. Cancelled: the
-    socket closes; a client whose request was unanswered fails its handshake."""
+async def _serve_zap(sock: AsyncSocket, identities: Identities) -> None:
+    """ZAP (RFC 27): accept a CURVE client only if `identities` names its public key; the name
+    becomes the connection's User-Id, which the inbox checks each message's sender against.
+    Cancelled: the socket closes; a client whose request was unanswered fails its handshake."""
     try:
         while True:
             frames = [bytes(f) for f in await sock.recv_multipart()]
@@ -145,11 +156,15 @@ async def _serve_zap(sock: AsyncSocket, allowed_keys: frozenset) -> None:
                 continue
             version, request_id, _domain, peer_address, _identity, mechanism = frames[:6]
             key = frames[6] if len(frames) > 6 else b""
-            ok = mechanism == b"CURVE" and len(key) == 32 and z85.encode(key) in allowed_keys
-            if not ok:
+            name = None
+            if mechanism == b"CURVE" and len(key) == 32:
+                name = await identities.name_of(z85.encode(key))
+            if name is None:
                 log.warning("refused a %s connection from %s: client key not accepted",
                             mechanism.decode(errors="replace"), peer_address.decode(errors="replace"))
-            status = [b"200", b"OK"] if ok else [b"400", b"client key not accepted"]
-            await sock.send_multipart([version, request_id, *status, b"", b""])
+                status = [b"400", b"client key not accepted", b""]
+            else:
+                status = [b"200", b"OK", name.encode()]
+            await sock.send_multipart([version, request_id, *status, b""])
     finally:
         sock.close()

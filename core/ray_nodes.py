@@ -197,6 +197,13 @@ class Agents:
     def start(self, spec: ActorSpec, node: str, timeout_s: float = 300.0) -> str:
         """Start `spec` on `node`'s agent; its address once READY. Every agent learns it (and
         tells its actors, when `spec` ran elsewhere before: Supervisor.add_peers)."""
+        # Every agent first learns the name, so that the actor is known by its key (core/identity.py)
+        # to the others' actors from its setup on, before it is anyone's peer.
+        for reply in [h.expect.remote([spec.name]) for h in self.handles.values()]:
+            try:
+                ray.get(reply, timeout=60)
+            except ray.exceptions.RayActorError:   # a node lost meanwhile: the head notices it
+                pass
         try:
             address = ray.get(self.handles[node].start.remote(spec.model_dump()), timeout=timeout_s)
         except ray.exceptions.RayActorError as exc:
@@ -332,6 +339,12 @@ class NodeAgent:
 
     def free_port(self) -> int:
         return free_tcp_port(self.address)
+
+    def expect(self, names: list[str]) -> None:
+        """Actors about to start on some node: this node's actors will know them by their keys."""
+        async def expect():
+            self.supervisor.expect(names)
+        self._call(expect)
 
     def add_peers(self, addresses: dict[str, str]) -> None:
         async def add():

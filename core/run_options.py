@@ -26,6 +26,8 @@ def resolve_options(config) -> None:
         except (ImportError, TypeError) as exc:
             problems.append(f"actors.{index}({spec.name}).cls = {spec.cls!r}: {exc}")
             continue
+        if spec.bulk_key is None:   # decided here, where the class is imported anyway (not per node)
+            spec.bulk_key = bool(cls.needs_bulk_key)
         fields = options_class(cls).model_fields
         shared = {key: value for key, value in config.shared.items() if key in fields}
         used_shared.update(shared)

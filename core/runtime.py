@@ -46,6 +46,7 @@ from . import wire
 from .actor import Actor, import_actor_class, report_crash
 from .affinity import pin_cpus
 from .config import Rendezvous
+from .identity import Identities
 from .inbox import Inbox
 from .load import Load
 from .node import Node
@@ -61,8 +62,9 @@ def run_actor_process(spec: dict) -> None:
 
     spec keys: name, cls (import path), options, address, head_address (or None),
     head_pid (or None: the parent's death is not watched), incarnation, cpu_ids (or None),
-    num_threads, heartbeat_interval_s, keys (or None), log_path (or None: inherit the head's
-    stdout and stderr), rendezvous (or None: a Rendezvous as a dict, for a rank of a group)."""
+    num_threads, heartbeat_interval_s, keys (or None: this actor's own, core/identity.py), log_path
+    (or None: inherit the head's stdout and stderr), rendezvous (or None: a Rendezvous as a dict, for
+    a rank of a group) and then group_secret (bytes its ranks prove to each other)."""
     if spec.get("log_path"):
         log_fd = os.open(spec["log_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.fchmod(log_fd, 0o600)  # the run's user only, also for a log an earlier run made
@@ -162,6 +164,8 @@ async def _actor_main(cls, spec: dict, startup_error: str | None) -> None:
     keys = CurveKeys.from_dict(spec["keys"]) if spec.get("keys") else None
     async with Node(spec["name"], keys) as node:
         head = node.ref(spec["head_address"], "head") if spec.get("head_address") else None
+        if keys is not None:   # callers are known by their keys: the head names them (core/identity.py)
+            node.identities = Identities(keys.allowed_client_keys, _whois_through(head) if head else None)
         if startup_error is not None:
             await report_crash(head, spec, startup_error)
             raise RuntimeError(startup_error)
@@ -173,6 +177,7 @@ async def _actor_main(cls, spec: dict, startup_error: str | None) -> None:
             actor._incarnation = spec.get("incarnation", 0)
             if spec.get("rendezvous"):
                 actor.rendezvous = Rendezvous.model_validate(spec["rendezvous"])
+                actor.group_secret = spec.get("group_secret")
             if "torch" in sys.modules and spec.get("num_threads"):
                 sys.modules["torch"].set_num_threads(spec["num_threads"])
             inbox = Inbox(node, inbox_address, actor.handlers())
@@ -200,6 +205,13 @@ async def _actor_main(cls, spec: dict, startup_error: str | None) -> None:
         except Exception:
             await report_crash(head, spec, traceback.format_exc())
             raise
+
+
+def _whois_through(head):
+    """whois(key) for Identities: ask the head (this node's supervisor) whose key it is."""
+    async def whois(public: bytes) -> str | None:
+        return await head.ask("_whois", {"key": public.decode()}, timeout_s=10.0)
+    return whois
 
 
 async def _heartbeat(actor: Actor, head, spec: dict) -> None:

@@ -30,11 +30,12 @@ from typing import Callable
 import anyio
 
 from . import wire
-from .actor import CORES
+from .actor import CORES, import_actor_class
 from .actor_ref import ActorRef
 from .config import ActorSpec
 from .elastic import Home
 from .errors import PostrainError
+from .identity import Identities, KeyTable, group_secret, keys_for_actor
 from .inbox import Handler, Inbox
 from .lending import CoreLender, WorkRequest
 from .lifecycle import ActorEvent, ActorProcesses, ActorRecord
@@ -100,11 +101,22 @@ class Supervisor:
         # A cluster's head: () -> {"nodes": [...], "actors": [...]}, the other nodes' view, merged
         # into `status()` (cli/node_watch.py sets it); None on one host.
         self.remote_status: Callable[[], dict] | None = None
+        # Each actor's own keys come from the run's seed (core/identity.py); the seed of the
+        # collective groups' secrets is the run's too, or this head's own on one host without keys.
+        self._key_table = KeyTable(keys) if keys is not None else None
+        self._expected: set[str] = set()   # names about to start elsewhere (a cluster): `expect`
+        self._group_seed = keys.identity_seed if keys is not None and keys.identity_seed else secrets.token_bytes(32)
+        if keys is not None:
+            node.identities = Identities((keys.client_public, *keys.allowed_client_keys), self._whois)
         address = ipc_address(socket_dir, "head") if bind == "ipc" else bind
         self.inbox = Inbox(node, address, {
-            "_ready": Handler(self._on_ready), "_heartbeat": Handler(self._on_heartbeat),
-            "_crashed": Handler(self._on_crashed), "lookup": Handler(self._on_lookup),
-            "status": Handler(self._on_status), "shutdown": Handler(self._on_shutdown),
+            "_whois": Handler(self._on_whois),
+            # what an actor says of itself counts only for the actor it names (its own sender name,
+            # which an authenticating socket checks against its key); `down` is the operator's
+            "_ready": Handler(self._on_ready, wants_message=True),
+            "_heartbeat": Handler(self._on_heartbeat, wants_message=True),
+            "_crashed": Handler(self._on_crashed, wants_message=True), "lookup": Handler(self._on_lookup),
+            "status": Handler(self._on_status), "shutdown": Handler(self._on_shutdown, control_only=True),
             "work": Handler(self._on_work)})
         self.lender = CoreLender(self._elastic_homes, self._pin_cores)
         self.shutdown_requested = anyio.Event()  # set by a `shutdown` message (`postrain down`)
@@ -260,45 +272,80 @@ class Supervisor:
 
     def _head_fields(self, record: ActorRecord) -> dict:
         """What the head adds to an actor's spawn spec (ActorProcesses): its own address, the
-        run's keys, and for an elastic actor the cores it holds at this moment (lending.py)."""
+        actor's own keys (core/identity.py), its group's secret when it is a rank of one, and for
+        an elastic actor the cores it holds at this moment (lending.py)."""
         spec = record.spec
-        fields = {"head_address": self.address, "keys": self.keys.to_dict() if self.keys else None}
+        fields = {"head_address": self.address, "keys": self._keys_for(spec)}
+        if spec.rendezvous is not None:
+            fields["group_secret"] = group_secret(self._group_seed, spec.rendezvous.names)
         if spec.elastic and spec.name in self.scheduler.elastic_names():
             holding = self.lender.holding(spec.name, _home(record))
             fields.update(cpu_ids=list(holding.affinity), num_threads=holding.num_threads)
         return fields
 
+    def _keys_for(self, spec: ActorSpec) -> dict | None:
+        """Actor `spec.name`'s keys as a dict: its own client pair, the bulk key only if it needs
+        it; the run's keys unchanged where they have no seed (made by hand, not `generate`)."""
+        if self.keys is None:
+            return None
+        if not self.keys.identity_seed:
+            return self.keys.to_dict()
+        return keys_for_actor(self.keys, spec.name, bulk_key=_needs_bulk_key(spec)).to_dict()
+
+    def expect(self, names) -> None:
+        """Actors about to start under another supervisor (a cluster's other nodes), whose keys
+        this one's `_whois` should know before they are peers (they may call during setup)."""
+        self._expected.update(names)
+
+    async def _whois(self, public: bytes) -> str | None:
+        """The name whose key is `public` (Z85), among this registry's actors, its peers and the
+        names expected; CONTROL for the run's control key; None for a stranger."""
+        return self._key_table.name_of(public, [*self.records, *self.peers, *self._expected])
+
     # -- head handlers -------------------------------------------------------------
 
-    def _record_for(self, body) -> ActorRecord | None:
+    async def _on_whois(self, body) -> str | None:
+        """{"key": Z85 public key} -> the actor's name, or None (an actor's authentication handler
+        asks, core/identity.py). Does not wait (cancel-safe)."""
+        key = body.get("key") if isinstance(body, dict) else None
+        if self._key_table is None or not isinstance(key, str):
+            return None
+        return await self._whois(key.encode())
+
+    def _record_for(self, body, msg: wire.Message) -> ActorRecord | None:
+        """The record of the actor `body` names, if the message is its own current incarnation's:
+        None for an earlier incarnation, or for a sender that is not the actor it names."""
         record = self.records.get(body.get("name")) if isinstance(body, dict) else None
         if record is None or body.get("incarnation") != record.incarnation:
             return None  # a message from an earlier incarnation
+        if msg.sender != record.spec.name:
+            log.warning("ignored %s about actor %s sent by %r", msg.kind, record.spec.name, msg.sender)
+            return None
         return record
 
-    async def _on_ready(self, body) -> str:
+    async def _on_ready(self, body, msg) -> str:
         """READY from the current incarnation. Does not wait: a cancellation finds it done."""
-        record = self._record_for(body)
+        record = self._record_for(body, msg)
         if record is not None:
             record.last_heartbeat = time.monotonic()
             record.address = body.get("address", record.address)
             record.ready.set()
         return "ok"
 
-    async def _on_heartbeat(self, body) -> None:
+    async def _on_heartbeat(self, body, msg) -> None:
         """The actor lives; its load replaces the last one. A malformed load is logged (the
         inbox logs a failed tell) and the last good one kept; the heartbeat still counts.
         Does not wait (cancel-safe)."""
-        record = self._record_for(body)
+        record = self._record_for(body, msg)
         if record is not None:
             record.last_heartbeat = time.monotonic()
             record.note = str(body.get("note") or "")
             if body.get("load") is not None:  # a keep-alive beat (setup, a blocking load) has none
                 record.load = Load.from_wire(body["load"])
 
-    async def _on_crashed(self, body) -> str:
+    async def _on_crashed(self, body, msg) -> str:
         """Keep the actor's traceback for its exit event. Does not wait (cancel-safe)."""
-        record = self._record_for(body)
+        record = self._record_for(body, msg)
         if record is not None:
             record.crash_traceback = str(body.get("traceback", ""))
         return "ok"
@@ -340,6 +387,17 @@ class Supervisor:
         """`postrain down`: set shutdown_requested. Does not wait (cancel-safe)."""
         self.shutdown_requested.set()
         return "shutting down"
+
+
+def _needs_bulk_key(spec: ActorSpec) -> bool:
+    """The spec's `bulk_key`, or where unset its class's `needs_bulk_key` (imported here; a class
+    that does not import fails its own start, so it gets no key)."""
+    if spec.bulk_key is not None:
+        return spec.bulk_key
+    try:
+        return bool(import_actor_class(spec.cls).needs_bulk_key)
+    except (ImportError, TypeError):
+        return False
 
 
 def _home(record: ActorRecord) -> Home:

@@ -101,6 +101,22 @@ class EchoActor(Actor):
         """The body back. Does not wait (cancel-safe)."""
         return body
 
+    @handler("whoami")
+    async def whoami(self, body, msg):
+        """What this actor holds and who called: {"identity", "client_public", "bulk_key" (held?),
+        "seed" (held?), "caller" (the message's sender, checked against its key on Curve)}."""
+        keys = self.node.keys
+        return {"identity": keys.identity if keys else None,
+                "client_public": keys.client_public.decode() if keys else None,
+                "bulk_key": bool(keys and keys.bulk_key), "seed": bool(keys and keys.identity_seed),
+                "caller": msg.sender}
+
+    @handler("ask_peer")
+    async def ask_peer(self, body):
+        """Look actor body["name"] up and ask it `whoami`; its answer. Cancelled: as `lookup`."""
+        peer = await self.lookup(body["name"])
+        return await peer.ask("whoami", timeout_s=10)
+
     @handler("environ")
     async def environ(self, body):
         """{name: value or None} of this process's environment for the names in the body. Does

@@ -77,10 +77,14 @@ class CurveKeys:
     """A run's keys: its CurveZMQ identity (servers present server_*; clients present client_*)
     and `bulk_key`, the AES-256 key that seals bulk bytes between nodes (core/sealed.py).
 
-    A listening socket beyond loopback accepts only clients whose public key
-    is in `allowed_client_keys` (by default the run's own client key). The head makes them per
-    run (`generate`) and hands them out only as it hands out the Curve keys (to the node agents,
-    and from them in each actor's start); the secrets never appear in a repr, a log or a config."""
+    A listening tcp socket accepts only clients whose public key is in `allowed_client_keys` (the
+    run's control key: trusted to declare any sender) or that its supervisor names as an actor's
+    (core/identity.py: each actor holds its own client pair, derived from `identity_seed`, which
+    only the head and the node agents hold; an actor's own keys carry its name in `identity` and
+    the bulk key only where its role needs it). The head makes them per run (`generate`) and
+    hands them out sealed to node agents (core/enrol.py) and in each actor's start; the secrets
+    never appear in a repr, a log or a config. The server pair is the run's, shared by every
+    inbox (docs/security.md says what that leaves open)."""
 
     server_public: bytes
     server_secret: bytes = field(repr=False)
@@ -88,23 +92,29 @@ class CurveKeys:
     client_secret: bytes = field(repr=False)
     allowed_client_keys: tuple[bytes, ...] = ()
     bulk_key: bytes = field(default=b"", repr=False)
+    identity_seed: bytes = field(default=b"", repr=False)   # the control plane's only (core/identity.py)
+    identity: str = ""   # whose client pair this is: "" the run's control key, else an actor's name
 
     @classmethod
     def generate(cls) -> "CurveKeys":
+        """A run's keys: the client pair is the control key (head, node agents, the operator's
+        `status`/`down`); each actor gets its own pair from `identity_seed` (core/identity.py)."""
         server_public, server_secret = zmq.curve_keypair()
         client_public, client_secret = zmq.curve_keypair()
         return cls(server_public, server_secret, client_public, client_secret, (client_public,),
-                   os.urandom(32))
+                   os.urandom(32), os.urandom(32))
 
     def to_dict(self) -> dict:
         return {"server_public": self.server_public, "server_secret": self.server_secret,
                 "client_public": self.client_public, "client_secret": self.client_secret,
-                "allowed_client_keys": list(self.allowed_client_keys), "bulk_key": self.bulk_key}
+                "allowed_client_keys": list(self.allowed_client_keys), "bulk_key": self.bulk_key,
+                "identity_seed": self.identity_seed, "identity": self.identity}
 
     @classmethod
     def from_dict(cls, data: dict) -> "CurveKeys":
         return cls(data["server_public"], data["server_secret"], data["client_public"],
-                   data["client_secret"], tuple(data["allowed_client_keys"]), data["bulk_key"])
+                   data["client_secret"], tuple(data["allowed_client_keys"]), data["bulk_key"],
+                   data.get("identity_seed", b""), data.get("identity", ""))
 
 
 def uses_curve(address: str, keys: CurveKeys | None) -> bool:
@@ -186,6 +196,12 @@ class AsyncSocket:
         finally:
             self._waiting = False
 
+    def recv_authenticated_nowait(self) -> tuple[list, str] | None:
+        """Like `recv_multipart_nowait`, with the User-Id the authentication handler gave the
+        sender's connection (core/node.py: its actor name, or CONTROL; "" where none). For
+        Curve servers only: pyzmq's path, which keeps each frame's connection metadata."""
+        return _PyzmqPath.recv_message_with_user(self.sock)
+
     def wake(self) -> None:
         """Make the task parked in `wait_readable`, if any, return now."""
         if self._waiting:
@@ -242,17 +258,28 @@ class _PyzmqPath:
 
     @staticmethod
     def recv_message(sock: zmq.Socket) -> list | None:
+        received = _PyzmqPath.recv_message_with_user(sock, read_user=False)
+        return None if received is None else received[0]
+
+    @staticmethod
+    def recv_message_with_user(sock: zmq.Socket, read_user: bool = True) -> tuple[list, str] | None:
         if not sock.get(zmq.EVENTS) & zmq.POLLIN:
             return None
         try:
             frame = sock.recv(zmq.NOBLOCK, copy=False)
         except zmq.Again:
             return None
+        user = ""
         frames = [frame.bytes if len(frame) < _COPY_BELOW_BYTES else frame]
         while frame.more:  # the rest of a multipart message is already here
             frame = sock.recv(zmq.NOBLOCK, copy=False)
+            if read_user and not user:   # every frame of a message carries its connection's metadata
+                try:
+                    user = frame.get("User-Id") or ""
+                except zmq.ZMQError:   # no metadata: a connection without a ZAP answer
+                    user = ""
             frames.append(frame.bytes if len(frame) < _COPY_BELOW_BYTES else frame)
-        return frames
+        return frames, user
 
     @staticmethod
     def send_frames(sock: zmq.Socket, frames: list) -> bool:

@@ -2,6 +2,8 @@
 
     api.py       Environment, StepResult, Reward, the handles, check_options: what a task is
     episode.py   run_episode and EpisodePolicy: the one driver of every episode (training and eval)
+    context.py   ContextOptions: context policies for episodes longer than the context (segments)
+    token_policy.py  TokenPolicy: the environment actor's exact-token policy, segment by segment
     tools.py     the tool-call grammar of turns: parse_action, format_tool_output, ...
     actor.py     EnvironmentActor: plays episodes on the generator and the sandbox for the orchestrator
     agent.py     AgentEnvironment: an episode is an agent program on the OpenAI API (through the gateway)
@@ -12,10 +14,11 @@ from .agent import AgentEnvironment
 from .api import (ROLES, AnyOptions, Environment, EnvironmentContractError, EnvironmentFailure, GeneratorHandle,
                   LocalSandbox, Reward, SandboxHandle, StepResult, TaskOptionsError, check_options,
                   validate_observation, validate_step_result)
+from .context import ContextOptions
 from .episode import (ActionFn, Episode, EpisodePolicy, TextPolicy, checked_reset, checked_step,
                       checked_truncated, drop_reason, run_episode)
 
-__all__ = ["ROLES", "ActionFn", "AgentEnvironment", "AnyOptions", "Environment", "EnvironmentActor", "EnvironmentContractError",
+__all__ = ["ROLES", "ActionFn", "AgentEnvironment", "AnyOptions", "ContextOptions", "Environment", "EnvironmentActor", "EnvironmentContractError",
            "EnvironmentFailure", "Episode", "EpisodePolicy", "GeneratorHandle", "LocalSandbox", "Reward",
            "SandboxHandle", "StepResult", "TaskOptionsError", "TextPolicy", "check_options", "checked_reset",
            "checked_step", "checked_truncated", "drop_reason", "run_episode", "validate_observation",

@@ -21,7 +21,9 @@ with its start, duration and outcome (actors/timeline.py; `postrain trace`).
 
 Design note (tokens in, tokens out). The episode is played by the one driver,
 `environment.run_episode`, the same that `postrain eval` uses, so a reward is the same in
-training and evaluation; this actor only brings a token-level policy (`TokenPolicy`).
+training and evaluation; this actor only brings a token-level policy (`TokenPolicy`,
+actors/env/token_policy.py), and the context policy of its `context` option (actors/env/context.py:
+an episode that outgrows the context goes on in new segments, each trained as its own sample).
 The rollout is one growing list of token ids: the rendered prompt, then for each turn
 exactly the ids the generator sampled (loss_mask 1, with their logprobs and policy
 versions), then the observation's tokens (loss_mask 0). The action text the environment
@@ -40,7 +42,6 @@ ledger); the actor keeps serving.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from pathlib import Path
 
 from pydantic import Field
@@ -49,13 +50,13 @@ from postrain.core import Actor, handler
 from postrain.core.errors import ConfigError
 
 from ..models.tokenizer import Tokenizer, byte_tokenizer
-from ..records import (ExecReply, ExecRequest, GenerateReply, GenerateRequest, Rollout, RolloutRequest,
-                       RunTestsReply, RunTestsRequest, SamplingParams)
+from ..records import ExecReply, ExecRequest, Rollout, RolloutRequest, RunTestsReply, RunTestsRequest
 from ..tasks import TaskOptions, TaskSpec, get_task
 from ..timeline import Timeline, tool_status
 from .agent import DEFAULT_GATEWAY, AgentEnvironment, agent_rollout
-from .api import EnvironmentFailure
-from .episode import Episode, EpisodePolicy, run_episode
+from .context import ContextOptions
+from .episode import run_episode
+from .token_policy import TokenPolicy
 
 DEFAULT_SANDBOX = "sandbox"   # the sandbox actor's name when the task needs one and none is named
 
@@ -161,101 +162,6 @@ class TimedSession:
         return result
 
 
-def observation_ids(tokenizer: Tokenizer, conversation: list[dict], ended_with_eos: bool) -> list[int]:
-    """Token ids that close the last assistant turn, add the observation turn (the last
-    message of `conversation`) and open the next assistant turn."""
-    before_assistant = tokenizer.apply_chat_template(conversation[:-2], add_generation_prompt=True)
-    with_assistant = tokenizer.apply_chat_template(conversation[:-1], add_generation_prompt=False)
-    with_observation = tokenizer.apply_chat_template(conversation, add_generation_prompt=True)
-    content = conversation[-2]["content"]
-    if not (with_assistant.startswith(before_assistant + content) and with_observation.startswith(with_assistant)):
-        raise EnvironmentFailure("the chat template re-renders earlier turns differently; multi-turn "
-                                 "token rollouts need a prefix-stable template")
-    turn_end = with_assistant[len(before_assistant) + len(content):]
-    if ended_with_eos and tokenizer.eos_token_ids:
-        for eos in tokenizer.eos_token_ids:  # the sampled eos already closed the turn
-            eos_text = tokenizer.decode([eos])
-            if turn_end.startswith(eos_text):
-                turn_end = turn_end[len(eos_text):]
-                break
-    return tokenizer.encode(turn_end + with_observation[len(with_assistant):], add_bos=False)
-
-
-class TokenPolicy(EpisodePolicy):
-    """The environment actor's policy: asks the generator for each action and keeps the
-    rollout's token bookkeeping, exactly the sampled ids (see the module's design note).
-
-    Invariant: len(token_ids) == len(loss_mask) == len(behavior_logprobs) == len(policy_versions);
-    loss_mask is 1 exactly on sampled ids, whose policy_versions are >= 0 (others: -1, logprob 0.0).
-    `can_act` is False once `max_total_tokens` are used: the driver then truncates the episode.
-    """
-
-    def __init__(self, generator, tokenizer: Tokenizer, sampling: SamplingParams, max_total_tokens: int,
-                 timeline: Timeline) -> None:
-        self.generator, self.tokenizer, self.timeline = generator, tokenizer, timeline
-        self.sampling, self.max_total_tokens = sampling, max_total_tokens
-        self.token_ids: list[int] = []
-        self.loss_mask: list[int] = []
-        self.behavior_logprobs: list[float] = []
-        self.policy_versions: list[int] = []
-        self._ended_with_eos = False   # the last action ended with a sampled eos
-        self.routed_experts: bytes | None = None   # MoE: the last action's routing record, of the
-        self._routed_len = 0                         # first _routed_len tokens (all, at that action)
-
-    def _extend(self, ids: list[int], logprobs: list[float] | None = None,
-                versions: list[int] | None = None) -> None:
-        sampled = logprobs is not None
-        self.token_ids += ids
-        self.loss_mask += [int(sampled)] * len(ids)
-        self.behavior_logprobs += logprobs if sampled else [0.0] * len(ids)
-        self.policy_versions += versions if sampled else [-1] * len(ids)
-
-    def begin(self, messages: list[dict]) -> None:
-        tok = self.tokenizer
-        self._extend(tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True)))
-
-    def can_act(self) -> bool:
-        return len(self.token_ids) < self.max_total_tokens
-
-    async def act(self, messages: list[dict]) -> str:
-        """One generate call (a "generate" hop). Cancellation: the request is abandoned; the
-        bookkeeping is unchanged until the reply arrives."""
-        budget = self.max_total_tokens - len(self.token_ids)
-        params = dataclasses.replace(self.sampling, n=1,
-                                     max_new_tokens=min(self.sampling.max_new_tokens, budget))
-        request = GenerateRequest(prompt_ids=list(self.token_ids), sampling=params)
-        with self.timeline.hop("generate", self.generator.name) as hop:
-            reply = await self.generator.ask("generate", request.to_wire(), timeout_s=600)
-            sample = GenerateReply.from_wire(reply).samples[0]
-            hop.update(num_tokens=len(sample.token_ids), policy_versions=sorted(set(sample.policy_versions)))
-        ids = list(sample.token_ids)
-        self._extend(ids, list(sample.logprobs), list(sample.policy_versions))
-        self.routed_experts, self._routed_len = sample.routed_experts, len(self.token_ids)
-        self._ended_with_eos = bool(ids) and ids[-1] in self.tokenizer.eos_token_ids
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    def observe(self, messages: list[dict]) -> None:
-        self._extend(observation_ids(self.tokenizer, messages, self._ended_with_eos))
-
-    def rollout(self, episode: Episode, timeline: Timeline) -> Rollout:
-        """The rollout of a finished episode played by this policy (its record checks the
-        invariants above)."""
-        statuses = [info["tool_status"] for info in episode.infos if info and info.get("tool_status")]
-        return Rollout(token_ids=self.token_ids, loss_mask=self.loss_mask,
-                       behavior_logprobs=self.behavior_logprobs, policy_versions=self.policy_versions,
-                       reward=episode.reward, num_turns=episode.num_turns,
-                       num_policy_tokens=sum(self.loss_mask), tool_statuses=statuses,
-                       timeline=timeline.to_list(), routed_experts=self._routing_record())
-
-    def _routing_record(self) -> bytes | None:
-        """The last action's routing record, padded with "not recorded" rows (all-ones bytes, the
-        sentinel of models.moe.encode_routing) for the observation tokens after it."""
-        record = self.routed_experts
-        if record is None or not self._routed_len:
-            return record
-        return record + b"\xff" * (len(record) // self._routed_len * (len(self.token_ids) - self._routed_len))
-
-
 class EnvironmentOptions(TaskOptions):
     model: str | dict = Field("tiny", description="the policy (the generator's model spec): its tokenizer "
                               "renders the conversation")
@@ -265,7 +171,11 @@ class EnvironmentOptions(TaskOptions):
     step_timeout_s: float = Field(60.0, gt=0, description="time limit of each reset, step and "
                                   "truncated call, seconds; past it the sample is dropped")
     max_total_tokens: int = Field(1024, ge=1, description="tokens of one rollout (prompt, actions, "
-                                  "observations) at most; the episode is truncated there")
+                                  "observations) at most; the episode is truncated there (with a context "
+                                  "policy: of each segment)")
+    context: ContextOptions | None = Field(None, description="a context policy for episodes longer than the "
+                                           "context: {max_tokens, strategy = 'truncate_tool_outputs' | "
+                                           "'drop_oldest_turns' | 'summarize'} (actors/env/context.py)")
 
 
 class EnvironmentActor(Actor):
@@ -324,13 +234,14 @@ class EnvironmentActor(Actor):
                 return await agent_rollout(env, request.task, self.gateway, self.gateway_address, timeline)
             finally:
                 await env.close()
+        context = self.options.context
         policy = TokenPolicy(self.generator, self.tokenizer, request.sampling, self.options.max_total_tokens,
-                             timeline)
+                             timeline, max_context_tokens=context.max_tokens if context else None)
         try:
             with timeline.hop("episode", self.name) as hop:
                 episode = await run_episode(env, request.task, policy,
-                                            step_timeout_s=self.options.step_timeout_s)
-                hop["num_turns"] = episode.num_turns
+                                            step_timeout_s=self.options.step_timeout_s, context=context)
+                hop.update(num_turns=episode.num_turns, num_segments=episode.num_segments)
             return policy.rollout(episode, timeline)
         finally:
             await env.close()

@@ -17,10 +17,11 @@ LangGraph run on asyncio), so each episode runs on its own asyncio loop in a wor
 the actor's trio loop keeps serving meanwhile. Tools that run code use `self.sandbox` as any
 environment does (its calls go to the sandbox actor).
 
-Which segment trains: a rollout is one sample today, so an episode whose harness rewrote its
-history (several segments) is trained on its last segment, the one that holds the final
-answer; the earlier ones are counted in the timeline (`num_segments`) and not trained. No
-trained token was sampled in a context other than the one it is trained in.
+Every segment trains: an episode whose harness rewrote its history is several segments; the
+rollout's own lists are its last (the one that holds the final answer) and `earlier_segments`
+the others, oldest first (records/rollout.py). The orchestrator trains each as its own sample
+with the episode's reward. No trained token was sampled in a context other than the one it is
+trained in.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import uuid
 import anyio
 import anyio.to_thread
 
-from ..records import Rollout
+from ..records import Rollout, RolloutSegment
 from ..timeline import Timeline
 from .api import Environment, EnvironmentContractError, EnvironmentFailure, Reward, StepResult, show_value
 
@@ -102,8 +103,22 @@ async def agent_rollout(env: AgentEnvironment, task: dict, gateway, address: dic
             timeline.hops.append({"hop": "generate", "actor": gateway.name, "start": call["start"],
                                   "duration_ms": call["duration_ms"], "num_tokens": call["num_tokens"],
                                   "policy_versions": call["policy_versions"], "segment": index})
-    last = segments[-1]
+    return segments_rollout(segments, reward, timeline.to_list())
+
+
+def segments_rollout(segments: list[dict], reward: Reward, timeline: list[dict] | None = None) -> Rollout:
+    """The Rollout of an agent episode's gateway segments (`Segment.to_wire` dicts, oldest first):
+    its own lists the last segment's, `earlier_segments` the others (every one is trained)."""
+    *earlier, last = segments
     return Rollout(token_ids=last["token_ids"], loss_mask=last["loss_mask"],
                    behavior_logprobs=last["behavior_logprobs"], policy_versions=last["policy_versions"],
-                   reward=reward, num_turns=len(last["calls"]), num_policy_tokens=sum(last["loss_mask"]),
-                   timeline=timeline.to_list())
+                   reward=reward, num_turns=sum(len(s["calls"]) for s in segments),
+                   num_policy_tokens=sum(last["loss_mask"]), timeline=list(timeline or []),
+                   earlier_segments=[segment_record(s) for s in earlier] or None)
+
+
+def segment_record(segment: dict) -> RolloutSegment:
+    """A gateway segment (actors/gateway/episodes.py) as the rollout's record of it."""
+    return RolloutSegment(token_ids=segment["token_ids"], loss_mask=segment["loss_mask"],
+                          behavior_logprobs=segment["behavior_logprobs"],
+                          policy_versions=segment["policy_versions"], num_policy_tokens=sum(segment["loss_mask"]))

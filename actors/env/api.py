@@ -13,7 +13,8 @@ One driver, `run_episode`, plays every episode, in training (the environment act
 `postrain eval` alike, so an environment scores the same in both. It owns the conversation:
 it takes `reset`'s observation, asks a policy for an action (the assistant turn's text),
 passes it to `step`, and appends a returned observation as the next user turn, until `done`
-or `max_turns` actions. What plays the assistant turns is an `EpisodePolicy`: a script or a
+or `max_turns` actions (an episode longer than the model's context goes on under a context
+policy, in segments: actors/env/context.py). What plays the assistant turns is an `EpisodePolicy`: a script or a
 local engine over text (`TextPolicy`, eval and tests), or the environment actor's token-level
 policy, which renders the same conversation into the exact token ids it samples. Rewards are
 named float components (`Reward`), weighted and summed by the learner

@@ -4,6 +4,12 @@
 
 It enforces the contract written in actors/env/api.py (observations, step results, the reward
 rule, timeouts); the environment actor and `postrain eval` both play episodes through it.
+
+With `context=` (a `ContextOptions`, actors/env/context.py) an episode may outgrow the model's
+context: before each turn that would pass `context.max_tokens`, the driver changes the history
+by the policy's strategy and tells the policy (`EpisodePolicy.restart`), which starts a new
+segment; `Episode.num_segments` counts them. A policy that counts no tokens (`context_size()`
+None: a text policy) plays without a context policy.
 """
 from __future__ import annotations
 
@@ -14,6 +20,8 @@ import trio
 
 from .api import (Environment, EnvironmentContractError, EnvironmentFailure, Reward, StepResult,
                   show_value, validate_observation, validate_step_result)
+from .context import (SUMMARY_REQUEST, ContextOptions, after_summary, drop_oldest_turns, fits,
+                      truncate_tool_outputs)
 
 
 @dataclasses.dataclass
@@ -22,13 +30,16 @@ class Episode:
     alternating assistant actions and observations); `reward` follows the reward rule (the
     module docstring: every step's reward summed per component, plus `truncated()`'s; weights:
     the last ones given); `truncated` says the episode ended without `done`; `infos` holds
-    each step's `StepResult.info`."""
+    each step's `StepResult.info`. With a context policy, `messages` is the history as the model
+    last saw it, and `num_segments` counts the contexts the episode was played in (1: its history
+    never changed)."""
 
     messages: list[dict]
     reward: Reward
     num_turns: int
     truncated: bool
     infos: list[dict]
+    num_segments: int = 1
 
 
 ActionFn = Callable[[list[dict]], Awaitable[str]]
@@ -56,6 +67,26 @@ class EpisodePolicy:
 
     def observe(self, messages: list[dict]) -> None:
         """`messages[-1]` is a new observation turn, after the assistant turn `act` gave."""
+
+    # -- token counts, for a context policy (actors/env/context.py); a text policy counts none --
+
+    def context_size(self) -> int | None:
+        """Tokens of the context the next turn reads (the current segment's, exact); None: this
+        policy counts no tokens, and the driver applies no context policy."""
+        return None
+
+    def turn_reserve(self) -> int:
+        """Tokens the next turn may add at most (its max_new_tokens)."""
+        return 0
+
+    def measure(self, messages: list[dict]) -> int:
+        """Tokens of a fresh context rendered from `messages` (with the generation prompt)."""
+        raise NotImplementedError(f"{type(self).__name__} counts tokens, so it must define measure(messages)")
+
+    def restart(self, messages: list[dict]) -> None:
+        """The driver changed the history: a new segment starts, its context rendered from
+        `messages`; nothing sampled before is part of it."""
+        raise NotImplementedError(f"{type(self).__name__} counts tokens, so it must define restart(messages)")
 
 
 class TextPolicy(EpisodePolicy):
@@ -122,24 +153,37 @@ async def checked_truncated(env: Environment, *, timeout_s: float | None = 60.0)
 
 
 async def run_episode(env: Environment, task: dict, policy: EpisodePolicy | ActionFn, *,
-                      step_timeout_s: float | None = 60.0) -> Episode:
+                      step_timeout_s: float | None = 60.0,
+                      context: ContextOptions | dict | None = None) -> Episode:
     """Play one episode of `env` on `task`: the one driver of training and evaluation.
 
     `policy` is an `EpisodePolicy`, or `fn(messages) -> action text` (wrapped in `TextPolicy`).
     The episode ends at `done`, after `env.max_turns` actions, or when `policy.can_act()` says
     no; its reward follows the reward rule of the module docstring. Raises EnvironmentFailure
     (raised/hung) or EnvironmentContractError (garbage); the caller drops the sample with
-    `drop_reason(exc)`. Runs on trio. Cancellation: the episode is abandoned (the caller
-    closes `env`)."""
+    `drop_reason(exc)`. Runs on trio. `context`: a context policy (module docstring); the
+    episode is truncated when not even its first messages and last turn fit. Cancellation: the
+    episode is abandoned (the caller closes `env`)."""
     if not isinstance(policy, EpisodePolicy):
         policy = TextPolicy(policy)
+    if isinstance(context, dict):
+        context = ContextOptions.model_validate(context)
     messages = await checked_reset(env, task, timeout_s=step_timeout_s)
+    num_first = len(messages)
     policy.begin(list(messages))
     components: dict[str, float] = {}
     weights: dict[str, float] = {}
     infos: list[dict] = []
-    num_turns, done = 0, False
-    while not done and num_turns < env.max_turns and policy.can_act():
+    num_turns, done, num_segments = 0, False, 1
+    while not done and num_turns < env.max_turns:
+        if context is not None:   # first: a full context is changed, not the end of the episode
+            fitted, num_new = await fit_context(messages, num_first, policy, context, env.observation_role)
+            num_segments += num_new
+            if fitted is None:
+                break
+            messages = fitted
+        if not policy.can_act():
+            break
         action = await policy.act(messages)
         messages.append({"role": "assistant", "content": action})
         num_turns += 1
@@ -154,7 +198,58 @@ async def run_episode(env: Environment, task: dict, policy: EpisodePolicy | Acti
     if not done:
         _accumulate(await checked_truncated(env, timeout_s=step_timeout_s), components, weights)
     return Episode(messages=messages, reward=Reward(components, weights), num_turns=num_turns,
-                   truncated=not done, infos=infos)
+                   truncated=not done, infos=infos, num_segments=num_segments)
+
+
+async def fit_context(messages: list[dict], num_first: int, policy: EpisodePolicy, context: ContextOptions,
+                      observation_role: str) -> tuple[list[dict] | None, int]:
+    """(the history the next turn reads, the segments started): `messages` itself while the turn
+    fits `context.max_tokens`, else a changed one that fits, whose new segment the policy has
+    started (a summary turn adds one more segment before it); None when nothing fits (the
+    episode ends truncated). Raises EnvironmentFailure when the first messages alone leave no
+    room for a turn. Invariant on return: the policy's context_size() + turn_reserve() <=
+    context.max_tokens, or None. Cancellation (summarize's turn): the episode is abandoned."""
+    size = policy.context_size()
+    if size is None:
+        return messages, 0
+    limit = context.max_tokens - policy.turn_reserve()
+    if size <= limit:
+        return messages, 0
+    if len(messages) <= num_first:
+        raise EnvironmentFailure(
+            f"the first messages are {size} tokens; with the next turn's {policy.turn_reserve()} new tokens "
+            f"they pass context.max_tokens = {context.max_tokens}; fix: raise max_tokens or lower max_new_tokens")
+    measure = policy.measure
+    if context.strategy == "summarize":
+        return await _summarize(messages, num_first, policy, limit, observation_role, context.keep_chars)
+    if context.strategy == "truncate_tool_outputs":
+        fitted = truncate_tool_outputs(messages, num_first, observation_role, context.keep_chars, measure, limit)
+    else:
+        fitted = drop_oldest_turns(messages, num_first, measure, limit)
+    if fitted is None:
+        return None, 0
+    policy.restart(list(fitted))
+    return fitted, 1
+
+
+async def _summarize(messages: list[dict], num_first: int, policy: EpisodePolicy, limit: int,
+                     observation_role: str, keep_chars: int) -> tuple[list[dict] | None, int]:
+    """The summarize strategy: the summary turn in a segment of its own (the history, cut to fit
+    as truncate_tool_outputs does, then SUMMARY_REQUEST), then the history it replaces.
+    Cancellation: the episode is abandoned."""
+    request = {"role": "user", "content": SUMMARY_REQUEST}
+    cost = policy.measure([*messages, request]) - policy.measure(messages)
+    base = truncate_tool_outputs(messages, num_first, observation_role, keep_chars, policy.measure, limit - cost)
+    if base is None:
+        return None, 0
+    asked = [*base, request]
+    policy.restart(list(asked))
+    summary = await policy.act(asked)
+    replaced = after_summary(messages, num_first, summary, observation_role)
+    if not fits(replaced, policy.measure, limit):
+        return None, 1
+    policy.restart(list(replaced))
+    return replaced, 2
 
 
 def _accumulate(reward: Reward, components: dict, weights: dict) -> None:

@@ -14,11 +14,13 @@ Messages (records of postrain.actors.gateway.records):
 - `close_episode` CloseEpisode {"key"} -> EpisodeSegments {"segments", "num_calls"}: the episode's
   segments, each a trainable sample; the key is served unrecorded afterwards.
 
-Design note. The HTTP server is hypercorn serving a Starlette app on this actor's own trio
-loop (hypercorn has a native trio worker; Starlette is written against anyio, so it runs on
+Design note. The HTTP server is the gateway's own lean HTTP/1.1 server (http_server.py) serving
+a Starlette app on this actor's own trio loop (Starlette is written against anyio, so it runs on
 trio as it is): requests and the ZeroMQ asks to generators share one event loop and one
-cancellation model, with no thread or second loop between them. The listening socket is bound
-in `setup`, before READY, so the address a caller gets already accepts connections.
+cancellation model, with no thread or second loop between them. `http_server = "hypercorn"`
+serves the same app with hypercorn (its native trio worker) instead, at ~0.4 ms more CPU a
+request (docs/performance.md). The listening socket is bound in `setup`, before READY, so the
+address a caller gets already accepts connections.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ from .episodes import EpisodeStore
 from .pool import GeneratorPool
 from .records import CloseEpisode, EpisodeSegments, GatewayAddress, OpenEpisode
 from .service import GatewayService
+from .templates import render
 from .tool_calls import tool_call_format
 
 log = logging.getLogger("postrain.gateway")
@@ -63,6 +66,9 @@ class GatewayOptions(Options):
     max_open_episodes: int = Field(4096, ge=1, description="episodes recorded at once at most (oldest "
                                    "dropped past it)")
     request_timeout_s: float = Field(600.0, gt=0, description="a generate call's time limit, seconds")
+    http_server: Literal["builtin", "hypercorn"] = Field(
+        "builtin", description="the HTTP/1.1 server: 'builtin' (lean, http_server.py) or 'hypercorn' "
+        "(the `gateway` extra; ~0.4 ms more CPU a request)")
 
 
 
@@ -110,6 +116,8 @@ class GatewayActor(Actor):
             (self.model_name,), options.max_context_tokens or context_tokens(options.model),
             tool_call_format(tokenizer.chat_template) if fmt == "auto" else fmt,
             EpisodeStore(tokenizer, options.max_open_episodes), max_n=options.max_n)
+        render(tokenizer, [{"role": "user", "content": "hi"}], [])   # imports and compiles the template now,
+        # not in the first request (~0.8 s of jinja2 on this VM)
         self._socket = socket.socket(socket.AF_INET6 if ":" in options.host else socket.AF_INET)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -126,7 +134,14 @@ class GatewayActor(Actor):
         log.info("gateway %s serves %s at %s/v1", self.name, self.model_name, self.url)
 
     async def _serve(self, app) -> None:
-        """hypercorn on this loop until teardown. Cancelled: the server stops (connections cut)."""
+        """The HTTP server on this loop until teardown. Cancelled: the server stops (connections cut)."""
+        if self.options.http_server == "builtin":
+            from .http_server import serve
+            async with anyio.create_task_group() as group:
+                group.start_soon(serve, app, self._socket)
+                await self._stopped.wait()
+                group.cancel_scope.cancel()
+            return
         from hypercorn.config import Config
         from hypercorn.trio import serve
         config = Config()

@@ -4,6 +4,7 @@
     engine.py        Engine: the thin loop (schedule -> run -> sample/verify -> update)
     scheduler.py     Scheduler, StepPlan: admission, preemption, the typed plan of each step
     kv_manager.py    KVManager: the paged KV cache tensors over the Cython block allocator
+    kv_dtype.py      KV cache dtypes: float32, bfloat16, int8 and float8 (codes + per-token scales)
     runner.py        ModelRunner: executes a StepPlan through an attention backend; logits out
     attention.py     AttentionBackend, PagedMetadata, GatherSdpaBackend (CPU: gather + SDPA)
     sequence.py      RequestOutput, CompletionOutput, the sequences in flight, EngineError

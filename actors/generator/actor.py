@@ -75,6 +75,10 @@ class GeneratorOptions(Options):
     prefill_chunk_tokens: int = Field(0, ge=0, description="prompt tokens read per engine step at most, "
                                       "so decoding keeps its pace while a long prompt is read (chunked "
                                       "prefill; docs/long-context.md); 0 = a whole prompt in one step")
+    kv_dtype: Literal["float32", "bfloat16", "int8", "float8_e4m3"] = Field(
+        "float32", description="how the KV cache stores keys and values: 'bfloat16' halves a token's "
+        "bytes, 'int8' / 'float8_e4m3' (8-bit codes, a scale per token and head) about quarter them, so "
+        "kv_cache_mb holds that many more blocks; logprobs drift by the rounding (docs/long-context.md)")
     weight_precision: Literal["float32", "float16"] = Field("float32", description="'float16': sample "
                                                             "with float16 weight copies (x86 CPU; see Engine)")
     device: str = Field("auto", description="'auto' (the GPU the scheduler placed it on, where its spec "
@@ -87,6 +91,7 @@ class GeneratorOptions(Options):
 
 class GeneratorActor(Actor):
     Options = GeneratorOptions
+    needs_bulk_key = True         # opens the sealed weights the learner publishes (core/identity.py)
 
     async def setup(self):
         """Load the model, build the engine, start the engine loop. Cancelled: the process is
@@ -96,7 +101,7 @@ class GeneratorActor(Actor):
                                                 device=resolve_device(options.device))
         self.engine = Engine(self.model, self.tokenizer, kv_cache_mb=options.kv_cache_mb,
                              max_num_seqs=options.max_num_seqs, seed=options.seed,
-                             prefill_chunk_tokens=options.prefill_chunk_tokens,
+                             prefill_chunk_tokens=options.prefill_chunk_tokens, kv_dtype=options.kv_dtype,
                              weight_precision=options.weight_precision, speculative=options.speculative)
         self._request_ids = itertools.count()
         self._new_requests: list[tuple[str, list[int] | str, SamplingParams]] = []

@@ -12,9 +12,13 @@ their slots, gather every sequence's blocks back into a dense (B, L) view, and r
 with a causal mask on absolute positions, narrowed to the layer's sliding window where the
 model passes one (`attend(..., window=)`: Mistral, Gemma 3's local layers; such a layer
 gathers only the blocks its window reaches). The model may also pass a logits `scale` and a
-`softcap`. A fused paged-attention GPU kernel is a second `AttentionBackend` whose `bind`
-returns an object reading the cache through `block_tables`/`context_lens` directly (no
-gather); the runner takes it as `backend=`.
+`softcap`. The cache may be quantized (`kv_dtype`: int8 or float8 codes with a scale per token
+and KV head): the backend quantizes what it writes and dequantizes what it gathers, so a
+query reads its own step's keys as stored, as later steps will; quantized keys are stored
+rotated and the queries are rotated to meet them (`kv_dtype.rotate_queries`). A fused
+paged-attention GPU kernel is a second `AttentionBackend` whose `bind` returns an object
+reading the cache through `block_tables`/`context_lens` directly (no gather); the runner
+takes it as `backend=`.
 """
 from __future__ import annotations
 
@@ -24,9 +28,11 @@ from dataclasses import dataclass
 import torch
 
 from ..models.blocks import PagedAttention, group_mask, grouped_attention
+from .kv_dtype import KVCache, gather_blocks, rotate_queries, write_slots
 
-KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
-# one (key, value) per layer, each (num_blocks, block_size_tokens, num_kv_heads, head_dim)
+KVCaches = list[tuple[KVCache, KVCache]]
+# one (key, value) per layer, each (num_blocks, block_size_tokens, num_kv_heads, head_dim): a
+# tensor, or 8-bit codes with per-token scales (`kv_dtype.QuantizedKVCache`)
 
 
 @dataclass(frozen=True)
@@ -90,11 +96,13 @@ class GatherSdpaStep:
         if view is None:
             view = self._views[window] = self._view(q.shape[2] // k.shape[2], q.dtype, window)
         tables, bias = view
-        keys, values = self._write_and_gather(k, v, self.kv_caches[layer_idx], tables)  # (B, L, Hkv, D)
+        cache = self.kv_caches[layer_idx]
+        keys, values = self._write_and_gather(k, v, cache, tables)             # (B, L, Hkv, D)
+        q = rotate_queries(cache[0], q)          # quantized keys are stored rotated (kv_dtype.py)
         out = grouped_attention(q, keys, values, bias, scale, softcap)         # (B, T, Hkv, G, D)
         return out.reshape(q.shape)                                            # (B, T, H, D)
 
-    def _write_and_gather(self, k, v, cache: tuple[torch.Tensor, torch.Tensor], flat_tables: torch.Tensor):
+    def _write_and_gather(self, k, v, cache: tuple[KVCache, KVCache], flat_tables: torch.Tensor):
         key_cache, value_cache = cache
         _, _, heads, dim = key_cache.shape
         meta = self.metadata
@@ -103,12 +111,13 @@ class GatherSdpaStep:
         if meta.num_padding:
             valid = slots >= 0
             slots, new_k, new_v = slots[valid], new_k[valid], new_v[valid]
-        key_cache.view(-1, heads, dim).index_copy_(0, slots, new_k.to(key_cache.dtype))
-        value_cache.view(-1, heads, dim).index_copy_(0, slots, new_v.to(value_cache.dtype))
+        write_slots(key_cache, slots, new_k)            # quantized here for an int8 / float8 cache
+        write_slots(value_cache, slots, new_v)
         batch = meta.block_tables.shape[0]
-        gathered_k = key_cache.index_select(0, flat_tables).view(batch, -1, heads, dim)  # (B, L, Hkv, D)
-        gathered_v = value_cache.index_select(0, flat_tables).view(batch, -1, heads, dim)
-        return gathered_k.to(k.dtype), gathered_v.to(v.dtype)
+        shape = (batch, -1, heads, dim)                                                      # (B, L, Hkv, D)
+        gathered_k = gather_blocks(key_cache, flat_tables, k.dtype).view(shape)
+        gathered_v = gather_blocks(value_cache, flat_tables, v.dtype).view(shape)
+        return gathered_k, gathered_v
 
     def _window_blocks(self, window: int | None) -> torch.Tensor:
         """(B, W) indices into each row's block table: all of them for full attention; for a

@@ -46,6 +46,7 @@ from ..models.blocks import Float16Weights
 from ..models.loading import load_model
 from ..models.protocol import CausalLM
 from .attention import AttentionBackend
+from .kv_dtype import KV_DTYPE_NAMES, KVCache
 from .kv_manager import KVManager
 from .runner import ModelRunner
 from .sampling import SamplingParams, make_generator, sample_rows
@@ -69,7 +70,8 @@ class Engine:
                  max_num_batched_tokens: int = 4096, enable_prefix_caching: bool = True,
                  policy_version: int = 0, seed: int = 0, weight_precision: str = "float32",
                  speculative: SpeculativeOptions | None = None, proposer: Proposer | None = None,
-                 attention_backend: AttentionBackend | None = None, prefill_chunk_tokens: int = 0):
+                 attention_backend: AttentionBackend | None = None, prefill_chunk_tokens: int = 0,
+                 kv_dtype: str | None = None):
         """model: any architecture of the registry (`postrain.actors.models.CausalLM`).
         weight_precision: "float32" multiplies by the model's own weights (what the learner
         scores); "float16" by float16 copies of them (`models.blocks.Float16Weights`: x86 CPU,
@@ -79,7 +81,10 @@ class Engine:
         object with the `Proposer` methods).
         attention_backend: how attention reads the paged cache; None = `GatherSdpaBackend`.
         prefill_chunk_tokens: prompt tokens read per step at most, so running sequences keep
-        decoding while a long prompt is read (`scheduler`: chunked prefill); 0 = one step."""
+        decoding while a long prompt is read (`scheduler`: chunked prefill); 0 = one step.
+        kv_dtype: how the KV cache stores keys and values: "float32", "bfloat16", "int8" or
+        "float8_e4m3" (`kv_dtype`: 8-bit codes with a scale per token and head, more blocks in
+        the same kv_cache_mb, logprobs off by the rounding); None = the model's dtype."""
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise EngineError(f"max_num_seqs and max_num_batched_tokens must be >= 1, got "
                               f"{max_num_seqs} and {max_num_batched_tokens}")
@@ -90,7 +95,8 @@ class Engine:
         self.config = model.config
         self.block_size_tokens = block_size_tokens
         self.kv = KVManager.for_model(model, block_size_tokens=block_size_tokens, num_blocks=num_blocks,
-                                      kv_cache_mb=kv_cache_mb, enable_prefix_caching=enable_prefix_caching)
+                                      kv_cache_mb=kv_cache_mb, enable_prefix_caching=enable_prefix_caching,
+                                      kv_dtype=kv_dtype)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.counters = {"num_steps": 0, "num_generated_tokens": 0, "num_prefill_tokens": 0,
@@ -134,8 +140,9 @@ class Engine:
                               f"{draft.config.vocab_size} tokens, the policy {self.config.vocab_size}: a "
                               "draft model must use the policy's tokenizer (pick a smaller model of the "
                               "policy's family)")
+        kv_dtype = self.kv.kv_dtype.name if self.kv.kv_dtype.name in KV_DTYPE_NAMES else None  # the policy's
         return DraftModelProposer(Engine(draft, kv_cache_mb=options.draft_kv_cache_mb,
-                                         max_num_seqs=self.max_num_seqs, seed=seed))
+                                         max_num_seqs=self.max_num_seqs, seed=seed, kv_dtype=kv_dtype))
 
     # ------------------------------------------------------------------ the parts, for callers and tests
 
@@ -149,7 +156,7 @@ class Engine:
         self.kv.pool = pool
 
     @property
-    def kv_caches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def kv_caches(self) -> list[tuple[KVCache, KVCache]]:
         return self.kv.kv_caches
 
     @property

@@ -1,6 +1,6 @@
 """The KV manager: the paged KV cache tensors and the block allocator that hands out their blocks.
 
-    kv = KVManager.for_model(model, block_size_tokens=8, kv_cache_mb=256)
+    kv = KVManager.for_model(model, block_size_tokens=8, kv_cache_mb=256)   # kv_dtype="int8": 8-bit
     num_cached = kv.allocate(seq_id, prompt_ids)    # prefix-cache hits come back already filled
     kv.fork(seq_id, child_id)                       # n samples share the prompt's blocks
     kv.append(seq_id, [token])                      # reserve the next slot (copy-on-write as needed)
@@ -12,6 +12,10 @@ eviction, fork and copy-on-write. Whenever it answers with (src, dst) pairs, the
 copies those blocks in every layer's tensors before anything reads them, so the tensors
 always hold what the allocator's tables say. The model never sees this class; an attention
 backend reads and writes `kv_caches` through a step's block tables and slots.
+
+The cache's dtype (`kv_dtype`: float32, bfloat16, int8 or float8_e4m3; `kv_dtype.py`) sets
+the bytes of a block, so the same `kv_cache_mb` holds more blocks in a narrower dtype (int8
+with its scales: 3.76x float32's at head dim 64); the allocator only counts blocks.
 """
 from __future__ import annotations
 
@@ -20,44 +24,55 @@ import torch
 from postrain.ext import KVBlockPool
 
 from ..models.protocol import CausalLM
+from .kv_dtype import KVCache, KVDtype, copy_block, kv_dtype_spec
 
 
-def new_kv_caches(config, num_blocks: int, block_size_tokens: int, dtype: torch.dtype,
-                  device: torch.device | str = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Zeroed per-layer (key, value) caches, each (num_blocks, block_size_tokens, Hkv, D)."""
+def new_kv_caches(config, num_blocks: int, block_size_tokens: int, dtype: torch.dtype | KVDtype,
+                  device: torch.device | str = "cpu") -> list[tuple[KVCache, KVCache]]:
+    """Zeroed per-layer (key, value) caches, each (num_blocks, block_size_tokens, Hkv, D): plain
+    tensors of a torch dtype, or what a `KVDtype` stores (8-bit codes with scales)."""
+    spec = dtype if isinstance(dtype, KVDtype) else kv_dtype_spec(None, dtype)
     shape = (num_blocks, block_size_tokens, config.num_kv_heads, config.head_dim)
-    return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+    return [(spec.empty(shape, device, keys=True), spec.empty(shape, device))
             for _ in range(config.num_layers)]
+
+
+def blocks_in(kv_cache_mb: float, bytes_per_block: int) -> int:
+    """Blocks of bytes_per_block that fit in kv_cache_mb MiB, at least 2."""
+    return max(2, int(kv_cache_mb * 2**20 // bytes_per_block))
 
 
 class KVManager:
     """Blocks of the paged KV cache for the engine's sequences (see module docstring).
 
-    Invariants: len(kv_caches) == config.num_layers; every tensor is (pool.num_blocks,
-    block_size_tokens, Hkv, D); a block the pool reports copied (src -> dst) holds src's keys
-    and values in every layer before the next forward (tests/actors/generator/test_kv_manager.py).
+    Invariants: len(kv_caches) == config.num_layers; every cache is (pool.num_blocks,
+    block_size_tokens, Hkv, D) of `kv_dtype`; a block the pool reports copied (src -> dst) holds
+    src's keys and values in every layer before the next forward
+    (tests/actors/generator/test_kv_manager.py, test_kv_dtype.py).
     `pool` may be replaced by a pool of the same shape before the first request (tests swap in
     a checked twin).
     """
 
-    def __init__(self, pool: KVBlockPool, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]):
+    def __init__(self, pool: KVBlockPool, kv_caches: list[tuple[KVCache, KVCache]],
+                 kv_dtype: KVDtype | None = None):
         self.pool = pool
         self.kv_caches = kv_caches
         self.block_size_tokens = pool.block_size_tokens
+        self.kv_dtype = kv_dtype or kv_dtype_spec(None, kv_caches[0][0].dtype)
 
     @classmethod
     def for_model(cls, model: CausalLM, *, block_size_tokens: int, num_blocks: int | None = None,
-                  kv_cache_mb: float = 256.0, enable_prefix_caching: bool = True) -> "KVManager":
-        """A cache in the model's dtype and on its device: num_blocks blocks, or as many as fit
-        in kv_cache_mb (at least 2)."""
+                  kv_cache_mb: float = 256.0, enable_prefix_caching: bool = True,
+                  kv_dtype: str | None = None) -> "KVManager":
+        """A cache on the model's device in `kv_dtype` (None = the model's dtype): num_blocks
+        blocks, or as many as fit in kv_cache_mb (at least 2; `blocks_in`)."""
         cfg = model.config
         weight = next(model.parameters())
+        spec = kv_dtype_spec(kv_dtype, weight.dtype)
         if num_blocks is None:
-            bytes_per_block = (2 * cfg.num_layers * block_size_tokens * cfg.num_kv_heads * cfg.head_dim
-                               * weight.element_size())
-            num_blocks = max(2, int(kv_cache_mb * 2**20 // bytes_per_block))
+            num_blocks = blocks_in(kv_cache_mb, spec.bytes_per_token(cfg) * block_size_tokens)
         pool = KVBlockPool(num_blocks, block_size_tokens, enable_prefix_caching)
-        return cls(pool, new_kv_caches(cfg, num_blocks, block_size_tokens, weight.dtype, weight.device))
+        return cls(pool, new_kv_caches(cfg, num_blocks, block_size_tokens, spec, weight.device), spec)
 
     # ------------------------------------------------------------------ allocator, with the copies done
 
@@ -89,8 +104,8 @@ class KVManager:
         """Do the allocator's copy-on-write block copies, (src, dst) block ids, in every layer."""
         for src, dst in pairs:
             for key_cache, value_cache in self.kv_caches:
-                key_cache[dst].copy_(key_cache[src])
-                value_cache[dst].copy_(value_cache[src])
+                copy_block(key_cache, src, dst)
+                copy_block(value_cache, src, dst)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block hash (after a weight swap: old KV must not be reused)."""

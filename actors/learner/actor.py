@@ -130,6 +130,7 @@ class LearnerOptions(Options):
 class LearnerActor(Actor):
     Options = LearnerOptions
     keeps_freed_memory = True     # each step frees and reallocates (vocab x hidden) gradients
+    needs_bulk_key = True         # seals the weights it publishes to other nodes (core/identity.py)
 
     def _check_expected_version(self, request: Record) -> None:
         """PolicyVersionMismatch when `request` names an `expect_policy_version` (records/learner.py)
@@ -207,6 +208,10 @@ class LearnerActor(Actor):
             return learner.sft_step(request)
         if kind == "save_checkpoint":
             return learner.save_checkpoint(request.path, request.extra)
+        if kind == "publish":           # sharded: every rank gathers, rank 0 keeps (sync_plan.py)
+            return self.sync_plan.prepare(learner)
+        if kind == "export_hf":
+            return learner.export_hf(request.path)
         assert kind == "load_checkpoint", kind
         return learner.load_checkpoint(request.path)
 
@@ -230,7 +235,18 @@ class LearnerActor(Actor):
         metrics = await self.group.run_step(kind, shards, lambda shard: self._run(kind, shard))
         return {**metrics, **reward_metrics}
 
-    async def _everywhere(self, kind: str, body: SaveCheckpoint | LoadCheckpoint):
+    def _sharded_group(self) -> bool:
+        """A group whose learner is sharded: reading its weights is a collective of every rank."""
+        return self.group is not None and self.learner.sharded
+
+    async def _publish_plan(self, request: PublishRequest):
+        """The plan of a publish (sync_plan.py): built here, or, sharded, with every rank gathering.
+        Cancelled: the gather runs to its end on every rank."""
+        if self._sharded_group():
+            return await self._everywhere("publish", request)
+        return self.sync_plan.prepare(self.learner)
+
+    async def _everywhere(self, kind: str, body: SaveCheckpoint | LoadCheckpoint | PublishRequest | ExportHf):
         """A checkpoint save or load: in this process, or on every rank of its group (rank 0's
         result). Cancelled: it runs to its end on every rank."""
         if self.group is None:
@@ -299,12 +315,17 @@ class LearnerActor(Actor):
         """Write a Hugging Face folder. Cancelled: still written whole (its thread runs to the end)."""
         await self._ready()
         self._check_expected_version(request)
+        if self._sharded_group():
+            return ExportedHf(path=str(await self._everywhere("export_hf", request)))
         return ExportedHf(path=str(await anyio.to_thread.run_sync(self.learner.export_hf, request.path)))
 
     @handler("get_weights", request=None, reply=WeightSync)
     async def get_weights(self, body: None) -> WeightSync:
         """The current weights and version. Waits only for a group to form (cancel-safe)."""
         await self._ready()
+        if self._sharded_group():
+            plan = await self._publish_plan(PublishRequest(targets=[]))
+            return WeightSync(version=plan.version, weights=plan.weights)
         return WeightSync(version=self.learner.policy_version, weights=self.learner.state_dict())
 
     @handler("publish", request=PublishRequest, reply=PublishReport)
@@ -323,7 +344,7 @@ class LearnerActor(Actor):
         self._check_expected_version(request)
         names = list(request.targets)
         timeout_s = request.timeout_s
-        plan = self.sync_plan.prepare(self.learner)   # the whole weights, or patches (sync_plan.py)
+        plan = await self._publish_plan(request)      # the whole weights, or patches (sync_plan.py)
         weights, version = plan.weights, plan.version
         num_bytes_sent = 0
         sync_s: dict[str, float] = {}

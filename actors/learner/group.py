@@ -14,11 +14,13 @@ the checkpoint (actors/learner/recovery.py). The rest follows from that rule:
   asks every other rank to `join` it at its own node's address and that port (over the
   run's ZeroMQ, until each answers or group_timeout_s passes; so a rank 0 placed again on
   another node after a node loss is still found). Then every rank calls
-  `init_process_group` there (gloo on CPU; on a GPU, NCCL for CUDA tensors and gloo for the
-  step's CPU counters) with group_timeout_s as the timeout of every collective, and its
-  Learner (built before READY, as a lone learner's) joins the group: rank 0's weights are
-  broadcast. A rank asked to join another generation than its own belonged to a rank 0
-  that has since restarted: it ends its process, and its restart joins the new one.
+  `init_process_group` (gloo on CPU; on a GPU, NCCL for CUDA tensors and gloo for the
+  step's CPU counters) over a store rank 0 serves there, which admits only ranks that prove
+  the group's secret (rendezvous_store.py; torch's TCPStore admits anyone), with
+  group_timeout_s as the timeout of every collective, and its Learner (built before READY,
+  as a lone learner's) joins the group: rank 0's weights are broadcast. A rank asked to join
+  another generation than its own belonged to a rank 0 that has since restarted: it ends its
+  process, and its restart joins the new one.
 - Working. The other actors talk to rank 0 alone. For a step rank 0 checks that every rank
   is in its generation (`group`), cuts the batch into one shard per rank (advantages
   computed over the whole batch first, so the shards train exactly what one process would),
@@ -237,14 +239,17 @@ class LearnerGroup:
         Learner joins the group (rank 0's weights broadcast). Runs in a worker thread."""
         import torch.distributed as dist
 
+        from .rendezvous_store import AuthenticatedStore
         address, port = self.meeting_point
         own_host = _host_of(self.actor.address) or address
         choose_interface(own_host)
         log.info("rank %d of %d joins the learner group at %s:%d (%s; %s)", self.rank,
                  self.rendezvous.world_size, address, port, self.backend,
                  ", ".join(f"{k}={os.environ.get(k, '')}" for k in INTERFACE_VARIABLES))
-        try:
-            dist.init_process_group(self.backend, init_method=f"tcp://{address}:{port}",
+        try:   # an authenticated store, served by rank 0 on its node's address (rendezvous_store.py)
+            self._store = AuthenticatedStore(address, port, self.actor.group_secret, is_server=self.rank == 0,
+                                             timeout=timedelta(seconds=self.timeout_s))
+            dist.init_process_group(self.backend, store=self._store,
                                     rank=self.rank, world_size=self.rendezvous.world_size,
                                     timeout=timedelta(seconds=self.timeout_s))
         except Exception as exc:
@@ -260,6 +265,8 @@ class LearnerGroup:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+        if getattr(self, "_store", None) is not None:
+            self._store.close()
 
     # -- working (rank 0) --------------------------------------------------------------------
 

@@ -12,7 +12,9 @@ Design note. One optimizer step per call. The batch is cut into micro-batches of
 the summed micro-batch gradients equal the full-batch gradient exactly. Data parallel is
 the same rule one level up: under torch.distributed each rank packs its own shard, the
 counts and then the gradients are all-reduced with SUM, and every rank takes the same
-AdamW step (tests/actors/learner/test_learner_dp.py pins 2 ranks == 1 process). Logprobs come
+AdamW step (tests/actors/learner/test_learner_dp.py pins 2 ranks == 1 process). Strategy
+"fsdp" shards the model, gradients and AdamW state instead and reduce-scatters the gradients
+with the same SUM (fsdp.py; tests/actors/test_learner_fsdp.py). The step's loop is step.py. Logprobs come
 from `rl_ops.token_logprobs_from_hidden` on the hidden states of the response tokens only,
 so neither the prompt's nor any (tokens x vocab) logits are materialised. The same pass
 yields the train-inference gap: the recomputed logprobs against the generator's
@@ -30,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,9 +48,12 @@ from ..records import SftBatch, TrainBatch
 from .batch import LearnerError, group_sizes_of, pack_batch, reward_components_of
 from .packed import PackedBatch
 from .loss_preset import apply_loss_preset, preset_loss_config
-from .routing import LearnerRouting, logprob_gap
+from .routing import LearnerRouting
 from .lora import LearnerLora, lora_config
+from . import fsdp
+from .fsdp import STRATEGIES
 from .shared_prefix import plan_micro_batches
+from .step import sft_step, train_step
 
 OBJECTIVES = ("ppo", "decoupled")
 LR_SCHEDULES = ("constant", "cosine")
@@ -110,6 +114,9 @@ class LearnerConfig:
     routing_replay: bool = False           # route recorded tokens to the experts the generator used (R3)
     router_aux_loss_coef: float = 0.0      # weight of the router's load-balancing loss; 0 = off
     lora: dict | None = None               # {rank, alpha, targets}: train adapters only, base frozen (lora.py)
+    # ranks (actors/learner/fsdp.py)
+    strategy: str = "ddp"                  # "ddp": every rank holds the whole model | "fsdp": sharded (FSDP2)
+    activation_checkpointing: bool = False   # recompute each decoder layer in backward (less memory)
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)
@@ -123,6 +130,7 @@ class LearnerConfig:
             (self.dtype in _DTYPES, f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}"),
             (self.autocast_dtype in (None, "bfloat16", "float16"),
              f"autocast_dtype must be 'bfloat16', 'float16' or unset, got {self.autocast_dtype!r}"),
+            (self.strategy in STRATEGIES, f"strategy must be one of {STRATEGIES}, got {self.strategy!r}"),
             (self.rl_ops_backend in RL_OPS_BACKENDS,
              f"rl_ops_backend must be one of {RL_OPS_BACKENDS}, got {self.rl_ops_backend!r}"),
             (self.lr > 0, f"lr must be > 0, got {self.lr}"),
@@ -173,11 +181,6 @@ def build_policy(spec: str | dict, seed: int, dtype: torch.dtype, device: str):
     return load_model(spec, dtype=dtype, device=device, seed=seed)
 
 
-# Metrics averaged over trained tokens (weighted by each micro-batch's num_tokens).
-_TOKEN_MEAN_METRICS = ("pg_loss", "kl", "entropy", "clip_frac_low", "clip_frac_high", "clip_frac_dual",
-                       "ratio_mean", "behavior_weight_mean", "masked_token_frac", "masked_seq_frac")
-
-
 class Learner:
     """Owns the policy, the optional frozen reference, AdamW and the step counters.
 
@@ -193,13 +196,15 @@ class Learner:
         dtype = _DTYPES[cfg.dtype]
         self.model, self.tokenizer = build_policy(cfg.model, cfg.seed, dtype, self.device)
         self.model.train()
+        if cfg.activation_checkpointing:
+            fsdp.checkpoint_layers(self.model)
         self.routing = LearnerRouting(self.model, cfg.routing_replay, cfg.router_aux_loss_coef)
         self.reference = self._build_reference(dtype)
         self.lora = LearnerLora(self.model, cfg.lora, cfg.seed)   # inactive without the lora option
         self.params = self.lora.trainable(self.model)   # LoRA: the adapters alone (base frozen)
-        fused = all(p.device.type in ("cpu", "cuda") for p in self.params)  # 0.10 s/step, foreach 0.66 (135M)
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
-                                           weight_decay=cfg.weight_decay, fused=fused)
+        self.optimizer = self._build_optimizer()
+        self.sharded = False               # strategy "fsdp" in a group: the model is FSDP2-sharded
+        self.grad_bytes = 0                # this rank's gradient bytes at the last step (fsdp.sharded_bytes)
         self.kl = (rl_ops.AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
                    if cfg.kl_target else rl_ops.FixedKLController(cfg.kl_coef))
         self.step = 0
@@ -218,75 +223,44 @@ class Learner:
         self.world_size = torch.distributed.get_world_size(process_group)
         self.rank = torch.distributed.get_rank(process_group)
         self._broadcast_parameters()
+        if self.config.strategy == "fsdp":
+            self._shard()
+
+    def _build_optimizer(self) -> torch.optim.AdamW:
+        cfg = self.config
+        fused = all(p.device.type in ("cpu", "cuda") for p in self.params)  # 0.10 s/step, foreach 0.66 (135M)
+        return torch.optim.AdamW(self.params, lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
+                                 weight_decay=cfg.weight_decay, fused=fused)
+
+    def _shard(self) -> None:
+        """FSDP2 over the group (actors/learner/fsdp.py): the policy (and the reference) sharded
+        in place; a full-model optimizer is rebuilt over the shards, its state (a resumed one's
+        moments, the same on every rank) cut to each rank's shard."""
+        cfg = self.config
+        mesh = fsdp.device_mesh(self.group, self.device)
+        mixed = _DTYPES[cfg.autocast_dtype] if cfg.autocast_dtype and self.device.type == "cuda" else None
+        state = self.optimizer.state_dict()
+        fsdp.shard_policy(self.model, mesh, mixed)
+        if self.reference is not None:
+            fsdp.shard_policy(self.reference, mesh, mixed)
+        self.sharded = True
+        if self.lora.active:
+            return                         # the optimizer holds the adapters: whole on every rank
+        self.params = self.lora.trainable(self.model)
+        self.optimizer = self._build_optimizer()
+        state["state"] = {i: {k: fsdp.shard_like(v, self.params[i]) for k, v in entry.items()}
+                          for i, entry in state["state"].items()}
+        self.optimizer.load_state_dict(state)
 
     # ------------------------------------------------------------------ public API
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One policy-gradient optimizer step on a rollout batch; returns its metrics (floats)."""
-        start = time.perf_counter()
-        cfg = self.config
-        adv_metrics, advantages = self.batch_advantages(batch)
-        packed = self.routing.pack(batch, pack_batch(batch, advantages=advantages))
-        _, micro = self._micro_batches(packed)
-        tokens, seqs = self._global_counts(packed)
-        decoupled = cfg.objective == "decoupled"
-        ref = self._recompute(micro, self.reference) if self.reference is not None else None
-        loss_cfg = cfg.loss_config(kl_coef=self.kl.coef)
-        sums = torch.zeros(len(_TOKEN_MEAN_METRICS) + 5, dtype=torch.float64)
-        gap_max = torch.zeros((), dtype=torch.float64)
-        self.optimizer.zero_grad(set_to_none=True)
-        for i, mb in enumerate(micro):
-            logp, entropy = self._logprobs(self.model, mb)
-            behavior = mb.behavior_logp
-            old = logp.detach() if decoupled else behavior
-            loss, m = rl_ops.policy_loss(
-                logp, old, mb.advantages, mb.loss_mask, loss_cfg,
-                behavior_logp=behavior if decoupled else None,
-                ref_logp=None if ref is None else ref[i], entropy=entropy,
-                global_num_tokens=tokens, global_num_seqs=seqs, backend=cfg.rl_ops_backend)
-            if cfg.entropy_coef:
-                loss = loss - cfg.entropy_coef * rl_ops.aggregate_loss(
-                    entropy, mb.loss_mask, cfg.agg_mode, loss_norm_constant=cfg.loss_norm_constant,
-                    global_num_tokens=tokens, global_num_seqs=seqs)
-            loss = loss + self.routing.aux_loss(mb, float(mb.attention_mask.sum()) / float(packed.num_real_tokens))
-            loss.backward()
-            self.routing.account(logp.detach(), mb, self.policy_version,
-                                 lambda: self._logprobs(self.model, mb, replay=not cfg.routing_replay)[0])
-            gap_sum, gap_count, mb_gap_max = logprob_gap(logp.detach(), mb, self.policy_version)
-            sums += torch.tensor([m[k] * m["num_tokens"] for k in _TOKEN_MEAN_METRICS]
-                                 + [float(loss.detach()), m["num_tokens"], gap_sum, gap_count,
-                                    float(mb.attention_mask.sum())], dtype=torch.float64)
-            gap_max = torch.maximum(gap_max, torch.tensor(mb_gap_max, dtype=torch.float64))
-        metrics = self._finish_step(sums, gap_max, start, rl=True)
-        metrics.update(adv_metrics)
-        metrics.update(self._staleness(packed))
-        metrics.update(self.routing.step_metrics())
-        self.kl.update(metrics["kl"], 1)
-        return metrics
+        return train_step(self, batch)
 
     def sft_step(self, batch: SftBatch) -> dict[str, float]:
         """One supervised step: token-mean cross-entropy on the loss_mask tokens (SFT warm start)."""
-        start = time.perf_counter()
-        if not isinstance(batch, SftBatch):
-            raise LearnerError(f"an sft step takes an SftBatch (postrain.actors.records), got {type(batch).__name__}")
-        packed = pack_batch(batch)
-        _, micro = self._micro_batches(packed)
-        tokens, _ = self._global_counts(packed)
-        sums = torch.zeros(len(_TOKEN_MEAN_METRICS) + 5, dtype=torch.float64)
-        self.optimizer.zero_grad(set_to_none=True)
-        ent_idx = _TOKEN_MEAN_METRICS.index("entropy")
-        for mb in micro:
-            logp, entropy = self._logprobs(self.model, mb)
-            mask = mb.loss_mask.to(logp.dtype)
-            loss = -(logp * mask).sum() / tokens
-            loss.backward()
-            sums[ent_idx] += float((entropy.detach() * mask).sum())
-            sums[-5:] += torch.tensor([float(loss.detach()), float(mask.sum()), 0.0, 0.0,
-                                       float(mb.attention_mask.sum())], dtype=torch.float64)
-        metrics = self._finish_step(sums, torch.zeros((), dtype=torch.float64), start, rl=False)
-        keep = ("loss", "entropy", "grad_norm", "lr", "num_tokens", "num_real_tokens", "tokens_per_s",
-                "step_time_s", "step", "policy_version")
-        return {k: metrics[k] for k in keep}
+        return sft_step(self, batch)
 
     @torch.no_grad()
     def compute_logprobs(self, batch: TrainBatch | SftBatch) -> list[torch.Tensor]:
@@ -300,14 +274,21 @@ class Learner:
             logp, _ = self._logprobs(self.model, mb)
             for row, n in zip(logp, mb.attention_mask.sum(-1).tolist()):
                 rows.append(torch.cat([torch.zeros(1), row[:n - 1].float().cpu()]))
+        fsdp.reshard(self.model)
         out = [None] * len(rows)
         for position, index in enumerate(order.tolist()):
             out[index] = rows[position]
         return out
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The policy's weights with Hugging Face names, on the CPU (no tied duplicate)."""
-        state = {k: v.detach().to("cpu") for k, v in self.model.state_dict().items()}
+        """The policy's weights with Hugging Face names, on the CPU (no tied duplicate). Sharded: a
+        collective every rank calls; ranks other than 0 get {} (fsdp.full_weights)."""
+        if self.sharded:     # gathered one tensor at a time (a collective: every rank calls it)
+            state = fsdp.full_weights(self.model, keep=self.rank == 0)
+            if self.rank != 0:
+                return {}
+        else:
+            state = {k: v.detach().to("cpu") for k, v in self.model.state_dict().items()}
         if self.model.config.tie_word_embeddings:
             state.pop("lm_head.weight", None)
         return self.lora.merged(state)     # LoRA: base + scale * B @ A (new tensors)
@@ -323,7 +304,11 @@ class Learner:
         return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
     def save_checkpoint(self, folder: str | Path, extra: dict | None = None) -> Path:
-        """Weights, optimizer, RNG, counters and `extra` (JSON-able), written atomically."""
+        """Weights, optimizer, RNG, counters and `extra` (JSON-able), written atomically. Strategy
+        "fsdp": a DCP checkpoint every rank writes its shard of (sharded_state.py)."""
+        if self.config.strategy == "fsdp":
+            from .sharded_state import save_sharded_checkpoint
+            return save_sharded_checkpoint(self, folder, extra)
         from .state import save_learner_checkpoint
         path = save_learner_checkpoint(self, folder, extra)
         if self.world_size > 1:
@@ -331,8 +316,15 @@ class Learner:
         return path
 
     def load_checkpoint(self, folder: str | Path) -> dict:
-        """Restore everything save_checkpoint wrote; returns the `extra` dict."""
+        """Restore everything save_checkpoint wrote (a DCP one at any rank count); returns `extra`."""
+        from .sharded_state import is_sharded_checkpoint, load_sharded_checkpoint
         from .state import load_learner_checkpoint
+        if is_sharded_checkpoint(folder):
+            return load_sharded_checkpoint(self, folder)
+        if self.sharded:
+            raise LearnerError(f"{folder} is a whole-model checkpoint (strategy 'ddp'); a sharded group loads "
+                               "DCP checkpoints only: resume it with ranks = 1, or before the group forms "
+                               "(resume_from), and save again")
         return load_learner_checkpoint(self, folder)
 
     def export_hf(self, folder: str | Path) -> Path:
@@ -431,7 +423,9 @@ class Learner:
 
     @torch.no_grad()
     def _recompute(self, micro: list[PackedBatch], model: LlamaModel) -> list[torch.Tensor]:
-        return [self._logprobs(model, mb)[0] for mb in micro]
+        out = [self._logprobs(model, mb)[0] for mb in micro]
+        fsdp.reshard(model)               # no backward frees the root's gathered weights
+        return out
 
     def _staleness(self, packed: PackedBatch) -> dict[str, float]:
         known = packed.loss_mask & (packed.policy_versions >= 0)
@@ -440,39 +434,6 @@ class Learner:
         lag = (self.policy_version - 1 - packed.policy_versions[known]).float()  # version before the step
         return {"staleness_mean": float(lag.mean()), "staleness_max": float(lag.max())}
 
-    def _finish_step(self, sums: torch.Tensor, gap_max: torch.Tensor, start: float,
-                     rl: bool) -> dict[str, float]:
-        """All-reduce gradients and metric sums, clip, step AdamW, advance the counters."""
-        reduce_start = time.perf_counter()
-        self._all_reduce_grads()
-        grad_all_reduce_s = time.perf_counter() - reduce_start
-        self._all_reduce(sums)
-        self._all_reduce(gap_max, op=torch.distributed.ReduceOp.MAX if self.world_size > 1 else None)
-        if self.config.max_grad_norm is not None:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm))
-        else:
-            grad_norm = rl_ops.global_grad_norm(self.params)
-        lr = self.config.rl_lr if rl and self.config.rl_lr is not None else self.lr_at(self.step)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
-        self.policy_version += 1
-        elapsed = time.perf_counter() - start
-        n = max(float(sums[-4]), 1.0)
-        metrics = {k: float(sums[i]) / n for i, k in enumerate(_TOKEN_MEAN_METRICS)}
-        loss, num_tokens, gap_sum, gap_count, real = (float(x) for x in sums[-5:])
-        metrics.update({
-            "loss": loss, "grad_norm": grad_norm, "lr": lr, "num_tokens": num_tokens,
-            "num_real_tokens": real, "logprob_gap_mean": gap_sum / gap_count if gap_count else 0.0,
-            "logprob_gap_max": float(gap_max), "logprob_gap_tokens": gap_count,
-            "tokens_per_s": real / elapsed, "step_time_s": elapsed, "step": float(self.step),
-            "policy_version": float(self.policy_version), "kl_coef": float(self.kl.coef)})
-        if self.world_size > 1:
-            metrics["grad_all_reduce_s"] = grad_all_reduce_s   # the wait for the slowest rank included
-        return metrics
-
     # ------------------------------------------------------------------ data parallel
 
     def _all_reduce(self, tensor: torch.Tensor, op=None) -> None:
@@ -480,8 +441,9 @@ class Learner:
             torch.distributed.all_reduce(tensor, op=op or torch.distributed.ReduceOp.SUM, group=self.group)
 
     def _all_reduce_grads(self) -> None:
-        """Sum every gradient over the ranks in one flat buffer (losses use global normalisers)."""
-        if self.world_size == 1:
+        """Sum every gradient over the ranks in one flat buffer (losses use global normalisers).
+        Sharded without LoRA: FSDP has reduce-scattered them already (a SUM)."""
+        if self.world_size == 1 or (self.sharded and not self.lora.active):
             return
         for p in self.params:
             if p.grad is None:

@@ -144,6 +144,9 @@ def load_learner_checkpoint(learner, folder: str | Path) -> dict:
 def checkpoint_info(folder: str | Path) -> dict:
     """step and policy_version of a learner checkpoint, from its weights' metadata (cheap)."""
     repair_interrupted_write(folder)
+    if not (Path(folder) / "model.safetensors").exists() and (Path(folder) / "state.json").exists():
+        state = json.loads((Path(folder) / "state.json").read_text())     # a DCP checkpoint (sharded_state.py)
+        return {"step": int(state.get("step", -1)), "policy_version": int(state.get("policy_version", -1))}
     with safe_open(str(Path(folder) / "model.safetensors"), "pt") as handle:
         meta = handle.metadata() or {}
     return {"step": int(meta.get("step", -1)), "policy_version": int(meta.get("policy_version", -1))}
@@ -151,9 +154,31 @@ def checkpoint_info(folder: str | Path) -> dict:
 
 def export_hf(learner, folder: str | Path) -> Path:
     """The policy as a Hugging Face folder (`transformers` loads it), written atomically; with
-    LoRA, the merged weights (the base comes back bit for bit after)."""
+    LoRA, the merged weights (the base comes back bit for bit after). Sharded (fsdp.py): every
+    rank calls it; the weights are gathered one tensor at a time and rank 0 writes them."""
+    if learner.sharded:
+        return _export_gathered(learner, Path(folder))
     if learner.rank != 0:
         return Path(folder)
     with learner.lora.merged_into(learner.model):
         return write_folder_atomically(Path(folder), lambda tmp: save_checkpoint(
             learner.model, learner.tokenizer, tmp, policy_version=learner.policy_version))
+
+
+def _export_gathered(learner, folder: Path) -> Path:
+    """export_hf of a sharded learner: rank 0 writes the gathered (merged) weights; every rank
+    returns once the folder is in place."""
+    import types
+
+    import torch.distributed as dist
+
+    weights = learner.state_dict()            # a collective; {} on ranks other than 0
+    if learner.rank == 0:
+        model = learner.model
+        view = types.SimpleNamespace(config=model.config, state_dict=lambda: weights)   # what save_checkpoint reads
+        if hasattr(model, "state_to_hf"):
+            view.state_to_hf = model.state_to_hf
+        write_folder_atomically(folder, lambda tmp: save_checkpoint(
+            view, learner.tokenizer, tmp, policy_version=learner.policy_version))
+    dist.barrier(group=learner.group)
+    return folder

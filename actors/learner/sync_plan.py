@@ -24,16 +24,20 @@ import torch
 
 from ..records import WeightPatch, WeightSync
 from ..weight_patch import encode_delta
+from . import fsdp
 from .publish import weights_digest
 
 WEIGHT_SYNC_MODES = ("auto", "full", "delta")
 
 
 def base_weights(learner) -> dict[str, torch.Tensor]:
-    """The model's own weights (the frozen base under LoRA), CPU, HF names, no tied duplicate."""
+    """The model's own weights (the frozen base under LoRA), CPU, HF names, no tied duplicate.
+    A sharded learner (fsdp.py): gathered one tensor at a time, a collective every rank calls;
+    ranks other than 0 get {} (they hold no more than one tensor beyond their shard)."""
     model = learner.model
-    return {k: v.detach().to("cpu") for k, v in model.state_dict().items()
-            if not (model.config.tie_word_embeddings and k == "lm_head.weight")}
+    state = (fsdp.full_weights(model, keep=learner.rank == 0) if learner.sharded else
+             {k: v.detach().to("cpu") for k, v in model.state_dict().items()})
+    return {k: v for k, v in state.items() if not (model.config.tie_word_embeddings and k == "lm_head.weight")}
 
 
 def tensor_bytes(weights: dict[str, torch.Tensor]) -> int:
@@ -67,14 +71,18 @@ class SyncPlanner:
 
 class PublishPlan:
     """One publish: `weights` (the whole weights, merged under LoRA) at `version`; the messages
-    are built once, on first use, and shared by every target."""
+    are built once, on first use, and shared by every target. The model's weights are read
+    once (`base`): a sharded learner gathers them then, on every rank (each rank prepares a
+    plan; on ranks other than 0 it is empty and sends nothing)."""
 
     def __init__(self, planner: SyncPlanner, learner):
         self.planner = planner
-        self.weights = learner.state_dict() if planner.dtype is None else planner.lora.merged(
-            {k: v.to(getattr(torch, planner.dtype)) for k, v in base_weights(learner).items()})
+        base = base_weights(learner)
+        if planner.dtype is not None:
+            base = {k: v.to(getattr(torch, planner.dtype)) for k, v in base.items()}
+        self.base = base
+        self.weights = planner.lora.merged(base) if base else {}
         self.version = learner.policy_version
-        self._learner = learner
         self._full: dict | None = None
         self._patch: dict | None = None
         self._digest: str | None = None
@@ -91,8 +99,7 @@ class PublishPlan:
         if self._full is None:
             planner, lora = self.planner, self.planner.lora
             if planner.mode == "delta" and lora.active:
-                base = {k: v.to(getattr(torch, planner.dtype)) if planner.dtype else v
-                        for k, v in base_weights(self._learner).items()}
+                base = self.base
                 patch = WeightPatch("lora", self.digest, lora_scale=lora.config.scale, dtype=planner.dtype)
                 self._full = WeightSync(self.version, {**base, **lora.adapters()}, patch=patch).to_wire()
             else:

@@ -43,7 +43,8 @@ class BatchRules:
         """The overlong penalty of one sample (module docstring); 0 without overlong shaping."""
         if self.overlong_max_tokens is None:
             return 0.0
-        length, soft = sample.rollout.num_policy_tokens, self.overlong_max_tokens - self.overlong_buffer_tokens
+        length = sample.rollout.episode_policy_tokens   # every segment's sampled tokens
+        soft = self.overlong_max_tokens - self.overlong_buffer_tokens
         if length <= soft:
             return 0.0
         if length > self.overlong_max_tokens:
@@ -69,5 +70,6 @@ class BatchRules:
                 continue
             num_zero += reason == ZERO_VARIANCE
             for sample in group:
-                ledger.drop(sample.sample_id, reason)
+                for sid in sample.segment_ids:   # an episode's segments go with it
+                    ledger.drop(sid, reason)
         return kept, num_zero

@@ -14,7 +14,9 @@ generators count as busy (`WorkSignal`: elastic cores follow the work).
 Every RL sample is in the ledger (postrain.actors.ledger), and this pool moves it:
 created on admission, generated and rewarded when its rollout returns, or dropped
 with the reason when the rollout fails for good. (Trained, and dropped for an
-incomplete group, are the train step's.)
+incomplete group, are the train step's.) An episode of several segments (records/rollout.py)
+creates its segments' samples when it comes back (`ledger.segment_id`), each then generated
+and rewarded with the episode's reward, and notes "segments" on the episode's own sample.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import anyio
 from postrain.core.errors import PostrainError
 
 from ..learner.recovery import is_actor_death, short_reason
+from ..ledger import segment_id
 from ..records import Rollout, RolloutRequest, SamplingParams
 from ..run_state import batch_sample_id
 from ..timeline import note_hops
@@ -85,15 +88,16 @@ class RolloutPool:
             for g, task in enumerate(prompts):
                 for s in range(samples_per_prompt):
                     sample_id = batch_sample_id(batch.index, g, s, resume_index)
-                    self.ledger.create(sample_id, batch=batch.index, group=g,
-                                       prompt=str(task.get("question", ""))[:80])
-                    tg.start_soon(self._sample, sample_id, task, sampling, batch.groups[g], min_version)
+                    where = {"batch": batch.index, "group": g}
+                    self.ledger.create(sample_id, **where, prompt=str(task.get("question", ""))[:80])
+                    tg.start_soon(self._sample, sample_id, task, sampling, batch.groups[g], min_version, where)
         batch.generated.set()
 
     async def _sample(self, sample_id: str, task: dict, sampling: SamplingParams,
-                      group: list, min_version: int) -> None:
-        """One sample: its outcome appended to `group`, its ledger state moved. Cancelled: the
-        sample stays in flight in the ledger and `group` lacks its outcome."""
+                      group: list, min_version: int, where: dict | None = None) -> None:
+        """One sample: its outcome appended to `group`, its ledger state moved (its segments'
+        too: module docstring). Cancelled: the sample stays in flight in the ledger and `group`
+        lacks its outcome."""
         try:
             rollout = await self.rollout(task, sampling, sample_id, min_version)
         except Exception as exc:
@@ -101,9 +105,18 @@ class RolloutPool:
             group.append(None)
             return
         note_hops(self.ledger, sample_id, rollout.timeline)
-        self.ledger.advance(sample_id, "generated", tokens=rollout.num_policy_tokens)
-        self.ledger.advance(sample_id, "rewarded", reward=rollout.reward.total,
-                            components=rollout.reward.components, tool_statuses=rollout.tool_statuses)
+        segments = rollout.segments()
+        ids = [segment_id(sample_id, k) for k in range(len(segments))]
+        for k, sid in enumerate(ids[1:], start=1):
+            self.ledger.create(sid, **(where or {}), segment_of=sample_id, segment=k,
+                               prompt=f"segment {k} of {sample_id}")
+        if len(ids) > 1:
+            self.ledger.note(sample_id, "segments", num_segments=len(ids), segment_ids=ids[1:],
+                             policy_tokens=[s.num_policy_tokens for s in segments])
+        for sid, segment in zip(ids, segments):
+            self.ledger.advance(sid, "generated", tokens=segment.num_policy_tokens)
+            self.ledger.advance(sid, "rewarded", reward=rollout.reward.total,
+                                components=rollout.reward.components, tool_statuses=rollout.tool_statuses)
         group.append(ScoredSample(sample_id, rollout))
 
     # -- one episode ------------------------------------------------------------------

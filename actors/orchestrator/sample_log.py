@@ -21,7 +21,9 @@ std + eps), 0 in a group whose rewards are all equal (ext/advantages.py): the le
 with its default `advantage_mode = "grpo"` (with "dr_grpo" or "rloo" the learner's differs
 in scale, not in sign), over the samples of its group that came back (a failed one is left
 out, as the learner leaves it out). It is null for a sample dropped with its group (fewer
-than two came back).
+than two came back). An episode of several segments is one line (its last segment's text,
+`num_segments`); its advantage is the one all its segments share, over the group's rows as the
+learner computes it (train_step.py).
 
 Never lost silently: every line is written whole or not at all (postrain.core.jsonl), and a
 write refused for want of space raises DiskFullError, which stops the run exactly as a full
@@ -84,6 +86,15 @@ def rollout_texts(tokenizer, rollout, max_chars: int = DEFAULT_MAX_CHARS) -> dic
                       for sampled, observed in turns]}
 
 
+def segment_advantages(samples: list) -> list[float]:
+    """Each sample's advantage over its group's rows (one per segment; train_step.py)."""
+    rows = group_advantages([s.reward.total for s in samples for _ in range(s.rollout.num_segments)])
+    starts = [0]
+    for s in samples[:-1]:
+        starts.append(starts[-1] + s.rollout.num_segments)
+    return [rows[i] for i in starts]
+
+
 def group_advantages(rewards: list[float]) -> list[float]:
     """GRPO's advantages of one group's total rewards (module docstring)."""
     import torch
@@ -114,8 +125,7 @@ class SampleLog:
         for g, group in enumerate(groups):
             samples = [s for s in group if s is not None]
             complete = len(samples) >= 2   # a failed sample is left out of its group's baseline
-            advantages = (group_advantages([s.reward.total for s in samples]) if complete
-                          else [None] * len(samples))
+            advantages = (segment_advantages(samples) if complete else [None] * len(samples))
             for sample, advantage in zip(samples, advantages):
                 sample_id = sample.sample_id
                 outcome = "trained" if sample_id in staleness else f"dropped: {dropped.get(sample_id, 'not trained')}"
@@ -131,7 +141,8 @@ class SampleLog:
                 "task": self.task_name, "outcome": outcome, "reward": rollout.reward.total,
                 "components": dict(rollout.reward.components), "advantage": advantage,
                 "staleness": staleness, "policy_tokens": rollout.num_policy_tokens,
-                "num_turns": rollout.num_turns, **rollout_texts(self.tokenizer, rollout, self.max_chars)}
+                "num_turns": rollout.num_turns, "num_segments": rollout.num_segments,
+                **rollout_texts(self.tokenizer, rollout, self.max_chars)}
 
     def append(self, row: dict) -> None:
         assert self._file is not None, f"{self.path} is closed"

@@ -6,12 +6,15 @@ from __future__ import annotations
 import dataclasses
 
 from ..env.api import Reward
+from ..ledger import segment_id
 from ..records import Rollout
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ScoredSample:
-    """A sample whose rollout came back: its ledger id and the rollout (with its reward)."""
+    """A sample whose rollout came back: its ledger id and the rollout (with its reward). An
+    episode of several segments (records/rollout.py) trains one row per segment, each its own
+    ledger sample (`segment_ids`, oldest first; the first is `sample_id`)."""
 
     sample_id: str
     rollout: Rollout
@@ -19,3 +22,7 @@ class ScoredSample:
     @property
     def reward(self) -> Reward:
         return self.rollout.reward
+
+    @property
+    def segment_ids(self) -> list[str]:
+        return [segment_id(self.sample_id, k) for k in range(self.rollout.num_segments)]

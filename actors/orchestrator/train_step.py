@@ -14,6 +14,13 @@ to metrics.jsonl and to the head's live view. Each sample that came back gets it
 of text in samples.jsonl (sample_log.py: prompt, completions, tool outputs, reward,
 advantage), and a step whose groups all have zero reward variance gets a warning
 (learning_signal.py), as do a collapse of the reward or of the entropy (health.py).
+
+Segments (records/rollout.py): an episode of several segments is one sample of its group (group
+sizes, dynamic sampling and samples.jsonl count episodes) and several rows of the batch, one per
+segment, each with the episode's reward and its own ledger id (ScoredSample.segment_ids), each
+trained or dropped with its episode. The baseline is the learner's group-relative one over the
+rows of the group: the segments of an episode have the same reward and group, so they share
+one advantage (docs/long-context.md says why this baseline).
 """
 from __future__ import annotations
 
@@ -43,25 +50,34 @@ def surviving_groups(groups: list[list[ScoredSample | None]], ledger) -> list[li
         samples = [item for item in group if item is not None]
         if len(samples) < MIN_GROUP_SIZE:
             for item in samples:
-                ledger.drop(item.sample_id, GROUP_INCOMPLETE)
+                for sid in item.segment_ids:
+                    ledger.drop(sid, GROUP_INCOMPLETE)
             continue
         kept.append(samples)
     return kept
 
 
+def train_rows(groups: list[list[ScoredSample]]) -> list[tuple[int, ScoredSample, str, object]]:
+    """(group index, sample, ledger id, segment) of each row of the batch: each group's samples
+    contiguous, each sample's segments oldest first (module docstring)."""
+    return [(g, s, sid, segment) for g, group in enumerate(groups) for s in group
+            for sid, segment in zip(s.segment_ids, s.rollout.segments())]
+
+
 def train_batch(groups: list[list[ScoredSample]], rules: BatchRules | None = None) -> TrainBatch:
-    """The learner's batch: each group's samples contiguous, with its group id (sizes may differ),
-    rewards shaped by `rules` (DAPO's overlong penalty; dynamic_sampling.py)."""
+    """The learner's batch: one row per segment (`train_rows`), each group's rows contiguous with
+    its group id (sizes may differ), rewards shaped by `rules` (DAPO's overlong penalty;
+    dynamic_sampling.py), the same for every segment of an episode."""
     rules = rules or BatchRules()
-    samples = [s for group in groups for s in group]
-    rollouts = [s.rollout for s in samples]
-    return TrainBatch(token_ids=[r.token_ids for r in rollouts], loss_mask=[r.loss_mask for r in rollouts],
-                      behavior_logprobs=[r.behavior_logprobs for r in rollouts],
-                      policy_versions=[r.policy_versions for r in rollouts],
-                      rewards=[rules.reward(s) for s in samples],
-                      group_ids=[g for g, group in enumerate(groups) for _ in group],
-                      routed_experts=([r.routed_experts for r in rollouts]
-                                      if any(r.routed_experts is not None for r in rollouts) else None))
+    rows = train_rows(groups)
+    segments = [segment for _, _, _, segment in rows]
+    return TrainBatch(token_ids=[r.token_ids for r in segments], loss_mask=[r.loss_mask for r in segments],
+                      behavior_logprobs=[r.behavior_logprobs for r in segments],
+                      policy_versions=[r.policy_versions for r in segments],
+                      rewards=[rules.reward(s) for _, s, _, _ in rows],
+                      group_ids=[g for g, _, _, _ in rows],
+                      routed_experts=([r.routed_experts for r in segments]
+                                      if any(r.routed_experts is not None for r in segments) else None))
 
 
 class TrainStep:
@@ -119,17 +135,19 @@ class TrainStep:
             return (f"step {b + 1}: every group failed or had equal rewards (dynamic sampling); nothing "
                     "to train")
         batch = train_batch(kept, self.rules)
-        metrics = await self.keeper.step(batch, [s.sample_id for s in samples])
+        rows = train_rows(kept)
+        metrics = await self.keeper.step(batch, [sid for _, _, sid, _ in rows])
         trained_version = metrics.policy_version - 1  # the weights this step started from
         staleness = [trained_version - s.rollout.oldest_policy_version(default=trained_version)
                      for s in samples]
         if self.sample_log is not None:   # before "trained": a trained sample always has its text
             trained = {s.sample_id: round(n) for s, n in zip(samples, staleness)}
             self.sample_log.record_step(b + 1, b, groups, trained, {})
-        for sample, sample_staleness in zip(samples, staleness):
-            self.ledger.advance(sample.sample_id, "trained", step=b + 1, staleness=round(sample_staleness))
+        for _, _, sid, segment in rows:
+            oldest = min((v for v in segment.policy_versions if v >= 0), default=trained_version)
+            self.ledger.advance(sid, "trained", step=b + 1, staleness=round(trained_version - oldest))
         sync = await self.publish()
-        rewards = batch.rewards
+        rewards = [self.rules.reward(s) for s in samples]   # per episode (batch.rewards: per segment)
         correct = statistics.fmean(s.reward.components.get("correct", s.reward.total) for s in samples)
         learner_figures = {k: v for k, v in metrics.values.items() if isinstance(v, (int, float))}
         row = self.metrics.log("train", **{**learner_figures, "step": b + 1,

@@ -27,7 +27,7 @@ weights.py, learner.py, run.py, sandbox.py; import every record from `postrain.a
 from .base import Record, RecordError, Vector, codec
 from .generate import (SAMPLING_CODEC, GeneratedSample, GenerateReply, GenerateRequest, GeneratorStats,
                        SamplingParams, SamplingParamsError)
-from .rollout import Rollout, RolloutRequest
+from .rollout import Rollout, RolloutRequest, RolloutSegment
 from .train import SftBatch, StepMetrics, TrainBatch
 from .learner import (CheckpointLoaded, CheckpointSaved, ExportedHf, ExportHf, GroupState, JoinGroup, LearnerStats,
                       LoadCheckpoint, PublishRequest, RankStep, SaveCheckpoint)
@@ -47,6 +47,7 @@ __all__ += ["CheckpointLoaded", "CheckpointSaved", "ExportHf", "ExportedHf", "Gr
             "LearnerStats", "LoadCheckpoint", "PublishRequest", "RankStep", "SaveCheckpoint",
             "RUN_STATE_FORMAT", "RunState", "RunUpdate", "StopRun"]
 __all__ += ["GeneratorStats", "WeightPatch", "WeightsChannel", "WeightsDigest"]
+__all__ += ["RolloutSegment"]
 __all__ += ["ExecReply", "ExecRequest", "ExecStreamItem", "LIMIT_FIELDS", "RunIoCasesReply",
             "RunIoCasesRequest", "RunTestsReply", "RunTestsRequest", "SandboxStats", "SessionCloseRequest",
             "SessionClosed", "SessionExecRequest", "SessionFileData", "SessionFileWritten", "SessionOpenRequest",

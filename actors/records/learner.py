@@ -126,8 +126,8 @@ class GroupState(Record):
 @dataclass(frozen=True, slots=True)
 class RankStep(Record):
     """`rank_step` (rank 0 to another rank): its part of a request, in group `generation`. kind:
-    train, sft, save_checkpoint or load_checkpoint; body: that request's record, on the wire
-    (TrainBatch, SftBatch, SaveCheckpoint, LoadCheckpoint: `request`)."""
+    train, sft, save_checkpoint, load_checkpoint, and for a sharded group publish and export_hf;
+    body: that request's record, on the wire (`request`; RANK_REQUESTS names each kind's)."""
 
     generation: str
     kind: str
@@ -148,5 +148,8 @@ class RankStep(Record):
 
 
 #: The requests a rank's step carries, by kind.
+#: A sharded learner (strategy "fsdp") gathers its weights on every rank, so its publishes (and
+#: get_weights) and exports are rank steps too.
 RANK_REQUESTS: dict[str, type[Record]] = {"train": TrainBatch, "sft": SftBatch, "save_checkpoint": SaveCheckpoint,
-                                          "load_checkpoint": LoadCheckpoint}
+                                          "load_checkpoint": LoadCheckpoint, "publish": PublishRequest,
+                                          "export_hf": ExportHf}

@@ -32,7 +32,7 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from postrain.core import Options
 
-from . import arithmetic, code, dataset, demonstrations, reasoning_gym, terminal, verifiers_env
+from . import arithmetic, code, dataset, demonstrations, long_context, reasoning_gym, terminal, verifiers_env
 from .registry import TaskError, TaskSpec, get_task, list_tasks, register_task, register_task_family
 
 ARITHMETIC = register_task(TaskSpec(
@@ -54,9 +54,12 @@ REASONING_GYM = register_task(TaskSpec(
 TERMINAL = register_task(TaskSpec(
     "terminal", terminal.TerminalEnv, terminal.train_tasks, terminal.eval_tasks, terminal.demonstrations,
     "shell work in one sandbox session per episode (files, repositories to fix); graded by a test script"))
+LONG_CONTEXT = register_task(TaskSpec(
+    "long_context", long_context.LongContextEnv, long_context.train_tasks, long_context.eval_tasks,
+    description="find a setting in a generated repository read file by file: long tool outputs"))
 register_task_family(reasoning_gym.PREFIX, reasoning_gym.family_task)
 
-__all__ = ["ARITHMETIC", "CODE", "DATASET", "REASONING_GYM", "TERMINAL", "VERIFIERS", "TaskError",
+__all__ = ["ARITHMETIC", "CODE", "DATASET", "LONG_CONTEXT", "REASONING_GYM", "TERMINAL", "VERIFIERS", "TaskError",
            "TaskOptions", "TaskSpec", "get_task", "list_tasks", "register_task", "register_task_family"]
 
 

@@ -106,6 +106,7 @@ async def test_generators_here_and_on_another_host_hold_the_same_weights_and_dro
         far = await other_node.start(spec("far", GENERATOR, {"model": TINY, "kv_cache_mb": 4},
                                           bind=f"tcp://{HOST}:0"))
         sup.add_peers({"far": far.address})      # as the node agents tell each other (core/ray_nodes.py)
+        other_node.expect(["learner"])           # far knows the learner's key (core/identity.py)
 
         async def lookup(name):
             return sup.ref(name)
@@ -165,6 +166,7 @@ async def test_a_forged_sealed_piece_is_refused_and_the_receiver_keeps_its_weigh
         far = await other_node.start(spec("far", RECEIVER, {}, bind=f"tcp://{HOST}:0").model_copy(
             update={"max_restarts": 1}))
         sup.add_peers({"far": far.address})
+        other_node.expect(["learner"])           # far knows the learner's key (core/identity.py)
         await learner.ask("publish", {"targets": ["far"], "chunk_mb": 1.0})
         weights = (await learner.ask("get_weights"))["weights"]
         held = await far.ask("digest")
@@ -218,6 +220,8 @@ async def test_one_publish_seals_once_for_two_receivers_on_other_nodes_and_a_fai
         far_b = await node_b.start(spec("far_b", RECEIVER, {}, bind=f"tcp://{HOST}:0"))
         far_c = await node_c.start(spec("far_c", RECEIVER, {}, bind=f"tcp://{HOST}:0"))
         sup.add_peers({"far_b": far_b.address, "far_c": far_c.address})
+        for node in (node_b, node_c):
+            node.expect(["learner"])             # they know the learner's key (core/identity.py)
         with pytest.raises(RemoteError, match="failed for 1 of 3 targets .the others hold it.: ghost: "):
             await learner.ask("publish", {"targets": ["far_b", "ghost", "far_c"], "chunk_mb": 1.0})
         weights = (await learner.ask("get_weights"))["weights"]

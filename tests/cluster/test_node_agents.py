@@ -114,7 +114,7 @@ def test_the_runs_secrets_never_travel_in_a_ray_call(two_nodes, tmp_path, monkey
     finally:
         cluster.disconnect()
     assert len(given) >= 6, "the spy saw the agents' creation and calls"
-    for secret in (keys.server_secret, keys.client_secret, keys.bulk_key):
+    for secret in (keys.server_secret, keys.client_secret, keys.bulk_key, keys.identity_seed):
         assert not any(secret in call for call in given)
 
 

@@ -85,3 +85,36 @@ def test_a_jail_is_refused_rather_than_run_without_its_caps(monkeypatch):
     with pytest.raises(SandboxError, match="cannot enforce them.*enable_cgroups=False"):
         nsjail_argv(Policy(), cold=True)
     assert "--cgroup_mem_max" not in nsjail_argv(Policy(enable_cgroups=False), cold=True)
+
+
+def _real_v2_mount() -> str | None:
+    with open("/proc/self/mountinfo") as f:
+        return parse_mountinfo(f.read())[1]
+
+
+@pytest.mark.skipif(_real_v2_mount() is None, reason="no cgroup2 hierarchy mounted on this host")
+def test_a_real_cgroup2_mount_without_the_controllers_is_refused_not_silently_used():
+    """This host's own cgroup2 mount, seen as a v2-only host (its v1 hierarchies left out): the
+    kernel's own cgroup.controllers decides. Where it lacks memory or pids (here they are bound to
+    v1), the choice is a refusal, and so is enabling them in a parent group (the kernel says no)."""
+    import os
+
+    from postrain.sandbox.cgroups import CgroupChoice
+    mount = _real_v2_mount()
+    with open("/proc/self/mountinfo") as f:
+        only_v2 = "".join(line for line in f if " - cgroup2 " in line)
+    with open(os.path.join(mount, "cgroup.controllers")) as f:
+        offered = set(f.read().split())
+    if {"memory", "pids"} <= offered:
+        assert choose_cgroups(only_v2).version == 2         # a v2 host: the caps are enforced
+        return
+    with pytest.raises(CgroupError, match=r"cannot enforce them.*offers"):
+        choose_cgroups(only_v2)
+    parent = os.path.join(mount, "NSJAIL")
+    existed = os.path.isdir(parent)
+    try:
+        with pytest.raises(CgroupError, match="cannot make the sandbox's cgroup.*enable_cgroups=False"):
+            cgroup_flags(CgroupChoice(2, {"memory": mount, "pids": mount}), memory_bytes=1 << 27, max_pids=9)
+    finally:
+        if not existed and os.path.isdir(parent):
+            os.rmdir(parent)

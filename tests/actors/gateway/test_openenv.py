@@ -44,3 +44,24 @@ def test_openenv_options_name_the_fix():
         spec.check_options({"base_url": "http://127.0.0.1:1", "action_feild": "x"})
     tasks = spec.eval_tasks(spec.check_options({"base_url": "http://127.0.0.1:1", "num_eval": 3}))
     assert [t["seed"] for t in tasks] == [1_000_000, 1_000_001, 1_000_002]
+
+
+@pytest.mark.slow
+@pytest.mark.arch_matrix   # a whole `postrain up` (~30-60 s): deselected by default; docs/agents.md says how to run it
+def test_an_openenv_environment_trains_in_a_short_run(tmp_path, monkeypatch):
+    """The adapter's environment (its server a local process the env actor starts) in a real short
+    `postrain up`: one GRPO step of 3 prompts x 2 samples trains, the ledger balances, and the
+    rewards are the server's."""
+    pytest.importorskip("openenv", reason="pip install openenv-core")
+    import json
+    import shutil
+    shutil.copy(HERE / "openenv_words.py", tmp_path / "openenv_words.py")   # tmp_path is on the run's PYTHONPATH
+    monkeypatch.syspath_prepend(str(HERE.parent))
+    from task_runs import run_task   # tests/actors/task_runs.py
+    summary, folder = run_task(tmp_path, TASK, {**OPTIONS, "num_eval": 2})
+    ledger = summary["ledger"]
+    assert summary["steps"] == 1 and ledger["in_flight"] == 0, summary
+    assert ledger["created"] == ledger["trained"] + ledger["dropped"] and ledger["trained"] == 6, ledger
+    events = [json.loads(line) for line in (folder / "ledger.jsonl").read_text().splitlines()]
+    rewarded = [e for e in events if e.get("event") == "rewarded"]
+    assert rewarded and all(set(e.get("reward_components", {"openenv": 0})) <= {"openenv"} for e in rewarded), rewarded[:2]

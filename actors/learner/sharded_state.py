@@ -1,0 +1,178 @@
+"""Sharded learner checkpoints (strategy "fsdp"): torch.distributed.checkpoint (DCP), resumable
+at any number of ranks.
+
+A checkpoint is a folder:
+
+    dcp/          DCP's files: each rank's shards (`__<rank>_0.distcp`) and `.metadata`; entries
+                  model.<hf name> (the policy, no tied duplicate), optimizer.state.<i>.<name>
+                  (AdamW's moments and step per parameter index), adapters.<name> (LoRA),
+                  reference.<hf name> (the KL reference)
+    state.json    format, step, policy_version, kl_coef, the optimizer's param groups, the
+                  RNG states (rank 0's), the learner config, world_size, and `extra`
+
+Design note. Every rank calls save and load (collectives). DCP records each tensor's global
+shape and each shard's offsets, so a load at another rank count (2 -> 1, 2 -> 4) reads the
+pieces each rank's shard needs: the weights and the AdamW moments come back identical. A
+learner not yet in a group (a resume before the group forms, or ranks = 1) loads whole
+tensors, and sharding then cuts them (Learner._shard). Atomicity as for every checkpoint
+(actors/atomic_write.py): rank 0 makes the hidden sibling folder and tells the other ranks
+its path; all write their shards there; rank 0 swaps it into place once every rank is done
+(DCP's metadata, written last by rank 0, waits for them), so a kill mid-write leaves the
+previous checkpoint whole. The folder must be on a file system every rank sees.
+"""
+from __future__ import annotations
+
+import json
+import random
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..atomic_write import repair_interrupted_write, write_folder_atomically
+from .batch import LearnerError
+
+FORMAT = "postrain-learner-dcp-1"
+
+
+def is_sharded_checkpoint(folder: str | Path) -> bool:
+    """True when `folder` holds a DCP learner checkpoint (state.json names this format)."""
+    path = Path(folder) / "state.json"
+    return path.exists() and json.loads(path.read_text()).get("format") == FORMAT
+
+
+def _tensors(learner, for_load: bool) -> dict[str, torch.Tensor]:
+    """The flat {entry: tensor} DCP saves, or loads in place (the learner's own tensors, shards
+    under FSDP; for a load, the optimizer state is allocated first)."""
+    out = {}
+    for prefix, model in (("model", learner.model), ("reference", learner.reference)):
+        if model is None:
+            continue
+        for name, value in model.state_dict().items():
+            if not (model.config.tie_word_embeddings and name == "lm_head.weight"):
+                out[f"{prefix}.{name}"] = value
+    for name, p in _adapters(learner).items():
+        out[f"adapters.{name}"] = p.detach()
+    if for_load:
+        return out
+    for index, entry in learner.optimizer.state_dict()["state"].items():
+        for name, value in entry.items():
+            out[f"optimizer.state.{index}.{name}"] = value if isinstance(value, torch.Tensor) else torch.tensor(value)
+    return out
+
+
+def _adapters(learner) -> dict[str, torch.nn.Parameter]:
+    lora = learner.lora
+    return {f"{name}.lora_{ab}": p for name in lora.modules
+            for ab, p in (("A", lora.lora_A[name]), ("B", lora.lora_B[name]))}
+
+
+def _empty_optimizer_state(learner, indices: list[int]) -> dict[str, torch.Tensor]:
+    """Tensors shaped as AdamW's state of the parameters `indices` (shards under FSDP), to load into."""
+    out = {}
+    for index in indices:
+        p = learner.params[index]
+        out[f"optimizer.state.{index}.exp_avg"] = torch.zeros_like(p)
+        out[f"optimizer.state.{index}.exp_avg_sq"] = torch.zeros_like(p)
+        out[f"optimizer.state.{index}.step"] = torch.zeros((), dtype=torch.float32)   # AdamW moves it
+    return out
+
+
+def _group(learner):
+    """The process group DCP runs over: the learner's (None: the default one, or, when the learner is
+    in no group, none at all: DCP then runs without collectives)."""
+    return learner.group
+
+
+def save_sharded_checkpoint(learner, folder: str | Path, extra: dict | None = None) -> Path:
+    """Every rank: write the learner's state to `folder` (module docstring). Returns the folder."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        extra_json = json.dumps(extra or {})
+    except TypeError as exc:
+        raise LearnerError(f"checkpoint extra must be JSON-able (dicts, lists, numbers, strings): {exc}; "
+                           "convert arrays with .tolist()") from None
+    folder = Path(folder)
+    group = _group(learner)
+    tensors = _tensors(learner, for_load=False)
+    state = _state_json(learner, json.loads(extra_json))
+    if learner.rank != 0:
+        where = [None]
+        dist.broadcast_object_list(where, src=0, group=group)
+        dcp.save(tensors, checkpoint_id=Path(where[0]) / "dcp", process_group=group, no_dist=False)
+        dist.barrier(group=group)       # rank 0 has put the folder in place when any rank returns
+        return folder
+
+    def write(tmp: Path) -> None:
+        if learner.world_size > 1:
+            dist.broadcast_object_list([str(tmp)], src=0, group=group)
+        dcp.save(tensors, checkpoint_id=tmp / "dcp", process_group=group, no_dist=learner.world_size == 1)
+        (tmp / "state.json").write_text(json.dumps(state))
+
+    write_folder_atomically(folder, write)
+    if learner.world_size > 1:
+        dist.barrier(group=group)
+    return folder
+
+
+def _state_json(learner, extra: dict) -> dict:
+    state = learner.optimizer.state_dict()
+    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in state["param_groups"]]
+    np_state = np.random.get_state()
+    return {
+        "format": FORMAT, "step": learner.step, "policy_version": learner.policy_version,
+        "kl_coef": learner.kl.coef, "param_groups": groups, "config": learner.config.to_dict(),
+        "optimizer_state": sorted(int(i) for i in state["state"]), "world_size": learner.world_size,
+        "python_rng": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+        "numpy_rng": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "torch_rng": torch.random.get_rng_state().tolist(),
+        "extra": extra,
+    }
+
+
+def load_sharded_checkpoint(learner, folder: str | Path) -> dict:
+    """Every rank: restore what save_sharded_checkpoint wrote, at any rank count; returns `extra`."""
+    import torch.distributed.checkpoint as dcp
+
+    folder = Path(folder)
+    repair_interrupted_write(folder)
+    state = json.loads((folder / "state.json").read_text())
+    if state.get("format") != FORMAT:
+        raise LearnerError(f"{folder}: checkpoint format {state.get('format')!r} is not {FORMAT!r}")
+    if bool(_adapters(learner)) != any(k.startswith("adapters.") for k in _saved_keys(folder)):
+        raise LearnerError(f"{folder} and this learner differ in LoRA adapters; resume with the lora options "
+                           "the checkpoint was written with")
+    indices = state["optimizer_state"]
+    tensors = {**_tensors(learner, for_load=True), **_empty_optimizer_state(learner, indices)}
+    try:
+        with warnings.catch_warnings():      # "assuming the intent is to load in a single process": it is
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(tensors, checkpoint_id=folder / "dcp", process_group=_group(learner),
+                     no_dist=learner.world_size == 1)
+    except Exception as exc:     # a missing or misshapen entry: another model or options
+        raise LearnerError(f"{folder}: the checkpoint does not fit this learner ({str(exc).splitlines()[0][:300]}); "
+                           "resume with the model and options it was written with") from None
+    opt_state = {}
+    for index in indices:
+        opt_state[index] = {name: tensors[f"optimizer.state.{index}.{name}"]
+                            for name in ("step", "exp_avg", "exp_avg_sq")}
+    groups = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in state["param_groups"]]
+    learner.optimizer.load_state_dict({"state": opt_state, "param_groups": groups})
+    py = state["python_rng"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    kind, keys, pos, has_gauss, gauss = state["numpy_rng"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    torch.random.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
+    learner.step = int(state["step"])
+    learner.policy_version = int(state["policy_version"])
+    learner.kl.coef = float(state["kl_coef"])
+    return state["extra"]
+
+
+def _saved_keys(folder: Path) -> list[str]:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    return list(FileSystemReader(str(folder / "dcp")).read_metadata().state_dict_metadata)

@@ -1,0 +1,63 @@
+"""`postrain eval` of an agent module: an `AgentEnvironment` task played through a gateway.
+
+A generator actor and a gateway actor are started for the model under a local supervisor (the
+pair `postrain serve` starts, on a free port), and each held-out task is one episode of the
+agent's `run(client, task)` through the same function the environment actor trains with
+(`postrain.actors.env.agent.agent_rollout`), one after another. The agent's own sampling
+settings apply. An episode that fails (the agent raised, returned no Reward, made no model
+call) scores 0 and is counted in `num_failed`.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+
+
+def episode_sandbox(stack: contextlib.ExitStack, task, task_options):
+    """A one-worker warm sandbox for the episodes of `postrain eval`, closed with `stack`; None
+    when the task runs no code."""
+    if not task.needs_sandbox(task_options):
+        return None
+    from postrain.actors.env import LocalSandbox
+    from postrain.sandbox import Sandbox
+    return LocalSandbox(stack.enter_context(Sandbox(mode="warm", num_workers=1)))
+
+
+async def evaluate_agent(model_spec: str, task, task_options, tasks: list[dict]) -> dict:
+    """Held-out accuracy of `model_spec` on an agent task (the module docstring). Cancelled: no
+    result; the actors stop with the supervisor, an episode's worker thread is abandoned."""
+    import importlib.util
+
+    from postrain.core.errors import PostrainError
+    if importlib.util.find_spec("openai") is None:
+        raise PostrainError(f"task {task.name!r} is an agent (AgentEnvironment), whose episodes need the "
+                            "openai client; fix: pip install 'postrain[agents]'")
+    from postrain.actors.env.agent import agent_rollout
+    from postrain.actors.timeline import Timeline
+    from postrain.core import Supervisor
+
+    from .serve import specs
+
+    args = argparse.Namespace(model=model_spec, host="127.0.0.1", port=0, served_model_name=None,
+                              kv_cache_mb=64, max_num_seqs=32, seed=0)
+    scores, failed, num_calls = [], 0, 0
+    async with Supervisor.open() as supervisor:
+        for spec in specs(args):
+            gateway = await supervisor.start(spec)
+        address = await gateway.ask("address")
+        with contextlib.ExitStack() as stack:
+            sandbox = episode_sandbox(stack, task, task_options)
+            for item in tasks:
+                env = task.make_env(sandbox=sandbox, options=task_options)
+                try:
+                    rollout = await agent_rollout(env, item, gateway, address, Timeline())
+                    scores.append(rollout.reward.components.get("correct", rollout.reward.total))
+                    num_calls += rollout.num_turns
+                except Exception:
+                    failed += 1
+                    scores.append(0.0)
+                finally:
+                    await env.close()
+    return {"task": task.name, "model": str(model_spec), "num_tasks": len(tasks), "num_failed": failed,
+            "accuracy": statistics.fmean(scores) if scores else 0.0, "num_model_calls": num_calls}
