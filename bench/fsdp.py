@@ -11,6 +11,12 @@
   `fsdp2_step_time_ratio` / `fsdp4_step_time_ratio` (FSDP over DDP). Every rank is a real
   process over gloo with one torch thread; on a 2-core machine 4 ranks share 2 cores, so the
   figure says what sharding costs in communication and gathers, not a speedup.
+- `fsdp_publish_peak_extra_bytes_rank0` / `_other`: with 2 FSDP ranks, how far a rank's peak
+  resident memory (VmHWM, reset through /proc/self/clear_refs after a malloc_trim) rose above
+  its resident memory before gathering the whole weights for a publish (`learner.state_dict()`,
+  fsdp.full_weights): rank 0 keeps the whole weights on the host (the sync message), the other
+  rank drops each gathered tensor at once; `fsdp_publish_peak_extra_other_over_largest_tensor`
+  is the other rank's figure over the largest single tensor (the bound: one gathered tensor).
 Model: the built-in "tiny" (4 layers, hidden 192) in --quick, else a 6-layer, hidden-384
 llama (random weights); batch: 16 samples of 64 tokens, micro-batches of 4.
 """
@@ -55,9 +61,38 @@ def _rank_main(rank: int, world: int, init_file: str, strategy: str, out: str, s
     held = sharded_bytes(learner)
     held["grads"] = learner.grad_bytes
     held["total"] = held["params"] + held["grads"] + held["optimizer"]
+    held.update(_publish_peak_extra(learner))
     Path(out).write_text(json.dumps({"step_s": statistics.median(times[1:]), **held}))
     if world > 1:
         dist.destroy_process_group()
+
+
+def _rss_kb(field: str) -> int:
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field + ":"))
+
+
+def _publish_peak_extra(learner) -> dict:
+    """Bytes the rank's peak resident memory rose by while it gathered the whole weights for a
+    publish (`learner.state_dict()`, a collective every rank runs), and the sizes to judge it by:
+    the whole weights and their largest tensor (global shapes). Linux only: {} elsewhere."""
+    import ctypes
+    import gc
+
+    tied = learner.model.config.tie_word_embeddings
+    sizes = [v.numel() * v.element_size() for k, v in learner.model.state_dict().items()
+             if not (tied and k == "lm_head.weight")]
+    try:
+        gc.collect()
+        ctypes.CDLL("libc.so.6").malloc_trim(0)       # freed heap back to the OS: growth is real
+        before = _rss_kb("VmRSS")
+        Path("/proc/self/clear_refs").write_text("5")   # VmHWM := VmRSS
+    except OSError:
+        return {}
+    state = learner.state_dict()
+    peak = _rss_kb("VmHWM")
+    del state
+    return {"publish_peak_extra_bytes": (peak - before) * 1024, "weights_bytes": sum(sizes),
+            "largest_tensor_bytes": max(sizes)}
 
 
 def _batch(num: int, length: int, vocab: int):
@@ -105,9 +140,19 @@ def fsdp_learner_rows(quick: bool) -> tuple[dict, dict, dict]:
         ddp_s = max(r["step_s"] for r in runs[("ddp", world)])
         results[f"fsdp{world}_step_s"], peer[f"fsdp{world}_step_s"] = round(fsdp_s, 4), round(ddp_s, 4)
         results[f"fsdp{world}_step_time_ratio"] = round(fsdp_s / ddp_s, 3)
+    two = runs[("fsdp", 2)]
+    if "publish_peak_extra_bytes" in two[0]:
+        other = max(r["publish_peak_extra_bytes"] for r in two[1:])
+        results["fsdp_publish_peak_extra_bytes_rank0"] = two[0]["publish_peak_extra_bytes"]
+        results["fsdp_publish_peak_extra_bytes_other"] = other
+        results["fsdp_publish_peak_extra_other_over_largest_tensor"] = round(other / two[0]["largest_tensor_bytes"], 3)
+        peer["fsdp_publish_peak_extra_bytes_rank0"] = runs[("ddp", 2)][0]["publish_peak_extra_bytes"]
+        peer["fsdp_publish_peak_extra_bytes_other"] = max(r["publish_peak_extra_bytes"] for r in runs[("ddp", 2)][1:])
     config = {"fsdp_model": "tiny" if quick else "llama 6 x 384, vocab 4096", "fsdp_batch": "16 x 64 tokens",
               "fsdp_state_bytes_one_rank": one["total"],
-              "fsdp_state_bytes_four_ranks": [r["total"] for r in four], "fsdp_steps": steps}
+              "fsdp_state_bytes_four_ranks": [r["total"] for r in four], "fsdp_steps": steps,
+              "fsdp_publish_weights_bytes": one.get("weights_bytes"),
+              "fsdp_publish_largest_tensor_bytes": one.get("largest_tensor_bytes")}
     return results, peer, config
 
 

@@ -21,7 +21,8 @@ layer global when the file names a window, else none local; local rope base 1000
 1/sqrt(head_dim), 1/sqrt(hidden / heads) for the 62-layer 27B; Qwen3-MoE: top-k weights
 renormalised, every layer MoE). Invariant: a tensor of the file that has no place in the model,
 a missing metadata key, a per-layer array where one value is needed and a rope scaling type
-other than linear are refused by name, never skipped.
+other than linear are refused by name, never skipped. The tokenizer (`gguf_tokenizer`) is
+byte-level BPE (`tokenizer.ggml.model` 'gpt2') or SentencePiece BPE ('llama'; tokenizer.py).
 """
 from __future__ import annotations
 
@@ -367,17 +368,27 @@ def _reverse_permute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 def gguf_tokenizer(reader: GGUFFile, path) -> Tokenizer:
-    """The tokenizer GGUF's `tokenizer.ggml.*` metadata describes (byte-level BPE, model 'gpt2')."""
+    """The tokenizer GGUF's `tokenizer.ggml.*` metadata describes: byte-level BPE (model 'gpt2')
+    or SentencePiece BPE (model 'llama'); another model is refused naming it."""
+    from .tokenizer import TokenizerError
+
     field = reader.fields.get
     if "tokenizer.ggml.tokens" not in reader.fields:
         raise CheckpointError(f"{path}: the GGUF file has no tokenizer (tokenizer.ggml.tokens)")
-    return Tokenizer.from_gguf_metadata(
-        tokens=field("tokenizer.ggml.tokens"),
-        merges=field("tokenizer.ggml.merges", []),
-        model=field("tokenizer.ggml.model"),
-        bos_token_id=field("tokenizer.ggml.bos_token_id"),
-        eos_token_id=field("tokenizer.ggml.eos_token_id"),
-        pad_token_id=field("tokenizer.ggml.padding_token_id"),
-        chat_template=field("tokenizer.chat_template"),
-        add_bos_token=bool(field("tokenizer.ggml.add_bos_token", False)),
-        token_types=field("tokenizer.ggml.token_type"))
+    try:
+        return Tokenizer.from_gguf_metadata(
+            tokens=field("tokenizer.ggml.tokens"),
+            merges=field("tokenizer.ggml.merges", []),
+            model=field("tokenizer.ggml.model"),
+            bos_token_id=field("tokenizer.ggml.bos_token_id"),
+            eos_token_id=field("tokenizer.ggml.eos_token_id"),
+            pad_token_id=field("tokenizer.ggml.padding_token_id"),
+            chat_template=field("tokenizer.chat_template"),
+            add_bos_token=field("tokenizer.ggml.add_bos_token"),
+            token_types=field("tokenizer.ggml.token_type"),
+            scores=field("tokenizer.ggml.scores"),
+            architecture=str(field("general.architecture", "")),
+            add_space_prefix=field("tokenizer.ggml.add_space_prefix"),
+            extra_eos_ids=(field("tokenizer.ggml.eot_token_id"), field("tokenizer.ggml.eom_token_id")))
+    except TokenizerError as exc:
+        raise CheckpointError(f"{path}: {exc}") from None

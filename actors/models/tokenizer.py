@@ -4,7 +4,8 @@
 and the chat template (jinja2, as Hugging Face writes them). Three sources:
 
 - `Tokenizer.from_file(folder/tokenizer.json, tokenizer_config.json)`: a Hugging Face folder;
-- `Tokenizer.from_gguf_metadata(...)`: the BPE vocabulary and merges a GGUF file stores;
+- `Tokenizer.from_gguf_metadata(...)`: the vocabulary a GGUF file stores, byte-level BPE
+  (`gpt2`) or SentencePiece BPE (`llama`: Mistral 7B, Gemma 3; built by `sentencepiece_bpe`);
 - `byte_tokenizer()`: the built-in one for models trained from scratch: one token per
   byte (byte-level BPE with no merges, so any text round-trips exactly) and 8 specials.
   Built in code, no download; vocab 264 (ids 0..7 specials, 8..263 bytes).
@@ -16,7 +17,7 @@ import json
 from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers
+from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers
 
 from postrain.core.errors import PostrainError
 
@@ -65,8 +66,11 @@ class Tokenizer:
         return self.eos_token_ids[0] if self.eos_token_ids else None
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        """Token ids of `text`; the BOS id first when asked (or by default, add_bos_token), unless
+        the text already starts with it (a chat template that writes bos_token itself)."""
         ids = self.hf.encode(text, add_special_tokens=False).ids
-        if (self.add_bos_token if add_bos is None else add_bos) and self.bos_token_id is not None:
+        if ((self.add_bos_token if add_bos is None else add_bos) and self.bos_token_id is not None
+                and ids[:1] != [self.bos_token_id]):
             ids = [self.bos_token_id] + ids
         return ids
 
@@ -132,24 +136,91 @@ class Tokenizer:
     def from_gguf_metadata(cls, tokens: list[str], merges: list[str], model: str,
                            bos_token_id: int | None, eos_token_id: int | None,
                            pad_token_id: int | None, chat_template: str | None,
-                           add_bos_token: bool, token_types: list[int] | None = None) -> "Tokenizer":
-        """A byte-level BPE tokenizer from GGUF's `tokenizer.ggml.*` fields (model 'gpt2')."""
-        if model != "gpt2":
-            raise TokenizerError(f"GGUF tokenizer model {model!r} is not supported; only 'gpt2' "
-                                 "(byte-level BPE: Llama 3, Qwen2, SmolLM) is")
-        vocab = {token: idx for idx, token in enumerate(tokens)}
-        pairs = [tuple(m.split(" ", 1)) for m in merges]
-        hf = HFTokenizer(models.BPE(vocab, pairs, fuse_unk=False, byte_fallback=False))
-        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-        hf.decoder = decoders.ByteLevel()
-        from tokenizers import AddedToken
-        # token_type 3 = control (special) tokens in GGUF: match them as whole tokens.
-        specials = [tokens[i] for i, t in enumerate(token_types or []) if t == 3]
-        hf.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+                           add_bos_token: bool | None, token_types: list[int] | None = None,
+                           scores: list[float] | None = None, architecture: str = "llama",
+                           add_space_prefix: bool | None = None,
+                           extra_eos_ids: tuple[int | None, ...] = ()) -> "Tokenizer":
+        """A tokenizer from GGUF's `tokenizer.ggml.*` fields: model 'gpt2' (byte-level BPE) or
+        'llama' (SentencePiece BPE with byte fallback; add_bos_token defaults to true, as in
+        llama.cpp). Tokens GGUF marks control (type 3) are matched whole as special tokens,
+        user-defined ones (type 4) whole as plain ones. `extra_eos_ids` (GGUF's eot / eom ids)
+        are stop ids too."""
+        if model == "gpt2":
+            vocab = {token: idx for idx, token in enumerate(tokens)}
+            pairs = [tuple(m.split(" ", 1)) for m in merges]
+            hf = HFTokenizer(models.BPE(vocab, pairs, fuse_unk=False, byte_fallback=False))
+            hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+            hf.decoder = decoders.ByteLevel()
+        elif model == "llama":
+            if scores is None and merges == [] and not architecture.startswith("gemma"):
+                raise TokenizerError("GGUF tokenizer model 'llama' needs tokenizer.ggml.scores (they rank "
+                                     "the merges); the file lacks them: convert the model again")
+            tokens, hf = sentencepiece_bpe(tokens, scores or [0.0] * len(tokens), merges, architecture,
+                                           add_space_prefix)
+            vocab = {token: idx for idx, token in enumerate(tokens)}
+            add_bos_token = True if add_bos_token is None else add_bos_token
+        else:
+            raise TokenizerError(f"GGUF tokenizer model {model!r} (tokenizer.ggml.model) is not supported; "
+                                 "supported: 'gpt2' (byte-level BPE: Llama 3, Qwen2/3, SmolLM) and 'llama' "
+                                 "(SentencePiece BPE: Mistral 7B, Gemma 3); load a Hugging Face folder instead")
+        types = token_types or []
+        hf.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                               for i, t in enumerate(types) if t == 3])
+        hf.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
+                       for i, t in enumerate(types) if t == 4])
         eos_ids = [eos_token_id] if eos_token_id is not None else []
-        if chat_template and "<|im_end|>" in vocab and vocab["<|im_end|>"] not in eos_ids:
-            eos_ids.append(vocab["<|im_end|>"])
-        return cls(hf, bos_token_id, eos_ids, pad_token_id, chat_template, add_bos_token)
+        for extra in list(extra_eos_ids) + [vocab.get(name) for name in ("<|im_end|>", "<end_of_turn>")
+                                           if chat_template and name in chat_template]:
+            if extra is not None and extra not in eos_ids:
+                eos_ids.append(extra)
+        return cls(hf, bos_token_id, eos_ids, pad_token_id, chat_template, bool(add_bos_token))
+
+
+def sentencepiece_bpe(tokens: list[str], scores: list[float], merges: list[str], architecture: str,
+                      add_space_prefix: bool | None) -> tuple[list[str], HFTokenizer]:
+    """(tokens as the tokenizer spells them, tokenizer) of a GGUF SentencePiece BPE vocabulary,
+    built as transformers builds it from the same file (the reference in the tests):
+
+    - merges: the file's, else every split of a token into two tokens of the vocabulary, best
+      first: by score (Llama, Mistral), by file order for Gemma (its scores do not follow its
+      merges); ties by the longer left piece, then the longer right piece;
+    - byte fallback: a character with no token becomes its UTF-8 bytes' `<0xXX>` tokens;
+    - spaces are "▁". Llama/Mistral: a "▁" is put before the text (unless the file says
+      add_space_prefix = false) and taken off on decode. Gemma: no prefix; the file stores its
+      runs of spaces as real spaces, read back as runs of "▁".
+    """
+    gemma = architecture.startswith("gemma")
+    if gemma:
+        tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in tokens]
+        scores = [-float(i) for i in range(len(tokens))]
+    vocab = {token: idx for idx, token in enumerate(tokens)}
+    pairs = ([tuple(m.split(" ", 1)) for m in merges] if merges
+             else _merges_from_scores(vocab, dict(zip(tokens, scores))))
+    unk = "<unk>" if gemma and "<unk>" in vocab else None
+    hf = HFTokenizer(models.BPE(vocab, pairs, unk_token=unk, fuse_unk=True, byte_fallback=True))
+    steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if gemma:
+        hf.normalizer = normalizers.Replace(" ", "\u2581")
+        hf.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    else:
+        prefix = add_space_prefix is not False
+        hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", split=False,
+                                                    prepend_scheme="first" if prefix else "never")
+        steps += [decoders.Strip(" ", 1, 0)] if prefix else []
+    hf.decoder = decoders.Sequence(steps)
+    return tokens, hf
+
+
+def _merges_from_scores(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[str, str]]:
+    """Every (left, right) split of a token into two vocabulary tokens, best score first; ties:
+    longer left, then longer right, then file order (transformers' generate_merges, the same order)."""
+    found = []
+    for token, score in scores.items():
+        local = [(token[:i], token[i:], score) for i in range(1, len(token))
+                 if token[:i] in vocab and token[i:] in vocab]
+        found += sorted(local, key=lambda m: (vocab[m[0]], vocab[m[1]]))
+    found.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [(left, right) for left, right, _ in found]
 
 
 def byte_tokenizer() -> Tokenizer:

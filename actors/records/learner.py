@@ -112,11 +112,13 @@ class JoinGroup(Record):
 @dataclass(frozen=True, slots=True)
 class GroupState(Record):
     """The `group`, `join` and `rank_step` reply: a rank's generation (None before it joined one),
-    its state (GROUP_STATES; "alone": not a rank of a group) and its rank."""
+    its state (GROUP_STATES; "alone": not a rank of a group) and its rank. A None generation
+    travels as no key (Record.to_wire), so it defaults to None: a rank restarted before it joined
+    must read back, or rank 0's probe of it fails instead of counting it lost."""
 
-    generation: str | None
     state: str
     rank: int
+    generation: str | None = None
 
     def _check(self) -> None:
         if self.state not in GROUP_STATES:

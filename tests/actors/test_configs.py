@@ -28,7 +28,8 @@ def postrain(*args, timeout=120):
 
 @pytest.mark.parametrize("name", ["smollm2_arithmetic.toml", "code.toml", "terminal.toml",
                                   "smollm2_reasoning_gym.toml", "smollm2_math_dataset.toml",
-                                  "smollm2_terminal.toml", "smollm2_addition.toml"])
+                                  "smollm2_terminal.toml", "smollm2_addition.toml",
+                                  "smollm2_addition_lora.toml"])
 def test_shipped_configs_validate_and_place_on_this_machine(name, capsys):
     assert cli.main(["up", "--config", str(CONFIGS / name), "--dry-run"]) == 0
     assert "orchestrator: cores" in capsys.readouterr().out
@@ -45,6 +46,19 @@ def test_a_packaged_model_name_resolves_or_says_how_to_install_it(monkeypatch):
     config = tomllib.loads((CONFIGS / "smollm2_arithmetic.toml").read_text())
     assert config["shared"]["model"] == "smollm2"
     assert not any("model" in spec["options"] for spec in config["actors"]), "stated once, in [shared]"
+
+
+def test_the_lora_addition_config_trains_adapters_at_ten_times_the_full_learning_rate():
+    """The LoRA config is the full fine-tuning one plus `learner.lora`, at 10x its learning rate."""
+    from postrain.actors.learner.lora import lora_config
+    full, lora = (tomllib.loads((CONFIGS / name).read_text()) for name in
+                  ("smollm2_addition.toml", "smollm2_addition_lora.toml"))
+    learner = {c["name"]: c for c in lora["actors"]}["learner"]["options"]["learner"]
+    base = {c["name"]: c for c in full["actors"]}["learner"]["options"]["learner"]
+    adapters = lora_config(learner["lora"])
+    assert adapters.rank == 16 and adapters.alpha == 32 and len(adapters.targets) == 7
+    assert learner["lr"] == 10 * base["lr"] and learner["rl_lr"] == 10 * base["rl_lr"]
+    assert lora["shared"] == full["shared"], "the same model and task as the full fine-tuning run"
 
 
 def scripted(*turns):

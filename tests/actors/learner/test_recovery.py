@@ -58,13 +58,13 @@ def specs(orchestrator: dict) -> list[ActorSpec]:
                   options=orchestrator, **common)]
 
 
-async def run_with_killer(folder, orchestrator: dict, killer, resume: bool = False
-                          ) -> tuple[dict, list[str], dict[str, int]]:
+async def run_with_killer(folder, orchestrator: dict, killer, resume: bool = False,
+                          heartbeat_interval_s: float = 0.2) -> tuple[dict, list[str], dict[str, int]]:
     """A real run under an in-process supervisor, `killer(supervisor, lines)` running beside it;
     returns the summary, the progress lines and each actor's restarts."""
     folder.mkdir(parents=True, exist_ok=True)
     lines, summary = [], None
-    async with Supervisor.open(heartbeat_interval_s=0.2, heartbeat_timeout_s=60) as sup:
+    async with Supervisor.open(heartbeat_interval_s=heartbeat_interval_s, heartbeat_timeout_s=60) as sup:
         for spec in specs(orchestrator):
             await sup.start(spec)
         async with anyio.create_task_group() as tg:
@@ -157,7 +157,10 @@ async def test_killing_each_kind_of_actor_mid_run_loses_and_doubles_nothing(tmp_
             sup.kill(name)
             kills.append(name)
 
-    summary, lines, restarts = await run_with_killer(folder, orchestrator_options(num_steps=num_steps), kill_each_kind)
+    # The killer sees an actor busy through its heartbeats' load: a step whose rewards are all
+    # equal takes ~0.1 s, so beats every 0.2 s could miss every episode of the run.
+    summary, lines, restarts = await run_with_killer(folder, orchestrator_options(num_steps=num_steps), kill_each_kind,
+                                                     heartbeat_interval_s=0.01)
     assert kills == ["generator", "sandbox", "env", "learner"], (kills, lines)
     assert all(restarts[name] >= 1 for name in kills), restarts
     assert summary["steps"] == num_steps

@@ -10,7 +10,9 @@ table (`gguf.get_tensor_name_map`, what llama.cpp's converter uses), and the con
 changes are applied here: Llama/Mistral q and k rows permuted for llama.cpp's rotary layout,
 Gemma norms stored as 1 + weight, MoE experts stacked as `ffn_{gate,up,down}_exps`, a tied LM
 head not written. The tokenizer is postrain's byte tokenizer as GGUF `gpt2` metadata (264
-tokens, no merges; bos 1, eos 2, pad 0), the ids bench/architectures.py's models use.
+tokens, no merges; bos 1, eos 2, pad 0), the ids bench/architectures.py's models use;
+`sentencepiece_metadata(style)` gives a SentencePiece (`llama`) vocabulary shaped like Mistral 7B's
+or Gemma 3's instead (pass it as `extra`).
 """
 from __future__ import annotations
 
@@ -137,3 +139,60 @@ def _value_type(value) -> GGUFValueType:
     if isinstance(value, str):
         return GGUFValueType.STRING
     return GGUFValueType.ARRAY
+
+
+# ----------------------------------------------------------------------------- SentencePiece vocabularies
+
+_SP_WORDS = ["the", "hello", "world", "what", "is", "capital", "of", "France", "Paris", "answer", "and",
+             "café", "über", "niño", "12", "345", "2026", "def", "return", "you", "are", "a", "helper"]
+_SP_PIECES = ["ing", "er", "ll", "lo", "he", "wor", "ld", "an", "is", "12", "34"]
+MISTRAL_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
+    "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
+    "{{ message['content'] + eos_token }}{% endif %}{% endfor %}")
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<start_of_turn>"
+    "{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n"
+    "{{ message['content'] | trim }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+
+
+def sentencepiece_metadata(style: str) -> dict:
+    """`tokenizer.ggml.*` keys of a SentencePiece (`llama`) vocabulary laid out as llama.cpp writes
+    Mistral 7B's (`style="mistral"`: <unk> <s> </s>, [INST] [/INST] control, scores that rank the
+    merges, a prefix space) or Gemma 3's (`"gemma3"`: <pad> <eos> <bos> <unk> <mask>, turn markers,
+    runs of spaces stored as real spaces, scores all 0: the file order ranks the merges, no prefix
+    space). Then 256 byte-fallback tokens <0x00>..<0xFF> (type 6), single characters and words with
+    every prefix ("▁c", "▁ca", ...), so every piece is two pieces of the vocabulary (type 1)."""
+    if style == "mistral":
+        specials = [("<unk>", 2), ("<s>", 3), ("</s>", 3), ("[INST]", 3), ("[/INST]", 3)]
+    else:
+        specials = [("<pad>", 3), ("<eos>", 3), ("<bos>", 3), ("<unk>", 2), ("<mask>", 4),
+                    ("<start_of_turn>", 3), ("<end_of_turn>", 3)]
+    tokens, types = [t for t, _ in specials], [k for _, k in specials]
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    types += [6] * 256
+    pieces = ["\u2581"] + list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,:;!?'\"()[]/-+=*#éüñ")
+    pieces += ["\u2581\u2581", "\u2581\u2581\u2581\u2581"] + _SP_PIECES
+    if style == "gemma3":
+        pieces += ["\n", "\n\n", "  ", "    "]                    # llama.cpp stores these as written
+    for word in _SP_WORDS:
+        pieces += ["\u2581" + word[:i] for i in range(1, len(word) + 1)] + [word]
+    for piece in pieces:
+        if piece not in tokens:
+            tokens.append(piece)
+            types.append(1)
+    if style == "mistral":
+        scores = [0.0] * (len(specials) + 256) + [-float(i) for i in range(len(tokens) - len(specials) - 256)]
+        ids = {"unknown_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+        flags = {"tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": False,
+                 "tokenizer.ggml.add_space_prefix": True, "tokenizer.chat_template": MISTRAL_TEMPLATE}
+    else:
+        scores = [0.0] * len(tokens)
+        ids = {"padding_token_id": 0, "eos_token_id": 1, "bos_token_id": 2, "unknown_token_id": 3,
+               "eot_token_id": tokens.index("<end_of_turn>")}
+        flags = {"tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": False,
+                 "tokenizer.ggml.add_space_prefix": False, "tokenizer.chat_template": GEMMA3_TEMPLATE}
+    return {"tokenizer.ggml.model": "llama", "tokenizer.ggml.pre": "default", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.scores": scores, "tokenizer.ggml.token_type": types,
+            **{f"tokenizer.ggml.{k}": v for k, v in ids.items()}, **flags}

@@ -9,8 +9,11 @@ transformers, written as llama.cpp lays them out (gguf_files.py), loaded by post
   transformers' reader takes: a Mistral window, Qwen3 head_dim, Qwen3-MoE's expert width, Gemma 3's
   own layer pattern, local rope base, linear scaling and logit soft cap.
 - Quantized files (Q8_0, Q4_0) dequantize as transformers dequantizes them.
-- An unsupported architecture (Mixtral included), a missing key, a per-layer array, an unknown tensor
-  and an unsupported rope scaling type are refused by name.
+- An unsupported architecture (Mixtral included), a missing key, a per-layer array, an unknown tensor,
+  an unsupported rope scaling type and an unknown tokenizer model are refused by name.
+- SentencePiece (`llama`) vocabularies shaped like Mistral 7B's and Gemma 3's: postrain's encode,
+  decode and chat-rendered prompt ids equal transformers' tokenizer read from the same file, and
+  `postrain generate --chat` runs on such a file.
 """
 import sys
 from pathlib import Path
@@ -178,7 +181,9 @@ def qwen3_model(readable_files):
     (dict(extra={"qwen3.attention.head_count_kv": [1, 1]}), r"qwen3.attention.head_count_kv holds one value per layer"),
     (dict(extra_tensors={"blk.0.attn_sinks.weight": torch.zeros(2).numpy()}),
      r"tensor 'blk.0.attn_sinks.weight' has no place in a postrain qwen3 model"),
-], ids=["architecture", "missing_key", "rope_type", "per_layer_key", "unknown_tensor"])
+    (dict(extra={"tokenizer.ggml.model": "bert"}),
+     r"GGUF tokenizer model 'bert' \(tokenizer.ggml.model\) is not supported; supported: 'gpt2' .* and 'llama'"),
+], ids=["architecture", "missing_key", "rope_type", "per_layer_key", "unknown_tensor", "tokenizer_model"])
 def test_bad_gguf_files_are_refused_by_name(qwen3_model, tmp_path, change, message):
     path = gguf_files.write_gguf(qwen3_model, "qwen3", tmp_path / "bad.gguf", **change)
     with pytest.raises(CheckpointError, match=message):
@@ -207,3 +212,89 @@ def test_gguf_names_still_import_from_loading(readable_files):
     assert _gguf_tokenizer(_GGUFFile(path), path).encode("hi") == byte_tokenizer().encode("hi")
     model, _ = load_gguf(path)
     assert model.config.architecture == "qwen3" and model.config.head_dim == 128
+
+
+# ----------------------------------------------------------------------------- SentencePiece tokenizers
+
+SP_STRINGS = ["hello world", "  the  capital\nof France?", "café über 日本 ünïcödé", "12345 2026 3.14",
+              "[INST] hi [/INST]", "<start_of_turn>user\nhi<end_of_turn>\n", " leading", "a\n\n b\t c  ",
+              "", " ", "The answer is 42.", "def f(x):\n    return x+1"]
+SP_CHAT = [{"role": "user", "content": "What is the capital of France?"},
+           {"role": "assistant", "content": "Paris"}, {"role": "user", "content": "and 12+345?"}]
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_files(tmp_path_factory):
+    """style -> a tiny model's GGUF file with a SentencePiece vocabulary: Mistral-shaped (stored as
+    llama) and Gemma 3-shaped, one folder each (transformers reads the tokenizer from the folder)."""
+    files = {}
+    for style, arch in (("mistral", "mistral"), ("gemma3", "gemma3_text")):
+        meta = gguf_files.sentencepiece_metadata(style)
+        shape = dict(SMALL, vocab_size=len(meta["tokenizer.ggml.tokens"]), num_hidden_layers=2, head_dim=32,
+                     bos_token_id=meta["tokenizer.ggml.bos_token_id"],
+                     eos_token_id=meta["tokenizer.ggml.eos_token_id"], pad_token_id=0)
+        config = (transformers.MistralConfig(**shape) if style == "mistral" else
+                  transformers.Gemma3TextConfig(**shape, query_pre_attn_scalar=32, sliding_window=8))
+        folder = tmp_path_factory.mktemp(style)
+        files[style] = gguf_files.write_gguf(random_model(config), arch, folder / f"{style}.gguf",
+                                             name=f"{style}-tiny", extra=meta,
+                                             drop={"tokenizer.ggml.padding_token_id"} if style == "mistral" else set())
+    return files
+
+
+@pytest.mark.parametrize("style", ["mistral", "gemma3"])
+def test_sentencepiece_gguf_tokenizer_equals_transformers(sentencepiece_files, style):
+    from postrain.actors.models.loading import _gguf_tokenizer, _GGUFFile
+
+    path = sentencepiece_files[style]
+    ours = _gguf_tokenizer(_GGUFFile(path), path)
+    theirs = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    for text in SP_STRINGS:
+        ids = theirs.encode(text)                                   # BOS first: add_bos_token
+        assert ours.encode(text) == ids, text
+        assert ours.decode(ids) == theirs.decode(ids), text
+        assert ours.decode(ids, skip_special_tokens=True) == theirs.decode(ids, skip_special_tokens=True)
+    rendered = theirs.apply_chat_template(SP_CHAT, tokenize=True, add_generation_prompt=True)["input_ids"]
+    assert ours.encode(ours.apply_chat_template(SP_CHAT)) == rendered     # the template's BOS, not two
+    assert ours.vocab_size == len(theirs)
+    assert ours.eos_token_ids == ([2] if style == "mistral" else [1, 6])   # Gemma: <end_of_turn> (eot) too
+
+
+def test_sentencepiece_add_space_prefix_false_is_honoured():
+    """llama.cpp puts no "▁" before the text when the file says add_space_prefix = false
+    (transformers' reader ignores the flag, so the expectation is written out)."""
+    from postrain.actors.models.tokenizer import Tokenizer
+
+    meta = {k.rsplit(".", 1)[-1]: v for k, v in gguf_files.sentencepiece_metadata("mistral").items()}
+    kwargs = dict(tokens=meta["tokens"], merges=[], model="llama", bos_token_id=1, eos_token_id=2,
+                  pad_token_id=None, chat_template=None, add_bos_token=None, token_types=meta["token_type"],
+                  scores=meta["scores"])
+    with_prefix = Tokenizer.from_gguf_metadata(**kwargs)
+    without = Tokenizer.from_gguf_metadata(**kwargs, add_space_prefix=False)
+    pieces = lambda tok, text: [tok.hf.id_to_token(i) for i in tok.encode(text)]   # noqa: E731
+    assert pieces(with_prefix, "hello world") == ["<s>", "\u2581hello", "\u2581world"]
+    assert pieces(without, "hello world") == ["<s>", "he", "ll", "o", "\u2581world"]
+    for text in SP_STRINGS:
+        assert without.decode(without.encode(text, add_bos=False)) == text
+
+
+@pytest.mark.parametrize("style", ["mistral", "gemma3"])
+def test_postrain_generate_runs_on_sentencepiece_gguf(sentencepiece_files, style, capsys):
+    import argparse
+    import json
+
+    from postrain.cli import generate as generate_cli
+
+    path = sentencepiece_files[style]
+    parser = argparse.ArgumentParser()
+    generate_cli.add_arguments(parser)
+    args = parser.parse_args(["--model", str(path), "--chat", "--prompt", "What is the capital of France?",
+                              "--temperature", "0", "--max-tokens", "8", "--json"])
+    assert generate_cli.main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    theirs = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    chat = [{"role": "user", "content": "What is the capital of France?"}]
+    assert out["prompt_token_ids"] == theirs.apply_chat_template(chat, tokenize=True,
+                                                                  add_generation_prompt=True)["input_ids"]
+    sample = out["samples"][0]
+    assert 1 <= len(sample["token_ids"]) <= 8 and sample["text"] == theirs.decode(sample["token_ids"])
