@@ -32,6 +32,7 @@ import torch
 
 from ..atomic_write import repair_interrupted_write, write_folder_atomically
 from .batch import LearnerError
+from .state import extra_json
 
 FORMAT = "postrain-learner-dcp-1"
 
@@ -90,15 +91,11 @@ def save_sharded_checkpoint(learner, folder: str | Path, extra: dict | None = No
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    try:
-        extra_json = json.dumps(extra or {})
-    except TypeError as exc:
-        raise LearnerError(f"checkpoint extra must be JSON-able (dicts, lists, numbers, strings): {exc}; "
-                           "convert arrays with .tolist()") from None
+    extra_text = extra_json(extra)
     folder = Path(folder)
     group = _group(learner)
     tensors = _tensors(learner, for_load=False)
-    state = _state_json(learner, json.loads(extra_json))
+    state = _state_json(learner, json.loads(extra_text))
     if learner.rank != 0:
         where = [None]
         dist.broadcast_object_list(where, src=0, group=group)

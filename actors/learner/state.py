@@ -63,13 +63,18 @@ def _rng_tensors() -> dict[str, torch.Tensor]:
     return out
 
 
-def save_learner_checkpoint(learner, folder: str | Path, extra: dict | None = None) -> Path:
-    """Write the learner's full state to `folder` (module docstring). Returns the folder."""
+def extra_json(extra: dict | None) -> str:
+    """A checkpoint's `extra` as JSON, or a LearnerError saying how to make it JSON-able."""
     try:
-        extra_json = json.dumps(extra or {})
+        return json.dumps(extra or {})
     except TypeError as exc:
         raise LearnerError(f"checkpoint extra must be JSON-able (dicts, lists, numbers, strings): {exc}; "
                            "convert arrays with .tolist()") from None
+
+
+def save_learner_checkpoint(learner, folder: str | Path, extra: dict | None = None) -> Path:
+    """Write the learner's full state to `folder` (module docstring). Returns the folder."""
+    extra_text = extra_json(extra)
     if learner.rank != 0:
         return Path(folder)
     opt_tensors, groups = _optimizer_tensors(learner)
@@ -79,7 +84,7 @@ def save_learner_checkpoint(learner, folder: str | Path, extra: dict | None = No
         "kl_coef": learner.kl.coef, "param_groups": groups, "config": learner.config.to_dict(),
         "python_rng": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
         "numpy_rng": [np_state[0], int(np_state[2]), int(np_state[3]), float(np_state[4])],
-        "extra": json.loads(extra_json),
+        "extra": json.loads(extra_text),
     }
     meta = {"format": "pt", "step": str(learner.step), "policy_version": str(learner.policy_version)}
 
