@@ -32,7 +32,6 @@ through a gateway, as it trains: a generator and a gateway actor are started for
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 from pathlib import Path
@@ -152,7 +151,7 @@ async def evaluate(model_spec: str, task_name: str, task_options: dict, num_task
     from postrain.actors.env import run_episode
     from postrain.actors.tasks import get_task
 
-    from .eval_agents import episode_sandbox, evaluate_agent
+    from .eval_agents import evaluate_agent, score_episodes
 
     task = get_task(task_name)
     task_options = task.check_options(task_options)
@@ -166,19 +165,8 @@ async def evaluate(model_spec: str, task_name: str, task_options: dict, num_task
         return await evaluate_agent(model_spec, task, task_options, tasks)
     if policy is None:
         policy = engine_policy(model_spec, max_tokens)
-    scores, failed = [], 0
-    with contextlib.ExitStack() as stack:
-        sandbox = episode_sandbox(stack, task, task_options)
-        for item in tasks:
-            env = task.make_env(sandbox=sandbox, options=task_options)
-            try:
-                episode = await run_episode(env, item, policy)
-                scores.append(episode.reward.components.get("correct", episode.reward.total))
-            except Exception:
-                failed += 1
-                scores.append(0.0)
-            finally:
-                await env.close()
+    scores, failed = await score_episodes(task, task_options, tasks,
+                                          lambda env, item: run_episode(env, item, policy))
     return {"task": task.name, "model": str(model_spec), "num_tasks": len(tasks), "num_failed": failed,
             "accuracy": statistics.fmean(scores) if scores else 0.0}
 

@@ -14,14 +14,28 @@ import contextlib
 import statistics
 
 
-def episode_sandbox(stack: contextlib.ExitStack, task, task_options):
-    """A one-worker warm sandbox for the episodes of `postrain eval`, closed with `stack`; None
-    when the task runs no code."""
-    if not task.needs_sandbox(task_options):
-        return None
-    from postrain.actors.env import LocalSandbox
-    from postrain.sandbox import Sandbox
-    return LocalSandbox(stack.enter_context(Sandbox(mode="warm", num_workers=1)))
+async def score_episodes(task, task_options, tasks: list[dict], play) -> tuple[list[float], int]:
+    """Play each held-out task once with `await play(env, item)` (a result with `.reward`), in a
+    one-worker warm sandbox when the task runs code; (scores, episodes that failed). A failed
+    episode scores 0 and is counted; every env is closed."""
+    scores, failed = [], 0
+    with contextlib.ExitStack() as stack:
+        sandbox = None
+        if task.needs_sandbox(task_options):
+            from postrain.actors.env import LocalSandbox
+            from postrain.sandbox import Sandbox
+            sandbox = LocalSandbox(stack.enter_context(Sandbox(mode="warm", num_workers=1)))
+        for item in tasks:
+            env = task.make_env(sandbox=sandbox, options=task_options)
+            try:
+                result = await play(env, item)
+                scores.append(result.reward.components.get("correct", result.reward.total))
+            except Exception:
+                failed += 1
+                scores.append(0.0)
+            finally:
+                await env.close()
+    return scores, failed
 
 
 async def evaluate_agent(model_spec: str, task, task_options, tasks: list[dict]) -> dict:
@@ -41,23 +55,18 @@ async def evaluate_agent(model_spec: str, task, task_options, tasks: list[dict])
 
     args = argparse.Namespace(model=model_spec, host="127.0.0.1", port=0, served_model_name=None,
                               kv_cache_mb=64, max_num_seqs=32, seed=0)
-    scores, failed, num_calls = [], 0, 0
+    num_calls = 0
     async with Supervisor.open() as supervisor:
         for spec in specs(args):
             gateway = await supervisor.start(spec)
         address = await gateway.ask("address")
-        with contextlib.ExitStack() as stack:
-            sandbox = episode_sandbox(stack, task, task_options)
-            for item in tasks:
-                env = task.make_env(sandbox=sandbox, options=task_options)
-                try:
-                    rollout = await agent_rollout(env, item, gateway, address, Timeline())
-                    scores.append(rollout.reward.components.get("correct", rollout.reward.total))
-                    num_calls += rollout.num_turns
-                except Exception:
-                    failed += 1
-                    scores.append(0.0)
-                finally:
-                    await env.close()
+
+        async def play(env, item):
+            nonlocal num_calls
+            rollout = await agent_rollout(env, item, gateway, address, Timeline())
+            num_calls += rollout.num_turns
+            return rollout
+
+        scores, failed = await score_episodes(task, task_options, tasks, play)
     return {"task": task.name, "model": str(model_spec), "num_tasks": len(tasks), "num_failed": failed,
             "accuracy": statistics.fmean(scores) if scores else 0.0, "num_model_calls": num_calls}
