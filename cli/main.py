@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, str] = {
     "sandbox": "postrain.cli.sandbox",
     "generate": "postrain.cli.generate",
     "eval": "postrain.cli.eval",
+    "export": "postrain.cli.export",
     "serve": "postrain.cli.serve",
     "init": "postrain.cli.init",
     "report": "postrain.cli.report",

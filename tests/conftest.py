@@ -1,7 +1,9 @@
-"""Shared test settings, the `gpu` marker's skip rule, and `small_disk`: a real full disk for the
-tests of full-disk behaviour."""
+"""Shared test settings, the `gpu` marker's skip rule, `small_disk`: a real full disk for the
+tests of full-disk behaviour, and `rank_processes`: the ranks of a gloo group as real processes."""
 import logging
+import os
 import subprocess
+import sys
 
 import pytest
 
@@ -45,3 +47,26 @@ def small_disk(tmp_path):
     finally:
         for folder in reversed(mounted):
             subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+def run_rank_processes(args: list[list[str]], timeout_s: float = 300) -> list[str]:
+    """One `python ARGS` process per rank (one thread each), all at once; their stdouts, once
+    every one exited 0 (else the test fails with the first failing rank's stderr)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, *map(str, rank_args)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for rank_args in args]
+    try:
+        logs = [p.communicate(timeout=timeout_s) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for rank, (p, (_, stderr)) in enumerate(zip(procs, logs)):
+        assert p.returncode == 0, f"rank {rank}: {stderr[-3000:]}"
+    return [stdout for stdout, _ in logs]
+
+
+@pytest.fixture(scope="session")
+def rank_processes():
+    """run_rank_processes (above), for tests that start a process group's ranks."""
+    return run_rank_processes

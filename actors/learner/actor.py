@@ -70,7 +70,8 @@ from ..models.loading import check_model_spec
 from ..records import (CheckpointLoaded, CheckpointSaved, ExportedHf, ExportHf, GroupState, JoinGroup, LearnerStats,
                        LoadCheckpoint, PublishReport, PublishRequest, RankStep, Record, SaveCheckpoint, SftBatch,
                        StepMetrics, TrainBatch, WeightSync)
-from .group import LearnerGroup, shard_batch
+from .context_parallel_step import check_ranks, rank_shards
+from .group import LearnerGroup
 from .publish import sealed_sync
 from .sync_plan import WEIGHT_SYNC_MODES, SyncPlanner
 
@@ -155,6 +156,8 @@ class LearnerActor(Actor):
         self.last_publish: PublishReport | None = None
         self.sync_plan: SyncPlanner | None = None   # what each target holds (built with the learner)
         self.group: LearnerGroup | None = None
+        check_ranks(self.options.learner_config().context_parallel,
+                    1 if self.rendezvous is None else self.rendezvous.world_size)
         await anyio.to_thread.run_sync(self._build)
         if self.rendezvous is None:
             return
@@ -229,7 +232,8 @@ class LearnerActor(Actor):
             reward_metrics, advantages = learner.batch_advantages(batch) if kind == "train" else ({}, None)
             pack_batch(batch, advantages=advantages)
             whole = batch if advantages is None else dataclasses.replace(batch, advantages=advantages.tolist())
-            return reward_metrics, shard_batch(whole, self.group.rendezvous.world_size)
+            return reward_metrics, rank_shards(whole, self.group.rendezvous.world_size,
+                                               learner.config.context_parallel)   # one per ring
 
         reward_metrics, shards = await anyio.to_thread.run_sync(cut)
         metrics = await self.group.run_step(kind, shards, lambda shard: self._run(kind, shard))

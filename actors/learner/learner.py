@@ -53,6 +53,7 @@ from .lora import LearnerLora, lora_config
 from . import fsdp
 from .fsdp import STRATEGIES
 from .shared_prefix import plan_micro_batches
+from .context_parallel_step import join_rings, ring_logprobs
 from .step import sft_step, train_step
 
 OBJECTIVES = ("ppo", "decoupled")
@@ -117,6 +118,7 @@ class LearnerConfig:
     # ranks (actors/learner/fsdp.py)
     strategy: str = "ddp"                  # "ddp": every rank holds the whole model | "fsdp": sharded (FSDP2)
     activation_checkpointing: bool = False   # recompute each decoder layer in backward (less memory)
+    context_parallel: int = 1              # ranks per ring that split each sequence (context_parallel_step.py)
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)
@@ -136,6 +138,9 @@ class LearnerConfig:
             (self.lr > 0, f"lr must be > 0, got {self.lr}"),
             (self.rl_lr is None or self.rl_lr > 0, f"rl_lr must be > 0 or unset, got {self.rl_lr}"),
             (self.micro_batch_size >= 1, f"micro_batch_size must be >= 1, got {self.micro_batch_size}"),
+            (self.context_parallel >= 1, f"context_parallel must be >= 1, got {self.context_parallel}"),
+            (self.context_parallel == 1 or self.strategy == "ddp", "context_parallel > 1 works with strategy "
+             f"'ddp' only, got strategy {self.strategy!r}: set strategy = 'ddp' or context_parallel = 1"),
             (self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}"),
             (self.lr_schedule != "cosine" or self.total_steps > self.warmup_steps,
              f"lr_schedule='cosine' needs total_steps > warmup_steps, got total_steps={self.total_steps}"),
@@ -211,6 +216,7 @@ class Learner:
         self.policy_version = 0
         self.group = process_group
         self.world_size, self.rank = 1, 0
+        self.rings = None                  # context_parallel > 1 in a group: LearnerRings
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             self.join_process_group(process_group)
 
@@ -225,6 +231,8 @@ class Learner:
         self._broadcast_parameters()
         if self.config.strategy == "fsdp":
             self._shard()
+        if self.config.context_parallel > 1:
+            self.rings = join_rings(self)
 
     def _build_optimizer(self) -> torch.optim.AdamW:
         cfg = self.config
@@ -328,7 +336,11 @@ class Learner:
         return load_learner_checkpoint(self, folder)
 
     def export_hf(self, folder: str | Path) -> Path:
-        """The policy as a Hugging Face folder (config.json, model.safetensors, tokenizer)."""
+        """The policy as a Hugging Face folder (config.json, model.safetensors, tokenizer). Sharded:
+        every rank calls it; rank 0 writes it one layer at a time (streamed_export.py)."""
+        if self.sharded:
+            from .streamed_export import export_sharded
+            return export_sharded(self, folder)
         from .state import export_hf
         return export_hf(self, folder)
 
@@ -370,8 +382,9 @@ class Learner:
         in `order` (B,), grouped by shared prefix where that saves compute, else sorted by length
         so that short samples pad to short ones (actors/learner/shared_prefix.py). The gradient is the
         same in any order, since every micro-batch's loss uses the whole batch's normalisers."""
-        order, micro = plan_micro_batches(packed, self.config.micro_batch_size,   # MoE routing: plain rows
-                                          self.config.shared_prefix and not self.routing.active)
+        order, micro = plan_micro_batches(packed, self.config.micro_batch_size,   # MoE, rings: plain rows
+                                          self.config.shared_prefix and not self.routing.active
+                                          and self.config.context_parallel == 1)
         return order, [mb.to(self.device) for mb in micro]
 
     def _global_counts(self, packed: PackedBatch) -> tuple[float, float]:
@@ -389,14 +402,22 @@ class Learner:
         if wider); 0 where not trained.
 
         Only the loss_mask positions reach the LM head: (N, H) hidden rows, N = trained tokens."""
+        if self.config.context_parallel > 1:
+            return ring_logprobs(self, model, mb)      # each rank its slice (context_parallel_step.py)
         sel = mb.loss_mask                                                                # (B, T-1)
         cfg = self.config
         with torch.autocast(self.device.type, dtype=_DTYPES[cfg.autocast_dtype or cfg.dtype],
                             enabled=cfg.autocast_dtype is not None), self.routing.trace(model, mb, replay):
             h = self._trained_hidden(model, mb)                                           # (N, H)
+        logp, entropy = self._head(model, h, mb.input_ids[:, 1:][sel])
+        zeros = torch.zeros(sel.shape, dtype=logp.dtype, device=sel.device)
+        return zeros.masked_scatter(sel, logp), zeros.masked_scatter(sel, entropy)
+
+    def _head(self, model: LlamaModel, h: torch.Tensor, targets: torch.Tensor):
+        """logp, entropy (N,) of `targets` (N,) from final hidden rows `h` (N, H)."""
+        cfg = self.config
         weight = model.lm_head.weight
         h = h.to(weight.dtype)
-        targets = mb.input_ids[:, 1:][sel]                                                # (N,)
         cap = model.config.final_logit_softcapping                # Gemma: the full logits, capped
         if cfg.logprob_path == "naive" or cap is not None:
             logits = h @ weight.t() if cap is None else torch.tanh(h @ weight.t() / cap) * cap
@@ -406,8 +427,7 @@ class Learner:
             logp, entropy = rl_ops.token_logprobs_from_hidden(
                 h, weight, targets, temperature=cfg.temperature, chunk_size_tokens=cfg.chunk_size_tokens,
                 return_entropy=True, backend=cfg.rl_ops_backend)
-        zeros = torch.zeros(sel.shape, dtype=logp.dtype, device=sel.device)
-        return zeros.masked_scatter(sel, logp), zeros.masked_scatter(sel, entropy)
+        return logp, entropy
 
     @staticmethod
     def _trained_hidden(model: LlamaModel, mb: PackedBatch) -> torch.Tensor:
@@ -437,8 +457,11 @@ class Learner:
     # ------------------------------------------------------------------ data parallel
 
     def _all_reduce(self, tensor: torch.Tensor, op=None) -> None:
+        """Sum (or `op`) a per-sample count or metric over the ranks, each sample once: over the
+        data-parallel group when context parallel (a ring's ranks hold the same samples)."""
         if self.world_size > 1:
-            torch.distributed.all_reduce(tensor, op=op or torch.distributed.ReduceOp.SUM, group=self.group)
+            group = self.rings.dp_group if self.rings is not None else self.group
+            torch.distributed.all_reduce(tensor, op=op or torch.distributed.ReduceOp.SUM, group=group)
 
     def _all_reduce_grads(self) -> None:
         """Sum every gradient over the ranks in one flat buffer (losses use global normalisers).

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,28 +25,17 @@ RANKS_SCRIPT = Path(__file__).with_name("fsdp_ranks.py")
 DEFAULT_VARIANTS = ["prefix", "plain_ac", "lora"]
 
 
-def run_ranks(world: int, out: Path, variants: list[str], mode: str = "") -> Path:
+def run_ranks(rank_processes, world: int, out: Path, variants: list[str], mode: str = "") -> Path:
     """WORLD real processes of one gloo group running fsdp_ranks.py; returns `out`."""
     out.mkdir(parents=True, exist_ok=True)
     args = [",".join(variants)] + ([mode] if mode else [])
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, str(RANKS_SCRIPT), str(r), str(world), str(out / "init"), str(out),
-                               *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for r in range(world)]
-    try:
-        logs = [p.communicate(timeout=300) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for rank, (p, (_, stderr)) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, f"rank {rank}: {stderr[-3000:]}"
+    rank_processes([[RANKS_SCRIPT, r, world, out / "init", out, *args] for r in range(world)])
     return out
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory):
-    return run_ranks(2, tmp_path_factory.mktemp("fsdp2"), DEFAULT_VARIANTS, "save")
+def two_ranks(tmp_path_factory, rank_processes):
+    return run_ranks(rank_processes, 2, tmp_path_factory.mktemp("fsdp2"), DEFAULT_VARIANTS, "save")
 
 
 @pytest.fixture(scope="module")
@@ -133,16 +121,16 @@ def test_dcp_checkpoint_from_two_ranks_resumes_at_one(two_ranks):
 
 
 @pytest.mark.arch_matrix
-def test_four_fsdp_ranks_match_one_process_and_resume_from_two(two_ranks, tmp_path):
+def test_four_fsdp_ranks_match_one_process_and_resume_from_two(two_ranks, tmp_path, rank_processes):
     variants = ["prefix", "plain", "prefix_ac", "plain_ac"]
-    four = run_ranks(4, tmp_path / "four", variants)
+    four = run_ranks(rank_processes, 4, tmp_path / "four", variants)
     for variant in variants:
         learner, _ = trained(variant, STEPS)
         assert_same_weights(load_file(str(four / f"{variant}.safetensors")), learner.state_dict())
         held = json.loads((four / f"{variant}.rank1.json").read_text())
         full = sum(p.numel() * 4 for p in learner.model.parameters())
         assert held["params"] == pytest.approx(full / 4, rel=0.1) and held["grads"] == pytest.approx(full / 4, rel=0.1)
-    resumed = run_ranks(4, tmp_path / "resumed", ["prefix"], f"resume={two_ranks / 'ckpt'}")
+    resumed = run_ranks(rank_processes, 4, tmp_path / "resumed", ["prefix"], f"resume={two_ranks / 'ckpt'}")
     want_weights = weights_digest(load_file(str(two_ranks / "prefix.safetensors")))
     want = load_file(str(two_ranks / "prefix.moments.safetensors"))
     for name in ("prefix", "prefix_ingroup"):      # loaded before the group formed (resume_from), and inside it

@@ -52,6 +52,8 @@ POSTRAIN_BLOCKS = {
     ("generator.md", "postrain generate --model tiny"):
         "first line run: test_documented_one_liners; the second needs a downloaded .gguf file",
     ("gpu.md", "postrain bench device --json"): "parsed only: needs a CUDA GPU",
+    ("scaling-learner.md", "postrain export runs/default/checkpoints/40 policy-40/"):
+        "run on a learner's checkpoint: tests/actors/learner/test_streamed_export.py",
     ("index.md", "pip install torch==2.13.0 && pip install -e . && postrain up"): "parsed only: as the README's",
     ("operations.md", "postrain eval runs/default"):
         "first line run (the README's); the second scores 200 held-out tasks: parsed only",

@@ -12,7 +12,7 @@ import zmq
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from postrain.core.testing import async_test
-from postrain.core import (ActorDiedError, ActorSpec, ActorStartError, ActorTimeoutError, RemoteError,
+from postrain.core import (ActorSpec, ActorStartError, ActorTimeoutError, RemoteError,
                            Supervisor, handler)
 from postrain.core.actor import Actor
 

@@ -14,7 +14,6 @@ import json
 import os
 import textwrap
 
-import pytest
 
 from postrain.sandbox import Sandbox, Status
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import shutil
 
 import pytest
-import trio
 
 from postrain.actors import LocalSandbox
 from postrain.actors.tasks.code import CodeEnv

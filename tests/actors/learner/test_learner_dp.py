@@ -2,8 +2,6 @@
 half of the batch, end with the same weights as one process training on the whole batch."""
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -55,26 +53,17 @@ def shard(full: TrainBatch, rank: int, world: int) -> TrainBatch:
     return shard_batch(full, world)[rank]
 
 
-def test_two_gloo_ranks_match_one_process(tmp_path):
+def test_two_gloo_ranks_match_one_process(tmp_path, rank_processes):
     import os
     test_dir = os.path.dirname(os.path.abspath(__file__))
     script = RANK.format(test_dir=test_dir)
     out = tmp_path / "rank0.safetensors"
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(r), "2", str(tmp_path / "init"), str(out)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
-    try:
-        logs = [p.communicate(timeout=240) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, (stdout, stderr) in zip(procs, logs):
-        assert p.returncode == 0, stderr[-3000:]
+    stdouts = rank_processes([["-c", script, r, 2, tmp_path / "init", out] for r in range(2)], 240)
 
     single = Learner(LearnerConfig(**CONFIG, seed=0))
     metrics = [single.train_step(batch(step)) for step in range(2)]
     got = load_file(str(out))
     for name, tensor in single.state_dict().items():
         torch.testing.assert_close(got[name], tensor, atol=1e-6, rtol=0, msg=name)
-    loss = float(logs[0][0].split("LOSS")[1].split()[0])
+    loss = float(stdouts[0].split("LOSS")[1].split()[0])
     assert loss == pytest.approx(metrics[-1]["loss"], abs=1e-6)

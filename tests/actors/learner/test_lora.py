@@ -3,7 +3,6 @@ to merged Hugging Face weights, and generators receive only the adapters after t
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -179,7 +178,7 @@ RANK = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_lora_on_two_gloo_ranks_matches_one_process(tmp_path):
+def test_lora_on_two_gloo_ranks_matches_one_process(tmp_path, rank_processes):
     """LoRA composes with data parallel: only the adapters are all-reduced, and two ranks on half
     a batch each end with one process's adapters (test_learner_dp.py's batches and tolerances)."""
     from safetensors.torch import load_file
@@ -190,16 +189,7 @@ def test_lora_on_two_gloo_ranks_matches_one_process(tmp_path):
 
     script = RANK.format(test_dir=test_dir)
     out = str(tmp_path / "rank")
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(r), str(tmp_path / "init"), out],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
-    try:
-        logs = [p.communicate(timeout=240) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, (_, stderr) in zip(procs, logs):
-        assert p.returncode == 0, stderr[-3000:]
+    rank_processes([["-c", script, r, tmp_path / "init", out] for r in range(2)], 240)
     single = Learner(LearnerConfig(**CONFIG, seed=0, lora={"rank": 4, "alpha": 8}))
     for step in range(2):
         single.train_step(batch(step))
