@@ -17,6 +17,11 @@
   fsdp.full_weights): rank 0 keeps the whole weights on the host (the sync message), the other
   rank drops each gathered tensor at once; `fsdp_publish_peak_extra_other_over_largest_tensor`
   is the other rank's figure over the largest single tensor (the bound: one gathered tensor).
+- `fsdp_export_peak_extra_bytes_rank0` / `_other`: the same rise while the 2 FSDP ranks write a
+  Hugging Face folder (`export_hf`, streamed one decoder layer at a time); rank 0 over the
+  largest unit (one layer, or the embeddings and the rest) is
+  `fsdp_export_peak_extra_rank0_over_largest_unit` (the bound: about 1). Peer: DDP's rank 0,
+  which writes the whole weights at once.
 Model: the built-in "tiny" (4 layers, hidden 192) in --quick, else a 6-layer, hidden-384
 llama (random weights); batch: 16 samples of 64 tokens, micro-batches of 4.
 """
@@ -61,7 +66,7 @@ def _rank_main(rank: int, world: int, init_file: str, strategy: str, out: str, s
     held = sharded_bytes(learner)
     held["grads"] = learner.grad_bytes
     held["total"] = held["params"] + held["grads"] + held["optimizer"]
-    held.update(_publish_peak_extra(learner))
+    held.update(_publish_peak_extra(learner, Path(out).with_suffix(".hf")))
     Path(out).write_text(json.dumps({"step_s": statistics.median(times[1:]), **held}))
     if world > 1:
         dist.destroy_process_group()
@@ -71,28 +76,41 @@ def _rss_kb(field: str) -> int:
     return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field + ":"))
 
 
-def _publish_peak_extra(learner) -> dict:
-    """Bytes the rank's peak resident memory rose by while it gathered the whole weights for a
-    publish (`learner.state_dict()`, a collective every rank runs), and the sizes to judge it by:
-    the whole weights and their largest tensor (global shapes). Linux only: {} elsewhere."""
+def _peak_extra_bytes(run) -> int | None:
+    """Bytes this process's peak resident memory rose by while `run()` ran, above its resident
+    memory before (freed heap returned to the OS first). Linux only: None elsewhere."""
     import ctypes
     import gc
 
-    tied = learner.model.config.tie_word_embeddings
-    sizes = [v.numel() * v.element_size() for k, v in learner.model.state_dict().items()
-             if not (tied and k == "lm_head.weight")]
     try:
         gc.collect()
         ctypes.CDLL("libc.so.6").malloc_trim(0)       # freed heap back to the OS: growth is real
         before = _rss_kb("VmRSS")
         Path("/proc/self/clear_refs").write_text("5")   # VmHWM := VmRSS
     except OSError:
+        return None
+    run()
+    return (_rss_kb("VmHWM") - before) * 1024
+
+
+def _publish_peak_extra(learner, export_folder: Path) -> dict:
+    """How far the rank's peak resident memory rose while it gathered the whole weights for a
+    publish (`learner.state_dict()`, a collective every rank runs) and while it took part in a
+    streamed Hugging Face export (`learner.export_hf`), and the sizes to judge them by: the whole
+    weights, their largest tensor and their largest unit (a decoder layer, or the embeddings and
+    the rest; global shapes). Linux only: {} elsewhere."""
+    from postrain.actors.learner.streamed_export import units
+
+    tied = learner.model.config.tie_word_embeddings
+    sizes = {k: v.numel() * v.element_size() for k, v in learner.model.state_dict().items()
+             if not (tied and k == "lm_head.weight")}
+    publish = _peak_extra_bytes(lambda: learner.state_dict())
+    if publish is None:
         return {}
-    state = learner.state_dict()
-    peak = _rss_kb("VmHWM")
-    del state
-    return {"publish_peak_extra_bytes": (peak - before) * 1024, "weights_bytes": sum(sizes),
-            "largest_tensor_bytes": max(sizes)}
+    export = _peak_extra_bytes(lambda: learner.export_hf(export_folder))
+    return {"publish_peak_extra_bytes": publish, "export_peak_extra_bytes": export,
+            "weights_bytes": sum(sizes.values()), "largest_tensor_bytes": max(sizes.values()),
+            "largest_unit_bytes": max(sum(sizes[n] for n in unit) for unit in units(list(sizes)))}
 
 
 def _batch(num: int, length: int, vocab: int):
@@ -112,7 +130,7 @@ def _batch(num: int, length: int, vocab: int):
 def _group(world: int, strategy: str, steps: int, quick: bool, folder: Path) -> list[dict]:
     """Run `world` ranks; each rank's report."""
     tag = f"{strategy}{world}"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "131072"}   # freed buffers leave
     procs = [subprocess.Popen([sys.executable, "-m", "postrain.bench.fsdp", str(r), str(world),
                                str(folder / f"{tag}.init"), strategy, str(folder / f"{tag}.{r}.json"),
                                str(steps), "1" if quick else "0"], env=env,
@@ -148,11 +166,17 @@ def fsdp_learner_rows(quick: bool) -> tuple[dict, dict, dict]:
         results["fsdp_publish_peak_extra_other_over_largest_tensor"] = round(other / two[0]["largest_tensor_bytes"], 3)
         peer["fsdp_publish_peak_extra_bytes_rank0"] = runs[("ddp", 2)][0]["publish_peak_extra_bytes"]
         peer["fsdp_publish_peak_extra_bytes_other"] = max(r["publish_peak_extra_bytes"] for r in runs[("ddp", 2)][1:])
+        results["fsdp_export_peak_extra_bytes_rank0"] = two[0]["export_peak_extra_bytes"]
+        results["fsdp_export_peak_extra_rank0_over_largest_unit"] = round(
+            two[0]["export_peak_extra_bytes"] / two[0]["largest_unit_bytes"], 3)
+        results["fsdp_export_peak_extra_bytes_other"] = max(r["export_peak_extra_bytes"] for r in two[1:])
+        peer["fsdp_export_peak_extra_bytes_rank0"] = runs[("ddp", 2)][0]["export_peak_extra_bytes"]
     config = {"fsdp_model": "tiny" if quick else "llama 6 x 384, vocab 4096", "fsdp_batch": "16 x 64 tokens",
               "fsdp_state_bytes_one_rank": one["total"],
               "fsdp_state_bytes_four_ranks": [r["total"] for r in four], "fsdp_steps": steps,
               "fsdp_publish_weights_bytes": one.get("weights_bytes"),
-              "fsdp_publish_largest_tensor_bytes": one.get("largest_tensor_bytes")}
+              "fsdp_publish_largest_tensor_bytes": one.get("largest_tensor_bytes"),
+              "fsdp_export_largest_unit_bytes": one.get("largest_unit_bytes")}
     return results, peer, config
 
 

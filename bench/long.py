@@ -13,10 +13,12 @@ the prompt in one step; medians over `repeats`):
 - chunked_prefill_decode_p99_ratio (ours only): ours / peer decode_step_p99_ms (target <= 0.5);
 - long_prompt_ttft_ms: the long prompt's time to first token (chunking trades some of it);
 - decode_tok_per_s: the decoding sequences' tokens over the window's wall time;
-- cp{N}_peak_mem_ratio, cp_step_s_{N} (`postrain.bench.long_cp`, when present): context-parallel
-  training's peak memory per rank at N ranks against 1;
+- cp{N}_peak_mem_ratio_{L}k, cp{N}_step_s_{L}k (`postrain.bench.long_cp`): the learner's peak
+  memory per rank with context_parallel N against 1, at 8k and 32k tokens;
 - kv_* (`postrain.bench.long_kv`): each KV cache dtype's bytes per token, blocks in a fixed
-  kv_cache_mb, logprob drift against the float32 model and decode tokens/s, on SmolLM2-135M.
+  kv_cache_mb, logprob drift against the float32 model and decode tokens/s, on SmolLM2-135M;
+- task_* (`postrain.bench.long_task`): SmolLM2's held-out accuracy on the long-context task, the
+  repository in the prompt and explored with the shell tool, at about 4k and 7k tokens.
 """
 from __future__ import annotations
 
@@ -92,18 +94,16 @@ def run(quick: bool) -> dict:
         torch.set_num_threads(int(os.environ["POSTRAIN_TORCH_THREADS"]))
     load_before = round(os.getloadavg()[0], 1)
     results, peer, config = chunked_prefill_rows(quick)
-    try:
-        from postrain.bench.long_cp import context_parallel_rows
-    except ImportError:
-        context_parallel_rows = None
-    if context_parallel_rows is not None:
-        cp_results, cp_config = context_parallel_rows(quick)
-        results.update(cp_results)
-        config.update(cp_config)
+    from postrain.bench.long_cp import context_parallel_rows
+    cp_results, cp_config = context_parallel_rows(quick)
+    results.update(cp_results)
+    config.update(cp_config)
     from postrain.bench.long_kv import kv_dtype_rows
-    kv_results, kv_config = kv_dtype_rows(quick)
-    results.update(kv_results)
-    config.update(kv_config)
+    from postrain.bench.long_task import long_task_rows
+    for rows in (kv_dtype_rows, long_task_rows):
+        more_results, more_config = rows(quick)
+        results.update(more_results)
+        config.update(more_config)
     config.update(torch_threads=torch.get_num_threads(),
                   load_avg_1m=[load_before, round(os.getloadavg()[0], 1)])
     return {"config": config, "results": results, "peer": peer}

@@ -148,10 +148,10 @@ async def evaluate(model_spec: str, task_name: str, task_options: dict, num_task
     `EpisodePolicy` or `fn(messages) -> text`) plays instead of the model when given (tests).
     Cancelled: no result; the local sandbox is shut (a run in it ends within its limits), and
     the episode's env.close() is awaited in the cancelled scope, so it may not finish."""
-    from postrain.actors.env import run_episode
+    from postrain.actors.env import run_episode, score_episodes
     from postrain.actors.tasks import get_task
 
-    from .eval_agents import evaluate_agent, score_episodes
+    from .eval_agents import evaluate_agent
 
     task = get_task(task_name)
     task_options = task.check_options(task_options)

@@ -10,32 +10,7 @@ call) scores 0 and is counted in `num_failed`.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
-
-
-async def score_episodes(task, task_options, tasks: list[dict], play) -> tuple[list[float], int]:
-    """Play each held-out task once with `await play(env, item)` (a result with `.reward`), in a
-    one-worker warm sandbox when the task runs code; (scores, episodes that failed). A failed
-    episode scores 0 and is counted; every env is closed."""
-    scores, failed = [], 0
-    with contextlib.ExitStack() as stack:
-        sandbox = None
-        if task.needs_sandbox(task_options):
-            from postrain.actors.env import LocalSandbox
-            from postrain.sandbox import Sandbox
-            sandbox = LocalSandbox(stack.enter_context(Sandbox(mode="warm", num_workers=1)))
-        for item in tasks:
-            env = task.make_env(sandbox=sandbox, options=task_options)
-            try:
-                result = await play(env, item)
-                scores.append(result.reward.components.get("correct", result.reward.total))
-            except Exception:
-                failed += 1
-                scores.append(0.0)
-            finally:
-                await env.close()
-    return scores, failed
 
 
 async def evaluate_agent(model_spec: str, task, task_options, tasks: list[dict]) -> dict:
@@ -47,6 +22,7 @@ async def evaluate_agent(model_spec: str, task, task_options, tasks: list[dict])
     if importlib.util.find_spec("openai") is None:
         raise PostrainError(f"task {task.name!r} is an agent (AgentEnvironment), whose episodes need the "
                             "openai client; fix: pip install 'postrain[agents]'")
+    from postrain.actors.env import score_episodes
     from postrain.actors.env.agent import agent_rollout
     from postrain.actors.timeline import Timeline
     from postrain.core import Supervisor

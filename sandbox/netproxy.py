@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Callable
 
-from .policy import parse_destination
+from .policy import HOST_ROOT_UID, parse_destination
 
 log = logging.getLogger("postrain.sandbox")
 
@@ -95,7 +95,10 @@ class NetworkProxy:
         self._dir = tempfile.mkdtemp(prefix="postrain-net-")
         self._socket_dir = os.path.join(self._dir, "sock")
         self._etc_dir = os.path.join(self._dir, "etc")
-        os.mkdir(self._socket_dir, 0o700)  # the jail's root (host root) only: never the code's uid
+        os.mkdir(self._socket_dir, 0o700)  # the jail's root only (its host uid): never the code's uid
+        jail_root = HOST_ROOT_UID if os.geteuid() == 0 else None   # not root: the jail root is ours
+        if jail_root is not None:
+            os.chown(self._socket_dir, jail_root, jail_root)
         os.mkdir(self._etc_dir, 0o755)
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()  # listeners and relayed sockets; under _lock
@@ -109,6 +112,8 @@ class NetworkProxy:
             path = os.path.join(self._socket_dir, f"{index}.sock")
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             listener.bind(path)
+            if jail_root is not None:
+                os.chown(path, jail_root, jail_root)
             listener.listen(64)
             self._open.add(listener)
             self._routes.append([address, port, f"{JAIL_SOCKET_DIR}/{index}.sock"])

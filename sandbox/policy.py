@@ -21,11 +21,16 @@ from postrain.core.errors import PostrainError
 from .cgroups import CgroupError, cgroup_flags, host_cgroups
 
 # Inside the jail the code runs as SANDBOX_UID/GID, mapped to HOST_UID/GID outside: an unprivileged
-# id that owns nothing on the host. Inside uid 0 is mapped to host root only so that nsjail (and the
-# warm zygote, which keeps its namespace capabilities) can reach the Python prefix under /root; the
-# read-only mounts are locked so that this root cannot make them writable (`nsjail_argv`).
+# id that owns nothing on the host. The root of a warm or session jail (the warm zygote and the
+# session agent, which keep their namespace capabilities) is HOST_ROOT_UID/GID outside: unprivileged
+# too, so its capabilities reach nothing but the jail's own namespaces (a cold jail's root is
+# nsjail's setup alone, as host root: `nsjail_argv`). It reaches the read-only mounts' sources
+# through staged read-only binds of them (`_staged_read_only_mounts`), which the kernel locks, so
+# that this root cannot make them writable.
 SANDBOX_UID = 1000
 HOST_UID = 99999
+HOST_ROOT_UID = 99998
+STAGE_DIR = "/run/postrain-stage"    # an empty host folder; each jail's stage is a tmpfs over it
 
 # Syscalls that kill the whole jailed process group (seccomp, kafel syntax, all modes).
 _KILL_ALWAYS = (
@@ -197,6 +202,8 @@ def nsjail_argv(policy: Policy, *, cold: bool, task_dir: str | None = None,
             "--seccomp_string", kafel_policy(cold)]
     argv += ["--log", log_path] if log_path else ["--really_quiet"]
     if cold:
+        # Jail root is host root here, for nsjail's own setup only: the code runs as SANDBOX_UID with
+        # no capabilities, and staging the mounts (a few processes) would triple a cold run's time.
         argv += ["--user", f"{SANDBOX_UID}:{HOST_UID}:1", "--user", "0:0:1",
                  "--group", f"{SANDBOX_UID}:{HOST_UID}:1", "--group", "0:0:1",
                  "--rlimit_as", str(policy.memory_mb), "--rlimit_cpu", str(policy.cpu_time_s),
@@ -206,8 +213,8 @@ def nsjail_argv(policy: Policy, *, cold: bool, task_dir: str | None = None,
     else:
         # The zygote runs as inside root with its namespace capabilities (it mounts and setuids
         # per execution); the executed code never has them (see _zygote.py).
-        argv += ["--user", "0:0:1", "--user", f"{SANDBOX_UID}:{HOST_UID}:1",
-                 "--group", "0:0:1", "--group", f"{SANDBOX_UID}:{HOST_UID}:1",
+        argv += ["--user", f"0:{HOST_ROOT_UID}:1", "--user", f"{SANDBOX_UID}:{HOST_UID}:1",
+                 "--group", f"0:{HOST_ROOT_UID}:1", "--group", f"{SANDBOX_UID}:{HOST_UID}:1",
                  "--keep_caps", "--disable_rlimits"]
     for path in policy.readonly_mounts:
         argv += ["--bindmount_ro", path]
@@ -234,25 +241,35 @@ def nsjail_argv(policy: Policy, *, cold: bool, task_dir: str | None = None,
         argv += ["--env", f"{key}={value}"]
     argv += list(extra)
     argv.append("--")
-    return argv if cold else _with_locked_read_only_mounts(argv)
+    return argv if cold else _staged_read_only_mounts(argv)
 
 
-# Runs nsjail in a mount namespace of its own in which each read-only mount source is first bound
-# read-only over itself. nsjail's user namespace then inherits those mounts locked read-only (the
-# kernel locks the flags of mounts a less privileged namespace inherits), so jail root, whose
-# capabilities the warm zygote and the session agent keep, cannot remount them writable. Only for
-# those jails: a cold run's code never has capabilities, and the wrapper costs a few processes
-# (the warm and session jails are started ahead, so no call waits for it).
-_LOCK_MOUNTS = ('while [ "$1" != "--" ]; do mount --bind -o ro "$1" "$1" || exit 97; shift; done; '
-                'shift; exec "$@"')
+# Runs nsjail in a mount namespace of its own (private: nothing reaches the host's) with a tmpfs over
+# STAGE_DIR, on which each read-only mount source is bound read-only at STAGE_DIR/<i>; nsjail binds
+# those into the jail. Two reasons. The jail's root is an unprivileged host uid, which cannot walk
+# host paths such as the Python prefix under /root (0700); the stage is reached from a 0755 tmpfs.
+# And nsjail's user namespace inherits the staged mounts locked read-only (the kernel locks the
+# flags of mounts a less privileged namespace inherits), so jail root, whose capabilities the warm
+# zygote and the session agent keep, cannot remount them writable. The wrapper execs nsjail: the
+# process a caller started is nsjail itself.
+_STAGE = ('mount -t tmpfs -o mode=0755,size=65536 postrain-stage "$0" || exit 97; i=0; '
+          'while [ "$1" != "--" ]; do if [ -d "$1" ]; then mkdir "$0/$i"; else : > "$0/$i"; fi; '
+          'mount --bind -o ro "$1" "$0/$i" || exit 97; i=$((i + 1)); shift; done; shift; exec "$@"')
 
 
-def _with_locked_read_only_mounts(argv: list[str]) -> list[str]:
-    sources = [value.split(":")[0] for flag, value in zip(argv, argv[1:])
-               if flag == "--bindmount_ro" and not value.startswith("/dev/")]
+def _staged_read_only_mounts(argv: list[str]) -> list[str]:
     tools = [shutil.which("unshare"), shutil.which("mount")]
     if None in tools:
-        raise SandboxError("the sandbox needs util-linux's `unshare` and `mount` to lock its read-only "
+        raise SandboxError("the sandbox needs util-linux's `unshare` and `mount` to stage its read-only "
                            "mounts; fix: install util-linux")
-    return [tools[0], "--mount", "--propagation", "private", "--", "/bin/sh", "-c", _LOCK_MOUNTS, "sh",
-            *dict.fromkeys(sources), "--", *argv]
+    os.makedirs(STAGE_DIR, mode=0o755, exist_ok=True)
+    sources: dict[str, str] = {}        # host source -> its staged path
+    staged = list(argv)
+    for i, (flag, value) in enumerate(zip(argv, argv[1:])):
+        if flag != "--bindmount_ro" or value.startswith("/dev/"):
+            continue
+        source, _, target = value.partition(":")
+        stage = sources.setdefault(source, f"{STAGE_DIR}/{len(sources)}")
+        staged[i + 1] = f"{stage}:{target or source}"
+    return [tools[0], "--mount", "--propagation", "private", "--", "/bin/sh", "-c", _STAGE, STAGE_DIR,
+            *sources, "--", *staged]

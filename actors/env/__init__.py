@@ -1,7 +1,8 @@
 """postrain.actors.env: the public Environment API, the one episode driver, tools, and the environment actor.
 
     api.py       Environment, StepResult, Reward, the handles, check_options: what a task is
-    episode.py   run_episode and EpisodePolicy: the one driver of every episode (training and eval)
+    episode.py   run_episode and EpisodePolicy: the one driver of every episode (training and eval);
+                 score_episodes: held-out tasks played and scored (postrain eval, the benches)
     context.py   ContextOptions: context policies for episodes longer than the context (segments)
     token_policy.py  TokenPolicy: the environment actor's exact-token policy, segment by segment
     tools.py     the tool-call grammar of turns: parse_action, format_tool_output, ...
@@ -16,12 +17,12 @@ from .api import (ROLES, AnyOptions, Environment, EnvironmentContractError, Envi
                   validate_observation, validate_step_result)
 from .context import ContextOptions
 from .episode import (ActionFn, Episode, EpisodePolicy, TextPolicy, checked_reset, checked_step,
-                      checked_truncated, drop_reason, run_episode)
+                      checked_truncated, drop_reason, run_episode, score_episodes)
 
 __all__ = ["ROLES", "ActionFn", "AgentEnvironment", "AnyOptions", "ContextOptions", "Environment", "EnvironmentActor", "EnvironmentContractError",
            "EnvironmentFailure", "Episode", "EpisodePolicy", "GeneratorHandle", "LocalSandbox", "Reward",
            "SandboxHandle", "StepResult", "TaskOptionsError", "TextPolicy", "check_options", "checked_reset",
-           "checked_step", "checked_truncated", "drop_reason", "run_episode", "validate_observation",
+           "checked_step", "checked_truncated", "drop_reason", "run_episode", "score_episodes", "validate_observation",
            "validate_step_result"]
 
 

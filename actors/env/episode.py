@@ -13,12 +13,13 @@ None: a text policy) plays without a context policy.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Awaitable, Callable
 
 import trio
 
-from .api import (Environment, EnvironmentContractError, EnvironmentFailure, Reward, StepResult,
+from .api import (Environment, EnvironmentContractError, EnvironmentFailure, LocalSandbox, Reward, StepResult,
                   show_value, validate_observation, validate_step_result)
 from .context import (SUMMARY_REQUEST, ContextOptions, after_summary, drop_oldest_turns, fits,
                       truncate_tool_outputs)
@@ -256,3 +257,26 @@ def _accumulate(reward: Reward, components: dict, weights: dict) -> None:
     for name, x in reward.components.items():
         components[name] = components.get(name, 0.0) + x
     weights.update(reward.weights)
+
+
+async def score_episodes(task, task_options, tasks: list[dict], play) -> tuple[list[float], int]:
+    """Play each held-out task once with `await play(env, item)` (a result with `.reward`), in a
+    one-worker warm sandbox when the task runs code; (scores, episodes that failed). A failed
+    episode scores 0 and is counted; every env is closed."""
+    scores, failed = [], 0
+    with contextlib.ExitStack() as stack:
+        sandbox = None
+        if task.needs_sandbox(task_options):
+            from postrain.sandbox import Sandbox
+            sandbox = LocalSandbox(stack.enter_context(Sandbox(mode="warm", num_workers=1)))
+        for item in tasks:
+            env = task.make_env(sandbox=sandbox, options=task_options)
+            try:
+                result = await play(env, item)
+                scores.append(result.reward.components.get("correct", result.reward.total))
+            except Exception:
+                failed += 1
+                scores.append(0.0)
+            finally:
+                await env.close()
+    return scores, failed

@@ -81,10 +81,6 @@ def write_model_files(folder: Path, config, tokenizer) -> None:
     tokenizer.save(folder)
 
 
-def _cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to("cpu", copy=True) if tensor.device.type != "cpu" else tensor.clone()
-
-
 # ----------------------------------------------------------------------------- a sharded learner
 
 
@@ -109,7 +105,7 @@ def export_sharded(learner, folder: str | Path, max_shard_bytes: int = MAX_SHARD
                     adapted = name.removesuffix(".weight")
                     if name.endswith(".weight") and adapted in lora.modules:
                         whole = merge_lora(whole, lora.lora_A[adapted], lora.lora_B[adapted], lora.config.scale)
-                    out[name] = _cpu_copy(whole)
+                    out[name] = whole.to("cpu")    # a gathered tensor is this rank's own: no copy
                 del whole
         return _to_hf(cls, out) if keep else out
 

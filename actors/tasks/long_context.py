@@ -18,8 +18,8 @@ same repositories and questions in each:
   shell command line per turn (`<bash>grep -r NAME /work</bash>`, its output cut to
   `max_output_chars`) and answers; a turn with neither ends the episode, not correct.
 
-A line is ~30 SmolLM2 tokens, so `num_files * file_lines * 30` sizes the repository
-(actors/configs/smollm2_long_context.toml measures SmolLM2 at two sizes, docs/long-context.md).
+A line is ~19 SmolLM2 tokens, so `num_files * file_lines * 19` sizes the repository
+(`postrain bench long` measures SmolLM2 at about 4k and 7k tokens: bench/long_task.py).
 
 Reward components: `correct` 1.0 iff the answer equals the value exactly (after stripping
 spaces). Held-out tasks come from a fixed seed (`EVAL_SEED`); a training task whose asked value
@@ -56,7 +56,7 @@ class LongContextOptions(Options):
     """The task options of `long_context` (a config's `task_options`)."""
 
     num_files: int = Field(6, ge=1, le=256, description="files in each repository")
-    file_lines: int = Field(40, ge=1, le=10000, description="settings per file (a line is ~30 tokens "
+    file_lines: int = Field(40, ge=1, le=10000, description="settings per file (a line is ~19 tokens "
                             "with SmolLM2's tokenizer, ~30 bytes with the byte tokenizer)")
     form: Literal["pager", "prompt", "shell"] = Field("pager", description="how the repository is read: "
                                                       "opened file by file (pager), all in the prompt, "

@@ -133,3 +133,25 @@ def test_jail_root_cannot_make_a_read_only_host_mount_writable(tmp_path):
     out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     assert "remount" in out.stdout, out.stderr
     assert not (secret_dir / "written-by-jail-root").exists(), out.stdout
+
+
+def test_the_warm_zygote_and_the_session_agent_are_not_host_root(warm_sandbox, session_sandbox):
+    """The warm zygote and the session agent (jail root, with its namespace capabilities) are an
+    unprivileged host uid (HOST_ROOT_UID), the code they start another (HOST_UID)."""
+    import psutil
+
+    from postrain.sandbox.policy import HOST_ROOT_UID, HOST_UID
+
+    warm_sandbox.run("print(1)")
+    session = session_sandbox.sandbox.session(limits=session_limits(SMALL))
+    try:
+        assert session.run("true").exit_code == 0
+        jails = [p for p in psutil.Process().children(recursive=True) if p.name() == "nsjail"]
+        inside = [child for jail in jails for child in jail.children()]
+        assert len(jails) >= 2 and inside, [p.cmdline()[:3] for p in jails]
+        for process in inside:
+            assert process.uids().real in (HOST_ROOT_UID, HOST_UID) and process.uids().effective != 0, \
+                process.cmdline()[:4]
+        assert any(p.uids().real == HOST_ROOT_UID for p in inside)      # the zygote, the agent
+    finally:
+        session.close()

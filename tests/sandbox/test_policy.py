@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
 from postrain.sandbox import Policy, PolicyError, nsjail_binary
-from postrain.sandbox.policy import kafel_policy, nsjail_argv
+from postrain.sandbox.policy import HOST_ROOT_UID, STAGE_DIR, kafel_policy, nsjail_argv
 
 
 def test_defaults_carry_units_and_are_valid():
@@ -53,6 +54,14 @@ def test_cold_argv_isolates_by_default():
     assert "--bindmount" not in argv  # nothing of the host is writable
     assert "ptrace" in kafel_policy(cold=True) and "mount" in kafel_policy(cold=True)
     assert "mount" not in kafel_policy(cold=False)  # the warm zygote mounts; its child may not
+
+
+def test_warm_and_session_jails_reach_their_mounts_through_a_stage_without_host_root():
+    argv = nsjail_argv(Policy(), cold=False, extra=("--bindmount_ro", "/tmp/t:/task"))
+    staged = argv[argv.index("--", argv.index("/tmp/t")) + 1:]     # nsjail's own flags, past the stage's
+    assert re.search(rf"--bindmount_ro {STAGE_DIR}/\d+:/task", " ".join(staged))
+    assert f"--user 0:{HOST_ROOT_UID}:1" in " ".join(staged) and "0:0:1" not in staged
+    assert "--keep_caps" in staged
 
 
 def test_network_is_opt_in():
