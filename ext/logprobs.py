@@ -188,9 +188,10 @@ class _ChunkedLinearLogprobs(torch.autograd.Function):
 
 def _even_chunk(n: int, chunk: int) -> int:
     """The chunk size <= `chunk` that cuts n tokens into as few chunks as `chunk` does, all of one
-    size but the last (128 tokens at chunk 85: 64 + 64, not 85 + 43; a thin chunk multiplies slowly)."""
+    size but the last (128 tokens at chunk 85: 64 + 64, not 85 + 43; a thin chunk multiplies slowly).
+    At least 1: no tokens (a context-parallel rank whose slice holds none trained) is no chunks."""
     num_chunks = max(1, -(-n // chunk))
-    return -(-n // num_chunks)
+    return max(1, -(-n // num_chunks))
 
 
 def _check(targets: torch.Tensor, lead_shape, temperature: float, chunk: int) -> None:

@@ -17,14 +17,16 @@ micro-batch's tensors and computes the SAME loss as one process would on those s
 `agg_mode`, any loss preset (sequence-level ratios included), the KL term, the entropy bonus.
 The gather's backward hands each rank the loss's gradient at its own positions (no sum: the
 loss is the same on every rank of the ring), so the gradients, summed over all ranks by the
-learner's all-reduce, are one process's gradients on the whole batch.
+learner's all-reduce (or, under strategy "fsdp", by FSDP's reduce-scatter, a sum over all
+ranks: the parameters are sharded over every rank, rings and data parallel alike), are one
+process's gradients on the whole batch.
 
 Invariants: counts and metric sums are the same on every rank of a ring, so the learner sums
 them over its data-parallel group (one rank per ring: `LearnerRings.dp_group`), never over
 all ranks; gradients are summed over all ranks (each rank holds its tokens' part). The
 shared-prefix path is not taken (each sequence's prefix runs whole, split round the ring:
-exact, like every path). Refused, with the reason named: strategy "fsdp", mixture-of-experts
-policies (routing replay, the router's loss), and attention logit softcapping (Gemma 2).
+exact, like every path). Refused, with the reason named: mixture-of-experts policies (routing
+replay, the router's loss), and attention logit softcapping (Gemma 2).
 """
 from __future__ import annotations
 

@@ -294,6 +294,8 @@ class LearnerGroup:
                 result = await anyio.to_thread.run_sync(own, bodies[0])
             except Exception as exc:
                 failures[0] = f"{type(exc).__name__}: {_one_line(exc)}"
+                log.error("rank 0's %s step failed (the other ranks' may wait on it until their collectives "
+                          "time out): %s", kind, failures[0])
 
         async with anyio.create_task_group() as tg:
             for rank in range(1, self.rendezvous.world_size):

@@ -139,8 +139,6 @@ class LearnerConfig:
             (self.rl_lr is None or self.rl_lr > 0, f"rl_lr must be > 0 or unset, got {self.rl_lr}"),
             (self.micro_batch_size >= 1, f"micro_batch_size must be >= 1, got {self.micro_batch_size}"),
             (self.context_parallel >= 1, f"context_parallel must be >= 1, got {self.context_parallel}"),
-            (self.context_parallel == 1 or self.strategy == "ddp", "context_parallel > 1 works with strategy "
-             f"'ddp' only, got strategy {self.strategy!r}: set strategy = 'ddp' or context_parallel = 1"),
             (self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}"),
             (self.lr_schedule != "cosine" or self.total_steps > self.warmup_steps,
              f"lr_schedule='cosine' needs total_steps > warmup_steps, got total_steps={self.total_steps}"),

@@ -155,10 +155,12 @@ def test_the_learner_options_name_a_bad_strategy():
 
 
 @pytest.mark.slow
-def test_a_learner_actor_of_two_fsdp_ranks_trains_publishes_saves_and_exports(tmp_path):
+@pytest.mark.parametrize("context_parallel", [1, 2])
+def test_a_learner_actor_of_two_fsdp_ranks_trains_publishes_saves_and_exports(tmp_path, context_parallel):
     """The learner actor with ranks = 2 and strategy "fsdp", as `postrain up` starts it: a train
     step on both ranks, then get_weights, export_hf and save_checkpoint, which every rank runs
-    (their weights are gathered from the shards)."""
+    (their weights are gathered from the shards); with context_parallel = 2 the two ranks are
+    one ring, each scoring half of every sequence."""
     import anyio
 
     from postrain.actors.learner.state import checkpoint_info
@@ -168,6 +170,7 @@ def test_a_learner_actor_of_two_fsdp_ranks_trains_publishes_saves_and_exports(tm
     from postrain.core.transport import free_tcp_port
 
     learner_options = {k: v for k, v in config("prefix").items() if k != "model"}
+    learner_options["context_parallel"] = context_parallel
     config_ = parse_config({"actors": [{
         "name": "learner", "cls": "postrain.actors.learner:LearnerActor", "ranks": 2, "cpus": 1, "memory_mb": 64,
         "options": {"model": config("prefix")["model"], "learner": learner_options, "group_timeout_s": 60}}]})

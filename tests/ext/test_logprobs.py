@@ -111,3 +111,15 @@ def test_peak_memory_of_32k_vocab_is_under_a_quarter_of_naive():
     chunked = measure_peak_mb("chunked", **shape)
     assert naive > 128, f"the naive path must hold at least the full logits, measured {naive:.1f} MiB"
     assert chunked < naive / 4, f"chunked {chunked:.1f} MiB vs naive {naive:.1f} MiB"
+
+
+def test_from_hidden_with_no_tokens_is_empty_and_still_backpropagates():
+    """A context-parallel rank whose slice holds no trained token scores none, and its backward
+    still reaches the hidden states (its ring's attention backward must run)."""
+    hidden = torch.zeros(0, 8, requires_grad=True)
+    weight = torch.randn(16, 8, requires_grad=True)
+    logp, entropy = token_logprobs_from_hidden(hidden, weight, torch.zeros(0, dtype=torch.long),
+                                               return_entropy=True)
+    (logp.sum() + entropy.sum()).backward()
+    assert logp.shape == entropy.shape == (0,)
+    assert hidden.grad.shape == (0, 8) and torch.equal(weight.grad, torch.zeros(16, 8))

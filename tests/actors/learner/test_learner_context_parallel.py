@@ -1,8 +1,8 @@
 """The learner with `context_parallel = 2` (real processes, gloo over loopback): 2 ranks (one
 ring) and 4 ranks (2 rings, data parallel over them) end an SFT step and then an RL step with
 the same loss and weights as one process on the whole batch, for an aggregation that needs
-whole sequences (seq-mean-token-mean, with a KL reference and an entropy bonus) and for a
-sequence-level loss (GSPO); the config rules' errors name the fix."""
+whole sequences (seq-mean-token-mean, with a KL reference and an entropy bonus, under "ddp" and
+"fsdp") and for a sequence-level loss (GSPO); the config rules' errors name the fix."""
 from __future__ import annotations
 
 import os
@@ -26,6 +26,8 @@ CONFIGS = {
     "seq_mean": dict(BASE, agg_mode="seq-mean-token-mean", reference_model="initial", kl_coef=0.1,
                      entropy_coef=0.01),
     "gspo": dict(BASE, loss="gspo"),
+    "seq_mean_fsdp": dict(BASE, agg_mode="seq-mean-token-mean", reference_model="initial", kl_coef=0.1,
+                          entropy_coef=0.01, strategy="fsdp"),
 }
 
 RANK = textwrap.dedent("""
@@ -75,7 +77,7 @@ def one_process():
     torch.set_num_threads(1)
     out = {}
     for name, config in CONFIGS.items():
-        learner = Learner(LearnerConfig(**config))
+        learner = Learner(LearnerConfig(**{**config, "strategy": "ddp"}))   # one process: nothing to shard
         sft, rl = learner.sft_step(sft_batch()), learner.train_step(rl_batch())
         out[name] = (learner.state_dict(), sft["loss"], rl["loss"])
     return out
@@ -89,8 +91,11 @@ def test_context_parallel_learner_equals_one_process(tmp_path, world, one_proces
     stdouts = rank_processes([["-c", script, r, world, tmp_path / "init", out] for r in range(world)], 240)
     lines = [line.split() for stdout in stdouts for line in stdout.splitlines() if line.startswith("METRICS")]
     for name, (weights, sft_loss, rl_loss) in one_process.items():
-        for rank in range(world):              # every rank of every ring ends with one process's weights
-            got = load_file(f"{out}-{name}-{rank}")
+        for rank in range(world):   # every rank of every ring ends with one process's weights (fsdp: rank
+            got = load_file(f"{out}-{name}-{rank}")          # 0 gathers them, the others hold shards)
+            if rank > 0 and CONFIGS[name].get("strategy") == "fsdp":
+                assert got == {}
+                continue
             for key, tensor in weights.items():
                 torch.testing.assert_close(got[key], tensor, atol=1e-5, rtol=0, msg=lambda m: f"{name} {key}: {m}")
         for line in (ln for ln in lines if ln[1] == name):
@@ -102,8 +107,6 @@ def test_context_parallel_config_rules_name_the_fix():
     with pytest.raises(LearnerError, match=r"context_parallel = 2 needs the learner's ranks to be a multiple "
                                            r"of 2, got ranks = 3: set ranks = 2"):
         check_ranks(2, 3)
-    with pytest.raises(LearnerError, match="strategy 'ddp' only"):
-        LearnerConfig(model=TINY, context_parallel=2, strategy="fsdp")
     with pytest.raises(LearnerError, match="context_parallel must be >= 1"):
         LearnerConfig(model=TINY, context_parallel=0)
     alone = Learner(LearnerConfig(**BASE, context_parallel=2))
