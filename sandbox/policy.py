@@ -262,7 +262,11 @@ def _staged_read_only_mounts(argv: list[str]) -> list[str]:
     if None in tools:
         raise SandboxError("the sandbox needs util-linux's `unshare` and `mount` to stage its read-only "
                            "mounts; fix: install util-linux")
-    os.makedirs(STAGE_DIR, mode=0o755, exist_ok=True)
+    try:
+        os.makedirs(STAGE_DIR, mode=0o755, exist_ok=True)
+    except OSError as exc:
+        raise SandboxError(f"the sandbox stages its read-only mounts over {STAGE_DIR} and cannot make that "
+                           f"folder ({exc.strerror}); fix: run as root, or create it (empty, mode 0755)") from None
     sources: dict[str, str] = {}        # host source -> its staged path
     staged = list(argv)
     for i, (flag, value) in enumerate(zip(argv, argv[1:])):

@@ -1,5 +1,5 @@
-"""Context parallel: a 2,048-token sequence split across gloo ranks (real processes) with ring
-attention scores and trains exactly like one process holding it whole."""
+"""Context parallel: a 2,048- and an 8,192-token sequence split across gloo ranks (real processes)
+with ring attention score and train exactly like one process holding them whole."""
 from __future__ import annotations
 
 import os
@@ -16,14 +16,16 @@ from postrain.actors.learner.context_parallel import (
 )
 from postrain.actors.models.llama import ModelConfig, build_model
 
-SEQ_LEN = 2048
 CONFIGS = {
     "full": dict(vocab_size=264, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                 num_kv_heads=2, max_position_embeddings=4096),
+                 num_kv_heads=2, max_position_embeddings=8192),
     # a sliding window that crosses slice boundaries (zig-zag chunks are 256 tokens at 4 ranks)
     "window": dict(vocab_size=264, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                   num_kv_heads=2, max_position_embeddings=4096, sliding_window=300),
+                   num_kv_heads=2, max_position_embeddings=8192, sliding_window=300),
 }
+# (name, ring size, sequences) per sequence length: 4 ranks in one ring, and 2 rings of 2
+SCENARIOS = {2048: (("cp4", 4, 1), ("cp4_window", 4, 1), ("cp2_dp2", 2, 2)),
+             8192: (("cp4", 4, 1), ("cp2_dp2", 2, 2))}
 
 RANK = textwrap.dedent("""
     import sys, datetime, torch, torch.distributed as dist
@@ -47,9 +49,11 @@ RANK = textwrap.dedent("""
         except RingBroken as exc:
             print("RINGBROKEN", exc, flush=True)
         import os; os._exit(0)
-    for name, cp, rows in (("cp4", 4, 1), ("cp4_window", 4, 1), ("cp2_dp2", 2, 2)):
+    from test_context_parallel import SCENARIOS
+    seq_len = int(scenario.removeprefix("train-"))
+    for name, cp, rows in SCENARIOS[seq_len]:
         ring, dp = context_parallel_groups(cp)
-        model, ids = model_and_batch("window" if name.endswith("window") else "full", rows)
+        model, ids = model_and_batch("window" if name.endswith("window") else "full", rows, seq_len)
         mine = ids[rank // cp:rank // cp + 1] if rows > 1 else ids   # data parallel: one sequence a ring
         shard = shard_sequence(mine, ring)
         losses = shard_token_losses(model, shard, ring)
@@ -62,17 +66,17 @@ RANK = textwrap.dedent("""
 """)
 
 
-def model_and_batch(name: str, rows: int):
-    """The same model (seeded) and `rows` random sequences of SEQ_LEN tokens on every rank."""
+def model_and_batch(name: str, rows: int, seq_len: int = 2048):
+    """The same model (seeded) and `rows` random sequences of `seq_len` tokens on every rank."""
     model = build_model(ModelConfig(**CONFIGS[name])).init_weights(seed=3, std=0.2)
-    ids = torch.randint(1, 264, (rows, SEQ_LEN), generator=torch.Generator().manual_seed(7))
+    ids = torch.randint(1, 264, (rows, seq_len), generator=torch.Generator().manual_seed(7))
     return model, ids
 
 
-def reference(name: str, rows: int):
+def reference(name: str, rows: int, seq_len: int):
     """One process, the whole sequences: per-token losses (rows, L - 1) and the gradients of
     their mean."""
-    model, ids = model_and_batch(name, rows)
+    model, ids = model_and_batch(name, rows, seq_len)
     logits = model(ids).float()
     losses = F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten(), reduction="none")
     losses.mean().backward()
@@ -102,14 +106,15 @@ def test_zigzag_split_covers_every_position_once_and_balances_causal_work():
 
 
 @pytest.mark.slow
-def test_two_and_four_gloo_ranks_equal_one_process(tmp_path):
-    procs = launch(tmp_path, 4, "train")
-    logs = [p.communicate(timeout=600)[0] for p in procs]
+@pytest.mark.parametrize("seq_len", sorted(SCENARIOS))
+def test_two_and_four_gloo_ranks_equal_one_process(tmp_path, seq_len):
+    procs = launch(tmp_path, 4, f"train-{seq_len}")
+    logs = [p.communicate(timeout=900)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(logs)
-    ranks = [torch.load(tmp_path / f"train-{r}.pt") for r in range(4)]
-    for name, cp, rows in (("cp4", 4, 1), ("cp4_window", 4, 1), ("cp2_dp2", 2, 2)):
-        want_losses, want_grads = reference("window" if name.endswith("window") else "full", rows)
-        got = torch.zeros(rows, SEQ_LEN)
+    ranks = [torch.load(tmp_path / f"train-{seq_len}-{r}.pt") for r in range(4)]
+    for name, cp, rows in SCENARIOS[seq_len]:
+        want_losses, want_grads = reference("window" if name.endswith("window") else "full", rows, seq_len)
+        got = torch.zeros(rows, seq_len)
         for r, result in enumerate(ranks):
             got[r // cp if rows > 1 else 0, result[name]["positions"]] = result[name]["losses"][0]
         # every token's loss, the first and last of each slice included: causal at every boundary
