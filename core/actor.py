@@ -100,6 +100,9 @@ class Actor:
     # Given the run's bulk key (core/identity.py): only a class that seals or opens bulk bytes between
     # nodes (weights) says True; every other actor is started without it. ActorSpec.bulk_key overrides.
     needs_bulk_key: ClassVar[bool] = False
+    # Hands out work (a driver): may tell the head which actors start and stop working (its `work`
+    # message moves elastic cores, core/lending.py); no other actor may.
+    drives_work: ClassVar[bool] = False
     _handler_specs: ClassVar[dict[str, tuple[str, bool, bool]]] = {}
 
     def __init_subclass__(cls, **kwargs):

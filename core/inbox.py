@@ -42,13 +42,17 @@ class Handler:
     concurrent: run each message in its own task (default: one at a time, in order).
     control_only: on a socket that authenticates callers, served only for the run's control key
     (the supervisors and the operator, core/identity.py): the kernel's STOP, PEERS_MOVED,
-    PEERS_GONE and CORES to an actor, `shutdown` to the head."""
+    PEERS_GONE and CORES to an actor, `shutdown` to the head.
+    senders: on such a socket, served for the control key and for the actors whose
+    authenticated name it accepts (`senders(name)`), e.g. the head's `work` for the actors
+    that hand out work."""
 
     fn: Callable
     stream: bool = False
     concurrent: bool = False
     wants_message: bool = False
     control_only: bool = False
+    senders: Callable[[str], bool] | None = None
 
 
 @dataclass
@@ -131,6 +135,9 @@ class Inbox:
                     await self._reject_sender(identity, msg, user)
                 elif user is not None and handler is not None and handler.control_only and user != CONTROL:
                     await self._reject_sender(identity, msg, user, "only the run's supervisors may send it")
+                elif (user is not None and handler is not None and handler.senders is not None
+                      and user != CONTROL and not handler.senders(user)):
+                    await self._reject_sender(identity, msg, user, "this actor's role may not send it")
                 elif handler is None:
                     await self._reject_unknown(identity, msg)
                 elif handler.concurrent:

@@ -117,7 +117,7 @@ class Supervisor:
             "_heartbeat": Handler(self._on_heartbeat, wants_message=True),
             "_crashed": Handler(self._on_crashed, wants_message=True), "lookup": Handler(self._on_lookup),
             "status": Handler(self._on_status), "shutdown": Handler(self._on_shutdown, control_only=True),
-            "work": Handler(self._on_work)})
+            "work": Handler(self._on_work, senders=self._drives_work)})
         self.lender = CoreLender(self._elastic_homes, self._pin_cores)
         self.shutdown_requested = anyio.Event()  # set by a `shutdown` message (`postrain down`)
         self.address = self.inbox.bound_address
@@ -368,6 +368,11 @@ class Supervisor:
         """`status()` for `postrain status`. Does not wait (cancel-safe)."""
         return self.status()
 
+    def _drives_work(self, name: str) -> bool:
+        """Whether actor `name` of this run may send `work` (its class's `drives_work`)."""
+        record = self.records.get(name)
+        return record is not None and _class_says(record.spec, "drives_work")
+
     async def _on_work(self, body) -> dict:
         """{"actor", "busy"}: elastic cores follow (CoreLender.set_busy; its reply). Cancelled:
         see CoreLender.set_busy."""
@@ -390,12 +395,17 @@ class Supervisor:
 
 
 def _needs_bulk_key(spec: ActorSpec) -> bool:
-    """The spec's `bulk_key`, or where unset its class's `needs_bulk_key` (imported here; a class
-    that does not import fails its own start, so it gets no key)."""
+    """The spec's `bulk_key`, or where unset its class's `needs_bulk_key`."""
     if spec.bulk_key is not None:
         return spec.bulk_key
+    return _class_says(spec, "needs_bulk_key")
+
+
+def _class_says(spec: ActorSpec, flag: str) -> bool:
+    """The spec's actor class's boolean class attribute `flag` (imported here; a class that does
+    not import fails its own start, so it says False)."""
     try:
-        return bool(import_actor_class(spec.cls).needs_bulk_key)
+        return bool(getattr(import_actor_class(spec.cls), flag))
     except (ImportError, TypeError):
         return False
 

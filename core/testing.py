@@ -229,6 +229,11 @@ class AsyncioEchoActor(EchoActor):
         return type(asyncio.get_running_loop()).__module__
 
 
+class WorkDriverEchoActor(EchoActor):
+    """An echo actor whose role hands out work (`Actor.drives_work`): the head takes its `work`."""
+    drives_work = True
+
+
 class PoolEchoActor(EchoActor):
     """An echo actor that is a pool as the kernel sees one: its load reports workers, and it
     answers RESIZE (core/load.py) by taking the new count."""

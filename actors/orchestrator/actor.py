@@ -44,6 +44,7 @@ IDLE_FIGURES = {"backpressure": "none", "num_trained": 0, "buffer_batches": 0, "
 
 class OrchestratorActor(Actor):
     Options = OrchestratorOptions
+    drives_work = True            # tells the head who works now (elastic cores: actors/orchestrator/work.py)
 
     async def setup(self):
         """The task, its prompt schedule and the tokenizer. Cancelled: the actor's start fails;

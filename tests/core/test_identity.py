@@ -14,8 +14,8 @@ from postrain.core.testing import async_test
 ECHO = "postrain.core.testing:EchoActor"
 
 
-def spec(name, **kw):
-    return ActorSpec(name=name, cls=ECHO, cpus=0.25, memory_mb=0, bind="tcp://127.0.0.1:0", **kw)
+def spec(name, cls=ECHO, **kw):
+    return ActorSpec(name=name, cls=cls, cpus=0.25, memory_mb=0, bind="tcp://127.0.0.1:0", **kw)
 
 
 def test_each_actor_gets_its_own_pair_and_the_bulk_key_only_when_its_role_needs_it():
@@ -102,11 +102,31 @@ async def test_an_actor_cannot_send_the_kernels_messages_or_speak_for_another_ac
                 await to_learner.ask(wire.PEERS_MOVED, {"x": {"address": "tcp://127.0.0.1:1", "same_node": False}})
             with pytest.raises(RemoteError, match="SenderMismatch.*only the run's supervisors"):
                 await to_head.ask("shutdown")
+            with pytest.raises(RemoteError, match="SenderMismatch.*this actor's role may not send it"):
+                await to_head.ask("work", {"actor": "learner", "busy": False})   # would move cores
             incarnation = sup.records["learner"].incarnation
             await to_head.ask("_ready", {"name": "learner", "pid": 1, "address": "tcp://127.0.0.1:9",
                                          "incarnation": incarnation})
         assert sup.records["learner"].address == address and not sup.shutdown_requested.is_set()
         assert await learner.ask(wire.PEERS_MOVED, {}) is None          # the supervisor's key: served
+
+
+@async_test
+async def test_only_an_actor_that_hands_out_work_may_tell_the_head_who_works():
+    """The head's `work` message moves elastic cores: served for an actor whose class drives work
+    (the orchestrator's) and for the control key, refused for any other actor's key."""
+    run = CurveKeys.generate()
+    async with Supervisor.open(keys=run, bind="tcp://127.0.0.1:0") as sup:
+        await sup.start(spec("driver", cls="postrain.core.testing:WorkDriverEchoActor"))
+        await sup.start(spec("sandbox"))
+        request = {"actor": "sandbox", "busy": True}
+        async with Node("driver", keys_for_actor(run, "driver", bulk_key=False)) as driver:
+            assert (await driver.ref(sup.address, "head").ask("work", request, timeout_s=10))["elastic"] is False
+        async with Node("sandbox", keys_for_actor(run, "sandbox", bulk_key=False)) as sandbox:
+            with pytest.raises(RemoteError, match="SenderMismatch.*this actor's role may not send it"):
+                await sandbox.ref(sup.address, "head").ask("work", request, timeout_s=10)
+    from postrain.core.supervisor import _class_says
+    assert _class_says(ActorSpec(name="o", cls="postrain.actors.orchestrator:OrchestratorActor"), "drives_work")
 
 
 def test_the_bulk_key_follows_the_class_unless_the_entry_says_otherwise():
