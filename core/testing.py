@@ -14,6 +14,7 @@ from pydantic import Field
 
 from . import shm
 from .actor import Actor, handler
+from .errors import ActorDiedError
 from .load import RESIZE, Load, ResizeReply, ResizeRequest
 from .options import Options
 
@@ -260,6 +261,9 @@ class BadLoadActor(EchoActor):
         return {"in_flight": 0}
 
 
+PEER_RETRIES = 20   # CountingDriver: asks again of a peer that died with a request in flight
+
+
 class CountingDriverOptions(Options):
     peer: str = Field(description="the actor it asks to echo")
     steps: int = Field(3, ge=0, description="how many echoes (steps) the run has")
@@ -286,12 +290,25 @@ class CountingDriver(Actor):
         for step in range(self.options.steps):
             if self.stopping:
                 break
-            assert await peer.ask("echo", step) == step
+            assert await self._echo(peer, step) == step
             steps += 1
             yield {"line": f"step {step}"}
             yield {"figures": {"step": steps, "num_steps": self.options.steps}}
             await anyio.sleep(self.options.step_s)
         yield {"summary": {"steps": steps, "run_folder": body["run_folder"]}}
+
+    async def _echo(self, peer, step: int):
+        """The peer's echo of `step`. As a real driver does, a peer that died with the request in
+        flight is asked again once its supervisor has restarted it (a lookup waits for that), up
+        to PEER_RETRIES times; the head ends the run meanwhile if the peer cannot come back (a
+        lost node). Cancelled: no echo."""
+        for _ in range(PEER_RETRIES):
+            try:
+                return await peer.ask("echo", step)
+            except ActorDiedError:
+                await anyio.sleep(0.5)
+                peer = await self.lookup(self.options.peer)
+        return await peer.ask("echo", step)
 
     @handler("stop")
     async def stop(self, body):
