@@ -97,10 +97,7 @@ def ring_logprobs(learner, model, mb: PackedBatch) -> tuple[torch.Tensor, torch.
     ids = F.pad(ids, (0, padded - length))
     targets = F.pad(ids[:, 1:length], (0, padded - length + 1))[:, positions]        # (B, Tl)
     sel = F.pad(sel_all, (0, padded - length + 1), value=False)[:, positions]        # (B, Tl)
-    cfg = learner.config
-    dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16}
-    with torch.autocast(learner.device.type, dtype=dtypes.get(cfg.autocast_dtype, torch.float32),
-                        enabled=cfg.autocast_dtype is not None):
+    with learner.autocast():
         hidden = model.hidden_states(ids[:, positions], paged=RingAttention(ring, positions.expand(batch, -1)))
     logp, entropy = learner._head(model, hidden[sel], targets[sel])
     zeros = torch.zeros(sel.shape, dtype=logp.dtype, device=sel.device)

@@ -403,13 +403,17 @@ class Learner:
         if self.config.context_parallel > 1:
             return ring_logprobs(self, model, mb)      # each rank its slice (context_parallel_step.py)
         sel = mb.loss_mask                                                                # (B, T-1)
-        cfg = self.config
-        with torch.autocast(self.device.type, dtype=_DTYPES[cfg.autocast_dtype or cfg.dtype],
-                            enabled=cfg.autocast_dtype is not None), self.routing.trace(model, mb, replay):
+        with self.autocast(), self.routing.trace(model, mb, replay):
             h = self._trained_hidden(model, mb)                                           # (N, H)
         logp, entropy = self._head(model, h, mb.input_ids[:, 1:][sel])
         zeros = torch.zeros(sel.shape, dtype=logp.dtype, device=sel.device)
         return zeros.masked_scatter(sel, logp), zeros.masked_scatter(sel, entropy)
+
+    def autocast(self):
+        """The forward's autocast context: `autocast_dtype` where set, else off."""
+        cfg = self.config
+        return torch.autocast(self.device.type, dtype=_DTYPES[cfg.autocast_dtype or cfg.dtype],
+                              enabled=cfg.autocast_dtype is not None)
 
     def _head(self, model: LlamaModel, h: torch.Tensor, targets: torch.Tensor):
         """logp, entropy (N,) of `targets` (N,) from final hidden rows `h` (N, H)."""
