@@ -283,6 +283,7 @@ async def _measure_links(keys, addresses: dict, raw_links: dict, sizes: dict):
     import ray
 
     from postrain.core import Node, wire
+    from postrain.core.identity import server_key_of
     from postrain.core.sealed import SealedSender
 
     ours = {"rtts": [], "rates": [], "sync": []}
@@ -294,11 +295,12 @@ async def _measure_links(keys, addresses: dict, raw_links: dict, sizes: dict):
     curve_chunks: list[float] = []
     by_chunk: dict[float | None, list[float]] = {mb: [] for mb in CHUNK_SWEEP_MB}
     async with Node("bench", keys) as node:
-        echo, learner = node.ref(addresses["echo"]), node.ref(addresses["learner"])
+        echo, learner = (node.ref(addresses[name], name, server_key=server_key_of(keys, name))
+                         for name in ("echo", "learner"))
         got = await learner.ask("get_weights", timeout_s=600)
         weights, version = got["weights"], got["version"]
         tensors = [t.contiguous() for t in weights.values()]
-        receiver = node.ref(addresses["receiver"])
+        receiver = node.ref(addresses["receiver"], "receiver", server_key=server_key_of(keys, "receiver"))
         raw, raw_curve = RawClient(raw_links["plain"]), RawClient(raw_links["curve"], keys)
         sealed_address, ack_address = ray.get(raw_links["server"].serve_sealed.remote(
             keys.bulk_key, [t.numel() * t.element_size() for t in tensors]), timeout=60)

@@ -183,7 +183,8 @@ class Actor:
         if self.head is None:
             raise LookupError(f"cannot look up {name!r}: this actor runs without a head")
         found = await self.head.ask("lookup", {"name": name}, timeout_s=timeout_s)
-        return self.node.ref(found["address"], name, same_node=found["same_node"])
+        return self.node.ref(found["address"], name, same_node=found["same_node"],
+                             server_key=found.get("server_key"))
 
     def handlers(self) -> dict[str, Handler]:
         table = {}

@@ -83,10 +83,12 @@ class ActorRef:
     whose callers wait for the leader; when no task leads and one is waiting,
     one of them is woken to lead (`_hand_over`)."""
 
-    def __init__(self, node, address: str, name: str, same_node: bool = False):
+    def __init__(self, node, address: str, name: str, same_node: bool = False,
+                 server_key: bytes | None = None):
         self.node = node    # the process's Node (core/node.py), which made this reference: `Node.ref`
         self.address = address
         self.name = name
+        self.server_key = server_key   # the Curve key the actor serves with (None: the control plane's)
         # The actor runs on this process's host: bulk arrays go through /dev/shm. Decided by node
         # identity (`same_node`, from the registry) or by an address that proves it (ipc, loopback).
         self.same_host = reaches_same_host(address, same_node)
@@ -96,7 +98,7 @@ class ActorRef:
         sock.sndhwm = sock.rcvhwm = HWM_MESSAGES
         sock.reconnect_ivl = 20
         sock.reconnect_ivl_max = 500
-        configure_client(sock, address, node.keys)
+        configure_client(sock, address, node.keys, server_key)
         self._uses_curve = uses_curve(address, node.keys)  # else a failed handshake means the peer went away
         self._monitor = AsyncSocket(_monitor_socket(node.context, sock))
         sock.connect(address)
@@ -197,7 +199,7 @@ class ActorRef:
             sock.disconnect(old)
         except zmq.ZMQError:
             pass  # never connected there
-        configure_client(sock, address, self.node.keys)
+        configure_client(sock, address, self.node.keys, self.server_key)   # its name's: unchanged
         self.address = address
         self._uses_curve = uses_curve(address, self.node.keys)
         self.same_host = reaches_same_host(address, same_node)

@@ -16,8 +16,14 @@ name a connecting client key belongs to: the run's control key (the head, the no
 the names of its actors, its peers' and those it was told to expect, `Supervisor.expect`, as a
 cluster's agents are before each actor starts, and derives each one's public key). The answer
 becomes the connection's ZAP User-Id, which every message on it carries, and an inbox refuses
-a message whose declared sender is not that name (core/inbox.py), unless it is `CONTROL`. The
-server key pair stays the run's, one for every inbox (docs/security.md says what that leaves).
+a message whose declared sender is not that name (core/inbox.py), unless it is `CONTROL`.
+
+Each actor's inbox serves with its own server pair too (`actor_server_keypair`, derived from
+the seed under another label), so a caller knows it reached that actor and no other: an actor's
+keys never hold the run's server secret (which only the head and the node agents serve with)
+nor another actor's. A caller learns an actor's server key where it learns its address: the
+head's `lookup` answers both (`server_key_of`); a supervisor derives it; a reference that moves
+(PEERS_MOVED) keeps it, since an actor's name, and so its keys, never change within a run.
 
 Invariant: `Identities.name_of(key)` never names a key that is not the derived key of that
 name or a trusted key (tests/core/test_identity.py).
@@ -39,6 +45,7 @@ log = logging.getLogger("postrain.core")
 
 CONTROL = "@control"   # the User-Id of a trusted key: it may declare any sender
 _INFO = b"postrain actor identity v1\0"
+_SERVER_INFO = b"postrain actor server v1\0"
 
 
 def actor_keypair(seed: bytes, name: str) -> tuple[bytes, bytes]:
@@ -49,14 +56,37 @@ def actor_keypair(seed: bytes, name: str) -> tuple[bytes, bytes]:
     return zmq.curve_public(secret), secret
 
 
+def actor_server_keypair(seed: bytes, name: str) -> tuple[bytes, bytes]:
+    """(public, secret), Z85, that actor `name`'s inbox serves with under the run's `seed`."""
+    if not seed:
+        raise ValueError("deriving an actor's server key needs the run's identity_seed (CurveKeys.generate())")
+    secret = z85.encode(hmac.new(seed, _SERVER_INFO + name.encode(), hashlib.sha256).digest())
+    return zmq.curve_public(secret), secret
+
+
+def server_key_of(keys: CurveKeys | None, name: str) -> bytes | None:
+    """The server key actor `name`'s inbox presents, as the control plane (which holds the seed)
+    derives it; the run's one server key where the keys have no seed (made by hand); None
+    without keys."""
+    if keys is None:
+        return None
+    if not keys.identity_seed:
+        return keys.server_public
+    return actor_server_keypair(keys.identity_seed, name)[0]
+
+
 def keys_for_actor(keys: CurveKeys, name: str, *, bulk_key: bool) -> CurveKeys:
-    """The keys actor `name` is started with: the run's server pair (its inbox serves with it),
-    its own client pair, the control key as the one it trusts without asking, the bulk key only
-    when `bulk_key`, and never the seed."""
+    """The keys actor `name` is started with: its own server pair (its inbox serves with it) and
+    client pair, the control plane's server key (to reach its head), the control key as the one
+    it trusts without asking, the bulk key only when `bulk_key`; never the seed, and never the
+    run's server secret."""
     public, secret = actor_keypair(keys.identity_seed, name)
-    return dataclasses.replace(keys, client_public=public, client_secret=secret,
+    server_public, server_secret = actor_server_keypair(keys.identity_seed, name)
+    return dataclasses.replace(keys, server_public=server_public, server_secret=server_secret,
+                               client_public=public, client_secret=secret,
                                allowed_client_keys=(keys.client_public,),
-                               bulk_key=keys.bulk_key if bulk_key else b"", identity_seed=b"", identity=name)
+                               bulk_key=keys.bulk_key if bulk_key else b"", identity_seed=b"", identity=name,
+                               control_server_public=keys.control_server_key)
 
 
 def group_secret(seed: bytes, names: list[str]) -> bytes:

@@ -102,10 +102,13 @@ class Node:
     def spawn(self, fn: Callable[..., Awaitable], *args) -> None:
         self._task_group.start_soon(fn, *args)
 
-    def ref(self, address: str, name: str | None = None, same_node: bool = False) -> ActorRef:
+    def ref(self, address: str, name: str | None = None, same_node: bool = False,
+            server_key: bytes | None = None) -> ActorRef:
         """A reference to the actor at `address`; `same_node`: the registry says it runs on this
-        process's node (its lookup's answer), so bulk arrays go through /dev/shm even over tcp."""
-        ref = ActorRef(self, address, name or address, same_node)
+        process's node (its lookup's answer), so bulk arrays go through /dev/shm even over tcp.
+        `server_key`: the Curve key it serves with (the lookup's answer; None: the control
+        plane's, for the head and node agents)."""
+        ref = ActorRef(self, address, name or address, same_node, server_key)
         self._refs.append(ref)
         self._closers.append(ref.close)
         return ref

@@ -35,7 +35,7 @@ from .actor_ref import ActorRef
 from .config import ActorSpec
 from .elastic import Home
 from .errors import PostrainError
-from .identity import Identities, KeyTable, group_secret, keys_for_actor
+from .identity import Identities, KeyTable, group_secret, keys_for_actor, server_key_of
 from .inbox import Handler, Inbox
 from .lending import CoreLender, WorkRequest
 from .lifecycle import ActorEvent, ActorProcesses, ActorRecord
@@ -245,7 +245,8 @@ class Supervisor:
         if record is None and name not in self.peers:
             raise KeyError(f"no actor named {name!r}; known: {sorted({*self.records, *self.peers})}")
         if name not in self._refs:
-            self._refs[name] = self.node.ref(record.address if record else self.peers[name], name)
+            self._refs[name] = self.node.ref(record.address if record else self.peers[name], name,
+                                             server_key=server_key_of(self.keys, name))
         return self._refs[name]
 
     def status(self) -> dict:
@@ -351,7 +352,8 @@ class Supervisor:
         return "ok"
 
     async def _on_lookup(self, body) -> dict:
-        """{"address", "same_node"} of the actor named in `body`. Does not wait (cancel-safe).
+        """{"address", "same_node", "server_key"} of the actor named in `body` (`server_key`: the
+        Curve key its inbox serves with, None without keys). Does not wait (cancel-safe).
 
         Node identity: this supervisor runs the actors of one node (a cluster's node agent, or the
         single host), and an actor looks up through its own node's supervisor; so an actor of
@@ -360,9 +362,9 @@ class Supervisor:
         record = self.records.get(name)
         if record is None:
             if name in self.peers:
-                return {"address": self.peers[name], "same_node": False}
+                return {"address": self.peers[name], "same_node": False, "server_key": server_key_of(self.keys, name)}
             raise KeyError(f"no actor named {name!r}; known: {sorted({*self.records, *self.peers})}")
-        return {"address": record.address, "same_node": True}
+        return {"address": record.address, "same_node": True, "server_key": server_key_of(self.keys, name)}
 
     async def _on_status(self, body) -> dict:
         """`status()` for `postrain status`. Does not wait (cancel-safe)."""

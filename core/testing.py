@@ -104,11 +104,13 @@ class EchoActor(Actor):
 
     @handler("whoami")
     async def whoami(self, body, msg):
-        """What this actor holds and who called: {"identity", "client_public", "bulk_key" (held?),
-        "seed" (held?), "caller" (the message's sender, checked against its key on Curve)}."""
+        """What this actor holds and who called: {"identity", "client_public", "server_public" (its
+        inbox's), "bulk_key" (held?), "seed" (held?), "caller" (the message's sender, checked
+        against its key on Curve)}."""
         keys = self.node.keys
         return {"identity": keys.identity if keys else None,
                 "client_public": keys.client_public.decode() if keys else None,
+                "server_public": keys.server_public.decode() if keys else None,
                 "bulk_key": bool(keys and keys.bulk_key), "seed": bool(keys and keys.identity_seed),
                 "caller": msg.sender}
 

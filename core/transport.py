@@ -83,8 +83,13 @@ class CurveKeys:
     only the head and the node agents hold; an actor's own keys carry its name in `identity` and
     the bulk key only where its role needs it). The head makes them per run (`generate`) and
     hands them out sealed to node agents (core/enrol.py) and in each actor's start; the secrets
-    never appear in a repr, a log or a config. The server pair is the run's, shared by every
-    inbox (docs/security.md says what that leaves open)."""
+    never appear in a repr, a log or a config.
+
+    Server pairs: the run's (`server_*` of the control plane's keys) serves the head and the node
+    agents; each actor's inbox serves with its own pair, derived from the seed like its client
+    pair, so an actor's keys hold neither the run's server secret nor another actor's.
+    `control_server_public` is the control plane's server key, which an actor connects to its
+    head with (`control_server_key`: `server_public` where it is empty, as in the run's keys)."""
 
     server_public: bytes
     server_secret: bytes = field(repr=False)
@@ -94,6 +99,12 @@ class CurveKeys:
     bulk_key: bytes = field(default=b"", repr=False)
     identity_seed: bytes = field(default=b"", repr=False)   # the control plane's only (core/identity.py)
     identity: str = ""   # whose client pair this is: "" the run's control key, else an actor's name
+    control_server_public: bytes = b""   # the head's and node agents' server key ("": server_public)
+
+    @property
+    def control_server_key(self) -> bytes:
+        """The server key of the control plane (the head, the node agents)."""
+        return self.control_server_public or self.server_public
 
     @classmethod
     def generate(cls) -> "CurveKeys":
@@ -108,13 +119,15 @@ class CurveKeys:
         return {"server_public": self.server_public, "server_secret": self.server_secret,
                 "client_public": self.client_public, "client_secret": self.client_secret,
                 "allowed_client_keys": list(self.allowed_client_keys), "bulk_key": self.bulk_key,
-                "identity_seed": self.identity_seed, "identity": self.identity}
+                "identity_seed": self.identity_seed, "identity": self.identity,
+                "control_server_public": self.control_server_public}
 
     @classmethod
     def from_dict(cls, data: dict) -> "CurveKeys":
         return cls(data["server_public"], data["server_secret"], data["client_public"],
                    data["client_secret"], tuple(data["allowed_client_keys"]), data["bulk_key"],
-                   data.get("identity_seed", b""), data.get("identity", ""))
+                   data.get("identity_seed", b""), data.get("identity", ""),
+                   data.get("control_server_public", b""))
 
 
 def uses_curve(address: str, keys: CurveKeys | None) -> bool:
@@ -144,11 +157,13 @@ def configure_server(sock: zmq.Socket, address: str, keys: CurveKeys | None) -> 
         sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)   # Curve without a handler admits any client key)
 
 
-def configure_client(sock: zmq.Socket, address: str, keys: CurveKeys | None) -> None:
-    """Make `sock` a CurveZMQ client when `uses_curve(address, keys)`."""
+def configure_client(sock: zmq.Socket, address: str, keys: CurveKeys | None,
+                     server_key: bytes | None = None) -> None:
+    """Make `sock` a CurveZMQ client when `uses_curve(address, keys)`, of the server whose public
+    key is `server_key` (an actor's, core/identity.py `server_key_of`; None: the control plane's)."""
     if not uses_curve(address, keys):
         return
-    sock.curve_serverkey = keys.server_public
+    sock.curve_serverkey = server_key or keys.control_server_key
     sock.curve_publickey = keys.client_public
     sock.curve_secretkey = keys.client_secret
 

@@ -21,6 +21,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from postrain.core import AuthenticationError, CurveKeys, Node  # noqa: E402
 from postrain.core.cluster import ClusterScheduler  # noqa: E402
+from postrain.core.identity import server_key_of  # noqa: E402
 from postrain.core.config import ClusterSection, parse_config  # noqa: E402
 from postrain.core.ray_nodes import connect  # noqa: E402
 from postrain.core.testing import async_test, to_toml  # noqa: E402
@@ -65,7 +66,8 @@ async def test_agents_on_two_nodes_run_actors_that_talk_over_tcp_curve_and_refus
             assert [[a["name"] for a in status[node.name]["actors"]] for node in nodes] == [["echo"], ["driver"]]
             async with Node("head", keys) as head:
                 # the driver (node 2) looks the echo actor (node 1) up through its agent and asks it
-                items = [item async for item in head.ref(addresses["driver"]).stream(
+                driver = head.ref(addresses["driver"], "driver", server_key=server_key_of(keys, "driver"))
+                items = [item async for item in driver.stream(
                     "run", {"run_folder": str(tmp_path)}, timeout_s=60)]
                 assert items[-1] == {"summary": {"steps": 3, "run_folder": str(tmp_path)}}
                 # killed, the echo actor is restarted by its node's agent on the same address
@@ -76,7 +78,7 @@ async def test_agents_on_two_nodes_run_actors_that_talk_over_tcp_curve_and_refus
                             or restarted["restarts"] < 1:
                         await anyio.sleep(0.2)
                 assert restarted["address"] == echo["address"] and restarted["pid"] != echo["pid"]
-                items = [item async for item in head.ref(addresses["driver"]).stream(
+                items = [item async for item in driver.stream(
                     "run", {"run_folder": str(tmp_path)}, timeout_s=60)]
                 assert items[-1]["summary"]["steps"] == 3
             stranger_keys = CurveKeys.generate()
@@ -84,7 +86,8 @@ async def test_agents_on_two_nodes_run_actors_that_talk_over_tcp_curve_and_refus
                                       stranger_keys.client_secret)
             async with Node("stranger", stranger_keys) as stranger:
                 with pytest.raises(AuthenticationError, match="refused our CurveZMQ key"):
-                    await stranger.ref(addresses["echo"]).ask("echo", "x", timeout_s=20)
+                    await stranger.ref(addresses["echo"], "echo", server_key=server_key_of(keys, "echo")).ask(
+                        "echo", "x", timeout_s=20)
         finally:
             agents.stop()
     finally:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from postrain.core import ActorSpec, AuthenticationError, CurveKeys, RemoteError, Supervisor
-from postrain.core.identity import CONTROL, Identities, KeyTable, actor_keypair, keys_for_actor, may_send_as
+from postrain.core.identity import (CONTROL, Identities, KeyTable, actor_keypair, actor_server_keypair, keys_for_actor,
+                                    may_send_as, server_key_of)
 from postrain.core.node import Node
 from postrain.core.sealed import SealedReceiver
 from postrain.core.testing import async_test
@@ -30,6 +31,23 @@ def test_each_actor_gets_its_own_pair_and_the_bulk_key_only_when_its_role_needs_
     assert sandbox.allowed_client_keys == (run.client_public,)
     assert CurveKeys.from_dict(sandbox.to_dict()) == sandbox
     assert "secret" not in repr(sandbox).replace("server_public", "")
+
+
+def test_each_actor_serves_with_its_own_server_pair_and_never_holds_the_runs():
+    """An actor's keys cannot serve as the head, the node agents or another actor: its inbox's
+    pair is its own (derived from the seed), and callers learn its public half from the head."""
+    run = CurveKeys.generate()
+    learner = keys_for_actor(run, "learner", bulk_key=True)
+    sandbox = keys_for_actor(run, "sandbox", bulk_key=False)
+    held = {learner.server_secret, sandbox.server_secret}
+    assert run.server_secret not in held and len(held) == 2
+    assert (sandbox.server_public, sandbox.server_secret) == actor_server_keypair(run.identity_seed, "sandbox")
+    assert sandbox.server_public != sandbox.client_public       # not the client pair under another name
+    assert sandbox.control_server_key == run.server_public == run.control_server_key   # to reach its head
+    assert server_key_of(run, "sandbox") == sandbox.server_public
+    assert keys_for_actor(run, "sandbox", bulk_key=False).server_secret == sandbox.server_secret   # restarts
+    by_hand = CurveKeys(run.server_public, run.server_secret, run.client_public, run.client_secret)
+    assert server_key_of(by_hand, "sandbox") == run.server_public and server_key_of(None, "sandbox") is None
 
 
 def test_a_sandbox_actors_keys_cannot_open_a_weight_stream():
@@ -65,6 +83,7 @@ async def test_actors_know_each_other_by_key_and_refuse_a_forged_sender():
         await sup.start(spec("sandbox"))
         held = await learner.ask("whoami", timeout_s=10)
         assert held["identity"] == "learner" and held["bulk_key"] and not held["seed"]
+        assert held["server_public"] == actor_server_keypair(run.identity_seed, "learner")[0].decode()
         assert held["client_public"] == actor_keypair(run.identity_seed, "learner")[0].decode()
         assert held["caller"] == "head"                          # the control key may name itself
         # a normal call between actors: the callee learns the caller's name from its key
@@ -74,15 +93,18 @@ async def test_actors_know_each_other_by_key_and_refuse_a_forged_sender():
         sandbox_keys = keys_for_actor(run, "sandbox", bulk_key=False)
         async with Node("learner", sandbox_keys) as forger:
             with pytest.raises(RemoteError, match="SenderMismatch.*declares sender 'learner'.*'sandbox'"):
-                await forger.ref(learner.address, "learner").ask("whoami", timeout_s=10)
+                await forger.ref(learner.address, "learner", server_key=server_key_of(run, "learner")).ask(
+                    "whoami", timeout_s=10)
         async with Node("sandbox", sandbox_keys) as honest:
-            assert (await honest.ref(learner.address, "learner").ask("whoami", timeout_s=10))["caller"] == "sandbox"
+            to_learner = honest.ref(learner.address, "learner", server_key=server_key_of(run, "learner"))
+            assert (await to_learner.ask("whoami", timeout_s=10))["caller"] == "sandbox"
         # a key of another run's seed is no one's here
         stranger = keys_for_actor(CurveKeys.generate(), "learner", bulk_key=False)
         stranger = CurveKeys(run.server_public, b"", stranger.client_public, stranger.client_secret)
         async with Node("learner", stranger) as node:
             with pytest.raises(AuthenticationError):
-                await node.ref(learner.address, "learner").ask("whoami", timeout_s=10)
+                await node.ref(learner.address, "learner", server_key=server_key_of(run, "learner")).ask(
+                    "whoami", timeout_s=10)
 
 
 @async_test
@@ -97,7 +119,8 @@ async def test_an_actor_cannot_send_the_kernels_messages_or_speak_for_another_ac
         address = sup.records["learner"].address
         sup.expect(["sandbox"])        # a sandbox actor of this run (its process is not needed here)
         async with Node("sandbox", keys_for_actor(run, "sandbox", bulk_key=False)) as sandbox:
-            to_learner, to_head = sandbox.ref(learner.address, "learner"), sandbox.ref(sup.address, "head")
+            to_learner = sandbox.ref(learner.address, "learner", server_key=server_key_of(run, "learner"))
+            to_head = sandbox.ref(sup.address, "head")
             with pytest.raises(RemoteError, match="SenderMismatch.*only the run's supervisors"):
                 await to_learner.ask(wire.PEERS_MOVED, {"x": {"address": "tcp://127.0.0.1:1", "same_node": False}})
             with pytest.raises(RemoteError, match="SenderMismatch.*only the run's supervisors"):
@@ -137,3 +160,26 @@ def test_the_bulk_key_follows_the_class_unless_the_entry_says_otherwise():
         {"name": "told", "cls": ECHO, "bulk_key": True}]})
     resolve_options(run)
     assert [spec.bulk_key for spec in run.actors] == [True, False, True]
+
+
+@async_test
+async def test_an_actors_keys_cannot_answer_for_another_actor():
+    """The sandbox's keys serving at an address a caller takes for the learner's (a hijacked
+    port, a forged PEERS_MOVED): the caller, expecting the learner's server key, never talks to it."""
+    from postrain.core.inbox import Handler, Inbox
+    run = CurveKeys.generate()
+    served = []
+
+    async def whoami(body):
+        served.append(body)
+        return "the sandbox"
+    async with Node("sandbox", keys_for_actor(run, "sandbox", bulk_key=False)) as impostor:
+        inbox = Inbox(impostor, "tcp://127.0.0.1:0", {"whoami": Handler(whoami)})
+        impostor.spawn(inbox.serve)
+        async with Node("head", run) as head:
+            as_learner = head.ref(inbox.bound_address, "learner", server_key=server_key_of(run, "learner"))
+            with pytest.raises(AuthenticationError):
+                await as_learner.ask("whoami", timeout_s=30)
+            as_sandbox = head.ref(inbox.bound_address, "sandbox", server_key=server_key_of(run, "sandbox"))
+            assert await as_sandbox.ask("whoami", timeout_s=30) == "the sandbox"
+    assert served == [None]          # the handler ran for the caller that expected the sandbox only

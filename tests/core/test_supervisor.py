@@ -102,11 +102,12 @@ async def test_registry_lookup_lets_actors_find_each_other_without_the_head_on_t
         await sup.start(spec("b"))
         head = sup.node.ref(sup.address, "head")
         found = await head.ask("lookup", {"name": "b"})
-        assert found == {"address": sup.records["b"].address, "same_node": True}   # its own actor
+        assert found == {"address": sup.records["b"].address, "same_node": True,   # its own actor
+                         "server_key": None}                                  # no keys: no Curve
         assert found["address"] != sup.address
         sup.add_peers({"elsewhere": "tcp://192.0.2.9:5555"})     # another supervisor's: another node
         assert await head.ask("lookup", {"name": "elsewhere"}) == {"address": "tcp://192.0.2.9:5555",
-                                                                    "same_node": False}
+                                                                    "same_node": False, "server_key": None}
         status = await head.ask("status")
         assert {a["name"] for a in status["actors"]} == {"a", "b"}
 
