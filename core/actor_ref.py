@@ -391,10 +391,12 @@ class ActorRef:
                           self.address)
             elif event & _AUTH_FAILED:
                 self._auth_error = AuthenticationError(
-                    f"actor {self.name} ({self.address}) refused our CurveZMQ key; connect with the "
-                    "run's CurveKeys (the head makes them per run and hands them out in memory, to "
-                    "node agents and actors; they are never written to the run folder) or add this "
-                    "client's public key to the actor's allowed_client_keys")
+                    f"actor {self.name} ({self.address}) refused our CurveZMQ key, or is not the actor "
+                    "whose server key we expected; connect with the run's CurveKeys (the head makes "
+                    "them per run and hands them out in memory, to node agents and actors; they are "
+                    "never written to the run folder) and the actor's server key (the head's lookup "
+                    "answers it; core/identity.py server_key_of), or add this client's public key "
+                    "to the actor's allowed_client_keys")
                 self._fail_all(self._auth_error)
                 # wake senders waiting for a connection so they raise the auth error
                 self._connected.set()

@@ -26,6 +26,7 @@ from postrain.actors.learner.group import interface_holding  # noqa: E402
 from postrain.cli.cluster_up import ClusterLaunch, meeting_point_on_node  # noqa: E402
 from postrain.core import ActorSpec, CurveKeys, Node  # noqa: E402
 from postrain.core.cluster import ClusterScheduler  # noqa: E402
+from postrain.core.identity import server_key_of  # noqa: E402
 from postrain.core.config import complete_rendezvous, parse_config  # noqa: E402
 from postrain.core.ray_nodes import connect  # noqa: E402
 from postrain.core.testing import async_test, to_toml  # noqa: E402
@@ -75,7 +76,7 @@ async def test_two_ranks_on_two_nodes_train_like_one_process_and_checkpoint_toge
                 for placed, spec in zip(plan, config.actors):
                     tg.start_soon(start, placed, spec)
             async with Node("head", keys) as head:
-                learner = head.ref(address["learner"])
+                learner = head.ref(address["learner"], "learner", server_key=server_key_of(keys, "learner"))
                 for step in range(2):
                     metrics = await learner.ask("train", batch(step).to_wire(), timeout_s=120)
                 weights = (await learner.ask("get_weights", None, timeout_s=60))["weights"]
@@ -159,11 +160,12 @@ async def test_weights_reach_a_receiver_on_the_learners_node_through_shm_and_one
                 address[name] = await anyio.to_thread.run_sync(agents.start, spec, node.name)
             assert all(a.startswith(f"tcp://{nodes[0].address}") for a in address.values())  # one machine
             async with Node("head", keys) as head:
-                learner = head.ref(address["learner"])
+                learner = head.ref(address["learner"], "learner", server_key=server_key_of(keys, "learner"))
                 report = await learner.ask("publish", {"targets": ["near", "far"], "chunk_mb": 1.0},
                                            timeout_s=120)
                 weights = (await learner.ask("get_weights", None, timeout_s=60))["weights"]
-                digests = [await head.ref(address[name]).ask("digest") for name in ("near", "far")]
+                digests = [await head.ref(address[name], name, server_key=server_key_of(keys, name)).ask("digest")
+                           for name in ("near", "far")]
         finally:
             agents.stop()
     finally:

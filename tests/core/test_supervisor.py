@@ -124,7 +124,7 @@ async def test_curve_refuses_a_peer_without_an_accepted_key_and_accepts_the_runs
                                   stranger_keys.client_secret)
         async with Node("stranger", stranger_keys) as stranger:
             with pytest.raises(AuthenticationError, match="refused our CurveZMQ key") as info:
-                await stranger.ref(ref.address).ask("echo", "x", timeout_s=10)
+                await stranger.ref(ref.address, "public", server_key=ref.server_key).ask("echo", "x", timeout_s=10)
         # the fix it names exists: no keys file in the run folder (issue 32), the allowlist does
         assert "run_dir/keys" not in str(info.value) and "allowed_client_keys" in str(info.value)
 
