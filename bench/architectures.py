@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Callable
 
 # Shapes shared by every architecture (Hugging Face config names). TEST_SHAPE: what the tests
-# build (fast); BENCH_SHAPE: the built-in "tiny" config's shape, for the generate bench.
+# build (fast); BENCH_SHAPE: the generate bench's, the built-in "tiny" shape with grouped KV heads
+# (tiny itself has had 6 KV heads since 2026-12-04; this stays, so the bench's history compares).
 TEST_SHAPE = dict(vocab_size=264, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512)
 BENCH_SHAPE = dict(vocab_size=264, hidden_size=192, intermediate_size=512, num_hidden_layers=4,

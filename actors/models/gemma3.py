@@ -127,7 +127,7 @@ class Gemma3Model(LlamaModel):
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
         self.register_buffer("inv_freq_local", rope_inv_freq(local), persistent=False)
 
-    def init_weights(self, seed: int = 0, std: float = 0.02) -> "Gemma3Model":
+    def init_weights(self, seed: int = 0, std: float | None = None) -> "Gemma3Model":
         super().init_weights(seed, std)
         with torch.no_grad():
             for module in self.modules():

@@ -60,6 +60,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
             qkv_bias=is_qwen or attention_bias, o_bias=attention_bias and not is_qwen,
             mlp_bias=bool(hf.get("mlp_bias", False)),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            initializer_range=float(hf.get("initializer_range", 0.02)),
             architecture=model_type, bos_token_id=hf.get("bos_token_id"),
             eos_token_id=hf.get("eos_token_id"))
         extra = getattr(model_class(model_type), "config_fields_from_hf", None)   # the architecture's own fields
@@ -83,7 +84,7 @@ def config_to_hf(config: ModelConfig) -> dict:
         "rope_theta": config.rope_theta, "rope_parameters": {**rope, "rope_theta": config.rope_theta},
         "max_position_embeddings": config.max_position_embeddings,
         "tie_word_embeddings": config.tie_word_embeddings, "hidden_act": "silu",
-        "bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id,
+        "initializer_range": config.initializer_range, "bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id,
         "torch_dtype": "float32",
     }
     if config.rope_scaling is not None:

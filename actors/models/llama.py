@@ -89,8 +89,10 @@ class LlamaModel(nn.Module):
         finally:
             nn.Linear.reset_parameters, nn.Embedding.reset_parameters = saved
 
-    def init_weights(self, seed: int = 0, std: float = 0.02) -> "LlamaModel":
-        """Random normal(0, std) weights, ones for norms, zero biases; deterministic in seed."""
+    def init_weights(self, seed: int = 0, std: float | None = None) -> "LlamaModel":
+        """Random normal(0, std) weights (std: the config's initializer_range unless given), ones
+        for norms, zero biases; deterministic in seed."""
+        std = self.config.initializer_range if std is None else std
         gen = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for name, param in self.named_parameters():

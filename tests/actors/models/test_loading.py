@@ -1,6 +1,7 @@
 """Checkpoints: our safetensors folders round-trip, load in transformers, and bad input is named."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -28,12 +29,27 @@ def test_round_trip_equal_logits_tokenizer_and_version(saved):
         torch.testing.assert_close(loaded(ids), model(ids), atol=0, rtol=0)
     assert loaded.config.tie_word_embeddings and loaded.lm_head.weight is loaded.model.embed_tokens.weight
     assert checkpoint_policy_version(folder) == 7
+    for field in ("initializer_range", "rope_theta", "num_kv_heads"):
+        assert getattr(loaded.config, field) == getattr(model.config, field)
+    assert json.loads((folder / "config.json").read_text())["initializer_range"] == model.config.initializer_range
     text = "x = 1 + 2  # ünïcode"
     assert loaded_tok.encode(text) == tokenizer.encode(text)
     assert loaded_tok.decode(loaded_tok.encode(text)) == text
     assert loaded_tok.eos_token_ids == tokenizer.eos_token_ids
     assert loaded_tok.apply_chat_template([{"role": "user", "content": "hi"}]) == \
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_from_scratch_model_draws_its_weights_at_its_configs_initializer_range():
+    from postrain.actors.models.config import BUILTIN_CONFIGS
+    from postrain.actors.models.llama import LlamaModel
+    wide, narrow = (LlamaModel(dataclasses.replace(BUILTIN_CONFIGS["tiny"], initializer_range=std)).init_weights(3)
+                    for std in (0.05, 0.02))
+    for name in ("model.embed_tokens.weight", "model.layers.0.self_attn.k_proj.weight"):
+        w, n = wide.state_dict()[name], narrow.state_dict()[name]
+        assert abs(float(w.std()) - 0.05) < 0.005 and abs(float(n.std()) - 0.02) < 0.002
+        torch.testing.assert_close(w * 0.4, n)                # the same draw, scaled
+    assert float(LlamaModel(BUILTIN_CONFIGS["tiny"]).init_weights(3, std=0.1).model.norm.weight.min()) == 1.0
 
 
 def test_our_checkpoint_loads_in_transformers(saved):
