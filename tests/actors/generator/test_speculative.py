@@ -5,6 +5,7 @@ A real tiny model and the real allocator, checked after every mutation (CheckedK
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -13,6 +14,7 @@ from pydantic import ValidationError
 
 from postrain.actors.generator.engine import Engine, EngineError
 from postrain.actors.generator.actor import GeneratorActor
+from postrain.actors.models.config import BUILTIN_CONFIGS
 from postrain.actors.models.llama import LlamaModel, ModelConfig, build_model
 from postrain.actors.generator.sampling import SamplingParams, verify_rows
 from postrain.actors.generator.speculative import (
@@ -41,8 +43,7 @@ def tokenizer():
 
 # The tiny shape these tests were written with (GQA, rotary base 10000): a random model of it
 # repeats the prompts' n-grams often enough for the n-gram drafter to propose tokens.
-DRAFTABLE = ModelConfig(vocab_size=264, hidden_size=192, intermediate_size=512, num_layers=4, num_heads=6,
-                        num_kv_heads=2, max_position_embeddings=1024, tie_word_embeddings=True)
+DRAFTABLE = dataclasses.replace(BUILTIN_CONFIGS["tiny"], num_kv_heads=2, rope_theta=10000.0)
 
 
 def tiny_model(seed=1):
