@@ -306,6 +306,23 @@ def in_warm_start_after(folder, num_sft_steps: int):
     return check
 
 
+def head_holds_sft_checkpoint_after(folder, num_sft_steps: int):
+    """The head has the reply of a warm-start checkpoint after `num_sft_steps` or more: the
+    checkpoint is on disk and the step after it has its metrics row (the head takes the next step
+    only once the checkpoint's reply came; a checkpoint only on disk is not yet the one it
+    recovers from)."""
+    def check():
+        state = checkpoint_state(folder)
+        if state is None or state["phase"] != "sft" or state["sft_step"] < num_sft_steps:
+            return False
+        try:
+            rows = (folder / "metrics.jsonl").read_text().splitlines()
+        except OSError:
+            return False
+        return sum('"kind": "sft"' in row for row in rows) > state["sft_step"]
+    return check
+
+
 @pytest.mark.slow
 @async_test
 async def test_warm_start_kill_replays_only_since_its_checkpoint_and_resume_continues_inside_it(tmp_path):
@@ -322,7 +339,7 @@ async def test_warm_start_kill_replays_only_since_its_checkpoint_and_resume_cont
         """Kill the learner after the first SFT checkpoint; stop the whole run (its supervisor
         and every actor, as a killed head does) after the fourth."""
         seen.append(lines)
-        await until(in_warm_start_after(folder, 5))
+        await until(head_holds_sft_checkpoint_after(folder, 5))
         sup.kill("learner")
         await until(lambda: any(RECOVERED.search(line) for line in lines))
         await until(in_warm_start_after(folder, 20))
