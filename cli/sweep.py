@@ -16,9 +16,9 @@ learner actor's LearnerConfig. Values are TOML (1e-4, "gspo", true). Several --s
 combination. Every run's config is checked before the first starts.
 
 --resume continues a sweep: runs with a summary.json are kept, an unfinished run continues from
-its checkpoint (`postrain up --resume`) or starts over, the rest run. Ctrl-C (SIGINT) stops the
-runs in flight cleanly (each `postrain up` gets one SIGINT: it finishes its step and
-checkpoints), writes sweep.json with what finished, and exits 130.
+its checkpoint (`postrain up --resume`) or starts over, the rest run. Ctrl-C (SIGINT) or SIGTERM
+(`kill`, a job scheduler's stop) stops the runs in flight cleanly (each `postrain up` gets one
+SIGINT: it finishes its step and checkpoints), writes sweep.json with what finished, and exits 130.
 """
 from __future__ import annotations
 
@@ -173,10 +173,16 @@ def _finish(run: dict, code: int) -> None:
           flush=True)
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def execute(runs: list[dict], parallel: int, sweep_dir: Path, import_dir: Path) -> bool:
-    """Run the pending runs, `parallel` at once. Returns False when interrupted (SIGINT)."""
+    """Run the pending runs, `parallel` at once. Returns False when interrupted (SIGINT or
+    SIGTERM: the runs are in sessions of their own, so only the sweep can stop them)."""
     pending = [r for r in runs if r["status"] != "finished"]
     running: list[tuple[dict, subprocess.Popen]] = []
+    previous_sigterm = signal.signal(signal.SIGTERM, _interrupt)
     try:
         while pending or running:
             while pending and len(running) < parallel:
@@ -201,6 +207,8 @@ def execute(runs: list[dict], parallel: int, sweep_dir: Path, import_dir: Path) 
         for run, proc in running:
             _finish(run, proc.wait())
         return False
+    finally:
+        signal.signal(signal.SIGTERM, previous_sigterm)
 
 
 def write_sweep(sweep_dir: Path, config_path: Path, runs: list[dict], interrupted: bool) -> dict:

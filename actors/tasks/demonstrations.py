@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import random
 from typing import Iterable, Iterator
 
 from postrain.sandbox import ExecResult, Status
@@ -44,12 +45,15 @@ class DemonstrationError(PostrainError, ValueError):
 
 
 def arithmetic_demonstration(task: dict, *, use_system_prompt: bool = True,
-                             include_instructions: bool = True) -> dict:
-    """The demonstration for one arithmetic task (a `train_tasks` item)."""
+                             include_instructions: bool = True, from_memory: bool = False) -> dict:
+    """The demonstration for one arithmetic task (a `train_tasks` item); `from_memory`: the
+    answer straight away, without the tool."""
     value = evaluate(task["expression"])
     output = format_tool_output(ExecResult(Status.OK, exit_code=0, stdout=f"{value}\n".encode()))
     messages = arithmetic_prompt(task["question"], use_system_prompt=use_system_prompt,
                                  include_instructions=include_instructions)
+    if from_memory:
+        return {"messages": messages + [{"role": "assistant", "content": format_answer(str(value))}]}
     messages += [{"role": "assistant", "content": format_tool_call(f"print({task['expression']})")},
                  {"role": "user", "content": output},
                  {"role": "assistant", "content": format_answer(str(value))}]
@@ -59,14 +63,19 @@ def arithmetic_demonstration(task: dict, *, use_system_prompt: bool = True,
 def arithmetic_demonstrations(num: int, seed: int = 0,
                               options: dict | ArithmeticOptions | None = None) -> list[dict]:
     """`num` demonstrations from training problems (seed `seed`; the same knobs as the task).
-    With `answer_format = "plain"`: the bare question, then the value as the whole reply."""
+    With `answer_format = "plain"`: the bare question, then the value as the whole reply. A
+    problem with a `*` is answered from memory with probability `mental_products` (a draw
+    seeded by `seed`)."""
     options = arithmetic_options(options)
     tasks = itertools.islice(arithmetic_train_tasks(seed, options), num)
     if options.answer_format == "plain":
         return [{"messages": [{"role": "user", "content": t["question"]},
                               {"role": "assistant", "content": str(t["answer"])}]} for t in tasks]
+    memory = random.Random(f"arithmetic-mental-{seed}")
     return [arithmetic_demonstration(t, use_system_prompt=options.use_system_prompt,
-                                     include_instructions=options.include_instructions) for t in tasks]
+                                     include_instructions=options.include_instructions,
+                                     from_memory="*" in t["expression"] and memory.random() < options.mental_products)
+            for t in tasks]
 
 
 def code_demonstrations(seed: int = 0, options: dict | CodeOptions | None = None) -> list[dict]:

@@ -243,6 +243,23 @@ def test_demonstrations_are_deterministic_and_round_trip(tmp_path):
     assert get_task("code").demonstrations(3) == code_demos[:3]
 
 
+def test_mental_products_answer_that_share_of_products_without_the_tool_and_nothing_else():
+    """A teacher that multiplies in its head: with mental_products p, about p of the products are
+    answered straight away with the right value; sums and differences always use the tool."""
+    options = {"max_digits": 2, "max_operands": 2, "mental_products": 0.7}
+    demos = arithmetic_demonstrations(600, seed=2, options=options)
+    assert demos == arithmetic_demonstrations(600, seed=2, options=options)
+    from_memory = [d for d in demos if len(d["messages"]) == 3]   # system, user, the answer
+    products = [d for d in demos if "*" in d["messages"][1]["content"]]
+    assert all("*" in d["messages"][1]["content"] for d in from_memory)
+    assert 0.6 < len(from_memory) / len(products) < 0.8
+    for demo in from_memory:
+        question = demo["messages"][1]["content"]
+        assert parse_tool_call(demo["messages"][2]["content"]) is None
+        assert demo["messages"][2]["content"] == f"<answer>{arithmetic.evaluate(question[len('What is '):-1])}</answer>"
+    assert all(len(d["messages"]) == 5 for d in arithmetic_demonstrations(200, seed=2, options={"max_operands": 2}))
+
+
 def test_jsonl_errors_name_the_line(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps({"messages": [{"role": "user", "content": "q"},

@@ -1,6 +1,6 @@
 """`postrain sweep` as a user runs it: real `postrain up` runs (a head, an echo actor and a driver
 that writes a summary.json whose accuracies depend on its seed and options), the table and the
-plot, and `--resume` after a SIGINT. The driver module sits beside the config, as a user's would."""
+plot, and `--resume` after a SIGTERM (`kill`; Ctrl-C's SIGINT takes the same path). The driver module sits beside the config, as a user's would."""
 from __future__ import annotations
 
 import json
@@ -137,7 +137,7 @@ def test_a_sweep_tables_and_plots_the_spread_over_seeds_and_overrides(tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_after_a_sigint_keeps_finished_runs_and_runs_the_rest(tmp_path):
+def test_resume_after_a_sigterm_keeps_finished_runs_and_runs_the_rest(tmp_path):
     out = tmp_path / "sw"
     (tmp_path / "hold").write_text("")
     config = write_config(tmp_path, hold_seed=1)
@@ -148,7 +148,7 @@ def test_resume_after_a_sigint_keeps_finished_runs_and_runs_the_rest(tmp_path):
         # until seed 0's run has finished and seed 1's waits inside its hold
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
         time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGTERM)
     text, _ = proc.communicate(timeout=600)
     assert proc.returncode == 130, text
     doc = json.loads((out / "sweep.json").read_text())
