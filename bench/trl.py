@@ -21,6 +21,10 @@ time from the end of the warm-up step to the end of the last, over `num_steps`.
   `agg_mode = "seq-mean-token-mean"`), micro-batches of `micro_batch_size` accumulated to one
   optimizer step per 64 samples.
 
+TRL's side runs twice: with TRL's own default (`GRPOConfig.gradient_checkpointing = True`, which
+for a 135M model with memory to spare only recomputes activations) and with it off. The figures
+against it off are `peer`, the headline; those of TRL's default are `peer_trl_default`.
+
 Figures: `s_per_step` and `samples_per_s` (trained samples per second over the measured steps).
 `config` holds the sizes, both sides' thread counts and the load average before and after each
 side (the machine may be shared: compare ratios from one run). `--quick`: one measured step each.
@@ -55,7 +59,8 @@ def run(quick: bool) -> dict:
     config = addition_config()
     num_steps = NUM_STEPS[quick]
     ours = postrain_side(config, num_steps)
-    theirs = trl_side(config, model_path, num_steps)
+    theirs_default = trl_side(config, model_path, num_steps, gradient_checkpointing=None)
+    theirs = trl_side(config, model_path, num_steps, gradient_checkpointing=False)
     options = orchestrator_options(config)
     return {
         "config": {"model": Path(model_path).name, "config": CONFIG.name, "task": options["task"],
@@ -63,9 +68,10 @@ def run(quick: bool) -> dict:
                    "samples_per_prompt": options["samples_per_prompt"],
                    "max_new_tokens": options["sampling"]["max_new_tokens"],
                    "warmup_steps": WARMUP_STEPS, "num_steps": num_steps,
-                   "postrain": ours["config"], "trl": theirs["config"]},
+                   "postrain": ours["config"], "trl": theirs["config"], "trl_default": theirs_default["config"]},
         "results": ours["figures"],
         "peer": theirs["figures"],
+        "peer_trl_default": theirs_default["figures"],
     }
 
 
@@ -122,8 +128,9 @@ def postrain_side(config, num_steps: int) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ TRL
-def trl_arguments(config, output_dir: str, num_steps: int):
-    """TRL's GRPOConfig for the same work: the run's learner settings carried over."""
+def trl_arguments(config, output_dir: str, num_steps: int, gradient_checkpointing: bool | None = None):
+    """TRL's GRPOConfig for the same work: the run's learner settings carried over;
+    `gradient_checkpointing` None keeps TRL's default."""
     from trl import GRPOConfig
 
     from postrain.actors.records import SamplingParams
@@ -149,7 +156,8 @@ def trl_arguments(config, output_dir: str, num_steps: int):
         beta=0.0, epsilon=learner.clip_low, epsilon_high=learner.clip_high, loss_type="grpo",
         scale_rewards="group", num_iterations=1, shuffle_dataset=False,
         use_cpu=True, bf16=False, report_to="none", save_strategy="no",
-        logging_steps=1, disable_tqdm=True, dataloader_num_workers=0)
+        logging_steps=1, disable_tqdm=True, dataloader_num_workers=0,
+        **({} if gradient_checkpointing is None else {"gradient_checkpointing": gradient_checkpointing}))
 
 
 def trl_dataset(config, num_prompts: int):
@@ -189,9 +197,9 @@ def plain_float32_model(folder: str, gguf_name: str):
     return model
 
 
-def trl_side(config, model_path: str, num_steps: int) -> dict:
+def trl_side(config, model_path: str, num_steps: int, gradient_checkpointing: bool | None) -> dict:
     """GRPOTrainer over WARMUP_STEPS + num_steps optimizer steps, torch on every core; step ends
-    from a callback at each optimizer step's end."""
+    from a callback at each optimizer step's end. `gradient_checkpointing`: as trl_arguments."""
     import torch
     import transformers
     import trl
@@ -214,7 +222,7 @@ def trl_side(config, model_path: str, num_steps: int) -> dict:
         ends = StepEnds()
         load_before = load_average()
         with tempfile.TemporaryDirectory(prefix="postrain-bench-trl-") as tmp:
-            args = trl_arguments(config, tmp, num_steps)
+            args = trl_arguments(config, tmp, num_steps, gradient_checkpointing)
             trainer = trl.GRPOTrainer(model=model, reward_funcs=plain_answer_reward, args=args,
                                   train_dataset=trl_dataset(config, args.max_steps * options["prompts_per_step"]),
                                   processing_class=tokenizer, callbacks=[ends])
@@ -226,5 +234,6 @@ def trl_side(config, model_path: str, num_steps: int) -> dict:
     return {"figures": step_figures(ends.times, options["prompts_per_step"] * options["samples_per_prompt"]),
             "config": {"engine": f"trl {trl.__version__} GRPOTrainer, "
                                  f"transformers {transformers.__version__} eager model, one process",
-                       "torch_threads": num_threads, "reward_mean": round(statistics.fmean(rewards), 3)
+                       "torch_threads": num_threads, "gradient_checkpointing": args.gradient_checkpointing,
+                       "reward_mean": round(statistics.fmean(rewards), 3)
                        if rewards else None, "load_before": load_before, "load_after": load_average()}}

@@ -39,6 +39,9 @@ def test_trl_gets_the_addition_runs_sizes_and_learner_settings(tmp_path):
     assert (args.learning_rate, args.lr_scheduler_type, args.beta) == (1e-5, "constant", 0.0)
     assert (args.epsilon, args.epsilon_high, args.loss_type, args.scale_rewards) == (0.2, 0.28, "grpo", "group")
     assert args.temperature == 1.0 and args.num_iterations == 1 and args.use_cpu
+    # TRL's own default recomputes activations; the headline side turns that off
+    assert args.gradient_checkpointing
+    assert not bench_trl.trl_arguments(config, str(tmp_path), 3, gradient_checkpointing=False).gradient_checkpointing
     data = bench_trl.trl_dataset(config, 16)
     assert len(data) == 16 and data[0]["prompt"][0]["role"] == "user"
     assert all(" + " in row["prompt"][0]["content"] for row in data)
