@@ -11,7 +11,8 @@ Per group (one combination of `--set` values; seeds vary inside it) and per figu
 
 `collapses` counts the group's runs that collapsed: after RL below half of where RL started
 (the warm start's accuracy, else the one before), or a collapse warning in its metrics.jsonl
-(codes in COLLAPSE_CODES). A run without summary.json (failed, interrupted) is listed with its
+(codes in COLLAPSE_CODES: a reward or an accuracy that fell by half). An entropy collapse
+alone is not one: a policy that solves its task samples nearly one answer per prompt too. A run without summary.json (failed, interrupted) is listed with its
 status and counts in no figure.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ import statistics
 from pathlib import Path
 
 NOT_ACCURACIES = ("eval_s", "eval_repeats")   # summary.json's eval_* figures that are not accuracies
-COLLAPSE_CODES = ("reward_collapse", "accuracy_collapse", "entropy_collapse")
+COLLAPSE_CODES = ("reward_collapse", "accuracy_collapse")
 PLOT_FILE = "sweep.png"
 
 

@@ -7,7 +7,9 @@ per code and run (a progress line, and a `warning` row of metrics.jsonl with its
     reward_collapse    the mean training reward of the last k steps is at most half of the
                        best k-step mean so far (which was > 0.05)
     entropy_collapse   the mean policy entropy of the last k steps is under a tenth of the first
-                       k steps' (the policy became near-deterministic; exploration is gone)
+                       k steps' (the policy became near-deterministic; exploration is gone:
+                       harmful while rewards are short of the task's best, the mark of a
+                       solved task otherwise)
     accuracy_collapse  a held-out evaluation after RL started scores at most half of the best
                        one since the warm start (which was > 0.05)
     eval_all_zero      an evaluation other than the one before training scores 0 on every task
@@ -64,8 +66,9 @@ class HealthWatch:
                 if first > 0 and recent < ENTROPY_FLOOR_FRACTION * first:
                     out += self._warn("entropy_collapse", f"step {step}: entropy collapse: the policy's mean "
                                       f"entropy fell from {first:.3f} (first {k} steps) to {recent:.3f} (last {k}); "
-                                      "it samples nearly one answer per prompt. Lower learner.rl_lr, raise the "
-                                      "sampling temperature, or add learner.entropy_coef / clip_high",
+                                      "it samples nearly one answer per prompt. Where rewards are still short of "
+                                      "the task's best, lower learner.rl_lr, raise the sampling temperature, or add "
+                                      "learner.entropy_coef / clip_high",
                                       step=step, entropy_first=first, entropy_recent=recent, window_steps=k)
         return out
 

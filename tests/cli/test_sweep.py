@@ -117,6 +117,24 @@ def test_bad_inputs_are_one_line_naming_the_fix(tmp_path, argv, expected):
     assert not (tmp_path / "sw").exists()           # nothing started
 
 
+def test_a_run_collapsed_when_its_reward_or_accuracy_fell_by_half_not_when_only_its_entropy_did(tmp_path):
+    from postrain.cli.sweep_table import collapsed
+    from postrain.core.metrics import MetricsWriter
+
+    def run(accuracy_after: float, *warnings: str) -> bool:
+        folder = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        folder.mkdir()
+        metrics = MetricsWriter(folder, tensorboard=False)
+        for code in warnings:
+            metrics.log("warning", code=code, step=40)
+        metrics.close()
+        return collapsed({"eval_after_sft": 0.64, "eval_after": accuracy_after}, folder)
+
+    assert not run(1.0, "entropy_collapse")      # a solved task samples one answer per prompt too
+    assert run(1.0, "reward_collapse") and run(1.0, "accuracy_collapse")
+    assert run(0.3) and not run(0.33)
+
+
 @pytest.mark.slow
 def test_a_sweep_tables_and_plots_the_spread_over_seeds_and_overrides(tmp_path):
     out = tmp_path / "sw"
