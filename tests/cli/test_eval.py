@@ -12,7 +12,7 @@ from postrain.actors.run_config import default_config_path
 from postrain.cli.eval import add_arguments, eval_plan
 from postrain.core.errors import PostrainError
 
-DEFAULT_TASK_OPTIONS = {"include_instructions": False, "max_digits": 2, "max_operands": 2}
+DEFAULT_TASK_OPTIONS = {"include_instructions": False, "max_digits": 2, "max_operands": 2, "mental_products": 0.7}
 
 
 def parse(*argv):
