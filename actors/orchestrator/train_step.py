@@ -111,7 +111,7 @@ class TrainStep:
                        for name, stats in sorted((await self.keeper.generator_stats()).items())
                        if "acceptance_rate" in stats for figure in SPECULATION_FIGURES}
         self.metrics.log("sync", version=report.version, total_s=report.total_s, num_bytes=report.num_bytes,
-                         num_messages=report.num_messages,
+                         num_bytes_sent=report.num_bytes_sent, num_messages=report.num_messages,
                          **{f"sync_s_{target}": seconds for target, seconds in sorted(report.sync_s.items())},
                          **speculation)
         return report

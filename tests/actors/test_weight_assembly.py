@@ -131,6 +131,7 @@ async def test_generators_here_and_on_another_host_hold_the_same_weights_and_dro
         row = read_metrics(tmp_path, "sync")[-1]
         assert row["version"] == 1 and row["sync_s_near"] > 0 and row["sync_s_far"] > 0
         assert row["num_messages"] == report.num_messages and row["num_bytes"] == report.num_bytes
+        assert row["num_bytes_sent"] == report.num_bytes_sent == 2 * report.num_bytes   # whole, to both
         assert near_stats["num_drafted_tokens"] > 0 and len(before["samples"][0]["token_ids"]) == 12
         for figure in ("acceptance_rate", "tokens_per_verify_step", "draft_time_share"):
             assert row[f"{figure}_near"] == pytest.approx(near_stats[figure], abs=1e-4)
