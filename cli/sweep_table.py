@@ -12,8 +12,9 @@ Per group (one combination of `--set` values; seeds vary inside it) and per figu
 `collapses` counts the group's runs that collapsed: after RL below half of where RL started
 (the warm start's accuracy, else the one before), or a collapse warning in its metrics.jsonl
 (codes in COLLAPSE_CODES: a reward or an accuracy that fell by half). An entropy collapse
-alone is not one: a policy that solves its task samples nearly one answer per prompt too. A run without summary.json (failed, interrupted) is listed with its
-status and counts in no figure.
+alone is not one: a policy that solves its task samples nearly one answer per prompt too. A
+run without summary.json (failed, interrupted) is listed with its status and counts in no
+figure.
 """
 from __future__ import annotations
 
