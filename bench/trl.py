@@ -23,7 +23,8 @@ time from the end of the warm-up step to the end of the last, over `num_steps`.
 
 TRL's side runs twice: with TRL's own default (`GRPOConfig.gradient_checkpointing = True`, which
 for a 135M model with memory to spare only recomputes activations) and with it off. The figures
-against it off are `peer`, the headline; those of TRL's default are `peer_trl_default`.
+against it off are `peer`, the headline; those of TRL's default are in
+`config["trl_default"]["figures"]`.
 
 Figures: `s_per_step` and `samples_per_s` (trained samples per second over the measured steps).
 `config` holds the sizes, both sides' thread counts and the load average before and after each
@@ -68,10 +69,10 @@ def run(quick: bool) -> dict:
                    "samples_per_prompt": options["samples_per_prompt"],
                    "max_new_tokens": options["sampling"]["max_new_tokens"],
                    "warmup_steps": WARMUP_STEPS, "num_steps": num_steps,
-                   "postrain": ours["config"], "trl": theirs["config"], "trl_default": theirs_default["config"]},
+                   "postrain": ours["config"], "trl": theirs["config"],
+                   "trl_default": {**theirs_default["config"], "figures": theirs_default["figures"]}},
         "results": ours["figures"],
         "peer": theirs["figures"],
-        "peer_trl_default": theirs_default["figures"],
     }
 
 
