@@ -63,6 +63,10 @@ POSTRAIN_BLOCKS = {
     ("performance.md", "postrain up --config actors/configs/smollm2_reasoning_gym.toml"):
         "parsed only: SmolLM2 runs of many minutes",
     ("performance.md", "pip install -e '.[bench-trl]'"): "parsed only: installs trl; a benchmark of minutes",
+    ("performance.md", "postrain sweep --seeds 0-9"):
+        "parsed only: ten default runs; a sweep of short runs: tests/cli/test_sweep.py",
+    ("performance.md", "uptime; postrain bench trl --quick --json"):
+        "parsed only: needs trl; minutes (tests/cli/test_bench_trl.py checks its settings)",
     ("sandbox.md", "postrain sandbox exec solution.py"):
         "second line run: test_documented_one_liners; the first names the user's file",
 }
