@@ -418,8 +418,8 @@ class LearnerActor(Actor):
         self.last_publish = PublishReport(version=version, num_bytes=num_bytes, num_messages=num_messages,
                                           num_bytes_sent=num_bytes_sent,
                                           sync_s=sync_s, total_s=time.perf_counter() - start)
-        log.info("published weights v%d (%.1f MiB, %.1f MiB sent) to %s in %.3f s", version, num_bytes / 2**20,
-                 num_bytes_sent / 2**20,
+        log.info("published weights v%d (%.1f MiB, %.1f MiB sent) to %s in %.3f s", version,
+                 num_bytes / 2**20, num_bytes_sent / 2**20,
                  ", ".join(f"{k} {v:.3f} s" for k, v in sync_s.items()) or "no targets",
                  self.last_publish.total_s)
         return self.last_publish

@@ -84,7 +84,8 @@ def config_to_hf(config: ModelConfig) -> dict:
         "rope_theta": config.rope_theta, "rope_parameters": {**rope, "rope_theta": config.rope_theta},
         "max_position_embeddings": config.max_position_embeddings,
         "tie_word_embeddings": config.tie_word_embeddings, "hidden_act": "silu",
-        "initializer_range": config.initializer_range, "bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id,
+        "initializer_range": config.initializer_range,
+        "bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id,
         "torch_dtype": "float32",
     }
     if config.rope_scaling is not None:

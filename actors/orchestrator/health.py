@@ -66,9 +66,9 @@ class HealthWatch:
                 if first > 0 and recent < ENTROPY_FLOOR_FRACTION * first:
                     out += self._warn("entropy_collapse", f"step {step}: entropy collapse: the policy's mean "
                                       f"entropy fell from {first:.3f} (first {k} steps) to {recent:.3f} (last {k}); "
-                                      "it samples nearly one answer per prompt. Where rewards are still short of "
-                                      "the task's best, lower learner.rl_lr, raise the sampling temperature, or add "
-                                      "learner.entropy_coef / clip_high",
+                                      "it samples nearly one answer per prompt. Where rewards are still "
+                                      "short of the task's best, lower learner.rl_lr, raise the sampling "
+                                      "temperature, or add learner.entropy_coef / clip_high",
                                       step=step, entropy_first=first, entropy_recent=recent, window_steps=k)
         return out
 

@@ -72,10 +72,13 @@ def arithmetic_demonstrations(num: int, seed: int = 0,
         return [{"messages": [{"role": "user", "content": t["question"]},
                               {"role": "assistant", "content": str(t["answer"])}]} for t in tasks]
     memory = random.Random(f"arithmetic-mental-{seed}")
+
+    def from_memory(task: dict) -> bool:
+        return "*" in task["expression"] and memory.random() < options.mental_products
+
     return [arithmetic_demonstration(t, use_system_prompt=options.use_system_prompt,
                                      include_instructions=options.include_instructions,
-                                     from_memory="*" in t["expression"] and memory.random() < options.mental_products)
-            for t in tasks]
+                                     from_memory=from_memory(t)) for t in tasks]
 
 
 def code_demonstrations(seed: int = 0, options: dict | CodeOptions | None = None) -> list[dict]:

@@ -1,6 +1,7 @@
 """`postrain sweep` as a user runs it: real `postrain up` runs (a head, an echo actor and a driver
 that writes a summary.json whose accuracies depend on its seed and options), the table and the
-plot, and `--resume` after a SIGTERM (`kill`; Ctrl-C's SIGINT takes the same path). The driver module sits beside the config, as a user's would."""
+plot, and `--resume` after a SIGTERM (`kill`; Ctrl-C's SIGINT takes the same path). The driver
+module sits beside the config, as a user's would."""
 from __future__ import annotations
 
 import json
