@@ -74,6 +74,10 @@ class Tokenizer:
             ids = [self.bos_token_id] + ids
         return ids
 
+    def token_spans(self, text: str) -> list[tuple[int, int]]:
+        """The character range of `text` each token of `encode(text, add_bos=False)` covers."""
+        return self.hf.encode(text, add_special_tokens=False).offsets
+
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 

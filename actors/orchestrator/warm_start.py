@@ -16,6 +16,7 @@ import random
 from typing import Awaitable, Callable
 
 from ..records import SftBatch
+from ..tasks.demonstrations import DemonstrationError, read_jsonl
 from .options import OrchestratorOptions
 from .progress import PhaseProgress
 
@@ -63,7 +64,6 @@ def demonstrations(task, num: int, options: OrchestratorOptions) -> list[dict]:
     with `seed`, then cycled to `num`), else the task's own."""
     if options.sft_demonstrations is None:
         return task.demonstrations(num, seed=options.seed, options=options.task_options)
-    from ..tasks.demonstrations import read_jsonl
     demos = read_jsonl(options.sft_demonstrations)
     random.Random(options.seed).shuffle(demos)
     return [demos[i % len(demos)] for i in range(num)]
@@ -71,7 +71,8 @@ def demonstrations(task, num: int, options: OrchestratorOptions) -> list[dict]:
 
 def chat_to_tokens(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
     """Token ids of a rendered conversation and a mask that is 1 on assistant turns' tokens
-    (their content and the template's end-of-turn), for supervised training."""
+    (their content and the template's end-of-turn), for supervised training; a token that
+    touches one of an assistant message's `no_loss_spans` gets 0."""
     ids, mask = [], []
     rendered = ""
     for i, message in enumerate(messages):
@@ -81,9 +82,9 @@ def chat_to_tokens(tokenizer, messages: list[dict]) -> tuple[list[int], list[int
             ids += tokenizer.encode(segment, add_bos=not rendered and None)
             mask += [0] * (len(ids) - len(mask))
             through = tokenizer.apply_chat_template(messages[:i + 1], add_generation_prompt=False)
-            answer = tokenizer.encode(through[len(prompt):], add_bos=False)
-            ids += answer
-            mask += [1] * len(answer)
+            answer = through[len(prompt):]
+            ids += tokenizer.encode(answer, add_bos=False)
+            mask += answer_mask(tokenizer, answer, message)
             rendered = through
     tail = tokenizer.apply_chat_template(messages, add_generation_prompt=False)[len(rendered):]
     if tail:
@@ -92,3 +93,21 @@ def chat_to_tokens(tokenizer, messages: list[dict]) -> tuple[list[int], list[int
         mask += [0] * len(tail_ids)
     mask[0] = 0
     return ids, mask
+
+
+def answer_mask(tokenizer, answer: str, message: dict) -> list[int]:
+    """The loss mask of one rendered assistant turn (`answer`: its content as the template
+    writes it, then the end-of-turn): 1 on each token, 0 on those that overlap a character
+    range [start, end) of `message["no_loss_spans"]` (ranges of `message["content"]`)."""
+    spans = message.get("no_loss_spans") or []
+    offsets = tokenizer.token_spans(answer)
+    if not spans:
+        return [1] * len(offsets)
+    at = answer.find(message["content"])
+    if at < 0:
+        raise DemonstrationError(
+            "an assistant message with no_loss_spans must appear verbatim in the rendered "
+            f"conversation, but this chat template rewrites it: {message['content'][:60]!r}; "
+            "fix: leave out no_loss_spans with this model's template")
+    return [0 if any(start < at + end and at + begin < stop for begin, end in spans) else 1
+            for start, stop in offsets]

@@ -3,7 +3,8 @@
 A demonstration is `{"messages": [{"role": ..., "content": ...}, ...]}` whose assistant turns use
 the exact tool-call format of `postrain.actors.env.tools`, and whose first messages are exactly what
 the task's environment `reset` returns, so a model trained on them meets the same text in RL.
-Loss goes on the assistant turns only (the trainer's business).
+Loss goes on the assistant turns only (the trainer's business), except on the character ranges
+[start, end) of an assistant message's content listed in its optional `no_loss_spans`.
 
 - `arithmetic_demonstrations(num, seed)`: ask, call Python with the expression
   (`print(3817 * 29 - 412)`), read the `<output>` the sandbox would give, answer.
@@ -47,13 +48,17 @@ class DemonstrationError(PostrainError, ValueError):
 def arithmetic_demonstration(task: dict, *, use_system_prompt: bool = True,
                              include_instructions: bool = True, from_memory: bool = False) -> dict:
     """The demonstration for one arithmetic task (a `train_tasks` item); `from_memory`: the
-    answer straight away, without the tool."""
+    answer straight away, without the tool, its digits kept out of the loss (`no_loss_spans`):
+    the student learns to answer without the tool, not digits it has no way to compute."""
     value = evaluate(task["expression"])
     output = format_tool_output(ExecResult(Status.OK, exit_code=0, stdout=f"{value}\n".encode()))
     messages = arithmetic_prompt(task["question"], use_system_prompt=use_system_prompt,
                                  include_instructions=include_instructions)
     if from_memory:
-        return {"messages": messages + [{"role": "assistant", "content": format_answer(str(value))}]}
+        answer = format_answer(str(value))
+        digits = answer.index(str(value))
+        return {"messages": messages + [{"role": "assistant", "content": answer,
+                                         "no_loss_spans": [[digits, digits + len(str(value))]]}]}
     messages += [{"role": "assistant", "content": format_tool_call(f"print({task['expression']})")},
                  {"role": "user", "content": output},
                  {"role": "assistant", "content": format_answer(str(value))}]
@@ -109,6 +114,13 @@ def validate_demonstration(demo, *, where: str = "demonstration") -> dict:
         if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
             raise DemonstrationError(f"{where}: messages[{i}] must have role in {ROLES} and a str "
                                      f"content, got {str(m)[:80]!r}")
+        spans = m.get("no_loss_spans", [])
+        if spans and (m["role"] != "assistant" or not isinstance(spans, list) or not all(
+                isinstance(s, list) and len(s) == 2 and all(type(x) is int for x in s)
+                and 0 <= s[0] < s[1] <= len(m["content"]) for s in spans)):
+            raise DemonstrationError(f"{where}: messages[{i}].no_loss_spans must be a list of "
+                                     f"[start, end] character ranges inside an assistant turn's "
+                                     f"content ({len(m['content'])} characters), got {spans!r}")
     if not any(m["role"] == "assistant" for m in demo["messages"]):
         raise DemonstrationError(f"{where}: has no assistant turn, so there is nothing to learn; "
                                  f"fix: add {{\"role\": \"assistant\", \"content\": ...}}")

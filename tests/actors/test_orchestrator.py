@@ -10,7 +10,10 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from postrain.actors.orchestrator import chat_to_tokens
+from postrain.actors.tasks.demonstrations import DemonstrationError
 from postrain.actors.models.tokenizer import byte_tokenizer
 from postrain.actors.ledger import STATES, read_events
 from postrain.core.metrics import read_metrics
@@ -217,3 +220,19 @@ def test_chat_to_tokens_masks_exactly_the_assistant_turns():
     taught = tok.decode([i for i, m in zip(ids, mask) if m])
     assert "<python>\nprint(2 + 3)\n</python>" in taught and "<answer>5</answer>" in taught
     assert "What is" not in taught and "<output>" not in taught
+
+
+def test_no_loss_spans_keep_exactly_those_characters_out_of_the_loss():
+    """A teacher's answer from memory teaches answering without the tool, not its digits."""
+    tok = byte_tokenizer()
+    messages = [{"role": "user", "content": "What is 37 * 58?"},
+                {"role": "assistant", "content": "<answer>2146</answer>", "no_loss_spans": [[8, 12]]}]
+    ids, mask = chat_to_tokens(tok, messages)
+    assert tok.decode(ids) == tok.apply_chat_template(messages, add_generation_prompt=False)
+    taught = [tok.decode([i]) if m else "_" for i, m in zip(ids, mask)]
+    assert "".join(taught).endswith("<answer>____</answer><|im_end|>\n")
+    # an assistant turn the template does not write verbatim cannot be masked by position
+    tok.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] | upper }}\n"
+                         "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
+    with pytest.raises(DemonstrationError, match="verbatim"):
+        chat_to_tokens(tok, messages)

@@ -15,7 +15,8 @@ from postrain.actors.tasks.arithmetic import ArithmeticEnv, ArithmeticOptions, a
 from postrain.actors.tasks.code import CodeEnv, CodeOptions, CodeTaskError, build_test_file
 from postrain.actors.tasks.code_problems import PROBLEMS
 from postrain.actors.tasks.demonstrations import (DemonstrationError, arithmetic_demonstrations,
-                                                  code_demonstrations, read_jsonl, write_jsonl)
+                                                  code_demonstrations, read_jsonl, validate_demonstration,
+                                                  write_jsonl)
 from postrain.actors.records import ExecReply, RunTestsReply
 from postrain.actors.env.tools import format_tool_output, parse_tool_call
 from postrain.core.testing import async_test
@@ -256,7 +257,12 @@ def test_mental_products_answer_that_share_of_products_without_the_tool_and_noth
     for demo in from_memory:
         question = demo["messages"][1]["content"]
         assert parse_tool_call(demo["messages"][2]["content"]) is None
-        assert demo["messages"][2]["content"] == f"<answer>{arithmetic.evaluate(question[len('What is '):-1])}</answer>"
+        value = str(arithmetic.evaluate(question[len('What is '):-1]))
+        answer = demo["messages"][2]
+        assert answer["content"] == f"<answer>{value}</answer>"
+        (start, end), = answer["no_loss_spans"]   # the digits: the choice is taught, not the value
+        assert answer["content"][start:end] == value
+        validate_demonstration(demo)
     assert all(len(d["messages"]) == 5 for d in arithmetic_demonstrations(200, seed=2, options={"max_operands": 2}))
 
 
@@ -271,6 +277,14 @@ def test_jsonl_errors_name_the_line(tmp_path):
         read_jsonl(path)
     with pytest.raises(DemonstrationError, match=r"messages\[0\] must have role"):
         write_jsonl(path, [{"messages": [{"role": "bot", "content": "x"}]}])
+    for spans in ([[2, 9]], [[1]], "0-1", [[1.0, 2]]):
+        with pytest.raises(DemonstrationError, match=r"messages\[1\].no_loss_spans must be"):
+            write_jsonl(path, [{"messages": [{"role": "user", "content": "q"},
+                                             {"role": "assistant", "content": "<a>7</a>",
+                                              "no_loss_spans": spans}]}])
+    with pytest.raises(DemonstrationError, match=r"messages\[0\].no_loss_spans must be"):
+        write_jsonl(path, [{"messages": [{"role": "user", "content": "q", "no_loss_spans": [[0, 1]]},
+                                         {"role": "assistant", "content": "a"}]}])
 
 
 @async_test
