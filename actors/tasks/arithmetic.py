@@ -71,8 +71,9 @@ class ArithmeticOptions(Options):
     max_turns: int = Field(4, ge=1, description="actions per episode before it is truncated")
     mental_products: float = Field(
         0.0, ge=0.0, le=1.0, description="share of the warm start's demonstrations of a problem with "
-        "a `*` that answer from memory (the right value, no tool call): a teacher whose mental "
-        "multiplication a small student cannot copy, so RL has to find the tool for products")
+        "a `*` that answer from memory (the right value, no tool call, its digits out of the "
+        "loss): a teacher whose mental multiplication a small student cannot copy, so RL has "
+        "to find the tool for products")
     answer_format: Literal["tagged", "plain"] = Field(
         "tagged", description="tagged: Python tool calls, then <answer>N</answer>; plain: the bare "
         "question, one reply without a tool, whose last integer is the answer")
