@@ -79,13 +79,8 @@ cdef class KVBlockPool:
     cdef int64_t num_cow_copies
     cdef uint64_t batch_counter     # bumped by every append_batch (duplicate-id check)
 
-    cdef Py_ssize_t _load_tokens(self, object token_ids, int32_t** out) except -2
-    cdef int32_t _lookup(self, const int32_t* tokens, Py_ssize_t count, uint64_t salt) noexcept
     cdef int _fill(self, _Seq seq, const int32_t* tokens, Py_ssize_t pos, Py_ssize_t end) except -1
     cdef tuple _copy_on_write(self, _Seq seq)
     cdef int32_t _pop_free(self) except -1
     cdef void _release(self, int32_t b) noexcept
-    cdef int32_t _index_find(self, uint64_t h) noexcept nogil
-    cdef void _index_insert(self, int32_t b, uint64_t h) noexcept nogil
-    cdef void _index_remove(self, int32_t b) noexcept nogil
     cdef _Seq _get(self, object seq_id, str op)

@@ -9,6 +9,11 @@ All per-block state lives in one C array of 16-byte `BlockMeta` records; the
 prefix index is an open-addressing table of int32 block ids; free lists are
 threaded through the records. Python objects appear only per sequence (the
 seq_id -> _Seq dict) and in return values.
+
+This file holds the pool's API and its allocation paths; the parts it includes hold the block
+hash (`_kvpool_hash.pxi`), the free lists and block tables (`_kvpool_blocks.pxi`), the prefix
+index (`_kvpool_index.pxi`), token loading (`_kvpool_tokens.pxi`) and the state dump and
+invariant checks (`_kvpool_checks.pxi`).
 """
 cimport cython
 from cpython.buffer cimport PyObject_CheckBuffer, PyObject_GetBuffer, PyBuffer_Release, \
@@ -22,127 +27,8 @@ from postrain.ext._kvpool_common import (
     UnknownSequenceError, MAX_NUM_BLOCKS, MAX_TOKEN_ID, check_state, _check_salt, _check_out_width,
 )
 
-cdef enum:
-    C_MAX_TOKEN_ID = 2147483647
-
-cdef extern from *:
-    """
-    #include <stdint.h>
-    #define KVP_HASH_OFFSET 0xCBF29CE484222325ULL
-    #define KVP_HASH_MULT 0x9E3779B97F4A7C15ULL
-    static inline uint64_t kvp_step(uint64_t h, uint64_t v) {
-        h = (h ^ v) * KVP_HASH_MULT;
-        return h ^ (h >> 29);
-    }
-    static inline uint64_t kvp_content(uint64_t h, const int32_t* t, int64_t n) {
-        for (int64_t i = 0; i < n; i++) h = kvp_step(h, (uint64_t)t[i]);
-        return h;
-    }
-    /* Content hashes of four consecutive blocks at once: four independent multiply
-       chains keep the multiplier busy instead of waiting on one chain's latency. */
-    static inline void kvp_content4(const int32_t* t, int64_t n, uint64_t* out) {
-        uint64_t a = KVP_HASH_OFFSET, b = KVP_HASH_OFFSET, c = KVP_HASH_OFFSET, d = KVP_HASH_OFFSET;
-        const int32_t *tb = t + n, *tc = t + 2 * n, *td = t + 3 * n;
-        for (int64_t i = 0; i < n; i++) {
-            a = kvp_step(a, (uint64_t)t[i]);
-            b = kvp_step(b, (uint64_t)tb[i]);
-            c = kvp_step(c, (uint64_t)tc[i]);
-            d = kvp_step(d, (uint64_t)td[i]);
-        }
-        out[0] = a; out[1] = b; out[2] = c; out[3] = d;
-    }
-    static inline uint64_t kvp_finish(uint64_t content, uint64_t parent, uint64_t salt) {
-        uint64_t h = kvp_step(kvp_step(content, parent), salt);
-        h ^= h >> 30; h *= 0xBF58476D1CE4E5B9ULL;
-        h ^= h >> 27; h *= 0x94D049BB133111EBULL;
-        h ^= h >> 31;
-        return h ? h : 1;
-    }
-    """
-    uint64_t KVP_HASH_OFFSET
-    uint64_t kvp_step(uint64_t h, uint64_t v) noexcept nogil
-    uint64_t kvp_content(uint64_t h, const int32_t* t, int64_t n) noexcept nogil
-    void kvp_content4(const int32_t* t, int64_t n, uint64_t* out) noexcept nogil
-    uint64_t kvp_finish(uint64_t content, uint64_t parent, uint64_t salt) noexcept nogil
-
-
-def block_hash(parent_hash, token_ids, salt=0):
-    """The chained hash of one full block (same value as the twin's block_hash)."""
-    cdef uint64_t content = KVP_HASH_OFFSET
-    cdef int64_t t
-    for obj in token_ids:
-        t = obj
-        if t < 0 or t > C_MAX_TOKEN_ID:
-            raise InvalidArgumentError(f"token ids must be in [0, {MAX_TOKEN_ID}], got {t}")
-        content = kvp_step(content, <uint64_t>t)
-    return kvp_finish(content, <uint64_t>parent_hash, _c_salt(salt))
-
-
-cdef inline uint64_t _c_salt(object salt) except? 0:
-    if type(salt) is int:
-        try:
-            return <uint64_t>salt
-        except OverflowError:
-            pass
-    return <uint64_t>_check_salt(salt)  # raises the typed error (or accepts an int subclass)
-
-
-# ------------------------------------------------------------ free lists
-
-cdef inline void _list_push_tail(BlockMeta* blocks, FreeList* fl, int32_t b) noexcept nogil:
-    blocks[b].ref_or_prev = fl.tail
-    blocks[b].next_or_used = KVP_NIL
-    if fl.tail != KVP_NIL:
-        blocks[fl.tail].next_or_used = b
-    else:
-        fl.head = b
-    fl.tail = b
-    fl.length += 1
-
-
-cdef inline void _list_unlink(BlockMeta* blocks, FreeList* fl, int32_t b) noexcept nogil:
-    cdef int32_t prev = blocks[b].ref_or_prev
-    cdef int32_t nxt = blocks[b].next_or_used
-    if prev != KVP_NIL:
-        blocks[prev].next_or_used = nxt
-    else:
-        fl.head = nxt
-    if nxt != KVP_NIL:
-        blocks[nxt].ref_or_prev = prev
-    else:
-        fl.tail = prev
-    fl.length -= 1
-
-
-cdef inline void _mark_used(BlockMeta* blocks, int32_t b, int32_t ref_count) noexcept nogil:
-    blocks[b].ref_or_prev = ref_count
-    blocks[b].next_or_used = KVP_USED
-
-
-cdef inline int32_t _ref(BlockMeta* blocks, int32_t b) noexcept nogil:
-    return blocks[b].ref_or_prev if blocks[b].next_or_used == KVP_USED else 0
-
-
-cdef inline int _seq_reserve(_Seq seq, Py_ssize_t n) except -1:
-    if n <= seq.capacity:
-        return 0
-    return _seq_grow(seq, n)
-
-
-cdef int _seq_grow(_Seq seq, Py_ssize_t n) except -1:
-    cdef Py_ssize_t cap = max(n, 2 * <Py_ssize_t>seq.capacity)
-    cdef int32_t* p
-    if seq.table == seq.inline_table:
-        p = <int32_t*>malloc(cap * sizeof(int32_t))
-        if p != NULL:
-            memcpy(p, seq.inline_table, seq.num_table_blocks * sizeof(int32_t))
-    else:
-        p = <int32_t*>realloc(seq.table, cap * sizeof(int32_t))
-    if p == NULL:
-        raise MemoryError()
-    seq.table = p
-    seq.capacity = <int32_t>cap
-    return 0
+include "_kvpool_hash.pxi"
+include "_kvpool_blocks.pxi"
 
 
 @cython.freelist(256)
@@ -268,10 +154,10 @@ cdef class KVBlockPool:
         """How many leading tokens allocate() would take from the cache now (read-only)."""
         cdef uint64_t c_salt = _c_salt(salt)
         cdef int32_t* toks
-        cdef Py_ssize_t count = self._load_tokens(token_ids, &toks)
+        cdef Py_ssize_t count = _load_tokens(self, token_ids, &toks)
         if toks == NULL:
             return 0
-        return self._lookup(toks, count, c_salt) * self.block_size_tokens
+        return _lookup(self, toks, count, c_salt) * self.block_size_tokens
 
     def stats(self):
         cdef int64_t num_free = self.free_uncached.length + self.free_cached.length
@@ -305,11 +191,11 @@ cdef class KVBlockPool:
                                       f"free it first or use a new seq_id")
         cdef uint64_t c_salt = _c_salt(salt)
         cdef int32_t* toks
-        cdef Py_ssize_t count = self._load_tokens(token_ids, &toks)
+        cdef Py_ssize_t count = _load_tokens(self, token_ids, &toks)
         cdef int64_t B = self.block_size_tokens
         cdef int32_t num_hits = 0, num_revived = 0, i, b
         if toks != NULL:
-            num_hits = self._lookup(toks, count, c_salt)
+            num_hits = _lookup(self, toks, count, c_salt)
             for i in range(num_hits):
                 if self.blocks[self.scratch_hits[i]].next_or_used != KVP_USED:
                     num_revived += 1
@@ -345,7 +231,7 @@ cdef class KVBlockPool:
         """Append tokens; return the (src, dst) block copies the engine must do first."""
         cdef _Seq seq = self._get(seq_id, "append")
         cdef int32_t* toks
-        cdef Py_ssize_t count = self._load_tokens(token_ids, &toks)
+        cdef Py_ssize_t count = _load_tokens(self, token_ids, &toks)
         if count == 0:
             return []
         cdef int64_t num_needed = _blocks_to_append(self, seq, count)
@@ -379,7 +265,7 @@ cdef class KVBlockPool:
                                            "append to each sequence once per step")
             seq.batch_stamp = self.batch_counter
         cdef int32_t* toks
-        self._load_tokens(token_ids, &toks)
+        _load_tokens(self, token_ids, &toks)
         cdef int64_t num_needed = 0
         for i in range(n):
             num_needed += _blocks_to_append(self, <_Seq>seqs[i], 1)
@@ -448,7 +334,7 @@ cdef class KVBlockPool:
         copy the engine must do first. Same contract as the twin's truncate."""
         cdef _Seq seq = self._get(seq_id, "truncate")
         cdef int32_t* toks
-        cdef Py_ssize_t count = self._load_tokens(token_ids, &toks)
+        cdef Py_ssize_t count = _load_tokens(self, token_ids, &toks)
         if count > seq.num_tokens:
             raise InvalidArgumentError(f"truncate: sequence {seq_id!r} has {seq.num_tokens} tokens, "
                                        f"cannot keep {count}; keep at most {seq.num_tokens}")
@@ -474,7 +360,7 @@ cdef class KVBlockPool:
         if copy:
             pairs.append(self._copy_on_write(seq))
         elif cut_block != KVP_NIL and self.blocks[cut_block].block_hash:
-            self._index_remove(cut_block)
+            _index_remove(self, cut_block)
         if toks != NULL:
             if num_full < num_full_before:
                 seq.last_hash = 0
@@ -505,39 +391,11 @@ cdef class KVBlockPool:
 
     def debug_state(self):
         """The whole state as plain data; equal for equal pools of either implementation."""
-        cdef int32_t b
-        cdef uint64_t i
-        index = {}
-        for i in range(self.index_mask + 1):
-            if self.index[i] != KVP_NIL:
-                index[self.blocks[self.index[i]].block_hash] = self.index[i]
-        sequences = {}
-        cdef _Seq s
-        for sid, obj in self.seqs.items():
-            s = <_Seq>obj
-            sequences[sid] = {"block_table": [s.table[j] for j in range(s.num_table_blocks)],
-                              "num_tokens": s.num_tokens, "last_hash": s.last_hash,
-                              "partial_state": s.partial_state, "salt": s.salt}
-        return {
-            "ref_count": [_ref(self.blocks, b) for b in range(self.num_blocks)],
-            "block_hash": [self.blocks[b].block_hash for b in range(self.num_blocks)],
-            "free_uncached": _walk(self.blocks, &self.free_uncached, self.num_blocks),
-            "free_cached": _walk(self.blocks, &self.free_cached, self.num_blocks),
-            "index": index,
-            "sequences": sequences,
-            "stats": self.stats(),
-        }
+        return _debug_state(self)
 
     def check_invariants(self):
         """Raise AssertionError naming the first broken invariant (C links, index, then state)."""
-        cdef int32_t b
-        state = self.debug_state()  # _walk checks the list links
-        for b in range(self.num_blocks):
-            if self.blocks[b].block_hash and self._index_find(self.blocks[b].block_hash) != b:
-                raise AssertionError(f"kvpool invariant broken: hashed block {b} unreachable in the index")
-        if self.num_indexed != len(state["index"]):
-            raise AssertionError("kvpool invariant broken: num_indexed == occupied index slots")
-        check_state(state, self.block_size_tokens, self.enable_prefix_caching)
+        _check_invariants(self)
 
     # ---------------------------------------------------------- internals
 
@@ -552,56 +410,6 @@ cdef class KVBlockPool:
         if not isinstance(block_id, int) or not 0 <= block_id < self.num_blocks:
             raise InvalidBlockError(f"block id must be in [0, {self.num_blocks}), got {block_id!r}")
         return block_id
-
-    cdef Py_ssize_t _load_tokens(self, object token_ids, int32_t** out) except -2:
-        """Return the token count; *out = validated int32 token ids, NULL for a bare count
-        or with prefix caching off (then the values are never read)."""
-        out[0] = NULL
-        if isinstance(token_ids, int):
-            if self.enable_prefix_caching:
-                raise InvalidArgumentError(f"a token count ({token_ids}) needs "
-                                           f"enable_prefix_caching=False; pass the token ids")
-            if (<Py_ssize_t>token_ids) < 0:
-                raise InvalidArgumentError(f"token count must be >= 0, got {token_ids}")
-            return token_ids
-        if not self.enable_prefix_caching:
-            return len(token_ids)
-        cdef Py_ssize_t n
-        if type(token_ids) is list:
-            n = _load_list(self, <list>token_ids)
-        elif PyObject_CheckBuffer(token_ids):
-            n = _load_buffer(self, token_ids)
-        else:
-            n = _load_list(self, list(token_ids))
-        out[0] = self.scratch_tokens
-        return n
-
-    cdef int32_t _lookup(self, const int32_t* tokens, Py_ssize_t count, uint64_t salt) noexcept:
-        """Fill scratch_hits/scratch_hashes with the longest cached prefix (at most
-        count - 1 tokens: the last prompt token is always recomputed); return its blocks."""
-        cdef int64_t B = self.block_size_tokens
-        cdef int64_t max_hits = (count - 1) // B if count > 0 else 0
-        if max_hits > self.num_blocks:
-            max_hits = self.num_blocks
-        cdef uint64_t parent = 0, h
-        cdef uint64_t content[4]
-        cdef int32_t i = 0, k, num, b
-        while i < max_hits:
-            num = 4 if i + 4 <= max_hits else 1
-            if num == 4:
-                kvp_content4(tokens + i * B, B, content)
-            else:
-                content[0] = kvp_content(KVP_HASH_OFFSET, tokens + i * B, B)
-            for k in range(num):
-                h = kvp_finish(content[k], parent, salt)
-                b = self._index_find(h)
-                if b == KVP_NIL:
-                    return i
-                self.scratch_hits[i] = b
-                self.scratch_hashes[i] = h
-                parent = h
-                i += 1
-        return <int32_t>max_hits
 
     cdef int _fill(self, _Seq seq, const int32_t* tokens, Py_ssize_t pos, Py_ssize_t end) except -1:
         """Append tokens[pos:end] (or end - pos uncounted tokens) to seq's blocks; the
@@ -634,8 +442,8 @@ cdef class KVBlockPool:
             if offset == B:
                 h = kvp_finish(state, seq.last_hash, seq.salt)
                 seq.last_hash = h
-                if self._index_find(h) == KVP_NIL:
-                    self._index_insert(seq.table[seq.num_table_blocks - 1], h)
+                if _index_find(self, h) == KVP_NIL:
+                    _index_insert(self, seq.table[seq.num_table_blocks - 1], h)
                 offset = 0
                 state = 0
         seq.partial_state = state
@@ -649,7 +457,7 @@ cdef class KVBlockPool:
         elif self.free_cached.head != KVP_NIL:
             b = self.free_cached.head
             _list_unlink(self.blocks, &self.free_cached, b)
-            self._index_remove(b)
+            _index_remove(self, b)
             self.num_evicted_blocks += 1
         else:
             raise AssertionError("kvpool internal error: no free block after the capacity check")
@@ -664,152 +472,7 @@ cdef class KVBlockPool:
         else:
             _list_push_tail(self.blocks, &self.free_uncached, b)
 
-    cdef int32_t _index_find(self, uint64_t h) noexcept nogil:
-        cdef uint64_t i = h & self.index_mask
-        cdef int32_t b
-        while True:
-            b = self.index[i]
-            if b == KVP_NIL or self.blocks[b].block_hash == h:
-                return b
-            i = (i + 1) & self.index_mask
 
-    cdef void _index_insert(self, int32_t b, uint64_t h) noexcept nogil:
-        cdef uint64_t i = h & self.index_mask
-        while self.index[i] != KVP_NIL:
-            i = (i + 1) & self.index_mask
-        self.index[i] = b
-        self.blocks[b].block_hash = h
-        self.num_indexed += 1
-
-    cdef void _index_remove(self, int32_t b) noexcept nogil:
-        """Delete b's slot with backward shift: later entries of the run whose probe path
-        covers the hole move into it, so lookups never need tombstones."""
-        cdef uint64_t mask = self.index_mask
-        cdef uint64_t i = self.blocks[b].block_hash & mask, j, home
-        cdef int32_t c
-        while self.index[i] != b:
-            i = (i + 1) & mask
-        j = i
-        while True:
-            j = (j + 1) & mask
-            c = self.index[j]
-            if c == KVP_NIL:
-                break
-            home = self.blocks[c].block_hash & mask
-            if ((j - home) & mask) >= ((j - i) & mask):
-                self.index[i] = c
-                i = j
-        self.index[i] = KVP_NIL
-        self.blocks[b].block_hash = 0
-        self.num_indexed -= 1
-
-
-cdef int64_t _blocks_to_append(KVBlockPool pool, _Seq seq, int64_t count) except -1:
-    if count <= 0:
-        return 0
-    cdef int64_t B = pool.block_size_tokens
-    cdef bint cow = seq.num_tokens % B != 0 and \
-        pool.blocks[seq.table[seq.num_table_blocks - 1]].ref_or_prev > 1
-    return (seq.num_tokens + count + B - 1) // B - seq.num_table_blocks + cow
-
-
-cdef list _walk(BlockMeta* blocks, FreeList* fl, int32_t num_blocks):
-    """The list's blocks head to tail, checking the links on the way."""
-    out = []
-    cdef int32_t b = fl.head, prev = KVP_NIL
-    while b != KVP_NIL:
-        if len(out) > num_blocks or blocks[b].next_or_used == KVP_USED or blocks[b].ref_or_prev != prev:
-            raise AssertionError(f"kvpool invariant broken: free list link at block {b}")
-        out.append(b)
-        prev = b
-        b = blocks[b].next_or_used
-    if prev != fl.tail or len(out) != fl.length:
-        raise AssertionError("kvpool invariant broken: free list tail/length")
-    return out
-
-
-cdef inline void _reserve_scratch(KVBlockPool pool, Py_ssize_t n) except *:
-    if n <= pool.scratch_capacity:
-        return
-    cdef int32_t* p = <int32_t*>realloc(pool.scratch_tokens, n * sizeof(int32_t))
-    if p == NULL:
-        raise MemoryError()
-    pool.scratch_tokens = p
-    pool.scratch_capacity = n
-
-
-cdef Py_ssize_t _load_list(KVBlockPool pool, list tokens) except -1:
-    cdef Py_ssize_t n = len(tokens), i
-    _reserve_scratch(pool, n)
-    cdef int32_t* dst = pool.scratch_tokens
-    cdef int64_t v
-    for i in range(n):
-        v = tokens[i]
-        if v < 0 or v > C_MAX_TOKEN_ID:
-            raise InvalidArgumentError(f"token ids must be in [0, {MAX_TOKEN_ID}], got {v}")
-        dst[i] = <int32_t>v
-    return n
-
-
-cdef inline int64_t _read_int(void* buf, Py_ssize_t i, Py_ssize_t itemsize, char code) noexcept nogil:
-    """Element i of a buffer of format code; -1 for an unsigned value beyond int64."""
-    if itemsize == 8:
-        if code == b"Q" or code == b"L":
-            return -1 if (<uint64_t*>buf)[i] > <uint64_t>C_MAX_TOKEN_ID else <int64_t>(<uint64_t*>buf)[i]
-        return (<int64_t*>buf)[i]
-    if itemsize == 4:
-        return (<uint32_t*>buf)[i] if code == b"I" or code == b"L" else (<int32_t*>buf)[i]
-    if itemsize == 2:
-        return (<uint16_t*>buf)[i] if code == b"H" else (<int16_t*>buf)[i]
-    return (<uint8_t*>buf)[i] if code == b"B" else (<int8_t*>buf)[i]
-
-
-cdef Py_ssize_t _load_buffer(KVBlockPool pool, object obj) except -1:
-    """Copy a 1-D integer buffer (numpy array, array.array) into scratch, validated."""
-    cdef Py_buffer view
-    PyObject_GetBuffer(obj, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS)
-    cdef Py_ssize_t n, i
-    cdef const char* fmt
-    cdef char code
-    cdef int32_t* dst
-    cdef int32_t acc32 = 0
-    cdef uint64_t acc64 = 0
-    cdef int64_t v
-    cdef bint bad
-    try:
-        fmt = <const char*>"B"          # no format means unsigned bytes
-        if view.format != NULL:
-            fmt = view.format
-        if fmt[0] == b"@" or fmt[0] == b"=" or fmt[0] == b"<":
-            fmt += 1
-        code = fmt[0]
-        if view.ndim != 1 or fmt[1] != 0 or code == 0 or code not in b"bhilqBHILQ":
-            raise InvalidArgumentError(f"token ids must be a 1-D integer array, got format "
-                                       f"{view.format!r} with {view.ndim} dims")
-        n = view.shape[0]
-        _reserve_scratch(pool, n)
-        dst = pool.scratch_tokens
-        if view.itemsize == 4 and (code == b"i" or code == b"l"):
-            memcpy(dst, view.buf, n * sizeof(int32_t))
-            for i in range(n):
-                acc32 |= dst[i]          # the sign bit survives iff some id is negative
-            bad = acc32 < 0
-        elif view.itemsize == 8 and (code == b"q" or code == b"l"):
-            for i in range(n):
-                acc64 |= <uint64_t>(<int64_t*>view.buf)[i]
-                dst[i] = <int32_t>(<int64_t*>view.buf)[i]
-            bad = acc64 > <uint64_t>C_MAX_TOKEN_ID
-        else:
-            bad = False
-            for i in range(n):
-                v = _read_int(view.buf, i, view.itemsize, code)
-                if v < 0 or v > C_MAX_TOKEN_ID:
-                    bad = True
-                    break
-                dst[i] = <int32_t>v
-        if bad:
-            first = next(int(t) for t in obj if not 0 <= int(t) <= MAX_TOKEN_ID)
-            raise InvalidArgumentError(f"token ids must be in [0, {MAX_TOKEN_ID}], got {first}")
-        return n
-    finally:
-        PyBuffer_Release(&view)
+include "_kvpool_index.pxi"
+include "_kvpool_tokens.pxi"
+include "_kvpool_checks.pxi"

@@ -236,3 +236,13 @@ def test_no_import_cycles(package):
     assert not cycles, "import cycles:\n" + "\n".join(
         " -> ".join(cycle) + (f" (one of the cycles among {', '.join(members)})" if len(members) > 2 else "")
         for cycle, members in cycles)
+
+
+def test_no_source_module_is_over_500_lines():
+    """A module over about 500 lines holds two jobs (STYLE.md): split it into rooms. A compiled
+    module's included parts (.pxi) count as files of their own."""
+    long = {str(path.relative_to(ROOT)): n for package in ALLOWED
+            for path in sorted((ROOT / package).rglob("*"))
+            if path.suffix in (".py", ".pyx", ".pxi", ".pxd")
+            and (n := len(path.read_text().splitlines())) > 500}
+    assert not long, f"modules over 500 lines (split each into modules of one job): {long}"
