@@ -16,7 +16,7 @@ import random
 from typing import Awaitable, Callable
 
 from ..records import SftBatch
-from ..tasks.demonstrations import DemonstrationError, read_jsonl
+from ..tasks.demonstrations import DemonstrationError, read_jsonl, validate_demonstration
 from .options import OrchestratorOptions
 from .progress import PhaseProgress
 
@@ -61,9 +61,12 @@ async def warm_start(task, tokenizer, options: OrchestratorOptions, keeper, metr
 
 def demonstrations(task, num: int, options: OrchestratorOptions) -> list[dict]:
     """The warm start's `num` demonstrations: the file `sft_demonstrations` (read whole, shuffled
-    with `seed`, then cycled to `num`), else the task's own."""
+    with `seed`, then cycled to `num`), else the task's own; each checked
+    (`validate_demonstration`: a bad one raises DemonstrationError naming it)."""
     if options.sft_demonstrations is None:
-        return task.demonstrations(num, seed=options.seed, options=options.task_options)
+        demos = task.demonstrations(num, seed=options.seed, options=options.task_options)
+        return [validate_demonstration(d, where=f"the task's demonstration {i}")
+                for i, d in enumerate(demos)]
     demos = read_jsonl(options.sft_demonstrations)
     random.Random(options.seed).shuffle(demos)
     return [demos[i % len(demos)] for i in range(num)]

@@ -12,6 +12,7 @@ from postrain.actors.orchestrator import OrchestratorOptions
 from postrain.actors.orchestrator.warm_start import demonstrations, warm_start
 from postrain.actors.tasks import get_task
 from postrain.actors.tasks.arithmetic import ArithmeticEnv
+from postrain.actors.tasks.demonstrations import DemonstrationError
 
 NO_DEMOS = TaskSpec("no_demos", ArithmeticEnv, train=lambda seed, options: iter([]), eval=lambda options: [])
 
@@ -51,6 +52,15 @@ def test_the_file_replaces_the_tasks_demonstrations_seeded_and_cycled(tmp_path):
     assert sorted(d["messages"][1]["content"] for d in demos[:3]) == [
         "<answer>cba</answer>", "<answer>tsop</answer>", "<answer>zyx</answer>"]
     assert demonstrations(get_task("arithmetic"), 8, options) == demos   # seeded
+
+
+def test_a_tasks_bad_demonstration_is_named_before_the_first_step():
+    bad = [demo("abc"), {"messages": [{"role": "user", "content": "q"},
+                                      {"role": "assistant", "content": "a", "no_loss_spans": [[0, 5]]}]}]
+    task = TaskSpec("bad_demos", ArithmeticEnv, train=lambda seed, options: iter([]),
+                    eval=lambda options: [], demos=lambda num, seed=0, options=None: bad[:num])
+    with pytest.raises(DemonstrationError, match=r"the task's demonstration 1: messages\[1\].no_loss_spans"):
+        demonstrations(task, 2, OrchestratorOptions(sft_steps=0))
 
 
 class RecordingKeeper:
