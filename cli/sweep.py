@@ -15,8 +15,9 @@ table named like its actor may be skipped, so `learner.rl_lr` is `learner.learne
 learner actor's LearnerConfig. Values are TOML (1e-4, "gspo", true). Several --set: every
 combination. Every run's config is checked before the first starts.
 
---resume continues a sweep: runs with a summary.json are kept, an unfinished run continues from
-its checkpoint (`postrain up --resume`) or starts over, the rest run. Ctrl-C (SIGINT) or SIGTERM
+--resume continues a sweep: runs with a summary.json of a complete run are kept, an unfinished
+run (stopped in its warm start or before its last RL step) continues from its checkpoint
+(`postrain up --resume`) or starts over, the rest run. Ctrl-C (SIGINT) or SIGTERM
 (`kill`, a job scheduler's stop) stops the runs in flight cleanly (each `postrain up` gets one
 SIGINT: it finishes its step and checkpoints), writes sweep.json with what finished, and exits 130.
 """
@@ -163,12 +164,14 @@ def _finish(run: dict, code: int) -> None:
     folder = Path(run["folder"])
     summary_file = folder / "summary.json"
     run["exit_code"] = code
-    if summary_file.exists():
-        run["summary"] = json.loads(summary_file.read_text())
+    summary = json.loads(summary_file.read_text()) if summary_file.exists() else None
+    if summary is not None and summary.get("complete", True):
+        run["summary"] = summary
         run["status"] = "finished"
-        run["collapsed"] = collapsed(run["summary"], folder)
-    else:
-        run["status"] = "interrupted" if code in (130, -signal.SIGINT) else "failed"
+        run["collapsed"] = collapsed(summary, folder)
+    else:   # no summary, or one from a run stopped before its last step: not in the table
+        run.pop("summary", None)
+        run["status"] = "interrupted" if code in (130, -signal.SIGINT) or summary else "failed"
     print(f"sweep: {run['name']}: {run['status']} (exit {code}, log {Path(run['folder']).parent / '_logs' / run['name']}.log)",
           flush=True)
 

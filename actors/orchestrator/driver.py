@@ -206,8 +206,12 @@ class RunDriver:
 
     def _summary(self, steps: int, wall_s: float, rl_wall_s: float, checkpoint: str, policy: str) -> dict:
         counts = self.ledger.counts()
+        # complete: the run ended as configured (num_steps trained, or its RL time budget spent);
+        # false when a stop (`postrain down`, Ctrl-C) ended it early: `--resume` continues it
+        complete = steps == self.options.num_steps or self.rl_budget_spent
         return {**{f"eval_{phase}": accuracy for phase, accuracy in self.evaluator.evals.items()},
-                "steps": steps, "sft_steps": self.options.sft_steps, "samples": counts["trained"],
+                "steps": steps, "complete": complete, "sft_steps": self.options.sft_steps,
+                "samples": counts["trained"],
                 "ledger": counts, "wall_s": round(wall_s, 1), "rl_wall_s": round(rl_wall_s, 2),
                 "learner_idle_s": round(self.learner_idle_s, 2),
                 "learner_busy_s": round(self.learner_busy_s, 2), "rl_eval_s": round(self.rl_eval_s, 2),

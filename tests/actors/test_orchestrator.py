@@ -107,7 +107,7 @@ def test_up_runs_eval_warm_start_and_grpo_steps_and_accounts_for_every_sample(tm
     assert 0 <= evals[2]["rl_wall_s"] <= evals[3]["rl_wall_s"] and summary["rl_eval_s"] > 0
     assert not summary["rl_budget_spent"]
     ledger = summary["ledger"]
-    assert summary["steps"] == 2 and ledger["created"] == 2 * 3 * 2
+    assert summary["steps"] == 2 and summary["complete"] and ledger["created"] == 2 * 3 * 2
     assert ledger["created"] == ledger["in_flight"] + ledger["trained"] + ledger["dropped"]
     assert ledger["in_flight"] == 0 and summary["samples"] == ledger["trained"]
     train_rows = read_metrics(folder, "train")

@@ -34,7 +34,8 @@ class SummaryDriverOptions(Options):
 
 class SummaryDriver(Actor):
     """Streams two steps, then writes summary.json: after the warm start 0.3 + 0.01 * seed, after RL
-    that plus `gain`. The run of `hold_seed` waits after its first step while `hold_file` exists."""
+    that plus `gain`. The run of `hold_seed` waits after its first step while `hold_file` exists;
+    stopped there, its summary says `"complete": false`."""
 
     Options = SummaryDriverOptions
 
@@ -47,10 +48,10 @@ class SummaryDriver(Actor):
         yield {"line": "step 1"}
         while o.seed == o.hold_seed and Path(o.hold_file).exists() and not self.stopping:
             await anyio.sleep(0.05)
-        if self.stopping:
-            return
         start = 0.3 + 0.01 * o.seed
-        summary = {"eval_before": 0.0, "eval_after_sft": start, "eval_after": start + o.gain, "wall_s": 1.0 + o.seed}
+        summary = {"eval_before": 0.0, "eval_after_sft": start, "eval_after": start + o.gain,
+                   "wall_s": 1.0 + o.seed, "complete": not self.stopping}
+        # as the real driver: a run stopped during RL writes the summary of its steps so far
         Path(body["run_folder"], "summary.json").write_text(json.dumps(summary))
         yield {"summary": summary}
 
@@ -172,6 +173,8 @@ def test_resume_after_a_sigterm_keeps_finished_runs_and_runs_the_rest(tmp_path):
     assert proc.returncode == 130, text
     doc = json.loads((out / "sweep.json").read_text())
     assert doc["interrupted"] and [r["status"] for r in doc["runs"]] == ["finished", "interrupted"]
+    assert not json.loads((out / "seed1" / "summary.json").read_text())["complete"]
+    assert doc["table"][0]["figures"]["eval_after_sft"]["n"] == 1    # the stopped run is not counted
     first_summary = (out / "seed0" / "summary.json").stat().st_mtime_ns
 
     (tmp_path / "hold").unlink()

@@ -126,8 +126,13 @@ def test_an_interrupt_in_any_phase_stops_cleanly_and_the_run_resumes(runs, tmp_p
     returncode = run.wait()
     run.check_no_traceback()
     run.check_nothing_left()
-    if returncode == 0 and (run.folder / "summary.json").exists() and how == "down":
-        return   # `postrain down` ends the run early, cleanly: nothing to resume
+    if (run.folder / "summary.json").exists():
+        # a run stopped during RL writes the summary of its steps so far; it says whether RL
+        # reached its last step (a stop before it is not complete: `--resume` continues it)
+        summary = json.loads((run.folder / "summary.json").read_text())
+        assert summary["complete"] == (summary["steps"] == run.options["num_steps"]), summary
+        if returncode == 0 and how == "down":
+            return   # `postrain down` ends the run early, cleanly: nothing to resume
     finish(run, run.resume(), may_need_resume=False)
 
 
