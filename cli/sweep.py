@@ -170,8 +170,8 @@ def _finish(run: dict, code: int) -> None:
         run["status"] = "finished"
         run["collapsed"] = collapsed(summary, folder)
     else:   # no summary, or one from a run stopped before its last step: not in the table
-        run.pop("summary", None)
-        run["status"] = "interrupted" if code in (130, -signal.SIGINT) or summary else "failed"
+        stopped = code in (130, -signal.SIGINT) or summary is not None
+        run["status"] = "interrupted" if stopped else "failed"
     print(f"sweep: {run['name']}: {run['status']} (exit {code}, log {Path(run['folder']).parent / '_logs' / run['name']}.log)",
           flush=True)
 

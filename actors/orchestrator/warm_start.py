@@ -86,8 +86,10 @@ def chat_to_tokens(tokenizer, messages: list[dict]) -> tuple[list[int], list[int
             mask += [0] * (len(ids) - len(mask))
             through = tokenizer.apply_chat_template(messages[:i + 1], add_generation_prompt=False)
             answer = through[len(prompt):]
-            ids += tokenizer.encode(answer, add_bos=False)
-            mask += answer_mask(tokenizer, answer, message)
+            answer_ids = tokenizer.encode(answer, add_bos=False)
+            ids += answer_ids
+            mask += answer_mask(tokenizer, answer, message) if message.get("no_loss_spans") \
+                else [1] * len(answer_ids)
             rendered = through
     tail = tokenizer.apply_chat_template(messages, add_generation_prompt=False)[len(rendered):]
     if tail:
@@ -99,18 +101,15 @@ def chat_to_tokens(tokenizer, messages: list[dict]) -> tuple[list[int], list[int
 
 
 def answer_mask(tokenizer, answer: str, message: dict) -> list[int]:
-    """The loss mask of one rendered assistant turn (`answer`: its content as the template
-    writes it, then the end-of-turn): 1 on each token, 0 on those that overlap a character
-    range [start, end) of `message["no_loss_spans"]` (ranges of `message["content"]`)."""
-    spans = message.get("no_loss_spans") or []
-    offsets = tokenizer.token_spans(answer)
-    if not spans:
-        return [1] * len(offsets)
+    """The loss mask of one rendered assistant turn with `no_loss_spans` (`answer`: its content
+    as the template writes it, then the end-of-turn): 1 on each token, 0 on those that overlap a
+    character range [start, end) of `message["no_loss_spans"]` (ranges of `message["content"]`)."""
     at = answer.find(message["content"])
     if at < 0:
         raise DemonstrationError(
             "an assistant message with no_loss_spans must appear verbatim in the rendered "
             f"conversation, but this chat template rewrites it: {message['content'][:60]!r}; "
             "fix: leave out no_loss_spans with this model's template")
+    spans = message["no_loss_spans"]
     return [0 if any(start < at + end and at + begin < stop for begin, end in spans) else 1
-            for start, stop in offsets]
+            for start, stop in tokenizer.token_spans(answer)]

@@ -115,9 +115,7 @@ def validate_demonstration(demo, *, where: str = "demonstration") -> dict:
             raise DemonstrationError(f"{where}: messages[{i}] must have role in {ROLES} and a str "
                                      f"content, got {str(m)[:80]!r}")
         spans = m.get("no_loss_spans", [])
-        if spans and (m["role"] != "assistant" or not isinstance(spans, list) or not all(
-                isinstance(s, list) and len(s) == 2 and all(type(x) is int for x in s)
-                and 0 <= s[0] < s[1] <= len(m["content"]) for s in spans)):
+        if spans and (m["role"] != "assistant" or not _are_ranges_in(spans, m["content"])):
             raise DemonstrationError(f"{where}: messages[{i}].no_loss_spans must be a list of "
                                      f"[start, end] character ranges inside an assistant turn's "
                                      f"content ({len(m['content'])} characters), got {spans!r}")
@@ -125,6 +123,13 @@ def validate_demonstration(demo, *, where: str = "demonstration") -> dict:
         raise DemonstrationError(f"{where}: has no assistant turn, so there is nothing to learn; "
                                  f"fix: add {{\"role\": \"assistant\", \"content\": ...}}")
     return demo
+
+
+def _are_ranges_in(spans, content: str) -> bool:
+    """`spans` is a list of [start, end] int pairs with 0 <= start < end <= len(content)."""
+    return isinstance(spans, list) and all(
+        isinstance(s, list) and len(s) == 2 and all(type(x) is int for x in s)
+        and 0 <= s[0] < s[1] <= len(content) for s in spans)
 
 
 def write_jsonl(path: str | os.PathLike, demos: Iterable[dict]) -> int:

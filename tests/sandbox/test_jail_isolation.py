@@ -154,8 +154,7 @@ def test_the_warm_zygote_and_the_session_agent_are_not_host_root(warm_sandbox, s
 
         jails = [p for p in psutil.Process().children(recursive=True) if still_there(p.name) == "nsjail"]
         inside = [child for jail in jails for child in still_there(jail.children) or []]
-        uids = {process: still_there(process.uids) for process in inside}
-        uids = {process: ids for process, ids in uids.items() if ids is not None}
+        uids = {process: ids for process in inside if (ids := still_there(process.uids)) is not None}
         assert len(jails) >= 2 and uids, [still_there(p.cmdline) for p in jails]
         for process, ids in uids.items():
             assert ids.real in (HOST_ROOT_UID, HOST_UID) and ids.effective != 0, still_there(process.cmdline)
