@@ -1,4 +1,4 @@
-"""`postrain sweep --config C --seeds 0-9 [--set KEY=V1,V2 ...] [--parallel N] [--resume]`: one
+"""`postrain sweep --config C --seeds 0-9 [--set KEY=V1,V2 ...] [--parallel N] [--resume] [--target ACC]`: one
 run config over seeds x overrides, and the spread of what it gives.
 
 Each combination of the `--set` values and each seed is one `postrain up` run, in its own folder
@@ -7,7 +7,8 @@ under the sweep folder (`--sweep-dir`, default runs/sweep-<config name>), one af
 it: the model's init, the data order, the sampling). When they have ended, every run's
 summary.json goes into one table, min / median / max over the seeds of each accuracy, RL's own
 gain, wall time, and the count of collapses (cli/sweep_table.py), printed, written to
-sweep.json, and drawn in sweep.png (one dot per run).
+sweep.json, and drawn in sweep.png (one dot per run). `--target 0.6`: how many runs reached
+held-out accuracy 0.6, and at which RL step and after how many RL seconds.
 
 --set KEY=V1,V2: KEY is a dotted path into the config: a section and its key (`shared.seed`,
 `run.name`) or an actor's name and one of its options (`orchestrator.num_steps`); an option
@@ -37,7 +38,7 @@ from pathlib import Path
 
 from postrain.core.errors import PostrainError
 
-from .sweep_table import PLOT_FILE, build_table, collapsed, format_table, plot_spread
+from .sweep_table import PLOT_FILE, build_table, collapsed, format_table, plot_spread, target_figures
 
 HELP = "run one config over several seeds and overrides; the spread of the results"
 SWEEP_FILE = "sweep.json"
@@ -55,6 +56,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--parallel", type=int, default=1, help="runs at once (default 1)")
     parser.add_argument("--sweep-dir", help="the sweep's folder (default: runs/sweep-<config name>)")
     parser.add_argument("--resume", action="store_true", help="continue the sweep in its folder")
+    parser.add_argument("--target", type=float, metavar="ACC",
+                        help="held-out accuracy to time: each run's first step (and RL seconds) at or above it")
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -214,8 +217,12 @@ def execute(runs: list[dict], parallel: int, sweep_dir: Path, import_dir: Path) 
         signal.signal(signal.SIGTERM, previous_sigterm)
 
 
-def write_sweep(sweep_dir: Path, config_path: Path, runs: list[dict], interrupted: bool) -> dict:
-    table = build_table(runs)
+def write_sweep(sweep_dir: Path, config_path: Path, runs: list[dict], interrupted: bool,
+                target: float | None = None) -> dict:
+    for run in runs:
+        if target is not None and run.get("summary") is not None:
+            run["target_figures"] = target_figures(Path(run["folder"]), target)
+    table = build_table(runs, target)
     plot = plot_spread(table, runs, sweep_dir / PLOT_FILE)
     doc = {"config": str(config_path), "interrupted": interrupted, "plot": str(plot) if plot else None,
            "table": table, "runs": [{k: v for k, v in r.items() if k != "doc"} for r in runs]}
@@ -249,7 +256,7 @@ def main(args) -> int:
     print(f"sweep: {len(runs)} runs in {sweep_dir} ({sum(r['status'] == 'finished' for r in runs)} already "
           f"finished), {args.parallel} at once", flush=True)
     completed = execute(runs, args.parallel, sweep_dir, config_path.resolve().parent)
-    doc = write_sweep(sweep_dir, config_path, runs, interrupted=not completed)
+    doc = write_sweep(sweep_dir, config_path, runs, interrupted=not completed, target=args.target)
     for line in format_table(doc["table"]):
         print(line)
     print(f"wrote {sweep_dir / SWEEP_FILE}" + (f" and {doc['plot']}" if doc["plot"] else ""))

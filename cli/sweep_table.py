@@ -9,6 +9,14 @@ Per group (one combination of `--set` values; seeds vary inside it) and per figu
                 warm start)
     wall_s      the run's wall time
 
+With `--target ACC`, each run's first held-out evaluation at or above ACC (its metrics.jsonl's
+`eval` rows: before or after the warm start count as step 0) gives two more figures, over the
+runs that reached it, and the group counts the runs that did (`reached_target`):
+
+    steps_to_target   the RL step of that evaluation
+    rl_s_to_target    RL's wall time at it, evaluations included (this start of the run: a
+                      resumed run counts from its resume)
+
 `collapses` counts the group's runs that collapsed: after RL below half of where RL started
 (the warm start's accuracy, else the one before), or a collapse warning in its metrics.jsonl
 (codes in COLLAPSE_CODES: a reward or an accuracy that fell by half). An entropy collapse
@@ -27,8 +35,8 @@ COLLAPSE_CODES = ("reward_collapse", "accuracy_collapse")
 PLOT_FILE = "sweep.png"
 
 
-def run_figures(summary: dict) -> dict[str, float]:
-    """The figures of one run's summary.json that the table summarises."""
+def run_figures(summary: dict, target: dict[str, float] | None = None) -> dict[str, float]:
+    """The figures of one run's summary.json that the table summarises, with its `target` ones."""
     figures = {k: float(v) for k, v in summary.items() if k.startswith("eval_") and k not in NOT_ACCURACIES
                and not k.startswith("eval_step_") and isinstance(v, (int, float))}
     start = figures.get("eval_after_sft", figures.get("eval_before"))
@@ -36,7 +44,18 @@ def run_figures(summary: dict) -> dict[str, float]:
         figures["rl_gain"] = round(figures["eval_after"] - start, 6)
     if isinstance(summary.get("wall_s"), (int, float)):
         figures["wall_s"] = float(summary["wall_s"])
-    return figures
+    return {**figures, **(target or {})}
+
+
+def target_figures(folder: Path, target: float) -> dict[str, float]:
+    """steps_to_target and rl_s_to_target of one run (module docstring); {} where no evaluation
+    reached `target`."""
+    metrics = folder / "metrics.jsonl"
+    for line in (metrics.read_text().splitlines() if metrics.exists() else []):
+        row = json.loads(line)
+        if row.get("kind") == "eval" and isinstance(row.get("accuracy"), (int, float)) and row["accuracy"] >= target:
+            return {"steps_to_target": float(row.get("step", 0)), "rl_s_to_target": float(row.get("rl_wall_s", 0.0))}
+    return {}
 
 
 def collapsed(summary: dict, folder: Path) -> bool:
@@ -61,21 +80,28 @@ def group_label(overrides: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in overrides.items()) or "(config as is)"
 
 
-def build_table(runs: list[dict]) -> list[dict]:
+def figures_of(run: dict) -> dict[str, float]:
+    """A finished run's figures: its summary's and, with --target, its target ones."""
+    return run_figures(run["summary"], run.get("target_figures"))
+
+
+def build_table(runs: list[dict], target: float | None = None) -> list[dict]:
     """One row per override combination, in the order first seen: its runs' figures' spread."""
     groups: dict[str, list[dict]] = {}
     for run in runs:
         groups.setdefault(json.dumps(run["overrides"], sort_keys=True), []).append(run)
     table = []
     for members in groups.values():
-        finished = [r for r in members if r.get("summary") is not None]
-        names = sorted({k for r in finished for k in run_figures(r["summary"])})
-        table.append({
-            "overrides": members[0]["overrides"], "num_runs": len(members), "num_finished": len(finished),
-            "seeds": [r["seed"] for r in finished],
-            "figures": {k: spread([run_figures(r["summary"])[k] for r in finished if k in run_figures(r["summary"])])
-                        for k in names},
-            "collapses": sum(1 for r in finished if r.get("collapsed"))})
+        finished = [figures_of(r) for r in members if r.get("summary") is not None]
+        names = sorted({k for figures in finished for k in figures})
+        row = {"overrides": members[0]["overrides"], "num_runs": len(members), "num_finished": len(finished),
+               "seeds": [r["seed"] for r in members if r.get("summary") is not None],
+               "figures": {k: spread([figures[k] for figures in finished if k in figures]) for k in names},
+               "collapses": sum(1 for r in members if r.get("summary") is not None and r.get("collapsed"))}
+        if target is not None:
+            row["target"] = target
+            row["reached_target"] = sum(1 for figures in finished if "steps_to_target" in figures)
+        table.append(row)
     return table
 
 
@@ -83,8 +109,10 @@ def format_table(table: list[dict]) -> list[str]:
     """The table as text lines: one block per group, one line per figure."""
     lines = []
     for row in table:
+        reached = (f", {row['reached_target']}/{row['num_finished']} reached {row['target']:g}"
+                   if "target" in row else "")
         lines.append(f"{group_label(row['overrides'])}: {row['num_finished']}/{row['num_runs']} runs finished, "
-                     f"{row['collapses']} collapsed")
+                     f"{row['collapses']} collapsed{reached}")
         for name, s in row["figures"].items():
             lines.append(f"  {name:<24} min {s['min']:8.3f}  median {s['median']:8.3f}  max {s['max']:8.3f}"
                          f"  (n={s['n']})")
@@ -104,7 +132,7 @@ def plot_spread(table: list[dict], runs: list[dict], path: Path) -> Path | None:
     for i, name in enumerate(names):
         axes = figure.add_subplot(1, len(names), i + 1)
         for g, row in enumerate(table):
-            values = [run_figures(r["summary"]).get(name) for r in runs if r.get("summary") is not None
+            values = [figures_of(r).get(name) for r in runs if r.get("summary") is not None
                       and json.dumps(r["overrides"], sort_keys=True) == keys[g]]
             values = [v for v in values if v is not None]
             axes.scatter([g] * len(values), values, s=14, alpha=0.7)

@@ -137,6 +137,33 @@ def test_a_run_collapsed_when_its_reward_or_accuracy_fell_by_half_not_when_only_
     assert run(0.3) and not run(0.33)
 
 
+def test_target_counts_the_runs_that_reached_it_and_times_the_first_evaluation_at_it(tmp_path):
+    from postrain.cli.sweep_table import build_table, format_table, target_figures
+    from postrain.core.metrics import MetricsWriter
+
+    def run(seed: int, *evals: tuple[int, float, float]) -> dict:
+        folder = tmp_path / f"seed{seed}"
+        folder.mkdir()
+        metrics = MetricsWriter(folder, tensorboard=False)
+        metrics.log("eval", phase="before", accuracy=0.1, eval_s=1.0)
+        for step, rl_wall_s, accuracy in evals:
+            metrics.log("eval", phase=f"step_{step}", step=step, rl_wall_s=rl_wall_s, accuracy=accuracy)
+        metrics.close()
+        return {"seed": seed, "overrides": {}, "summary": {"eval_before": 0.1, "eval_after": evals[-1][2]},
+                "target_figures": target_figures(folder, 0.6)}
+
+    runs = [run(0, (10, 100.0, 0.5), (20, 210.0, 0.6), (30, 320.0, 0.7)),    # equal to the target counts
+            run(1, (10, 90.0, 0.61), (20, 200.0, 0.4)),                       # the first reach, not the last
+            run(2, (10, 95.0, 0.3), (20, 190.0, 0.59))]                       # never reached
+    assert runs[2]["target_figures"] == {}
+    row, = build_table(runs, target=0.6)
+    assert row["reached_target"] == 2
+    assert row["figures"]["steps_to_target"] == {"min": 10.0, "median": 15.0, "max": 20.0, "n": 2}
+    assert row["figures"]["rl_s_to_target"]["max"] == 210.0
+    assert "3/3 runs finished, 0 collapsed, 2/3 reached 0.6" in format_table([row])[0]
+    assert "reached_target" not in build_table(runs)[0]    # without --target, no such figures
+
+
 @pytest.mark.slow
 def test_a_sweep_tables_and_plots_the_spread_over_seeds_and_overrides(tmp_path):
     out = tmp_path / "sw"
