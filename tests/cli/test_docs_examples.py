@@ -65,6 +65,9 @@ POSTRAIN_BLOCKS = {
     ("performance.md", "pip install -e '.[bench-trl]'"): "parsed only: installs trl; a benchmark of minutes",
     ("performance.md", "postrain sweep --seeds 0-9"):
         "parsed only: ten default runs; a sweep of short runs: tests/cli/test_sweep.py",
+    ("performance.md", "postrain sweep --config actors/configs/smollm2_addition.toml --seeds 0-4 --set "
+                       "orchestrator.num_steps=40 --set orchestrator.eval_every=5 --target 0.6"):
+        "parsed only: five SmolLM2 runs of many minutes; --target: tests/cli/test_sweep.py",
     ("performance.md", "uptime; postrain bench trl --quick --json"):
         "parsed only: needs trl; minutes (tests/cli/test_bench_trl.py checks its settings)",
     ("sandbox.md", "postrain sandbox exec solution.py"):
