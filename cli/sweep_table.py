@@ -35,8 +35,8 @@ COLLAPSE_CODES = ("reward_collapse", "accuracy_collapse")
 PLOT_FILE = "sweep.png"
 
 
-def run_figures(summary: dict, target: dict[str, float] | None = None) -> dict[str, float]:
-    """The figures of one run's summary.json that the table summarises, with its `target` ones."""
+def run_figures(summary: dict) -> dict[str, float]:
+    """The figures of one run's summary.json that the table summarises."""
     figures = {k: float(v) for k, v in summary.items() if k.startswith("eval_") and k not in NOT_ACCURACIES
                and not k.startswith("eval_step_") and isinstance(v, (int, float))}
     start = figures.get("eval_after_sft", figures.get("eval_before"))
@@ -44,7 +44,7 @@ def run_figures(summary: dict, target: dict[str, float] | None = None) -> dict[s
         figures["rl_gain"] = round(figures["eval_after"] - start, 6)
     if isinstance(summary.get("wall_s"), (int, float)):
         figures["wall_s"] = float(summary["wall_s"])
-    return {**figures, **(target or {})}
+    return figures
 
 
 def target_figures(folder: Path, target: float) -> dict[str, float]:
@@ -82,7 +82,7 @@ def group_label(overrides: dict) -> str:
 
 def figures_of(run: dict) -> dict[str, float]:
     """A finished run's figures: its summary's and, with --target, its target ones."""
-    return run_figures(run["summary"], run.get("target_figures"))
+    return {**run_figures(run["summary"]), **run.get("target_figures", {})}
 
 
 def build_table(runs: list[dict], target: float | None = None) -> list[dict]:
