@@ -75,7 +75,9 @@ class LearnerConfig:
                                            # (parameters, optimizer and the logprob head stay at `dtype`)
     rl_ops_backend: str = "auto"           # logprobs and loss: "auto" (CuPy kernels for CUDA tensors where
                                            # cupy imports) | "torch" | "cupy" (postrain.ext.rl_ops)
-    reference_model: str | dict | None = None   # frozen KL reference: None, "initial" (a copy) or a spec
+    reference_model: str | dict | None = None   # frozen KL reference: None, "initial" (a copy of the
+                                           # weights at start), "warm_start" (the policy at the first RL
+                                           # step: after the SFT warm start) or a model spec
     # optimizer and schedule
     lr: float = 1e-6                       # peak learning rate
     rl_lr: float | None = None             # constant lr of RL steps after a warm start (None: the schedule)
@@ -148,7 +150,7 @@ class LearnerConfig:
                                    f"{self.temperature}"),
             (not (self.kl_coef or self.kl_target) or self.reference_model is not None,
              f"kl_coef={self.kl_coef} / kl_target={self.kl_target} need reference_model "
-             "(\"initial\" or a model spec)"),
+             "(\"initial\", \"warm_start\" or a model spec)"),
         ]
         for ok, message in rules:
             if not ok:
@@ -203,6 +205,7 @@ class Learner:
             fsdp.checkpoint_layers(self.model)
         self.routing = LearnerRouting(self.model, cfg.routing_replay, cfg.router_aux_loss_coef)
         self.reference = self._build_reference(dtype)
+        self.reference_frozen = cfg.reference_model != "warm_start"   # "warm_start": set at the first RL step
         self.lora = LearnerLora(self.model, cfg.lora, cfg.seed)   # inactive without the lora option
         self.params = self.lora.trainable(self.model)   # LoRA: the adapters alone (base frozen)
         self.optimizer = self._build_optimizer()
@@ -348,7 +351,7 @@ class Learner:
         spec = self.config.reference_model
         if spec is None:
             return None
-        if spec == "initial":
+        if spec in ("initial", "warm_start"):     # "warm_start": overwritten by freeze_reference
             ref = type(self.model).empty(self.model.config).to(device=self.device, dtype=dtype)
             ref.load_state_dict(self.model.state_dict())
         else:
@@ -356,6 +359,15 @@ class Learner:
         for p in ref.parameters():
             p.requires_grad_(False)
         return ref.eval()
+
+    def freeze_reference(self) -> None:
+        """reference_model "warm_start": the reference becomes the policy as it is now (LoRA: the
+        adapters merged in), once, before the first RL step's loss; checkpoints keep it."""
+        with torch.no_grad():
+            policy = self.lora.merged(self.model.state_dict())
+            for name, tensor in self.reference.state_dict().items():
+                tensor.copy_(policy[name])
+        self.reference_frozen = True
 
     def batch_advantages(self, batch: TrainBatch) -> tuple[dict[str, float], torch.Tensor | None]:
         """(reward metrics, per-sample advantages (B,)) from a batch's rewards over its groups;

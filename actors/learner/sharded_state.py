@@ -121,7 +121,7 @@ def _state_json(learner, extra: dict) -> dict:
     np_state = np.random.get_state()
     return {
         "format": FORMAT, "step": learner.step, "policy_version": learner.policy_version,
-        "kl_coef": learner.kl.coef, "param_groups": groups, "config": learner.config.to_dict(),
+        "kl_coef": learner.kl.coef, "reference_frozen": learner.reference_frozen, "param_groups": groups, "config": learner.config.to_dict(),
         "optimizer_state": sorted(int(i) for i in state["state"]), "world_size": learner.world_size,
         "python_rng": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
         "numpy_rng": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
@@ -166,6 +166,7 @@ def load_sharded_checkpoint(learner, folder: str | Path) -> dict:
     learner.step = int(state["step"])
     learner.policy_version = int(state["policy_version"])
     learner.kl.coef = float(state["kl_coef"])
+    learner.reference_frozen = bool(state.get("reference_frozen", True))
     return state["extra"]
 
 

@@ -81,7 +81,7 @@ def save_learner_checkpoint(learner, folder: str | Path, extra: dict | None = No
     np_state = np.random.get_state()
     state = {
         "format": FORMAT, "step": learner.step, "policy_version": learner.policy_version,
-        "kl_coef": learner.kl.coef, "param_groups": groups, "config": learner.config.to_dict(),
+        "kl_coef": learner.kl.coef, "reference_frozen": learner.reference_frozen, "param_groups": groups, "config": learner.config.to_dict(),
         "python_rng": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
         "numpy_rng": [np_state[0], int(np_state[2]), int(np_state[3]), float(np_state[4])],
         "extra": json.loads(extra_text),
@@ -143,6 +143,7 @@ def load_learner_checkpoint(learner, folder: str | Path) -> dict:
     learner.step = int(state["step"])
     learner.policy_version = int(state["policy_version"])
     learner.kl.coef = float(state["kl_coef"])
+    learner.reference_frozen = bool(state.get("reference_frozen", True))
     return state["extra"]
 
 

@@ -37,6 +37,8 @@ def train_step(learner, batch: TrainBatch) -> dict[str, float]:
     _, micro = learner._micro_batches(packed)
     tokens, seqs = learner._global_counts(packed)
     decoupled = cfg.objective == "decoupled"
+    if not learner.reference_frozen:
+        learner.freeze_reference()
     ref = learner._recompute(micro, learner.reference) if learner.reference is not None else None
     loss_cfg = cfg.loss_config(kl_coef=learner.kl.coef)
     sums = torch.zeros(len(_TOKEN_MEAN_METRICS) + 5, dtype=torch.float64)

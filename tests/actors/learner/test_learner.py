@@ -1,5 +1,6 @@
 """The learner without actors: train-inference logprob gap against the engine, learning on a tiny
-batch, bit-identical resume, Hugging Face export parity, schedules, KL, and named errors.
+batch, bit-identical resume, Hugging Face export parity, schedules, KL and its warm-start
+reference, and named errors.
 
 A real tiny Llama (random weights, the byte tokenizer's vocabulary) and the real generator engine.
 """
@@ -170,6 +171,43 @@ def test_checkpoint_resume_is_bit_identical_for_the_next_step(tmp_path):
     for key in ("loss", "kl", "grad_norm", "lr", "kl_coef"):
         assert metrics_a[key] == metrics_b[key], key
     assert metrics_b["kl"] > 0 and metrics_b["behavior_weight_mean"] > 0
+
+
+def weights(model) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+
+def assert_weights_equal(model, expected: dict[str, torch.Tensor]) -> None:
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, expected[name]), name
+
+
+@pytest.mark.parametrize("lora", [None, {"rank": 4, "alpha": 8}], ids=["full", "lora"])
+def test_a_warm_start_reference_is_the_policy_where_rl_begins_and_a_resume_keeps_it(tmp_path, lora):
+    options = dict(lr=1e-2, reference_model="warm_start", kl_coef=0.1, lora=lora)
+    a = learner(**options)
+    initial = weights(a.reference)
+    a.sft_step(sft(random_batch(1)))
+    a.save_checkpoint(tmp_path / "in_warm_start")
+    warm = a.lora.merged(weights(a.model))          # LoRA: the adapters merged into the base
+    assert any(not torch.equal(initial[name], warm[name]) for name in warm), "the warm start moved the policy"
+
+    first = a.train_step(random_batch(2))
+    assert_weights_equal(a.reference, warm)
+    assert first["kl"] == pytest.approx(0.0, abs=1e-6), "RL's first step starts at its reference"
+    second = a.train_step(random_batch(3))
+    assert_weights_equal(a.reference, warm)          # frozen: the policy moves, the reference does not
+    assert second["kl"] > 1e-6
+    a.save_checkpoint(tmp_path / "in_rl")
+
+    resumed_in_rl = learner(**options, seed=9)
+    resumed_in_rl.load_checkpoint(tmp_path / "in_rl")
+    resumed_in_rl.train_step(random_batch(4))
+    assert_weights_equal(resumed_in_rl.reference, warm)
+    resumed_in_warm_start = learner(**options, seed=9)
+    resumed_in_warm_start.load_checkpoint(tmp_path / "in_warm_start")
+    resumed_in_warm_start.train_step(random_batch(2))    # its first RL step takes the resumed policy
+    assert_weights_equal(resumed_in_warm_start.reference, warm)
 
 
 def test_hf_export_loads_in_transformers_with_the_same_logits(tmp_path):
