@@ -9,8 +9,10 @@
 
 Every family of the installed `reasoning-gym` package (`reasoning_gym.factory.DATASETS`) works,
 offline. Its generator makes the problem and its `score_answer` is the reward: the component
-`correct`, in [0, 1] (some families give partial credit). The model is asked to put its final
-answer between <answer> and </answer> (`rewards.final_answer` takes it out).
+`correct`, in [0, 1]. Some families give part marks to a wrong answer that contains the right
+one (chain_sum: `1-5` earns 1/3 and `-5` earns 1/2 when the answer is 5), which a policy learns
+to farm; `partial_credit = false` makes the reward 1 for full marks and 0 otherwise. The model is
+asked to put its final answer between <answer> and </answer> (`rewards.final_answer` takes it out).
 
 Held out by seed: a family's held-out set is its first `num_eval` problems generated with
 `eval_seed`; training problems come from seeds derived from the run's seed, and a training
@@ -99,6 +101,8 @@ class MixtureOptions(Options):
     eval_seed: int = Field(EVAL_SEED, description="the seed of the held-out problems")
     system_prompt: str = Field(SYSTEM_PROMPT, description="the system message (asks for <answer> tags)")
     score_timeout_s: float = Field(30.0, gt=0, description="a scorer call past this fails its sample, seconds")
+    partial_credit: bool = Field(True, description="true: the family's score as it is, part marks included; "
+                                 "false: 1 for full marks, else 0 (nothing to farm)")
     max_turns: int = Field(1, ge=1, le=1, description="single-turn: one assistant turn per episode")
 
     @field_validator("families")
@@ -205,7 +209,7 @@ def mixture_demonstrations(num: int, seed: int = 0, options: dict | MixtureOptio
 class ReasoningGymEnv(Environment):
     """A reasoning-gym problem, one answer, scored by the family's verifier. Options:
     `MixtureOptions`, or a family's model (`family_options_model`); both hold the knobs it reads
-    (`system_prompt`, `score_timeout_s`, `max_turns` = 1)."""
+    (`system_prompt`, `score_timeout_s`, `partial_credit`, `max_turns` = 1)."""
 
     options_model = MixtureOptions
     options: MixtureOptions
@@ -221,11 +225,13 @@ class ReasoningGymEnv(Environment):
         sample is dropped). Cancellation: no reward; the scorer's thread runs on to its end."""
         reward = await self.scorer.score(action, self.task, answer_field="",
                                          timeout_s=self.options.score_timeout_s)
+        if not self.options.partial_credit:
+            reward.components["correct"] = float(reward.components["correct"] == 1.0)
         return StepResult(None, True, reward)
 
 
 # --------------------------------------------------------------------------- one family
-_KNOBS = ("num_eval", "eval_seed", "system_prompt", "score_timeout_s", "max_turns")
+_KNOBS = ("num_eval", "eval_seed", "system_prompt", "score_timeout_s", "partial_credit", "max_turns")
 
 
 @functools.cache

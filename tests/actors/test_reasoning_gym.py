@@ -1,6 +1,6 @@
 """reasoning-gym tasks (actors/tasks/reasoning_gym.py) with the installed `reasoning-gym` package:
-families by name, weighted mixtures, held-out sets by seed, each family's own scorer as the reward,
-and a short real run (`postrain up`, every role a process, no sandbox actor)."""
+families by name, weighted mixtures, held-out sets by seed, each family's own scorer as the reward
+(its part marks, or full marks only), and a short real run (`postrain up`, every role a process, no sandbox actor)."""
 import collections
 import itertools
 import json
@@ -18,13 +18,16 @@ MIXTURE = {"families": {"chain_sum": 3.0, "count_bits": 1.0},
            "configs": {"chain_sum": {"max_terms": 2, "max_digits": 1}}, "num_eval": 10}
 
 
+def answer_of(task) -> str:
+    """The generator's own answer to a task dict's problem."""
+    dataset = reasoning_gym.create_dataset(task["family"], seed=task["seed"], size=task["size"],
+                                           **json.loads(task["config"]))
+    return dataset[task["index"]]["answer"]
+
+
 def oracle_for(tasks):
     """A policy that answers each held-out question with the generator's own answer."""
-    answers = {}
-    for task in tasks:
-        config = json.loads(task["config"])
-        dataset = reasoning_gym.create_dataset(task["family"], seed=task["seed"], size=task["size"], **config)
-        answers[task["question"]] = dataset[task["index"]]["answer"]
+    answers = {task["question"]: answer_of(task) for task in tasks}
 
     async def act(messages):
         return f"Thinking done. <answer>{answers[messages[-1]['content']]}</answer>"
@@ -89,6 +92,21 @@ def test_each_family_scores_with_its_own_verifier():
     result = trio.run(lambda: evaluate("scripted", "reasoning_gym:count_bits", {"num_eval": 3}, None, 8,
                                        policy=oracle_for(held_one)))
     assert result["accuracy"] == 1.0
+
+
+def test_part_marks_are_the_familys_unless_partial_credit_is_off():
+    spec = get_task("reasoning_gym:chain_sum")
+    options = {"min_terms": 2, "max_terms": 2, "max_digits": 2, "num_eval": 40}
+    task = next(t for t in spec.eval_tasks(options) if int(answer_of(t)) > 0)
+    answer = answer_of(task)
+    replies = {f"<answer>{answer}</answer>": 1.0, f"<answer>1-{answer}</answer>": len(answer) / (len(answer) + 2),
+               f"<answer>-{answer}</answer>": len(answer) / (len(answer) + 1), "<answer>x</answer>": 0.0}
+    for partial_credit in (True, False):
+        env = spec.make_env(options={**options, "partial_credit": partial_credit})
+        for reply, marks in replies.items():
+            trio.run(env.reset, task)
+            got = trio.run(env.step, reply).reward.components["correct"]
+            assert got == pytest.approx(marks if partial_credit else float(marks == 1.0)), (reply, partial_credit)
 
 
 def test_demonstrations_answer_training_problems_in_tags_and_score_full_marks():
