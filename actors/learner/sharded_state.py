@@ -7,7 +7,7 @@ A checkpoint is a folder:
                   model.<hf name> (the policy, no tied duplicate), optimizer.state.<i>.<name>
                   (AdamW's moments and step per parameter index), adapters.<name> (LoRA),
                   reference.<hf name> (the KL reference)
-    state.json    format, step, policy_version, kl_coef, the optimizer's param groups, the
+    state.json    format, step, policy_version, kl_coef, reference_frozen, the optimizer's param groups, the
                   RNG states (rank 0's), the learner config, world_size, and `extra`
 
 Design note. Every rank calls save and load (collectives). DCP records each tensor's global
@@ -121,7 +121,8 @@ def _state_json(learner, extra: dict) -> dict:
     np_state = np.random.get_state()
     return {
         "format": FORMAT, "step": learner.step, "policy_version": learner.policy_version,
-        "kl_coef": learner.kl.coef, "reference_frozen": learner.reference_frozen, "param_groups": groups, "config": learner.config.to_dict(),
+        "kl_coef": learner.kl.coef, "reference_frozen": learner.reference_frozen,
+        "param_groups": groups, "config": learner.config.to_dict(),
         "optimizer_state": sorted(int(i) for i in state["state"]), "world_size": learner.world_size,
         "python_rng": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
         "numpy_rng": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],

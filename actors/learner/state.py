@@ -6,7 +6,8 @@ A checkpoint is a folder:
     reference.safetensors  the frozen KL reference, when the learner has one
     optimizer.safetensors  AdamW state tensors ("state.<param index>.<name>") and RNG states ("rng.*")
     adapters.safetensors   the LoRA adapters, when the learner has them (model.safetensors: the base)
-    state.json             format, step, policy_version, kl_coef, the optimizer's param groups,
+    state.json             format, step, policy_version, kl_coef, reference_frozen (a "warm_start"
+                           reference taken yet), the optimizer's param groups,
                            Python's RNG state, the learner config, and `extra` (the orchestrator's
                            JSON-able state: ledger, data cursor, buffer)
 
@@ -81,7 +82,8 @@ def save_learner_checkpoint(learner, folder: str | Path, extra: dict | None = No
     np_state = np.random.get_state()
     state = {
         "format": FORMAT, "step": learner.step, "policy_version": learner.policy_version,
-        "kl_coef": learner.kl.coef, "reference_frozen": learner.reference_frozen, "param_groups": groups, "config": learner.config.to_dict(),
+        "kl_coef": learner.kl.coef, "reference_frozen": learner.reference_frozen,
+        "param_groups": groups, "config": learner.config.to_dict(),
         "python_rng": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
         "numpy_rng": [np_state[0], int(np_state[2]), int(np_state[3]), float(np_state[4])],
         "extra": json.loads(extra_text),

@@ -10,9 +10,9 @@
 Every family of the installed `reasoning-gym` package (`reasoning_gym.factory.DATASETS`) works,
 offline. Its generator makes the problem and its `score_answer` is the reward: the component
 `correct`, in [0, 1]. Some families give part marks to a wrong answer that contains the right
-one (chain_sum: `1-5` earns 1/3 and `-5` earns 1/2 when the answer is 5), which a policy learns
-to farm; `partial_credit = false` makes the reward 1 for full marks and 0 otherwise. The model is
-asked to put its final answer between <answer> and </answer> (`rewards.final_answer` takes it out).
+one (chain_sum: `1-5` earns 1/3 and `-5` earns 1/2 when the answer is 5), which RL reinforces;
+`partial_credit = false` makes the reward 1 for full marks and 0 otherwise. The model is asked
+to put its final answer between <answer> and </answer> (`rewards.final_answer` takes it out).
 
 Held out by seed: a family's held-out set is its first `num_eval` problems generated with
 `eval_seed`; training problems come from seeds derived from the run's seed, and a training
