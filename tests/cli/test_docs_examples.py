@@ -68,6 +68,8 @@ POSTRAIN_BLOCKS = {
     ("performance.md", "postrain sweep --config actors/configs/smollm2_addition.toml --seeds 0-4 --set "
                        "orchestrator.num_steps=40 --set orchestrator.eval_every=5 --target 0.6"):
         "parsed only: five SmolLM2 runs of many minutes; --target: tests/cli/test_sweep.py",
+    ("performance.md", "postrain sweep --config actors/configs/smollm2_chain_sum.toml --seeds 0-4 --parallel 2"):
+        "parsed only: five SmolLM2 runs of many minutes; a sweep of short runs: tests/cli/test_sweep.py",
     ("performance.md", "uptime; postrain bench trl --json; uptime"):
         "parsed only: needs trl; minutes (tests/cli/test_bench_trl.py checks its settings)",
     ("performance.md", "uptime; postrain bench trl --quick --json"):
