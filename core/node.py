@@ -8,6 +8,7 @@ serving side of an actor's inbox is `postrain.core.inbox`.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import time
@@ -25,6 +26,7 @@ from .transport import AsyncSocket, CurveKeys
 
 log = logging.getLogger("postrain.core")
 
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"   # where libzmq asks a context's ZAP handler (RFC 27)
 REAPER_TICK_S = 0.02    # request deadlines are enforced to within this
 
 
@@ -143,7 +145,7 @@ class Node:
         self._zap_started = True
         sock = self.context.socket(zmq.REP)
         sock.linger = 0
-        sock.bind("inproc://zeromq.zap.01")
+        sock.bind(ZAP_ENDPOINT)
         self.spawn(_serve_zap, AsyncSocket(sock), self.identities)
 
 
@@ -170,4 +172,8 @@ async def _serve_zap(sock: AsyncSocket, identities: Identities) -> None:
                 status = [b"200", b"OK", name.encode()]
             await sock.send_multipart([version, request_id, *status, b""])
     finally:
+        # unbind first: it frees the endpoint at once, so the next Node of this process (one
+        # context) can bind it; close alone frees it later, on libzmq's reaper thread
+        with contextlib.suppress(zmq.ZMQError):
+            sock.sock.unbind(ZAP_ENDPOINT)
         sock.close()

@@ -183,3 +183,15 @@ async def test_an_actors_keys_cannot_answer_for_another_actor():
             as_sandbox = head.ref(inbox.bound_address, "sandbox", server_key=server_key_of(run, "sandbox"))
             assert await as_sandbox.ask("whoami", timeout_s=30) == "the sandbox"
     assert served == [None]          # the handler ran for the caller that expected the sandbox only
+
+
+@async_test
+async def test_nodes_opened_one_after_another_in_a_process_each_serve_authentication():
+    """The ZAP endpoint is one per process (its zmq context): a node that closes frees it at once,
+    so the next one binds it (close alone frees it later, on libzmq's reaper thread)."""
+    import trio
+    keys = CurveKeys.generate()
+    for _ in range(300):
+        async with Node("head", keys) as node:
+            node.ensure_zap(keys.allowed_client_keys)
+            await trio.sleep(0)
