@@ -1,6 +1,7 @@
 """reasoning-gym tasks (actors/tasks/reasoning_gym.py) with the installed `reasoning-gym` package:
 families by name, weighted mixtures, held-out sets by seed, each family's own scorer as the reward
-(its part marks, or full marks only), and a short real run (`postrain up`, every role a process, no sandbox actor)."""
+(its part marks, or full marks only), and a short real run (`postrain up`, every role a process,
+no sandbox actor)."""
 import collections
 import itertools
 import json

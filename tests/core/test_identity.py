@@ -4,6 +4,7 @@ sender is not that key's actor; a run's actors still talk to each other."""
 from __future__ import annotations
 
 import pytest
+import trio
 
 from postrain.core import ActorSpec, AuthenticationError, CurveKeys, RemoteError, Supervisor
 from postrain.core.identity import (CONTROL, Identities, KeyTable, actor_keypair, actor_server_keypair, keys_for_actor,
@@ -189,7 +190,6 @@ async def test_an_actors_keys_cannot_answer_for_another_actor():
 async def test_nodes_opened_one_after_another_in_a_process_each_serve_authentication():
     """The ZAP endpoint is one per process (its zmq context): a node that closes frees it at once,
     so the next one binds it (close alone frees it later, on libzmq's reaper thread)."""
-    import trio
     keys = CurveKeys.generate()
     for _ in range(300):
         async with Node("head", keys) as node:

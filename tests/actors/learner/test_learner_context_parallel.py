@@ -2,7 +2,8 @@
 ring) and 4 ranks (2 rings, data parallel over them) end an SFT step and then an RL step with
 the same loss and weights as one process on the whole batch, for an aggregation that needs
 whole sequences (seq-mean-token-mean, with a KL reference and an entropy bonus, under "ddp" and
-"fsdp"; the fsdp reference is the warm start's, taken from the sharded policy) and for a sequence-level loss (GSPO); the config rules' errors name the fix."""
+"fsdp"; the fsdp reference is the warm start's, taken from the sharded policy) and for a
+sequence-level loss (GSPO); the config rules' errors name the fix."""
 from __future__ import annotations
 
 import os
