@@ -39,7 +39,7 @@ class WeightReceiverActor(Actor):
         """Build the model, if any. Does not wait (cancel-safe)."""
         self.model = None
         if self.options.model is not None:
-            from .learner.learner import build_policy
+            from .models.loading import build_policy
             self.model, _ = build_policy(self.options.model, 0, torch.float32, "cpu")
         self.version = -1
         self.weights: dict[str, torch.Tensor] = {}

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import zmq
 
-from postrain.bench.messaging import _actor_oneway_rate, _actor_round_trips
+from postrain.bench.messaging import actor_oneway_rate, actor_round_trips
 
 SEALED_SYNC_ID = bytes(16)              # the bare sealed channel's streams differ by version (the repeat)
 PAYLOAD = b"x" * 64
@@ -307,15 +307,15 @@ async def _measure_links(keys, addresses: dict, raw_links: dict, sizes: dict):
         sealed, ack = SealedSender(keys.bulk_key), zmq.Context.instance().socket(zmq.PAIR)
         ack.connect(ack_address)
         try:
-            await _actor_round_trips(echo, 100)   # warm up
+            await actor_round_trips(echo, 100)   # warm up
             await _sync_gb_per_s(learner, CHUNK_MB)
             for _ in range(sizes["repeats"]):
                 # the raw calls block this loop on purpose: nothing of ours runs meanwhile
                 peer["rtts"] += raw.round_trips(sizes["num_calls"])
-                ours["rtts"] += await _actor_round_trips(echo, sizes["num_calls"])
+                ours["rtts"] += await actor_round_trips(echo, sizes["num_calls"])
                 floor["rtts"] += raw_curve.round_trips(sizes["num_calls"])
                 peer["rates"].append(raw.oneway_rate(sizes["num_oneway"]))
-                ours["rates"].append(await _actor_oneway_rate(echo, sizes["num_oneway"]))
+                ours["rates"].append(await actor_oneway_rate(echo, sizes["num_oneway"]))
                 floor["rates"].append(raw_curve.oneway_rate(sizes["num_oneway"]))
             num_bytes = sum(t.numel() * t.element_size() for t in tensors)
             flat = [torch.cat([t.view(-1).view(torch.uint8) for t in tensors])]   # the state as one frame

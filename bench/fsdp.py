@@ -4,7 +4,7 @@
 
 - `fsdp_state_bytes_per_rank_ratio`: the bytes of parameters + gradients + AdamW state a rank
   holds with 4 FSDP ranks over what one process holds (the largest rank's), measured on the
-  tensors after a train step (`fsdp.sharded_bytes`; gradients just before they are freed);
+  tensors after a train step (`Learner.held_bytes`; gradients just before they are freed);
   target <= 0.30 (1/4 plus the rounding of uneven shards).
 - `fsdp2_step_s`, `fsdp4_step_s`: wall seconds of one train step (median after a warm-up)
   with 2 and 4 FSDP ranks; peer: the same with "ddp" at the same rank count, and
@@ -45,7 +45,6 @@ def _rank_main(rank: int, world: int, init_file: str, strategy: str, out: str, s
     import torch
     import torch.distributed as dist
 
-    from postrain.actors.learner.fsdp import sharded_bytes
     from postrain.actors.learner.group import shard_batch
     from postrain.actors.learner.learner import Learner, LearnerConfig
 
@@ -63,7 +62,7 @@ def _rank_main(rank: int, world: int, init_file: str, strategy: str, out: str, s
         start = time.perf_counter()
         learner.train_step(batch)
         times.append(time.perf_counter() - start)
-    held = sharded_bytes(learner)
+    held = learner.held_bytes()
     held["grads"] = learner.grad_bytes
     held["total"] = held["params"] + held["grads"] + held["optimizer"]
     held.update(_publish_peak_extra(learner, Path(out).with_suffix(".hf")))

@@ -127,7 +127,7 @@ def _grpo_prompt_copies(engine: Engine, prompt: list[int], n: int) -> float:
     """Physical copies of the prompt's full blocks right after the group's prefill and fork."""
     engine.add_request(prompt, SamplingParams(n=n, max_new_tokens=2, ignore_eos=True, seed=0))
     engine.step()
-    tables = [engine.pool.block_table(s.seq_id) for s in engine._running]
+    tables = [engine.pool.block_table(s.seq_id) for s in engine.scheduler.running]
     full = len(prompt) // engine.block_size_tokens
     distinct = {b for t in tables for b in t[:full]}
     while engine.has_unfinished():

@@ -216,7 +216,7 @@ def publish_peer_s(model, repeats: int) -> tuple[float, int]:
     from safetensors.torch import load_file, save_file
 
     from postrain.actors.models.loading import load_state_dict_checked
-    from postrain.actors.learner.learner import build_policy
+    from postrain.actors.models.loading import build_policy
 
     src, _ = build_policy(model, 0, torch.float32, "cpu")
     dst, _ = build_policy(model, 1, torch.float32, "cpu")

@@ -49,7 +49,7 @@ def _window(model, prompt: list[int], chunk: int) -> dict:
     for _ in range(3):
         engine.step()
     long_id = engine.add_request(prompt, SamplingParams(temperature=0.0, ignore_eos=True, max_new_tokens=64))
-    long_seq = engine._requests[long_id].sequences[0]
+    long_seq = engine.sequences_of(long_id)[0]
     latencies, after, arrived, ttft = [], 0, time.perf_counter(), None
     with torch.inference_mode():
         while after < 8:

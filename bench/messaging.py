@@ -166,7 +166,7 @@ class _RawPeer(_EchoPeer):
 
 # -- ours: actors --------------------------------------------------------------
 
-async def _actor_round_trips(ref, num_calls: int) -> list[float]:
+async def actor_round_trips(ref, num_calls: int) -> list[float]:
     """Seconds per `echo` ask. Cancelled: no times; a request may still be answered, and dropped."""
     rtts = []
     for _ in range(num_calls):
@@ -176,7 +176,7 @@ async def _actor_round_trips(ref, num_calls: int) -> list[float]:
     return rtts
 
 
-async def _actor_oneway_rate(ref, num_oneway: int) -> float:
+async def actor_oneway_rate(ref, num_oneway: int) -> float:
     """Tells per second, counted by the actor. Cancelled: no rate; the tells sent still arrive."""
     before = await ref.ask("num_told")
     start = time.perf_counter()
@@ -210,16 +210,16 @@ async def _measure(num_calls: int, num_oneway: int, repeats: int) -> tuple[dict,
         cpu_ids = list(scheduler.placements["echo"].cpu_ids)
         raw, floor = _RawPeer(cpu_ids), _LoopFloor(cpu_ids)
         try:
-            await _actor_round_trips(ref, 200)  # warm up
+            await actor_round_trips(ref, 200)  # warm up
             await floor.round_trips(200)
             tensor = torch.ones(TENSOR_BYTES // 4, dtype=torch.float32)
             for _ in range(repeats):
                 # the peer's calls block this loop on purpose: nothing of ours runs meanwhile
                 peer["rtts"] += raw.round_trips(num_calls)
-                ours["rtts"] += await _actor_round_trips(ref, num_calls)
+                ours["rtts"] += await actor_round_trips(ref, num_calls)
                 floor_rtts += await floor.round_trips(num_calls)
                 peer["rates"].append(raw.oneway_rate(num_oneway))
-                ours["rates"].append(await _actor_oneway_rate(ref, num_oneway))
+                ours["rates"].append(await actor_oneway_rate(ref, num_oneway))
                 for _ in range(NUM_BULK):
                     peer["bulk"].append(raw.bulk_seconds(tensor.numpy()))
                     ours["bulk"].append(await _actor_bulk_seconds(ref, tensor))

@@ -66,7 +66,6 @@ def build_parser() -> argparse.ArgumentParser:
         sub = subparsers.add_parser(name, help=module.HELP, description=getattr(module, "DESCRIPTION", module.__doc__),
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(sub)
-        sub.set_defaults(_module=module)
     return parser
 
 
@@ -77,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"postrain {args.command}: unrecognized arguments: {' '.join(extra)}; see "
                        f"`postrain {args.command} --help`\n")
     try:
-        return int(args._module.main(args) or 0)
+        return int(importlib.import_module(SUBCOMMANDS[args.command]).main(args) or 0)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -126,9 +126,9 @@ class Actor:
         self._stop_requested = anyio.Event()
         self.progress_note = ""            # what the heartbeats say the actor is doing ("" once READY)
         # Makes the runtime's KeepAlive heartbeat thread (core/runtime.py); set by the runtime.
-        self._keep_alive: Callable[[], AbstractContextManager] | None = None
+        self.keep_alive_factory: Callable[[], AbstractContextManager] | None = None
         self.num_threads: int | None = None  # torch threads for in_compute_thread; None: as started
-        self._incarnation = 0                  # set by the process's runtime
+        self.incarnation = 0                   # how many times the head has started it; set by the runtime
         # The collective group this process is a rank of (an entry with ranks > 1), else None.
         self.rendezvous: Rendezvous | None = None
         # The secret the ranks of that group prove to each other when they meet (core/identity.py).
@@ -139,7 +139,7 @@ class Actor:
         event shows it, as a traceback would), then the process exits 1 and its supervisor
         restarts it under `max_restarts`. For a fault the actor cannot mend in place (a broken
         collective group). Does not return; requests in flight fail with ActorDiedError."""
-        await report_crash(self.head, {"name": self.name, "incarnation": self._incarnation}, reason)
+        await report_crash(self.head, {"name": self.name, "incarnation": self.incarnation}, reason)
         logging.shutdown()
         os._exit(1)
 
@@ -155,7 +155,7 @@ class Actor:
         the actor as hung. The body still runs in the loop's thread; only liveness moves."""
         if note:
             self.report_progress(note)
-        with (self._keep_alive() if self._keep_alive is not None else nullcontext()):
+        with (self.keep_alive_factory() if self.keep_alive_factory is not None else nullcontext()):
             yield
 
     async def setup(self) -> None:
@@ -222,6 +222,11 @@ class Actor:
     def on_peers_gone(self, gone: dict[str, str]) -> None:
         """Override to stop using actors gone for good ({name: reason}); it must not block.
         The default does nothing: a reference to one of them fails with ActorDiedError."""
+
+    async def wait_for_stop(self) -> None:
+        """Return once a `stop` message has come (the runtime then tears the actor down).
+        Cancelled: nothing changes."""
+        await self._stop_requested.wait()
 
     async def _handle_stop(self, body) -> str:
         """Ask the process to stop (teardown, then exit 0). Does not wait, so a cancellation

@@ -210,6 +210,11 @@ class ActorRef:
         self._accepted = False
         sock.connect(address)
 
+    @property
+    def closed(self) -> bool:
+        """True once `close` has run: every request through this reference fails."""
+        return self._closed
+
     def close(self) -> None:
         if self._closed:
             return

@@ -88,7 +88,7 @@ class Inbox:
         # A Curve server knows who calls (the ZAP User-Id, core/identity.py): a message whose
         # declared sender is not the caller's authenticated name is refused (SenderMismatch).
         self._authenticates = uses_curve(address, node.keys)
-        node._closers.append(self.close)
+        node.close_on_exit(self.close)
         self.num_in_flight = 0    # handlers running
         self.num_served = 0
         self.num_rejected = 0

@@ -92,6 +92,10 @@ class Node:
                 close()
             shm.cleanup_shm()
 
+    def close_on_exit(self, close: Callable[[], None]) -> None:
+        """Call `close` (a socket's) when the node ends, after its tasks are cancelled."""
+        self._closers.append(close)
+
     def next_msg_id(self) -> int:
         return next(self._msg_ids)
 
@@ -119,7 +123,7 @@ class Node:
         """Point every open reference to actor `name` at `address` (it was started again
         elsewhere: another node of a cluster, this one when `same_node`); returns how many moved.
         See ActorRef.rebind."""
-        moved = [ref for ref in self._refs if ref.name == name and not ref._closed and ref.address != address]
+        moved = [ref for ref in self._refs if ref.name == name and not ref.closed and ref.address != address]
         for ref in moved:
             ref.rebind(address, same_node)
         return len(moved)
@@ -128,7 +132,7 @@ class Node:
         """Close every open reference to actor `name` (it is gone for good): requests in
         flight or waiting for a connection fail with ActorDiedError, as does every later one
         through them; returns how many were closed."""
-        gone = [ref for ref in self._refs if ref.name == name and not ref._closed]
+        gone = [ref for ref in self._refs if ref.name == name and not ref.closed]
         for ref in gone:
             ref.close()
         return len(gone)

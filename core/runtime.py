@@ -174,7 +174,7 @@ async def _actor_main(cls, spec: dict, startup_error: str | None) -> None:
             inbox_address = spec["address"]
             options = validate_options(cls, spec.get("options") or {})
             actor = cls(spec["name"], options, node, head, inbox_address)
-            actor._incarnation = spec.get("incarnation", 0)
+            actor.incarnation = spec.get("incarnation", 0)
             if spec.get("rendezvous"):
                 actor.rendezvous = Rendezvous.model_validate(spec["rendezvous"])
                 actor.group_secret = spec.get("group_secret")
@@ -184,7 +184,7 @@ async def _actor_main(cls, spec: dict, startup_error: str | None) -> None:
             actor.inbox = inbox
             actor.address = inbox.bound_address
             if head is not None:
-                actor._keep_alive = lambda: KeepAlive(spec, keys, lambda: actor.progress_note)
+                actor.keep_alive_factory = lambda: KeepAlive(spec, keys, lambda: actor.progress_note)
             with actor.keep_alive("setup"):  # setup may block the loop (a model load): see the module doc
                 await actor.setup()
             actor.progress_note = ""
@@ -199,7 +199,7 @@ async def _actor_main(cls, spec: dict, startup_error: str | None) -> None:
                                                "address": inbox.bound_address,
                                                "incarnation": spec.get("incarnation", 0)})
                     tg.start_soon(_heartbeat, actor, head, spec)
-                await actor._stop_requested.wait()
+                await actor.wait_for_stop()
                 tg.cancel_scope.cancel()
             await actor.teardown()
         except Exception:

@@ -27,7 +27,7 @@ from .audit import AuditLog
 from .policy import PolicyError
 from .result import ExecResult, Status
 from .session_jail import SessionJail, SessionPool
-from .warm import _REPLY_GRACE_S, result_from_reply
+from .warm import REPLY_GRACE_S, result_from_reply
 
 class SessionClosed(PostrainError, RuntimeError):
     """The session has ended; `reason` says why: "closed", "session_wall_time_s", "max_calls",
@@ -272,7 +272,7 @@ class Session:
                        "max_open_files": limits.max_open_files,
                        "max_output_bytes": limits.call_max_output_bytes,
                        "work_dir_size_mb": limits.work_dir_size_mb, "stream": False}
-                reply = self._request(req, wall_s + _REPLY_GRACE_S)
+                reply = self._request(req, wall_s + REPLY_GRACE_S)
             finally:
                 self._end_call()
         if reply is None:

@@ -45,7 +45,7 @@ DEFAULT_PRELOAD = ("json", "re", "math", "collections", "itertools", "functools"
                    "string", "heapq", "bisect", "dataclasses", "typing", "decimal", "fractions",
                    "traceback")
 _START_TIMEOUT_S = 20.0
-_REPLY_GRACE_S = 5.0  # on top of wall_time_s before the host gives up on a worker
+REPLY_GRACE_S = 5.0  # on top of wall_time_s before the host gives up on a worker
 
 
 class JailedAgent:
@@ -201,7 +201,7 @@ class WarmWorker(JailedAgent):
         try:
             self._send(req)
             while True:
-                reply = self._recv(t0 + policy.wall_time_s + _REPLY_GRACE_S)
+                reply = self._recv(t0 + policy.wall_time_s + REPLY_GRACE_S)
                 if reply.get("kind") != "output":
                     break
                 on_output(reply["name"], reply["data"])

@@ -238,11 +238,97 @@ def test_no_import_cycles(package):
         for cycle, members in cycles)
 
 
-def test_no_source_module_is_over_500_lines():
-    """A module over about 500 lines holds two jobs (STYLE.md): split it into rooms. A compiled
-    module's included parts (.pxi) count as files of their own."""
-    long = {str(path.relative_to(ROOT)): n for package in ALLOWED
-            for path in sorted((ROOT / package).rglob("*"))
-            if path.suffix in (".py", ".pyx", ".pxi", ".pxd")
-            and (n := len(path.read_text().splitlines())) > 500}
-    assert not long, f"modules over 500 lines (split each into modules of one job): {long}"
+# ------------------------------------------------------------------------------- parts, not lines
+# The underscore names of other libraries' documented APIs that code may use.
+FOREIGN_UNDERSCORE_API = {
+    "_exit",                                        # os._exit: a forked child's exit
+    "_replace", "_asdict", "_fields", "_make",      # collections.namedtuple's API
+    "_version",                                     # torch.Tensor._version: in-place write counter
+    "_shutdown", "_run_exitfuncs",                  # threading / atexit, run by a forked child
+}
+
+
+def own_names(tree: ast.AST) -> set[str]:
+    """The underscore names a module defines itself: its functions and classes, attributes it
+    assigns (on `self` or any object) and class-level fields."""
+    own = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            own.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                for leaf in ast.walk(target):
+                    if isinstance(leaf, ast.Attribute):
+                        own.add(leaf.attr)
+                    elif isinstance(leaf, ast.Name):
+                        own.add(leaf.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            own.add(node.attr)
+    return own
+
+
+def private_reaches(path: Path) -> list[str]:
+    """`obj._name` where `_name` belongs to another module (not `self`, `cls` or super(), not a
+    name this module defines), and `from M import _name` of a name that is not a module, from a
+    module that is not private (a `_module` is its package's implementation room, shared by the
+    package's modules: ext/_kvpool_common.py)."""
+    tree = ast.parse(path.read_text())
+    own = own_names(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            base = node.value
+            if (isinstance(base, ast.Name) and base.id in ("self", "cls")) or node.attr in own | FOREIGN_UNDERSCORE_API:
+                continue
+            if isinstance(base, ast.Call) and isinstance(base.func, ast.Name) and base.func.id == "super":
+                continue
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}")
+        elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            for alias in node.names:
+                if (alias.name.startswith("_") and not alias.name.startswith("__") and not is_module(path, node, alias.name)
+                        and not (node.module or "").split(".")[-1].startswith("_")):   # a private module: its package's room
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} from {node.module} import {alias.name}")
+    return found
+
+
+def is_module(path: Path, node: ast.ImportFrom, name: str) -> bool:
+    """True when `from ... import name` names a module (a private module is its package's own)."""
+    folder = path.parent
+    for _ in range(max(node.level - 1, 0)):
+        folder = folder.parent
+    if node.level == 0:
+        parts = (node.module or "").split(".")
+        if parts[0] != "postrain":
+            return False
+        folder = ROOT / PACKAGE_DIRS.get(parts[1], parts[1]) if len(parts) > 1 else ROOT
+        parts = parts[2:]
+    else:
+        parts = (node.module or "").split(".") if node.module else []
+    base = folder.joinpath(*parts)
+    return any((base / f"{name}{suffix}").exists() for suffix in (".py", ".pyx")) or (base / name).is_dir()
+
+
+PACKAGE_DIRS = {package: package for package in ALLOWED}
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_no_module_reaches_into_another_modules_private_names(package):
+    """One object lives in one module (STYLE.md, "Parts, not line counts"; docs/architecture.md,
+    "Layering rules"): a function that takes another module's object and reads its `_private`
+    members is that object spread over two files. Give the object a public method or property."""
+    reaches = [reach for path in sources(package) for reach in private_reaches(path)]
+    assert not reaches, "reaches into another module's private names:\n" + "\n".join(reaches)
+
+
+def test_the_private_reach_check_finds_a_reach_and_allows_a_modules_own(tmp_path):
+    own = tmp_path / "own.py"
+    own.write_text("class A:\n    def __init__(self):\n        self._x = 1\n\ndef peek(a):\n    return a._x\n")
+    other = tmp_path / "other.py"
+    other.write_text("from own import _helper\n\ndef peek(learner):\n    return learner._logprobs, self._fine\n")
+    global ROOT
+    saved, ROOT = ROOT, tmp_path
+    try:
+        assert private_reaches(own) == []
+        assert private_reaches(other) == ["other.py:1 from own import _helper", "other.py:4 learner._logprobs"]
+    finally:
+        ROOT = saved

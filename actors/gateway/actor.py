@@ -76,10 +76,11 @@ def gateway_tokenizer(model: str | dict) -> Tokenizer:
     """The tokenizer of a model spec, without its weights (a .gguf file: its metadata only; else the
     environment actor's loader)."""
     from ..env.actor import load_tokenizer
-    from ..models.loading import _gguf_tokenizer, _GGUFFile, resolve_model
+    from ..models.gguf import GGUFFile, gguf_tokenizer
+    from ..models.loading import resolve_model
     if isinstance(model, str) and resolve_model(model).endswith(".gguf") and Path(resolve_model(model)).is_file():
         path = Path(resolve_model(model))
-        return _gguf_tokenizer(_GGUFFile(path), path)
+        return gguf_tokenizer(GGUFFile(path), path)
     return load_tokenizer(model)
 
 

@@ -24,7 +24,7 @@ class OpenEpisode(Record):
 
     def _check(self) -> None:
         if not self.key:
-            self._fail("key", self.key, "a non-empty string (the episode's API key)")
+            self.fail_field("key", self.key, "a non-empty string (the episode's API key)")
 
 
 @dataclass(frozen=True, slots=True)

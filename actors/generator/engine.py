@@ -159,11 +159,11 @@ class Engine:
     def kv_caches(self) -> list[tuple[KVCache, KVCache]]:
         return self.kv.kv_caches
 
-    @property
-    def _running(self) -> list[Sequence]:
-        return self.scheduler.running
-
     # ------------------------------------------------------------------ public API
+
+    def sequences_of(self, request_id: str) -> list[Sequence]:
+        """The sequences (one per sample) of a request still in the engine."""
+        return self._requests[request_id].sequences
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None) -> str:

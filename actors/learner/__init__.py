@@ -19,7 +19,7 @@ Configs name the actor `postrain.actors.learner:LearnerActor`.
 # Everything here imports torch, so it loads on first use (PEP 562).
 _LAZY = {
     "LearnerActor": "actor", "LearnerOptions": "actor", "PolicyVersionMismatch": "actor",
-    "Learner": "learner", "LearnerConfig": "learner", "LearnerError": "batch",
+    "Learner": "learner", "LearnerConfig": "config", "LearnerError": "batch",
 }
 __all__ = sorted(_LAZY)
 

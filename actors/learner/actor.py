@@ -212,7 +212,7 @@ class LearnerActor(Actor):
         if kind == "save_checkpoint":
             return learner.save_checkpoint(request.path, request.extra)
         if kind == "publish":           # sharded: every rank gathers, rank 0 keeps (sync_plan.py)
-            return self.sync_plan.prepare(learner)
+            return self.sync_plan.prepare(learner.base_weights(), learner.policy_version)
         if kind == "export_hf":
             return learner.export_hf(request.path)
         assert kind == "load_checkpoint", kind
@@ -248,7 +248,7 @@ class LearnerActor(Actor):
         Cancelled: the gather runs to its end on every rank."""
         if self._sharded_group():
             return await self._everywhere("publish", request)
-        return self.sync_plan.prepare(self.learner)
+        return self.sync_plan.prepare(self.learner.base_weights(), self.learner.policy_version)
 
     async def _everywhere(self, kind: str, body: SaveCheckpoint | LoadCheckpoint | PublishRequest | ExportHf):
         """A checkpoint save or load: in this process, or on every rank of its group (rank 0's

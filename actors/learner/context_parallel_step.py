@@ -34,11 +34,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from .batch import LearnerError
-from .context_parallel import RingAttention, Ring, context_parallel_groups, zigzag_positions
-from .packed import PackedBatch
+from .context_parallel import Ring, context_parallel_groups, zigzag_positions
 
 
 @dataclass(frozen=True)
@@ -68,45 +66,19 @@ def rank_shards(batch, ranks: int, context_parallel: int) -> list:
     return [shard for shard in shard_batch(batch, ranks // context_parallel) for _ in range(context_parallel)]
 
 
-def join_rings(learner) -> LearnerRings:
+def join_rings(context_parallel: int, world_size: int, routing_active: bool) -> LearnerRings:
     """Form the rings of the learner's group (a collective: every rank calls it once the group
     exists)."""
-    cfg = learner.config
-    check_ranks(cfg.context_parallel, learner.world_size)
-    if learner.routing.active:
+    check_ranks(context_parallel, world_size)
+    if routing_active:
         raise LearnerError("learner.context_parallel > 1 does not support mixture-of-experts policies "
                            "(routing replay and the router's loss need whole sequences per rank); "
                            "set context_parallel = 1")
-    ring, dp_group = context_parallel_groups(cfg.context_parallel)
+    ring, dp_group = context_parallel_groups(context_parallel)
     return LearnerRings(ring, dp_group)
 
 
-def ring_logprobs(learner, model, mb: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """logp, entropy (B, T - 1) of the micro-batch's whole sequences (0 where not trained), as
-    `Learner._logprobs` gives them, each rank having scored its zig-zag slice; the same on
-    every rank of the ring, with gradients to this rank's own positions."""
-    if learner.rings is None:
-        raise LearnerError(f"learner.context_parallel = {learner.config.context_parallel} needs a learner "
-                           "group of a multiple of that many ranks (ranks = N on the learner's entry); this "
-                           "learner runs alone: set context_parallel = 1")
-    ring = learner.rings.ring
-    ids, sel_all = mb.input_ids, mb.loss_mask                        # (B, T), (B, T - 1)
-    batch, length = ids.shape
-    padded = -(-length // (2 * ring.size)) * 2 * ring.size
-    positions = zigzag_positions(padded, ring.size, ring.rank).to(ids.device)       # (Tl,)
-    ids = F.pad(ids, (0, padded - length))
-    targets = F.pad(ids[:, 1:length], (0, padded - length + 1))[:, positions]        # (B, Tl)
-    sel = F.pad(sel_all, (0, padded - length + 1), value=False)[:, positions]        # (B, Tl)
-    with learner.autocast():
-        hidden = model.hidden_states(ids[:, positions], paged=RingAttention(ring, positions.expand(batch, -1)))
-    logp, entropy = learner._head(model, hidden[sel], targets[sel])
-    zeros = torch.zeros(sel.shape, dtype=logp.dtype, device=sel.device)
-    local = torch.stack([zeros.masked_scatter(sel, logp), zeros.masked_scatter(sel, entropy)])
-    full = _GatherRing.apply(local, ring, positions, padded)[..., :length - 1]       # (2, B, T - 1)
-    return full[0], full[1]
-
-
-class _GatherRing(torch.autograd.Function):
+class GatherRing(torch.autograd.Function):
     """(..., Tl) this rank's zig-zag slice -> (..., L) the whole sequences, from every rank of
     the ring; backward: the gradient at this rank's positions (the loss downstream is the same
     on every rank of the ring, so no sum)."""

@@ -4,7 +4,7 @@
 
     shard_policy(model, mesh)               # one FSDP unit per decoder layer, the rest in the root
     full_weights(model, keep=rank == 0)     # the whole weights, gathered one tensor at a time
-    sharded_bytes(learner)                  # this rank's bytes of parameters, grads, optimizer state
+    local_bytes(tensor)                     # this rank's bytes of a tensor (its shard of a DTensor)
 
 Design note. Each decoder layer is one FSDP unit and the root (embeddings, final norm, LM
 head, tied or not) is another, all over a 1-D device mesh of the learner's ranks: a rank
@@ -142,15 +142,3 @@ def local_bytes(tensor: torch.Tensor | None) -> int:
         return 0
     local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
     return local.numel() * local.element_size()
-
-
-def sharded_bytes(learner) -> dict[str, int]:
-    """This rank's bytes of parameters (the model's own, tied counted once, plus LoRA's),
-    gradients and optimizer state, measured on the tensors it holds."""
-    params = {id(p): p for p in list(learner.model.parameters()) + learner.lora.parameters()}
-    out = {"params": sum(local_bytes(p) for p in params.values()),
-           "grads": sum(local_bytes(p.grad) for p in params.values()),
-           "optimizer": sum(local_bytes(v) for state in learner.optimizer.state.values()
-                            for v in state.values() if isinstance(v, torch.Tensor))}
-    out["total"] = out["params"] + out["grads"] + out["optimizer"]
-    return out

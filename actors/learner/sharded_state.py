@@ -19,6 +19,9 @@ tensors, and sharding then cuts them (Learner._shard). Atomicity as for every ch
 its path; all write their shards there; rank 0 swaps it into place once every rank is done
 (DCP's metadata, written last by rank 0, waits for them), so a kill mid-write leaves the
 previous checkpoint whole. The folder must be on a file system every rank sees.
+
+    io = ShardedCheckpointIO(learner)       # the Learner picks it once, for strategy "fsdp"
+    io.save(folder, extra); extra = io.load(folder); io.export_hf(hf_folder)
 """
 from __future__ import annotations
 
@@ -32,18 +35,14 @@ import torch
 
 from ..atomic_write import repair_interrupted_write, write_folder_atomically
 from .batch import LearnerError
-from .state import extra_json
+from .checkpoint_io import SHARDED_FORMAT, CheckpointedLearner, is_sharded_checkpoint
+from .state import WholeCheckpointIO, extra_json
+from .streamed_export import export_sharded
 
-FORMAT = "postrain-learner-dcp-1"
-
-
-def is_sharded_checkpoint(folder: str | Path) -> bool:
-    """True when `folder` holds a DCP learner checkpoint (state.json names this format)."""
-    path = Path(folder) / "state.json"
-    return path.exists() and json.loads(path.read_text()).get("format") == FORMAT
+FORMAT = SHARDED_FORMAT
 
 
-def _tensors(learner, for_load: bool) -> dict[str, torch.Tensor]:
+def _tensors(learner: CheckpointedLearner, for_load: bool) -> dict[str, torch.Tensor]:
     """The flat {entry: tensor} DCP saves, or loads in place (the learner's own tensors, shards
     under FSDP; for a load, the optimizer state is allocated first)."""
     out = {}
@@ -63,13 +62,13 @@ def _tensors(learner, for_load: bool) -> dict[str, torch.Tensor]:
     return out
 
 
-def _adapters(learner) -> dict[str, torch.nn.Parameter]:
+def _adapters(learner: CheckpointedLearner) -> dict[str, torch.nn.Parameter]:
     lora = learner.lora
     return {f"{name}.lora_{ab}": p for name in lora.modules
             for ab, p in (("A", lora.lora_A[name]), ("B", lora.lora_B[name]))}
 
 
-def _empty_optimizer_state(learner, indices: list[int]) -> dict[str, torch.Tensor]:
+def _empty_optimizer_state(learner: CheckpointedLearner, indices: list[int]) -> dict[str, torch.Tensor]:
     """Tensors shaped as AdamW's state of the parameters `indices` (shards under FSDP), to load into."""
     out = {}
     for index in indices:
@@ -80,23 +79,17 @@ def _empty_optimizer_state(learner, indices: list[int]) -> dict[str, torch.Tenso
     return out
 
 
-def _group(learner):
-    """The process group DCP runs over: the learner's (None: the default one, or, when the learner is
-    in no group, none at all: DCP then runs without collectives)."""
-    return learner.group
-
-
-def save_sharded_checkpoint(learner, folder: str | Path, extra: dict | None = None) -> Path:
+def save_sharded_checkpoint(learner: CheckpointedLearner, folder: str | Path, extra: dict | None = None) -> Path:
     """Every rank: write the learner's state to `folder` (module docstring). Returns the folder."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
     extra_text = extra_json(extra)
     folder = Path(folder)
-    group = _group(learner)
+    group = learner.comm.group
     tensors = _tensors(learner, for_load=False)
     state = _state_json(learner, json.loads(extra_text))
-    if learner.rank != 0:
+    if learner.comm.rank != 0:
         where = [None]
         dist.broadcast_object_list(where, src=0, group=group)
         dcp.save(tensors, checkpoint_id=Path(where[0]) / "dcp", process_group=group, no_dist=False)
@@ -104,26 +97,26 @@ def save_sharded_checkpoint(learner, folder: str | Path, extra: dict | None = No
         return folder
 
     def write(tmp: Path) -> None:
-        if learner.world_size > 1:
+        if learner.comm.world_size > 1:
             dist.broadcast_object_list([str(tmp)], src=0, group=group)
-        dcp.save(tensors, checkpoint_id=tmp / "dcp", process_group=group, no_dist=learner.world_size == 1)
+        dcp.save(tensors, checkpoint_id=tmp / "dcp", process_group=group, no_dist=learner.comm.world_size == 1)
         (tmp / "state.json").write_text(json.dumps(state))
 
     write_folder_atomically(folder, write)
-    if learner.world_size > 1:
+    if learner.comm.world_size > 1:
         dist.barrier(group=group)
     return folder
 
 
-def _state_json(learner, extra: dict) -> dict:
+def _state_json(learner: CheckpointedLearner, extra: dict) -> dict:
     state = learner.optimizer.state_dict()
     groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in state["param_groups"]]
     np_state = np.random.get_state()
     return {
-        "format": FORMAT, "step": learner.step, "policy_version": learner.policy_version,
-        "kl_coef": learner.kl.coef, "reference_frozen": learner.reference_frozen,
+        "format": FORMAT, "step": learner.counter.step, "policy_version": learner.counter.policy_version,
+        "kl_coef": learner.kl.coef, "reference_frozen": learner.kl_reference.frozen,
         "param_groups": groups, "config": learner.config.to_dict(),
-        "optimizer_state": sorted(int(i) for i in state["state"]), "world_size": learner.world_size,
+        "optimizer_state": sorted(int(i) for i in state["state"]), "world_size": learner.comm.world_size,
         "python_rng": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
         "numpy_rng": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
         "torch_rng": torch.random.get_rng_state().tolist(),
@@ -131,7 +124,7 @@ def _state_json(learner, extra: dict) -> dict:
     }
 
 
-def load_sharded_checkpoint(learner, folder: str | Path) -> dict:
+def load_sharded_checkpoint(learner: CheckpointedLearner, folder: str | Path) -> dict:
     """Every rank: restore what save_sharded_checkpoint wrote, at any rank count; returns `extra`."""
     import torch.distributed.checkpoint as dcp
 
@@ -148,8 +141,8 @@ def load_sharded_checkpoint(learner, folder: str | Path) -> dict:
     try:
         with warnings.catch_warnings():      # "assuming the intent is to load in a single process": it is
             warnings.simplefilter("ignore", UserWarning)
-            dcp.load(tensors, checkpoint_id=folder / "dcp", process_group=_group(learner),
-                     no_dist=learner.world_size == 1)
+            dcp.load(tensors, checkpoint_id=folder / "dcp", process_group=learner.comm.group,
+                     no_dist=learner.comm.world_size == 1)
     except Exception as exc:     # a missing or misshapen entry: another model or options
         raise LearnerError(f"{folder}: the checkpoint does not fit this learner ({str(exc).splitlines()[0][:300]}); "
                            "resume with the model and options it was written with") from None
@@ -164,10 +157,9 @@ def load_sharded_checkpoint(learner, folder: str | Path) -> dict:
     kind, keys, pos, has_gauss, gauss = state["numpy_rng"]
     np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
     torch.random.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
-    learner.step = int(state["step"])
-    learner.policy_version = int(state["policy_version"])
+    learner.counter.restore(int(state["step"]), int(state["policy_version"]))
     learner.kl.coef = float(state["kl_coef"])
-    learner.reference_frozen = bool(state.get("reference_frozen", True))
+    learner.kl_reference.frozen = bool(state.get("reference_frozen", True))
     return state["extra"]
 
 
@@ -175,3 +167,31 @@ def _saved_keys(folder: Path) -> list[str]:
     from torch.distributed.checkpoint import FileSystemReader
 
     return list(FileSystemReader(str(folder / "dcp")).read_metadata().state_dict_metadata)
+
+
+class ShardedCheckpointIO:
+    """Checkpoints of a learner with strategy "fsdp": DCP, every rank writes its shard. Loads a
+    whole-model checkpoint too while the model is not yet sharded (a resume before the group forms)."""
+
+    def __init__(self, learner: CheckpointedLearner):
+        self.learner = learner
+
+    def save(self, folder: str | Path, extra: dict | None = None) -> Path:
+        return save_sharded_checkpoint(self.learner, folder, extra)
+
+    def load(self, folder: str | Path) -> dict:
+        if is_sharded_checkpoint(folder):
+            return load_sharded_checkpoint(self.learner, folder)
+        if self.learner.sharded:
+            raise LearnerError(f"{folder} is a whole-model checkpoint (strategy 'ddp'); a sharded group loads "
+                               "DCP checkpoints only: resume it with ranks = 1, or before the group forms "
+                               "(resume_from), and save again")
+        return WholeCheckpointIO(self.learner).load(folder)
+
+    def export_hf(self, folder: str | Path) -> Path:
+        """Every rank: rank 0 writes the (merged) policy one layer at a time (streamed_export.py)."""
+        if not self.learner.sharded:       # not yet in a group: the whole model is here
+            return WholeCheckpointIO(self.learner).export_hf(folder)
+        learner = self.learner
+        return export_sharded(learner.model, learner.lora, learner.tokenizer, learner.counter.policy_version, learner.comm,
+                              folder)

@@ -16,6 +16,9 @@ sibling and swapped into place in one step, so a kill or a full disk mid-write l
 previous checkpoint whole and loadable (a full disk raises DiskFullError naming the
 folder); loading first repairs what a killed writer left. Under data parallel only rank 0
 writes; every rank loads.
+
+    io = WholeCheckpointIO(learner)         # the Learner picks it once, by strategy (checkpoint_io.py)
+    io.save(folder, extra); extra = io.load(folder); io.export_hf(hf_folder)
 """
 from __future__ import annotations
 
@@ -31,12 +34,13 @@ from safetensors.torch import load_file, save_file
 from ..atomic_write import repair_interrupted_write, write_folder_atomically
 from ..models.loading import load_state_dict_checked, save_checkpoint
 from .batch import LearnerError
+from .checkpoint_io import WHOLE_FORMAT, CheckpointedLearner
 
-FORMAT = "postrain-learner-1"
+FORMAT = WHOLE_FORMAT
 
 
-def _optimizer_tensors(learner) -> tuple[dict[str, torch.Tensor], list[dict]]:
-    state = learner.optimizer.state_dict()
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    state = optimizer.state_dict()
     tensors = {}
     for index, entry in state["state"].items():
         for name, value in entry.items():
@@ -73,80 +77,104 @@ def extra_json(extra: dict | None) -> str:
                            "convert arrays with .tolist()") from None
 
 
-def save_learner_checkpoint(learner, folder: str | Path, extra: dict | None = None) -> Path:
-    """Write the learner's full state to `folder` (module docstring). Returns the folder."""
-    extra_text = extra_json(extra)
-    if learner.rank != 0:
+class WholeCheckpointIO:
+    """Checkpoints of a learner that holds the whole model (strategy "ddp"): rank 0 writes."""
+
+    def __init__(self, learner: CheckpointedLearner):
+        self.learner = learner
+
+    def save(self, folder: str | Path, extra: dict | None = None) -> Path:
+        """Write the learner's full state to `folder` (module docstring); every rank returns once
+        rank 0 has written it. Returns the folder."""
+        learner = self.learner
+        extra_text = extra_json(extra)
+        if learner.comm.rank == 0:
+            self._write(Path(folder), json.loads(extra_text))
+        learner.comm.barrier()
         return Path(folder)
-    opt_tensors, groups = _optimizer_tensors(learner)
-    np_state = np.random.get_state()
-    state = {
-        "format": FORMAT, "step": learner.step, "policy_version": learner.policy_version,
-        "kl_coef": learner.kl.coef, "reference_frozen": learner.reference_frozen,
-        "param_groups": groups, "config": learner.config.to_dict(),
-        "python_rng": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
-        "numpy_rng": [np_state[0], int(np_state[2]), int(np_state[3]), float(np_state[4])],
-        "extra": json.loads(extra_text),
-    }
-    meta = {"format": "pt", "step": str(learner.step), "policy_version": str(learner.policy_version)}
 
-    def write(tmp: Path) -> None:
-        save_file(_weights(learner.model), str(tmp / "model.safetensors"), metadata=meta)
-        save_file({**opt_tensors, **_rng_tensors()}, str(tmp / "optimizer.safetensors"))
+    def _write(self, folder: Path, extra: dict) -> None:
+        learner = self.learner
+        opt_tensors, groups = _optimizer_tensors(learner.optimizer)
+        np_state = np.random.get_state()
+        state = {
+            "format": FORMAT, "step": learner.counter.step, "policy_version": learner.counter.policy_version,
+            "kl_coef": learner.kl.coef, "reference_frozen": learner.kl_reference.frozen,
+            "param_groups": groups, "config": learner.config.to_dict(),
+            "python_rng": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+            "numpy_rng": [np_state[0], int(np_state[2]), int(np_state[3]), float(np_state[4])],
+            "extra": extra,
+        }
+        meta = {"format": "pt", "step": str(learner.counter.step), "policy_version": str(learner.counter.policy_version)}
+
+        def write(tmp: Path) -> None:
+            save_file(_weights(learner.model), str(tmp / "model.safetensors"), metadata=meta)
+            save_file({**opt_tensors, **_rng_tensors()}, str(tmp / "optimizer.safetensors"))
+            if learner.lora.active:
+                save_file({k: v.contiguous() for k, v in learner.lora.adapters().items()},
+                          str(tmp / "adapters.safetensors"))
+            if learner.reference is not None:
+                save_file(_weights(learner.reference), str(tmp / "reference.safetensors"))
+            (tmp / "state.json").write_text(json.dumps(state))
+
+        write_folder_atomically(folder, write)
+
+    def load(self, folder: str | Path) -> dict:
+        """Restore weights, optimizer, RNG and counters from a whole-model checkpoint `folder`;
+        return its `extra` dict. (A DCP folder: Learner.load_checkpoint hands it to
+        ShardedCheckpointIO, which reads it at any rank count.)"""
+        learner, folder = self.learner, Path(folder)
+        repair_interrupted_write(folder)
+        if not (folder / "state.json").exists():
+            raise LearnerError(f"{folder} is not a learner checkpoint (no state.json); pass a folder written "
+                               "by Learner.save_checkpoint (export_hf folders hold weights only)")
+        state = json.loads((folder / "state.json").read_text())
+        if state.get("format") != FORMAT:
+            raise LearnerError(f"{folder}: checkpoint format {state.get('format')!r} is not {FORMAT!r}")
+        weights = load_file(str(folder / "model.safetensors"), device=str(learner.device))
+        load_state_dict_checked(learner.model, weights, source=str(folder))
         if learner.lora.active:
-            save_file({k: v.contiguous() for k, v in learner.lora.adapters().items()}, str(tmp / "adapters.safetensors"))
+            if not (folder / "adapters.safetensors").exists():
+                raise LearnerError(f"{folder} has no adapters.safetensors but this learner trains LoRA adapters; "
+                                   "resume without the lora option or from a checkpoint of a LoRA run")
+            learner.lora.load_adapters(load_file(str(folder / "adapters.safetensors")), source=str(folder))
         if learner.reference is not None:
-            save_file(_weights(learner.reference), str(tmp / "reference.safetensors"))
-        (tmp / "state.json").write_text(json.dumps(state))
+            if not (folder / "reference.safetensors").exists():
+                raise LearnerError(f"{folder} has no reference.safetensors but this learner uses a KL "
+                                   "reference; resume with reference_model=None or from a checkpoint of a "
+                                   "run that had one")
+            load_state_dict_checked(learner.reference, load_file(str(folder / "reference.safetensors"),
+                                                                 device=str(learner.device)), source=str(folder))
+        tensors = load_file(str(folder / "optimizer.safetensors"))
+        opt_state: dict[int, dict] = {}
+        for key, value in tensors.items():
+            if key.startswith("state."):
+                _, index, name = key.split(".", 2)
+                opt_state.setdefault(int(index), {})[name] = value
+        groups = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in state["param_groups"]]
+        learner.optimizer.load_state_dict({"state": opt_state, "param_groups": groups})
+        torch.random.set_rng_state(tensors["rng.torch_cpu"])
+        py = state["python_rng"]
+        random.setstate((py[0], tuple(py[1]), py[2]))
+        kind, pos, has_gauss, gauss = state["numpy_rng"]
+        np.random.set_state((kind, tensors["rng.numpy"].numpy().astype(np.uint32), pos, has_gauss, gauss))
+        cuda = [tensors[k] for k in sorted(t for t in tensors if t.startswith("rng.cuda."))]
+        if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
+        learner.counter.restore(int(state["step"]), int(state["policy_version"]))
+        learner.kl.coef = float(state["kl_coef"])
+        learner.kl_reference.frozen = bool(state.get("reference_frozen", True))
+        return state["extra"]
 
-    return write_folder_atomically(Path(folder), write)
-
-
-def load_learner_checkpoint(learner, folder: str | Path) -> dict:
-    """Restore weights, optimizer, RNG and counters from `folder`; return its `extra` dict."""
-    folder = Path(folder)
-    repair_interrupted_write(folder)
-    if not (folder / "state.json").exists():
-        raise LearnerError(f"{folder} is not a learner checkpoint (no state.json); pass a folder written "
-                           "by Learner.save_checkpoint (export_hf folders hold weights only)")
-    state = json.loads((folder / "state.json").read_text())
-    if state.get("format") != FORMAT:
-        raise LearnerError(f"{folder}: checkpoint format {state.get('format')!r} is not {FORMAT!r}")
-    weights = load_file(str(folder / "model.safetensors"), device=str(learner.device))
-    load_state_dict_checked(learner.model, weights, source=str(folder))
-    if learner.lora.active:
-        if not (folder / "adapters.safetensors").exists():
-            raise LearnerError(f"{folder} has no adapters.safetensors but this learner trains LoRA adapters; "
-                               "resume without the lora option or from a checkpoint of a LoRA run")
-        learner.lora.load_adapters(load_file(str(folder / "adapters.safetensors")), source=str(folder))
-    if learner.reference is not None:
-        if not (folder / "reference.safetensors").exists():
-            raise LearnerError(f"{folder} has no reference.safetensors but this learner uses a KL "
-                               "reference; resume with reference_model=None or from a checkpoint of a "
-                               "run that had one")
-        load_state_dict_checked(learner.reference, load_file(str(folder / "reference.safetensors"),
-                                                             device=str(learner.device)), source=str(folder))
-    tensors = load_file(str(folder / "optimizer.safetensors"))
-    opt_state: dict[int, dict] = {}
-    for key, value in tensors.items():
-        if key.startswith("state."):
-            _, index, name = key.split(".", 2)
-            opt_state.setdefault(int(index), {})[name] = value
-    groups = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in state["param_groups"]]
-    learner.optimizer.load_state_dict({"state": opt_state, "param_groups": groups})
-    torch.random.set_rng_state(tensors["rng.torch_cpu"])
-    py = state["python_rng"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    kind, pos, has_gauss, gauss = state["numpy_rng"]
-    np.random.set_state((kind, tensors["rng.numpy"].numpy().astype(np.uint32), pos, has_gauss, gauss))
-    cuda = [tensors[k] for k in sorted(t for t in tensors if t.startswith("rng.cuda."))]
-    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(cuda)
-    learner.step = int(state["step"])
-    learner.policy_version = int(state["policy_version"])
-    learner.kl.coef = float(state["kl_coef"])
-    learner.reference_frozen = bool(state.get("reference_frozen", True))
-    return state["extra"]
+    def export_hf(self, folder: str | Path) -> Path:
+        """The policy as a Hugging Face folder (`transformers` loads it), written atomically by rank
+        0; with LoRA, the merged weights (the base comes back bit for bit after)."""
+        learner = self.learner
+        if learner.comm.rank == 0:
+            with learner.lora.merged_into(learner.model):
+                write_folder_atomically(Path(folder), lambda tmp: save_checkpoint(
+                    learner.model, learner.tokenizer, tmp, policy_version=learner.counter.policy_version))
+        return Path(folder)
 
 
 def checkpoint_info(folder: str | Path) -> dict:
@@ -158,35 +186,3 @@ def checkpoint_info(folder: str | Path) -> dict:
     with safe_open(str(Path(folder) / "model.safetensors"), "pt") as handle:
         meta = handle.metadata() or {}
     return {"step": int(meta.get("step", -1)), "policy_version": int(meta.get("policy_version", -1))}
-
-
-def export_hf(learner, folder: str | Path) -> Path:
-    """The policy as a Hugging Face folder (`transformers` loads it), written atomically; with
-    LoRA, the merged weights (the base comes back bit for bit after). Sharded (fsdp.py): every
-    rank calls it; the weights are gathered one tensor at a time and rank 0 writes them."""
-    if learner.sharded:
-        return _export_gathered(learner, Path(folder))
-    if learner.rank != 0:
-        return Path(folder)
-    with learner.lora.merged_into(learner.model):
-        return write_folder_atomically(Path(folder), lambda tmp: save_checkpoint(
-            learner.model, learner.tokenizer, tmp, policy_version=learner.policy_version))
-
-
-def _export_gathered(learner, folder: Path) -> Path:
-    """export_hf of a sharded learner: rank 0 writes the gathered (merged) weights; every rank
-    returns once the folder is in place."""
-    import types
-
-    import torch.distributed as dist
-
-    weights = learner.state_dict()            # a collective; {} on ranks other than 0
-    if learner.rank == 0:
-        model = learner.model
-        view = types.SimpleNamespace(config=model.config, state_dict=lambda: weights)   # what save_checkpoint reads
-        if hasattr(model, "state_to_hf"):
-            view.state_to_hf = model.state_to_hf
-        write_folder_atomically(folder, lambda tmp: save_checkpoint(
-            view, learner.tokenizer, tmp, policy_version=learner.policy_version))
-    dist.barrier(group=learner.group)
-    return folder

@@ -1,6 +1,6 @@
 """Hugging Face export one unit at a time: from a sharded (FSDP) learner, or from a checkpoint.
 
-    export_sharded(learner, "runs/x/hf")                      # every rank of the group calls it
+    export_sharded(model, lora, tokenizer, version, comm, "runs/x/hf")   # every rank of the group
     export_checkpoint("runs/x/checkpoints/40", "runs/x/hf")   # offline, one process: `postrain export`
 
 Both write the folder `transformers` and postrain load: config.json, the tokenizer, and the
@@ -25,6 +25,7 @@ import json
 import re
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -35,6 +36,10 @@ from ..weight_patch import merge_lora
 from . import fsdp
 from .batch import LearnerError
 from .safetensors_stream import DTYPE_NAMES, Layout, StreamedSafetensors
+
+if TYPE_CHECKING:
+    from .collectives import Collectives
+    from .lora import LearnerLora
 
 MAX_SHARD_BYTES = 5 * 2**30          # transformers' default shard size
 _LAYER = re.compile(r"(model\.layers\.\d+)\.")
@@ -84,17 +89,19 @@ def write_model_files(folder: Path, config, tokenizer) -> None:
 # ----------------------------------------------------------------------------- a sharded learner
 
 
-def export_sharded(learner, folder: str | Path, max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
-    """Every rank of a sharded learner's group: the policy (LoRA merged) as a Hugging Face folder
-    written by rank 0 unit by unit (module docstring); every rank returns once it is in place."""
+def export_sharded(model: torch.nn.Module, lora: LearnerLora, tokenizer, policy_version: int, comm: Collectives,
+                   folder: str | Path, max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
+    """Every rank of a sharded learner's group: the policy `model` (FSDP2 shards; `lora`'s
+    adapters merged) as a Hugging Face folder written by rank 0 unit by unit (module
+    docstring); every rank returns once it is in place."""
     import torch.distributed as dist
 
-    folder, model, keep = Path(folder), learner.model, learner.rank == 0
+    folder, keep = Path(folder), comm.rank == 0
     fsdp.reshard(model)
     state = model.state_dict()                  # DTensors: this rank's shards, global shapes
     tied = model.config.tie_word_embeddings
     groups = units([k for k in state if not (tied and k == "lm_head.weight")])
-    cls, lora = type(model), learner.lora
+    cls = type(model)
 
     def unit_tensors(group: list[str]) -> dict[str, torch.Tensor]:
         out = {}
@@ -112,21 +119,20 @@ def export_sharded(learner, folder: str | Path, max_shard_bytes: int = MAX_SHARD
     if not keep:
         for group in groups:
             unit_tensors(group)
-        dist.barrier(group=learner.group)       # rank 0 has put the folder in place
+        dist.barrier(group=comm.group)          # rank 0 has put the folder in place
         return folder
     shapes = {n: (state[n].dtype, tuple(state[n].shape)) for group in groups for n in group}
     layout = hf_layout(cls, groups, shapes)
-    metadata = {"format": "pt", "policy_version": str(learner.policy_version)}
+    metadata = {"format": "pt", "policy_version": str(policy_version)}
 
     def write(tmp: Path) -> None:
-        write_model_files(tmp, model.config, learner.tokenizer)
+        write_model_files(tmp, model.config, tokenizer)
         with StreamedSafetensors(tmp, layout, metadata, max_shard_bytes) as out:
             for group in groups:
                 out.write(unit_tensors(group))
 
     write_folder_atomically(folder, write)
-    if learner.world_size > 1:
-        dist.barrier(group=learner.group)
+    comm.barrier()
     return folder
 
 
@@ -138,8 +144,8 @@ def export_checkpoint(checkpoint: str | Path, folder: str | Path, max_shard_byte
     one unit at a time in this process (no group): a sharded learner's (DCP, sharded_state.py)
     or a whole one's (model.safetensors, state.py), each read a tensor at a time."""
     from .lora import lora_config
-    from .sharded_state import FORMAT as SHARDED
-    from .state import FORMAT as WHOLE
+    from .checkpoint_io import SHARDED_FORMAT as SHARDED
+    from .checkpoint_io import WHOLE_FORMAT as WHOLE
 
     checkpoint = Path(checkpoint)
     repair_interrupted_write(checkpoint)

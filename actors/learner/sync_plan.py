@@ -1,7 +1,7 @@
 """What each generator gets at a publish: the whole weights, or a patch on what it already holds.
 
     planner = SyncPlanner(mode="delta", lora=learner.lora)       # the learner actor's `weight_sync`
-    plan = planner.prepare(learner)                              # once per publish
+    plan = planner.prepare(learner.base_weights(), learner.policy_version)   # once per publish
     message = plan.message_for("gen0")                           # a `load_weights` body
     plan.sent("gen0", message)  /  planner.forget("gen0")        # after its reply / a failure
     plan.finish()                                                # the publish is over
@@ -24,20 +24,9 @@ import torch
 
 from ..records import WeightPatch, WeightSync
 from ..weight_patch import encode_delta
-from . import fsdp
 from .publish import weights_digest
 
 WEIGHT_SYNC_MODES = ("auto", "full", "delta")
-
-
-def base_weights(learner) -> dict[str, torch.Tensor]:
-    """The model's own weights (the frozen base under LoRA), CPU, HF names, no tied duplicate.
-    A sharded learner (fsdp.py): gathered one tensor at a time, a collective every rank calls;
-    ranks other than 0 get {} (they hold no more than one tensor beyond their shard)."""
-    model = learner.model
-    state = (fsdp.full_weights(model, keep=learner.rank == 0) if learner.sharded else
-             {k: v.detach().to("cpu") for k, v in model.state_dict().items()})
-    return {k: v for k, v in state.items() if not (model.config.tie_word_embeddings and k == "lm_head.weight")}
 
 
 def tensor_bytes(weights: dict[str, torch.Tensor]) -> int:
@@ -60,9 +49,10 @@ class SyncPlanner:
         self.published: dict[str, torch.Tensor] | None = None
         self.published_version: int | None = None
 
-    def prepare(self, learner) -> "PublishPlan":
-        """The plan of one publish of the learner's current weights."""
-        return PublishPlan(self, learner)
+    def prepare(self, base: dict[str, torch.Tensor], version: int) -> "PublishPlan":
+        """The plan of one publish of the model's own weights `base` (Learner.base_weights: {} on
+        a sharded group's ranks other than 0) at policy version `version`."""
+        return PublishPlan(self, base, version)
 
     def forget(self, name: str) -> None:
         """`name` holds nothing we know of (it failed): its next sync is whole."""
@@ -75,14 +65,13 @@ class PublishPlan:
     once (`base`): a sharded learner gathers them then, on every rank (each rank prepares a
     plan; on ranks other than 0 it is empty and sends nothing)."""
 
-    def __init__(self, planner: SyncPlanner, learner):
+    def __init__(self, planner: SyncPlanner, base: dict[str, torch.Tensor], version: int):
         self.planner = planner
-        base = base_weights(learner)
         if planner.dtype is not None:
             base = {k: v.to(getattr(torch, planner.dtype)) for k, v in base.items()}
         self.base = base
         self.weights = planner.lora.merged(base) if base else {}
-        self.version = learner.policy_version
+        self.version = version
         self._full: dict | None = None
         self._patch: dict | None = None
         self._digest: str | None = None

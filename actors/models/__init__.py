@@ -39,7 +39,7 @@ def model_class(model_type: str):
 # Model and loading names import torch, so they load on first use (PEP 562).
 _LAZY = {
     "LlamaModel": "llama", "ModelConfig": "config", "ModelConfigError": "config", "build_model": "llama",
-    "BUILTIN_CONFIGS": "config", "load_model": "loading", "save_checkpoint": "loading",
+    "BUILTIN_CONFIGS": "config", "load_model": "loading", "build_policy": "loading", "save_checkpoint": "loading",
     "CheckpointError": "loading", "Tokenizer": "tokenizer", "byte_tokenizer": "tokenizer",
     "CausalLM": "protocol", "SharedPrefixBatch": "blocks", "Float16Weights": "blocks",
 }

@@ -24,8 +24,6 @@ from safetensors.torch import load_file, save_file
 
 from . import model_class
 from .gguf import GGUF_ARCHITECTURES, read_gguf
-from .gguf import GGUFFile as _GGUFFile               # the gateway reads a GGUF's tokenizer alone
-from .gguf import gguf_tokenizer as _gguf_tokenizer
 from .hf_config import (
     ACTIVATIONS, HOW_TO_ADD, SUPPORTED_ARCHITECTURES, CheckpointError, config_from_hf, config_to_hf,
 )
@@ -36,8 +34,7 @@ __all__ = [  # this module's public face, the names of hf_config.py and gguf.py 
     "load_model", "save_checkpoint", "checkpoint_policy_version", "load_hf_folder", "load_gguf",
     "model_from_state", "load_state_dict_checked", "resolve_model", "packaged_model_path",
     "check_model_spec", "PACKAGED_MODELS", "MODEL_RULE", "CheckpointError", "config_from_hf",
-    "config_to_hf", "SUPPORTED_ARCHITECTURES", "HOW_TO_ADD", "ACTIVATIONS", "GGUF_ARCHITECTURES",
-    "_GGUFFile", "_gguf_tokenizer",
+    "config_to_hf", "SUPPORTED_ARCHITECTURES", "HOW_TO_ADD", "ACTIVATIONS", "GGUF_ARCHITECTURES", "build_policy",
 ]
 
 # Symbolic names of models that ship in a Python package: name -> (import name, file pattern,
@@ -232,3 +229,13 @@ def checkpoint_policy_version(folder: str | Path) -> int | None:
     with safe_open(str(Path(folder) / "model.safetensors"), "pt") as handle:
         value = (handle.metadata() or {}).get("policy_version")
     return int(value) if value is not None else None
+
+
+def build_policy(spec: str | dict, seed: int, dtype: torch.dtype, device: str):
+    """(model, tokenizer) from a load_model spec, or from a dict of ModelConfig fields (random
+    weights from `seed`, the byte tokenizer)."""
+    if isinstance(spec, dict):
+        config = ModelConfig(**spec)
+        model = model_class(config.architecture)(config).init_weights(seed)
+        return model.to(device=device, dtype=dtype), byte_tokenizer()
+    return load_model(spec, dtype=dtype, device=device, seed=seed)

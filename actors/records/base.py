@@ -97,13 +97,13 @@ class Record:
         for name, check, tp in checks:
             value = getattr(self, name)
             if not check(value):
-                self._fail(name, value, f"of type {_describe(tp)}")
+                self.fail_field(name, value, f"of type {_describe(tp)}")
         self._check()
 
     def _check(self) -> None:
         """Rules across fields (subclasses); raise with `_fail`."""
 
-    def _fail(self, name: str, value: Any, rule: str) -> typing.NoReturn:
+    def fail_field(self, name: str, value: Any, rule: str) -> typing.NoReturn:
         shown = repr(value)
         shown = shown if len(shown) <= 80 else shown[:77] + "..."
         raise RecordError(f"{type(self).__name__}.{name} must be {rule}, got {type(value).__name__} {shown}")

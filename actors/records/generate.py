@@ -87,7 +87,7 @@ class GenerateRequest(Record):
 
     def _check(self) -> None:
         if (self.prompt_ids is None) == (self.prompt is None):
-            self._fail("prompt_ids", self.prompt_ids, "given, or prompt instead (exactly one of the two)")
+            self.fail_field("prompt_ids", self.prompt_ids, "given, or prompt instead (exactly one of the two)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +106,7 @@ class GeneratedSample(Record):
     def _check(self) -> None:
         for name in ("logprobs", "policy_versions"):
             if len(getattr(self, name)) != len(self.token_ids):
-                self._fail(name, getattr(self, name), f"one entry per token ({len(self.token_ids)})")
+                self.fail_field(name, getattr(self, name), f"one entry per token ({len(self.token_ids)})")
 
     def to_wire(self) -> dict:  # finish_reason travels even when None
         wire = {"token_ids": self.token_ids, "logprobs": self.logprobs,

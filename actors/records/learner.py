@@ -81,9 +81,9 @@ class PublishRequest(Record):
 
     def _check(self) -> None:
         if self.timeout_s <= 0:
-            self._fail("timeout_s", self.timeout_s, "> 0")
+            self.fail_field("timeout_s", self.timeout_s, "> 0")
         if self.chunk_mb is not None and self.chunk_mb <= 0:
-            self._fail("chunk_mb", self.chunk_mb, "> 0, or None for one chunk")
+            self.fail_field("chunk_mb", self.chunk_mb, "> 0, or None for one chunk")
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +122,7 @@ class GroupState(Record):
 
     def _check(self) -> None:
         if self.state not in GROUP_STATES:
-            self._fail("state", self.state, f"one of {GROUP_STATES}")
+            self.fail_field("state", self.state, f"one of {GROUP_STATES}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +137,7 @@ class RankStep(Record):
 
     def _check(self) -> None:
         if self.kind not in RANK_REQUESTS:
-            self._fail("kind", self.kind, f"one of {sorted(RANK_REQUESTS)}")
+            self.fail_field("kind", self.kind, f"one of {sorted(RANK_REQUESTS)}")
 
     @classmethod
     def of(cls, generation: str, kind: str, request: Record) -> "RankStep":

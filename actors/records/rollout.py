@@ -106,6 +106,6 @@ def _check_tokens(record: Record) -> None:
     """The per-token invariants shared by a rollout and its segments."""
     for name in ("loss_mask", "behavior_logprobs", "policy_versions"):
         if len(getattr(record, name)) != len(record.token_ids):
-            record._fail(name, getattr(record, name), f"one entry per token ({len(record.token_ids)})")
+            record.fail_field(name, getattr(record, name), f"one entry per token ({len(record.token_ids)})")
     if record.num_policy_tokens != sum(record.loss_mask):
-        record._fail("num_policy_tokens", record.num_policy_tokens, f"sum(loss_mask) = {sum(record.loss_mask)}")
+        record.fail_field("num_policy_tokens", record.num_policy_tokens, f"sum(loss_mask) = {sum(record.loss_mask)}")

@@ -33,7 +33,7 @@ class RunUpdate(Record):
     def _check(self) -> None:
         given = [name for name in ("line", "figures", "summary") if getattr(self, name) is not None]
         if len(given) != 1:
-            self._fail("line", self.line, f"given alone: one of line, figures, summary (got {given or 'none'})")
+            self.fail_field("line", self.line, f"given alone: one of line, figures, summary (got {given or 'none'})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,10 +65,10 @@ class RunState(Record):
 
     def _check(self) -> None:
         if self.format != RUN_STATE_FORMAT:
-            self._fail("format", self.format, repr(RUN_STATE_FORMAT))
+            self.fail_field("format", self.format, repr(RUN_STATE_FORMAT))
         if self.phase not in RUN_PHASES:
-            self._fail("phase", self.phase, f"one of {RUN_PHASES}")
+            self.fail_field("phase", self.phase, f"one of {RUN_PHASES}")
         if self.next_batch < 0 or self.ledger_events_offset < 0 or self.metrics_offset < 0:
-            self._fail("next_batch", self.next_batch, ">= 0, with the file offsets >= 0")
+            self.fail_field("next_batch", self.next_batch, ">= 0, with the file offsets >= 0")
         if self.phase == "sft" and self.sft_step is None:
-            self._fail("sft_step", None, "given in phase 'sft' (the SFT steps trained)")
+            self.fail_field("sft_step", None, "given in phase 'sft' (the SFT steps trained)")

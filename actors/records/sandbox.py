@@ -95,9 +95,9 @@ class ExecStreamItem(Record):
 
     def _check(self) -> None:
         if self.kind == "output" and not (self.name in ("stdout", "stderr") and self.data is not None):
-            self._fail("name", self.name, "stdout or stderr, with data, for an output item")
+            self.fail_field("name", self.name, "stdout or stderr, with data, for an output item")
         if (self.kind == "result") != (self.result is not None):
-            self._fail("kind", self.kind, "'result' exactly when the item carries a result ('output' else)")
+            self.fail_field("kind", self.kind, "'result' exactly when the item carries a result ('output' else)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +141,7 @@ class RunIoCasesRequest(Record):
 
     def _check(self) -> None:
         if any(len(case) != 2 for case in self.cases):
-            self._fail("cases", self.cases, "a list of [stdin, expected] pairs")
+            self.fail_field("cases", self.cases, "a list of [stdin, expected] pairs")
         _check_limits(self, self.limits)
 
 

@@ -53,10 +53,10 @@ class TrainBatch(Record):
                                "group_ids", "routed_experts"))
         for name, values in (self.reward_components or {}).items():
             if len(values) != len(self.token_ids):
-                self._fail(f"reward_components[{name!r}]", values,
+                self.fail_field(f"reward_components[{name!r}]", values,
                            f"one value per sample ({len(self.token_ids)})")
         if self.advantages is None and self.rewards is None and self.reward_components is None:
-            self._fail("advantages", None, "given, or rewards / reward_components (with group_ids)")
+            self.fail_field("advantages", None, "given, or rewards / reward_components (with group_ids)")
 
     @property
     def num_samples(self) -> int:
@@ -76,7 +76,7 @@ class StepMetrics(Record):
     def _check(self) -> None:
         missing = [name for name in self.REQUIRED if name not in self.values]
         if missing:
-            self._fail("values", self.values, f"a dict with {list(self.REQUIRED)} (missing {missing})")
+            self.fail_field("values", self.values, f"a dict with {list(self.REQUIRED)} (missing {missing})")
 
     @property
     def policy_version(self) -> int:
@@ -105,4 +105,4 @@ def _one_per_sample(record: Record, names: tuple[str, ...]) -> None:
     for name in names:
         value = getattr(record, name)
         if value is not None and len(value) != num:
-            record._fail(name, value, f"one entry per sample ({num}, as token_ids)")
+            record.fail_field(name, value, f"one entry per sample ({num}, as token_ids)")

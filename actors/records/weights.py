@@ -23,13 +23,13 @@ class SealedChunk(Record):
 
     def _check(self) -> None:
         if len(self.sync_id) != 16:
-            self._fail("sync_id", self.sync_id, "16 bytes")
+            self.fail_field("sync_id", self.sync_id, "16 bytes")
         if self.piece_bytes <= 0 or self.timeout_s <= 0:
-            self._fail("piece_bytes", self.piece_bytes, "> 0, with timeout_s > 0")
+            self.fail_field("piece_bytes", self.piece_bytes, "> 0, with timeout_s > 0")
         if not all(isinstance(e, list) and len(e) == 3 and isinstance(e[0], str) and isinstance(e[1], str)
                    and isinstance(e[2], list) and all(isinstance(d, int) and d >= 0 for d in e[2])
                    for e in self.layout):
-            self._fail("layout", self.layout, "a list of [name, dtype, shape]")
+            self.fail_field("layout", self.layout, "a list of [name, dtype, shape]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,11 +47,11 @@ class WeightPatch(Record):
 
     def _check(self) -> None:
         if self.kind not in ("lora", "delta"):
-            self._fail("kind", self.kind, "'lora' or 'delta'")
+            self.fail_field("kind", self.kind, "'lora' or 'delta'")
         if (self.kind == "lora") != (self.lora_scale is not None):
-            self._fail("lora_scale", self.lora_scale, "given for kind 'lora' only")
+            self.fail_field("lora_scale", self.lora_scale, "given for kind 'lora' only")
         if self.kind == "delta" and self.base_version is None:
-            self._fail("base_version", self.base_version, "the version a delta applies to")
+            self.fail_field("base_version", self.base_version, "the version a delta applies to")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,11 +73,11 @@ class WeightSync(Record):
 
     def _check(self) -> None:
         if (self.chunk is None) != (self.num_chunks is None):
-            self._fail("chunk", self.chunk, "given together with num_chunks (both or neither)")
+            self.fail_field("chunk", self.chunk, "given together with num_chunks (both or neither)")
         if self.chunk is not None and not 0 <= self.chunk < self.num_chunks:
-            self._fail("chunk", self.chunk, f"in 0..num_chunks - 1 ({self.num_chunks - 1})")
+            self.fail_field("chunk", self.chunk, f"in 0..num_chunks - 1 ({self.num_chunks - 1})")
         if self.sealed is not None and (self.chunk is None or self.weights):
-            self._fail("sealed", self.sealed, "given only with a chunk whose weights are empty")
+            self.fail_field("sealed", self.sealed, "given only with a chunk whose weights are empty")
 
     @property
     def completes_version(self) -> bool:

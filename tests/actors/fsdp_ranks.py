@@ -55,7 +55,6 @@ def main(rank: int, world: int, init_file: str, out: Path, variants: list[str], 
          resume: str | None = None) -> None:
     import torch.distributed as dist
 
-    from postrain.actors.learner.fsdp import sharded_bytes
     from postrain.actors.learner.group import shard_batch
     from postrain.actors.learner.learner import Learner, LearnerConfig
 
@@ -67,7 +66,7 @@ def main(rank: int, world: int, init_file: str, out: Path, variants: list[str], 
         learner = Learner(LearnerConfig(**config(variant), seed=rank))   # rank 0's weights broadcast
         assert learner.sharded
         metrics = [learner.train_step(shard_batch(batch(step), world)[rank]) for step in range(STEPS)]
-        held = {**sharded_bytes(learner), "grads": learner.grad_bytes, "loss": metrics[-1]["loss"]}
+        held = {**learner.held_bytes(), "grads": learner.grad_bytes, "loss": metrics[-1]["loss"]}
         (out / f"{variant}.rank{rank}.json").write_text(json.dumps(held))
         write_gathered(learner, rank, out, variant, moments=save and index == 0)
         if save and index == 0:
@@ -128,7 +127,7 @@ def publish_rounds(learner, rank: int, world: int, out: Path, variant: str) -> N
     for round_ in range(2):
         if round_:
             learner.train_step(shard_batch(batch(STEPS + 10), world)[rank])
-        plan = planner.prepare(learner)                  # every rank gathers; rank 0 keeps
+        plan = planner.prepare(learner.base_weights(), learner.policy_version)                  # every rank gathers; rank 0 keeps
         whole = learner.state_dict()
         if rank == 0:
             message = plan.message_for("gen0")

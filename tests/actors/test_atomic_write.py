@@ -53,7 +53,7 @@ CHILD = textwrap.dedent('''
             if ".old-" in str(dst):
                 stop("between renames")
         atomic_write.os.rename = rename
-    learner.step = 7
+    learner.counter.restore(step=7, policy_version=7)
     learner.save_checkpoint(folder, extra=run_state(2))
     print("B written", flush=True)
 ''')
@@ -98,7 +98,7 @@ def test_a_full_disk_inside_a_checkpoint_write_leaves_the_previous_one_and_names
     folder = small_disk(10 * 1024) / "checkpoint"   # room for one tiny checkpoint (6.3 MB), not for two
     learner = Learner(LearnerConfig.from_dict(LEARNER))
     learner.save_checkpoint(folder, extra={"mark": "A"})
-    learner.step = 7
+    learner.counter.restore(step=7, policy_version=7)
     with pytest.raises(DiskFullError, match=f"disk full writing {folder} .*MiB free.*free space"):
         learner.save_checkpoint(folder, extra={"mark": "B"})
     assert [p.name for p in folder.parent.iterdir()] == ["checkpoint"], "the half-written one is removed"

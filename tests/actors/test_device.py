@@ -103,7 +103,8 @@ def test_bfloat16_autocast_keeps_float32_weights_and_trains_the_same_step_within
 
 
 def test_learner_device_options_are_checked_naming_the_choices():
-    from postrain.actors.learner.learner import LearnerConfig, LearnerError
+    from postrain.actors.learner.batch import LearnerError
+    from postrain.actors.learner.config import LearnerConfig
 
     with pytest.raises(LearnerError, match="autocast_dtype must be"):
         LearnerConfig(autocast_dtype="int8")

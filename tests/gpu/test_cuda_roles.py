@@ -14,7 +14,8 @@ import torch
 
 from postrain.actors.models.loading import packaged_model_path
 from postrain.actors.generator.engine import Engine
-from postrain.actors.learner.learner import Learner, LearnerConfig, build_policy
+from postrain.actors.learner.learner import Learner, LearnerConfig
+from postrain.actors.models.loading import build_policy
 from postrain.actors.generator.sampling import SamplingParams
 from postrain.bench.learner import rollout_batch
 

@@ -14,7 +14,7 @@ import torch
 from postrain.actors.generator.engine import Engine
 from postrain.actors.generator.kv_dtype import QuantizedKVCache
 from postrain.actors.generator.sampling import SamplingParams
-from postrain.actors.learner.learner import build_policy
+from postrain.actors.models.loading import build_policy
 
 pytestmark = pytest.mark.gpu
 

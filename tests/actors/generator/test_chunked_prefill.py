@@ -55,17 +55,17 @@ def test_decoding_sequences_advance_every_step_while_a_long_prompt_is_read(model
     engine = Engine(model, num_blocks=128, block_size_tokens=4, prefill_chunk_tokens=8)
     engine.add_request([5, 6, 7], SamplingParams(max_new_tokens=30, **GREEDY))
     engine.step()                                            # the short prompt, read and sampled once
-    short = engine._running[0]
+    short = engine.scheduler.running[0]
     long_id = engine.add_request(PROMPTS[0], SamplingParams(max_new_tokens=2, **GREEDY))
     chunks = []
-    while not any(s.output.token_ids for s in engine._requests[long_id].sequences):
+    while not any(s.output.token_ids for s in engine.sequences_of(long_id)):
         before = len(short.output.token_ids)
         engine.step()
         assert len(short.output.token_ids) == before + 1     # the decode kept its pace
         chunks.append(len(engine.scheduler.prefilling))
     assert len(chunks) == -(-len(PROMPTS[0]) // 8)           # 41 tokens in 8-token chunks: 6 steps
     assert chunks[:-1] == [1] * (len(chunks) - 1) and chunks[-1] == 0
-    assert engine.scheduler.prefilling == [] and len(engine._running) == 2
+    assert engine.scheduler.prefilling == [] and len(engine.scheduler.running) == 2
 
 
 def test_each_plan_reads_at_most_the_chunk_budget(model):
@@ -108,7 +108,7 @@ def test_a_prompt_being_read_is_preempted_before_a_decoding_sequence(model):
     engine = Engine(model, num_blocks=10, block_size_tokens=4, prefill_chunk_tokens=5)
     decoding = engine.add_request([5, 6, 7], SamplingParams(max_new_tokens=24, **GREEDY))
     engine.step()
-    short = engine._requests[decoding].sequences[0]
+    short = engine.sequences_of(decoding)[0]
     long_id = engine.add_request(PROMPTS[0][:30], SamplingParams(max_new_tokens=4, **GREEDY))
     preempted_while_reading, outputs = False, {}
     while engine.has_unfinished():

@@ -73,7 +73,7 @@ def test_n_samples_share_prompt_blocks_and_copy_on_write(model, tokenizer):
     engine.add_request(prompt, SamplingParams(n=5, temperature=1.0, seed=7, max_new_tokens=6,
                                               ignore_eos=True))
     engine.step()                                    # the prefill, then the fork
-    seqs = [s.seq_id for s in engine._running]
+    seqs = [s.seq_id for s in engine.scheduler.running]
     tables = [engine.pool.block_table(s) for s in seqs]
     assert len(seqs) == 5 and all(t == tables[0] for t in tables)
     assert engine.pool.stats()["num_used_blocks"] == 3          # the prompt's KV, stored once

@@ -41,7 +41,8 @@ def main(rank: int, world: int, init_file: str, out: Path) -> None:
         with torch.no_grad():
             logits = learner.model(IDS)
         fsdp.reshard(learner.model)
-        export_sharded(learner, out / f"{variant}.hf", max_shard_bytes=max_shard_bytes)
+        export_sharded(learner.model, learner.lora, learner.tokenizer, learner.policy_version, learner.comm,
+                       out / f"{variant}.hf", max_shard_bytes=max_shard_bytes)
         learner.save_checkpoint(out / f"{variant}.ckpt")
         weights = learner.state_dict()
         if rank == 0:

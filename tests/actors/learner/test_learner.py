@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from postrain.actors.generator.engine import Engine
-from postrain.actors.learner.learner import Learner, LearnerConfig, build_policy
+from postrain.actors.learner.learner import Learner, LearnerConfig
+from postrain.actors.models.loading import build_policy
 from postrain.actors.learner.batch import LearnerError, pack_batch
 from postrain.actors.generator.sampling import SamplingParams
 from postrain.actors.records import SftBatch, TrainBatch
@@ -136,7 +137,7 @@ def test_micro_batches_sort_by_length_and_the_step_stays_the_same():
                                           for f in dataclasses.fields(batch) if getattr(batch, f.name) is not None})
     many = learner(micro_batch_size=2, lr=1.0, adam_eps=1.0, agg_mode="seq-mean-token-mean")
     packed = pack_batch(batch)
-    order, micro = many._micro_batches(packed)                        # the samples share no prefix
+    order, micro = many.forward.micro_batches(packed)                        # the samples share no prefix
     widths = [mb.input_ids.shape[1] for mb in micro]
     assert widths == sorted(widths) and widths[0] < widths[-1]       # short samples pad to short ones
     assert order.tolist() == [5, 4, 3, 2, 1, 0] and all(mb.shared is None for mb in micro)
@@ -223,10 +224,10 @@ def test_hf_export_loads_in_transformers_with_the_same_logits(tmp_path):
 
 def test_lr_schedule_warmup_then_cosine():
     lrn = learner(lr=1.0, warmup_steps=4, lr_schedule="cosine", total_steps=14, min_lr_ratio=0.1)
-    assert [lrn.lr_at(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
-    assert lrn.lr_at(9) == pytest.approx(0.1 + 0.9 * 0.5)
-    assert lrn.lr_at(14) == pytest.approx(0.1) and lrn.lr_at(100) == pytest.approx(0.1)
-    assert learner(lr=0.5).lr_at(1000) == 0.5
+    assert [lrn.config.lr_at(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lrn.config.lr_at(9) == pytest.approx(0.1 + 0.9 * 0.5)
+    assert lrn.config.lr_at(14) == pytest.approx(0.1) and lrn.config.lr_at(100) == pytest.approx(0.1)
+    assert learner(lr=0.5).config.lr_at(1000) == 0.5
 
 
 def test_bad_batches_and_options_are_named():

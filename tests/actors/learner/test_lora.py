@@ -210,7 +210,7 @@ def test_adapter_syncs_in_bfloat16_rebuild_the_learners_merged_weights():
     planner, patcher = SyncPlanner("auto", learner.lora, dtype="bfloat16"), WeightPatcher()
     held: dict[str, torch.Tensor] = {}
     for step in range(3):
-        plan = planner.prepare(learner)
+        plan = planner.prepare(learner.base_weights(), learner.policy_version)
         message = WeightSync.from_wire(plan.message_for("gen0"))
         assert (message.patch.base_version is None) == (step == 0)           # whole once, then adapters
         weights = patcher.resolve(message, message.weights, step - 1, lambda: held)

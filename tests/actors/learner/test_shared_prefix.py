@@ -14,8 +14,10 @@ import pytest
 import torch
 
 from postrain.actors.models.loading import packaged_model_path
-from postrain.actors.learner.learner import Learner, LearnerConfig, build_policy
+from postrain.actors.learner.learner import Learner, LearnerConfig
+from postrain.actors.models.loading import build_policy
 from postrain.actors.learner.batch import pack_batch
+from postrain.actors.learner.policy_forward import trained_hidden
 from postrain.actors.learner.shared_prefix import plan_micro_batches, prefix_plan, runs_of_shared_prefixes
 from postrain.actors.records import SftBatch, TrainBatch
 
@@ -123,7 +125,7 @@ def test_trained_hidden_states_and_their_gradients_equal_the_plain_pass_in_float
         rows, grads = [], []
         for batch in (mb, plain):
             model.zero_grad()
-            h = Learner._trained_hidden(model, batch)                    # (N, H)
+            h = trained_hidden(model, batch)                    # (N, H)
             (h * probe).sum().backward()
             rows.append(h.detach())
             grads.append([p.grad.clone() for p in model.parameters()])
@@ -162,7 +164,7 @@ def test_duplicates_and_samples_that_are_prefixes_of_others():
     batch = TrainBatch(token_ids=ids, loss_mask=[[0] * 3 + [1] * (len(x) - 3) if len(x) > 3 else [0, 1] for x in ids],
                        behavior_logprobs=[[-5.0] * len(x) for x in ids], advantages=[1.0, -1.0, 0.5, 0.2, -0.3])
     lrn = tiny_learner(micro_batch_size=5)
-    _, (mb,) = lrn._micro_batches(pack_batch(batch))
+    _, (mb,) = lrn.forward.micro_batches(pack_batch(batch))
     assert mb.shared.batch.prefix_mask.sum(-1).tolist() == [1, 19]       # {a[:2], a[:12]}, {a, a, a + ..}
     assert int(mb.shared.batch.suffix_mask.sum(-1).min()) == 1
     assert_same_step(lrn, "train_step", batch)
@@ -171,7 +173,7 @@ def test_duplicates_and_samples_that_are_prefixes_of_others():
 def test_samples_that_share_nothing_take_the_plain_path():
     batch = group_batch(5, num_groups=6, group_size=1)
     lrn = tiny_learner(micro_batch_size=3)
-    _, micro = lrn._micro_batches(pack_batch(batch))
+    _, micro = lrn.forward.micro_batches(pack_batch(batch))
     assert all(mb.shared is None for mb in micro)
 
 

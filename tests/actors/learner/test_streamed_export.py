@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from postrain.actors.learner.learner import LearnerError
+from postrain.actors.learner.batch import LearnerError
 from postrain.actors.learner.safetensors_stream import INDEX_FILE, StreamedSafetensors
 from postrain.actors.learner.streamed_export import export_checkpoint
 

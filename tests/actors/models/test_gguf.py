@@ -205,11 +205,12 @@ def test_moe_files_without_expert_width_or_as_llama_are_refused(readable_files, 
 
 def test_gguf_names_still_import_from_loading(readable_files):
     from postrain.actors.models import gguf
-    from postrain.actors.models.loading import GGUF_ARCHITECTURES, _gguf_tokenizer, _GGUFFile, load_gguf
+    from postrain.actors.models.gguf import GGUFFile, gguf_tokenizer
+    from postrain.actors.models.loading import GGUF_ARCHITECTURES, load_gguf
 
     assert GGUF_ARCHITECTURES is gguf.GGUF_ARCHITECTURES and GGUF_ARCHITECTURES["qwen3moe"] == "qwen3_moe"
     path = readable_files["qwen3"][1]
-    assert _gguf_tokenizer(_GGUFFile(path), path).encode("hi") == byte_tokenizer().encode("hi")
+    assert gguf_tokenizer(GGUFFile(path), path).encode("hi") == byte_tokenizer().encode("hi")
     model, _ = load_gguf(path)
     assert model.config.architecture == "qwen3" and model.config.head_dim == 128
 
@@ -247,7 +248,7 @@ def test_sentencepiece_gguf_tokenizer_equals_transformers(sentencepiece_files, s
     from postrain.actors.models.loading import _gguf_tokenizer, _GGUFFile
 
     path = sentencepiece_files[style]
-    ours = _gguf_tokenizer(_GGUFFile(path), path)
+    ours = gguf_tokenizer(GGUFFile(path), path)
     theirs = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     for text in SP_STRINGS:
         ids = theirs.encode(text)                                   # BOS first: add_bos_token

@@ -1,0 +1,128 @@
+"""PolicyForward: the policy's per-token logprobs and entropies, as the step loop trains on them.
+
+    forward = PolicyForward(config, device, routing, comm)
+    order, micro = forward.micro_batches(packed)      # on the device, grouped by shared prefix
+    logp, entropy = forward.logprobs(model, mb)       # (B, T - 1); 0 where not trained
+    ref_logp = forward.recompute(micro, reference)    # no gradient (the KL reference, a judge)
+
+Design note. Logprobs come from `rl_ops.token_logprobs_from_hidden` on the hidden states of
+the trained tokens only, so neither the prompt's nor any (tokens x vocab) logits are
+materialised. Under context parallel each rank scores its zig-zag slice and the ring gathers
+the rows (context_parallel_step.py); a Gemma softcap or `logprob_path = "naive"` takes the
+full-logits path. The same forward serves the policy, the frozen reference and any other
+model of the policy's architecture: it holds no model of its own.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from postrain.ext import rl_ops
+
+from ..models.llama import LlamaModel
+from . import fsdp
+from .collectives import Collectives
+from .config import DTYPES, LearnerConfig
+from .context_parallel import RingAttention, zigzag_positions
+from .context_parallel_step import GatherRing
+from .batch import LearnerError
+from .packed import PackedBatch
+from .routing import LearnerRouting
+from .shared_prefix import plan_micro_batches
+
+
+class PolicyForward:
+    """Logprobs (LM head, autocast, shared prefixes, rings) of any model of the policy's shape."""
+
+    def __init__(self, config: LearnerConfig, device: torch.device, routing: LearnerRouting, comm: Collectives):
+        self.config = config
+        self.device = device
+        self.routing = routing
+        self.comm = comm
+
+    def micro_batches(self, packed: PackedBatch) -> tuple[torch.Tensor, list[PackedBatch]]:
+        """(order, micro-batches of `micro_batch_size` samples) on the device: the samples in
+        `order` (B,), grouped by shared prefix where that saves compute, else sorted by length
+        so that short samples pad to short ones (shared_prefix.py). The gradient is the same in
+        any order, since every micro-batch's loss uses the whole batch's normalisers."""
+        cfg = self.config
+        order, micro = plan_micro_batches(packed, cfg.micro_batch_size,   # MoE, rings: plain rows
+                                          cfg.shared_prefix and not self.routing.active
+                                          and cfg.context_parallel == 1)
+        return order, [mb.to(self.device) for mb in micro]
+
+    def logprobs(self, model: LlamaModel, mb: PackedBatch,
+                 replay: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """logp, entropy (B, T - 1) of the targets input_ids[:, 1:] (float32, or the model's dtype
+        if wider); 0 where not trained. Only the loss_mask positions reach the LM head."""
+        if self.config.context_parallel > 1:
+            return self._ring_logprobs(model, mb)   # each rank its slice (context_parallel_step.py)
+        sel = mb.loss_mask                                                                # (B, T-1)
+        with self.autocast(), self.routing.trace(model, mb, replay):
+            h = trained_hidden(model, mb)                                                 # (N, H)
+        logp, entropy = self.head(model, h, mb.input_ids[:, 1:][sel])
+        zeros = torch.zeros(sel.shape, dtype=logp.dtype, device=sel.device)
+        return zeros.masked_scatter(sel, logp), zeros.masked_scatter(sel, entropy)
+
+    def _ring_logprobs(self, model: LlamaModel, mb: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """logp, entropy (B, T - 1) of the micro-batch's whole sequences (0 where not trained), as
+        `logprobs` gives them, each rank having scored its zig-zag slice; the same on
+        every rank of the ring, with gradients to this rank's own positions."""
+        rings = self.comm.rings
+        if rings is None:
+            raise LearnerError(f"learner.context_parallel = {self.config.context_parallel} needs a learner "
+                               "group of a multiple of that many ranks (ranks = N on the learner's entry); this "
+                               "learner runs alone: set context_parallel = 1")
+        ring = rings.ring
+        ids, sel_all = mb.input_ids, mb.loss_mask                        # (B, T), (B, T - 1)
+        batch, length = ids.shape
+        padded = -(-length // (2 * ring.size)) * 2 * ring.size
+        positions = zigzag_positions(padded, ring.size, ring.rank).to(ids.device)       # (Tl,)
+        ids = F.pad(ids, (0, padded - length))
+        targets = F.pad(ids[:, 1:length], (0, padded - length + 1))[:, positions]        # (B, Tl)
+        sel = F.pad(sel_all, (0, padded - length + 1), value=False)[:, positions]        # (B, Tl)
+        with self.autocast():
+            hidden = model.hidden_states(ids[:, positions], paged=RingAttention(ring, positions.expand(batch, -1)))
+        logp, entropy = self.head(model, hidden[sel], targets[sel])
+        zeros = torch.zeros(sel.shape, dtype=logp.dtype, device=sel.device)
+        local = torch.stack([zeros.masked_scatter(sel, logp), zeros.masked_scatter(sel, entropy)])
+        full = GatherRing.apply(local, ring, positions, padded)[..., :length - 1]       # (2, B, T - 1)
+        return full[0], full[1]
+
+    @torch.no_grad()
+    def recompute(self, micro: list[PackedBatch], model: LlamaModel) -> list[torch.Tensor]:
+        """logp (B, T - 1) of each micro-batch under `model`, without a gradient."""
+        out = [self.logprobs(model, mb)[0] for mb in micro]
+        fsdp.reshard(model)               # no backward frees the root's gathered weights
+        return out
+
+    def autocast(self):
+        """The forward's autocast context: `autocast_dtype` where set, else off."""
+        cfg = self.config
+        return torch.autocast(self.device.type, dtype=DTYPES[cfg.autocast_dtype or cfg.dtype],
+                              enabled=cfg.autocast_dtype is not None)
+
+    def head(self, model: LlamaModel, h: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """logp, entropy (N,) of `targets` (N,) from final hidden rows `h` (N, H)."""
+        cfg = self.config
+        weight = model.lm_head.weight
+        h = h.to(weight.dtype)
+        cap = model.config.final_logit_softcapping                # Gemma: the full logits, capped
+        if cfg.logprob_path == "naive" or cap is not None:
+            logits = h @ weight.t() if cap is None else torch.tanh(h @ weight.t() / cap) * cap
+            return rl_ops.naive_token_logprobs(logits, targets, cfg.temperature, return_entropy=True)
+        return rl_ops.token_logprobs_from_hidden(
+            h, weight, targets, temperature=cfg.temperature, chunk_size_tokens=cfg.chunk_size_tokens,
+            return_entropy=True, backend=cfg.rl_ops_backend)
+
+
+def trained_hidden(model: LlamaModel, mb: PackedBatch) -> torch.Tensor:
+    """(N, H) final hidden states at the loss_mask positions: from one padded pass over the
+    whole samples, or from the shared-prefix pass (each shared prefix computed once)."""
+    sel = mb.loss_mask                                                                    # (B, T-1)
+    if mb.shared is None:
+        full = bool(mb.attention_mask.all())
+        hidden = model.hidden_states(mb.input_ids, None if full else mb.attention_mask)  # (B, T, H)
+        return hidden[:, :-1][sel]
+    rows = model.shared_prefix_hidden_states(mb.shared.batch)                             # (G*P + B*S, H)
+    return rows[mb.shared.hidden_rows[:, :-1][sel]]
