@@ -245,7 +245,7 @@ def sentencepiece_files(tmp_path_factory):
 
 @pytest.mark.parametrize("style", ["mistral", "gemma3"])
 def test_sentencepiece_gguf_tokenizer_equals_transformers(sentencepiece_files, style):
-    from postrain.actors.models.loading import _gguf_tokenizer, _GGUFFile
+    from postrain.actors.models.gguf import GGUFFile, gguf_tokenizer
 
     path = sentencepiece_files[style]
     ours = gguf_tokenizer(GGUFFile(path), path)
