@@ -2,22 +2,25 @@
 
 One package per role, each naming its actor for configs:
 
-    generator/      postrain.actors.generator:GeneratorActor      sampling rollouts, paged KV cache
-    learner/        postrain.actors.learner:LearnerActor          training, checkpoints, weight publishing
-    env/            postrain.actors.env:EnvironmentActor          the Environment API, episodes, tools
-    orchestrator/   postrain.actors.orchestrator:OrchestratorActor    the run's driver
-    gateway/        postrain.actors.gateway:GatewayActor          the OpenAI API over HTTP, token-in/token-out
-    sandbox_actor   postrain.actors.sandbox_actor:SandboxActor    nsjail runs and sessions for episodes
-    models/         the architectures and their registry; loading, tokenizers
-    tasks/          the built-in tasks and the task registry
+    generator/      postrain.actors.generator:GeneratorActor        sampling rollouts, paged KV cache
+    learner/        postrain.actors.learner:LearnerActor            training, checkpoints
+    env/            postrain.actors.env:EnvironmentActor            the Environment API, episodes, tools
+    orchestrator/   postrain.actors.orchestrator:OrchestratorActor  the run's driver, ledger, run state
+    gateway/        postrain.actors.gateway:GatewayActor            the OpenAI API over HTTP, token-in/token-out
+    sandbox/        postrain.actors.sandbox:SandboxActor            nsjail runs and sessions for episodes
 
-Shared by the roles: records/ (every message between roles), ledger.py, run_state.py,
-timeline.py, weight_assembly.py, weight_receiver.py, device.py, atomic_write.py.
-Old module paths (before the roles became packages) still import, with a warning: _moved.py.
+Shared by the roles:
+
+    records/        every message between roles (typed records)
+    weights/        the weight-sync protocol: WeightPublisher, WeightReceiver
+    models/         the architectures and their registry; loading, tokenizers, devices
+    tasks/          the built-in tasks and the task registry
+    configs/        the shipped run configs and UpConfig, what `postrain up` reads
+
+This folder holds packages only (docs/architecture.md, "Layout").
 """
 
 # The public Environment API and the task registry (actors/env/, actors/tasks/).
-from ._moved import install as _install_moved_modules
 from .env import (AgentEnvironment, Environment, EnvironmentContractError, EnvironmentFailure, Episode, EpisodePolicy,
                   GeneratorHandle, LocalSandbox, Reward, SandboxHandle, StepResult, TaskOptionsError,
                   TextPolicy, checked_reset, checked_step, checked_truncated, drop_reason, run_episode,
@@ -31,8 +34,6 @@ _LAZY = {
     "Engine": "generator", "SamplingParams": "generator",
     "Learner": "learner", "LearnerConfig": "learner",
 }
-
-_install_moved_modules()
 
 
 def __getattr__(name: str):

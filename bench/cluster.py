@@ -17,7 +17,7 @@ Figures (medians over repeats; ours and the peer take turns within each repeat):
   values of the real model's shapes) from a `LearnerActor` on node 0 to a `WeightReceiverActor`
   on node 1 that assembles the chunks and loads them into its model (the generator's path:
   `publish` with the orchestrator's default `chunk_mb`, the chunks on Curve, their bytes on the
-  receiver's sealed channel: core/sealed.py, actors/weight_assembly.py), against the same bytes
+  receiver's sealed channel: core/sealed.py, actors/weights/assembly.py), against the same bytes
   sent by raw pyzmq over plain tcp as one zero-copy multipart message to node 1.
   `sealed_floor_weight_sync_gb_per_s` (ours only): the same bytes on a bare sealed channel
   (core/sealed.py) from this process to a receiver on node 1 that opens them into fresh
@@ -113,7 +113,7 @@ class LocalOrExisting:
 def default_run_doc(address: str, nodes, run_dir: str) -> dict:
     """The built-in run's config, short (RL_STEPS GRPO steps, no warm start, no evaluation), in
     the [cluster] at `address`, its actors on `nodes` as LAYOUTS[len(nodes)] says."""
-    from postrain.actors.run_config import default_config_path
+    from postrain.actors.configs.run_config import default_config_path
 
     doc = tomllib.loads(default_config_path().read_text())
     layout = LAYOUTS[len(nodes)]

@@ -220,7 +220,7 @@ async def _curve_chunks_gb_per_s(receiver, weights: dict, version: int) -> float
     """The path weights took to other nodes before the sealed channel: the `load_weights` chunks
     with their tensors in them, over Curve (pipelined as `publish` sent them), from this process
     to the receiver. GB/s from the first chunk sent to the last one's reply."""
-    from postrain.actors.learner.publish import weight_messages
+    from postrain.actors.weights.messages import weight_messages
     messages = weight_messages(weights, version, CHUNK_MB)
     num_bytes = sum(t.numel() * t.element_size() for t in weights.values())
     start = time.perf_counter()
@@ -248,7 +248,7 @@ def _link_specs(nodes, model) -> list[tuple]:
              nodes[1]),
             (ActorSpec(name="learner", cls="postrain.actors.learner:LearnerActor", cpus=1.0,
                        memory_mb=3072, options={"model": model}), nodes[0]),
-            (ActorSpec(name="receiver", cls="postrain.actors.weight_receiver:WeightReceiverActor", cpus=1.0,
+            (ActorSpec(name="receiver", cls="postrain.actors.weights:WeightReceiverActor", cpus=1.0,
                        memory_mb=2048, options={"model": model}), nodes[1])]
 
 

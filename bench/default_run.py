@@ -50,7 +50,7 @@ SUMMARY_FIGURES = {"run_wall_s": "wall_s", "warm_start_s": "warm_start_s", "rl_w
 def arm_config(elastic: bool, quick: bool) -> str:
     """The default config's text: as shipped (elastic), or with `elastic = false` for every actor
     that declares it (pinned); and, quick, shorter orchestrator options."""
-    from postrain.actors.run_config import default_config_path
+    from postrain.actors.configs.run_config import default_config_path
 
     text = default_config_path().read_text()
     if not re.search(r'^elastic = (true|"lend")', text, flags=re.M):

@@ -197,7 +197,7 @@ def _hf_rate(hf, prompts, new_tokens: int, pad_id: int, n: int) -> float:
 def gpu_run_config(num_gpus: int, quick: bool) -> dict:
     """The built-in run's config with the learner on GPU 0 (and the generator on GPU 1 where
     there are two), shortened to a check: fewer warm-start and RL steps."""
-    from postrain.actors.run_config import default_config_path
+    from postrain.actors.configs.run_config import default_config_path
 
     config = tomllib.loads(Path(default_config_path()).read_text())
     for actor in config["actors"]:

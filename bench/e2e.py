@@ -38,7 +38,7 @@ QUICK = {"sft_steps": 40, "num_steps": 3, "num_eval_tasks": 10, "repeats": 1}
 
 def default_run_config():
     """The built-in run's config, every actor's options resolved ([shared] filled in)."""
-    from postrain.actors.run_config import default_config_path, load_up_config
+    from postrain.actors.configs.run_config import default_config_path, load_up_config
 
     return load_up_config(default_config_path())
 

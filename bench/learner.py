@@ -201,7 +201,7 @@ async def _publish_times(model, repeats: int) -> list[float]:
 
     async with Supervisor.open() as sup:
         learner = await sup.start(spec("learner", "postrain.actors.learner:LearnerActor", {"model": model}))
-        await sup.start(spec("gen0", "postrain.actors.weight_receiver:WeightReceiverActor",
+        await sup.start(spec("gen0", "postrain.actors.weights:WeightReceiverActor",
                              {"model": model}))
         times = []
         for _ in range(repeats + 1):

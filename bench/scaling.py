@@ -59,7 +59,7 @@ def lora_step_figures(model, batch, repeats: int) -> tuple[float, float]:
 def sync_ratios(model, batch) -> dict[str, float]:
     """The LoRA and delta sync bytes over a full sync (module docstring)."""
     from postrain.actors.learner.learner import Learner, LearnerConfig
-    from postrain.actors.learner.sync_plan import SyncPlanner, tensor_bytes
+    from postrain.actors.weights.sync_plan import SyncPlanner, tensor_bytes
 
     lora = Learner(LearnerConfig(model=model, micro_batch_size=8, lora=LORA))
     planner = SyncPlanner("delta", lora.lora)

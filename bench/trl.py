@@ -77,7 +77,7 @@ def run(quick: bool) -> dict:
 
 
 def addition_config():
-    from postrain.actors.run_config import load_up_config
+    from postrain.actors.configs.run_config import load_up_config
     return load_up_config(CONFIG)
 
 

@@ -6,10 +6,10 @@
     [tracking]                     # optional; see cli/tracking.py
     backends = ["mlflow"]
 
-The schema and its loaders live in postrain.actors.run_config, below both this
+The schema and its loaders live in postrain.actors.configs.run_config, below both this
 layer and the bench, which reads run configs too; they are this package's
 names as well.
 """
-from postrain.actors.run_config import (  # noqa: F401 - re-exported: the head's config
+from postrain.actors.configs.run_config import (  # noqa: F401 - re-exported: the head's config
     BalancerSection, TrackingSection, UpConfig, load_up_config, parse_up_config,
 )

@@ -114,7 +114,7 @@ def eval_plan(args) -> dict:
 def run_defaults(folder: Path) -> dict:
     """What a run folder says about evaluating its policy: model (its policy/), task, task_options,
     num_tasks and max_tokens (the orchestrator's options, [shared] filled in), source (the config)."""
-    from postrain.actors.run_config import load_up_config, run_import_dir
+    from postrain.actors.configs.run_config import load_up_config, run_import_dir
     from postrain.core.actor import import_actor_class
     from postrain.core.errors import PostrainError
     from postrain.core.options import options_class, validate_options

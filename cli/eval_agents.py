@@ -24,7 +24,7 @@ async def evaluate_agent(model_spec: str, task, task_options, tasks: list[dict])
                             "openai client; fix: pip install 'postrain[agents]'")
     from postrain.actors.env import score_episodes
     from postrain.actors.env.agent import agent_rollout
-    from postrain.actors.timeline import Timeline
+    from postrain.actors.env.timeline import Timeline
     from postrain.core import Supervisor
 
     from .serve import specs

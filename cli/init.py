@@ -17,7 +17,7 @@ Writes (cli/init_templates.py holds the text):
 Invariant: nothing is overwritten. A file that exists, a package name that is not a Python
 identifier or that already names an importable module (it would shadow it, or be shadowed) is
 refused in one line before anything is written. run.toml finds the package because a config's
-own folder is on the import path of the head and every actor (actors/run_config.py).
+own folder is on the import path of the head and every actor (actors/configs/run_config.py).
 """
 from __future__ import annotations
 

@@ -127,7 +127,7 @@ heartbeat_timeout_s = 120.0
 
 [[actors]]
 name = "sandbox"
-cls = "postrain.actors.sandbox_actor:SandboxActor"
+cls = "postrain.actors.sandbox:SandboxActor"
 cpus = 0.2
 memory_mb = 1024
 options = { mode = "warm", num_workers = 2 }

@@ -27,7 +27,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable
 
-from postrain.actors.ledger import read_events
+from postrain.actors.orchestrator.ledger import read_events
 from postrain.core.errors import PostrainError
 from postrain.core.metrics import read_metrics
 

@@ -118,7 +118,7 @@ def run_name(overrides: dict, seed: int) -> str:
 
 def plan_runs(config_path: Path, seeds: list[int], sets: list[tuple[str, list]], sweep_dir: Path) -> list[dict]:
     """Every run of the sweep: its name, seed, overrides and config document (checked here)."""
-    from postrain.actors.run_config import add_import_dir, parse_up_config
+    from postrain.actors.configs.run_config import add_import_dir, parse_up_config
 
     add_import_dir(config_path.resolve().parent)   # modules the config names may sit beside it
     base = tomllib.loads(config_path.read_text())
@@ -233,7 +233,7 @@ def write_sweep(sweep_dir: Path, config_path: Path, runs: list[dict], interrupte
 
 
 def main(args) -> int:
-    from postrain.actors.run_config import default_config_path
+    from postrain.actors.configs.run_config import default_config_path
 
     try:
         if args.parallel < 1:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from postrain.actors.ledger import read_events
+from postrain.actors.orchestrator.ledger import read_events
 from postrain.actors.orchestrator.sample_log import read_samples
 from postrain.core.errors import PostrainError
 

@@ -42,7 +42,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from postrain.actors.run_config import TrackingSection
+from postrain.actors.configs.run_config import TrackingSection
 from postrain.core.errors import PostrainError
 
 log = logging.getLogger("postrain.tracking")

@@ -34,7 +34,7 @@ URL, for `postrain status` and `down`), logs/ (one log per actor), and whatever
 the actors write (metrics, checkpoints, summary.json). A folder that already
 holds a run is refused (`--dry-run` too), naming `--resume` and `--overwrite`
 (which deletes the run's files, RUN_FILES, first). The config's own folder is
-on the import path of the head and every actor (actors/run_config.py).
+on the import path of the head and every actor (actors/configs/run_config.py).
 
 With a `[cluster]` section the actors run on the nodes of a Ray cluster instead: the plan
 is printed node by node, one node agent per node starts each actor on its node, and the
@@ -58,7 +58,7 @@ from pathlib import Path
 
 import anyio
 
-from postrain.actors.run_config import default_config_path, run_import_dir, write_run_source
+from postrain.actors.configs.run_config import default_config_path, run_import_dir, write_run_source
 from postrain.actors.records import RunRequest, RunUpdate
 from postrain.core.errors import ActorError, ActorStartError, ConfigError, PostrainError
 from postrain.core.scheduler import Scheduler

@@ -43,7 +43,7 @@ imported; the `node` and `placement` hints of a spec apply only with one (core/c
 
 Each actor's `options` are validated by the model its class declares
 (core/options.py). The layers above add their own sections by subclassing
-`RunConfig` (postrain.actors.run_config.UpConfig, what `postrain up` reads, adds
+`RunConfig` (postrain.actors.configs.run_config.UpConfig, what `postrain up` reads, adds
 `[balancer]` and `[tracking]`).
 """
 from __future__ import annotations
@@ -195,7 +195,7 @@ class ClusterSection(_Strict):
 
 class RunConfig(_Strict):
     """A run: the head's settings and the actors. The layers above extend it with their own
-    sections by subclassing (postrain.actors.run_config.UpConfig adds `[balancer]` and
+    sections by subclassing (postrain.actors.configs.run_config.UpConfig adds `[balancer]` and
     `[tracking]`); a table no section declares is an error, so a misspelt section name cannot
     be ignored."""
 

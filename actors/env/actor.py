@@ -17,7 +17,7 @@ sampling field left out takes `SamplingParams`' default) -> a `records.Rollout` 
      "reward": {"components", "weights"}, "num_turns", "num_policy_tokens", "tool_statuses",
      "timeline"}
 where `timeline` lists the episode's hops: each generate call and each tool call
-with its start, duration and outcome (actors/timeline.py; `postrain trace`).
+with its start, duration and outcome (actors/env/timeline.py; `postrain trace`).
 
 Design note (tokens in, tokens out). The episode is played by the one driver,
 `environment.run_episode`, the same that `postrain eval` uses, so a reward is the same in
@@ -52,7 +52,7 @@ from postrain.core.errors import ConfigError
 from ..models.tokenizer import Tokenizer, byte_tokenizer
 from ..records import ExecReply, ExecRequest, Rollout, RolloutRequest, RunTestsReply, RunTestsRequest
 from ..tasks import TaskOptions, TaskSpec, get_task
-from ..timeline import Timeline, tool_status
+from .timeline import Timeline, tool_status
 from .agent import DEFAULT_GATEWAY, AgentEnvironment, agent_rollout
 from .context import ContextOptions
 from .episode import run_episode
@@ -106,10 +106,10 @@ class RemoteSandbox:
 
     @contextlib.asynccontextmanager
     async def session(self, files=None, limits=None):
-        """A session on the sandbox actor (`sandbox_client.remote_session`), closed on exit; with a
+        """A session on the sandbox actor (`sandbox.client.remote_session`), closed on exit; with a
         timeline, each of its calls is a "tool" hop. Cancellation: as `remote_session` (the close
         is still sent; a session whose close is lost is reaped by the sandbox actor)."""
-        from ..sandbox_client import remote_session
+        from ..sandbox.client import remote_session
         async with remote_session(self.ref, files=files, limits=limits) as session:
             if self.timeline is not None:
                 session = TimedSession(session, self.timeline, self.ref.name)

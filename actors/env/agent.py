@@ -31,7 +31,7 @@ import anyio
 import anyio.to_thread
 
 from ..records import Rollout, RolloutSegment
-from ..timeline import Timeline
+from .timeline import Timeline
 from .api import Environment, EnvironmentContractError, EnvironmentFailure, Reward, StepResult, show_value
 
 DEFAULT_GATEWAY = "gateway"   # the gateway actor's name an agent task uses

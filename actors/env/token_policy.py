@@ -24,7 +24,7 @@ import dataclasses
 
 from ..models.tokenizer import Tokenizer
 from ..records import GenerateReply, GenerateRequest, Rollout, RolloutSegment, SamplingParams
-from ..timeline import Timeline
+from .timeline import Timeline
 from .api import EnvironmentFailure
 from .episode import Episode, EpisodePolicy
 

@@ -18,11 +18,11 @@ Every body and reply is a record of postrain.actors.records:
   carry v. A version lower than the current one is refused. A chunked sync (bodies that
   add "chunk" and "num_chunks", from a learner on another host) is assembled and swapped
   in with its last chunk; until then the reply is {"version": held, "complete": false}
-  (postrain.actors.weight_assembly: order, and a sync dropped for a newer one). From a
+  (postrain.actors.weights.assembly: order, and a sync dropped for a newer one). From a
   learner on another node each chunk's tensors come on the sealed channel ("sealed").
   A sync with a "patch" (LoRA adapters, or the elements changed since the version held) is
   turned into the whole weights and loaded only if their digest is the learner's; else it is
-  refused and the weights held stay (postrain.actors.weight_patch).
+  refused and the weights held stay (postrain.actors.weights.patch).
 - `digest` (no body) -> WeightsDigest {"version", "digest"}: a sha256 of the weights held.
 - `weights_channel` (no body) -> WeightsChannel {"address"}: where a learner on another node sends sealed weights
   (opened on the first ask; core/sealed.py).
@@ -46,13 +46,11 @@ from pydantic import AfterValidator, Field
 
 from postrain.core import Actor, Load, Options, handler
 
-from ..device import resolve_device
+from ..models.device import resolve_device
 from ..models.loading import check_model_spec, load_model
-from ..learner.publish import weights_digest
 from ..records import (GeneratedSample, GenerateReply, GenerateRequest, GeneratorStats, WeightsChannel, WeightsDigest,
                        WeightSync, WeightSyncReply)
-from ..weight_assembly import SealedWeights, SyncAssembler
-from ..weight_patch import WeightPatcher
+from ..weights import WeightReceiver, model_weights, weights_digest
 from .engine import Engine, RequestOutput
 from .sampling import SamplingParams
 from .speculative import SpeculativeOptions
@@ -108,15 +106,13 @@ class GeneratorActor(Actor):
         self._waiters: dict[str, _Waiter] = {}       # request id -> its caller, until answered
         self._in_engine: set[str] = set()            # request ids the engine holds
         self._new_weights: list[tuple[dict, int, anyio.Event, list]] = []
-        self._chunks = SyncAssembler()               # the chunked sync in progress, if any
-        self._patches = WeightPatcher()              # LoRA adapters and deltas -> whole weights
-        self._sealed = SealedWeights(self.node.keys, self.address)
+        self.receiver = WeightReceiver(self.node.keys, self.address)   # the sync protocol's receiving end
         self._work = anyio.Event()
         self.node.spawn(self._engine_loop)
 
     async def teardown(self):
         """Close the sealed channel, if open. Does not wait."""
-        self._sealed.close()
+        self.receiver.close()
 
     @handler("generate", concurrent=True, request=GenerateRequest, reply=GenerateReply)
     async def generate(self, request: GenerateRequest) -> GenerateReply:
@@ -146,13 +142,9 @@ class GeneratorActor(Actor):
         thread), only the reply is lost. A chunk that does not complete its sync does not wait."""
         version = sync.version
         held = max([self.engine.policy_version] + [queued[1] for queued in self._new_weights])
-        if sync.sealed is not None:
-            sync = await self._sealed.fill(sync, self._chunks, held)
-        weights = self._chunks.take(sync, held)
+        weights = await self.receiver.receive(sync, held, self._held_weights)
         if weights is None:
             return WeightSyncReply(version=self.engine.policy_version, complete=False)
-        weights = await anyio.to_thread.run_sync(   # a patch: checked by its digest, or refused (weight_patch.py)
-            self._patches.resolve, sync, weights, held, self._held_weights)
         applied, result = anyio.Event(), []
         self._new_weights.append((weights, version, applied, result))
         self._work.set()
@@ -163,9 +155,7 @@ class GeneratorActor(Actor):
 
     def _held_weights(self) -> dict:
         """The engine's weights now ({HF name: tensor}, no tied duplicate): what a patch applies to."""
-        model = self.engine.model
-        return {k: v for k, v in model.state_dict().items()
-                if not (model.config.tie_word_embeddings and k == "lm_head.weight")}
+        return model_weights(self.engine.model)
 
     @handler("digest", request=None, reply=WeightsDigest)
     async def digest(self, body: None) -> WeightsDigest:
@@ -177,7 +167,7 @@ class GeneratorActor(Actor):
     async def weights_channel(self, body: None) -> WeightsChannel:
         """The address of this actor's sealed channel for weights (opened now if not yet). Does not
         wait (cancel-safe)."""
-        return WeightsChannel(address=self._sealed.address())
+        return WeightsChannel(address=self.receiver.channel_address())
 
     @handler("stats", request=None, reply=GeneratorStats)
     async def stats(self, body: None) -> GeneratorStats:

@@ -38,8 +38,9 @@ another node gets one sync as several messages ("chunk": i of "num_chunks": n, o
 asked) on the Curve connection, each naming its tensors ("sealed"), whose bytes travel on the
 target's sealed channel (`weights_channel`; core/sealed.py: plain tcp, AES-256-GCM pieces,
 sealed once per publish and sent alike to every target on another node: `num_pieces_sealed`);
-the target applies the version when chunk n - 1 is whole (actors/weight_assembly.py).
-`WeightReceiverActor` (actors/weight_receiver.py) is the reference receiver (tests and the bench use it).
+the target applies the version when chunk n - 1 is whole (actors/weights/assembly.py).
+The protocol's two ends are actors/weights/: WeightPublisher sends, WeightReceiver receives
+(the generator and `WeightReceiverActor`, the reference receiver tests and the bench use).
 
 Restarts: a learner restarted by the supervisor holds its initial weights (or its
 `resume_from` checkpoint). A caller that tracks the version names it in
@@ -56,8 +57,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
-import time
 from typing import Annotated, Any, Literal
 
 import anyio
@@ -72,8 +71,7 @@ from ..records import (CheckpointLoaded, CheckpointSaved, ExportedHf, ExportHf, 
                        StepMetrics, TrainBatch, WeightSync)
 from .context_parallel_step import check_ranks, rank_shards
 from .group import LearnerGroup
-from .publish import sealed_sync
-from .sync_plan import WEIGHT_SYNC_MODES, SyncPlanner
+from ..weights import WEIGHT_SYNC_MODES, SyncPlanner, WeightPublisher
 
 log = logging.getLogger("postrain.learner")
 
@@ -98,7 +96,7 @@ class LearnerOptions(Options):
     weight_sync: Literal[WEIGHT_SYNC_MODES] = Field("auto", description="after a generator's first full "
                              "sync, send it only what changed ('delta': the LoRA adapters, or the changed "
                              "elements), or always the whole weights ('full'); 'auto': delta under LoRA, "
-                             "else full (actors/learner/sync_plan.py)")
+                             "else full (actors/weights/sync_plan.py)")
     publish_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
         None, description="the dtype weights travel in and generators run (the rollout dtype): "
         "'bfloat16' halves a sync of float32 weights, and most elements of a step's update round away "
@@ -146,15 +144,11 @@ class LearnerActor(Actor):
         """Build the learner (and load resume_from). A rank of a group (`ranks = N`) joins its group
         after READY (actors/learner/group.py); rank 0 starts forming it.
         Cancelled: the process is ending (a start past its timeout), so nothing outlives it."""
-        from ..device import resolve_device
+        from ..models.device import resolve_device
 
         self.learner = None
         self.resume_extra = None
-        self.targets: dict[str, object] = {}
-        self.sealed = None                      # the SealedSender to targets on other nodes, once needed
-        self.channel_addresses: dict[str, str] = {}   # target name -> its sealed channel's last address
-        self.last_publish: PublishReport | None = None
-        self.sync_plan: SyncPlanner | None = None   # what each target holds (built with the learner)
+        self.publisher: WeightPublisher | None = None   # the sync protocol's sending end (built with the learner)
         self.group: LearnerGroup | None = None
         check_ranks(self.options.learner_config().context_parallel,
                     1 if self.rendezvous is None else self.rendezvous.world_size)
@@ -171,8 +165,8 @@ class LearnerActor(Actor):
     async def teardown(self):
         """Leave the learner's group, if any (its sockets close now, not at interpreter exit).
         Cancelled: the process ends anyway."""
-        if self.sealed is not None:
-            self.sealed.close()
+        if self.publisher is not None:
+            self.publisher.close()
         if self.group is not None:
             await anyio.to_thread.run_sync(self.group.leave)
 
@@ -181,7 +175,8 @@ class LearnerActor(Actor):
         from .learner import Learner
 
         self.learner = Learner(self.options.learner_config())
-        self.sync_plan = SyncPlanner(self.options.weight_sync, self.learner.lora, self.options.publish_dtype)
+        self.publisher = WeightPublisher(self.name, self.node.keys, self.lookup, SyncPlanner(
+            self.options.weight_sync, self.learner.lora, self.options.publish_dtype))
         # Elastic cores: a step takes up the actor's current torch thread count at the start of each
         # micro-batch's forward (every forward of the policy starts with its embedding).
         embedding = self.learner.model.model.embed_tokens
@@ -211,8 +206,8 @@ class LearnerActor(Actor):
             return learner.sft_step(request)
         if kind == "save_checkpoint":
             return learner.save_checkpoint(request.path, request.extra)
-        if kind == "publish":           # sharded: every rank gathers, rank 0 keeps (sync_plan.py)
-            return self.sync_plan.prepare(learner.base_weights(), learner.policy_version)
+        if kind == "publish":           # sharded: every rank gathers, rank 0 keeps (weights/sync_plan.py)
+            return self.publisher.planner.prepare(learner.base_weights(), learner.policy_version)
         if kind == "export_hf":
             return learner.export_hf(request.path)
         assert kind == "load_checkpoint", kind
@@ -244,11 +239,11 @@ class LearnerActor(Actor):
         return self.group is not None and self.learner.sharded
 
     async def _publish_plan(self, request: PublishRequest):
-        """The plan of a publish (sync_plan.py): built here, or, sharded, with every rank gathering.
+        """The plan of a publish (weights/sync_plan.py): built here, or, sharded, with every rank gathering.
         Cancelled: the gather runs to its end on every rank."""
         if self._sharded_group():
             return await self._everywhere("publish", request)
-        return self.sync_plan.prepare(self.learner.base_weights(), self.learner.policy_version)
+        return self.publisher.planner.prepare(self.learner.base_weights(), self.learner.policy_version)
 
     async def _everywhere(self, kind: str, body: SaveCheckpoint | LoadCheckpoint | PublishRequest | ExportHf):
         """A checkpoint save or load: in this process, or on every rank of its group (rank 0's
@@ -346,153 +341,14 @@ class LearnerActor(Actor):
         version; the others may or may not."""
         await self._ready()
         self._check_expected_version(request)
-        names = list(request.targets)
-        timeout_s = request.timeout_s
-        plan = await self._publish_plan(request)      # the whole weights, or patches (sync_plan.py)
-        weights, version = plan.weights, plan.version
-        num_bytes_sent = 0
-        sync_s: dict[str, float] = {}
-        errors: dict[str, Exception] = {}
-        far: dict[str, tuple] = {}                  # name -> (its reference, its sealed channel's address)
-        num_messages = 0
-        start = time.perf_counter()
-
-        async def find(name: str) -> None:
-            """Look `name` up; a target on another node names its sealed channel (into `far`)."""
-            try:
-                if name not in self.targets:
-                    self.targets[name] = await self.lookup(name)
-                target = self.targets[name]
-                if not target.same_host:
-                    channel = await target.ask("weights_channel", None, timeout_s=timeout_s)
-                    far[name] = (target, channel["address"])
-            except Exception as exc:
-                errors[name] = exc
-
-        async def push_near(name: str) -> None:
-            """One message to `name` (this host: /dev/shm). Cancelled: it may or may not hold the
-            new version."""
-            nonlocal num_messages, num_bytes_sent
-            try:
-                message = plan.message_for(name)
-                try:
-                    await self.targets[name].ask("load_weights", message, timeout_s=timeout_s)
-                except Exception as exc:          # a patch refused (it missed the base?): the whole weights
-                    if not plan.is_patch(message):
-                        raise
-                    log.info("%s refused a weight patch (%s); sending the whole weights", name, exc)
-                    message = plan.full_message()
-                    await self.targets[name].ask("load_weights", message, timeout_s=timeout_s)
-            except Exception as exc:
-                self.sync_plan.forget(name)
-                errors[name] = exc
-                return
-            num_bytes_sent += plan.sent(name, message)
-            num_messages += 1
-            sync_s[name] = time.perf_counter() - start
-
-        async def push_far() -> None:
-            nonlocal num_messages
-            done = await self._push_sealed(far, weights, version, request.chunk_mb, timeout_s, errors)
-            for name, (num_sent, done_at) in done.items():
-                self.sync_plan.forget(name)      # other nodes get whole weights, not patches
-                num_messages += num_sent
-                sync_s[name] = done_at - start
-
-        async with anyio.create_task_group() as tg:
-            for name in names:
-                tg.start_soon(find, name)
-        async with anyio.create_task_group() as tg:
-            for name in names:
-                if name not in errors and name not in far:
-                    tg.start_soon(push_near, name)
-            if far:
-                tg.start_soon(push_far)
-        plan.finish()
-        if errors:
-            raise PostrainError(f"publish of version {version} failed for {len(errors)} of {len(names)} "
-                                "targets (the others hold it): " + "; ".join(
-                                    f"{name}: {type(exc).__name__}: {exc}" for name, exc in errors.items()))
-        num_bytes = sum(t.numel() * t.element_size() for t in weights.values())
-        num_bytes_sent += num_bytes * sum(1 for name in far if name not in errors)
-        self.last_publish = PublishReport(version=version, num_bytes=num_bytes, num_messages=num_messages,
-                                          num_bytes_sent=num_bytes_sent,
-                                          sync_s=sync_s, total_s=time.perf_counter() - start)
-        log.info("published weights v%d (%.1f MiB, %.1f MiB sent) to %s in %.3f s", version,
-                 num_bytes / 2**20, num_bytes_sent / 2**20,
-                 ", ".join(f"{k} {v:.3f} s" for k, v in sync_s.items()) or "no targets",
-                 self.last_publish.total_s)
-        return self.last_publish
-
-    async def _push_sealed(self, far: dict[str, tuple], weights: dict, version: int, chunk_mb: float | None,
-                           timeout_s: float, errors: dict[str, Exception]) -> dict[str, tuple[int, float]]:
-        """One sync to the targets on other nodes (`far`: name -> (reference, the address its
-        `weights_channel` named, asked every sync: one started again has a new one)); the
-        number of messages of each target that took it whole. The others go in `errors`. The
-        chunks go in order on each target's Curve connection, every one but the last as a tell,
-        so the link never idles waiting for a reply (a target handles them one at a time in
-        arrival order); their bytes are sealed once, piece by piece, in one worker thread and
-        the same sealed pieces go to every target's channel while ZeroMQ sends the last
-        (core/sealed.py). A target's last reply confirms its whole sync; a chunk refused or
-        lost leaves its last one refused: an error, never a part applied
-        (actors/weight_assembly.py). A target whose pieces fail is cut off (its confirmation
-        cancelled), one whose confirmation fails stops getting pieces; the others go on.
-        Cancelled: the sending thread stops within 0.1 s; the targets drop the sync."""
-        from postrain.core.sealed import SealedSender
-
-        if self.sealed is None:
-            self.sealed = SealedSender(self.node.keys.bulk_key)
-        sender = self.sealed
-        for name, (_, address) in far.items():
-            old = self.channel_addresses.get(name)
-            if old is not None and old != address:
-                sender.forget(old)            # the target started again: a new channel
-            self.channel_addresses[name] = address
-        messages, streams = sealed_sync(weights, version, chunk_mb, self.name, sender.piece_bytes, timeout_s)
-        abandon = {name: threading.Event() for name in far}
-        scopes = {name: anyio.CancelScope() for name in far}
-        done: dict[str, tuple[int, float]] = {}
-
-        def send_all() -> dict[str, Exception]:
-            names_of = {address: name for name, (_, address) in far.items()}
-            failed: dict[str, Exception] = {}
-            for stream, buffers in streams:
-                live = {address: abandon[name] for address, name in names_of.items() if name not in failed}
-                if not live:
-                    break
-                for address, exc in sender.send(stream, buffers, live, timeout_s).items():
-                    failed[names_of[address]] = exc
-            return failed
-
-        async def send_pieces() -> None:
-            for name, exc in (await anyio.to_thread.run_sync(send_all)).items():
-                errors.setdefault(name, exc)
-                scopes[name].cancel()
-
-        async def confirm(name: str, target) -> None:
-            with scopes[name]:
-                try:
-                    for message in messages[:-1]:
-                        await target.tell("load_weights", message, timeout_s=timeout_s)
-                    await target.ask("load_weights", messages[-1], timeout_s=timeout_s)
-                    done[name] = (len(messages), time.perf_counter())
-                except Exception as exc:
-                    errors.setdefault(name, exc)
-                    abandon[name].set()
-                except BaseException:         # cancelled: its pieces stop too
-                    abandon[name].set()
-                    raise
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(send_pieces)
-            for name, (target, _) in far.items():
-                tg.start_soon(confirm, name, target)
-        return {name: num for name, num in done.items() if name not in errors}
+        plan = await self._publish_plan(request)      # the whole weights, or patches (weights/sync_plan.py)
+        return await self.publisher.publish(plan, request)
 
     @handler("stats", request=None, reply=LearnerStats)
     async def stats(self, body: None) -> LearnerStats:
         """Step, version, size, last publish. Waits only for a group to form (cancel-safe)."""
         await self._ready(leader_only=False)
         return LearnerStats(step=self.learner.step, policy_version=self.learner.policy_version,
-                            num_params=sum(p.numel() for p in self.learner.params), last_publish=self.last_publish,
-                            num_pieces_sealed=self.sealed.num_pieces_sealed if self.sealed is not None else 0)
+                            num_params=sum(p.numel() for p in self.learner.params),
+                            last_publish=self.publisher.last_publish,
+                            num_pieces_sealed=self.publisher.num_pieces_sealed)

@@ -48,7 +48,7 @@ import torch
 
 from postrain.ext import rl_ops
 
-from ..device import resolve_device
+from ..models.device import resolve_device
 from ..models.loading import build_policy
 from ..records import SftBatch, TrainBatch
 from . import fsdp

@@ -9,7 +9,7 @@ Design note. The adapters live beside the model, not in it: each targeted nn.Lin
 forward hook that adds scale * B(A(x)) to its output (PEFT's formula, scale = alpha / rank),
 so the model's state dict keeps its Hugging Face names and holds the base weights: checkpoints
 store it unchanged plus `adapters.safetensors`, and a publish sends the merged weights
-(`merge_lora`, actors/weight_patch.py, the same function the generators run). Every base
+(`merge_lora`, actors/weights/patch.py, the same function the generators run). Every base
 parameter is frozen (requires_grad False): no gradients, no optimizer state; only the adapters
 are in `Learner.params`, so data parallel all-reduces only them. A starts kaiming-uniform and B
 at zero (PEFT's init), so the initial policy is the base; the init is seeded from the
@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..weight_patch import merge_lora
+from ..weights.patch import merge_lora
 from .batch import LearnerError
 
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

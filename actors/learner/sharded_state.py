@@ -15,7 +15,7 @@ shape and each shard's offsets, so a load at another rank count (2 -> 1, 2 -> 4)
 pieces each rank's shard needs: the weights and the AdamW moments come back identical. A
 learner not yet in a group (a resume before the group forms, or ranks = 1) loads whole
 tensors, and sharding then cuts them (Learner._shard). Atomicity as for every checkpoint
-(actors/atomic_write.py): rank 0 makes the hidden sibling folder and tells the other ranks
+(core/atomic_write.py): rank 0 makes the hidden sibling folder and tells the other ranks
 its path; all write their shards there; rank 0 swaps it into place once every rank is done
 (DCP's metadata, written last by rank 0, waits for them), so a kill mid-write leaves the
 previous checkpoint whole. The folder must be on a file system every rank sees.
@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..atomic_write import repair_interrupted_write, write_folder_atomically
+from postrain.core.atomic_write import repair_interrupted_write, write_folder_atomically
 from .batch import LearnerError
 from .checkpoint_io import SHARDED_FORMAT, CheckpointedLearner, is_sharded_checkpoint
 from .state import WholeCheckpointIO, extra_json

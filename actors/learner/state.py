@@ -11,7 +11,7 @@ A checkpoint is a folder:
                            Python's RNG state, the learner config, and `extra` (the orchestrator's
                            JSON-able state: ledger, data cursor, buffer)
 
-No pickle anywhere. Atomicity (actors/atomic_write.py): the folder is written as a hidden
+No pickle anywhere. Atomicity (core/atomic_write.py): the folder is written as a hidden
 sibling and swapped into place in one step, so a kill or a full disk mid-write leaves the
 previous checkpoint whole and loadable (a full disk raises DiskFullError naming the
 folder); loading first repairs what a killed writer left. Under data parallel only rank 0
@@ -31,7 +31,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from ..atomic_write import repair_interrupted_write, write_folder_atomically
+from postrain.core.atomic_write import repair_interrupted_write, write_folder_atomically
 from ..models.loading import load_state_dict_checked, save_checkpoint
 from .batch import LearnerError
 from .checkpoint_io import WHOLE_FORMAT, CheckpointedLearner

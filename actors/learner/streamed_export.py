@@ -5,7 +5,7 @@
 
 Both write the folder `transformers` and postrain load: config.json, the tokenizer, and the
 weights as safetensors (model.safetensors, or several files and model.safetensors.index.json
-above `max_shard_bytes`; safetensors_stream.py), atomically (actors/atomic_write.py).
+above `max_shard_bytes`; safetensors_stream.py), atomically (core/atomic_write.py).
 
 Design note. A unit is one decoder layer (`model.layers.<i>.*`, one FSDP unit) or the rest
 (embeddings, final norm, untied LM head). The layout (every tensor's name, dtype and global
@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..atomic_write import repair_interrupted_write, write_folder_atomically
+from postrain.core.atomic_write import repair_interrupted_write, write_folder_atomically
 from ..models import model_class
 from ..models.hf_config import config_to_hf
-from ..weight_patch import merge_lora
+from ..weights.patch import merge_lora
 from . import fsdp
 from .batch import LearnerError
 from .safetensors_stream import DTYPE_NAMES, Layout, StreamedSafetensors

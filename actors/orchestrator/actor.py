@@ -32,7 +32,7 @@ from postrain.core import Actor, Load, handler
 
 from ..env.actor import load_tokenizer
 from ..records import RunRequest, RunUpdate, StopRun
-from ..run_state import PromptSchedule, read_run_state
+from .run_state import PromptSchedule, read_run_state
 from ..tasks import get_task
 from .driver import RunDriver, RunStoppedError, open_run
 from .options import OrchestratorOptions

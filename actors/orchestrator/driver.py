@@ -20,7 +20,7 @@ Surviving crashes (design note). Any actor may be killed mid-run; the supervisor
 restarts it, and the run goes on without losing or doubling training: rollouts are
 retried (rollout_pool.py), the learner is restored from its checkpoint plus a replay of
 the steps since (recovery.py), and a checkpoint every `checkpoint_every` steps holds the
-learner, the ledger and the data cursor `num_trained` (actors/run_state.py). An actor gone
+learner, the ledger and the data cursor `num_trained` (actors/orchestrator/run_state.py). An actor gone
 for good (a cluster node lost with it and no room for it elsewhere) leaves the rotation
 (`drop_actors`), and its rollouts in flight are retried on those left.
 `postrain up --resume RUN_DIR` restores it and rolls the ledger and metrics files back to
@@ -37,7 +37,7 @@ inside it continues from the SFT checkpoint (evaluations done stay done). An eva
 whose episodes are lost to kills is redone whole (evaluation.py).
 
 A full disk (design note). Every file the run writes is whole or absent after a failed
-write: JSONL lines (postrain.core.jsonl), checkpoints (actors/atomic_write.py). A write
+write: JSONL lines (postrain.core.jsonl), checkpoints (core/atomic_write.py). A write
 refused for want of space, here or in the learner, stops the run with `RunStoppedError`:
 one line naming the file, the free space and `--resume`; the last checkpoint is intact,
 and the resume cuts the files back to it (`open_run`, which also cuts a half-written last
@@ -60,9 +60,9 @@ from postrain.core.metrics import MetricsWriter
 
 from ..env.tools import STOP_STRINGS
 from ..learner.recovery import LearnerKeeper
-from ..ledger import SampleLedger
+from .ledger import SampleLedger
 from ..records import CheckpointSaved, ExportedHf, ExportHf, RunState, RunUpdate
-from ..run_state import (check_same_data_order, check_same_sft_shape, cut_back, data_order, note_resume,
+from .run_state import (check_same_data_order, check_same_sft_shape, cut_back, data_order, note_resume,
                          repair_torn_lines)
 from .admission import Admission
 from .evaluation import Evaluator
@@ -255,7 +255,7 @@ class RunDriver:
     # -- checkpoints and resume ----------------------------------------------------------
 
     async def _checkpoint(self, phase: str, sft_step: int | None = None) -> CheckpointSaved:
-        """Learner + run state (actors/run_state.py) at the learner's current version; `sft_step`:
+        """Learner + run state (actors/orchestrator/run_state.py) at the learner's current version; `sft_step`:
         the SFT steps done (phase "sft" only). Cancelled: see LearnerKeeper.checkpoint (the
         previous checkpoint stays the one to resume)."""
         options = self.options

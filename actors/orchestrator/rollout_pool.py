@@ -11,7 +11,7 @@ weights make those). Before a retry, generators behind the last publish get the
 weights again (`LearnerKeeper.resync_generators`). While any rollout holds a slot the
 generators count as busy (`WorkSignal`: elastic cores follow the work).
 
-Every RL sample is in the ledger (postrain.actors.ledger), and this pool moves it:
+Every RL sample is in the ledger (postrain.actors.orchestrator.ledger), and this pool moves it:
 created on admission, generated and rewarded when its rollout returns, or dropped
 with the reason when the rollout fails for good. (Trained, and dropped for an
 incomplete group, are the train step's.) An episode of several segments (records/rollout.py)
@@ -26,10 +26,10 @@ import anyio
 from postrain.core.errors import PostrainError
 
 from ..learner.recovery import is_actor_death, short_reason
-from ..ledger import segment_id
+from .ledger import segment_id
 from ..records import Rollout, RolloutRequest, SamplingParams
-from ..run_state import batch_sample_id
-from ..timeline import note_hops
+from .run_state import batch_sample_id
+from ..env.timeline import note_hops
 from .admission import AdmittedBatch
 from .scored_sample import ScoredSample
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..env.api import Reward
-from ..ledger import segment_id
+from .ledger import segment_id
 from ..records import Rollout
 
 

@@ -5,7 +5,7 @@ template and marks exactly the assistant turns' tokens for the loss, so the mode
 to answer (and to call tools) in the format the environments parse.
 
 The warm start checkpoints like the RL loop: every `sft_checkpoint_every` steps and after
-its last step (run state phase "sft", actors/run_state.py), through the same keeper, so a
+its last step (run state phase "sft", actors/orchestrator/run_state.py), through the same keeper, so a
 learner killed mid-way is restored and only the steps since are replayed, and a resumed
 run continues from the step after the checkpoint. Step s always trains on demonstrations
 [s * sft_batch_size, (s + 1) * sft_batch_size) of the same seeded list.

@@ -58,7 +58,7 @@ class Rollout(Record):
     docstring: `earlier_segments`, `segments()`). Invariants: the four per-token lists have one
     length; num_policy_tokens == sum(loss_mask) (of these lists; `episode_policy_tokens`: of every
     segment); num_turns counts the episode's turns in all its segments. `timeline`: the episode's
-    hops (actors/timeline.py)."""
+    hops (actors/env/timeline.py)."""
 
     token_ids: list[int]
     loss_mask: list[int]

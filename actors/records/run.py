@@ -1,5 +1,5 @@
 """`run`, `stop`: the head drives a run on the orchestrator, and follows it (the `run` stream's
-items); `RunState`: the orchestrator's part of a checkpoint (actors/run_state.py)."""
+items); `RunState`: the orchestrator's part of a checkpoint (actors/orchestrator/run_state.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -48,7 +48,7 @@ class StopRun(Record):
 class RunState(Record):
     """The orchestrator's part of a learner checkpoint (its `extra`): what a resumed run continues
     from. Written between two train (or warm-start) steps; the fields are described in
-    actors/run_state.py. `sft_step` and `sft_shape` are absent from checkpoints written before
+    actors/orchestrator/run_state.py. `sft_step` and `sft_shape` are absent from checkpoints written before
     the warm start checkpointed (None: the warm start is done)."""
 
     phase: str

@@ -1,4 +1,4 @@
-"""The sandbox actor's messages (actors/sandbox_actor.py): executions, test runs, sessions, stats.
+"""The sandbox actor's messages (actors/sandbox/actor.py): executions, test runs, sessions, stats.
 
     env --ExecRequest--> sandbox (`exec`; `exec_stream` yields ExecStreamItem) --ExecReply--> env
     env --RunTestsRequest / RunIoCasesRequest--> sandbox --RunTestsReply / RunIoCasesReply--> env

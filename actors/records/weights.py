@@ -34,7 +34,7 @@ class SealedChunk(Record):
 
 @dataclass(frozen=True, slots=True)
 class WeightPatch(Record):
-    """A sync that is not the whole weights (actors/weight_patch.py): kind "lora" (the adapters,
+    """A sync that is not the whole weights (actors/weights/patch.py): kind "lora" (the adapters,
     scaled by lora_scale; with base_version None the base tensors too) or "delta" (the elements
     changed since base_version). digest: weights_digest of the whole weights after applying it;
     a receiver refuses a patch it cannot apply or whose result has another digest."""
@@ -118,7 +118,7 @@ class WeightsChannel(Record):
 @dataclass(frozen=True, slots=True)
 class WeightsDigest(Record):
     """The weight receiver's `digest` reply (no body): the version held and a sha256 of its weights
-    (actors/learner/publish.py, weights_digest)."""
+    (actors/weights/messages.py, weights_digest)."""
 
     version: int
     digest: str

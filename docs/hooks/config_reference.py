@@ -7,7 +7,7 @@ page follows the code and cannot drift from it:
 type, default, description):
 - the kernel's sections, `postrain.core.config`: `[run]` (RunSection), `[head]`
   (HeadSection), `[[actors]]` (ActorSpec), `[cluster]` (ClusterSection), and what `[shared]` means;
-- the head's own sections, `postrain.actors.run_config` (the config `postrain up` reads):
+- the head's own sections, `postrain.actors.configs.run_config` (the config `postrain up` reads):
   `[balancer]` (BalancerSection) and `[tracking]` (TrackingSection);
 - each role's options: the model `postrain.core.options.options_class` finds on the role's
   actor class (ROLES below), with every nested model it uses as a table of its own, and the
@@ -49,7 +49,7 @@ ROLES = [
     ("Generator", "postrain.actors.generator:GeneratorActor"),
     ("Learner", "postrain.actors.learner:LearnerActor"),
     ("Environment", "postrain.actors.env:EnvironmentActor"),
-    ("Sandbox", "postrain.actors.sandbox_actor:SandboxActor"),
+    ("Sandbox", "postrain.actors.sandbox:SandboxActor"),
     ("Orchestrator", "postrain.actors.orchestrator:OrchestratorActor"),
     ("Gateway", "postrain.actors.gateway:GatewayActor"),
 ]
@@ -82,7 +82,7 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
 # ---------------------------------------------------------------------------- the config page
 def render_config_reference() -> str:
     """The generated part of the config reference, as Markdown."""
-    from postrain.actors.run_config import BalancerSection, TrackingSection
+    from postrain.actors.configs.run_config import BalancerSection, TrackingSection
     from postrain.core.config import ActorSpec, ClusterSection, HeadSection, RunConfig, RunSection
 
     out: list[str] = []

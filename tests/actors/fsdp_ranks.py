@@ -117,10 +117,10 @@ def publish_rounds(learner, rank: int, world: int, out: Path, variant: str) -> N
     from safetensors.torch import load_file
 
     from postrain.actors.learner.group import shard_batch
-    from postrain.actors.learner.publish import weights_digest
-    from postrain.actors.learner.sync_plan import SyncPlanner, tensor_bytes
+    from postrain.actors.weights.messages import weights_digest
+    from postrain.actors.weights.sync_plan import SyncPlanner, tensor_bytes
     from postrain.actors.records import WeightSync
-    from postrain.actors.weight_patch import WeightPatcher
+    from postrain.actors.weights.patch import WeightPatcher
 
     planner, patcher = SyncPlanner("delta", learner.lora), WeightPatcher()
     held, held_version, rounds = {}, None, []

@@ -12,10 +12,10 @@ import textwrap
 
 import pytest
 
-from postrain.actors import atomic_write
-from postrain.actors.atomic_write import repair_interrupted_write, write_folder_atomically
+from postrain.core import atomic_write
+from postrain.core.atomic_write import repair_interrupted_write, write_folder_atomically
 from postrain.actors.learner.learner import Learner, LearnerConfig
-from postrain.actors.run_state import read_run_state
+from postrain.actors.orchestrator.run_state import read_run_state
 from postrain.core.errors import DiskFullError
 
 LEARNER = {"model": "tiny", "lr": 1e-3}

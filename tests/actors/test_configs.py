@@ -14,7 +14,7 @@ from postrain.actors.env import run_episode
 from postrain.actors.tasks import get_task
 from postrain.actors.tasks.code_problems import PROBLEMS
 from postrain import cli
-from postrain.actors.ledger import read_events
+from postrain.actors.orchestrator.ledger import read_events
 from postrain.core import ActorSpec, Supervisor
 from postrain.core.testing import async_test
 
@@ -75,7 +75,7 @@ async def test_the_code_environment_runs_its_tests_through_the_sandbox_actor():
     task = code.eval_tasks({})[0]
     problem = next(p for p in PROBLEMS if p["name"] == task["name"])
     async with Supervisor.open(heartbeat_interval_s=0.5) as sup:
-        ref = await sup.start(ActorSpec(name="sandbox", cls="postrain.actors.sandbox_actor:SandboxActor",
+        ref = await sup.start(ActorSpec(name="sandbox", cls="postrain.actors.sandbox:SandboxActor",
                                         cpus=0.2, memory_mb=0, options={"num_workers": 1}))
         sandbox = RemoteSandbox(ref)
         wrong = f"<python>\n{task['signature'].rstrip(':')}:\n    return None\n</python>"

@@ -11,7 +11,7 @@ import tomllib
 import pytest
 import torch
 
-from postrain.actors.device import DeviceError, resolve_device
+from postrain.actors.models.device import DeviceError, resolve_device
 from postrain.bench.device import gpu_run_config
 from postrain.cli.config import parse_up_config
 from postrain.core import ActorSpec, ActorStartError, Supervisor

@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from postrain.actors.env.api import Reward
-from postrain.actors.ledger import SampleLedger
+from postrain.actors.orchestrator.ledger import SampleLedger
 from postrain.actors.orchestrator.dynamic_sampling import BATCH_FULL, ZERO_VARIANCE, BatchRules
 from postrain.actors.orchestrator.options import OrchestratorOptions
 from postrain.actors.orchestrator.scored_sample import ScoredSample

@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 
-from postrain.actors.ledger import STATES, read_events
+from postrain.actors.orchestrator.ledger import STATES, read_events
 from postrain.core.metrics import read_metrics
 
 CONFIG = """
@@ -28,7 +28,7 @@ heartbeat_timeout_s = 120
 enabled = false
 [[actors]]
 name = "sandbox"
-cls = "postrain.actors.sandbox_actor:SandboxActor"
+cls = "postrain.actors.sandbox:SandboxActor"
 cpus = 0.2
 memory_mb = 0
 options = {{ mode = "warm", num_workers = 1 }}

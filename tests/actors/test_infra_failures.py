@@ -11,7 +11,7 @@ import trio
 
 from postrain.actors.env.api import Reward
 from postrain.actors.learner.learner import Learner, LearnerConfig
-from postrain.actors.ledger import SampleLedger, read_events
+from postrain.actors.orchestrator.ledger import SampleLedger, read_events
 from postrain.actors.orchestrator.rollout_pool import RolloutPool
 from postrain.actors.orchestrator.train_step import GROUP_INCOMPLETE, surviving_groups, train_batch
 from postrain.actors.records import Rollout

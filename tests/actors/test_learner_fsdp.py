@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from postrain.actors.learner.learner import Learner, LearnerConfig
-from postrain.actors.learner.publish import weights_digest
+from postrain.actors.weights.messages import weights_digest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fsdp_ranks import STEPS, batch, config  # noqa: E402

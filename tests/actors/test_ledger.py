@@ -3,7 +3,7 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from postrain.actors.ledger import LedgerError, SampleLedger, read_events
+from postrain.actors.orchestrator.ledger import LedgerError, SampleLedger, read_events
 
 
 def test_a_sample_moves_forward_and_the_ledger_balances(tmp_path):

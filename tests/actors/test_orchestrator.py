@@ -15,7 +15,7 @@ import pytest
 from postrain.actors.orchestrator import chat_to_tokens
 from postrain.actors.tasks.demonstrations import DemonstrationError
 from postrain.actors.models.tokenizer import byte_tokenizer
-from postrain.actors.ledger import STATES, read_events
+from postrain.actors.orchestrator.ledger import STATES, read_events
 from postrain.core.metrics import read_metrics
 
 FLAKY_TASK = '''
@@ -48,7 +48,7 @@ heartbeat_interval_s = 0.5
 heartbeat_timeout_s = 120
 [[actors]]
 name = "sandbox"
-cls = "postrain.actors.sandbox_actor:SandboxActor"
+cls = "postrain.actors.sandbox:SandboxActor"
 cpus = 0.2
 memory_mb = 0
 options = {{ mode = "warm", num_workers = 1 }}

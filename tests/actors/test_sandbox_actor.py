@@ -16,7 +16,7 @@ SMALL = {"wall_time_s": 2.0, "cpu_time_s": 2, "memory_mb": 192, "max_processes":
 
 def sandbox_spec(tmp_path, **options):
     options = {"num_workers": 2, "policy": SMALL, "audit_log": str(tmp_path / "audit.jsonl"), **options}
-    return ActorSpec(name="sandbox", cls="postrain.actors.sandbox_actor:SandboxActor", options=options,
+    return ActorSpec(name="sandbox", cls="postrain.actors.sandbox:SandboxActor", options=options,
                      cpus=0.5, memory_mb=0, start_timeout_s=60)
 
 
@@ -82,7 +82,7 @@ async def test_bad_requests_come_back_typed_and_the_actor_keeps_serving(tmp_path
 
 @async_test
 async def test_sessions_over_the_wire_with_cap_owner_check_and_audit(tmp_path):
-    from postrain.actors.sandbox_client import remote_session
+    from postrain.actors.sandbox.client import remote_session
     spec = sandbox_spec(tmp_path, num_workers=1, max_sessions_per_worker=1,
                         session_limits={"call_wall_time_s": 3.0, "memory_mb": 128})
     async with Supervisor.open() as sup:
@@ -140,7 +140,7 @@ async def test_the_reaper_closes_sessions_whose_episode_vanished(tmp_path):
 @pytest.mark.slow
 @async_test
 async def test_the_balancer_grows_the_pool_for_sessions_waiting_to_open(tmp_path):
-    from postrain.actors.sandbox_client import remote_session
+    from postrain.actors.sandbox.client import remote_session
     from postrain.cli.balancer import Balancer
     from postrain.cli.config import BalancerSection
     from postrain.core import Inventory, Scheduler

@@ -12,7 +12,7 @@ import trio
 from postrain.actors.env.agent import segments_rollout
 from postrain.actors.env.api import Reward
 from postrain.actors.gateway.episodes import Choice, EpisodeTokens
-from postrain.actors.ledger import SampleLedger, read_events, segment_id
+from postrain.actors.orchestrator.ledger import SampleLedger, read_events, segment_id
 from postrain.actors.learner.learner import Learner, LearnerConfig
 from postrain.actors.models.tokenizer import byte_tokenizer
 from postrain.actors.orchestrator.admission import AdmittedBatch

@@ -12,9 +12,9 @@ import trio
 
 from postrain.actors.env.actor import RemoteSandbox
 from postrain.actors.env import run_episode
-from postrain.actors.ledger import read_events
+from postrain.actors.orchestrator.ledger import read_events
 from postrain.actors.tasks.terminal import TerminalEnv, demonstration, eval_tasks
-from postrain.actors.timeline import Timeline
+from postrain.actors.env.timeline import Timeline
 from postrain.core import ActorSpec, Supervisor
 from postrain.core.testing import async_test
 
@@ -44,7 +44,7 @@ async def test_episodes_hold_one_session_of_the_sandbox_actor_and_a_killed_episo
     task = next(t for t in eval_tasks() if t["kind"] == "fix_unit_test")
     async with Supervisor.open(heartbeat_interval_s=0.5) as sup:
         sandbox = await sup.start(ActorSpec(
-            name="sandbox", cls="postrain.actors.sandbox_actor:SandboxActor", cpus=0.2, memory_mb=0,
+            name="sandbox", cls="postrain.actors.sandbox:SandboxActor", cpus=0.2, memory_mb=0,
             options={"num_workers": 1, "session_idle_timeout_s": 1.0}))
         # the reference solution through the actor's sessions: every command is a hop of the episode
         timeline = Timeline()

@@ -1,6 +1,6 @@
-"""What a trace shows of a sandbox call (actors/timeline.py)."""
+"""What a trace shows of a sandbox call (actors/env/timeline.py)."""
 from postrain.actors.records import ExecReply, RunTestsReply
-from postrain.actors.timeline import tool_status
+from postrain.actors.env.timeline import tool_status
 
 
 def test_a_run_tests_hop_counts_the_tests_that_passed_not_the_tests_run():

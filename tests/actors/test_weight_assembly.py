@@ -14,12 +14,12 @@ import pytest
 import torch
 import zmq
 
-from postrain.actors.learner.publish import sealed_sync, weight_chunks, weight_messages, weights_digest
-from postrain.actors.ledger import SampleLedger
+from postrain.actors.weights.messages import sealed_sync, weight_chunks, weight_messages, weights_digest
+from postrain.actors.orchestrator.ledger import SampleLedger
 from postrain.actors.orchestrator.train_step import TrainStep
 from postrain.actors.records import TrainBatch, WeightSync
 from postrain.actors.learner.recovery import LearnerKeeper
-from postrain.actors.weight_assembly import SyncAssembler
+from postrain.actors.weights.assembly import SyncAssembler
 from postrain.core import ActorSpec, CurveKeys, RemoteError, Supervisor
 from postrain.core.metrics import MetricsWriter, read_metrics
 from postrain.core.sealed import PIECE_BYTES, SealedSender, new_run_key, piece_plan
@@ -151,7 +151,7 @@ async def test_generators_here_and_on_another_host_hold_the_same_weights_and_dro
 
 
 
-RECEIVER = "postrain.actors.weight_receiver:WeightReceiverActor"
+RECEIVER = "postrain.actors.weights:WeightReceiverActor"
 
 
 @async_test

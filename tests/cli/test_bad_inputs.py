@@ -16,7 +16,7 @@ import tomllib
 import pytest
 
 from postrain import cli
-from postrain.actors.run_config import default_config_path
+from postrain.actors.configs.run_config import default_config_path
 from postrain.core.testing import counting_run_config, to_toml
 
 DEFAULT = tomllib.loads(default_config_path().read_text())

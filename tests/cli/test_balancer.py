@@ -129,7 +129,7 @@ async def test_a_sandbox_under_a_queue_of_slow_tool_calls_gets_more_workers_then
                              min_workers=1, max_workers=3, worker_cpus=0.1)
     scheduler = Scheduler(Inventory(cpu_ids=(0, 1), memory_mb=4096))
     async with Supervisor.open(scheduler=scheduler, heartbeat_interval_s=0.2) as sup:
-        ref = await sup.start(ActorSpec(name="sandbox", cls="postrain.actors.sandbox_actor:SandboxActor",
+        ref = await sup.start(ActorSpec(name="sandbox", cls="postrain.actors.sandbox:SandboxActor",
                                         cpus=0.2, memory_mb=512, options={"mode": "warm", "num_workers": 1}))
         balancer = Balancer(sup, config)
         results = []

@@ -155,7 +155,7 @@ def test_every_documented_postrain_command_parses(block):
 def merged_config(fragment: dict) -> dict:
     """The built-in run's config with `fragment` merged in: its [[actors]] replace the actors of
     their names (or join), its tables update the built-in's."""
-    from postrain.actors.run_config import default_config_path
+    from postrain.actors.configs.run_config import default_config_path
     base = tomllib.loads(default_config_path().read_text())
     for key, value in fragment.items():
         if key == "actors":
@@ -199,7 +199,7 @@ def complete_environment() -> str:
 
 @pytest.mark.parametrize("block", [b for b in BLOCKS if b[1] == "toml"], ids=block_id)
 def test_every_documented_config_block_is_a_valid_config(block, docs_modules, monkeypatch):
-    from postrain.actors.run_config import parse_up_config
+    from postrain.actors.configs.run_config import parse_up_config
     if (block[0], block[2]) in NOT_CHECKED:
         pytest.skip(NOT_CHECKED[(block[0], block[2])])
     monkeypatch.chdir(docs_modules)
@@ -214,7 +214,7 @@ def test_every_documented_config_block_is_a_valid_config(block, docs_modules, mo
 
 
 def test_the_config_check_catches_a_misspelt_key_or_option(docs_modules):
-    from postrain.actors.run_config import parse_up_config
+    from postrain.actors.configs.run_config import parse_up_config
     from postrain.core.errors import ConfigError
     with pytest.raises(ConfigError, match="heartbeat_intervall_s"):
         parse_up_config(merged_config(tomllib.loads("[head]\nheartbeat_intervall_s = 1.0\n")))
@@ -268,7 +268,7 @@ TINY = {"num_steps": 2, "prompts_per_step": 2, "samples_per_prompt": 2, "sft_ste
 
 
 def default_config() -> dict:
-    from postrain.actors.run_config import default_config_path
+    from postrain.actors.configs.run_config import default_config_path
     return tomllib.loads(default_config_path().read_text())
 
 

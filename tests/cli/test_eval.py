@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from postrain.actors.run_config import default_config_path
+from postrain.actors.configs.run_config import default_config_path
 from postrain.cli.eval import add_arguments, eval_plan
 from postrain.core.errors import PostrainError
 

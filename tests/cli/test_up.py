@@ -178,7 +178,7 @@ def test_up_into_a_folder_that_holds_a_run_refuses_naming_resume_and_overwrite(t
 def test_a_module_beside_the_config_is_importable_by_the_head_and_every_actor(tmp_path):
     """The config's folder is on the import path of the head and of the actors it spawns; the
     run records it (source.json) for --resume and `postrain eval RUN_FOLDER`."""
-    from postrain.actors.run_config import run_import_dir
+    from postrain.actors.configs.run_config import run_import_dir
 
     (tmp_path / "my_actors.py").write_text(
         "from postrain.core.testing import EchoActor\n\nclass MyEcho(EchoActor):\n    pass\n")

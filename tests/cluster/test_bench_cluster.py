@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from postrain.actors.ledger import SampleLedger
+from postrain.actors.orchestrator.ledger import SampleLedger
 from postrain.bench.cluster import LAYOUTS, default_run_doc, first_generated_time
 from postrain.bench.cluster_links import sealed_ratio_bound
 from postrain.cli.config import load_up_config

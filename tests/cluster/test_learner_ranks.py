@@ -21,7 +21,7 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from postrain.actors.learner.learner import Learner, LearnerConfig  # noqa: E402
-from postrain.actors.learner.publish import weight_chunks, weights_digest  # noqa: E402
+from postrain.actors.weights.messages import weight_chunks, weights_digest  # noqa: E402
 from postrain.actors.learner.group import interface_holding  # noqa: E402
 from postrain.cli.cluster_up import ClusterLaunch, meeting_point_on_node  # noqa: E402
 from postrain.core import ActorSpec, CurveKeys, Node  # noqa: E402
@@ -108,7 +108,7 @@ RUN = {"run": {"name": "ranks", "driver": "orchestrator"},
                   "task_options": {"include_instructions": False, "max_digits": 1}},
        "head": {"heartbeat_interval_s": 0.5, "heartbeat_timeout_s": 120},
        "actors": [
-           {"name": "sandbox", "cls": "postrain.actors.sandbox_actor:SandboxActor", "cpus": 0.2,
+           {"name": "sandbox", "cls": "postrain.actors.sandbox:SandboxActor", "cpus": 0.2,
             "memory_mb": 0, "options": {"mode": "warm", "num_workers": 1}},
            {"name": "generator", "cls": "postrain.actors.generator:GeneratorActor", "cpus": 0.5,
             "memory_mb": 0, "options": {"kv_cache_mb": 16}},
@@ -151,7 +151,7 @@ async def test_weights_reach_a_receiver_on_the_learners_node_through_shm_and_one
         nodes = cluster.nodes()
         agents = cluster.start_agents(nodes, keys=keys, run_tag="sealed1", log_dir=str(tmp_path / "logs"))
         try:
-            receiver = "postrain.actors.weight_receiver:WeightReceiverActor"
+            receiver = "postrain.actors.weights:WeightReceiverActor"
             specs = [("learner", "postrain.actors.learner:LearnerActor", {"model": "tiny"}, nodes[0]),
                      ("near", receiver, {}, nodes[0]), ("far", receiver, {}, nodes[1])]
             address = {}

@@ -24,7 +24,7 @@ ray = pytest.importorskip("ray")
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from postrain.actors.ledger import read_events  # noqa: E402
+from postrain.actors.orchestrator.ledger import read_events  # noqa: E402
 from postrain.core.metrics import read_metrics  # noqa: E402
 from postrain.core.testing import to_toml  # noqa: E402
 
@@ -74,7 +74,7 @@ def run_config(address: str, run_dir, head: str, second: str) -> dict:
         "actors": [
             {"name": "filler", "cls": "postrain.core.testing:EchoActor", "cpus": 1, "memory_mb": 0,
              "node": second},
-            {"name": "sandbox", "cls": "postrain.actors.sandbox_actor:SandboxActor", "cpus": 0.2,
+            {"name": "sandbox", "cls": "postrain.actors.sandbox:SandboxActor", "cpus": 0.2,
              "node": second, "options": {"mode": "warm", "num_workers": 1}, **common},
             {"name": "generator", "cls": "postrain.actors.generator:GeneratorActor", "cpus": 1,
              "options": {"kv_cache_mb": 16}, **spread, **common},

@@ -156,7 +156,7 @@ async def test_only_an_actor_that_hands_out_work_may_tell_the_head_who_works():
 def test_the_bulk_key_follows_the_class_unless_the_entry_says_otherwise():
     from postrain.core import parse_config, resolve_options
     run = parse_config({"actors": [
-        {"name": "learner", "cls": "postrain.actors.weight_receiver:WeightReceiverActor"},
+        {"name": "learner", "cls": "postrain.actors.weights:WeightReceiverActor"},
         {"name": "sandbox", "cls": ECHO},
         {"name": "told", "cls": ECHO, "bulk_key": True}]})
     resolve_options(run)

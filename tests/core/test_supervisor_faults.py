@@ -147,7 +147,7 @@ async def test_a_killed_sandbox_actor_takes_its_nsjail_workers_and_their_jails_w
     import psutil
     policy = {"wall_time_s": 60.0, "cpu_time_s": 60, "memory_mb": 192, "max_processes": 24,
               "work_dir_size_mb": 8, "max_output_bytes": 65536}
-    sandbox = spec("sandbox", cls="postrain.actors.sandbox_actor:SandboxActor", cpus=0.5,
+    sandbox = spec("sandbox", cls="postrain.actors.sandbox:SandboxActor", cpus=0.5,
                    options={"num_workers": 2, "policy": policy})
     async with Supervisor.open(heartbeat_interval_s=0.2) as sup:
         ref = await sup.start(sandbox)

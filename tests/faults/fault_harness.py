@@ -37,7 +37,7 @@ from pathlib import Path
 import anyio
 import psutil
 
-from postrain.actors.ledger import read_events
+from postrain.actors.orchestrator.ledger import read_events
 from postrain.cli.control import ask_head
 from postrain.cli.up import default_config_path
 from postrain.core.testing import to_toml

@@ -17,7 +17,7 @@ from postrain.actors.env.episode import run_episode
 from postrain.actors.env.token_policy import TokenPolicy
 from postrain.actors.records import GeneratedSample, GenerateReply, GenerateRequest, SamplingParams
 from postrain.actors.tasks import get_task
-from postrain.actors.timeline import Timeline
+from postrain.actors.env.timeline import Timeline
 from postrain.core.errors import ConfigError
 from postrain.core.options import validate_options
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from postrain.actors.learner.publish import weight_messages, weights_digest
+from postrain.actors.weights.messages import weight_messages, weights_digest
 from postrain.actors.records import (CheckpointLoaded, CheckpointSaved, LearnerStats, LoadCheckpoint, PublishReport,
                                      PublishRequest, SaveCheckpoint, TrainBatch, WeightSync)
 from postrain.core import ActorSpec, RemoteError, Supervisor
@@ -31,7 +31,7 @@ async def test_learner_actor_trains_checkpoints_and_publishes(tmp_path):
     async with Supervisor.open() as sup:
         learner = await sup.start(spec("learner", "postrain.actors.learner.actor:LearnerActor",
                                        {"model": TINY, "learner": {"lr": 1e-3, "micro_batch_size": 2}}))
-        receiver = await sup.start(spec("gen0", "postrain.actors.weight_receiver:WeightReceiverActor", {"model": TINY}))
+        receiver = await sup.start(spec("gen0", "postrain.actors.weights:WeightReceiverActor", {"model": TINY}))
         metrics = await learner.ask("train", rollouts(), timeout_s=120)
         assert metrics["policy_version"] == 1 and metrics["num_tokens"] == 32
         assert {"loss", "kl", "entropy", "grad_norm", "logprob_gap_mean", "clip_frac_low"} <= set(metrics)

@@ -1,4 +1,4 @@
-"""Delta weight syncs (`weight_sync = "delta"`, actors/learner/sync_plan.py, actors/weight_patch.py): after
+"""Delta weight syncs (`weight_sync = "delta"`, actors/weights/sync_plan.py, actors/weights/patch.py): after
 the first full sync only the changed elements travel, checked by a digest; a receiver that missed a
 version is sent the whole weights; a corrupted delta is refused and the weights held stay."""
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from postrain.actors.learner.publish import weights_digest
+from postrain.actors.weights.messages import weights_digest
 from postrain.actors.records import PublishReport, PublishRequest, TrainBatch, WeightPatch, WeightSync
-from postrain.actors.weight_patch import PatchRefused, WeightPatcher, apply_delta, encode_delta
+from postrain.actors.weights.patch import PatchRefused, WeightPatcher, apply_delta, encode_delta
 from postrain.core import ActorSpec, RemoteError, Supervisor
 from postrain.core.testing import async_test
 
@@ -82,7 +82,7 @@ async def test_delta_syncs_keep_receivers_bit_exact_and_one_that_missed_a_versio
         receivers = {   # gen0, a real generator, takes deltas; gen1, the reference receiver, misses one
             "gen0": await sup.start(spec("gen0", "postrain.actors.generator:GeneratorActor",
                                          {"model": "tiny", "kv_cache_mb": 4})),
-            "gen1": await sup.start(spec("gen1", "postrain.actors.weight_receiver:WeightReceiverActor",
+            "gen1": await sup.start(spec("gen1", "postrain.actors.weights:WeightReceiverActor",
                                          {"model": "tiny"}))}
 
         async def publish(*targets) -> PublishReport:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from postrain.actors.ledger import read_events
+from postrain.actors.orchestrator.ledger import read_events
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_group import RUN  # noqa: E402  (the DDP run of test_group.py: two learner ranks, 4 RL steps)

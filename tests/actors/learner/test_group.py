@@ -112,7 +112,7 @@ heartbeat_interval_s = 0.5
 heartbeat_timeout_s = 120
 [[actors]]
 name = "sandbox"
-cls = "postrain.actors.sandbox_actor:SandboxActor"
+cls = "postrain.actors.sandbox:SandboxActor"
 cpus = 0.2
 memory_mb = 0
 options = {{ mode = "warm", num_workers = 1 }}

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from postrain.actors.learner import Learner, LearnerConfig, LearnerError
-from postrain.actors.learner.publish import weights_digest
+from postrain.actors.weights.messages import weights_digest
 from postrain.actors.models.loading import save_checkpoint
 from postrain.actors.records import PublishReport, PublishRequest, TrainBatch, WeightPatch, WeightSync
 from postrain.core import ActorSpec, RemoteError, Supervisor
@@ -148,7 +148,7 @@ async def test_generators_get_only_the_adapters_after_the_first_sync_and_hold_th
         assert later.version == 2 and later.num_bytes_sent < 0.2 * later.num_bytes   # the adapters alone
 
         # a receiver that never had the base refuses adapters (its digest check can't pass): sent whole
-        other = await sup.start(spec("rx1", "postrain.actors.weight_receiver:WeightReceiverActor", {"model": "tiny"}))
+        other = await sup.start(spec("rx1", "postrain.actors.weights:WeightReceiverActor", {"model": "tiny"}))
         name = "model.layers.0.self_attn.q_proj.weight"
         adapters = WeightSync(2, {f"{name}.lora_A": torch.zeros(4, 192), f"{name}.lora_B": torch.zeros(192, 4)},
                               patch=WeightPatch("lora", "0" * 64, base_version=1, lora_scale=2.0))
@@ -203,8 +203,8 @@ def test_adapter_syncs_in_bfloat16_rebuild_the_learners_merged_weights():
     """In-process: a planner publishing bfloat16 (`publish_dtype`) and a receiver holding float32
     weights: after the first sync (base + adapters) and an adapter sync, the receiver's weights in
     bfloat16 are the learner's published ones bit for bit."""
-    from postrain.actors.learner.sync_plan import SyncPlanner
-    from postrain.actors.weight_patch import WeightPatcher
+    from postrain.actors.weights.sync_plan import SyncPlanner
+    from postrain.actors.weights.patch import WeightPatcher
 
     learner = lora_learner()
     planner, patcher = SyncPlanner("auto", learner.lora, dtype="bfloat16"), WeightPatcher()

@@ -23,13 +23,13 @@ import pytest
 
 from postrain.actors.learner.learner import Learner, LearnerConfig
 from postrain.actors.learner.recovery import is_actor_death
-from postrain.actors.run_state import (PromptSchedule, ResumeError, batch_sample_id, check_same_data_order,
+from postrain.actors.orchestrator.run_state import (PromptSchedule, ResumeError, batch_sample_id, check_same_data_order,
                                        cut_back, data_order, read_run_state)
 from postrain.actors.records import RUN_STATE_FORMAT, RunRequest, RunState, RunUpdate
 from postrain.actors.tasks import get_task
 from postrain.core import ActorSpec, Supervisor
 from postrain.core.errors import ActorDiedError, RemoteError
-from postrain.actors.ledger import read_events
+from postrain.actors.orchestrator.ledger import read_events
 from postrain.core.testing import async_test, to_toml
 
 TASK_OPTIONS = {"include_instructions": False, "max_digits": 1}
@@ -46,7 +46,7 @@ def orchestrator_options(**overrides) -> dict:
 def specs(orchestrator: dict) -> list[ActorSpec]:
     common = {"memory_mb": 0, "max_restarts": 10, "restart_backoff_s": 0.05}
     return [
-        ActorSpec(name="sandbox", cls="postrain.actors.sandbox_actor:SandboxActor", cpus=0.2,
+        ActorSpec(name="sandbox", cls="postrain.actors.sandbox:SandboxActor", cpus=0.2,
                   options={"mode": "warm", "num_workers": 1}, **common),
         ActorSpec(name="generator", cls="postrain.actors.generator:GeneratorActor", cpus=0.5,
                   options={"model": "tiny", "kv_cache_mb": 16}, **common),

@@ -27,7 +27,7 @@ def run_config(run_dir: Path, model: Path) -> dict:
         "head": {"heartbeat_interval_s": 0.5, "heartbeat_timeout_s": 120},
         "balancer": {"enabled": False},
         "actors": [
-            {"name": "sandbox", "cls": "postrain.actors.sandbox_actor:SandboxActor", **actor, "cpus": 0.2,
+            {"name": "sandbox", "cls": "postrain.actors.sandbox:SandboxActor", **actor, "cpus": 0.2,
              "options": {"mode": "warm", "num_workers": 1}},
             {"name": "generator", "cls": "postrain.actors.generator:GeneratorActor", **actor,
              "options": {"kv_cache_mb": 16}},

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
-from .records import ExecReply, RunTestsReply
+from ..records import ExecReply, RunTestsReply
 
 
 class Timeline:

@@ -4,7 +4,7 @@
     async with remote_session(sandbox_ref, files={"data/n.txt": b"20\\n"}) as s:
         result = await s.run("cat data/n.txt")            # an ExecResult
 
-Every request is a record of actors/records/sandbox.py; the actor is actors/sandbox_actor.py.
+Every request is a record of actors/records/sandbox.py; the actor is actors/sandbox/actor.py.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import anyio
 from postrain.core.errors import PostrainError
 from postrain.sandbox import ExecResult
 
-from .records import (ExecReply, SessionCloseRequest, SessionClosed, SessionExecRequest, SessionFileData,
+from ..records import (ExecReply, SessionCloseRequest, SessionClosed, SessionExecRequest, SessionFileData,
                       SessionFileWritten, SessionOpened, SessionOpenRequest, SessionReadFileRequest,
                       SessionSnapshotRequest, SessionWriteFileRequest)
 

@@ -3,7 +3,7 @@
     messages = weight_messages(weights, version=3, chunk_mb=64)   # WeightSync bodies, in order
     digest = weights_digest(weights)                               # what a receiver checks
 
-The receiving side is actors/weight_assembly.py; the contract is in actors/learner/actor.py.
+The receiving side is actors/weights/assembly.py; the contract is in actors/learner/actor.py.
 """
 from __future__ import annotations
 

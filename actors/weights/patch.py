@@ -30,8 +30,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .learner.publish import weights_digest
-from .records import WeightSync
+from .messages import weights_digest
+from ..records import WeightSync
 
 LORA_SUFFIXES = (".lora_A", ".lora_B")
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import anyio
 
-from .records import WeightSync
+from ..records import WeightSync
 
 _ALIGN_BYTES = 64       # each tensor's offset in a chunk's buffer
 

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from postrain.core.config import RunConfig, load_config, parse_config
 from postrain.core.run_options import resolve_options
 
-DEFAULT_CONFIG = ("postrain.actors", "configs/default.toml")  # package, resource: the built-in run
+DEFAULT_CONFIG = ("postrain.actors.configs", "default.toml")  # package, resource: the built-in run
 
 
 def default_config_path() -> Path:

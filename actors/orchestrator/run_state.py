@@ -43,8 +43,8 @@ from pathlib import Path
 from postrain.core.errors import PostrainError
 from postrain.core.jsonl import repair_torn_tail
 
-from .atomic_write import repair_interrupted_write
-from .records import RUN_STATE_FORMAT, RecordError, RunState
+from postrain.core.atomic_write import repair_interrupted_write
+from ..records import RUN_STATE_FORMAT, RecordError, RunState
 
 DATA_ORDER_KEYS = ("task", "seed", "prompts_per_step", "samples_per_prompt", "task_options")
 RESUMES_FILE = "resumes.jsonl"   # one line per `postrain up --resume`: when, from which batch

@@ -28,7 +28,7 @@ Handlers (every body and reply a record of actors/records/sandbox.py; bytes trav
                         cpu_ids the actor first re-pins itself to the cores the scheduler now
                         reserves for it, so new workers run there
 
-The client side of sessions (`remote_session`) is actors/sandbox_client.py.
+The client side of sessions (`remote_session`) is actors/sandbox/client.py.
 
 A session belongs to the actor that opened it (others get UnknownSession, as does an id that
 was closed or reaped). The reaper closes a session with no call for `session_idle_timeout_s`
@@ -63,7 +63,7 @@ from postrain.core.errors import PostrainError
 from postrain.sandbox import (ExecResult, Policy, PolicyError, Sandbox, Session, SessionLimits, run_io_cases,
                               run_tests)
 
-from .records import (ExecReply, ExecRequest, ExecStreamItem, RunIoCasesReply, RunIoCasesRequest,
+from ..records import (ExecReply, ExecRequest, ExecStreamItem, RunIoCasesReply, RunIoCasesRequest,
                       RunTestsReply, RunTestsRequest, SandboxStats, SessionCloseRequest, SessionClosed,
                       SessionExecRequest, SessionFileData, SessionFileWritten, SessionOpened, SessionOpenRequest,
                       SessionReadFileRequest, SessionSnapshotRequest, SessionWriteFileRequest)

@@ -13,7 +13,7 @@ nothing of ours). Modes (`weight_sync`): "full" sends the whole weights every ti
 sends them whole to a target the learner has not synced (or that missed a version), and
 after that only what changed: with LoRA the adapters (the first sync is the frozen base plus
 the adapters, and the target merges), otherwise the elements that changed since the last
-publish (actors/weight_patch.py). "auto" is "delta" under LoRA, else "full" (a delta keeps
+publish (actors/weights/patch.py). "auto" is "delta" under LoRA, else "full" (a delta keeps
 one copy of the published weights on the learner). Every patch carries the digest of the
 weights it must produce; a receiver that cannot produce them refuses it, and the caller sends
 `full_message()` instead, so no generator runs on weights that differ from the learner's.
@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 
 from ..records import WeightPatch, WeightSync
-from ..weight_patch import encode_delta
-from .publish import weights_digest
+from .patch import encode_delta
+from .messages import weights_digest
 
 WEIGHT_SYNC_MODES = ("auto", "full", "delta")
 
