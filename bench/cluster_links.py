@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import zmq
 
+from postrain.actors.records import GET_WEIGHTS, LOAD_WEIGHTS, PUBLISH, PublishRequest
 from postrain.bench.messaging import actor_oneway_rate, actor_round_trips
 
 SEALED_SYNC_ID = bytes(16)              # the bare sealed channel's streams differ by version (the repeat)
@@ -225,17 +226,17 @@ async def _curve_chunks_gb_per_s(receiver, weights: dict, version: int) -> float
     num_bytes = sum(t.numel() * t.element_size() for t in weights.values())
     start = time.perf_counter()
     for message in messages[:-1]:
-        await receiver.tell("load_weights", message, timeout_s=600)
-    await receiver.ask("load_weights", messages[-1], timeout_s=600)
+        await receiver.send(LOAD_WEIGHTS, message, timeout_s=600)
+    await receiver.call(LOAD_WEIGHTS, messages[-1], timeout_s=600)
     return num_bytes / (time.perf_counter() - start) / 1e9
 
 
 async def _sync_gb_per_s(learner, chunk_mb: float | None) -> float:
     """One publish to the receiver: GB/s of the sync as the learner timed it (first chunk sent to
     last chunk applied). Cancelled: the receiver may hold part of a sync; the next drops it."""
-    reply = await learner.ask("publish", {"targets": ["receiver"], "chunk_mb": chunk_mb, "timeout_s": 600},
-                              timeout_s=900)
-    return reply["num_bytes"] / reply["sync_s"]["receiver"] / 1e9
+    reply = await learner.call(PUBLISH, PublishRequest(targets=["receiver"], chunk_mb=chunk_mb, timeout_s=600),
+                               timeout_s=900)
+    return reply.num_bytes / reply.sync_s["receiver"] / 1e9
 
 
 def _link_specs(nodes, model) -> list[tuple]:
@@ -297,8 +298,8 @@ async def _measure_links(keys, addresses: dict, raw_links: dict, sizes: dict):
     async with Node("bench", keys) as node:
         echo, learner = (node.ref(addresses[name], name, server_key=server_key_of(keys, name))
                          for name in ("echo", "learner"))
-        got = await learner.ask("get_weights", timeout_s=600)
-        weights, version = got["weights"], got["version"]
+        got = await learner.call(GET_WEIGHTS, timeout_s=600)
+        weights, version = got.weights, got.version
         tensors = [t.contiguous() for t in weights.values()]
         receiver = node.ref(addresses["receiver"], "receiver", server_key=server_key_of(keys, "receiver"))
         raw, raw_curve = RawClient(raw_links["plain"]), RawClient(raw_links["curve"], keys)

@@ -98,7 +98,7 @@ def arm_specs(config, checkpoint: str, max_staleness: int, num_steps: int, num_e
 async def run_arm(config, specs: list, folder: Path) -> dict:
     """Start the actors, follow the driver's `run` stream to its summary, stop them. Cancelled:
     leaving the supervisor stops every actor (shielded); the arm's folder keeps what was written."""
-    from postrain.actors.records import RunRequest, RunUpdate
+    from postrain.actors.records import RUN, RunRequest
     from postrain.core import Supervisor
 
     (folder / "logs").mkdir(parents=True, exist_ok=True)
@@ -109,8 +109,8 @@ async def run_arm(config, specs: list, folder: Path) -> dict:
             await supervisor.start(spec)
         summary = None
         request = RunRequest(run_folder=str(folder))
-        async for item in supervisor.ref(config.run.driver).stream("run", request.to_wire(), timeout_s=3600):
-            summary = RunUpdate.from_wire(item).summary or summary
+        async for update in supervisor.ref(config.run.driver).call_stream(RUN, request, timeout_s=3600):
+            summary = update.summary or summary
     if summary is None:
         raise RuntimeError(f"the {config.run.driver} ended without a summary; see {folder / 'logs'}")
     return summary

@@ -27,10 +27,10 @@ import time
 
 import anyio
 
-from postrain.actors.gateway.records import GatewayAddress
 from postrain.actors.gateway.templates import render
 from postrain.actors.models.loading import packaged_model_path
-from postrain.actors.records import GenerateRequest, SamplingParams
+from postrain.actors.records import (CLOSE_EPISODE, GATEWAY_ADDRESS, GENERATE, OPEN_EPISODE, CloseEpisode,
+                                     GenerateRequest, OpenEpisode, SamplingParams)
 from postrain.core import ActorSpec, Supervisor
 
 NUM_CONCURRENT = 32
@@ -53,7 +53,7 @@ async def _serving(model: str, kv_cache_mb: float, body):
         for spec in _specs(model, kv_cache_mb):
             ref = await supervisor.start(spec)
             generator, gateway = (ref, gateway) if spec.name == "generator" else (generator, ref)
-        address = GatewayAddress.from_wire(await gateway.ask("address"))
+        address = await gateway.call(GATEWAY_ADDRESS)
         return await body(address, generator, gateway)
 
 
@@ -111,12 +111,12 @@ async def _speed(address, generator, quick: bool) -> dict:
     async with anyio.create_task_group() as group:   # every client connected, as the direct path is
         for client in clients[1:]:
             group.start_soon(client.post, "/v1/chat/completions", chat)
-    direct = GenerateRequest(prompt_ids=ids, sampling=SamplingParams(max_new_tokens=4, temperature=0)).to_wire()
-    await generator.ask("generate", direct, timeout_s=120)
+    direct = GenerateRequest(prompt_ids=ids, sampling=SamplingParams(max_new_tokens=4, temperature=0))
+    await generator.call(GENERATE, direct, timeout_s=120)
     ours, theirs = [], []
     for _ in range(repeats):
         began = time.perf_counter()
-        await generator.ask("generate", direct, timeout_s=120)
+        await generator.call(GENERATE, direct, timeout_s=120)
         theirs.append((time.perf_counter() - began) * 1000)
         began = time.perf_counter()
         await http.post("/v1/chat/completions", chat)
@@ -126,7 +126,7 @@ async def _speed(address, generator, quick: bool) -> dict:
     for repeat in range(2 if quick else 5):
         async def direct_one(i):
             request = GenerateRequest(prompt_ids=ids, sampling=SamplingParams(max_new_tokens=16, seed=i))
-            await generator.ask("generate", request.to_wire(), timeout_s=300)
+            await generator.call(GENERATE, request, timeout_s=300)
 
         async def ours_one(i):
             await clients[i].post("/v1/chat/completions", {**many, "seed": i})
@@ -193,16 +193,16 @@ async def _retokenization(address, gateway, tokenizer, num_episodes: int) -> dic
 
     async def episode(i, task):
         key = f"bench-{i}"
-        await gateway.ask("open_episode", {"key": key})
+        await gateway.call(OPEN_EPISODE, OpenEpisode(key=key))
         http = _Client(address.url)
         try:
             messages = await _harness(http, address.model, key, task["question"])
         finally:
             await http.aclose()
-        closed = await gateway.ask("close_episode", {"key": key})
-        totals["calls"] += closed["num_calls"]
-        totals["segments"] += len(closed["segments"])
-        ours = closed["segments"][-1]
+        closed = await gateway.call(CLOSE_EPISODE, CloseEpisode(key=key))
+        totals["calls"] += closed.num_calls
+        totals["segments"] += len(closed.segments)
+        ours = closed.segments[-1]
         retok = tokenizer.encode(render(tokenizer, messages, TOOLS, add_generation_prompt=False))
         totals["differ"] += retok[:len(ours["token_ids"])] != ours["token_ids"]
         kept = set()   # positions of ours that the re-tokenized sequence holds in the same order

@@ -54,7 +54,7 @@ from pathlib import Path
 import torch
 
 from postrain.actors.models.loading import packaged_model_path
-from postrain.actors.records import PublishReport, PublishRequest, TrainBatch
+from postrain.actors.records import PUBLISH, PublishRequest, TrainBatch
 from postrain.bench.fsdp import fsdp_learner_rows
 from postrain.bench.moe import moe_learner_rows
 from postrain.bench.scaling import scaling_learner_rows
@@ -205,8 +205,7 @@ async def _publish_times(model, repeats: int) -> list[float]:
                              {"model": model}))
         times = []
         for _ in range(repeats + 1):
-            reply = PublishReport.from_wire(
-                await learner.ask("publish", PublishRequest(targets=["gen0"]).to_wire(), timeout_s=300))
+            reply = await learner.call(PUBLISH, PublishRequest(targets=["gen0"]), timeout_s=300)
             times.append(reply.sync_s["gen0"])
         return times[1:]
 

@@ -65,7 +65,7 @@ def sync_ratios(model, batch) -> dict[str, float]:
     planner = SyncPlanner("delta", lora.lora)
     planner.held["gen0"] = 0
     plan = planner.prepare(lora.base_weights(), lora.policy_version)
-    out = {"lora_sync_bytes_ratio": tensor_bytes(plan.message_for("gen0")["weights"]) / tensor_bytes(plan.weights)}
+    out = {"lora_sync_bytes_ratio": tensor_bytes(plan.message_for("gen0").weights) / tensor_bytes(plan.weights)}
     del lora, planner, plan
     full = Learner(LearnerConfig(model=model, micro_batch_size=8))            # lr: the default
     batch = on_policy(full, batch)
@@ -75,7 +75,7 @@ def sync_ratios(model, batch) -> dict[str, float]:
     planner.held["gen0"] = 0
     full.train_step(batch)
     plan = planner.prepare(full.base_weights(), full.policy_version)
-    delta_bytes = tensor_bytes(plan.message_for("gen0")["weights"])
+    delta_bytes = tensor_bytes(plan.message_for("gen0").weights)
     numel = sum(t.numel() for t in plan.weights.values())
     after = full.state_dict()
     moved = sum(int((before[k] != after[k]).sum()) for k in after)

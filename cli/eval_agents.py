@@ -25,6 +25,7 @@ async def evaluate_agent(model_spec: str, task, task_options, tasks: list[dict])
     from postrain.actors.env import score_episodes
     from postrain.actors.env.agent import agent_rollout
     from postrain.actors.env.timeline import Timeline
+    from postrain.actors.records import GATEWAY_ADDRESS
     from postrain.core import Supervisor
 
     from .serve import specs
@@ -35,7 +36,7 @@ async def evaluate_agent(model_spec: str, task, task_options, tasks: list[dict])
     async with Supervisor.open() as supervisor:
         for spec in specs(args):
             gateway = await supervisor.start(spec)
-        address = await gateway.ask("address")
+        address = await gateway.call(GATEWAY_ADDRESS)
 
         async def play(env, item):
             nonlocal num_calls

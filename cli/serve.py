@@ -51,13 +51,13 @@ async def serve(args, ready=None, until=None) -> None:
     ref once serving (tests, benches)."""
     import anyio
 
-    from postrain.actors.gateway import GatewayAddress
+    from postrain.actors.records import GATEWAY_ADDRESS
     from postrain.core import Supervisor
 
     async with Supervisor.open() as supervisor:
         for spec in specs(args):
             ref = await supervisor.start(spec)
-        address = GatewayAddress.from_wire(await ref.ask("address"))
+        address = await ref.call(GATEWAY_ADDRESS)
         print(f"serving {address.model} at {address.base_url}", flush=True)
         if ready is not None:
             ready(address, ref)

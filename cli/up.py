@@ -59,7 +59,7 @@ from pathlib import Path
 import anyio
 
 from postrain.actors.configs.run_config import default_config_path, run_import_dir, write_run_source
-from postrain.actors.records import RunRequest, RunUpdate
+from postrain.actors.records import RUN, STOP_RUN, RunRequest
 from postrain.core.errors import ActorError, ActorStartError, ConfigError, PostrainError
 from postrain.core.scheduler import Scheduler
 from postrain.core.supervisor import Supervisor, run_tag_for
@@ -455,15 +455,14 @@ async def _follow_driver(supervisor: Supervisor, driver: str, folder: Path, moni
             """On `postrain down`, tell the driver to stop. Cancelled: the driver is not told."""
             await supervisor.shutdown_requested.wait()
             try:
-                await ref.tell("stop")
+                await ref.send(STOP_RUN)
             except ActorError as exc:  # a dead driver ends the stream, which says why
                 print(f"could not tell the driver to stop: {exc}", flush=True)
         tg.start_soon(stop_driver_on_shutdown)
         try:
             with monitor.view:
                 request = RunRequest(run_folder=str(folder), resume=resume)
-                async for item in ref.stream("run", request.to_wire(), timeout_s=3600):
-                    update = RunUpdate.from_wire(item)
+                async for update in ref.call_stream(RUN, request, timeout_s=3600):
                     if update.line is not None:
                         monitor.line(update.line)
                     if update.figures is not None:

@@ -19,6 +19,8 @@ _EXPORTS = {
     "inbox": ("Reply",),
     "lifecycle": ("ActorEvent",),
     "load": ("RESIZE", "Load", "ResizeReply", "ResizeRequest"),
+    "messages": ("MessageKind",),
+    "record": ("Record", "RecordError"),
     "node": ("Node",),
     "options": ("NoOptions", "Options", "validate_options"),
     "run_options": ("resolve_options",),

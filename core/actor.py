@@ -55,31 +55,39 @@ from .inbox import Handler, Inbox
 from .load import Load
 from .node import Node
 from .options import NoOptions, Options
-from .typed import UNTYPED, check_codec, typed
+from .messages import UNTYPED, MessageKind, check_codec
+from .typed import typed
 
 log = logging.getLogger("postrain.core")
 
 CORES = "_cores"  # the head re-pins an actor (elastic cores): {"cpu_ids", "num_threads"}
 
 
-def handler(kind: str | None = None, *, stream: bool = False, concurrent: bool = False,
+def handler(kind: MessageKind | str | None = None, *, concurrent: bool = False, stream: bool | None = None,
             request=UNTYPED, reply=UNTYPED):
-    """Declare an actor method as the handler of message `kind` (default: the method's name).
-    `request` / `reply`: the records its body is decoded into and its reply encoded from
-    (core/typed.py; None: no body / no reply); left out, body and reply pass untyped."""
+    """Declare an actor method as the handler of message `kind`: a MessageKind (core/messages.py,
+    which names the message, its request and reply records and whether it streams), or the
+    kernel's own name for an untyped control message. `concurrent`: handled while others run."""
+    if isinstance(kind, MessageKind):
+        if request is not UNTYPED or reply is not UNTYPED or stream is not None:
+            raise TypeError(f"handler({kind.name!r}): the MessageKind declares request, reply and stream")
+        name, request, reply, stream = kind.name, kind.request, kind.reply, kind.stream
+    else:
+        name, stream = kind, bool(stream)
+
     def mark(fn):
         if not inspect.iscoroutinefunction(fn) and not inspect.isasyncgenfunction(fn):
             raise TypeError(f"handler {fn.__name__} must be `async def`")
         if stream != inspect.isasyncgenfunction(fn):
             raise TypeError(f"handler {fn.__name__}: stream=True needs an async generator "
                             "(`yield` items), and an async generator needs stream=True")
-        name = kind or fn.__name__
-        if name.startswith("_"):
-            raise ValueError(f"handler kind {name!r} may not start with '_' (reserved)")
-        check_codec(name, "request", request)
-        check_codec(name, "reply", reply)
-        fn = typed(fn, name, request, reply, stream)
-        fn._postrain_handler = (name, stream, concurrent)
+        kind_name = name or fn.__name__
+        if kind_name.startswith("_"):
+            raise ValueError(f"handler kind {kind_name!r} may not start with '_' (reserved)")
+        check_codec(kind_name, "request", request)
+        check_codec(kind_name, "reply", reply)
+        fn = typed(fn, kind_name, request, reply, stream)
+        fn._postrain_handler = (kind_name, stream, concurrent)
         fn._postrain_types = (request, reply)
         return fn
     return mark

@@ -1,7 +1,8 @@
 """References to other actors: `ActorRef` talks to one actor over its own DEALER socket.
 
-`ask` (request/reply with a correlation id and a timeout), `tell` (one-way), `stream` (a
-stream of replies). A reference belongs to its process's `Node` (core/node.py), which makes it
+`call`, `send` and `call_stream` take a declared message (core/messages.py) and a record, and
+return records; under them, `ask` (request/reply with a correlation id and a timeout), `tell`
+(one-way), `stream` (a stream of replies) move raw bodies by name. A reference belongs to its process's `Node` (core/node.py), which makes it
 (`Node.ref`), reaps its deadlines and closes it; the serving side is `postrain.core.inbox`.
 
 Failure rule: every pending request ends in a reply, a `RemoteError`, an
@@ -31,6 +32,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from . import wire
 from .errors import ActorDiedError, ActorTimeoutError, AuthenticationError, RemoteError
+from .messages import MessageKind, ReplyT
 from .transport import HWM_MESSAGES, AsyncSocket, configure_client, is_beyond_loopback, uses_curve
 
 log = logging.getLogger("postrain.core")
@@ -117,6 +119,28 @@ class ActorRef:
         return f"ActorRef({self.name!r}, {self.address!r})"
 
     # -- public API ---------------------------------------------------------
+
+    async def call(self, kind: MessageKind[Any, ReplyT], request: Any = None, *, timeout_s: float = 30.0,
+                   policy_version: int | None = None) -> ReplyT:
+        """Send `request` (a record of kind.request, or None) and return the reply's record
+        (core/messages.py). Raises as `ask`; TypeError for a request of the wrong record.
+        Cancelled: the request may still run remotely."""
+        body = await self.ask(kind.name, kind.encode_request(request), timeout_s=timeout_s,
+                              policy_version=policy_version)
+        return kind.decode_reply(body)
+
+    async def send(self, kind: MessageKind, request: Any = None, *, timeout_s: float = 30.0,
+                   policy_version: int | None = None) -> None:
+        """`tell` of a declared message: one-way, no reply. Cancelled: as `tell`."""
+        await self.tell(kind.name, kind.encode_request(request), timeout_s=timeout_s,
+                        policy_version=policy_version)
+
+    async def call_stream(self, kind: MessageKind[Any, ReplyT], request: Any = None, *, timeout_s: float = 30.0,
+                          policy_version: int | None = None) -> AsyncIterator[ReplyT]:
+        """A declared stream's items, each decoded into kind.reply. Cancelled: as `stream`."""
+        async for body in self.stream(kind.name, kind.encode_request(request), timeout_s=timeout_s,
+                                      policy_version=policy_version):
+            yield kind.decode_reply(body)
 
     async def ask(self, kind: str, body: Any = None, *, timeout_s: float = 30.0,
                   policy_version: int | None = None) -> Any:

@@ -17,32 +17,7 @@ import functools
 from typing import Any, Callable
 
 from .inbox import Reply
-
-
-class _Untyped:
-    def __repr__(self) -> str:
-        return "UNTYPED"
-
-
-UNTYPED: Any = _Untyped()   # a handler's request or reply that was not declared
-
-
-def check_codec(kind: str, what: str, cls) -> None:
-    """TypeError unless `cls` is UNTYPED, None or a class with the codec method a `what` needs."""
-    method = "from_wire" if what == "request" else "to_wire"
-    if cls is not UNTYPED and cls is not None and not (isinstance(cls, type) and hasattr(cls, method)):
-        raise TypeError(f"handler {kind!r}: {what}= must be a class with {method}() or None, got {cls!r}")
-
-
-def decode(kind: str, request, body):
-    """The body a typed handler receives: the request record (None for a bodiless message)."""
-    if request is UNTYPED:
-        return body
-    if request is None:
-        if body not in (None, {}):
-            raise TypeError(f"{kind} takes no body (request=None), got {type(body).__name__} {body!r:.80}")
-        return None
-    return request.from_wire(body)
+from .messages import UNTYPED, decode
 
 
 def encode(kind: str, reply, value):

@@ -46,11 +46,12 @@ from pathlib import Path
 
 from pydantic import Field
 
-from postrain.core import Actor, handler
+from postrain.core import Actor, MessageKind, handler
 from postrain.core.errors import ConfigError
 
 from ..models.tokenizer import Tokenizer, byte_tokenizer
-from ..records import ExecReply, ExecRequest, Rollout, RolloutRequest, RunTestsReply, RunTestsRequest
+from ..records import (EXEC, GATEWAY_ADDRESS, ROLLOUT, RUN_TESTS, ExecRequest, Rollout, RolloutRequest,
+                       RunTestsRequest)
 from ..tasks import TaskOptions, TaskSpec, get_task
 from .timeline import Timeline, tool_status
 from .agent import DEFAULT_GATEWAY, AgentEnvironment, agent_rollout
@@ -95,14 +96,14 @@ class RemoteSandbox:
         stops waiting, the run may still finish remotely within its limits (its reply is dropped)."""
         limits = {"wall_time_s": float(timeout_s)} if timeout_s is not None else None
         request = ExecRequest(code, stdin=stdin, files=files, limits=limits)
-        return await self._ask("exec", request, ExecReply, timeout_s=(timeout_s or 30) + 30)
+        return await self._call(EXEC, request, timeout_s=(timeout_s or 30) + 30)
 
     async def run_tests(self, solution, tests, *, test_timeout_s=2.0, timeout_s=None):
         """Run `tests` against `solution` on the sandbox actor (a "run_tests" hop). Cancellation:
         as `exec`; no report, the remote run still ends within its limits."""
         limits = {"wall_time_s": float(timeout_s)} if timeout_s is not None else None
         request = RunTestsRequest(solution, tests, test_timeout_s=float(test_timeout_s), limits=limits)
-        return await self._ask("run_tests", request, RunTestsReply, timeout_s=(timeout_s or 60) + 30)
+        return await self._call(RUN_TESTS, request, timeout_s=(timeout_s or 60) + 30)
 
     @contextlib.asynccontextmanager
     async def session(self, files=None, limits=None):
@@ -115,14 +116,13 @@ class RemoteSandbox:
                 session = TimedSession(session, self.timeline, self.ref.name)
             yield session
 
-    async def _ask(self, call: str, request, reply_cls, timeout_s: float):
-        """`ref.ask(call, request)` (a record), timed as a "tool" hop when there is a timeline; the
-        reply as a `reply_cls` record. Cancellation: the request may still run remotely; the hop
-        stays in the timeline, status "failed: Cancelled"."""
+    async def _call(self, kind: MessageKind, request, timeout_s: float):
+        """`ref.call(kind, request)`, timed as a "tool" hop when there is a timeline. Cancellation:
+        the request may still run remotely; the hop stays in the timeline, status "failed: Cancelled"."""
         if self.timeline is None:
-            return reply_cls.from_wire(await self.ref.ask(call, request.to_wire(), timeout_s=timeout_s))
-        with self.timeline.hop("tool", self.ref.name, call=call) as hop:
-            reply = reply_cls.from_wire(await self.ref.ask(call, request.to_wire(), timeout_s=timeout_s))
+            return await self.ref.call(kind, request, timeout_s=timeout_s)
+        with self.timeline.hop("tool", self.ref.name, call=kind.name) as hop:
+            reply = await self.ref.call(kind, request, timeout_s=timeout_s)
             hop.update(tool_status(reply))
         return reply
 
@@ -195,7 +195,7 @@ class EnvironmentActor(Actor):
         self.gateway = None   # an AgentEnvironment task's episodes run through the run's gateway (agent.py)
         if issubclass(self.task.env_class, AgentEnvironment):
             self.gateway = await self.lookup(DEFAULT_GATEWAY)
-            self.gateway_address = await self.gateway.ask("address")
+            self.gateway_address = await self.gateway.call(GATEWAY_ADDRESS)
 
     async def _find_sandbox(self) -> RemoteSandbox | None:
         """The sandbox handle: looked up only when the task needs one or `sandbox` names one.
@@ -223,7 +223,7 @@ class EnvironmentActor(Actor):
                 f"lookup failed: {exc}; fix: add a SandboxActor named {name!r} to the run, before this "
                 f"actor") from None
 
-    @handler("rollout", concurrent=True, request=RolloutRequest, reply=Rollout)
+    @handler(ROLLOUT, concurrent=True)
     async def rollout(self, request: RolloutRequest) -> Rollout:
         """One episode. Cancellation: the episode is abandoned and its environment closed."""
         timeline = Timeline()

@@ -30,7 +30,8 @@ import uuid
 import anyio
 import anyio.to_thread
 
-from ..records import Rollout, RolloutSegment
+from ..records import (CLOSE_EPISODE, OPEN_EPISODE, CloseEpisode, GatewayAddress, OpenEpisode, Rollout,
+                       RolloutSegment)
 from .timeline import Timeline
 from .api import Environment, EnvironmentContractError, EnvironmentFailure, Reward, StepResult, show_value
 
@@ -72,18 +73,19 @@ def run_in_asyncio(env: AgentEnvironment, base_url: str, key: str, task: dict) -
     return asyncio.run(main())
 
 
-async def agent_rollout(env: AgentEnvironment, task: dict, gateway, address: dict, timeline: Timeline) -> Rollout:
+async def agent_rollout(env: AgentEnvironment, task: dict, gateway, address: GatewayAddress,
+                        timeline: Timeline) -> Rollout:
     """One agent episode through the gateway as a Rollout (the module's design note). Raises
     EnvironmentFailure when the agent raises, returns no Reward or makes no model call.
     Cancellation: the episode's worker thread is abandoned (its calls end with their own
     timeouts) and the gateway's episode is left to its bound on open episodes."""
     key = f"episode-{uuid.uuid4().hex}"
-    await gateway.ask("open_episode", {"key": key})
-    env.model = address["model"]
+    await gateway.call(OPEN_EPISODE, OpenEpisode(key=key))
+    env.model = address.model
     try:
         with timeline.hop("episode", gateway.name, agent=type(env).__name__) as hop:
             try:
-                reward = await anyio.to_thread.run_sync(run_in_asyncio, env, address["base_url"], key, task,
+                reward = await anyio.to_thread.run_sync(run_in_asyncio, env, address.base_url, key, task,
                                                         abandon_on_cancel=True)
             except Exception as exc:
                 raise EnvironmentFailure(f"{type(env).__name__}.run raised {type(exc).__name__}: {exc}") from exc
@@ -92,9 +94,9 @@ async def agent_rollout(env: AgentEnvironment, task: dict, gateway, address: dic
                                                f"{show_value(reward)}; fix: return Reward({{'correct': 1.0}})")
     finally:
         with anyio.CancelScope(shield=True):
-            closed = await gateway.ask("close_episode", {"key": key})
-    segments = closed["segments"]
-    hop.update(num_segments=len(segments), num_calls=closed["num_calls"])
+            closed = await gateway.call(CLOSE_EPISODE, CloseEpisode(key=key))
+    segments = closed.segments
+    hop.update(num_segments=len(segments), num_calls=closed.num_calls)
     if not segments:
         raise EnvironmentFailure(f"{type(env).__name__}.run made no model call; fix: call the client it is "
                                  f"given (its key is the episode's), with model=self.model")

@@ -69,6 +69,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from postrain.core.errors import ConfigError, PostrainError
 
+from ..records.reward import Reward, RewardError
+
 ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -89,47 +91,6 @@ class EnvironmentFailure(PostrainError, RuntimeError):
 
 
 # --------------------------------------------------------------------------- values
-@dataclasses.dataclass
-class Reward:
-    """Named reward components, each a finite float, and optional weights (default 1.0 each).
-
-    `total` = sum(weights.get(name, 1.0) * value). The learner receives `components` and
-    `weights` separately so that it can log each component and reweight them per task.
-    """
-
-    components: dict[str, float] = dataclasses.field(default_factory=dict)
-    weights: dict[str, float] = dataclasses.field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        for field in ("components", "weights"):
-            value = getattr(self, field)
-            if not isinstance(value, dict):
-                raise EnvironmentContractError(
-                    f"Reward.{field} must be a dict of name -> float, got {type(value).__name__}; "
-                    f"fix: Reward({{'correct': 1.0}})")
-            clean = {}
-            for name, x in value.items():
-                if not isinstance(name, str) or isinstance(x, bool) or not isinstance(x, (int, float)) \
-                        or not math.isfinite(x):
-                    raise EnvironmentContractError(
-                        f"Reward.{field}[{name!r}] must be a str name with a finite float, got "
-                        f"{x!r}; fix: use finite numbers such as 0.0 or 1.0")
-                clean[name] = float(x)
-            setattr(self, field, clean)
-
-    @property
-    def total(self) -> float:
-        return sum(self.weights.get(name, 1.0) * x for name, x in self.components.items())
-
-    def to_dict(self) -> dict:
-        """Plain data for the wire (msgpack) and the run's logs."""
-        return {"components": dict(self.components), "weights": dict(self.weights)}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "Reward":
-        return cls(dict(data.get("components") or {}), dict(data.get("weights") or {}))
-
-
 @dataclasses.dataclass
 class StepResult:
     """What `step` returns.

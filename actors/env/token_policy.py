@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..models.tokenizer import Tokenizer
-from ..records import GenerateReply, GenerateRequest, Rollout, RolloutSegment, SamplingParams
+from ..records import GENERATE, GenerateRequest, Rollout, RolloutSegment, SamplingParams
 from .timeline import Timeline
 from .api import EnvironmentFailure
 from .episode import Episode, EpisodePolicy
@@ -104,8 +104,7 @@ class TokenPolicy(EpisodePolicy):
                                      max_new_tokens=min(self.sampling.max_new_tokens, budget))
         request = GenerateRequest(prompt_ids=list(self.token_ids), sampling=params)
         with self.timeline.hop("generate", self.generator.name, segment=len(self.segments)) as hop:
-            reply = await self.generator.ask("generate", request.to_wire(), timeout_s=600)
-            sample = GenerateReply.from_wire(reply).samples[0]
+            sample = (await self.generator.call(GENERATE, request, timeout_s=600)).samples[0]
             hop.update(num_tokens=len(sample.token_ids), policy_versions=sorted(set(sample.policy_versions)))
         ids = list(sample.token_ids)
         self._extend(ids, list(sample.logprobs), list(sample.policy_versions))

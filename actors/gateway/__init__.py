@@ -15,7 +15,7 @@ token-in/token-out per episode (docs/agents.md).
 from .actor import GatewayActor, GatewayOptions
 from .episodes import EpisodeStore, EpisodeTokens, Segment
 from .protocol import APIError
-from .records import CloseEpisode, EpisodeSegments, GatewayAddress, OpenEpisode
+from ..records import CloseEpisode, EpisodeSegments, GatewayAddress, OpenEpisode
 from .tool_calls import parse_tool_calls, tool_call_format
 
 __all__ = ["APIError", "CloseEpisode", "EpisodeSegments", "EpisodeStore", "EpisodeTokens", "GatewayActor",

@@ -7,7 +7,7 @@
 
 Options: `GatewayOptions` below.
 
-Messages (records of postrain.actors.gateway.records):
+Messages (records of postrain.actors.records.gateway):
 - `address` (no body) -> GatewayAddress {"url", "base_url", "model"}: where clients connect.
 - `open_episode` OpenEpisode {"key"} -> None: calls made with API key `key` are recorded from now
   on (token-in/token-out, episodes.py).
@@ -38,7 +38,8 @@ from postrain.core import Actor, Options, handler
 from ..models.tokenizer import Tokenizer
 from .episodes import EpisodeStore
 from .pool import GeneratorPool
-from .records import CloseEpisode, EpisodeSegments, GatewayAddress, OpenEpisode
+from ..records import (CLOSE_EPISODE, GATEWAY_ADDRESS, OPEN_EPISODE, CloseEpisode, EpisodeSegments,
+                       GatewayAddress, OpenEpisode)
 from .service import GatewayService
 from .templates import render
 from .tool_calls import tool_call_format
@@ -156,17 +157,17 @@ class GatewayActor(Actor):
         """Stop accepting; requests in flight end with the process. Does not wait."""
         self._stopped.set()
 
-    @handler("address", request=None, reply=GatewayAddress)
+    @handler(GATEWAY_ADDRESS)
     async def server_address(self, body: None) -> GatewayAddress:
         """Where the server listens. Does not wait (cancel-safe)."""
         return GatewayAddress(url=self.url, base_url=self.url + "/v1", model=self.model_name)
 
-    @handler("open_episode", request=OpenEpisode, reply=None)
+    @handler(OPEN_EPISODE)
     async def open_episode(self, request: OpenEpisode) -> None:
         """Record calls with this key from now on. Does not wait (cancel-safe)."""
         self.service.episodes.open(request.key)
 
-    @handler("close_episode", request=CloseEpisode, reply=EpisodeSegments)
+    @handler(CLOSE_EPISODE)
     async def close_episode(self, request: CloseEpisode) -> EpisodeSegments:
         """The episode's segments; it is no longer recorded. Does not wait (cancel-safe)."""
         episode = self.service.episodes.get(request.key)

@@ -10,7 +10,7 @@ import logging
 
 from postrain.core.errors import ActorDiedError, ActorTimeoutError, RemoteError
 
-from ..records import GenerateReply, GenerateRequest
+from ..records import GENERATE, GenerateReply, GenerateRequest
 from .protocol import APIError
 
 log = logging.getLogger("postrain.gateway")
@@ -42,7 +42,7 @@ class GeneratorPool:
         self.in_flight[ref.name] += 1
         self.num_in_flight += 1
         try:
-            return GenerateReply.from_wire(await ref.ask("generate", request.to_wire(), timeout_s=self.timeout_s))
+            return await ref.call(GENERATE, request, timeout_s=self.timeout_s)
         except (ActorDiedError, ActorTimeoutError) as exc:
             log.warning("generator %s failed a request: %s", ref.name, exc)
             raise APIError(503, f"generator {ref.name!r} is unavailable ({type(exc).__name__}); retry later",

@@ -48,8 +48,9 @@ from postrain.core import Actor, Load, Options, handler
 
 from ..models.device import resolve_device
 from ..models.loading import check_model_spec, load_model
-from ..records import (GeneratedSample, GenerateReply, GenerateRequest, GeneratorStats, WeightsChannel, WeightsDigest,
-                       WeightSync, WeightSyncReply)
+from ..records import (GENERATE, GENERATOR_STATS, LOAD_WEIGHTS, WEIGHTS_CHANNEL, WEIGHTS_DIGEST,
+                       GeneratedSample, GenerateReply, GenerateRequest, GeneratorStats, WeightsChannel,
+                       WeightsDigest, WeightSync, WeightSyncReply)
 from ..weights import WeightReceiver, model_weights, weights_digest
 from .engine import Engine, RequestOutput
 from .sampling import SamplingParams
@@ -114,7 +115,7 @@ class GeneratorActor(Actor):
         """Close the sealed channel, if open. Does not wait."""
         self.receiver.close()
 
-    @handler("generate", concurrent=True, request=GenerateRequest, reply=GenerateReply)
+    @handler(GENERATE, concurrent=True)
     async def generate(self, request: GenerateRequest) -> GenerateReply:
         """Cancelled: the request is aborted at the next step."""
         params = request.sampling
@@ -135,7 +136,7 @@ class GeneratorActor(Actor):
                             finish_reason=s.finish_reason, text=s.text, routed_experts=s.routed_experts)
             for s in out.outputs])
 
-    @handler("load_weights", request=WeightSync, reply=WeightSyncReply)
+    @handler(LOAD_WEIGHTS)
     async def load_weights(self, sync: WeightSync) -> WeightSyncReply:
         """Swap in the weights (a whole sync, or the last chunk of one) at the engine loop's next
         safe point. Cancelled: not withdrawn; the engine loop still loads them (whole, in its
@@ -157,19 +158,19 @@ class GeneratorActor(Actor):
         """The engine's weights now ({HF name: tensor}, no tied duplicate): what a patch applies to."""
         return model_weights(self.engine.model)
 
-    @handler("digest", request=None, reply=WeightsDigest)
+    @handler(WEIGHTS_DIGEST)
     async def digest(self, body: None) -> WeightsDigest:
         """The version held and a sha256 of the engine's weights (the learner's publish.weights_digest).
         Does not wait (cancel-safe)."""
         return WeightsDigest(version=self.engine.policy_version, digest=weights_digest(self._held_weights()))
 
-    @handler("weights_channel", request=None, reply=WeightsChannel)
+    @handler(WEIGHTS_CHANNEL)
     async def weights_channel(self, body: None) -> WeightsChannel:
         """The address of this actor's sealed channel for weights (opened now if not yet). Does not
         wait (cancel-safe)."""
         return WeightsChannel(address=self.receiver.channel_address())
 
-    @handler("stats", request=None, reply=GeneratorStats)
+    @handler(GENERATOR_STATS)
     async def stats(self, body: None) -> GeneratorStats:
         """The engine's counters. Does not wait (cancel-safe)."""
         return GeneratorStats.from_wire(self.engine.stats())

@@ -3,8 +3,8 @@
     spec = ActorSpec(name="learner", cls="postrain.actors.learner:LearnerActor",
                      options={"model": "tiny", "learner": {"lr": 1e-5}, "resume_from": None})
     ref = await supervisor.start(spec)
-    metrics = await ref.ask("train", batch.to_wire())       # batch: a TrainBatch (postrain.actors.records)
-    report = PublishReport.from_wire(await ref.ask("publish", PublishRequest(targets=["gen0"]).to_wire()))
+    metrics = await ref.call(TRAIN, batch)                  # batch: a TrainBatch (postrain.actors.records)
+    report = await ref.call(PUBLISH, PublishRequest(targets=["gen0"]))     # a PublishReport
 
 Handlers (request/reply; every body and reply is a record, postrain.actors.records:
 records/train.py, records/weights.py, records/learner.py; declared on `@handler`, so the
@@ -62,16 +62,19 @@ from typing import Annotated, Any, Literal
 import anyio
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator
 
-from postrain.core import Actor, Options, handler
+from postrain.core import Actor, MessageKind, Options, handler
 from postrain.core.errors import PostrainError
+from postrain.core.record import Record
 
 from ..models.loading import check_model_spec
-from ..records import (CheckpointLoaded, CheckpointSaved, ExportedHf, ExportHf, GroupState, JoinGroup, LearnerStats,
-                       LoadCheckpoint, PublishReport, PublishRequest, RankStep, Record, SaveCheckpoint, SftBatch,
-                       StepMetrics, TrainBatch, WeightSync)
+from ..records import (EXPORT_HF, GET_WEIGHTS, GROUP_STATE, JOIN_GROUP, LEARNER_STATS, LOAD_CHECKPOINT,
+                       PUBLISH, RANK_STEP, SAVE_CHECKPOINT, SFT, TRAIN, CheckpointLoaded, CheckpointSaved,
+                       ExportedHf, ExportHf, GroupState, JoinGroup, LearnerStats, LoadCheckpoint,
+                       PublishReport, PublishRequest, RankStep, SaveCheckpoint, SftBatch, StepMetrics,
+                       TrainBatch, WeightSync)
+from ..weights import WEIGHT_SYNC_MODES, SyncPlanner, WeightPublisher
 from .context_parallel_step import check_ranks, rank_shards
 from .group import LearnerGroup
-from ..weights import WEIGHT_SYNC_MODES, SyncPlanner, WeightPublisher
 
 log = logging.getLogger("postrain.learner")
 
@@ -196,35 +199,35 @@ class LearnerActor(Actor):
             await self.group.formed.wait()
         return self.learner
 
-    def _run(self, kind: str, request: Record):
+    def _run(self, kind: MessageKind, request: Record):
         """One rank's part of a group request (every rank runs it on its own request record: a
         TrainBatch, SftBatch, SaveCheckpoint or LoadCheckpoint). Runs in a worker thread."""
         learner = self.learner
-        if kind == "train":
+        if kind is TRAIN:
             return learner.train_step(request)
-        if kind == "sft":
+        if kind is SFT:
             return learner.sft_step(request)
-        if kind == "save_checkpoint":
+        if kind is SAVE_CHECKPOINT:
             return learner.save_checkpoint(request.path, request.extra)
-        if kind == "publish":           # sharded: every rank gathers, rank 0 keeps (weights/sync_plan.py)
+        if kind is PUBLISH:             # sharded: every rank gathers, rank 0 keeps (weights/sync_plan.py)
             return self.publisher.planner.prepare(learner.base_weights(), learner.policy_version)
-        if kind == "export_hf":
+        if kind is EXPORT_HF:
             return learner.export_hf(request.path)
-        assert kind == "load_checkpoint", kind
+        assert kind is LOAD_CHECKPOINT, kind
         return learner.load_checkpoint(request.path)
 
-    async def _step(self, kind: str, batch: TrainBatch | SftBatch) -> dict[str, float]:
+    async def _step(self, kind: MessageKind, batch: TrainBatch | SftBatch) -> dict[str, float]:
         """A train or sft step: in this process, or (rank 0 of a group) on every rank, each on its
         shard of the batch. Cancelled: atomic, the step runs to its end on every rank."""
         learner = self.learner
         if self.group is None:
-            return await self.in_compute_thread(learner.train_step if kind == "train" else learner.sft_step,
+            return await self.in_compute_thread(learner.train_step if kind is TRAIN else learner.sft_step,
                                                 batch)  # torch threads: as many as its cores now
 
         def cut():
             """Validate the whole batch, compute its advantages, cut it into shards (a thread)."""
             from .batch import pack_batch
-            reward_metrics, advantages = learner.batch_advantages(batch) if kind == "train" else ({}, None)
+            reward_metrics, advantages = learner.batch_advantages(batch) if kind is TRAIN else ({}, None)
             pack_batch(batch, advantages=advantages)
             whole = batch if advantages is None else dataclasses.replace(batch, advantages=advantages.tolist())
             return reward_metrics, rank_shards(whole, self.group.rendezvous.world_size,
@@ -242,10 +245,10 @@ class LearnerActor(Actor):
         """The plan of a publish (weights/sync_plan.py): built here, or, sharded, with every rank gathering.
         Cancelled: the gather runs to its end on every rank."""
         if self._sharded_group():
-            return await self._everywhere("publish", request)
+            return await self._everywhere(PUBLISH, request)
         return self.publisher.planner.prepare(self.learner.base_weights(), self.learner.policy_version)
 
-    async def _everywhere(self, kind: str, body: SaveCheckpoint | LoadCheckpoint | PublishRequest | ExportHf):
+    async def _everywhere(self, kind: MessageKind, body: SaveCheckpoint | LoadCheckpoint | PublishRequest | ExportHf):
         """A checkpoint save or load: in this process, or on every rank of its group (rank 0's
         result). Cancelled: it runs to its end on every rank."""
         if self.group is None:
@@ -253,7 +256,7 @@ class LearnerActor(Actor):
         return await self.group.run_step(kind, [body] * self.group.rendezvous.world_size,
                                          lambda b: self._run(kind, b))
 
-    @handler("join", concurrent=True, request=JoinGroup, reply=GroupState)
+    @handler(JOIN_GROUP, concurrent=True)
     async def join(self, request: JoinGroup) -> GroupState:
         """A rank other than 0: rank 0 asks it to join its group (`generation`, hosted at address:
         port). Does not wait."""
@@ -262,14 +265,14 @@ class LearnerActor(Actor):
         await self.group.join(request.generation, request.address, request.port)
         return self.group.describe_state()
 
-    @handler("group", concurrent=True, request=None, reply=GroupState)
+    @handler(GROUP_STATE, concurrent=True)
     async def group_state(self, body: None) -> GroupState:
         """This rank's generation and state (rank 0 probes its ranks). Does not wait."""
         if self.group is None:
             return GroupState(generation=None, state="alone", rank=0)
         return self.group.describe_state()
 
-    @handler("rank_step", request=RankStep, reply=GroupState)
+    @handler(RANK_STEP)
     async def rank_step(self, step: RankStep) -> GroupState:
         """A rank other than 0: its part of rank 0's request (a shard's step, a checkpoint).
         Cancelled: the step runs to its end in its thread."""
@@ -278,47 +281,47 @@ class LearnerActor(Actor):
         await self.group.follow_step(step, self._run)
         return self.group.describe_state()
 
-    @handler("train", request=TrainBatch, reply=StepMetrics)
+    @handler(TRAIN)
     async def train(self, batch: TrainBatch) -> StepMetrics:
         """One RL step. Cancelled: atomic; the step in its thread runs to the end (it cannot be
         abandoned), and its reply is dropped."""
         await self._ready()
         self._check_expected_version(batch)
-        return StepMetrics(values=await self._step("train", batch))
+        return StepMetrics(values=await self._step(TRAIN, batch))
 
-    @handler("sft", request=SftBatch, reply=StepMetrics)
+    @handler(SFT)
     async def sft(self, batch: SftBatch) -> StepMetrics:
         """One supervised step. Cancelled: atomic, as `train`."""
         await self._ready()
         self._check_expected_version(batch)
-        return StepMetrics(values=await self._step("sft", batch))
+        return StepMetrics(values=await self._step(SFT, batch))
 
-    @handler("save_checkpoint", request=SaveCheckpoint, reply=CheckpointSaved)
+    @handler(SAVE_CHECKPOINT)
     async def save_checkpoint(self, request: SaveCheckpoint) -> CheckpointSaved:
         """Write a checkpoint. Cancelled: it is still written whole (its thread runs to the end);
         the reply is dropped."""
         await self._ready()
         self._check_expected_version(request)
-        path = await self._everywhere("save_checkpoint", request)
+        path = await self._everywhere(SAVE_CHECKPOINT, request)
         return CheckpointSaved(path=str(path), step=self.learner.step, policy_version=self.learner.policy_version)
 
-    @handler("load_checkpoint", request=LoadCheckpoint, reply=CheckpointLoaded)
+    @handler(LOAD_CHECKPOINT)
     async def load_checkpoint(self, request: LoadCheckpoint) -> CheckpointLoaded:
         """Load a checkpoint. Cancelled: still loaded whole (its thread runs to the end)."""
         await self._ready()
-        extra = await self._everywhere("load_checkpoint", request)
+        extra = await self._everywhere(LOAD_CHECKPOINT, request)
         return CheckpointLoaded(step=self.learner.step, policy_version=self.learner.policy_version, extra=extra)
 
-    @handler("export_hf", request=ExportHf, reply=ExportedHf)
+    @handler(EXPORT_HF)
     async def export_hf(self, request: ExportHf) -> ExportedHf:
         """Write a Hugging Face folder. Cancelled: still written whole (its thread runs to the end)."""
         await self._ready()
         self._check_expected_version(request)
         if self._sharded_group():
-            return ExportedHf(path=str(await self._everywhere("export_hf", request)))
+            return ExportedHf(path=str(await self._everywhere(EXPORT_HF, request)))
         return ExportedHf(path=str(await anyio.to_thread.run_sync(self.learner.export_hf, request.path)))
 
-    @handler("get_weights", request=None, reply=WeightSync)
+    @handler(GET_WEIGHTS)
     async def get_weights(self, body: None) -> WeightSync:
         """The current weights and version. Waits only for a group to form (cancel-safe)."""
         await self._ready()
@@ -327,7 +330,7 @@ class LearnerActor(Actor):
             return WeightSync(version=plan.version, weights=plan.weights)
         return WeightSync(version=self.learner.policy_version, weights=self.learner.state_dict())
 
-    @handler("publish", request=PublishRequest, reply=PublishReport)
+    @handler(PUBLISH)
     async def publish(self, request: PublishRequest) -> PublishReport:
         """Push the current weights (version = learner.policy_version) to every target, concurrently.
 
@@ -344,7 +347,7 @@ class LearnerActor(Actor):
         plan = await self._publish_plan(request)      # the whole weights, or patches (weights/sync_plan.py)
         return await self.publisher.publish(plan, request)
 
-    @handler("stats", request=None, reply=LearnerStats)
+    @handler(LEARNER_STATS)
     async def stats(self, body: None) -> LearnerStats:
         """Step, version, size, last publish. Waits only for a group to form (cancel-safe)."""
         await self._ready(leader_only=False)

@@ -53,8 +53,10 @@ import anyio
 
 from postrain.core.config import Rendezvous
 from postrain.core.errors import ActorError, PostrainError
+from postrain.core.messages import MessageKind
+from postrain.core.record import Record
 
-from ..records import GroupState, JoinGroup, Record, RankStep, SftBatch, TrainBatch
+from ..records import GROUP_STATE, JOIN_GROUP, RANK_STEP, GroupState, JoinGroup, RankStep, SftBatch, TrainBatch
 from ..records.train import NOT_PER_SAMPLE
 
 log = logging.getLogger("postrain.learner")
@@ -222,8 +224,8 @@ class LearnerGroup:
                 try:
                     ref = await self._ref(self.names[rank])
                     address, port = self.meeting_point
-                    await ref.ask("join", JoinGroup(generation=self.generation, address=address,
-                                                    port=port).to_wire(), timeout_s=PROBE_TIMEOUT_S)
+                    await ref.call(JOIN_GROUP, JoinGroup(generation=self.generation, address=address, port=port),
+                                   timeout_s=PROBE_TIMEOUT_S)
                     missing.discard(rank)
                 except ActorError as exc:     # not started yet, restarting, or ending to rejoin
                     last_error[rank] = _one_line(exc)
@@ -270,11 +272,11 @@ class LearnerGroup:
 
     # -- working (rank 0) --------------------------------------------------------------------
 
-    async def run_step(self, kind: str, bodies: list[Record], own: Callable[[Record], object]):
+    async def run_step(self, kind: MessageKind, bodies: list[Record], own: Callable[[Record], object]):
         """Rank 0: every rank runs `kind` on its request record (rank r gets bodies[r], as a
         RankStep; rank 0 runs `own(bodies[0])` here) and rank 0's result is returned. A rank lost, hung or in another
         generation ends this process naming it. Cancelled: the ranks' step runs to its end."""
-        await self._check_ranks(kind)
+        await self._check_ranks(kind.name)
         failures: dict[int, str] = {}
         result = None
 
@@ -283,7 +285,7 @@ class LearnerGroup:
             try:
                 ref = await self._ref(self.names[rank])
                 step = RankStep.of(self.generation, kind, bodies[rank])
-                await ref.ask("rank_step", step.to_wire(), timeout_s=STEP_ASK_TIMEOUT_S)
+                await ref.call(RANK_STEP, step, timeout_s=STEP_ASK_TIMEOUT_S)
             except ActorError as exc:
                 failures[rank] = _one_line(exc)
 
@@ -295,7 +297,7 @@ class LearnerGroup:
             except Exception as exc:
                 failures[0] = f"{type(exc).__name__}: {_one_line(exc)}"
                 log.error("rank 0's %s step failed (the other ranks' may wait on it until their collectives "
-                          "time out): %s", kind, failures[0])
+                          "time out): %s", kind.name, failures[0])
 
         async with anyio.create_task_group() as tg:
             for rank in range(1, self.rendezvous.world_size):
@@ -306,7 +308,7 @@ class LearnerGroup:
             blame = (f"{self.describe(lost)} lost, hung or restarted" if lost else
                      f"{self.describe(failures)} failed")
             details = "; ".join(f"rank {r}: {why}" for r, why in sorted(failures.items()))
-            await self.actor.crash(f"the learner's group broke during {kind}: {blame} ({details}); every "
+            await self.actor.crash(f"the learner's group broke during {kind.name}: {blame} ({details}); every "
                                    "rank restarts and the learner is restored from its last checkpoint")
         return result
 
@@ -344,8 +346,7 @@ class LearnerGroup:
             """Ask one rank. Cancelled: nothing changes."""
             try:
                 ref = await self._ref(self.names[rank])
-                reply = GroupState.from_wire(await ref.ask("group", None,
-                                                           timeout_s=min(PROBE_TIMEOUT_S, self.timeout_s)))
+                reply = await ref.call(GROUP_STATE, timeout_s=min(PROBE_TIMEOUT_S, self.timeout_s))
             except ActorError:
                 states[rank] = "lost"
                 return
@@ -370,7 +371,7 @@ class LearnerGroup:
         """This rank's generation and state (the `group` reply)."""
         return GroupState(generation=self.generation, state=self.state, rank=self.rank)
 
-    async def follow_step(self, step: RankStep, run: Callable[[str, Record], object]) -> None:
+    async def follow_step(self, step: RankStep, run: Callable[[MessageKind, Record], object]) -> None:
         """A follower: run rank 0's `rank_step` (run(kind, request) in a worker thread). Refused
         when it names another generation; a failure of the step (a collective) ends the process.
         Cancelled: the step's thread runs to its end."""
@@ -378,7 +379,7 @@ class LearnerGroup:
             raise GroupBroken(f"rank {self.rank} is in group {self.generation} ({self.state}), not "
                               f"{step.generation}")
         try:
-            await anyio.to_thread.run_sync(run, step.kind, step.request)
+            await anyio.to_thread.run_sync(run, step.message, step.request)
         except Exception as exc:
             await self.actor.crash(f"rank {self.rank}: {step.kind} with rank 0 ({self.names[0]}) failed: "
                                    f"{type(exc).__name__}: {_one_line(exc)}; restarting with the group")

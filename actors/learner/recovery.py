@@ -37,14 +37,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 
 from postrain.core.errors import ActorDiedError, ActorError, ActorTimeoutError, PostrainError, RemoteError
+from postrain.core.messages import MessageKind
+from postrain.core.record import Record
 
-from ..records import (CheckpointLoaded, CheckpointSaved, LearnerStats, LoadCheckpoint, PublishReport,
-                       PublishRequest, Record, SaveCheckpoint, SftBatch, StepMetrics, TrainBatch)
+from ..records import (GENERATOR_STATS, LEARNER_STATS, LOAD_CHECKPOINT, PUBLISH, SAVE_CHECKPOINT, SFT, TRAIN,
+                       CheckpointSaved, GeneratorStats, LoadCheckpoint, PublishReport, PublishRequest,
+                       SaveCheckpoint, SftBatch, StepMetrics, TrainBatch)
 
 R = TypeVar("R", bound=Record)
 
@@ -104,7 +107,7 @@ class LearnerKeeper:
         Cancelled: the version is known; the publish may have reached some generators only
         (`resync_generators` republishes to those behind)."""
         async with self.lock:
-            stats = LearnerStats.from_wire(await self.learner.ask("stats", timeout_s=120))
+            stats = await self.learner.call(LEARNER_STATS, timeout_s=120)
             self.version = self.checkpoint_version = stats.policy_version
             await self._with_recovery(self._publish_locked, "publish")
 
@@ -131,10 +134,10 @@ class LearnerKeeper:
         async with self.lock:
             async def once():
                 """The step, once. Cancelled: as `step`."""
-                metrics = StepMetrics.from_wire(await self._ask(kind, batch, self.version, timeout_s=900))
-                self._expect(metrics.policy_version, self.version + 1, kind)
+                metrics = await self._call(kind, batch, self.version, timeout_s=900)
+                self._expect(metrics.policy_version, self.version + 1, kind.name)
                 return metrics
-            metrics = await self._with_recovery(once, kind)
+            metrics = await self._with_recovery(once, kind.name)
             self.version += 1
             self.since_checkpoint.append((batch, list(sample_ids)))
             return metrics
@@ -155,8 +158,7 @@ class LearnerKeeper:
 
             async def once():
                 """The save, once. Cancelled: as `checkpoint`."""
-                reply = CheckpointSaved.from_wire(
-                    await self._ask("save_checkpoint", SaveCheckpoint(path=path, extra=extra), self.version))
+                reply = await self._call(SAVE_CHECKPOINT, SaveCheckpoint(path=path, extra=extra), self.version)
                 self._expect(reply.policy_version, self.version, "save_checkpoint")
                 return reply
             reply = await self._with_recovery(once, "save_checkpoint")
@@ -164,17 +166,17 @@ class LearnerKeeper:
             self.since_checkpoint = []
             return reply
 
-    async def call(self, kind: str, request: Record | None, reply: type[R], timeout_s: float = 600) -> R:
-        """Any other learner request (`export_hf` with an ExportHf, `stats` with None) against the
-        learner of the invariant; its reply decoded as `reply` (ExportedHf, LearnerStats).
-        Cancelled: the request may still run on the learner; see `_with_recovery`."""
+    async def call(self, kind: MessageKind[Any, R], request: Record | None = None, timeout_s: float = 600) -> R:
+        """Any other learner request (EXPORT_HF with an ExportHf, LEARNER_STATS with None) against
+        the learner of the invariant; its reply record. Cancelled: the request may still run on
+        the learner; see `_with_recovery`."""
         async with self.lock:
             async def once():
                 """The request, once. Cancelled: as `call`."""
                 if request is None:     # nothing to guard: no version check
-                    return reply.from_wire(await self.learner.ask(kind, None, timeout_s=timeout_s))
-                return reply.from_wire(await self._ask(kind, request, self.version, timeout_s=timeout_s))
-            return await self._with_recovery(once, kind)
+                    return await self.learner.call(kind, timeout_s=timeout_s)
+                return await self._call(kind, request, self.version, timeout_s=timeout_s)
+            return await self._with_recovery(once, kind.name)
 
     async def resync_generators(self) -> int:
         """Republish to generators behind the last publish (restarted ones); returns how many.
@@ -183,7 +185,7 @@ class LearnerKeeper:
             behind = []
             for name in list(self.generator_names):
                 stats = await self._wait_for_generator(name)
-                if stats is not None and int(stats.get("policy_version", -1)) < self.published_version:
+                if stats is not None and stats.policy_version < self.published_version:
                     behind.append(name)
             if behind:
                 self.num_generator_resyncs += len(behind)
@@ -203,13 +205,13 @@ class LearnerKeeper:
         self._generators.pop(name, None)
         return True
 
-    async def generator_stats(self) -> dict[str, dict]:
+    async def generator_stats(self) -> dict[str, GeneratorStats]:
         """Each generator's `stats`, by name; one that does not answer within STATS_RETRY_S (dead
         or restarting) is left out. Cancelled: nothing changes."""
         stats = {}
         for name in self.generator_names:
             try:
-                stats[name] = await (await self._generator(name)).ask("stats", timeout_s=STATS_RETRY_S)
+                stats[name] = await (await self._generator(name)).call(GENERATOR_STATS, timeout_s=STATS_RETRY_S)
             except ActorError:        # dead, restarting or not answering: no figures this time
                 continue
         return stats
@@ -233,13 +235,14 @@ class LearnerKeeper:
                                "look at its log (logs/learner.log) and raise its max_restarts only if "
                                "the cause is external")
 
-    async def _ask(self, kind: str, request: Record, expect_version: int, timeout_s: float = 600):
-        """Ask the learner `request` (a record with `expect_policy_version`), which it refuses when
-        it is not at `expect_version` (it restarted). Cancelled: the request may still run on the
-        learner; nothing here changes."""
+    async def _call(self, kind: MessageKind[Any, R], request: Record, expect_version: int,
+                    timeout_s: float = 600) -> R:
+        """The learner's reply to `request` (a record with `expect_policy_version`), which it
+        refuses when it is not at `expect_version` (it restarted). Cancelled: the request may
+        still run on the learner; nothing here changes."""
         guarded = dataclasses.replace(request, expect_policy_version=expect_version)
         try:
-            return await self.learner.ask(kind, guarded.to_wire(), timeout_s=timeout_s)
+            return await self.learner.call(kind, guarded, timeout_s=timeout_s)
         except RemoteError as exc:
             if exc.error_type == "PolicyVersionMismatch":
                 raise _LearnerRestarted(exc.remote_message) from None
@@ -272,10 +275,9 @@ class LearnerKeeper:
         """Load the checkpoint into the learner, then replay the steps since it. Cancelled: the
         learner holds the checkpoint plus part of the replay; since_checkpoint and
         checkpoint_version stay consistent with each other (they change together)."""
-        stats = await self._wait_for(self.learner)
+        stats = await self._wait_for(self.learner, LEARNER_STATS)
         if self.checkpoint_path is not None:
-            reply = CheckpointLoaded.from_wire(await self.learner.ask(
-                "load_checkpoint", LoadCheckpoint(path=self.checkpoint_path).to_wire(), timeout_s=600))
+            reply = await self.learner.call(LOAD_CHECKPOINT, LoadCheckpoint(path=self.checkpoint_path), timeout_s=600)
             loaded = reply.policy_version
             if not self.checkpoint_version <= loaded <= self.version:
                 raise LearnerLostError(f"{self.checkpoint_path} holds policy version {loaded}, outside "
@@ -284,35 +286,35 @@ class LearnerKeeper:
             del self.since_checkpoint[:loaded - self.checkpoint_version]
             self.checkpoint_version = loaded
         else:  # no checkpoint yet: a restarted learner holds its starting weights again
-            self._expect(LearnerStats.from_wire(stats).policy_version, self.checkpoint_version, "restart")
+            self._expect(stats.policy_version, self.checkpoint_version, "restart")
         version = self.checkpoint_version
         for batch, sample_ids in self.since_checkpoint:
             kind = _step_kind(batch)
-            metrics = StepMetrics.from_wire(await self._ask(kind, batch, version, timeout_s=900))
+            metrics = await self._call(kind, batch, version, timeout_s=900)
             version += 1
-            self._expect(metrics.policy_version, version, f"replayed {kind}")
+            self._expect(metrics.policy_version, version, f"replayed {kind.name}")
             for sid in sample_ids:
                 self.ledger.note(sid, "replayed", policy_version=version)
         assert version == self.version, (version, self.version)
 
-    async def _wait_for(self, ref) -> dict:
-        """`stats` of an actor that may be restarting, asked again every STATS_RETRY_S until it
+    async def _wait_for(self, ref, stats: MessageKind[None, R]) -> R:
+        """`stats` (its declared message) of an actor that may be restarting, asked again every STATS_RETRY_S until it
         answers: a request sent into the gap between the old process's death and the new one's
         start can be lost without an error, so no single ask waits long. Cancelled: nothing changes."""
         with anyio.fail_after(LEARNER_RESTART_TIMEOUT_S):
             while True:
                 try:
-                    return await ref.ask("stats", timeout_s=STATS_RETRY_S)
+                    return await ref.call(stats, timeout_s=STATS_RETRY_S)
                 except (ActorDiedError, ActorTimeoutError):
                     await anyio.sleep(0.2)
 
-    async def _wait_for_generator(self, name: str) -> dict | None:
+    async def _wait_for_generator(self, name: str) -> GeneratorStats | None:
         """`_wait_for` generator `name`; None once it is gone for good (`drop_generator`), then or
         while waiting. Cancelled: nothing changes."""
         with anyio.fail_after(LEARNER_RESTART_TIMEOUT_S):
             while name in self.generator_names:
                 try:
-                    return await (await self._generator(name)).ask("stats", timeout_s=STATS_RETRY_S)
+                    return await (await self._generator(name)).call(GENERATOR_STATS, timeout_s=STATS_RETRY_S)
                 except (ActorDiedError, ActorTimeoutError):
                     await anyio.sleep(0.2)
         return None
@@ -326,7 +328,7 @@ class LearnerKeeper:
             targets = [name for name in targets if name in self.generator_names]
             try:
                 request = PublishRequest(targets=targets, chunk_mb=self.chunk_mb)
-                result = PublishReport.from_wire(await self._ask("publish", request, self.version))
+                result = await self._call(PUBLISH, request, self.version)
                 break
             except RemoteError as exc:  # a generator died mid-sync: wait until it is back, again
                 if attempt == 2:
@@ -352,12 +354,12 @@ class LearnerKeeper:
                                     f"{expected}: it restarted with other weights")
 
 
-def _step_kind(batch: TrainBatch | SftBatch) -> str:
-    """The learner request that takes `batch`."""
+def _step_kind(batch: TrainBatch | SftBatch) -> MessageKind:
+    """The learner message that takes `batch`: TRAIN or SFT."""
     if isinstance(batch, TrainBatch):
-        return "train"
+        return TRAIN
     assert isinstance(batch, SftBatch), f"a learner step takes a TrainBatch or an SftBatch, got {type(batch)}"
-    return "sft"
+    return SFT
 
 
 class _LearnerRestarted(ActorError):

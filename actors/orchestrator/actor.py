@@ -31,7 +31,7 @@ import anyio
 from postrain.core import Actor, Load, handler
 
 from ..env.actor import load_tokenizer
-from ..records import RunRequest, RunUpdate, StopRun
+from ..records import RUN, STOP_RUN, RunRequest, RunUpdate, StopRun
 from .run_state import PromptSchedule, read_run_state
 from ..tasks import get_task
 from .driver import RunDriver, RunStoppedError, open_run
@@ -75,7 +75,7 @@ class OrchestratorActor(Actor):
             queued=figures.pop("prompts_waiting", None), running=figures.pop("rollouts_in_flight", None),
             backpressure="" if backpressure == "none" else backpressure, figures=figures)
 
-    @handler("stop", request=None, reply=StopRun)
+    @handler(STOP_RUN)
     async def stop(self, body: None) -> StopRun:
         """Finish the current step, then evaluate and write the summary. Atomic: it never awaits,
         so a cancellation cannot cut it in half."""
@@ -85,7 +85,7 @@ class OrchestratorActor(Actor):
         return StopRun(running=self.driver is not None)
 
     # concurrent: a `stop` must not wait behind the run
-    @handler("run", stream=True, concurrent=True, request=RunRequest, reply=RunUpdate)
+    @handler(RUN, concurrent=True)
     async def run(self, request: RunRequest):
         """The run's items (module docstring). The run goes on in its own task (a stream handler
         must not yield from inside a task group); this handler relays what it reports.

@@ -61,9 +61,9 @@ from postrain.core.metrics import MetricsWriter
 from ..env.tools import STOP_STRINGS
 from ..learner.recovery import LearnerKeeper
 from .ledger import SampleLedger
-from ..records import CheckpointSaved, ExportedHf, ExportHf, RunState, RunUpdate
+from ..records import EXPORT_HF, CheckpointSaved, ExportHf, RunState, RunUpdate
 from .run_state import (check_same_data_order, check_same_sft_shape, cut_back, data_order, note_resume,
-                         repair_torn_lines)
+                        repair_torn_lines)
 from .admission import Admission
 from .evaluation import Evaluator
 from .learning_signal import LearningSignalWatch
@@ -196,7 +196,7 @@ class RunDriver:
         rl_wall_s = time.time() - rl_start
         await self.evaluator.phase("after", "after RL", step=steps, rl_wall_s=round(rl_wall_s, 2))
         checkpoint = await self._checkpoint("done" if steps == self.options.num_steps else "rl")
-        policy = await self.keeper.call("export_hf", ExportHf(path=str(self.folder / "policy")), ExportedHf)
+        policy = await self.keeper.call(EXPORT_HF, ExportHf(path=str(self.folder / "policy")))
         self.ledger.check()
         summary = self._summary(steps, time.time() - start, rl_wall_s, checkpoint.path, policy.path)
         (self.folder / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -27,7 +27,7 @@ from postrain.core.errors import PostrainError
 
 from ..learner.recovery import is_actor_death, short_reason
 from .ledger import segment_id
-from ..records import Rollout, RolloutRequest, SamplingParams
+from ..records import ROLLOUT, Rollout, RolloutRequest, SamplingParams
 from .run_state import batch_sample_id
 from ..env.timeline import note_hops
 from .admission import AdmittedBatch
@@ -158,7 +158,6 @@ class RolloutPool:
             self.num_running += 1
             env, self._turn = self.envs[self._turn % len(self.envs)], self._turn + 1
             try:
-                reply = await env.ask("rollout", request.to_wire(), timeout_s=ROLLOUT_TIMEOUT_S)
+                return await env.call(ROLLOUT, request, timeout_s=ROLLOUT_TIMEOUT_S)
             finally:
                 self.num_running -= 1
-        return Rollout.from_wire(reply)

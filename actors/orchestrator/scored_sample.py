@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..env.api import Reward
+from ..records import Reward
 from .ledger import segment_id
 from ..records import Rollout
 

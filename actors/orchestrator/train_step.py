@@ -107,9 +107,9 @@ class TrainStep:
         Cancelled: see LearnerKeeper.publish (generators that replied hold the version; no row
         is written)."""
         report = await self.keeper.publish()
-        speculation = {f"{figure}_{name}": round(stats[figure], 4)
+        speculation = {f"{figure}_{name}": round(getattr(stats, figure), 4)
                        for name, stats in sorted((await self.keeper.generator_stats()).items())
-                       if "acceptance_rate" in stats for figure in SPECULATION_FIGURES}
+                       if stats.acceptance_rate is not None for figure in SPECULATION_FIGURES}
         self.metrics.log("sync", version=report.version, total_s=report.total_s, num_bytes=report.num_bytes,
                          num_bytes_sent=report.num_bytes_sent, num_messages=report.num_messages,
                          **{f"sync_s_{target}": seconds for target, seconds in sorted(report.sync_s.items())},

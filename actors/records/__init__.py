@@ -8,6 +8,7 @@
     head --RunRequest--> orchestrator (`run`), replies a stream of RunUpdate; `stop` replies StopRun
     orchestrator --SaveCheckpoint, LoadCheckpoint, ExportHf, PublishRequest--> learner (records/learner.py)
     env --ExecRequest, RunTestsRequest, Session*Request--> sandbox, replies ExecReply, ... (records/sandbox.py)
+    agent harness --OpenEpisode, CloseEpisode--> gateway, replies EpisodeSegments (records/gateway.py)
 
 Each record is a frozen dataclass. Construction checks every field's type (and the
 record's own rules, such as per-token lists of one length), so a wrong key or value
@@ -21,34 +22,57 @@ Tensors and arrays pass through untouched (the wire moves them as extra frames).
 sampler): it is part of two messages, and this module must not import torch, so that
 the orchestrator and environment processes stay light.
 
-One module per exchange: base.py (the machinery), generate.py, rollout.py, train.py,
-weights.py, learner.py, run.py, sandbox.py; import every record from `postrain.actors.records`.
+One module per exchange: gateway.py, generate.py, rollout.py (and reward.py), train.py, weights.py,
+learner.py, run.py, sandbox.py; the machinery is the kernel's (core/record.py). Import every
+record, and every message kind, from `postrain.actors.records`.
 """
-from .base import Record, RecordError, Vector, codec
+from postrain.core.record import RecordError
+from .gateway import CloseEpisode, EpisodeSegments, GatewayAddress, OpenEpisode
 from .generate import (SAMPLING_CODEC, GeneratedSample, GenerateReply, GenerateRequest, GeneratorStats,
                        SamplingParams, SamplingParamsError)
+from .reward import Reward, RewardError
 from .rollout import Rollout, RolloutRequest, RolloutSegment
 from .train import SftBatch, StepMetrics, TrainBatch
-from .learner import (CheckpointLoaded, CheckpointSaved, ExportedHf, ExportHf, GroupState, JoinGroup, LearnerStats,
-                      LoadCheckpoint, PublishRequest, RankStep, SaveCheckpoint)
+from .learner import (CheckpointLoaded, CheckpointSaved, ExportedHf, ExportHf, GroupState, JoinGroup,
+                      LearnerStats, LoadCheckpoint, PublishRequest, RankStep, SaveCheckpoint)
 from .weights import (PublishReport, SealedChunk, WeightPatch, WeightsChannel, WeightsDigest, WeightSync,
                       WeightSyncReply)
 from .run import RUN_STATE_FORMAT, RunRequest, RunState, RunUpdate, StopRun
 from .sandbox import (LIMIT_FIELDS, ExecReply, ExecRequest, ExecStreamItem, RunIoCasesReply,
-                      RunIoCasesRequest, RunTestsReply, RunTestsRequest, SandboxStats, SessionCloseRequest,
-                      SessionClosed, SessionExecRequest, SessionFileData, SessionFileWritten, SessionOpened,
-                      SessionOpenRequest, SessionReadFileRequest, SessionSnapshotRequest,
+                      RunIoCasesRequest, RunTestsReply, RunTestsRequest, SandboxStats, SessionClosed,
+                      SessionCloseRequest, SessionExecRequest, SessionFileData, SessionFileWritten,
+                      SessionOpened, SessionOpenRequest, SessionReadFileRequest, SessionSnapshotRequest,
                       SessionWriteFileRequest)
 
-__all__ = ["SAMPLING_CODEC", "GenerateReply", "GenerateRequest", "GeneratedSample", "PublishReport", "Record",
+__all__ = ["SAMPLING_CODEC", "GenerateReply", "GenerateRequest", "GeneratedSample", "PublishReport",
            "RecordError", "Rollout", "RolloutRequest", "RunRequest", "SamplingParams", "SamplingParamsError",
-           "SealedChunk", "SftBatch", "StepMetrics", "TrainBatch", "Vector", "WeightSync", "WeightSyncReply", "codec"]
+           "SealedChunk", "SftBatch", "StepMetrics", "TrainBatch", "WeightSync", "WeightSyncReply"]
 __all__ += ["CheckpointLoaded", "CheckpointSaved", "ExportHf", "ExportedHf", "GroupState", "JoinGroup",
             "LearnerStats", "LoadCheckpoint", "PublishRequest", "RankStep", "SaveCheckpoint",
             "RUN_STATE_FORMAT", "RunState", "RunUpdate", "StopRun"]
 __all__ += ["GeneratorStats", "WeightPatch", "WeightsChannel", "WeightsDigest"]
-__all__ += ["RolloutSegment"]
+__all__ += ["Reward", "RewardError", "RolloutSegment"]
 __all__ += ["ExecReply", "ExecRequest", "ExecStreamItem", "LIMIT_FIELDS", "RunIoCasesReply",
             "RunIoCasesRequest", "RunTestsReply", "RunTestsRequest", "SandboxStats", "SessionCloseRequest",
             "SessionClosed", "SessionExecRequest", "SessionFileData", "SessionFileWritten", "SessionOpenRequest",
             "SessionOpened", "SessionReadFileRequest", "SessionSnapshotRequest", "SessionWriteFileRequest"]
+
+# Every message kind between roles, declared once beside its records (core/messages.py).
+from .generate import GENERATE, GENERATOR_STATS
+from .weights import LOAD_WEIGHTS, WEIGHTS_DIGEST, WEIGHTS_CHANNEL
+from .train import TRAIN, SFT
+from .learner import (EXPORT_HF, GET_WEIGHTS, GROUP_STATE, JOIN_GROUP, LEARNER_STATS, LOAD_CHECKPOINT,
+                      PUBLISH, RANK_STEP, SAVE_CHECKPOINT)
+from .gateway import CLOSE_EPISODE, GATEWAY_ADDRESS, OPEN_EPISODE
+from .rollout import ROLLOUT
+from .run import RUN, STOP_RUN
+from .sandbox import (EXEC, EXEC_STREAM, RUN_IO_CASES, RUN_TESTS, SANDBOX_STATS, SESSION_CLOSE, SESSION_EXEC,
+                      SESSION_OPEN, SESSION_READ_FILE, SESSION_SNAPSHOT, SESSION_WRITE_FILE)
+
+__all__ += ["CloseEpisode", "EpisodeSegments", "GatewayAddress", "OpenEpisode"]
+__all__ += ["CLOSE_EPISODE", "GATEWAY_ADDRESS", "OPEN_EPISODE"]
+__all__ += ["EXEC", "EXEC_STREAM", "EXPORT_HF", "GENERATE", "GENERATOR_STATS", "GET_WEIGHTS", "GROUP_STATE",
+           "JOIN_GROUP", "LEARNER_STATS", "LOAD_CHECKPOINT", "LOAD_WEIGHTS", "PUBLISH", "RANK_STEP", "ROLLOUT",
+           "RUN", "RUN_IO_CASES", "RUN_TESTS", "SANDBOX_STATS", "SAVE_CHECKPOINT", "SESSION_CLOSE",
+           "SESSION_EXEC", "SESSION_OPEN", "SESSION_READ_FILE", "SESSION_SNAPSHOT", "SESSION_WRITE_FILE",
+           "SFT", "STOP_RUN", "TRAIN", "WEIGHTS_CHANNEL", "WEIGHTS_DIGEST"]

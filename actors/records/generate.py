@@ -4,7 +4,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from .base import Record, RecordError, codec
+from postrain.core.messages import MessageKind
+from postrain.core.record import Record, RecordError, codec
 
 
 class SamplingParamsError(RecordError):
@@ -153,3 +154,8 @@ class GeneratorStats(Record):
     acceptance_rate: float | None = None           # with speculative decoding only
     tokens_per_verify_step: float | None = None    # with speculative decoding only
     draft_time_share: float | None = None          # with speculative decoding only
+
+
+# The generator's messages (actors/generator/actor.py).
+GENERATE = MessageKind("generate", GenerateRequest, GenerateReply)
+GENERATOR_STATS = MessageKind("stats", None, GeneratorStats)

@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .base import Record, codec
-from .train import SftBatch, TrainBatch
-from .weights import PublishReport
+from postrain.core.messages import MessageKind
+from postrain.core.record import Record, codec
+from .train import SFT, TRAIN, SftBatch, TrainBatch
+from .weights import PublishReport, WeightSync
 
 GROUP_STATES = ("alone", "waiting", "joining", "formed")
 
@@ -129,29 +130,46 @@ class GroupState(Record):
 class RankStep(Record):
     """`rank_step` (rank 0 to another rank): its part of a request, in group `generation`. kind:
     train, sft, save_checkpoint, load_checkpoint, and for a sharded group publish and export_hf;
-    body: that request's record, on the wire (`request`; RANK_REQUESTS names each kind's)."""
+    body: that request's record, on the wire (`request`; RANK_MESSAGES names each kind's)."""
 
     generation: str
     kind: str
     body: dict[str, Any]
 
     def _check(self) -> None:
-        if self.kind not in RANK_REQUESTS:
-            self.fail_field("kind", self.kind, f"one of {sorted(RANK_REQUESTS)}")
+        if self.kind not in RANK_MESSAGES:
+            self.fail_field("kind", self.kind, f"one of {sorted(RANK_MESSAGES)}")
 
     @classmethod
-    def of(cls, generation: str, kind: str, request: Record) -> "RankStep":
-        return cls(generation=generation, kind=kind, body=request.to_wire())
+    def of(cls, generation: str, kind: MessageKind, request: Record) -> "RankStep":
+        return cls(generation=generation, kind=kind.name, body=request.to_wire())
+
+    @property
+    def message(self) -> MessageKind:
+        """The learner message this step is a rank's part of."""
+        return RANK_MESSAGES[self.kind]
 
     @property
     def request(self) -> Record:
         """The body as its record."""
-        return RANK_REQUESTS[self.kind].from_wire(self.body)
+        return self.message.request.from_wire(self.body)
 
 
-#: The requests a rank's step carries, by kind.
-#: A sharded learner (strategy "fsdp") gathers its weights on every rank, so its publishes (and
-#: get_weights) and exports are rank steps too.
-RANK_REQUESTS: dict[str, type[Record]] = {"train": TrainBatch, "sft": SftBatch, "save_checkpoint": SaveCheckpoint,
-                                          "load_checkpoint": LoadCheckpoint, "publish": PublishRequest,
-                                          "export_hf": ExportHf}
+
+
+# The learner's other messages (actors/learner/actor.py); its steps are TRAIN and SFT (train.py).
+SAVE_CHECKPOINT = MessageKind("save_checkpoint", SaveCheckpoint, CheckpointSaved)
+LOAD_CHECKPOINT = MessageKind("load_checkpoint", LoadCheckpoint, CheckpointLoaded)
+EXPORT_HF = MessageKind("export_hf", ExportHf, ExportedHf)
+GET_WEIGHTS = MessageKind("get_weights", None, WeightSync)
+PUBLISH = MessageKind("publish", PublishRequest, PublishReport)
+LEARNER_STATS = MessageKind("stats", None, LearnerStats)
+JOIN_GROUP = MessageKind("join", JoinGroup, GroupState)            # rank 0 -> a follower rank
+GROUP_STATE = MessageKind("group", None, GroupState)               # rank 0 probes its ranks
+RANK_STEP = MessageKind("rank_step", RankStep, GroupState)         # rank 0 -> a follower: its part of a step
+
+#: The learner messages a rank's step carries, by name. A sharded learner (strategy "fsdp")
+#: gathers its weights on every rank, so its publishes (and get_weights) and exports are rank
+#: steps too.
+RANK_MESSAGES: dict[str, MessageKind] = {kind.name: kind for kind in (
+    TRAIN, SFT, SAVE_CHECKPOINT, LOAD_CHECKPOINT, PUBLISH, EXPORT_HF)}

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+from postrain.core.messages import MessageKind
+from postrain.core.record import Record, codec
 
-from ..env.api import Reward
-from .base import Record, codec
+from .reward import Reward
 from .generate import SAMPLING_CODEC, SamplingParams
 
 
@@ -109,3 +110,7 @@ def _check_tokens(record: Record) -> None:
             record.fail_field(name, getattr(record, name), f"one entry per token ({len(record.token_ids)})")
     if record.num_policy_tokens != sum(record.loss_mask):
         record.fail_field("num_policy_tokens", record.num_policy_tokens, f"sum(loss_mask) = {sum(record.loss_mask)}")
+
+
+# The environment actor's message (actors/env/actor.py).
+ROLLOUT = MessageKind("rollout", RolloutRequest, Rollout)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .base import Record
+from postrain.core.messages import MessageKind
+from postrain.core.record import Record
 
 RUN_STATE_FORMAT = "postrain-run-1"
 RUN_PHASES = ("sft", "rl", "done")
@@ -72,3 +73,8 @@ class RunState(Record):
             self.fail_field("next_batch", self.next_batch, ">= 0, with the file offsets >= 0")
         if self.phase == "sft" and self.sft_step is None:
             self.fail_field("sft_step", None, "given in phase 'sft' (the SFT steps trained)")
+
+
+# The orchestrator's messages (actors/orchestrator/actor.py): the head starts and stops the run.
+RUN = MessageKind("run", RunRequest, RunUpdate, stream=True)
+STOP_RUN = MessageKind("stop", None, StopRun)

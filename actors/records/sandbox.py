@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .base import Record, RecordError, codec
+from postrain.core.messages import MessageKind
+from postrain.core.record import Record, RecordError, codec
 
 LIMIT_FIELDS = ("wall_time_s", "cpu_time_s", "memory_mb", "max_processes", "max_file_size_mb",
                 "work_dir_size_mb", "max_open_files", "max_output_bytes")
@@ -251,3 +252,17 @@ class SandboxStats(Record):
     mode: str
     open_sessions: int
     max_sessions: int
+
+
+# The sandbox actor's messages (actors/sandbox/actor.py).
+EXEC = MessageKind("exec", ExecRequest, ExecReply)
+EXEC_STREAM = MessageKind("exec_stream", ExecRequest, ExecStreamItem, stream=True)
+RUN_TESTS = MessageKind("run_tests", RunTestsRequest, RunTestsReply)
+RUN_IO_CASES = MessageKind("run_io_cases", RunIoCasesRequest, RunIoCasesReply)
+SESSION_OPEN = MessageKind("session_open", SessionOpenRequest, SessionOpened)
+SESSION_EXEC = MessageKind("session_exec", SessionExecRequest, ExecReply)
+SESSION_READ_FILE = MessageKind("session_read_file", SessionReadFileRequest, SessionFileData)
+SESSION_SNAPSHOT = MessageKind("session_snapshot", SessionSnapshotRequest, SessionFileData)
+SESSION_WRITE_FILE = MessageKind("session_write_file", SessionWriteFileRequest, SessionFileWritten)
+SESSION_CLOSE = MessageKind("session_close", SessionCloseRequest, SessionClosed)
+SANDBOX_STATS = MessageKind("stats", None, SandboxStats)

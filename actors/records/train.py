@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .base import Record, RecordError, Vector
+from postrain.core.messages import MessageKind
+from postrain.core.record import Record, RecordError, Vector
 
 #: The fields of the batches below that are not per-sample (a shard keeps them whole).
 NOT_PER_SAMPLE = ("expect_policy_version",)
@@ -106,3 +107,8 @@ def _one_per_sample(record: Record, names: tuple[str, ...]) -> None:
         value = getattr(record, name)
         if value is not None and len(value) != num:
             record.fail_field(name, value, f"one entry per sample ({num}, as token_ids)")
+
+
+# The learner's steps (actors/learner/actor.py).
+TRAIN = MessageKind("train", TrainBatch, StepMetrics)
+SFT = MessageKind("sft", SftBatch, StepMetrics)

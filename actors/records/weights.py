@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .base import Record, codec
+from postrain.core.messages import MessageKind
+from postrain.core.record import Record, codec
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,3 +123,9 @@ class WeightsDigest(Record):
 
     version: int
     digest: str
+
+
+# A weight receiver's messages (the generator, the reference receiver: actors/weights/).
+LOAD_WEIGHTS = MessageKind("load_weights", WeightSync, WeightSyncReply)
+WEIGHTS_DIGEST = MessageKind("digest", None, WeightsDigest)
+WEIGHTS_CHANNEL = MessageKind("weights_channel", None, WeightsChannel)

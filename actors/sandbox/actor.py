@@ -63,10 +63,12 @@ from postrain.core.errors import PostrainError
 from postrain.sandbox import (ExecResult, Policy, PolicyError, Sandbox, Session, SessionLimits, run_io_cases,
                               run_tests)
 
-from ..records import (ExecReply, ExecRequest, ExecStreamItem, RunIoCasesReply, RunIoCasesRequest,
-                      RunTestsReply, RunTestsRequest, SandboxStats, SessionCloseRequest, SessionClosed,
-                      SessionExecRequest, SessionFileData, SessionFileWritten, SessionOpened, SessionOpenRequest,
-                      SessionReadFileRequest, SessionSnapshotRequest, SessionWriteFileRequest)
+from ..records import (EXEC, EXEC_STREAM, RUN_IO_CASES, RUN_TESTS, SANDBOX_STATS, SESSION_CLOSE, SESSION_EXEC,
+                       SESSION_OPEN, SESSION_READ_FILE, SESSION_SNAPSHOT, SESSION_WRITE_FILE, ExecReply,
+                       ExecRequest, ExecStreamItem, RunIoCasesReply, RunIoCasesRequest, RunTestsReply,
+                       RunTestsRequest, SandboxStats, SessionClosed, SessionCloseRequest, SessionExecRequest,
+                       SessionFileData, SessionFileWritten, SessionOpened, SessionOpenRequest,
+                       SessionReadFileRequest, SessionSnapshotRequest, SessionWriteFileRequest)
 
 
 class SandboxQueueFull(PostrainError, RuntimeError):
@@ -173,14 +175,14 @@ class SandboxActor(Actor):
                                                "max_sessions": int(self.session_slots.total_tokens)})
 
     # ------------------------------------------------------------ handlers
-    @handler("exec", concurrent=True, request=ExecRequest, reply=ExecReply)
+    @handler(EXEC, concurrent=True)
     async def exec(self, request: ExecRequest, msg) -> ExecReply:
         """One execution's result. Cancelled: as `_in_worker` (queued: nothing ran; running: it
         still ends within its wall limit and frees its worker)."""
         kwargs = self._run_kwargs(request, msg.sender)
         return ExecReply.of(await self._in_worker(self.sandbox.run, **kwargs))
 
-    @handler("exec_stream", stream=True, concurrent=True, request=ExecRequest, reply=ExecStreamItem)
+    @handler(EXEC_STREAM, concurrent=True)
     async def exec_stream(self, request: ExecRequest, msg):
         """Output chunks as they arrive, then the result. Cancelled (the caller stops reading):
         the run goes on in the node's task group until it ends within its limits; its chunks
@@ -215,7 +217,7 @@ class SandboxActor(Actor):
                     raise item
                 yield item
 
-    @handler("run_tests", concurrent=True, request=RunTestsRequest, reply=RunTestsReply)
+    @handler(RUN_TESTS, concurrent=True)
     async def run_tests(self, request: RunTestsRequest, msg) -> RunTestsReply:
         """The test report of a solution. Cancelled: as `exec`."""
         report = await self._in_worker(run_tests, self.sandbox, request.solution, request.tests,
@@ -223,7 +225,7 @@ class SandboxActor(Actor):
                                        policy=self._policy(request.limits), requester=msg.sender)
         return RunTestsReply.of(report)
 
-    @handler("run_io_cases", concurrent=True, request=RunIoCasesRequest, reply=RunIoCasesReply)
+    @handler(RUN_IO_CASES, concurrent=True)
     async def run_io_cases(self, request: RunIoCasesRequest, msg) -> RunIoCasesReply:
         """A verdict per stdin/expected case. Cancelled: as `exec`."""
         cases = [(str(stdin), str(expected)) for stdin, expected in request.cases]
@@ -232,7 +234,7 @@ class SandboxActor(Actor):
         return RunIoCasesReply(passed=[v.passed for v in verdicts],
                                results=[ExecReply.of(v.result) for v in verdicts])
 
-    @handler("session_open", concurrent=True, request=SessionOpenRequest, reply=SessionOpened)
+    @handler(SESSION_OPEN, concurrent=True)
     async def session_open(self, request: SessionOpenRequest, msg) -> SessionOpened:
         """A new session's id. Waits (counted as queued) while all session slots are taken.
         Cancelled while waiting: nothing opened; while opening: the open finishes in its thread
@@ -251,7 +253,7 @@ class SandboxActor(Actor):
         self.sessions[opened.session_id] = OpenSession(opened, msg.sender, slot)
         return SessionOpened(session_id=opened.session_id, limits=limits.to_dict())
 
-    @handler("session_exec", concurrent=True, request=SessionExecRequest, reply=ExecReply)
+    @handler(SESSION_EXEC, concurrent=True)
     async def session_exec(self, request: SessionExecRequest, msg) -> ExecReply:
         """A call's result. Cancelled: as `exec` (the session's next call waits for it)."""
         session = self._session(request.session_id, msg.sender)
@@ -259,25 +261,25 @@ class SandboxActor(Actor):
             (session.run_python, request.code)
         return ExecReply.of(await self._in_worker(run, source, request.stdin, request.timeout_s))
 
-    @handler("session_read_file", concurrent=True, request=SessionReadFileRequest, reply=SessionFileData)
+    @handler(SESSION_READ_FILE, concurrent=True)
     async def session_read_file(self, request: SessionReadFileRequest, msg) -> SessionFileData:
         """The file's bytes. Cancelled: the read finishes in its thread."""
         session = self._session(request.session_id, msg.sender)
         return SessionFileData(await self._in_worker(session.read_file, request.path))
 
-    @handler("session_snapshot", concurrent=True, request=SessionSnapshotRequest, reply=SessionFileData)
+    @handler(SESSION_SNAPSHOT, concurrent=True)
     async def session_snapshot(self, request: SessionSnapshotRequest, msg) -> SessionFileData:
         """The work dir as a tar, for a grader (`Session.snapshot`). Cancelled: it finishes in its thread."""
         session = self._session(request.session_id, msg.sender)
         return SessionFileData(await self._in_worker(session.snapshot))
 
-    @handler("session_write_file", concurrent=True, request=SessionWriteFileRequest, reply=SessionFileWritten)
+    @handler(SESSION_WRITE_FILE, concurrent=True)
     async def session_write_file(self, request: SessionWriteFileRequest, msg) -> SessionFileWritten:
         """Bytes written. Cancelled: the write finishes in its thread."""
         session = self._session(request.session_id, msg.sender)
         return SessionFileWritten(await self._in_worker(session.write_file, request.path, request.data))
 
-    @handler("session_close", concurrent=True, request=SessionCloseRequest, reply=SessionClosed)
+    @handler(SESSION_CLOSE, concurrent=True)
     async def session_close(self, request: SessionCloseRequest, msg) -> SessionClosed:
         """Calls, seconds open, end reason. Cancelled: the session is gone already (atomic)."""
         session = self._session(request.session_id, msg.sender)
@@ -301,7 +303,7 @@ class SandboxActor(Actor):
         self.session_slots.total_tokens = num_workers * self.options.max_sessions_per_worker
         return ResizeReply(num_workers=num_workers, previous=previous)
 
-    @handler("stats", request=None, reply=SandboxStats)
+    @handler(SANDBOX_STATS)
     async def stats(self, body: None) -> SandboxStats:
         """Counters by status, queued, running, workers. Does not wait (cancel-safe)."""
         return SandboxStats(by_status=dict(self.status_counts), queued=self.num_queued,

@@ -15,9 +15,10 @@ import anyio
 from postrain.core.errors import PostrainError
 from postrain.sandbox import ExecResult
 
-from ..records import (ExecReply, SessionCloseRequest, SessionClosed, SessionExecRequest, SessionFileData,
-                      SessionFileWritten, SessionOpened, SessionOpenRequest, SessionReadFileRequest,
-                      SessionSnapshotRequest, SessionWriteFileRequest)
+from ..records import (SESSION_CLOSE, SESSION_EXEC, SESSION_OPEN, SESSION_READ_FILE, SESSION_SNAPSHOT,
+                       SESSION_WRITE_FILE, SessionClosed, SessionCloseRequest, SessionExecRequest,
+                       SessionOpenRequest, SessionReadFileRequest, SessionSnapshotRequest,
+                       SessionWriteFileRequest)
 
 ASK_SLACK_S = 300.0  # waiting for a worker or a session slot, on top of a call's own wall limit
 
@@ -44,26 +45,25 @@ class RemoteSession:
 
     async def read_file(self, path: str) -> bytes:
         request = SessionReadFileRequest(self.session_id, path)
-        return SessionFileData.from_wire(await self.ref.ask("session_read_file", request.to_wire())).data
+        return (await self.ref.call(SESSION_READ_FILE, request)).data
 
     async def snapshot(self) -> bytes:
         """The work dir as a tar (`Session.snapshot`), what a grader checks."""
         request = SessionSnapshotRequest(self.session_id)
-        return SessionFileData.from_wire(await self.ref.ask("session_snapshot", request.to_wire(),
-                                                            timeout_s=ASK_SLACK_S)).data
+        return (await self.ref.call(SESSION_SNAPSHOT, request, timeout_s=ASK_SLACK_S)).data
 
     async def write_file(self, path: str, data: bytes | str) -> int:
         request = SessionWriteFileRequest(self.session_id, path, data)
-        return SessionFileWritten.from_wire(await self.ref.ask("session_write_file", request.to_wire())).size
+        return (await self.ref.call(SESSION_WRITE_FILE, request)).size
 
     async def close(self) -> SessionClosed:
         request = SessionCloseRequest(self.session_id)
-        return SessionClosed.from_wire(await self.ref.ask("session_close", request.to_wire()))
+        return await self.ref.call(SESSION_CLOSE, request)
 
     async def _exec(self, request: SessionExecRequest) -> ExecResult:
         wall_s = float(request.timeout_s or self.limits["call_wall_time_s"])
-        reply = await self.ref.ask("session_exec", request.to_wire(), timeout_s=wall_s + ASK_SLACK_S)
-        return ExecReply.from_wire(reply).to_result()
+        reply = await self.ref.call(SESSION_EXEC, request, timeout_s=wall_s + ASK_SLACK_S)
+        return reply.to_result()
 
 
 def _seconds(timeout_s: float | None) -> float | None:
@@ -75,7 +75,7 @@ async def remote_session(ref, files: dict | None = None, limits: dict | None = N
     """`async with remote_session(sandbox_ref, files=...) as s: await s.run("ls")`; the session is
     closed on the way out, even when cancelled (a lost actor: the reaper closes it)."""
     request = SessionOpenRequest(files=files or None, limits=dict(limits) if limits else None)
-    opened = SessionOpened.from_wire(await ref.ask("session_open", request.to_wire(), timeout_s=ASK_SLACK_S))
+    opened = await ref.call(SESSION_OPEN, request, timeout_s=ASK_SLACK_S)
     session = RemoteSession(ref, opened.session_id, opened.limits)
     try:
         yield session

@@ -1,9 +1,9 @@
 """The sending side of a weight sync: a state dict as `load_weights` messages, chunks, sealed pieces.
 
-    messages = weight_messages(weights, version=3, chunk_mb=64)   # WeightSync bodies, in order
+    messages = weight_messages(weights, version=3, chunk_mb=64)   # WeightSync records, in order
     digest = weights_digest(weights)                               # what a receiver checks
 
-The receiving side is actors/weights/assembly.py; the contract is in actors/learner/actor.py.
+The receiving side is receiver.py; the contract is in actors/learner/actor.py.
 """
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ from ..records import SealedChunk, WeightSync
 
 
 def weight_messages(weights: dict[str, torch.Tensor], version: int, chunk_mb: float | None = None
-                    ) -> list[dict]:
-    """The `load_weights` bodies of one sync: one message, or chunks of whole tensors of at most
+                    ) -> list[WeightSync]:
+    """The `load_weights` records of one sync: one message, or chunks of whole tensors of at most
     chunk_mb MiB each (a larger tensor travels alone) tagged "chunk" i of "num_chunks"."""
     if not chunk_mb:
-        return [WeightSync(version, weights).to_wire()]
+        return [WeightSync(version, weights)]
     parts = weight_chunks(weights, chunk_mb)
-    return [WeightSync(version, part, chunk=i, num_chunks=len(parts)).to_wire()
+    return [WeightSync(version, part, chunk=i, num_chunks=len(parts))
             for i, part in enumerate(parts)]
 
 
@@ -42,8 +42,8 @@ def weight_chunks(weights: dict[str, torch.Tensor], chunk_mb: float | None) -> l
 
 
 def sealed_sync(weights: dict[str, torch.Tensor], version: int, chunk_mb: float | None, sender: str,
-                piece_bytes: int, timeout_s: float) -> tuple[list[dict], list]:
-    """One sync to a target on another node: its `load_weights` bodies (chunks naming their
+                piece_bytes: int, timeout_s: float) -> tuple[list[WeightSync], list]:
+    """One sync to a target on another node: its `load_weights` records (chunks naming their
     tensors, which travel sealed) and, per chunk, (Stream, [byte view of each tensor])."""
     from postrain.core.sealed import Stream, new_sync_id
 
@@ -54,7 +54,7 @@ def sealed_sync(weights: dict[str, torch.Tensor], version: int, chunk_mb: float 
         layout = [[name, str(t.dtype).removeprefix("torch."), list(t.shape)]
                   for name, t in zip(part, tensors)]
         sealed = SealedChunk(sender, sync_id, layout, piece_bytes, timeout_s)
-        messages.append(WeightSync(version, {}, chunk=i, num_chunks=len(parts), sealed=sealed).to_wire())
+        messages.append(WeightSync(version, {}, chunk=i, num_chunks=len(parts), sealed=sealed))
         streams.append((Stream(sender, version, sync_id, i),
                         [memoryview(t.view(-1).view(torch.uint8).numpy()) for t in tensors]))
     return messages, streams

@@ -24,7 +24,7 @@ import anyio
 
 from postrain.core.errors import PostrainError
 
-from ..records import PublishReport, PublishRequest
+from ..records import LOAD_WEIGHTS, WEIGHTS_CHANNEL, PublishReport, PublishRequest
 from .messages import sealed_sync
 from .sync_plan import PublishPlan, SyncPlanner
 
@@ -77,8 +77,8 @@ class WeightPublisher:
                     self.targets[name] = await self.lookup(name)
                 target = self.targets[name]
                 if not target.same_host:
-                    channel = await target.ask("weights_channel", None, timeout_s=timeout_s)
-                    far[name] = (target, channel["address"])
+                    channel = await target.call(WEIGHTS_CHANNEL, timeout_s=timeout_s)
+                    far[name] = (target, channel.address)
             except Exception as exc:
                 errors[name] = exc
 
@@ -89,13 +89,13 @@ class WeightPublisher:
             try:
                 message = plan.message_for(name)
                 try:
-                    await self.targets[name].ask("load_weights", message, timeout_s=timeout_s)
+                    await self.targets[name].call(LOAD_WEIGHTS, message, timeout_s=timeout_s)
                 except Exception as exc:          # a patch refused (it missed the base?): the whole weights
                     if not plan.is_patch(message):
                         raise
                     log.info("%s refused a weight patch (%s); sending the whole weights", name, exc)
                     message = plan.full_message()
-                    await self.targets[name].ask("load_weights", message, timeout_s=timeout_s)
+                    await self.targets[name].call(LOAD_WEIGHTS, message, timeout_s=timeout_s)
             except Exception as exc:
                 self.planner.forget(name)
                 errors[name] = exc
@@ -186,8 +186,8 @@ class WeightPublisher:
             with scopes[name]:
                 try:
                     for message in messages[:-1]:
-                        await target.tell("load_weights", message, timeout_s=timeout_s)
-                    await target.ask("load_weights", messages[-1], timeout_s=timeout_s)
+                        await target.send(LOAD_WEIGHTS, message, timeout_s=timeout_s)
+                    await target.call(LOAD_WEIGHTS, messages[-1], timeout_s=timeout_s)
                     done[name] = (len(messages), time.perf_counter())
                 except Exception as exc:
                     errors.setdefault(name, exc)

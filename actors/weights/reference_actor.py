@@ -12,7 +12,8 @@ from pydantic import Field
 
 from postrain.core import Actor, Options, handler
 
-from ..records import WeightsChannel, WeightsDigest, WeightSync, WeightSyncReply
+from ..records import (LOAD_WEIGHTS, WEIGHTS_CHANNEL, WEIGHTS_DIGEST, WeightsChannel, WeightsDigest,
+                       WeightSync, WeightSyncReply)
 from .messages import weights_digest
 from .receiver import WeightReceiver, model_weights
 
@@ -48,13 +49,13 @@ class WeightReceiverActor(Actor):
         """Close the sealed channel, if open. Does not wait."""
         self.receiver.close()
 
-    @handler("weights_channel", request=None, reply=WeightsChannel)
+    @handler(WEIGHTS_CHANNEL)
     async def weights_channel(self, body: None) -> WeightsChannel:
         """The address of the sealed channel for weights from another node (opened now if not yet).
         Does not wait (cancel-safe)."""
         return WeightsChannel(address=self.receiver.channel_address())
 
-    @handler("load_weights", request=WeightSync, reply=WeightSyncReply)
+    @handler(LOAD_WEIGHTS)
     async def load_weights(self, sync: WeightSync) -> WeightSyncReply:
         """Take a sync (or one chunk of it): WeightReceiver.receive, then load it. Cancelled:
         nothing applied (see WeightReceiver.receive)."""
@@ -77,7 +78,7 @@ class WeightReceiverActor(Actor):
         """The weights held now ({name: tensor}, no tied duplicate)."""
         return self.weights if self.model is None else model_weights(self.model)
 
-    @handler("digest", request=None, reply=WeightsDigest)
+    @handler(WEIGHTS_DIGEST)
     async def digest(self, body: None) -> WeightsDigest:
         """A digest of the weights held. Does not wait (cancel-safe)."""
         return WeightsDigest(version=self.version, digest=weights_digest(self._held()))

@@ -2,7 +2,7 @@
 
     planner = SyncPlanner(mode="delta", lora=learner.lora)       # the learner actor's `weight_sync`
     plan = planner.prepare(learner.base_weights(), learner.policy_version)   # once per publish
-    message = plan.message_for("gen0")                           # a `load_weights` body
+    message = plan.message_for("gen0")                           # a WeightSync (`load_weights`)
     plan.sent("gen0", message)  /  planner.forget("gen0")        # after its reply / a failure
     plan.finish()                                                # the publish is over
 
@@ -72,8 +72,8 @@ class PublishPlan:
         self.base = base
         self.weights = planner.lora.merged(base) if base else {}
         self.version = version
-        self._full: dict | None = None
-        self._patch: dict | None = None
+        self._full: WeightSync | None = None
+        self._patch: WeightSync | None = None
         self._digest: str | None = None
         self.num_changed: int | None = None     # delta: elements changed since the last publish
 
@@ -83,19 +83,19 @@ class PublishPlan:
             self._digest = weights_digest(self.weights)
         return self._digest
 
-    def full_message(self) -> dict:
+    def full_message(self) -> WeightSync:
         """The whole weights; under LoRA with patches, the frozen base and the adapters."""
         if self._full is None:
             planner, lora = self.planner, self.planner.lora
             if planner.mode == "delta" and lora.active:
                 base = self.base
                 patch = WeightPatch("lora", self.digest, lora_scale=lora.config.scale, dtype=planner.dtype)
-                self._full = WeightSync(self.version, {**base, **lora.adapters()}, patch=patch).to_wire()
+                self._full = WeightSync(self.version, {**base, **lora.adapters()}, patch=patch)
             else:
-                self._full = WeightSync(self.version, self.weights).to_wire()
+                self._full = WeightSync(self.version, self.weights)
         return self._full
 
-    def message_for(self, name: str) -> dict:
+    def message_for(self, name: str) -> WeightSync:
         """A patch when `name` holds what it patches, else the whole weights."""
         planner = self.planner
         held = planner.held.get(name)
@@ -105,20 +105,20 @@ class PublishPlan:
             if self._patch is None:
                 patch = WeightPatch("lora", self.digest, base_version=held, lora_scale=planner.lora.config.scale,
                                     dtype=planner.dtype)
-                self._patch = WeightSync(self.version, planner.lora.adapters(), patch=patch).to_wire()
+                self._patch = WeightSync(self.version, planner.lora.adapters(), patch=patch)
             return self._patch
         if held != planner.published_version or planner.published is None:
             return self.full_message()                 # it missed a version
         if self._patch is None:
             encoded, self.num_changed = encode_delta(planner.published, self.weights)
             patch = WeightPatch("delta", self.digest, base_version=planner.published_version, dtype=planner.dtype)
-            self._patch = WeightSync(self.version, encoded, patch=patch).to_wire()
+            self._patch = WeightSync(self.version, encoded, patch=patch)
         return self._patch
 
-    def sent(self, name: str, message: dict) -> int:
+    def sent(self, name: str, message: WeightSync) -> int:
         """`name` confirmed `message`: remember its version; returns the message's tensor bytes."""
         self.planner.held[name] = self.version
-        return tensor_bytes(message["weights"])
+        return tensor_bytes(message.weights)
 
     def finish(self) -> None:
         """The publish is over: a delta planner keeps a copy of what it published."""
@@ -128,5 +128,5 @@ class PublishPlan:
             planner.published_version = self.version
 
     @staticmethod
-    def is_patch(message: dict) -> bool:
-        return message.get("patch") is not None and message["patch"].get("base_version") is not None
+    def is_patch(message: WeightSync) -> bool:
+        return message.patch is not None and message.patch.base_version is not None

@@ -133,7 +133,7 @@ def publish_rounds(learner, rank: int, world: int, out: Path, variant: str) -> N
             message = plan.message_for("gen0")
             sync = WeightSync.from_wire(message)
             got = patcher.resolve(sync, dict(sync.weights), held_version, lambda: held)
-            rounds.append({"patch": plan.is_patch(message), "bytes": tensor_bytes(message["weights"]),
+            rounds.append({"patch": plan.is_patch(message), "bytes": tensor_bytes(message.weights),
                            "digest_ok": weights_digest(got) == plan.digest == weights_digest(whole)})
             plan.sent("gen0", message)
             held, held_version = got, plan.version

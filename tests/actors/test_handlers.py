@@ -13,10 +13,11 @@ import pkgutil
 import pytest
 
 import postrain.actors
-from postrain.actors.records import Record, RecordError, WeightsChannel, WeightSync, WeightSyncReply
+from postrain.actors.records import RecordError, WeightsChannel, WeightSync, WeightSyncReply
+from postrain.core.record import Record
 from postrain.core import Actor, handler
 from postrain.core.testing import async_test
-from postrain.core.typed import UNTYPED
+from postrain.core.messages import UNTYPED
 
 
 def _actor_classes() -> list[type[Actor]]:

@@ -140,13 +140,13 @@ async def test_generators_here_and_on_another_host_hold_the_same_weights_and_dro
         # a sync interrupted by a newer one is dropped whole, and its late chunks are refused
         interrupted, newer = weight_messages(weights, 2, 1.0), weight_messages(weights, 3, 1.0)
         for message in interrupted[:2]:
-            assert await far.ask("load_weights", message) == {"version": 1, "complete": False}
+            assert await far.ask("load_weights", message.to_wire()) == {"version": 1, "complete": False}
         assert (await far.ask("stats"))["policy_version"] == 1     # nothing applied from a part
         for message in newer:
-            reply = await far.ask("load_weights", message)
+            reply = await far.ask("load_weights", message.to_wire())
         assert reply["version"] == 3
         with pytest.raises(RemoteError, match="must not go back: this actor holds 3, got 2"):
-            await far.ask("load_weights", interrupted[2])
+            await far.ask("load_weights", interrupted[2].to_wire())
         assert set((await far.ask("generate", GREEDY))["samples"][0]["policy_versions"]) == {3}
 
 
@@ -177,12 +177,12 @@ async def test_a_forged_sealed_piece_is_refused_and_the_receiver_keeps_its_weigh
         channel = (await far.ask("weights_channel"))["address"]
         messages, streams = sealed_sync(weights, 1, 1.0, "learner", PIECE_BYTES, timeout_s=10)
         forger = SealedSender(new_run_key())
-        await far.tell("load_weights", messages[0])
+        await far.tell("load_weights", messages[0].to_wire())
         assert forger.send(streams[0][0], streams[0][1], {channel: None}, timeout_s=10) == {}
         for message in messages[1:-1]:                   # the sync's later chunks find it dropped
-            await far.tell("load_weights", message)
+            await far.tell("load_weights", message.to_wire())
         with pytest.raises(RemoteError, match="dropped after a refused or missing piece"):
-            await far.ask("load_weights", messages[-1])
+            await far.ask("load_weights", messages[-1].to_wire())
         assert await far.ask("digest") == held                             # nothing half-loaded
 
         # junk from a stranger on the channel costs the next sync nothing

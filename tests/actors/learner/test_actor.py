@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 
 from postrain.actors.weights.messages import weight_messages, weights_digest
-from postrain.actors.records import (CheckpointLoaded, CheckpointSaved, LearnerStats, LoadCheckpoint, PublishReport,
-                                     PublishRequest, SaveCheckpoint, TrainBatch, WeightSync)
+from postrain.actors.records import (CheckpointLoaded, CheckpointSaved, LearnerStats, LoadCheckpoint,
+                                     PublishReport, PublishRequest, SaveCheckpoint, TrainBatch, WeightSync)
 from postrain.core import ActorSpec, RemoteError, Supervisor
 from postrain.core.testing import async_test
 
@@ -71,7 +71,7 @@ async def test_learner_actor_trains_checkpoints_and_publishes(tmp_path):
 def test_weight_messages_split_whole_tensors_under_the_chunk_size():
     weights = {f"w{i}": torch.zeros(256 * (i + 1)) for i in range(6)}     # 1, 2, ..., 6 KiB
     messages = weight_messages(weights, 3, chunk_mb=6 / 1024)
-    assert [sorted(m["weights"]) for m in messages] == [["w0", "w1", "w2"], ["w3"], ["w4"], ["w5"]]
-    assert {(m["version"], m["num_chunks"]) for m in messages} == {(3, 4)}
-    assert [m["chunk"] for m in messages] == list(range(4))
-    assert weight_messages(weights, 3) == [{"version": 3, "weights": weights}]
+    assert [sorted(m.weights) for m in messages] == [["w0", "w1", "w2"], ["w3"], ["w4"], ["w5"]]
+    assert {(m.version, m.num_chunks) for m in messages} == {(3, 4)}
+    assert [m.chunk for m in messages] == list(range(4))
+    assert [m.to_wire() for m in weight_messages(weights, 3)] == [{"version": 3, "weights": weights}]

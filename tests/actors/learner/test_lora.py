@@ -211,7 +211,7 @@ def test_adapter_syncs_in_bfloat16_rebuild_the_learners_merged_weights():
     held: dict[str, torch.Tensor] = {}
     for step in range(3):
         plan = planner.prepare(learner.base_weights(), learner.policy_version)
-        message = WeightSync.from_wire(plan.message_for("gen0"))
+        message = plan.message_for("gen0")
         assert (message.patch.base_version is None) == (step == 0)           # whole once, then adapters
         weights = patcher.resolve(message, message.weights, step - 1, lambda: held)
         held = {k: v.float() for k, v in weights.items()}                     # a float32 generator

@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..records.base import Record
+from postrain.core.messages import MessageKind
+from postrain.core.record import Record
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,3 +42,9 @@ class EpisodeSegments(Record):
 
     segments: list[dict[str, Any]] = field(default_factory=list)
     num_calls: int = 0
+
+
+# The gateway's messages (actors/gateway/actor.py): an agent harness opens and closes episodes.
+GATEWAY_ADDRESS = MessageKind("address", None, GatewayAddress)
+OPEN_EPISODE = MessageKind("open_episode", OpenEpisode, None)
+CLOSE_EPISODE = MessageKind("close_episode", CloseEpisode, EpisodeSegments)

@@ -1,4 +1,18 @@
-"""The record machinery: frozen dataclasses whose fields are checked where they are made, and their wire form."""
+"""Records: frozen dataclasses whose fields are checked where they are made, and their wire form.
+
+    @dataclass(frozen=True, slots=True)
+    class ExecReply(Record):
+        status: str
+        exit_code: int | None = None
+
+    reply = ExecReply(status="ok")          # RecordError naming the field, the rule and the value
+    ExecReply.from_wire(reply.to_wire())    # the msgpack map that travels, and back
+
+The one way postrain declares a message: the kernel's own (core/load.py, core/lending.py) and
+every role's (postrain.actors.records, the gateway's records). Configs and options are
+pydantic models instead (core/options.py): they are read from TOML and name every bad field at
+once, where a record is made in code and fails on its first bad field.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -8,7 +22,7 @@ import types
 import typing
 from typing import Any, Callable, ClassVar
 
-from postrain.core.errors import PostrainError
+from .errors import PostrainError
 
 
 class RecordError(PostrainError, ValueError):
@@ -22,11 +36,6 @@ class Vector:
 
 def _is_vector(value: Any) -> bool:
     return hasattr(value, "__len__") and not isinstance(value, (str, bytes, dict))
-
-
-def _conforms(value: Any, tp: Any) -> bool:
-    """Whether `value` is of the annotated type `tp` (the forms the records below use)."""
-    return _checker(tp)(value)
 
 
 def _is_int(value: Any) -> bool:
@@ -101,7 +110,7 @@ class Record:
         self._check()
 
     def _check(self) -> None:
-        """Rules across fields (subclasses); raise with `_fail`."""
+        """Rules across fields (subclasses); raise with `fail_field`."""
 
     def fail_field(self, name: str, value: Any, rule: str) -> typing.NoReturn:
         shown = repr(value)
