@@ -13,7 +13,7 @@ are typed (the kernel decodes the request into its record before the handler run
 caller gets the reply's record back; core/typed.py). `request` / `reply` is a class with
 `from_wire(data)` / `to_wire()` (a Record, core/record.py), None for a bodiless message or a
 handler that returns nothing, or UNTYPED (raw bodies: the kernel's own test actors only;
-tests/actors/test_handlers.py refuses it for every role).
+tests/actors/records/test_handlers.py refuses it for every role).
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ record it returns, so a role's handler never sees or returns a bare dict.
 `request` / `reply` is any class with `from_wire(data)` / `to_wire()` (the kernel names no role:
 the roles' records live above it, in postrain.actors.records), or None: a bodiless message
 (a body other than None or {} is refused) / a handler that returns nothing. Left out, the
-handler is untyped (UNTYPED: body and reply pass as they are); tests/actors/test_handlers.py
+handler is untyped (UNTYPED: body and reply pass as they are); tests/actors/records/test_handlers.py
 refuses that for every role's handler. A stream's reply class types each item.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The packages' import graph points one way (DESIGN.md, Layout), and has no cycles:
+"""The packages' import graph points one way (docs/architecture.md, "Layering rules"), and has no cycles:
 
     ext, sandbox        leaf libraries: import nothing of ours but postrain.core.errors (the one error root)
     core                the kernel: imports nothing of ours above it, and names no role
@@ -313,7 +313,7 @@ PACKAGE_DIRS = {package: package for package in ALLOWED}
 
 @pytest.mark.parametrize("package", sorted(ALLOWED))
 def test_no_module_reaches_into_another_modules_private_names(package):
-    """One object lives in one module (STYLE.md, "Parts, not line counts"; docs/architecture.md,
+    """One object lives in one module (docs/architecture.md,
     "Layering rules"): a function that takes another module's object and reads its `_private`
     members is that object spread over two files. Give the object a public method or property."""
     reaches = [reach for path in sources(package) for reach in private_reaches(path)]

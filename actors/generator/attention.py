@@ -42,7 +42,7 @@ class PagedMetadata:
     Shapes: B sequences, T = the most new tokens any of them has (1 for pure decode).
     Invariants: positions[b, :n_b] == context_lens[b] - n_b + arange(n_b) for the n_b real
     tokens of row b; padding columns carry slot -1 (never written) and position 0; every
-    slot of row b lies in a block of block_tables[b] (tests/actors/generator/test_runner.py).
+    slot of row b lies in a block of block_tables[b] (tests/actors/generator/test_attention.py).
     """
 
     positions: torch.Tensor        # (B, T) int64 absolute positions of the new tokens

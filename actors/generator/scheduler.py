@@ -72,10 +72,6 @@ class StepPlan:
     prefills: tuple[ScheduledSequence, ...]   # admitted prompts: their uncached tokens
 
     @property
-    def num_scheduled_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.decodes + self.prefills)
-
-    @property
     def has_drafts(self) -> bool:
         return any(s.drafts for s in self.decodes)
 

@@ -150,7 +150,6 @@ class LearnerActor(Actor):
         from ..models.device import resolve_device
 
         self.learner = None
-        self.resume_extra = None
         self.publisher: WeightPublisher | None = None   # the sync protocol's sending end (built with the learner)
         self.group: LearnerGroup | None = None
         check_ranks(self.options.learner_config().context_parallel,
@@ -185,7 +184,7 @@ class LearnerActor(Actor):
         embedding = self.learner.model.model.embed_tokens
         embedding.register_forward_pre_hook(lambda module, args: self.apply_num_threads())
         if self.options.resume_from:
-            self.resume_extra = self.learner.load_checkpoint(self.options.resume_from)
+            self.learner.load_checkpoint(self.options.resume_from)
         return self.learner
 
     async def _ready(self, leader_only: bool = True):

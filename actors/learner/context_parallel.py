@@ -2,8 +2,8 @@
 
     cp, dp = context_parallel_groups(context_parallel=2)     # every rank calls it (torch.distributed up)
     shard = shard_sequence(input_ids, cp)                     # this rank's zig-zag slice of the tokens
-    loss = shard_loss(model, shard, cp)                       # its share of the mean next-token loss
-    loss.backward()
+    losses = shard_token_losses(model, shard, cp)            # (B, T) its tokens' next-token losses
+    (losses.sum() / shard.num_labels).backward()              # its share of the mean next-token loss
     all_reduce_gradients(model, cp, dp)                       # = one process's gradients on the batch
 
 Design note. A sequence of L tokens is cut into 2N equal chunks and rank r holds chunks r
@@ -22,8 +22,9 @@ key/value blocks in flight; no rank ever holds the L x L scores.
 
 Invariants: every rank of a ring calls every layer's attend in the same order (the model is
 the same on all of them); `positions` are the ones `shard_sequence` gave; the sum over the
-ring of `shard_loss` is the mean next-token loss of the whole sequence, so its gradients,
-summed over the ring (`all_reduce_gradients`), equal one process's to float32 rounding
+ring of each rank's share (its token losses over `num_labels`) is the mean next-token loss
+of the whole sequence, so its gradients, summed over the ring (`all_reduce_gradients`),
+equal one process's to float32 rounding
 (tests/actors/learner/test_context_parallel.py). Data parallelism composes: ranks
 [k*N, (k+1)*N) form ring k, ranks with the same place in their ring form a data-parallel group,
 and gradients are summed over the ring and averaged over the data-parallel group.
@@ -142,12 +143,6 @@ def shard_token_losses(model, shard: Shard, ring: Ring) -> torch.Tensor:
     losses = F.cross_entropy(logits.flatten(0, 1), shard.labels.flatten(), ignore_index=IGNORE,
                              reduction="none")
     return losses.view(shard.labels.shape)
-
-
-def shard_loss(model, shard: Shard, ring: Ring) -> torch.Tensor:
-    """This rank's share of the mean next-token cross-entropy of the whole batch (the shares
-    of the ring's ranks sum to it)."""
-    return shard_token_losses(model, shard, ring).sum() / shard.num_labels
 
 
 def all_reduce_gradients(model, ring: Ring, dp_group=None) -> None:

@@ -17,7 +17,7 @@ the root), so the LM head's weight the learner reads right after `hidden_states`
 gathered one, and its gradient is reduce-scattered with the root's at the end of backward.
 Gradients are reduced with divide factor 1 (a SUM): every micro-batch's loss already uses
 the whole batch's normalisers over all ranks, so the result equals data parallel's summed
-all-reduce and one process on the whole batch (tests/actors/test_learner_fsdp.py pins it).
+all-reduce and one process on the whole batch (tests/actors/learner/test_learner_fsdp.py pins it).
 With LoRA the frozen base is sharded and the adapters stay whole on every rank (their
 gradients are all-reduced as under "ddp"). On a GPU with `autocast_dtype` set, FSDP's mixed
 precision gathers parameters in that dtype and reduces gradients in float32.

@@ -14,7 +14,7 @@ the same rule one level up: under torch.distributed each rank packs its own shar
 counts and then the gradients are all-reduced with SUM, and every rank takes the same
 AdamW step (tests/actors/learner/test_learner_dp.py pins 2 ranks == 1 process). Strategy
 "fsdp" shards the model, gradients and AdamW state instead and reduce-scatters the gradients
-with the same SUM (fsdp.py; tests/actors/test_learner_fsdp.py).
+with the same SUM (fsdp.py; tests/actors/learner/test_learner_fsdp.py).
 
 The Learner is the composition root of its parts, each a class with one job:
 

@@ -120,7 +120,7 @@ class Admission:
                 "max_staleness": self.max_staleness}
 
     def check(self) -> None:
-        """Assert the invariants beside the state (tests/actors/test_admission.py)."""
+        """Assert the invariants beside the state (tests/actors/orchestrator/test_admission.py)."""
         assert sorted(self.buffered) == list(range(self.num_trained, self.num_trained + len(self.buffered)))
         assert len(self.buffered) <= self.max_staleness + 1
         assert not self.max_buffered_batches or len(self.buffered) <= self.max_buffered_batches

@@ -6,7 +6,7 @@ A sample moves forward through
          \\__________\\___________\\______> dropped (with a reason)
 
 and never back. Invariant (checked by `check()`, asserted after every change
-in debug runs, tested in tests/core/test_ledger.py):
+in debug runs, tested in tests/actors/orchestrator/test_ledger.py):
 
     num_created == num_in_flight + num_trained + num_dropped
 

@@ -6,7 +6,7 @@ connection without waiting (all but the last as tells; the receiver handles them
 time, in arrival order; the last one's reply confirms the sync). `SyncAssembler.take` keeps
 the chunks of the sync in progress and hands back the whole state dict with its last chunk.
 
-Rules (tests/actors/test_weight_assembly.py):
+Rules (tests/actors/weights/test_weight_assembly.py):
 - versions never go back: a message below the version held, or below the sync in progress,
   is refused naming both;
 - a newer sync (its chunk 0, or a whole message) drops the one in progress: the chunks

@@ -1,4 +1,4 @@
-"""One rank of an FSDP learner group for tests/actors/test_learner_fsdp.py (a real process, gloo).
+"""One rank of an FSDP learner group for tests/actors/learner/test_learner_fsdp.py (a real process, gloo).
 
     python fsdp_ranks.py RANK WORLD INIT_FILE OUT_DIR VARIANT[,VARIANT...] [save | resume=CKPT]
 

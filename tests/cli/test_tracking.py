@@ -1,7 +1,7 @@
 """Experiment trackers (cli/tracking.py): metrics.jsonl's rows and the summary reach the backend.
 
 MLflow (a local file store, the `test` extra installs mlflow-skinny) is tested for real here and in
-a real run (tests/actors/test_dataset_task.py); W&B (offline) and trackio where installed.
+a real run (tests/actors/tasks/test_dataset_task.py); W&B (offline) and trackio where installed.
 """
 import importlib.util
 import json

@@ -419,7 +419,7 @@ def test_an_env_that_raises_or_asks_for_another_model_fails_its_sample_by_name(t
 def test_a_short_run_on_a_verifiers_tool_taskset_balances_its_ledger(tool_tasksets, monkeypatch):
     """The tiny model plays a tool task under an env that asks twice: multi-turn episodes (the env's
     run in the env actor), with any tool calls the model makes, from the real generator."""
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))
     from task_runs import run_task   # tests/actors/task_runs.py
     summary, folder = run_task(tool_tasksets, "verifiers", {"taskset": "vf_tools:calc", "env": "vf_tools:AgainEnv",
                                                             "num_eval": 2, "max_turns": 3})

@@ -3,7 +3,7 @@ task (actors/tasks/long_context.py) under a context policy: episodes outgrow the
 in new segments, every segment trains as its own sample, the ledger balances, and `postrain trace`
 shows an episode's segments; the shipped config (actors/configs/long_context.toml) validates. The
 default selection runs one strategy; the other two are behind the
-`arch_matrix` marker (`pytest -m arch_matrix tests/actors/test_long_context_run.py`)."""
+`arch_matrix` marker (`pytest -m arch_matrix tests/actors/tasks/test_long_context_run.py`)."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-CONFIG = Path(__file__).resolve().parents[2] / "actors" / "configs" / "long_context.toml"
+CONFIG = Path(__file__).resolve().parents[3] / "actors" / "configs" / "long_context.toml"
 STRATEGIES = [pytest.param("drop_oldest_turns"),
               pytest.param("truncate_tool_outputs", marks=pytest.mark.arch_matrix),
               pytest.param("summarize", marks=pytest.mark.arch_matrix)]
@@ -22,7 +22,7 @@ STRATEGIES = [pytest.param("drop_oldest_turns"),
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_episodes_longer_than_the_context_train_every_segment_in_a_short_run(tmp_path, monkeypatch, strategy):
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))
     from task_runs import run_config, run_task   # tests/actors/task_runs.py
     actors = run_config(tmp_path, "", {})["actors"]
     env = next(a for a in actors if a["name"] == "env")

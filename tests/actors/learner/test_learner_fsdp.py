@@ -3,7 +3,7 @@ the same weights as one process on the whole batch; each rank holds about half o
 parameters, gradients and optimizer state (measured on its tensors); a DCP checkpoint written
 at 2 ranks resumes at 1 with identical weights and AdamW moments; publishes gathered from the
 shards (full, delta, LoRA) reach a receiver with the learner's digest. 4 ranks (and 2 -> 4
-resumes) run under `pytest -m arch_matrix tests/actors/test_learner_fsdp.py`."""
+resumes) run under `pytest -m arch_matrix tests/actors/learner/test_learner_fsdp.py`."""
 from __future__ import annotations
 
 import json
@@ -18,10 +18,10 @@ from safetensors.torch import load_file
 from postrain.actors.learner.learner import Learner, LearnerConfig
 from postrain.actors.weights.messages import weights_digest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # tests/actors: fsdp_ranks
 from fsdp_ranks import STEPS, batch, config  # noqa: E402
 
-RANKS_SCRIPT = Path(__file__).with_name("fsdp_ranks.py")
+RANKS_SCRIPT = Path(__file__).resolve().parents[1] / "fsdp_ranks.py"
 DEFAULT_VARIANTS = ["prefix", "plain_ac", "lora"]
 
 

@@ -65,7 +65,7 @@ def test_a_tasks_bad_demonstration_is_named_before_the_first_step():
 
 class RecordingKeeper:
     """The learner's side of the warm start: records each SFT batch (a real learner is tested in
-    tests/actors/test_orchestrator.py)."""
+    tests/actors/orchestrator/test_orchestrator.py)."""
 
     def __init__(self):
         self.batches = []

@@ -70,7 +70,7 @@ def data(tmp_path, monkeypatch):
 
 @pytest.fixture
 def run_task(monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))
     from task_runs import run_task   # tests/actors/task_runs.py
     return run_task
 

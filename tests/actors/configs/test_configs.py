@@ -18,7 +18,7 @@ from postrain.actors.orchestrator.ledger import read_events
 from postrain.core import ActorSpec, Supervisor
 from postrain.core.testing import async_test
 
-CONFIGS = Path(__file__).resolve().parents[2] / "actors" / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "actors" / "configs"
 
 
 def postrain(*args, timeout=120):

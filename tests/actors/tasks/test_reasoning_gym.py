@@ -37,7 +37,7 @@ def oracle_for(tasks):
 
 @pytest.fixture
 def run_task(monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))
     from task_runs import run_task   # tests/actors/task_runs.py
     return run_task
 

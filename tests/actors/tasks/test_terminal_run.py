@@ -18,7 +18,7 @@ from postrain.actors.env.timeline import Timeline
 from postrain.core import ActorSpec, Supervisor
 from postrain.core.testing import async_test
 
-CONFIG = Path(__file__).resolve().parents[2] / "actors" / "configs" / "terminal.toml"
+CONFIG = Path(__file__).resolve().parents[3] / "actors" / "configs" / "terminal.toml"
 
 
 def replay(demo: dict):
