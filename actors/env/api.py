@@ -69,13 +69,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from postrain.core.errors import ConfigError, PostrainError
 
-from ..records.reward import Reward, RewardError
+from ..records.reward import EnvironmentContractError, Reward
 
 ROLES = ("system", "user", "assistant", "tool")
-
-
-class EnvironmentContractError(PostrainError, ValueError):
-    """An environment returned something the API does not allow (see the module docstring)."""
 
 
 class TaskOptionsError(ConfigError):

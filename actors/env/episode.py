@@ -19,7 +19,6 @@ from typing import Awaitable, Callable
 
 import trio
 
-from ..records.reward import RewardError
 from .api import (Environment, EnvironmentContractError, EnvironmentFailure, LocalSandbox, Reward, StepResult,
                   show_value, validate_observation, validate_step_result)
 from .context import (SUMMARY_REQUEST, ContextOptions, after_summary, drop_oldest_turns, fits,
@@ -108,7 +107,7 @@ def drop_reason(exc: BaseException) -> str:
     """The short reason a caller records when it drops a sample because of `exc`."""
     if isinstance(exc, EnvironmentFailure):
         return exc.reason
-    if isinstance(exc, (EnvironmentContractError, RewardError)):
+    if isinstance(exc, EnvironmentContractError):
         return f"environment contract: {exc}"[:300]
     return f"environment raised {type(exc).__name__}: {exc}"[:300]
 
@@ -124,7 +123,7 @@ async def _guarded(what: str, fn, *args, timeout_s: float | None):
             return await fn(*args)
     except trio.TooSlowError:
         raise EnvironmentFailure(f"environment {what} did not return within {timeout_s} s") from None
-    except (EnvironmentContractError, RewardError, EnvironmentFailure):
+    except (EnvironmentContractError, EnvironmentFailure):
         raise
     except Exception as exc:  # noqa: BLE001 - a user's environment may raise anything
         raise EnvironmentFailure(drop_reason(exc)) from exc

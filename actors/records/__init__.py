@@ -30,7 +30,7 @@ from postrain.core.record import RecordError
 from .gateway import CloseEpisode, EpisodeSegments, GatewayAddress, OpenEpisode
 from .generate import (SAMPLING_CODEC, GeneratedSample, GenerateReply, GenerateRequest, GeneratorStats,
                        SamplingParams, SamplingParamsError)
-from .reward import Reward, RewardError
+from .reward import EnvironmentContractError, Reward
 from .rollout import Rollout, RolloutRequest, RolloutSegment
 from .train import SftBatch, StepMetrics, TrainBatch
 from .learner import (CheckpointLoaded, CheckpointSaved, ExportedHf, ExportHf, GroupState, JoinGroup,
@@ -51,7 +51,7 @@ __all__ += ["CheckpointLoaded", "CheckpointSaved", "ExportHf", "ExportedHf", "Gr
             "LearnerStats", "LoadCheckpoint", "PublishRequest", "RankStep", "SaveCheckpoint",
             "RUN_STATE_FORMAT", "RunState", "RunUpdate", "StopRun"]
 __all__ += ["GeneratorStats", "WeightPatch", "WeightsChannel", "WeightsDigest"]
-__all__ += ["Reward", "RewardError", "RolloutSegment"]
+__all__ += ["EnvironmentContractError", "Reward", "RolloutSegment"]
 __all__ += ["ExecReply", "ExecRequest", "ExecStreamItem", "LIMIT_FIELDS", "RunIoCasesReply",
             "RunIoCasesRequest", "RunTestsReply", "RunTestsRequest", "SandboxStats", "SessionCloseRequest",
             "SessionClosed", "SessionExecRequest", "SessionFileData", "SessionFileWritten", "SessionOpenRequest",

@@ -2,19 +2,21 @@
 
     Reward({"correct": 1.0, "format": 0.5}, weights={"format": 0.2}).total   # 1.1
 
-A value that is not a finite float under a str name raises RewardError (an environment
-contract error: the episode's rollout is dropped with the reason, actors/env/episode.py).
+A value that is not a finite float under a str name raises EnvironmentContractError (the
+episode's rollout is dropped with the reason, actors/env/episode.py). The error lives here, with
+the record an environment hands back, so that records depend on no role; the Environment API
+(actors/env/api.py) exports it.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 
-from postrain.core.record import RecordError
+from postrain.core.errors import PostrainError
 
 
-class RewardError(RecordError):
-    """A Reward with a component or weight that is not a finite float under a str name."""
+class EnvironmentContractError(PostrainError, ValueError):
+    """An environment returned something the API does not allow (actors/env/api.py's docstring)."""
 
 
 @dataclasses.dataclass
@@ -32,14 +34,14 @@ class Reward:
         for field in ("components", "weights"):
             value = getattr(self, field)
             if not isinstance(value, dict):
-                raise RewardError(
+                raise EnvironmentContractError(
                     f"Reward.{field} must be a dict of name -> float, got {type(value).__name__}; "
                     f"fix: Reward({{'correct': 1.0}})")
             clean = {}
             for name, x in value.items():
                 if not isinstance(name, str) or isinstance(x, bool) or not isinstance(x, (int, float)) \
                         or not math.isfinite(x):
-                    raise RewardError(
+                    raise EnvironmentContractError(
                         f"Reward.{field}[{name!r}] must be a str name with a finite float, got "
                         f"{x!r}; fix: use finite numbers such as 0.0 or 1.0")
                 clean[name] = float(x)

@@ -15,7 +15,8 @@ from postrain.actors.env.context import (CONTINUE_NOTE, CUT_MARK, SUMMARY_REQUES
                                          drop_oldest_turns, truncate_tool_outputs)
 from postrain.actors.env.episode import run_episode
 from postrain.actors.env.token_policy import TokenPolicy
-from postrain.actors.records import GeneratedSample, GenerateReply, GenerateRequest, SamplingParams
+from postrain.actors.records import GENERATE, GeneratedSample, GenerateReply, GenerateRequest, SamplingParams
+from postrain.core import MessageKind
 from postrain.actors.tasks import get_task
 from postrain.actors.env.timeline import Timeline
 from postrain.core.errors import ConfigError
@@ -35,13 +36,13 @@ class EngineGenerator:
     def __init__(self, engine):
         self.engine, self.calls = engine, []
 
-    async def ask(self, kind: str, body: dict, timeout_s: float | None = None) -> dict:
-        request = GenerateRequest.from_wire(body)
+    async def call(self, kind: MessageKind, request: GenerateRequest, timeout_s: float | None = None) -> GenerateReply:
+        assert kind is GENERATE, kind
         out = self.engine.generate(list(request.prompt_ids), request.sampling)[0].outputs[0]
         self.calls.append((list(request.prompt_ids), list(out.token_ids), list(out.logprobs)))
         return GenerateReply(prompt_len=len(request.prompt_ids), samples=[GeneratedSample(
             token_ids=out.token_ids, logprobs=out.logprobs, policy_versions=out.policy_versions,
-            finish_reason=out.finish_reason, text=out.text)]).to_wire()
+            finish_reason=out.finish_reason, text=out.text)])
 
 
 class RecordingPolicy(TokenPolicy):

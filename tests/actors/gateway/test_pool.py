@@ -8,7 +8,7 @@ import pytest
 
 from postrain.actors.gateway.pool import GeneratorPool
 from postrain.actors.gateway.protocol import APIError
-from postrain.actors.records import GenerateRequest
+from postrain.actors.records import GenerateReply, GenerateRequest
 from postrain.core.errors import ActorDiedError
 from postrain.core.testing import async_test
 
@@ -20,12 +20,12 @@ class Replica:
     def __init__(self, name: str):
         self.name, self.release, self.asked = name, anyio.Event(), 0
 
-    async def ask(self, kind, body, timeout_s):
+    async def call(self, kind, request, timeout_s):
         self.asked += 1
         await self.release.wait()
         if self.name == "dead":
             raise ActorDiedError("gone")
-        return REPLY
+        return GenerateReply.from_wire(REPLY)
 
 
 @async_test

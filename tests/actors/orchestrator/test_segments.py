@@ -20,7 +20,7 @@ from postrain.actors.orchestrator.rollout_pool import RolloutPool
 from postrain.actors.orchestrator.sample_log import segment_advantages
 from postrain.actors.orchestrator.train_step import GROUP_INCOMPLETE, surviving_groups, train_batch, train_rows
 from postrain.actors.orchestrator.work import WorkSignal
-from postrain.actors.records import SamplingParams
+from postrain.actors.records import ROLLOUT, SamplingParams
 
 TINY = dict(vocab_size=264, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
             num_kv_heads=2, max_position_embeddings=512, tie_word_embeddings=True)
@@ -57,8 +57,9 @@ class ReplayEnv:
     def __init__(self, by_question: dict[str, list]):
         self.name, self.by_question = "env", {q: list(rollouts) for q, rollouts in by_question.items()}
 
-    async def ask(self, kind, body, timeout_s=None):
-        return self.by_question[body["task"]["question"]].pop(0).to_wire()
+    async def call(self, kind, request, timeout_s=None):
+        assert kind is ROLLOUT, kind
+        return self.by_question[request.task["question"]].pop(0)
 
 
 class Keeper:
