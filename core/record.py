@@ -22,6 +22,8 @@ import types
 import typing
 from typing import Any, Callable, ClassVar
 
+from typing_extensions import Self
+
 from .errors import PostrainError
 
 
@@ -29,9 +31,11 @@ class RecordError(PostrainError, ValueError):
     """A message that breaks its record's rules; the message names the record, the field and the fix."""
 
 
-class Vector:
+class Vector(typing.Protocol):
     """Annotation marker: a 1-D sequence (a list or tuple of numbers, a numpy array, a 1-D
     tensor), checked shallowly here (its elements are the learner's to check, by name)."""
+
+    def __len__(self) -> int: ...
 
 
 def _is_vector(value: Any) -> bool:
@@ -94,6 +98,7 @@ class Record:
     value is a nested record or class rather than plain data."""
 
     __slots__ = ()
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]   # every Record is a dataclass
     #: Per record class: (field name, its check, its annotation), made at its first instance.
     _field_checks: ClassVar[dict[type, tuple[tuple[str, Callable[[Any], bool], Any], ...]]] = {}
 
@@ -117,7 +122,7 @@ class Record:
         shown = shown if len(shown) <= 80 else shown[:77] + "..."
         raise RecordError(f"{type(self).__name__}.{name} must be {rule}, got {type(value).__name__} {shown}")
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         """The dict that travels; fields that are None are left out."""
         out = {}
         for f in dataclasses.fields(self):
@@ -129,7 +134,7 @@ class Record:
         return out
 
     @classmethod
-    def from_wire(cls, data: Any):
+    def from_wire(cls, data: Any) -> Self:
         """The record of a received dict; RecordError naming an unknown or missing key."""
         if isinstance(data, cls):
             return data
@@ -150,6 +155,6 @@ class Record:
         return cls(**values)
 
 
-def codec(encode, decode) -> dict:
+def codec(encode: Callable[[Any], Any], decode: Callable[[Any], Any]) -> dict[str, Any]:
     """Field metadata: how a field that is itself a record (or a list of them) goes on the wire."""
     return {"encode": encode, "decode": decode}

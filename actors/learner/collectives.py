@@ -12,6 +12,7 @@ rings (`rings` set), per-sample counts and metrics are summed over the data-para
 from __future__ import annotations
 
 import torch
+from torch.distributed import ProcessGroup, ReduceOp
 
 from .context_parallel_step import LearnerRings
 
@@ -20,18 +21,18 @@ class Collectives:
     """The learner's process group, its rank and world size, and its context-parallel rings."""
 
     def __init__(self) -> None:
-        self.group = None                   # a torch.distributed process group (None: the default one)
+        self.group: ProcessGroup | None = None   # the learner's process group (None: the default one)
         self.world_size = 1
         self.rank = 0
         self.rings: LearnerRings | None = None   # context_parallel > 1 in a group
 
-    def join(self, process_group=None) -> None:
+    def join(self, process_group: ProcessGroup | None = None) -> None:
         """Become a rank of torch.distributed's initialised group (`process_group`, or the default one)."""
         self.group = process_group
         self.world_size = torch.distributed.get_world_size(process_group)
         self.rank = torch.distributed.get_rank(process_group)
 
-    def all_reduce(self, tensor: torch.Tensor, op=None) -> None:
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp.RedOpType | None = None) -> None:
         """Sum (or `op`) a per-sample count or metric over the ranks, in place, each sample once."""
         if self.world_size > 1:
             group = self.rings.dp_group if self.rings is not None else self.group
@@ -50,7 +51,7 @@ class Collectives:
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in params]
+        grads = [p.grad for p in params if p.grad is not None]   # every one, after the loop above
         flat = torch.cat([g.reshape(-1) for g in grads])
         torch.distributed.all_reduce(flat, group=self.group)
         offset = 0

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 from dataclasses import dataclass, field
 
 from postrain.core.messages import MessageKind
@@ -31,7 +32,7 @@ class SamplingParams(Record):
     stop_token_ids: tuple[int, ...] = ()         # extra stop ids (kept in token_ids)
     ignore_eos: bool = False                     # True = do not stop on the tokenizer's EOS ids
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         # The wire and configs bring lists (and a lone stop string): normalise before the type checks.
         object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
@@ -56,13 +57,13 @@ class SamplingParams(Record):
         """The T of the reported logprobs: the sampling temperature, 1 for greedy."""
         return self.temperature if self.temperature > 0 else 1.0
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         """Every field (seed too when None), stop lists as lists: what the handlers always received."""
         return {f.name: list(v) if isinstance(v, tuple) else v
                 for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
 
     @classmethod
-    def from_wire(cls, data: dict | None) -> "SamplingParams":
+    def from_wire(cls, data: dict[str, Any] | None) -> "SamplingParams":
         """SamplingParams of a dict of its fields (None or {}: the defaults); an unknown field is a
         SamplingParamsError naming it."""
         if isinstance(data, cls):
@@ -109,7 +110,7 @@ class GeneratedSample(Record):
             if len(getattr(self, name)) != len(self.token_ids):
                 self.fail_field(name, getattr(self, name), f"one entry per token ({len(self.token_ids)})")
 
-    def to_wire(self) -> dict:  # finish_reason travels even when None
+    def to_wire(self) -> dict[str, Any]:  # finish_reason travels even when None
         wire = {"token_ids": self.token_ids, "logprobs": self.logprobs,
                 "policy_versions": self.policy_versions, "finish_reason": self.finish_reason,
                 "text": self.text}

@@ -26,7 +26,7 @@ class SaveCheckpoint(Record):
     (the orchestrator's RunState wire dict: records/run.py)."""
 
     path: str
-    extra: dict | None = None
+    extra: dict[str, Any] | None = None
     expect_policy_version: int | None = None
 
 
@@ -52,7 +52,7 @@ class CheckpointLoaded(Record):
 
     step: int
     policy_version: int
-    extra: dict | None = None
+    extra: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,14 +145,16 @@ class RankStep(Record):
         return cls(generation=generation, kind=kind.name, body=request.to_wire())
 
     @property
-    def message(self) -> MessageKind:
+    def message(self) -> MessageKind[Any, Any]:
         """The learner message this step is a rank's part of."""
         return RANK_MESSAGES[self.kind]
 
     @property
     def request(self) -> Record:
         """The body as its record."""
-        return self.message.request.from_wire(self.body)
+        request: type[Record] | None = self.message.request
+        assert request is not None, self.kind        # every rank message takes a record
+        return request.from_wire(self.body)
 
 
 
@@ -171,5 +173,5 @@ RANK_STEP = MessageKind("rank_step", RankStep, GroupState)         # rank 0 -> a
 #: The learner messages a rank's step carries, by name. A sharded learner (strategy "fsdp")
 #: gathers its weights on every rank, so its publishes (and get_weights) and exports are rank
 #: steps too.
-RANK_MESSAGES: dict[str, MessageKind] = {kind.name: kind for kind in (
+RANK_MESSAGES: dict[str, MessageKind[Any, Any]] = {kind.name: kind for kind in (
     TRAIN, SFT, SAVE_CHECKPOINT, LOAD_CHECKPOINT, PUBLISH, EXPORT_HF)}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 from postrain.core.errors import PostrainError
 
@@ -51,10 +52,10 @@ class Reward:
     def total(self) -> float:
         return sum(self.weights.get(name, 1.0) * x for name, x in self.components.items())
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, dict[str, float]]:
         """Plain data for the wire (msgpack) and the run's logs."""
         return {"components": dict(self.components), "weights": dict(self.weights)}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Reward":
+    def from_dict(cls, data: dict[str, Any]) -> "Reward":
         return cls(dict(data.get("components") or {}), dict(data.get("weights") or {}))

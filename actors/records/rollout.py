@@ -103,7 +103,7 @@ class Rollout(Record):
         return min((v for v in [*versions, *self.policy_versions] if v >= 0), default=default)
 
 
-def _check_tokens(record: Record) -> None:
+def _check_tokens(record: Rollout | RolloutSegment) -> None:
     """The per-token invariants shared by a rollout and its segments."""
     for name in ("loss_mask", "behavior_logprobs", "policy_versions"):
         if len(getattr(record, name)) != len(record.token_ids):

@@ -23,7 +23,7 @@ LIMIT_FIELDS = ("wall_time_s", "cpu_time_s", "memory_mb", "max_processes", "max_
                 "work_dir_size_mb", "max_open_files", "max_output_bytes")
 
 
-def _check_limits(record: Record, limits: dict | None) -> None:
+def _check_limits(record: Record, limits: dict[str, Any] | None) -> None:
     unknown = sorted(set(limits or {}) - set(LIMIT_FIELDS))
     if unknown:
         raise RecordError(f"limits may set only {', '.join(LIMIT_FIELDS)}; got {unknown}; "
@@ -63,15 +63,15 @@ class ExecReply(Record):
     error: str = ""
 
     @classmethod
-    def of(cls, result) -> "ExecReply":
+    def of(cls, result: Any) -> "ExecReply":   # a postrain.sandbox.ExecResult
         """The reply of an ExecResult."""
         return cls(status=result.status.value, exit_code=result.exit_code, signal=result.signal,
                    wall_s=float(result.wall_s), cpu_s=float(result.cpu_s), stdout=result.stdout,
                    stderr=result.stderr, stdout_truncated=result.stdout_truncated,
                    stderr_truncated=result.stderr_truncated, mode=result.mode, error=result.error)
 
-    def to_result(self):
-        """The ExecResult this reply carries."""
+    def to_result(self) -> Any:
+        """The ExecResult (postrain.sandbox) this reply carries."""
         from postrain.sandbox import ExecResult, Status
         return ExecResult(Status(self.status), exit_code=self.exit_code, signal=self.signal,
                           wall_s=self.wall_s, cpu_s=self.cpu_s, stdout=self.stdout, stderr=self.stderr,
@@ -126,7 +126,7 @@ class RunTestsReply(Record):
     collect_error: str | None = None
 
     @classmethod
-    def of(cls, report) -> "RunTestsReply":
+    def of(cls, report: Any) -> "RunTestsReply":   # a postrain.sandbox.TestReport
         """The reply of a `postrain.sandbox.TestReport`."""
         return cls(passed=dict(report.passed), errors=dict(report.errors), result=ExecReply.of(report.result),
                    collect_error=report.collect_error)

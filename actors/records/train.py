@@ -89,7 +89,7 @@ class StepMetrics(Record):
     def get(self, name: str, default: Any = None) -> Any:
         return self.values.get(name, default)
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         return dict(self.values)
 
     @classmethod
@@ -101,7 +101,7 @@ class StepMetrics(Record):
         return cls(values=dict(data))
 
 
-def _one_per_sample(record: Record, names: tuple[str, ...]) -> None:
+def _one_per_sample(record: SftBatch | TrainBatch, names: tuple[str, ...]) -> None:
     num = len(record.token_ids)
     for name in names:
         value = getattr(record, name)

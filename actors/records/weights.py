@@ -18,7 +18,7 @@ class SealedChunk(Record):
 
     sender: str
     sync_id: bytes
-    layout: list[list]
+    layout: list[list[Any]]
     piece_bytes: int
     timeout_s: float
 
@@ -75,7 +75,7 @@ class WeightSync(Record):
     def _check(self) -> None:
         if (self.chunk is None) != (self.num_chunks is None):
             self.fail_field("chunk", self.chunk, "given together with num_chunks (both or neither)")
-        if self.chunk is not None and not 0 <= self.chunk < self.num_chunks:
+        if self.chunk is not None and self.num_chunks is not None and not 0 <= self.chunk < self.num_chunks:
             self.fail_field("chunk", self.chunk, f"in 0..num_chunks - 1 ({self.num_chunks - 1})")
         if self.sealed is not None and (self.chunk is None or self.weights):
             self.fail_field("sealed", self.sealed, "given only with a chunk whose weights are empty")
@@ -83,7 +83,7 @@ class WeightSync(Record):
     @property
     def completes_version(self) -> bool:
         """True when this message is the whole sync or its last chunk."""
-        return self.chunk is None or self.chunk == self.num_chunks - 1
+        return self.chunk is None or self.chunk + 1 == self.num_chunks
 
 
 @dataclass(frozen=True, slots=True)
