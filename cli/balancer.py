@@ -260,13 +260,13 @@ class Balancer:
         if grow:
             record.placement = scheduler.resize(decision.actor, decision.cpus)
         try:
-            request = ResizeRequest(decision.num_workers, tuple(record.placement.cpu_ids))
-            reply = await self.supervisor.ref(decision.actor).ask(RESIZE, request.to_wire(), timeout_s=120)
+            request = ResizeRequest(decision.num_workers, list(record.placement.cpu_ids))
+            reply = await self.supervisor.ref(decision.actor).call(RESIZE, request, timeout_s=120)
         except BaseException:
             if grow:
                 record.placement = scheduler.resize(decision.actor, before)
             raise
-        self._known_workers[decision.actor] = (record.incarnation, int(reply["num_workers"]))
+        self._known_workers[decision.actor] = (record.incarnation, reply.num_workers)
         if not grow:
             record.placement = scheduler.resize(decision.actor, decision.cpus)
 

@@ -20,6 +20,8 @@ _EXPORTS = {
     "lifecycle": ("ActorEvent",),
     "load": ("RESIZE", "Load", "ResizeReply", "ResizeRequest"),
     "messages": ("MessageKind",),
+    "control": ("LOOKUP", "ActorLocation", "Lookup"),
+    "lending": ("WORK", "WorkReply", "WorkRequest"),
     "record": ("Record", "RecordError"),
     "node": ("Node",),
     "options": ("NoOptions", "Options", "validate_options"),

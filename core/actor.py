@@ -48,19 +48,19 @@ from typing import Callable, ClassVar
 
 import anyio
 
-from . import wire
 from .affinity import pin_threads
 from .config import Rendezvous
+from .control import (CORES, CRASHED, LOOKUP, PEERS_GONE, PEERS_MOVED, STOP, Cores, Crashed, Lookup,
+                      PeersGone, PeersMoved)
 from .inbox import Handler, Inbox
 from .load import Load
+from .messages import UNTYPED, MessageKind, check_codec
 from .node import Node
 from .options import NoOptions, Options
-from .messages import UNTYPED, MessageKind, check_codec
-from .typed import typed
+from .typed import typed, typed_handler
 
 log = logging.getLogger("postrain.core")
 
-CORES = "_cores"  # the head re-pins an actor (elastic cores): {"cpu_ids", "num_threads"}
 
 
 def handler(kind: MessageKind | str | None = None, *, concurrent: bool = False, stream: bool | None = None,
@@ -190,9 +190,8 @@ class Actor:
         nothing is left behind (no reference is made until the head answers)."""
         if self.head is None:
             raise LookupError(f"cannot look up {name!r}: this actor runs without a head")
-        found = await self.head.ask("lookup", {"name": name}, timeout_s=timeout_s)
-        return self.node.ref(found["address"], name, same_node=found["same_node"],
-                             server_key=found.get("server_key"))
+        found = await self.head.call(LOOKUP, Lookup(name), timeout_s=timeout_s)
+        return self.node.ref(found.address, name, same_node=found.same_node, server_key=found.server_key)
 
     def handlers(self) -> dict[str, Handler]:
         table = {}
@@ -203,27 +202,27 @@ class Actor:
                                   wants_message=num_params >= 2)
         # The kernel's own messages come from the supervisors alone (on tcp, their control key):
         # an actor that could send PEERS_MOVED could point another at an address of its choosing.
-        table[wire.STOP] = Handler(self._handle_stop, control_only=True)
-        table[wire.PEERS_MOVED] = Handler(self._handle_peers_moved, control_only=True)
-        table[wire.PEERS_GONE] = Handler(self._handle_peers_gone, control_only=True)
-        table[CORES] = Handler(self._handle_cores, control_only=True)
+        table[STOP.name] = typed_handler(STOP, self._handle_stop, control_only=True)
+        table[PEERS_MOVED.name] = typed_handler(PEERS_MOVED, self._handle_peers_moved, control_only=True)
+        table[PEERS_GONE.name] = typed_handler(PEERS_GONE, self._handle_peers_gone, control_only=True)
+        table[CORES.name] = typed_handler(CORES, self._handle_cores, control_only=True)
         return table
 
-    async def _handle_peers_moved(self, body) -> None:
-        """{name: {"address", "same_node"}} of actors started again elsewhere (a cluster node was
-        lost; `same_node`: on this actor's node): this process's references to them point there
-        from now on (Node.rebind). Does not wait (cancel-safe)."""
-        for name, moved in body.items():
-            if self.node.rebind(name, moved["address"], same_node=moved["same_node"]):
-                log.info("actor %s moved to %s; talking to it there", name, moved["address"])
+    async def _handle_peers_moved(self, peers: PeersMoved) -> None:
+        """Actors started again elsewhere (a cluster node was lost; `same_node`: on this actor's
+        node): this process's references to them point there from now on (Node.rebind). Does
+        not wait (cancel-safe)."""
+        for name, moved in peers.moved.items():
+            if self.node.rebind(name, moved.address, same_node=moved.same_node):
+                log.info("actor %s moved to %s; talking to it there", name, moved.address)
 
-    async def _handle_peers_gone(self, body) -> None:
-        """{name: reason} of actors gone for good (a cluster node was lost with them and they fit
+    async def _handle_peers_gone(self, peers: PeersGone) -> None:
+        """Actors gone for good ({name: reason}) (a cluster node was lost with them and they fit
         on no node left): `on_peers_gone` first, so the actor stops choosing them, then this
         process's references to them are closed (their requests fail with ActorDiedError, and
         the callers' retry rules apply). Does not wait (cancel-safe)."""
-        self.on_peers_gone(dict(body))
-        for name, reason in body.items():
+        self.on_peers_gone(dict(peers.gone))
+        for name, reason in peers.gone.items():
             if self.node.close_refs(name):
                 log.info("actor %s is gone for good (%s); its references are closed", name, reason)
 
@@ -236,21 +235,17 @@ class Actor:
         Cancelled: nothing changes."""
         await self._stop_requested.wait()
 
-    async def _handle_stop(self, body) -> str:
+    async def _handle_stop(self, body: None) -> None:
         """Ask the process to stop (teardown, then exit 0). Does not wait, so a cancellation
         finds it done."""
         self._stop_requested.set()
-        return "stopping"
 
-    async def _handle_cores(self, body) -> dict:
-        """Re-pin every thread to body["cpu_ids"]; later compute uses body["num_threads"]
-        threads (module doc). Atomic (it never awaits): the reply means the pin is in place."""
-        cpu_ids, num_threads = [int(c) for c in body["cpu_ids"]], int(body["num_threads"])
-        if not cpu_ids or num_threads < 1:
-            raise ValueError(f"_cores needs cpu_ids and num_threads >= 1, got {body!r}")
-        pin_threads(cpu_ids)
-        self.num_threads = num_threads
-        return {"cpu_ids": sorted(os.sched_getaffinity(0)), "num_threads": num_threads}
+    async def _handle_cores(self, cores: Cores) -> Cores:
+        """Re-pin every thread to `cpu_ids`; later compute uses `num_threads` threads (module
+        doc). Atomic (it never awaits): the reply (the affinity now) means the pin is in place."""
+        pin_threads(cores.cpu_ids)
+        self.num_threads = cores.num_threads
+        return Cores(sorted(os.sched_getaffinity(0)), cores.num_threads)
 
     async def in_compute_thread(self, fn: Callable, *args):
         """`fn(*args)` in a worker thread whose torch thread count is this actor's now (elastic
@@ -306,8 +301,7 @@ async def report_crash(head, spec: dict, tb: str) -> None:
         return
     with anyio.move_on_after(2.0):
         try:
-            await head.ask("_crashed", {"name": spec["name"], "pid": os.getpid(),
-                                        "incarnation": spec.get("incarnation", 0), "traceback": tb},
-                           timeout_s=2.0)
+            await head.call(CRASHED, Crashed(spec["name"], os.getpid(), spec.get("incarnation", 0), tb),
+                            timeout_s=2.0)
         except Exception:
             pass

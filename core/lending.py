@@ -1,6 +1,6 @@
 """The head's side of elastic cores: who works now, and the re-pinning that follows (core/elastic.py).
 
-    reply = WorkReply.from_wire(await head.ask("work", WorkRequest("learner", busy=True).to_wire()))
+    reply = await head.call(WORK, WorkRequest("learner", busy=True))
     # WorkReply(elastic=True, transfers=[{"action": "lend", "cpu_ids": [1], "giver": ..., "taker": ...}],
     #           holdings={name: {"cpu_ids": [...], "num_threads": n, "parked": bool}})
 
@@ -19,52 +19,41 @@ re-pins it) leaves the holding as planned; the error is logged, not raised.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field
-from typing import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
 
 import anyio
 
 from . import elastic
+from .control import Cores
+from .messages import MessageKind
+from .record import Record
 
 log = logging.getLogger("postrain.core")
 
-Pin = Callable[[str, dict], Awaitable[object]]  # ask actor NAME the `_cores` body; returns its reply
+Pin = Callable[[str, Cores], Awaitable[object]]  # send actor NAME the kernel's `_cores`; returns its reply
 
 
-@dataclass(frozen=True)
-class WorkRequest:
+@dataclass(frozen=True, slots=True)
+class WorkRequest(Record):
     """The head's `work` message: `actor` starts (busy) or stops (not busy) having work."""
 
     actor: str
     busy: bool
 
-    def to_wire(self) -> dict:
-        return asdict(self)
 
-    @classmethod
-    def from_wire(cls, body) -> "WorkRequest":
-        """ValueError naming the shape unless body is {"actor": str, "busy": bool}."""
-        if not isinstance(body, dict) or set(body) != {"actor", "busy"} or not isinstance(body["actor"], str) \
-                or not isinstance(body["busy"], bool):
-            raise ValueError(f"work needs {{'actor': name, 'busy': true or false}}, got {body!r}")
-        return cls(body["actor"], body["busy"])
-
-
-@dataclass(frozen=True)
-class WorkReply:
+@dataclass(frozen=True, slots=True)
+class WorkReply(Record):
     """The reply to `work`: whether the actor is elastic, the transfers made (rows: action,
     cpu_ids, giver, taker) and, per actor re-pinned, {"cpu_ids", "num_threads", "parked"}."""
 
     elastic: bool
-    transfers: list[dict] = field(default_factory=list)
-    holdings: dict[str, dict] = field(default_factory=dict)
+    transfers: list[dict[str, Any]] = field(default_factory=list)
+    holdings: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def to_wire(self) -> dict:
-        return asdict(self)
 
-    @classmethod
-    def from_wire(cls, body: dict) -> "WorkReply":
-        return cls(bool(body["elastic"]), list(body.get("transfers", [])), dict(body.get("holdings", {})))
+# A driver tells its head which actors start and stop having work (Actor.drives_work).
+WORK = MessageKind("work", WorkRequest, WorkReply)
 
 
 class CoreLender:
@@ -108,8 +97,7 @@ class CoreLender:
     async def _repin(self, holding: elastic.Holding) -> None:
         """Send one `_cores`. Cancelled: the actor may or may not be re-pinned."""
         try:
-            await self._pin(holding.actor, {"cpu_ids": list(holding.affinity),
-                                            "num_threads": holding.num_threads})
+            await self._pin(holding.actor, Cores(list(holding.affinity), holding.num_threads))
         except Exception as exc:  # noqa: BLE001 - a dead actor is re-pinned by its restart
             log.warning("elastic cores: could not re-pin %s to %s: %s", holding.actor,
                         list(holding.affinity), exc)

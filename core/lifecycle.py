@@ -42,6 +42,7 @@ from typing import Any, Callable
 import anyio
 
 from .config import ActorSpec
+from .control import STOP
 from .errors import ActorStartError
 from .load import Load
 from .runtime import run_actor_process
@@ -183,7 +184,7 @@ class ActorProcesses:
         if _alive(record):
             with anyio.move_on_after(record.spec.stop_timeout_s):
                 try:
-                    await self._ref(name).ask("_stop", timeout_s=record.spec.stop_timeout_s)
+                    await self._ref(name).call(STOP, timeout_s=record.spec.stop_timeout_s)
                 except Exception:
                     pass
                 await _wait_exit(record)

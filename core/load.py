@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, NoReturn, Union
 
 from .errors import LoadError
-
-RESIZE = "resize"  # the message kind of the pool protocol
+from .messages import MessageKind
+from .record import Record
 
 Figure = Union[int, float, str, bool, None]
 _COUNTS = ("in_flight", "served", "rejected")
@@ -45,7 +45,7 @@ _POOL = ("queued", "running", "workers")
 
 
 @dataclass(frozen=True, slots=True)
-class Load:
+class Load(Record):
     """What an actor reports with each heartbeat (`Actor.load()`).
 
     Invariants (checked on construction): every count is an int >= 0; queued,
@@ -59,20 +59,18 @@ class Load:
     running: int | None = None         # work started and not finished
     workers: int | None = None         # work it can run at once; set only by a pool (handles RESIZE)
     backpressure: str | None = None    # why it holds back new work now; "" when it does not
-    figures: dict[str, Figure] = field(default_factory=dict)   # the actor's own numbers
+    figures: dict[str, Any] = field(default_factory=dict)   # the actor's own numbers (Figure values)
 
-    def __post_init__(self):
+    def fail_field(self, name: str, value: Any, rule: str) -> NoReturn:
+        raise LoadError(f"load.{name} must be {rule}, got {value!r}")
+
+    def _check(self) -> None:
         for name in _COUNTS:
             _check_count(name, getattr(self, name), optional=False)
         for name in _POOL:
             _check_count(name, getattr(self, name), optional=True)
-        if self.backpressure is not None and not isinstance(self.backpressure, str):
-            raise LoadError(f"load.backpressure must be a str or None, got {self.backpressure!r}")
-        if not isinstance(self.figures, dict):
-            raise LoadError(f"load.figures must be a dict of str to numbers or text, got "
-                            f"{type(self.figures).__name__}")
         for key, value in self.figures.items():
-            if not isinstance(key, str) or not isinstance(value, (int, float, str, bool, type(None))):
+            if not isinstance(value, (int, float, str, bool, type(None))):
                 raise LoadError(f"load.figures[{key!r}] = {value!r}: keys must be str and values int, "
                                 "float, str, bool or None (what msgpack and Prometheus carry)")
 
@@ -81,72 +79,54 @@ class Load:
         """It reports workers, so it handles RESIZE."""
         return self.workers is not None
 
-    def replace(self, **changes) -> "Load":
+    def replace(self, **changes: Any) -> "Load":
         """A copy with `changes` applied (and checked): how a subclass extends `super().load()`."""
         return dataclasses.replace(self, **changes)
 
     def to_wire(self) -> dict[str, Any]:
         """A msgpack- and JSON-friendly map; the fields left unset (None, empty) are left out."""
-        wire = {name: getattr(self, name) for name in _COUNTS}
-        for name in (*_POOL, "backpressure"):
-            value = getattr(self, name)
-            if value is not None:
-                wire[name] = value
-        if self.figures:
-            wire["figures"] = dict(self.figures)
+        wire = Record.to_wire(self)   # (slots dataclasses cannot use super())
+        if not self.figures:
+            wire.pop("figures")
         return wire
 
     @classmethod
     def from_wire(cls, data: Any) -> "Load":
         """The Load a heartbeat carried; LoadError naming what is wrong otherwise."""
-        if not isinstance(data, dict):
-            raise LoadError(f"a heartbeat's load must be a map, got {type(data).__name__}")
-        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise LoadError(f"a heartbeat's load has unknown fields {unknown}; an actor's own "
-                            "numbers belong in load.figures")
-        return cls(**data)
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+            if unknown:
+                raise LoadError(f"a heartbeat's load has unknown fields {unknown}; an actor's own "
+                                "numbers belong in load.figures")
+        return Record.from_wire.__func__(cls, data)   # type: ignore[attr-defined, no-any-return]
 
 
 @dataclass(frozen=True, slots=True)
-class ResizeRequest:
+class ResizeRequest(Record):
     """The body of RESIZE: the pool's new size and, optionally, the cores it now has."""
 
     num_workers: int
-    cpu_ids: tuple[int, ...] = ()
+    cpu_ids: list[int] = field(default_factory=list)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int) or self.num_workers < 1:
             raise LoadError(f"resize needs an int num_workers >= 1, got {self.num_workers!r}; "
                             "fix: send {'num_workers': 2}")
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"num_workers": self.num_workers, "cpu_ids": list(self.cpu_ids)}
-
-    @classmethod
-    def from_wire(cls, body: Any) -> "ResizeRequest":
-        if not isinstance(body, dict):
-            raise LoadError(f"a resize body must be a map {{'num_workers': n}}, got {type(body).__name__}")
-        unknown = sorted(set(body) - {"num_workers", "cpu_ids"})
-        if unknown:
-            raise LoadError(f"a resize body has unknown fields {unknown}; it takes num_workers and cpu_ids")
-        return cls(body.get("num_workers"), tuple(int(c) for c in body.get("cpu_ids") or ()))
-
+        object.__setattr__(self, "cpu_ids", [int(c) for c in self.cpu_ids])
+        Record.__post_init__(self)
 
 
 @dataclass(frozen=True, slots=True)
-class ResizeReply:
+class ResizeReply(Record):
     """The reply to RESIZE: the pool's new worker count and the one before."""
 
     num_workers: int
     previous: int
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"num_workers": self.num_workers, "previous": self.previous}
 
-    @classmethod
-    def from_wire(cls, body: Any) -> "ResizeReply":
-        return cls(int(body["num_workers"]), int(body["previous"]))
+# The pool protocol: the head's balancer resizes a pool actor.
+RESIZE = MessageKind("resize", ResizeRequest, ResizeReply)
+
 
 def _check_count(name: str, value, *, optional: bool) -> None:
     if value is None and optional:

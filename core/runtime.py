@@ -46,6 +46,7 @@ from . import wire
 from .actor import Actor, import_actor_class, report_crash
 from .affinity import pin_cpus
 from .config import Rendezvous
+from .control import HEARTBEAT, READY, WHOIS, Heartbeat, Ready, Whois
 from .identity import Identities
 from .inbox import Inbox
 from .load import Load
@@ -195,9 +196,8 @@ async def _actor_main(cls, spec: dict, startup_error: str | None) -> None:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(inbox.serve)
                 if head is not None:
-                    await head.ask("_ready", {"name": spec["name"], "pid": os.getpid(),
-                                               "address": inbox.bound_address,
-                                               "incarnation": spec.get("incarnation", 0)})
+                    await head.call(READY, Ready(spec["name"], os.getpid(), inbox.bound_address,
+                                                 incarnation=spec.get("incarnation", 0)))
                     tg.start_soon(_heartbeat, actor, head, spec)
                 await actor.wait_for_stop()
                 tg.cancel_scope.cancel()
@@ -210,7 +210,7 @@ async def _actor_main(cls, spec: dict, startup_error: str | None) -> None:
 def _whois_through(head):
     """whois(key) for Identities: ask the head (this node's supervisor) whose key it is."""
     async def whois(public: bytes) -> str | None:
-        return await head.ask("_whois", {"key": public.decode()}, timeout_s=10.0)
+        return (await head.call(WHOIS, Whois(public.decode()), timeout_s=10.0)).name
     return whois
 
 
@@ -225,10 +225,8 @@ async def _heartbeat(actor: Actor, head, spec: dict) -> None:
             raise TypeError(f"{type(actor).__name__}.load() must return a postrain.core.Load, got "
                             f"{type(load).__name__}; fix: return super().load().replace(...)")
         try:
-            await head.tell("_heartbeat", {"name": actor.name, "pid": os.getpid(),
-                                           "incarnation": spec.get("incarnation", 0),
-                                           "load": load.to_wire(), "note": actor.progress_note},
-                            timeout_s=interval_s)
+            await head.send(HEARTBEAT, Heartbeat(actor.name, os.getpid(), spec.get("incarnation", 0), load,
+                                                 actor.progress_note), timeout_s=interval_s)
         except Exception as exc:  # the head may be restarting; keep serving
             log.debug("heartbeat to head failed: %s", exc)
         await anyio.sleep(interval_s)
@@ -277,11 +275,10 @@ class KeepAlive:
             sock.connect(self.address)
             while True:
                 _exit_if_orphaned(self.head_pid)
-                body = {"name": self.name, "pid": os.getpid(), "incarnation": self.incarnation,
-                        "load": None, "note": self.note()}
+                beat = Heartbeat(self.name, os.getpid(), self.incarnation, note=self.note())
                 try:
-                    sock.send_multipart(wire.encode(wire.Message("_heartbeat", 0, 0, self.name,
-                                                                 None, body)), flags=zmq.NOBLOCK)
+                    sock.send_multipart(wire.encode(wire.Message(HEARTBEAT.name, 0, 0, self.name, None,
+                                                                 HEARTBEAT.encode_request(beat))), flags=zmq.NOBLOCK)
                 except zmq.Again:
                     pass  # not connected yet, or the head is behind: the next beat tries again
                 if self._done.wait(self.interval_s):

@@ -30,20 +30,24 @@ from typing import Callable
 import anyio
 
 from . import wire
-from .actor import CORES, import_actor_class
+from .actor import import_actor_class
 from .actor_ref import ActorRef
 from .config import ActorSpec
+from .control import (CORES, CRASHED, HEARTBEAT, LOOKUP, PEERS_GONE, PEERS_MOVED, READY, WHOIS, ActorLocation,
+                      ActorName, Cores, Crashed, Heartbeat, Lookup, MovedPeer, PeersGone, PeersMoved, Ready,
+                      Whois)
+from .messages import MessageKind
 from .elastic import Home
 from .errors import PostrainError
 from .identity import Identities, KeyTable, group_secret, keys_for_actor, server_key_of
 from .inbox import Handler, Inbox
-from .lending import CoreLender, WorkRequest
+from .lending import WORK, CoreLender, WorkReply, WorkRequest
 from .lifecycle import ActorEvent, ActorProcesses, ActorRecord
-from .load import Load
 from .node import Node
 from .scheduler import Scheduler
 from .shm import sweep_shm
 from .transport import CurveKeys, ipc_address, is_beyond_loopback, make_socket_dir
+from .typed import typed_handler
 
 log = logging.getLogger("postrain.core")
 
@@ -110,14 +114,15 @@ class Supervisor:
             node.identities = Identities((keys.client_public, *keys.allowed_client_keys), self._whois)
         address = ipc_address(socket_dir, "head") if bind == "ipc" else bind
         self.inbox = Inbox(node, address, {
-            "_whois": Handler(self._on_whois),
+            WHOIS.name: typed_handler(WHOIS, self._on_whois),
             # what an actor says of itself counts only for the actor it names (its own sender name,
             # which an authenticating socket checks against its key); `down` is the operator's
-            "_ready": Handler(self._on_ready, wants_message=True),
-            "_heartbeat": Handler(self._on_heartbeat, wants_message=True),
-            "_crashed": Handler(self._on_crashed, wants_message=True), "lookup": Handler(self._on_lookup),
+            READY.name: typed_handler(READY, self._on_ready, wants_message=True),
+            HEARTBEAT.name: typed_handler(HEARTBEAT, self._on_heartbeat, wants_message=True),
+            CRASHED.name: typed_handler(CRASHED, self._on_crashed, wants_message=True),
+            LOOKUP.name: typed_handler(LOOKUP, self._on_lookup),
             "status": Handler(self._on_status), "shutdown": Handler(self._on_shutdown, control_only=True),
-            "work": Handler(self._on_work, senders=self._drives_work)})
+            WORK.name: typed_handler(WORK, self._on_work, senders=self._drives_work)})
         self.lender = CoreLender(self._elastic_homes, self._pin_cores)
         self.shutdown_requested = anyio.Event()  # set by a `shutdown` message (`postrain down`)
         self.address = self.inbox.bound_address
@@ -213,11 +218,11 @@ class Supervisor:
         self.peers.update(addresses)
         for name, address in moved.items():
             self.node.rebind(name, address, same_node=name in self.records)
-        told = {name: {"address": address, "same_node": name in self.records}
-                for name, address in moved.items()}
+        told = PeersMoved({name: MovedPeer(address, same_node=name in self.records)
+                           for name, address in moved.items()})
         for record in self.records.values():
             if moved and record.state == "running":
-                self.node.spawn(self._tell_peers, record.spec.name, wire.PEERS_MOVED, told)
+                self.node.spawn(self._tell_peers, record.spec.name, PEERS_MOVED, told)
 
     def remove_peers(self, gone: dict[str, str]) -> None:
         """Actors gone for good ({name: reason}: their node was lost and they fit on no node
@@ -229,15 +234,15 @@ class Supervisor:
             self.node.close_refs(name)
         for record in self.records.values():
             if gone and record.state == "running":
-                self.node.spawn(self._tell_peers, record.spec.name, wire.PEERS_GONE, dict(gone))
+                self.node.spawn(self._tell_peers, record.spec.name, PEERS_GONE, PeersGone(dict(gone)))
 
-    async def _tell_peers(self, name: str, kind: str, peers: dict) -> None:
+    async def _tell_peers(self, name: str, kind: MessageKind, peers: PeersMoved | PeersGone) -> None:
         """Tell actor `name` the peers that moved (PEERS_MOVED) or are gone (PEERS_GONE).
         Cancelled: it may not be told; an actor that restarts meanwhile looks its peers up afresh."""
         try:
-            await self.ref(name).tell(kind, peers, timeout_s=5)
+            await self.ref(name).send(kind, peers, timeout_s=5)
         except Exception as exc:   # it died meanwhile: its next incarnation looks them up again
-            log.warning("could not tell actor %s about peers %s: %s", name, sorted(peers), exc)
+            log.warning("could not tell actor %s about peers %s: %s", name, sorted(peers.to_wire()), exc)
 
     def ref(self, name: str) -> ActorRef:
         """A (cached) reference to actor `name`: one of this supervisor's, or a peer's."""
@@ -305,66 +310,63 @@ class Supervisor:
 
     # -- head handlers -------------------------------------------------------------
 
-    async def _on_whois(self, body) -> str | None:
-        """{"key": Z85 public key} -> the actor's name, or None (an actor's authentication handler
+    async def _on_whois(self, request: Whois) -> ActorName:
+        """The actor's name behind a Z85 public key, or None (an actor's authentication handler
         asks, core/identity.py). Does not wait (cancel-safe)."""
-        key = body.get("key") if isinstance(body, dict) else None
-        if self._key_table is None or not isinstance(key, str):
-            return None
-        return await self._whois(key.encode())
+        if self._key_table is None:
+            return ActorName(None)
+        return ActorName(await self._whois(request.key.encode()))
 
-    def _record_for(self, body, msg: wire.Message) -> ActorRecord | None:
-        """The record of the actor `body` names, if the message is its own current incarnation's:
+    def _record_for(self, report: Ready | Heartbeat | Crashed, msg: wire.Message) -> ActorRecord | None:
+        """The record of the actor `report` names, if the message is its own current incarnation's:
         None for an earlier incarnation, or for a sender that is not the actor it names."""
-        record = self.records.get(body.get("name")) if isinstance(body, dict) else None
-        if record is None or body.get("incarnation") != record.incarnation:
+        record = self.records.get(report.name)
+        if record is None or report.incarnation != record.incarnation:
             return None  # a message from an earlier incarnation
         if msg.sender != record.spec.name:
             log.warning("ignored %s about actor %s sent by %r", msg.kind, record.spec.name, msg.sender)
             return None
         return record
 
-    async def _on_ready(self, body, msg) -> str:
+    async def _on_ready(self, ready: Ready, msg: wire.Message) -> None:
         """READY from the current incarnation. Does not wait: a cancellation finds it done."""
-        record = self._record_for(body, msg)
+        record = self._record_for(ready, msg)
         if record is not None:
             record.last_heartbeat = time.monotonic()
-            record.address = body.get("address", record.address)
+            record.address = ready.address
             record.ready.set()
-        return "ok"
 
-    async def _on_heartbeat(self, body, msg) -> None:
-        """The actor lives; its load replaces the last one. A malformed load is logged (the
-        inbox logs a failed tell) and the last good one kept; the heartbeat still counts.
-        Does not wait (cancel-safe)."""
-        record = self._record_for(body, msg)
+    async def _on_heartbeat(self, beat: Heartbeat, msg: wire.Message) -> None:
+        """The actor lives; its load replaces the last one. A malformed heartbeat (its load
+        included) is refused by its record and logged by the inbox (a failed tell); the last good
+        load is kept. Does not wait (cancel-safe)."""
+        record = self._record_for(beat, msg)
         if record is not None:
             record.last_heartbeat = time.monotonic()
-            record.note = str(body.get("note") or "")
-            if body.get("load") is not None:  # a keep-alive beat (setup, a blocking load) has none
-                record.load = Load.from_wire(body["load"])
+            record.note = beat.note
+            if beat.load is not None:  # a keep-alive beat (setup, a blocking load) has none
+                record.load = beat.load
 
-    async def _on_crashed(self, body, msg) -> str:
+    async def _on_crashed(self, crashed: Crashed, msg: wire.Message) -> None:
         """Keep the actor's traceback for its exit event. Does not wait (cancel-safe)."""
-        record = self._record_for(body, msg)
+        record = self._record_for(crashed, msg)
         if record is not None:
-            record.crash_traceback = str(body.get("traceback", ""))
-        return "ok"
+            record.crash_traceback = crashed.traceback
 
-    async def _on_lookup(self, body) -> dict:
-        """{"address", "same_node", "server_key"} of the actor named in `body` (`server_key`: the
-        Curve key its inbox serves with, None without keys). Does not wait (cancel-safe).
+    async def _on_lookup(self, lookup: Lookup) -> ActorLocation:
+        """Where the actor `lookup` names lives (`server_key`: the Curve key its inbox serves
+        with, None without keys). Does not wait (cancel-safe).
 
         Node identity: this supervisor runs the actors of one node (a cluster's node agent, or the
         single host), and an actor looks up through its own node's supervisor; so an actor of
         `records` shares the asker's node, a peer (`add_peers`: another supervisor's) does not."""
-        name = body.get("name") if isinstance(body, dict) else None
+        name = lookup.name
         record = self.records.get(name)
         if record is None:
             if name in self.peers:
-                return {"address": self.peers[name], "same_node": False, "server_key": server_key_of(self.keys, name)}
+                return ActorLocation(self.peers[name], same_node=False, server_key=server_key_of(self.keys, name))
             raise KeyError(f"no actor named {name!r}; known: {sorted({*self.records, *self.peers})}")
-        return {"address": record.address, "same_node": True, "server_key": server_key_of(self.keys, name)}
+        return ActorLocation(record.address, same_node=True, server_key=server_key_of(self.keys, name))
 
     async def _on_status(self, body) -> dict:
         """`status()` for `postrain status`. Does not wait (cancel-safe)."""
@@ -375,20 +377,19 @@ class Supervisor:
         record = self.records.get(name)
         return record is not None and _class_says(record.spec, "drives_work")
 
-    async def _on_work(self, body) -> dict:
-        """{"actor", "busy"}: elastic cores follow (CoreLender.set_busy; its reply). Cancelled:
-        see CoreLender.set_busy."""
-        request = WorkRequest.from_wire(body)
-        return (await self.lender.set_busy(request.actor, request.busy)).to_wire()
+    async def _on_work(self, request: WorkRequest) -> WorkReply:
+        """An actor starts or stops having work: elastic cores follow (CoreLender.set_busy).
+        Cancelled: see CoreLender.set_busy."""
+        return await self.lender.set_busy(request.actor, request.busy)
 
     def _elastic_homes(self) -> dict[str, Home]:
         """The placed elastic actors of this head and their homes (their placements)."""
         return {name: _home(self.records[name]) for name in sorted(self.scheduler.elastic_names())
                 if name in self.records}
 
-    async def _pin_cores(self, name: str, body: dict) -> dict:
+    async def _pin_cores(self, name: str, cores: Cores) -> Cores:
         """Re-pin actor `name` (the kernel's `_cores`). Cancelled: it may or may not be re-pinned."""
-        return await self.ref(name).ask(CORES, body, timeout_s=30)
+        return await self.ref(name).call(CORES, cores, timeout_s=30)
 
     async def _on_shutdown(self, body) -> str:
         """`postrain down`: set shutdown_requested. Does not wait (cancel-safe)."""

@@ -249,7 +249,7 @@ class PoolEchoActor(EchoActor):
     def load(self) -> Load:
         return super().load().replace(queued=0, running=0, workers=self.num_workers, figures={"note": "mine"})
 
-    @handler(RESIZE, request=ResizeRequest, reply=ResizeReply)
+    @handler(RESIZE)
     async def resize(self, request: ResizeRequest) -> ResizeReply:
         """Take the new worker count. Does not wait (cancel-safe: atomic)."""
         previous, self.num_workers = self.num_workers, request.num_workers

@@ -1,8 +1,9 @@
 """Typed handlers: the kernel decodes a handler's body into its declared record and encodes the
-record it returns, so a role's handler never sees or returns a bare dict.
+record it returns, so a handler never sees or returns a bare dict.
 
-    @handler("exec", request=ExecRequest, reply=ExecReply)
+    @handler(EXEC)                                         # EXEC = MessageKind("exec", ExecRequest, ExecReply)
     async def exec(self, request: ExecRequest) -> ExecReply: ...
+    table[LOOKUP.name] = typed_handler(LOOKUP, self._on_lookup)   # a function outside an Actor
 
 `request` / `reply` is any class with `from_wire(data)` / `to_wire()` (the kernel names no role:
 the roles' records live above it, in postrain.actors.records), or None: a bodiless message
@@ -16,8 +17,8 @@ import contextlib
 import functools
 from typing import Any, Callable
 
-from .inbox import Reply
-from .messages import UNTYPED, decode
+from .inbox import Handler, Reply
+from .messages import UNTYPED, MessageKind, decode
 
 
 def encode(kind: str, reply, value):
@@ -53,3 +54,13 @@ def typed(fn: Callable, kind: str, request, reply, stream: bool) -> Callable:
     async def typed_call(self, body, *rest):
         return encode(kind, reply, await fn(self, decode(kind, request, body), *rest))
     return typed_call
+
+
+def typed_handler(kind: MessageKind, fn: Callable, **options: Any) -> Handler:
+    """The inbox's Handler of a declared message whose function is not an actor's `@handler`
+    method (the head's table, the kernel's control messages to an actor): `fn` receives the
+    request record (and the Message, with wants_message=True) and returns the reply record."""
+    @functools.wraps(fn)
+    async def call(body, *rest):
+        return encode(kind.name, kind.reply, await fn(decode(kind.name, kind.request, body), *rest))
+    return Handler(call, **options)

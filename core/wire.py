@@ -61,11 +61,8 @@ REPLY = "_reply"        # the final answer to a request
 ITEM = "_item"          # one item of a stream of replies
 END = "_end"            # the end of a stream
 ERROR = "_error"        # a typed error in place of a reply; body: {"type", "message", "traceback"}
-STOP = "_stop"          # asks the actor to stop
 PING = "_ping"          # answered with a REPLY by the runtime itself
-# {name: {"address", "same_node"}} of actors started again on another node (Supervisor.add_peers)
-PEERS_MOVED = "_peers_moved"
-PEERS_GONE = "_peers_gone"    # {name: reason} of actors gone for good (Supervisor.remove_peers)
+# The kernel's control messages (_stop, _cores, _peers_moved, ...) are declared in core/control.py.
 
 _NUMPY_DTYPES = {
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",

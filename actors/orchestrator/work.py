@@ -21,7 +21,7 @@ from contextlib import asynccontextmanager
 
 import anyio
 
-from postrain.core.lending import WorkReply, WorkRequest
+from postrain.core.lending import WORK, WorkRequest
 
 log = logging.getLogger("postrain.orchestrator")
 
@@ -64,7 +64,7 @@ class WorkSignal:
         cores stay where they are (a warning says so). Cancelled: the head may or may not move
         the cores."""
         try:
-            reply = WorkReply.from_wire(await self.head.ask("work", WorkRequest(actor, busy).to_wire(), timeout_s=60))
+            reply = await self.head.call(WORK, WorkRequest(actor, busy), timeout_s=60)
         except Exception as exc:  # noqa: BLE001 - see the docstring
             log.warning("cores: the head did not take %s %s work (%s); its cores stay where they are",
                         actor, "having" if busy else "ending", exc)

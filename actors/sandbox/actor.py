@@ -288,7 +288,7 @@ class SandboxActor(Actor):
         return SessionClosed(num_calls=session.num_calls, reason=session.end_reason,
                              wall_s=round(time.monotonic() - session.opened_at, 6))
 
-    @handler(RESIZE, request=ResizeRequest, reply=ResizeReply)
+    @handler(RESIZE)
     async def resize(self, request: ResizeRequest) -> ResizeReply:
         """The kernel's pool protocol (core/load.py). Runs in flight finish; surplus workers
         close when idle. Cancelled while new workers start: atomic; the thread call cannot be

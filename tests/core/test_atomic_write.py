@@ -22,7 +22,7 @@ LEARNER = {"model": "tiny", "lr": 1e-3}
 
 CHILD = textwrap.dedent('''
     import os, sys, time
-    from postrain.actors import atomic_write
+    from postrain.core import atomic_write
     from postrain.actors.learner import state as learner_state
     from postrain.actors.learner.learner import Learner, LearnerConfig
     from postrain.actors.records import RunState

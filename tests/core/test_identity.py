@@ -113,7 +113,7 @@ async def test_an_actor_cannot_send_the_kernels_messages_or_speak_for_another_ac
     """PEERS_MOVED would point the learner's callers at an address of the sender's choosing, a
     READY naming another actor would change its registered address, `shutdown` would end the run:
     from an actor's key, all are refused; the head's own control key may still send them."""
-    from postrain.core import wire
+    from postrain.core.control import PEERS_MOVED, MovedPeer, PeersMoved
     run = CurveKeys.generate()
     async with Supervisor.open(keys=run, bind="tcp://127.0.0.1:0") as sup:
         learner = await sup.start(spec("learner"))
@@ -123,7 +123,7 @@ async def test_an_actor_cannot_send_the_kernels_messages_or_speak_for_another_ac
             to_learner = sandbox.ref(learner.address, "learner", server_key=server_key_of(run, "learner"))
             to_head = sandbox.ref(sup.address, "head")
             with pytest.raises(RemoteError, match="SenderMismatch.*only the run's supervisors"):
-                await to_learner.ask(wire.PEERS_MOVED, {"x": {"address": "tcp://127.0.0.1:1", "same_node": False}})
+                await to_learner.call(PEERS_MOVED, PeersMoved({"x": MovedPeer("tcp://127.0.0.1:1", same_node=False)}))
             with pytest.raises(RemoteError, match="SenderMismatch.*only the run's supervisors"):
                 await to_head.ask("shutdown")
             with pytest.raises(RemoteError, match="SenderMismatch.*this actor's role may not send it"):
@@ -132,7 +132,7 @@ async def test_an_actor_cannot_send_the_kernels_messages_or_speak_for_another_ac
             await to_head.ask("_ready", {"name": "learner", "pid": 1, "address": "tcp://127.0.0.1:9",
                                          "incarnation": incarnation})
         assert sup.records["learner"].address == address and not sup.shutdown_requested.is_set()
-        assert await learner.ask(wire.PEERS_MOVED, {}) is None          # the supervisor's key: served
+        assert await learner.call(PEERS_MOVED, PeersMoved()) is None     # the supervisor's key: served
 
 
 @async_test

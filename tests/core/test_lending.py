@@ -49,5 +49,5 @@ async def test_an_idle_actors_core_goes_to_the_busy_one_and_comes_back_before_th
         assert (await head.ask("work", {"actor": "generator", "busy": False}))["transfers"] == [
             {"action": "return", "cpu_ids": home["learner"], "giver": "generator", "taker": "learner"}]
         assert (await head.ask("work", {"actor": "nobody", "busy": True}))["elastic"] is False
-        with pytest.raises(RemoteError, match="work needs {'actor': name, 'busy': true or false}"):
+        with pytest.raises(RemoteError, match=r"WorkRequest needs field\(s\) \['busy'\]"):
             await head.ask("work", {"actor": "learner"})

@@ -7,7 +7,7 @@ import pytest
 
 from postrain.core import (ActorDiedError, ActorSpec, ActorTimeoutError, AuthenticationError, CurveKeys, Load,
                            Supervisor)
-from postrain.core import RESIZE, LoadError, ResizeRequest
+from postrain.core import LOOKUP, RESIZE, ActorLocation, LoadError, Lookup, ResizeRequest
 from postrain.core.node import Node
 from postrain.core.testing import async_test
 
@@ -101,13 +101,12 @@ async def test_registry_lookup_lets_actors_find_each_other_without_the_head_on_t
         await sup.start(spec("a"))
         await sup.start(spec("b"))
         head = sup.node.ref(sup.address, "head")
-        found = await head.ask("lookup", {"name": "b"})
-        assert found == {"address": sup.records["b"].address, "same_node": True,   # its own actor
-                         "server_key": None}                                  # no keys: no Curve
-        assert found["address"] != sup.address
+        found = await head.call(LOOKUP, Lookup("b"))
+        assert found == ActorLocation(sup.records["b"].address, same_node=True,   # its own actor
+                                      server_key=None)                          # no keys: no Curve
+        assert found.address != sup.address
         sup.add_peers({"elsewhere": "tcp://192.0.2.9:5555"})     # another supervisor's: another node
-        assert await head.ask("lookup", {"name": "elsewhere"}) == {"address": "tcp://192.0.2.9:5555",
-                                                                    "same_node": False, "server_key": None}
+        assert await head.call(LOOKUP, Lookup("elsewhere")) == ActorLocation("tcp://192.0.2.9:5555", same_node=False)
         status = await head.ask("status")
         assert {a["name"] for a in status["actors"]} == {"a", "b"}
 
@@ -149,7 +148,7 @@ async def test_heartbeats_carry_a_typed_load_and_a_pool_resizes_by_the_kernels_m
         load = sup.records["pool"].load
         assert isinstance(load, Load) and load.is_pool and load.workers == 1 and load.figures == {"note": "mine"}
         assert sup.status()["actors"][0]["load"]["figures"] == {"note": "mine"}, "status carries the wire form"
-        assert await ref.ask(RESIZE, ResizeRequest(3).to_wire()) == {"num_workers": 3, "previous": 1}
+        assert (await ref.call(RESIZE, ResizeRequest(3))).to_wire() == {"num_workers": 3, "previous": 1}
         with anyio.fail_after(10):
             while sup.records["pool"].load.workers != 3:
                 await anyio.sleep(0.05)
