@@ -34,6 +34,7 @@ import zmq
 
 from postrain.core import ActorSpec, Scheduler, Supervisor
 from postrain.core.scheduler import Inventory
+from postrain.core.testing import ECHO, NBYTES, NUM_TOLD, TOLD
 
 PAYLOAD = b"x" * 64
 TENSOR_BYTES = 64 << 20
@@ -171,18 +172,18 @@ async def actor_round_trips(ref, num_calls: int) -> list[float]:
     rtts = []
     for _ in range(num_calls):
         start = time.perf_counter()
-        await ref.ask("echo", PAYLOAD)
+        await ref.call(ECHO, PAYLOAD)
         rtts.append(time.perf_counter() - start)
     return rtts
 
 
 async def actor_oneway_rate(ref, num_oneway: int) -> float:
     """Tells per second, counted by the actor. Cancelled: no rate; the tells sent still arrive."""
-    before = await ref.ask("num_told")
+    before = await ref.call(NUM_TOLD)
     start = time.perf_counter()
     for _ in range(num_oneway):
-        await ref.tell("told", PAYLOAD)
-    after = await ref.ask("num_told")
+        await ref.send(TOLD, PAYLOAD)
+    after = await ref.call(NUM_TOLD)
     return (after - before) / (time.perf_counter() - start)
 
 
@@ -190,7 +191,7 @@ async def _actor_bulk_seconds(ref, tensor: torch.Tensor) -> float:
     """Seconds to send `tensor` and hear its size back. Cancelled: no time; an array written to
     shared memory stays there until the node closes."""
     start = time.perf_counter()
-    nbytes = await ref.ask("nbytes", tensor)
+    nbytes = await ref.call(NBYTES, tensor)
     elapsed = time.perf_counter() - start
     assert nbytes == TENSOR_BYTES, nbytes
     return elapsed

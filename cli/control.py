@@ -17,7 +17,9 @@ from pathlib import Path
 
 import anyio
 
+from postrain.core.control import SHUTDOWN, STATUS
 from postrain.core.errors import ActorError
+from postrain.core.messages import MessageKind, ReplyT
 from postrain.core.node import Node
 from postrain.core.transport import CurveKeys
 
@@ -92,13 +94,13 @@ def print_not_running(state: dict, as_json: bool, verb: str = "") -> None:
               f"`{state['resume']}` continues it")
 
 
-async def ask_head(run_folder: str, kind: str) -> object:
-    """Ask the head of the run in `run_folder` one request. Cancelled: the head may still act on
-    it (a `shutdown` once received runs to the end); nothing is left on this side."""
+async def ask_head(run_folder: str, kind: MessageKind[None, ReplyT]) -> ReplyT:
+    """Ask the head of the run in `run_folder` one request (STATUS, SHUTDOWN). Cancelled: the head
+    may still act on it (a `shutdown` once received runs to the end); nothing is left on this side."""
     address = head_address(run_folder)
     async with Node("cli", _client_keys(run_folder)) as node:
         try:
-            return await node.ref(address, "head").ask(kind, timeout_s=5)
+            return await node.ref(address, "head").call(kind, timeout_s=5)
         except ActorError as exc:
             raise SystemExit(f"postrain: the head at {address} (from {run_folder}/head.json) did not answer: "
                              f"{exc}; if its process is gone, `postrain up --resume {run_folder}` continues "
@@ -110,7 +112,7 @@ def main(args) -> int:
     if state is not None:
         print_not_running(state, args.json)
         return 0
-    status = anyio.run(ask_head, args.run_folder, "status", backend="trio")
+    status = anyio.run(ask_head, args.run_folder, STATUS, backend="trio").to_wire()
     if args.json:
         print(json.dumps(status, indent=2))
         return 0
@@ -135,6 +137,7 @@ def down_main(args) -> int:
     if state is not None:
         print_not_running(state, False, "; nothing to stop")
         return 0
-    print(anyio.run(ask_head, args.run_folder, "shutdown", backend="trio"))
+    anyio.run(ask_head, args.run_folder, SHUTDOWN, backend="trio")
+    print("shutting down")
     return 0
 

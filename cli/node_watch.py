@@ -45,6 +45,7 @@ import anyio
 
 from postrain.core.cluster import AgentLostError, ClusterScheduler
 from postrain.core.config import ActorSpec
+from postrain.core.control import STATUS
 from postrain.core.errors import ActorDiedError, ActorError, PlacementError, PostrainError
 from postrain.core.metrics import MetricsWriter
 from postrain.core.supervisor import Supervisor
@@ -193,7 +194,8 @@ class NodeWatch:
             address = self.agents.supervisor_addresses[state.name]
             self._refs[state.name] = self.supervisor.node.ref(address, f"node agent {state.name}")
         try:
-            state.status = await self._refs[state.name].ask("status", timeout_s=max(1.0, self.interval_s))
+            status = await self._refs[state.name].call(STATUS, timeout_s=max(1.0, self.interval_s))
+            state.status = status.to_wire()
         except ActorDiedError:
             state.closed = True
         except ActorError:

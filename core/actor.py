@@ -1,6 +1,9 @@
 """Actors: one OS process, one event loop, one inbox, one handler per message kind.
 
-    from postrain.core import Actor, handler
+    from postrain.core import Actor, MessageKind, handler
+
+    ADD = MessageKind("add", AddRequest, Total)            # declared once (core/messages.py)
+    COUNT = MessageKind("count", CountRequest, Item, stream=True)
 
     class Counter(Actor):
         Options = CounterOptions          # its validated options (core/options.py): self.options
@@ -8,15 +11,15 @@
         async def setup(self):            # runs before READY
             self.total = 0
 
-        @handler("add")                   # request/reply: the return value is the reply
-        async def add(self, body):
-            self.total += body["n"]
-            return self.total
+        @handler(ADD)                     # request/reply: the returned record is the reply
+        async def add(self, request: AddRequest) -> Total:
+            self.total += request.n
+            return Total(self.total)
 
-        @handler("count", stream=True)    # a stream of replies
-        async def count(self, body):
-            for i in range(body["n"]):
-                yield i
+        @handler(COUNT)                   # a stream of replies
+        async def count(self, request: CountRequest):
+            for i in range(request.n):
+                yield Item(i)
 
 Handlers run one at a time in arrival order unless declared
 `concurrent=True`. A handler that also wants the envelope (sender,
@@ -63,17 +66,14 @@ log = logging.getLogger("postrain.core")
 
 
 
-def handler(kind: MessageKind | str | None = None, *, concurrent: bool = False, stream: bool | None = None,
-            request=UNTYPED, reply=UNTYPED):
-    """Declare an actor method as the handler of message `kind`: a MessageKind (core/messages.py,
-    which names the message, its request and reply records and whether it streams), or the
-    kernel's own name for an untyped control message. `concurrent`: handled while others run."""
-    if isinstance(kind, MessageKind):
-        if request is not UNTYPED or reply is not UNTYPED or stream is not None:
-            raise TypeError(f"handler({kind.name!r}): the MessageKind declares request, reply and stream")
-        name, request, reply, stream = kind.name, kind.request, kind.reply, kind.stream
-    else:
-        name, stream = kind, bool(stream)
+def handler(kind: MessageKind, *, concurrent: bool = False):
+    """Declare an actor method as the handler of message `kind`, a MessageKind (core/messages.py,
+    which names the message, its request and reply records and whether it streams).
+    `concurrent`: each message runs in its own task, while others run."""
+    if not isinstance(kind, MessageKind):
+        raise TypeError(f"handler() takes a MessageKind (core/messages.py), got {kind!r}; fix: declare "
+                        f"the message once, e.g. ECHO = MessageKind({kind!r}, Request, Reply), and use it")
+    name, request, reply, stream = kind.name, kind.request, kind.reply, kind.stream
 
     def mark(fn):
         if not inspect.iscoroutinefunction(fn) and not inspect.isasyncgenfunction(fn):
@@ -81,13 +81,11 @@ def handler(kind: MessageKind | str | None = None, *, concurrent: bool = False, 
         if stream != inspect.isasyncgenfunction(fn):
             raise TypeError(f"handler {fn.__name__}: stream=True needs an async generator "
                             "(`yield` items), and an async generator needs stream=True")
-        kind_name = name or fn.__name__
-        if kind_name.startswith("_"):
-            raise ValueError(f"handler kind {kind_name!r} may not start with '_' (reserved)")
-        check_codec(kind_name, "request", request)
-        check_codec(kind_name, "reply", reply)
-        fn = typed(fn, kind_name, request, reply, stream)
-        fn._postrain_handler = (kind_name, stream, concurrent)
+        if name.startswith("_"):
+            raise ValueError(f"handler kind {name!r} may not start with '_' (reserved for the kernel's "
+                             "messages, core/control.py)")
+        fn = typed(fn, name, request, reply, stream)
+        fn._postrain_handler = (name, stream, concurrent)
         fn._postrain_types = (request, reply)
         return fn
     return mark

@@ -14,6 +14,7 @@ elastic cores' `work` core/lending.py's.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from .load import Load
 from .messages import MessageKind
@@ -133,3 +134,21 @@ STOP = MessageKind("_stop", None, None)
 CORES = MessageKind("_cores", Cores, Cores)
 PEERS_MOVED = MessageKind("_peers_moved", PeersMoved, None)
 PEERS_GONE = MessageKind("_peers_gone", PeersGone, None)
+
+
+# -- the operator (postrain status / down) to the head.
+
+@dataclass(frozen=True, slots=True)
+class HeadStatus(Record):
+    """`postrain status`: the head (pid, address), its free pools, every actor (name, state, pid,
+    restarts, address, placement, last exit, heartbeat age, note, load) and, on a cluster's head,
+    the nodes (core/supervisor.py, Supervisor.status)."""
+
+    head: dict[str, Any]
+    pools: dict[str, Any]
+    actors: list[dict[str, Any]]
+    nodes: list[dict[str, Any]] | None = None
+
+
+STATUS = MessageKind("status", None, HeadStatus)
+SHUTDOWN = MessageKind("shutdown", None, None)     # `postrain down`: the run stops as on Ctrl-C

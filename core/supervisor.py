@@ -33,9 +33,9 @@ from . import wire
 from .actor import import_actor_class
 from .actor_ref import ActorRef
 from .config import ActorSpec
-from .control import (CORES, CRASHED, HEARTBEAT, LOOKUP, PEERS_GONE, PEERS_MOVED, READY, WHOIS, ActorLocation,
-                      ActorName, Cores, Crashed, Heartbeat, Lookup, MovedPeer, PeersGone, PeersMoved, Ready,
-                      Whois)
+from .control import (CORES, CRASHED, HEARTBEAT, LOOKUP, PEERS_GONE, PEERS_MOVED, READY, SHUTDOWN, STATUS, WHOIS,
+                      ActorLocation, ActorName, Cores, Crashed, HeadStatus, Heartbeat, Lookup, MovedPeer, PeersGone,
+                      PeersMoved, Ready, Whois)
 from .messages import MessageKind
 from .elastic import Home
 from .errors import PostrainError
@@ -121,7 +121,8 @@ class Supervisor:
             HEARTBEAT.name: typed_handler(HEARTBEAT, self._on_heartbeat, wants_message=True),
             CRASHED.name: typed_handler(CRASHED, self._on_crashed, wants_message=True),
             LOOKUP.name: typed_handler(LOOKUP, self._on_lookup),
-            "status": Handler(self._on_status), "shutdown": Handler(self._on_shutdown, control_only=True),
+            STATUS.name: typed_handler(STATUS, self._on_status),
+            SHUTDOWN.name: typed_handler(SHUTDOWN, self._on_shutdown, control_only=True),
             WORK.name: typed_handler(WORK, self._on_work, senders=self._drives_work)})
         self.lender = CoreLender(self._elastic_homes, self._pin_cores)
         self.shutdown_requested = anyio.Event()  # set by a `shutdown` message (`postrain down`)
@@ -368,9 +369,9 @@ class Supervisor:
             raise KeyError(f"no actor named {name!r}; known: {sorted({*self.records, *self.peers})}")
         return ActorLocation(record.address, same_node=True, server_key=server_key_of(self.keys, name))
 
-    async def _on_status(self, body) -> dict:
+    async def _on_status(self, body: None) -> HeadStatus:
         """`status()` for `postrain status`. Does not wait (cancel-safe)."""
-        return self.status()
+        return HeadStatus.from_wire(self.status())
 
     def _drives_work(self, name: str) -> bool:
         """Whether actor `name` of this run may send `work` (its class's `drives_work`)."""
@@ -391,10 +392,9 @@ class Supervisor:
         """Re-pin actor `name` (the kernel's `_cores`). Cancelled: it may or may not be re-pinned."""
         return await self.ref(name).call(CORES, cores, timeout_s=30)
 
-    async def _on_shutdown(self, body) -> str:
+    async def _on_shutdown(self, body: None) -> None:
         """`postrain down`: set shutdown_requested. Does not wait (cancel-safe)."""
         self.shutdown_requested.set()
-        return "shutting down"
 
 
 def _needs_bulk_key(spec: ActorSpec) -> bool:

@@ -16,6 +16,7 @@ from . import shm
 from .actor import Actor, handler
 from .errors import ActorDiedError
 from .load import RESIZE, Load, ResizeReply, ResizeRequest
+from .messages import MessageKind
 from .options import Options
 
 
@@ -75,6 +76,30 @@ def assert_nothing_left(run_tag: str, timeout_s: float = 10.0) -> None:
         time.sleep(0.1)
 
 
+# The test actors' messages: raw bodies (UNTYPED), the kernel's own tests of its wire and lifecycle.
+ASK_PEER = MessageKind("ask_peer")
+BLOCK_ALIVE = MessageKind("block_alive")
+COMPUTE_THREADS = MessageKind("compute_threads")
+COUNT = MessageKind("count", stream=True)
+ECHO = MessageKind("echo")
+ENVIRON = MessageKind("environ")
+FAIL = MessageKind("fail")
+HANG = MessageKind("hang")
+LEAVE_SHM = MessageKind("leave_shm")
+LOOP = MessageKind("loop")
+NBYTES = MessageKind("nbytes")
+NUM_TOLD = MessageKind("num_told")
+PID = MessageKind("pid")
+PINNED = MessageKind("pinned")
+RUN = MessageKind("run", stream=True)
+SLEEP = MessageKind("sleep")
+SPAWN_CHILD = MessageKind("spawn_child")
+STOP_RUN = MessageKind("stop")
+SUM_ARRAY = MessageKind("sum_array")
+TOLD = MessageKind("told")
+WHOAMI = MessageKind("whoami")
+
+
 class EchoOptions(Options):
     fail_setup: bool = Field(False, description="raise in setup (a start that fails)")
     setup_s: float = Field(0.0, ge=0, description="block the event loop this long in setup, seconds "
@@ -97,12 +122,12 @@ class EchoActor(Actor):
         self.num_told = 0
         self.children = []
 
-    @handler("echo")
+    @handler(ECHO)
     async def echo(self, body):
         """The body back. Does not wait (cancel-safe)."""
         return body
 
-    @handler("whoami")
+    @handler(WHOAMI)
     async def whoami(self, body, msg):
         """What this actor holds and who called: {"identity", "client_public", "server_public" (its
         inbox's), "bulk_key" (held?), "seed" (held?), "caller" (the message's sender, checked
@@ -114,19 +139,19 @@ class EchoActor(Actor):
                 "bulk_key": bool(keys and keys.bulk_key), "seed": bool(keys and keys.identity_seed),
                 "caller": msg.sender}
 
-    @handler("ask_peer")
+    @handler(ASK_PEER)
     async def ask_peer(self, body):
         """Look actor body["name"] up and ask it `whoami`; its answer. Cancelled: as `lookup`."""
         peer = await self.lookup(body["name"])
-        return await peer.ask("whoami", timeout_s=10)
+        return await peer.call(WHOAMI, timeout_s=10)
 
-    @handler("environ")
+    @handler(ENVIRON)
     async def environ(self, body):
         """{name: value or None} of this process's environment for the names in the body. Does
         not wait (cancel-safe)."""
         return {name: os.environ.get(name) for name in body}
 
-    @handler("pinned")
+    @handler(PINNED)
     async def pinned(self, body):
         """{"cores": the cores of every thread of this process, "num_threads": for compute} after
         starting one thread the first time (so re-pinning must reach threads beyond the loop's).
@@ -138,57 +163,57 @@ class EchoActor(Actor):
         cores = {tuple(sorted(os.sched_getaffinity(int(tid)))) for tid in os.listdir("/proc/self/task")}
         return {"cores": sorted(cores), "num_threads": self.num_threads}
 
-    @handler("compute_threads")
+    @handler(COMPUTE_THREADS)
     async def compute_threads(self, body):
         """torch's thread count inside `in_compute_thread` (what a learner step would use).
         Cancelled: the thread finishes; its answer is dropped."""
         import torch
         return await self.in_compute_thread(torch.get_num_threads)
 
-    @handler("sum_array")
+    @handler(SUM_ARRAY)
     async def sum_array(self, body):
         """The sum of a received array. Does not wait (cancel-safe)."""
         return float(body.sum())
 
-    @handler("nbytes")
+    @handler(NBYTES)
     async def nbytes(self, body):
         """Size of a received array or tensor (the bulk-transfer bench's handler). Does not
         wait (cancel-safe)."""
         return int(body.nbytes) if hasattr(body, "nbytes") else int(body.numel() * body.element_size())
 
-    @handler("told")
+    @handler(TOLD)
     async def told(self, body):
         """Count a tell. Does not wait (cancel-safe)."""
         self.num_told += 1
 
-    @handler("num_told")
+    @handler(NUM_TOLD)
     async def get_num_told(self, body):
         """How many tells arrived. Does not wait (cancel-safe)."""
         return self.num_told
 
-    @handler("count", stream=True)
+    @handler(COUNT)
     async def count(self, body):
         """Stream {"i": 0..n-1}. Cancelled: the stream ends where it was; nothing else changes."""
         for i in range(body["n"]):
             yield {"i": i}
 
-    @handler("sleep", concurrent=True)
+    @handler(SLEEP, concurrent=True)
     async def sleep(self, body):
         """Sleep `s` seconds, concurrently with other messages. Cancelled: it ends early, unanswered."""
         await anyio.sleep(body["s"])
         return "slept"
 
-    @handler("fail")
+    @handler(FAIL)
     async def fail(self, body):
         """Raise on purpose (the caller gets a RemoteError). Does not wait (cancel-safe)."""
         raise ValueError(f"failed on purpose: {body}")
 
-    @handler("pid")
+    @handler(PID)
     async def pid(self, body):
         """This process's id. Does not wait (cancel-safe)."""
         return os.getpid()
 
-    @handler("spawn_child")
+    @handler(SPAWN_CHILD)
     async def spawn_child(self, body):
         """Start a long `sleep` child (an nsjail worker stands for it) and return its pid. Does not
         wait (cancel-safe)."""
@@ -197,13 +222,13 @@ class EchoActor(Actor):
         self.children.append(child)
         return child.pid
 
-    @handler("leave_shm")
+    @handler(LEAVE_SHM)
     async def leave_shm(self, body):
         """Write `n` bytes to a shared-memory file no one will take, as a tensor sent to a peer
         that died would stay; return its path. Does not wait (cancel-safe)."""
         return shm.write_segment(bytes(body["n"]))
 
-    @handler("block_alive")
+    @handler(BLOCK_ALIVE)
     async def block_alive(self, body):
         """Block the event loop `s` seconds on purpose inside `keep_alive` (a synchronous
         checkpoint load): the head must not count it as hung. Cannot be cancelled."""
@@ -212,7 +237,7 @@ class EchoActor(Actor):
             time.sleep(body["s"])
         return "done"
 
-    @handler("hang")
+    @handler(HANG)
     async def hang(self, body):
         """Blocks the whole event loop (no await), as a stuck C call would. Cannot be
         cancelled: only killing the process ends it early."""
@@ -225,7 +250,7 @@ class AsyncioEchoActor(EchoActor):
     """The same actor on asyncio + uvloop."""
     backend = "asyncio"
 
-    @handler("loop")
+    @handler(LOOP)
     async def loop(self, body):
         """The module of the running event loop's class (uvloop's here). Does not wait (cancel-safe)."""
         import asyncio
@@ -283,7 +308,7 @@ class CountingDriver(Actor):
         """Not stopping yet. Does not wait (cancel-safe)."""
         self.stopping = False
 
-    @handler("run", stream=True, concurrent=True)  # concurrent: a `stop` must not wait behind the run
+    @handler(RUN, concurrent=True)  # concurrent: a `stop` must not wait behind the run
     async def run(self, body):
         """The echo steps, streamed. Cancelled: the run ends between or during a step; no
         summary is sent, nothing else is left."""
@@ -306,13 +331,13 @@ class CountingDriver(Actor):
         lost node). Cancelled: no echo."""
         for _ in range(PEER_RETRIES):
             try:
-                return await peer.ask("echo", step)
+                return await peer.call(ECHO, step)
             except ActorDiedError:
                 await anyio.sleep(0.5)
                 peer = await self.lookup(self.options.peer)
-        return await peer.ask("echo", step)
+        return await peer.call(ECHO, step)
 
-    @handler("stop")
+    @handler(STOP_RUN)
     async def stop(self, body):
         """End the run after the current step. Does not wait (cancel-safe)."""
         self.stopping = True

@@ -332,3 +332,28 @@ def test_the_private_reach_check_finds_a_reach_and_allows_a_modules_own(tmp_path
         assert private_reaches(other) == ["other.py:1 from own import _helper", "other.py:4 learner._logprobs"]
     finally:
         ROOT = saved
+
+
+# ------------------------------------------------------------------------------- messages
+def string_kinds(path: Path) -> list[str]:
+    """Calls that name a message by a string: `ref.ask("kind", ...)`, `.tell`, `.stream`, and
+    `@handler("kind")`. A message is named once, in its MessageKind declaration (core/messages.py),
+    and called with `ref.call(KIND, record)`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+        if name in ("ask", "tell", "stream", "ask_message", "stream_messages", "handler"):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)[:80]}")
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_no_message_is_named_by_a_string_outside_its_declaration(package):
+    named = [call for path in sources(package) for call in string_kinds(path)]
+    assert not named, "messages named by a string (declare a MessageKind; call ref.call(KIND, ...)):\n" + \
+        "\n".join(named)
+

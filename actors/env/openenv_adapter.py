@@ -122,7 +122,7 @@ class Session:
         self.timeout_s = timeout_s
         self.ws = connect(url.rstrip("/") + "/ws", open_timeout=timeout_s, max_size=100 << 20)
 
-    def ask(self, kind: str, data: dict) -> dict:
+    def exchange(self, kind: str, data: dict) -> dict:
         self.ws.send(json.dumps({"type": kind, "data": data}))
         reply = json.loads(self.ws.recv(timeout=self.timeout_s))
         if reply.get("type") == "error":
@@ -168,7 +168,7 @@ class OpenEnvEnvironment(Environment):
         options = self.options
         url = options.base_url or LocalServer.url_of(options.app, options.startup_timeout_s)
         self.client = Session(url)
-        return self.client.ask("reset", {"seed": seed} if seed is not None else {})
+        return self.client.exchange("reset", {"seed": seed} if seed is not None else {})
 
     async def reset(self, task: dict) -> str:
         """A new OpenEnv session, reset with the task's seed. Cancellation: the session is closed by
@@ -178,7 +178,7 @@ class OpenEnvEnvironment(Environment):
 
     async def step(self, action: str) -> StepResult:
         """The text as the action; the server's reward as the `openenv` component."""
-        result = await anyio.to_thread.run_sync(self.client.ask, "step", {self.options.action_field: action})
+        result = await anyio.to_thread.run_sync(self.client.exchange, "step", {self.options.action_field: action})
         reward = Reward({"openenv": float(result.get("reward") or 0.0)})
         if result.get("done"):
             return StepResult(None, True, reward)

@@ -22,6 +22,7 @@ import anyio
 from pydantic import Field
 
 from postrain.core.actor import Actor, handler
+from postrain.core.testing import RUN, STOP_RUN
 from postrain.core.options import Options
 
 
@@ -42,7 +43,7 @@ class SummaryDriver(Actor):
     async def setup(self):
         self.stopping = False
 
-    @handler("run", stream=True, concurrent=True)
+    @handler(RUN, concurrent=True)
     async def run(self, body):
         o = self.options
         yield {"line": "step 1"}
@@ -55,7 +56,7 @@ class SummaryDriver(Actor):
         Path(body["run_folder"], "summary.json").write_text(json.dumps(summary))
         yield {"summary": summary}
 
-    @handler("stop")
+    @handler(STOP_RUN)
     async def stop(self, body):
         self.stopping = True
 '''

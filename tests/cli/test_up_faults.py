@@ -12,6 +12,7 @@ import anyio
 import pytest
 
 from postrain.cli.control import ask_head
+from postrain.core.control import SHUTDOWN, STATUS
 from postrain.cli.up import resume_config
 from postrain.core.supervisor import run_tag_for
 from postrain.core.testing import assert_nothing_left, counting_run_config
@@ -39,7 +40,7 @@ def echo_pid_in_setup(folder: Path, timeout_s: float = 30.0) -> int:
         with anyio.fail_after(timeout_s):
             while True:
                 if (folder / "head.json").exists():
-                    actors = {a["name"]: a for a in (await ask_head(str(folder), "status"))["actors"]}
+                    actors = {a["name"]: a for a in (await ask_head(str(folder), STATUS)).actors}
                     if actors.get("echo", {}).get("note", "").startswith("loading"):
                         return actors["echo"]["pid"]
                 await anyio.sleep(0.1)
@@ -81,7 +82,7 @@ def test_a_stop_during_start_up_stops_every_actor_and_leaves_nothing(tmp_path, h
     try:
         echo_pid_in_setup(folder)
         if how == "down":
-            assert anyio.run(ask_head, str(folder), "shutdown", backend="trio") == "shutting down"
+            assert anyio.run(ask_head, str(folder), SHUTDOWN, backend="trio") is None
         else:
             head.send_signal(signal.SIGINT)  # Ctrl-C
         out = assert_stopped_cleanly(head, folder, 0 if how == "down" else 128 + signal.SIGINT)

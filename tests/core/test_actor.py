@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from postrain.core.testing import async_test
 from postrain.core import (ActorSpec, ActorStartError, ActorTimeoutError, RemoteError,
-                           Supervisor, handler)
+                           MessageKind, Supervisor, handler)
 from postrain.core.actor import Actor
 
 ECHO = "postrain.core.testing:EchoActor"
@@ -169,14 +169,16 @@ async def test_setup_failure_reports_the_actors_traceback():
 
 def test_handler_declarations_are_checked():
     with pytest.raises(TypeError, match="must be `async def`"):
-        handler("x")(lambda self, body: None)
+        handler(MessageKind("x"))(lambda self, body: None)
+    with pytest.raises(TypeError, match="handler\\(\\) takes a MessageKind"):
+        handler("x")
     with pytest.raises(ValueError, match="reserved"):
-        @handler("_x")
+        @handler(MessageKind("_x"))
         async def h(self, body):
             return None
 
     class Both(Actor):
-        @handler("a")
+        @handler(MessageKind("a"))
         async def a(self, body, msg):
             return msg.sender
     assert set(Both._handler_specs) == {"a"}

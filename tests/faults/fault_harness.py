@@ -39,6 +39,7 @@ import psutil
 
 from postrain.actors.orchestrator.ledger import read_events
 from postrain.cli.control import ask_head
+from postrain.core.control import STATUS
 from postrain.cli.up import default_config_path
 from postrain.core.testing import to_toml
 
@@ -187,7 +188,7 @@ class FaultRun:
         if not (self.folder / "head.json").exists():
             return None
         try:
-            return anyio.run(ask_head, str(self.folder), "status", backend="trio")
+            return anyio.run(ask_head, str(self.folder), STATUS, backend="trio").to_wire()
         except (SystemExit, Exception):
             return None
 

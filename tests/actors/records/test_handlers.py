@@ -1,5 +1,5 @@
 """Every handler of every role is typed: the kernel decodes its body into a declared record and
-encodes the record it returns (`@handler(kind, request=..., reply=...)`, core/typed.py).
+encodes the record it returns (`@handler(KIND)`, KIND a MessageKind declared once; core/typed.py).
 
 The walk imports every module under postrain.actors, finds each Actor subclass defined there and
 reads what its handlers declared on the decorator; one case per actor class, failing with the
@@ -13,9 +13,9 @@ import pkgutil
 import pytest
 
 import postrain.actors
-from postrain.actors.records import RecordError, WeightsChannel, WeightSync, WeightSyncReply
+from postrain.actors.records import LOAD_WEIGHTS, RecordError, WeightsChannel, WeightSync, WeightSyncReply
 from postrain.core.record import Record
-from postrain.core import Actor, handler
+from postrain.core import Actor, MessageKind, handler
 from postrain.core.testing import async_test
 from postrain.core.messages import UNTYPED
 
@@ -62,20 +62,25 @@ def test_every_handler_decodes_its_body_and_replies_with_a_record(cls):
         if problems:
             untyped.append(f"{kind} ({', '.join(problems)})")
     assert not untyped, (f"{cls.__module__}.{cls.__name__}: handlers not typed with records: {untyped}; "
-                         "fix: @handler(kind, request=XRequest, reply=XReply) (request=None: no body)")
+                         "fix: declare X = MessageKind(name, XRequest, XReply) beside the records (request=None: no "
+                         "body) and use @handler(X)")
+
+
+BAD_REPLY = MessageKind("bad_reply", None, WeightsChannel)
+ITEMS = MessageKind("items", None, WeightsChannel, stream=True)
 
 
 class _Typed(Actor):
-    @handler("load_weights", request=WeightSync, reply=WeightSyncReply)
+    @handler(LOAD_WEIGHTS)
     async def load_weights(self, sync):
         self.seen = sync
         return WeightSyncReply(version=sync.version)
 
-    @handler("bad_reply", request=None, reply=WeightsChannel)
+    @handler(BAD_REPLY)
     async def bad_reply(self, body):
         return {"address": "tcp://x"}   # a wire dict, not the record
 
-    @handler("items", stream=True, request=None, reply=WeightsChannel)
+    @handler(ITEMS)
     async def items(self, body):
         yield WeightsChannel("a")
         yield WeightsChannel("b")
@@ -95,8 +100,6 @@ async def test_the_kernel_decodes_bodies_and_encodes_replies_of_typed_handlers()
     assert [item async for item in actor.items({})] == [{"address": "a"}, {"address": "b"}]
 
 
-def test_a_handler_type_must_have_its_codec():
-    async def x(self, body):
-        return None
+def test_a_message_kind_must_name_records_with_their_codec():
     with pytest.raises(TypeError, match="request= must be a class with from_wire"):
-        handler("x", request=dict, reply=None)(x)
+        MessageKind("x", request=dict, reply=None)
