@@ -90,17 +90,17 @@ def sample_each_dtype(model, prompt: list[int]
     for name, engine in engines.items():
         engine.add_request(prompt, SamplingParams(n=NUM_SAMPLES, temperature=1.0, seed=11, ignore_eos=True,
                                                   max_new_tokens=NEW_TOKENS))
-        while engine.counters["num_generated_tokens"] < NUM_SAMPLES:   # the prompt, and the first tokens
+        while engine.counters.num_generated_tokens < NUM_SAMPLES:   # the prompt, and the first tokens
             done[name] += engine.step()
     while any(engine.has_unfinished() for engine in engines.values()):
         for name, engine in engines.items():
             for _ in range(4):
                 if not engine.has_unfinished():
                     break
-                before, start = engine.counters["num_generated_tokens"], time.perf_counter()
+                before, start = engine.counters.num_generated_tokens, time.perf_counter()
                 done[name] += engine.step()
                 decode[name][0] += time.perf_counter() - start
-                decode[name][1] += engine.counters["num_generated_tokens"] - before
+                decode[name][1] += engine.counters.num_generated_tokens - before
     out = {}
     for name in engines:
         outputs = done[name][0].outputs

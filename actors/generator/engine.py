@@ -35,6 +35,7 @@ reset on a weight swap, so new requests never reuse KV of older weights.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 
@@ -51,7 +52,7 @@ from .kv_manager import KVManager
 from .runner import ModelRunner
 from .sampling import SamplingParams, make_generator, sample_rows
 from .scheduler import ScheduledSequence, Scheduler, StepPlan
-from .sequence import CompletionOutput, EngineError, Request, RequestOutput, Sequence
+from .sequence import CompletionOutput, EngineCounters, EngineError, Request, RequestOutput, Sequence
 from .speculative import DraftModelProposer, Proposer, SpeculativeOptions, make_proposer
 from .verify import propose_drafts, verify_drafts
 
@@ -99,10 +100,7 @@ class Engine:
                                       kv_dtype=kv_dtype)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.counters = {"num_steps": 0, "num_generated_tokens": 0, "num_prefill_tokens": 0,
-                         "num_cached_prompt_tokens": 0, "num_preemptions": 0, "busy_s": 0.0,
-                         "num_verify_steps": 0, "num_drafted_tokens": 0, "num_accepted_tokens": 0,
-                         "draft_s": 0.0}
+        self.counters = EngineCounters()
         self.scheduler = Scheduler(self.kv, max_num_seqs=max_num_seqs,
                                    max_num_batched_tokens=max_num_batched_tokens, counters=self.counters,
                                    prefill_chunk_tokens=prefill_chunk_tokens)
@@ -203,8 +201,8 @@ class Engine:
             logits = self.runner.run(plan, self._float16_weights)
             self._advance_decodes(plan, logits.decodes, finished)
             self._advance_prefills(plan, logits.prefills, finished)
-        self.counters["num_steps"] += 1
-        self.counters["busy_s"] += time.perf_counter() - start
+        self.counters.num_steps += 1
+        self.counters.busy_s += time.perf_counter() - start
         return finished
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None
@@ -246,15 +244,15 @@ class Engine:
         """KV utilisation, batch size, queue depth, and throughput counters; with speculative
         decoding, `speculation_stats` too."""
         pool = self.kv.stats()
-        busy = self.counters["busy_s"]
+        busy = self.counters.busy_s
         return {
             "num_running": len(self.scheduler.running), "num_waiting": len(self.scheduler.waiting),
             "kv_num_used_blocks": pool["num_used_blocks"], "kv_num_blocks": pool["num_blocks"],
             "kv_utilization": self.kv_utilization(), "prefix_hit_rate": pool["prefix_hit_rate"],
             "policy_version": self.policy_version,
-            "tokens_per_s": self.counters["num_generated_tokens"] / busy if busy else 0.0,
+            "tokens_per_s": self.counters.num_generated_tokens / busy if busy else 0.0,
             **(self.speculation_stats() if self.speculative is not None else {}),
-            **self.counters,
+            **dataclasses.asdict(self.counters),
         }
 
     def speculation_stats(self) -> dict:
@@ -263,10 +261,9 @@ class Engine:
         the share of busy time spent proposing drafts. All 0.0 before any draft."""
         c = self.counters
         return {
-            "acceptance_rate": c["num_accepted_tokens"] / c["num_drafted_tokens"] if c["num_drafted_tokens"] else 0.0,
-            "tokens_per_verify_step": (1 + c["num_accepted_tokens"] / c["num_verify_steps"]
-                                       if c["num_verify_steps"] else 0.0),
-            "draft_time_share": c["draft_s"] / c["busy_s"] if c["busy_s"] else 0.0,
+            "acceptance_rate": c.num_accepted_tokens / c.num_drafted_tokens if c.num_drafted_tokens else 0.0,
+            "tokens_per_verify_step": 1 + c.num_accepted_tokens / c.num_verify_steps if c.num_verify_steps else 0.0,
+            "draft_time_share": c.draft_s / c.busy_s if c.busy_s else 0.0,
         }
 
     def kv_utilization(self) -> float:
@@ -301,7 +298,7 @@ class Engine:
             return
         start = time.perf_counter()
         propose_drafts(self.scheduler.running, self._proposer, self.config.max_position_embeddings)
-        self.counters["draft_s"] += time.perf_counter() - start
+        self.counters.draft_s += time.perf_counter() - start
 
     def _advance_decodes(self, plan: StepPlan, logits: torch.Tensor | None,
                          finished: list[RequestOutput]) -> None:
@@ -372,7 +369,7 @@ class Engine:
         out.token_ids.append(token)
         out.logprobs.append(logprob)
         out.policy_versions.append(self.policy_version)
-        self.counters["num_generated_tokens"] += 1
+        self.counters.num_generated_tokens += 1
         reason = self._stop_reason(seq, token)
         if reason is not None:
             self._finish(seq, reason)

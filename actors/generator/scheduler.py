@@ -37,7 +37,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from .kv_manager import KVManager
-from .sequence import EngineError, Sequence
+from .sequence import EngineCounters, EngineError, Sequence
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ class Scheduler:
     """
 
     def __init__(self, kv: KVManager, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 counters: dict, prefill_chunk_tokens: int = 0):
+                 counters: EngineCounters, prefill_chunk_tokens: int = 0):
         """counters: the engine's; this adds to num_prefill_tokens, num_cached_prompt_tokens
         and num_preemptions. prefill_chunk_tokens: prompt tokens read per step at most (0 = a
         whole prompt in one step)."""
@@ -162,7 +162,7 @@ class Scheduler:
         self.running.remove(seq)
         self.kv.free(seq.seq_id)
         self.waiting.appendleft(PrefillGroup([seq]))
-        self.counters["num_preemptions"] += 1
+        self.counters.num_preemptions += 1
 
     def _preempt_prefilling(self) -> PrefillGroup:
         """Stop reading the newest part-read prompt: free its blocks; it re-enters the queue first."""
@@ -170,7 +170,7 @@ class Scheduler:
         self.kv.free(group.seqs[0].seq_id)
         group.num_cached = group.num_scheduled = 0
         self.waiting.appendleft(group)
-        self.counters["num_preemptions"] += 1
+        self.counters.num_preemptions += 1
         return group
 
     # ------------------------------------------------------------------ steps of `schedule`
@@ -279,8 +279,8 @@ class Scheduler:
 
     def _count_admission(self, group: PrefillGroup) -> None:
         first = group.seqs[0]
-        self.counters["num_prefill_tokens"] += len(first.token_ids) - group.num_cached
-        self.counters["num_cached_prompt_tokens"] += group.num_cached
+        self.counters.num_prefill_tokens += len(first.token_ids) - group.num_cached
+        self.counters.num_cached_prompt_tokens += group.num_cached
         if len(first.token_ids) == len(first.request.output.prompt_token_ids):
             first.request.output.num_cached_prompt_tokens = group.num_cached
 

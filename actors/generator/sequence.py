@@ -13,6 +13,25 @@ class EngineError(PostrainError, ValueError):
     """A request or engine setting the engine cannot serve."""
 
 
+
+@dataclass(slots=True)
+class EngineCounters:
+    """The engine's counters since start, one object its parts add to: the engine (steps, busy
+    and draft seconds, generated tokens), the scheduler (prefill and cached prompt tokens,
+    preemptions) and speculative verification (drafted, accepted tokens, verify steps).
+    Invariant: every field only grows; `Engine.stats` reports them with GeneratorStats' names."""
+
+    num_steps: int = 0
+    num_generated_tokens: int = 0
+    num_prefill_tokens: int = 0
+    num_cached_prompt_tokens: int = 0
+    num_preemptions: int = 0
+    busy_s: float = 0.0
+    num_verify_steps: int = 0
+    num_drafted_tokens: int = 0
+    num_accepted_tokens: int = 0
+    draft_s: float = 0.0
+
 @dataclass
 class CompletionOutput:
     """One sample. token_ids are exactly the sampled ids (a stop string's tokens included)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from .sampling import verify_rows
-from .sequence import Sequence
+from .sequence import EngineCounters, Sequence
 from .speculative import Proposer, SpeculativeOptions, next_num_draft_tokens
 
 
@@ -49,7 +49,7 @@ def propose_drafts(running: list[Sequence], proposer: Proposer, max_position_emb
 
 
 def verify_drafts(logits: torch.Tensor, seqs: list[Sequence], options: SpeculativeOptions,
-                  counters: dict) -> list[tuple[list[int], list[float], int]]:
+                  counters: EngineCounters) -> list[tuple[list[int], list[float], int]]:
     """Per sequence: (tokens to emit, their logprobs, number of drafts it verified). Clears
     each seq.drafts, counts drafted/accepted tokens and verify steps in `counters`, and adapts
     each sequence's k. logits (B, T, V) from the runner's decode forward with drafts."""
@@ -59,9 +59,9 @@ def verify_drafts(logits: torch.Tensor, seqs: list[Sequence], options: Speculati
     for seq, (tokens, logprobs) in zip(seqs, verdicts):
         num_drafted, num_accepted = len(seq.drafts), len(tokens) - 1
         seq.drafts = []
-        counters["num_drafted_tokens"] += num_drafted
-        counters["num_accepted_tokens"] += num_accepted
-        counters["num_verify_steps"] += bool(num_drafted)
+        counters.num_drafted_tokens += num_drafted
+        counters.num_accepted_tokens += num_accepted
+        counters.num_verify_steps += bool(num_drafted)
         if options.adaptive:
             seq.num_draft_tokens = next_num_draft_tokens(seq.num_draft_tokens, num_drafted, num_accepted,
                                                          options.num_draft_tokens)

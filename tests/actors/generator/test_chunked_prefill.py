@@ -97,7 +97,7 @@ def test_preemption_mid_prompt_keeps_outputs_exact(model, one_step_reference):
     lengths = [14] * len(prompts)
     reference = run_staggered(Engine(model, num_blocks=128, block_size_tokens=4), prompts, lengths)
     assert run_staggered(engine, prompts, lengths) == reference
-    assert engine.counters["num_preemptions"] > 0
+    assert engine.counters.num_preemptions > 0
     assert engine.pool.num_free_blocks == engine.pool.num_blocks
     engine.pool.check_invariants()
 
@@ -113,9 +113,9 @@ def test_a_prompt_being_read_is_preempted_before_a_decoding_sequence(model):
     preempted_while_reading, outputs = False, {}
     while engine.has_unfinished():
         was_reading = len(engine.scheduler.prefilling) == 1
-        preemptions, before = engine.counters["num_preemptions"], len(short.output.token_ids)
+        preemptions, before = engine.counters.num_preemptions, len(short.output.token_ids)
         outputs.update((o.request_id, o) for o in engine.step())
-        preempted_while_reading |= was_reading and engine.counters["num_preemptions"] > preemptions
+        preempted_while_reading |= was_reading and engine.counters.num_preemptions > preemptions
         assert short.finished or len(short.output.token_ids) == before + 1
     assert preempted_while_reading
     reference = Engine(model, num_blocks=64, block_size_tokens=4).generate(
@@ -133,7 +133,7 @@ def test_prefix_sharing_and_forks_with_chunks(model):
     # the second and third join while the first is still being read: they may reuse only the
     # blocks its chunks have already written
     assert run_staggered(engine, prompts, [6, 6, 6]) == reference
-    assert engine.counters["num_cached_prompt_tokens"] > 0
+    assert engine.counters.num_cached_prompt_tokens > 0
     again = engine.generate([prompts[0]], SamplingParams(max_new_tokens=6, **GREEDY))[0]
     assert again.num_cached_prompt_tokens == 32 and again.outputs[0].token_ids == reference[0][0]
     # n samples: the prompt is read once, in chunks, then forked

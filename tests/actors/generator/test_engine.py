@@ -62,7 +62,7 @@ def test_preemption_under_block_pressure_keeps_outputs_exact(model, tokenizer):
     engine = Engine(model, tokenizer, num_blocks=14, block_size_tokens=4)
     prompts = [[10 + i, 20 + i, 30 + i, 40 + i, 50 + i] for i in range(6)]
     outs = engine.generate(prompts, SamplingParams(max_new_tokens=14, **GREEDY))
-    assert engine.counters["num_preemptions"] > 0
+    assert engine.counters.num_preemptions > 0
     for prompt, out in zip(prompts, outs):
         assert out.outputs[0].token_ids == reference_greedy(model, prompt, 14)
 

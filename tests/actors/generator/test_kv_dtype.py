@@ -161,10 +161,10 @@ def test_prefix_cache_preemption_and_chunks_keep_the_dtypes_output(model, name):
     reference = greedy(plain, prompts)
     cached = Engine(model, num_blocks=128, block_size_tokens=4, kv_dtype=name)
     assert tokens(greedy(cached, prompts)) == tokens(reference)
-    assert cached.counters["num_cached_prompt_tokens"] > 0
+    assert cached.counters.num_cached_prompt_tokens > 0
     tight = Engine(model, num_blocks=14, block_size_tokens=4, kv_dtype=name, prefill_chunk_tokens=5)
     assert tokens(greedy(tight, prompts)) == tokens(reference)
-    assert tight.counters["num_preemptions"] > 0
+    assert tight.counters.num_preemptions > 0
     tight.pool.check_invariants()
 
 
@@ -174,7 +174,7 @@ def test_speculative_decoding_keeps_the_int8_output(model):
     engine = Engine(model, num_blocks=64, block_size_tokens=4, kv_dtype="int8",
                     speculative=SpeculativeOptions(method="ngram", num_draft_tokens=3))
     assert tokens(greedy(engine, [prompt], 20)) == tokens(reference)
-    assert engine.counters["num_drafted_tokens"] > 0
+    assert engine.counters.num_drafted_tokens > 0
 
 
 ARCH_EXTRAS = {

@@ -13,20 +13,19 @@ from postrain.actors.generator.engine import Engine, EngineError
 from postrain.actors.generator.kv_manager import KVManager, new_kv_caches
 from postrain.actors.generator.sampling import SamplingParams
 from postrain.actors.generator.scheduler import Scheduler, StepPlan
-from postrain.actors.generator.sequence import Request, RequestOutput, Sequence
+from postrain.actors.generator.sequence import EngineCounters, Request, RequestOutput, Sequence
 from postrain.actors.models.llama import ModelConfig
 from postrain.ext import KVBlockPool
 
 CONFIG = ModelConfig(vocab_size=64, hidden_size=16, intermediate_size=16, num_layers=1, num_heads=2,
                      num_kv_heads=1, max_position_embeddings=256)
-COUNTERS = ("num_prefill_tokens", "num_cached_prompt_tokens", "num_preemptions")
 
 
 def make_scheduler(num_blocks=16, block_size=4, max_num_seqs=8, max_num_batched_tokens=64, caching=False):
     pool = KVBlockPool(num_blocks, block_size, caching)
     kv = KVManager(pool, new_kv_caches(CONFIG, num_blocks, block_size, torch.float32))
     return Scheduler(kv, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                     counters=dict.fromkeys(COUNTERS, 0))
+                     counters=EngineCounters())
 
 
 _ids = iter(range(10**6))
@@ -89,7 +88,7 @@ def test_drafts_ride_in_the_plan_and_are_dropped_before_preempting():
     scheduler.kv.truncate(seq.seq_id, seq.token_ids[:-1] + [seq.token_ids[-1]])  # roll the drafts back
     seq.drafts = [1] * 12                                        # more than the cache holds
     plan = scheduler.schedule()
-    assert not plan.has_drafts and len(plan.decodes) == 1 and scheduler.counters["num_preemptions"] == 0
+    assert not plan.has_drafts and len(plan.decodes) == 1 and scheduler.counters.num_preemptions == 0
 
 
 def test_preemption_frees_the_newest_and_readmits_it_first():
@@ -103,7 +102,7 @@ def test_preemption_frees_the_newest_and_readmits_it_first():
     # Next step: seqs 0 and 1 each need a third block; one is free, the newest gives up its one.
     newest = reqs[2].sequences[0]
     plan = scheduler.schedule()
-    assert scheduler.counters["num_preemptions"] == 1
+    assert scheduler.counters.num_preemptions == 1
     assert newest not in scheduler.running and scheduler.waiting[0].seqs == [newest]
     assert [e.seq_id for e in plan.decodes] == [s.sequences[0].seq_id for s in reqs[:2]]
     assert newest.seq_id not in {e.seq_id for e in plan.decodes + plan.prefills}
@@ -145,6 +144,6 @@ def test_the_engine_steps_through_the_scheduler_and_frees_everything():
     prompts = [[1 + i, 2 + i, 3 + i, 4 + i, 5 + i] for i in range(4)]
     outs = engine.generate(prompts, SamplingParams(max_new_tokens=9, temperature=0.0, ignore_eos=True))
     assert all(len(o.outputs[0].token_ids) == 9 for o in outs)
-    assert engine.counters["num_preemptions"] > 0
+    assert engine.counters.num_preemptions > 0
     assert engine.pool.num_free_blocks == engine.pool.num_blocks
     assert not engine.scheduler.running and not engine.scheduler.waiting

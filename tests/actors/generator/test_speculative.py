@@ -105,7 +105,7 @@ def test_greedy_with_a_draft_model_is_token_identical_to_the_plain_engine(model,
     options = SpeculativeOptions(method="draft_model", draft_model="tiny", num_draft_tokens=3)
     other = checked_engine(model, tokenizer, speculative=options)
     assert run(other, prompts, params) == plain
-    assert other.counters["num_drafted_tokens"] > 0 and other.stats()["acceptance_rate"] < 0.5
+    assert other.counters.num_drafted_tokens > 0 and other.stats()["acceptance_rate"] < 0.5
     itself = checked_engine(model, tokenizer, speculative=options,
                             proposer=DraftModelProposer(Engine(model, num_blocks=64)))
     assert run(itself, prompts, params) == plain
@@ -130,7 +130,7 @@ def test_greedy_identical_under_preemption_with_drafts(model, tokenizer):
     engine = checked_engine(model, tokenizer, num_blocks=30, speculative=ROLLOUTS)
     assert run(engine, prompts, params) == plain
     assert run(engine, prompts, params) == plain
-    assert engine.counters["num_preemptions"] > 0 and engine.counters["num_accepted_tokens"] > 20
+    assert engine.counters.num_preemptions > 0 and engine.counters.num_accepted_tokens > 20
     assert engine.pool.num_free_blocks == engine.pool.num_blocks
 
 
@@ -162,7 +162,7 @@ def test_logprobs_are_the_targets_and_match_the_learner(tokenizer):
     prompt = tokenizer.encode("hello there")
     params = SamplingParams(n=3, temperature=0.3, top_k=50, max_new_tokens=16, ignore_eos=True)
     samples = [s for _ in range(2) for s in engine.generate([prompt], params)[0].outputs]
-    assert engine.counters["num_accepted_tokens"] > 0
+    assert engine.counters.num_accepted_tokens > 0
     for sample in samples:
         ids = torch.tensor([prompt + sample.token_ids])
         with torch.no_grad():
@@ -216,7 +216,7 @@ def test_a_step_verifies_drafts_only_when_half_the_batch_drafts(model, tokenizer
     plain = run(checked_engine(model, tokenizer), prompts, params)
     engine = checked_engine(model, tokenizer, speculative=NGRAM, proposer=_DraftsFor(1))
     assert run(engine, prompts, params) == plain
-    assert (engine.counters["num_verify_steps"] > 0) == verifies
+    assert (engine.counters.num_verify_steps > 0) == verifies
 
 
 def test_ngram_proposer_continues_the_latest_earlier_occurrence():

@@ -89,7 +89,7 @@ def check_engine_paths_keep_greedy(folder, other_folder) -> None:
     tight = Engine(model, tokenizer, num_blocks=20, block_size_tokens=4)
     prompts = [[10 + i] + prompt[1:12] for i in range(4)]     # 4 x 6 blocks wanted, 20 held
     outs = tight.generate(prompts, SamplingParams(max_new_tokens=10, **GREEDY))
-    assert tight.counters["num_preemptions"] > 0
+    assert tight.counters.num_preemptions > 0
     for p, out in zip(prompts, outs):
         assert out.outputs[0].token_ids == reference_greedy(model, p, 10)
 
