@@ -57,7 +57,7 @@ from .control import (CORES, CRASHED, LOOKUP, PEERS_GONE, PEERS_MOVED, STOP, Cor
                       PeersGone, PeersMoved)
 from .inbox import Handler, Inbox
 from .load import Load
-from .messages import UNTYPED, MessageKind, check_codec
+from .messages import MessageKind
 from .node import Node
 from .options import NoOptions, Options
 from .typed import typed, typed_handler

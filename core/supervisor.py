@@ -36,13 +36,13 @@ from .config import ActorSpec
 from .control import (CORES, CRASHED, HEARTBEAT, LOOKUP, PEERS_GONE, PEERS_MOVED, READY, SHUTDOWN, STATUS, WHOIS,
                       ActorLocation, ActorName, Cores, Crashed, HeadStatus, Heartbeat, Lookup, MovedPeer, PeersGone,
                       PeersMoved, Ready, Whois)
-from .messages import MessageKind
 from .elastic import Home
 from .errors import PostrainError
 from .identity import Identities, KeyTable, group_secret, keys_for_actor, server_key_of
-from .inbox import Handler, Inbox
+from .inbox import Inbox
 from .lending import WORK, CoreLender, WorkReply, WorkRequest
 from .lifecycle import ActorEvent, ActorProcesses, ActorRecord
+from .messages import MessageKind
 from .node import Node
 from .scheduler import Scheduler
 from .shm import sweep_shm

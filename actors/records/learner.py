@@ -14,7 +14,7 @@ from typing import Any
 
 from postrain.core.messages import MessageKind
 from postrain.core.record import Record, codec
-from .train import SFT, TRAIN, SftBatch, TrainBatch
+from .train import SFT, TRAIN
 from .weights import PublishReport, WeightSync
 
 GROUP_STATES = ("alone", "waiting", "joining", "formed")
