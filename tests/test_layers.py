@@ -357,3 +357,15 @@ def test_no_message_is_named_by_a_string_outside_its_declaration(package):
     assert not named, "messages named by a string (declare a MessageKind; call ref.call(KIND, ...)):\n" + \
         "\n".join(named)
 
+
+def test_the_string_kind_check_finds_a_named_message(tmp_path):
+    caller = tmp_path / "caller.py"
+    caller.write_text("async def f(ref):\n    await ref.ask('generate', {})\n    await ref.call(GENERATE, request)\n"
+                      "@handler('stats')\nasync def g(self, body):\n    pass\n")
+    global ROOT
+    saved, ROOT = ROOT, tmp_path
+    try:
+        assert sorted(found.split(" ", 1)[0] for found in string_kinds(caller)) == ["caller.py:2", "caller.py:4"]
+    finally:
+        ROOT = saved
+
