@@ -49,6 +49,7 @@ from pydantic import Field
 from postrain.core import Actor, MessageKind, handler
 from postrain.core.errors import ConfigError
 
+from ..models.chat_template import OPTION_HELP as CHAT_TEMPLATE_HELP
 from ..models.tokenizer import Tokenizer, byte_tokenizer
 from ..records import (EXEC, GATEWAY_ADDRESS, ROLLOUT, RUN_TESTS, ExecRequest, Rollout, RolloutRequest,
                        RunTestsRequest)
@@ -66,15 +67,22 @@ class SandboxRequiredError(ConfigError):
     """The task's environment runs code (`uses_sandbox`) but the environment actor has no sandbox."""
 
 
-def load_tokenizer(model: str | dict) -> Tokenizer:
+def load_tokenizer(model: str | dict, chat_template: str | None = None) -> Tokenizer:
     """The tokenizer of a model spec without loading its weights where that is possible
-    (ModelConfig fields, a built-in config, take the byte tokenizer)."""
+    (ModelConfig fields, a built-in config, take the byte tokenizer), rendering with
+    `chat_template` where set. TokenizerError here, at load, when it has no chat template."""
+    tokenizer = _spec_tokenizer(model).with_template(chat_template)
+    tokenizer.template_source()
+    return tokenizer
+
+
+def _spec_tokenizer(model: str | dict) -> Tokenizer:
     if isinstance(model, dict):
         return byte_tokenizer()
     from ..models.loading import resolve_model
     path = Path(resolve_model(model))
     if path.is_dir() and (path / "tokenizer.json").exists():
-        return Tokenizer.from_file(path / "tokenizer.json", path / "tokenizer_config.json")
+        return Tokenizer.from_folder(path)
     if not path.exists():
         return byte_tokenizer()  # a built-in config
     from ..models.loading import load_model
@@ -165,6 +173,7 @@ class TimedSession:
 class EnvironmentOptions(TaskOptions):
     model: str | dict = Field("tiny", description="the policy (the generator's model spec): its tokenizer "
                               "renders the conversation")
+    chat_template: str | None = Field(None, description=CHAT_TEMPLATE_HELP)
     generator: str = Field("generator", description="the generator actor's name")
     sandbox: str | None = Field(None, description="the sandbox actor's name; none: 'sandbox' when the "
                                 "task's environment declares uses_sandbox, else no sandbox; '': no sandbox")
@@ -189,7 +198,7 @@ class EnvironmentActor(Actor):
         ends the actor's process (`Actor.setup`), so no partial state serves requests."""
         self.task: TaskSpec = get_task(self.options.task)
         self.task_options = self.task.check_options(self.options.task_options)
-        self.tokenizer = load_tokenizer(self.options.model)
+        self.tokenizer = load_tokenizer(self.options.model, self.options.chat_template)
         self.generator = await self.lookup(self.options.generator)
         self.sandbox = await self._find_sandbox()
         self.gateway = None   # an AgentEnvironment task's episodes run through the run's gateway (agent.py)

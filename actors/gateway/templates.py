@@ -2,8 +2,9 @@
 
 A template that takes `tools` (it names them: Qwen, Hermes, Llama 3.1) renders them itself:
 the messages and `tools` go to it as Hugging Face passes them (tool-call `arguments` as
-dicts). A template that does not (SmolLM2's, the byte tokenizer's ChatML, and ChatML for a
-tokenizer with no template at all) gets the gateway's default, documented in docs/agents.md:
+dicts); a model with a named `tool_use` template renders with that one when tools are given.
+A template that does not (SmolLM2's, the byte tokenizer's ChatML) gets the gateway's default,
+documented in docs/agents.md:
 **ChatML with Hermes tools inline** -- the tool signatures appended to the system message
 (one is added when there is none) with the instruction to answer in
 `<tool_call>{"name", "arguments"}</tool_call>` tags; an assistant turn's calls written back
@@ -16,7 +17,6 @@ rendered twice gives the same text (the token-in/token-out prefix checks rely on
 from __future__ import annotations
 
 import copy
-import functools
 import json
 
 from ..models.tokenizer import Tokenizer
@@ -30,8 +30,8 @@ TOOLS_PROMPT = (
 
 
 def takes_tools(tokenizer: Tokenizer) -> bool:
-    """Whether the tokenizer's chat template renders `tools` itself."""
-    return "tools" in (tokenizer.chat_template or "")
+    """Whether the tokenizer's chat template (or its `tool_use` one) renders `tools` itself."""
+    return "tools" in (tokenizer.chat_template or "") or "tool_use" in tokenizer.named_templates
 
 
 def render(tokenizer: Tokenizer, messages: list[dict], tools: list[dict] | None = None,
@@ -84,26 +84,5 @@ def _native(tokenizer: Tokenizer, messages: list[dict], tools, add_generation_pr
     for message in messages:
         for call in message.get("tool_calls") or []:
             call["function"]["arguments"] = _arguments(call)
-    bos = tokenizer.hf.id_to_token(tokenizer.bos_token_id) if tokenizer.bos_token_id is not None else ""
-    eos = tokenizer.hf.id_to_token(tokenizer.eos_token_id) if tokenizer.eos_token_id is not None else ""
-    return _compiled(tokenizer.chat_template).render(
-        messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
-        bos_token=bos, eos_token=eos)
-
-
-@functools.lru_cache(maxsize=16)
-def _compiled(source: str):
-    """A template compiled as Hugging Face compiles them (trim and lstrip blocks, a `tojson`
-    that does not HTML-escape, `raise_exception`)."""
-    import jinja2
-
-    def raise_exception(message):
-        raise jinja2.TemplateError(message)
-
-    def tojson(value, indent=None, ensure_ascii=False, sort_keys=False):
-        return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
-
-    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    return env.from_string(source)
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                         template="tool_use" if tools else None, tools=tools)

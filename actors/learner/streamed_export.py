@@ -263,7 +263,7 @@ def model_shell(spec: str | dict, tied: bool):
         elif path.is_dir() and (path / "tokenizer.json").exists():
             hf = json.loads((path / "config.json").read_text())
             config = config_from_hf(hf)
-            tokenizer = Tokenizer.from_file(path / "tokenizer.json", path / "tokenizer_config.json", hf)
+            tokenizer = Tokenizer.from_folder(path, hf)
         elif path.is_file() and path.suffix == ".gguf":
             from ..models.gguf import GGUFFile, gguf_tokenizer, hf_config_from_gguf
             reader = GGUFFile(path)

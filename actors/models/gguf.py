@@ -376,7 +376,7 @@ def gguf_tokenizer(reader: GGUFFile, path) -> Tokenizer:
     if "tokenizer.ggml.tokens" not in reader.fields:
         raise CheckpointError(f"{path}: the GGUF file has no tokenizer (tokenizer.ggml.tokens)")
     try:
-        return Tokenizer.from_gguf_metadata(
+        tokenizer = Tokenizer.from_gguf_metadata(
             tokens=field("tokenizer.ggml.tokens"),
             merges=field("tokenizer.ggml.merges", []),
             model=field("tokenizer.ggml.model"),
@@ -392,3 +392,8 @@ def gguf_tokenizer(reader: GGUFFile, path) -> Tokenizer:
             extra_eos_ids=(field("tokenizer.ggml.eot_token_id"), field("tokenizer.ggml.eom_token_id")))
     except TokenizerError as exc:
         raise CheckpointError(f"{path}: {exc}") from None
+    prefix = "tokenizer.chat_template."     # named templates (llama.cpp writes tool_use there)
+    tokenizer.named_templates = {name[len(prefix):]: str(value) for name, value in reader.fields.items()
+                                 if name.startswith(prefix)}
+    tokenizer.source = str(path)
+    return tokenizer

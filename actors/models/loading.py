@@ -136,8 +136,7 @@ def load_hf_folder(folder: str | Path, require_tokenizer: bool = True
         state.update(load_file(str(file)))
     model = model_from_state(config, state, source=str(folder))
     if (folder / "tokenizer.json").exists():
-        tokenizer = Tokenizer.from_file(folder / "tokenizer.json", folder / "tokenizer_config.json",
-                                        hf_config)
+        tokenizer = Tokenizer.from_folder(folder, hf_config)
     elif config.vocab_size == BUILTIN_CONFIGS["tiny"].vocab_size:
         tokenizer = byte_tokenizer()
     elif require_tokenizer:

@@ -1,9 +1,10 @@
 """Tokenizers: a thin wrapper over Hugging Face `tokenizers`, plus the built-in byte tokenizer.
 
 `Tokenizer` holds a `tokenizers.Tokenizer`, the special ids the engine stops on,
-and the chat template (jinja2, as Hugging Face writes them). Three sources:
+and the chat templates (rendered sandboxed: chat_template.py). Three sources:
 
-- `Tokenizer.from_file(folder/tokenizer.json, tokenizer_config.json)`: a Hugging Face folder;
+- `Tokenizer.from_folder(folder)`: a Hugging Face folder (tokenizer.json, tokenizer_config.json
+  and the template files transformers reads);
 - `Tokenizer.from_gguf_metadata(...)`: the vocabulary a GGUF file stores, byte-level BPE
   (`gpt2`) or SentencePiece BPE (`llama`: Mistral 7B, Gemma 3; built by `sentencepiece_bpe`);
 - `byte_tokenizer()`: the built-in one for models trained from scratch: one token per
@@ -12,7 +13,6 @@ and the chat template (jinja2, as Hugging Face writes them). Three sources:
 """
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 
@@ -21,23 +21,10 @@ from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers
 
 from postrain.core.errors import PostrainError
 
+from .chat_template import CHATML_TEMPLATE, DEFAULT, folder_templates, render
+
 BYTE_SPECIALS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>", "<|tool|>",
                  "<|reserved_0|>", "<|reserved_1|>"]
-
-CHATML_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
-    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
-@functools.lru_cache(maxsize=16)
-def _compiled_template(source: str):
-    """A chat template compiled once: compiling takes ~3 ms, rendering ~0.1 ms, and a warm
-    start renders each demonstration's prefix once per turn."""
-    import jinja2
-
-    return jinja2.Environment(trim_blocks=True, lstrip_blocks=True).from_string(source)
-
 
 class TokenizerError(PostrainError, ValueError):
     """A tokenizer that cannot be built from what was given."""
@@ -48,14 +35,17 @@ class Tokenizer:
 
     def __init__(self, hf: HFTokenizer, bos_token_id: int | None, eos_token_ids: list[int],
                  pad_token_id: int | None = None, chat_template: str | None = None,
-                 add_bos_token: bool = False):
+                 add_bos_token: bool = False, named_templates: dict[str, str] | None = None,
+                 source: str = "the model"):
         self.hf = hf
         self.bos_token_id = bos_token_id
         self.eos_token_ids = list(eos_token_ids)   # the engine stops on any of these
         self.pad_token_id = pad_token_id if pad_token_id is not None else (
             self.eos_token_ids[0] if self.eos_token_ids else 0)
-        self.chat_template = chat_template
+        self.chat_template = chat_template   # None: the model has none (rendering says so)
+        self.named_templates = dict(named_templates or {})   # e.g. "tool_use"; never "default"
         self.add_bos_token = add_bos_token
+        self.source = source                 # the folder or file it came from, for errors
 
     @property
     def vocab_size(self) -> int:
@@ -81,13 +71,46 @@ class Tokenizer:
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """Render messages with the model's chat template (ChatML when it has none)."""
-        template = _compiled_template(self.chat_template or CHATML_TEMPLATE)
-        bos = self.hf.id_to_token(self.bos_token_id) if self.bos_token_id is not None else ""
-        eos = self.hf.id_to_token(self.eos_token_id) if self.eos_token_id is not None else ""
-        return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                               bos_token=bos, eos_token=eos)
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            template: str | None = None, **context) -> str:
+        """Render messages with the model's chat template (or the named one, `template`), in the
+        sandbox; `context` goes to the template too (e.g. `tools`). TokenizerError when the
+        model has no template."""
+        return render(self.template_source(template), self.source, messages=messages,
+                      add_generation_prompt=add_generation_prompt, bos_token=self.token(self.bos_token_id),
+                      eos_token=self.token(self.eos_token_id), **context)
+
+    def template_source(self, name: str | None = None) -> str:
+        """The Jinja source of the default template, or of the named one."""
+        if name is not None and name in self.named_templates:
+            return self.named_templates[name]
+        if self.chat_template is None:
+            raise TokenizerError(
+                f"{self.source} has no chat template (none in chat_template.jinja, "
+                "additional_chat_templates/ or tokenizer_config.json): write the model's template into "
+                f"chat_template.jinja beside its tokenizer.json, or set chat_template = \"chatml\" (or a "
+                ".jinja file) in the run config's [shared] to render it with another")
+        return self.chat_template
+
+    def with_template(self, choice: str | None) -> "Tokenizer":
+        """This tokenizer rendering with `choice` instead of its own template: "chatml", or the
+        path of a .jinja file; None keeps its own. The run config's `chat_template`."""
+        if choice is None:
+            return self
+        if choice == "chatml":
+            self.chat_template = CHATML_TEMPLATE
+        else:
+            path = Path(choice)
+            if not path.is_file():
+                raise TokenizerError(f"chat_template = {choice!r} is neither \"chatml\" nor a file; "
+                                     "name a .jinja file (a path relative to where the run starts)")
+            self.chat_template = path.read_text(encoding="utf-8")
+        self.named_templates = {}
+        return self
+
+    def token(self, token_id: int | None) -> str:
+        """The text of a token id ("" for None)."""
+        return self.hf.id_to_token(token_id) if token_id is not None else ""
 
     def save(self, folder: str | Path) -> None:
         """Write tokenizer.json and tokenizer_config.json (Hugging Face layout)."""
@@ -99,19 +122,28 @@ class Tokenizer:
             "eos_token": tok(self.eos_token_id) if self.eos_token_id is not None else None,
             "pad_token": tok(self.pad_token_id),
             "add_bos_token": self.add_bos_token,
-            "chat_template": self.chat_template,
+            "chat_template": self._saved_templates(),
             "tokenizer_class": "PreTrainedTokenizerFast",
             "postrain_eos_token_ids": self.eos_token_ids,
         }
         (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
 
+    def _saved_templates(self):
+        """tokenizer_config.json's `chat_template`: the template, or the named list when there are several."""
+        if not self.named_templates:
+            return self.chat_template
+        default = [] if self.chat_template is None else [{"name": DEFAULT, "template": self.chat_template}]
+        return default + [{"name": name, "template": source} for name, source in self.named_templates.items()]
+
     @classmethod
-    def from_file(cls, tokenizer_json: str | Path, tokenizer_config: str | Path | None = None,
-                  model_config: dict | None = None) -> "Tokenizer":
-        hf = HFTokenizer.from_file(str(tokenizer_json))
+    def from_folder(cls, folder: str | Path, model_config: dict | None = None) -> "Tokenizer":
+        """The tokenizer of a Hugging Face folder: tokenizer.json, tokenizer_config.json (special
+        tokens) and the chat templates where transformers finds them (chat_template.py)."""
+        folder = Path(folder)
+        hf = HFTokenizer.from_file(str(folder / "tokenizer.json"))
         cfg = {}
-        if tokenizer_config is not None and Path(tokenizer_config).exists():
-            cfg = json.loads(Path(tokenizer_config).read_text())
+        if (folder / "tokenizer_config.json").exists():
+            cfg = json.loads((folder / "tokenizer_config.json").read_text())
         model_config = model_config or {}
 
         def token_id(value):
@@ -130,11 +162,10 @@ class Tokenizer:
             for extra in (model_eos if isinstance(model_eos, list) else [model_eos]):
                 if isinstance(extra, int) and extra not in eos_ids:
                     eos_ids.append(extra)
-        template = cfg.get("chat_template")
-        if isinstance(template, list):   # several named templates: take "default"
-            template = next((t["template"] for t in template if t.get("name") == "default"), None)
-        return cls(hf, bos, eos_ids, token_id(cfg.get("pad_token")), template,
-                   bool(cfg.get("add_bos_token", False)))
+        templates = folder_templates(folder, cfg)
+        default = templates.pop(DEFAULT, None)
+        return cls(hf, bos, eos_ids, token_id(cfg.get("pad_token")), default,
+                   bool(cfg.get("add_bos_token", False)), templates, source=str(folder))
 
     @classmethod
     def from_gguf_metadata(cls, tokens: list[str], merges: list[str], model: str,

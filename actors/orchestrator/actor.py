@@ -53,7 +53,7 @@ class OrchestratorActor(Actor):
         self.task = get_task(options.task)
         self.schedule = PromptSchedule(self.task, options.seed, options.task_options,
                                        options.prompts_generated_per_step)
-        self.tokenizer = load_tokenizer(options.model)
+        self.tokenizer = load_tokenizer(options.model, options.chat_template)
         self.stop_requested = False          # set by `stop`; a run started later stops at once too
         self.driver: RunDriver | None = None  # the latest run (its figures stay after it ends)
         self.gone: dict[str, str] = {}       # actors gone for good (name -> reason): never used again

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pydantic import Field, ValidationInfo, field_validator
 
+from ..models.chat_template import OPTION_HELP as CHAT_TEMPLATE_HELP
 from ..records import SamplingParams
 from ..tasks import TaskOptions, get_task
 
@@ -21,6 +22,7 @@ class OrchestratorOptions(TaskOptions):
     # -- shared with the other roles ([shared]); task and task_options come from TaskOptions --
     model: str | dict = Field("tiny", description="the policy's model spec; the orchestrator reads only "
                               "its tokenizer, to render the warm start's demonstrations")
+    chat_template: str | None = Field(None, description=CHAT_TEMPLATE_HELP)
     seed: int = Field(0, description="the data order (batch b's prompts are a function of (seed, b)), the "
                       "demonstrations and the evaluation's sampling seeds")
     # -- the actors it drives (names in the run config) --

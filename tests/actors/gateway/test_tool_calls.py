@@ -9,6 +9,7 @@ import pytest
 from postrain.actors.gateway.protocol import APIError, parse_chat, parse_completion
 from postrain.actors.gateway.templates import render
 from postrain.actors.gateway.tool_calls import parse_tool_calls, tool_call_format
+from postrain.actors.models.chat_template import CHATML_TEMPLATE
 from postrain.actors.models.tokenizer import byte_tokenizer
 
 
@@ -61,7 +62,7 @@ QWEN_LIKE = (  # a template that renders tools itself, the way Qwen 2.5's does
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
 
 
-@pytest.mark.parametrize("template", [None, QWEN_LIKE], ids=["default-inline", "native"])
+@pytest.mark.parametrize("template", [CHATML_TEMPLATE, QWEN_LIKE], ids=["default-inline", "native"])
 def test_a_parsed_call_and_its_result_render_back_through_the_template(template):
     tokenizer = byte_tokenizer()
     tokenizer.chat_template = template
