@@ -73,6 +73,19 @@ class GGUFFile:
     """
 
     def __init__(self, path: Path):
+        """Parse `path`; CheckpointError, naming the byte where it broke, for a file that is
+        not well formed (a GGUF file is untrusted input: docs/security.md, "Model files")."""
+        self._pos = 0
+        try:
+            self._parse(path)
+        except CheckpointError:
+            raise
+        except (struct.error, ValueError, TypeError, KeyError, IndexError, OverflowError, RecursionError,
+                ZeroDivisionError, MemoryError) as exc:
+            raise CheckpointError(f"{path} is not a well-formed GGUF file (at byte {self._pos}: "
+                                  f"{type(exc).__name__}: {exc}); download or convert it again") from None
+
+    def _parse(self, path: Path) -> None:
         import numpy as np
         from gguf.constants import GGML_QUANT_SIZES
 
@@ -106,8 +119,11 @@ class GGUFFile:
                                       "gguf package; upgrade it: pip install -U gguf")
             block_size, type_size = GGML_QUANT_SIZES[kind]
             row_bytes = dims[0] // block_size * type_size
-            num_rows = int(np.prod(dims[1:])) if len(dims) > 1 else 1
+            num_rows = int(np.prod(dims[1:], dtype=object)) if len(dims) > 1 else 1
             start = base + offset
+            if not dims or start + row_bytes * num_rows > len(data):
+                raise CheckpointError(f"{path}: tensor {name} of dims {list(dims)} runs past the end of the "
+                                      f"file ({len(data)} bytes); the file is truncated or corrupt")
             view = data[start:start + row_bytes * num_rows].view(np.ndarray).reshape(num_rows, row_bytes)
             self.tensors.append((name, dims, kind, view))
 
@@ -119,6 +135,8 @@ class GGUFFile:
     def _string(self) -> str:
         (length,) = struct.unpack_from("<Q", self._raw, self._pos)
         start = self._pos + 8
+        if start + length > len(self._raw):
+            raise ValueError(f"a string of {length} bytes runs past the end of the file")
         self._pos = start + length
         return bytes(self._raw[start:start + length]).decode("utf-8", errors="replace")
 

@@ -299,3 +299,43 @@ def test_postrain_generate_runs_on_sentencepiece_gguf(sentencepiece_files, style
                                                                   add_generation_prompt=True)["input_ids"]
     sample = out["samples"][0]
     assert 1 <= len(sample["token_ids"]) <= 8 and sample["text"] == theirs.decode(sample["token_ids"])
+
+
+def test_a_corrupt_or_hostile_gguf_file_is_refused_in_one_error(tmp_path):
+    """A GGUF file is untrusted input (docs/security.md, "Model files"): truncated at any byte,
+    with bytes flipped or lengths set huge, it parses or is refused with a CheckpointError
+    naming the file; never another exception, never an allocation the file does not back."""
+    import random
+
+    import numpy as np
+    from gguf import GGUFWriter
+
+    from postrain.actors.models.gguf import GGUFFile
+
+    writer = GGUFWriter(str(tmp_path / "good.gguf"), "llama")
+    writer.add_string("general.name", "fuzz")
+    writer.add_array("tokenizer.ggml.tokens", ["a", "b", "cd"])
+    writer.add_array("llama.counts", [1, 2, 3])
+    writer.add_tensor("w", np.arange(12, dtype=np.float32).reshape(3, 4))
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file()
+    writer.close()
+    good = (tmp_path / "good.gguf").read_bytes()
+    assert GGUFFile(tmp_path / "good.gguf").fields["tokenizer.ggml.tokens"] == ["a", "b", "cd"]
+    rng = random.Random(0)
+    variants = [good[:cut] for cut in range(0, len(good), 7)]
+    for _ in range(300):
+        data = bytearray(good)
+        for _ in range(rng.randint(1, 4)):
+            at = rng.randrange(4, len(data) - 8)
+            if rng.random() < 0.5:
+                data[at] = rng.randrange(256)
+            else:                                   # a length or count set huge
+                data[at:at + 8] = rng.choice([2**63 - 1, 2**40, 2**32 + 1]).to_bytes(8, "little")
+        variants.append(bytes(data))
+    path = tmp_path / "bad.gguf"
+    for data in variants:
+        path.write_bytes(data)
+        try:
+            GGUFFile(path)
+        except CheckpointError as exc:
+            assert str(path) in str(exc)
