@@ -13,14 +13,14 @@ A leaf library: it imports nothing else of postrain but its errors. Rewards help
 """
 from .audit import AuditLog, code_sha256, read_audit_log
 from .policy import Policy, PolicyError, SandboxError, nsjail_binary
-from .result import ExecResult, Status
+from .result import NOT_STARTED, ExecResult, Status
 from .rewards import CaseResult, TestReport, run_io_cases, run_tests
 from .runner import Sandbox, run, run_cold
 from .session import AsyncSession, Session, SessionClosed, SessionFileError, SessionLimits
 from .warm import WarmPool, WarmWorker
 
 __all__ = [
-    "AsyncSession", "AuditLog", "CaseResult", "ExecResult", "Policy", "PolicyError", "Sandbox",
+    "NOT_STARTED", "AsyncSession", "AuditLog", "CaseResult", "ExecResult", "Policy", "PolicyError", "Sandbox",
     "SandboxError", "Session", "SessionClosed", "SessionFileError", "SessionLimits", "Status", "TestReport", "WarmPool", "WarmWorker", "code_sha256", "nsjail_binary",
     "read_audit_log", "run", "run_cold", "run_io_cases", "run_tests",
 ]

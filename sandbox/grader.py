@@ -8,12 +8,17 @@ trusts a verdict that code of the policy's could have printed. Two graders follo
   work dir (`Session.snapshot()`, a tar the session agent takes while no call of the session runs)
   in a fresh jail of its own (a plain `Sandbox.run`: new PID and mount namespaces, a fresh tmpfs
   /work, nothing of the session). Inside, a driver (`python -I -S`, never importing anything from
-  /work) lays the snapshot into /work, then starts `bash --noprofile --norc -c SCRIPT` with an
-  environment it builds itself (fixed PATH, HOME, LANG; no LD_*, no BASH_ENV, no PYTHON*
+  /work) makes itself non-dumpable, lays the snapshot into /work (`tarfile`'s data filter, member by
+  member: no absolute or escaping link, no device), then starts `bash --noprofile --norc -c SCRIPT`
+  with an environment it builds itself (fixed PATH, HOME, LANG; no LD_*, no BASH_ENV, no PYTHON*
   but PYTHONDONTWRITEBYTECODE), stdin /dev/null, stdout and stderr into unnamed memory files, in a
-  session of its own. The verdict is bash's wait status as the driver's waitpid sees it, printed
-  on the driver's own stdout, which no process of the check holds (no /proc in the jail to reopen
-  it): code the check runs can kill or stop the check (a fail) but cannot write its verdict.
+  session of its own. The verdict is bash's wait status as the driver's waitpid sees it, handed
+  back as the driver's own exit status (`VERDICT_EXIT_CODES`), a channel no process of the check
+  holds. The check's processes run as the driver's uid (cold) and could otherwise take the
+  driver's stdout (pidfd_getfd) and print a verdict after its own: they cannot, three times over
+  (the driver is not dumpable; pidfd_getfd, kcmp, ptrace, process_vm_* are killed and pidfd_open
+  fails; and stdout is a report, not the verdict). Code the check runs can kill or stop the check
+  (a fail) but cannot write its verdict.
 - `calls_request` / `judge_calls`: a function task's tests (`call == expected`) judged on the host.
   The jail only evaluates each call (in a forked child, with a time limit) and reports the value's
   repr; the expected values never enter the jail, and the host compares `ast.literal_eval` of the
@@ -39,24 +44,30 @@ MAX_VALUE_CHARS = 100_000   # a reported value's repr beyond this is a failed ca
 CHECK_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/work", "TMPDIR": "/work",
              "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
 
-_CHECK_DRIVER = r'''
-import json, os, signal, subprocess, sys, tarfile, time
+# The driver's exit status is its verdict: a status the driver alone sets (no process of the check
+# holds it, as they may hold a pipe), reported by nsjail or the zygote, never read from its output.
+# Not 0: an exit of the driver that is not its verdict (it fell off its end, crashed: 1) is no pass.
+VERDICT_EXIT_CODES = {"ok": 80, "nonzero_exit": 81, "timeout": 82, "killed_by_signal": 83}
+_KIND_OF_EXIT = {code: kind for kind, code in VERDICT_EXIT_CODES.items()}
+
+_CHECK_DRIVER = r"""
+import ctypes, io, json, os, signal, subprocess, sys, tarfile
+# Not dumpable: no process of the check (same uid) may take this one's fds or memory, even where
+# the seccomp filter would let a call through (pidfd_getfd, process_vm_*, ptrace are killed).
+if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:   # PR_SET_DUMPABLE, 0
+    raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0)")
 os.chdir("/work")
 with open("%(check)s", "rb") as f:
     script = f.read()
 with open("%(snapshot)s", "rb") as f:
     archive = f.read()
 os.unlink("%(check)s"); os.unlink("%(snapshot)s")
-import io
 with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
-    members = []
-    for member in tar.getmembers():
+    for member in tar:   # one at a time: the data filter sees the links laid before this member
         try:
-            members.append(tarfile.tar_filter(member, "/work"))
-        except tarfile.FilterError:
-            pass
-    tar.errorlevel = 0
-    tar.extractall("/work", members=members, filter="fully_trusted")
+            tar.extract(member, "/work", filter="data")
+        except (tarfile.TarError, OSError):
+            pass   # refused (an absolute or escaping link, a device, a path out of /work): left out
 del archive
 out, err = os.memfd_create("stdout"), os.memfd_create("stderr")
 timeout_s = %(timeout_s)r
@@ -68,23 +79,24 @@ try:
     proc.wait(timeout=timeout_s)
 except subprocess.TimeoutExpired:
     timed_out = True
-    for sig in (signal.SIGKILL,):
-        try:
-            os.killpg(proc.pid, sig)
-        except OSError:
-            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
     proc.wait()
 def tail(fd):
     size = os.lseek(fd, 0, os.SEEK_END)
     os.lseek(fd, max(0, size - 4000), os.SEEK_SET)
     return os.read(fd, 4000).decode("utf-8", "replace")
 code = proc.returncode
-verdict = {"exit_code": code if code >= 0 else None, "signal": -code if code < 0 else None,
-           "timed_out": timed_out, "stdout": tail(out), "stderr": tail(err)}
-sys.stdout.write("\n" + json.dumps(verdict) + "\n")
+kind = ("timeout" if timed_out else "killed_by_signal" if code < 0 else "ok" if code == 0 else
+        "nonzero_exit")
+report = {"status": kind, "exit_code": code if code >= 0 else None, "signal": -code if code < 0 else None,
+          "stdout": tail(out), "stderr": tail(err)}
+sys.stdout.write("\n" + json.dumps(report) + "\n")
 sys.stdout.flush()
-os._exit(0)
-'''
+os._exit(%(exit_codes)r[kind])
+"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,38 +115,54 @@ def check_request(script: str, snapshot: bytes, *, timeout_s: float) -> tuple[st
     """(code, files) that run the bash `script` on the work dir `snapshot` (a tar, as
     `Session.snapshot()` gives) in a fresh jail; give the run a wall limit above `timeout_s`."""
     code = _CHECK_DRIVER % {"check": CHECK_FILE, "snapshot": SNAPSHOT_FILE, "timeout_s": float(timeout_s),
-                            "env": CHECK_ENV}
+                            "env": CHECK_ENV, "exit_codes": VERDICT_EXIT_CODES}
     return code, {CHECK_FILE: script.encode(), SNAPSHOT_FILE: bytes(snapshot)}
 
 
 def check_verdict(result) -> CheckVerdict:
-    """The verdict of a `check_request` run (an ExecResult, or one from the wire): the driver's last
-    stdout line. No such line, or a run that did not end ok, is a failed check (sandbox_error)."""
-    status = getattr(getattr(result, "status", None), "value", getattr(result, "status", None))
-    stdout = getattr(result, "stdout", b"") or b""
-    stdout = stdout.decode("utf-8", "replace") if isinstance(stdout, (bytes, bytearray)) else str(stdout)
-    lines = stdout.rstrip("\n").rsplit("\n", 1)
+    """The verdict of a `check_request` run (an ExecResult, one from the wire, or its dict): the
+    driver's exit status (`VERDICT_EXIT_CODES`). Any other end of the run (no exit status, another
+    code) is a failed check (sandbox_error). The driver's last stdout line adds the check's exit code
+    and output tails, and only where it agrees with the exit status: it is a report, not the verdict."""
+    exit_code, signal_number = _field(result, "exit_code"), _field(result, "signal")
+    kind = _KIND_OF_EXIT.get(exit_code) if signal_number is None else None
+    if kind is None:
+        how = f"exit {exit_code}" if exit_code is not None else f"signal {signal_number}"
+        error = _field(result, "error") or _text(_field(result, "stderr"))[-300:]
+        return CheckVerdict(False, "sandbox_error", None, "",
+                            f"the grader's run ended {_status(result)} ({how}), not with a verdict: {error}")
     try:
-        verdict = json.loads(lines[-1]) if str(status) == "ok" else None
+        report = json.loads(_text(_field(result, "stdout")).rstrip("\n").rsplit("\n", 1)[-1])
     except ValueError:
-        verdict = None
-    if not isinstance(verdict, dict):
-        stderr = getattr(result, "stderr", b"") or b""
-        stderr = stderr.decode("utf-8", "replace") if isinstance(stderr, (bytes, bytearray)) else str(stderr)
-        return CheckVerdict(False, "sandbox_error", None, "", f"the grader's run ended {status}: {stderr[-300:]}")
-    if verdict.get("timed_out"):
-        kind = "timeout"
-    elif verdict.get("signal"):
-        kind = "killed_by_signal"
-    else:
-        kind = "ok" if verdict.get("exit_code") == 0 else "nonzero_exit"
-    return CheckVerdict(kind == "ok", kind, verdict.get("exit_code"), str(verdict.get("stdout", "")),
-                        str(verdict.get("stderr", "")))
+        report = None
+    if not isinstance(report, dict) or report.get("status") != kind:
+        report = {}
+    exit_code = report.get("exit_code") if kind == "nonzero_exit" else 0 if kind == "ok" else None
+    if not isinstance(exit_code, int) or (exit_code == 0) != (kind == "ok"):
+        exit_code = None
+    return CheckVerdict(kind == "ok", kind, exit_code, str(report.get("stdout", "")), str(report.get("stderr", "")))
+
+
+def _field(result, name: str):
+    """A field of a run's result: an ExecResult, an ExecReply, or a plain dict of either."""
+    return result.get(name) if isinstance(result, dict) else getattr(result, name, None)
+
+
+def _status(result) -> str:
+    status = _field(result, "status")
+    return str(getattr(status, "value", status))
+
+
+def _text(data) -> str:
+    data = data or b""
+    return data.decode("utf-8", "replace") if isinstance(data, (bytes, bytearray)) else str(data)
 
 
 # ---------------------------------------------------------------- calls judged on the host
 _CALLS_DRIVER = r'''
-import json, os, select, signal, sys, traceback
+import ctypes, json, os, select, signal, sys, traceback
+ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)   # PR_SET_DUMPABLE 0, as every driver; the solution runs in
+                                         # this process, so what holds here is the judging on the host
 with open("/work/%(calls)s") as f:
     request = json.load(f)
 os.unlink("/work/%(calls)s")
@@ -193,16 +221,12 @@ def judge_calls(result, calls: list[str], expected: list[str]):
     `calls_request` run: call i passes iff the jail reported a plain value (a Python literal) equal
     to `expected[i]` (a literal, or + and * of literals), compared here, on the host."""
     from .rewards import TestReport
-    stdout = getattr(result, "stdout", b"") or b""
-    stdout = stdout.decode("utf-8", "replace") if isinstance(stdout, (bytes, bytearray)) else str(stdout)
     try:
-        report = json.loads(stdout.rstrip("\n").rsplit("\n", 1)[-1])
+        report = json.loads(_text(_field(result, "stdout")).rstrip("\n").rsplit("\n", 1)[-1])
         results, load_error = list(report["results"]), report["load_error"]
     except (ValueError, KeyError, TypeError):
-        status = getattr(getattr(result, "status", None), "value", getattr(result, "status", None))
-        stderr = getattr(result, "stderr", b"") or b""
-        stderr = stderr.decode("utf-8", "replace") if isinstance(stderr, (bytes, bytearray)) else str(stderr)
-        return TestReport({}, {}, f"no report (status {status}): {stderr[-1000:]}", result)
+        detail = _field(result, "error") or _text(_field(result, "stderr"))[-1000:]
+        return TestReport({}, {}, f"no report (status {_status(result)}): {detail}", result)
     if load_error is not None:
         return TestReport({}, {}, str(load_error), result)
     passed, errors = {}, {}
@@ -327,4 +351,4 @@ def _equal(got, want) -> bool:
 
 
 __all__ = ["CheckVerdict", "check_request", "check_verdict", "calls_request", "judge_calls", "literal_value",
-           "CHECK_ENV", "ComparisonTests", "TestFileError", "comparison_tests"]
+           "CHECK_ENV", "ComparisonTests", "TestFileError", "comparison_tests", "VERDICT_EXIT_CODES"]

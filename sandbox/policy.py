@@ -9,6 +9,7 @@ uid; no new privileges; a seccomp kill list) is not a field: there is nothing to
 from __future__ import annotations
 
 import dataclasses
+import errno
 import importlib.util
 import math
 import os
@@ -39,11 +40,18 @@ _KILL_ALWAYS = (
     "perf_event_open", "keyctl", "add_key", "request_key", "userfaultfd", "open_by_handle_at",
     "name_to_handle_at", "iopl", "ioperm", "syslog", "settimeofday", "clock_settime", "adjtimex",
     "quotactl", "lookup_dcookie", "personality",
+    # Another process's file descriptors (pidfd_getfd) or their identity (kcmp): code under test
+    # runs as the uid of a cold grader's driver, and must not take the driver's stdout.
+    "pidfd_getfd", "kcmp",
 )
 # Killed in cold runs too; warm workers need them in the zygote (it mounts a fresh work dir per run)
 # and forbid them to the executed code with a second filter (see _zygote.py).
 _KILL_COLD_ONLY = ("mount", "umount",  # kafel calls umount2 "umount"
                    "unshare", "setns", "pivot_root", "chroot")
+# Failing with ENOSYS, as if the kernel lacked them, in cold runs (the warm zygote waits on a pidfd;
+# its executed code gets the same answer from its second filter): a library that tries a pidfd
+# (asyncio's child watcher) falls back to waitpid instead of the process being killed.
+_ENOSYS_COLD_ONLY = ("pidfd_open",)
 _CLONE_NS_FLAGS = 0x7E020000  # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
 
 
@@ -181,12 +189,14 @@ def site_paths(policy: Policy) -> list[str]:
 
 
 def kafel_policy(cold: bool) -> str:
-    """The seccomp policy nsjail installs: kill on the dangerous calls, allow the rest."""
+    """The seccomp policy nsjail installs: kill on the dangerous calls (cold: ENOSYS for pidfd_open),
+    allow the rest."""
     names = list(_KILL_ALWAYS)
     if cold:
         names += _KILL_COLD_ONLY
         names.append(f"clone {{ (clone_flags & {hex(_CLONE_NS_FLAGS)}) != 0 }}")
-    return "KILL_PROCESS { " + ", ".join(names) + " } DEFAULT ALLOW"
+    enosys = f"ERRNO({errno.ENOSYS}) {{ {', '.join(_ENOSYS_COLD_ONLY)} }} " if cold else ""
+    return "KILL_PROCESS { " + ", ".join(names) + " } " + enosys + "DEFAULT ALLOW"
 
 
 def nsjail_argv(policy: Policy, *, cold: bool, task_dir: str | None = None,

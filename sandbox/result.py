@@ -12,6 +12,12 @@ import enum
 import signal as _signal
 
 
+# How `ExecResult.error` begins when the sandbox could not start the run at all (nsjail would not
+# start, no warm worker came up): none of the code ran, so that failure is the sandbox's alone. Any
+# other sandbox_error came while the code ran, and the code may have caused it.
+NOT_STARTED = "not started: "
+
+
 class Status(str, enum.Enum):
     OK = "ok"
     NONZERO_EXIT = "nonzero_exit"
@@ -39,7 +45,7 @@ class ExecResult:
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     mode: str = "cold"                # "cold", "warm" or "session"
-    error: str = ""                   # for sandbox_error: what failed
+    error: str = ""                   # for sandbox_error: what failed (NOT_STARTED...: nothing ran)
 
     @property
     def ok(self) -> bool:

@@ -31,7 +31,7 @@ from typing import Callable
 
 from .audit import AuditLog
 from .policy import HOST_UID, Policy, PolicyError, SandboxError, nsjail_argv, python_flags, site_paths
-from .result import ExecResult, Status, classify
+from .result import NOT_STARTED, ExecResult, Status, classify
 from .session import AsyncSession, Session, SessionLimits, open_session
 from .session_jail import SessionPool
 from .warm import DEFAULT_PRELOAD, WarmPool
@@ -137,7 +137,7 @@ def _run_jail(cmd: list[str], policy: Policy, stdin: bytes, log_path: str,
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, bufsize=0, close_fds=True)
     except OSError as exc:
-        return ExecResult(Status.SANDBOX_ERROR, mode="cold", error=f"could not start nsjail: {exc}")
+        return ExecResult(Status.SANDBOX_ERROR, mode="cold", error=f"{NOT_STARTED}could not start nsjail: {exc}")
     out, killed_for = _pump(proc, stdin, policy, t0, on_output)
     _, wait_status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(wait_status)  # keep Popen from waiting again

@@ -25,7 +25,7 @@ from typing import Callable
 import msgpack
 
 from .policy import SANDBOX_UID, Policy, SandboxError, nsjail_argv, python_flags, site_paths
-from .result import ExecResult, Status, classify
+from .result import NOT_STARTED, ExecResult, Status, classify
 
 _HEADER = struct.Struct("<I")
 # The in-jail agent's modules, in the order their source runs (they import nothing of postrain).
@@ -197,7 +197,7 @@ class WarmWorker(JailedAgent):
                 self._restart()
             except SandboxError as exc:
                 return ExecResult(Status.SANDBOX_ERROR, wall_s=time.monotonic() - t0, mode="warm",
-                                  error=str(exc))
+                                  error=f"{NOT_STARTED}{exc}")
         try:
             self._send(req)
             while True:

@@ -31,6 +31,16 @@ dict of them, or does not return within `timeout_s` raises `RewardFailure` (an
 `EnvironmentFailure`), so the caller drops that one sample with the reason in the ledger and the
 run goes on. A sync function runs in a worker thread so that a hang cannot block the event loop;
 a thread that never returns is abandoned (Python cannot kill it) and keeps its core busy.
+
+Sandbox rule (`code_tests`): a failure the policy's code could have caused is a failure of that
+code, never a dropped sample, or a policy that can cause one would turn its failures into drops.
+A run that started and ended as sandbox_error (its worker died or stopped answering, nsjail lost
+its exit status) scores 0, and the reason is logged. Only a failure that provably is not the
+code's is retried once and then dropped (`RewardFailure`: counted in the ledger with its reason,
+and logged): the sandbox could not start the run (its error begins with
+`postrain.sandbox.NOT_STARTED`), or the sandbox call raised instead of returning a result (the
+sandbox returns a result for whatever the code does, so a raise is its own failure or the
+transport's).
 """
 from __future__ import annotations
 
@@ -45,6 +55,7 @@ import trio
 
 from postrain.core import import_object
 from postrain.core.errors import PostrainError
+from postrain.sandbox import NOT_STARTED
 from postrain.sandbox.grader import TestFileError, calls_request, comparison_tests
 
 from ..env.api import EnvironmentFailure, Reward
@@ -52,6 +63,7 @@ from ..env.api import EnvironmentFailure, Reward
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _INTEGER = re.compile(r"-?\d[\d,]*")
 _FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
+_log = logging.getLogger(__name__)
 
 
 class RewardError(PostrainError, ValueError):
@@ -159,7 +171,9 @@ class RewardFunction:
 
 async def _code_tests(completion: str, tests: Any, sandbox) -> dict[str, float]:
     """The fraction of the reference's tests passed, judged on the host (`comparison_tests`): the
-    jail evaluates the calls, the expected values never enter it, so no solution forges a pass."""
+    jail evaluates the calls, the expected values never enter it, so no solution forges a pass.
+    A sandbox failure follows the sandbox rule (module docstring): 0 if the code may have caused it,
+    else one retry, then RewardFailure."""
     if sandbox is None:
         raise RewardFailure("reward function 'code_tests' needs a sandbox and the environment has none; "
                             "fix: add a SandboxActor to the run (the dataset task then asks for it)")
@@ -169,14 +183,32 @@ async def _code_tests(completion: str, tests: Any, sandbox) -> dict[str, float]:
         raise RewardFailure(f"reward function 'code_tests': the example's test file: {exc}") from None
     calls, _ = reference.flat()
     code, files = calls_request(strip_fence(final_answer(completion)), calls, imports=list(reference.imports))
-    result = await sandbox.exec(code, files=files)
+    result = await _started_run(sandbox, code, files)
     field = (lambda name: result.get(name)) if isinstance(result, dict) else (lambda name: getattr(result, name, None))
-    if str(getattr(field("status"), "value", field("status"))) == "sandbox_error":   # not the code: no score, not a 0
-        error = field("error")
-        raise RewardFailure(f"reward function 'code_tests': the sandbox failed ({error or 'no detail'}); the "
-                            "sample is dropped, not scored 0")
+    if str(getattr(field("status"), "value", field("status"))) == "sandbox_error":
+        _log.warning("code_tests: the solution's run ended as sandbox_error (%s); scored 0, as the code may "
+                     "have caused it", field("error") or "no detail")
+        return {"correct": 0.0}
     report = reference.judge(result)
     return {"correct": report.num_passed / len(reference.tests)}
+
+
+async def _started_run(sandbox, code: str, files: dict[str, bytes], num_tries: int = 2):
+    """`sandbox.exec`'s result of a run the sandbox started; RewardFailure after `num_tries` runs it
+    could not start (a raise, or an error that begins with NOT_STARTED), none of them the code's."""
+    for attempt in range(1, num_tries + 1):
+        try:
+            result = await sandbox.exec(code, files=files)
+        except Exception as exc:  # noqa: BLE001 - the sandbox's own failure, or its transport's
+            reason = f"the sandbox call raised {type(exc).__name__}: {exc}"
+        else:
+            error = result.get("error") if isinstance(result, dict) else getattr(result, "error", "")
+            if not str(error or "").startswith(NOT_STARTED):
+                return result
+            reason = f"the sandbox could not start the run ({error})"
+        _log.warning("code_tests: %s (try %d of %d)", reason[:300], attempt, num_tries)
+    raise RewardFailure(f"reward function 'code_tests': {reason}"[:300] + "; not the code's failure, so the "
+                        "sample is dropped, not scored 0")
 
 
 _BUILTINS = {"exact": exact, "last_integer": last_integer_match, "math": math_match, "code_tests": _code_tests}

@@ -11,7 +11,8 @@ A terminal task (plain data, it travels over the wire) is:
 Each reference step records exactly what the command prints in a fresh session (a test runs
 every solution in a real session and compares), so demonstrations show true outputs. Checks are
 Python programs (`python_check`) with a few helpers (`CHECK_PRELUDE`): `fail(msg)`, `text(path)`,
-`lines(path)`, `expect_lines(path, want)`, `unchanged(path, sha256)`, `files_under(root)`; a
+`lines(path)`, `expect_lines(path, want)`, `unchanged(path, sha256)` (of the file's exact bytes:
+`sha256(text)` of the text as the task wrote it), `files_under(root)`; a
 check runs `python3 -I` (isolated: nothing the agent put in /work shadows the standard library).
 """
 from __future__ import annotations
@@ -37,9 +38,12 @@ def expect_lines(path, want):
     if got != want:
         fail(f"{path} holds {got[:6]!r} ({len(got)} lines), expected {len(want)} other lines")
 def sha(path):
-    return hashlib.sha256(text(path).encode()).hexdigest()
+    if not os.path.isfile(path):
+        fail(path + " does not exist")
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 def unchanged(path, digest):
-    if sha(path) != digest:
+    if sha(path) != digest:  # of the bytes: a CRLF rewrite or a re-encoding is a change
         fail(path + " was changed; the task says to leave it as it is")
 def files_under(root):
     out = []
@@ -70,6 +74,7 @@ def python_check(body: str) -> str:
 
 
 def sha256(text: str) -> str:
+    """The digest `unchanged` compares with: of `text`'s UTF-8 bytes, as the task lays the file out."""
     return hashlib.sha256(text.encode()).hexdigest()
 
 

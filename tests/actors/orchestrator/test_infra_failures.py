@@ -94,12 +94,14 @@ def test_a_failed_sample_is_left_out_of_its_groups_baseline_and_never_trained_as
 
 
 class FailingSandbox:
-    """A sandbox handle whose jail fails (a warm worker killed under it): the sandbox's own
-    sandbox_error result, which no code can produce."""
+    """A sandbox handle whose jail cannot start a run (no warm worker): the sandbox's own
+    not-started error, which no code can produce (a run that started and then failed could
+    be the code's doing, and scores 0: tests/actors/tasks/test_rewards.py)."""
 
     async def exec(self, code, *, files=None, stdin=None, timeout_s=None):
+        from postrain.sandbox import NOT_STARTED
         from postrain.sandbox.result import ExecResult, Status
-        return ExecResult(Status.SANDBOX_ERROR, error="warm worker died")
+        return ExecResult(Status.SANDBOX_ERROR, error=f"{NOT_STARTED}no warm worker")
 
 
 def test_a_sandbox_that_fails_under_a_code_reward_is_a_failure_not_a_zero():
@@ -107,6 +109,6 @@ def test_a_sandbox_that_fails_under_a_code_reward_is_a_failure_not_a_zero():
     from postrain.actors.tasks.rewards import RewardFailure, load_reward
 
     tests = "assert f(1) == 2\n"
-    with pytest.raises(RewardFailure, match=r"the sandbox failed \(warm worker died\); the sample is dropped"):
+    with pytest.raises(RewardFailure, match=r"could not start the run .*no warm worker.*the sample is dropped"):
         trio.run(lambda: load_reward("code_tests").score("def f(x): return x + 1", {"tests": tests},
                                                           answer_field="tests", sandbox=FailingSandbox()))
