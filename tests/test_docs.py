@@ -87,3 +87,18 @@ def test_records_page_lists_every_record(site):
     page = (site / "records" / "index.html").read_text()
     for name in ("Rollout", "TrainBatch", "WeightSync", "GenerateRequest"):
         assert hasattr(records, name) and f"<code>{name}</code>" in page, f"the records page lacks {name}"
+
+
+def test_the_committed_reference_pages_match_the_code():
+    """docs/config-reference.md and docs/records.md read whole in the repository; their generated
+    tables must be what the code's models give now (every config error points at the first)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("config_reference", ROOT / "docs" / "hooks" / "config_reference.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    for page, marker, _ in hook.PAGES:
+        text = (ROOT / page).read_text()
+        assert hook.closing_marker(marker) in text, f"{page} holds no generated block"
+        assert hook.refreshed(text) == text, \
+            f"{page} differs from the code's options or records: run `python docs/hooks/config_reference.py`"

@@ -3,6 +3,12 @@
 A page holds a marker; this hook replaces it with tables generated from the classes, so the
 page follows the code and cannot drift from it:
 
+The generated text is committed too, between the marker and its closing twin
+(`<!-- /config-reference -->`), so the page reads whole in the repository; the site build
+renders it again, and tests/test_docs.py fails when the committed text differs from the
+code's. After changing an option or a record: `python docs/hooks/config_reference.py`
+rewrites both pages.
+
 `<!-- config-reference -->` (docs/config-reference.md): one table per pydantic model (field,
 type, default, description):
 - the kernel's sections, `postrain.core.config`: `[run]` (RunSection), `[head]`
@@ -71,12 +77,29 @@ class ConfigReferenceError(RuntimeError):
     """A reference page could not be rendered (a class failed to import)."""
 
 
+# (page, marker, renderer name): the pages this hook fills, each between marker and closing twin.
+PAGES = [("docs/config-reference.md", CONFIG_MARKER, "render_config_reference"),
+         ("docs/records.md", RECORDS_MARKER, "render_records_reference")]
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
-    if CONFIG_MARKER in markdown:
-        markdown = markdown.replace(CONFIG_MARKER, render_config_reference())
-    if RECORDS_MARKER in markdown:
-        markdown = markdown.replace(RECORDS_MARKER, render_records_reference())
+    return refreshed(markdown)
+
+
+def refreshed(markdown: str) -> str:
+    """`markdown` with each marker's block (marker .. closing twin) rendered from the code now."""
+    for _, marker, renderer in PAGES:
+        if marker in markdown:
+            closing = closing_marker(marker)
+            start = markdown.index(marker) + len(marker)
+            end = markdown.index(closing, start) if closing in markdown else start
+            block = "\n" + globals()[renderer]().strip("\n") + "\n"
+            markdown = markdown[:start] + block + (markdown[end:] if closing in markdown else closing + "\n" + markdown[end:])
     return markdown
+
+
+def closing_marker(marker: str) -> str:
+    return marker.replace("<!-- ", "<!-- /")
 
 
 # ---------------------------------------------------------------------------- the config page
@@ -407,3 +430,13 @@ def _code(text: str) -> str:
 
 def _escape(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
+
+
+if __name__ == "__main__":   # rewrite the committed pages from the code
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    for page, _, _ in PAGES:
+        path = root / page
+        path.write_text(refreshed(path.read_text()))
+        print(f"wrote {page}")
