@@ -15,17 +15,30 @@ an upper bound of the peer's admitted open connections, exact once its refused o
 request is admitted while its peer holds fewer than `max_connections_per_peer` admissions and all
 peers fewer than `max_connections`.
 
-    gate = ConnectionGate(max_connections=16, max_connections_per_peer=4, what="the sealed channel")
-    sock = gate.socket(zmq.PULL)         # bind it; gate.close() after closing it
+An admission is not a proof: the NULL mechanism names no one. With `proof_timeout_s`, a connection
+that its owner has not vouched for (`vouch(fd)`, once a frame read from it proved the sender, as
+ZeroMQ's SRCFD property names it) within that long of its acceptance is shut down from the gate's
+thread (a shutdown of its file descriptor: ZeroMQ then ends it and the monitor reports it gone).
+So a stranger's idle connections hold the caps for at most proof_timeout_s each; a vouched one
+stays until it ends. A stranger that connects again at once takes a freed slot again: the caps,
+not the expiry, bound what it holds at any moment.
 
-Invariants (tests/core/test_sealed.py), in the gate's thread: _open maps each accepted connection
-not yet disconnected to its peer; _num_open[peer] == its count there; the peer's admitted open
-connections <= _num_admitted[peer] <= _num_open[peer] after each disconnect.
+    gate = ConnectionGate(max_connections=16, max_connections_per_peer=4, what="the sealed channel",
+                          proof_timeout_s=60)
+    sock = gate.socket(zmq.PULL)         # bind it; gate.close() after closing it
+    gate.vouch(frame.get(zmq.SRCFD))     # a frame read from sock proved its sender
+
+Invariants (tests/core/test_sealed.py), under `changed`: _open maps each accepted connection not
+yet disconnected to its record (peer, deadline); _num_open[peer] == its count there; the peer's
+admitted open connections <= _num_admitted[peer] <= _num_open[peer] after each disconnect; a
+connection's deadline is inf once vouched for or shut down, or without a proof_timeout_s.
 """
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
+import math
 import os
 import socket
 import threading
@@ -64,19 +77,31 @@ class RateLimitedLog:
         self.logger.warning(msg, *args)
 
 
+@dataclasses.dataclass(slots=True)
+class _Connection:
+    """An accepted connection: its peer's address and port ("" and 0 if it was gone before the
+    gate saw it) and when the gate shuts it down (time.monotonic(); inf: never)."""
+
+    address: str
+    port: int
+    deadline: float
+
+
 class ConnectionGate:
-    """The admission thread of one bound socket (see the module's note)."""
+    """The admission thread of one bound socket (see the module's note). proof_timeout_s (default
+    None: none): how long an accepted connection may stay without being vouched for."""
 
     def __init__(self, max_connections: int, max_connections_per_peer: int, what: str,
-                 warning_interval_s: float = 10.0):
+                 warning_interval_s: float = 10.0, proof_timeout_s: float | None = None):
         if not 0 < max_connections_per_peer <= max_connections:
             raise ValueError(f"a connection gate needs 0 < max_connections_per_peer <= max_connections, "
                              f"got {max_connections_per_peer} and {max_connections}")
         self.max_connections, self.max_connections_per_peer = max_connections, max_connections_per_peer
-        self.what = what
+        self.what, self.proof_timeout_s = what, proof_timeout_s
         self.num_refused = 0
+        self.num_expired = 0                        # connections shut down unvouched for
         self.context = zmq.Context()
-        self._open: dict[int, str] = {}            # fd -> peer address; the gate's thread only
+        self._open: dict[int, _Connection] = {}    # fd -> its connection; under `changed`
         self._num_open: collections.Counter[str] = collections.Counter()
         self._num_admitted: collections.Counter[str] = collections.Counter()
         self.changed = threading.Condition()      # held while the counts change; notified after
@@ -110,6 +135,13 @@ class ConnectionGate:
             self._zap.close(linger=0)
         self.context.term()
 
+    def vouch(self, fd: int) -> None:
+        """The connection on `fd` proved its sender: it is never shut down for want of a proof."""
+        with self.changed:
+            connection = self._open.get(fd)
+            if connection is not None:
+                connection.deadline = math.inf
+
     @property
     def num_admitted(self) -> int:
         """Admitted connections that may still be open (an upper bound; see the module's note).
@@ -126,6 +158,7 @@ class ConnectionGate:
                 ready = dict(poller.poll(int(_POLL_S * 1000)))
                 with self.changed:
                     self._drain_monitor()
+                    self._expire()
                     if ready.get(self._zap):
                         self._answer(self._zap.recv_multipart())
                     self.changed.notify_all()
@@ -138,15 +171,28 @@ class ConnectionGate:
             event = parse_monitor_message(self._monitor.recv_multipart())
             fd = event["value"]
             if event["event"] == zmq.EVENT_ACCEPTED:
-                peer = self._open[fd] = _peer_of(fd)
-                self._num_open[peer] += 1
+                timeout_s = math.inf if self.proof_timeout_s is None else self.proof_timeout_s
+                connection = self._open[fd] = _Connection(*_peer_of(fd), time.monotonic() + timeout_s)
+                self._num_open[connection.address] += 1
             elif event["event"] == zmq.EVENT_DISCONNECTED and fd in self._open:
-                peer = self._open.pop(fd)
+                peer = self._open.pop(fd).address
                 self._num_open[peer] -= 1
                 self._num_admitted[peer] = min(self._num_admitted[peer], self._num_open[peer])
                 for counter in (self._num_open, self._num_admitted):
                     if counter[peer] <= 0:
                         del counter[peer]
+
+    def _expire(self) -> None:
+        """Shut down each connection past its deadline; its disconnect then frees its admission."""
+        now = time.monotonic()
+        for fd, connection in self._open.items():
+            if connection.deadline <= now:
+                connection.deadline = math.inf
+                if _shut_down(fd, (connection.address, connection.port)):
+                    self.num_expired += 1
+                    self._warn.warning(f"expired {connection.address}", "closed a connection to %s from %s: "
+                                       "nothing it sent proved it within %g s", self.what,
+                                       connection.address, self.proof_timeout_s)
 
     def _answer(self, frames: list[bytes]) -> None:
         if len(frames) < 6:
@@ -167,10 +213,23 @@ class ConnectionGate:
         self._zap.send_multipart([version, request_id, *status, b"", b""])
 
 
-def _peer_of(fd: int) -> str:
-    """The IP address of the peer of connected socket `fd` ("" once it is closed)."""
+def _peer_of(fd: int) -> tuple[str, int]:
+    """The IP address and port of the peer of connected socket `fd` (("", 0) once it is closed)."""
     try:
         with socket.socket(fileno=os.dup(fd)) as dup:     # its own family (IPv4 or IPv6)
-            return dup.getpeername()[0]
+            return dup.getpeername()[:2]
     except OSError:
-        return ""
+        return "", 0
+
+
+def _shut_down(fd: int, peer: tuple[str, int]) -> bool:
+    """Shut down connected socket `fd` if its peer is still `peer` (a file descriptor's number is
+    reused once ZeroMQ closes it); whether it did."""
+    try:
+        with socket.socket(fileno=os.dup(fd)) as dup:
+            if dup.getpeername()[:2] != peer:
+                return False
+            dup.shutdown(socket.SHUT_RDWR)
+            return True
+    except OSError:
+        return False

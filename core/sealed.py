@@ -49,6 +49,9 @@ Invariants (tests/core/test_sealed.py):
   RCVHWM (2 * _RING) frames of at most MAXMSGSIZE (piece_bytes + TAG_BYTES + 4096) bytes; so
   one address queues at most max_connections_per_peer * 2 * _RING pieces. Its junk is logged
   at most once per peer address per `warning_interval_s`, with a count of what was not.
+- Its connections expire: one that has brought no piece that opened within `proof_timeout_s`
+  of its acceptance is closed by the gate, so idle or junk-only connections cannot hold the
+  caps; one that brought such a piece (a sender's) stays until it ends.
 - One thread at a time uses each end (a lock); `close` waits for it.
 """
 from __future__ import annotations
@@ -267,17 +270,19 @@ class SealedReceiver:
     port: `address`) that senders connect to (blocking calls, made from a worker thread).
     max_connections_per_peer (default 4: a sender needs one) and max_connections (default 16):
     open connections admitted per peer address and in all (more are refused at the handshake);
-    warning_interval_s (default 10 s): at most one warning line per peer address this often.
+    warning_interval_s (default 10 s): at most one warning line per peer address this often;
+    proof_timeout_s (default 60 s): a connection that brings no piece that opens within this of
+    its acceptance is closed (a sender whose connection was closed connects again by itself).
     Invariant: `dropped` holds the sync ids of the last receives that failed."""
 
     def __init__(self, run_key: bytes, host: str, piece_bytes: int = PIECE_BYTES,
                  max_connections: int = 16, max_connections_per_peer: int = 4,
-                 warning_interval_s: float = 10.0):
+                 warning_interval_s: float = 10.0, proof_timeout_s: float = 60.0):
         _check_key(run_key)
         self.piece_bytes = piece_bytes
         self._run_key = run_key
         self.gate = ConnectionGate(max_connections, max_connections_per_peer, "the sealed channel",
-                                   warning_interval_s)
+                                   warning_interval_s, proof_timeout_s)
         self._warn = RateLimitedLog(log, warning_interval_s)
         self._sock = self.gate.socket(zmq.PULL)
         self._sock.linger = 0
@@ -323,6 +328,7 @@ class SealedReceiver:
                 self._refuse(peer, f"piece {piece} of chunk {stream.chunk} of version {stream.version} from "
                              f"{stream.sender} does not authenticate (forged, tampered or not sealed with "
                              "the run's key)")
+            self.gate.vouch(frames[0].get(zmq.SRCFD))       # its connection proved the sender
             piece += 1
             deadline = time.monotonic() + timeout_s
 

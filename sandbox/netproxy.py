@@ -21,6 +21,8 @@ What the proxy does not trust:
   so connections are capped per proxy (one session) and in total (every proxy of this
   process); the excess is reset at once (the jail sees ECONNRESET) and logged, at most one line
   per cause per `warning_interval_s`. Threads: at most 1 per route + 2 per open connection.
+- The jail's idleness: a relayed connection that moves no byte either way for `idle_timeout_s`
+  is shut down at both ends, so connections left open hold no slot for longer than that.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import dataclasses
 import ipaddress
 import logging
 import os
+import select
 import shutil
 import socket
 import struct
@@ -50,6 +53,7 @@ class ProxyOptions:
     max_connections_per_session: int = 32   # relayed connections one session may hold open at once
     max_connections_total: int = 256        # relayed connections all sessions of this process may hold
     connect_timeout_s: float = 5.0          # to reach the destination; then the jail's connection closes
+    idle_timeout_s: float = 300.0           # a relayed connection moving no byte either way this long closes
     private_names: tuple[str, ...] = ()     # names allowed to resolve to loopback/private/link-local
     warning_interval_s: float = 10.0        # at most one refusal line per cause this often
 
@@ -57,6 +61,8 @@ class ProxyOptions:
         if not 0 < self.max_connections_per_session <= self.max_connections_total:
             raise ValueError(f"ProxyOptions needs 0 < max_connections_per_session <= max_connections_total, "
                              f"got {self.max_connections_per_session} and {self.max_connections_total}")
+        if not self.idle_timeout_s > 0:
+            raise ValueError(f"ProxyOptions needs idle_timeout_s > 0, got {self.idle_timeout_s}")
 
 
 DEFAULT_OPTIONS = ProxyOptions()
@@ -247,8 +253,10 @@ class NetworkProxy:
             self._give_slot()
             return
         done = threading.Barrier(2, action=lambda: (self._untrack(client, upstream), self._give_slot()))
+        last_moved = [time.monotonic()]      # when a byte last moved, either way (both pumps write it)
         for src, dst in ((client, upstream), (upstream, client)):
-            threading.Thread(target=_pump, args=(src, dst, done), daemon=True).start()
+            threading.Thread(target=_pump, args=(src, dst, done, last_moved, self.options.idle_timeout_s),
+                             daemon=True).start()
 
     def _track(self, *socks: socket.socket) -> bool:
         with self._lock:
@@ -302,13 +310,26 @@ def _reset(sock: socket.socket) -> None:
     sock.close()
 
 
-def _pump(src: socket.socket, dst: socket.socket, done: threading.Barrier) -> None:
-    """Copy src to dst until EOF, then half-close dst; wait for the other direction."""
+def _pump(src: socket.socket, dst: socket.socket, done: threading.Barrier, last_moved: list[float],
+          idle_timeout_s: float) -> None:
+    """Copy src to dst until EOF, then half-close dst; wait for the other direction. Once no byte
+    has moved either way for idle_timeout_s (`last_moved[0]`, shared with the other direction),
+    shut both sockets down: the other direction ends too."""
+    poller = select.poll()
+    poller.register(src, select.POLLIN)
     try:
         while True:
+            left_s = last_moved[0] + idle_timeout_s - time.monotonic()
+            if left_s <= 0:
+                for sock in (src, dst):
+                    sock.shutdown(socket.SHUT_RDWR)
+                break
+            if not poller.poll(int(left_s * 1000) + 1):
+                continue
             data = src.recv(1 << 16)
             if not data:
                 break
+            last_moved[0] = time.monotonic()
             dst.sendall(data)
     except OSError:
         pass

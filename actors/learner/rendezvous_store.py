@@ -19,11 +19,21 @@ AES-256-GCM under a key of that connection and direction (derived from the secre
 nonces), its nonce the frame's counter, so a frame cannot be read, changed, replayed or moved
 to another connection. Requests and replies are msgpack lists.
 
-Invariant: the table is read or changed only by a connection that proved the secret
-(tests/actors/learner/test_rendezvous_store.py probes both directions).
+What a stranger costs (it cannot prove the secret): a connection, one thread and at most
+MAX_HANDSHAKE_FRAME_BYTES of frame, for at most `handshake_timeout_s`: one deadline holds the
+whole handshake, however slowly its bytes trickle, and only a proven connection may send frames
+of up to MAX_FRAME_BYTES. One address holds at most `max_handshakes_per_peer` connections in
+handshake at once, so one host cannot take every one of the `max_connections` slots; a rank
+turned away at a cap (its connection closed before the greeting) tries again until its timeout.
+
+Invariants (tests/actors/learner/test_rendezvous_store.py): the table is read or changed only by
+a connection that proved the secret (probed in both directions); under `_lock`,
+`_num_handshaking[address]` counts the connections from `address` admitted and not yet past
+their handshake, each <= max_handshakes_per_peer, and len(_connections) <= max_connections.
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import hmac
 import logging
@@ -38,17 +48,26 @@ import msgpack
 import torch.distributed as dist
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from postrain.core.gate import RateLimitedLog
+
 log = logging.getLogger("postrain.learner")
 
 _MAGIC = b"PRS1"
 _NONCE_BYTES = 32
-MAX_FRAME_BYTES = 16 << 20     # a frame over this ends the connection (stores hold small values)
-HANDSHAKE_TIMEOUT_S = 10.0     # a client that does not prove the secret within this is dropped
-MAX_CONNECTIONS = 256          # open connections the server holds at once (the excess is closed)
+MAX_HANDSHAKE_FRAME_BYTES = 256  # a frame before the proof (the handshake's are 36, 64 and 32 bytes)
+MAX_FRAME_BYTES = 16 << 20       # a frame of a proven connection (stores hold small values); over: closed
+HANDSHAKE_TIMEOUT_S = 10.0       # the whole handshake: a client without its proof by then is dropped
+MAX_CONNECTIONS = 256            # open connections the server holds at once (the excess is closed)
+MAX_HANDSHAKES_PER_PEER = 8      # in handshake from one address at once (a node's ranks join at once)
+WARNING_INTERVAL_S = 10.0        # at most one refusal line per address this often
 
 
 class RendezvousRefused(ConnectionError):
     """The other side did not prove the group's secret (or broke the protocol)."""
+
+
+class _Closed(ConnectionError):
+    """The other side closed the connection."""
 
 
 def _mac(secret: bytes, label: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
@@ -86,32 +105,43 @@ def _send_frame(sock: socket.socket, data: bytes) -> None:
     sock.sendall(struct.pack(">I", len(data)) + data)
 
 
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
+def _recv_exact(sock: socket.socket, size: int, deadline: float | None = None) -> bytes:
+    """`size` bytes. With a `deadline` (time.monotonic()): TimeoutError once it passes, however
+    slowly the bytes come (the socket's timeout is set to the time left before each recv)."""
     chunks, left = [], size
     while left:
+        if deadline is not None:
+            time_left_s = deadline - time.monotonic()
+            if time_left_s <= 0:
+                raise TimeoutError("the handshake's deadline passed")
+            sock.settimeout(time_left_s)
         chunk = sock.recv(min(left, 1 << 20))
         if not chunk:
-            raise ConnectionError("the rendezvous connection closed")
+            raise _Closed("the rendezvous connection closed")
         chunks.append(chunk)
         left -= len(chunk)
     return b"".join(chunks)
 
 
-def _recv_frame(sock: socket.socket) -> bytes:
-    (size,) = struct.unpack(">I", _recv_exact(sock, 4))
-    if size > MAX_FRAME_BYTES:
-        raise RendezvousRefused(f"a rendezvous frame of {size} bytes is over the {MAX_FRAME_BYTES}-byte limit")
-    return _recv_exact(sock, size)
+def _recv_frame(sock: socket.socket, max_bytes: int = MAX_FRAME_BYTES, deadline: float | None = None) -> bytes:
+    """One frame of at most `max_bytes` (a larger one is refused from its length, unread)."""
+    (size,) = struct.unpack(">I", _recv_exact(sock, 4, deadline))
+    if size > max_bytes:
+        raise RendezvousRefused(f"a rendezvous frame of {size} bytes is over the {max_bytes}-byte limit")
+    return _recv_exact(sock, size, deadline)
 
 
 def _client_handshake(sock: socket.socket, secret: bytes) -> _Channel:
-    hello = _recv_frame(sock)
+    """Prove the secret and check the server's proof, all within HANDSHAKE_TIMEOUT_S. _Closed
+    where the server closes before its greeting (it is at a cap): the caller may try again."""
+    deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
+    hello = _recv_frame(sock, MAX_HANDSHAKE_FRAME_BYTES, deadline)
     if len(hello) != len(_MAGIC) + _NONCE_BYTES or not hello.startswith(_MAGIC):
         raise RendezvousRefused("the rendezvous server did not speak the group's protocol")
     server_nonce, client_nonce = hello[len(_MAGIC):], os.urandom(_NONCE_BYTES)
     _send_frame(sock, client_nonce + _mac(secret, b"client", server_nonce, client_nonce))
     try:
-        proof = _recv_frame(sock)
+        proof = _recv_frame(sock, MAX_HANDSHAKE_FRAME_BYTES, deadline)
     except ConnectionError:
         raise RendezvousRefused("the rendezvous server closed the connection: it did not accept this "
                                 "rank's proof of the group's secret (a rank of another run or group?)") from None
@@ -122,23 +152,39 @@ def _client_handshake(sock: socket.socket, secret: bytes) -> _Channel:
 
 class StoreServer:
     """Rank 0's side: the table, served to proven clients on (host, port), one thread each.
+    handshake_timeout_s (default HANDSHAKE_TIMEOUT_S): the whole handshake's deadline;
+    max_connections (default MAX_CONNECTIONS): open connections in all;
+    max_handshakes_per_peer (default MAX_HANDSHAKES_PER_PEER): connections from one address
+    that have not yet proved the secret. A connection over a cap is closed before the greeting.
     Invariant: `_table` changes only under `_changed` (a Condition), which waiters wait on."""
 
-    def __init__(self, host: str, port: int, secret: bytes):
+    def __init__(self, host: str, port: int, secret: bytes, *,
+                 handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS,
+                 max_handshakes_per_peer: int = MAX_HANDSHAKES_PER_PEER):
+        if not 0 < max_handshakes_per_peer <= max_connections:
+            raise ValueError(f"a rendezvous server needs 0 < max_handshakes_per_peer <= max_connections, "
+                             f"got {max_handshakes_per_peer} and {max_connections}")
         self._secret = secret
+        self.handshake_timeout_s = handshake_timeout_s
+        self.max_connections, self.max_handshakes_per_peer = max_connections, max_handshakes_per_peer
         self._table: dict[str, bytes] = {}
         self._changed = threading.Condition()
         self._listener = socket.create_server((host, port), reuse_port=False)
         self.address = self._listener.getsockname()[:2]
         self._closed = False
-        self._connections: set[socket.socket] = set()
-        self.num_refused = 0
+        self._lock = threading.Lock()
+        self._connections: set[socket.socket] = set()                            # under _lock
+        self._num_handshaking: collections.Counter[str] = collections.Counter()  # under _lock
+        self._warn = RateLimitedLog(log, WARNING_INTERVAL_S)
+        self.num_refused = 0                                                     # under _lock
         threading.Thread(target=self._accept, name="postrain-rendezvous", daemon=True).start()
 
     def close(self) -> None:
         """Stop serving: the listener and every connection close; waiting requests end."""
         self._closed = True
-        for sock in [self._listener, *list(self._connections)]:
+        with self._lock:
+            sockets = [self._listener, *self._connections]
+        for sock in sockets:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
@@ -153,36 +199,65 @@ class StoreServer:
                 sock, peer = self._listener.accept()
             except OSError:
                 return
-            if len(self._connections) >= MAX_CONNECTIONS:
+            if self._admit(sock, peer[0]):
+                threading.Thread(target=self._serve, args=(sock, peer), daemon=True).start()
+            else:
                 sock.close()
-                continue
-            self._connections.add(sock)
-            threading.Thread(target=self._serve, args=(sock, peer), daemon=True).start()
+
+    def _admit(self, sock: socket.socket, address: str) -> bool:
+        """Whether `sock`, from `address`, may start a handshake: under max_connections in all and
+        max_handshakes_per_peer from its address (else it is counted refused and logged)."""
+        with self._lock:
+            num_open, num_handshaking = len(self._connections), self._num_handshaking[address]
+            if num_open < self.max_connections and num_handshaking < self.max_handshakes_per_peer:
+                self._connections.add(sock)
+                self._num_handshaking[address] += 1
+                return True
+            self.num_refused += 1
+        self._warn.warning(address, "rendezvous: refused a connection from %s: %d open (at most %d), %d of them "
+                           "in handshake from there (at most %d)", address, num_open, self.max_connections,
+                           num_handshaking, self.max_handshakes_per_peer)
+        return False
 
     def _serve(self, sock: socket.socket, peer) -> None:
         try:
-            channel = self._handshake(sock)
+            channel = self._handshake(sock, peer[0])
             while True:
                 request = channel.receive()
                 channel.send(self._answer(request))
         except (OSError, ConnectionError, ValueError, TypeError, IndexError) as exc:
             if isinstance(exc, RendezvousRefused):
-                self.num_refused += 1
-                log.warning("rendezvous: refused %s:%s: %s", peer[0], peer[1], exc)
+                with self._lock:
+                    self.num_refused += 1
+                self._warn.warning(peer[0], "rendezvous: refused %s:%s: %s", peer[0], peer[1], exc)
         finally:
-            self._connections.discard(sock)
+            with self._lock:
+                self._connections.discard(sock)
             sock.close()
 
-    def _handshake(self, sock: socket.socket) -> _Channel:
-        sock.settimeout(HANDSHAKE_TIMEOUT_S)
-        server_nonce = os.urandom(_NONCE_BYTES)
-        _send_frame(sock, _MAGIC + server_nonce)
-        answer = _recv_frame(sock)
-        client_nonce, proof = answer[:_NONCE_BYTES], answer[_NONCE_BYTES:]
-        if len(client_nonce) != _NONCE_BYTES or not hmac.compare_digest(
-                proof, _mac(self._secret, b"client", server_nonce, client_nonce)):
-            raise RendezvousRefused("the client did not prove the group's secret")
-        _send_frame(sock, _mac(self._secret, b"server", server_nonce, client_nonce))
+    def _handshake(self, sock: socket.socket, address: str) -> _Channel:
+        """The client's proof and ours, within one deadline (handshake_timeout_s from now, however
+        its bytes trickle), on frames of at most MAX_HANDSHAKE_FRAME_BYTES; then the connection
+        no longer counts against its address's handshakes."""
+        deadline = time.monotonic() + self.handshake_timeout_s
+        try:
+            sock.settimeout(self.handshake_timeout_s)
+            server_nonce = os.urandom(_NONCE_BYTES)
+            _send_frame(sock, _MAGIC + server_nonce)
+            answer = _recv_frame(sock, MAX_HANDSHAKE_FRAME_BYTES, deadline)
+            client_nonce, proof = answer[:_NONCE_BYTES], answer[_NONCE_BYTES:]
+            if len(client_nonce) != _NONCE_BYTES or not hmac.compare_digest(
+                    proof, _mac(self._secret, b"client", server_nonce, client_nonce)):
+                raise RendezvousRefused("the client did not prove the group's secret")
+            _send_frame(sock, _mac(self._secret, b"server", server_nonce, client_nonce))
+        except TimeoutError:
+            raise RendezvousRefused(f"the client did not prove the group's secret within "
+                                    f"{self.handshake_timeout_s:g} s") from None
+        finally:
+            with self._lock:
+                self._num_handshaking[address] -= 1
+                if not self._num_handshaking[address]:
+                    del self._num_handshaking[address]
         sock.settimeout(None)
         return _Channel(sock, self._secret, server_nonce, client_nonce, is_server=True)
 
@@ -242,25 +317,31 @@ class AuthenticatedStore(dist.Store):
         self._channel = self._connect(host, port, secret)
 
     def _connect(self, host: str, port: int, secret: bytes) -> _Channel:
-        """Connect and prove the secret, retrying a refused connection (rank 0 not listening yet)
-        until the timeout; RendezvousRefused at once where the server does not prove it back."""
+        """Connect and prove the secret, trying again while the connection is refused (rank 0 not
+        listening yet) or closed before the greeting (the server at a cap), until the timeout;
+        RendezvousRefused at once where the server does not prove it back."""
         deadline = time.monotonic() + self._timeout_s
         while True:
             try:
                 sock = socket.create_connection((host, port), timeout=HANDSHAKE_TIMEOUT_S)
             except OSError as exc:
-                if time.monotonic() >= deadline:
-                    raise TimeoutError(f"the learner group's rendezvous at {host}:{port} did not answer "
-                                       f"within {self._timeout_s:g} s ({exc})") from None
-                time.sleep(0.1)
-                continue
-            try:
-                channel = _client_handshake(sock, secret)
-            except Exception:
-                sock.close()
-                raise
-            sock.settimeout(None)
-            return channel
+                error = exc
+            else:
+                try:
+                    channel = _client_handshake(sock, secret)
+                except _Closed as exc:
+                    sock.close()
+                    error = exc
+                except Exception:
+                    sock.close()
+                    raise
+                else:
+                    sock.settimeout(None)
+                    return channel
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"the learner group's rendezvous at {host}:{port} did not answer "
+                                   f"within {self._timeout_s:g} s ({error})") from None
+            time.sleep(0.1)
 
     def close(self) -> None:
         """Close the connection, and on rank 0 stop serving."""

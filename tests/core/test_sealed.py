@@ -1,7 +1,8 @@
 """The sealed channel (core/sealed.py) over real ZeroMQ tcp sockets: bytes arrive bit for bit
 across piece and buffer boundaries; junk, a replayed piece, a reordered one, a tampered one
 and a stranger's forgery are refused, logged naming the peer, and accepted never; a stranger's
-junk neither holds a receive past its deadline nor floods the log, and its connections are capped."""
+junk neither holds a receive past its deadline nor floods the log, and its connections are capped
+and, until one brings a piece that opens, expire."""
 from __future__ import annotations
 
 import logging
@@ -301,3 +302,67 @@ def test_a_peer_gets_at_most_its_share_of_connections_and_the_rest_are_refused(p
     receiving = Receiving(receiver, s)
     send(sender, receiver.address, s, data)
     assert all(np.array_equal(got, want) for got, want in zip(receiving.join(), data))
+
+
+class Idle:
+    """A stranger's connection that does not connect again once closed; `event()`: its next
+    handshake or disconnect event, within 10 s."""
+
+    def __init__(self, address: str):
+        self.sock = zmq.Context.instance().socket(zmq.PUSH)
+        self.sock.linger = 0
+        self.sock.reconnect_ivl = -1
+        self.monitor = self.sock.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_DISCONNECTED)
+        self.sock.connect(address)
+
+    def event(self) -> int:
+        from zmq.utils.monitor import recv_monitor_message
+        assert self.monitor.poll(10_000), "no event within 10 s"
+        return recv_monitor_message(self.monitor)["event"]
+
+    def close(self):
+        self.sock.disable_monitor()
+        self.monitor.close(linger=0)
+        self.sock.close(linger=0)
+
+
+def num_expired(receiver: SealedReceiver) -> int:
+    """The gate's count of expired connections, read under its lock: the gate counts each in the
+    step that shuts it down, so every one whose peer saw it closed is counted."""
+    with receiver.gate.changed:
+        return receiver.gate.num_expired
+
+
+def test_connections_that_prove_nothing_expire_and_free_the_gate_and_a_senders_stays(caplog):
+    key = new_run_key()
+    receiver = SealedReceiver(key, "127.0.0.1", piece_bytes=PIECE, max_connections=4, proof_timeout_s=1.0)
+    sender = SealedSender(key, piece_bytes=PIECE)
+    strangers = [Idle(receiver.address) for _ in range(4)]
+    turned_away = late = None
+    try:
+        with caplog.at_level(logging.WARNING, logger="postrain.core"):
+            assert [stranger.event() for stranger in strangers] == [zmq.EVENT_HANDSHAKE_SUCCEEDED] * 4
+            turned_away = Idle(receiver.address)                   # idle strangers fill the gate
+            assert turned_away.event() == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+            assert [stranger.event() for stranger in strangers] == [zmq.EVENT_DISCONNECTED] * 4
+            assert num_expired(receiver) == 4
+            s, data = stream(1), buffers(1)                        # until they expire
+            receiving = Receiving(receiver, s)
+            send(sender, receiver.address, s, data)
+            assert all(np.array_equal(got, want) for got, want in zip(receiving.join(), data))
+            late = Idle(receiver.address)                          # accepted after the sender's connection:
+            assert late.event() == zmq.EVENT_HANDSHAKE_SUCCEEDED
+            assert late.event() == zmq.EVENT_DISCONNECTED          # it expires; the proven one stays
+        assert num_expired(receiver) == 5
+        with receiver.gate.changed:
+            assert receiver.gate.changed.wait_for(lambda: receiver.gate.num_admitted == 1, 10)
+        lines = [r.getMessage() for r in caplog.records if "closed a connection" in r.getMessage()]
+        assert lines == ["closed a connection to the sealed channel from 127.0.0.1: nothing it sent "
+                         "proved it within 1 s"]                   # once per peer and interval
+    finally:
+        for stranger in [*strangers, turned_away, late]:
+            if stranger is not None:
+                stranger.close()
+        sender.close()
+        receiver.close()

@@ -13,6 +13,7 @@ import logging
 import selectors
 import socket
 import threading
+import time
 
 import psutil
 import pytest
@@ -339,4 +340,30 @@ def test_a_name_is_checked_and_pinned_and_an_internal_address_needs_saying_so(ca
         internal.close()
     finally:
         plain.close()
+        echo.close()
+
+
+def test_a_relayed_connection_idle_for_the_timeout_is_closed_and_frees_its_slot():
+    echo = EchoServer()                                    # it holds every connection open
+    proxy = netproxy.NetworkProxy((f"127.0.0.1:{echo.port}",), netproxy.ProxyOptions(
+        max_connections_per_session=1, idle_timeout_s=1.0))
+    conns = []
+    try:
+        conns.append(through(proxy, 0))
+        for _ in range(15):                                # bytes every 0.1 s: it stays, past 1 s in all
+            assert outcome(conns[0]) == "echoed"
+            time.sleep(0.1)
+        assert conns[0].recv(16) == b""                    # then idle: closed by the proxy
+        for _ in range(100):                               # and its slot, the session's one, comes free
+            conns.append(through(proxy, 0))
+            if outcome(conns[-1]) == "echoed":
+                break
+        else:
+            raise AssertionError("no slot came free after the idle connection closed")
+        with pytest.raises(ValueError, match="idle_timeout_s > 0, got 0"):
+            netproxy.ProxyOptions(idle_timeout_s=0)
+    finally:
+        for conn in conns:
+            conn.close()
+        proxy.close()
         echo.close()
