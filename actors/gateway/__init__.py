@@ -3,7 +3,10 @@ token-in/token-out per episode (docs/agents.md).
 
 - `actor.py`: `GatewayActor` (config: `postrain.actors.gateway:GatewayActor`) and its options;
 - `app.py`: the Starlette app (routes, API errors, server-sent events);
-- `http_server.py`: the lean HTTP/1.1 server the app runs on (trio sockets; hypercorn optional);
+- `http_server.py`: the lean HTTP/1.1 server the app runs on (trio sockets; hypercorn optional), its
+  caps (`ServerLimits`: connections, head and body bytes, timeouts);
+- `http_parser.py`: strict RFC 9112 request parsing, sans I/O (no request smuggling);
+- `auth.py`: the API key (required off loopback) and the episodes' keys, checked before `/v1/` calls;
 - `service.py`: one call, apart from HTTP: render or extend, generate, parse tool calls;
 - `protocol.py`: the API's requests checked into typed calls, `APIError`;
 - `episodes.py`: token-in/token-out: each episode's segments;

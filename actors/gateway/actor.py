@@ -5,7 +5,9 @@
     cls = "postrain.actors.gateway:GatewayActor"
     options = { generators = ["generator"], port = 8000 }   # model: [shared]
 
-Options: `GatewayOptions` below.
+Options: `GatewayOptions` below. A host that is not loopback needs an API key (`api_key_file` or
+`api_key`; auth.py), and `http_limits` caps what HTTP clients can hold (docs/agents.md, "Exposing
+the gateway").
 
 Messages (records of postrain.actors.records.gateway):
 - `address` (no body) -> GatewayAddress {"url", "base_url", "model"}: where clients connect.
@@ -31,12 +33,15 @@ from pathlib import Path
 from typing import Literal
 
 import anyio
-from pydantic import Field
+from pydantic import Field, SecretStr, model_validator
 
 from postrain.core import Actor, Options, handler
 
+from ..models.chat_template import OPTION_HELP as CHAT_TEMPLATE_HELP
 from ..models.tokenizer import Tokenizer
+from .auth import check_api_key, is_loopback, read_api_key_file
 from .episodes import EpisodeStore
+from .http_server import ServerLimits
 from .pool import GeneratorPool
 from ..records import (CLOSE_EPISODE, GATEWAY_ADDRESS, OPEN_EPISODE, CloseEpisode, EpisodeSegments,
                        GatewayAddress, OpenEpisode)
@@ -51,6 +56,7 @@ DEFAULT_CONTEXT_TOKENS = 4096
 class GatewayOptions(Options):
     model: str | dict = Field("tiny", description="the policy (the generators' model spec): its tokenizer "
                               "and chat template render the conversations")
+    chat_template: str | None = Field(None, description=CHAT_TEMPLATE_HELP)
     generators: list[str] = Field(["generator"], min_length=1, description="the generator actors' names; "
                                   "each request goes to the one with the fewest in flight")
     host: str = Field("127.0.0.1", description="the address the HTTP server listens on")
@@ -70,19 +76,45 @@ class GatewayOptions(Options):
     http_server: Literal["builtin", "hypercorn"] = Field(
         "builtin", description="the HTTP/1.1 server: 'builtin' (lean, http_server.py) or 'hypercorn' "
         "(the `gateway` extra; ~0.4 ms more CPU a request)")
+    api_key: SecretStr | None = Field(None, description="the key a client sends as `Authorization: Bearer "
+                                      "KEY` (an open episode's key admits too; auth.py); none: no key is "
+                                      "checked. A key is required when host is not loopback")
+    api_key_file: str | None = Field(None, description="a file whose first line is the key, instead of "
+                                     "api_key (which the config would hold in clear)")
+    http_limits: ServerLimits = Field(default_factory=ServerLimits, description="the HTTP server's caps: "
+                                      "connections, head and body bytes, timeouts (http_server.py; "
+                                      "hypercorn takes keep_alive_s and max_head_bytes)")
+
+    @model_validator(mode="after")
+    def _key_where_exposed(self):
+        if self.api_key is not None and self.api_key_file is not None:
+            raise ValueError("set api_key or api_key_file, not both")
+        if self.api_key is not None:
+            check_api_key(self.api_key.get_secret_value(), "api_key")
+        if self.api_key is None and self.api_key_file is None and not is_loopback(self.host):
+            raise ValueError(f"host {self.host!r} is not loopback, so the gateway needs an API key; fix: set "
+                             f"api_key_file (a file holding the key) or api_key, or host = '127.0.0.1'")
+        return self
+
+    def read_api_key(self) -> str | None:
+        """The key clients must send (api_key, or api_key_file's first line); None when neither is set."""
+        if self.api_key_file is not None:
+            return read_api_key_file(self.api_key_file)
+        return self.api_key.get_secret_value() if self.api_key is not None else None
 
 
-
-def gateway_tokenizer(model: str | dict) -> Tokenizer:
+def gateway_tokenizer(model: str | dict, chat_template: str | None = None) -> Tokenizer:
     """The tokenizer of a model spec, without its weights (a .gguf file: its metadata only; else the
-    environment actor's loader)."""
+    environment actor's loader), rendering with `chat_template` where set (checked here)."""
     from ..env.actor import load_tokenizer
     from ..models.gguf import GGUFFile, gguf_tokenizer
     from ..models.loading import resolve_model
     if isinstance(model, str) and resolve_model(model).endswith(".gguf") and Path(resolve_model(model)).is_file():
         path = Path(resolve_model(model))
-        return gguf_tokenizer(GGUFFile(path), path)
-    return load_tokenizer(model)
+        tokenizer = gguf_tokenizer(GGUFFile(path), path).with_template(chat_template)
+        tokenizer.template_source()
+        return tokenizer
+    return load_tokenizer(model, chat_template)
 
 
 def context_tokens(model: str | dict) -> int:
@@ -108,10 +140,11 @@ class GatewayActor(Actor):
         Cancelled: the process ends with it (Actor.setup), socket included."""
         from .app import build_app
         options = self.options
-        tokenizer = gateway_tokenizer(options.model)
+        tokenizer = gateway_tokenizer(options.model, options.chat_template)
         refs = [await self.lookup(name) for name in options.generators]
         self.model_name = options.served_model_name or (options.model if isinstance(options.model, str)
                                                         else "policy")
+        api_key = options.read_api_key()
         fmt = options.tool_call_format
         self.service = GatewayService(
             tokenizer, GeneratorPool(refs, options.max_pending_requests, options.request_timeout_s),
@@ -132,7 +165,7 @@ class GatewayActor(Actor):
         shown = f"[{host}]" if ":" in host else host
         self.url = f"http://{shown}:{port}"
         self._stopped = anyio.Event()
-        self.node.spawn(self._serve, build_app(self.service))
+        self.node.spawn(self._serve, build_app(self.service, api_key))
         log.info("gateway %s serves %s at %s/v1", self.name, self.model_name, self.url)
 
     async def _serve(self, app) -> None:
@@ -140,7 +173,7 @@ class GatewayActor(Actor):
         if self.options.http_server == "builtin":
             from .http_server import serve
             async with anyio.create_task_group() as group:
-                group.start_soon(serve, app, self._socket)
+                group.start_soon(serve, app, self._socket, self.options.http_limits)
                 await self._stopped.wait()
                 group.cancel_scope.cancel()
             return
@@ -149,7 +182,8 @@ class GatewayActor(Actor):
         config = Config()
         config.bind = [f"fd://{self._socket.fileno()}"]
         config.accesslog = None
-        config.keep_alive_timeout = 75
+        config.keep_alive_timeout = self.options.http_limits.keep_alive_s
+        config.h11_max_incomplete_size = self.options.http_limits.max_head_bytes
         config.graceful_timeout = 1.0   # at stop: connections in flight get 1 s, then the process ends
         await serve(app, config, shutdown_trigger=self._stopped.wait)
 

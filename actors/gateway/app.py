@@ -9,7 +9,8 @@ API's chunk format, ending in `data: [DONE]`; the generator answers a request wh
 chunks (one per sampled token) are sent once the sample is done.
 
 The API key (`Authorization: Bearer KEY`) names the episode whose tokens are recorded
-(episodes.py); a key that is not an open episode is served and not recorded.
+(episodes.py); a key that is not an open episode is served and not recorded. With the gateway's
+own `api_key` set, a `/v1/` call must carry it or an open episode's key, else 401 (auth.py).
 """
 from __future__ import annotations
 
@@ -18,17 +19,20 @@ import logging
 import time
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from .auth import ApiKeys, RequireApiKey, bearer_token
 from .protocol import APIError, parse_chat, parse_completion
 from .service import Answer, GatewayService, usage
 
 log = logging.getLogger("postrain.gateway")
 
 
-def build_app(service: GatewayService) -> Starlette:
+def build_app(service: GatewayService, api_key: str | None = None) -> Starlette:
+    """The app over `service`; `api_key`: the key a `/v1/` call must carry (None: no key required)."""
     async def chat_completions(request: Request) -> Response:
         call = parse_chat(await _json(request), service.model_names, service.max_n)
         answer = await service.chat(call, _api_key(request))
@@ -65,7 +69,9 @@ def build_app(service: GatewayService) -> Starlette:
               Route("/v1/completions", completions, methods=["POST"]),
               Route("/v1/models", models, methods=["GET"]),
               Route("/health", health, methods=["GET"])]
-    return Starlette(routes=routes, exception_handlers={APIError: api_error, Exception: server_error})
+    guard = [] if api_key is None else [Middleware(RequireApiKey, keys=ApiKeys(api_key, service.episodes))]
+    return Starlette(routes=routes, exception_handlers={APIError: api_error, Exception: server_error},
+                     middleware=guard)
 
 
 async def _json(request: Request):
@@ -76,8 +82,8 @@ async def _json(request: Request):
 
 
 def _api_key(request: Request) -> str | None:
-    value = request.headers.get("authorization", "")
-    return value[7:].strip() or None if value.lower().startswith("bearer ") else None
+    token = bearer_token(request.scope["headers"])
+    return token.decode("latin-1") if token is not None else None
 
 
 def _sse(events) -> StreamingResponse:

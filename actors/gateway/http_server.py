@@ -6,62 +6,90 @@ this 2-core VM, hypercorn with h11 costs ~0.4 ms of CPU a request before the app
 core, so that cost is what kept 32 concurrent requests from reaching the generators together.
 
 What it speaks (what OpenAI clients send, and nothing it cannot do right):
-- HTTP/1.1 and 1.0 requests; keep-alive (1.1 unless `Connection: close`; 1.0 only with
-  `Connection: keep-alive`); pipelined requests are answered in order;
-- request bodies by `Content-Length` or `Transfer-Encoding: chunked`; `Expect: 100-continue`;
+- HTTP/1.1 and 1.0 requests, parsed strictly (http_parser.py: no request smuggling); keep-alive
+  (1.1 unless `Connection: close`; 1.0 only with `Connection: keep-alive`); pipelined requests
+  are answered in order;
+- request bodies by `Content-Length` or `Transfer-Encoding: chunked`; `Expect: 100-continue`,
+  answered once the head has passed its checks (a body over the limit gets 413, not 100);
 - responses with the app's `content-length` as they are; without one (server-sent events),
   chunked; HEAD answers carry no body;
-- refusals, then the connection closed: 400 (malformed request line, header or chunk), 413
-  (body over `max_body_bytes`), 431 (head over `MAX_HEAD_BYTES`), 501 (another transfer coding),
-  408 (a request not complete within `read_timeout_s`). An idle keep-alive connection is closed
-  after `keep_alive_s`.
+- refusals, then the connection closed: the parser's (400, 413, 431, 501, 505), 408 (a head not
+  complete within `head_timeout_s` of its first byte, or a body within `body_timeout_s` of its
+  head), 503 (a connection past `max_connections`, at once). An idle keep-alive connection is
+  closed after `keep_alive_s`. A refusal lingers: the answer is sent, the write side shut, and
+  what the client still sends is read and dropped for up to LINGER_S, so that the close does
+  not reset the connection before the client has read why.
 
 Invariant: one connection runs one request at a time; its ASGI `receive` gives the whole body
 once, then waits until the response is sent (a client that disconnects mid-response has its
 send fail, which ends only that connection's task). An app that raises before starting its
-response gets a 500; one that raises after has its connection closed.
+response gets a 500; one that raises after has its connection closed. At most
+`max_connections` connections are served at once, each holding at most about
+max_head_bytes + max_body_bytes + RECEIVE_BYTES of request bytes (http_parser.py's invariant).
 """
 from __future__ import annotations
 
 import logging
 import socket as stdlib_socket
-from dataclasses import dataclass
 from http import HTTPStatus
 
 import trio
+from pydantic import Field
+
+from postrain.core import Options
+
+from .http_parser import HTTPRefusal, RequestHead, RequestParser
 
 log = logging.getLogger("postrain.gateway")
 
-MAX_HEAD_BYTES = 64 * 1024
 RECEIVE_BYTES = 64 * 1024
-
-
-class _Refusal(Exception):
-    """A request this server answers itself (status, message), then closes the connection."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
+LINGER_S = 1.0
 
 
 class _Closed(Exception):
     """The client closed the connection (between requests, or in the middle of one)."""
 
 
-@dataclass
-class ServerLimits:
-    max_body_bytes: int = 64 * 1024 * 1024
-    read_timeout_s: float = 60.0       # from a request's first byte to its last
-    keep_alive_s: float = 75.0         # an idle connection between requests
+class ServerLimits(Options):
+    """What the clients of one server may hold. Memory at most about max_connections x
+    (max_head_bytes + max_body_bytes): 8 GiB with the defaults, reached only by that many
+    clients each sending the largest body at once."""
+
+    max_connections: int = Field(1024, ge=1, description="connections served at once; past it a new "
+                                 "connection is answered 503 and closed")
+    max_head_bytes: int = Field(64 * 1024, ge=1024, description="a request's line and headers (and a "
+                                "chunked body's trailers), bytes; past it 431")
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=0, description="a request's body, bytes; past it 413, "
+                                "before any of it is read")
+    head_timeout_s: float = Field(10.0, gt=0, description="from a request's first byte to the end of its "
+                                  "head, seconds; past it 408 (a client trickling its head: slowloris)")
+    body_timeout_s: float = Field(60.0, gt=0, description="from the end of a request's head to the end of "
+                                  "its body, seconds; past it 408")
+    keep_alive_s: float = Field(75.0, gt=0, description="an idle connection between requests is closed "
+                                "after this many seconds")
 
 
 async def serve(app, sock: stdlib_socket.socket, limits: ServerLimits | None = None,
                 *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve `app` on the listening `sock` until cancelled. Cancelled: every connection is cut."""
     limits = limits or ServerLimits()
+    slots = trio.CapacityLimiter(limits.max_connections)
+
+    async def handle(stream: trio.SocketStream) -> None:
+        connection = _Connection(app, stream, limits)
+        try:
+            slots.acquire_nowait()
+        except trio.WouldBlock:
+            await connection.turn_away(f"this server serves {limits.max_connections} connections at once "
+                                       f"(max_connections); retry later")
+            return
+        try:
+            await connection.run()
+        finally:
+            slots.release()
+
     listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
-    await trio.serve_listeners(lambda stream: _Connection(app, stream, limits).run(), [listener],
-                               task_status=task_status)
+    await trio.serve_listeners(handle, [listener], task_status=task_status)
 
 
 class _Connection:
@@ -69,7 +97,7 @@ class _Connection:
 
     def __init__(self, app, stream: trio.SocketStream, limits: ServerLimits):
         self.app, self.stream, self.limits = app, stream, limits
-        self.buffer = bytearray()
+        self.parser = RequestParser(limits.max_head_bytes, limits.max_body_bytes)
         try:
             self.client = _address(stream.socket.getpeername())
             self.server = _address(stream.socket.getsockname())
@@ -77,112 +105,60 @@ class _Connection:
             self.client = self.server = None
 
     async def run(self) -> None:
-        """Answer requests until the client closes, asks to close, or breaks the protocol.
+        """Answer requests until the client closes, asks to close, idles or breaks the protocol.
         Cancelled: the connection is cut where it stands."""
         try:
-            while True:
-                with trio.move_on_after(self.limits.keep_alive_s) as idle:
-                    await self._fill_until(lambda: True if self.buffer else None)
-                if idle.cancelled_caught:
+            while await self._next_request_begins():
+                parser, limits = self.parser, self.limits
+                head = await self._read_within(parser.read_head, limits.head_timeout_s, "the request head")
+                if head.expect_continue:   # the head has passed its checks, the body's size included
+                    await self.stream.send_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+                body = await self._read_within(parser.read_body, limits.body_timeout_s, "the request body")
+                if not await self._answer(self._scope(head), body) or not head.keep_alive:
                     return
-                with trio.fail_after(self.limits.read_timeout_s):
-                    scope, body, keep_alive = await self._read_request()
-                if not await self._answer(scope, body) or not keep_alive:
-                    return
-        except _Refusal as refusal:
-            await self._refuse(refusal.status, str(refusal))
-        except trio.TooSlowError:
-            await self._refuse(408, f"the request was not complete within {self.limits.read_timeout_s:g} s")
+        except HTTPRefusal as refusal:
+            await self._refuse(refusal)
         except (_Closed, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(1):
-                await self.stream.aclose()
+            await self._close()
+
+    async def turn_away(self, message: str) -> None:
+        """Answer 503 with `message` and `Retry-After: 1` without reading a request, then close."""
+        try:
+            await self._refuse(HTTPRefusal(503, message), retry_after_s=1)
+        finally:
+            await self._close()
 
     # ---------------------------------------------------------------- reading
-    async def _fill_until(self, found):
-        """Receive until `found()` is not None; return it. _Closed when the client closes."""
-        while (value := found()) is None:
-            chunk = await self.stream.receive_some(RECEIVE_BYTES)
-            if not chunk:
+    async def _next_request_begins(self) -> bool:
+        """Whether a request's first byte is in within keep_alive_s (False: the connection idled)."""
+        with trio.move_on_after(self.limits.keep_alive_s):
+            await self._read(lambda: True if self.parser.num_buffered_bytes else None)
+            return True
+        return False
+
+    async def _read_within(self, step, timeout_s: float, what: str):
+        """`step()`'s first value that is not None, receiving as it needs; 408 past `timeout_s`."""
+        with trio.move_on_after(timeout_s):
+            return await self._read(step)
+        raise HTTPRefusal(408, f"{what} was not complete within {timeout_s:g} s")
+
+    async def _read(self, step):
+        """Receive until `step()` is not None; return it. _Closed when the client closes first."""
+        while (value := step()) is None:
+            data = await self.stream.receive_some(RECEIVE_BYTES)
+            if not data:
                 raise _Closed()
-            self.buffer += chunk
+            self.parser.feed(data)
         return value
 
-    def _take(self, num_bytes: int) -> bytes:
-        taken = bytes(self.buffer[:num_bytes])
-        del self.buffer[:num_bytes]
-        return taken
-
-    def _head_end(self):
-        at = self.buffer.find(b"\r\n\r\n")
-        if at < 0 and len(self.buffer) > MAX_HEAD_BYTES:
-            raise _Refusal(431, f"the request head is over {MAX_HEAD_BYTES} bytes")
-        return at if at >= 0 else None
-
-    async def _read_request(self) -> tuple[dict, bytes, bool]:
-        """The ASGI scope, the whole body and whether the connection stays open after it."""
-        end = await self._fill_until(self._head_end)
-        if end > MAX_HEAD_BYTES:
-            raise _Refusal(431, f"the request head is over {MAX_HEAD_BYTES} bytes")
-        lines = self._take(end + 4)[:-4].split(b"\r\n")
-        method, target, version = _request_line(lines[0])
-        headers = [_header(line) for line in lines[1:]]
-        fields = {}
-        for name, value in headers:
-            fields[name] = fields[name] + b", " + value if name in fields else value
-        connection = fields.get(b"connection", b"").lower()
-        keep_alive = (b"close" not in connection if version == "1.1" else b"keep-alive" in connection)
-        if fields.get(b"expect", b"").lower() == b"100-continue":
-            await self.stream.send_all(b"HTTP/1.1 100 Continue\r\n\r\n")
-        body = await self._read_body(fields)
-        path, _, query = target.partition(b"?")
-        scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": version,
-                 "method": method, "scheme": "http", "path": _unquote(path), "raw_path": path,
-                 "query_string": query, "root_path": "", "headers": headers,
-                 "client": self.client, "server": self.server}
-        return scope, body, keep_alive
-
-    async def _read_body(self, fields: dict) -> bytes:
-        coding = fields.get(b"transfer-encoding", b"").lower().strip()
-        if coding and coding != b"chunked":
-            raise _Refusal(501, f"transfer-encoding {coding.decode('latin-1')!r} is not supported; send "
-                                f"the body with Content-Length or chunked")
-        if coding == b"chunked":
-            return await self._read_chunked()
-        try:
-            length = int(fields.get(b"content-length", b"0"))
-        except ValueError:
-            raise _Refusal(400, "Content-Length is not an integer") from None
-        if length < 0:
-            raise _Refusal(400, "Content-Length is negative")
-        self._check_size(length)
-        await self._fill_until(lambda: True if len(self.buffer) >= length else None)
-        return self._take(length)
-
-    async def _read_chunked(self) -> bytes:
-        body = bytearray()
-        while True:
-            end = await self._fill_until(lambda: _find_line(self.buffer))
-            size_text = self._take(end + 2)[:-2].split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise _Refusal(400, f"a chunk size is not hexadecimal: {size_text[:20]!r}") from None
-            if size == 0:   # trailers, if any, end with an empty line
-                while (end := await self._fill_until(lambda: _find_line(self.buffer))) != 0:
-                    self._take(end + 2)
-                self._take(2)
-                return bytes(body)
-            self._check_size(len(body) + size)
-            await self._fill_until(lambda: True if len(self.buffer) >= size + 2 else None)
-            body += self._take(size)
-            if self._take(2) != b"\r\n":
-                raise _Refusal(400, "a chunk does not end with CRLF")
-
-    def _check_size(self, num_bytes: int) -> None:
-        if num_bytes > self.limits.max_body_bytes:
-            raise _Refusal(413, f"the request body is over {self.limits.max_body_bytes} bytes")
+    def _scope(self, head: RequestHead) -> dict:
+        path, _, query = head.target.partition(b"?")
+        return {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"},
+                "http_version": head.version, "method": head.method, "scheme": "http", "path": _unquote(path), "raw_path": path,
+                "query_string": query, "root_path": "", "headers": head.headers,
+                "client": self.client, "server": self.server}
 
     # ---------------------------------------------------------------- answering
     async def _answer(self, scope: dict, body: bytes) -> bool:
@@ -239,39 +215,30 @@ class _Connection:
             await self._respond(500, "the app gave no response", keep_open=True)
         return state["done"] and not state["close_after"]
 
-    async def _respond(self, status: int, message: str, keep_open: bool) -> None:
+    async def _respond(self, status: int, message: str, keep_open: bool,
+                       retry_after_s: int | None = None) -> None:
         body = (message + "\n").encode()
         headers = (b"content-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n" % len(body)
-                   + (b"" if keep_open else b"connection: close\r\n"))
+                   + (b"" if keep_open else b"connection: close\r\n")
+                   + (b"" if retry_after_s is None else b"retry-after: %d\r\n" % retry_after_s))
         await self.stream.send_all(_status_line(status) + headers + b"\r\n" + body)
 
-    async def _refuse(self, status: int, message: str) -> None:
-        with trio.move_on_after(1):
+    async def _refuse(self, refusal: HTTPRefusal, retry_after_s: int | None = None) -> None:
+        """Answer the refusal, shut the write side, then read and drop what the client still sends
+        until it closes or LINGER_S pass (the module's note). Cancelled: stops where it stands."""
+        with trio.move_on_after(LINGER_S):
             try:
-                await self._respond(status, message, keep_open=False)
+                await self._respond(refusal.status, str(refusal), keep_open=False, retry_after_s=retry_after_s)
+                await self.stream.send_eof()
+                while await self.stream.receive_some(RECEIVE_BYTES):
+                    pass
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
 
-
-def _request_line(line: bytes) -> tuple[str, bytes, str]:
-    parts = line.split(b" ")
-    if len(parts) != 3 or not parts[0].isalpha() or not parts[2].startswith(b"HTTP/1."):
-        raise _Refusal(400, f"malformed request line {line[:80]!r}")
-    return parts[0].decode("ascii").upper(), parts[1], parts[2][5:].decode("ascii")
-
-
-def _header(line: bytes) -> tuple[bytes, bytes]:
-    name, colon, value = line.partition(b":")
-    if not colon or not name or name != name.strip():
-        raise _Refusal(400, f"malformed header line {line[:80]!r}")
-    return name.lower(), value.strip()
-
-
-def _find_line(buffer: bytearray):
-    at = buffer.find(b"\r\n")
-    if at < 0 and len(buffer) > MAX_HEAD_BYTES:
-        raise _Refusal(400, "a chunk-size line is too long")
-    return at if at >= 0 else None
+    async def _close(self) -> None:
+        """Close the stream, shielded from cancellation and bounded in time."""
+        with trio.CancelScope(shield=True), trio.move_on_after(1):
+            await self.stream.aclose()
 
 
 def _status_line(status: int) -> bytes:

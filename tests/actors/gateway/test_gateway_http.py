@@ -1,5 +1,6 @@
 """The gateway over real HTTP with the real `openai` client: `postrain serve`'s generator and gateway
-actors (tiny model, byte tokenizer) started once for the module.
+actors (tiny model, byte tokenizer) started once for the module, with an API key (--api-key-file):
+a call without it gets 401, and the episodes' own keys admit their calls.
 
 Greedy chat completions equal `postrain generate`'s tokens; n choices; streaming yields the same
 text; the bad-request table gets 400s naming the field while concurrent good requests finish;
@@ -24,6 +25,8 @@ from postrain.cli.serve import add_arguments, serve
 
 pytestmark = pytest.mark.slow
 MODEL = "tiny"
+KEY = "gateway-test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 @dataclasses.dataclass
@@ -33,11 +36,14 @@ class Gateway:
 
 
 @pytest.fixture(scope="module")
-def gateway():
+def gateway(tmp_path_factory):
     """The GatewayAddress while serving; `.ask(kind, body)` asks the gateway actor (from this thread)."""
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    args = parser.parse_args(["--model", MODEL, "--port", "0", "--kv-cache-mb", "16"])
+    key_file = tmp_path_factory.mktemp("gateway") / "key"
+    key_file.write_text(KEY + "\n")
+    args = parser.parse_args(["--model", MODEL, "--port", "0", "--kv-cache-mb", "16",
+                              "--api-key-file", str(key_file)])
     ready, box = threading.Event(), {}
 
     async def main():
@@ -63,7 +69,7 @@ def gateway():
 
 @pytest.fixture(scope="module")
 def client(gateway):
-    return openai.OpenAI(base_url=gateway.base_url, api_key="none", max_retries=0)
+    return openai.OpenAI(base_url=gateway.base_url, api_key=KEY, max_retries=0)
 
 
 def user(text: str) -> list[dict]:
@@ -119,7 +125,7 @@ def test_bad_requests_get_400_naming_the_field_while_good_ones_finish(gateway):
 
     def post(body):
         body = {k: v for k, v in body.items() if v is not None}
-        return httpx.post(gateway.base_url + "/chat/completions", json=body, timeout=120)
+        return httpx.post(gateway.base_url + "/chat/completions", json=body, headers=AUTH, timeout=120)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         goods = [pool.submit(post, good) for _ in range(4)]
         bads = [(pool.submit(post, {**good, **change}), field) for change, field in BAD_REQUESTS]
@@ -132,11 +138,15 @@ def test_bad_requests_get_400_naming_the_field_while_good_ones_finish(gateway):
         assert all(f.result().status_code == 200 for f in goods)
         texts = {f.result().json()["choices"][0]["message"]["content"] for f in goods}
     assert len(texts) == 1   # greedy: untouched by the bad requests beside them
-    response = httpx.post(gateway.base_url + "/chat/completions", content=b"{not json", timeout=30)
+    response = httpx.post(gateway.base_url + "/chat/completions", content=b"{not json", headers=AUTH,
+                          timeout=30)
     assert response.status_code == 400 and "not valid JSON" in response.json()["error"]["message"]
     with pytest.raises(openai.BadRequestError, match="'max_tokens': must be an integer >= 1, got -1"):
-        openai.OpenAI(base_url=gateway.base_url, api_key="none", max_retries=0).chat.completions.create(
+        openai.OpenAI(base_url=gateway.base_url, api_key=KEY, max_retries=0).chat.completions.create(
             model=MODEL, messages=user("hi"), max_tokens=-1)
+    with pytest.raises(openai.AuthenticationError, match="Incorrect API key"):
+        openai.OpenAI(base_url=gateway.base_url, api_key="none", max_retries=0).chat.completions.create(
+            model=MODEL, messages=user("hi"))
 
 
 def test_token_in_token_out_through_the_api(gateway):
@@ -153,6 +163,8 @@ def test_token_in_token_out_through_the_api(gateway):
                      {"role": "tool" if turn % 2 else "user", "content": f"result {turn}", "tool_call_id": "c"}]
     closed = gateway.ask("close_episode", {"key": key})
     assert closed["num_calls"] == 5 and len(closed["segments"]) == 1
+    with pytest.raises(openai.AuthenticationError):   # a closed episode's key no longer admits
+        agent.chat.completions.create(model=MODEL, messages=messages, max_tokens=8)
     segment = closed["segments"][0]
     for call, reply in zip(segment["calls"], replies):
         sampled = reply.choices[0].model_extra["token_ids"]
