@@ -16,6 +16,8 @@ import argparse
 import importlib
 import sys
 
+from postrain.core.extras import missing_extra_message
+
 # name -> the module that implements it.
 SUBCOMMANDS: dict[str, str] = {
     "up": "postrain.cli.up",
@@ -80,6 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except ModuleNotFoundError as exc:   # a module of an extra that is not installed: one line
+        message = missing_extra_message(exc)
+        if message is None:
+            raise
+        print(f"postrain {args.command} {message}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

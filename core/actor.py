@@ -55,6 +55,7 @@ from .affinity import pin_threads
 from .config import Rendezvous
 from .control import (CORES, CRASHED, LOOKUP, PEERS_GONE, PEERS_MOVED, STOP, Cores, Crashed, Lookup,
                       PeersGone, PeersMoved)
+from .extras import missing_extra_message
 from .inbox import Handler, Inbox
 from .load import Load
 from .messages import MessageKind
@@ -272,6 +273,8 @@ def import_object(path: str):
         module = importlib.import_module(module_name)
     except ImportError as exc:
         fix = ""
+        if missing_extra_message(exc):
+            raise ImportError(f"cannot import {module_name} (from {path!r}): it {missing_extra_message(exc)}") from None
         if isinstance(exc, ModuleNotFoundError) and exc.name and module_name.startswith(exc.name):
             fix = (f"; fix: put {exc.name} beside the run config (its folder is on the import path of "
                    f"the head and every actor) or install it (`pip install -e` its project)")

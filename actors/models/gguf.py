@@ -76,6 +76,7 @@ class GGUFFile:
         """Parse `path`; CheckpointError, naming the byte where it broke, for a file that is
         not well formed (a GGUF file is untrusted input: docs/security.md, "Model files")."""
         self._pos = 0
+        require_gguf_package()
         try:
             self._parse(path)
         except CheckpointError:
@@ -151,12 +152,18 @@ class GGUFFile:
         return self._unpack(_GGUF_SCALARS[kind])[0]
 
 
+def require_gguf_package() -> None:
+    """CheckpointError naming the extra when the `gguf` package (GGML's type sizes and the
+    dequantizer) is not installed."""
+    try:
+        import gguf  # noqa: F401
+    except ModuleNotFoundError:
+        raise CheckpointError("reading a .gguf file needs the `gguf` package, which the `gguf` extra "
+                              "installs; fix: pip install 'postrain[gguf]'") from None
+
+
 def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
     """(config, float32 state dict with Hugging Face names, tokenizer) of a .gguf file."""
-    import importlib.util
-
-    if importlib.util.find_spec("gguf") is None:                 # the dequantizer and GGML's type sizes
-        raise CheckpointError("reading a .gguf file needs the `gguf` package: pip install gguf")
     reader = GGUFFile(Path(path))
     hf = hf_config_from_gguf(reader, path)
     try:

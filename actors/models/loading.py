@@ -83,7 +83,11 @@ def check_model_spec(spec: str | dict) -> str | dict:
         return spec
     rule = MODEL_RULE.format(names=", ".join(sorted(BUILTIN_CONFIGS)), packaged=", ".join(PACKAGED_MODELS))
     path = Path(resolve_model(spec))
-    if str(path) in BUILTIN_CONFIGS or (path.is_file() and path.suffix == ".gguf"):
+    if path.is_file() and path.suffix == ".gguf":
+        from .gguf import require_gguf_package
+        require_gguf_package()
+        return spec
+    if str(path) in BUILTIN_CONFIGS:
         return spec
     if path.is_dir() and not (path / "config.json").is_file():
         raise CheckpointError(f"model folder {str(path)!r} has no config.json; {rule}")
