@@ -11,7 +11,7 @@ Writes (cli/init_templates.py holds the text):
     FOLDER/run.toml               a complete run config naming `PACKAGE.env:TASK`: sandbox,
                                   generator, learner, environment, orchestrator; a tiny model
     FOLDER/tests/test_env.py      the environment played by a script (pytest)
-    FOLDER/pyproject.toml         `pip install -e FOLDER`, to import PACKAGE from anywhere
+    FOLDER/pyproject.toml         `pip install -e 'FOLDER[test]'`: pytest, and PACKAGE importable anywhere
     FOLDER/README.md              the commands to run
 
 Invariant: nothing is overwritten. A file that exists, a package name that is not a Python
@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib.util
 import keyword
 import re
+import shlex
 from pathlib import Path
 
 from postrain.core.errors import PostrainError
@@ -38,6 +39,7 @@ examples:
   postrain init . --name reverse_words  into the current folder, package reverse_words
 
 then, from FOLDER:
+  pip install -e '.[test]'              pytest (the test extra), and PACKAGE importable from anywhere
   python -m pytest tests                the environment, played by a script
   postrain up --config run.toml         the run (runs/PACKAGE); --dry-run checks it first
 
@@ -107,8 +109,9 @@ def main(args) -> int:
     print(f"postrain init: wrote the environment package {package!r} into {folder}:")
     for path in written:
         print(f"  {path}")
-    enter = "" if folder.resolve() == Path.cwd() else f"cd {folder}\n  "
-    print(f"next:\n  {enter}python -m pytest tests\n  postrain up --config run.toml --dry-run\n"
+    enter = "" if folder.resolve() == Path.cwd() else f"cd {shlex.quote(str(folder))}\n  "
+    print(f"next:\n  {enter}pip install -e '.[test]'\n  python -m pytest tests\n"
+          "  postrain up --config run.toml --dry-run\n"
           f"  postrain up --config run.toml\n  postrain samples runs/{package} --worst\n"
           f"  postrain report runs/{package}")
     return 0

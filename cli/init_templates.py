@@ -204,7 +204,8 @@ def test_demonstrations_start_with_what_reset_returns():
 ''')
 
 PYPROJECT = Template('''\
-# `pip install -e .` makes $package importable from anywhere (not needed to run run.toml here).
+# `pip install -e '.[test]'` brings pytest for tests/ and makes $package importable from anywhere
+# (not needed to run run.toml here).
 [build-system]
 requires = ["setuptools>=69"]
 build-backend = "setuptools.build_meta"
@@ -216,6 +217,9 @@ description = "A postrain environment: $package.env:TASK"
 requires-python = ">=3.11"
 dependencies = ["postrain"]
 
+[project.optional-dependencies]
+test = ["pytest"]
+
 [tool.setuptools]
 packages = ["$package"]
 ''')
@@ -226,6 +230,7 @@ README = Template('''\
 A postrain environment package, made by `postrain init`. From this folder:
 
 ```bash
+pip install -e '.[test]'                        # pytest, and $package importable from anywhere
 python -m pytest tests                          # the environment, played by a script
 postrain up --config run.toml --dry-run         # check the config, print the placement
 postrain up --config run.toml                   # the run: runs/$run_name

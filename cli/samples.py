@@ -1,7 +1,8 @@
 """`postrain samples RUN_DIR`: what the model said, sample by sample, from the run's samples.jsonl.
 
     postrain samples runs/default                    # the last step's samples
-    postrain samples runs/default --step 3 --worst   # step 3, lowest reward first
+    postrain samples runs/default --worst            # the whole run, lowest reward first
+    postrain samples runs/default --step 3 --worst   # step 3 only, lowest reward first
     postrain samples runs/default --best --limit 3   # the 3 best of the whole run
     postrain samples runs/default --all --limit 0    # every sample of the run, in order
 
@@ -29,11 +30,12 @@ DEFAULT_LIMIT = 8
 def add_arguments(parser) -> None:
     parser.add_argument("run_folder", help="the run folder (run_dir/name) holding samples.jsonl")
     which = parser.add_mutually_exclusive_group()
-    which.add_argument("--step", type=int, default=None, help="the RL step (1-based); default: the last one")
+    which.add_argument("--step", type=int, default=None,
+                       help="only this RL step (1-based); default: every step with --worst/--best, else the last")
     which.add_argument("--all", action="store_true", help="samples of every step")
     order = parser.add_mutually_exclusive_group()
-    order.add_argument("--worst", action="store_true", help="lowest reward first")
-    order.add_argument("--best", action="store_true", help="highest reward first")
+    order.add_argument("--worst", action="store_true", help="lowest reward first, of the whole run unless --step")
+    order.add_argument("--best", action="store_true", help="highest reward first, of the whole run unless --step")
     parser.add_argument("--limit", type=int, default=DEFAULT_LIMIT,
                         help=f"samples to print (default {DEFAULT_LIMIT}; 0: all)")
     parser.add_argument("--json", action="store_true", help="print the chosen lines as JSON, one per line")
@@ -45,10 +47,13 @@ class SamplesError(PostrainError, ValueError):
 
 def select_samples(rows: list[dict], step: int | None = None, all_steps: bool = False, worst: bool = False,
                    best: bool = False, limit: int = DEFAULT_LIMIT) -> list[dict]:
-    """The rows of one step (default: the last step in the file), or of every step with
-    `all_steps`; sorted by reward (`worst`: ascending, `best`: descending; ties keep file
-    order); the first `limit` (0: all). SamplesError when the step has none."""
-    if not all_steps:
+    """The rows of `step`; without it, of every step when sorting by reward or with `all_steps`,
+    else of the last step in the file. Sorted by reward (`worst`: ascending, `best`: descending;
+    ties keep file order); the first `limit` (0: all). SamplesError when there are no rows, or none
+    of the step."""
+    if not rows:
+        raise SamplesError("no samples yet: a sample is written when its RL step is trained")
+    if step is not None or not (all_steps or worst or best):
         steps = sorted({row.get("step") for row in rows if isinstance(row.get("step"), int)})
         if step is None:
             step = steps[-1] if steps else None

@@ -3,7 +3,8 @@
     learner = Learner(LearnerConfig(model="tiny", lora={"rank": 16, "alpha": 32}))   # all linear layers
     learner.lora.adapters()                 # {"<hf weight name>.lora_A": (rank, in), ".lora_B": (out, rank)}
     learner.state_dict()                    # merged: base + alpha / rank * B @ A (what generators run)
-    learner.lora.export_peft("runs/x/adapter", base_folder="runs/x/base")   # peft's PeftModel loads it
+    learner.lora.export_peft("runs/x/adapter", base_model_name_or_path="runs/x/base")   # peft loads it
+    learner.export_hf("runs/x/policy")      # merged weights, and the PEFT adapter in policy/adapter/
 
 Design note. The adapters live beside the model, not in it: each targeted nn.Linear gets a
 forward hook that adds scale * B(A(x)) to its output (PEFT's formula, scale = alpha / rank),
@@ -16,6 +17,10 @@ at zero (PEFT's init), so the initial policy is the base; the init is seeded fro
 learner's seed, and rank 0 broadcasts them with the weights when a group forms.
 Invariant: `active` == bool(modules); the base weights never change while active
 (tests/actors/learner/test_lora.py).
+
+Outputs: a LoRA policy's Hugging Face export (`export_hf`, the run's `policy/`, `postrain export`)
+holds the merged weights and, in its ADAPTER_FOLDER subfolder, the PEFT adapter folder
+(`write_peft_adapter`); `postrain export --peft` writes that adapter folder from a checkpoint.
 """
 from __future__ import annotations
 
@@ -29,10 +34,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from postrain.core.atomic_write import write_folder_atomically
 from ..weights.patch import merge_lora
 from .batch import LearnerError
 
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ADAPTER_FOLDER = "adapter"   # a LoRA policy's Hugging Face export holds its PEFT adapter in this subfolder
 
 
 @dataclass(frozen=True)
@@ -173,25 +180,39 @@ class LearnerLora:
                 for name, m in self.modules.items():
                     m.weight.copy_(saved[name])
 
-    def export_peft(self, folder: str | Path, base_model_name_or_path: str | None = None) -> Path:
-        """A PEFT adapter folder (adapter_config.json, adapter_model.safetensors) that
-        `peft.PeftModel.from_pretrained(base, folder)` loads over the base model."""
-        from safetensors.torch import save_file
+    def write_peft(self, folder: Path, base_model: str | dict | None) -> Path:
+        """The adapters as a PEFT adapter folder written in place (write_peft_adapter)."""
+        pairs = {name: (self.lora_A[name], self.lora_B[name]) for name in self.modules}
+        return write_peft_adapter(folder, self.config, pairs, base_model)
 
+    def export_peft(self, folder: str | Path, base_model_name_or_path: str | None = None) -> Path:
+        """A PEFT adapter folder (adapter_config.json, adapter_model.safetensors), written
+        atomically, that `peft.PeftModel.from_pretrained(base, folder)` loads over the base model."""
         if not self.active:
             raise LearnerError("export_peft needs a learner with the lora option set")
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        cfg = self.config
-        config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": cfg.rank, "lora_alpha": cfg.alpha,
-                  "target_modules": sorted({n.rsplit(".", 1)[-1] for n in self.modules}), "lora_dropout": 0.0,
-                  "bias": "none", "fan_in_fan_out": False, "inference_mode": True, "use_rslora": False,
-                  "use_dora": False, "init_lora_weights": True, "modules_to_save": None,
-                  "base_model_name_or_path": base_model_name_or_path}
-        (folder / "adapter_config.json").write_text(json.dumps(config, indent=2))
-        tensors = {}
-        for name in self.modules:
-            tensors[f"base_model.model.{name}.lora_A.weight"] = self.lora_A[name].detach().to("cpu").contiguous()
-            tensors[f"base_model.model.{name}.lora_B.weight"] = self.lora_B[name].detach().to("cpu").contiguous()
-        save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
-        return folder
+        return write_folder_atomically(Path(folder), lambda tmp: self.write_peft(tmp, base_model_name_or_path))
+
+
+def write_peft_adapter(folder: Path, config: LoraConfig, adapters: dict[str, tuple[torch.Tensor, torch.Tensor]],
+                       base_model: str | dict | None) -> Path:
+    """Write the PEFT adapter folder `folder` (created): adapter_config.json and
+    adapter_model.safetensors, which `peft.PeftModel.from_pretrained(base, folder)` loads.
+
+    adapters: {module name (e.g. "model.layers.0.self_attn.q_proj"): (lora_A (rank, in), lora_B (out, rank))}.
+    base_model: the learner's model spec, recorded as base_model_name_or_path when it is a name or a
+    path (a dict of config fields names no model to load: null)."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    settings = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": config.rank, "lora_alpha": config.alpha,
+                "target_modules": sorted({n.rsplit(".", 1)[-1] for n in adapters}), "lora_dropout": 0.0,
+                "bias": "none", "fan_in_fan_out": False, "inference_mode": True, "use_rslora": False,
+                "use_dora": False, "init_lora_weights": True, "modules_to_save": None,
+                "base_model_name_or_path": base_model if isinstance(base_model, str) else None}
+    (folder / "adapter_config.json").write_text(json.dumps(settings, indent=2))
+    tensors = {}
+    for name, (lora_a, lora_b) in adapters.items():
+        tensors[f"base_model.model.{name}.lora_A.weight"] = lora_a.detach().to("cpu").contiguous()
+        tensors[f"base_model.model.{name}.lora_B.weight"] = lora_b.detach().to("cpu").contiguous()
+    save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+    return folder

@@ -194,4 +194,4 @@ class ShardedCheckpointIO:
             return WholeCheckpointIO(self.learner).export_hf(folder)
         learner = self.learner
         return export_sharded(learner.model, learner.lora, learner.tokenizer, learner.counter.policy_version, learner.comm,
-                              folder)
+                              folder, base_model=learner.config.model)

@@ -35,6 +35,7 @@ from postrain.core.atomic_write import repair_interrupted_write, write_folder_at
 from ..models.loading import load_state_dict_checked, save_checkpoint
 from .batch import LearnerError
 from .checkpoint_io import WHOLE_FORMAT, CheckpointedLearner
+from .lora import ADAPTER_FOLDER
 
 FORMAT = WHOLE_FORMAT
 
@@ -168,12 +169,18 @@ class WholeCheckpointIO:
 
     def export_hf(self, folder: str | Path) -> Path:
         """The policy as a Hugging Face folder (`transformers` loads it), written atomically by rank
-        0; with LoRA, the merged weights (the base comes back bit for bit after)."""
+        0; with LoRA, the merged weights (the base comes back bit for bit after) and the PEFT
+        adapter in its ADAPTER_FOLDER subfolder."""
         learner = self.learner
+
+        def write(tmp: Path) -> None:
+            save_checkpoint(learner.model, learner.tokenizer, tmp, policy_version=learner.counter.policy_version)
+            if learner.lora.active:
+                learner.lora.write_peft(tmp / ADAPTER_FOLDER, base_model=learner.config.model)
+
         if learner.comm.rank == 0:
             with learner.lora.merged_into(learner.model):
-                write_folder_atomically(Path(folder), lambda tmp: save_checkpoint(
-                    learner.model, learner.tokenizer, tmp, policy_version=learner.counter.policy_version))
+                write_folder_atomically(Path(folder), write)
         return Path(folder)
 
 

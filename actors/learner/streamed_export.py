@@ -1,11 +1,13 @@
 """Hugging Face export one unit at a time: from a sharded (FSDP) learner, or from a checkpoint.
 
     export_sharded(model, lora, tokenizer, version, comm, "runs/x/hf")   # every rank of the group
-    export_checkpoint("runs/x/checkpoints/40", "runs/x/hf")   # offline, one process: `postrain export`
+    export_checkpoint("runs/x/checkpoint", "runs/x/hf")        # offline, one process: `postrain export`
+    export_peft_checkpoint("runs/x/checkpoint", "runs/x/peft")  # its LoRA adapter: `postrain export --peft`
 
-Both write the folder `transformers` and postrain load: config.json, the tokenizer, and the
-weights as safetensors (model.safetensors, or several files and model.safetensors.index.json
-above `max_shard_bytes`; safetensors_stream.py), atomically (core/atomic_write.py).
+Both exports write the folder `transformers` and postrain load: config.json, the tokenizer, and
+the weights as safetensors (model.safetensors, or several files and model.safetensors.index.json
+above `max_shard_bytes`; safetensors_stream.py), atomically (core/atomic_write.py); a LoRA
+policy's holds the merged weights and its PEFT adapter in the subfolder `adapter/` (lora.py).
 
 Design note. A unit is one decoder layer (`model.layers.<i>.*`, one FSDP unit) or the rest
 (embeddings, final norm, untied LM head). The layout (every tensor's name, dtype and global
@@ -35,6 +37,7 @@ from ..models.hf_config import config_to_hf
 from ..weights.patch import merge_lora
 from . import fsdp
 from .batch import LearnerError
+from .lora import ADAPTER_FOLDER, lora_config, write_peft_adapter
 from .safetensors_stream import DTYPE_NAMES, Layout, StreamedSafetensors
 
 if TYPE_CHECKING:
@@ -90,10 +93,12 @@ def write_model_files(folder: Path, config, tokenizer) -> None:
 
 
 def export_sharded(model: torch.nn.Module, lora: LearnerLora, tokenizer, policy_version: int, comm: Collectives,
-                   folder: str | Path, max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
+                   folder: str | Path, max_shard_bytes: int = MAX_SHARD_BYTES,
+                   base_model: str | dict | None = None) -> Path:
     """Every rank of a sharded learner's group: the policy `model` (FSDP2 shards; `lora`'s
-    adapters merged) as a Hugging Face folder written by rank 0 unit by unit (module
-    docstring); every rank returns once it is in place."""
+    adapters merged, and written as a PEFT adapter over `base_model`, the learner's model spec)
+    as a Hugging Face folder written by rank 0 unit by unit (module docstring); every rank
+    returns once it is in place."""
     import torch.distributed as dist
 
     folder, keep = Path(folder), comm.rank == 0
@@ -130,6 +135,8 @@ def export_sharded(model: torch.nn.Module, lora: LearnerLora, tokenizer, policy_
         with StreamedSafetensors(tmp, layout, metadata, max_shard_bytes) as out:
             for group in groups:
                 out.write(unit_tensors(group))
+        if lora.active:
+            lora.write_peft(tmp / ADAPTER_FOLDER, base_model)
 
     write_folder_atomically(folder, write)
     comm.barrier()
@@ -140,25 +147,11 @@ def export_sharded(model: torch.nn.Module, lora: LearnerLora, tokenizer, policy_
 
 
 def export_checkpoint(checkpoint: str | Path, folder: str | Path, max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
-    """The policy of a learner checkpoint (LoRA merged) as a Hugging Face folder, read and written
-    one unit at a time in this process (no group): a sharded learner's (DCP, sharded_state.py)
-    or a whole one's (model.safetensors, state.py), each read a tensor at a time."""
-    from .lora import lora_config
-    from .checkpoint_io import SHARDED_FORMAT as SHARDED
-    from .checkpoint_io import WHOLE_FORMAT as WHOLE
-
-    checkpoint = Path(checkpoint)
-    repair_interrupted_write(checkpoint)
-    state_path = checkpoint / "state.json"
-    if not state_path.exists():
-        raise LearnerError(f"{checkpoint} is not a learner checkpoint (no state.json); pass a folder a "
-                           "run's learner saved (runs/<run>/checkpoints/<step>)")
-    state = json.loads(state_path.read_text())
-    if state.get("format") not in (SHARDED, WHOLE):
-        raise LearnerError(f"{checkpoint}: checkpoint format {state.get('format')!r} is neither the sharded "
-                           f"learner's {SHARDED!r} nor the whole learner's {WHOLE!r}; export it with the "
-                           "postrain version that wrote it")
-    source = (_DcpSource if state["format"] == SHARDED else _SafetensorsSource)(checkpoint)
+    """The policy of a learner checkpoint (LoRA merged, its adapter in ADAPTER_FOLDER) as a
+    Hugging Face folder, read and written one unit at a time in this process (no group): a
+    sharded learner's (DCP, sharded_state.py) or a whole one's (model.safetensors, state.py),
+    each read a tensor at a time."""
+    state, source = open_checkpoint(checkpoint)
     shapes = source.shapes
     config, tokenizer = model_shell(state["config"]["model"], tied="lm_head.weight" not in shapes)
     cls = model_class(config.architecture)
@@ -181,8 +174,44 @@ def export_checkpoint(checkpoint: str | Path, folder: str | Path, max_shard_byte
         with StreamedSafetensors(tmp, layout, metadata, max_shard_bytes) as out:
             for group in groups:
                 out.write(unit_tensors(group))
+        if lora:
+            write_peft_adapter(tmp / ADAPTER_FOLDER, lora, adapters, state["config"]["model"])
 
     return write_folder_atomically(Path(folder), write)
+
+
+def export_peft_checkpoint(checkpoint: str | Path, folder: str | Path) -> Path:
+    """The LoRA adapters of a learner checkpoint as a PEFT adapter folder (lora.write_peft_adapter),
+    written atomically; LearnerError when the checkpoint's learner trained no adapters."""
+    state, source = open_checkpoint(checkpoint)
+    lora = lora_config(state["config"].get("lora"))
+    if lora is None:
+        raise LearnerError(f"{checkpoint} holds no LoRA adapters (its learner had no lora option); "
+                           "export its whole policy without --peft")
+    adapters = source.adapters()
+    return write_folder_atomically(Path(folder), lambda tmp: write_peft_adapter(
+        tmp, lora, adapters, state["config"]["model"]))
+
+
+def open_checkpoint(checkpoint: str | Path) -> tuple[dict, _DcpSource | _SafetensorsSource]:
+    """(state.json's dict, a reader of the tensors) of a learner checkpoint, sharded or whole;
+    LearnerError when `checkpoint` is none or of an unknown format."""
+    from .checkpoint_io import SHARDED_FORMAT as SHARDED
+    from .checkpoint_io import WHOLE_FORMAT as WHOLE
+
+    checkpoint = Path(checkpoint)
+    repair_interrupted_write(checkpoint)
+    state_path = checkpoint / "state.json"
+    if not state_path.exists():
+        missing = "no state.json" if checkpoint.is_dir() else "no such folder"
+        raise LearnerError(f"{checkpoint} is not a learner checkpoint ({missing}); pass a folder a learner's "
+                           "save_checkpoint wrote (a run's is RUN_FOLDER/checkpoint)")
+    state = json.loads(state_path.read_text())
+    if state.get("format") not in (SHARDED, WHOLE):
+        raise LearnerError(f"{checkpoint}: checkpoint format {state.get('format')!r} is neither the sharded "
+                           f"learner's {SHARDED!r} nor the whole learner's {WHOLE!r}; export it with the "
+                           "postrain version that wrote it")
+    return state, (_DcpSource if state["format"] == SHARDED else _SafetensorsSource)(checkpoint)
 
 
 class _DcpSource:

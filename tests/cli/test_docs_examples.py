@@ -15,12 +15,14 @@ with `...`); an entry whose block is gone fails, so the table stays true. Every 
 a `postrain` command is listed in POSTRAIN_BLOCKS: which of its lines run in a test, or why it
 is only parsed here (a GPU, a download, a run of minutes); an unlisted one fails. Run for real, from a fresh folder with
 the docs' own commands: the README's commands after the default run (on a tiny copy of it,
-run folder runs/default), the docs' complete environment with its config (`--dry-run`, and the
-documented refusal of a warm start without demonstrations), `postrain generate` as the
-generator page gives it. The environment itself is run episode by episode in
+run folder runs/default), the docs' complete environment with its config (`--dry-run` as
+written, a run with the step counts cut, and the documented refusals: a warm start without
+demonstrations, a copy of the built-in config with only `task` changed), the agents page's
+`postrain eval` of its example agent, `postrain generate` as the generator page gives it. The environment itself is run episode by episode in
 tests/actors/env/test_api.py; `postrain init`'s project in tests/cli/test_init.py.
 """
 import importlib
+import json
 import re
 import shlex
 import shutil
@@ -48,12 +50,14 @@ POSTRAIN_BLOCKS = {
     ("README.md", "pip install torch==2.13.0 && pip install -e . && postrain up"):
         "parsed only: the default run takes minutes; a tiny copy of it runs here (user_folder)",
     ("README.md", "postrain samples runs/default --worst"): "run: test_the_readme_commands_after_the_default_run",
-    ("environments.md", "python -m pytest tests"): "run: tests/cli/test_init.py (step counts cut)",
+    ("environments.md", "pip install -e '.[test]'"):
+        "run: tests/cli/test_init.py (step counts cut; the install's extra checked, not installed)",
+    ("agents.md", "cd examples/agents"): "run: test_the_agents_page_eval_command_runs_as_written",
     ("generator.md", "postrain generate --model tiny"):
         "first line run: test_documented_one_liners; the second needs a downloaded .gguf file",
     ("gpu.md", "postrain bench device --json"): "parsed only: needs a CUDA GPU",
-    ("scaling-learner.md", "postrain export runs/default/checkpoints/40 policy-40/"):
-        "run on a learner's checkpoint: tests/actors/learner/test_streamed_export.py",
+    ("scaling-learner.md", "postrain export runs/default policy-hf/"):
+        "run on run folders laid out as runs write them: tests/cli/test_export.py; on a real run: test_init.py",
     ("index.md", "pip install torch==2.13.0 && pip install -e . && postrain up"): "parsed only: as the README's",
     ("operations.md", "postrain eval runs/default"):
         "first line run (the README's); the second scores 200 held-out tasks: parsed only",
@@ -191,10 +195,15 @@ def docs_modules(tmp_path_factory):
     sys.modules.pop("my_pkg", None)
 
 
-def complete_environment() -> str:
+def complete_environment(marker: str = "<!-- example: custom-environment -->") -> str:
+    """The block after `marker` on the environments page: the complete environment, by default."""
     text = (ROOT / "docs" / "environments.md").read_text()
-    marker = text.index("<!-- example: custom-environment -->")
-    return FENCE.search(text, marker).group(2)
+    return FENCE.search(text, text.index(marker)).group(2)
+
+
+def complete_environment_config() -> str:
+    """The environments page's run config for its complete environment (my_run.toml), as written."""
+    return complete_environment("<!-- example: custom-environment-config -->")
 
 
 @pytest.mark.parametrize("block", [b for b in BLOCKS if b[1] == "toml"], ids=block_id)
@@ -277,12 +286,8 @@ def orchestrator_options(config: dict) -> dict:
 
 
 def docs_environment_config(**orchestrator) -> dict:
-    """A copy of the built-in config with the environments page's [shared] block in place of its
-    own (and the orchestrator options given): the docs' way to run their environment."""
-    config = default_config()
-    config["run"]["name"] = "my_run"   # its own run folder: runs/default holds the built-in run
-    config["shared"] = {**config["shared"], "task_options": {}}
-    config["shared"].update(tomllib.loads(block_containing("environments.md", "my_pkg.reverse:TASK"))["shared"])
+    """The environments page's run config for its environment, the orchestrator options given changed."""
+    config = tomllib.loads(complete_environment_config())
     orchestrator_options(config).update(orchestrator)
     return config
 
@@ -291,16 +296,14 @@ def docs_environment_config(**orchestrator) -> dict:
 def user_folder(tmp_path_factory, docs_modules):
     """A user's folder after `postrain up` (the built-in run, made tiny: 4 warm-start steps, 2 RL
     steps of 2 x 2 samples, 2 held-out tasks): runs/default; beside it the docs' environment
-    (my_pkg/reverse.py) and my_run.toml, its run (the built-in config with the docs' [shared]
-    block, no warm start, as tiny)."""
+    (my_pkg/reverse.py) and its run config as the page writes it, my_run.toml."""
     from postrain.core.testing import to_toml
     folder = tmp_path_factory.mktemp("user")
     shutil.copytree(docs_modules / "my_pkg", folder / "my_pkg")
     config = default_config()
     orchestrator_options(config).update(TINY)
     (folder / "tiny_default.toml").write_text(to_toml(config))
-    # my_run.toml: the docs' environment with the docs' fix for a task without demonstrations
-    (folder / "my_run.toml").write_text(to_toml(docs_environment_config(**{**TINY, "sft_steps": 0})))
+    (folder / "my_run.toml").write_text(complete_environment_config())
     result = run_line("postrain up --config tiny_default.toml --quiet", folder, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return folder
@@ -316,7 +319,10 @@ def test_the_readme_commands_after_the_default_run_work_as_written(user_folder):
         assert result.returncode == 0, f"`{line}` failed: {result.stderr[-2000:]}"
         outputs[line.split("#")[0].strip()] = result.stdout
     assert len(outputs) == 6, f"the README's commands changed: {list(outputs)}; update this test"
-    assert "  step 2  " in outputs["postrain samples runs/default --worst"].splitlines()[0]
+    rows = [json.loads(line) for line in (user_folder / "runs/default/samples.jsonl").open()]
+    worst = outputs["postrain samples runs/default --worst"].splitlines()[0]
+    assert {row["step"] for row in rows} == {1, 2}       # the worst of the whole run, not of the last step
+    assert worst.startswith("sample ") and f"  reward {min(row['reward'] for row in rows):.3f}" in worst
     assert "wrote " in outputs["postrain plot runs/default"]
     assert "wrote runs/default/report.html" in outputs["postrain report runs/default"]
     assert "b1-g0-s0" in outputs["postrain trace runs/default b1-g0-s0"]
@@ -329,10 +335,33 @@ def test_the_docs_environment_without_demonstrations_is_refused_as_the_docs_say(
     from postrain.core.testing import to_toml
     documented = re.search(r"fails `--dry-run` with\s+`([^`]*?)\s*\.\.\.`",
                            (ROOT / "docs" / "environments.md").read_text()).group(1)
-    (user_folder / "only_task_changed.toml").write_text(to_toml(docs_environment_config()))
-    result = run_line("postrain up --config only_task_changed.toml --dry-run", user_folder)
+    (user_folder / "with_a_warm_start.toml").write_text(to_toml(docs_environment_config(sft_steps=250)))
+    result = run_line("postrain up --config with_a_warm_start.toml --dry-run", user_folder)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert documented in result.stderr and "sft_steps = 0" in result.stderr
+    # and what the page says of a copy of the built-in config with `task` changed
+    copy = default_config()
+    copy["run"]["name"] = "my_copy"
+    copy["shared"]["task"] = "my_pkg.reverse:TASK"
+    (user_folder / "copy_of_default.toml").write_text(to_toml(copy))
+    result = run_line("postrain up --config copy_of_default.toml --dry-run", user_folder)
+    assert result.returncode == 2 and documented in result.stderr, result.stderr
+    for option in ("include_instructions", "max_digits", "max_operands", "mental_products"):
+        assert result.stderr.count(f"task_options.{option} = ") == 2, result.stderr
+
+
+@pytest.mark.slow
+def test_the_agents_page_eval_command_runs_as_written():
+    """From the repository's root, as the page says, with `postrain` as its console script runs (the
+    current folder is not on sys.path by Python's doing: `-P`; `postrain eval` puts it there)."""
+    script = re.sub(r"(?m)^postrain ", f"{shlex.quote(sys.executable)} -P -m postrain.cli ",
+                    block_containing("agents.md", "cd examples/agents"))
+    result = subprocess.run(["bash", "-e", "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.startswith("postrain eval: model tiny (--model), task arithmetic_agent:ArithmeticAgent")
+    scored = json.loads(result.stdout)
+    assert (scored["task"], scored["num_tasks"], scored["num_failed"]) == ("arithmetic_agent:ArithmeticAgent", 2, 0)
+    assert scored["num_model_calls"] >= 2
 
 
 @pytest.mark.slow
@@ -347,7 +376,11 @@ def test_documented_one_liners_run_as_written(page, needle, tmp_path):
 
 @pytest.mark.slow
 def test_the_docs_environment_runs_and_its_policy_is_scored(user_folder):
-    result = run_line("postrain up --config my_run.toml --quiet", user_folder, timeout=300)
+    from postrain.core.testing import to_toml
+    checked = run_line("postrain up --config my_run.toml --dry-run", user_folder)   # as written
+    assert checked.returncode == 0 and "env: cores [" in checked.stdout, checked.stderr
+    (user_folder / "my_run_short.toml").write_text(to_toml(docs_environment_config(**{**TINY, "sft_steps": 0})))
+    result = run_line("postrain up --config my_run_short.toml --quiet", user_folder, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "step 2/2" in result.stdout and "held-out accuracy after RL" in result.stdout
     samples = run_line("postrain samples runs/my_run --all --limit 1", user_folder)

@@ -1,11 +1,13 @@
 """`postrain init`, and a new user's path through it, command by command as a user types them:
 a fresh folder, `postrain init`, the scaffold's own test, `postrain up --dry-run`, a tiny real run
-(every role a real process, a real sandbox), `postrain samples`, `postrain report`, `postrain eval`."""
+(every role a real process, a real sandbox), `postrain samples`, `postrain report`, `postrain eval`,
+`postrain export`."""
 import json
 import re
 import shutil
 import subprocess
 import sys
+import tomllib
 
 import pytest
 
@@ -76,9 +78,18 @@ def user_run(user_project):
     return user_project / "runs" / "my_env"
 
 
-def test_the_scaffolds_own_test_passes(user_project):
+def test_the_printed_next_steps_up_to_the_scaffolds_test_work_as_written(tmp_path):
+    """`cd`, `pip install -e '.[test]'` (its extra checked: installing needs the network) and
+    `python -m pytest tests`, run with this interpreter, in the order `postrain init` prints them."""
+    printed = postrain("init", "my project", cwd=tmp_path).stdout
+    steps = printed.split("next:\n", 1)[1].splitlines()
+    assert [line.strip() for line in steps[:3]] == ["cd 'my project'", "pip install -e '.[test]'",
+                                                    "python -m pytest tests"]
+    project = tmp_path / "my project"
+    pyproject = tomllib.loads((project / "pyproject.toml").read_text())
+    assert pyproject["project"]["optional-dependencies"]["test"] == ["pytest"]
     result = subprocess.run([sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider"],
-                            capture_output=True, text=True, cwd=user_project, timeout=120)
+                            capture_output=True, text=True, cwd=project, timeout=120)
     assert result.returncode == 0 and "3 passed" in result.stdout, result.stdout[-2000:]
 
 
@@ -98,7 +109,9 @@ def test_a_new_user_runs_it_then_reads_samples_report_and_eval(user_run):
 
     samples = postrain("samples", "runs/my_env", "--worst", cwd=project)
     assert samples.returncode == 0, samples.stderr
-    assert samples.stdout.startswith("sample b") and "  step 2  " in samples.stdout.splitlines()[0]
+    rows = [json.loads(line) for line in (user_run / "samples.jsonl").open()]
+    worst = samples.stdout.splitlines()[0]     # the worst of the whole run
+    assert worst.startswith("sample b") and f"  reward {min(row['reward'] for row in rows):.3f}" in worst
     assert "Reverse '" in samples.stdout   # the prompt the environment wrote
 
     report = postrain("report", "runs/my_env", cwd=project)
@@ -117,3 +130,18 @@ def test_a_new_user_runs_it_then_reads_samples_report_and_eval(user_run):
     assert evaluated.returncode == 0, evaluated.stderr
     result = json.loads(evaluated.stdout.splitlines()[-1])
     assert result["task_options"] == {"format_weight": 0.1} and result["num_tasks"] == 2
+
+
+@pytest.mark.slow
+def test_a_new_user_exports_the_run_and_its_suggested_eval_works_as_printed(user_run):
+    """`postrain export runs/my_env OUT` on a real run folder: its checkpoint exported, and the
+    `postrain eval` line it prints scores OUT on the run's own task (cli/export.py)."""
+    project = user_run.parents[1]
+    exported = postrain("export", "runs/my_env", "my_policy", cwd=project)
+    assert exported.returncode == 0, exported.stderr
+    assert "wrote my_policy, a Hugging Face folder of runs/my_env/checkpoint" in exported.stdout
+    (line,) = [line.split("#")[0].split() for line in exported.stdout.splitlines() if "postrain eval" in line]
+    assert line == ["postrain", "eval", "runs/my_env", "--model", "my_policy"]
+    evaluated = postrain(*line[1:], cwd=project, timeout=120)
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert "on 2 held-out tasks" in evaluated.stdout and "with my_policy" in evaluated.stdout

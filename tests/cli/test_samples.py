@@ -29,6 +29,13 @@ def test_the_default_is_the_last_step_in_file_order():
     assert [r["sample_id"] for r in select_samples(ROWS)] == ["b1-g0-s0", "b1-g0-s1", "b1-g1-s0"]
 
 
+def test_worst_and_best_read_the_whole_run_unless_a_step_is_given():
+    assert [r["sample_id"] for r in select_samples(ROWS, worst=True)] == [
+        "b0-g0-s0", "b1-g0-s1", "b1-g0-s0", "b0-g0-s1", "b1-g1-s0"]          # ties keep file order
+    assert [r["sample_id"] for r in select_samples(ROWS, best=True, limit=1)] == ["b0-g0-s1"]
+    assert [r["reward"] for r in select_samples(ROWS, step=1, worst=True)] == [0.0, 1.0]
+
+
 def test_worst_and_best_sort_by_reward_and_limit_cuts():
     assert [r["reward"] for r in select_samples(ROWS, step=2, worst=True)] == [0.0, 0.5, 1.0]
     assert [r["sample_id"] for r in select_samples(ROWS, all_steps=True, best=True, limit=2)] == [
@@ -39,6 +46,8 @@ def test_worst_and_best_sort_by_reward_and_limit_cuts():
 def test_a_step_without_samples_is_an_error_naming_the_steps_that_have_some():
     with pytest.raises(SamplesError, match=r"no samples for step 7; steps with samples: 1, 2"):
         select_samples(ROWS, step=7)
+    with pytest.raises(SamplesError, match=r"no samples yet: a sample is written when its RL step is trained"):
+        select_samples([], worst=True)
 
 
 def test_a_sample_prints_its_header_then_each_text_indented():
@@ -65,6 +74,9 @@ def test_the_command_prints_or_emits_json_and_names_a_missing_file(tmp_path, cap
     assert samples_command.main(args(tmp_path, step=1, worst=True)) == 0
     out = capsys.readouterr().out
     assert out.index("sample b0-g0-s0") < out.index("sample b0-g0-s1") and "b1-" not in out
+    assert samples_command.main(args(tmp_path, worst=True, limit=2)) == 0   # the README's: the whole run
+    assert [line.split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("sample ")] == [
+        "b0-g0-s0", "b1-g0-s1"]
     assert samples_command.main(args(tmp_path, all=True, best=True, limit=1, json=True)) == 0
     (only,) = capsys.readouterr().out.splitlines()
     assert json.loads(only)["sample_id"] == "b0-g0-s1"

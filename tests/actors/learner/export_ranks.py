@@ -42,7 +42,7 @@ def main(rank: int, world: int, init_file: str, out: Path) -> None:
             logits = learner.model(IDS)
         fsdp.reshard(learner.model)
         export_sharded(learner.model, learner.lora, learner.tokenizer, learner.policy_version, learner.comm,
-                       out / f"{variant}.hf", max_shard_bytes=max_shard_bytes)
+                       out / f"{variant}.hf", max_shard_bytes=max_shard_bytes, base_model=learner.config.model)
         learner.save_checkpoint(out / f"{variant}.ckpt")
         weights = learner.state_dict()
         if rank == 0:

@@ -1,7 +1,9 @@
 """LoRA on the learner (actors/learner/lora.py): adapters train over a frozen base, export to PEFT and
-to merged Hugging Face weights, and generators receive only the adapters after the first full sync."""
+to merged Hugging Face weights (with the PEFT adapter inside), and generators receive only the
+adapters after the first full sync."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 import textwrap
@@ -10,6 +12,7 @@ import pytest
 import torch
 
 from postrain.actors.learner import Learner, LearnerConfig, LearnerError
+from postrain.actors.learner.lora import ADAPTER_FOLDER
 from postrain.actors.weights.messages import weights_digest
 from postrain.actors.models.loading import save_checkpoint
 from postrain.actors.records import PublishReport, PublishRequest, TrainBatch, WeightPatch, WeightSync
@@ -83,6 +86,12 @@ def test_peft_folder_gives_the_policys_logits_and_merged_export_equals_it(tmp_pa
     assert weights_digest(exported) == weights_digest(learner.state_dict())   # bit for bit the merged weights
     assert all(torch.equal(v, learner.model.state_dict()[k]) for k, v in
                load_file(str(tmp_path / "base" / "model.safetensors")).items())   # export restored the base
+    # the merged export (a run's policy/) holds the same adapter in adapter/, naming the learner's model
+    beside = tmp_path / "merged" / ADAPTER_FOLDER
+    assert (beside / "adapter_model.safetensors").read_bytes() == (
+        tmp_path / "adapter" / "adapter_model.safetensors").read_bytes()
+    assert json.loads((beside / "adapter_config.json").read_text()) == {
+        **json.loads((tmp_path / "adapter" / "adapter_config.json").read_text()), "base_model_name_or_path": None}
 
 
 def test_checkpoint_keeps_the_adapters(tmp_path):

@@ -82,9 +82,12 @@ def test_several_files_come_with_an_index_naming_every_tensor_once(two_ranks):
 def test_offline_export_of_the_dcp_checkpoint_equals_the_in_run_export(two_ranks, tmp_path, variant):
     out = export_checkpoint(two_ranks / f"{variant}.ckpt", tmp_path / "hf",
                                 max_shard_bytes=VARIANTS[variant])
-    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in (two_ranks / f"{variant}.hf").iterdir())
-    for path in (two_ranks / f"{variant}.hf").iterdir():
-        assert (out / path.name).read_bytes() == path.read_bytes(), path.name     # file for file, byte for byte
+    in_run = two_ranks / f"{variant}.hf"
+    files = sorted(str(p.relative_to(in_run)) for p in in_run.rglob("*") if p.is_file())
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == files
+    assert ("adapter/adapter_model.safetensors" in files) == (variant == "lora")    # LoRA: its PEFT adapter too
+    for name in files:
+        assert (out / name).read_bytes() == (in_run / name).read_bytes(), name    # file for file, byte for byte
 
 
 def test_offline_export_refuses_a_folder_that_is_no_sharded_checkpoint(tmp_path):
