@@ -3,7 +3,7 @@ policy or evaluating it with any harness that speaks the OpenAI API.
 
     postrain serve --model tiny --port 8000
     postrain serve --model smollm2 --host 0.0.0.0 --api-key-file ~/.postrain-key --kv-cache-mb 256
-    postrain serve --model /runs/r1/checkpoints/step100
+    postrain serve --model runs/r1/policy      # a run's policy, or a `postrain export` folder
 
     # then, from any OpenAI client:
     #   OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none").chat.completions.create(
