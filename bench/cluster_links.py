@@ -4,6 +4,9 @@ agents) against raw pyzmq over the same link, with the floors of the encrypted p
 CurveZMQ, the bare sealed channel) and the crypto's own cost beside them.
 
 `measure_links` is the entry; the peer's server runs on node 1 as a Ray actor (`RawServer`).
+No secret rides in a Ray call (Ray keeps its calls' arguments, core/enrol.py): the raw CurveZMQ
+server makes its own key pair and gives out the public half, and the bare sealed channel's key,
+made here, reaches the raw server sealed to its enrolment key, as the run's keys reach an agent.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from postrain.actors.records import GET_WEIGHTS, LOAD_WEIGHTS, PUBLISH, PublishR
 from postrain.bench.messaging import actor_oneway_rate, actor_round_trips
 
 SEALED_SYNC_ID = bytes(16)              # the bare sealed channel's streams differ by version (the repeat)
+SEALED_KEY_CONTEXT = b"postrain bench cluster: the bare sealed channel's key"   # what its box is bound to
 PAYLOAD = b"x" * 64
 CHUNK_MB = 64.0                         # the orchestrator's default weight_chunk_mb
 CHUNK_SWEEP_MB = (16.0, 256.0, None)    # ours at other chunk sizes (None: one message), in config
@@ -49,14 +53,21 @@ class RawServer:
     answered b"done"; [b"bulk", *frames] is answered with the bytes received; b"stop" ends."""
 
     def __init__(self, host: str):
+        from postrain.core.enrol import EnrolmentKey
         self.host = host
+        self._enrolment = EnrolmentKey()   # the sealed channel's key comes sealed to it
 
-    def serve_sealed(self, run_key: bytes, sizes: list[int]) -> tuple[str, str]:
-        """A sealed channel's receiver (core/sealed.py) and a plain PAIR socket that answers
+    def enrolment_key(self) -> bytes:
+        """The public half of the key that `serve_sealed`'s box is sealed to."""
+        return self._enrolment.public
+
+    def serve_sealed(self, box: dict, sizes: list[int]) -> tuple[str, str]:
+        """A sealed channel's receiver (core/sealed.py), under the key sealed in `box` (core/enrol.py,
+        to `enrolment_key`, under SEALED_KEY_CONTEXT), and a plain PAIR socket that answers
         b"done" after each stream: repeat i is Stream("bench", i, SEALED_SYNC_ID, 0) of buffers of
         `sizes`, opened into fresh ones as a weight receiver does. (sealed address, ack address)"""
         from postrain.core.sealed import SealedReceiver
-        receiver = SealedReceiver(run_key, self.host)
+        receiver = SealedReceiver(self._enrolment.open(box, SEALED_KEY_CONTEXT), self.host)
         ack = zmq.Context.instance().socket(zmq.PAIR)
         port = ack.bind_to_random_port(f"tcp://{self.host}")
         threading.Thread(target=_serve_sealed, args=(receiver, ack, sizes), daemon=True).start()
@@ -66,14 +77,18 @@ class RawServer:
         """CPU seconds of this process so far (all its threads)."""
         return time.process_time()
 
-    def serve(self, server_keys: tuple[bytes, bytes] | None) -> str:
+    def serve(self, curve: bool) -> tuple[str, bytes | None]:
+        """A PAIR server: (its address, and with `curve` the public half of the CurveZMQ key pair
+        it made for itself; None without)."""
         sock = zmq.Context.instance().socket(zmq.PAIR)
-        if server_keys:
+        public = None
+        if curve:
+            public, secret = zmq.curve_keypair()
             sock.curve_server = True
-            sock.curve_publickey, sock.curve_secretkey = server_keys
+            sock.curve_publickey, sock.curve_secretkey = public, secret
         port = sock.bind_to_random_port(f"tcp://{self.host}")
         threading.Thread(target=_serve_raw, args=(sock,), daemon=True).start()
-        return f"tcp://{self.host}:{port}"
+        return f"tcp://{self.host}:{port}", public
 
 
 def _serve_raw(sock: zmq.Socket) -> None:
@@ -163,11 +178,11 @@ def sealed_ratio_bound(plain_send_s: float, plain_cores_busy: float, crypto_core
 class RawClient:
     """This process's end of a RawServer link (blocking calls)."""
 
-    def __init__(self, address: str, keys=None):
+    def __init__(self, address: str, server_public: bytes | None = None):
         self.sock = zmq.Context.instance().socket(zmq.PAIR)
-        if keys is not None:       # a postrain CurveKeys: the server's public key, our pair
-            self.sock.curve_serverkey = keys.server_public
-            self.sock.curve_publickey, self.sock.curve_secretkey = keys.client_public, keys.client_secret
+        if server_public is not None:   # CurveZMQ to the server's key, with a client pair of our own
+            self.sock.curve_serverkey = server_public
+            self.sock.curve_publickey, self.sock.curve_secretkey = zmq.curve_keypair()
         self.sock.connect(address)
         self.round_trips(100)  # warm up
 
@@ -270,8 +285,8 @@ def measure_links(ray_cluster, nodes, sizes: dict, folder: Path) -> tuple[dict, 
     try:
         addresses = {spec.name: agents.start(spec, node.name)
                      for spec, node in _link_specs(nodes, sizes["model"])}
-        plain = ray.get(server.serve.remote(None), timeout=60)
-        curve = ray.get(server.serve.remote((keys.server_public, keys.server_secret)), timeout=60)
+        plain, _ = ray.get(server.serve.remote(curve=False), timeout=60)
+        curve = ray.get(server.serve.remote(curve=True), timeout=60)   # (address, its public key)
         raw = {"plain": plain, "curve": curve, "server": server}
         return anyio.run(_measure_links, keys, addresses, raw, sizes, backend="trio")
     finally:
@@ -284,6 +299,7 @@ async def _measure_links(keys, addresses: dict, raw_links: dict, sizes: dict):
     import ray
 
     from postrain.core import Node, wire
+    from postrain.core.enrol import seal_for
     from postrain.core.identity import server_key_of
     from postrain.core.sealed import SealedSender
 
@@ -302,10 +318,13 @@ async def _measure_links(keys, addresses: dict, raw_links: dict, sizes: dict):
         weights, version = got.weights, got.version
         tensors = [t.contiguous() for t in weights.values()]
         receiver = node.ref(addresses["receiver"], "receiver", server_key=server_key_of(keys, "receiver"))
-        raw, raw_curve = RawClient(raw_links["plain"]), RawClient(raw_links["curve"], keys)
+        raw, raw_curve = RawClient(raw_links["plain"]), RawClient(*raw_links["curve"])
+        sealed_key = os.urandom(32)   # the bare sealed channel's own key, to the raw server sealed
+        box = seal_for(ray.get(raw_links["server"].enrolment_key.remote(), timeout=60), sealed_key,
+                       SEALED_KEY_CONTEXT)
         sealed_address, ack_address = ray.get(raw_links["server"].serve_sealed.remote(
-            keys.bulk_key, [t.numel() * t.element_size() for t in tensors]), timeout=60)
-        sealed, ack = SealedSender(keys.bulk_key), zmq.Context.instance().socket(zmq.PAIR)
+            box, [t.numel() * t.element_size() for t in tensors]), timeout=60)
+        sealed, ack = SealedSender(sealed_key), zmq.Context.instance().socket(zmq.PAIR)
         ack.connect(ack_address)
         try:
             await actor_round_trips(echo, 100)   # warm up
@@ -332,7 +351,7 @@ async def _measure_links(keys, addresses: dict, raw_links: dict, sizes: dict):
                 one_frame.append(num_bytes / raw_curve.bulk_seconds(flat) / 1e9)
                 for mb in CHUNK_SWEEP_MB:
                     by_chunk[mb].append(await _sync_gb_per_s(learner, mb))
-            crypto = crypto_seconds(keys.bulk_key, tensors, sizes["sync_repeats"])
+            crypto = crypto_seconds(sealed_key, tensors, sizes["sync_repeats"])
         finally:
             raw.close()
             raw_curve.close()

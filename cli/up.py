@@ -60,6 +60,7 @@ import anyio
 
 from postrain.actors.configs.run_config import default_config_path, run_import_dir, write_run_source
 from postrain.actors.records import RUN, STOP_RUN, RunRequest
+from postrain.core.atomic_write import make_private_folder, write_file_atomically
 from postrain.core.errors import ActorError, ActorStartError, ConfigError, PostrainError
 from postrain.core.scheduler import Scheduler
 from postrain.core.supervisor import Supervisor, run_tag_for
@@ -104,9 +105,8 @@ def prepare_run_folder(config: UpConfig) -> Path:
     """Create and check the run folder before anything starts: a clear error now, not at step 500."""
     folder = Path(config.run.run_dir) / config.run.name
     try:
-        (folder / "logs").mkdir(parents=True, exist_ok=True)
         for path in (folder, folder / "logs"):  # the run's user only: logs, checkpoints, secrets
-            path.chmod(0o700)
+            make_private_folder(path)
         probe = folder / ".write-test"
         probe.write_text("ok")
         probe.unlink()
@@ -368,10 +368,10 @@ async def _run_actors(config: UpConfig, folder: Path, monitor: RunMonitor, resum
         with anyio.CancelScope() as scope:
             stopper.attach(supervisor, scope)
             monitor.attach(supervisor)
-            (folder / "head.json").write_text(json.dumps({
+            write_file_atomically(folder / "head.json", json.dumps({   # the control key: 0600
                 "address": supervisor.address, "pid": os.getpid(), "started": time.time(),
                 "metrics_url": monitor.metrics_url, "run_tag": supervisor.run_tag,
-                "client_keys": control_client_keys(supervisor.keys)}))
+                "client_keys": control_client_keys(supervisor.keys)}).encode(), mode=0o600)
             if monitor.metrics_url:
                 print(f"  metrics: {monitor.metrics_url}", flush=True)
             if await _start_actors(supervisor, config, start):

@@ -106,6 +106,9 @@ class ActorRef:
         sock.connect(address)
         self._sock = AsyncSocket(sock)
         self._shm_min_bytes = node.shm_min_bytes_for(address, same_node)  # decided once, not per message
+        # Its replies may name /dev/shm files only where its inbox sends them so (core/inbox.py): at
+        # an address that cannot leave this host; from anywhere else such a reply is refused.
+        self._shm_replies = not is_beyond_loopback(address)
         self._pending: dict[int, _Pending] = {}
         self._reading = False
         self._followers: dict[int, _Pending] = {}   # insertion-ordered: the oldest leads next
@@ -232,6 +235,7 @@ class ActorRef:
         self._uses_curve = uses_curve(address, self.node.keys)
         self.same_host = reaches_same_host(address, same_node)
         self._shm_min_bytes = self.node.shm_min_bytes_for(address, same_node)
+        self._shm_replies = not is_beyond_loopback(address)
         if self._connected.is_set():
             self._connected = anyio.Event()
         self._auth_error = None
@@ -369,7 +373,7 @@ class ActorRef:
 
     def _on_reply(self, frames: list) -> None:
         try:
-            msg = wire.decode(frames)
+            msg = wire.decode(frames, self._shm_replies)
         except wire.WireError as exc:
             log.error("actor %s sent a malformed reply: %s", self.name, exc)
             return

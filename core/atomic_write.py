@@ -1,7 +1,10 @@
-"""A folder replaced in one step: a kill or a full disk mid-write leaves the previous one whole.
+"""A folder or a file replaced in one step: a kill or a full disk mid-write leaves the previous one
+whole. Both are private to the run's user whatever the umask, as is a folder made private here.
 
     write_folder_atomically(Path("runs/x/checkpoint"), lambda tmp: save_files_into(tmp))
     repair_interrupted_write(Path("runs/x/checkpoint"))   # before reading: undoes what a kill left
+    write_file_atomically(Path("runs/x/head.json"), data, mode=0o600)
+    make_private_folder(Path("runs/x/logs"))              # 0700, also if it existed looser
 
 Design note. The new folder is written as a hidden sibling `.NAME.tmp-PID-XXXX`, its files
 fsynced, then swapped with the old one by `renameat2(RENAME_EXCHANGE)` (Linux 3.15+, on
@@ -12,6 +15,11 @@ no NAME, and `repair_interrupted_write` (called by every reader) renames the old
 A write that fails (ENOSPC, EDQUOT: DiskFullError; anything else: as raised) removes its
 hidden folder and leaves NAME as it was. Hidden folders a killed writer left behind are
 removed by the next write or repair (those of live processes are left alone).
+
+Modes. A folder written here is 0700 and every file in it 0600 (checkpoints hold the policy and
+the run's state): the hidden folder is made 0700, so nobody else can reach what the writer puts
+in it, whatever mode the umask gave that, and each entry is set private before it is put in
+place. A file is created under its final mode from the start (O_EXCL, never widened).
 """
 from __future__ import annotations
 
@@ -19,10 +27,12 @@ import ctypes
 import errno
 import os
 import shutil
+import stat
 import uuid
 from pathlib import Path
 from typing import Callable
 
+from postrain.core.errors import PostrainError
 from postrain.core.jsonl import disk_full_error, is_disk_full
 from postrain.core.shm import process_lives
 
@@ -37,10 +47,11 @@ def write_folder_atomically(folder: str | os.PathLike, write: Callable[[Path], o
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     repair_interrupted_write(folder)
-    tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = _tmp_path(folder)
     try:
-        tmp.mkdir()
+        tmp.mkdir(mode=0o700)
         write(tmp)
+        _make_private(tmp)
         for path in tmp.iterdir():
             _fsync(path)
         _fsync(tmp)
@@ -51,6 +62,42 @@ def write_folder_atomically(folder: str | os.PathLike, write: Callable[[Path], o
         if is_disk_full(exc):
             raise disk_full_error(folder, exc) from None
         raise
+    return folder
+
+
+def write_file_atomically(path: str | os.PathLike, data: bytes, mode: int) -> Path:
+    """Put a file of `data` in place of `path` in one step (os.replace of a hidden sibling), made
+    with `mode` from its creation (the umask can only take bits away); DiskFullError as above."""
+    path = Path(path)
+    tmp = _tmp_path(path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync(path.parent)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if is_disk_full(exc):
+            raise disk_full_error(path, exc) from None
+        raise
+    return path
+
+
+def make_private_folder(folder: str | os.PathLike) -> Path:
+    """`folder` (its parents made as needed) as a folder only its user reaches: made 0700, or, where
+    it exists, set to 0700. PostrainError where another user owns it; OSError (FileExistsError)
+    where it is not a folder."""
+    folder = Path(folder)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = folder.stat()
+    if info.st_uid != os.geteuid():
+        raise PostrainError(f"folder {folder} is owned by uid {info.st_uid}, but it must be private to this "
+                            f"user (uid {os.geteuid()}): choose another path, or give it to this user")
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        os.chmod(folder, 0o700)
     return folder
 
 
@@ -70,6 +117,20 @@ def repair_interrupted_write(folder: str | os.PathLike) -> None:
         pid = tmp.name.rsplit(".tmp-", 1)[1].split("-")[0]
         if pid.isdigit() and int(pid) != os.getpid() and not process_lives(int(pid)):
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _tmp_path(path: Path) -> Path:
+    return path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _make_private(folder: Path) -> None:
+    """Every folder under `folder` 0700 and every file 0600 (links are left as they are)."""
+    for root, folders, files in os.walk(folder):
+        for name in folders + files:
+            path = os.path.join(root, name)
+            mode = os.lstat(path).st_mode
+            if not stat.S_ISLNK(mode):
+                os.chmod(path, 0o700 if stat.S_ISDIR(mode) else 0o600)
 
 
 def _put_in_place(tmp: Path, folder: Path) -> None:

@@ -25,7 +25,8 @@ import zmq
 from . import wire
 from .identity import CONTROL, may_send_as
 from .node import Node
-from .transport import HWM_MESSAGES, AsyncSocket, configure_server, uses_curve
+from .transport import (HWM_MESSAGES, AsyncSocket, configure_server, is_beyond_loopback,
+                        is_this_hosts_address, uses_curve)
 
 log = logging.getLogger("postrain.core")
 
@@ -88,6 +89,11 @@ class Inbox:
         # A Curve server knows who calls (the ZAP User-Id, core/identity.py): a message whose
         # declared sender is not the caller's authenticated name is refused (SenderMismatch).
         self._authenticates = uses_curve(address, node.keys)
+        # A /dev/shm handle is taken from a sender on this host only (core/wire.py): from any caller
+        # of an address that cannot leave the host (ipc, inproc, loopback); beyond loopback, from a
+        # connection whose Peer-Address is this host's (`_local_peers` keeps each peer's answer).
+        self._shm_from_anyone = not is_beyond_loopback(address)
+        self._local_peers: dict[str, bool] = {}
         node.close_on_exit(self.close)
         self.num_in_flight = 0    # handlers running
         self.num_served = 0
@@ -109,12 +115,13 @@ class Inbox:
         Decoding and dispatch are inline here: every await saved is saved per message.
         Cancelled: as `serve`; a handler running inline is cancelled with it (see `_run`)."""
         sock, handlers, authenticates = self._sock, self.handlers, self._authenticates
+        shm_from_anyone = self._shm_from_anyone
         num_in_row = 0
-        user = None
+        user = peer = None
         while True:
             if authenticates:
                 received = sock.recv_authenticated_nowait()
-                frames, user = received if received is not None else (None, None)
+                frames, user, peer = received if received is not None else (None, None, None)
             else:
                 frames = sock.recv_multipart_nowait()
             if frames is None:
@@ -126,7 +133,7 @@ class Inbox:
                 continue
             identity, frames = frames[0], frames[1:]
             try:
-                msg = wire.decode(frames)
+                msg = wire.decode(frames, shm_from_anyone or self._is_local_peer(peer))
             except wire.WireError as exc:
                 await self._reject_malformed(identity, frames, exc)
             else:
@@ -148,6 +155,13 @@ class Inbox:
             if num_in_row >= MAX_MESSAGES_PER_PASS:
                 num_in_row = 0
                 await anyio.lowlevel.checkpoint()
+
+    def _is_local_peer(self, peer: str) -> bool:
+        """Whether a connection from `peer` (its IP) comes from this host; asked once per peer."""
+        local = self._local_peers.get(peer)
+        if local is None:
+            local = self._local_peers[peer] = is_this_hosts_address(peer)
+        return local
 
     async def _reject_malformed(self, identity, frames: list, exc: wire.WireError) -> None:
         """Count, log and answer a frame that does not decode. Cancelled: counted and logged;

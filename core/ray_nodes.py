@@ -18,7 +18,8 @@ with their process group exactly as on one host, and die with the agent. The age
 supervisor binds its control socket and every actor's inbox on the node's own address
 with CurveZMQ (`CurveKeys`, made by the head per run and handed to each agent sealed to the
 agent's own enrolment key, core/enrol.py: Ray carries public keys and ciphertext, never a
-secret), so a peer without the run's key is refused. Data flows actor to actor over those
+secret), so a peer without the run's key is refused. Each actor's spec (its options may hold an
+API key or a token) reaches its agent sealed the same way. Data flows actor to actor over those
 sockets, never through Ray or the head. Each agent's registry knows its own actors and the
 addresses of the others' (`add_peers`), so `Actor.lookup` finds an actor on any node.
 
@@ -32,6 +33,7 @@ node left and that the run can go without is gone for good (`Agents.remove_peers
 """
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -41,6 +43,7 @@ from dataclasses import asdict
 import msgpack
 import ray
 
+from .atomic_write import make_private_folder
 from .cluster import AgentLostError, NodeInventory
 from .config import ActorSpec, ClusterSection
 from .enrol import EnrolmentKey, seal_for
@@ -153,7 +156,7 @@ class RayCluster:
                                 "check that postrain and the same Python are installed on every node") from None
         agents = Agents(handles, {name: self._node_ids[name] for name in handles},
                         dict(zip(handles, ray.get([h.supervisor_address.remote() for h in handles.values()],
-                                                  timeout=60))))
+                                                  timeout=60))), dict(zip(handles, publics)), run_tag)
         here = versions_here()
         for node, theirs in zip(handles, versions):
             if theirs != here:
@@ -171,14 +174,23 @@ def enrolment_context(node: str, run_tag: str) -> bytes:
     return f"node={node}|run={run_tag}".encode()
 
 
+def spec_context(node: str, run_tag: str) -> bytes:
+    """What a sealed actor spec is bound to: one agent's node, in one run (never a box of keys)."""
+    return enrolment_context(node, run_tag) + b"|actor spec"
+
+
 class Agents:
     """The run's node agents, by node name. Invariant: `handles` holds the agents of the nodes
-    not lost (`forget` removes one); node_ids and supervisor_addresses keep every node's."""
+    not lost (`forget` removes one); node_ids, supervisor_addresses and enrolment_keys keep every
+    node's."""
 
-    def __init__(self, handles: dict, node_ids: dict[str, str], supervisor_addresses: dict[str, str]):
+    def __init__(self, handles: dict, node_ids: dict[str, str], supervisor_addresses: dict[str, str],
+                 enrolment_keys: dict[str, bytes], run_tag: str):
         self.handles = handles                       # node name -> its NodeAgent (a Ray actor handle)
         self.node_ids = node_ids                     # node name -> Ray's node id
         self.supervisor_addresses = supervisor_addresses   # node name -> its agent's supervisor (tcp + Curve)
+        self.enrolment_keys = enrolment_keys         # node name -> its agent's public enrolment key
+        self.run_tag = run_tag
 
     def dead_nodes(self) -> list[str]:
         """The nodes of `handles` that Ray reports dead (its health checks: seconds after a
@@ -204,8 +216,11 @@ class Agents:
                 ray.get(reply, timeout=60)
             except ray.exceptions.RayActorError:   # a node lost meanwhile: the head notices it
                 pass
+        # sealed to the node's agent: an option may be a secret, and Ray keeps its calls' arguments
+        box = seal_for(self.enrolment_keys[node], spec.model_dump_json().encode(),
+                       spec_context(node, self.run_tag))
         try:
-            address = ray.get(self.handles[node].start.remote(spec.model_dump()), timeout=timeout_s)
+            address = ray.get(self.handles[node].start.remote(box), timeout=timeout_s)
         except ray.exceptions.RayActorError as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise AgentLostError(f"the agent of node {node} is gone ({first})", node=node) from None
@@ -264,7 +279,7 @@ class NodeAgent:
                               log_dir=log_dir, run_tag=run_tag,
                               heartbeat_interval_s=heartbeat_interval_s, heartbeat_timeout_s=heartbeat_timeout_s)
         self._enrolment = EnrolmentKey()
-        os.makedirs(log_dir, mode=0o700, exist_ok=True)
+        make_private_folder(log_dir)
 
     def enrolment_key(self) -> bytes:
         """The public half of this agent's enrolment key: the head seals the run's keys to it."""
@@ -328,9 +343,10 @@ class NodeAgent:
         also tells it the agent lives."""
         return self.supervisor.address
 
-    def start(self, spec: dict) -> str:
-        """Start an actor here, its inbox on this node's address (tcp + Curve, any free port);
-        its address once READY."""
+    def start(self, box: dict) -> str:
+        """Start the actor whose spec the head sealed to this agent (`Agents.start`), its inbox on
+        this node's address (tcp + Curve, any free port); its address once READY."""
+        spec = json.loads(self._enrolment.open(box, spec_context(self.node, self._settings["run_tag"])))
         spec = ActorSpec.model_validate({**spec, "bind": f"tcp://{self.address}:0"})
 
         async def start():

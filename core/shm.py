@@ -9,10 +9,10 @@ A file is named `postrain-PID-[TAG_]HEX` (PID: the writer; TAG: `$POSTRAIN_RUN_T
 supervisor gives every actor of a run and their children inherit), so that what a killed
 process leaves is found and removed: by its pid (`remove_shm_of`) or by its run (`sweep_shm`).
 A process removes what no receiver took when it ends (`cleanup_shm`, also at exit). Files are
-0600 (their writer's user only); /dev/shm is open to every local user, so the clean-up removes
-only this user's regular files and logs anything else named like them, never failing on it. Files
-of the sizes sent again and again (weights, every policy version) come from a pool allocated
-ahead of time (`_SegmentPool`).
+0600 (their writer's user only); /dev/shm is open to every local user, so a receiver maps, and
+the clean-up removes, only this user's regular files (never following a link): a receiver refuses
+anything else, and the clean-up logs it, never failing on it. Files of the sizes sent again and
+again (weights, every policy version) come from a pool allocated ahead of time (`_SegmentPool`).
 """
 from __future__ import annotations
 
@@ -100,17 +100,23 @@ def _unlink_quietly(path: str) -> None:
         pass
 
 
+def _why_not_ours(info: os.stat_result) -> str | None:
+    """None when `info` is a regular file of this process's user (what our writers make), else
+    why not: /dev/shm is writable by every local user, who may plant anything under our names."""
+    if not stat.S_ISREG(info.st_mode):
+        return "not a regular file"
+    if info.st_uid != os.geteuid():
+        return f"owned by uid {info.st_uid}, not by this process's uid {os.geteuid()}"
+    return None
+
+
 def _remove_left_file(path: str) -> bool:
     """Unlink `path`, a file a dead writer of ours left, if it is one: a regular file of this
     process's user. Anything else named like it (a directory, another user's file: /dev/shm is
     writable by every local user) is left and logged, never an error. True if it was removed."""
     try:
-        info = os.lstat(path)
-        if not stat.S_ISREG(info.st_mode):
-            why = "not a regular file"
-        elif info.st_uid != os.geteuid():
-            why = f"owned by uid {info.st_uid}, not by this process's uid {os.geteuid()}"
-        else:
+        why = _why_not_ours(os.lstat(path))
+        if why is None:
             os.unlink(path)
             return True
     except FileNotFoundError:
@@ -151,25 +157,33 @@ def write_segment(raw) -> str:
 def map_segment(path: str, nbytes: int, dtype: str, shape: list):
     """The `nbytes` of shared-memory file `path` (an array of `dtype` and `shape`, which the
     error messages name), mapped privately, and the file's name unlinked: the mapping keeps the
-    memory alive. WireError when the path is not a postrain file, is gone, or has another size."""
+    memory alive. WireError when the path is not a postrain file, is gone, or has another size;
+    a file that is not this user's regular file (a link, a FIFO, another user's) is refused and
+    left in place, its name unlinked only once it is known to be ours."""
     if not SHM_DIR or os.path.dirname(path) != SHM_DIR or \
             not os.path.basename(path).startswith("postrain-"):
         raise WireError(f"shared-memory handle {path!r} is not a postrain file in {SHM_DIR}")
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except OSError as exc:
+    try:   # read-only, no link followed, no wait on a FIFO: the checks below see what was opened
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError as exc:
         raise WireError(f"shared-memory tensor {path} is gone: {exc}") from exc
+    except OSError as exc:   # ELOOP: a symbolic link
+        raise WireError(f"shared-memory handle {path} refused ({exc.strerror}): not a file of ours") from exc
     try:
-        size = os.fstat(fd).st_size
-        if size != nbytes:
-            raise WireError(f"shared-memory file holds {size} bytes, but dtype {dtype} and "
+        info = os.fstat(fd)
+        why = _why_not_ours(info)
+        if why is not None:
+            raise WireError(f"shared-memory handle {path} refused: {why}; left in place")
+        os.unlink(path)   # ours: the mapping keeps the memory alive; the name is no longer needed
+        if info.st_size != nbytes:
+            raise WireError(f"shared-memory file holds {info.st_size} bytes, but dtype {dtype} and "
                             f"shape {shape} need {nbytes}")
-        # MAP_PRIVATE: the receiver may write its copy; the pages stay shared until then.
-        # Pages map lazily on first touch, as torch.multiprocessing's shared tensors do.
+        # MAP_PRIVATE: the receiver may write its copy (copy-on-write, which a read-only fd
+        # allows); the pages stay shared until then. Pages map lazily on first touch, as
+        # torch.multiprocessing's shared tensors do.
         return mmap.mmap(fd, nbytes, flags=mmap.MAP_PRIVATE) if nbytes else b""
     finally:
         os.close(fd)
-        os.unlink(path)  # the mapping keeps the memory alive; the name is no longer needed
 
 
 def cleanup_shm() -> int:

@@ -72,6 +72,24 @@ def is_beyond_loopback(address: str) -> bool:
             return True
 
 
+def is_this_hosts_address(ip: str) -> bool:
+    """Whether `ip` (a tcp connection's Peer-Address) is loopback or an address of one of this
+    host's interfaces, as they are now. A connection from another host cannot carry one: Linux
+    drops a packet that arrives from outside with a local source address (`accept_local`, off
+    by default), so no tcp handshake with such a source completes."""
+    import psutil
+    try:
+        address = ipaddress.ip_address(ip.split("%", 1)[0])
+    except ValueError:
+        return False
+    address = getattr(address, "ipv4_mapped", None) or address
+    if address.is_loopback:
+        return True
+    return any(nic.family in (_socket.AF_INET, _socket.AF_INET6)
+               and ipaddress.ip_address(nic.address.split("%", 1)[0]) == address
+               for nics in psutil.net_if_addrs().values() for nic in nics)
+
+
 @dataclass(frozen=True)
 class CurveKeys:
     """A run's keys: its CurveZMQ identity (servers present server_*; clients present client_*)
@@ -211,10 +229,11 @@ class AsyncSocket:
         finally:
             self._waiting = False
 
-    def recv_authenticated_nowait(self) -> tuple[list, str] | None:
+    def recv_authenticated_nowait(self) -> tuple[list, str, str] | None:
         """Like `recv_multipart_nowait`, with the User-Id the authentication handler gave the
-        sender's connection (core/node.py: its actor name, or CONTROL; "" where none). For
-        Curve servers only: pyzmq's path, which keeps each frame's connection metadata."""
+        sender's connection (core/node.py: its actor name, or CONTROL; "" where none) and the
+        connection's Peer-Address (the sender's IP; "" where none). For Curve servers only:
+        pyzmq's path, which keeps each frame's connection metadata."""
         return _PyzmqPath.recv_message_with_user(self.sock)
 
     def wake(self) -> None:
@@ -277,24 +296,25 @@ class _PyzmqPath:
         return None if received is None else received[0]
 
     @staticmethod
-    def recv_message_with_user(sock: zmq.Socket, read_user: bool = True) -> tuple[list, str] | None:
+    def recv_message_with_user(sock: zmq.Socket, read_user: bool = True) -> tuple[list, str, str] | None:
         if not sock.get(zmq.EVENTS) & zmq.POLLIN:
             return None
         try:
             frame = sock.recv(zmq.NOBLOCK, copy=False)
         except zmq.Again:
             return None
-        user = ""
+        user = peer = ""
         frames = [frame.bytes if len(frame) < _COPY_BELOW_BYTES else frame]
         while frame.more:  # the rest of a multipart message is already here
             frame = sock.recv(zmq.NOBLOCK, copy=False)
             if read_user and not user:   # every frame of a message carries its connection's metadata
                 try:
                     user = frame.get("User-Id") or ""
+                    peer = frame.get("Peer-Address") or ""
                 except zmq.ZMQError:   # no metadata: a connection without a ZAP answer
                     user = ""
             frames.append(frame.bytes if len(frame) < _COPY_BELOW_BYTES else frame)
-        return frames, user
+        return frames, user, peer
 
     @staticmethod
     def send_frames(sock: zmq.Socket, frames: list) -> bool:

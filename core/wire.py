@@ -24,7 +24,10 @@ shape, is_torch]`. An array of at least
 host) is written once to a file in /dev/shm and the envelope carries only
 `SHM_EXT` = `[path, dtype, shape, is_torch]`; the receiver maps the file and
 unlinks it, so the tensor crosses without a socket copy. The files' names, pool
-and removal (also of what a killed process left) are core/shm.py's.
+and removal (also of what a killed process left) are core/shm.py's. A receiver
+takes such a handle only from a sender on its host (`decode(frames, allow_shm=True)`,
+which the receiving end decides by its transport: core/inbox.py): from anywhere
+else it is refused with a WireError and no file is touched.
 
 Decoding is zero-copy too: a received array is a read-only view of the
 frame's memory (numpy) or a tensor over it (torch; treat it as read-only and
@@ -35,6 +38,7 @@ at decode time, which the actor answers with a typed error reply.
 """
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from dataclasses import dataclass
@@ -189,17 +193,20 @@ def _place(raw, dtype: str, shape, is_torch: bool, buffers: list, shm_min_bytes:
                                                             list(shape), is_torch]))
 
 
-def decode(frames: list) -> Message:
-    """Frames (bytes or zmq.Frame) -> Message. Raises WireError on anything malformed."""
+def decode(frames: list, allow_shm: bool = False) -> Message:
+    """Frames (bytes or zmq.Frame) -> Message. Raises WireError on anything malformed.
+
+    allow_shm: the sender shares this host, so the message may name a /dev/shm file (SHM_EXT);
+    False (a sender that may be on another host): such a message is refused, no file opened."""
     if not frames:
         raise WireError("empty message: expected an envelope frame")
     try:  # msgpack reads a zmq.Frame through the buffer protocol, without a memoryview
-        if len(frames) == 1:  # no bulk frames: the shared hook needs no closure
-            envelope = msgpack.unpackb(frames[0], ext_hook=_ext_hook_without_frames, raw=False,
-                                       strict_map_key=False)
+        if len(frames) == 1:  # no bulk frames: a shared hook needs no closure
+            envelope = msgpack.unpackb(frames[0], ext_hook=_EXT_HOOKS_WITHOUT_FRAMES[allow_shm],
+                                       raw=False, strict_map_key=False)
         else:
             envelope = msgpack.unpackb(frames[0], ext_hook=lambda code, data: _ext_hook(
-                code, data, frames), raw=False, strict_map_key=False)
+                code, data, frames, allow_shm), raw=False, strict_map_key=False)
     except WireError:
         raise
     except Exception as exc:  # msgpack raises several types for bad bytes
@@ -215,7 +222,7 @@ def decode(frames: list) -> Message:
     return Message(kind, msg_id, corr_id, sender, policy_version, body)
 
 
-def _ext_hook(code: int, data: bytes, frames):
+def _ext_hook(code: int, data: bytes, frames, allow_shm: bool):
     if code == ARRAY_EXT:
         index, dtype, shape, is_torch = _unpack_ext(data, "array")
         if not isinstance(index, int) or not 1 <= index < len(frames):
@@ -233,6 +240,10 @@ def _ext_hook(code: int, data: bytes, frames):
         return _make_array(_join(frames[first:first + count], _expected_nbytes(dtype, shape, is_torch)),
                            dtype, shape, is_torch)
     if code == SHM_EXT:
+        if not allow_shm:
+            raise WireError("refused a shared-memory array (a /dev/shm file handle) from a sender that may "
+                            "be on another host: only a sender on this host may name one (ipc, loopback, "
+                            "or a tcp connection from one of this host's own addresses)")
         path, dtype, shape, is_torch = _unpack_ext(data, "shared-memory array")
         return _make_array(shm.map_segment(path, _expected_nbytes(dtype, shape, is_torch), dtype, shape),
                            dtype, shape, is_torch)
@@ -254,8 +265,9 @@ def _join(frames: list, nbytes: int) -> memoryview:
     return memoryview(joined)
 
 
-def _ext_hook_without_frames(code: int, data: bytes):
-    return _ext_hook(code, data, ())
+# allow_shm -> the ext hook of a message of one frame
+_EXT_HOOKS_WITHOUT_FRAMES = {allow: functools.partial(_ext_hook, frames=(), allow_shm=allow)
+                             for allow in (False, True)}
 
 
 def peek_msg_id(frames: list) -> int | None:

@@ -1,6 +1,7 @@
 """`postrain up`, `status` and `down` as a user runs them: real head, real actor processes."""
 import json
 import os
+import stat
 import subprocess
 import sys
 
@@ -60,12 +61,13 @@ def test_status_and_down_talk_to_a_running_head(tmp_path, bind):
         config.write_text(config.read_text().replace(
             "[head]\n", f'[head]\nbind = "tcp://127.0.0.1:{free_tcp_port("127.0.0.1")}"\n'))
     head = subprocess.Popen([sys.executable, "-m", "postrain.cli", "up", "--config", str(config)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, umask=0o000)
     try:
         for line in head.stdout:  # wait for the head's own word that it serves
             if line.startswith("serving"):
                 break
         assert json.loads((folder / "head.json").read_text())["address"].startswith(bind)
+        assert stat.S_IMODE((folder / "head.json").stat().st_mode) == 0o600, "it holds the control key"
         status = postrain("status", str(folder), "--json")
         assert status.returncode == 0, status.stderr
         actors = {a["name"]: a for a in json.loads(status.stdout)["actors"]}
@@ -138,8 +140,6 @@ def test_a_bad_import_path_is_one_line_naming_the_actor_before_anything_starts(t
 def test_the_run_folder_and_its_logs_are_the_run_users_only(tmp_path):
     """Logs, checkpoints and the run tag's secret live there (issue 32): 0700, also for a folder
     that existed before with looser modes."""
-    import stat
-
     from postrain.cli.up import prepare_run_folder
     from postrain.cli.config import load_up_config
 

@@ -4,6 +4,7 @@ layouts say and still places; the first rollout is read from the run's ledger.""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -43,6 +44,27 @@ def test_the_sealed_ratio_bound_adds_the_crypto_to_the_plain_sends_work_on_the_c
     # it keeps one of four busy: the crypto fits beside it, the plain send's own time is the bound
     assert sealed_ratio_bound(0.25, 1.0, 0.3, cores=4) == 1.0
     assert sealed_ratio_bound(0.25, 1.0, 0.9, cores=4) == pytest.approx(0.25 / 0.2875, abs=1e-3)
+
+
+def test_the_raw_links_make_their_own_keys_and_get_the_sealed_channels_key_sealed():
+    """Ray keeps its calls' arguments: the raw CurveZMQ server gives out only the public half of a
+    key pair it made itself, and the bare sealed channel's key travels sealed to the raw server."""
+    import pickle
+
+    from postrain.bench.cluster_links import SEALED_KEY_CONTEXT, RawClient, RawServer
+    from postrain.core.enrol import EnrolmentError, EnrolmentKey, seal_for
+
+    server = RawServer("127.0.0.1")
+    address, public = server.serve(curve=True)
+    assert len(public) == 40, "a Z85 public key, nothing more"
+    client = RawClient(address, public)      # its warm-up round trips run on the Curve link
+    assert len(client.round_trips(3)) == 3
+    client.close()
+    key = os.urandom(32)
+    box = seal_for(server.enrolment_key(), key, SEALED_KEY_CONTEXT)
+    assert key not in pickle.dumps(box)
+    with pytest.raises(EnrolmentError):      # only the raw server's own key opens it
+        EnrolmentKey().open(box, SEALED_KEY_CONTEXT)
 
 
 def test_the_first_rollout_is_the_ledgers_first_generated_event(tmp_path):

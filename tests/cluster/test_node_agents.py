@@ -96,8 +96,12 @@ async def test_agents_on_two_nodes_run_actors_that_talk_over_tcp_curve_and_refus
 
 def test_the_runs_secrets_never_travel_in_a_ray_call(two_nodes, tmp_path, monkeypatch):
     """Ray keeps its calls' arguments in its task specs and control store: spy on every actor
-    creation and method call the head makes, and look for the secrets in what Ray was given."""
+    creation and method call the head makes, and look for the secrets in what Ray was given: the
+    run's keys, and an actor's options (one may be an API key), which its agent gets sealed."""
     import pickle
+    import uuid
+
+    from postrain.core.config import ActorSpec
 
     import ray.actor
     given = []
@@ -109,16 +113,40 @@ def test_the_runs_secrets_never_travel_in_a_ray_call(two_nodes, tmp_path, monkey
     cluster = connect(ClusterSection(address=two_nodes.address))
     try:
         keys = CurveKeys.generate()
-        agents = cluster.start_agents(cluster.nodes(), keys=keys, run_tag="secrets1", log_dir=str(tmp_path / "logs"))
+        nodes = cluster.nodes()
+        agents = cluster.start_agents(nodes, keys=keys, run_tag="secrets1", log_dir=str(tmp_path / "logs"))
         try:
             assert all(state["actors"] == [] for state in agents.status().values()), "the agents serve"
+            option = f"an-api-key-{uuid.uuid4().hex}"   # a required option: the driver starts only with it
+            driver = ActorSpec(name="driver", cls="postrain.core.testing:CountingDriver", cpus=0.5,
+                               memory_mb=64, options={"peer": option})
+            assert agents.start(driver, nodes[1].name).startswith("tcp://")
         finally:
             agents.stop()
     finally:
         cluster.disconnect()
     assert len(given) >= 6, "the spy saw the agents' creation and calls"
-    for secret in (keys.server_secret, keys.client_secret, keys.bulk_key, keys.identity_seed):
+    secrets = (keys.server_secret, keys.client_secret, keys.bulk_key, keys.identity_seed, option.encode())
+    for secret in secrets:
         assert not any(secret in call for call in given)
+
+
+def test_a_node_agents_log_folder_is_private_also_where_it_existed_looser(tmp_path):
+    """An agent's log folder holds every actor's output on its node: 0700, also when the folder was
+    there before (another run, a shared file system) with a broader mode."""
+    import stat
+
+    from postrain.core.ray_nodes import NodeAgent
+
+    logs = tmp_path / "logs"
+    logs.mkdir(mode=0o755)
+    previous = os.umask(0o022)
+    try:
+        NodeAgent("n", "127.0.0.1", {"cpu_ids": [0], "memory_mb": 64, "gpus": []}, "logtag", str(logs),
+                  heartbeat_interval_s=1.0, heartbeat_timeout_s=30.0)
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(logs.stat().st_mode) == 0o700
 
 
 def up_dry_run(tmp_path, doc: dict, capsys) -> tuple[int, str, str]:

@@ -137,3 +137,18 @@ def test_a_curve_server_admits_clients_only_through_a_zap_handler():
                     auth.stop()
     finally:
         context.term()
+
+
+def test_this_hosts_addresses_are_loopback_and_its_interfaces_only():
+    """What an inbox beyond loopback asks of a caller's Peer-Address before it maps a /dev/shm
+    handle from it (core/inbox.py)."""
+    import psutil
+    import socket
+
+    ours = [nic.address for nics in psutil.net_if_addrs().values() for nic in nics
+            if nic.family == socket.AF_INET]
+    assert all(transport.is_this_hosts_address(ip) for ip in ["127.0.0.1", "127.0.0.2", "::1", *ours])
+    assert transport.is_this_hosts_address("::ffff:127.0.0.1")
+    strangers = [ip for ip in ("203.0.113.7", "198.51.100.9") if ip not in ours]
+    assert strangers and not any(transport.is_this_hosts_address(ip) for ip in strangers)
+    assert not transport.is_this_hosts_address("") and not transport.is_this_hosts_address("not an address")

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from postrain.core import wire
+from postrain.core import shm, wire
 from postrain.core.wire import Message, WireError, decode, encode
 
 NUMPY_DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -122,7 +122,7 @@ def test_large_tensors_go_through_shared_memory_and_leave_no_file_behind(tmp_pat
     assert len(frames) == 1, "only a handle is on the wire"
     header = msgpack.unpackb(frames[0], ext_hook=lambda code, data: msgpack.unpackb(data))
     path = header[5][0]
-    got = decode(frames).body
+    got = decode(frames, allow_shm=True).body
     assert torch.equal(got, tensor)
     got[0, 0] = 1.0  # the receiver may write its private copy
     assert not os.path.exists(path), "the receiver unlinks the file it maps"
@@ -145,12 +145,28 @@ def test_unsupported_values_are_refused_with_a_clear_error():
     ([msgpack.packb(["k", 1, 0, "s", None, msgpack.ExtType(1, msgpack.packb([3, "float32", [1], False]))])],
      "refers to frame"),
     ([msgpack.packb(["k", 1, 0, "s", None, msgpack.ExtType(9, b"")])], "unknown msgpack ext"),
-    ([msgpack.packb(["k", 1, 0, "s", None, msgpack.ExtType(2, msgpack.packb(["/etc/passwd", "uint8", [1], False]))])],
-     "not a postrain file"),
 ])
 def test_malformed_frames_raise_wire_error_naming_the_problem(frames, rule):
     with pytest.raises(WireError, match=rule):
         decode(frames)
+
+
+def test_a_shared_memory_handle_is_refused_unless_the_sender_shares_this_host():
+    """A message from another host must not name a file in this host's /dev/shm: the receiving end
+    says whether its sender shares the host (allow_shm, from its transport: core/inbox.py)."""
+    frames = encode(Message("k", 1, 0, "s", None, torch.ones(1024)), shm_min_bytes=1024)
+    path = msgpack.unpackb(frames[0], ext_hook=lambda code, data: msgpack.unpackb(data))[5][0]
+    try:
+        with pytest.raises(WireError, match="refused a shared-memory array .* may be on another host"):
+            decode(frames)
+        assert os.path.exists(path), "a refused handle's file is not touched"
+        assert torch.equal(decode(frames, allow_shm=True).body, torch.ones(1024))
+    finally:
+        shm.cleanup_shm()
+    handle = msgpack.ExtType(2, msgpack.packb(["/etc/passwd", "uint8", [1], False]))
+    passwd = [msgpack.packb(["k", 1, 0, "s", None, handle])]
+    with pytest.raises(WireError, match="not a postrain file"):
+        decode(passwd, allow_shm=True)
 
 
 @given(st.lists(st.binary(max_size=64), min_size=1, max_size=3))
