@@ -2,7 +2,7 @@
 
 Why not hypercorn (the gateway's first server, still `http_server = "hypercorn"`): measured on
 this 2-core VM, hypercorn with h11 costs ~0.4 ms of CPU a request before the app runs, this server
-~0.03 ms (docs/performance.md, "Gateway throughput"). The gateway handles its requests on one
+~0.03 ms (docs/performance-history.md, "Gateway throughput"). The gateway handles its requests on one
 core, so that cost is what kept 32 concurrent requests from reaching the generators together.
 
 What it speaks (what OpenAI clients send, and nothing it cannot do right):

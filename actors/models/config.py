@@ -134,7 +134,7 @@ class ModelConfig:
 BUILTIN_CONFIGS: dict[str, ModelConfig] = {
     # tiny: every head its own keys and values, a fast rotary base and a wider init make the copying
     # that the default run's warm start must learn form within ~90-150 steps of tool demonstrations
-    # on every seed tried (0-5), where GQA, base 10000 and std 0.02 left it to chance (docs/performance.md, "The warm start's
+    # on every seed tried (0-5), where GQA, base 10000 and std 0.02 left it to chance (docs/performance-history.md, "The warm start's
     # copying jump").
     "tiny": ModelConfig(vocab_size=264, hidden_size=192, intermediate_size=512, num_layers=4,
                         num_heads=6, num_kv_heads=6, max_position_embeddings=1024,
