@@ -30,8 +30,10 @@ rank; the other ranks take only what rank 0 sends them (actors/learner/group.py)
 Weight-sync contract (what a generator implements): the learner asks each target
 `load_weights` with a WeightSync {"version": int, "weights": {name: CPU tensor}}, Hugging Face
 names, no tied `lm_head.weight` duplicate; the target swaps them in at a safe point and
-replies a WeightSyncReply {"version": int}. A target on this host (the registry placed it on this node, or its
-address is ipc or loopback) gets one such message: its tensors >= 1 MiB cross through /dev/shm
+replies a WeightSyncReply {"version": int}. Under `weight_transport` "auto" (the default;
+"message" and "sealed" send every target the one way or the other: actors/weights/transport.py),
+a target on this host (the registry placed it on this node, or its address is ipc or loopback)
+gets one such message: its tensors >= 1 MiB cross through /dev/shm
 (the wire does it), so a sync costs one write and one mapped read per tensor. A target on
 another node gets one sync as several messages ("chunk": i of "num_chunks": n, of at most
 `chunk_mb` MiB of whole tensors each), sent pipelined (chunks 0..n-2 as tells, chunk n - 1
@@ -72,7 +74,7 @@ from ..records import (EXPORT_HF, GET_WEIGHTS, GROUP_STATE, JOIN_GROUP, LEARNER_
                        ExportedHf, ExportHf, GroupState, JoinGroup, LearnerStats, LoadCheckpoint,
                        PublishReport, PublishRequest, RankStep, SaveCheckpoint, SftBatch, StepMetrics,
                        TrainBatch, WeightSync)
-from ..weights import WEIGHT_SYNC_MODES, SyncPlanner, WeightPublisher
+from ..weights import WEIGHT_SYNC_MODES, WEIGHT_TRANSPORTS, SyncPlanner, WeightPublisher, weight_transport
 from .context_parallel_step import check_ranks, rank_shards
 from .group import LearnerGroup
 
@@ -100,6 +102,14 @@ class LearnerOptions(Options):
                              "sync, send it only what changed ('delta': the LoRA adapters, or the changed "
                              "elements), or always the whole weights ('full'); 'auto': delta under LoRA, "
                              "else full (actors/weights/sync_plan.py)")
+    weight_transport: Literal[WEIGHT_TRANSPORTS] = Field("auto", description="how a publish reaches its "
+                             "targets: 'message', one load_weights message each (its tensors through /dev/shm "
+                             "on this host, inline to another node; patches as weight_sync allows); 'sealed', "
+                             "the whole weights in chunks of at most the publish's chunk_mb MiB, sealed once "
+                             "for all targets and sent on each one's sealed channel, also on this host "
+                             "(targets bound to tcp with the run's keys: to test and bench the cluster path "
+                             "on one machine); 'auto', message to targets on this host, sealed to other nodes "
+                             "(actors/weights/transport.py)")
     publish_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
         None, description="the dtype weights travel in and generators run (the rollout dtype): "
         "'bfloat16' halves a sync of float32 weights, and most elements of a step's update round away "
@@ -177,8 +187,9 @@ class LearnerActor(Actor):
         from .learner import Learner
 
         self.learner = Learner(self.options.learner_config())
-        self.publisher = WeightPublisher(self.name, self.node.keys, self.lookup, SyncPlanner(
-            self.options.weight_sync, self.learner.lora, self.options.publish_dtype))
+        self.publisher = WeightPublisher(self.lookup, SyncPlanner(
+            self.options.weight_sync, self.learner.lora, self.options.publish_dtype),
+            weight_transport(self.options.weight_transport, self.name, self.node.keys))
         # Elastic cores: a step takes up the actor's current torch thread count at the start of each
         # micro-batch's forward (every forward of the policy starts with its embedding).
         embedding = self.learner.model.model.embed_tokens
@@ -334,10 +345,11 @@ class LearnerActor(Actor):
         """Push the current weights (version = learner.policy_version) to every target, concurrently.
 
         body: a PublishRequest: targets (actor names), timeout_s (per message; a chunked sync's last reply waits
-        for all its chunks), chunk_mb (a target on this host, by node identity or address, gets
-        one message, its tensors through /dev/shm; the targets on other nodes get chunks of at
-        most chunk_mb MiB of whole tensors (None: one chunk), their bytes sealed once for all of
-        them on their sealed channels: `_push_sealed`). A target that fails does not stop the
+        for all its chunks), chunk_mb (under the default weight_transport "auto", a target on
+        this host, by node identity or address, gets one message, its tensors through /dev/shm;
+        the targets on other nodes get chunks of at most chunk_mb MiB of whole tensors (None: one
+        chunk), their bytes sealed once for all of them on their sealed channels:
+        actors/weights/transport.py). A target that fails does not stop the
         others: they all finish, then the publish fails naming every target that failed and why
         (the others hold the new version). Cancelled: targets that already replied hold the new
         version; the others may or may not."""

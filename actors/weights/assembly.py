@@ -19,8 +19,9 @@ From a learner on another node each chunk's tensors come on the receiver's seale
 (core/sealed.py), not in the message: `SealedWeights.fill` receives them into fresh tensors
 before the chunk is taken. A chunk whose pieces are refused (or do not come in time) fails,
 drops the sync in progress whole, and the sync's later chunks are refused: the receiver keeps
-the weights it held. Same-node targets never use the channel (they get /dev/shm), and nothing
-of it is imported until a learner on another node asks for it.
+the weights it held. Same-node targets use the channel only under a learner's
+`weight_transport = "sealed"` (else they get /dev/shm), and nothing of it is imported until a
+learner asks for it.
 """
 from __future__ import annotations
 
@@ -88,7 +89,8 @@ class SyncAssembler:
 
 class SealedWeights:
     """One actor's end of sealed weight syncs: the channel (core/sealed.py) is bound on the host
-    of the actor's inbox when a learner on another node first asks for its `address`.
+    of the actor's inbox when a learner first asks for its `address` (one on another node, or
+    any under `weight_transport = "sealed"`).
     `keys`: the run's CurveKeys (their bulk_key seals the pieces). Invariant: `_receiver` is
     None until `address` is first called."""
 
@@ -102,7 +104,8 @@ class SealedWeights:
             from postrain.core.sealed import SealedReceiver
             if not self._inbox_address.startswith("tcp://") or self._keys is None or not self._keys.bulk_key:
                 raise ValueError("sealed weights come only to an actor bound to tcp with the run's keys "
-                                 "(a cluster run); on one host weights come through /dev/shm")
+                                 "(a cluster run); bind it to tcp, or publish to it by message (the "
+                                 "learner's weight_transport 'auto' or 'message')")
             host = self._inbox_address.removeprefix("tcp://").rsplit(":", 1)[0]
             self._receiver = SealedReceiver(self._keys.bulk_key, host)
         return self._receiver.address
