@@ -73,7 +73,7 @@ class ExportedHf(Record):
 @dataclass(frozen=True, slots=True)
 class PublishRequest(Record):
     """`publish`: push the current weights to `targets` (actor names). timeout_s: per message;
-    chunk_mb: the largest chunk to a target on another node (None: one chunk)."""
+    chunk_mb: the largest chunk to a target the sealed transport serves (None: one chunk)."""
 
     targets: list[str] = field(default_factory=list)
     timeout_s: float = 120.0
