@@ -204,11 +204,11 @@ async def _retokenization(address, gateway, tokenizer, num_episodes: int) -> dic
         totals["segments"] += len(closed.segments)
         ours = closed.segments[-1]
         retok = tokenizer.encode(render(tokenizer, messages, TOOLS, add_generation_prompt=False))
-        totals["differ"] += retok[:len(ours["token_ids"])] != ours["token_ids"]
+        totals["differ"] += retok[:len(ours.token_ids)] != ours.token_ids
         kept = set()   # positions of ours that the re-tokenized sequence holds in the same order
-        for block in difflib.SequenceMatcher(None, ours["token_ids"], retok, autojunk=False).get_matching_blocks():
+        for block in difflib.SequenceMatcher(None, ours.token_ids, retok, autojunk=False).get_matching_blocks():
             kept.update(range(block.a, block.a + block.size))
-        trained = [k for k, m in enumerate(ours["loss_mask"]) if m]
+        trained = [k for k, m in enumerate(ours.loss_mask) if m]
         totals["sampled"] += len(trained)
         totals["changed"] += sum(k not in kept for k in trained)
     async with anyio.create_task_group() as group:

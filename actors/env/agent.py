@@ -30,8 +30,8 @@ import uuid
 import anyio
 import anyio.to_thread
 
-from ..records import (CLOSE_EPISODE, OPEN_EPISODE, CloseEpisode, GatewayAddress, OpenEpisode, Rollout,
-                       RolloutSegment)
+from ..records import (CLOSE_EPISODE, OPEN_EPISODE, CloseEpisode, EpisodeSegment, GatewayAddress, OpenEpisode,
+                       Rollout, RolloutSegment)
 from .timeline import Timeline
 from .api import Environment, EnvironmentContractError, EnvironmentFailure, Reward, StepResult, show_value
 
@@ -101,26 +101,26 @@ async def agent_rollout(env: AgentEnvironment, task: dict, gateway, address: Gat
         raise EnvironmentFailure(f"{type(env).__name__}.run made no model call; fix: call the client it is "
                                  f"given (its key is the episode's), with model=self.model")
     for index, segment in enumerate(segments):
-        for call in segment["calls"]:
-            timeline.hops.append({"hop": "generate", "actor": gateway.name, "start": call["start"],
-                                  "duration_ms": call["duration_ms"], "num_tokens": call["num_tokens"],
-                                  "policy_versions": call["policy_versions"], "segment": index})
+        for call in segment.calls:
+            timeline.hops.append({"hop": "generate", "actor": gateway.name, "start": call.start,
+                                  "duration_ms": call.duration_ms, "num_tokens": call.num_tokens,
+                                  "policy_versions": call.policy_versions, "segment": index})
     return segments_rollout(segments, reward, timeline.to_list())
 
 
-def segments_rollout(segments: list[dict], reward: Reward, timeline: list[dict] | None = None) -> Rollout:
-    """The Rollout of an agent episode's gateway segments (`Segment.to_wire` dicts, oldest first):
-    its own lists the last segment's, `earlier_segments` the others (every one is trained)."""
+def segments_rollout(segments: list[EpisodeSegment], reward: Reward, timeline: list[dict] | None = None) -> Rollout:
+    """The Rollout of an agent episode's gateway segments (oldest first): its own lists the last
+    segment's, `earlier_segments` the others (every one is trained)."""
     *earlier, last = segments
-    return Rollout(token_ids=last["token_ids"], loss_mask=last["loss_mask"],
-                   behavior_logprobs=last["behavior_logprobs"], policy_versions=last["policy_versions"],
-                   reward=reward, num_turns=sum(len(s["calls"]) for s in segments),
-                   num_policy_tokens=sum(last["loss_mask"]), timeline=list(timeline or []),
+    return Rollout(token_ids=last.token_ids, loss_mask=last.loss_mask,
+                   behavior_logprobs=last.behavior_logprobs, policy_versions=last.policy_versions,
+                   reward=reward, num_turns=sum(len(s.calls) for s in segments),
+                   num_policy_tokens=sum(last.loss_mask), timeline=list(timeline or []),
                    earlier_segments=[segment_record(s) for s in earlier] or None)
 
 
-def segment_record(segment: dict) -> RolloutSegment:
+def segment_record(segment: EpisodeSegment) -> RolloutSegment:
     """A gateway segment (actors/gateway/episodes.py) as the rollout's record of it."""
-    return RolloutSegment(token_ids=segment["token_ids"], loss_mask=segment["loss_mask"],
-                          behavior_logprobs=segment["behavior_logprobs"],
-                          policy_versions=segment["policy_versions"], num_policy_tokens=sum(segment["loss_mask"]))
+    return RolloutSegment(token_ids=segment.token_ids, loss_mask=segment.loss_mask,
+                          behavior_logprobs=segment.behavior_logprobs,
+                          policy_versions=segment.policy_versions, num_policy_tokens=sum(segment.loss_mask))

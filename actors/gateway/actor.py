@@ -207,4 +207,4 @@ class GatewayActor(Actor):
         episode = self.service.episodes.get(request.key)
         num_calls = episode.num_calls if episode is not None else 0
         segments = self.service.close_episode(request.key)
-        return EpisodeSegments(segments=[s.to_wire() for s in segments], num_calls=num_calls)
+        return EpisodeSegments(segments=[s.record() for s in segments], num_calls=num_calls)

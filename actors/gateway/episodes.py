@@ -25,19 +25,8 @@ import json
 from dataclasses import dataclass, field
 
 from ..models.tokenizer import Tokenizer
+from ..records import EpisodeCall, EpisodeSegment
 from .templates import render
-
-
-@dataclass
-class CallRecord:
-    """One call of a segment: its prompt's length in tokens, its sampled tokens' count, the
-    policy versions that sampled them, and when it started (time.time()) and how long it took."""
-
-    prompt_len: int
-    num_tokens: int
-    policy_versions: list[int]
-    start: float = 0.0
-    duration_ms: float = 0.0
 
 
 @dataclass
@@ -48,7 +37,7 @@ class Segment:
     loss_mask: list[int] = field(default_factory=list)
     behavior_logprobs: list[float] = field(default_factory=list)
     policy_versions: list[int] = field(default_factory=list)
-    calls: list[CallRecord] = field(default_factory=list)
+    calls: list[EpisodeCall] = field(default_factory=list)
 
     def extend(self, ids: list[int], logprobs: list[float] | None = None, versions: list[int] | None = None):
         """Append rendered ids (no logprobs) or sampled ids (with their logprobs and versions)."""
@@ -62,10 +51,10 @@ class Segment:
         return Segment(list(self.token_ids), list(self.loss_mask), list(self.behavior_logprobs),
                        list(self.policy_versions), list(self.calls))
 
-    def to_wire(self) -> dict:
-        return {"token_ids": self.token_ids, "loss_mask": self.loss_mask,
-                "behavior_logprobs": self.behavior_logprobs, "policy_versions": self.policy_versions,
-                "calls": [vars(c) for c in self.calls]}
+    def record(self) -> EpisodeSegment:
+        """The segment as it travels (`close_episode`'s reply)."""
+        return EpisodeSegment(self.token_ids, self.loss_mask, self.behavior_logprobs, self.policy_versions,
+                              list(self.calls))
 
 
 @dataclass
@@ -142,8 +131,8 @@ class EpisodeTokens:
     @staticmethod
     def _with_choice(tip: _Tip, choice: Choice) -> Segment:
         segment = tip.prompt.copy()
-        segment.calls.append(CallRecord(len(segment.token_ids), len(choice.token_ids),
-                                        sorted(set(choice.policy_versions)), choice.start, choice.duration_ms))
+        segment.calls.append(EpisodeCall(len(segment.token_ids), len(choice.token_ids),
+                                         sorted(set(choice.policy_versions)), choice.start, choice.duration_ms))
         segment.extend(choice.token_ids, choice.logprobs, choice.policy_versions)
         return segment
 

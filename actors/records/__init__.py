@@ -27,7 +27,7 @@ learner.py, run.py, sandbox.py; the machinery is the kernel's (core/record.py). 
 record, and every message kind, from `postrain.actors.records`.
 """
 from postrain.core.record import RecordError
-from .gateway import CloseEpisode, EpisodeSegments, GatewayAddress, OpenEpisode
+from .gateway import CloseEpisode, EpisodeCall, EpisodeSegment, EpisodeSegments, GatewayAddress, OpenEpisode
 from .generate import (SAMPLING_CODEC, GeneratedSample, GenerateReply, GenerateRequest, GeneratorStats,
                        SamplingParams, SamplingParamsError)
 from .reward import EnvironmentContractError, Reward
@@ -69,7 +69,7 @@ from .run import RUN, STOP_RUN
 from .sandbox import (EXEC, EXEC_STREAM, RUN_IO_CASES, RUN_TESTS, SANDBOX_STATS, SESSION_CLOSE, SESSION_EXEC,
                       SESSION_OPEN, SESSION_READ_FILE, SESSION_SNAPSHOT, SESSION_WRITE_FILE)
 
-__all__ += ["CloseEpisode", "EpisodeSegments", "GatewayAddress", "OpenEpisode"]
+__all__ += ["CloseEpisode", "EpisodeCall", "EpisodeSegment", "EpisodeSegments", "GatewayAddress", "OpenEpisode"]
 __all__ += ["CLOSE_EPISODE", "GATEWAY_ADDRESS", "OPEN_EPISODE"]
 __all__ += ["EXEC", "EXEC_STREAM", "EXPORT_HF", "GENERATE", "GENERATOR_STATS", "GET_WEIGHTS", "GROUP_STATE",
            "JOIN_GROUP", "LEARNER_STATS", "LOAD_CHECKPOINT", "LOAD_WEIGHTS", "PUBLISH", "RANK_STEP", "ROLLOUT",

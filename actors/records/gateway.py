@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
 from postrain.core.messages import MessageKind
-from postrain.core.record import Record
+from postrain.core.record import Record, codec
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,11 +34,42 @@ class CloseEpisode(Record):
 
 
 @dataclass(frozen=True, slots=True)
-class EpisodeSegments(Record):
-    """`close_episode` reply: the episode's segments (episodes.Segment.to_wire each: token_ids,
-    loss_mask, behavior_logprobs, policy_versions, calls) and how many calls it made."""
+class EpisodeCall(Record):
+    """One model call of a segment: its prompt's length in tokens, how many tokens it sampled,
+    the policy versions that sampled them, when it started (time.time()) and how long it took."""
 
-    segments: list[dict[str, Any]] = field(default_factory=list)
+    prompt_len: int
+    num_tokens: int
+    policy_versions: list[int]
+    start: float = 0.0
+    duration_ms: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeSegment(Record):
+    """One trained sample of an agent episode (actors/gateway/episodes.py, its invariants): the
+    four per-token lists, of one length, and the calls whose prompts and samples it holds."""
+
+    token_ids: list[int]
+    loss_mask: list[int]
+    behavior_logprobs: list[float]
+    policy_versions: list[int]
+    calls: list[EpisodeCall] = field(default_factory=list, metadata=codec(
+        lambda calls: [c.to_wire() for c in calls], lambda items: [EpisodeCall.from_wire(i) for i in items]))
+
+    def _check(self) -> None:
+        lengths = {len(self.token_ids), len(self.loss_mask), len(self.behavior_logprobs), len(self.policy_versions)}
+        if len(lengths) != 1:
+            self.fail_field("token_ids", len(self.token_ids), "as long as loss_mask, behavior_logprobs and "
+                            f"policy_versions (lengths {sorted(lengths)})")
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeSegments(Record):
+    """`close_episode` reply: the episode's segments, oldest first, and how many calls it made."""
+
+    segments: list[EpisodeSegment] = field(default_factory=list, metadata=codec(
+        lambda segments: [s.to_wire() for s in segments], lambda items: [EpisodeSegment.from_wire(i) for i in items]))
     num_calls: int = 0
 
 
