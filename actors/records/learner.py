@@ -12,8 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from typing_extensions import Self
+
 from postrain.core.messages import MessageKind
-from postrain.core.record import Record, codec
+from postrain.core.record import Record, RecordError, codec
 from .train import SFT, TRAIN
 from .weights import PublishReport, WeightSync
 
@@ -130,33 +132,39 @@ class GroupState(Record):
 class RankStep(Record):
     """`rank_step` (rank 0 to another rank): its part of a request, in group `generation`. kind:
     train, sft, save_checkpoint, load_checkpoint, and for a sharded group publish and export_hf;
-    body: that request's record, on the wire (`request`; RANK_MESSAGES names each kind's)."""
+    request: that message's request record (RANK_MESSAGES names each kind's), decoded by kind.
+
+    Invariant: isinstance(request, RANK_MESSAGES[kind].request)."""
 
     generation: str
     kind: str
-    body: dict[str, Any]
+    request: Record = field(metadata={"encode": lambda request: request.to_wire()})
 
     def _check(self) -> None:
-        if self.kind not in RANK_MESSAGES:
+        request_type = RANK_MESSAGES[self.kind].request if self.kind in RANK_MESSAGES else None
+        if request_type is None:
             self.fail_field("kind", self.kind, f"one of {sorted(RANK_MESSAGES)}")
+        if not isinstance(self.request, request_type):
+            self.fail_field("request", self.request, f"a {request_type.__name__} (the request of {self.kind})")
 
     @classmethod
-    def of(cls, generation: str, kind: MessageKind, request: Record) -> "RankStep":
-        return cls(generation=generation, kind=kind.name, body=request.to_wire())
+    def of(cls, generation: str, kind: MessageKind[Any, Any], request: Record) -> "RankStep":
+        return cls(generation=generation, kind=kind.name, request=request)
+
+    @classmethod
+    def from_wire(cls, data: Any) -> Self:
+        """The step of a received dict, its request decoded as its kind's record."""
+        if isinstance(data, dict) and isinstance(data.get("request"), dict):
+            kind = RANK_MESSAGES.get(data.get("kind", ""))
+            if kind is None or kind.request is None:
+                raise RecordError(f"RankStep.kind must be one of {sorted(RANK_MESSAGES)}, got {data.get('kind')!r}")
+            data = {**data, "request": kind.request.from_wire(data["request"])}
+        return super(RankStep, cls).from_wire(data)    # (slots: no zero-argument super)
 
     @property
     def message(self) -> MessageKind[Any, Any]:
         """The learner message this step is a rank's part of."""
         return RANK_MESSAGES[self.kind]
-
-    @property
-    def request(self) -> Record:
-        """The body as its record."""
-        request: type[Record] | None = self.message.request
-        assert request is not None, self.kind        # every rank message takes a record
-        return request.from_wire(self.body)
-
-
 
 
 # The learner's other messages (actors/learner/actor.py); its steps are TRAIN and SFT (train.py).
