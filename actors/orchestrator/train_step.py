@@ -131,7 +131,7 @@ class TrainStep:
                 self.sample_log.record_step(b + 1, b, groups, {}, {})
             if survivors:   # dynamic sampling dropped every group: a step without a learning signal
                 self._check_signal(b + 1, [self.rules.reward(s) for g in survivors for s in g],
-                                   [len(g) for g in survivors])
+                                   [len(g) for g in survivors], [s for g in survivors for s in g])
             return (f"step {b + 1}: every group failed or had equal rewards (dynamic sampling); nothing "
                     "to train")
         batch = train_batch(kept, self.rules)
@@ -161,7 +161,7 @@ class TrainStep:
                                            "num_dynamic_sampling_dropped_groups": num_dynamic_dropped,
                                            "overlong_penalty_mean":
                                                statistics.fmean(self.rules.penalty(s) for s in samples)})
-        self._check_signal(b + 1, rewards, sizes)
+        self._check_signal(b + 1, rewards, sizes, samples)
         report_warnings(self.health.check_step(b + 1, row), self.metrics, self.emit)
         counts = self.ledger.counts()
         self.report_figures({**{k: v for k, v in row.items() if k not in ("time", "kind")},
@@ -171,9 +171,18 @@ class TrainStep:
                 f"correct {correct:.3f} loss {metrics.get('loss', 0):.4f} kl {metrics.get('kl', 0):.4f} "
                 f"tokens/s {metrics.get('tokens_per_s', 0):.0f} sync {sync.total_s:.2f}s")
 
-    def _check_signal(self, step: int, rewards: list[float], sizes: list[int]) -> None:
-        """A warning line and a `warning` metrics row when the step had no learning signal."""
-        warning = self.signal.check(step, list(rewards), sizes) if self.signal is not None else None
+    def _check_signal(self, step: int, rewards: list[float], sizes: list[int],
+                      samples: list[ScoredSample]) -> None:
+        """A warning line and a `warning` metrics row when the step had no learning signal; its
+        samples' rewards name what they are made of and whether every one was right."""
+        first = samples[0].reward
+        parts = {name: first.weights.get(name, 1.0) * value for name, value in first.components.items()}
+        penalty = self.rules.penalty(samples[0])
+        if penalty:
+            parts["overlong_penalty"] = penalty
+        all_correct = all(s.reward.components.get("correct") == 1 for s in samples)
+        warning = (self.signal.check(step, list(rewards), sizes, parts, all_correct)
+                   if self.signal is not None else None)
         if warning is not None:
             self.metrics.log("warning", **warning["row"])
             self.emit(warning["line"])

@@ -33,3 +33,19 @@ def test_the_settings_that_cause_it_come_first():
 def test_a_run_with_a_warm_start_is_told_to_lengthen_it():
     watch = LearningSignalWatch(samples_per_prompt=2, temperature=1.0, sft_steps=8)
     assert "a longer warm start (sft_steps = 8)" in watch.check(1, [0.0, 0.0])["line"]
+
+
+def test_a_solved_step_is_a_note_that_says_what_the_reward_is_made_of():
+    watch = LearningSignalWatch(samples_per_prompt=2, temperature=1.0)
+    solved = watch.check(1, [1.1] * 2, parts={"correct": 1.0, "format": 0.1}, all_correct=True)
+    assert solved["line"].startswith("note: step 1: no learning signal: its one group has zero reward variance")
+    assert "every sample is right (each reward 1.1 (correct 1 + format 0.1)): the task is solved" in solved["line"]
+    assert solved["row"]["code"] == "solved"
+
+
+def test_a_constant_reward_that_is_not_right_is_a_warning_naming_its_parts():
+    watch = LearningSignalWatch(samples_per_prompt=2, temperature=1.0)
+    broken = watch.check(1, [0.1] * 4, parts={"correct": 0.0, "format": 0.1})
+    assert broken["line"].startswith("warning: step 1: no learning signal: all 2 groups have")
+    assert "every reward is 0.1 (correct 0 + format 0.1): the reward function may return a constant" in broken["line"]
+    assert broken["row"]["code"] == "no_learning_signal"
