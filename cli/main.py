@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from postrain.core.extras import missing_extra_message
@@ -78,7 +79,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"postrain {args.command}: unrecognized arguments: {' '.join(extra)}; see "
                        f"`postrain {args.command} --help`\n")
     try:
-        return int(importlib.import_module(SUBCOMMANDS[args.command]).main(args) or 0)
+        status = int(importlib.import_module(SUBCOMMANDS[args.command]).main(args) or 0)
+        sys.stdout.flush()   # here, not at exit: a reader that left is then caught below
+        return status
+    except BrokenPipeError:   # `postrain status | head`: the reader left; nothing is wrong here
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # no second error at exit
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

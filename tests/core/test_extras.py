@@ -49,3 +49,14 @@ def test_a_gguf_model_without_the_gguf_extra_names_it_in_one_line(tmp_path):
     assert done.stderr.strip().endswith("needs the `gguf` package, which the `gguf` extra installs; "
                                         "fix: pip install 'postrain[gguf]'")
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_reader_that_leaves_the_pipe_early_gets_no_traceback():
+    """`postrain status | head`: the reader closes the pipe; postrain ends without a traceback."""
+    import os
+    read_end, write_end = os.pipe()
+    os.close(read_end)   # the reader is gone before anything is written
+    done = subprocess.run(POSTRAIN + ["bench", "list"], stdout=write_end, stderr=subprocess.PIPE, text=True,
+                          timeout=120)
+    os.close(write_end)
+    assert done.returncode == 1 and "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
