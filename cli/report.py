@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 from postrain.core.errors import PostrainError
@@ -104,6 +105,41 @@ def spread(rows: list, limit: int) -> list:
     return [rows[round(i * step)] for i in range(limit)]
 
 
+# Chat markup the page writes as text a person reads: a turn's start becomes "role: ", its end and
+# the end-of-text tokens go (samples.jsonl keeps the exact text).
+_TURN_START = re.compile(r"<\|im_start\|>(\w+)\n|<\|start_header_id\|>(\w+)<\|end_header_id\|>\n\n|<start_of_turn>(\w+)\n")
+_TURN_END = re.compile(r"<\|im_end\|>|<\|eot_id\|>|<end_of_turn>|<\|endoftext\|>|<\|begin_of_text\|>|<\|eos\|>|<\|bos\|>")
+
+
+def readable(text: str | None) -> str | None:
+    """`text` with its chat markup written for a person (`<|im_start|>user\nhi<|im_end|>` -> `user: hi`)."""
+    if not text:
+        return text
+    text = _TURN_START.sub(lambda m: f"{next(g for g in m.groups() if g)}: ", text)
+    return _TURN_END.sub("", text)
+
+
+def collapsed(samples: list[dict]) -> list[dict]:
+    """The samples with each run of identical ones (one step and group, the same prompt and turns)
+    kept once, its `copies` the run's length: a group of 8 equal answers is one card, "x 8"."""
+    out: list[dict] = []
+    for sample in samples:
+        key = (sample.get("step"), sample.get("group"), sample.get("prompt"), json.dumps(sample.get("turns")))
+        if out and out[-1]["_key"] == key:
+            out[-1]["copies"] += 1
+            continue
+        out.append({**sample, "_key": key, "copies": 1})
+    for sample in out:
+        del sample["_key"]
+    return out
+
+
+def for_reading(sample: dict) -> dict:
+    turns = [{**turn, "completion": readable(turn.get("completion")), "tool_output": readable(turn.get("tool_output"))}
+             for turn in sample.get("turns") or []]
+    return {**sample, "prompt": readable(sample.get("prompt")), "turns": turns}
+
+
 def gather(folder: Path, max_samples: int = DEFAULT_MAX_SAMPLES) -> dict:
     """Everything the page shows, read from the run folder. ReportError names a folder that
     is no run folder (no config.toml, metrics.jsonl or summary.json)."""
@@ -130,7 +166,7 @@ def gather(folder: Path, max_samples: int = DEFAULT_MAX_SAMPLES) -> dict:
         "num_sft_rows": sum(row.get("kind") == "sft" for row in rows),
         "charts": svgs,
         "skipped_charts": skipped,
-        "samples": spread(samples, max_samples),
+        "samples": [for_reading(sample) for sample in spread(collapsed(samples), max_samples)],
         "num_samples": len(samples),
     }
 

@@ -41,7 +41,8 @@ SCRIPT = r"""
     const div = el("div", "sample"); div.dataset.sampleId = s.sample_id;
     const parts = Object.entries(s.components || {}).map(([k, v]) => k + " " + fmt(v)).join(", ");
     const head = el("h3", s.reward > 0 ? "good" : "bad", [
-      "sample " + s.sample_id, "step " + s.step, "group " + s.group, s.task, s.outcome,
+      "sample " + s.sample_id + (s.copies > 1 ? " \u00d7 " + s.copies + " identical" : ""),
+      "step " + s.step, "group " + s.group, s.task, s.outcome,
       "reward " + fmt(s.reward) + (parts ? " (" + parts + ")" : ""),
       "advantage " + (s.advantage === null || s.advantage === undefined ? "-" : fmt(s.advantage)),
       "staleness " + s.staleness].join(" \u00b7 "));
@@ -64,6 +65,7 @@ SCRIPT = r"""
       (isNaN(hi) || s.reward <= hi) &&
       (text === "" || JSON.stringify([s.prompt, s.turns]).toLowerCase().includes(text)));
     const order = $("f-order").value;
+    if (order === "newest") shown = shown.slice().sort((a, b) => b.step - a.step);
     if (order === "worst") shown = shown.slice().sort((a, b) => a.reward - b.reward);
     if (order === "best") shown = shown.slice().sort((a, b) => b.reward - a.reward);
     const total = shown.length;
@@ -149,8 +151,9 @@ def charts_section(data: dict) -> str:
 
 def samples_section(data: dict) -> str:
     samples = data["samples"]
-    note = "" if len(samples) == data["num_samples"] else (
-        f"<p class=sub>{len(samples)} of the run's {data['num_samples']} samples are in this page, spread over "
+    num_shown = sum(sample.get("copies", 1) for sample in samples)   # identical samples are one card
+    note = "" if num_shown == data["num_samples"] else (
+        f"<p class=sub>{num_shown} of the run's {data['num_samples']} samples are in this page, spread over "
         "the run (postrain report --max-samples 0 embeds all).</p>")
     if not samples:
         return "<h2>Samples</h2><p>No samples.jsonl: the run trained no RL step.</p>"
@@ -163,7 +166,7 @@ def samples_section(data: dict) -> str:
 <label>reward from <input id=f-min type=number step=any size=5></label>
 <label>to <input id=f-max type=number step=any size=5></label>
 <label>text <input id=f-text type=search size=14></label>
-<label>order <select id=f-order><option value="">run order</option><option value=worst>worst first</option>
+<label>order <select id=f-order><option value=newest selected>newest first</option><option value="">run order</option><option value=worst>worst first</option>
 <option value=best>best first</option></select></label>
 <label>show <input id=f-limit type=number min=0 value=50 size=4></label>
 </div>

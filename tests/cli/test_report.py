@@ -140,3 +140,14 @@ def test_in_a_browser_the_filters_select_by_step_reward_and_order(page):
     dom, _ = browser_dom(page, "#min=1&text=print")
     assert re.findall(r'data-sample-id="([^"]+)"', dom) == ["b0-g0-s1"]
     assert re.search(r'id="sample-count"[^>]*>1 of 5 samples match<', dom)
+
+
+def test_identical_samples_are_one_card_and_chat_markup_reads_as_turns():
+    from postrain.cli.report import collapsed, for_reading
+    same = [sample(f"b0-g0-s{i}", 1, 1.0) for i in range(8)] + [sample("b0-g1-s0", 1, 0.0)]
+    same[-1]["group"] = 1
+    cards = collapsed(same)
+    assert [card["copies"] for card in cards] == [8, 1]
+    shown = for_reading({"prompt": "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+                         "turns": [{"completion": "4<|im_end|>", "tool_output": None}]})
+    assert shown["prompt"] == "user: What is 2+2?\nassistant: " and shown["turns"][0]["completion"] == "4"
