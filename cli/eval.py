@@ -1,15 +1,20 @@
-"""`postrain eval [RUN_FOLDER] [--model PATH] [--task NAME]`: held-out accuracy of a model on a task.
+"""`postrain eval [FOLDER] [--model PATH] [--task NAME]`: held-out accuracy of a model on a task.
 
     postrain eval runs/default                       # the run's policy on the run's own task
+    postrain eval runs/default/policy                # an exported model folder (here: a run's policy)
     postrain eval --model runs/default/policy --task arithmetic --task-options '{"max_digits": 2}'
 
-With RUN_FOLDER (a folder `postrain up` wrote), every default comes from the run: the model
-is its exported `policy/`, the task and its options, the number of held-out tasks
+FOLDER is a run folder or an exported model folder, and the first line printed says which it
+read. With a run folder (a folder `postrain up` wrote), every default comes from the run: the
+model is its exported `policy/`, the task and its options, the number of held-out tasks
 (`num_eval_tasks`) and the new tokens per turn (`sampling.max_new_tokens`) are the
-orchestrator's in RUN_FOLDER/config.toml (the config the run started from; the modules it
-names are imported from the folder that config came from, as `postrain up` did). A flag
-given overrides its default. Without RUN_FOLDER, --model is required and the task defaults
-to arithmetic with its default options.
+orchestrator's in FOLDER/config.toml (the config the run started from; the modules it
+names are imported from the folder that config came from, as `postrain up` did). An exported
+model folder (a Hugging Face folder: config.json and *.safetensors, as `postrain export` and a
+run's `policy/` are) is the model; when it is a run's `policy/`, the task and the rest are that
+run's. A flag given overrides its default. Without FOLDER, --model is required; without a run,
+the task defaults to arithmetic with its default options. The current folder is on the import
+path, so a task `my_env:MyEnv` is found in the folder `postrain eval` runs in.
 
 PATH is a Hugging Face folder (a run's `policy/` export), a .gguf file or a
 built-in name; the task is a registered name, 'pkg.mod:TASK' or 'pkg.mod:EnvClass'.
@@ -20,7 +25,10 @@ tool calls in a warm nsjail sandbox (only for tasks whose environment declares
 `uses_sandbox`), the task's own reward. Accuracy is the mean of the `correct`
 reward component (or of the total reward for tasks without one, such as `code`:
 the fraction of hidden tests passed). An episode whose environment fails scores
-0 and is counted.
+0 and is counted; the first failure is printed at once (stderr) with its traceback trimmed to
+the user's frames, and an evaluation whose episodes fail mostly by one error (more than the
+run's `max_environment_error_fraction`, 0.5 without a run) ends with that error in one line and
+exit status 1, not with an accuracy (actors/env/user_errors.py).
 
 An agent module (a task whose environment is an `AgentEnvironment`, e.g.
 `--task examples/agents/arithmetic_agent.py`'s `arithmetic_agent:ArithmeticAgent`) is evaluated
@@ -32,8 +40,11 @@ through a gateway, as it trains: a generator and a gateway actor are started for
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
 import statistics
+import sys
 from pathlib import Path
 
 import trio
@@ -53,11 +64,12 @@ def positive_int(text: str) -> int:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("run_folder", nargs="?", metavar="RUN_FOLDER",
+    parser.add_argument("run_folder", nargs="?", metavar="FOLDER",
                         help="a run folder (run_dir/name): its policy/, task, task options, num_eval_tasks "
-                        "and max_new_tokens are the defaults")
+                        "and max_new_tokens are the defaults; or an exported model folder (config.json "
+                        "and *.safetensors), the model")
     parser.add_argument("--model", help="HF folder (e.g. RUN_FOLDER/policy), .gguf file or built-in name "
-                        "(default: RUN_FOLDER/policy; required without RUN_FOLDER)")
+                        "(default: FOLDER's; required without FOLDER)")
     parser.add_argument("--task", help="task name, pkg.module:TASK or pkg.module:EnvClass (default: the run's, "
                         "else arithmetic)")
     parser.add_argument("--task-options", help='task knobs as a JSON object, e.g. \'{"max_digits": 2}\' '
@@ -72,11 +84,16 @@ def add_arguments(parser) -> None:
 
 def main(args) -> int:
     from postrain.core.errors import ConfigError, PostrainError
+    if os.getcwd() not in sys.path:   # a task module in the current folder, as `python -m` finds one
+        sys.path.insert(0, os.getcwd())
     try:
         plan = eval_plan(args)
-        result = trio.run(evaluate, plan["model"], plan["task"], plan["task_options"], plan["num_tasks"],
-                          plan["max_tokens"])
-    except (ConfigError, PostrainError) as exc:  # a bad run folder, task, option or model: one line
+        # the first line: what was read (on stderr with --json, whose stdout is one JSON object)
+        print(f"postrain eval: {plan['read']}", file=sys.stderr if args.json else sys.stdout, flush=True)
+        result = trio.run(lambda: evaluate(plan["model"], plan["task"], plan["task_options"],
+                                           plan["num_tasks"], plan["max_tokens"],
+                                           max_error_fraction=plan["max_error_fraction"]))
+    except (ConfigError, PostrainError) as exc:  # a bad folder, task, option or model; a broken env: one line
         raise SystemExit(f"postrain eval: {exc}") from None
     if args.json:
         print(json.dumps({**result, "task_options": plan["task_options"], "source": plan["source"]}))
@@ -88,10 +105,12 @@ def main(args) -> int:
 
 
 def eval_plan(args) -> dict:
-    """model, task, task_options, num_tasks, max_tokens and source (the run config read, or None):
-    the flags given, else the run's (RUN_FOLDER), else the defaults. PostrainError names a bad one."""
+    """model, task, task_options, num_tasks, max_tokens, max_error_fraction, source (the run config
+    read, or None) and read (what FOLDER was, one line): the flags given, else FOLDER's, else the
+    defaults. PostrainError names a bad one."""
+    from postrain.actors.env.user_errors import DEFAULT_MAX_ERROR_FRACTION
     from postrain.core.errors import PostrainError
-    run = run_defaults(Path(args.run_folder)) if args.run_folder else {}
+    run = folder_defaults(Path(args.run_folder)) if args.run_folder else {}
     if args.model is None and not run:
         raise PostrainError("give a run folder (`postrain eval runs/default`) or --model PATH")
     task = args.task or run.get("task", "arithmetic")
@@ -105,23 +124,48 @@ def eval_plan(args) -> dict:
     else:
         task_options = run.get("task_options", {}) if task == run.get("task") else {}
     model = args.model or run["model"]
+    read = (f"read {run['read']}: model {model}" if run else f"model {model} (--model)") + f", task {task}"
     return {"model": model, "task": task, "task_options": task_options,
             "num_tasks": args.num_tasks or run.get("num_tasks"),
             "max_tokens": args.max_tokens or run.get("max_tokens", 128),
-            "source": run.get("source")}
+            "max_error_fraction": run.get("max_error_fraction", DEFAULT_MAX_ERROR_FRACTION),
+            "source": run.get("source"), "read": read}
+
+
+def is_exported_model(folder: Path) -> bool:
+    """A Hugging Face model folder: config.json beside *.safetensors weights."""
+    return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
+
+
+def folder_defaults(folder: Path) -> dict:
+    """What FOLDER gives: a run folder's defaults (`run_defaults`), or an exported model folder's
+    (the model, and the run's defaults too when it is a run's policy/), with `read`, the line that
+    says which it was. PostrainError when it is neither."""
+    from postrain.core.errors import PostrainError
+    if (folder / "config.toml").is_file():
+        return {**run_defaults(folder),
+                "read": f"run folder {folder} (config.toml: its policy/, task and options)"}
+    if is_exported_model(folder):
+        if folder.name == "policy" and (folder.parent / "config.toml").is_file():
+            return {**run_defaults(folder.parent), "model": str(folder),
+                    "read": f"exported model folder {folder}, the policy of run {folder.parent} "
+                            "(its task and options)"}
+        return {"model": str(folder), "read": f"exported model folder {folder} (config.json, safetensors)"}
+    raise PostrainError(f"{folder} holds no config.toml, so it is not a run folder, nor config.json and "
+                        "*.safetensors, so it is not an exported model; give the folder `postrain up` ran in "
+                        "(run_dir/name), a model folder (`postrain export`'s, a run's policy/), or --model "
+                        "and --task")
 
 
 def run_defaults(folder: Path) -> dict:
     """What a run folder says about evaluating its policy: model (its policy/), task, task_options,
-    num_tasks and max_tokens (the orchestrator's options, [shared] filled in), source (the config)."""
+    num_tasks, max_tokens and max_error_fraction (the orchestrator's options, [shared] filled in),
+    source (the config)."""
     from postrain.actors.configs.run_config import load_up_config, run_import_dir
     from postrain.core.actor import import_actor_class
     from postrain.core.errors import PostrainError
     from postrain.core.options import options_class, validate_options
     path = folder / "config.toml"
-    if not path.is_file():
-        raise PostrainError(f"{folder} holds no config.toml, so it is not a run folder; give the folder "
-                            "`postrain up` ran in (run_dir/name), or --model and --task")
     config = load_up_config(path, import_dir=run_import_dir(folder))
     specs = sorted(config.actors, key=lambda spec: spec.name != config.run.driver)   # the driver first
     options = next((validate_options(cls, spec.options) for spec in specs
@@ -139,36 +183,58 @@ def run_defaults(folder: Path) -> dict:
     sampling = getattr(options, "sampling", None)
     if getattr(sampling, "max_new_tokens", None):
         run["max_tokens"] = sampling.max_new_tokens
+    if hasattr(options, "max_environment_error_fraction"):
+        run["max_error_fraction"] = options.max_environment_error_fraction
     return run
 
 
 async def evaluate(model_spec: str, task_name: str, task_options: dict, num_tasks: int | None,
-                   max_tokens: int, *, policy=None) -> dict:
+                   max_tokens: int, *, policy=None, max_error_fraction: float | None = None) -> dict:
     """Held-out accuracy of `model_spec` on a task (see the module docstring). `policy` (an
     `EpisodePolicy` or `fn(messages) -> text`) plays instead of the model when given (tests).
-    Cancelled: no result; the local sandbox is shut (a run in it ends within its limits), and
-    the episode's env.close() is awaited in the cancelled scope, so it may not finish."""
-    from postrain.actors.env import run_episode, score_episodes
-    from postrain.actors.tasks import get_task
+    Raises EnvironmentErrorStop when more than `max_error_fraction` (default 0.5) of the episodes
+    failed with one error; the first failure is printed on stderr at once. Cancelled: no result;
+    the local sandbox is shut (a run in it ends within its limits), and the episode's env.close()
+    is awaited in the cancelled scope, so it may not finish."""
+    from postrain.actors.env import EnvironmentErrors, run_episode, score_episodes
+    from postrain.actors.env.user_errors import DEFAULT_MAX_ERROR_FRACTION
 
     from .eval_agents import evaluate_agent
 
-    task = get_task(task_name)
+    task = load_task(task_name)
     task_options = task.check_options(task_options)
     tasks = task.eval_tasks(task_options)[:num_tasks]
     if not tasks:
         from postrain.core.errors import PostrainError
         raise PostrainError(f"task {task.name!r} has no held-out tasks with these options; fix: check "
                             "--task-options (or the task's eval_tasks)")
+    fraction = DEFAULT_MAX_ERROR_FRACTION if max_error_fraction is None else max_error_fraction
+    errors = EnvironmentErrors(fraction, show=lambda line: print(line, file=sys.stderr, flush=True))
     from postrain.actors.env import AgentEnvironment
     if isinstance(task.env_class, type) and issubclass(task.env_class, AgentEnvironment):
-        return await evaluate_agent(model_spec, task, task_options, tasks)
+        return await evaluate_agent(model_spec, task, task_options, tasks, errors)
     if policy is None:
         policy = engine_policy(model_spec, max_tokens)
     scores, failed = await score_episodes(task, task_options, tasks,
-                                          lambda env, item: run_episode(env, item, policy))
+                                          lambda env, item: run_episode(env, item, policy), errors)
     return {"task": task.name, "model": str(model_spec), "num_tasks": len(tasks), "num_failed": failed,
             "accuracy": statistics.fmean(scores) if scores else 0.0}
+
+
+def load_task(name: str):
+    """`get_task(name)`; a 'module:Name' task whose module is nowhere on the import path is refused
+    with the fix that applies here: the current folder is on it (`main`)."""
+    from postrain.actors.tasks import TaskError, get_task
+    try:
+        return get_task(name)
+    except TaskError:
+        top = name.partition(":")[0].partition(".")[0]
+        if ":" not in name or importlib.util.find_spec(top) is not None:
+            raise
+        raise TaskError(f"cannot load task {name!r}: there is no module {top!r} in the current folder "
+                        f"({os.getcwd()}) or installed; fix: run postrain eval in the folder that holds "
+                        f"{top} (the current folder is on its import path), or `pip install -e` its "
+                        "project") from None
 
 
 def engine_policy(model_spec: str, max_tokens: int):

@@ -13,9 +13,10 @@ import argparse
 import statistics
 
 
-async def evaluate_agent(model_spec: str, task, task_options, tasks: list[dict]) -> dict:
-    """Held-out accuracy of `model_spec` on an agent task (the module docstring). Cancelled: no
-    result; the actors stop with the supervisor, an episode's worker thread is abandoned."""
+async def evaluate_agent(model_spec: str, task, task_options, tasks: list[dict], errors) -> dict:
+    """Held-out accuracy of `model_spec` on an agent task (the module docstring); `errors`: as
+    `score_episodes`'. Cancelled: no result; the actors stop with the supervisor, an episode's
+    worker thread is abandoned."""
     import importlib.util
 
     from postrain.core.errors import PostrainError
@@ -44,6 +45,6 @@ async def evaluate_agent(model_spec: str, task, task_options, tasks: list[dict])
             num_calls += rollout.num_turns
             return rollout
 
-        scores, failed = await score_episodes(task, task_options, tasks, play)
+        scores, failed = await score_episodes(task, task_options, tasks, play, errors)
     return {"task": task.name, "model": str(model_spec), "num_tasks": len(tasks), "num_failed": failed,
             "accuracy": statistics.fmean(scores) if scores else 0.0, "num_model_calls": num_calls}

@@ -5,6 +5,8 @@
                  score_episodes: held-out tasks played and scored (postrain eval, the benches)
     context.py   ContextOptions: context policies for episodes longer than the context (segments)
     token_policy.py  TokenPolicy: the environment actor's exact-token policy, segment by segment
+    user_errors.py  the user's code failing: drop reasons with their file:line, tracebacks of their
+                 frames, EnvironmentErrors (a step that fails mostly by one error stops)
     tools.py     the tool-call grammar of turns: parse_action, format_tool_output, ...
     actor.py     EnvironmentActor: plays episodes on the generator and the sandbox for the orchestrator
     agent.py     AgentEnvironment: an episode is an agent program on the OpenAI API (through the gateway)
@@ -17,9 +19,11 @@ from .api import (ROLES, AnyOptions, Environment, EnvironmentContractError, Envi
                   validate_observation, validate_step_result)
 from .context import ContextOptions
 from .episode import (ActionFn, Episode, EpisodePolicy, TextPolicy, checked_reset, checked_step,
-                      checked_truncated, drop_reason, run_episode, score_episodes)
+                      checked_truncated, run_episode, score_episodes)
+from .user_errors import EnvironmentErrors, EnvironmentErrorStop, drop_reason
 
 __all__ = ["ROLES", "ActionFn", "AgentEnvironment", "AnyOptions", "ContextOptions", "Environment", "EnvironmentActor", "EnvironmentContractError",
+           "EnvironmentErrorStop", "EnvironmentErrors",
            "EnvironmentFailure", "Episode", "EpisodePolicy", "GeneratorHandle", "LocalSandbox", "Reward",
            "SandboxHandle", "StepResult", "TaskOptionsError", "TextPolicy", "check_options", "checked_reset",
            "checked_step", "checked_truncated", "drop_reason", "run_episode", "score_episodes", "validate_observation",

@@ -36,8 +36,10 @@ OpenAI API instead: through the run's gateway actor (named "gateway"), whose per
 record becomes the rollout.
 
 Failures: an environment that raises, hangs past `step_timeout_s` or returns
-garbage fails the request with `EnvironmentFailure` (its `reason` goes to the
-ledger); the actor keeps serving.
+garbage fails the request with `EnvironmentFailure`, whose message is the reason the
+ledger records (with the user's file:line when their code raised) and then their
+traceback, trimmed to their own frames (actors/env/user_errors.py: the orchestrator
+shows the first and stops a step that fails mostly by one); the actor keeps serving.
 """
 from __future__ import annotations
 
@@ -56,9 +58,11 @@ from ..records import (EXEC, GATEWAY_ADDRESS, ROLLOUT, RUN_TESTS, ExecRequest, R
 from ..tasks import TaskOptions, TaskSpec, get_task
 from .timeline import Timeline, tool_status
 from .agent import DEFAULT_GATEWAY, AgentEnvironment, agent_rollout
+from .api import EnvironmentContractError, EnvironmentFailure
 from .context import ContextOptions
 from .episode import run_episode
 from .token_policy import TokenPolicy
+from .user_errors import reported_failure
 
 DEFAULT_SANDBOX = "sandbox"   # the sandbox actor's name when the task needs one and none is named
 
@@ -234,7 +238,16 @@ class EnvironmentActor(Actor):
 
     @handler(ROLLOUT, concurrent=True)
     async def rollout(self, request: RolloutRequest) -> Rollout:
-        """One episode. Cancellation: the episode is abandoned and its environment closed."""
+        """One episode. An episode the environment failed raises `reported_failure`'s
+        EnvironmentFailure: the reason, then the user's traceback (actors/env/user_errors.py).
+        Cancellation: the episode is abandoned and its environment closed."""
+        try:
+            return await self._play(request)
+        except (EnvironmentFailure, EnvironmentContractError) as exc:
+            raise reported_failure(exc) from None
+
+    async def _play(self, request: RolloutRequest) -> Rollout:
+        """One episode, its failures as raised. Cancellation: as `rollout`."""
         timeline = Timeline()
         sandbox = self.sandbox.for_episode(timeline) if self.sandbox else None
         env = self.task.make_env(sandbox=sandbox, options=self.task_options)

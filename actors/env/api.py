@@ -79,7 +79,8 @@ class TaskOptionsError(ConfigError):
 
 
 class EnvironmentFailure(PostrainError, RuntimeError):
-    """An environment raised or hung; `reason` is the short text the ledger records."""
+    """An environment raised or hung; `reason` is the short text the ledger records. Raised `from`
+    the user's exception, it carries their traceback (actors/env/user_errors.py)."""
 
     def __init__(self, reason: str):
         super().__init__(reason)

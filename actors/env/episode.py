@@ -21,6 +21,7 @@ import trio
 
 from .api import (Environment, EnvironmentContractError, EnvironmentFailure, LocalSandbox, Reward, StepResult,
                   show_value, validate_observation, validate_step_result)
+from .user_errors import EnvironmentErrors
 from .context import (SUMMARY_REQUEST, ContextOptions, after_summary, drop_oldest_turns, fits,
                       truncate_tool_outputs)
 
@@ -103,15 +104,6 @@ class TextPolicy(EpisodePolicy):
         return await self.fn(list(messages))
 
 
-def drop_reason(exc: BaseException) -> str:
-    """The short reason a caller records when it drops a sample because of `exc`."""
-    if isinstance(exc, EnvironmentFailure):
-        return exc.reason
-    if isinstance(exc, EnvironmentContractError):
-        return f"environment contract: {exc}"[:300]
-    return f"environment raised {type(exc).__name__}: {exc}"[:300]
-
-
 async def _guarded(what: str, fn, *args, timeout_s: float | None):
     """`await fn(*args)` within `timeout_s`, its errors turned into EnvironmentFailure (a
     contract error passes through). Cancellation: trio's Cancelled passes through unchanged
@@ -126,7 +118,7 @@ async def _guarded(what: str, fn, *args, timeout_s: float | None):
     except (EnvironmentContractError, EnvironmentFailure):
         raise
     except Exception as exc:  # noqa: BLE001 - a user's environment may raise anything
-        raise EnvironmentFailure(drop_reason(exc)) from exc
+        raise EnvironmentFailure(f"environment raised {type(exc).__name__}: {exc}") from exc
 
 
 async def checked_reset(env: Environment, task: dict, *, timeout_s: float | None = 60.0) -> list[dict]:
@@ -162,8 +154,9 @@ async def run_episode(env: Environment, task: dict, policy: EpisodePolicy | Acti
     The episode ends at `done`, after `env.max_turns` actions, or when `policy.can_act()` says
     no; its reward follows the reward rule of the module docstring. Raises EnvironmentFailure
     (raised/hung) or EnvironmentContractError (garbage); the caller drops the sample with
-    `drop_reason(exc)`. Runs on trio. `context`: a context policy (module docstring); the
-    episode is truncated when not even its first messages and last turn fit. Cancellation: the
+    `drop_reason(exc)` (actors/env/user_errors.py). Runs on trio. `context`: a context policy
+    (module docstring); the episode is truncated when not even its first messages and last turn
+    fit. Cancellation: the
     episode is abandoned (the caller closes `env`)."""
     if not isinstance(policy, EpisodePolicy):
         policy = TextPolicy(policy)
@@ -259,11 +252,14 @@ def _accumulate(reward: Reward, components: dict, weights: dict) -> None:
     weights.update(reward.weights)
 
 
-async def score_episodes(task, task_options, tasks: list[dict], play) -> tuple[list[float], int]:
+async def score_episodes(task, task_options, tasks: list[dict], play,
+                         errors: EnvironmentErrors | None = None) -> tuple[list[float], int]:
     """Play each held-out task once with `await play(env, item)` (a result with `.reward`), in a
     one-worker warm sandbox when the task runs code; (scores, episodes that failed). A failed
-    episode scores 0 and is counted; every env is closed."""
-    scores, failed = [], 0
+    episode scores 0 and is counted; every env is closed. `errors` (actors/env/user_errors.py), when
+    given, shows the first failure at once and raises EnvironmentErrorStop, after the last episode,
+    when one error failed most of them."""
+    scores, failed, reasons = [], 0, []
     with contextlib.ExitStack() as stack:
         sandbox = None
         if task.needs_sandbox(task_options):
@@ -274,9 +270,14 @@ async def score_episodes(task, task_options, tasks: list[dict], play) -> tuple[l
             try:
                 result = await play(env, item)
                 scores.append(result.reward.components.get("correct", result.reward.total))
-            except Exception:
+            except Exception as exc:
                 failed += 1
                 scores.append(0.0)
+                reason = errors.record(exc) if errors is not None else None
+                if reason is not None:
+                    reasons.append(reason)
             finally:
                 await env.close()
+    if errors is not None:
+        errors.check(reasons, len(tasks), "held-out episodes")
     return scores, failed

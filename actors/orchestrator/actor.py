@@ -14,7 +14,9 @@ Messages (records/run.py):
   writes the summary.
 
 A run stopped by a full disk ends the `run` stream with a RunStoppedError whose message is
-one line (what was full, what to free, how to resume); any other failure with its traceback.
+one line (what was full, what to free, how to resume), as does one stopped by a broken
+environment (the error, the user's line, in how many samples of which step: driver.py); any
+other failure with its traceback.
 
 The actor is thin: the run itself is a `RunDriver` (driver.py) made for each `run`, with
 its parts (admission, rollout pool, train step, evaluation) in the modules beside it.

@@ -31,12 +31,14 @@ BACKPRESSURE = ("none", "staleness", "buffer_full")
 @dataclass(slots=True)
 class AdmittedBatch:
     """Batch `index` between admission and training. The rollout pool appends each sample's
-    outcome to its group (a ScoredSample, or None for a failed sample) and sets `generated`
-    once every sample has one: then len(groups[g]) == samples_per_prompt for every g."""
+    outcome to its group (a ScoredSample, or None for a failed sample), and the reason of each
+    sample the environment failed to `environment_failures`, and sets `generated` once every
+    sample has one: then len(groups[g]) == samples_per_prompt for every g."""
 
     index: int
     num_samples: int
     groups: list[list[ScoredSample | None]]
+    environment_failures: list[str] = field(default_factory=list)
     generated: anyio.Event = field(default_factory=anyio.Event)
 
 

@@ -36,6 +36,13 @@ after its last), so a learner killed in it replays only the SFT steps since, and
 inside it continues from the SFT checkpoint (evaluations done stay done). An evaluation
 whose episodes are lost to kills is redone whole (evaluation.py).
 
+A broken environment (design note). A sample the environment fails is dropped and the run goes
+on, but the run's first such failure is shown at once with the user's traceback, and a step (or
+an evaluation) whose samples fail mostly by one error (`max_environment_error_fraction`) stops
+the run with `RunStoppedError`: one line naming the error, the user's line and the count
+(actors/env/user_errors.py). A bug in the user's code then ends a run in its first evaluation,
+not after a warm start and every RL step spent on samples that all failed.
+
 A full disk (design note). Every file the run writes is whole or absent after a failed
 write: JSONL lines (postrain.core.jsonl), checkpoints (core/atomic_write.py). A write
 refused for want of space, here or in the learner, stops the run with `RunStoppedError`:
@@ -59,6 +66,7 @@ from postrain.core.jsonl import is_disk_full
 from postrain.core.metrics import MetricsWriter
 
 from ..env.tools import STOP_STRINGS
+from ..env.user_errors import EnvironmentErrors, EnvironmentErrorStop
 from ..learner.recovery import LearnerKeeper
 from .ledger import SampleLedger
 from ..records import EXPORT_HF, CheckpointSaved, ExportHf, RunState, RunUpdate
@@ -105,8 +113,11 @@ class RunDriver:
         self.sample_log = sample_log         # samples.jsonl: each RL sample's text (sample_log.py)
         self.admission = Admission(options.max_staleness, options.max_buffered_batches)
         self.work = WorkSignal(head, metrics)  # head: the ActorRef its elastic cores are asked of
+        # the environment's failures, RL and evaluation alike: the first is shown, one error failing
+        # most of a step stops the run
+        self.errors = EnvironmentErrors(options.max_environment_error_fraction, self.emit)
         self.pool = RolloutPool(envs, keeper, ledger, options.max_concurrent_rollouts,
-                                options.max_rollout_retries, self.work, keeper.generator_names)
+                                options.max_rollout_retries, self.work, keeper.generator_names, self.errors)
         self.train_step = TrainStep(keeper, ledger, metrics, self.report_figures,
                                     options.samples_per_prompt, options.num_steps, sample_log=sample_log,
                                     signal=LearningSignalWatch(options.samples_per_prompt,
@@ -161,12 +172,16 @@ class RunDriver:
 
     async def run(self) -> dict | None:
         """The whole run; returns (and reports) its summary, or None when it stopped inside the
-        warm start (resumable from its checkpoint). Raises RunStoppedError on a full
-        disk (module docstring). Cancelled: the files hold what was written so far, and the last
-        checkpoint is where `--resume` continues from."""
+        warm start (resumable from its checkpoint). Raises RunStoppedError on a full disk, and
+        on a step or an evaluation that failed mostly by one environment error (module docstring).
+        Cancelled: the files hold what was written so far, and the last checkpoint is where
+        `--resume` continues from."""
         try:
             return await self._run()
         except BaseException as exc:
+            broken = find_error(exc, EnvironmentErrorStop)
+            if broken is not None:
+                raise RunStoppedError(str(broken)) from None
             full = find_disk_full(exc)
             if full is None:
                 raise
@@ -315,6 +330,7 @@ class RunDriver:
                 batch = await admission.wait_generated(b)
                 if batch is None:
                     break
+                self.errors.check(batch.environment_failures, batch.num_samples, f"samples of step {b + 1}")
                 busy_from = time.monotonic()
                 self.learner_idle_s += busy_from - idle_from
                 async with self.work.busy(options.learner):
@@ -397,6 +413,15 @@ async def open_run(*, options: OrchestratorOptions, task, schedule, tokenizer, f
     return RunDriver(options=options, task=task, schedule=schedule, tokenizer=tokenizer, folder=folder,
                      state=state, resume_index=resume_index, keeper=keeper, envs=envs, ledger=ledger,
                      metrics=metrics, report=report, head=head, sample_log=sample_log)
+
+
+def find_error(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The first exception of type `kind` in `exc`, searching exception groups; None when there is none."""
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        return next((found for e in exc.exceptions if (found := find_error(e, kind)) is not None), None)
+    return None
 
 
 def find_disk_full(exc: BaseException) -> BaseException | None:

@@ -5,7 +5,9 @@ Each evaluation scores the first `num_eval_tasks` held-out tasks greedily (tempe
 the run's temperature. Every episode has its own fixed seed, so every evaluation of a
 run meets the same random draws. A task's score is its reward's `correct` component
 (the total reward when there is none); an episode the environment fails (it raised or
-timed out on the policy's output) scores 0.
+timed out on the policy's output) scores 0, and an evaluation whose episodes fail mostly by
+one environment error stops the run (actors/env/user_errors.py), before a warm start or RL
+steps are spent on an environment that cannot score.
 
 Kills (design note). An episode whose actor died (the environment actor, the generator,
 the sandbox) is retried by the rollout pool like an RL rollout. One that still cannot
@@ -101,7 +103,7 @@ class Evaluator:
         Cancelled: the episodes in flight are abandoned; nothing is recorded."""
         max_repeats = self.options.max_eval_repeats
         for attempt in range(max_repeats + 1):
-            scores, lost = await self._score_once(temperature, samples_per_task)
+            scores, lost = await self._score_once(temperature, samples_per_task, label)
             if not lost:
                 return statistics.fmean(scores) if scores else 0.0
             what = (f"evaluation {label or 'score'}: {len(lost)} of {len(scores)} episodes could not finish "
@@ -117,8 +119,10 @@ class Evaluator:
             await self.pool.keeper.resync_generators()   # a restarted generator gets the weights first
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    async def _score_once(self, temperature: float, samples_per_task: int) -> tuple[list[float], list[str]]:
-        """Every episode's score, and why each lost episode was lost (empty: all scored).
+    async def _score_once(self, temperature: float, samples_per_task: int,
+                          label: str) -> tuple[list[float], list[str]]:
+        """Every episode's score, and why each lost episode was lost (empty: all scored). Raises
+        EnvironmentErrorStop when one environment error failed most episodes (the pool's `errors`).
         Cancelled: the episodes in flight are abandoned; nothing is recorded."""
         options = self.options
         tasks = self.task.eval_tasks(options.task_options)[: options.num_eval_tasks]
@@ -126,6 +130,7 @@ class Evaluator:
                     for k in range(samples_per_task)]
         scores = [0.0] * len(episodes)
         lost: list[str] = []
+        failures: list[str] = []   # the reason of each episode the environment failed
 
         async def one(index, task, episode_seed):
             """Score one episode into `scores[index]` (or its loss into `lost`). Cancelled:
@@ -138,6 +143,9 @@ class Evaluator:
                 if is_actor_death(exc) or isinstance(exc, StaleRolloutError):
                     lost.append(short_reason(exc))
                 else:  # the environment failed on the policy's output: the episode scores 0
+                    reason = self.pool.errors.record(exc)
+                    if reason is not None:
+                        failures.append(reason)
                     self._episode_done()
                 return
             scores[index] = rollout.reward.components.get("correct", rollout.reward.total)
@@ -145,6 +153,7 @@ class Evaluator:
         async with anyio.create_task_group() as tg:
             for index, (task, episode_seed) in enumerate(episodes):
                 tg.start_soon(one, index, task, episode_seed)
+        self.pool.errors.check(failures, len(episodes), f"episodes of the evaluation {label or 'score'}")
         return scores, lost
 
     def _episode_done(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pydantic import Field, ValidationInfo, field_validator
 
+from ..env.user_errors import DEFAULT_MAX_ERROR_FRACTION
 from ..models.chat_template import OPTION_HELP as CHAT_TEMPLATE_HELP
 from ..records import SamplingParams
 from ..tasks import TaskOptions, get_task
@@ -64,6 +65,10 @@ class OrchestratorOptions(TaskOptions):
     max_rl_wall_s: float | None = Field(None, gt=0, description="seconds of RL at most (this start of "
                                         "the run): once spent, the step in progress finishes, then the "
                                         "final evaluation; none: num_steps alone ends RL")
+    max_environment_error_fraction: float = Field(DEFAULT_MAX_ERROR_FRACTION, ge=0, le=1, description=(
+        "a step (or an evaluation) in which more than this fraction of the samples failed with one and the "
+        "same environment error (one reason in the ledger) stops the run, naming the error, the user's line "
+        "and the count; 1: never"))
     checkpoint_every: int = Field(10, ge=1, description="RL steps between checkpoints; the last step "
                                   "always checkpoints")
     sample_text_max_chars: int = Field(4096, ge=64, description="characters kept of each text in "

@@ -11,6 +11,11 @@ weights make those). Before a retry, generators behind the last publish get the
 weights again (`LearnerKeeper.resync_generators`). While any rollout holds a slot the
 generators count as busy (`WorkSignal`: elastic cores follow the work).
 
+A sample the environment failed (the user's code raised, hung or returned garbage) is shown
+at once when it is the run's first such failure, with the user's traceback, and its reason
+joins its batch's `environment_failures`, which the driver checks after the batch is generated
+(actors/env/user_errors.py: a step that fails mostly by one error stops the run).
+
 Every RL sample is in the ledger (postrain.actors.orchestrator.ledger), and this pool moves it:
 created on admission, generated and rewarded when its rollout returns, or dropped
 with the reason when the rollout fails for good. (Trained, and dropped for an
@@ -30,6 +35,7 @@ from .ledger import segment_id
 from ..records import ROLLOUT, Rollout, RolloutRequest, SamplingParams
 from .run_state import batch_sample_id
 from ..env.timeline import note_hops
+from ..env.user_errors import EnvironmentErrors
 from .admission import AdmittedBatch
 from .scored_sample import ScoredSample
 
@@ -47,10 +53,11 @@ class RolloutPool:
     """Rollouts on the environment actors `envs` (ActorRefs, used in turn)."""
 
     def __init__(self, envs: list, keeper, ledger, max_concurrent_rollouts: int, max_rollout_retries: int,
-                 work, generators: list[str]):
+                 work, generators: list[str], errors: EnvironmentErrors):
         assert envs, "at least one environment actor"
         self.keeper = keeper                   # LearnerKeeper: published_version, resync_generators
         self.ledger = ledger
+        self.errors = errors                   # the run's environment failures: the first shown at once
         self.max_rollout_retries = max_rollout_retries
         self.limiter = anyio.Semaphore(max_concurrent_rollouts)
         self.envs = list(envs)                 # the rotation; never empty (see `drop`)
@@ -90,18 +97,24 @@ class RolloutPool:
                     sample_id = batch_sample_id(batch.index, g, s, resume_index)
                     where = {"batch": batch.index, "group": g}
                     self.ledger.create(sample_id, **where, prompt=str(task.get("question", ""))[:80])
-                    tg.start_soon(self._sample, sample_id, task, sampling, batch.groups[g], min_version, where)
+                    tg.start_soon(self._sample, sample_id, task, sampling, batch.groups[g], min_version,
+                                  where, batch.environment_failures)
         batch.generated.set()
 
-    async def _sample(self, sample_id: str, task: dict, sampling: SamplingParams,
-                      group: list, min_version: int, where: dict | None = None) -> None:
+    async def _sample(self, sample_id: str, task: dict, sampling: SamplingParams, group: list,
+                      min_version: int, where: dict | None = None,
+                      environment_failures: list[str] | None = None) -> None:
         """One sample: its outcome appended to `group`, its ledger state moved (its segments'
-        too: module docstring). Cancelled: the sample stays in flight in the ledger and `group`
+        too: module docstring); the reason of a failure that is the environment's appended to
+        `environment_failures`. Cancelled: the sample stays in flight in the ledger and `group`
         lacks its outcome."""
         try:
             rollout = await self.rollout(task, sampling, sample_id, min_version)
         except Exception as exc:
-            self.ledger.drop(sample_id, f"rollout failed: {short_reason(exc)}")
+            reason = None if is_actor_death(exc) else self.errors.record(exc)
+            if reason is not None and environment_failures is not None:
+                environment_failures.append(reason)
+            self.ledger.drop(sample_id, f"rollout failed: {reason or short_reason(exc)}")
             group.append(None)
             return
         note_hops(self.ledger, sample_id, rollout.timeline)

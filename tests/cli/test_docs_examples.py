@@ -18,8 +18,8 @@ the docs' own commands: the README's commands after the default run (on a tiny c
 run folder runs/default), the docs' complete environment with its config (`--dry-run` as
 written, a run with the step counts cut, and the documented refusals: a warm start without
 demonstrations, a copy of the built-in config with only `task` changed), the agents page's
-`postrain eval` of its example agent, `postrain generate` as the generator page gives it. The environment itself is run episode by episode in
-tests/actors/env/test_api.py; `postrain init`'s project in tests/cli/test_init.py.
+`postrain eval` of its example agent, `postrain generate` as the generator page gives it. The
+environment itself is run episode by episode in tests/actors/env/test_api.py; `postrain init`'s project in tests/cli/test_init.py.
 """
 import importlib
 import json
@@ -356,11 +356,13 @@ def test_the_agents_page_eval_command_runs_as_written():
     current folder is not on sys.path by Python's doing: `-P`; `postrain eval` puts it there)."""
     script = re.sub(r"(?m)^postrain ", f"{shlex.quote(sys.executable)} -P -m postrain.cli ",
                     block_containing("agents.md", "cd examples/agents"))
-    result = subprocess.run(["bash", "-e", "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    result = subprocess.run(["bash", "-e", "-c", script], capture_output=True, text=True, cwd=ROOT,
+                            timeout=300)
+    task = "arithmetic_agent:ArithmeticAgent"
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stderr.startswith("postrain eval: model tiny (--model), task arithmetic_agent:ArithmeticAgent")
+    assert result.stderr.startswith(f"postrain eval: model tiny (--model), task {task}")
     scored = json.loads(result.stdout)
-    assert (scored["task"], scored["num_tasks"], scored["num_failed"]) == ("arithmetic_agent:ArithmeticAgent", 2, 0)
+    assert (scored["task"], scored["num_tasks"], scored["num_failed"]) == (task, 2, 0)
     assert scored["num_model_calls"] >= 2
 
 
@@ -379,7 +381,8 @@ def test_the_docs_environment_runs_and_its_policy_is_scored(user_folder):
     from postrain.core.testing import to_toml
     checked = run_line("postrain up --config my_run.toml --dry-run", user_folder)   # as written
     assert checked.returncode == 0 and "env: cores [" in checked.stdout, checked.stderr
-    (user_folder / "my_run_short.toml").write_text(to_toml(docs_environment_config(**{**TINY, "sft_steps": 0})))
+    short = docs_environment_config(**{**TINY, "sft_steps": 0})
+    (user_folder / "my_run_short.toml").write_text(to_toml(short))
     result = run_line("postrain up --config my_run_short.toml --quiet", user_folder, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "step 2/2" in result.stdout and "held-out accuracy after RL" in result.stdout

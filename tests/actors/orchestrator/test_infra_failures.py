@@ -10,6 +10,7 @@ import torch
 import trio
 
 from postrain.actors.env.api import Reward
+from postrain.actors.env.user_errors import EnvironmentErrors
 from postrain.actors.learner.learner import Learner, LearnerConfig
 from postrain.actors.orchestrator.ledger import SampleLedger, read_events
 from postrain.actors.orchestrator.rollout_pool import RolloutPool
@@ -38,8 +39,9 @@ def broken_reward(completion, example):
 def pool_sample(ledger: SampleLedger, sample_id: str, outcome: Rollout | None, group: list) -> None:
     """The rollout pool's per-sample path (`RolloutPool._sample`), whose episode returns `outcome`
     or, for None, whose reward function raises as a user's may."""
-    pool = RolloutPool.__new__(RolloutPool)   # only its ledger and `rollout` take part here
+    pool = RolloutPool.__new__(RolloutPool)   # only its ledger, errors and `rollout` take part here
     pool.ledger = ledger
+    pool.errors = EnvironmentErrors(1.0, show=lambda line: None)
 
     async def episode(task, sampling, sample_id=None, min_version=None):
         if outcome is None:

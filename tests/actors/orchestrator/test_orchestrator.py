@@ -1,8 +1,9 @@
 """The RL loop end to end: `postrain up` with every role a real process, on a tiny budget.
 
 Checks what a user relies on after a run: a summary with the evaluations and the ledger, a
-balanced ledger, per-step metrics, a checkpoint, and that an environment that raises costs
-only its samples (dropped with the reason) while training goes on.
+balanced ledger, per-step metrics, a checkpoint, that an environment that raises costs
+only its samples (dropped with the reason) while training goes on, and that a bug in the
+user's environment stops the run in one line naming the error, the user's line and the count.
 """
 import json
 import os
@@ -198,7 +199,8 @@ def test_a_learner_that_starts_from_a_checkpoint_is_what_generators_sample_and_e
 
 
 def test_an_environment_that_raises_loses_only_its_samples(tmp_path):
-    folder, _ = run_up(tmp_path, "flaky_task:TASK")
+    # every sample of step 2 fails; 1.0: no step stops the run for it (a bug would: the next test)
+    folder, _ = run_up(tmp_path, "flaky_task:TASK", "max_environment_error_fraction = 1.0, ")
     summary = json.loads((folder / "summary.json").read_text())
     ledger = summary["ledger"]
     assert ledger["created"] == ledger["trained"] + ledger["dropped"]
@@ -207,6 +209,56 @@ def test_an_environment_that_raises_loses_only_its_samples(tmp_path):
     assert ledger["trained"] == 6 and ledger["dropped"] == 6 and "dislikes sevens" in reasons
     events = [e for e in read_events(folder / "ledger.jsonl") if e["event"] == "dropped"]
     assert all(e["reason"] for e in events)
+
+
+TYPO_ENV = """\
+import itertools
+
+from postrain.actors import Environment, Reward, StepResult
+
+
+class MyEnv(Environment):
+    @classmethod
+    def train_tasks(cls, seed, options):
+        return ({"question": f"Say hi ({i})."} for i in itertools.count())
+
+    @classmethod
+    def eval_tasks(cls, options):
+        return [{"question": "Say hi."}]
+
+    async def reset(self, task):
+        return task["question"]
+
+    async def step(self, action):
+        self.targte()
+        return StepResult(None, True, Reward({"correct": 1.0}))
+"""
+
+
+def test_a_typo_in_the_users_environment_stops_the_run_naming_the_error_its_line_and_the_count(tmp_path):
+    """The cheapest real run (tests/actors/task_runs.py: one step of 3 prompts x 2 samples), its
+    held-out evaluation left out so that the failures meet the first RL step."""
+    from task_runs import run_config   # tests/actors/task_runs.py
+    from postrain.core.testing import to_toml
+
+    (tmp_path / "my_env.py").write_text(TYPO_ENV)   # beside the config: on the run's import path
+    config = run_config(tmp_path, "my_env:MyEnv", {})
+    config["actors"][-1]["options"]["num_eval_tasks"] = 0
+    path = tmp_path / "run.toml"
+    path.write_text(to_toml(config))
+    result = subprocess.run([sys.executable, "-m", "postrain.cli", "up", "--config", str(path), "--quiet"],
+                            capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    line = 1 + TYPO_ENV.splitlines().index("        self.targte()")
+    error = "AttributeError: 'MyEnv' object has no attribute 'targte'"
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert (f"RunStoppedError: environment raised {error} at my_env.py:{line} in 6 of 6 samples of step 1; "
+            "fix your environment (docs/environments.md)") in result.stderr.splitlines()[0], result.stderr
+    # the first failure was shown at once, once, its traceback trimmed to the user's frame
+    shown = result.stdout.split("Traceback (most recent call last; postrain's frames left out):\n")
+    assert len(shown) == 2, result.stdout
+    assert shown[1].splitlines()[:3] == [f'  File "{tmp_path / "my_env.py"}", line {line}, in step',
+                                         "    self.targte()", error]
+    assert not (tmp_path / "runs" / "task" / "summary.json").exists()
 
 
 def test_chat_to_tokens_masks_exactly_the_assistant_turns():

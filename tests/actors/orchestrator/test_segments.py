@@ -11,6 +11,7 @@ import trio
 
 from postrain.actors.env.agent import segments_rollout
 from postrain.actors.env.api import Reward
+from postrain.actors.env.user_errors import EnvironmentErrors
 from postrain.actors.gateway.episodes import Choice, EpisodeTokens
 from postrain.actors.orchestrator.ledger import SampleLedger, read_events, segment_id
 from postrain.actors.learner.learner import Learner, LearnerConfig
@@ -46,7 +47,7 @@ def agent_episode(edit: bool, reward: float):
     if edit:   # the harness compacts: its history is replaced by a summary
         messages = [{"role": "user", "content": "Sums so far: 13. Add 2 and 12."}]
     call(messages, "14")
-    rollout = segments_rollout([s.to_wire() for s in episode.finish()], Reward({"correct": reward}))
+    rollout = segments_rollout([s.record() for s in episode.finish()], Reward({"correct": reward}))
     return rollout, calls
 
 
@@ -70,7 +71,8 @@ def generate(ledger, groups: list[list]) -> AdmittedBatch:
     """The rollout pool's generation of batch 0, its prompt g's rollouts `groups[g]`, replayed."""
     env = ReplayEnv({f"q{g}": rollouts for g, rollouts in enumerate(groups)})
     pool = RolloutPool([env], Keeper(), ledger, max_concurrent_rollouts=2, max_rollout_retries=0,
-                       work=WorkSignal(None, None), generators=["generator"])
+                       work=WorkSignal(None, None), generators=["generator"],
+                       errors=EnvironmentErrors(1.0, show=lambda line: None))
     batch = AdmittedBatch(0, sum(map(len, groups)), [[] for _ in groups])
     prompts = [{"question": f"q{g}"} for g in range(len(groups))]
     trio.run(pool.generate_batch, batch, prompts, len(groups[0]), SamplingParams(), 0)

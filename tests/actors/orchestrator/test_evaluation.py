@@ -1,0 +1,62 @@
+"""The held-out evaluation (actors/orchestrator/evaluation.py) through the real rollout pool: an
+environment that fails most episodes with one error stops the run there, before a warm start or
+RL steps are spent on it, and its first failure is shown with the user's traceback."""
+from __future__ import annotations
+
+import trio
+
+from postrain.actors.env.user_errors import EnvironmentErrors, EnvironmentErrorStop
+from postrain.actors.orchestrator.evaluation import Evaluator
+from postrain.actors.orchestrator.ledger import SampleLedger
+from postrain.actors.orchestrator.options import OrchestratorOptions
+from postrain.actors.orchestrator.rollout_pool import RolloutPool
+from postrain.actors.orchestrator.work import WorkSignal
+from postrain.actors.records import ROLLOUT
+from postrain.actors.tasks import get_task
+from postrain.core.errors import RemoteError
+
+REASON = "environment raised KeyError: 'answer' at my_env.py:9"
+TRACEBACK = "Traceback (most recent call last; postrain's frames left out):\n  File ...\nKeyError: 'answer'"
+
+
+class BrokenEnv:
+    """An environment actor's reference whose every episode fails as a user's buggy environment
+    makes it fail (actors/env/actor.py: the reason, then the user's traceback)."""
+
+    name = "env"
+
+    async def call(self, kind, request, timeout_s=None):
+        assert kind is ROLLOUT, kind
+        raise RemoteError("EnvironmentFailure", f"{REASON}\n{TRACEBACK}")
+
+
+class Keeper:
+    published_version = 0
+
+
+def evaluate(tmp_path, max_fraction: float) -> tuple[list[str], Exception | None]:
+    """The evaluation before a run of 4 held-out arithmetic tasks, every episode failing: the lines
+    shown, and what it raised."""
+    shown: list[str] = []
+    options = OrchestratorOptions(num_eval_tasks=4, max_environment_error_fraction=max_fraction)
+    pool = RolloutPool([BrokenEnv()], Keeper(), SampleLedger(tmp_path / "ledger.jsonl"), 8, 0,
+                       WorkSignal(None, None), ["generator"], EnvironmentErrors(max_fraction, shown.append))
+    evaluator = Evaluator(get_task("arithmetic"), options, pool, metrics=None, emit=shown.append)
+    try:
+        trio.run(evaluator.score, 0.0, 1, "before")
+    except EnvironmentErrorStop as exc:
+        return shown, exc
+    return shown, None
+
+
+def test_an_evaluation_that_fails_mostly_by_one_error_stops_the_run(tmp_path):
+    shown, stopped = evaluate(tmp_path, 0.5)
+    assert str(stopped) == (f"{REASON} in 4 of 4 episodes of the evaluation before; fix your environment "
+                            "(docs/environments.md)")
+    assert shown == ["the first environment failure (shown once; a step or an evaluation that fails mostly "
+                     f"by one error stops): {REASON}", *TRACEBACK.splitlines()]
+
+
+def test_with_a_fraction_of_one_an_evaluation_scores_its_failures_zero(tmp_path):
+    shown, stopped = evaluate(tmp_path, 1.0)
+    assert stopped is None and len(shown) == 1 + len(TRACEBACK.splitlines())
