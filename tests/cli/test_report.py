@@ -126,7 +126,8 @@ def test_in_a_browser_the_page_loads_without_errors_and_shows_charts_and_samples
     assert console == [], f"the page logged to the console: {console}"
     assert dom.count("<svg") == 5 and "0.875" in dom
     assert re.search(r'id="sample-count"[^>]*>5 of 5 samples match<', dom)
-    assert re.findall(r'data-sample-id="([^"]+)"', dom) == ["b0-g0-s0", "b0-g0-s1", "b1-g0-s0", "b1-g0-s1", "b1-g0-s2"]
+    # newest step first, in run order within it
+    assert re.findall(r'data-sample-id="([^"]+)"', dom) == ["b1-g0-s0", "b1-g0-s1", "b1-g0-s2", "b0-g0-s0", "b0-g0-s1"]
     assert "&lt;/script&gt;&lt;script&gt;window.pwned = 1" in dom, "the model's text is shown as text"
     assert "window.pwned = 1</script>" not in dom and "<img src=\"x\"" not in dom
     assert "<pre>&lt;output&gt;\n4\n&lt;/output&gt;</pre>" in dom, "a tool output is shown under its completion"
