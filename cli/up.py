@@ -377,7 +377,7 @@ async def _run_actors(config: UpConfig, folder: Path, monitor: RunMonitor, resum
             if await _start_actors(supervisor, config, start):
                 status = await _serve(config, folder, monitor, resume, supervisor, watch)
             else:
-                print("stopped during start-up; `postrain up --resume` continues the run", flush=True)
+                print(f"stopped during start-up; resume with `postrain up --resume {folder}`", flush=True)
         print("stopping actors", flush=True)
     return status
 
@@ -477,9 +477,14 @@ async def _follow_driver(supervisor: Supervisor, driver: str, folder: Path, moni
             return 1
         finally:
             tg.cancel_scope.cancel()
-    if summary is not None:
+    if summary is None:   # the driver ended without a summary: stopped inside the warm start
+        print(f"stopped during the warm start; resume with `postrain up --resume {folder}`", flush=True)
+    else:
         if watch is not None:   # the head's own counts (a cluster's node losses)
             summary = _add_to_summary(folder, summary, watch.summary_figures())
         print(json.dumps(summary, indent=2))
+        if not summary.get("complete", True):   # a stop (Ctrl-C, `postrain down`) ended it early
+            print(f"stopped at step {summary.get('steps')} of {summary.get('num_steps')}; resume with "
+                  f"`postrain up --resume {folder}`", flush=True)
     return 0
 

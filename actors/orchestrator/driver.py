@@ -225,7 +225,8 @@ class RunDriver:
         # false when a stop (`postrain down`, Ctrl-C) ended it early: `--resume` continues it
         complete = steps == self.options.num_steps or self.rl_budget_spent
         return {**{f"eval_{phase}": accuracy for phase, accuracy in self.evaluator.evals.items()},
-                "steps": steps, "complete": complete, "sft_steps": self.options.sft_steps,
+                "steps": steps, "num_steps": self.options.num_steps, "complete": complete,
+                "sft_steps": self.options.sft_steps,
                 "samples": counts["trained"],
                 "ledger": counts, "wall_s": round(wall_s, 1), "rl_wall_s": round(rl_wall_s, 2),
                 "learner_idle_s": round(self.learner_idle_s, 2),

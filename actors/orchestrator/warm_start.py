@@ -41,8 +41,7 @@ async def warm_start(task, tokenizer, options: OrchestratorOptions, keeper, metr
     for step in range(start_step, num_steps):
         if stopping():
             await checkpoint(step)
-            emit(f"stopped during the warm start after {step}/{num_steps} steps; "
-                 "`postrain up --resume` continues from there")
+            emit(f"stopped during the warm start after {step}/{num_steps} steps (checkpointed)")
             return False
         chunk = demos[step * batch_size:(step + 1) * batch_size]
         rendered = [chat_to_tokens(tokenizer, d["messages"]) for d in chunk]

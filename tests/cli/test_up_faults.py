@@ -102,6 +102,7 @@ def test_sigterm_while_the_driver_runs_ends_the_run_cleanly_with_its_summary(tmp
         head.kill()
     summary, _ = json.JSONDecoder().raw_decode(out[out.index("{"):])
     assert 0 < summary["steps"] < 200, "the driver stopped early, after a whole step"
+    assert f"stopped at step {summary['steps']} of 200; resume with `postrain up --resume {folder}`" in out
 
 
 def test_a_driver_that_does_not_end_within_stop_grace_s_is_stopped_anyway(tmp_path):
