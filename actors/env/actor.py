@@ -253,7 +253,8 @@ class EnvironmentActor(Actor):
         env = self.task.make_env(sandbox=sandbox, options=self.task_options)
         if self.gateway is not None:
             try:
-                return await agent_rollout(env, request.task, self.gateway, self.gateway_address, timeline)
+                return await agent_rollout(env, request.task, self.gateway, self.gateway_address, timeline,
+                                           self.name)
             finally:
                 await env.close()
         context = self.options.context

@@ -74,8 +74,9 @@ def run_in_asyncio(env: AgentEnvironment, base_url: str, key: str, task: dict) -
 
 
 async def agent_rollout(env: AgentEnvironment, task: dict, gateway, address: GatewayAddress,
-                        timeline: Timeline) -> Rollout:
-    """One agent episode through the gateway as a Rollout (the module's design note). Raises
+                        timeline: Timeline, env_actor: str = "env") -> Rollout:
+    """One agent episode through the gateway as a Rollout (the module's design note); its
+    timeline's episode hop is `env_actor`'s, each model call a hop to the gateway. Raises
     EnvironmentFailure when the agent raises, returns no Reward or makes no model call.
     Cancellation: the episode's worker thread is abandoned (its calls end with their own
     timeouts) and the gateway's episode is left to its bound on open episodes."""
@@ -83,7 +84,7 @@ async def agent_rollout(env: AgentEnvironment, task: dict, gateway, address: Gat
     await gateway.call(OPEN_EPISODE, OpenEpisode(key=key))
     env.model = address.model
     try:
-        with timeline.hop("episode", gateway.name, agent=type(env).__name__) as hop:
+        with timeline.hop("episode", env_actor, agent=type(env).__name__) as hop:
             try:
                 reward = await anyio.to_thread.run_sync(run_in_asyncio, env, address.base_url, key, task,
                                                         abandon_on_cancel=True)
@@ -96,7 +97,7 @@ async def agent_rollout(env: AgentEnvironment, task: dict, gateway, address: Gat
         with anyio.CancelScope(shield=True):
             closed = await gateway.call(CLOSE_EPISODE, CloseEpisode(key=key))
     segments = closed.segments
-    hop.update(num_segments=len(segments), num_calls=closed.num_calls)
+    hop.update(num_turns=closed.num_calls, num_segments=len(segments), num_calls=closed.num_calls)
     if not segments:
         raise EnvironmentFailure(f"{type(env).__name__}.run made no model call; fix: call the client it is "
                                  f"given (its key is the episode's), with model=self.model")

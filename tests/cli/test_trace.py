@@ -92,3 +92,39 @@ def test_trace_ends_with_what_the_model_said_when_the_run_recorded_it(tmp_path, 
     assert "  completion 1:\n    <python>print(3 + 4)</python>\n  tool output 1:\n    <output>7</output>" in texts
     assert "  completion 2:\n    <answer>7</answer>" in texts
     assert trace(tmp_path, "b0-g0-s1", capsys).splitlines()[-1].startswith("outcome: dropped")   # no text line
+
+
+def test_an_agent_episode_traces_from_the_environment_to_the_gateway_with_its_turns(tmp_path, capsys):
+    """An agent episode's hops (actors/env/agent.py) as `postrain trace` shows them: the episode is
+    the environment actor's, each model call goes to the gateway, the turns are its calls."""
+    import trio
+
+    from postrain.actors.env.agent import AgentEnvironment, agent_rollout
+    from postrain.actors.env.api import Reward
+    from postrain.actors.env.timeline import Timeline, note_hops
+    from postrain.actors.orchestrator.ledger import SampleLedger
+    from postrain.actors.records import (CLOSE_EPISODE, EpisodeCall, EpisodeSegment, EpisodeSegments,
+                                         GatewayAddress)
+
+    class Gateway:   # the gateway actor's two replies: an episode of two calls
+        name = "gateway"
+
+        async def call(self, kind, request=None):
+            if kind is not CLOSE_EPISODE:
+                return None
+            calls = [EpisodeCall(1, 2, [0], T0 + 0.01, 5.0), EpisodeCall(4, 1, [0], T0 + 0.02, 4.0)]
+            return EpisodeSegments([EpisodeSegment([1, 2, 3, 4, 5], [0, 1, 1, 0, 1], [0.0, -1.0, -1.0, 0.0, -1.0],
+                                                   [-1, 0, 0, -1, 0], calls)], num_calls=2)
+
+    class Agent(AgentEnvironment):
+        async def run(self, client, task):
+            return Reward({"correct": 1.0})
+
+    address = GatewayAddress(url="http://127.0.0.1:9", base_url="http://127.0.0.1:9/v1", model="tiny")
+    rollout = trio.run(agent_rollout, Agent(), {}, Gateway(), address, Timeline(), "env-0")
+    ledger = SampleLedger(tmp_path / "ledger.jsonl")
+    ledger.create("b0-g0-s0", batch=0, group=0)
+    note_hops(ledger, "b0-g0-s0", rollout.timeline)
+    shown = trace(tmp_path, "b0-g0-s0", capsys)
+    assert "orchestrator -> env-0" in shown and shown.count("env-0 -> gateway") == 2
+    assert "2 turns" in shown and "gateway -> gateway" not in shown and "? turns" not in shown
