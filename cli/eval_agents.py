@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 
 
 async def evaluate_agent(model_spec: str, task, task_options, tasks: list[dict], errors) -> dict:
@@ -34,17 +35,19 @@ async def evaluate_agent(model_spec: str, task, task_options, tasks: list[dict],
     args = argparse.Namespace(model=model_spec, host="127.0.0.1", port=0, served_model_name=None,
                               kv_cache_mb=64, max_num_seqs=32, seed=0)
     num_calls = 0
-    async with Supervisor.open() as supervisor:
-        for spec in specs(args):
-            gateway = await supervisor.start(spec)
-        address = await gateway.call(GATEWAY_ADDRESS)
+    # The actors' own logs go to files (the console shows eval's lines only), kept while eval runs.
+    with tempfile.TemporaryDirectory(prefix="postrain-eval-logs-") as log_dir:
+        async with Supervisor.open(log_dir=log_dir) as supervisor:
+            for spec in specs(args):
+                gateway = await supervisor.start(spec)
+            address = await gateway.call(GATEWAY_ADDRESS)
 
-        async def play(env, item):
-            nonlocal num_calls
-            rollout = await agent_rollout(env, item, gateway, address, Timeline())
-            num_calls += rollout.num_turns
-            return rollout
+            async def play(env, item):
+                nonlocal num_calls
+                rollout = await agent_rollout(env, item, gateway, address, Timeline())
+                num_calls += rollout.num_turns
+                return rollout
 
-        scores, failed = await score_episodes(task, task_options, tasks, play, errors)
+            scores, failed = await score_episodes(task, task_options, tasks, play, errors)
     return {"task": task.name, "model": str(model_spec), "num_tasks": len(tasks), "num_failed": failed,
             "accuracy": statistics.fmean(scores) if scores else 0.0, "num_model_calls": num_calls}

@@ -361,6 +361,7 @@ def test_the_agents_page_eval_command_runs_as_written():
     task = "arithmetic_agent:ArithmeticAgent"
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stderr.startswith(f"postrain eval: model tiny (--model), task {task}")
+    assert " INFO " not in result.stderr, "the actors' logs go to their files, not the console"
     scored = json.loads(result.stdout)
     assert (scored["task"], scored["num_tasks"], scored["num_failed"]) == (task, 2, 0)
     assert scored["num_model_calls"] >= 2
