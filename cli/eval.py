@@ -49,6 +49,8 @@ from pathlib import Path
 
 import trio
 
+from postrain.core.text import counted
+
 HELP = "held-out accuracy of a run's policy (or any model) on a task (greedy, real sandbox)"
 
 
@@ -98,7 +100,7 @@ def main(args) -> int:
     if args.json:
         print(json.dumps({**result, "task_options": plan["task_options"], "source": plan["source"]}))
     else:
-        print(f"{result['task']}: accuracy {result['accuracy']:.3f} on {result['num_tasks']} held-out tasks "
+        print(f"{result['task']}: accuracy {result['accuracy']:.3f} on {counted(result['num_tasks'], 'held-out task')} "
               f"({result['num_failed']} failed episodes) with {result['model']}"
               + (f" (task and options from {plan['source']})" if plan["source"] else ""))
     return 0

@@ -12,6 +12,8 @@ from __future__ import annotations
 import html
 import json
 
+from postrain.core.text import counted
+
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:0 auto;max-width:1100px;padding:0 16px 48px;color:#222}
 h1{font-size:22px;margin:18px 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
@@ -126,7 +128,7 @@ def warnings_section(data: dict) -> str:
         items.append(f"step {esc(row.get('step', '?'))}: {esc(row.get('code', 'warning'))}"
                      + (f": {esc(causes)}" if causes else ""))
     reasons = ((data["summary"] or {}).get("ledger") or {}).get("drop_reasons") or {}
-    items += [f"{esc(num)} samples dropped: {esc(reason)}" for reason, num in reasons.items()]
+    items += [f"{esc(counted(num, 'sample'))} dropped: {esc(reason)}" for reason, num in reasons.items()]
     body = "".join(f"<div class=warn>{item}</div>" for item in items) or "<p>None.</p>"
     return f"<h2>Warnings</h2>{body}"
 

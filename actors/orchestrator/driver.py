@@ -64,6 +64,7 @@ import anyio
 from postrain.core.errors import DiskFullError, PostrainError, RemoteError
 from postrain.core.jsonl import is_disk_full
 from postrain.core.metrics import MetricsWriter
+from postrain.core.text import counted
 
 from ..env.tools import STOP_STRINGS
 from ..env.user_errors import EnvironmentErrors, EnvironmentErrorStop
@@ -246,7 +247,7 @@ class RunDriver:
         first evaluation done, SFT steps 0..sft_from-1 trained. Cancelled: a resume continues
         from the last "sft" checkpoint, or starts the run again when there is none."""
         if sft_from is None:
-            self.emit(f"evaluating the initial policy on {self.evaluator.num_tasks()} held-out tasks")
+            self.emit(f"evaluating the initial policy on {counted(self.evaluator.num_tasks(), 'held-out task')}")
             await self.evaluator.phase("before", "before")
         if self.options.sft_steps:
             sft_from_s = time.monotonic()

@@ -31,6 +31,7 @@ from typing import Callable
 import anyio
 
 from postrain.core.errors import PostrainError
+from postrain.core.text import counted
 
 from ..env.tools import STOP_STRINGS
 from ..learner.recovery import is_actor_death, short_reason
@@ -86,7 +87,7 @@ class Evaluator:
             sampled = await self.score(temperature, num_samples, f"sampled_{phase}")
             self.evals[f"sampled_{phase}"] = row["accuracy_sampled"] = sampled
             line += f" greedy, {sampled:.3f} sampled (temperature {temperature}, {num_samples} per task)"
-        line += f" ({num_episodes} episodes, {time.monotonic() - start:.1f} s)"
+        line += f" ({counted(num_episodes, 'episode')}, {time.monotonic() - start:.1f} s)"
         self._progress = None
         self.eval_s += time.monotonic() - start
         self.metrics.log("eval", phase=phase, **row, eval_s=round(time.monotonic() - start, 2))

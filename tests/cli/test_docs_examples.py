@@ -390,5 +390,5 @@ def test_the_docs_environment_runs_and_its_policy_is_scored(user_folder):
     samples = run_line("postrain samples runs/my_run --all --limit 1", user_folder)
     assert samples.returncode == 0 and "Reverse '" in samples.stdout, samples.stderr
     scored = run_line("postrain eval runs/my_run", user_folder)
-    assert scored.returncode == 0 and "reverse: accuracy" in scored.stdout and "on 1 held-out tasks" in scored.stdout, (
+    assert scored.returncode == 0 and "reverse: accuracy" in scored.stdout and "on 1 held-out task " in scored.stdout, (
         scored.stdout + scored.stderr)

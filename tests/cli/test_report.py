@@ -60,7 +60,7 @@ def test_the_page_holds_summary_evaluations_warnings_timings_config_and_charts(p
     text = page.read_text()
     assert page.name == "report.html"
     for seen in ("0.125", "0.625", "0.875", "61.5 s", "12.2 s", "no_learning_signal", "every reward is 0",
-                 "1 samples dropped: environment timed out", 'name = &quot;synthetic&quot;', "after sft"):
+                 "1 sample dropped: environment timed out", 'name = &quot;synthetic&quot;', "after sft"):
         assert seen in text, f"the page lacks {seen!r}"
     charts = re.findall(r'data-chart="([^"]+)"', text)
     assert charts == ["reward", "accuracy", "warm start", "throughput", "staleness"]
