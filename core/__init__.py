@@ -6,6 +6,8 @@ the run config and each actor's validated options, and the generic load
 record. It knows no role and nothing of RL: the roles live in
 postrain.actors, the `postrain` command in postrain.cli.
 """
+from typing import Any
+
 # The public names and the module of each. They load on first use (PEP 562), so that importing
 # `postrain.core.errors` (the one import the leaf libraries ext/ and sandbox/ may make) does not
 # load the kernel (ZeroMQ, pydantic, anyio) with it.
@@ -35,7 +37,7 @@ _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in nam
 __all__ = sorted(_MODULE_OF)
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:   # Any: mypy types `from postrain.core import X` by it
     module = _MODULE_OF.get(name)
     if module is None:
         raise AttributeError(f"module 'postrain.core' has no attribute {name!r}")

@@ -47,10 +47,11 @@ import logging
 import os
 import sys
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Callable, ClassVar
+from typing import Any, Callable, ClassVar, Iterator, TypeAlias, TypeVar
 
 import anyio
 
+from .actor_ref import ActorRef
 from .affinity import pin_threads
 from .config import Rendezvous
 from .control import (CORES, CRASHED, LOOKUP, PEERS_GONE, PEERS_MOVED, STOP, Cores, Crashed, Lookup,
@@ -65,9 +66,12 @@ from .typed import typed, typed_handler
 
 log = logging.getLogger("postrain.core")
 
+_OptionsModel: TypeAlias = Options   # the model class, where Actor.Options (a class attribute) hides its name
+_T = TypeVar("_T")
 
 
-def handler(kind: MessageKind, *, concurrent: bool = False):
+def handler(kind: MessageKind[Any, Any], *,
+            concurrent: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Declare an actor method as the handler of message `kind`, a MessageKind (core/messages.py,
     which names the message, its request and reply records and whether it streams).
     `concurrent`: each message runs in its own task, while others run."""
@@ -76,7 +80,7 @@ def handler(kind: MessageKind, *, concurrent: bool = False):
                         f"the message once, e.g. ECHO = MessageKind({kind!r}, Request, Reply), and use it")
     name, request, reply, stream = kind.name, kind.request, kind.reply, kind.stream
 
-    def mark(fn):
+    def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
         if not inspect.iscoroutinefunction(fn) and not inspect.isasyncgenfunction(fn):
             raise TypeError(f"handler {fn.__name__} must be `async def`")
         if stream != inspect.isasyncgenfunction(fn):
@@ -86,8 +90,8 @@ def handler(kind: MessageKind, *, concurrent: bool = False):
             raise ValueError(f"handler kind {name!r} may not start with '_' (reserved for the kernel's "
                              "messages, core/control.py)")
         fn = typed(fn, name, request, reply, stream)
-        fn._postrain_handler = (name, stream, concurrent)
-        fn._postrain_types = (request, reply)
+        setattr(fn, "_postrain_handler", (name, stream, concurrent))   # setattr: a Callable's type has no
+        setattr(fn, "_postrain_types", (request, reply))                # room for attributes of its own
         return fn
     return mark
 
@@ -112,7 +116,7 @@ class Actor:
     drives_work: ClassVar[bool] = False
     _handler_specs: ClassVar[dict[str, tuple[str, bool, bool]]] = {}
 
-    def __init_subclass__(cls, **kwargs):
+    def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         specs = dict(cls._handler_specs)
         for attr, value in vars(cls).items():
@@ -123,7 +127,7 @@ class Actor:
         if cls.backend not in ("trio", "asyncio"):
             raise ValueError(f"{cls.__name__}.backend must be 'trio' or 'asyncio', got {cls.backend!r}")
 
-    def __init__(self, name: str, options: Options, node: Node, head, address: str):
+    def __init__(self, name: str, options: _OptionsModel, node: Node, head: ActorRef | None, address: str):
         self.name = name
         self.options = options
         self.node = node
@@ -133,7 +137,7 @@ class Actor:
         self._stop_requested = anyio.Event()
         self.progress_note = ""            # what the heartbeats say the actor is doing ("" once READY)
         # Makes the runtime's KeepAlive heartbeat thread (core/runtime.py); set by the runtime.
-        self.keep_alive_factory: Callable[[], AbstractContextManager] | None = None
+        self.keep_alive_factory: Callable[[], AbstractContextManager[Any]] | None = None
         self.num_threads: int | None = None  # torch threads for in_compute_thread; None: as started
         self.incarnation = 0                   # how many times the head has started it; set by the runtime
         # The collective group this process is a rank of (an entry with ranks > 1), else None.
@@ -156,7 +160,7 @@ class Actor:
         self.progress_note = note
 
     @contextmanager
-    def keep_alive(self, note: str = ""):
+    def keep_alive(self, note: str = "") -> Iterator[None]:
         """Heartbeat from a thread for the body of the `with`, which blocks the event loop on
         purpose (a synchronous checkpoint load in a handler), so that the head does not count
         the actor as hung. The body still runs in the loop's thread; only liveness moves."""
@@ -184,7 +188,7 @@ class Actor:
             return Load()
         return Load(in_flight=inbox.num_in_flight, served=inbox.num_served, rejected=inbox.num_rejected)
 
-    async def lookup(self, name: str, timeout_s: float = 10.0):
+    async def lookup(self, name: str, timeout_s: float = 10.0) -> ActorRef:
         """An ActorRef to the actor called `name`, by asking the head's registry. Cancelled:
         nothing is left behind (no reference is made until the head answers)."""
         if self.head is None:
@@ -193,7 +197,7 @@ class Actor:
         return self.node.ref(found.address, name, same_node=found.same_node, server_key=found.server_key)
 
     def handlers(self) -> dict[str, Handler]:
-        table = {}
+        table: dict[str, Handler] = {}
         for kind, (attr, stream, concurrent) in self._handler_specs.items():
             fn = getattr(self, attr)
             num_params = len(inspect.signature(fn).parameters)
@@ -246,11 +250,11 @@ class Actor:
         self.num_threads = cores.num_threads
         return Cores(sorted(os.sched_getaffinity(0)), cores.num_threads)
 
-    async def in_compute_thread(self, fn: Callable, *args):
+    async def in_compute_thread(self, fn: Callable[..., _T], *args: Any) -> _T:
         """`fn(*args)` in a worker thread whose torch thread count is this actor's now (elastic
         cores change it between calls). Cancelled: `fn` still runs to its end in its thread;
         its result is dropped."""
-        def call():
+        def call() -> _T:
             self.apply_num_threads()
             return fn(*args)
         return await anyio.to_thread.run_sync(call)
@@ -263,7 +267,7 @@ class Actor:
             sys.modules["torch"].set_num_threads(num_threads)
 
 
-def import_object(path: str):
+def import_object(path: str) -> Any:
     """'package.module:Name' -> the object: the one loader of import paths in configs (actor
     classes, and whatever else a config names by path). Raises ImportError naming the path."""
     module_name, _, attr = path.partition(":")
@@ -293,7 +297,7 @@ def import_actor_class(path: str) -> type[Actor]:
     return cls
 
 
-async def report_crash(head, spec: dict, tb: str) -> None:
+async def report_crash(head: ActorRef | None, spec: dict[str, Any], tb: str) -> None:
     """Log the traceback and hand it to the head (at most 2 s): `spec` names the actor and its
     incarnation (the runtime's spawn spec, or the same two keys). Cancelled: the log line is
     written; the head may not get the traceback and reports the exit code alone."""

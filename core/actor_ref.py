@@ -24,7 +24,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Coroutine, Protocol
 
 import anyio
 import zmq
@@ -33,7 +33,10 @@ from zmq.utils.monitor import parse_monitor_message
 from . import wire
 from .errors import ActorDiedError, ActorTimeoutError, AuthenticationError, RemoteError
 from .messages import UNTYPED, MessageKind, ReplyT
-from .transport import HWM_MESSAGES, AsyncSocket, configure_client, is_beyond_loopback, uses_curve
+from .transport import HWM_MESSAGES, AsyncSocket, CurveKeys, configure_client, is_beyond_loopback, uses_curve
+
+if TYPE_CHECKING:
+    import trio
 
 log = logging.getLogger("postrain.core")
 
@@ -48,6 +51,20 @@ def reaches_same_host(address: str, same_node: bool) -> bool:
     registry placed it on this node (`same_node`), or the address cannot leave the host (ipc,
     tcp on loopback). Never decided by comparing IP addresses: nodes may share one."""
     return same_node or not is_beyond_loopback(address)
+
+
+class NodeSide(Protocol):
+    """What a reference uses of its process's `Node` (core/node.py, which imports this module:
+    named here by what it does, not imported)."""
+
+    name: str
+    keys: CurveKeys | None
+    context: zmq.Context[zmq.Socket[bytes]]
+
+    def next_msg_id(self) -> int: ...
+    def shm_min_bytes_for(self, address: str, same_node: bool = False) -> int | None: ...
+    def spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None: ...
+    def new_event(self) -> anyio.Event | trio.Event: ...
 
 
 @dataclass(slots=True)
@@ -85,7 +102,7 @@ class ActorRef:
     whose callers wait for the leader; when no task leads and one is waiting,
     one of them is woken to lead (`_hand_over`)."""
 
-    def __init__(self, node, address: str, name: str, same_node: bool = False,
+    def __init__(self, node: NodeSide, address: str, name: str, same_node: bool = False,
                  server_key: bytes | None = None):
         self.node = node    # the process's Node (core/node.py), which made this reference: `Node.ref`
         self.address = address
@@ -132,7 +149,7 @@ class ActorRef:
                                        policy_version=policy_version)
         return kind.decode_reply(reply.body)
 
-    async def send(self, kind: MessageKind, request: Any = None, *, timeout_s: float = 30.0,
+    async def send(self, kind: MessageKind[Any, Any], request: Any = None, *, timeout_s: float = 30.0,
                    policy_version: int | None = None) -> None:
         """`tell` of a declared message: one-way, no reply. Cancelled: as `tell`."""
         # `tell`'s body, inlined: one-way messages are the message path's tightest loop
@@ -169,6 +186,7 @@ class ActorRef:
             self._pending.pop(msg_id, None)
         if pending.error is not None:
             raise pending.error
+        assert pending.reply is not None   # it has news and no error: its reply
         return pending.reply
 
     async def tell(self, kind: str, body: Any = None, *, timeout_s: float = 30.0,
@@ -268,7 +286,8 @@ class ActorRef:
             f"no reply from actor {self.name} ({self.address}, {state}) to {kind!r} within "
             f"{timeout_s} s; check that it is running (`postrain status`) or raise timeout_s")
 
-    async def _send(self, msg_id, kind, body, policy_version, pending: _Pending) -> None:
+    async def _send(self, msg_id: int, kind: str, body: Any, policy_version: int | None,
+                    pending: _Pending) -> None:
         """Register `pending` and send the request. Cancelled: the request was queued whole or
         not at all; `pending` stays registered for the caller to remove (ask's finally does)."""
         frames = wire.encode(wire.Message(kind, msg_id, 0, self.node.name, policy_version, body),
@@ -279,7 +298,8 @@ class ActorRef:
             return  # the fast path: connected, room in the queue
         await self._send_waiting(frames, msg_id, kind, pending, pending.deadline, pending.timeout_s)
 
-    async def _send_waiting(self, frames, msg_id, kind, pending, deadline, timeout_s) -> None:
+    async def _send_waiting(self, frames: list[Any], msg_id: int, kind: str, pending: _Pending | None,
+                            deadline: float, timeout_s: float) -> None:
         """Send once connected and the peer's queue has room, or raise by `deadline`.
         Cancelled: nothing was sent (a send is atomic); the caller removes its pending entry."""
         with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
@@ -371,7 +391,7 @@ class ActorRef:
             if pending.wake is not None:
                 pending.wake.set()
 
-    def _on_reply(self, frames: list) -> None:
+    def _on_reply(self, frames: list[Any]) -> None:
         try:
             msg = wire.decode(frames, self._shm_replies)
         except wire.WireError as exc:
@@ -387,7 +407,7 @@ class ActorRef:
         self._deliver(pending, _error_from(msg) if msg.kind == wire.ERROR else msg)
 
     @staticmethod
-    def _deliver(pending: _Pending, item) -> None:
+    def _deliver(pending: _Pending, item: wire.Message | Exception) -> None:
         if pending.stream:
             pending.items.append(item)
             pending.deadline = time.monotonic() + pending.timeout_s
@@ -446,7 +466,7 @@ class ActorRef:
         self._sock.wake()  # a leading caller waits on the socket
 
 
-def _monitor_socket(context: zmq.Context, sock: zmq.Socket) -> zmq.Socket:
+def _monitor_socket(context: zmq.Context[zmq.Socket[bytes]], sock: zmq.Socket[bytes]) -> zmq.Socket[bytes]:
     """A PAIR socket receiving `sock`'s connection events. pyzmq's get_monitor_socket names
     the endpoint after the descriptor number, which the OS reuses; a unique name cannot
     attach to a closing socket's monitor."""

@@ -10,11 +10,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import Collection
 
 log = logging.getLogger("postrain.core")
 
 
-def pin_threads(cpu_ids) -> None:
+def pin_threads(cpu_ids: Collection[int]) -> None:
     """Pin every thread of this process to `cpu_ids` (sched_setaffinity(0) pins only the
     calling thread). A thread started meanwhile inherits its creator's cores, so the pass is
     repeated until no new thread appears."""
@@ -31,7 +32,7 @@ def pin_threads(cpu_ids) -> None:
         done |= tids
 
 
-def pin_cpus(cpu_ids, num_threads) -> None:
+def pin_cpus(cpu_ids: Collection[int] | None, num_threads: int | None) -> None:
     """Pin this process (its calling thread, before it starts any other) to `cpu_ids` and set
     the thread counts of the compute libraries to `num_threads` (each None: left alone)."""
     if cpu_ids:

@@ -42,7 +42,7 @@ _NO_EXCHANGE_ERRNOS = (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP)
 enable_exchange = True   # False: the two-rename fallback (tests of that path)
 
 
-def write_folder_atomically(folder: str | os.PathLike, write: Callable[[Path], object]) -> Path:
+def write_folder_atomically(folder: str | os.PathLike[str], write: Callable[[Path], object]) -> Path:
     """Call write(tmp_folder), then put tmp_folder in place of `folder` (module docstring)."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -65,7 +65,7 @@ def write_folder_atomically(folder: str | os.PathLike, write: Callable[[Path], o
     return folder
 
 
-def write_file_atomically(path: str | os.PathLike, data: bytes, mode: int) -> Path:
+def write_file_atomically(path: str | os.PathLike[str], data: bytes, mode: int) -> Path:
     """Put a file of `data` in place of `path` in one step (os.replace of a hidden sibling), made
     with `mode` from its creation (the umask can only take bits away); DiskFullError as above."""
     path = Path(path)
@@ -86,7 +86,7 @@ def write_file_atomically(path: str | os.PathLike, data: bytes, mode: int) -> Pa
     return path
 
 
-def make_private_folder(folder: str | os.PathLike) -> Path:
+def make_private_folder(folder: str | os.PathLike[str]) -> Path:
     """`folder` (its parents made as needed) as a folder only its user reaches: made 0700, or, where
     it exists, set to 0700. PostrainError where another user owns it; OSError (FileExistsError)
     where it is not a folder."""
@@ -101,7 +101,7 @@ def make_private_folder(folder: str | os.PathLike) -> Path:
     return folder
 
 
-def repair_interrupted_write(folder: str | os.PathLike) -> None:
+def repair_interrupted_write(folder: str | os.PathLike[str]) -> None:
     """Undo what a writer killed inside `write_folder_atomically` left: NAME missing while
     `.NAME.old-*` exists (the fallback's window) gets the old folder back; hidden folders of
     dead writers are removed. Safe to call at any time no other process is writing `folder`."""
@@ -159,10 +159,10 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(code, os.strerror(code), str(b))
 
 
-_LIBC = []
+_LIBC: list[ctypes.CDLL | None] = []   # the C library, once loaded (None: none)
 
 
-def _libc():
+def _libc() -> ctypes.CDLL | None:
     if not _LIBC:
         try:
             _LIBC.append(ctypes.CDLL(None, use_errno=True))

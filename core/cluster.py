@@ -73,7 +73,7 @@ class ClusterScheduler:
     _group_count: dict[tuple[str, str], int] = field(default_factory=dict)  # (node, entry) -> replicas there
     _group_of: dict[str, str] = field(default_factory=dict)                 # placed actor -> its entry
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not self.nodes:
             raise PlacementError("the cluster has no nodes; start one with `ray start` and try again")
         names = [node.name for node in self.nodes]

@@ -42,7 +42,7 @@ hypothesis at every step of every plan):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 @dataclass(frozen=True)
 class Home:
@@ -94,7 +94,7 @@ class Transfer:
                "move": f"{self.giver}'s borrowed cores are dealt again"}[self.action]
         return f"elastic cores: {self.action} {list(self.cpu_ids)} {self.giver} -> {self.taker} ({why})"
 
-    def to_row(self) -> dict:
+    def to_row(self) -> dict[str, Any]:
         return {"action": self.action, "cpu_ids": list(self.cpu_ids), "giver": self.giver,
                 "taker": self.taker}
 
@@ -147,7 +147,8 @@ def plan(homes: Mapping[str, Home], held: Mapping[str, frozenset[int]], busy: fr
     return Plan(revokes, grants, target, _transfers(homes, held, target))
 
 
-def _transfers(homes: Mapping[str, Home], held, target) -> tuple[Transfer, ...]:
+def _transfers(homes: Mapping[str, Home], held: Mapping[str, frozenset[int]],
+               target: Mapping[str, frozenset[int]]) -> tuple[Transfer, ...]:
     """The cores whose holder changes, grouped by (giver, taker)."""
     holder_before = {core: actor for actor, cores in held.items() for core in cores}
     holder_after = {core: actor for actor, cores in target.items() for core in cores}

@@ -18,6 +18,7 @@ network (docs/security.md).
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
@@ -28,7 +29,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from .errors import PostrainError
 
 _INFO = b"postrain enrolment v1"
-_RAW = dict(encoding=serialization.Encoding.Raw, format=serialization.PublicFormat.Raw)
+_RAW: dict[str, Any] = dict(encoding=serialization.Encoding.Raw, format=serialization.PublicFormat.Raw)
 
 
 class EnrolmentError(PostrainError):
@@ -47,7 +48,7 @@ class EnrolmentKey:
         self._private = X25519PrivateKey.generate()
         self.public: bytes = self._private.public_key().public_bytes(**_RAW)
 
-    def open(self, box: dict, context: bytes) -> bytes:
+    def open(self, box: dict[str, bytes], context: bytes) -> bytes:
         """The secrets `seal_for` sealed to this key under `context`; EnrolmentError otherwise."""
         try:
             key = _box_key(self._private, box["ephemeral"], context)
@@ -57,7 +58,7 @@ class EnrolmentKey:
                                  "another agent or run, or changed on the way") from None
 
 
-def seal_for(public: bytes, secrets: bytes, context: bytes) -> dict:
+def seal_for(public: bytes, secrets: bytes, context: bytes) -> dict[str, bytes]:
     """A box of `secrets` that only the holder of `public`'s private half opens, under `context`."""
     ephemeral = X25519PrivateKey.generate()
     nonce = os.urandom(12)

@@ -43,6 +43,7 @@ import os
 import socket
 import threading
 import time
+from typing import Callable
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -57,11 +58,11 @@ class RateLimitedLog:
     """Warnings keyed (by peer): at most one line per key per `interval_s`; the next line after a
     quiet spell says how many were suppressed. Keeps the last _NUM_PEERS_LOGGED keys."""
 
-    def __init__(self, logger: logging.Logger, interval_s: float, clock=time.monotonic):
+    def __init__(self, logger: logging.Logger, interval_s: float, clock: Callable[[], float] = time.monotonic):
         self.logger, self.interval_s, self.clock = logger, interval_s, clock
-        self._last: collections.OrderedDict[str, list] = collections.OrderedDict()  # key: [time, suppressed]
+        self._last: collections.OrderedDict[str, list[float]] = collections.OrderedDict()  # key: [time, suppressed]
 
-    def warning(self, key: str, msg: str, *args) -> None:
+    def warning(self, key: str, msg: str, *args: object) -> None:
         now = self.clock()
         entry = self._last.get(key)
         if entry is not None and now - entry[0] < self.interval_s:
@@ -109,11 +110,11 @@ class ConnectionGate:
         self._zap = self.context.socket(zmq.REP)
         self._zap.linger = 0
         self._zap.bind("inproc://zeromq.zap.01")
-        self._monitor = None
-        self._thread = None
+        self._monitor: zmq.Socket[bytes] | None = None   # set by `socket`
+        self._thread: threading.Thread | None = None
         self._closing = False
 
-    def socket(self, kind: int) -> zmq.Socket:
+    def socket(self, kind: int) -> zmq.Socket[bytes]:
         """A socket of this gate's context whose every connection asks the gate (one per gate)."""
         assert self._monitor is None, "one socket per gate"
         sock = self.context.socket(kind)
@@ -150,6 +151,7 @@ class ConnectionGate:
             return sum(self._num_admitted.values())
 
     def _serve(self) -> None:
+        assert self._monitor is not None   # `socket` made it before it started this thread
         poller = zmq.Poller()
         poller.register(self._zap, zmq.POLLIN)
         poller.register(self._monitor, zmq.POLLIN)
@@ -167,6 +169,7 @@ class ConnectionGate:
             self._monitor.close(linger=0)
 
     def _drain_monitor(self) -> None:
+        assert self._monitor is not None   # as in _serve, whose thread this is
         while self._monitor.poll(0):
             event = parse_monitor_message(self._monitor.recv_multipart())
             fd = event["value"]
@@ -197,8 +200,8 @@ class ConnectionGate:
     def _answer(self, frames: list[bytes]) -> None:
         if len(frames) < 6:
             return                                   # not ZeroMQ's own request: nothing to answer
-        version, request_id, _domain, peer = frames[:4]
-        peer = peer.decode(errors="replace")
+        version, request_id, _domain, peer_address = frames[:4]
+        peer = peer_address.decode(errors="replace")
         num_peer, num_all = self._num_admitted[peer], sum(self._num_admitted.values())
         ok = num_peer < self.max_connections_per_peer and num_all < self.max_connections
         if ok:
@@ -217,7 +220,8 @@ def _peer_of(fd: int) -> tuple[str, int]:
     """The IP address and port of the peer of connected socket `fd` (("", 0) once it is closed)."""
     try:
         with socket.socket(fileno=os.dup(fd)) as dup:     # its own family (IPv4 or IPv6)
-            return dup.getpeername()[:2]
+            address: tuple[str, int] = dup.getpeername()[:2]
+            return address
     except OSError:
         return "", 0
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import anyio
 import zmq
@@ -48,7 +48,7 @@ class Handler:
     authenticated name it accepts (`senders(name)`), e.g. the head's `work` for the actors
     that hand out work."""
 
-    fn: Callable
+    fn: Callable[..., Any]   # async (a coroutine function), or an async generator when `stream`
     stream: bool = False
     concurrent: bool = False
     wants_message: bool = False
@@ -81,9 +81,10 @@ class Inbox:
         sock.sndhwm = sock.rcvhwm = HWM_MESSAGES
         configure_server(sock, address, node.keys)
         if uses_curve(address, node.keys):
+            assert node.keys is not None   # uses_curve is False without keys
             node.ensure_zap(allowed_client_keys or node.keys.allowed_client_keys)
         sock.bind(address)
-        self.bound_address = sock.last_endpoint.decode()
+        self.bound_address = cast(bytes, sock.last_endpoint).decode()   # LAST_ENDPOINT is a bytes option
         self._sock = AsyncSocket(sock)
         self._shm_min_bytes = node.shm_min_bytes_for(address)  # decided once, not per reply
         # A Curve server knows who calls (the ZAP User-Id, core/identity.py): a message whose
@@ -108,7 +109,7 @@ class Inbox:
     def close(self) -> None:
         self._sock.close(linger_ms=1000)
 
-    async def _serve_messages(self, tg) -> None:
+    async def _serve_messages(self, tg: anyio.abc.TaskGroup) -> None:
         """Receive and handle messages until the socket closes. Messages already queued are
         taken without waiting on the socket; after MAX_MESSAGES_PER_PASS of them in a row
         the loop yields once, so a flood of tells cannot starve the actor's other tasks.
@@ -132,8 +133,8 @@ class Inbox:
                     return
                 continue
             identity, frames = frames[0], frames[1:]
-            try:
-                msg = wire.decode(frames, shm_from_anyone or self._is_local_peer(peer))
+            try:   # a socket beyond loopback authenticates (uses_curve), so `peer` is set there
+                msg = wire.decode(frames, shm_from_anyone or self._is_local_peer(cast(str, peer)))
             except wire.WireError as exc:
                 await self._reject_malformed(identity, frames, exc)
             else:
@@ -163,7 +164,7 @@ class Inbox:
             local = self._local_peers[peer] = is_this_hosts_address(peer)
         return local
 
-    async def _reject_malformed(self, identity, frames: list, exc: wire.WireError) -> None:
+    async def _reject_malformed(self, identity: bytes, frames: list[Any], exc: wire.WireError) -> None:
         """Count, log and answer a frame that does not decode. Cancelled: counted and logged;
         the error reply may not be sent (`post`)."""
         self.num_rejected += 1
@@ -171,7 +172,7 @@ class Inbox:
         corr_id = wire.peek_msg_id(frames) or UNKNOWN_REQUEST
         await self.post_error(identity, corr_id, "MalformedMessage", str(exc))
 
-    async def _reject_sender(self, identity, msg: wire.Message, user: str, why: str = "") -> None:
+    async def _reject_sender(self, identity: bytes, msg: wire.Message, user: str, why: str = "") -> None:
         """Count, log and refuse a message whose declared sender is not its caller's authenticated
         name, or (`why`) a kernel message from an actor. Cancelled: the reply may not be sent
         (`post`); the count and log line stay."""
@@ -187,7 +188,7 @@ class Inbox:
                               f"authenticates {user or 'no one'!r}; an actor sends under its own name "
                               "and key only")
 
-    async def _reject_unknown(self, identity, msg: wire.Message) -> None:
+    async def _reject_unknown(self, identity: bytes, msg: wire.Message) -> None:
         """Answer a PING, or count, log and refuse a kind with no handler. Cancelled: the
         reply may not be sent (`post`); the count and log line stay."""
         if msg.kind == wire.PING:
@@ -200,7 +201,7 @@ class Inbox:
                               f"no handler for message kind {msg.kind!r}; this actor "
                               f"handles {sorted(self.handlers)}")
 
-    async def _run(self, handler: Handler, identity, msg: wire.Message) -> None:
+    async def _run(self, handler: Handler, identity: bytes, msg: wire.Message) -> None:
         """Run one message's handler and send its reply (a tell, msg_id 0, gets none).
         Cancelled: the handler is cancelled where it is (what it leaves is its own docstring's
         to say), no reply is sent, and num_in_flight is restored; num_served is not counted."""
@@ -224,7 +225,7 @@ class Inbox:
         finally:
             self.num_in_flight -= 1
 
-    async def post(self, identity, kind: str, corr_id: int, body: Any,
+    async def post(self, identity: bytes, kind: str, corr_id: int, body: Any,
                    policy_version: int | None = None) -> None:
         """Send a reply (`body` may be a `Reply`, which sets policy_version). A tell
         (corr_id 0) gets none: errors are logged instead. Does not yield when the caller's
@@ -250,7 +251,7 @@ class Inbox:
         except (zmq.ZMQError, TimeoutError) as exc:
             log.warning("inbox %s: reply %s to %r lost: %s", self.address, kind, identity, exc)
 
-    async def post_error(self, identity, corr_id: int, error_type: str, message: str,
+    async def post_error(self, identity: bytes, corr_id: int, error_type: str, message: str,
                          remote_traceback: str = "") -> None:
         """Send an ERROR reply (`post`). Cancelled: the reply is not sent."""
         await self.post(identity, wire.ERROR, corr_id,

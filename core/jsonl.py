@@ -41,7 +41,7 @@ def is_disk_full(exc: BaseException) -> bool:
     return isinstance(exc, Exception) and any(os.strerror(code) in str(exc) for code in DISK_FULL_ERRNOS)
 
 
-def disk_full_error(path: str | os.PathLike, exc: BaseException | None = None) -> DiskFullError:
+def disk_full_error(path: str | os.PathLike[str], exc: BaseException | None = None) -> DiskFullError:
     """A DiskFullError naming `path`, the space left on its file system and what to do."""
     path = Path(path)
     where = path if path.is_dir() else path.parent
@@ -62,7 +62,7 @@ class JsonlAppender:
 
     Not thread-safe: one writer per instance (several instances and processes may share a file)."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
         self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
 
@@ -97,11 +97,12 @@ class JsonlAppender:
 
     def _take_back(self, num_bytes: int) -> None:
         """Cut the `num_bytes` this instance just wrote (a part of one line) off the file's end."""
+        assert self._fd is not None, f"{self.path} is closed"
         end = os.lseek(self._fd, 0, os.SEEK_CUR)   # O_APPEND: just past our bytes
         os.ftruncate(self._fd, end - num_bytes)
 
 
-def repair_torn_tail(path: str | os.PathLike) -> tuple[int, bytes] | None:
+def repair_torn_tail(path: str | os.PathLike[str]) -> tuple[int, bytes] | None:
     """Cut a half-written last line off `path`: one without a newline, or not valid JSON.
     Returns (its offset, its bytes) when one was cut, None when the file ends on a whole line
     (or does not exist). For a process that takes over a file another one was killed writing."""
@@ -125,7 +126,7 @@ def repair_torn_tail(path: str | os.PathLike) -> tuple[int, bytes] | None:
     return offset, tail[cut:]
 
 
-def read_jsonl(path: str | os.PathLike) -> Iterator[dict]:
+def read_jsonl(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     """The JSON objects of `path`, one per line; a torn last line (no newline, not JSON) is
     skipped with a warning, a broken line elsewhere raises ValueError naming it."""
     path = Path(path)

@@ -37,14 +37,17 @@ import signal
 import time
 from dataclasses import dataclass, field
 from multiprocessing import resource_tracker
+from multiprocessing.process import BaseProcess
 from typing import Any, Callable
 
 import anyio
 
+from .actor_ref import ActorRef
 from .config import ActorSpec
 from .control import STOP
 from .errors import ActorStartError
 from .load import Load
+from .node import Node
 from .runtime import run_actor_process
 from .scheduler import Placement, Scheduler
 from .shm import RUN_TAG_ENV, remove_shm_of, sweep_shm
@@ -107,9 +110,9 @@ class ActorProcesses:
     spec's fields that the head decides (its address, the keys, the cores an elastic actor holds
     now); ref(name): the head's reference to an actor (STOP goes through it)."""
 
-    def __init__(self, node, scheduler: Scheduler, *, run_tag: str, log_dir: str | None,
+    def __init__(self, node: Node, scheduler: Scheduler, *, run_tag: str, log_dir: str | None,
                  heartbeat_interval_s: float, heartbeat_timeout_s: float,
-                 head_fields: Callable[[ActorRecord], dict], ref: Callable[[str], Any]):
+                 head_fields: Callable[[ActorRecord], dict[str, Any]], ref: Callable[[str], ActorRef]):
         self.node = node
         self.scheduler = scheduler
         self.run_tag = run_tag
@@ -271,12 +274,13 @@ class ActorProcesses:
         record.note = ""
         self.node.spawn(self._note_exit, record, process)
 
-    async def _note_exit(self, record: ActorRecord, process) -> None:
+    async def _note_exit(self, record: ActorRecord, process: BaseProcess) -> None:
         """Wait for `process` to end, kill what is left of its process group, remove its (and any
         dead process of the run's) shared memory, and set the record's `exited`. Cancelled (the
         head closes): the group, shared memory and `exited` are left as they are; `shutdown`
         kills the groups and sweeps the run's shared memory."""
         await _wait_process(process)
+        assert process.pid is not None   # started (`_spawn`) before this watcher
         _kill_group(process.pid)  # its children (nsjail workers) do not outlive it
         remove_shm_of(process.pid)  # a killed process cannot clean up its shared memory
         sweep_shm(self.run_tag)
@@ -296,7 +300,7 @@ class ActorProcesses:
                 break
             with anyio.move_on_after(spec.start_timeout_s - silent_s):
                 async with anyio.create_task_group() as tg:
-                    async def until(event):
+                    async def until(event: anyio.Event) -> None:
                         """Cancel the waiting once `event` is set. Cancelled: nothing to undo."""
                         await event.wait()
                         tg.cancel_scope.cancel()
@@ -306,7 +310,7 @@ class ActorProcesses:
             record.state = "running"
             self._add_event(spec.name, "started", f"pid {record.pid}, incarnation {record.incarnation}")
             return
-        where = {"actor": spec.name, "cls": spec.cls, "log_path": self.log_path(spec.name)}
+        where: dict[str, Any] = {"actor": spec.name, "cls": spec.cls, "log_path": self.log_path(spec.name)}
         if not record.exited.is_set():
             doing = f" (last doing: {record.note})" if record.note else ""
             reason = (f"went silent for {silent_s:.1f} s before READY{doing}, over start_timeout_s = "
@@ -430,7 +434,7 @@ async def _wait_exit(record: ActorRecord) -> None:
     record.process.join(timeout=1)
 
 
-async def _wait_process(process) -> None:
+async def _wait_process(process: BaseProcess | None) -> None:
     """Wait for a multiprocessing process to exit, without blocking the loop.
     Only `_note_exit` calls this: one waiter per process descriptor. Cancelled: nothing
     changes; the process runs on, unjoined."""

@@ -128,7 +128,7 @@ class ResizeReply(Record):
 RESIZE = MessageKind("resize", ResizeRequest, ResizeReply)
 
 
-def _check_count(name: str, value, *, optional: bool) -> None:
+def _check_count(name: str, value: object, *, optional: bool) -> None:
     if value is None and optional:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:

@@ -27,9 +27,13 @@ import math
 import time
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .errors import DiskFullError
 from .jsonl import JsonlAppender, disk_full_error, is_disk_full, read_jsonl
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
 
 log = logging.getLogger("postrain.metrics")
 
@@ -40,12 +44,12 @@ class MetricsWriter:
         self.skip_rows_when_full = skip_rows_when_full
         self.num_skipped = 0   # rows a full disk had no room for (skip_rows_when_full only)
         self._file = JsonlAppender(self.path)
-        self._rows_per_kind: Counter = Counter()
+        self._rows_per_kind: Counter[str] = Counter()
         self._tensorboard = _open_tensorboard(Path(run_folder) / "tensorboard") if tensorboard else None
         self.tensorboard_dir = Path(self._tensorboard.log_dir) if self._tensorboard is not None else None
 
-    def log(self, kind: str, **figures) -> dict:
-        row = {"time": round(time.time(), 3), "kind": kind}
+    def log(self, kind: str, **figures: Any) -> dict[str, Any]:
+        row: dict[str, Any] = {"time": round(time.time(), 3), "kind": kind}
         for name, value in figures.items():
             if isinstance(value, float) and not math.isfinite(value):
                 value = None
@@ -67,6 +71,7 @@ class MetricsWriter:
                 self._log_scalars(row)
             except OSError as exc:
                 if is_disk_full(exc):
+                    assert self.tensorboard_dir is not None   # set with the writer
                     raise disk_full_error(self.tensorboard_dir, exc) from None
                 raise
         return row
@@ -81,7 +86,8 @@ class MetricsWriter:
             self._tensorboard.close()
             self._tensorboard = None
 
-    def _log_scalars(self, row: dict) -> None:
+    def _log_scalars(self, row: dict[str, Any]) -> None:
+        assert self._tensorboard is not None   # `log` calls this only with a writer
         step = row.get("step")
         if not isinstance(step, int) or isinstance(step, bool):
             step = self._rows_per_kind[row["kind"]]
@@ -93,7 +99,7 @@ class MetricsWriter:
         self._tensorboard.flush()
 
 
-def _open_tensorboard(log_dir: Path):
+def _open_tensorboard(log_dir: Path) -> SummaryWriter | None:
     """A SummaryWriter on log_dir, or None where tensorboard is not installed."""
     try:
         from torch.utils.tensorboard import SummaryWriter
@@ -102,7 +108,7 @@ def _open_tensorboard(log_dir: Path):
     return SummaryWriter(log_dir=str(log_dir))
 
 
-def read_metrics(run_folder: str | Path, kind: str | None = None) -> list[dict]:
+def read_metrics(run_folder: str | Path, kind: str | None = None) -> list[dict[str, Any]]:
     path = Path(run_folder) / "metrics.jsonl"
     if not path.exists():
         return []

@@ -12,7 +12,7 @@ import contextlib
 import itertools
 import logging
 import time
-from typing import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Callable, Coroutine
 
 import anyio
 import sniffio
@@ -24,13 +24,16 @@ from .actor_ref import ActorRef, reaches_same_host
 from .identity import Identities
 from .transport import AsyncSocket, CurveKeys
 
+if TYPE_CHECKING:
+    import trio
+
 log = logging.getLogger("postrain.core")
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"   # where libzmq asks a context's ZAP handler (RFC 27)
 REAPER_TICK_S = 0.02    # request deadlines are enforced to within this
 
 
-def native_event_class():
+def native_event_class() -> type[anyio.Event] | type[trio.Event]:
     if sniffio.current_async_library() == "trio":
         import trio
         return trio.Event
@@ -48,7 +51,7 @@ class Node:
         self.name = name
         self.keys = keys
         self.shm_min_bytes = shm_min_bytes  # None disables shared memory (peers on other hosts)
-        self.context = zmq.Context.instance()
+        self.context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._msg_ids = itertools.count(1)
         self._task_group: anyio.abc.TaskGroup | None = None
         self._refs: list[ActorRef] = []
@@ -67,7 +70,7 @@ class Node:
         self._task_group.start_soon(self._reap_deadlines)
         return self
 
-    def new_event(self):
+    def new_event(self) -> anyio.Event | trio.Event:
         """An Event of the running loop's own kind (trio.Event is 3x cheaper than anyio's)."""
         return self._event_class()
 
@@ -81,9 +84,10 @@ class Node:
                 ref.drain()
                 ref.reap(now)
 
-    async def __aexit__(self, *exc_info):
+    async def __aexit__(self, *exc_info: Any) -> bool:
         """Cancel the node's tasks, then close every socket and the shared memory left. Cancelled
         again while the tasks end: the sockets and shared memory are still closed (finally)."""
+        assert self._task_group is not None   # made by __aenter__
         self._task_group.cancel_scope.cancel()
         try:
             return await self._task_group.__aexit__(*exc_info)
@@ -105,7 +109,8 @@ class Node:
         tcp on loopback)."""
         return self.shm_min_bytes if reaches_same_host(address, same_node) else None
 
-    def spawn(self, fn: Callable[..., Awaitable], *args) -> None:
+    def spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        assert self._task_group is not None, "spawn inside `async with node`"
         self._task_group.start_soon(fn, *args)
 
     def ref(self, address: str, name: str | None = None, same_node: bool = False,

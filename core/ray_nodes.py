@@ -39,6 +39,7 @@ import socket
 import sys
 import threading
 from dataclasses import asdict
+from typing import Any, Awaitable, Callable, TypeVar
 
 import msgpack
 import ray
@@ -52,9 +53,10 @@ from .scheduler import GpuInfo, Inventory
 from .transport import CurveKeys, free_tcp_port
 
 AGENT_START_TIMEOUT_S = 120.0
+_T = TypeVar("_T")
 
 
-def versions_here() -> dict:
+def versions_here() -> dict[str, str]:
     """The Python and postrain versions of this process: every node must run the head's."""
     from importlib.metadata import version
     return {"python": sys.version.split()[0], "postrain": version("postrain")}
@@ -71,8 +73,9 @@ def connect(section: ClusterSection) -> "RayCluster":
     if address != "auto":
         _check_gcs_answers(address, section.connect_timeout_s)
     try:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="WARNING",
-                 configure_logging=False)
+        # the ignore: ray annotates logging_level as int, but takes a level name too (its default is "info")
+        ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                 logging_level="WARNING", configure_logging=False)  # type: ignore[arg-type]
     except (ConnectionError, RuntimeError, TimeoutError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ClusterUnreachable(
@@ -114,7 +117,7 @@ class RayCluster:
         """The live nodes, the head's first: what Ray declares of each (CPUs, GPUs, memory) as
         core ids 0..N-1 and GPU ids 0..G-1 of that node. A node's name is its IP address, or
         IP-NODEID8 where several nodes share an address (nodes on one machine)."""
-        alive = [n for n in ray.nodes() if n.get("Alive")]
+        alive = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]   # ray's is unannotated
         alive.sort(key=lambda n: ("node:__internal_head__" not in n["Resources"], n["NodeManagerAddress"],
                                   n["NodeID"]))
         ips = [n["NodeManagerAddress"] for n in alive]
@@ -136,7 +139,8 @@ class RayCluster:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         agent_class = ray.remote(num_cpus=0, max_restarts=0)(NodeAgent)
-        handles = {}
+        # Any: Ray's ActorHandle types a method of an undecorated class without its `.remote`
+        handles: dict[str, Any] = {}
         for node in nodes:
             strategy = NodeAffinitySchedulingStrategy(node_id=self._node_ids[node.name], soft=False)
             handles[node.name] = agent_class.options(scheduling_strategy=strategy).remote(
@@ -158,10 +162,10 @@ class RayCluster:
                         dict(zip(handles, ray.get([h.supervisor_address.remote() for h in handles.values()],
                                                   timeout=60))), dict(zip(handles, publics)), run_tag)
         here = versions_here()
-        for node, theirs in zip(handles, versions):
+        for name, theirs in zip(handles, versions):
             if theirs != here:
                 agents.stop()
-                raise PostrainError(f"node {node} runs {theirs}, the head {here}: install the same postrain "
+                raise PostrainError(f"node {name} runs {theirs}, the head {here}: install the same postrain "
                                     "and Python on every node")
         return agents
 
@@ -184,7 +188,7 @@ class Agents:
     not lost (`forget` removes one); node_ids, supervisor_addresses and enrolment_keys keep every
     node's."""
 
-    def __init__(self, handles: dict, node_ids: dict[str, str], supervisor_addresses: dict[str, str],
+    def __init__(self, handles: dict[str, Any], node_ids: dict[str, str], supervisor_addresses: dict[str, str],
                  enrolment_keys: dict[str, bytes], run_tag: str):
         self.handles = handles                       # node name -> its NodeAgent (a Ray actor handle)
         self.node_ids = node_ids                     # node name -> Ray's node id
@@ -195,7 +199,7 @@ class Agents:
     def dead_nodes(self) -> list[str]:
         """The nodes of `handles` that Ray reports dead (its health checks: seconds after a
         node's raylet stops answering)."""
-        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}  # type: ignore[no-untyped-call]   # as above
         return [name for name in self.handles if self.node_ids[name] not in alive]
 
     def forget(self, node: str) -> None:
@@ -220,7 +224,7 @@ class Agents:
         box = seal_for(self.enrolment_keys[node], spec.model_dump_json().encode(),
                        spec_context(node, self.run_tag))
         try:
-            address = ray.get(self.handles[node].start.remote(box), timeout=timeout_s)
+            address: str = ray.get(self.handles[node].start.remote(box), timeout=timeout_s)
         except ray.exceptions.RayActorError as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise AgentLostError(f"the agent of node {node} is gone ({first})", node=node) from None
@@ -244,9 +248,10 @@ class Agents:
 
     def free_port(self, node: str) -> int:
         """A tcp port free now on `node`'s address (a collective group's meeting point there)."""
-        return ray.get(self.handles[node].free_port.remote(), timeout=60)
+        port: int = ray.get(self.handles[node].free_port.remote(), timeout=60)
+        return port
 
-    def status(self) -> dict[str, dict]:
+    def status(self) -> dict[str, dict[str, Any]]:
         """Each node's supervisor status (as `postrain status` shows one host's)."""
         return dict(zip(self.handles, ray.get([h.status.remote() for h in self.handles.values()], timeout=60)))
 
@@ -267,15 +272,15 @@ class NodeAgent:
     (core/enrol.py); `enrol` opens the keys the head sealed to it and starts the supervisor.
     Invariant: after `enrol` returns, `self.supervisor` is serving."""
 
-    def __init__(self, node: str, address: str, inventory: dict, run_tag: str, log_dir: str,
+    def __init__(self, node: str, address: str, inventory: dict[str, Any], run_tag: str, log_dir: str,
                  heartbeat_interval_s: float, heartbeat_timeout_s: float):
         from .scheduler import Scheduler
 
         self.node, self.address = node, address
         self._raylet_pid = os.getppid()        # the node's raylet starts its workers
-        inventory = Inventory(cpu_ids=tuple(inventory["cpu_ids"]), memory_mb=inventory["memory_mb"],
-                              gpus=tuple(GpuInfo(**g) for g in inventory["gpus"]))
-        self._settings = dict(scheduler=Scheduler(inventory), bind=f"tcp://{address}:0",
+        node_inventory = Inventory(cpu_ids=tuple(inventory["cpu_ids"]), memory_mb=inventory["memory_mb"],
+                                   gpus=tuple(GpuInfo(**g) for g in inventory["gpus"]))
+        self._settings: dict[str, Any] = dict(scheduler=Scheduler(node_inventory), bind=f"tcp://{address}:0",
                               log_dir=log_dir, run_tag=run_tag,
                               heartbeat_interval_s=heartbeat_interval_s, heartbeat_timeout_s=heartbeat_timeout_s)
         self._enrolment = EnrolmentKey()
@@ -285,7 +290,7 @@ class NodeAgent:
         """The public half of this agent's enrolment key: the head seals the run's keys to it."""
         return self._enrolment.public
 
-    def enrol(self, box: dict) -> None:
+    def enrol(self, box: dict[str, bytes]) -> None:
         """Open the run's keys (sealed to this agent for this node and run) and start serving."""
         keys = msgpack.unpackb(self._enrolment.open(box, enrolment_context(self.node, self._settings["run_tag"])))
         self._settings["keys"] = CurveKeys.from_dict(keys)
@@ -331,11 +336,11 @@ class NodeAgent:
         self.supervisor.kill_all()
         os._exit(1)
 
-    def _call(self, fn, *args):
+    def _call(self, fn: Callable[..., Awaitable[_T]], *args: Any) -> _T:
         import trio
         return trio.from_thread.run(fn, *args, trio_token=self._token)
 
-    def versions(self) -> dict:
+    def versions(self) -> dict[str, str]:
         return versions_here()
 
     def supervisor_address(self) -> str:
@@ -343,13 +348,13 @@ class NodeAgent:
         also tells it the agent lives."""
         return self.supervisor.address
 
-    def start(self, box: dict) -> str:
+    def start(self, box: dict[str, bytes]) -> str:
         """Start the actor whose spec the head sealed to this agent (`Agents.start`), its inbox on
         this node's address (tcp + Curve, any free port); its address once READY."""
         spec = json.loads(self._enrolment.open(box, spec_context(self.node, self._settings["run_tag"])))
         spec = ActorSpec.model_validate({**spec, "bind": f"tcp://{self.address}:0"})
 
-        async def start():
+        async def start() -> str:
             return (await self.supervisor.start(spec)).address
         return self._call(start)
 
@@ -358,28 +363,28 @@ class NodeAgent:
 
     def expect(self, names: list[str]) -> None:
         """Actors about to start on some node: this node's actors will know them by their keys."""
-        async def expect():
+        async def expect() -> None:
             self.supervisor.expect(names)
         self._call(expect)
 
     def add_peers(self, addresses: dict[str, str]) -> None:
-        async def add():
+        async def add() -> None:
             self.supervisor.add_peers(addresses)
         self._call(add)
 
     def remove_peers(self, gone: dict[str, str]) -> None:
-        async def remove():
+        async def remove() -> None:
             self.supervisor.remove_peers(gone)
         self._call(remove)
 
-    def status(self) -> dict:
-        async def status():
+    def status(self) -> dict[str, Any]:
+        async def status() -> dict[str, Any]:
             return self.supervisor.status()
         return self._call(status)
 
     def stop(self) -> None:
         """Stop every actor of this node (the supervisor's shutdown) and end the loop."""
-        async def stop():
+        async def stop() -> None:
             self._stop.set()
         self._call(stop)
         self._thread.join(timeout=120)

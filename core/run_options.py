@@ -8,12 +8,15 @@ by name), and every bad field of every actor is reported at once as
 """
 from __future__ import annotations
 
+from typing import Any
+
 from .actor import import_actor_class
+from .config import RunConfig
 from .errors import ConfigError
 from .options import Options, options_class, validate_options
 
 
-def resolve_options(config) -> None:
+def resolve_options(config: RunConfig) -> None:
     """Check every actor's options of `config` (a RunConfig) with `[shared]` filled in, and
     store the merged options on each spec (what its process receives). Raises one ConfigError
     listing every bad field of every actor; imports each actor's class to read its model."""
@@ -48,7 +51,8 @@ def resolve_options(config) -> None:
         raise ConfigError(f"{len(problems)} bad option(s):\n  " + "\n  ".join(problems))
 
 
-def _replica_references(config, name: str, validated: Options, where: str, problems: list[str]) -> dict:
+def _replica_references(config: RunConfig, name: str, validated: Options, where: str,
+                        problems: list[str]) -> dict[str, Any]:
     """The options of actor `name` (given or default) that name an entry with replicas, rewritten
     to the replicas' names: a list holding the entry's name gets all its replicas in its place;
     a single name gets the replica of the same index when `name` is a replica of an entry with
@@ -58,7 +62,7 @@ def _replica_references(config, name: str, validated: Options, where: str, probl
     if not groups:
         return {}
     mine = config.replica_of(name)
-    rewritten = {}
+    rewritten: dict[str, Any] = {}
     for field in type(validated).model_fields:
         value = getattr(validated, field)
         if isinstance(value, list) and any(isinstance(v, str) and v in groups for v in value):

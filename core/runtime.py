@@ -37,12 +37,15 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
+from typing import Any
 
 import anyio
 import zmq
 
 from . import wire
+from .actor_ref import ActorRef
 from .actor import Actor, import_actor_class, report_crash
 from .affinity import pin_cpus
 from .config import Rendezvous
@@ -58,7 +61,7 @@ from .transport import CurveKeys, configure_client
 log = logging.getLogger("postrain.core")
 
 
-def run_actor_process(spec: dict) -> None:
+def run_actor_process(spec: dict[str, Any]) -> None:
     """Entry point of an actor process (the supervisor spawns it).
 
     spec keys: name, cls (import path), options, address, head_address (or None),
@@ -86,12 +89,12 @@ def run_actor_process(spec: dict) -> None:
             backend = cls.backend
         except Exception:
             cls = None
-            startup_error = traceback.format_exc()
+            startup_error: str | None = traceback.format_exc()
         else:
             startup_error = None
     if cls is not None and cls.keeps_freed_memory:
         keep_freed_memory()
-    options = {"backend": backend}
+    options: dict[str, Any] = {"backend": backend}
     if spec.get("run_tag"):  # names this run's shared memory; inherited by the actor's children
         os.environ[RUN_TAG_ENV] = spec["run_tag"]
     if backend == "asyncio":
@@ -158,7 +161,7 @@ def _exit_if_orphaned(head_pid: int | None) -> None:
         os._exit(1)
 
 
-async def _actor_main(cls, spec: dict, startup_error: str | None) -> None:
+async def _actor_main(cls: type[Actor] | None, spec: dict[str, Any], startup_error: str | None) -> None:
     """The actor process's life: setup, READY, serve until STOP, teardown; a failure is
     reported to the head, then raised. Cancelled: only when the process is ending; the node's
     sockets close and teardown does not run."""
@@ -170,6 +173,7 @@ async def _actor_main(cls, spec: dict, startup_error: str | None) -> None:
         if startup_error is not None:
             await report_crash(head, spec, startup_error)
             raise RuntimeError(startup_error)
+        assert cls is not None   # imported: no startup_error
         actor = None
         try:
             inbox_address = spec["address"]
@@ -207,14 +211,14 @@ async def _actor_main(cls, spec: dict, startup_error: str | None) -> None:
             raise
 
 
-def _whois_through(head):
+def _whois_through(head: ActorRef) -> Callable[[bytes], Awaitable[str | None]]:
     """whois(key) for Identities: ask the head (this node's supervisor) whose key it is."""
     async def whois(public: bytes) -> str | None:
         return (await head.call(WHOIS, Whois(public.decode()), timeout_s=10.0)).name
     return whois
 
 
-async def _heartbeat(actor: Actor, head, spec: dict) -> None:
+async def _heartbeat(actor: Actor, head: ActorRef, spec: dict[str, Any]) -> None:
     """Tell the head this actor lives, with its load, every interval. Cancelled (the actor
     stops): a heartbeat is queued whole or not at all (ZeroMQ sends are atomic); they stop."""
     interval_s = spec.get("heartbeat_interval_s", 1.0)
@@ -232,7 +236,7 @@ async def _heartbeat(actor: Actor, head, spec: dict) -> None:
         await anyio.sleep(interval_s)
 
 
-def _beating_while_importing(spec: dict):
+def _beating_while_importing(spec: dict[str, Any]) -> AbstractContextManager[Any]:
     """KeepAlive for the process's start before its event loop (no head: no beats)."""
     if not spec.get("head_address"):
         return contextlib.nullcontext()
@@ -247,7 +251,7 @@ class KeepAlive:
     (Actor.keep_alive does). `note()` says what the process is doing, read at each beat.
     Invariant: the thread runs only between __enter__ and __exit__."""
 
-    def __init__(self, spec: dict, keys: CurveKeys | None, note: Callable[[], str]):
+    def __init__(self, spec: dict[str, Any], keys: CurveKeys | None, note: Callable[[], str]):
         self.name = spec["name"]
         self.note = note
         self.address = spec["head_address"]
@@ -262,12 +266,13 @@ class KeepAlive:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self._done.set()
         self._thread.join(timeout=5)
 
     def _beat(self) -> None:
-        sock = zmq.Context.instance().socket(zmq.DEALER)
+        context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()   # pyzmq types it Context[Never]
+        sock = context.socket(zmq.DEALER)
         sock.linger = 0
         sock.sndhwm = 4  # a head that does not read gets a few, not a backlog
         try:

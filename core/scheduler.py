@@ -107,7 +107,7 @@ class Scheduler:
     _cpu_share: dict[str, dict[int, float]] = field(default_factory=dict)
     _elastic: set[str] = field(default_factory=set)   # names of the placed elastic actors
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self._core_used = {cpu: 0.0 for cpu in self.inventory.cpu_ids}
 
     # -- queries -------------------------------------------------------------

@@ -63,6 +63,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any, Callable, TypeVar, cast
 
 import zmq
 from cryptography.exceptions import InvalidTag
@@ -74,6 +75,7 @@ from .errors import PostrainError
 from .gate import ConnectionGate, RateLimitedLog
 
 log = logging.getLogger("postrain.core")
+_T = TypeVar("_T")
 
 KEY_BYTES = 32                 # AES-256
 TAG_BYTES = 16                 # the GCM tag after each piece's ciphertext
@@ -153,7 +155,7 @@ class SealedSender:
         self.piece_bytes = piece_bytes
         self.num_pieces_sealed = 0
         self._run_key = run_key
-        self._socks: dict[str, zmq.Socket] = {}
+        self._socks: dict[str, zmq.Socket[bytes]] = {}
         self._new_ring()
         self._lock = threading.Lock()
 
@@ -167,6 +169,7 @@ class SealedSender:
         with self._lock:
             cipher = stream.cipher(self._run_key)
             plan = piece_plan([len(b) for b in buffers], self.piece_bytes)
+            failed: dict[str, SealedStreamError]
             live, failed = dict(receivers), {}
             for piece, (index, start, stop) in enumerate(plan):
                 what = f"piece {piece} of {len(plan)} of chunk {stream.chunk} of version {stream.version} to "
@@ -186,14 +189,15 @@ class SealedSender:
                 self.num_pieces_sealed += 1
                 trackers = []
                 for address in list(live):
-                    tracker = self._try(address, live, failed, self._queue, address, [header, sealed],
-                                        waits[address])
-                    if tracker is not None:
-                        trackers.append((address, tracker))
+                    queued = self._try(address, live, failed, self._queue, address, [header, sealed],
+                                       waits[address])
+                    if queued is not None:
+                        trackers.append((address, queued))
                 self._trackers[slot] = trackers
             return failed
 
-    def _try(self, address: str, live: dict, failed: dict, call, *args):
+    def _try(self, address: str, live: dict[str, threading.Event | None], failed: dict[str, SealedStreamError],
+             call: Callable[..., _T], *args: Any) -> _T | None:
         """call(*args); on SealedStreamError the receiver at `address` is failed with it (None)."""
         try:
             return call(*args)
@@ -203,10 +207,11 @@ class SealedSender:
             self._close(address)
             return None
 
-    def _queue(self, address: str, frames: list, wait: "_Wait"):
+    def _queue(self, address: str, frames: list[Any], wait: "_Wait") -> zmq.MessageTracker | None:
         sock = self._socks.get(address)
         if sock is None:
-            sock = self._socks[address] = zmq.Context.instance().socket(zmq.PUSH)
+            context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()   # pyzmq types it Context[Never]
+            sock = self._socks[address] = context.socket(zmq.PUSH)
             sock.linger = 0
             sock.sndhwm = 2 * _RING
             sock.immediate = True    # queue only on a live connection
@@ -220,7 +225,7 @@ class SealedSender:
 
     def _new_ring(self) -> None:
         self._ring = [bytearray(self.piece_bytes + TAG_BYTES) for _ in range(_RING)]
-        self._trackers: list[list] = [[] for _ in range(_RING)]
+        self._trackers: list[list[tuple[str, zmq.MessageTracker]]] = [[] for _ in range(_RING)]
 
     def forget(self, address: str) -> None:
         """Close the socket to `address` (its receiver moved away), if open."""
@@ -240,7 +245,7 @@ class SealedSender:
             self._socks.clear()
 
 
-def _wait_sent(tracker, wait: "_Wait") -> None:
+def _wait_sent(tracker: zmq.MessageTracker, wait: "_Wait") -> None:
     """Until ZeroMQ has let go of a queued piece."""
     while True:
         try:
@@ -312,7 +317,7 @@ class SealedReceiver:
         deadline = time.monotonic() + timeout_s     # moved by pieces of this stream only
         while piece < len(plan):
             frames = self._next(deadline, timeout_s, stream, piece, len(plan))
-            peer = frames[-1].get("Peer-Address") or "an unknown peer"
+            peer = cast(str, frames[-1].get("Peer-Address")) or "an unknown peer"   # a str property
             header = frames[0].bytes if len(frames) == 2 else b""
             expected = stream.header(piece)
             if header != expected:
@@ -332,7 +337,8 @@ class SealedReceiver:
             piece += 1
             deadline = time.monotonic() + timeout_s
 
-    def _next(self, deadline: float, timeout_s: float, stream: Stream, piece: int, num_pieces: int) -> list:
+    def _next(self, deadline: float, timeout_s: float, stream: Stream, piece: int,
+              num_pieces: int) -> list[zmq.Frame]:
         """The next frames on the socket, if they come before `deadline` (checked before every
         frame, so a flood of frames cannot outlast it)."""
         while True:

@@ -24,6 +24,8 @@ import stat
 import threading
 import uuid
 
+from typing_extensions import Buffer
+
 from .errors import WireError
 
 log = logging.getLogger("postrain.core")
@@ -48,7 +50,7 @@ class _SegmentPool:
 
     MAX_POOLED_BYTES = 1 << 30
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._free: dict[int, list[str]] = {}
         self._lock = threading.Lock()
 
@@ -89,6 +91,7 @@ atexit.register(lambda: cleanup_shm())  # pooled segments and undelivered tensor
 
 
 def _new_shm_path() -> str:
+    assert SHM_DIR is not None   # segments are written only where /dev/shm exists (wire._place)
     tag = os.environ.get(RUN_TAG_ENV)
     return os.path.join(SHM_DIR, f"postrain-{os.getpid()}-{tag + '_' if tag else ''}{uuid.uuid4().hex}")
 
@@ -135,7 +138,7 @@ def _shm_names() -> list[str]:
         return []
 
 
-def write_segment(raw) -> str:
+def write_segment(raw: Buffer) -> str:
     """Write `raw` (a buffer) to a shared-memory file of this process (a pooled one of its size
     when there is one) and return the file's path; the receiver unlinks it."""
     view = memoryview(raw)
@@ -154,7 +157,7 @@ def write_segment(raw) -> str:
     return path
 
 
-def map_segment(path: str, nbytes: int, dtype: str, shape: list):
+def map_segment(path: str, nbytes: int, dtype: str, shape: list[int]) -> mmap.mmap | bytes:
     """The `nbytes` of shared-memory file `path` (an array of `dtype` and `shape`, which the
     error messages name), mapped privately, and the file's name unlinked: the mapping keeps the
     memory alive. WireError when the path is not a postrain file, is gone, or has another size;
@@ -206,6 +209,8 @@ def cleanup_shm() -> int:
 def remove_shm_of(pid: int) -> int:
     """Unlink the shared-memory files of a process that has exited (the supervisor calls this);
     what is not this user's regular file is left and logged. Returns how many were removed."""
+    if SHM_DIR is None:   # no /dev/shm: nothing was written
+        return 0
     prefix = f"postrain-{pid}-"
     return sum(_remove_left_file(os.path.join(SHM_DIR, name))
                for name in _shm_names() if name.startswith(prefix))
@@ -214,6 +219,8 @@ def remove_shm_of(pid: int) -> int:
 def shm_segments(run_tag: str) -> list[tuple[str, int]]:
     """(path, writer pid) of every shared-memory file that processes of run `run_tag` wrote and
     no receiver has taken yet."""
+    if SHM_DIR is None:   # no /dev/shm: nothing was written
+        return []
     found = []
     for name in _shm_names():
         parts = name.split("-", 2)

@@ -25,7 +25,7 @@ import secrets
 import time
 import uuid
 from contextlib import asynccontextmanager
-from typing import Callable
+from typing import Any, AsyncIterator, Callable, Iterable
 
 import anyio
 
@@ -104,7 +104,7 @@ class Supervisor:
         self.peers: dict[str, str] = {}   # actors other supervisors run (other nodes): name -> address
         # A cluster's head: () -> {"nodes": [...], "actors": [...]}, the other nodes' view, merged
         # into `status()` (cli/node_watch.py sets it); None on one host.
-        self.remote_status: Callable[[], dict] | None = None
+        self.remote_status: Callable[[], dict[str, Any]] | None = None
         # Each actor's own keys come from the run's seed (core/identity.py); the seed of the
         # collective groups' secrets is the run's too, or this head's own on one host without keys.
         self._key_table = KeyTable(keys) if keys is not None else None
@@ -133,7 +133,7 @@ class Supervisor:
     @asynccontextmanager
     async def open(cls, *, scheduler: Scheduler | None = None, heartbeat_interval_s: float = 1.0,
                    heartbeat_timeout_s: float = 30.0, bind: str = "ipc", keys: CurveKeys | None = None,
-                   log_dir: str | None = None, run_tag: str | None = None):
+                   log_dir: str | None = None, run_tag: str | None = None) -> AsyncIterator[Supervisor]:
         """A supervisor serving the head's inbox for the body of the `async with`. Leaving, by
         any way (cancellation included): every actor is stopped under a shield, its process
         group killed and the run's shared-memory files removed, then the socket folder.
@@ -237,7 +237,7 @@ class Supervisor:
             if gone and record.state == "running":
                 self.node.spawn(self._tell_peers, record.spec.name, PEERS_GONE, PeersGone(dict(gone)))
 
-    async def _tell_peers(self, name: str, kind: MessageKind, peers: PeersMoved | PeersGone) -> None:
+    async def _tell_peers(self, name: str, kind: MessageKind[Any, Any], peers: PeersMoved | PeersGone) -> None:
         """Tell actor `name` the peers that moved (PEERS_MOVED) or are gone (PEERS_GONE).
         Cancelled: it may not be told; an actor that restarts meanwhile looks its peers up afresh."""
         try:
@@ -255,7 +255,7 @@ class Supervisor:
                                              server_key=server_key_of(self.keys, name))
         return self._refs[name]
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         """The head, its free pools and every actor; on a cluster's head also the nodes, and the
         actors of every node (each with its `node`)."""
         status = self._own_status()
@@ -265,7 +265,7 @@ class Supervisor:
             status["actors"] += remote["actors"]
         return status
 
-    def _own_status(self) -> dict:
+    def _own_status(self) -> dict[str, Any]:
         now = time.monotonic()
         return {"head": {"pid": os.getpid(), "address": self.address},
                 "pools": {"free": self.scheduler.free_summary()},
@@ -277,12 +277,12 @@ class Supervisor:
                             "load": r.load.to_wire() if r.load is not None else None}
                            for r in self.records.values()]}
 
-    def _head_fields(self, record: ActorRecord) -> dict:
+    def _head_fields(self, record: ActorRecord) -> dict[str, Any]:
         """What the head adds to an actor's spawn spec (ActorProcesses): its own address, the
         actor's own keys (core/identity.py), its group's secret when it is a rank of one, and for
         an elastic actor the cores it holds at this moment (lending.py)."""
         spec = record.spec
-        fields = {"head_address": self.address, "keys": self._keys_for(spec)}
+        fields: dict[str, Any] = {"head_address": self.address, "keys": self._keys_for(spec)}
         if spec.rendezvous is not None:
             fields["group_secret"] = group_secret(self._group_seed, spec.rendezvous.names)
         if spec.elastic and spec.name in self.scheduler.elastic_names():
@@ -290,7 +290,7 @@ class Supervisor:
             fields.update(cpu_ids=list(holding.affinity), num_threads=holding.num_threads)
         return fields
 
-    def _keys_for(self, spec: ActorSpec) -> dict | None:
+    def _keys_for(self, spec: ActorSpec) -> dict[str, Any] | None:
         """Actor `spec.name`'s keys as a dict: its own client pair, the bulk key only if it needs
         it; the run's keys unchanged where they have no seed (made by hand, not `generate`)."""
         if self.keys is None:
@@ -299,7 +299,7 @@ class Supervisor:
             return self.keys.to_dict()
         return keys_for_actor(self.keys, spec.name, bulk_key=_needs_bulk_key(spec)).to_dict()
 
-    def expect(self, names) -> None:
+    def expect(self, names: Iterable[str]) -> None:
         """Actors about to start under another supervisor (a cluster's other nodes), whose keys
         this one's `_whois` should know before they are peers (they may call during setup)."""
         self._expected.update(names)
@@ -307,6 +307,7 @@ class Supervisor:
     async def _whois(self, public: bytes) -> str | None:
         """The name whose key is `public` (Z85), among this registry's actors, its peers and the
         names expected; CONTROL for the run's control key; None for a stranger."""
+        assert self._key_table is not None   # a supervisor with keys asks (its Identities, _on_whois)
         return self._key_table.name_of(public, [*self.records, *self.peers, *self._expected])
 
     # -- head handlers -------------------------------------------------------------

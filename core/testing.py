@@ -6,24 +6,31 @@ from __future__ import annotations
 import functools
 import json
 import os
+import subprocess
 import time
 from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Awaitable, Callable, ParamSpec, TypeVar
 
 import anyio
 from pydantic import Field
 
 from . import shm
 from .actor import Actor, handler
+from .actor_ref import ActorRef
 from .errors import ActorDiedError
 from .load import RESIZE, Load, ResizeReply, ResizeRequest
 from .messages import MessageKind
 from .options import Options
+from .wire import Message
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 
-def async_test(fn):
+def async_test(fn: Callable[_P, Awaitable[_T]]) -> Callable[_P, _T]:
     """Decorate an `async def` test so pytest runs it on trio (the actors' default loop)."""
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _T:
         return anyio.run(functools.partial(fn, *args, **kwargs), backend="trio")
     return wrapper
 
@@ -110,8 +117,9 @@ class EchoActor(Actor):
     """Replies with what it gets; the building block of tests and the messaging bench."""
 
     Options = EchoOptions
+    options: EchoOptions
 
-    async def setup(self):
+    async def setup(self) -> None:
         """Fails on purpose with `fail_setup`. Does not wait (cancel-safe)."""
         if self.options.fail_setup:
             raise RuntimeError("setup failed on purpose (options.fail_setup)")
@@ -120,15 +128,15 @@ class EchoActor(Actor):
             self.report_progress(f"loading for {self.options.setup_s} s")
             time.sleep(self.options.setup_s)  # blocks the loop, as a synchronous model load does
         self.num_told = 0
-        self.children = []
+        self.children: list[subprocess.Popen[bytes]] = []
 
     @handler(ECHO)
-    async def echo(self, body):
+    async def echo(self, body: Any) -> Any:
         """The body back. Does not wait (cancel-safe)."""
         return body
 
     @handler(WHOAMI)
-    async def whoami(self, body, msg):
+    async def whoami(self, body: Any, msg: Message) -> dict[str, Any]:
         """What this actor holds and who called: {"identity", "client_public", "server_public" (its
         inbox's), "bulk_key" (held?), "seed" (held?), "caller" (the message's sender, checked
         against its key on Curve)}."""
@@ -140,19 +148,19 @@ class EchoActor(Actor):
                 "caller": msg.sender}
 
     @handler(ASK_PEER)
-    async def ask_peer(self, body):
+    async def ask_peer(self, body: Any) -> Any:
         """Look actor body["name"] up and ask it `whoami`; its answer. Cancelled: as `lookup`."""
         peer = await self.lookup(body["name"])
         return await peer.call(WHOAMI, timeout_s=10)
 
     @handler(ENVIRON)
-    async def environ(self, body):
+    async def environ(self, body: Any) -> dict[str, str | None]:
         """{name: value or None} of this process's environment for the names in the body. Does
         not wait (cancel-safe)."""
         return {name: os.environ.get(name) for name in body}
 
     @handler(PINNED)
-    async def pinned(self, body):
+    async def pinned(self, body: Any) -> dict[str, Any]:
         """{"cores": the cores of every thread of this process, "num_threads": for compute} after
         starting one thread the first time (so re-pinning must reach threads beyond the loop's).
         Does not wait (cancel-safe)."""
@@ -164,72 +172,71 @@ class EchoActor(Actor):
         return {"cores": sorted(cores), "num_threads": self.num_threads}
 
     @handler(COMPUTE_THREADS)
-    async def compute_threads(self, body):
+    async def compute_threads(self, body: Any) -> int:
         """torch's thread count inside `in_compute_thread` (what a learner step would use).
         Cancelled: the thread finishes; its answer is dropped."""
         import torch
         return await self.in_compute_thread(torch.get_num_threads)
 
     @handler(SUM_ARRAY)
-    async def sum_array(self, body):
+    async def sum_array(self, body: Any) -> float:
         """The sum of a received array. Does not wait (cancel-safe)."""
         return float(body.sum())
 
     @handler(NBYTES)
-    async def nbytes(self, body):
+    async def nbytes(self, body: Any) -> int:
         """Size of a received array or tensor (the bulk-transfer bench's handler). Does not
         wait (cancel-safe)."""
         return int(body.nbytes) if hasattr(body, "nbytes") else int(body.numel() * body.element_size())
 
     @handler(TOLD)
-    async def told(self, body):
+    async def told(self, body: Any) -> None:
         """Count a tell. Does not wait (cancel-safe)."""
         self.num_told += 1
 
     @handler(NUM_TOLD)
-    async def get_num_told(self, body):
+    async def get_num_told(self, body: Any) -> int:
         """How many tells arrived. Does not wait (cancel-safe)."""
         return self.num_told
 
     @handler(COUNT)
-    async def count(self, body):
+    async def count(self, body: Any) -> AsyncIterator[dict[str, int]]:
         """Stream {"i": 0..n-1}. Cancelled: the stream ends where it was; nothing else changes."""
         for i in range(body["n"]):
             yield {"i": i}
 
     @handler(SLEEP, concurrent=True)
-    async def sleep(self, body):
+    async def sleep(self, body: Any) -> str:
         """Sleep `s` seconds, concurrently with other messages. Cancelled: it ends early, unanswered."""
         await anyio.sleep(body["s"])
         return "slept"
 
     @handler(FAIL)
-    async def fail(self, body):
+    async def fail(self, body: Any) -> None:
         """Raise on purpose (the caller gets a RemoteError). Does not wait (cancel-safe)."""
         raise ValueError(f"failed on purpose: {body}")
 
     @handler(PID)
-    async def pid(self, body):
+    async def pid(self, body: Any) -> int:
         """This process's id. Does not wait (cancel-safe)."""
         return os.getpid()
 
     @handler(SPAWN_CHILD)
-    async def spawn_child(self, body):
+    async def spawn_child(self, body: Any) -> int:
         """Start a long `sleep` child (an nsjail worker stands for it) and return its pid. Does not
         wait (cancel-safe)."""
-        import subprocess
         child = subprocess.Popen(["sleep", "600"])
         self.children.append(child)
         return child.pid
 
     @handler(LEAVE_SHM)
-    async def leave_shm(self, body):
+    async def leave_shm(self, body: Any) -> str:
         """Write `n` bytes to a shared-memory file no one will take, as a tensor sent to a peer
         that died would stay; return its path. Does not wait (cancel-safe)."""
         return shm.write_segment(bytes(body["n"]))
 
     @handler(BLOCK_ALIVE)
-    async def block_alive(self, body):
+    async def block_alive(self, body: Any) -> str:
         """Block the event loop `s` seconds on purpose inside `keep_alive` (a synchronous
         checkpoint load): the head must not count it as hung. Cannot be cancelled."""
         import time
@@ -238,7 +245,7 @@ class EchoActor(Actor):
         return "done"
 
     @handler(HANG)
-    async def hang(self, body):
+    async def hang(self, body: Any) -> str:
         """Blocks the whole event loop (no await), as a stuck C call would. Cannot be
         cancelled: only killing the process ends it early."""
         import time
@@ -251,7 +258,7 @@ class AsyncioEchoActor(EchoActor):
     backend = "asyncio"
 
     @handler(LOOP)
-    async def loop(self, body):
+    async def loop(self, body: Any) -> str:
         """The module of the running event loop's class (uvloop's here). Does not wait (cancel-safe)."""
         import asyncio
         return type(asyncio.get_running_loop()).__module__
@@ -266,7 +273,7 @@ class PoolEchoActor(EchoActor):
     """An echo actor that is a pool as the kernel sees one: its load reports workers, and it
     answers RESIZE (core/load.py) by taking the new count."""
 
-    async def setup(self):
+    async def setup(self) -> None:
         """One worker to start with. Does not wait (cancel-safe)."""
         await super().setup()
         self.num_workers = 1
@@ -284,7 +291,7 @@ class PoolEchoActor(EchoActor):
 class BadLoadActor(EchoActor):
     """An actor whose load() breaks the contract (returns a dict): its heartbeat fails it."""
 
-    def load(self):
+    def load(self) -> Any:   # Any: it breaks Actor.load's contract on purpose
         return {"in_flight": 0}
 
 
@@ -303,13 +310,14 @@ class CountingDriver(Actor):
     ends it early."""
 
     Options = CountingDriverOptions
+    options: CountingDriverOptions
 
-    async def setup(self):
+    async def setup(self) -> None:
         """Not stopping yet. Does not wait (cancel-safe)."""
         self.stopping = False
 
     @handler(RUN, concurrent=True)  # concurrent: a `stop` must not wait behind the run
-    async def run(self, body):
+    async def run(self, body: Any) -> AsyncIterator[dict[str, Any]]:
         """The echo steps, streamed. Cancelled: the run ends between or during a step; no
         summary is sent, nothing else is left."""
         peer = await self.lookup(self.options.peer)
@@ -322,9 +330,10 @@ class CountingDriver(Actor):
             yield {"line": f"step {step}"}
             yield {"figures": {"step": steps, "num_steps": self.options.steps}}
             await anyio.sleep(self.options.step_s)
-        yield {"summary": {"steps": steps, "run_folder": body["run_folder"]}}
+        yield {"summary": {"steps": steps, "num_steps": self.options.steps, "complete": steps == self.options.steps,
+                           "run_folder": body["run_folder"]}}
 
-    async def _echo(self, peer, step: int):
+    async def _echo(self, peer: ActorRef, step: int) -> Any:
         """The peer's echo of `step`. As a real driver does, a peer that died with the request in
         flight is asked again once its supervisor has restarted it (a lookup waits for that), up
         to PEER_RETRIES times; the head ends the run meanwhile if the peer cannot come back (a
@@ -338,12 +347,12 @@ class CountingDriver(Actor):
         return await peer.call(ECHO, step)
 
     @handler(STOP_RUN)
-    async def stop(self, body):
+    async def stop(self, body: Any) -> None:
         """End the run after the current step. Does not wait (cancel-safe)."""
         self.stopping = True
 
 
-def counting_run_config(run_dir, *, name: str = "t", steps: int = 3, step_s: float = 0,
+def counting_run_config(run_dir: str | os.PathLike[str], *, name: str = "t", steps: int = 3, step_s: float = 0,
                         heartbeat_interval_s: float = 0.5) -> str:
     """A run config (TOML text) of an echo actor and a CountingDriver driving it, for `postrain up` tests."""
     return f"""
@@ -367,10 +376,10 @@ options = {{ peer = "echo", steps = {steps}, step_s = {step_s} }}
 """
 
 
-def to_toml(doc: dict) -> str:
+def to_toml(doc: dict[str, Any]) -> str:
     """A run config dict as TOML text (tests write configs for `postrain up` with it): top-level
     tables, lists of tables as `[[name]]`, inline tables and arrays below them."""
-    def value(v):
+    def value(v: Any) -> str:
         if isinstance(v, dict):
             return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
         if isinstance(v, bool):
@@ -380,7 +389,7 @@ def to_toml(doc: dict) -> str:
         if isinstance(v, list):
             return "[" + ", ".join(value(x) for x in v) + "]"
         return repr(v)
-    out = []
+    out: list[str] = []
     for table, body in doc.items():
         for entry in (body if isinstance(body, list) else [body]):
             out.append(f"[[{table}]]" if isinstance(body, list) else f"[{table}]")

@@ -21,6 +21,8 @@ import os
 import socket as _socket
 import tempfile
 from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Awaitable, Callable, cast
 
 import anyio
 import sniffio
@@ -51,7 +53,8 @@ def free_tcp_port(host: str) -> int:
     import socket
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
-        return probe.getsockname()[1]
+        port: int = probe.getsockname()[1]
+        return port
 
 
 def is_beyond_loopback(address: str) -> bool:
@@ -133,7 +136,7 @@ class CurveKeys:
         return cls(server_public, server_secret, client_public, client_secret, (client_public,),
                    os.urandom(32), os.urandom(32))
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"server_public": self.server_public, "server_secret": self.server_secret,
                 "client_public": self.client_public, "client_secret": self.client_secret,
                 "allowed_client_keys": list(self.allowed_client_keys), "bulk_key": self.bulk_key,
@@ -141,7 +144,7 @@ class CurveKeys:
                 "control_server_public": self.control_server_public}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "CurveKeys":
+    def from_dict(cls, data: dict[str, Any]) -> "CurveKeys":
         return cls(data["server_public"], data["server_secret"], data["client_public"],
                    data["client_secret"], tuple(data["allowed_client_keys"]), data["bulk_key"],
                    data.get("identity_seed", b""), data.get("identity", ""),
@@ -163,10 +166,11 @@ def uses_curve(address: str, keys: CurveKeys | None) -> bool:
     return True
 
 
-def configure_server(sock: zmq.Socket, address: str, keys: CurveKeys | None) -> None:
+def configure_server(sock: zmq.Socket[bytes], address: str, keys: CurveKeys | None) -> None:
     """Make `sock` a CurveZMQ server when `uses_curve(address, keys)`."""
     if not uses_curve(address, keys):
         return
+    assert keys is not None   # uses_curve is False without keys
     sock.curve_server = True
     sock.curve_publickey = keys.server_public
     sock.curve_secretkey = keys.server_secret
@@ -175,12 +179,13 @@ def configure_server(sock: zmq.Socket, address: str, keys: CurveKeys | None) -> 
         sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)   # Curve without a handler admits any client key)
 
 
-def configure_client(sock: zmq.Socket, address: str, keys: CurveKeys | None,
+def configure_client(sock: zmq.Socket[bytes], address: str, keys: CurveKeys | None,
                      server_key: bytes | None = None) -> None:
     """Make `sock` a CurveZMQ client when `uses_curve(address, keys)`, of the server whose public
     key is `server_key` (an actor's, core/identity.py `server_key_of`; None: the control plane's)."""
     if not uses_curve(address, keys):
         return
+    assert keys is not None   # uses_curve is False without keys
     sock.curve_serverkey = server_key or keys.control_server_key
     sock.curve_publickey = keys.client_public
     sock.curve_secretkey = keys.client_secret
@@ -200,14 +205,14 @@ class AsyncSocket:
     `bytes` below 64 KiB, larger ones as zero-copy buffer objects (read them
     with `memoryview` or `bytes`)."""
 
-    def __init__(self, sock: zmq.Socket):
+    def __init__(self, sock: zmq.Socket[bytes]):
         self.sock = sock
         self.fd = sock.FD
         self._waiting = False
         self._closed = False
         self._wait_fd, self._notify_closing, self._woken_errors = _fd_primitives()
 
-    def recv_multipart_nowait(self) -> list | None:
+    def recv_multipart_nowait(self) -> list[Any] | None:
         """The next message's frames (a ROUTER's identity first), or None if none is
         waiting. Never yields. After None, `wait_readable` may park: this call drained the
         command queue."""
@@ -229,7 +234,7 @@ class AsyncSocket:
         finally:
             self._waiting = False
 
-    def recv_authenticated_nowait(self) -> tuple[list, str, str] | None:
+    def recv_authenticated_nowait(self) -> tuple[list[Any], str, str] | None:
         """Like `recv_multipart_nowait`, with the User-Id the authentication handler gave the
         sender's connection (core/node.py: its actor name, or CONTROL; "" where none) and the
         connection's Peer-Address (the sender's IP; "" where none). For Curve servers only:
@@ -241,7 +246,7 @@ class AsyncSocket:
         if self._waiting:
             self._notify_closing(self.fd)
 
-    async def recv_multipart(self) -> list:
+    async def recv_multipart(self) -> list[Any]:
         """The next message's frames, as `recv_multipart_nowait` gives them. Cancel-safe: a cancelled call receives nothing.
         Raises anyio.ClosedResourceError once the socket is closed."""
         while True:
@@ -250,7 +255,7 @@ class AsyncSocket:
                 return frames
             await self.wait_readable()
 
-    def send_nowait(self, frames: list) -> bool:
+    def send_nowait(self, frames: list[Any]) -> bool:
         """Send now if the socket can take it; False if it would block (high-water mark).
         A multipart message is all or nothing: ZeroMQ checks the limit at its first frame."""
         sock = self.sock
@@ -261,7 +266,7 @@ class AsyncSocket:
             self._notify_closing(self.fd)  # wake the parked receiver: a message is waiting
         return sent
 
-    async def send_multipart(self, frames: list) -> None:
+    async def send_multipart(self, frames: list[Any]) -> None:
         """Send, waiting while the peer's queue is full. Cancel-safe: cancelled means not sent."""
         delay = _SEND_RETRY_S
         while not self.send_nowait(frames):
@@ -291,33 +296,33 @@ class _PyzmqPath:
     so ZeroMQ's edge-triggered descriptor signals the next arrival."""
 
     @staticmethod
-    def recv_message(sock: zmq.Socket) -> list | None:
+    def recv_message(sock: zmq.Socket[bytes]) -> list[Any] | None:
         received = _PyzmqPath.recv_message_with_user(sock, read_user=False)
         return None if received is None else received[0]
 
     @staticmethod
-    def recv_message_with_user(sock: zmq.Socket, read_user: bool = True) -> tuple[list, str, str] | None:
-        if not sock.get(zmq.EVENTS) & zmq.POLLIN:
+    def recv_message_with_user(sock: zmq.Socket[bytes], read_user: bool = True) -> tuple[list[Any], str, str] | None:
+        if not cast(int, sock.get(zmq.EVENTS)) & zmq.POLLIN:   # EVENTS is an int option
             return None
         try:
             frame = sock.recv(zmq.NOBLOCK, copy=False)
         except zmq.Again:
             return None
         user = peer = ""
-        frames = [frame.bytes if len(frame) < _COPY_BELOW_BYTES else frame]
+        frames: list[Any] = [frame.bytes if len(frame) < _COPY_BELOW_BYTES else frame]
         while frame.more:  # the rest of a multipart message is already here
             frame = sock.recv(zmq.NOBLOCK, copy=False)
             if read_user and not user:   # every frame of a message carries its connection's metadata
                 try:
-                    user = frame.get("User-Id") or ""
-                    peer = frame.get("Peer-Address") or ""
+                    user = cast(str, frame.get("User-Id")) or ""   # metadata properties are str
+                    peer = cast(str, frame.get("Peer-Address")) or ""
                 except zmq.ZMQError:   # no metadata: a connection without a ZAP answer
                     user = ""
             frames.append(frame.bytes if len(frame) < _COPY_BELOW_BYTES else frame)
         return frames, user, peer
 
     @staticmethod
-    def send_frames(sock: zmq.Socket, frames: list) -> bool:
+    def send_frames(sock: zmq.Socket[bytes], frames: list[Any]) -> bool:
         last = len(frames) - 1
         try:
             for index, frame in enumerate(frames):
@@ -329,11 +334,11 @@ class _PyzmqPath:
         return True
 
     @staticmethod
-    def events(sock: zmq.Socket) -> int:
-        return sock.get(zmq.EVENTS)
+    def events(sock: zmq.Socket[bytes]) -> int:
+        return cast(int, sock.get(zmq.EVENTS))   # EVENTS is an int option
 
 
-def _native_message_path():
+def _native_message_path() -> ModuleType | None:
     """The C message path bound to the libzmq that pyzmq loaded, or None where it was not
     built or that libzmq is not among this process's mappings (then pyzmq's calls serve)."""
     try:
@@ -348,13 +353,16 @@ def _native_message_path():
     for path in paths:
         try:
             _zmqio.bind(path)
-            return _zmqio
+            return cast(ModuleType, _zmqio)   # a compiled module: mypy sees no types in it
         except ImportError:
             continue
     return None
 
 
 _native = _native_message_path()
+_recv_message: Callable[[zmq.Socket[bytes]], list[Any] | None]
+_send_frames: Callable[[zmq.Socket[bytes], list[Any]], bool | None]   # None: the C path declines the frames
+_events: Callable[[zmq.Socket[bytes]], int]
 if _native is not None:
     _recv_message, _send_frames, _events = _native.recv_message, _native.send_frames, _native.events
 else:
@@ -363,7 +371,8 @@ else:
 NATIVE_MESSAGE_PATH = _native is not None
 
 
-def _fd_primitives():
+def _fd_primitives() -> tuple[Callable[[int], Awaitable[None]], Callable[[int], None],
+                            tuple[type[BaseException], ...]]:
     """(wait_readable, notify_closing, errors a woken wait raises) for the running loop:
     trio's own functions on trio (anyio's wrappers look the backend up on every call,
     which costs more than the wait), anyio's elsewhere."""

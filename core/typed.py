@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from .inbox import Handler, Reply
 from .messages import UNTYPED, MessageKind, decode
 
 
-def encode(kind: str, reply, value):
+def encode(kind: str, reply: type[Any] | None, value: Any) -> Any:
     """The wire form of what a typed handler returned (or yielded); TypeError when it is not the
     declared record. A `Reply` (core/inbox.py) keeps its policy_version."""
     if reply is UNTYPED:
@@ -38,29 +38,30 @@ def encode(kind: str, reply, value):
     return value.to_wire()
 
 
-def typed(fn: Callable, kind: str, request, reply, stream: bool) -> Callable:
+def typed(fn: Callable[..., Any], kind: str, request: type[Any] | None, reply: type[Any] | None,
+          stream: bool) -> Callable[..., Any]:
     """`fn` wrapped to decode its body and encode its reply(s); `fn` itself when both are UNTYPED."""
     if request is UNTYPED and reply is UNTYPED:
         return fn
     if stream:
         @functools.wraps(fn)
-        async def typed_stream(self, body, *rest):
+        async def typed_stream(self: Any, body: Any, *rest: Any) -> AsyncIterator[Any]:
             async with contextlib.aclosing(fn(self, decode(kind, request, body), *rest)) as items:
                 async for item in items:
                     yield encode(kind, reply, item)
         return typed_stream
 
     @functools.wraps(fn)
-    async def typed_call(self, body, *rest):
+    async def typed_call(self: Any, body: Any, *rest: Any) -> Any:
         return encode(kind, reply, await fn(self, decode(kind, request, body), *rest))
     return typed_call
 
 
-def typed_handler(kind: MessageKind, fn: Callable, **options: Any) -> Handler:
+def typed_handler(kind: MessageKind[Any, Any], fn: Callable[..., Awaitable[Any]], **options: Any) -> Handler:
     """The inbox's Handler of a declared message whose function is not an actor's `@handler`
     method (the head's table, the kernel's control messages to an actor): `fn` receives the
     request record (and the Message, with wants_message=True) and returns the reply record."""
     @functools.wraps(fn)
-    async def call(body, *rest):
+    async def call(body: Any, *rest: Any) -> Any:
         return encode(kind.name, kind.reply, await fn(decode(kind.name, kind.request, body), *rest))
     return Handler(call, **options)

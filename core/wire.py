@@ -39,16 +39,17 @@ at decode time, which the actor answers with a typed error reply.
 from __future__ import annotations
 
 import functools
+import mmap
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import msgpack
 import numpy as np
 
 from . import shm
-from .errors import WireError
+from .errors import WireError as WireError   # re-exported: callers catch wire.WireError
 
 ARRAY_EXT = 1
 SHM_EXT = 2
@@ -90,7 +91,7 @@ class Message:
     body: Any
 
 
-def _is_torch_tensor(obj) -> bool:
+def _is_torch_tensor(obj: Any) -> bool:
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(obj, torch.Tensor)
 
@@ -104,12 +105,12 @@ class _Encoder:
 
     __slots__ = ("buffers", "shm_min_bytes", "pack")
 
-    def __init__(self):
-        self.buffers: list = []
+    def __init__(self) -> None:
+        self.buffers: list[memoryview | bytes] = []
         self.shm_min_bytes: int | None = None
         self.pack = msgpack.Packer(default=self.default, use_bin_type=True, strict_types=False).pack
 
-    def default(self, obj):
+    def default(self, obj: Any) -> Any:
         if isinstance(obj, np.ndarray):
             return _encode_numpy(obj, self.buffers, self.shm_min_bytes)
         if _is_torch_tensor(obj):
@@ -126,14 +127,14 @@ class _Encoder:
 _encoder_of_thread = threading.local()  # .encoder: that thread's _Encoder
 
 
-def encode(msg: Message, shm_min_bytes: int | None = None) -> list:
+def encode(msg: Message, shm_min_bytes: int | None = None) -> list[Any]:
     """Message -> frames (frame 0 bytes, then one buffer per bulk array).
 
     shm_min_bytes: arrays at least this large go through /dev/shm (None: never;
     use only when sender and receiver share a host).
     """
     try:
-        encoder = _encoder_of_thread.encoder
+        encoder: _Encoder = _encoder_of_thread.encoder
     except AttributeError:
         encoder = _encoder_of_thread.encoder = _Encoder()
     encoder.shm_min_bytes = shm_min_bytes
@@ -151,7 +152,8 @@ def encode(msg: Message, shm_min_bytes: int | None = None) -> list:
     return [head, *buffers] if buffers else [head]
 
 
-def _encode_numpy(array: np.ndarray, buffers: list, shm_min_bytes: int | None):
+def _encode_numpy(array: np.ndarray, buffers: list[memoryview | bytes],
+                  shm_min_bytes: int | None) -> Any:
     dtype = array.dtype.name
     if dtype not in _NUMPY_DTYPES:
         raise WireError(f"numpy dtype {dtype} is not supported on the wire; "
@@ -160,11 +162,13 @@ def _encode_numpy(array: np.ndarray, buffers: list, shm_min_bytes: int | None):
     array = np.ascontiguousarray(array)
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
-    return _place(memoryview(array).cast("B") if array.size else b"", dtype, shape,
-                  False, buffers, shm_min_bytes)
+    # the ignore: numpy's stubs declare ndarray.__buffer__ for Python >= 3.12 only (a buffer on 3.11 too)
+    return _place(memoryview(array).cast("B") if array.size else b"",  # type: ignore[arg-type]
+                  dtype, shape, False, buffers, shm_min_bytes)
 
 
-def _encode_torch(tensor, buffers: list, shm_min_bytes: int | None):
+def _encode_torch(tensor: Any, buffers: list[memoryview | bytes],   # tensor: a torch.Tensor
+                  shm_min_bytes: int | None) -> Any:
     if tensor.device.type != "cpu":
         raise WireError(f"only CPU tensors go on the wire, got one on {tensor.device}; "
                         "call .cpu() first (weights for a GPU peer are staged on the host)")
@@ -179,7 +183,8 @@ def _encode_torch(tensor, buffers: list, shm_min_bytes: int | None):
                   True, buffers, shm_min_bytes)
 
 
-def _place(raw, dtype: str, shape, is_torch: bool, buffers: list, shm_min_bytes: int | None):
+def _place(raw: memoryview | bytes, dtype: str, shape: tuple[int, ...], is_torch: bool,
+           buffers: list[memoryview | bytes], shm_min_bytes: int | None) -> Any:
     nbytes = len(raw)
     if shm_min_bytes is not None and shm.SHM_DIR and nbytes >= shm_min_bytes:
         path = shm.write_segment(raw)
@@ -193,7 +198,7 @@ def _place(raw, dtype: str, shape, is_torch: bool, buffers: list, shm_min_bytes:
                                                             list(shape), is_torch]))
 
 
-def decode(frames: list, allow_shm: bool = False) -> Message:
+def decode(frames: list[Any], allow_shm: bool = False) -> Message:
     """Frames (bytes or zmq.Frame) -> Message. Raises WireError on anything malformed.
 
     allow_shm: the sender shares this host, so the message may name a /dev/shm file (SHM_EXT);
@@ -222,7 +227,7 @@ def decode(frames: list, allow_shm: bool = False) -> Message:
     return Message(kind, msg_id, corr_id, sender, policy_version, body)
 
 
-def _ext_hook(code: int, data: bytes, frames, allow_shm: bool):
+def _ext_hook(code: int, data: bytes, frames: Sequence[Any], allow_shm: bool) -> Any:
     if code == ARRAY_EXT:
         index, dtype, shape, is_torch = _unpack_ext(data, "array")
         if not isinstance(index, int) or not 1 <= index < len(frames):
@@ -250,7 +255,7 @@ def _ext_hook(code: int, data: bytes, frames, allow_shm: bool):
     raise WireError(f"unknown msgpack ext type {code}")
 
 
-def _join(frames: list, nbytes: int) -> memoryview:
+def _join(frames: Sequence[Any], nbytes: int) -> memoryview:
     """The frames' bytes in one new writable buffer of `nbytes` (WireError if they differ)."""
     total = sum(len(memoryview(frame)) for frame in frames)
     if total != nbytes:
@@ -262,7 +267,7 @@ def _join(frames: list, nbytes: int) -> memoryview:
         part = np.frombuffer(memoryview(frame), dtype=np.uint8)
         joined[pos:pos + len(part)] = part
         pos += len(part)
-    return memoryview(joined)
+    return memoryview(joined)  # type: ignore[arg-type]   # numpy declares __buffer__ for Python >= 3.12 only
 
 
 # allow_shm -> the ext hook of a message of one frame
@@ -270,7 +275,7 @@ _EXT_HOOKS_WITHOUT_FRAMES = {allow: functools.partial(_ext_hook, frames=(), allo
                              for allow in (False, True)}
 
 
-def peek_msg_id(frames: list) -> int | None:
+def peek_msg_id(frames: list[Any]) -> int | None:
     """The msg_id of a message that failed to decode, if its envelope still shows one,
     so the error reply can reach the caller's pending request."""
     try:
@@ -281,7 +286,7 @@ def peek_msg_id(frames: list) -> int | None:
         return None
 
 
-def _unpack_ext(data: bytes, what: str, num_fields: int = 4):
+def _unpack_ext(data: bytes, what: str, num_fields: int = 4) -> list[Any]:
     """The header's fields: where the bytes are (1 or 2 fields), then dtype, shape, is_torch."""
     try:
         fields = msgpack.unpackb(data, raw=False)
@@ -297,7 +302,7 @@ def _unpack_ext(data: bytes, what: str, num_fields: int = 4):
     return fields
 
 
-def _expected_nbytes(dtype: str, shape: list, is_torch: bool) -> int:
+def _expected_nbytes(dtype: str, shape: list[int], is_torch: bool) -> int:
     if is_torch:
         if dtype not in _TORCH_DTYPES:
             raise WireError(f"unsupported torch dtype {dtype!r}")
@@ -309,7 +314,8 @@ def _expected_nbytes(dtype: str, shape: list, is_torch: bool) -> int:
     return int(np.prod(shape, dtype=np.int64)) * itemsize
 
 
-def _make_array(buffer, dtype: str, shape: list, is_torch: bool):
+def _make_array(buffer: memoryview | mmap.mmap | bytes, dtype: str, shape: list[int],
+                is_torch: bool) -> Any:
     nbytes = _expected_nbytes(dtype, shape, is_torch)
     if len(buffer) != nbytes:
         raise WireError(f"array frame holds {len(buffer)} bytes, but dtype {dtype} and shape "
