@@ -1,14 +1,14 @@
 """The head's side of elastic cores: who works now, and the re-pinning that follows (core/elastic.py).
 
     reply = await head.call(WORK, WorkRequest("learner", busy=True))
-    # WorkReply(elastic=True, transfers=[{"action": "lend", "cpu_ids": [1], "giver": ..., "taker": ...}],
-    #           holdings={name: {"cpu_ids": [...], "num_threads": n, "parked": bool}})
+    # WorkReply(elastic=True, transfers=[CoreTransfer("lend", [1], giver, taker)],
+    #           holdings={name: CoreHolding(cpu_ids, num_threads, parked)})
 
 A driver (the one that hands out work) says when an actor starts and stops having work. The
 lender runs the pure rule (`elastic.plan`) and enacts its plan with the kernel's `_cores`
 message: every revoke is acknowledged before the first grant is sent, so the reply to a
 "busy" means the actor holds its cores and no other actor computes on them. One change at a
-time (a lock), in arrival order. An actor that is not elastic is answered {"elastic": False}
+time (a lock), in arrival order. An actor that is not elastic is answered WorkReply(elastic=False)
 and nothing moves. Each transfer is a line in the head's log; the driver writes the reply's
 transfers as metrics rows.
 
@@ -27,7 +27,7 @@ import anyio
 from . import elastic
 from .control import Cores
 from .messages import MessageKind
-from .record import Record
+from .record import Record, codec
 
 log = logging.getLogger("postrain.core")
 
@@ -43,13 +43,36 @@ class WorkRequest(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class CoreTransfer(Record):
+    """Cores that changed holder (elastic.Transfer on the wire): `lend`, `return` or `move`."""
+
+    action: str
+    cpu_ids: list[int]
+    giver: str
+    taker: str
+
+
+@dataclass(frozen=True, slots=True)
+class CoreHolding(Record):
+    """What an actor re-pinned holds now: its cores, its threads, and whether it is parked."""
+
+    cpu_ids: list[int]
+    num_threads: int
+    parked: bool
+
+
+@dataclass(frozen=True, slots=True)
 class WorkReply(Record):
-    """The reply to `work`: whether the actor is elastic, the transfers made (rows: action,
-    cpu_ids, giver, taker) and, per actor re-pinned, {"cpu_ids", "num_threads", "parked"}."""
+    """The reply to `work`: whether the actor is elastic, the transfers made and, per actor
+    re-pinned, what it holds now."""
 
     elastic: bool
-    transfers: list[dict[str, Any]] = field(default_factory=list)
-    holdings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    transfers: list[CoreTransfer] = field(default_factory=list, metadata=codec(
+        lambda transfers: [t.to_wire() for t in transfers],
+        lambda items: [CoreTransfer.from_wire(item) for item in items]))
+    holdings: dict[str, CoreHolding] = field(default_factory=dict, metadata=codec(
+        lambda holdings: {name: h.to_wire() for name, h in holdings.items()},
+        lambda items: {name: CoreHolding.from_wire(item) for name, item in items.items()}))
 
 
 # A driver tells its head which actors start and stop having work (Actor.drives_work).
@@ -89,9 +112,10 @@ class CoreLender:
                 async with anyio.create_task_group() as tg:
                     for holding in phase:
                         tg.start_soon(self._repin, holding)
-            return WorkReply(elastic=True, transfers=[t.to_row() for t in step.transfers],
-                             holdings={h.actor: {"cpu_ids": list(h.affinity), "num_threads": h.num_threads,
-                                                 "parked": h.parked}
+            return WorkReply(elastic=True,
+                             transfers=[CoreTransfer(t.action, list(t.cpu_ids), t.giver, t.taker)
+                                        for t in step.transfers],
+                             holdings={h.actor: CoreHolding(list(h.affinity), h.num_threads, h.parked)
                                        for h in (*step.revokes, *step.grants)})
 
     async def _repin(self, holding: elastic.Holding) -> None:

@@ -72,12 +72,11 @@ class WorkSignal:
         if not reply.elastic:
             self._not_elastic.add(actor)
             return
-        holdings = reply.holdings
         for transfer in reply.transfers:
             self.num_moves += 1
-            taker = holdings.get(transfer["taker"], {})
-            log.debug("cores %s %s: %s -> %s (%s %s work); %s now has %s threads", transfer["action"],
-                     transfer["cpu_ids"], transfer["giver"], transfer["taker"], actor,
-                     "has" if busy else "ends its", transfer["taker"], taker.get("num_threads"))
-            self.metrics.log("cores", **transfer, because=actor, busy=busy,
-                             taker_threads=taker.get("num_threads"))
+            taker = reply.holdings.get(transfer.taker)
+            threads = taker.num_threads if taker is not None else None
+            log.debug("cores %s %s: %s -> %s (%s %s work); %s now has %s threads", transfer.action,
+                      transfer.cpu_ids, transfer.giver, transfer.taker, actor,
+                      "has" if busy else "ends its", transfer.taker, threads)
+            self.metrics.log("cores", **transfer.to_wire(), because=actor, busy=busy, taker_threads=threads)

@@ -4,6 +4,7 @@ import os
 import pytest
 
 from postrain.core import ActorSpec, Inventory, RemoteError, Scheduler, Supervisor
+from postrain.core.lending import CoreHolding, CoreTransfer
 from postrain.core.testing import async_test
 
 ECHO = "postrain.core.testing:EchoActor"
@@ -25,15 +26,15 @@ async def test_an_idle_actors_core_goes_to_the_busy_one_and_comes_back_before_th
         await learner.ask("pinned"), await generator.ask("pinned")  # each starts an extra thread
 
         reply = await sup.lender.set_busy("learner", True)
-        assert reply.transfers == [{"action": "lend", "cpu_ids": list(home["generator"]),
-                                       "giver": "generator", "taker": "learner"}]
+        assert reply.transfers == [CoreTransfer("lend", list(home["generator"]), "generator", "learner")]
+        assert reply.holdings["learner"] == CoreHolding(list(CORES[:2]), 2, False)
         assert await learner.ask("pinned") == {"cores": [CORES[:2]], "num_threads": 2}
         assert await learner.ask("compute_threads", timeout_s=60) == 2, "its compute runs 2 torch threads"
         assert await generator.ask("pinned") == {"cores": [home["generator"]], "num_threads": 1}, \
             "parked: its event loop stays home with one thread"
 
         reply = await sup.lender.set_busy("generator", True)  # both work: each holds its own
-        assert [t["action"] for t in reply.transfers] == ["return"]
+        assert [t.action for t in reply.transfers] == ["return"]
         assert await learner.ask("pinned") == {"cores": [home["learner"]], "num_threads": 1}
         assert await learner.ask("compute_threads", timeout_s=60) == 1, "its next compute is back to 1"
         assert await generator.ask("pinned") == {"cores": [home["generator"]], "num_threads": 1}
