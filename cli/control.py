@@ -12,6 +12,7 @@ commands then exit 0. A folder that holds no run is an error.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -105,6 +106,9 @@ async def ask_head(run_folder: str, kind: MessageKind[None, ReplyT]) -> ReplyT:
             raise SystemExit(f"postrain: the head at {address} (from {run_folder}/head.json) did not answer: "
                              f"{exc}; if its process is gone, `postrain up --resume {run_folder}` continues "
                              "the run") from None
+    # Node.__aexit__ swallows an exception only when its own cancel scope was cancelled: nothing does
+    # that during the call, so the block above returns or raises
+    raise AssertionError("unreachable: the node ended without the head's reply")
 
 
 def main(args) -> int:
@@ -112,23 +116,23 @@ def main(args) -> int:
     if state is not None:
         print_not_running(state, args.json)
         return 0
-    status = anyio.run(ask_head, args.run_folder, STATUS, backend="trio").to_wire()
-    if args.json:
-        print(json.dumps(status, indent=2))
+    status = anyio.run(ask_head, args.run_folder, STATUS, backend="trio")
+    if args.json:   # every field, None included (the wire form leaves None out)
+        print(json.dumps(dataclasses.asdict(status), indent=2))
         return 0
-    print(f"head pid {status['head']['pid']} at {status['head']['address']}; free: {status['pools']['free']}")
-    for node in status.get("nodes", []):   # a run on a cluster
-        if node["state"] == "lost":
-            print(f"node {node['name']} ({node['address']}): lost ({node['reason']})")
+    print(f"head pid {status.head.pid} at {status.head.address}; free: {status.pools.get('free', '-')}")
+    for node in status.nodes or []:   # a run on a cluster
+        if node.state == "lost":
+            print(f"node {node.name} ({node.address}): lost ({node.reason})")
         else:
-            print(f"node {node['name']} ({node['address']}): alive, {len(node['actors'])} actors; "
-                  f"free: {node['free'] or '-'}")
-    for actor in status["actors"]:
-        age = actor["heartbeat_age_s"]
-        where = f"  node {actor['node']}" if "node" in actor else ""
-        print(f"  {actor['name']:<14} {actor['state']:<10} pid {actor['pid']!s:<7} restarts {actor['restarts']}"
-              f"  heartbeat {age if age is not None else '-'} s{where}  {actor['placement']}  "
-              f"load {load_text(actor['load'])}")
+            print(f"node {node.name} ({node.address}): alive, {len(node.actors)} actors; free: {node.free or '-'}")
+    for actor in status.actors:
+        age = actor.heartbeat_age_s
+        where = f"  node {actor.node}" if actor.node is not None else ""
+        load = actor.load.to_wire() if actor.load is not None else None
+        print(f"  {actor.name:<14} {actor.state:<10} pid {actor.pid!s:<7} restarts {actor.restarts}"
+              f"  heartbeat {age if age is not None else '-'} s{where}  {actor.placement}  "
+              f"load {load_text(load)}")
     return 0
 
 

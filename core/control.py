@@ -139,15 +139,57 @@ PEERS_GONE = MessageKind("_peers_gone", PeersGone, None)
 # -- the operator (postrain status / down) to the head.
 
 @dataclass(frozen=True, slots=True)
-class HeadStatus(Record):
-    """`postrain status`: the head (pid, address), its free pools, every actor (name, state, pid,
-    restarts, address, placement, last exit, heartbeat age, note, load) and, on a cluster's head,
-    the nodes (core/supervisor.py, Supervisor.status)."""
+class HeadInfo(Record):
+    """The head process: its pid and the address its control plane listens on."""
 
-    head: dict[str, Any]
-    pools: dict[str, Any]
-    actors: list[dict[str, Any]]
-    nodes: list[dict[str, Any]] | None = None
+    pid: int
+    address: str
+
+
+@dataclass(frozen=True, slots=True)
+class ActorStatus(Record):
+    """One actor as the head (or a node's agent) sees it: its state, process, restarts, address,
+    placement, last exit, the age of its last heartbeat, note and load; `node` on a cluster."""
+
+    name: str
+    state: str
+    restarts: int
+    placement: str
+    pid: int | None = None
+    address: str | None = None
+    last_exit: str = ""
+    heartbeat_age_s: float | None = None
+    note: str = ""
+    load: Load | None = field(default=None, metadata=codec(Load.to_wire, Load.from_wire))
+    node: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus(Record):
+    """One node of a cluster run: alive or lost (and why), its actors and its free pools."""
+
+    name: str
+    address: str
+    state: str
+    actors: list[str] = field(default_factory=list)
+    reason: str | None = None
+    free: str = ""
+
+
+def _records(kind: type[Record]) -> dict[str, Any]:
+    """Field metadata: a list of `kind` records on the wire as a list of their dicts."""
+    return codec(lambda items: [item.to_wire() for item in items], lambda items: [kind.from_wire(i) for i in items])
+
+
+@dataclass(frozen=True, slots=True)
+class HeadStatus(Record):
+    """`postrain status`: the head, its free pools (`free`: a summary line), every actor and, on
+    a cluster's head, the nodes (core/supervisor.py, Supervisor.status, builds its wire form)."""
+
+    head: HeadInfo = field(metadata=codec(HeadInfo.to_wire, HeadInfo.from_wire))
+    pools: dict[str, str]
+    actors: list[ActorStatus] = field(metadata=_records(ActorStatus))
+    nodes: list[NodeStatus] | None = field(default=None, metadata=_records(NodeStatus))
 
 
 STATUS = MessageKind("status", None, HeadStatus)

@@ -40,9 +40,9 @@ def echo_pid_in_setup(folder: Path, timeout_s: float = 30.0) -> int:
         with anyio.fail_after(timeout_s):
             while True:
                 if (folder / "head.json").exists():
-                    actors = {a["name"]: a for a in (await ask_head(str(folder), STATUS)).actors}
-                    if actors.get("echo", {}).get("note", "").startswith("loading"):
-                        return actors["echo"]["pid"]
+                    actors = {a.name: a for a in (await ask_head(str(folder), STATUS)).actors}
+                    if "echo" in actors and actors["echo"].note.startswith("loading"):
+                        return actors["echo"].pid
                 await anyio.sleep(0.1)
     return anyio.run(poll, backend="trio")
 

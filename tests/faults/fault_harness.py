@@ -291,7 +291,7 @@ class FaultRun:
 
     def pids_now(self) -> dict[str, int]:
         status = self.status() or {"actors": []}
-        return {a["name"]: a["pid"] for a in status["actors"] if a["pid"]}
+        return {a["name"]: a["pid"] for a in status["actors"] if a.get("pid")}
 
     # -- the end -----------------------------------------------------------------
 
