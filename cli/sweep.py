@@ -10,11 +10,12 @@ gain, wall time, and the count of collapses (cli/sweep_table.py), printed, writt
 sweep.json, and drawn in sweep.png (one dot per run). `--target 0.6`: how many runs reached
 held-out accuracy 0.6, and at which RL step and after how many RL seconds.
 
---set KEY=V1,V2: KEY is a dotted path into the config: a section and its key (`shared.seed`,
-`run.name`) or an actor's name and one of its options (`orchestrator.num_steps`); an option
-table named like its actor may be skipped, so `learner.rl_lr` is `learner.learner.rl_lr`, the
-learner actor's LearnerConfig. Values are TOML (1e-4, "gspo", true). Several --set: every
-combination. Every run's config is checked before the first starts.
+--set KEY=V1,V2: KEY is a dotted path into the config, as for `postrain up --set` (cli/overrides.py):
+a section and its key (`shared.seed`, `run.name`), an actor's name and a field of its entry
+(`learner.cpus`) or one of its options (`orchestrator.num_steps`); an option table named like its
+actor may be skipped, so `learner.rl_lr` is `learner.learner.rl_lr`, the learner actor's
+LearnerConfig. Values are TOML (1e-4, "gspo", true). Several --set: every combination. Every
+run's config is checked before the first starts.
 
 --resume continues a sweep: runs with a summary.json of a complete run are kept, an unfinished
 run (stopped in its warm start or before its last RL step) continues from its checkpoint
@@ -38,6 +39,7 @@ from pathlib import Path
 
 from postrain.core.errors import PostrainError
 
+from .overrides import OverrideError, set_path, toml_value
 from .sweep_table import PLOT_FILE, build_table, collapsed, format_table, plot_spread, target_figures
 
 HELP = "run one config over several seeds and overrides; the spread of the results"
@@ -71,13 +73,6 @@ def parse_seeds(text: str) -> list[int]:
     return sorted(seeds)
 
 
-def toml_value(text: str):
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text.strip()
-
-
 def parse_sets(items: list[str]) -> list[tuple[str, list]]:
     """['learner.rl_lr=1e-4,3e-4'] -> [('learner.rl_lr', [0.0001, 0.0003])]."""
     out = []
@@ -87,24 +82,6 @@ def parse_sets(items: list[str]) -> list[tuple[str, list]]:
             raise SweepError(f"--set {item!r}: write KEY=V1,V2, e.g. learner.rl_lr=1e-4,3e-4")
         out.append((key.strip(), [toml_value(v) for v in values.split(",")]))
     return out
-
-
-def set_path(doc: dict, key: str, value) -> None:
-    """Set the dotted `key` in a parsed run config (module docstring's rule); SweepError if no part names it."""
-    head, *rest = key.split(".")
-    actors = {a.get("name"): a for a in doc.get("actors", [])}
-    if head in actors and rest:
-        target = actors[head].setdefault("options", {})
-        if len(rest) == 1 and rest[0] not in target and isinstance(target.get(head), dict):
-            target = target[head]
-    elif head != "actors" and rest and isinstance(doc.get(head, {}), dict):
-        target = doc.setdefault(head, {})
-    else:
-        raise SweepError(f"--set {key}: {head!r} is neither a section of the config ({sorted(k for k in doc if k != 'actors')}) "
-                         f"nor an actor's name ({sorted(actors)}); write SECTION.KEY or ACTOR.OPTION")
-    for part in rest[:-1]:
-        target = target.setdefault(part, {})
-    target[rest[-1]] = value
 
 
 def run_name(overrides: dict, seed: int) -> str:
@@ -246,7 +223,7 @@ def main(args) -> int:
             raise SweepError(f"{sweep_dir} already holds a sweep; pass --resume to continue it, or choose "
                              "another --sweep-dir")
         runs = plan_runs(config_path, parse_seeds(args.seeds), parse_sets(args.set), sweep_dir)
-    except SweepError as exc:
+    except (SweepError, OverrideError) as exc:
         raise SystemExit(f"postrain sweep: {exc}") from None
     sweep_dir.mkdir(parents=True, exist_ok=True)
     for run in runs:

@@ -1,7 +1,10 @@
-"""`postrain up [--config FILE] [--dry-run]`: start a run and see it through.
+"""`postrain up [--config FILE] [--set KEY=VALUE ...] [--dry-run]`: start a run and see it through.
 
-The head process (this one) validates the config, checks the run folder,
-places every actor (printing the plan; `--dry-run` stops there), starts
+The head process (this one) validates the config (with the `--set` overrides applied:
+cli/overrides.py), checks the run folder, fills in what the config leaves unset that the
+model sizes (kv_cache_mb, memory_mb, start_timeout_s, heartbeat_timeout_s;
+actors/configs/sizing.py, printed with the RL step's time estimate), places every actor
+(printing the plan; `--dry-run` stops there), starts
 them in config order, and then either streams the progress of the run's
 driver actor (`[run] driver`) until it finishes, or serves until
 `postrain down RUN_DIR`, SIGTERM or Ctrl-C. Leaving stops every actor (a STOP
@@ -42,8 +45,11 @@ head follows the driver there (cli/cluster_up.py, docs/cluster.md).
 
 `postrain up --resume RUN_DIR` starts the run in RUN_DIR again from its
 config.toml and asks the driver to continue from the run's last checkpoint
-(the orchestrator's resume: actors/orchestrator/driver.py). Actors die with their
-head (core/runtime.py), so a head killed with SIGKILL leaves no orphans to stop first.
+(the orchestrator's resume: actors/orchestrator/driver.py). With `--set`, only what the run's
+data and checkpoint do not depend on may change, for this start (RESUMABLE_SECTIONS and
+RESUMABLE_FIELDS); a run started with `--set` keeps its config as run in config.toml. Actors
+die with their head (core/runtime.py), so a head killed with SIGKILL leaves no orphans to stop
+first.
 """
 from __future__ import annotations
 
@@ -53,35 +59,43 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from contextlib import AsyncExitStack, contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 
-from postrain.actors.configs.run_config import default_config_path, run_import_dir, write_run_source
+from postrain.actors.configs.run_config import (add_import_dir, default_config_path, parse_up_config, run_import_dir,
+                                               write_run_source)
 from postrain.actors.records import RUN, STOP_RUN, RunRequest
 from postrain.core.atomic_write import make_private_folder, write_file_atomically
 from postrain.core.errors import ActorError, ActorStartError, ConfigError, PostrainError
 from postrain.core.scheduler import Scheduler
 from postrain.core.supervisor import Supervisor, run_tag_for
-from postrain.core.config import complete_rendezvous
+from postrain.core.config import complete_rendezvous, read_toml
 from postrain.core.transport import CurveKeys, free_tcp_port
 from postrain.core.shm import process_lives
 
 from .balancer import Balancer
 from .cluster_up import ClusterLaunch, meeting_point_on_node, node_agents, plan_on_cluster, start_on_node
-from .config import UpConfig, load_up_config
+from .config import UpConfig
 from .control import control_client_keys
 from .monitor import RunMonitor
 from .node_watch import NodeWatch
+from .overrides import parse_override, set_path
 from .tracking import RunTracking
+
+if TYPE_CHECKING:
+    from postrain.actors.configs.sizing import RunSizing
 
 HELP = "start a run: the head, then every actor the config names"
 DESCRIPTION = """Start a run: check the config, place every actor, start them, follow the run to its end.
 
 examples:
   postrain up                                    the built-in run (a tiny model, arithmetic; runs/default)
-  postrain up --config my_run.toml --dry-run     check a config and print the placement; starts nothing
+  postrain up --config my_run.toml --dry-run     check a config, print the sizing and placement; starts nothing
+  postrain up --set orchestrator.num_steps=5     the config with one value changed (repeatable; TOML values)
   postrain up --resume runs/default              continue a stopped run from its last checkpoint
 
 A run folder (run_dir/name) that already holds a run is refused: --resume it or --overwrite it.
@@ -91,7 +105,11 @@ MIN_FREE_DISK_MB = 200
 
 def add_arguments(parser) -> None:
     parser.add_argument("--config", help="TOML run config (default: the built-in tiny run)")
-    parser.add_argument("--dry-run", action="store_true", help="print the placement plan and exit")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the sizing derived from the model and the placement plan, and exit")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="change one value of the config, e.g. orchestrator.num_steps=5 or "
+                        "generator.memory_mb=4096 (repeatable; a TOML value; the rule: cli/overrides.py)")
     parser.add_argument("--run-dir", help="override [run] run_dir")
     parser.add_argument("--resume", metavar="RUN_DIR",
                         help="continue the run in RUN_DIR (its config.toml) from its last checkpoint")
@@ -167,8 +185,36 @@ def _live_head_pid(folder: Path) -> int | None:
     return pid if pid and process_lives(pid) else None
 
 
-def resume_config(run_folder: Path) -> UpConfig:
-    """The config of the run in `run_folder`, pointed at that folder; refuses a run whose head lives."""
+# What `--set` may change on `--resume` (this start only): nothing that the run's data order, model
+# or checkpoint depend on. Sections of the head, and fields of an [[actors]] entry.
+RESUMABLE_SECTIONS = ("head", "balancer", "tracking")
+RESUMABLE_FIELDS = ("cpus", "memory_mb", "start_timeout_s", "stop_timeout_s", "max_restarts", "restart_backoff_s")
+
+
+def read_up_config(path: Path, sets: list[str], import_dir: Path | None = None,
+                   resuming: bool = False) -> tuple[UpConfig, dict]:
+    """The run config at `path` with the `--set KEY=VALUE` overrides applied, checked as the file
+    alone is (ConfigError naming every bad field), and its document. `import_dir` (default: the
+    config's folder) goes on the import path; `resuming`: PostrainError for an override that
+    RESUMABLE_SECTIONS and RESUMABLE_FIELDS do not allow."""
+    doc = read_toml(path)
+    for item in sets:
+        key, value = parse_override(item)
+        where = set_path(doc, key, value)
+        head, last = key.split(".")[0], key.split(".")[-1]
+        if resuming and not (where == "section" and head in RESUMABLE_SECTIONS
+                             or where == "actor" and last in RESUMABLE_FIELDS):
+            raise PostrainError(f"--set {key} with --resume: a resumed run keeps the options it started with "
+                                "(its data order and checkpoint depend on them); only "
+                                f"{', '.join(RESUMABLE_SECTIONS)} settings and an actor's "
+                                f"{', '.join(RESUMABLE_FIELDS)} may change; start a new run to change the rest")
+    add_import_dir(path.parent if import_dir is None else import_dir)
+    return parse_up_config(doc, f"{path} with --set {' '.join(sets)}" if sets else str(path)), doc
+
+
+def resume_config(run_folder: Path, sets: Sequence[str] = ()) -> UpConfig:
+    """The config of the run in `run_folder` (with the `--set` overrides RESUMABLE_* allow, for this
+    start only), pointed at that folder; refuses a run whose head lives."""
     path = run_folder / "config.toml"
     if not path.exists():
         raise PostrainError(f"{run_folder} holds no config.toml; --resume takes the folder of a run "
@@ -179,7 +225,7 @@ def resume_config(run_folder: Path) -> UpConfig:
         if pid and process_lives(pid):
             raise PostrainError(f"the run in {run_folder} is still going (head pid {pid}); stop it with "
                                 f"`postrain down {run_folder}` before resuming it")
-    config = load_up_config(path, import_dir=run_import_dir(run_folder))
+    config, _ = read_up_config(path, list(sets), import_dir=run_import_dir(run_folder), resuming=True)
     config.run.run_dir, config.run.name = str(run_folder.resolve().parent), run_folder.resolve().name
     if not config.run.driver:
         raise PostrainError(f"{path} names no [run] driver; only a driven run (an orchestrator) can resume")
@@ -194,11 +240,15 @@ def main(args) -> int:
     try:
         if args.resume and args.overwrite:
             raise PostrainError("--resume continues a run and --overwrite deletes one; give one of them")
-        config = resume_config(Path(args.resume)) if args.resume else load_up_config(path)
+        if args.resume:
+            config, doc = resume_config(Path(args.resume), args.set), None
+        else:
+            config, doc = read_up_config(path, args.set)
         if args.run_dir and not args.resume:
             config.run.run_dir = args.run_dir
         if not args.resume:   # a second run into a run's folder would mix their files
             check_run_folder_unused(config, args.overwrite)
+        print_sizing(size(config))   # before the placement, which may refuse what it derived
         launch = plan_on_cluster(config, path) if config.cluster is not None else None
         plan = Scheduler().plan(config.actors) if launch is None else []
     except (ConfigError, PostrainError) as exc:
@@ -221,7 +271,8 @@ def main(args) -> int:
         print(f"postrain up: {exc}", file=sys.stderr)
         return 2
     if not args.resume:
-        shutil.copyfile(path, folder / "config.toml")
+        assert doc is not None  # read_up_config's document: a new run
+        write_run_config(folder, path, args.set, doc)
         write_run_source(folder, path)
     try:
         monitor = RunMonitor(folder, config, quiet=args.quiet).start()  # a taken metrics port fails here
@@ -237,6 +288,38 @@ def main(args) -> int:
             return 2
         with tracking:
             return _run_and_report(config, folder, monitor, bool(args.resume), launch)
+
+
+# The roles that hold a model; a run of other classes is not sized (nor is torch imported for it).
+MODEL_ROLE_MODULES = ("postrain.actors.generator.actor", "postrain.actors.learner.actor")
+
+
+def size(config: UpConfig) -> RunSizing | None:
+    """Fill in what `config` leaves to the model's sizing (actors/configs/sizing.py), where one of
+    its actors holds a model: the config check imported every actor class, so a generator or
+    learner (or a subclass) among them has its role's module loaded by now."""
+    if not any(name in sys.modules for name in MODEL_ROLE_MODULES):
+        return None
+    from postrain.actors.configs.sizing import size_run
+    return size_run(config)
+
+
+def print_sizing(sizing: RunSizing | None) -> None:
+    """What the config left to `postrain up` and it derived from the model, one line per actor."""
+    if sizing is not None:
+        print(f"postrain up: sized from {sizing.model} (unset or \"auto\" fields; docs/your-model.md#sizing):")
+        for line in sizing.lines():
+            print(f"  {line}")
+
+
+def write_run_config(folder: Path, path: Path, sets: list[str], doc: dict) -> None:
+    """The run folder's config.toml: the file as written, or with `--set` its document as run."""
+    if not sets:
+        shutil.copyfile(path, folder / "config.toml")
+        return
+    from postrain.core.testing import to_toml
+    header = f"# {path} with --set {' '.join(sets)} (written by postrain up)\n"
+    (folder / "config.toml").write_text(header + to_toml(doc))
 
 
 def _run_and_report(config: UpConfig, folder: Path, monitor: RunMonitor, resume: bool,
@@ -262,7 +345,7 @@ def describe_start_error(exc: ActorStartError) -> str:
 
 def _leaves(group: BaseExceptionGroup) -> list:
     """The exceptions of a (nested) exception group, in order."""
-    leaves = []
+    leaves: list[BaseException] = []
     for exc in group.exceptions:
         leaves += _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
     return leaves

@@ -51,7 +51,7 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Callable, Collection, Literal
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator,
                       model_validator)
@@ -64,6 +64,18 @@ _IMPORT_PATH_RULE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+AUTO = "auto"   # the value of a field that the layer starting the run may derive (sizing)
+AUTO_SPEC_FIELDS = frozenset({"memory_mb", "start_timeout_s"})
+
+
+def auto_means_unset(data: object, fields: Collection[str]) -> object:
+    """A model's input without the `fields` whose value is AUTO, so they count as unset (not in
+    `model_fields_set`) and take their default until a layer above derives them."""
+    if isinstance(data, dict):
+        return {key: value for key, value in data.items() if not (key in fields and value == AUTO)}
+    return data
 
 
 def _check_name(value: str) -> str:
@@ -105,11 +117,15 @@ class ActorSpec(_Strict):
         "may borrow theirs while it works (the driver says who works: core/elastic.py); \"lend\": it lends "
         "but never borrows; placed on cores no other elastic actor holds")
     gpus: int = Field(0, ge=0, description="whole GPUs it needs")
-    memory_mb: int = Field(512, ge=0, description="host memory it may use, MiB (placement accounting)")
+    memory_mb: int = Field(512, ge=0, description="host memory it may use, MiB (placement accounting); "
+                           "unset or \"auto\": derived from the run's model where `postrain up` sizes the "
+                           "actor (docs/your-model.md#sizing), else 512")
     max_restarts: int = Field(3, ge=0, description="restarts after a crash before the supervisor gives up")
     restart_backoff_s: float = Field(0.5, ge=0, description="first restart delay; doubles each restart")
     start_timeout_s: float = Field(60.0, gt=0, description="how long an actor may stay silent (no heartbeat) "
-                                   "before READY; a setup that heartbeats (they come from a thread) may run longer")
+                                   "before READY; a setup that heartbeats (they come from a thread) may run longer; "
+                                   "unset or \"auto\": derived from the run's model where `postrain up` sizes the "
+                                   "actor (docs/your-model.md#sizing), else 60")
     stop_timeout_s: float = Field(5.0, gt=0, description="wait after STOP before a kill")
     bind: str = Field("ipc", description="'ipc' (one host) or a tcp address like 'tcp://0.0.0.0:5555'")
     replicas: int = Field(1, ge=1, le=1024, description="copies of this actor: N > 1 starts actors NAME-0 .. "
@@ -129,6 +145,11 @@ class ActorSpec(_Strict):
                                                  "'pack' takes the first node with room, in the cluster's "
                                                  "order; 'spread' the node holding the fewest replicas of "
                                                  "this entry (then the most free cores)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _auto_means_unset(cls, data: object) -> object:
+        return auto_means_unset(data, AUTO_SPEC_FIELDS)
 
     @field_validator("cls")
     @classmethod
@@ -155,7 +176,9 @@ class RunSection(_Strict):
 
 class HeadSection(_Strict):
     heartbeat_interval_s: float = Field(1.0, gt=0, description="how often actors report to the head")
-    heartbeat_timeout_s: float = Field(30.0, gt=0, description="silence after which an actor counts as hung and is restarted")
+    heartbeat_timeout_s: float = Field(30.0, gt=0, description="silence after which an actor counts as hung and "
+                                       "is restarted; unset or \"auto\": `postrain up` derives it from the run's "
+                                       "model and this machine (docs/your-model.md#sizing), else 30")
     bind: str = Field("ipc", description="the head's control socket: 'ipc' or 'tcp://HOST:PORT'")
     stop_grace_s: float = Field(120.0, gt=0, description="after `postrain down` or a first Ctrl-C, how long "
                                 "the run's driver has to finish its step and checkpoint before every actor "
@@ -166,8 +189,13 @@ class HeadSection(_Strict):
     metrics_host: str = Field("127.0.0.1", description="address the Prometheus endpoint listens on "
                               "(loopback by default; '0.0.0.0' exposes it, unauthenticated)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _auto_means_unset(cls, data: object) -> object:
+        return auto_means_unset(data, {"heartbeat_timeout_s"})
+
     @model_validator(mode="after")
-    def _check_timeout(self):
+    def _check_timeout(self) -> HeadSection:
         if self.heartbeat_timeout_s <= 2 * self.heartbeat_interval_s:
             raise ValueError(f"heartbeat_timeout_s ({self.heartbeat_timeout_s}) must exceed twice "
                              f"heartbeat_interval_s ({self.heartbeat_interval_s})")
@@ -211,7 +239,9 @@ class RunConfig(_Strict):
     _replica_of: dict[str, tuple[str, int, int]] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
-    def _expand_and_check_names(self):
+    def _expand_and_check_names(self) -> RunConfig:
+        expanded: list[ActorSpec]
+        replica_of: dict[str, tuple[str, int, int]]
         expanded, replica_of = [], {}
         for spec in self.actors:
             if spec.rendezvous is not None and spec.ranks == 1:
@@ -232,7 +262,7 @@ class RunConfig(_Strict):
                 replica_of[name] = (spec.name, index, spec.replicas)
         self.actors[:] = expanded      # in place: assigning would validate the config again
         self._replica_of = replica_of
-        seen = set()
+        seen: set[str] = set()
         for spec in self.actors:
             if spec.name in seen:
                 raise ValueError(f"actor name {spec.name!r} is used twice; names must be unique "
@@ -281,11 +311,11 @@ def _expand_ranks(spec: ActorSpec) -> list[ActorSpec]:
             for rank, name in enumerate(names)]
 
 
-def complete_rendezvous(specs: list[ActorSpec], meeting_point) -> None:
+def complete_rendezvous(specs: list[ActorSpec], meeting_point: Callable[[str], tuple[str, int]]) -> None:
     """Give every rank of every group the address and port where its rank 0 hosts the group:
     `meeting_point(rank0_name) -> (address, port)`, asked once per group (the head picks a free
     port on rank 0's node). In place; specs without a rendezvous are left alone."""
-    points = {}
+    points: dict[str, tuple[str, int]] = {}
     for spec in specs:
         if spec.rendezvous is None:
             continue
@@ -296,7 +326,7 @@ def complete_rendezvous(specs: list[ActorSpec], meeting_point) -> None:
         spec.rendezvous = spec.rendezvous.model_copy(update={"address": address, "port": port})
 
 
-def parse_config(data: dict, source: str = "<config>", schema: type[RunConfig] = RunConfig) -> RunConfig:
+def parse_config(data: dict[str, Any], source: str = "<config>", schema: type[RunConfig] = RunConfig) -> RunConfig:
     """Validate a parsed TOML document against `schema` (RunConfig or a subclass of it)."""
     try:
         return schema.model_validate(data)
@@ -305,16 +335,20 @@ def parse_config(data: dict, source: str = "<config>", schema: type[RunConfig] =
 
 
 def load_config(path: str | Path, schema: type[RunConfig] = RunConfig) -> RunConfig:
+    return parse_config(read_toml(path), str(path), schema)
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """The TOML document at `path`, unchecked; ConfigError when it cannot be read or parsed."""
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror}; pass an existing TOML file") from None
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
-    return parse_config(data, str(path), schema)
 
 
 def format_validation_error(exc: ValidationError, source: str, prefix: str = "") -> str:

@@ -42,9 +42,10 @@ from typing import Annotated, Literal
 
 import anyio
 import anyio.to_thread
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, model_validator
 
 from postrain.core import Actor, Load, Options, handler
+from postrain.core.config import auto_means_unset
 
 from ..models.device import resolve_device
 from ..models.loading import check_model_spec, load_model
@@ -69,7 +70,9 @@ class GeneratorOptions(Options):
         "tiny", description="the policy: a built-in name, a Hugging Face folder, a "
         ".gguf file, or ModelConfig fields (the learner's must match)")
     seed: int = Field(0, description="init of a from-scratch model; the base of per-request sampling seeds")
-    kv_cache_mb: float = Field(64, gt=0, description="memory of the paged KV cache, MiB")
+    kv_cache_mb: float = Field(64, gt=0, description="memory of the paged KV cache, MiB; unset or \"auto\": "
+                               "derived from the model and the run where `postrain up` sizes it "
+                               "(docs/your-model.md#sizing), else 64")
     max_num_seqs: int = Field(32, ge=1, description="sequences decoded together at most (the batch)")
     prefill_chunk_tokens: int = Field(0, ge=0, description="prompt tokens read per engine step at most, "
                                       "so decoding keeps its pace while a long prompt is read (chunked "
@@ -86,6 +89,11 @@ class GeneratorOptions(Options):
     speculative: SpeculativeOptions | None = Field(None, description="draft and verify tokens (exact: "
                                                    "same distribution and logprobs); None = off. Example: "
                                                    "{ method = \"ngram\", num_draft_tokens = 4 }")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _auto_means_unset(cls, data):
+        return auto_means_unset(data, {"kv_cache_mb"})
 
 
 class GeneratorActor(Actor):
@@ -120,6 +128,7 @@ class GeneratorActor(Actor):
         """Cancelled: the request is aborted at the next step."""
         params = request.sampling
         prompt = [int(t) for t in request.prompt_ids] if request.prompt_ids is not None else request.prompt
+        assert prompt is not None, "a GenerateRequest holds prompt_ids or prompt (its _check)"
         request_id = str(next(self._request_ids))
         waiter = self._waiters[request_id] = _Waiter()
         self._new_requests.append((request_id, prompt, params))
@@ -131,6 +140,7 @@ class GeneratorActor(Actor):
         if waiter.error is not None:
             raise waiter.error
         out = waiter.output
+        assert out is not None, "the engine loop sets the output or the error before done"
         return GenerateReply(prompt_len=len(out.prompt_token_ids), samples=[
             GeneratedSample(token_ids=s.token_ids, logprobs=s.logprobs, policy_versions=s.policy_versions,
                             finish_reason=s.finish_reason, text=s.text, routed_experts=s.routed_experts)
@@ -146,6 +156,7 @@ class GeneratorActor(Actor):
         weights = await self.receiver.receive(sync, held, self._held_weights)
         if weights is None:
             return WeightSyncReply(version=self.engine.policy_version, complete=False)
+        result: list[Exception]   # the engine loop's error applying them, if any
         applied, result = anyio.Event(), []
         self._new_weights.append((weights, version, applied, result))
         self._work.set()

@@ -118,11 +118,20 @@ class ModelConfig:
 
     @property
     def num_params(self) -> int:
-        h, i, kv = self.hidden_size, self.intermediate_size, self.num_kv_heads * self.head_dim
-        q = self.num_heads * self.head_dim
-        layer = h * q + 2 * h * kv + q * h + 3 * h * i + 2 * h
-        head = 0 if self.tie_word_embeddings else self.vocab_size * h
-        return self.vocab_size * h + self.num_layers * layer + h + head
+        """Parameters of the model (biases and per-head norms aside)."""
+        head = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+        return self.vocab_size * self.hidden_size + self.num_layer_params() + self.hidden_size + head
+
+    def num_layer_params(self, active: bool = False) -> int:
+        """Parameters of the decoder layers; `active`: only those one token runs through (the
+        top-k experts of each MoE layer, not all of them)."""
+        h, kv, q = self.hidden_size, self.num_kv_heads * self.head_dim, self.num_heads * self.head_dim
+        attention = 2 * h * q + 2 * h * kv + 2 * h
+        experts = self.num_experts_per_tok if active else self.num_experts
+        moe = experts * 3 * h * self.moe_intermediate_size + self.num_experts * h   # experts and router
+        num_moe = len(self.moe_layers)
+        dense = (self.num_layers - num_moe) * 3 * h * self.intermediate_size
+        return self.num_layers * attention + dense + num_moe * moe
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

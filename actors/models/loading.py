@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Literal, overload
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -33,7 +34,7 @@ from .tokenizer import Tokenizer, byte_tokenizer
 __all__ = [  # this module's public face, the names of hf_config.py and gguf.py it re-exports included
     "load_model", "save_checkpoint", "checkpoint_policy_version", "load_hf_folder", "load_gguf",
     "model_from_state", "load_state_dict_checked", "resolve_model", "packaged_model_path",
-    "check_model_spec", "PACKAGED_MODELS", "MODEL_RULE", "CheckpointError", "config_from_hf",
+    "check_model_spec", "model_config", "PACKAGED_MODELS", "MODEL_RULE", "CheckpointError", "config_from_hf",
     "config_to_hf", "SUPPORTED_ARCHITECTURES", "HOW_TO_ADD", "ACTIVATIONS", "GGUF_ARCHITECTURES", "build_policy",
 ]
 
@@ -97,6 +98,27 @@ def check_model_spec(spec: str | dict) -> str | dict:
     raise CheckpointError(f"unknown model {spec!r} ({what}); {rule}")
 
 
+def model_config(spec: str | dict) -> ModelConfig:
+    """The ModelConfig of a load_model (or build_policy) spec, without reading its weights: a
+    built-in name, ModelConfig fields, a Hugging Face folder's config.json or a GGUF file's metadata."""
+    if isinstance(spec, dict):
+        return ModelConfig(**spec)
+    text = resolve_model(spec)
+    path = Path(text)
+    if text in BUILTIN_CONFIGS and not path.exists():
+        return dataclasses.replace(BUILTIN_CONFIGS[text])
+    if path.is_file() and path.suffix == ".gguf":
+        from .gguf import GGUFFile, hf_config_from_gguf
+        reader = GGUFFile(path)
+        config = config_from_hf(hf_config_from_gguf(reader, path))
+        config.tie_word_embeddings = not any(name == "output.weight" for name, *_ in reader.tensors)
+        return config
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"no model config at {text!r}: " + MODEL_RULE.format(
+            names=", ".join(sorted(BUILTIN_CONFIGS)), packaged=", ".join(PACKAGED_MODELS)))
+    return config_from_hf(json.loads((path / "config.json").read_text()))
+
+
 def load_model(path_or_name: str | Path, dtype: torch.dtype = torch.float32,
                device: str | torch.device = "cpu", seed: int = 0) -> tuple[LlamaModel, Tokenizer]:
     """(model in eval mode, tokenizer) from a built-in name, a Hugging Face folder or a .gguf file."""
@@ -121,6 +143,11 @@ def load_model(path_or_name: str | Path, dtype: torch.dtype = torch.float32,
 # ----------------------------------------------------------------------------- Hugging Face
 
 
+@overload
+def load_hf_folder(folder: str | Path, require_tokenizer: Literal[True] = True
+                   ) -> tuple[LlamaModel, Tokenizer]: ...
+@overload
+def load_hf_folder(folder: str | Path, require_tokenizer: bool) -> tuple[LlamaModel, Tokenizer | None]: ...
 def load_hf_folder(folder: str | Path, require_tokenizer: bool = True
                    ) -> tuple[LlamaModel, Tokenizer | None]:
     """(model, tokenizer) from a Hugging Face folder; tokenizer None only if not required."""
@@ -216,7 +243,7 @@ def save_checkpoint(model: LlamaModel, tokenizer: Tokenizer, folder: str | Path,
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     if hasattr(model, "state_to_hf"):            # e.g. stacked experts -> Hugging Face's per-expert tensors
-        state = model.state_to_hf(state)
+        state = model.state_to_hf(state)  # type: ignore[operator]  # torch: an architecture's own method
     metadata = {"format": "pt"}
     if policy_version is not None:
         metadata["policy_version"] = str(policy_version)
@@ -234,7 +261,7 @@ def checkpoint_policy_version(folder: str | Path) -> int | None:
     return int(value) if value is not None else None
 
 
-def build_policy(spec: str | dict, seed: int, dtype: torch.dtype, device: str):
+def build_policy(spec: str | dict, seed: int, dtype: torch.dtype, device: str | torch.device):
     """(model, tokenizer) from a load_model spec, or from a dict of ModelConfig fields (random
     weights from `seed`, the byte tokenizer)."""
     if isinstance(spec, dict):

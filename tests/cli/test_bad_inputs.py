@@ -110,6 +110,12 @@ CASES = [
      "tracking.backends.0 = 'tensorbored'", 2),
     ("up-driver-option", lambda t: ["up", "--dry-run", "--config", counting(t, ("steps = 3", "steps = 'x'"))],
      "actors.1(driver).options.steps = 'x'", 2),
+    ("up-set-form", lambda t: ["up", "--dry-run", "--config", counting(t), "--set", "driver.steps"],
+     "postrain up: --set 'driver.steps': write KEY=VALUE, e.g. orchestrator.num_steps=3", 1),
+    ("up-set-value", lambda t: ["up", "--dry-run", "--config", counting(t), "--set", "driver.steps=x"],
+     "actors.1(driver).options.steps = 'x'", 2),
+    ("up-set-nothing", lambda t: ["up", "--dry-run", "--config", counting(t), "--set", "actors.echo=1"],
+     "--set actors.echo: 'actors' is neither a section of the config", 1),
     # -- up: the built-in run's options --------------------------------------------------------
     ("up-unknown-model", lambda t: ["up", "--dry-run", "--config", default_with(t, shared={"model": "tinny"})],
      "options.model = 'tinny': unknown model 'tinny' (no built-in name and no such file or folder); "

@@ -19,7 +19,8 @@ run folder runs/default), the docs' complete environment with its config (`--dry
 written, a run with the step counts cut, and the documented refusals: a warm start without
 demonstrations, a copy of the built-in config with only `task` changed), the agents page's
 `postrain eval` of its example agent, `postrain generate` as the generator page gives it. The
-environment itself is run episode by episode in tests/actors/env/test_api.py; `postrain init`'s project in tests/cli/test_init.py.
+environment itself is run episode by episode in tests/actors/env/test_api.py; `postrain init`'s project in tests/cli/test_init.py;
+the model guide (docs/your-model.md) in tests/cli/test_your_model_guide.py.
 """
 import importlib
 import json
@@ -41,6 +42,8 @@ FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 NOT_CHECKED = {
     ("environments.md", 'options = { ..., sft_steps = 250, sft_demonstrations = "reverse_demos.jsonl" }'):
         "a fragment (`...` stands for the other options)",
+    ("your-model.md", "# qwen3.toml: GRPO with LoRA on a Qwen3 folder, on two-number sums"):
+        "names the model folder the page downloads: checked by its `--dry-run` in tests/cli/test_your_model_guide.py",
 }
 
 
@@ -80,6 +83,15 @@ POSTRAIN_BLOCKS = {
         "parsed only: needs trl; minutes (tests/cli/test_bench_trl.py checks its settings)",
     ("sandbox.md", "postrain sandbox exec solution.py"):
         "second line run: test_documented_one_liners; the first names the user's file",
+    ("your-model.md", "postrain generate --model models/Qwen3-0.6B"):
+        "run: tests/cli/test_your_model_guide.py, on a tiny random Qwen3 folder (Llama's: arch_matrix)",
+    ("your-model.md", "postrain up --config qwen3.toml --dry-run"): "both run: tests/cli/test_your_model_guide.py",
+    ("your-model.md", "postrain up --config qwen3.toml --set"): "run: tests/cli/test_your_model_guide.py",
+    ("your-model.md", "postrain up --config qwen3.toml --overwrite"):
+        "parsed only: the run itself, an hour or more on a CPU; the short run above runs its config",
+    ("your-model.md", "postrain export runs/qwen3 qwen3-policy"): "run: tests/cli/test_your_model_guide.py",
+    ("your-model.md", "postrain serve --model qwen3-policy"):
+        "run: tests/cli/test_your_model_guide.py (on a free port), with the page's chat completion",
 }
 
 

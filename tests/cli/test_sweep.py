@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from postrain.cli.sweep import SweepError, parse_seeds, parse_sets, set_path
+from postrain.cli.overrides import OverrideError, set_path
+from postrain.cli.sweep import SweepError, parse_seeds, parse_sets
 
 DRIVER = '''
 import json
@@ -101,7 +102,7 @@ def test_arguments_are_parsed_and_bad_ones_named():
         parse_seeds("5-2")
     with pytest.raises(SweepError, match="write KEY=V1,V2"):
         parse_sets(["learner.rl_lr"])
-    with pytest.raises(SweepError, match="neither a section of the config"):
+    with pytest.raises(OverrideError, match="neither a section of the config"):
         set_path(doc, "actors.x", 1)
 
 

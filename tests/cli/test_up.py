@@ -192,3 +192,38 @@ def test_a_module_beside_the_config_is_importable_by_the_head_and_every_actor(tm
     assert result.returncode == 2, result.stderr
     assert ("No module named 'other_pkg'; fix: put other_pkg beside the run config" in result.stderr
             and "pip install -e" in result.stderr)
+
+
+def test_set_changes_the_config_for_this_run_and_the_run_folder_keeps_it_as_run(tmp_path, capsys):
+    from postrain.cli.main import main
+
+    path = write_config(tmp_path, steps=3)
+    result = postrain("up", "--quiet", "--config", str(path), "--set", "driver.steps=2", "--set", "run.name=short")
+    assert result.returncode == 0, result.stderr
+    assert '"steps": 2' in result.stdout and "step 2" not in result.stdout
+    kept = (tmp_path / "runs" / "short" / "config.toml").read_text()
+    assert kept.splitlines()[0] == f"# {path} with --set driver.steps=2 run.name=short (written by postrain up)"
+    assert "steps = 2" in kept and 'name = "short"' in kept and path.read_text().count("steps = 3") == 1
+    for bad, said in [("driver.stepz=2", "actors.1(driver).options.stepz = 2: unknown field"),
+                      ("driver.steps=two", "actors.1(driver).options.steps = 'two': Input should be a valid integer"),
+                      ("head.heartbeat_interval_s=0", "head.heartbeat_interval_s = 0: Input should be greater than 0"),
+                      ("driver.steps", "--set 'driver.steps': write KEY=VALUE")]:
+        assert main(["up", "--config", str(path), "--dry-run", "--set", bad]) == 2
+        assert said in capsys.readouterr().err
+
+
+def test_set_on_resume_changes_only_what_the_run_does_not_depend_on(tmp_path):
+    from postrain.core.errors import PostrainError
+    from postrain.cli.up import resume_config
+
+    folder = tmp_path / "runs" / "t"
+    folder.mkdir(parents=True)
+    (folder / "config.toml").write_text(write_config(tmp_path).read_text())
+    with pytest.raises(PostrainError, match=r"^--set driver.steps with --resume: a resumed run keeps the options it "
+                                            r"started with .* start a new run to change the rest$"):
+        resume_config(folder, ["driver.steps=5"])
+    config = resume_config(folder, ["head.heartbeat_timeout_s=50", "echo.memory_mb=64"])
+    assert config.head.heartbeat_timeout_s == 50 and config.actors[0].memory_mb == 64
+    result = postrain("up", "--resume", str(folder), "--set", "run.name=x")
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
+    assert "--set run.name with --resume" in result.stderr

@@ -2,9 +2,13 @@
 
     folder = save_tiny(tmp_path / "q3", "qwen3")
     folder = save_tiny(tmp_path / "moe", "qwen3_moe", num_experts=8)
+    folder = save_hf_folder(tmp_path / "Llama-3.2-1B-Instruct", "llama", template_file=True)
 
 Vocabulary 264: the folder loads with postrain's byte tokenizer. Weights are normal(0, 0.2)
-(norm weights uniform in [0.5, 1.5]) so that greedy decoding has clear winners.
+(norm weights uniform in [0.5, 1.5]) so that greedy decoding has clear winners. `save_hf_folder`
+adds what a folder from the Hub holds besides: tokenizer.json, tokenizer_config.json and a chat
+template (ChatML), in tokenizer_config.json (Qwen3's and Llama 3.2's releases) or, with
+`template_file`, in chat_template.jinja (transformers 5's layout).
 """
 from pathlib import Path
 
@@ -24,6 +28,9 @@ def build_tiny(model_type: str, seed: int = 0, **overrides):
     if model_type == "qwen3":
         config = transformers.Qwen3Config(**{**COMMON, **overrides})
         cls = transformers.Qwen3ForCausalLM
+    elif model_type == "llama":
+        config = transformers.LlamaConfig(**{**COMMON, **overrides})
+        cls = transformers.LlamaForCausalLM
     elif model_type == "qwen3_moe":
         config = transformers.Qwen3MoeConfig(**{**COMMON, **MOE, **overrides})
         cls = transformers.Qwen3MoeForCausalLM
@@ -44,6 +51,23 @@ def build_tiny(model_type: str, seed: int = 0, **overrides):
 def save_tiny(folder: Path, model_type: str, seed: int = 0, **overrides) -> Path:
     build_tiny(model_type, seed, **overrides).save_pretrained(folder)
     return Path(folder)
+
+
+def save_hf_folder(folder: Path, model_type: str, template_file: bool = False, seed: int = 0) -> Path:
+    """A tiny random `model_type` folder laid out as one from the Hub: weights, tokenizer, chat template."""
+    import json
+
+    from postrain.actors.models.chat_template import CHATML_TEMPLATE, TEMPLATE_FILE
+    from postrain.actors.models.tokenizer import byte_tokenizer
+
+    folder = save_tiny(folder, model_type, seed)
+    byte_tokenizer().save(folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    if template_file:
+        config.pop("chat_template")
+        (folder / TEMPLATE_FILE).write_text(CHATML_TEMPLATE)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    return folder
 
 
 PROMPT = "Hello, routed world"

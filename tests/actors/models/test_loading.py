@@ -102,3 +102,35 @@ def test_unknown_architecture_missing_tensor_and_shape_mismatch(saved, tmp_path)
     shape = _copy(folder, tmp_path / "shape", edit_config=lambda c: c.update(intermediate_size=100))
     with pytest.raises(CheckpointError, match="has shape .* the config implies"):
         load_model(shape)
+
+
+def test_model_config_reads_a_models_shape_without_its_weights(saved, tmp_path):
+    import sys
+    from pathlib import Path
+
+    from postrain.actors.models.config import BUILTIN_CONFIGS
+    from postrain.actors.models.loading import model_config
+    sys.path.insert(0, str(Path(__file__).parent))
+    from gguf_files import write_gguf      # tests/actors/models/gguf_files.py
+    from hf_tiny import build_tiny
+
+    folder = saved[2]
+    assert model_config("tiny") == BUILTIN_CONFIGS["tiny"] and model_config(folder) == load_model(folder)[0].config
+    assert model_config({"hidden_size": 64, "num_heads": 4, "num_kv_heads": 4}).head_dim == 16
+    path = write_gguf(build_tiny("qwen3"), "qwen3", tmp_path / "q3.gguf")
+    assert model_config(path) == load_model(path)[0].config          # tie_word_embeddings from its tensors
+    with pytest.raises(CheckpointError, match="no model config at"):
+        model_config(str(tmp_path))
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "qwen3_moe"])
+def test_num_params_counts_the_models_parameters(model_type):
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from hf_tiny import build_tiny      # tests/actors/models/hf_tiny.py
+
+    from postrain.actors.models.loading import config_from_hf
+    hf = build_tiny(model_type)
+    config = config_from_hf(hf.config.to_dict())
+    assert config.num_params == pytest.approx(sum(p.numel() for p in hf.parameters()), rel=0.01)
