@@ -15,7 +15,7 @@ Adding an architecture: one entry in HF_CONFIGS (its transformers config class o
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 # Shapes shared by every architecture (Hugging Face config names). TEST_SHAPE: what the tests
 # build (fast); BENCH_SHAPE: the generate bench's, the built-in "tiny" shape with grouped KV heads
@@ -24,7 +24,7 @@ TEST_SHAPE = dict(vocab_size=264, hidden_size=64, intermediate_size=128, num_hid
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512)
 BENCH_SHAPE = dict(vocab_size=264, hidden_size=192, intermediate_size=512, num_hidden_layers=4,
                    num_attention_heads=6, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024)
-BYTE_IDS = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0)
+BYTE_IDS: dict[str, Any] = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 
 def _mistral(shape: dict, window: int):

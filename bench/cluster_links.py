@@ -68,7 +68,7 @@ class RawServer:
         `sizes`, opened into fresh ones as a weight receiver does. (sealed address, ack address)"""
         from postrain.core.sealed import SealedReceiver
         receiver = SealedReceiver(self._enrolment.open(box, SEALED_KEY_CONTEXT), self.host)
-        ack = zmq.Context.instance().socket(zmq.PAIR)
+        ack: zmq.Socket = zmq.Context.instance().socket(zmq.PAIR)
         port = ack.bind_to_random_port(f"tcp://{self.host}")
         threading.Thread(target=_serve_sealed, args=(receiver, ack, sizes), daemon=True).start()
         return receiver.address, f"tcp://{self.host}:{port}"
@@ -80,7 +80,7 @@ class RawServer:
     def serve(self, curve: bool) -> tuple[str, bytes | None]:
         """A PAIR server: (its address, and with `curve` the public half of the CurveZMQ key pair
         it made for itself; None without)."""
-        sock = zmq.Context.instance().socket(zmq.PAIR)
+        sock: zmq.Socket = zmq.Context.instance().socket(zmq.PAIR)
         public = None
         if curve:
             public, secret = zmq.curve_keypair()
@@ -115,8 +115,10 @@ def _serve_sealed(receiver, ack: zmq.Socket, sizes: list[int]) -> None:
     for repeat in itertools.count():
         buffer = np.empty(sum(sizes), dtype=np.uint8)
         offsets = [0, *itertools.accumulate(sizes)]
+        # numpy's stubs give ndarray __buffer__ on Python >= 3.12 only
         receiver.receive(Stream("bench", repeat, SEALED_SYNC_ID, 0),
-                         [memoryview(buffer[a:b]) for a, b in zip(offsets, offsets[1:])], timeout_s=600)
+                         [memoryview(buffer[a:b])  # type: ignore[arg-type]
+                          for a, b in zip(offsets, offsets[1:])], timeout_s=600)
         ack.send(b"done")
 
 
@@ -159,7 +161,9 @@ def crypto_seconds(run_key: bytes, tensors: list, repeats: int) -> dict:
         out = np.empty(sum(len(v) for v in views), dtype=np.uint8)
         start = 0
         for (nonce, data, header), piece in zip(pieces, sealed):
-            cipher.decrypt_into(nonce, piece, header, memoryview(out[start:start + len(data)]))
+            # numpy's stubs give ndarray __buffer__ on Python >= 3.12 only
+            cipher.decrypt_into(nonce, piece, header,
+                                memoryview(out[start:start + len(data)]))  # type: ignore[arg-type]
             start += len(data)
         figures["open_core_s"].append(time.process_time() - core)
         figures["open_wall_s"].append(time.perf_counter() - wall)
@@ -179,7 +183,8 @@ class RawClient:
     """This process's end of a RawServer link (blocking calls)."""
 
     def __init__(self, address: str, server_public: bytes | None = None):
-        self.sock = zmq.Context.instance().socket(zmq.PAIR)
+        context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()   # pyzmq types it Context[Never]
+        self.sock = context.socket(zmq.PAIR)
         if server_public is not None:   # CurveZMQ to the server's key, with a client pair of our own
             self.sock.curve_serverkey = server_public
             self.sock.curve_publickey, self.sock.curve_secretkey = zmq.curve_keypair()
@@ -259,7 +264,7 @@ def _link_specs(nodes, model) -> list[tuple]:
     every node is this machine's core 0): the echo takes a whole core of node 1 first, so that
     the receiver gets core 1 while the learner holds core 0 of node 0, one real core each, as
     on real nodes (with the echo at 0.25 cores, both ends of the sync were pinned to core 0)."""
-    from postrain.core.config import ActorSpec
+    from postrain.core import ActorSpec
     return [(ActorSpec(name="echo", cls="postrain.core.testing:EchoActor", cpus=1.0, memory_mb=64),
              nodes[1]),
             (ActorSpec(name="learner", cls="postrain.actors.learner:LearnerActor", cpus=1.0,
@@ -285,13 +290,15 @@ def measure_links(ray_cluster, nodes, sizes: dict, folder: Path) -> tuple[dict, 
     try:
         addresses = {spec.name: agents.start(spec, node.name)
                      for spec, node in _link_specs(nodes, sizes["model"])}
-        plain, _ = ray.get(server.serve.remote(curve=False), timeout=60)
-        curve = ray.get(server.serve.remote(curve=True), timeout=60)   # (address, its public key)
+        # ray's stubs type an actor handle's methods as the plain methods: .remote is made at run time.
+        # curve: (address, its public key)
+        plain, _ = ray.get(server.serve.remote(curve=False), timeout=60)  # type: ignore[attr-defined]
+        curve = ray.get(server.serve.remote(curve=True), timeout=60)   # type: ignore[attr-defined]
         raw = {"plain": plain, "curve": curve, "server": server}
         return anyio.run(_measure_links, keys, addresses, raw, sizes, backend="trio")
     finally:
         agents.stop()
-        ray.kill(server)
+        ray.kill(server)  # type: ignore[arg-type]  # ray's stubs: .remote() gives a handle, not a union
 
 
 async def _measure_links(keys, addresses: dict, raw_links: dict, sizes: dict):
@@ -303,9 +310,9 @@ async def _measure_links(keys, addresses: dict, raw_links: dict, sizes: dict):
     from postrain.core.identity import server_key_of
     from postrain.core.sealed import SealedSender
 
-    ours = {"rtts": [], "rates": [], "sync": []}
-    peer = {"rtts": [], "rates": [], "sync": []}
-    floor = {"rtts": [], "rates": [], "sync": []}
+    ours: dict[str, list[float]] = {"rtts": [], "rates": [], "sync": []}
+    peer: dict[str, list[float]] = {"rtts": [], "rates": [], "sync": []}
+    floor: dict[str, list[float]] = {"rtts": [], "rates": [], "sync": []}
     one_frame: list[float] = []
     sealed_floor: list[float] = []
     plain_sends: list[tuple[float, float]] = []
@@ -324,7 +331,8 @@ async def _measure_links(keys, addresses: dict, raw_links: dict, sizes: dict):
                        SEALED_KEY_CONTEXT)
         sealed_address, ack_address = ray.get(raw_links["server"].serve_sealed.remote(
             box, [t.numel() * t.element_size() for t in tensors]), timeout=60)
-        sealed, ack = SealedSender(sealed_key), zmq.Context.instance().socket(zmq.PAIR)
+        sealed = SealedSender(sealed_key)
+        ack: zmq.Socket = zmq.Context.instance().socket(zmq.PAIR)
         ack.connect(ack_address)
         try:
             await actor_round_trips(echo, 100)   # warm up

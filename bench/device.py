@@ -97,8 +97,9 @@ def _gpu_tests(results: dict) -> None:
                                str(tests)], capture_output=True, text=True,
                               timeout=TESTS_TIMEOUT_S)
         print(proc.stdout[-4000:], file=sys.stderr, flush=True)
-        suite = ElementTree.parse(report).getroot()
-        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+        root = ElementTree.parse(report).getroot()
+        suite = root if root.tag == "testsuite" else root.find("testsuite")
+        assert suite is not None, report  # pytest's junit report holds one <testsuite>
         total, failed = int(suite.get("tests", 0)), int(suite.get("failures", 0)) + int(suite.get("errors", 0))
         skipped = int(suite.get("skipped", 0))
         results.update(gpu_tests_passed=total - failed - skipped, gpu_tests_failed=failed,
@@ -151,7 +152,9 @@ def _engine(model_spec: str, quick: bool, results: dict, peer: dict) -> None:
     model, tokenizer = load_model(model_spec, device="cuda")
     with tempfile.TemporaryDirectory() as folder:
         save_checkpoint(model.cpu(), tokenizer, folder)
-        hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).cuda().eval()
+        # transformers wraps .cuda() with functools.wraps, whose stub type is no method: self reads as missing
+        hf = transformers.AutoModelForCausalLM.from_pretrained(  # type: ignore[call-arg]
+            folder, dtype=torch.float32).cuda().eval()
     model.cuda()
     new_tokens = 32 if quick else 128
     text = tokenizer.apply_chat_template([{"role": "user", "content": "Count from one to fifty in words."}])

@@ -30,6 +30,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 STALENESS_ARMS = (0, 1, 2)
 FULL = {"sft_steps": None, "num_steps": 10, "num_eval_tasks": 100, "repeats": 1}  # None: the default's
@@ -138,7 +139,7 @@ def run(quick: bool) -> dict:
 
     config = default_run_config()
     options = orchestrator_options(config)
-    sizes = QUICK if quick else FULL
+    sizes: dict[str, Any] = QUICK if quick else FULL   # FULL's sft_steps None: resolved just below
     sizes = {**sizes, "sft_steps": sizes["sft_steps"] or options["sft_steps"],
              "sft_batch_size": options["sft_batch_size"]}
     runs: dict[int, list[dict]] = {k: [] for k in STALENESS_ARMS}

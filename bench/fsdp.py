@@ -47,6 +47,7 @@ def _rank_main(rank: int, world: int, init_file: str, strategy: str, out: str, s
 
     from postrain.actors.learner.group import shard_batch
     from postrain.actors.learner.learner import Learner, LearnerConfig
+    from postrain.actors.records import TrainBatch
 
     torch.set_num_threads(1)
     if world > 1:
@@ -55,6 +56,7 @@ def _rank_main(rank: int, world: int, init_file: str, strategy: str, out: str, s
     learner = Learner(LearnerConfig(model=model, strategy=strategy, micro_batch_size=4, lr=1e-5))
     vocab = learner.model.config.vocab_size
     batch = shard_batch(_batch(16, 64, vocab), world)[rank]
+    assert isinstance(batch, TrainBatch)  # shard_batch keeps the record's type
     times = []
     for _ in range(steps + 1):
         if world > 1:

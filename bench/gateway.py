@@ -24,6 +24,7 @@ import difflib
 import json
 import statistics
 import time
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -32,6 +33,9 @@ from postrain.actors.models.loading import packaged_model_path
 from postrain.actors.records import (CLOSE_EPISODE, GATEWAY_ADDRESS, GENERATE, OPEN_EPISODE, CloseEpisode,
                                      GenerateRequest, OpenEpisode, SamplingParams)
 from postrain.core import ActorSpec, Supervisor
+
+if TYPE_CHECKING:
+    import trio
 
 NUM_CONCURRENT = 32
 TOOLS = [{"type": "function", "function": {
@@ -53,6 +57,7 @@ async def _serving(model: str, kv_cache_mb: float, body):
         for spec in _specs(model, kv_cache_mb):
             ref = await supervisor.start(spec)
             generator, gateway = (ref, gateway) if spec.name == "generator" else (generator, ref)
+        assert gateway is not None  # _specs holds the gateway
         address = await gateway.call(GATEWAY_ADDRESS)
         return await body(address, generator, gateway)
 
@@ -65,7 +70,8 @@ class _Client:
 
     def __init__(self, url: str):
         host, port = url.split("//", 1)[1].rsplit(":", 1)
-        self.host, self.port, self.stream, self.buffer = host, int(port), None, b""
+        self.host, self.port, self.buffer = host, int(port), b""
+        self.stream: trio.SocketStream | None = None   # connected on first use
 
     async def post(self, path: str, body: dict, key: str | None = None) -> dict:
         import trio
@@ -90,6 +96,7 @@ class _Client:
         return json.loads(payload)
 
     async def _receive(self) -> bytes:
+        assert self.stream is not None  # post() connected it
         chunk = await self.stream.receive_some(65536)
         if not chunk:
             raise ConnectionError("the gateway closed the connection")
@@ -122,7 +129,8 @@ async def _speed(address, generator, quick: bool) -> dict:
         await http.post("/v1/chat/completions", chat)
         ours.append((time.perf_counter() - began) * 1000)
     many = {**chat, "max_tokens": 16, "temperature": 1.0}
-    rates_ours, rates_theirs = [], []
+    rates_ours: list[float] = []
+    rates_theirs: list[float] = []
     for repeat in range(2 if quick else 5):
         async def direct_one(i):
             request = GenerateRequest(prompt_ids=ids, sampling=SamplingParams(max_new_tokens=16, seed=i))

@@ -120,7 +120,7 @@ def run(quick: bool) -> dict:
     scale = 0.2 if quick else 1.0
     ours, peer = _Runner(CompiledKVBlockPool, scale), _Runner(PythonKVBlockPool, scale * 0.1)
     repeats = 3 if quick else 15
-    samples = {id(r): {f: [] for f in FIGURES} for r in (ours, peer)}
+    samples: dict[int, dict[str, list[float]]] = {id(r): {f: [] for f in FIGURES} for r in (ours, peer)}
     # Ours and the peer alternate within each repeat, so load from other processes hits both.
     for repeat in range(repeats):
         for figure in FIGURES:

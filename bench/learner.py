@@ -55,6 +55,7 @@ import torch
 
 from postrain.actors.models.loading import packaged_model_path
 from postrain.actors.records import PUBLISH, PublishRequest, TrainBatch
+from postrain.core.record import Vector
 from postrain.bench.fsdp import fsdp_learner_rows
 from postrain.bench.moe import moe_learner_rows
 from postrain.bench.scaling import scaling_learner_rows
@@ -99,7 +100,8 @@ def group_batch(num_groups: int, group_size: int, prompt_len: int, turns: list[t
     """GRPO groups of random tokens: one prompt per group, then per sample its own `turns`, each
     (num_tokens, trained): policy turns are trained, tool outputs are not."""
     g = torch.Generator().manual_seed(seed)
-    ids, masks = [], []
+    ids: list[Vector] = []
+    masks: list[Vector] = []
     for _ in range(num_groups):
         prompt = torch.randint(vocab, (prompt_len,), generator=g)
         for _ in range(group_size):
@@ -121,7 +123,9 @@ def group_train_speedup(model, batches: dict[str, TrainBatch], repeats: int) -> 
 
     lrn = Learner(LearnerConfig(model=model, lr=1e-6, micro_batch_size=8))
     first = next(iter(batches.values()))
-    lrn.train_step(shard_batch(first, first.num_samples // 2)[0])        # its first two samples
+    warm_up = shard_batch(first, first.num_samples // 2)[0]              # its first two samples
+    assert isinstance(warm_up, TrainBatch)  # shard_batch keeps the record's type
+    lrn.train_step(warm_up)
     out = {}
     for name, batch in batches.items():
         wall: dict[bool, list[float]] = {True: [], False: []}

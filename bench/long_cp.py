@@ -31,7 +31,9 @@ PROMPT = 16
 
 
 def _status_kb(field: str) -> int:
-    return int(re.search(rf"{field}:\s+(\d+)", Path("/proc/self/status").read_text())[1])
+    match = re.search(rf"{field}:\s+(\d+)", Path("/proc/self/status").read_text())
+    assert match is not None, field  # Linux's /proc/self/status has every field read here
+    return int(match[1])
 
 
 def _reset_peak_kb() -> int:

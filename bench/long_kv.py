@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import inspect
 import time
+from collections.abc import Sequence
 
 import torch
 
-from postrain.actors.generator.engine import Engine
+from postrain.actors.generator.engine import Engine, RequestOutput
 from postrain.actors.generator.kv_dtype import KV_DTYPE_NAMES, kv_dtype_spec
 from postrain.actors.generator.kv_manager import KVManager
 from postrain.actors.generator.runner import ModelRunner
@@ -85,7 +86,7 @@ def sample_each_dtype(model, prompt: list[int]
     engines = {name: Engine(model, num_blocks=num_blocks, block_size_tokens=BLOCK_SIZE_TOKENS, kv_dtype=name,
                             prefill_chunk_tokens=CHUNK, max_num_batched_tokens=CHUNK + 64)
                for name in KV_DTYPE_NAMES}
-    done = {name: [] for name in engines}
+    done: dict[str, list[RequestOutput]] = {name: [] for name in engines}
     decode = {name: [0.0, 0] for name in engines}             # seconds, tokens
     for name, engine in engines.items():
         engine.add_request(prompt, SamplingParams(n=NUM_SAMPLES, temperature=1.0, seed=11, ignore_eos=True,
@@ -109,7 +110,7 @@ def sample_each_dtype(model, prompt: list[int]
     return out
 
 
-def kv_dtype_rows(quick: bool, lengths: tuple[int, ...] | None = None) -> tuple[dict, dict]:
+def kv_dtype_rows(quick: bool, lengths: Sequence[int] | None = None) -> tuple[dict, dict]:
     """(results, config) of the KV dtype figures; lengths: the prompt lengths (None: the defaults)."""
     gguf_path = None if quick else packaged_model_path("smollm2")
     model_name = gguf_path or ("tiny" if quick else "small")

@@ -49,7 +49,7 @@ def long_task_rows(quick: bool) -> tuple[dict, dict]:
     model, tokenizer = load_model(str(path))
     engine = Engine(model, tokenizer, kv_cache_mb=800, max_num_seqs=1, max_num_batched_tokens=8192,
                     prefill_chunk_tokens=1024)
-    params = SamplingParams(temperature=0.0, max_new_tokens=MAX_NEW_TOKENS, stop=list(STOP_STRINGS))
+    params = SamplingParams(temperature=0.0, max_new_tokens=MAX_NEW_TOKENS, stop=STOP_STRINGS)
 
     async def act(messages):
         prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True))

@@ -26,6 +26,7 @@ import os
 import statistics
 import tempfile
 import time
+from typing import cast
 
 import anyio
 import numpy as np
@@ -90,7 +91,7 @@ async def _trio_recv(sock: zmq.Socket) -> list:
     """One message, waiting on the socket's descriptor. Cancelled: nothing was received."""
     import trio
     while True:
-        if sock.get(zmq.EVENTS) & zmq.POLLIN:
+        if cast(int, sock.get(zmq.EVENTS)) & zmq.POLLIN:  # an int option
             return sock.recv_multipart(zmq.NOBLOCK, copy=False)
         await trio.lowlevel.wait_readable(sock.FD)
 
@@ -102,7 +103,8 @@ class _EchoPeer:
         address = f"ipc://{tempfile.gettempdir()}/postrain-bench-{name}-{os.getpid()}.sock"
         self.server = multiprocessing.get_context("spawn").Process(target=server, args=(address, cpu_ids))
         self.server.start()
-        self.sock = zmq.Context.instance().socket(zmq.PAIR)
+        context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()   # pyzmq types it Context[Never]
+        self.sock = context.socket(zmq.PAIR)
         self.sock.connect(address)
 
     def close(self) -> None:
@@ -160,7 +162,8 @@ class _RawPeer(_EchoPeer):
 
     def bulk_seconds(self, tensor: np.ndarray) -> float:
         start = time.perf_counter()
-        self.sock.send_multipart([b"bulk", memoryview(tensor)], copy=False)
+        # numpy's stubs give ndarray __buffer__ on Python >= 3.12 only
+        self.sock.send_multipart([b"bulk", memoryview(tensor)], copy=False)  # type: ignore[arg-type]
         self.sock.recv()
         return time.perf_counter() - start
 
@@ -202,8 +205,8 @@ async def _measure(num_calls: int, num_oneway: int, repeats: int) -> tuple[dict,
     (finally) and the echo actor stopped as the supervisor closes; no figures."""
     inventory = Inventory.detect()
     scheduler = Scheduler(Inventory(inventory.cpu_ids, inventory.memory_mb))
-    ours = {"rtts": [], "rates": [], "bulk": []}
-    peer = {"rtts": [], "rates": [], "bulk": []}
+    ours: dict[str, list[float]] = {"rtts": [], "rates": [], "bulk": []}
+    peer: dict[str, list[float]] = {"rtts": [], "rates": [], "bulk": []}
     floor_rtts: list[float] = []
     async with Supervisor.open(scheduler=scheduler) as supervisor:
         ref = await supervisor.start(ActorSpec(name="echo", cls="postrain.core.testing:EchoActor",

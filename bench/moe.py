@@ -25,13 +25,18 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-MOE_POLICY = dict(vocab_size=264, hidden_size=192, intermediate_size=512, num_layers=4, num_heads=6,
-                  num_kv_heads=2, head_dim=32, max_position_embeddings=1024, qk_norm=True,
-                  num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128, norm_topk_prob=True,
-                  architecture="qwen3_moe")
+if TYPE_CHECKING:
+    from postrain.core.record import Vector
+
+MOE_POLICY: dict[str, Any] = dict(
+    vocab_size=264, hidden_size=192, intermediate_size=512, num_layers=4, num_heads=6,
+    num_kv_heads=2, head_dim=32, max_position_embeddings=1024, qk_norm=True,
+    num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128, norm_topk_prob=True,
+    architecture="qwen3_moe")
 ROUTER_SCALE = 25.0        # router weights x this after init (std 0.5): peaked routing, as in trained MoEs
 
 
@@ -83,7 +88,12 @@ def _rollouts(learner, num_prompts: int, samples: int, new_tokens: int, weight_p
                     weight_precision=weight_precision)
     params = SamplingParams(n=samples, temperature=1.0, seed=0, max_new_tokens=new_tokens, ignore_eos=True)
     outs = engine.generate(chat_prompts(learner.tokenizer, num_prompts), params)
-    ids, masks, logps, versions, routed, rewards = [], [], [], [], [], []
+    ids: list[Vector] = []
+    masks: list[Vector] = []
+    logps: list[Vector] = []
+    versions: list[Vector | int] = []
+    routed: list[bytes | None] = []
+    rewards: list[float] = []
     for out in outs:
         prompt = out.prompt_token_ids
         for s in out.outputs:
@@ -162,12 +172,12 @@ def moe_generate_rows(quick: bool) -> dict[str, float]:
             spent[0] += time.perf_counter() - start
 
     Engine(model, tokenizer).generate(chat_prompts(tokenizer, 2), params)     # warm-up
-    SparseMoeBlock.forward = timed
+    SparseMoeBlock.forward = timed  # type: ignore[method-assign]  # timed for this measurement only
     try:
         start = time.perf_counter()
         Engine(model, tokenizer, max_num_seqs=max(64, batch)).generate(chat_prompts(tokenizer, batch), params)
         total = time.perf_counter() - start
     finally:
-        SparseMoeBlock.forward = original
+        SparseMoeBlock.forward = original  # type: ignore[method-assign]  # the timing patch undone
     return {f"moe_expert_time_share_b{batch}": round(spent[0] / total, 3),
             f"tok_per_s_qwen3_moe_engine_b{batch}": round(batch * new_tokens / total, 1)}

@@ -38,6 +38,7 @@ import os
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -137,7 +138,7 @@ def distribution_pvalue(top_p: float = 1.0, num_seeds: int = 6, samples_per_seed
                          num_kv_heads=1, max_position_embeddings=64)
     model = LlamaModel(config).init_weights(seed=5, std=0.6).eval()
     prompt = [1, 2, 3]
-    params = dict(temperature=1.0, top_p=top_p, max_new_tokens=4, ignore_eos=True)
+    params: dict[str, Any] = dict(temperature=1.0, top_p=top_p, max_new_tokens=4, ignore_eos=True)
     prefixes = [[a, b] for a in range(6) for b in range(6)]
     with torch.no_grad():
         first = _target(model(torch.tensor([prompt]))[0, -1], top_p)                      # (6,)

@@ -129,6 +129,7 @@ def decide(figures: Figures, memory: Memory, config) -> tuple[list[Decision], Me
         if decision is not None:
             decisions.append(decision)
             if decision.action == "grow":
+                assert decision.cpus is not None  # a grow or shrink carries its targets (_decide_pool)
                 free_cpus -= decision.cpus - pool.reserved_cpus
         pools[pool.name] = mem
     backpressure = dict(memory.backpressure)
@@ -253,6 +254,8 @@ class Balancer:
         Shrink: tell the actor, then free the cores. Cancelled while the actor resizes: not
         atomic; a grow's reservation is undone though the actor may still finish growing (its
         next heartbeat shows it), and a shrink keeps its cores reserved."""
+        # a grow or shrink carries its targets (_decide_pool)
+        assert decision.num_workers is not None and decision.cpus is not None, decision
         scheduler = self.supervisor.scheduler
         record = self.supervisor.records[decision.actor]
         before = scheduler.reserved_cpus(decision.actor)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -25,12 +26,15 @@ from postrain.core.supervisor import Supervisor
 
 from .config import UpConfig
 
+if TYPE_CHECKING:
+    from postrain.core.ray_nodes import RayCluster   # imports Ray: loaded only where a [cluster] asks
+
 
 @dataclass
 class ClusterLaunch:
     """A joined cluster, its nodes, and where each actor goes."""
 
-    cluster: object                  # postrain.core.ray_nodes.RayCluster
+    cluster: RayCluster
     nodes: list[NodeInventory]
     plan: list[NodePlacement]
 
@@ -46,6 +50,7 @@ def plan_on_cluster(config: UpConfig, path: Path) -> ClusterLaunch:
         from postrain.core import ray_nodes
     except ImportError as exc:
         raise PostrainError(f"a [cluster] section needs Ray ({exc}): pip install 'postrain[cluster]'") from None
+    assert config.cluster is not None  # called for a config with a [cluster] section (up.py)
     cluster = ray_nodes.connect(config.cluster)
     try:
         nodes = cluster.nodes()

@@ -46,6 +46,7 @@ import os
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -170,7 +171,8 @@ def run_defaults(folder: Path) -> dict:
     path = folder / "config.toml"
     config = load_up_config(path, import_dir=run_import_dir(folder))
     specs = sorted(config.actors, key=lambda spec: spec.name != config.run.driver)   # the driver first
-    options = next((validate_options(cls, spec.options) for spec in specs
+    # the options of the actor whose class has a `task` field: read by name, as that class declares them
+    options: Any = next((validate_options(cls, spec.options) for spec in specs
                     if "task" in options_class(cls := import_actor_class(spec.cls)).model_fields), None)
     if options is None:
         raise PostrainError(f"{path} names no task (no actor has a `task` option); give --model and --task")
@@ -183,7 +185,7 @@ def run_defaults(folder: Path) -> dict:
     if getattr(options, "num_eval_tasks", 0):
         run["num_tasks"] = options.num_eval_tasks
     sampling = getattr(options, "sampling", None)
-    if getattr(sampling, "max_new_tokens", None):
+    if sampling is not None and getattr(sampling, "max_new_tokens", None):
         run["max_tokens"] = sampling.max_new_tokens
     if hasattr(options, "max_environment_error_fraction"):
         run["max_error_fraction"] = options.max_environment_error_fraction
@@ -249,7 +251,7 @@ def engine_policy(model_spec: str, max_tokens: int):
 
     model, tokenizer = load_model(model_spec)
     engine = Engine(model, tokenizer)
-    params = SamplingParams(temperature=0.0, max_new_tokens=max_tokens, stop=list(STOP_STRINGS))
+    params = SamplingParams(temperature=0.0, max_new_tokens=max_tokens, stop=STOP_STRINGS)
 
     async def act(messages):
         """The model's greedy reply. Cancelled: the generate call runs on to its end in its thread."""

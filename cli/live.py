@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from rich import box
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -165,7 +165,8 @@ def render_frame(snapshot: RunSnapshot, now: float | None = None) -> Group:
     figures_row.add_row(_training_table(snapshot.figures), _queue_table(snapshot))
     last_line = Text(snapshot.last_line or "(no progress yet)", style="dim")
     phase = progress_text(snapshot.figures, now)
-    parts = [header, *([Text(phase, style="bold cyan")] if phase else []), last_line, figures_row]
+    parts: list[RenderableType] = [header, *([Text(phase, style="bold cyan")] if phase else []), last_line,
+                                   figures_row]
     return Group(*parts, _actors_table(snapshot.status))
 
 

@@ -44,6 +44,7 @@ from typing import Callable
 import anyio
 
 from postrain.core.cluster import AgentLostError, ClusterScheduler
+from postrain.core.actor_ref import ActorRef
 from postrain.core.config import ActorSpec
 from postrain.core.control import STATUS
 from postrain.core.errors import ActorDiedError, ActorError, PlacementError, PostrainError
@@ -126,6 +127,7 @@ class NodeWatch:
         self.emit = emit
         self.driver = config.run.driver
         self.interval_s = config.head.heartbeat_interval_s
+        assert config.cluster is not None  # a launch on nodes comes of the config's [cluster] section
         self.node_timeout_s = config.cluster.node_timeout_s
         self.specs = {spec.name: spec for spec in config.actors}
         self.groups = {name: group for group, names in config.replica_groups().items() for name in names}
@@ -140,7 +142,7 @@ class NodeWatch:
         self.num_node_losses = 0
         self.num_replacements = 0
         self.dropped: dict[str, tuple[str, str]] = {}   # actor gone for good -> (its last node, why)
-        self._refs = {}                      # node name -> ActorRef to its agent's supervisor
+        self._refs: dict[str, ActorRef] = {}   # node name -> ActorRef to its agent's supervisor
         self._metrics = MetricsWriter(folder, tensorboard=False, skip_rows_when_full=True)
         supervisor.remote_status = self.remote_status
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Sequence
 
 from postrain.core.text import counted
 
@@ -104,7 +105,7 @@ def number(value) -> str:
     return esc(value)
 
 
-def table(rows: list[tuple[str, object]]) -> str:
+def table(rows: Sequence[tuple[str, object]]) -> str:
     cells = "".join(f"<tr><th>{esc(k)}</th><td class=num>{number(v)}</td></tr>" for k, v in rows)
     return f"<table>{cells}</table>"
 

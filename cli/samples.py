@@ -54,7 +54,7 @@ def select_samples(rows: list[dict], step: int | None = None, all_steps: bool = 
     if not rows:
         raise SamplesError("no samples yet: a sample is written when its RL step is trained")
     if step is not None or not (all_steps or worst or best):
-        steps = sorted({row.get("step") for row in rows if isinstance(row.get("step"), int)})
+        steps = sorted({row["step"] for row in rows if isinstance(row.get("step"), int)})
         if step is None:
             step = steps[-1] if steps else None
         chosen = [row for row in rows if row.get("step") == step]

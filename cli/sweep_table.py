@@ -132,9 +132,9 @@ def plot_spread(table: list[dict], runs: list[dict], path: Path) -> Path | None:
     for i, name in enumerate(names):
         axes = figure.add_subplot(1, len(names), i + 1)
         for g, row in enumerate(table):
-            values = [figures_of(r).get(name) for r in runs if r.get("summary") is not None
-                      and json.dumps(r["overrides"], sort_keys=True) == keys[g]]
-            values = [v for v in values if v is not None]
+            found = [figures_of(r).get(name) for r in runs if r.get("summary") is not None
+                     and json.dumps(r["overrides"], sort_keys=True) == keys[g]]
+            values = [v for v in found if v is not None]
             axes.scatter([g] * len(values), values, s=14, alpha=0.7)
             if values:
                 axes.hlines(statistics.median(values), g - 0.3, g + 0.3, colors="black")

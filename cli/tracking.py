@@ -41,9 +41,13 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from postrain.actors.configs.run_config import TrackingSection
 from postrain.core.errors import PostrainError
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
 
 log = logging.getLogger("postrain.tracking")
 
@@ -205,7 +209,7 @@ class TensorBoardSamples:
 
     def __init__(self, folder: Path) -> None:
         self.log_dir = Path(folder) / "tensorboard"
-        self._writer = None
+        self._writer: SummaryWriter | None = None   # opened at the first table
         self.available = True
 
     def log_samples(self, columns: list[str], data: list[list], step: int) -> None:

@@ -119,7 +119,7 @@ def check_state(state: dict, block_size_tokens: int, enable_prefix_caching: bool
         if not enable_prefix_caching:
             _require(s["last_hash"] == 0 and s["partial_state"] == 0, "no hashes with caching off")
     _require(counts == ref, "ref_count[b] == number of tables holding b")
-    partial = {}
+    partial: dict[int, set[int]] = {}  # last (partial) block -> its fills
     for s in seqs:
         if s["num_tokens"] % B:
             key = s["block_table"][-1]

@@ -207,6 +207,7 @@ def compute_advantages_reference(components: Mapping[str, torch.Tensor],
     rewards = shape_rewards(components, weights, response_lengths=response_lengths, overlong=overlong)
     size = _uniform_size(group_size, rewards.numel())
     if size is None:
+        assert not isinstance(group_size, int)  # _uniform_size returns an int group_size itself
         if mode not in ADVANTAGE_MODES:
             raise RLOpsError(f"advantage mode must be one of {ADVANTAGE_MODES}, got {mode!r}")
         advantages, zero = ragged_group_advantages(rewards, group_size, mode, eps)

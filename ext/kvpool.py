@@ -39,6 +39,7 @@ if _choice == "compiled" and CompiledKVBlockPool is None:
     raise ImportError(f"POSTRAIN_KVPOOL=compiled but the extension is not built ({_import_error}); "
                       f"run `pip install -e .` in the repository")
 
+KVBlockPool: type[PythonKVBlockPool]  # the compiled class has the twin's API
 if _choice == "python" or CompiledKVBlockPool is None:
     KVBlockPool = PythonKVBlockPool
     IMPLEMENTATION = "python"

@@ -122,7 +122,7 @@ def row_weights(mask: torch.Tensor, mode: str, *, loss_norm_constant: float | No
         total = n_b.sum().clamp_min(1.0) if global_num_tokens is None else global_num_tokens
         return torch.ones_like(n_b) / total
     if mode == "seq-mean-token-sum-norm":
-        seqs = float(mask.shape[0]) if global_num_seqs is None else global_num_seqs
+        seqs: torch.Tensor | float = float(mask.shape[0]) if global_num_seqs is None else global_num_seqs
         const = float(mask.shape[1]) if loss_norm_constant is None else loss_norm_constant
         return torch.ones_like(n_b) / (seqs * const)
     seqs = nonempty.sum().clamp_min(1.0) if global_num_seqs is None else global_num_seqs

@@ -86,6 +86,8 @@ def mismatch_weights(old_logp: torch.Tensor, behavior_logp: torch.Tensor, mask: 
     if mode == "token-tis":
         w = torch.exp(d)
         return (w if cap is None else w.clamp(max=cap)), torch.zeros_like(d, dtype=torch.bool), none_b
+    # the modes past token-tis mask: check_stabiliser_fields made sure both bounds are set
+    assert low is not None and high is not None, (mode, low, high)
     if mode == "icepop":
         r = torch.exp(d)
         keep = (r >= low) & (r <= high)

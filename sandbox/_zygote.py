@@ -29,7 +29,8 @@ import time
 
 sys.path.extend(sys.argv[1:])  # site-packages, when the interpreter runs with -S (no site hooks)
 if not hasattr(builtins, "exit"):
-    builtins.exit = builtins.quit = sys.exit
+    # -S: no site.Quitter to assign; sys.exit stands in for both
+    builtins.exit = builtins.quit = sys.exit  # type: ignore[assignment]
 
 import msgpack  # noqa: E402
 

@@ -20,7 +20,8 @@ def code_sha256(code: str, stdin: bytes = b"", files: dict[str, bytes] | None = 
     digest = hashlib.sha256()
     for part in (code.encode(), bytes(stdin)):
         digest.update(len(part).to_bytes(8, "little") + part)
-    for name in sorted(files or {}):
+    files = files or {}
+    for name in sorted(files):
         data = files[name] if isinstance(files[name], bytes) else str(files[name]).encode()
         digest.update(len(name).to_bytes(8, "little") + name.encode())
         digest.update(len(data).to_bytes(8, "little") + data)

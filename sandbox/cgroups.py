@@ -49,8 +49,8 @@ def parse_mountinfo(text: str) -> tuple[dict[str, str], str | None]:
     v1: dict[str, str] = {}
     v2 = None
     for line in text.splitlines():
-        fields, sep, tail = line.partition(" - ")
-        fields, tail = fields.split(), tail.split()
+        head, sep, rest = line.partition(" - ")
+        fields, tail = head.split(), rest.split()
         if not sep or len(fields) < 5 or len(tail) < 3:
             continue
         mount_point, fstype, super_options = _unescape(fields[4]), tail[0], tail[2].split(",")

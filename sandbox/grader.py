@@ -36,6 +36,7 @@ import ast
 import dataclasses
 import json
 import operator
+from collections.abc import Sequence
 
 SNAPSHOT_FILE = "snapshot.tar"
 CHECK_FILE = "check.sh"
@@ -208,7 +209,7 @@ sys.stdout.write("\n" + json.dumps({"load_error": load_error, "results": report}
 
 
 def calls_request(solution: str, calls: list[str], *, call_timeout_s: float = 2.0,
-                  imports: list[str] = ()) -> tuple[str, dict[str, bytes]]:
+                  imports: Sequence[str] = ()) -> tuple[str, dict[str, bytes]]:
     """(code, files) that evaluate each call expression (`add(1, 2)`) against `solution` (module
     `solution`, its names and itself in scope, then the `imports` statements run) in the jail and
     report each value's repr; nothing expected goes in."""

@@ -37,7 +37,7 @@ import struct
 import tempfile
 import threading
 import time
-from typing import Callable
+from typing import Callable, cast
 
 from .policy import HOST_ROOT_UID, parse_destination
 
@@ -70,7 +70,8 @@ DEFAULT_OPTIONS = ProxyOptions()
 
 def resolve_host(host: str, port: int) -> list[str]:
     """Every address `host` resolves to (the host's resolver), in its order."""
-    return [info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)]
+    # an IPv4 or IPv6 sockaddr (the only families a host name resolves to) starts with the address string
+    return [cast(str, info[4][0]) for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)]
 
 
 class _Slots:
@@ -252,7 +253,11 @@ class NetworkProxy:
         if not self._track(client, upstream):
             self._give_slot()
             return
-        done = threading.Barrier(2, action=lambda: (self._untrack(client, upstream), self._give_slot()))
+        def release() -> None:  # once both pumps are done
+            self._untrack(client, upstream)
+            self._give_slot()
+
+        done = threading.Barrier(2, action=release)
         last_moved = [time.monotonic()]      # when a byte last moved, either way (both pumps write it)
         for src, dst in ((client, upstream), (upstream, client)):
             threading.Thread(target=_pump, args=(src, dst, done, last_moved, self.options.idle_timeout_s),

@@ -272,6 +272,7 @@ def _staged_read_only_mounts(argv: list[str]) -> list[str]:
     if None in tools:
         raise SandboxError("the sandbox needs util-linux's `unshare` and `mount` to stage its read-only "
                            "mounts; fix: install util-linux")
+    assert tools[0] is not None  # checked just above
     try:
         os.makedirs(STAGE_DIR, mode=0o755, exist_ok=True)
     except OSError as exc:

@@ -67,6 +67,8 @@ class ExecResult:
 
 
 def _signal_name(signum: int | None) -> str:
+    if signum is None:
+        return str(signum)
     try:
         return _signal.Signals(signum).name
     except (ValueError, TypeError):

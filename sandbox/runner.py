@@ -27,7 +27,7 @@ import subprocess
 import tempfile
 import time
 import weakref
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .audit import AuditLog
 from .policy import HOST_UID, Policy, PolicyError, SandboxError, nsjail_argv, python_flags, site_paths
@@ -35,6 +35,9 @@ from .result import NOT_STARTED, ExecResult, Status, classify
 from .session import AsyncSession, Session, SessionLimits, open_session
 from .session_jail import SessionPool
 from .warm import DEFAULT_PRELOAD, WarmPool
+
+if TYPE_CHECKING:
+    import trio
 
 LANGUAGES = ("python",)
 _PRELUDE = """\
@@ -107,8 +110,9 @@ def write_task_files(task_dir: str, files: dict[str, bytes]) -> None:
             if owner is not None:
                 os.fchown(f.fileno(), owner, owner)
             f.write(data)
-    for folder in made if owner is not None else ():
-        os.chown(folder, owner, owner)
+    if owner is not None:
+        for folder in made:
+            os.chown(folder, owner, owner)
 
 
 def run_cold(code: str, *, policy: Policy, stdin: bytes = b"", files: dict[str, bytes] | None = None,
@@ -160,8 +164,10 @@ def _run_jail(cmd: list[str], policy: Policy, stdin: bytes, log_path: str,
 def _pump(proc: subprocess.Popen, stdin: bytes, policy: Policy, t0: float, on_output=None):
     """Feed stdin, collect capped output, kill nsjail at the wall limit or on a flood."""
     cap = policy.max_output_bytes
-    out = {"stdout": bytearray(), "stderr": bytearray(), "stdout_truncated": False,
-           "stderr_truncated": False}
+    # _run_jail opens all three pipes
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    out: dict[str, Any] = {"stdout": bytearray(), "stderr": bytearray(), "stdout_truncated": False,
+                           "stderr_truncated": False}
     killed_for = None
     sel = selectors.DefaultSelector()
     names = {proc.stdout.fileno(): "stdout", proc.stderr.fileno(): "stderr"}
@@ -262,7 +268,8 @@ class Sandbox:
         self.audit = AuditLog(audit_log) if audit_log else None
         self._pool = (WarmPool(self.policy, num_workers, preload=preload)
                       if mode == "warm" and not self.policy.network_allow else None)
-        self._limiter = None
+        # (the trio run's token, its limiter of num_workers); built by `arun` in each trio run
+        self._limiter: tuple[trio.lowlevel.TrioToken, trio.CapacityLimiter] | None = None
         self._session_pool = SessionPool(self.policy, num_spare_sessions)
         self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()  # open ones; closed with us
 

@@ -195,6 +195,7 @@ class SessionPool:
                     self._lock.wait()
                 if self._closed:
                     return
+                assert shape is not None  # not closed: the loop above broke on a shape
                 self._starting[shape] = self._starting.get(shape, 0) + 1
             try:
                 jail = SessionJail(self.policy, shape)

@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import IO, Callable
 
 import msgpack
 
@@ -59,7 +59,7 @@ class JailedAgent:
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self._proc: subprocess.Popen | None = None
-        self._log = None
+        self._log: IO[bytes] | None = None
         self._memory_cgroup = False
 
     @property
@@ -98,6 +98,7 @@ class JailedAgent:
             return
         try:
             self._send({"kind": "exit"})
+            assert self._proc.stdin is not None  # start() opens it with stdin=PIPE
             self._proc.stdin.close()
             self._proc.wait(timeout=2)
         except (OSError, subprocess.TimeoutExpired):
@@ -115,6 +116,7 @@ class JailedAgent:
                     proc.kill()
             proc.wait()
             for pipe in (proc.stdin, proc.stdout):
+                assert pipe is not None  # start() opens both with PIPE
                 try:
                     pipe.close()
                 except OSError:
@@ -131,6 +133,8 @@ class JailedAgent:
 
     def _send(self, obj: dict) -> None:
         data = msgpack.packb(obj, use_bin_type=True)
+        # only called on a started agent (start(), which opens stdin with PIPE)
+        assert self._proc is not None and self._proc.stdin is not None
         self._proc.stdin.write(_HEADER.pack(len(data)) + data)
 
     def _recv(self, deadline: float) -> dict:
@@ -139,6 +143,8 @@ class JailedAgent:
         return msgpack.unpackb(self._read_exact(size, deadline), raw=False)
 
     def _read_exact(self, n: int, deadline: float) -> bytes:
+        # only called on a started agent (start(), which opens stdout with PIPE)
+        assert self._proc is not None and self._proc.stdout is not None
         fd = self._proc.stdout.fileno()
         chunks: list[bytes] = []
         poller = select.poll()  # no fd of its own to open and close per read, as an epoll has
@@ -204,6 +210,7 @@ class WarmWorker(JailedAgent):
                 reply = self._recv(t0 + policy.wall_time_s + REPLY_GRACE_S)
                 if reply.get("kind") != "output":
                     break
+                assert on_output is not None  # "output" frames come only with stream=True
                 on_output(reply["name"], reply["data"])
         except (OSError, TimeoutError, EOFError, ValueError) as exc:
             detail = self._log_tail()
