@@ -25,7 +25,7 @@ import importlib.resources
 import json
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -116,8 +116,9 @@ class TrackingSection(BaseModel):
 
 
 class UpConfig(RunConfig):
-    balancer: BalancerSection = Field(default_factory=BalancerSection)
-    tracking: TrackingSection = Field(default_factory=TrackingSection)
+    # type ignores: without pydantic's mypy plugin a field's positional Field(default) reads as required
+    balancer: BalancerSection = Field(default_factory=BalancerSection)  # type: ignore[arg-type]
+    tracking: TrackingSection = Field(default_factory=TrackingSection)  # type: ignore[arg-type]
 
 
 def load_up_config(path: str | Path, import_dir: str | Path | None = None) -> UpConfig:
@@ -125,13 +126,13 @@ def load_up_config(path: str | Path, import_dir: str | Path | None = None) -> Up
     `import_dir` (default: the config's own folder) goes on the import path first, so that the
     modules a config names (`task = "my_pkg.reverse:TASK"`) may sit beside it (add_import_dir)."""
     add_import_dir(Path(path).parent if import_dir is None else import_dir)
-    config = load_config(path, UpConfig)
+    config = cast(UpConfig, load_config(path, UpConfig))   # an instance of the schema it is given
     resolve_options(config)
     return config
 
 
 def parse_up_config(data: dict, source: str = "<config>") -> UpConfig:
     """`load_up_config` for a parsed TOML document."""
-    config = parse_config(data, source, UpConfig)
+    config = cast(UpConfig, parse_config(data, source, UpConfig))   # an instance of the schema it is given
     resolve_options(config)
     return config

@@ -252,6 +252,7 @@ class EnvironmentActor(Actor):
         sandbox = self.sandbox.for_episode(timeline) if self.sandbox else None
         env = self.task.make_env(sandbox=sandbox, options=self.task_options)
         if self.gateway is not None:
+            assert isinstance(env, AgentEnvironment), "only an AgentEnvironment task looks the gateway up"
             try:
                 return await agent_rollout(env, request.task, self.gateway, self.gateway_address, timeline,
                                            self.name)

@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, TypeVar, overload, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -242,11 +242,11 @@ class Environment:
     max_turns: int = 8            # actions per episode before `truncated()` ends it
     observation_role: str = "user"  # the chat role of step observations (user works everywhere)
     uses_sandbox: ClassVar[bool] = False   # True: it runs code; the environment actor needs a sandbox
-    tools: ClassVar[tuple[str, ...]] = ("python",)  # the tools its turns may call (actors/env/tools.py)
+    tools: tuple[str, ...] = ("python",)  # the tools its turns may call (env/tools.py); or per instance
     options_model: ClassVar[type[BaseModel] | None] = None  # its task options' model; None: AnyOptions
 
     def __init__(self, *, sandbox: SandboxHandle | None = None,
-                 generator: GeneratorHandle | None = None, options: dict | None = None) -> None:
+                 generator: GeneratorHandle | None = None, options: dict | BaseModel | None = None) -> None:
         self.sandbox = sandbox
         self.generator = generator
         self.options = check_options(self.options_model, options, type(self).__name__)
@@ -314,6 +314,13 @@ class AnyOptions(BaseModel):
         return (self.model_extra or {}).keys()
 
 
+OptionsT = TypeVar("OptionsT", bound=BaseModel)
+
+
+@overload
+def check_options(model: type[OptionsT], options: dict | BaseModel | None, owner: str) -> OptionsT: ...
+@overload
+def check_options(model: None, options: dict | BaseModel | None, owner: str) -> BaseModel: ...
 def check_options(model: type[BaseModel] | None, options: dict | BaseModel | None, owner: str) -> BaseModel:
     """The task options of `owner` validated by `model` (None: `AnyOptions`, unchecked): an
     instance of `model`, whose attributes the task reads. `options` is a dict (a config's

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, cast
 
 import trio
 
@@ -161,7 +161,7 @@ async def run_episode(env: Environment, task: dict, policy: EpisodePolicy | Acti
     if not isinstance(policy, EpisodePolicy):
         policy = TextPolicy(policy)
     if isinstance(context, dict):
-        context = ContextOptions.model_validate(context)
+        context = cast(ContextOptions, ContextOptions.model_validate(context))  # Options' base is Any to mypy
     messages = await checked_reset(env, task, timeout_s=step_timeout_s)
     num_first = len(messages)
     policy.begin(list(messages))

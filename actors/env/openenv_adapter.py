@@ -81,6 +81,7 @@ class LocalServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                assert self.process.stderr is not None, "started with stderr=PIPE"
                 error = self.process.stderr.read().decode(errors="replace").strip().splitlines()
                 raise EnvironmentFailure(f"the OpenEnv server {app!r} exited with {self.process.returncode}: "
                                          f"{error[-1] if error else 'no output'}; fix: check the app's import "
@@ -142,6 +143,7 @@ class OpenEnvEnvironment(Environment):
     """An OpenEnv environment server played turn by turn (the module docstring)."""
 
     options_model = OpenEnvOptions
+    options: OpenEnvOptions
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -166,7 +168,11 @@ class OpenEnvEnvironment(Environment):
 
     def _connect_and_reset(self, seed) -> dict:
         options = self.options
-        url = options.base_url or LocalServer.url_of(options.app, options.startup_timeout_s)
+        if options.base_url:
+            url = options.base_url
+        else:
+            assert options.app is not None, "OpenEnvOptions holds exactly one of app and base_url"
+            url = LocalServer.url_of(options.app, options.startup_timeout_s)
         self.client = Session(url)
         return self.client.exchange("reset", {"seed": seed} if seed is not None else {})
 

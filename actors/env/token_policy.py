@@ -81,10 +81,11 @@ class TokenPolicy(EpisodePolicy):
     def _extend(self, ids: list[int], logprobs: list[float] | None = None,
                 versions: list[int] | None = None) -> None:
         sampled = logprobs is not None
+        assert sampled == (versions is not None), "sampled tokens, and only they, carry their policy versions"
         self.token_ids += ids
         self.loss_mask += [int(sampled)] * len(ids)
-        self.behavior_logprobs += logprobs if sampled else [0.0] * len(ids)
-        self.policy_versions += versions if sampled else [-1] * len(ids)
+        self.behavior_logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        self.policy_versions += versions if versions is not None else [-1] * len(ids)
 
     def _render(self, messages: list[dict]) -> list[int]:
         tok = self.tokenizer

@@ -58,7 +58,7 @@ class UserError:
     traceback: str
 
 
-def user_error(exc: BaseException) -> UserError | None:
+def user_error(exc: BaseException | None) -> UserError | None:
     """The user's part of `exc`: the first exception of its cause chain that postrain did not raise
     (a failure raised `from` the user's error), when any of its frames is the user's; else None (a
     timeout, a contract error, postrain's own failure)."""

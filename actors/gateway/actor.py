@@ -178,14 +178,14 @@ class GatewayActor(Actor):
                 group.cancel_scope.cancel()
             return
         from hypercorn.config import Config
-        from hypercorn.trio import serve
+        from hypercorn.trio import serve as hypercorn_serve
         config = Config()
         config.bind = [f"fd://{self._socket.fileno()}"]
         config.accesslog = None
         config.keep_alive_timeout = self.options.http_limits.keep_alive_s
         config.h11_max_incomplete_size = self.options.http_limits.max_head_bytes
         config.graceful_timeout = 1.0   # at stop: connections in flight get 1 s, then the process ends
-        await serve(app, config, shutdown_trigger=self._stopped.wait)
+        await hypercorn_serve(app, config, shutdown_trigger=self._stopped.wait)
 
     async def teardown(self):
         """Stop accepting; requests in flight end with the process. Does not wait."""

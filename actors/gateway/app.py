@@ -70,8 +70,9 @@ def build_app(service: GatewayService, api_key: str | None = None) -> Starlette:
               Route("/v1/models", models, methods=["GET"]),
               Route("/health", health, methods=["GET"])]
     guard = [] if api_key is None else [Middleware(RequireApiKey, keys=ApiKeys(api_key, service.episodes))]
-    return Starlette(routes=routes, exception_handlers={APIError: api_error, Exception: server_error},
-                     middleware=guard)
+    # type ignore: starlette types every handler as taking Exception; it calls each with its own class
+    handlers = {APIError: api_error, Exception: server_error}
+    return Starlette(routes=routes, exception_handlers=handlers, middleware=guard)  # type: ignore[arg-type]
 
 
 async def _json(request: Request):

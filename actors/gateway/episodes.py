@@ -42,10 +42,11 @@ class Segment:
     def extend(self, ids: list[int], logprobs: list[float] | None = None, versions: list[int] | None = None):
         """Append rendered ids (no logprobs) or sampled ids (with their logprobs and versions)."""
         sampled = logprobs is not None
+        assert sampled == (versions is not None), "sampled ids, and only they, carry their policy versions"
         self.token_ids += ids
         self.loss_mask += [int(sampled)] * len(ids)
-        self.behavior_logprobs += list(logprobs) if sampled else [0.0] * len(ids)
-        self.policy_versions += list(versions) if sampled else [-1] * len(ids)
+        self.behavior_logprobs += list(logprobs) if logprobs is not None else [0.0] * len(ids)
+        self.policy_versions += list(versions) if versions is not None else [-1] * len(ids)
 
     def copy(self) -> "Segment":
         return Segment(list(self.token_ids), list(self.loss_mask), list(self.behavior_logprobs),
@@ -139,6 +140,7 @@ class EpisodeTokens:
     def _extend(self, messages: list[dict], tools: list[dict]) -> Segment | None:
         """The tip extended by the new turns of `messages`, or None when they do not continue it."""
         tip = self._tip
+        assert tip is not None, "prepare extends only a tip it has"
         num = len(tip.messages)
         if tools != tip.tools or len(messages) <= num + 1 or messages[num]["role"] != "assistant":
             return None

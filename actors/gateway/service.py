@@ -53,6 +53,7 @@ class GatewayService:
             ids = self.tokenizer.encode(render(self.tokenizer, call.messages, call.tools))
             reply = await self._generate(ids, call.sampling, "messages")
             return self._chat_answer(call, ids, reply)
+        assert key is not None, "episodes.get finds an episode by a key alone"
         lock = self._locks.setdefault(key, anyio.Lock())
         async with lock:
             start, began = time.time(), time.perf_counter()

@@ -23,6 +23,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
+from typing import cast
 
 FORMATS = ("hermes", "llama3")
 HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -120,4 +121,4 @@ def _parse_llama3(text: str) -> ParsedReply:
     calls = [_call(v.get("name"), v.get("parameters", v.get("arguments"))) for v in values]
     if any(c is None for c in calls):
         return ParsedReply(content=text)
-    return ParsedReply(content=None, tool_calls=calls)
+    return ParsedReply(content=None, tool_calls=cast(list[dict], calls))   # none is None (checked above)

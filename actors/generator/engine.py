@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
+from typing import cast
 
 import torch
 
@@ -110,7 +111,8 @@ class Engine:
         self.policy_version = policy_version
         self.weight_precision = weight_precision
         # Invariant: None, or float16 copies of the model's current weights (refreshed per step).
-        self._float16_weights = Float16Weights(model) if weight_precision == "float16" else None
+        self._float16_weights = (Float16Weights(cast(torch.nn.Module, model))   # a CausalLM is a Module
+                                 if weight_precision == "float16" else None)
         self.speculative = speculative
         self._proposer = self._make_proposer(speculative, proposer, seed)
         self._rng = torch.Generator().manual_seed(seed)
@@ -132,6 +134,7 @@ class Engine:
     def _draft_model_proposer(self, options: SpeculativeOptions, seed: int) -> DraftModelProposer:
         """An engine over `options.draft_model`, on the policy's device and dtype, drafting."""
         weight = next(self.model.parameters())
+        assert options.draft_model is not None, "method draft_model has its draft_model (SpeculativeOptions)"
         draft, _ = load_model(options.draft_model, dtype=weight.dtype, device=weight.device)
         if draft.config.vocab_size != self.config.vocab_size:
             raise EngineError(f"the draft model {options.draft_model!r} has a vocabulary of "
@@ -346,6 +349,7 @@ class Engine:
                             finished: list[RequestOutput]) -> None:
         """Keep each sequence's accepted drafts and one token more (`verify.verify_drafts`) and
         roll the rejected drafts' slots back. logits (B, T, V) from the decode forward."""
+        assert self.speculative is not None, "sequences have drafts only with speculative options"
         verdicts = verify_drafts(logits, seqs, self.speculative, self.counters)
         for seq, (tokens, logprobs, num_drafted) in zip(seqs, verdicts):
             for token, logprob in zip(tokens, logprobs):

@@ -155,7 +155,7 @@ class KVDtype:
               keys: bool = False) -> KVCache:
         """A zeroed cache of (num_blocks, block_size_tokens, Hkv, D); quantized keys are rotated."""
         codes = torch.zeros(shape, dtype=self.storage, device=device)
-        if not self.is_quantized:
+        if self.qmax is None:   # not is_quantized
             return codes
         scales = torch.zeros((*shape[:-1], num_groups(shape[-1])), dtype=_SCALE_DTYPE, device=device)
         rotation = orthogonal_rotation(shape[-1]).to(device) if keys else None

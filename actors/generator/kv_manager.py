@@ -19,9 +19,14 @@ with its scales: 3.76x float32's at head dim 64); the allocator only counts bloc
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from postrain.ext import KVBlockPool
+
+if TYPE_CHECKING:   # the pool's type: the compiled pool has its pure-Python twin's API
+    from postrain.ext.kvpool import PythonKVBlockPool
 
 from ..models.protocol import CausalLM
 from .kv_dtype import KVCache, KVDtype, copy_block, kv_dtype_spec
@@ -53,7 +58,7 @@ class KVManager:
     a checked twin).
     """
 
-    def __init__(self, pool: KVBlockPool, kv_caches: list[tuple[KVCache, KVCache]],
+    def __init__(self, pool: PythonKVBlockPool, kv_caches: list[tuple[KVCache, KVCache]],
                  kv_dtype: KVDtype | None = None):
         self.pool = pool
         self.kv_caches = kv_caches

@@ -13,6 +13,7 @@ scoring the position after the row's i-th input; prefills -> (B, V) at each prom
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable, cast
 
 import numpy as np
 import torch
@@ -63,7 +64,7 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         # MoE routing replay (R3): called with (row, experts (num_new_tokens, L, k) int64 numpy)
         # after each forward when set (the engine sets it for models with MoE layers)
-        self.routing_sink = None
+        self.routing_sink: Callable[[ScheduledSequence, Any], None] | None = None
 
     def run(self, plan: StepPlan, weights: Float16Weights | None = None) -> StepLogits:
         """The decode forward first, then the prefill forward (under the caller's inference mode)."""
@@ -79,8 +80,9 @@ class ModelRunner:
         keep="all": (B, T, V)."""
         input_ids, metadata = paged_inputs(rows, self.kv.block_size_tokens)
         if self.device.type != "cpu":
-            metadata = PagedMetadata(*(t.to(self.device) for t in (
-                metadata.positions, metadata.slot_mapping, metadata.block_tables, metadata.context_lens)),
+            metadata = PagedMetadata(
+                metadata.positions.to(self.device), metadata.slot_mapping.to(self.device),
+                metadata.block_tables.to(self.device), metadata.context_lens.to(self.device),
                 num_padding=metadata.num_padding)
         step = self.backend.bind(metadata, self.kv.kv_caches)
         keep_index = None
@@ -88,7 +90,7 @@ class ModelRunner:
             keep_index = torch.tensor([r.num_new_tokens - 1 for r in rows], device=self.device)
         if self.routing_sink is None:
             return self.model(input_ids.to(self.device), paged=step, logits_to_keep=keep_index, weights=weights)
-        with routing_trace(self.model, record=True) as trace:
+        with routing_trace(cast(torch.nn.Module, self.model), record=True) as trace:   # a CausalLM is a Module
             logits = self.model(input_ids.to(self.device), paged=step, logits_to_keep=keep_index, weights=weights)
         experts = trace.chosen_experts()                                       # (B*T, L, k)
         chosen = experts.view(len(rows), input_ids.shape[1], *experts.shape[1:]).cpu().numpy()

@@ -74,7 +74,8 @@ from ..records import (EXPORT_HF, GET_WEIGHTS, GROUP_STATE, JOIN_GROUP, LEARNER_
                        ExportedHf, ExportHf, GroupState, JoinGroup, LearnerStats, LoadCheckpoint,
                        PublishReport, PublishRequest, RankStep, SaveCheckpoint, SftBatch, StepMetrics,
                        TrainBatch, WeightSync)
-from ..weights import WEIGHT_SYNC_MODES, WEIGHT_TRANSPORTS, SyncPlanner, WeightPublisher, weight_transport
+from ..weights import (SyncPlanner, WeightPublisher, WeightSyncMode, WeightTransportChoice,
+                       weight_transport)
 from .context_parallel_step import check_ranks, rank_shards
 from .group import LearnerGroup
 
@@ -98,11 +99,11 @@ class LearnerOptions(Options):
                                     "(actors/learner/learner.py): optimizer, schedule, objective, KL, advantages")
     resume_from: str | None = Field(None, description="a checkpoint folder to start from (weights, "
                                     "optimizer, RNG); none: fresh weights")
-    weight_sync: Literal[WEIGHT_SYNC_MODES] = Field("auto", description="after a generator's first full "
+    weight_sync: WeightSyncMode = Field("auto", description="after a generator's first full "
                              "sync, send it only what changed ('delta': the LoRA adapters, or the changed "
                              "elements), or always the whole weights ('full'); 'auto': delta under LoRA, "
                              "else full (actors/weights/sync_plan.py)")
-    weight_transport: Literal[WEIGHT_TRANSPORTS] = Field("auto", description="how a publish reaches its "
+    weight_transport: WeightTransportChoice = Field("auto", description="how a publish reaches its "
                              "targets: 'message', one load_weights message each (its tensors through /dev/shm "
                              "on this host, inline to another node; patches as weight_sync allows); 'sealed', "
                              "the whole weights in chunks of at most the publish's chunk_mb MiB, sealed once "
@@ -144,7 +145,8 @@ class LearnerActor(Actor):
     keeps_freed_memory = True     # each step frees and reallocates (vocab x hidden) gradients
     needs_bulk_key = True         # seals the weights it publishes to other nodes (core/identity.py)
 
-    def _check_expected_version(self, request: Record) -> None:
+    def _check_expected_version(self, request: TrainBatch | SftBatch | SaveCheckpoint | ExportHf
+                                | PublishRequest) -> None:
         """PolicyVersionMismatch when `request` names an `expect_policy_version` (records/learner.py)
         and the learner is at another version."""
         expected = request.expect_policy_version
@@ -218,12 +220,16 @@ class LearnerActor(Actor):
         if kind is SFT:
             return learner.sft_step(request)
         if kind is SAVE_CHECKPOINT:
+            assert isinstance(request, SaveCheckpoint), request
             return learner.save_checkpoint(request.path, request.extra)
         if kind is PUBLISH:             # sharded: every rank gathers, rank 0 keeps (weights/sync_plan.py)
+            assert self.publisher is not None, "_build made the publisher (setup)"
             return self.publisher.planner.prepare(learner.base_weights(), learner.policy_version)
         if kind is EXPORT_HF:
+            assert isinstance(request, ExportHf), request
             return learner.export_hf(request.path)
         assert kind is LOAD_CHECKPOINT, kind
+        assert isinstance(request, LoadCheckpoint), request
         return learner.load_checkpoint(request.path)
 
     async def _step(self, kind: MessageKind, batch: TrainBatch | SftBatch) -> dict[str, float]:
@@ -256,6 +262,7 @@ class LearnerActor(Actor):
         Cancelled: the gather runs to its end on every rank."""
         if self._sharded_group():
             return await self._everywhere(PUBLISH, request)
+        assert self.publisher is not None, "_build made the publisher (setup)"
         return self.publisher.planner.prepare(self.learner.base_weights(), self.learner.policy_version)
 
     async def _everywhere(self, kind: MessageKind, body: SaveCheckpoint | LoadCheckpoint | PublishRequest | ExportHf):
@@ -356,12 +363,14 @@ class LearnerActor(Actor):
         await self._ready()
         self._check_expected_version(request)
         plan = await self._publish_plan(request)      # the whole weights, or patches (weights/sync_plan.py)
+        assert self.publisher is not None, "_build made the publisher (setup)"
         return await self.publisher.publish(plan, request)
 
     @handler(LEARNER_STATS)
     async def stats(self, body: None) -> LearnerStats:
         """Step, version, size, last publish. Waits only for a group to form (cancel-safe)."""
         await self._ready(leader_only=False)
+        assert self.publisher is not None, "_build made the publisher (setup)"
         return LearnerStats(step=self.learner.step, policy_version=self.learner.policy_version,
                             num_params=sum(p.numel() for p in self.learner.params),
                             last_publish=self.publisher.last_publish,

@@ -60,7 +60,6 @@ def pack_batch(batch: TrainBatch | SftBatch, *, advantages: torch.Tensor | None 
         raise LearnerError(f"a learner batch is a TrainBatch or an SftBatch (postrain.actors.records), got "
                            f"{type(batch).__name__}; build one, e.g. TrainBatch(token_ids=..., loss_mask=..., "
                            "behavior_logprobs=..., advantages=...)")
-    rl = isinstance(batch, TrainBatch)
     ids = [_as_1d(x, "token_ids", i, torch.int64) for i, x in enumerate(batch.token_ids)]
     num = len(ids)
     if num == 0:
@@ -81,12 +80,13 @@ def pack_batch(batch: TrainBatch | SftBatch, *, advantages: torch.Tensor | None 
     versions = torch.full((num, width), -1, dtype=torch.int64)
     for i, n in enumerate(lengths):
         input_ids[i, :n], attention[i, :n], loss_mask[i, :n] = ids[i], 1, masks[i]
-    if rl:
+    if isinstance(batch, TrainBatch):   # RL: behaviour logprobs and versions
         for i, lp in enumerate(_per_token(batch.behavior_logprobs, "behavior_logprobs", lengths, torch.float32)):
             behavior[i, :lengths[i]] = lp
         _fill_versions(batch.policy_versions, versions, lengths)
     if advantages is None:
-        advantages = _batch_advantages(batch.advantages, lengths, width) if rl else torch.zeros(num)
+        advantages = (_batch_advantages(batch.advantages, lengths, width) if isinstance(batch, TrainBatch)
+                      else torch.zeros(num))
     adv = advantages if advantages.dim() == 1 else advantages[:, 1:]
     return PackedBatch(input_ids, attention, loss_mask[:, 1:], behavior[:, 1:] * loss_mask[:, 1:],
                        versions[:, 1:], adv.to(torch.float32))

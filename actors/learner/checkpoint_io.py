@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -25,6 +25,10 @@ from .config import LearnerConfig
 from .counter import StepCounter
 from .lora import LearnerLora
 from .reference import KLReference
+
+if TYPE_CHECKING:
+    from ..models.llama import LlamaModel
+    from ..models.tokenizer import Tokenizer
 
 
 WHOLE_FORMAT = "postrain-learner-1"           # state.py
@@ -50,8 +54,8 @@ class CheckpointedLearner(Protocol):
 
     config: LearnerConfig
     device: torch.device
-    model: torch.nn.Module
-    tokenizer: object
+    model: LlamaModel
+    tokenizer: Tokenizer
     lora: LearnerLora
     kl: rl_ops.FixedKLController | rl_ops.AdaptiveKLController
     kl_reference: KLReference
@@ -66,4 +70,4 @@ class CheckpointedLearner(Protocol):
     def params(self) -> list[torch.nn.Parameter]: ...
 
     @property
-    def reference(self) -> torch.nn.Module | None: ...
+    def reference(self) -> LlamaModel | None: ...

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -91,7 +92,7 @@ class LearnerConfig:
     context_parallel: int = 1              # ranks per ring that split each sequence (context_parallel_step.py)
 
     def __post_init__(self) -> None:
-        self.betas = tuple(self.betas)
+        self.betas = cast(tuple[float, float], tuple(self.betas))   # a config brings a list (of two)
         apply_loss_preset(self)   # the preset's objective / KL fields, before the rules check them
         rules = [
             (self.objective in OBJECTIVES, f"objective must be one of {OBJECTIVES}, got {self.objective!r}"),

@@ -58,7 +58,7 @@ class ContextParallelError(PostrainError, ValueError):
 class Ring:
     """One rank's context-parallel ring: `size` ranks of `group`, this one at `rank`."""
 
-    group: object          # a torch.distributed process group (None = the default group)
+    group: dist.ProcessGroup | None   # a torch.distributed process group (None = the default group)
     size: int
     rank: int
     timeout_s: float = 300.0
@@ -213,6 +213,7 @@ class _Exchange:
     def wait(self) -> torch.Tensor:
         try:
             for work in self.works:
+                assert work is not None, "isend/irecv give None only to a rank outside the group"
                 work.wait(timedelta(seconds=self.ring.timeout_s))
         except RuntimeError as exc:
             raise self._broken(exc) from exc

@@ -26,19 +26,25 @@ Invariant: after any public call returns, every unit is resharded (a rank holds 
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING, Sequence, TypeGuard
 
 import torch
 from torch import nn
 
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
+
+    from ..models.llama import LlamaModel
+
 STRATEGIES = ("ddp", "fsdp")
 
 
-def layers_of(model: nn.Module) -> list[nn.Module]:
+def layers_of(model: LlamaModel) -> list[nn.Module]:
     """The decoder layers (one FSDP unit each)."""
     return list(model.model.layers)
 
 
-def checkpoint_layers(model: nn.Module) -> None:
+def checkpoint_layers(model: LlamaModel) -> None:
     """Activation checkpointing per decoder layer: each layer's `forward` and `forward_shared`
     keep only their inputs and recompute the layer in backward (non-reentrant, exact)."""
     from torch.utils.checkpoint import checkpoint
@@ -55,10 +61,12 @@ def device_mesh(process_group, device: torch.device):
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
 
-    return DeviceMesh.from_group(process_group or dist.group.WORLD, device.type)
+    group = process_group or dist.group.WORLD
+    assert group is not None, "torch.distributed is initialised (the learner's group joined)"
+    return DeviceMesh.from_group(group, device.type)
 
 
-def shard_policy(model: nn.Module, mesh, mixed_dtype: torch.dtype | None = None) -> nn.Module:
+def shard_policy(model: LlamaModel, mesh, mixed_dtype: torch.dtype | None = None) -> nn.Module:
     """Shard `model` in place over `mesh` (module docstring); returns it."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
@@ -83,7 +91,7 @@ def _sum_gradients(unit) -> None:
     unit.set_force_sum_reduction_for_comms(True)
 
 
-def is_sharded(model: nn.Module) -> bool:
+def is_sharded(model: nn.Module) -> TypeGuard[FSDPModule]:
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
@@ -128,7 +136,7 @@ def shard_like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     return distribute_tensor(value.to(param.device), param.device_mesh, param.placements)
 
 
-def grad_norm(params: list[torch.Tensor], max_norm: float | None) -> float:
+def grad_norm(params: Sequence[torch.Tensor], max_norm: float | None) -> float:
     """The global gradient norm over all ranks' shards, after clipping to max_norm (None: no clip)."""
     norm = torch.nn.utils.clip_grad_norm_(params, float("inf") if max_norm is None else max_norm)
     return float(full_tensor(norm))

@@ -175,6 +175,8 @@ class LearnerGroup:
         the Learner in it. Any failure ends the process (Actor.crash). Cancelled: the process
         is ending."""
         self.generation, self.state = uuid.uuid4().hex[:12], "joining"
+        assert self.rendezvous.address is not None and self.rendezvous.port is not None, \
+            "the head completes the rendezvous (address, port) before the ranks start"
         self.meeting_point = (_host_of(self.actor.address) or self.rendezvous.address, self.rendezvous.port)
         try:
             await self._gather_ranks()
@@ -202,6 +204,7 @@ class LearnerGroup:
         try:
             await anyio.to_thread.run_sync(self._initialise)
         except Exception as exc:
+            assert self.meeting_point is not None, "set when this rank started joining (lead or join)"
             address, port = self.meeting_point
             await self.actor.crash(f"rank {self.rank} could not join the group that rank 0 ({self.names[0]}, "
                                    f"{address}:{port}) leads: {_one_line(exc)}")
@@ -223,6 +226,8 @@ class LearnerGroup:
             for rank in sorted(missing):
                 try:
                     ref = await self._ref(self.names[rank])
+                    assert self.meeting_point is not None, "set when this rank started joining (lead or join)"
+                    assert self.generation is not None, "lead made the generation"
                     address, port = self.meeting_point
                     await ref.call(JOIN_GROUP, JoinGroup(generation=self.generation, address=address, port=port),
                                    timeout_s=PROBE_TIMEOUT_S)
@@ -242,6 +247,7 @@ class LearnerGroup:
         import torch.distributed as dist
 
         from .rendezvous_store import AuthenticatedStore
+        assert self.meeting_point is not None, "set when this rank started joining (lead or join)"
         address, port = self.meeting_point
         own_host = _host_of(self.actor.address) or address
         choose_interface(own_host)
@@ -284,6 +290,7 @@ class LearnerGroup:
             """Rank `rank`'s part. Cancelled: that rank's step runs on."""
             try:
                 ref = await self._ref(self.names[rank])
+                assert self.generation is not None, "run_step runs in a formed group (it has its generation)"
                 step = RankStep.of(self.generation, kind, bodies[rank])
                 await ref.call(RANK_STEP, step, timeout_s=STEP_ASK_TIMEOUT_S)
             except ActorError as exc:

@@ -43,6 +43,7 @@ proximal ones: no separate recompute pass. Policy versions: the learner's
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -66,6 +67,9 @@ from .routing import LearnerRouting
 from .sharded_state import ShardedCheckpointIO
 from .state import WholeCheckpointIO
 from .step import StepLoop, batch_advantages
+
+if TYPE_CHECKING:
+    from ..models.llama import LlamaModel
 
 __all__ = ["Learner", "LearnerConfig"]
 
@@ -130,7 +134,7 @@ class Learner:
         return self.optim.grad_bytes
 
     @property
-    def reference(self) -> torch.nn.Module | None:
+    def reference(self) -> LlamaModel | None:
         """The frozen KL reference model, or None."""
         return self.kl_reference.model
 
@@ -200,10 +204,10 @@ class Learner:
             for row, n in zip(logp, mb.attention_mask.sum(-1).tolist()):
                 rows.append(torch.cat([torch.zeros(1), row[:n - 1].float().cpu()]))
         fsdp.reshard(self.model)
-        out = [None] * len(rows)
+        out: list[torch.Tensor | None] = [None] * len(rows)
         for position, index in enumerate(order.tolist()):
             out[index] = rows[position]
-        return out
+        return cast(list[torch.Tensor], out)   # every slot filled: order is a permutation of the rows
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The policy's weights with Hugging Face names, on the CPU (no tied duplicate). Sharded: a

@@ -116,6 +116,7 @@ class LearnerLora:
         return bool(self.modules)
 
     def _hook(self, name: str):
+        assert self.config is not None, "hooks are registered only with a LoRA config"
         scale = self.config.scale
 
         def add_adapter(module, args, output):
@@ -159,6 +160,7 @@ class LearnerLora:
         tensors); `state` itself when inactive."""
         if not self.active:
             return state
+        assert self.config is not None, "adapted modules exist only with a LoRA config"
         out = dict(state)
         for name in self.modules:
             key = f"{name}.weight"
@@ -173,6 +175,7 @@ class LearnerLora:
         try:
             with torch.no_grad():
                 for name, m in self.modules.items():
+                    assert self.config is not None, "adapted modules exist only with a LoRA config"
                     m.weight.copy_(merge_lora(saved[name], self.lora_A[name], self.lora_B[name], self.config.scale))
             yield model
         finally:
@@ -182,7 +185,9 @@ class LearnerLora:
 
     def write_peft(self, folder: Path, base_model: str | dict | None) -> Path:
         """The adapters as a PEFT adapter folder written in place (write_peft_adapter)."""
-        pairs = {name: (self.lora_A[name], self.lora_B[name]) for name in self.modules}
+        assert self.config is not None, "write_peft is called while active (with a LoRA config)"
+        pairs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {
+            name: (self.lora_A[name], self.lora_B[name]) for name in self.modules}
         return write_peft_adapter(folder, self.config, pairs, base_model)
 
     def export_peft(self, folder: str | Path, base_model_name_or_path: str | None = None) -> Path:

@@ -74,12 +74,14 @@ class PackedBatch:
 
     def select(self, indices: torch.Tensor) -> "PackedBatch":
         """The samples at `indices` (B',) int64, in that order, at the same width."""
-        return PackedBatch(*(getattr(self, f)[indices] for f in (
-            "input_ids", "attention_mask", "loss_mask", "behavior_logp", "policy_versions", "advantages")),
+        return PackedBatch(
+            self.input_ids[indices], self.attention_mask[indices], self.loss_mask[indices],
+            self.behavior_logp[indices], self.policy_versions[indices], self.advantages[indices],
             routed_experts=None if self.routed_experts is None else self.routed_experts[indices])
 
     def to(self, device) -> "PackedBatch":
-        return PackedBatch(*(getattr(self, f).to(device) for f in (
-            "input_ids", "attention_mask", "loss_mask", "behavior_logp", "policy_versions", "advantages")),
+        return PackedBatch(
+            self.input_ids.to(device), self.attention_mask.to(device), self.loss_mask.to(device),
+            self.behavior_logp.to(device), self.policy_versions.to(device), self.advantages.to(device),
             shared=None if self.shared is None else self.shared.to(device),
             routed_experts=None if self.routed_experts is None else self.routed_experts.to(device))

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, TypeVar
+from typing import Any, Sequence, TypeVar
 
 import anyio
 
@@ -125,7 +125,7 @@ class LearnerKeeper:
 
     # -- the learner's work --------------------------------------------------------
 
-    async def step(self, batch: TrainBatch | SftBatch, sample_ids: list[str] = ()) -> StepMetrics:
+    async def step(self, batch: TrainBatch | SftBatch, sample_ids: Sequence[str] = ()) -> StepMetrics:
         """One `train` (a TrainBatch) or `sft` (an SftBatch) step, applied exactly once whatever
         dies meanwhile. Returns its metrics. Cancelled: the learner may have applied the step
         (its thread runs to the end) without the keeper counting it; the next call's version
@@ -354,7 +354,7 @@ class LearnerKeeper:
                                     f"{expected}: it restarted with other weights")
 
 
-def _step_kind(batch: TrainBatch | SftBatch) -> MessageKind:
+def _step_kind(batch: TrainBatch | SftBatch) -> MessageKind[Any, StepMetrics]:
     """The learner message that takes `batch`: TRAIN or SFT."""
     if isinstance(batch, TrainBatch):
         return TRAIN

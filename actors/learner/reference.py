@@ -9,21 +9,26 @@ that has not yet been taken (checkpoints keep the flag and the weights).
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ..models.loading import build_policy
 from .config import LearnerConfig
 
+if TYPE_CHECKING:
+    from ..models.llama import LlamaModel
+
 
 class KLReference:
     """The frozen KL reference and whether it has been taken."""
 
-    def __init__(self, model: torch.nn.Module | None, frozen: bool):
+    def __init__(self, model: LlamaModel | None, frozen: bool):
         self.model = model
         self.frozen = frozen
 
     @classmethod
-    def build(cls, config: LearnerConfig, policy: torch.nn.Module, device: torch.device,
+    def build(cls, config: LearnerConfig, policy: LlamaModel, device: torch.device,
               dtype: torch.dtype) -> "KLReference":
         spec = config.reference_model
         if spec is None:
@@ -39,6 +44,7 @@ class KLReference:
 
     def freeze_from(self, policy_weights: dict[str, torch.Tensor]) -> None:
         """The reference becomes `policy_weights` (the policy as it is now, LoRA merged), once."""
+        assert self.model is not None, "freeze_from takes a warm_start reference, which has its model (build)"
         with torch.no_grad():
             for name, tensor in self.model.state_dict().items():
                 tensor.copy_(policy_weights[name])

@@ -22,6 +22,7 @@ import json
 import math
 import struct
 from pathlib import Path
+from typing import IO, Any
 
 import torch
 
@@ -44,7 +45,8 @@ def nbytes(dtype: torch.dtype, shape) -> int:
 def plan_files(layout: Layout, max_shard_bytes: int) -> list[list[str]]:
     """The layout's names cut, in order, into files of at most max_shard_bytes each (a larger
     tensor alone); one file when all fit."""
-    files, size = [[]], 0
+    files: list[list[str]] = [[]]
+    size = 0
     for name, (dtype, shape) in layout.items():
         n = nbytes(dtype, shape)
         if files[-1] and size + n > max_shard_bytes:
@@ -64,7 +66,8 @@ def file_names(count: int) -> list[str]:
 
 def header_bytes(layout: Layout, names: list[str], metadata: dict[str, str] | None) -> bytes:
     """The length prefix and JSON header of a file holding `names` in order (padded to 8 bytes)."""
-    header, offset = {}, 0
+    header: dict[str, Any] = {}
+    offset = 0
     if metadata:
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     for name in names:
@@ -90,6 +93,7 @@ class StreamedSafetensors:
         self._order = [name for names in self.files for name in names]
         self._file_of = {name: i for i, names in enumerate(self.files) for name in names}
         self._next = 0              # index in _order of the next tensor expected
+        self._handle: IO[bytes] | None   # the open file of _open_index, if any
         self._open_index, self._handle = -1, None
         self.bytes_written = 0
 

@@ -90,7 +90,7 @@ def save_sharded_checkpoint(learner: CheckpointedLearner, folder: str | Path, ex
     tensors = _tensors(learner, for_load=False)
     state = _state_json(learner, json.loads(extra_text))
     if learner.comm.rank != 0:
-        where = [None]
+        where: list = [None]   # rank 0's temporary folder, by broadcast_object_list
         dist.broadcast_object_list(where, src=0, group=group)
         dcp.save(tensors, checkpoint_id=Path(where[0]) / "dcp", process_group=group, no_dist=False)
         dist.barrier(group=group)       # rank 0 has put the folder in place when any rank returns
@@ -111,7 +111,8 @@ def save_sharded_checkpoint(learner: CheckpointedLearner, folder: str | Path, ex
 def _state_json(learner: CheckpointedLearner, extra: dict) -> dict:
     state = learner.optimizer.state_dict()
     groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in state["param_groups"]]
-    np_state = np.random.get_state()
+    # type ignore: numpy's stub types get_state() as the dict; legacy=True (the default) gives a tuple
+    np_state: tuple = np.random.get_state()  # type: ignore[assignment]
     return {
         "format": FORMAT, "step": learner.counter.step, "policy_version": learner.counter.policy_version,
         "kl_coef": learner.kl.coef, "reference_frozen": learner.kl_reference.frozen,

@@ -61,8 +61,9 @@ def _weights(model) -> dict[str, torch.Tensor]:
 
 
 def _rng_tensors() -> dict[str, torch.Tensor]:
+    # type ignore: numpy's stub types get_state() as the dict; legacy=True (the default) gives a tuple
     out = {"rng.torch_cpu": torch.random.get_rng_state(),
-           "rng.numpy": torch.from_numpy(np.random.get_state()[1].astype(np.int64))}
+           "rng.numpy": torch.from_numpy(np.random.get_state()[1].astype(np.int64))}  # type: ignore[index]
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         for i, s in enumerate(torch.cuda.get_rng_state_all()):
             out[f"rng.cuda.{i}"] = s
@@ -97,7 +98,8 @@ class WholeCheckpointIO:
     def _write(self, folder: Path, extra: dict) -> None:
         learner = self.learner
         opt_tensors, groups = _optimizer_tensors(learner.optimizer)
-        np_state = np.random.get_state()
+        # type ignore: numpy's stub types get_state() as the dict; legacy=True (the default) gives a tuple
+        np_state: tuple = np.random.get_state()  # type: ignore[assignment]
         state = {
             "format": FORMAT, "step": learner.counter.step, "policy_version": learner.counter.policy_version,
             "kl_coef": learner.kl.coef, "reference_frozen": learner.kl_reference.frozen,

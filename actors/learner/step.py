@@ -16,6 +16,7 @@ reference) are handed to it by the Learner that owns them.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -32,6 +33,9 @@ from .packed import PackedBatch
 from .policy_forward import PolicyForward
 from .reference import KLReference
 from .routing import LearnerRouting, logprob_gap
+
+if TYPE_CHECKING:
+    from ..models.llama import LlamaModel
 
 # Metrics averaged over trained tokens (weighted by each micro-batch's num_tokens).
 _TOKEN_MEAN_METRICS = ("pg_loss", "kl", "entropy", "clip_frac_low", "clip_frac_high", "clip_frac_dual",
@@ -61,7 +65,7 @@ def batch_advantages(config: LearnerConfig, batch: TrainBatch) -> tuple[dict[str
 class StepLoop:
     """The train and SFT steps over the learner's parts (module docstring)."""
 
-    def __init__(self, config: LearnerConfig, model: torch.nn.Module, forward: PolicyForward, comm: Collectives,
+    def __init__(self, config: LearnerConfig, model: LlamaModel, forward: PolicyForward, comm: Collectives,
                  counter: StepCounter, optim: PolicyOptimizer, reference: KLReference,
                  kl: rl_ops.FixedKLController | rl_ops.AdaptiveKLController, routing: LearnerRouting,
                  lora: LearnerLora):

@@ -41,6 +41,7 @@ from .lora import ADAPTER_FOLDER, lora_config, write_peft_adapter
 from .safetensors_stream import DTYPE_NAMES, Layout, StreamedSafetensors
 
 if TYPE_CHECKING:
+    from ..models.llama import LlamaModel
     from .collectives import Collectives
     from .lora import LearnerLora
 
@@ -92,7 +93,7 @@ def write_model_files(folder: Path, config, tokenizer) -> None:
 # ----------------------------------------------------------------------------- a sharded learner
 
 
-def export_sharded(model: torch.nn.Module, lora: LearnerLora, tokenizer, policy_version: int, comm: Collectives,
+def export_sharded(model: LlamaModel, lora: LearnerLora, tokenizer, policy_version: int, comm: Collectives,
                    folder: str | Path, max_shard_bytes: int = MAX_SHARD_BYTES,
                    base_model: str | dict | None = None) -> Path:
     """Every rank of a sharded learner's group: the policy `model` (FSDP2 shards; `lora`'s
@@ -116,6 +117,7 @@ def export_sharded(model: torch.nn.Module, lora: LearnerLora, tokenizer, policy_
                 if keep:
                     adapted = name.removesuffix(".weight")
                     if name.endswith(".weight") and adapted in lora.modules:
+                        assert lora.config is not None, "adapted modules exist only with a LoRA config"
                         whole = merge_lora(whole, lora.lora_A[adapted], lora.lora_B[adapted], lora.config.scale)
                     out[name] = whole.to("cpu")    # a gathered tensor is this rank's own: no copy
                 del whole
@@ -166,6 +168,7 @@ def export_checkpoint(checkpoint: str | Path, folder: str | Path, max_shard_byte
         for name in group:
             adapter = adapters.get(name.removesuffix(".weight")) if name.endswith(".weight") else None
             if adapter is not None:
+                assert lora is not None, "adapters are read only with a LoRA config"
                 out[name] = merge_lora(out[name], *adapter, lora.scale)
         return _to_hf(cls, out)
 
@@ -219,11 +222,12 @@ class _DcpSource:
 
     def __init__(self, checkpoint: Path):
         from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
         self.dir = checkpoint / "dcp"
         self.saved = {key: (meta.properties.dtype, tuple(meta.size)) for key, meta in
                       FileSystemReader(str(self.dir)).read_metadata().state_dict_metadata.items()
-                      if hasattr(meta, "properties")}
+                      if isinstance(meta, TensorStorageMetadata)}   # bytes entries have no properties
         self.shapes = {key[len("model."):]: v for key, v in self.saved.items() if key.startswith("model.")}
 
     def read(self, names: list[str]) -> dict[str, torch.Tensor]:

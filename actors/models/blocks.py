@@ -240,8 +240,8 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(config.num_heads * d, h, bias=config.o_bias)
         self.qk_norm = config.qk_norm                  # Qwen3: RMSNorm over each head's q and k
         if config.qk_norm:
-            self.q_norm = RMSNorm(d, config.rms_norm_eps)
-            self.k_norm = RMSNorm(d, config.rms_norm_eps)
+            self.q_norm: nn.Module = RMSNorm(d, config.rms_norm_eps)   # Gemma: its own norm
+            self.k_norm: nn.Module = RMSNorm(d, config.rms_norm_eps)
 
     def forward(self, x, cos, sin, mask, paged: PagedAttention | None, layer_idx: int,
                 weights: Float16Weights | None = None):

@@ -74,7 +74,8 @@ class Gemma3Attention(Attention):
         self.qk_norm = True
         self.q_norm = GemmaRMSNorm(config.head_dim, config.rms_norm_eps)
         self.k_norm = GemmaRMSNorm(config.head_dim, config.rms_norm_eps)
-        self.scale = float(config.query_pre_attn_scalar) ** -0.5
+        if config.query_pre_attn_scalar is not None:   # None: the Llama scale, head_dim ** -0.5 (ModelConfig)
+            self.scale = float(config.query_pre_attn_scalar) ** -0.5
         self.softcap = None                    # config_fields_from_hf refuses attn_logit_softcapping
 
 
@@ -115,6 +116,8 @@ class Gemma3Model(LlamaModel):
     """A Gemma 3 causal LM: LlamaModel's paths (training, shared prefix, paged) over Gemma layers.
     Invariant: `inv_freq` rotates the global layers, `inv_freq_local` the sliding ones."""
 
+    inv_freq_local: torch.Tensor   # a buffer (register_buffer)
+
     def __init__(self, config: ModelConfig):
         nn.Module.__init__(self)
         self.config = config
@@ -145,7 +148,9 @@ class Gemma3Model(LlamaModel):
         for local, inv_freq in ((False, self.inv_freq), (True, self.inv_freq_local)):
             cos, sin = self.rotary(positions, dtype, inv_freq)
             tables[local] = (cos[:, :, None, :], sin[:, :, None, :])
-        return [tables[layer.self_attn.window is not None] for layer in self.model.layers]
+        # type ignore: a ModuleList's items are Modules to torch's stubs (their attributes dynamic)
+        return [tables[layer.self_attn.window is not None]  # type: ignore[union-attr]
+                for layer in self.model.layers]
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 paged: PagedAttention | None = None, logits_to_keep: torch.Tensor | None = None,

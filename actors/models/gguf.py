@@ -92,7 +92,7 @@ class GGUFFile:
 
         self.buffer = np.memmap(path, dtype=np.uint8, mode="r")
         data = self.buffer
-        raw = memoryview(data)
+        raw = memoryview(data)  # type: ignore[arg-type]  # numpy's stub has __buffer__ on 3.12+ only
         if bytes(raw[:4]) != b"GGUF":
             raise CheckpointError(f"{path} is not a GGUF file (no GGUF magic)")
         version, num_tensors, num_kv = struct.unpack_from("<IQQ", raw, 4)
@@ -402,7 +402,7 @@ def gguf_tokenizer(reader: GGUFFile, path) -> Tokenizer:
         raise CheckpointError(f"{path}: the GGUF file has no tokenizer (tokenizer.ggml.tokens)")
     try:
         tokenizer = Tokenizer.from_gguf_metadata(
-            tokens=field("tokenizer.ggml.tokens"),
+            tokens=reader.fields["tokenizer.ggml.tokens"],   # there (checked above)
             merges=field("tokenizer.ggml.merges", []),
             model=field("tokenizer.ggml.model"),
             bos_token_id=field("tokenizer.ggml.bos_token_id"),

@@ -42,6 +42,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
     if model_type == "qwen2" and hf.get("use_sliding_window"):   # its window on the upper layers
         raise CheckpointError(f"config.json field use_sliding_window=true is not supported for {model_type}; "
                               "set it to false (the released checkpoints do)")
+    rope: dict | None   # None: the default rope
     rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
     theta = rope.pop("rope_theta", None) or hf.get("rope_theta", 10000.0)
     if rope.get("rope_type", rope.get("type", "default")) == "default":

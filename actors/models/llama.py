@@ -26,6 +26,7 @@ Run `python -m postrain.actors.models.llama` to print the built-in configs' size
 from __future__ import annotations
 
 import dataclasses
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -67,13 +68,28 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
+class BackboneParts(Protocol):
+    """What LlamaModel reads of its `model`: a Backbone, or an architecture's own (gemma3.py)."""
+
+    @property
+    def embed_tokens(self) -> nn.Embedding: ...
+
+    @property
+    def layers(self) -> nn.ModuleList: ...
+
+    @property
+    def norm(self) -> nn.Module: ...
+
+
 class LlamaModel(nn.Module):
     """Causal LM: `forward` returns logits (B, T, vocab_size), float32 unless told otherwise."""
+
+    inv_freq: torch.Tensor   # a buffer (register_buffer): the rotary inverse frequencies
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.model = Backbone(config)
+        self.model: BackboneParts = Backbone(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -83,11 +99,13 @@ class LlamaModel(nn.Module):
     def empty(cls, config: ModelConfig) -> "LlamaModel":
         """A model with uninitialised weights (fast: for loading a checkpoint into)."""
         saved = nn.Linear.reset_parameters, nn.Embedding.reset_parameters
-        nn.Linear.reset_parameters = nn.Embedding.reset_parameters = lambda self: None
+        # type ignores: torch's init is patched out for the call (its methods, one shared no-op)
+        nn.Linear.reset_parameters = nn.Embedding.reset_parameters = (  # type: ignore[method-assign, assignment]
+            lambda self: None)
         try:
             return cls(config)
         finally:
-            nn.Linear.reset_parameters, nn.Embedding.reset_parameters = saved
+            nn.Linear.reset_parameters, nn.Embedding.reset_parameters = saved  # type: ignore[method-assign]
 
     def init_weights(self, seed: int = 0, std: float | None = None) -> "LlamaModel":
         """Random normal(0, std) weights (std: the config's initializer_range unless given), ones
@@ -127,11 +145,11 @@ class LlamaModel(nn.Module):
         the layer's sliding window on positions q_pos (B, T) and k_pos (B|1, L); built once per window."""
         groups = self.config.num_heads // self.config.num_kv_heads
         by_window: dict = {}
-        for layer in self.model.layers:
-            window = layer.self_attn.window
+        for layer in self.model.layers:   # type ignores: a ModuleList's items are Modules to torch's stubs
+            window: int | None = layer.self_attn.window  # type: ignore[union-attr, assignment]
             if window not in by_window:
                 by_window[window] = group_mask(window_mask(mask, q_pos, k_pos, window), groups)
-        return [by_window[layer.self_attn.window] for layer in self.model.layers]
+        return [by_window[layer.self_attn.window] for layer in self.model.layers]  # type: ignore[union-attr]
 
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                       paged: PagedAttention | None = None,
@@ -142,7 +160,7 @@ class LlamaModel(nn.Module):
         x = self.embed(input_ids)                                             # (B, T, H)
         if paged is not None:
             positions = paged.positions                                       # the backend masks
-            masks = [None] * self.config.num_layers
+            masks: list[torch.Tensor] | list[None] = [None] * self.config.num_layers
         else:
             positions, mask = self._training_positions_and_mask(input_ids, attention_mask)
             masks = self.layer_masks(mask, positions, positions)              # (B|1, 1, G*T, T) each
@@ -173,7 +191,8 @@ class LlamaModel(nn.Module):
         keys_s = torch.cat([pos_p.index_select(0, batch.group_of), pos_s], dim=1)   # (B, P + S)
         masks_s = self.layer_masks(batch.suffix_attention_mask(), pos_s, keys_s)  # (B, 1, Gq*S, P + S)
         for idx, layer in enumerate(self.model.layers):
-            x = layer.forward_shared(x, *rotary[idx], masks_p[idx], masks_s[idx], batch)
+            # type ignore: a ModuleList's items are Modules to torch's stubs (their methods dynamic)
+            x = layer.forward_shared(x, *rotary[idx], masks_p[idx], masks_s[idx], batch)  # type: ignore[operator]
         return self.model.norm(x)[0]
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,

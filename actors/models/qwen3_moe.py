@@ -17,6 +17,7 @@ the loss on). Refused: use_sliding_window = true.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import torch
 
@@ -42,7 +43,7 @@ class Qwen3MoeModel(Qwen3Model):
     @staticmethod
     def config_fields_from_hf(hf: dict) -> dict:
         fields = Qwen3Model.config_fields_from_hf(hf)
-        num_experts = hf.get("num_experts", hf.get("num_local_experts"))
+        num_experts: Any = hf.get("num_experts", hf.get("num_local_experts"))   # None: int() raises below
         try:
             fields.update(
                 num_experts=int(num_experts), num_experts_per_tok=int(hf["num_experts_per_tok"]),
@@ -68,6 +69,7 @@ class Qwen3MoeModel(Qwen3Model):
     @staticmethod
     def state_from_hf(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
         """Per-expert tensors stacked into gate_up_proj / down_proj (stacked ones pass as they are)."""
+        experts: dict[str, dict[tuple[int, str], torch.Tensor]]   # prefix -> (expert, projection) -> tensor
         out, experts = {}, {}
         for name, tensor in state.items():
             match = _PER_EXPERT.match(name)

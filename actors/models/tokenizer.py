@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers
@@ -108,8 +109,8 @@ class Tokenizer:
         self.named_templates = {}
         return self
 
-    def token(self, token_id: int | None) -> str:
-        """The text of a token id ("" for None)."""
+    def token(self, token_id: int | None) -> str | None:
+        """The text of a token id ("" for None; None for an id the vocabulary lacks)."""
         return self.hf.id_to_token(token_id) if token_id is not None else ""
 
     def save(self, folder: str | Path) -> None:
@@ -168,7 +169,7 @@ class Tokenizer:
                    bool(cfg.get("add_bos_token", False)), templates, source=str(folder))
 
     @classmethod
-    def from_gguf_metadata(cls, tokens: list[str], merges: list[str], model: str,
+    def from_gguf_metadata(cls, tokens: list[str], merges: list[str], model: str | None,
                            bos_token_id: int | None, eos_token_id: int | None,
                            pad_token_id: int | None, chat_template: str | None,
                            add_bos_token: bool | None, token_types: list[int] | None = None,
@@ -182,7 +183,7 @@ class Tokenizer:
         are stop ids too."""
         if model == "gpt2":
             vocab = {token: idx for idx, token in enumerate(tokens)}
-            pairs = [tuple(m.split(" ", 1)) for m in merges]
+            pairs = cast(list[tuple[str, str]], [tuple(m.split(" ", 1)) for m in merges])   # merges are "a b"
             hf = HFTokenizer(models.BPE(vocab, pairs, fuse_unk=False, byte_fallback=False))
             hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
             hf.decoder = decoders.ByteLevel()
@@ -229,7 +230,7 @@ def sentencepiece_bpe(tokens: list[str], scores: list[float], merges: list[str],
         tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in tokens]
         scores = [-float(i) for i in range(len(tokens))]
     vocab = {token: idx for idx, token in enumerate(tokens)}
-    pairs = ([tuple(m.split(" ", 1)) for m in merges] if merges
+    pairs = (cast(list[tuple[str, str]], [tuple(m.split(" ", 1)) for m in merges]) if merges  # "a b" each
              else _merges_from_scores(vocab, dict(zip(tokens, scores))))
     unk = "<unk>" if gemma and "<unk>" in vocab else None
     hf = HFTokenizer(models.BPE(vocab, pairs, unk_token=unk, fuse_unk=True, byte_fallback=True))

@@ -92,7 +92,7 @@ class OrchestratorActor(Actor):
         """The run's items (module docstring). The run goes on in its own task (a stream handler
         must not yield from inside a task group); this handler relays what it reports.
         Cancelled: the relay ends; the run's task goes on until it finishes or fails."""
-        send, receive = anyio.create_memory_object_stream(math.inf)
+        send, receive = anyio.create_memory_object_stream[RunUpdate | Exception](math.inf)
         self.node.spawn(self._run_to_channel, Path(request.run_folder), request.resume, send)
         async with receive:
             async for item in receive:

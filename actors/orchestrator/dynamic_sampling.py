@@ -60,7 +60,8 @@ class BatchRules:
         dynamic sampling. Dropped samples are "dropped" in the ledger with the reason."""
         if not self.dynamic_sampling:
             return groups, 0
-        kept, num_zero = [], 0
+        kept: list[list[ScoredSample]] = []
+        num_zero = 0
         for group in groups:
             rewards = [self.reward(s) for s in group]
             reason = (ZERO_VARIANCE if max(rewards) == min(rewards)

@@ -98,8 +98,8 @@ class SampleLedger:
     def in_flight(self) -> list[str]:
         return [sid for sid, state in self._state.items() if state in IN_FLIGHT]
 
-    def counts(self) -> dict[str, int]:
-        """created (ever), in_flight, trained, dropped, and drop reasons."""
+    def counts(self) -> dict[str, Any]:
+        """created (ever), in_flight, trained, dropped (ints), and drop reasons (reason -> count)."""
         in_flight = sum(self._counts[s] for s in IN_FLIGHT)
         return {"created": len(self._state), "in_flight": in_flight, "trained": self._counts["trained"],
                 "dropped": self._counts["dropped"], "drop_reasons": dict(self.drop_reasons)}

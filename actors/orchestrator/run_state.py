@@ -39,6 +39,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Iterator
 
 from postrain.core.errors import PostrainError
 from postrain.core.jsonl import repair_torn_tail
@@ -64,7 +65,7 @@ class PromptSchedule:
     def __init__(self, task_spec, seed: int, options: dict, prompts_per_step: int):
         self.task_spec, self.seed, self.options = task_spec, seed, options
         self.prompts_per_step = prompts_per_step
-        self._stream = None
+        self._stream: Iterator[dict] | None = None
         self._position = 0   # index of the next item self._stream yields
 
     def prompts(self, batch: int) -> list[dict]:

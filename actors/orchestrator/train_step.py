@@ -27,7 +27,7 @@ from __future__ import annotations
 import statistics
 from typing import Callable
 
-from ..records import PublishReport, TrainBatch
+from ..records import PublishReport, RolloutSegment, TrainBatch
 from .dynamic_sampling import BatchRules
 from .health import HealthWatch, report_warnings
 from .learning_signal import LearningSignalWatch, num_zero_variance_groups
@@ -57,7 +57,7 @@ def surviving_groups(groups: list[list[ScoredSample | None]], ledger) -> list[li
     return kept
 
 
-def train_rows(groups: list[list[ScoredSample]]) -> list[tuple[int, ScoredSample, str, object]]:
+def train_rows(groups: list[list[ScoredSample]]) -> list[tuple[int, ScoredSample, str, RolloutSegment]]:
     """(group index, sample, ledger id, segment) of each row of the batch: each group's samples
     contiguous, each sample's segments oldest first (module docstring)."""
     return [(g, s, sid, segment) for g, group in enumerate(groups) for s in group

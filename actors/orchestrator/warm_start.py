@@ -75,7 +75,8 @@ def chat_to_tokens(tokenizer, messages: list[dict]) -> tuple[list[int], list[int
     """Token ids of a rendered conversation and a mask that is 1 on assistant turns' tokens
     (their content and the template's end-of-turn), for supervised training; a token that
     touches one of an assistant message's `no_loss_spans` gets 0."""
-    ids, mask = [], []
+    ids: list[int] = []
+    mask: list[int] = []
     rendered = ""
     for i, message in enumerate(messages):
         if message["role"] == "assistant":

@@ -83,7 +83,8 @@ class UnknownSession(PostrainError, KeyError):
 
 
 def _policy(fields: dict[str, Any]) -> Policy:
-    return Policy(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+    converted: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
+    return Policy(**converted)
 
 
 @dataclasses.dataclass
@@ -188,7 +189,8 @@ class SandboxActor(Actor):
         the run goes on in the node's task group until it ends within its limits; its chunks
         are dropped."""
         kwargs = self._run_kwargs(request, msg.sender)
-        send, receive = anyio.create_memory_object_stream(max_buffer_size=math.inf)
+        send, receive = anyio.create_memory_object_stream[ExecStreamItem | Exception](
+            max_buffer_size=math.inf)
 
         def on_output(name: str, data: bytes) -> None:  # in the worker thread
             try:
@@ -202,7 +204,7 @@ class SandboxActor(Actor):
             async with send:
                 try:
                     result = await self._in_worker(self.sandbox.run, on_output=on_output, **kwargs)
-                    item = ExecStreamItem("result", result=ExecReply.of(result))
+                    item: ExecStreamItem | Exception = ExecStreamItem("result", result=ExecReply.of(result))
                 except Exception as exc:  # noqa: BLE001 - handed to the stream's reader
                     item = exc
                 try:

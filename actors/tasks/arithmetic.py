@@ -144,7 +144,8 @@ def eval_tasks(options: dict | ArithmeticOptions | None = None) -> list[dict]:
     config = arithmetic_options(options)
     num = config.num_eval
     rng = random.Random(f"arithmetic-eval-{EVAL_SEED}")
-    out, seen = [], set()
+    out: list[dict] = []
+    seen: set[str] = set()
     for _ in range(200_000):
         problem = make_problem(rng, config)
         if in_eval_split(problem["expression"]) and problem["expression"] not in seen:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import random
 import re
-from typing import Iterator, Literal
+from typing import Any, Iterator, Literal
 
 import trio
 from pydantic import Field
@@ -131,7 +131,7 @@ class LongContextEnv(Environment):
     uses_sandbox = True
     options_model = LongContextOptions
     options: LongContextOptions
-    tools = ()
+    tools: tuple[str, ...] = ()
 
     @classmethod
     def needs_sandbox(cls, options: LongContextOptions) -> bool:
@@ -142,7 +142,7 @@ class LongContextEnv(Environment):
         super().__init__(**kwargs)
         self.max_turns = self.options.max_turns or DEFAULT_TURNS.get(self.options.form, self.options.num_files + 2)
         self.tools = ("bash",) if self.options.form == "shell" else ()
-        self.session = None
+        self.session: Any = None   # the shell form's sandbox session (duck-typed); reset opens it
         self._exit_stack = contextlib.AsyncExitStack()
 
     async def reset(self, task: dict) -> str:

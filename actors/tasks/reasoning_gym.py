@@ -35,7 +35,7 @@ import functools
 import itertools
 import json
 import random
-from typing import Any, Iterator
+from typing import Any, Iterator, cast
 
 from pydantic import Field, create_model, field_validator, model_validator
 
@@ -237,15 +237,16 @@ _KNOBS = ("num_eval", "eval_seed", "system_prompt", "score_timeout_s", "partial_
 @functools.cache
 def family_options_model(family: str) -> type[Options]:
     """The task options of `reasoning_gym:FAMILY`: the generator's options and the mixture's knobs."""
-    fields = {name: (Any, None) for name in generator_fields(family)}
-    knobs = {name: (info.annotation, info) for name, info in MixtureOptions.model_fields.items()
-             if name in _KNOBS}
+    fields: dict[str, Any] = {name: (Any, None) for name in generator_fields(family)}
+    knobs: dict[str, Any] = {name: (info.annotation, info)
+                             for name, info in MixtureOptions.model_fields.items() if name in _KNOBS}
 
     def check(self):
         check_config(family, {k: getattr(self, k) for k in self.model_fields_set if k not in _KNOBS})
         return self
+    # type ignore: pydantic's stub takes plain callables as validators, its code decorated ones too
     return create_model(f"ReasoningGym_{family}_Options", __base__=Options, **fields, **knobs,
-                        __validators__={"_config": model_validator(mode="after")(check)})
+                        __validators__={"_config": model_validator(mode="after")(check)})  # type: ignore[dict-item]
 
 
 def _as_mixture(family: str, options: Options) -> MixtureOptions:
@@ -264,8 +265,9 @@ def family_task(family: str):
         check_family(family)
     except TaskOptionsError as exc:
         raise TaskError(str(exc)) from None
-    env_class = type(f"ReasoningGymEnv_{family}", (ReasoningGymEnv,),
-                     {"options_model": family_options_model(family), "__module__": __name__})
+    env_class = cast(type[ReasoningGymEnv], type(  # a subclass made at run time
+        f"ReasoningGymEnv_{family}", (ReasoningGymEnv,),
+        {"options_model": family_options_model(family), "__module__": __name__}))
     return TaskSpec(PREFIX + family, env_class,
                     train=lambda seed, options: mixture_train_tasks(seed, _as_mixture(family, options)),
                     eval=lambda options: mixture_eval_tasks(_as_mixture(family, options)),

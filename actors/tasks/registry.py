@@ -17,7 +17,7 @@ None (all defaults) or an already checked options instance, checks them with `op
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from pydantic import BaseModel
 
@@ -40,9 +40,9 @@ class TaskSpec:
     `options` first and passes the functions the validated model instance."""
 
     name: str
-    env_class: type
-    train: Callable[[int, BaseModel], Iterator[dict]]
-    eval: Callable[[BaseModel], list[dict]]
+    env_class: type[Environment]
+    train: Callable[[int, Any], Iterator[dict]]   # (seed, an instance of options_model)
+    eval: Callable[[Any], list[dict]]             # (an instance of options_model)
     demos: Callable[..., list[dict]] | None = None
     description: str = ""
     options_model: type[BaseModel] | None = None
@@ -90,7 +90,7 @@ class TaskSpec:
         return self.env_class(sandbox=sandbox, generator=generator, options=self.check_options(options))
 
     @classmethod
-    def from_environment(cls, env_class: type, name: str) -> "TaskSpec":
+    def from_environment(cls, env_class: type[Environment], name: str) -> "TaskSpec":
         """The task of an Environment subclass named alone (`task = "pkg.mod:EnvClass"`): its
         classmethods `train_tasks(seed, options)` and `eval_tasks(options)` (and
         `demonstrations(num, seed, options)`) where it defines them. An environment actor needs

@@ -211,7 +211,8 @@ async def _started_run(sandbox, code: str, files: dict[str, bytes], num_tries: i
                         "sample is dropped, not scored 0")
 
 
-_BUILTINS = {"exact": exact, "last_integer": last_integer_match, "math": math_match, "code_tests": _code_tests}
+_BUILTINS: dict[str, Callable[..., Any]] = {"exact": exact, "last_integer": last_integer_match,
+                                             "math": math_match, "code_tests": _code_tests}
 
 
 def load_reward(spec: str) -> RewardFunction:

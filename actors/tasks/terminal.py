@@ -25,7 +25,7 @@ import contextlib
 import hashlib
 import itertools
 import random
-from typing import Iterator
+from typing import Any, Iterator
 
 import trio
 from pydantic import Field, field_validator
@@ -179,7 +179,7 @@ class TerminalEnv(Environment):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.session = None
+        self.session: Any = None   # the sandbox session (duck-typed); reset opens it
         self._exit_stack = contextlib.AsyncExitStack()
 
     async def reset(self, task: dict) -> list[dict]:

@@ -5,6 +5,7 @@ pattern, JSON and CSV transforms. Each `make_*(index)` builds one seeded instanc
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from .terminal_build import NAMES, WORDS, Step, listing, make_task, python_check, rng_for, sha256
 
@@ -190,7 +191,7 @@ for path, digest in want.items():
 def make_json_filter(index: int) -> dict:
     """A JSON transform: select and sort by fields."""
     rng = rng_for("json_filter", index)
-    users = [{"name": n, "active": rng.random() < 0.5, "age": rng.randint(18, 80)}
+    users: list[dict[str, Any]] = [{"name": n, "active": rng.random() < 0.5, "age": rng.randint(18, 80)}
              for n in rng.sample(NAMES, 10)]
     users[0]["active"] = True
     want = sorted(u["name"] for u in users if u["active"])

@@ -52,7 +52,7 @@ import functools
 import hashlib
 import itertools
 import random
-from typing import Iterator, Literal
+from typing import Any, Iterator, Literal
 
 import trio
 from pydantic import Field
@@ -265,6 +265,7 @@ class VerifiersEnv(Environment):
         self.stops = trace_stops(self.task)
         data = self.task.data
         prompt = data.prompt if data.prompt is not None else ""
+        messages: list[dict[str, Any]]
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else \
             [_message_dict(m) for m in prompt]
         if opening:  # the env's run opened with a message: it follows what the task prompts
@@ -302,6 +303,7 @@ class VerifiersEnv(Environment):
 
     async def _env_turn(self, reply: str) -> StepResult:
         """Hand the model's final reply to the env's run; its next message, or the rewards when it ended."""
+        assert self.relay is not None, "step takes this path only with an env's relay"
         self.relay.reply(reply)
         kind, message = await self.relay.next_event(self.options.env_timeout_s)
         if kind == "end":
@@ -326,8 +328,9 @@ class VerifiersEnv(Environment):
 
     async def close(self) -> None:
         """An env's run still waiting for a turn sees the exchange terminated. Does not wait."""
-        if getattr(self, "relay", None) is not None:
-            self.relay.close()
+        relay = getattr(self, "relay", None)   # None before reset, or without an env
+        if relay is not None:
+            relay.close()
 
     async def _score(self, stop_condition: str | None) -> Reward:
         return await self._blocking("scoring", score, self.task, self.messages, stop_condition)

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import queue
 import threading
+from typing import Any
 
 import trio
 
@@ -48,7 +49,7 @@ def make_env(env_class: type):
     """An instance of `env_class` for its `run` alone, configured with its config class's defaults."""
     import verifiers.v1 as vf
     from verifiers.v1.utils.generic import concrete_type
-    env = object.__new__(env_class)
+    env: Any = object.__new__(env_class)   # an Env (verifiers is untyped here)
     env.config = (concrete_type(env_class, vf.EnvConfig, origin=vf.Env) or vf.EnvConfig)()
     return env
 
@@ -98,7 +99,10 @@ class Relay:
         if self.pending is not None:
             loop, future = self.pending
             self.pending = None
-            loop.call_soon_threadsafe(lambda: future.done() or future.set_result(text))
+            def settle() -> None:
+                if not future.done():
+                    future.set_result(text)
+            loop.call_soon_threadsafe(settle)
 
     async def ask(self, message) -> str | None:
         """(In `run`'s loop) send `message` to the model; its reply, or None when it has no more turns."""

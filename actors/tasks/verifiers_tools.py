@@ -23,10 +23,10 @@ import asyncio
 import dataclasses
 import inspect
 import json
-from typing import Any, Callable
+from typing import Any, Callable, Coroutine, Mapping, cast
 
 import trio
-from pydantic import ValidationError, create_model
+from pydantic import BaseModel, ValidationError, create_model
 
 from ..env.api import TaskOptionsError
 from ..env.tools import (NAMED_CALL_EXAMPLE, NamedCall, format_observation, format_shell_output,
@@ -44,7 +44,7 @@ class VerifiersTool:
     name: str
     description: str
     fn: Callable[..., Any]
-    arguments_model: type
+    arguments_model: type[BaseModel]
     sandbox_kind: str | None = None
 
     @property
@@ -65,7 +65,8 @@ class VerifiersTool:
         return f"- {self.name}({', '.join(args)}): {self.description or 'no description'}"
 
 
-def discover_tools(task_type: type, config, sandbox_tools: dict[str, str]) -> dict[str, VerifiersTool]:
+def discover_tools(task_type: type[Any], config,
+                   sandbox_tools: Mapping[str, str]) -> dict[str, VerifiersTool]:
     """The tools of a task by name: every `@vf.tool` of every toolset of `task_type.toolsets(config)`
     (new toolset objects each call).
     TaskOptionsError for a `sandbox_tools` entry that names no tool, an unknown kind, or a tool
@@ -91,8 +92,8 @@ def discover_tools(task_type: type, config, sandbox_tools: dict[str, str]) -> di
     return tools
 
 
-def _arguments_model(name: str, fn) -> type:
-    fields = {}
+def _arguments_model(name: str, fn) -> type[BaseModel]:
+    fields: dict[str, Any] = {}
     for arg, param in inspect.signature(fn).parameters.items():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             continue
@@ -144,7 +145,8 @@ async def call_tool(tools: dict[str, VerifiersTool], call: NamedCall, *, sandbox
 
 def _call_blocking(fn, kwargs: dict):
     result = fn(**kwargs)
-    return asyncio.run(result) if inspect.isawaitable(result) else result
+    # a coroutine method's result (an awaitable that asyncio.run takes: a coroutine)
+    return asyncio.run(cast(Coroutine[Any, Any, Any], result)) if inspect.isawaitable(result) else result
 
 
 async def _run_in_sandbox(tool: VerifiersTool, code: str, sandbox, timeout_s: float,

@@ -20,10 +20,11 @@ from .patch import PatchRefused
 from .publisher import WeightPublisher
 from .receiver import WeightReceiver, model_weights
 from .reference_actor import WeightReceiverActor
-from .sync_plan import WEIGHT_SYNC_MODES, PublishPlan, SyncPlanner
+from .sync_plan import WEIGHT_SYNC_MODES, PublishPlan, SyncPlanner, WeightSyncMode
 from .transport import Delivery, WeightTransport
-from .transport_choice import WEIGHT_TRANSPORTS, weight_transport
+from .transport_choice import WEIGHT_TRANSPORTS, WeightTransportChoice, weight_transport
 
 __all__ = ["Delivery", "PatchRefused", "PublishPlan", "SyncPlanner", "WEIGHT_SYNC_MODES", "WEIGHT_TRANSPORTS",
-           "WeightPublisher", "WeightReceiver", "WeightReceiverActor", "WeightTransport", "model_weights",
-           "sealed_sync", "weight_chunks", "weight_messages", "weight_transport", "weights_digest"]
+           "WeightPublisher", "WeightReceiver", "WeightReceiverActor", "WeightSyncMode", "WeightTransport",
+           "WeightTransportChoice", "model_weights", "sealed_sync", "weight_chunks", "weight_messages",
+           "weight_transport", "weights_digest"]

@@ -25,9 +25,14 @@ learner asks for it.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import anyio
 
 from ..records import WeightSync
+
+if TYPE_CHECKING:
+    from postrain.core.sealed import SealedReceiver
 
 _ALIGN_BYTES = 64       # each tensor's offset in a chunk's buffer
 
@@ -97,7 +102,7 @@ class SealedWeights:
     def __init__(self, keys, inbox_address: str):
         self._keys = keys
         self._inbox_address = inbox_address
-        self._receiver = None
+        self._receiver: SealedReceiver | None = None
 
     def address(self) -> str:
         if self._receiver is None:
@@ -118,6 +123,8 @@ class SealedWeights:
         from postrain.core.sealed import SealedStreamError, Stream
 
         sealed, receiver = sync.sealed, self._receiver
+        # the caller fills sealed chunks alone, and a sealed chunk has its chunk index (WeightSync._check)
+        assert sealed is not None and sync.chunk is not None, "fill takes a sealed chunk"
         if receiver is None:
             raise ValueError("a sealed chunk came before this actor's sealed channel was opened "
                              "(ask `weights_channel` first)")
@@ -151,7 +158,7 @@ def empty_chunk(layout: list) -> tuple[dict, list]:
     import numpy as np
     import torch
 
-    dtypes = [getattr(torch, dtype, None) for _, dtype, _ in layout]
+    dtypes: list[Any] = [getattr(torch, dtype, None) for _, dtype, _ in layout]   # torch dtypes, checked next
     for (name, dtype, _), torch_dtype in zip(layout, dtypes):
         if not isinstance(torch_dtype, torch.dtype):
             raise ValueError(f"tensor {name!r} of a sealed chunk has dtype {dtype!r}, which is not a torch "
@@ -168,5 +175,5 @@ def empty_chunk(layout: list) -> tuple[dict, list]:
         part = buffer[offset:offset + size]
         weights[name] = torch.frombuffer(part, dtype=torch_dtype).view(shape) if size else \
             torch.empty(shape, dtype=torch_dtype)
-        views.append(memoryview(part))
+        views.append(memoryview(part))  # type: ignore[arg-type]  # numpy's stub has __buffer__ on 3.12+ only
     return weights, views

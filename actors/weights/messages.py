@@ -30,6 +30,7 @@ def weight_chunks(weights: dict[str, torch.Tensor], chunk_mb: float | None) -> l
     travels alone); None: one chunk."""
     if chunk_mb is not None and chunk_mb <= 0:
         raise ValueError(f"chunk_mb must be > 0 or None, got {chunk_mb}")
+    parts: list[dict[str, torch.Tensor]]
     limit, parts, size = (chunk_mb or float("inf")) * 2**20, [{}], 0
     for name, tensor in weights.items():
         nbytes = tensor.numel() * tensor.element_size()
@@ -67,5 +68,6 @@ def weights_digest(weights: dict[str, torch.Tensor]) -> str:
         t = weights[name].detach().to("cpu").contiguous()
         digest.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
         if t.numel():
-            digest.update(t.view(-1).view(torch.uint8).numpy())   # the buffer itself, no copy
+            # the buffer itself, no copy (type ignore: numpy's stub has __buffer__ on Python 3.12+ only)
+            digest.update(t.view(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
     return digest.hexdigest()

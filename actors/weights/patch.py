@@ -168,6 +168,7 @@ class WeightPatcher:
             missing = sorted(set(adapters) - set(base))
             if missing:
                 raise PatchRefused(f"adapters for {missing[:3]}, which the LoRA base lacks: publish a full sync")
+            assert patch.lora_scale is not None, "a 'lora' patch has its lora_scale (WeightPatch._check)"
             full.update({name: merge_lora(base[name], a, b, patch.lora_scale) for name, (a, b) in adapters.items()})
         else:
             if patch.base_version != held_version:

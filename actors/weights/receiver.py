@@ -29,8 +29,8 @@ from .patch import WeightPatcher
 
 def model_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """A model's weights as a sync carries them: {HF name: tensor}, no tied lm_head duplicate."""
-    return {k: v for k, v in model.state_dict().items()
-            if not (model.config.tie_word_embeddings and k == "lm_head.weight")}
+    tied = model.config.tie_word_embeddings  # type: ignore[union-attr]  # torch: the model's own attribute
+    return {k: v for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
 
 
 class WeightReceiver:

@@ -18,12 +18,17 @@ from __future__ import annotations
 import threading
 import time
 
+from typing import TYPE_CHECKING
+
 import anyio
 
 from ..records import LOAD_WEIGHTS, WEIGHTS_CHANNEL, PublishRequest
 from .messages import sealed_sync
 from .sync_plan import PublishPlan
 from .transport import Delivery
+
+if TYPE_CHECKING:
+    from postrain.core.sealed import SealedSender
 
 
 class SealedTransport:
@@ -35,7 +40,7 @@ class SealedTransport:
     def __init__(self, sender_name: str, keys):
         self.sender_name = sender_name
         self.keys = keys                        # the run's CurveKeys: their bulk_key seals the pieces
-        self.sender = None                      # the SealedSender, once needed
+        self.sender: SealedSender | None = None   # the SealedSender, once needed
         self.channel_addresses: dict[str, str] = {}   # target name -> its sealed channel's last address
 
     @property
@@ -97,6 +102,7 @@ class SealedTransport:
         confirmation cancelled), one whose confirmation fails stops getting pieces; the others
         go on."""
         sender = self.sender
+        assert sender is not None, "deliver opens the sender (_open) before it sends"
         messages, streams = sealed_sync(plan.weights, plan.version, chunk_mb, self.sender_name,
                                         sender.piece_bytes, timeout_s)
         abandon = {name: threading.Event() for name in far}
@@ -107,7 +113,8 @@ class SealedTransport:
             names_of = {address: name for name, (_, address) in far.items()}
             failed: dict[str, Exception] = {}
             for stream, buffers in streams:
-                live = {address: abandon[name] for address, name in names_of.items() if name not in failed}
+                live: dict[str, threading.Event | None] = {
+                    address: abandon[name] for address, name in names_of.items() if name not in failed}
                 if not live:
                     break
                 for address, exc in sender.send(stream, buffers, live, timeout_s).items():

@@ -20,13 +20,16 @@ weights it must produce; a receiver that cannot produce them refuses it, and the
 """
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import torch
 
 from ..records import WeightPatch, WeightSync
 from .patch import encode_delta
 from .messages import weights_digest
 
-WEIGHT_SYNC_MODES = ("auto", "full", "delta")
+WeightSyncMode = Literal["auto", "full", "delta"]   # the learner actor's `weight_sync` option
+WEIGHT_SYNC_MODES: tuple[str, ...] = get_args(WeightSyncMode)
 
 
 def tensor_bytes(weights: dict[str, torch.Tensor]) -> int:

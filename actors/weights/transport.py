@@ -38,7 +38,10 @@ class Delivery:
 class WeightTransport(Protocol):
     """A way to move a publish's version to its targets (module docstring)."""
 
-    num_pieces_sealed: int     # pieces sealed so far (core/sealed.py); 0 for a transport that seals none
+    @property
+    def num_pieces_sealed(self) -> int:
+        """Pieces sealed so far (core/sealed.py); 0 for a transport that seals none."""
+        ...
 
     async def deliver(self, plan: PublishPlan, targets: dict, request: PublishRequest,
                       errors: dict[str, Exception]) -> dict[str, Delivery]:

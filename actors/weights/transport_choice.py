@@ -13,6 +13,8 @@ The choices (`WEIGHT_TRANSPORTS`):
 """
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import anyio
 
 from ..records import PublishRequest
@@ -21,7 +23,8 @@ from .sealed_transport import SealedTransport
 from .sync_plan import PublishPlan
 from .transport import Delivery, WeightTransport
 
-WEIGHT_TRANSPORTS = ("auto", "message", "sealed")
+WeightTransportChoice = Literal["auto", "message", "sealed"]   # the learner actor's `weight_transport` option
+WEIGHT_TRANSPORTS: tuple[str, ...] = get_args(WeightTransportChoice)
 
 
 class ByHostTransport:
