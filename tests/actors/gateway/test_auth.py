@@ -8,20 +8,16 @@ The app's generator pool holds a stand-in generator that no call here reaches (`
 needs none)."""
 from __future__ import annotations
 
-import socket
-import threading
 import types
 
 import httpx
 import openai
 import pytest
-import trio
 
 from postrain.actors.gateway import GatewayActor
 from postrain.actors.gateway.app import build_app
 from postrain.actors.gateway.auth import ApiKeyError, is_loopback, read_api_key_file
 from postrain.actors.gateway.episodes import EpisodeStore
-from postrain.actors.gateway.http_server import serve
 from postrain.actors.gateway.pool import GeneratorPool
 from postrain.actors.gateway.service import GatewayService
 from postrain.actors.models.tokenizer import byte_tokenizer
@@ -29,6 +25,7 @@ from postrain.cli.main import Parser, main as postrain_main
 from postrain.cli import serve as serve_cli
 from postrain.core.errors import ConfigError
 from postrain.core.options import validate_options
+from threaded_server import served  # tests/actors/threaded_server.py
 
 KEY = "test-key-0123456789abcdef"
 
@@ -40,24 +37,8 @@ def gateway():
     episodes = EpisodeStore(tokenizer)
     service = GatewayService(tokenizer, GeneratorPool([types.SimpleNamespace(name="generator")], 4),
                              ("tiny",), 64, "hermes", episodes)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    started, box = threading.Event(), {}
-
-    async def main():
-        box["token"], box["stop"] = trio.lowlevel.current_trio_token(), trio.Event()
-        async with trio.open_nursery() as nursery:
-            await nursery.start(serve, build_app(service, KEY), sock)
-            started.set()
-            await box["stop"].wait()
-            nursery.cancel_scope.cancel()
-    thread = threading.Thread(target=trio.run, args=(main,), daemon=True)
-    thread.start()
-    assert started.wait(30)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}", episodes
-    trio.from_thread.run_sync(box["stop"].set, trio_token=box["token"])
-    thread.join(30)
+    with served(build_app(service, KEY)) as port:
+        yield f"http://127.0.0.1:{port}", episodes
 
 
 def test_a_call_without_the_key_gets_401_in_the_openai_error_shape(gateway):

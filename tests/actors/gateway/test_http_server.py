@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import socket
-import threading
 
 import pytest
 import trio
@@ -20,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from postrain.actors.gateway.http_server import ServerLimits, serve
+from threaded_server import served  # tests/actors/threaded_server.py
 
 
 async def app(scope, receive, send):
@@ -217,24 +217,8 @@ def test_a_connection_flood_is_turned_away_while_admitted_and_later_connections_
 @pytest.fixture(scope="module")
 def server_port():
     """The port of a server of the test app, run in a thread for the module."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    started, box = threading.Event(), {}
-
-    async def main():
-        box["token"], box["stop"] = trio.lowlevel.current_trio_token(), trio.Event()
-        async with trio.open_nursery() as nursery:
-            await nursery.start(serve, app, sock, ServerLimits(max_body_bytes=1000))
-            started.set()
-            await box["stop"].wait()
-            nursery.cancel_scope.cancel()
-    thread = threading.Thread(target=trio.run, args=(main,), daemon=True)
-    thread.start()
-    assert started.wait(30)
-    yield sock.getsockname()[1]
-    trio.from_thread.run_sync(box["stop"].set, trio_token=box["token"])
-    thread.join(30)
+    with served(app, ServerLimits(max_body_bytes=1000)) as port:
+        yield port
 
 
 def _send_and_read_to_the_close(port: int, data: bytes) -> bytes:

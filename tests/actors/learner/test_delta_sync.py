@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from postrain.actors.weights.messages import weights_digest
-from postrain.actors.records import PublishReport, PublishRequest, TrainBatch, WeightPatch, WeightSync
+from postrain.actors.records import PublishReport, PublishRequest, WeightPatch, WeightSync
 from postrain.actors.weights.patch import PatchRefused, WeightPatcher, apply_delta, encode_delta
 from postrain.core import ActorSpec, RemoteError, Supervisor
 from postrain.core.testing import async_test
+from train_batches import small_batch  # tests/actors/train_batches.py
 
 
 def weights(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -64,14 +65,6 @@ def spec(name: str, cls: str, options: dict) -> ActorSpec:
     return ActorSpec(name=name, cls=cls, options=options, cpus=0.5, memory_mb=0, max_restarts=0)
 
 
-def batch(seed: int) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    ids = [torch.randint(8, 264, (12,), generator=g) for _ in range(4)]
-    return TrainBatch(token_ids=ids, loss_mask=[[0] * 4 + [1] * 8] * 4,
-                      behavior_logprobs=[torch.full((12,), -5.5) for _ in range(4)], policy_versions=[0] * 4,
-                      rewards=[1.0, 0.0, 0.0, 1.0], group_ids=[0, 0, 1, 1]).to_wire()
-
-
 @pytest.mark.slow
 @async_test
 async def test_delta_syncs_keep_receivers_bit_exact_and_one_that_missed_a_version_gets_a_full_sync():
@@ -95,10 +88,10 @@ async def test_delta_syncs_keep_receivers_bit_exact_and_one_that_missed_a_versio
         first = await publish("gen0", "gen1")
         assert first.num_bytes_sent == 2 * first.num_bytes                     # whole (bfloat16), to each
         assert first.num_bytes == sum(t.numel() * 2 for t in (await learner_weights()).weights.values())
-        await learner.ask("train", batch(0), timeout_s=120)
+        await learner.ask("train", small_batch(0), timeout_s=120)
         second = await publish("gen0")                                          # gen1 misses version 1
         assert 0 < second.num_bytes_sent < 0.5 * second.num_bytes    # most updates round away in bfloat16
-        await learner.ask("train", batch(1), timeout_s=120)
+        await learner.ask("train", small_batch(1), timeout_s=120)
         third = await publish("gen0", "gen1")
         delta_bytes = third.num_bytes_sent - third.num_bytes                   # gen1: whole; gen0: a delta
         assert 0 < delta_bytes < 0.5 * third.num_bytes

@@ -7,11 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from postrain.actors.records import PublishReport, PublishRequest, TrainBatch
+from postrain.actors.records import PublishReport, PublishRequest
 from postrain.actors.weights import weight_transport
 from postrain.actors.weights.messages import weight_chunks, weights_digest
 from postrain.core import ActorSpec, ConfigError, CurveKeys, RemoteError, Supervisor, parse_config, resolve_options
 from postrain.core.testing import async_test
+from train_batches import small_batch  # tests/actors/train_batches.py
 
 LEARNER = "postrain.actors.learner:LearnerActor"
 RECEIVER = "postrain.actors.weights:WeightReceiverActor"
@@ -54,14 +55,6 @@ async def test_sealed_on_one_host_delivers_the_weights_auto_delivers():
         assert await by_sealed.ask("digest") == held == await by_auto.ask("digest")       # bit for bit
 
 
-def batch() -> dict:
-    g = torch.Generator().manual_seed(0)
-    ids = [torch.randint(8, 264, (12,), generator=g) for _ in range(4)]
-    return TrainBatch(token_ids=ids, loss_mask=[[0] * 4 + [1] * 8] * 4,
-                      behavior_logprobs=[torch.full((12,), -5.5) for _ in range(4)], policy_versions=[0] * 4,
-                      rewards=[1.0, 0.0, 0.0, 1.0], group_ids=[0, 0, 1, 1]).to_wire()
-
-
 @pytest.mark.slow
 @async_test
 async def test_message_sends_one_message_to_every_target_here_and_on_another_node_patches_included():
@@ -77,7 +70,7 @@ async def test_message_sends_one_message_to_every_target_here_and_on_another_nod
 
         first = await publish(learner, ["near", "far"], chunk_mb=1.0)          # chunk_mb: not for messages
         assert first.num_messages == 2 and first.num_bytes_sent == 2 * first.num_bytes    # whole, to each
-        await learner.ask("train", batch(), timeout_s=120)
+        await learner.ask("train", small_batch(), timeout_s=120)
         second = await publish(learner, ["near", "far"])
         assert second.num_messages == 2 and 0 < second.num_bytes_sent < second.num_bytes  # two deltas
         assert (await learner.ask("stats"))["num_pieces_sealed"] == 0
