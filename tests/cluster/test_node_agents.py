@@ -69,7 +69,8 @@ async def test_agents_on_two_nodes_run_actors_that_talk_over_tcp_curve_and_refus
                 driver = head.ref(addresses["driver"], "driver", server_key=server_key_of(keys, "driver"))
                 items = [item async for item in driver.stream(
                     "run", {"run_folder": str(tmp_path)}, timeout_s=60)]
-                assert items[-1] == {"summary": {"steps": 3, "run_folder": str(tmp_path)}}
+                assert items[-1] == {"summary": {"steps": 3, "num_steps": 3, "complete": True,
+                                                 "run_folder": str(tmp_path)}}
                 # killed, the echo actor is restarted by its node's agent on the same address
                 echo = status[nodes[0].name]["actors"][0]
                 os.kill(echo["pid"], signal.SIGKILL)

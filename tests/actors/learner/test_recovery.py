@@ -136,6 +136,7 @@ def test_cut_back_moves_the_tail_aside(tmp_path):
     assert cut_back(path, 100) == 0
 
 
+@pytest.mark.faults   # kill and disk matrix: pytest -m faults (CI time)
 @pytest.mark.slow
 @async_test
 async def test_killing_each_kind_of_actor_mid_run_loses_and_doubles_nothing(tmp_path):
@@ -175,6 +176,7 @@ async def test_killing_each_kind_of_actor_mid_run_loses_and_doubles_nothing(tmp_
     assert final_learner(folder).step == num_steps
 
 
+@pytest.mark.faults   # kill and disk matrix: pytest -m faults (CI time)
 @pytest.mark.slow
 @async_test
 async def test_chaos_random_kills_leave_a_balanced_ledger_and_a_checkpoint_that_evaluates(tmp_path):
@@ -218,6 +220,7 @@ heartbeat_timeout_s = 120
 """
 
 
+@pytest.mark.faults   # kill and disk matrix: pytest -m faults (CI time)
 @pytest.mark.slow
 def test_head_killed_leaves_no_orphans_and_resume_trains_each_batch_once_in_the_same_order(tmp_path):
     num_steps = 5
@@ -323,6 +326,7 @@ def head_holds_sft_checkpoint_after(folder, num_sft_steps: int):
     return check
 
 
+@pytest.mark.faults   # kill and disk matrix: pytest -m faults (CI time)
 @pytest.mark.slow
 @async_test
 async def test_warm_start_kill_replays_only_since_its_checkpoint_and_resume_continues_inside_it(tmp_path):
@@ -417,6 +421,7 @@ async def test_an_evaluation_that_lost_episodes_to_a_kill_is_redone_not_half_cou
 
 # -- a full disk -------------------------------------------------------------------------------
 
+@pytest.mark.faults   # kill and disk matrix: pytest -m faults (CI time)
 @pytest.mark.slow
 def test_a_full_disk_stops_the_run_cleanly_and_resume_after_freeing_space_finishes(small_disk, tmp_path):
     """A real full disk (a tmpfs run folder): filled so that the warm-start checkpoint fits and
