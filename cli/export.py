@@ -23,7 +23,7 @@ import shlex
 from pathlib import Path
 
 HELP = "write a run's policy as a Hugging Face folder, or its LoRA adapter (`postrain export RUN OUT`)"
-RUN_CONFIG = "config.toml"      # what marks a run folder (cli/up.py writes it first)
+RUN_CONFIG = "config.toml"      # what marks a run folder (cli/run_folder.py writes it first)
 RUN_CHECKPOINT = "checkpoint"   # a run's learner checkpoint, in its run folder (actors/orchestrator/driver.py)
 
 

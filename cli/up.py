@@ -36,7 +36,7 @@ source.json (where it came from), head.json (the head's address and metrics
 URL, for `postrain status` and `down`), logs/ (one log per actor), and whatever
 the actors write (metrics, checkpoints, summary.json). A folder that already
 holds a run is refused (`--dry-run` too), naming `--resume` and `--overwrite`
-(which deletes the run's files, RUN_FILES, first). The config's own folder is
+(which deletes the run's files, RUN_FILES in cli/run_folder.py, first). The config's own folder is
 on the import path of the head and every actor (actors/configs/run_config.py).
 
 With a `[cluster]` section the actors run on the nodes of a Ray cluster instead: the plan
@@ -46,8 +46,8 @@ head follows the driver there (cli/cluster_up.py, docs/cluster.md).
 `postrain up --resume RUN_DIR` starts the run in RUN_DIR again from its
 config.toml and asks the driver to continue from the run's last checkpoint
 (the orchestrator's resume: actors/orchestrator/driver.py). With `--set`, only what the run's
-data and checkpoint do not depend on may change, for this start (RESUMABLE_SECTIONS and
-RESUMABLE_FIELDS); a run started with `--set` keeps its config as run in config.toml. Actors
+data and checkpoint do not depend on may change, for this start (cli/run_folder.py,
+RESUMABLE_SECTIONS and RESUMABLE_FIELDS); a run started with `--set` keeps its config as run in config.toml. Actors
 die with their head (core/runtime.py), so a head killed with SIGKILL leaves no orphans to stop
 first.
 """
@@ -55,27 +55,22 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import sys
 import time
-from collections.abc import Sequence
 from contextlib import AsyncExitStack, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import anyio
 
-from postrain.actors.configs.run_config import (add_import_dir, default_config_path, parse_up_config, run_import_dir,
-                                               write_run_source)
+from postrain.actors.configs.run_config import default_config_path, write_run_source
 from postrain.actors.records import RUN, STOP_RUN, RunRequest
-from postrain.core.atomic_write import make_private_folder, write_file_atomically
+from postrain.core.atomic_write import write_file_atomically
 from postrain.core.errors import ActorError, ActorStartError, ConfigError, PostrainError
 from postrain.core.scheduler import Scheduler
 from postrain.core.supervisor import Supervisor, run_tag_for
-from postrain.core.config import complete_rendezvous, read_toml
+from postrain.core.config import complete_rendezvous
 from postrain.core.transport import CurveKeys, free_tcp_port
-from postrain.core.shm import process_lives
 
 from .balancer import Balancer
 from .cluster_up import ClusterLaunch, meeting_point_on_node, node_agents, plan_on_cluster, start_on_node
@@ -83,11 +78,9 @@ from .config import UpConfig
 from .control import control_client_keys
 from .monitor import RunMonitor
 from .node_watch import NodeWatch
-from .overrides import parse_override, set_path
+from .run_folder import (check_run_folder_unused, clear_run_folder, prepare_run_folder, print_sizing,
+                         read_up_config, resume_config, size, write_run_config)
 from .tracking import RunTracking
-
-if TYPE_CHECKING:
-    from postrain.actors.configs.sizing import RunSizing
 
 HELP = "start a run: the head, then every actor the config names"
 DESCRIPTION = """Start a run: check the config, place every actor, start them, follow the run to its end.
@@ -100,7 +93,6 @@ examples:
 
 A run folder (run_dir/name) that already holds a run is refused: --resume it or --overwrite it.
 Modules a config names by import path may sit beside the config file. More: docs/operations.md."""
-MIN_FREE_DISK_MB = 200
 
 
 def add_arguments(parser) -> None:
@@ -117,120 +109,6 @@ def add_arguments(parser) -> None:
                         help="start over in a run folder that holds a run: its files are deleted first")
     parser.add_argument("--quiet", action="store_true",
                         help="plain progress lines instead of the live view (always so when stdout is not a terminal)")
-
-
-def prepare_run_folder(config: UpConfig) -> Path:
-    """Create and check the run folder before anything starts: a clear error now, not at step 500."""
-    folder = Path(config.run.run_dir) / config.run.name
-    try:
-        for path in (folder, folder / "logs"):  # the run's user only: logs, checkpoints, secrets
-            make_private_folder(path)
-        probe = folder / ".write-test"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as exc:
-        raise PostrainError(f"run folder {folder} is not writable ({exc.strerror}); choose another "
-                            "with [run] run_dir or --run-dir") from None
-    free_mb = shutil.disk_usage(folder).free // (1 << 20)
-    if free_mb < MIN_FREE_DISK_MB:
-        raise PostrainError(f"run folder {folder} has {free_mb} MiB free, under the {MIN_FREE_DISK_MB} MiB "
-                            "a run needs for logs and checkpoints; free space or choose another run_dir")
-    return folder
-
-
-# What a run writes into its folder (the actors, the head, the trackers): `--overwrite` deletes
-# these and nothing else; any of RUN_MARKERS means the folder holds a run.
-RUN_FILES = ("config.toml", "source.json", "head.json", "summary.json", "*.jsonl", "logs", "checkpoint",
-             "policy", "plots", "report.html", "tensorboard", "mlruns", "wandb", ".checkpoint*", ".policy*")
-RUN_MARKERS = ("config.toml", "summary.json", "metrics.jsonl", "ledger.jsonl", "checkpoint", "policy")
-
-
-def check_run_folder_unused(config: UpConfig, overwrite: bool) -> Path:
-    """The run folder of `config`; PostrainError when it holds a run (one of RUN_MARKERS) that
-    `overwrite` does not allow replacing, or whose head still lives."""
-    folder = Path(config.run.run_dir) / config.run.name
-    held = [name for name in RUN_MARKERS if (folder / name).exists()]
-    if not held:
-        return folder
-    pid = _live_head_pid(folder)
-    if pid is not None:
-        raise PostrainError(f"the run in {folder} is still going (head pid {pid}); stop it with "
-                            f"`postrain down {folder}` first, or choose another [run] name or --run-dir")
-    if not overwrite:
-        raise PostrainError(f"run folder {folder} already holds a run ({', '.join(held)}); continue it "
-                            f"with `postrain up --resume {folder}`, start it over with --overwrite (deletes "
-                            "its files), or choose another [run] name or --run-dir")
-    return folder
-
-
-def clear_run_folder(folder: Path) -> list[str]:
-    """Delete the files a run wrote into `folder` (RUN_FILES); the names deleted."""
-    removed = []
-    for pattern in RUN_FILES:
-        for path in sorted(folder.glob(pattern)):
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
-            removed.append(path.name)
-    return removed
-
-
-def _live_head_pid(folder: Path) -> int | None:
-    """The pid of the head of the run in `folder` while it lives (its head.json), else None."""
-    try:
-        pid = json.loads((folder / "head.json").read_text()).get("pid")
-    except (OSError, ValueError):
-        return None
-    return pid if pid and process_lives(pid) else None
-
-
-# What `--set` may change on `--resume` (this start only): nothing that the run's data order, model
-# or checkpoint depend on. Sections of the head, and fields of an [[actors]] entry.
-RESUMABLE_SECTIONS = ("head", "balancer", "tracking")
-RESUMABLE_FIELDS = ("cpus", "memory_mb", "start_timeout_s", "stop_timeout_s", "max_restarts", "restart_backoff_s")
-
-
-def read_up_config(path: Path, sets: list[str], import_dir: Path | None = None,
-                   resuming: bool = False) -> tuple[UpConfig, dict]:
-    """The run config at `path` with the `--set KEY=VALUE` overrides applied, checked as the file
-    alone is (ConfigError naming every bad field), and its document. `import_dir` (default: the
-    config's folder) goes on the import path; `resuming`: PostrainError for an override that
-    RESUMABLE_SECTIONS and RESUMABLE_FIELDS do not allow."""
-    doc = read_toml(path)
-    for item in sets:
-        key, value = parse_override(item)
-        where = set_path(doc, key, value)
-        head, last = key.split(".")[0], key.split(".")[-1]
-        if resuming and not (where == "section" and head in RESUMABLE_SECTIONS
-                             or where == "actor" and last in RESUMABLE_FIELDS):
-            raise PostrainError(f"--set {key} with --resume: a resumed run keeps the options it started with "
-                                "(its data order and checkpoint depend on them); only "
-                                f"{', '.join(RESUMABLE_SECTIONS)} settings and an actor's "
-                                f"{', '.join(RESUMABLE_FIELDS)} may change; start a new run to change the rest")
-    add_import_dir(path.parent if import_dir is None else import_dir)
-    return parse_up_config(doc, f"{path} with --set {' '.join(sets)}" if sets else str(path)), doc
-
-
-def resume_config(run_folder: Path, sets: Sequence[str] = ()) -> UpConfig:
-    """The config of the run in `run_folder` (with the `--set` overrides RESUMABLE_* allow, for this
-    start only), pointed at that folder; refuses a run whose head lives."""
-    path = run_folder / "config.toml"
-    if not path.exists():
-        raise PostrainError(f"{run_folder} holds no config.toml; --resume takes the folder of a run "
-                            "that `postrain up` started (run_dir/name)")
-    head = run_folder / "head.json"
-    if head.exists():
-        pid = json.loads(head.read_text()).get("pid")
-        if pid and process_lives(pid):
-            raise PostrainError(f"the run in {run_folder} is still going (head pid {pid}); stop it with "
-                                f"`postrain down {run_folder}` before resuming it")
-    config, _ = read_up_config(path, list(sets), import_dir=run_import_dir(run_folder), resuming=True)
-    config.run.run_dir, config.run.name = str(run_folder.resolve().parent), run_folder.resolve().name
-    if not config.run.driver:
-        raise PostrainError(f"{path} names no [run] driver; only a driven run (an orchestrator) can resume")
-    return config
-
 
 
 def main(args) -> int:
@@ -288,38 +166,6 @@ def main(args) -> int:
             return 2
         with tracking:
             return _run_and_report(config, folder, monitor, bool(args.resume), launch)
-
-
-# The roles that hold a model; a run of other classes is not sized (nor is torch imported for it).
-MODEL_ROLE_MODULES = ("postrain.actors.generator.actor", "postrain.actors.learner.actor")
-
-
-def size(config: UpConfig) -> RunSizing | None:
-    """Fill in what `config` leaves to the model's sizing (actors/configs/sizing.py), where one of
-    its actors holds a model: the config check imported every actor class, so a generator or
-    learner (or a subclass) among them has its role's module loaded by now."""
-    if not any(name in sys.modules for name in MODEL_ROLE_MODULES):
-        return None
-    from postrain.actors.configs.sizing import size_run
-    return size_run(config)
-
-
-def print_sizing(sizing: RunSizing | None) -> None:
-    """What the config left to `postrain up` and it derived from the model, one line per actor."""
-    if sizing is not None:
-        print(f"postrain up: sized from {sizing.model} (unset or \"auto\" fields; docs/your-model.md#sizing):")
-        for line in sizing.lines():
-            print(f"  {line}")
-
-
-def write_run_config(folder: Path, path: Path, sets: list[str], doc: dict) -> None:
-    """The run folder's config.toml: the file as written, or with `--set` its document as run."""
-    if not sets:
-        shutil.copyfile(path, folder / "config.toml")
-        return
-    from postrain.core.testing import to_toml
-    header = f"# {path} with --set {' '.join(sets)} (written by postrain up)\n"
-    (folder / "config.toml").write_text(header + to_toml(doc))
 
 
 def _run_and_report(config: UpConfig, folder: Path, monitor: RunMonitor, resume: bool,

@@ -94,8 +94,9 @@ class Tokenizer:
         return self.chat_template
 
     def with_template(self, choice: str | None) -> "Tokenizer":
-        """This tokenizer rendering with `choice` instead of its own template: "chatml", or the
-        path of a .jinja file; None keeps its own. The run config's `chat_template`."""
+        """This tokenizer, changed in place to render with `choice` instead of its own template:
+        "chatml", or the path of a .jinja file; None keeps its own. Returns self (so a loader can
+        chain it); the run config's `chat_template`."""
         if choice is None:
             return self
         if choice == "chatml":

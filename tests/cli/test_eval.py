@@ -115,24 +115,7 @@ def test_eval_of_a_run_folder_scores_its_policy_on_its_task(run_folder):
     assert out["model"] == str(run_folder / "policy") and out["source"] == str(run_folder / "config.toml")
 
 
-TYPO_ENV = """\
-from postrain.actors import Environment, Reward, StepResult
-
-
-class MyEnv(Environment):
-    @classmethod
-    def eval_tasks(cls, options):
-        return [{"n": n} for n in range(4)]
-
-    async def reset(self, task):
-        return "Say hi."
-
-    async def step(self, action):
-        return StepResult(None, True, Reward({"correct": self.score(action)}))
-
-    def score(self, action):
-        return float(action == self.targte())
-"""
+TYPO_ENV = (Path(__file__).parents[1] / "actors" / "user_code_with_a_typo.py").read_text()
 
 
 def test_eval_finds_the_task_in_the_current_folder_and_stops_on_an_environment_bug_in_one_line(tmp_path):

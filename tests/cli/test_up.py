@@ -92,7 +92,7 @@ def test_status_and_down_talk_to_a_running_head(tmp_path, bind):
 
 def test_resume_takes_a_run_folder_whose_head_is_gone(tmp_path):
     from postrain.core.errors import PostrainError
-    from postrain.cli.up import resume_config
+    from postrain.cli.run_folder import resume_config
 
     folder = tmp_path / "runs" / "t"
     with pytest.raises(PostrainError, match="holds no config.toml"):
@@ -140,7 +140,7 @@ def test_a_bad_import_path_is_one_line_naming_the_actor_before_anything_starts(t
 def test_the_run_folder_and_its_logs_are_the_run_users_only(tmp_path):
     """Logs, checkpoints and the run tag's secret live there (issue 32): 0700, also for a folder
     that existed before with looser modes."""
-    from postrain.cli.up import prepare_run_folder
+    from postrain.cli.run_folder import prepare_run_folder
     from postrain.cli.config import load_up_config
 
     config = load_up_config(write_config(tmp_path))
@@ -214,7 +214,7 @@ def test_set_changes_the_config_for_this_run_and_the_run_folder_keeps_it_as_run(
 
 def test_set_on_resume_changes_only_what_the_run_does_not_depend_on(tmp_path):
     from postrain.core.errors import PostrainError
-    from postrain.cli.up import resume_config
+    from postrain.cli.run_folder import resume_config
 
     folder = tmp_path / "runs" / "t"
     folder.mkdir(parents=True)

@@ -13,7 +13,7 @@ import pytest
 
 from postrain.cli.control import ask_head
 from postrain.core.control import SHUTDOWN, STATUS
-from postrain.cli.up import resume_config
+from postrain.cli.run_folder import resume_config
 from postrain.core.supervisor import run_tag_for
 from postrain.core.testing import assert_nothing_left, counting_run_config
 

@@ -15,30 +15,8 @@ from postrain.actors.env import EnvironmentErrors, EnvironmentErrorStop, run_epi
 from postrain.actors.env.user_errors import MAX_FRAMES, drop_reason, failure_of, reported_failure, user_error
 from postrain.actors.tasks.rewards import load_reward
 from postrain.core.errors import RemoteError
+from user_code_with_a_typo import TYPO_LINE, USER_CODE
 
-USER_CODE = """\
-from postrain.actors import Environment, Reward, StepResult
-
-
-class MyEnv(Environment):
-    async def reset(self, task):
-        return "Say hi."
-
-    async def step(self, action):
-        return StepResult(None, True, Reward({"correct": self.score(action)}))
-
-    def score(self, action):
-        return float(action == self.targte())
-
-
-def judge(completion, example):
-    return {"correct": 1.0 / len(completion)}
-
-
-def deep(n):
-    return deep(n - 1) if n else 1 / 0
-"""
-TYPO_LINE = 1 + USER_CODE.splitlines().index("        return float(action == self.targte())")
 JUDGE_LINE = 1 + USER_CODE.splitlines().index('    return {"correct": 1.0 / len(completion)}')
 HEADER = "Traceback (most recent call last; postrain's frames left out):"
 
