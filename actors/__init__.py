@@ -22,7 +22,7 @@ This folder holds packages only (docs/architecture.md, "Layout").
 
 # The public Environment API and the task registry (actors/env/, actors/tasks/).
 from .env import (AgentEnvironment, Environment, EnvironmentContractError, EnvironmentFailure, Episode, EpisodePolicy,
-                  GeneratorHandle, LocalSandbox, Reward, SandboxHandle, StepResult, TaskOptionsError,
+                  LocalSandbox, Reward, SandboxHandle, ScorerHandle, Scorers, StepResult, TaskOptionsError,
                   TextPolicy, checked_reset, checked_step, checked_truncated, drop_reason, run_episode,
                   validate_observation, validate_step_result)
 from .tasks import TaskError, TaskSpec, get_task, list_tasks, register_task

@@ -25,7 +25,7 @@ not set that field again itself, and a shared setting that no actor declares is 
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -37,6 +37,10 @@ class Options(BaseModel):
     after validation (`frozen`), so every handler sees the values the run started with."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: Fields a run config's `[shared]` does not fill in for this actor, though it declares them:
+    #: an actor whose `model` is its own (a teacher beside the policy) names "model" here.
+    not_shared: ClassVar[frozenset[str]] = frozenset()
 
 
 class NoOptions(Options):

@@ -31,8 +31,10 @@ def resolve_options(config: RunConfig) -> None:
             continue
         if spec.bulk_key is None:   # decided here, where the class is imported anyway (not per node)
             spec.bulk_key = bool(cls.needs_bulk_key)
-        fields = options_class(cls).model_fields
-        shared = {key: value for key, value in config.shared.items() if key in fields}
+        options_model = options_class(cls)
+        fields = options_model.model_fields
+        shared = {key: value for key, value in config.shared.items()
+                  if key in fields and key not in options_model.not_shared}
         used_shared.update(shared)
         for key in sorted(set(shared) & set(spec.options)):
             problems.append(f"{where}.{key}: also set in [shared]; state it once (remove one of them)")

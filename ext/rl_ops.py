@@ -14,7 +14,8 @@ The formulas are in the docstrings of the modules this one gathers:
 KL in the reward, controllers), `rl_ops_loss` (PPO clip-higher, dual clip, decoupled
 objective, aggregation modes, metrics) and `logprobs` (chunked log-softmax + gather +
 entropy); `stabilisers` (GSPO, CISPO, TIS / MIS / geometric MIS / IcePop) and their named
-presets in `loss_presets`. Functions that have a fused CuPy kernel (`compute_advantages`, `policy_loss`,
+presets in `loss_presets`; `distill` (on-policy distillation: the reverse KL to a teacher over
+its top k plus a tail bucket, with its bound, or over the full vocabulary; torch only). Functions that have a fused CuPy kernel (`compute_advantages`, `policy_loss`,
 `token_logprobs`, `token_logprobs_from_hidden`) take backend="auto" | "torch" | "cupy".
 """
 from __future__ import annotations
@@ -23,6 +24,8 @@ from .advantages import (ADVANTAGE_MODES, GRPO_EPS, AdvantageResult, GroupFilter
                          compute_advantages, compute_advantages_reference, filter_groups,
                          group_advantages, overlong_penalty, shape_rewards)
 from .cupy_ops import cupy_available
+from .distill import (TAIL_LOGMASS_FLOOR, distill_head_from_hidden, distill_head_naive, distill_kl,
+                      full_kl_per_token, tail_logmass_from_topk, topk_kl_per_token)
 from .kl import (KL_KINDS, AdaptiveKLController, FixedKLController, fold_kl_into_rewards,
                  kl_estimate)
 from .loss_presets import LOSS_PRESETS, LossPreset, loss_preset
@@ -34,6 +37,8 @@ from .stabilisers import IS_MODES, LOSS_TYPES
 
 __all__ = [
     "ADVANTAGE_MODES", "AGG_MODES", "GRPO_EPS", "IS_MODES", "KL_KINDS", "LOSS_PRESETS", "LOSS_TYPES",
+    "TAIL_LOGMASS_FLOOR", "distill_head_from_hidden", "distill_head_naive", "distill_kl", "full_kl_per_token",
+    "tail_logmass_from_topk", "topk_kl_per_token",
     "LossPreset", "loss_preset", "AdaptiveKLController", "AdvantageResult",
     "FixedKLController", "GroupFilter", "OverlongPenalty", "PolicyLossConfig", "RLOpsError",
     "aggregate_loss", "compute_advantages", "compute_advantages_reference", "cupy_available",

@@ -9,8 +9,8 @@
 `UpConfig` is the kernel's RunConfig (core/config.py) plus the head's own sections.
 `load_up_config` is what `postrain up` (and `--dry-run`) runs: the file is
 validated, then every actor's options against its class's model with
-`[shared]` filled in (postrain.core.run_options), so any bad field of any actor
-is named before a process starts. The config's own folder goes on the import path
+`[shared]` filled in (postrain.core.run_options), then what spans actors (the
+scorers: scorer_checks.py), so any bad field of any actor is named before a process starts. The config's own folder goes on the import path
 first (`add_import_dir`), for the head and every actor it starts: a module beside the
 config file is importable by the name the config gives it. `default_config_path` is the built-in run
 (configs/default.toml beside the roles).
@@ -31,6 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from postrain.core.config import RunConfig, load_config, parse_config
 from postrain.core.run_options import resolve_options
+
+from .scorer_checks import check_scorers
 
 DEFAULT_CONFIG = ("postrain.actors.configs", "default.toml")  # package, resource: the built-in run
 
@@ -128,6 +130,7 @@ def load_up_config(path: str | Path, import_dir: str | Path | None = None) -> Up
     add_import_dir(Path(path).parent if import_dir is None else import_dir)
     config = cast(UpConfig, load_config(path, UpConfig))   # an instance of the schema it is given
     resolve_options(config)
+    check_scorers(config)
     return config
 
 
@@ -135,4 +138,5 @@ def parse_up_config(data: dict, source: str = "<config>") -> UpConfig:
     """`load_up_config` for a parsed TOML document."""
     config = cast(UpConfig, parse_config(data, source, UpConfig))   # an instance of the schema it is given
     resolve_options(config)
+    check_scorers(config)
     return config

@@ -14,18 +14,19 @@
 Configs name the actor `postrain.actors.env:EnvironmentActor`.
 """
 from .agent import AgentEnvironment
-from .api import (ROLES, AnyOptions, Environment, EnvironmentContractError, EnvironmentFailure, GeneratorHandle,
+from .api import (ROLES, AnyOptions, Environment, EnvironmentContractError, EnvironmentFailure,
                   LocalSandbox, Reward, SandboxHandle, StepResult, TaskOptionsError, check_options,
                   validate_observation, validate_step_result)
 from .context import ContextOptions
 from .episode import (ActionFn, Episode, EpisodePolicy, TextPolicy, checked_reset, checked_step,
                       checked_truncated, run_episode, score_episodes)
+from .scorers import ScorerHandle, Scorers
 from .user_errors import EnvironmentErrors, EnvironmentErrorStop, drop_reason
 
 __all__ = ["ROLES", "ActionFn", "AgentEnvironment", "AnyOptions", "ContextOptions", "Environment", "EnvironmentActor", "EnvironmentContractError",
            "EnvironmentErrorStop", "EnvironmentErrors",
-           "EnvironmentFailure", "Episode", "EpisodePolicy", "GeneratorHandle", "LocalSandbox", "Reward",
-           "SandboxHandle", "StepResult", "TaskOptionsError", "TextPolicy", "check_options", "checked_reset",
+           "EnvironmentFailure", "Episode", "EpisodePolicy", "LocalSandbox", "Reward",
+           "SandboxHandle", "ScorerHandle", "Scorers", "StepResult", "TaskOptionsError", "TextPolicy", "check_options", "checked_reset",
            "checked_step", "checked_truncated", "drop_reason", "run_episode", "score_episodes", "validate_observation",
            "validate_step_result"]
 

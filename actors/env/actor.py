@@ -44,7 +44,6 @@ shows the first and stops a step that fails mostly by one); the actor keeps serv
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 
 from pydantic import Field
 
@@ -52,7 +51,8 @@ from postrain.core import Actor, MessageKind, handler
 from postrain.core.errors import ConfigError
 
 from ..models.chat_template import OPTION_HELP as CHAT_TEMPLATE_HELP
-from ..models.tokenizer import Tokenizer, byte_tokenizer
+from ..models.loading import spec_tokenizer
+from ..models.tokenizer import Tokenizer
 from ..records import (EXEC, GATEWAY_ADDRESS, ROLLOUT, RUN_TESTS, ExecRequest, Rollout, RolloutRequest,
                        RunTestsRequest)
 from ..tasks import TaskOptions, TaskSpec, get_task
@@ -61,6 +61,7 @@ from .agent import DEFAULT_GATEWAY, AgentEnvironment, agent_rollout
 from .api import EnvironmentContractError, EnvironmentFailure
 from .context import ContextOptions
 from .episode import run_episode
+from .scorers import RemoteScorer, Scorers
 from .token_policy import TokenPolicy
 from .user_errors import reported_failure
 
@@ -75,22 +76,11 @@ def load_tokenizer(model: str | dict, chat_template: str | None = None) -> Token
     """The tokenizer of a model spec without loading its weights where that is possible
     (ModelConfig fields, a built-in config, take the byte tokenizer), rendering with
     `chat_template` where set. TokenizerError here, at load, when it has no chat template."""
-    tokenizer = _spec_tokenizer(model).with_template(chat_template)
+    tokenizer = spec_tokenizer(model).with_template(chat_template)
     tokenizer.template_source()
     return tokenizer
 
 
-def _spec_tokenizer(model: str | dict) -> Tokenizer:
-    if isinstance(model, dict):
-        return byte_tokenizer()
-    from ..models.loading import resolve_model
-    path = Path(resolve_model(model))
-    if path.is_dir() and (path / "tokenizer.json").exists():
-        return Tokenizer.from_folder(path)
-    if not path.exists():
-        return byte_tokenizer()  # a built-in config
-    from ..models.loading import load_model
-    return load_model(path)[1]
 
 
 class RemoteSandbox:
@@ -181,6 +171,8 @@ class EnvironmentOptions(TaskOptions):
     generator: str = Field("generator", description="the generator actor's name")
     sandbox: str | None = Field(None, description="the sandbox actor's name; none: 'sandbox' when the "
                                 "task's environment declares uses_sandbox, else no sandbox; '': no sandbox")
+    scorers: list[str] = Field(default_factory=list, description="scorer actors (judges, teachers, reward "
+                               "models) the environments may ask, as `self.scorers[name]` (docs/scorers.md)")
     step_timeout_s: float = Field(60.0, gt=0, description="time limit of each reset, step and "
                                   "truncated call, seconds; past it the sample is dropped")
     max_total_tokens: int = Field(1024, ge=1, description="tokens of one rollout (prompt, actions, "
@@ -197,14 +189,15 @@ class EnvironmentActor(Actor):
     Options = EnvironmentOptions
 
     async def setup(self):
-        """Resolve the task and its options, load the tokenizer, look up the generator and the
-        sandbox. Cancellation: not atomic (some attributes may be set), but a cancelled setup
+        """Resolve the task and its options, load the tokenizer, look up the generator, the
+        sandbox and the scorers. Cancellation: not atomic (some attributes may be set), but a cancelled setup
         ends the actor's process (`Actor.setup`), so no partial state serves requests."""
         self.task: TaskSpec = get_task(self.options.task)
         self.task_options = self.task.check_options(self.options.task_options)
         self.tokenizer = load_tokenizer(self.options.model, self.options.chat_template)
         self.generator = await self.lookup(self.options.generator)
         self.sandbox = await self._find_sandbox()
+        self.scorers = {name: RemoteScorer(await self.lookup(name)) for name in self.options.scorers}
         self.gateway = None   # an AgentEnvironment task's episodes run through the run's gateway (agent.py)
         if issubclass(self.task.env_class, AgentEnvironment):
             self.gateway = await self.lookup(DEFAULT_GATEWAY)
@@ -250,7 +243,8 @@ class EnvironmentActor(Actor):
         """One episode, its failures as raised. Cancellation: as `rollout`."""
         timeline = Timeline()
         sandbox = self.sandbox.for_episode(timeline) if self.sandbox else None
-        env = self.task.make_env(sandbox=sandbox, options=self.task_options)
+        scorers = Scorers({name: scorer.for_episode(timeline) for name, scorer in self.scorers.items()})
+        env = self.task.make_env(sandbox=sandbox, scorers=scorers, options=self.task_options)
         if self.gateway is not None:
             assert isinstance(env, AgentEnvironment), "only an AgentEnvironment task looks the gateway up"
             try:

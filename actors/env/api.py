@@ -20,7 +20,8 @@ policy, which renders the same conversation into the exact token ids it samples.
 named float components (`Reward`), weighted and summed by the learner
 (`postrain.ext.rl_ops.compute_advantages`), so one run can mix tasks and log each component.
 Environments never talk to sockets: what they may call outside themselves comes as handles
-(`sandbox`, `generator`) that the caller passes in.
+(`sandbox`, and `scorers`: the run's judges, teachers and reward models, actors/env/scorers.py)
+that the caller passes in.
 
 The contract (`run_episode` enforces it):
 
@@ -63,6 +64,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any, ClassVar, Protocol, TypeVar, overload, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -70,6 +72,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from postrain.core.errors import ConfigError, PostrainError
 
 from ..records.reward import EnvironmentContractError, Reward
+from .scorers import ScorerHandle, Scorers
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -186,16 +189,6 @@ class SandboxHandle(Protocol):
         ...
 
 
-@runtime_checkable
-class GeneratorHandle(Protocol):
-    """Optional: lets an environment sample from a model itself (a judge, a simulated user)."""
-
-    async def generate(self, messages: list[dict], **sampling: Any) -> str:
-        """The model's reply text to `messages`. Contract on cancellation: no text; the handle
-        keeps no per-call state (a remote request may still finish, its reply dropped)."""
-        ...
-
-
 class LocalSandbox:
     """A `SandboxHandle` over an in-process `postrain.sandbox.Sandbox` (tests, `postrain eval`).
 
@@ -245,10 +238,10 @@ class Environment:
     tools: tuple[str, ...] = ("python",)  # the tools its turns may call (env/tools.py); or per instance
     options_model: ClassVar[type[BaseModel] | None] = None  # its task options' model; None: AnyOptions
 
-    def __init__(self, *, sandbox: SandboxHandle | None = None,
-                 generator: GeneratorHandle | None = None, options: dict | BaseModel | None = None) -> None:
+    def __init__(self, *, sandbox: SandboxHandle | None = None, scorers: Mapping[str, ScorerHandle] | None = None,
+                 options: dict | BaseModel | None = None) -> None:
         self.sandbox = sandbox
-        self.generator = generator
+        self.scorers = scorers if scorers is not None else Scorers()
         self.options = check_options(self.options_model, options, type(self).__name__)
         max_turns = getattr(self.options, "max_turns", None)
         if max_turns is not None:   # checked here too: AnyOptions checks nothing

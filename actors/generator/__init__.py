@@ -9,6 +9,8 @@
     attention.py     AttentionBackend, PagedMetadata, GatherSdpaBackend (CPU: gather + SDPA)
     sequence.py      RequestOutput, CompletionOutput, the sequences in flight, EngineError
     verify.py        speculative drafting and exact verification of a step's drafts
+    scoring.py       scoring requests: a sequence's teacher rows (top-k logprobs, tail, token) from its prefill
+    requests.py      a `generate` message as engine work and its reply (shared with the scorer actor)
     sampling.py      SamplingParams, sample_rows, verify_rows: temperature, top-p/top-k, seeds, stops
     speculative.py   SpeculativeOptions and the draft proposers (n-gram, rollout, draft model)
 

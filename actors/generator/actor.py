@@ -50,10 +50,11 @@ from postrain.core.config import auto_means_unset
 from ..models.device import resolve_device
 from ..models.loading import check_model_spec, load_model
 from ..records import (GENERATE, GENERATOR_STATS, LOAD_WEIGHTS, WEIGHTS_CHANNEL, WEIGHTS_DIGEST,
-                       GeneratedSample, GenerateReply, GenerateRequest, GeneratorStats, WeightsChannel,
-                       WeightsDigest, WeightSync, WeightSyncReply)
+                       GenerateReply, GenerateRequest, GeneratorStats, WeightsChannel, WeightsDigest, WeightSync,
+                       WeightSyncReply)
 from ..weights import WeightReceiver, model_weights, weights_digest
 from .engine import Engine, RequestOutput
+from .requests import engine_prompt, generate_reply
 from .sampling import SamplingParams
 from .speculative import SpeculativeOptions
 
@@ -127,8 +128,7 @@ class GeneratorActor(Actor):
     async def generate(self, request: GenerateRequest) -> GenerateReply:
         """Cancelled: the request is aborted at the next step."""
         params = request.sampling
-        prompt = [int(t) for t in request.prompt_ids] if request.prompt_ids is not None else request.prompt
-        assert prompt is not None, "a GenerateRequest holds prompt_ids or prompt (its _check)"
+        prompt = engine_prompt(request)
         request_id = str(next(self._request_ids))
         waiter = self._waiters[request_id] = _Waiter()
         self._new_requests.append((request_id, prompt, params))
@@ -141,10 +141,7 @@ class GeneratorActor(Actor):
             raise waiter.error
         out = waiter.output
         assert out is not None, "the engine loop sets the output or the error before done"
-        return GenerateReply(prompt_len=len(out.prompt_token_ids), samples=[
-            GeneratedSample(token_ids=s.token_ids, logprobs=s.logprobs, policy_versions=s.policy_versions,
-                            finish_reason=s.finish_reason, text=s.text, routed_experts=s.routed_experts)
-            for s in out.outputs])
+        return generate_reply(out)
 
     @handler(LOAD_WEIGHTS)
     async def load_weights(self, sync: WeightSync) -> WeightSyncReply:

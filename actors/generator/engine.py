@@ -7,6 +7,14 @@
 or drive it by hand: `add_request(...)` any time, `step()` until `has_unfinished()`
 is False; `load_weights(state_dict, version)` between steps.
 
+Scoring (a teacher's rows, nothing sampled; `postrain.actors.generator.scoring`):
+
+    scores = engine.score([prompt + completion], score_from=[len(prompt)], top_k=32)
+    scores[0].topk_ids, .topk_logprobs, .tail_logmass, .token_logprobs     # numpy, rows aligned with the ids
+
+or `add_score_request(token_ids, score_from, top_k)` beside other requests: it is batched,
+prefix-cached and chunked like a prompt, and finishes after its prefill with `output.scores`.
+
 Design note. Every `step()` is: (drafts) -> schedule -> run -> sample/verify -> update.
 The parts, vLLM v1's split: `scheduler.Scheduler` decides (reserves each running sequence's
 next slot, preempting the newest when blocks run out; admits waiting prompts under the
@@ -50,9 +58,10 @@ from ..models.protocol import CausalLM
 from .attention import AttentionBackend
 from .kv_dtype import KV_DTYPE_NAMES, KVCache
 from .kv_manager import KVManager
-from .runner import ModelRunner
+from .runner import ModelRunner, StepLogits
 from .sampling import SamplingParams, make_generator, sample_rows
 from .scheduler import ScheduledSequence, Scheduler, StepPlan
+from .scoring import Scores, ScoreState
 from .sequence import CompletionOutput, EngineCounters, EngineError, Request, RequestOutput, Sequence
 from .speculative import DraftModelProposer, Proposer, SpeculativeOptions, make_proposer
 from .verify import propose_drafts, verify_drafts
@@ -188,6 +197,38 @@ class Engine:
         self.scheduler.add(request.sequences)
         return request_id
 
+    def add_score_request(self, token_ids: list[int], score_from: int, top_k: int,
+                          request_id: str | None = None) -> str:
+        """Queue a sequence to score (module docstring: rows score_from .. len - 1 of the model's
+        top_k ids and logprobs, tail log-mass and token logprobs); return its request id. It
+        finishes after its prefill, with `RequestOutput.scores` and no samples."""
+        ids = [int(t) for t in token_ids]
+        self._check_scoring(ids, score_from, top_k)
+        request_id = str(next(self._ids)) if request_id is None else str(request_id)
+        if request_id in self._requests:
+            raise EngineError(f"request_id {request_id!r} is already in flight; use a new id")
+        scoring = ScoreState(ids, score_from, top_k)
+        request = Request(RequestOutput(request_id, ids, []), SamplingParams(), set(), scoring)
+        seq = Sequence(next(self._ids), request, 0, None)    # no generator: it samples nothing
+        request.sequences.append(seq)
+        self._sequences[seq.seq_id] = seq
+        self._requests[request_id] = request
+        self.scheduler.add([seq], logits_from=scoring.logits_from)
+        return request_id
+
+    def score(self, sequences: list[list[int]], score_from: list[int], top_k: int) -> list[Scores]:
+        """Score sequences to completion (`add_score_request` each); their rows in order."""
+        if len(score_from) != len(sequences):
+            raise EngineError(f"score_from has {len(score_from)} entries for {len(sequences)} sequences; "
+                              "give one per sequence")
+        ids = [self.add_score_request(seq, start, top_k) for seq, start in zip(sequences, score_from)]
+        done: dict[str, Scores] = {}
+        while self.has_unfinished():
+            for out in self.step():
+                if out.scores is not None:
+                    done[out.request_id] = out.scores
+        return [done[i] for i in ids]
+
     def has_unfinished(self) -> bool:
         return bool(self._requests)
 
@@ -203,7 +244,7 @@ class Engine:
         with torch.inference_mode():
             logits = self.runner.run(plan, self._float16_weights)
             self._advance_decodes(plan, logits.decodes, finished)
-            self._advance_prefills(plan, logits.prefills, finished)
+            self._advance_prefills(plan, logits, finished)
         self.counters.num_steps += 1
         self.counters.busy_s += time.perf_counter() - start
         return finished
@@ -314,13 +355,17 @@ class Engine:
         else:
             self._sample_and_advance([[s] for s in seqs], logits, finished)
 
-    def _advance_prefills(self, plan: StepPlan, logits: torch.Tensor | None,
+    def _advance_prefills(self, plan: StepPlan, step_logits: StepLogits,
                           finished: list[RequestOutput]) -> None:
         """Fork each prefill's samples (they run from now on) and sample them all from its row;
-        a row that read an earlier chunk of its prompt only wrote KV."""
+        a row that read an earlier chunk of its prompt only wrote KV; a scoring request's rows
+        are reduced to its scores (`_advance_scoring`)."""
+        logits = step_logits.prefills
         if logits is None:
             return
-        rows = [i for i, entry in enumerate(plan.prefills) if entry.completes_prompt]
+        if step_logits.scored:
+            self._advance_scoring(plan, step_logits.scored, finished)
+        rows = [i for i, entry in enumerate(plan.prefills) if entry.completes_prompt and entry.logits_from is None]
         if not rows:
             return
         if len(rows) < len(plan.prefills):
@@ -330,6 +375,38 @@ class Engine:
         for entry, group in zip(entries, groups):
             self.scheduler.start_running(entry, group)
         self._sample_and_advance(groups, logits, finished)
+
+    def _advance_scoring(self, plan: StepPlan, scored: tuple[tuple[int, int, torch.Tensor], ...],
+                         finished: list[RequestOutput]) -> None:
+        """Reduce each scoring row's logits (`StepLogits.scored`) into its request's rows; a
+        request whose last chunk this was finishes: its blocks are freed, its scores out."""
+        for i, first, logits in scored:
+            entry = plan.prefills[i]
+            seq = self._sequences[entry.seq_id]
+            scoring = seq.request.scoring
+            assert scoring is not None, "a plan entry with logits_from is a scoring request's"
+            scoring.add(first, logits)
+            if entry.completes_prompt:
+                seq.output.finish_reason = "stop"
+                self.scheduler.release(entry)
+                seq.request.output.scores = scoring.rows
+                finished.append(self._complete(seq.request))
+
+    def _check_scoring(self, ids: list[int], score_from: int, top_k: int) -> None:
+        limit = self.config.max_position_embeddings
+        if len(ids) < 2:
+            raise EngineError(f"a sequence to score needs at least 2 tokens (row 0 has no context), got {len(ids)}")
+        if len(ids) > limit:
+            raise EngineError(f"the sequence to score has {len(ids)} tokens but the model's context is {limit} "
+                              f"(max_position_embeddings); score at most {limit} tokens")
+        if not 1 <= score_from <= len(ids):
+            raise EngineError(f"score_from must be in [1, {len(ids)}] (the sequence's length), got {score_from}: "
+                              "row t is the distribution of token t given the tokens before it")
+        if not 1 <= top_k <= self.config.vocab_size:
+            raise EngineError(f"top_k must be in [1, {self.config.vocab_size}] (the vocabulary), got {top_k}")
+        bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise EngineError(f"token id {bad[0]} is outside the vocabulary [0, {self.config.vocab_size})")
 
     def _group(self, entry: ScheduledSequence) -> list[Sequence]:
         return [self._sequences[entry.seq_id]] + [self._sequences[i] for i in entry.fork_seq_ids]

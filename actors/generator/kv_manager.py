@@ -2,6 +2,7 @@
 
     kv = KVManager.for_model(model, block_size_tokens=8, kv_cache_mb=256)   # kv_dtype="int8": 8-bit
     num_cached = kv.allocate(seq_id, prompt_ids)    # prefix-cache hits come back already filled
+                                                    # (max_cached=: at most that many: scoring)
     kv.fork(seq_id, child_id)                       # n samples share the prompt's blocks
     kv.append(seq_id, [token])                      # reserve the next slot (copy-on-write as needed)
     kv.free(seq_id)
@@ -81,10 +82,18 @@ class KVManager:
 
     # ------------------------------------------------------------------ allocator, with the copies done
 
-    def allocate(self, seq_id: int, token_ids: list[int]) -> int:
+    def allocate(self, seq_id: int, token_ids: list[int], max_cached: int | None = None) -> int:
         """Blocks for a new sequence's tokens; returns how many leading tokens the prefix cache
-        already holds (their KV is in the tensors; the rest is written by the next forward)."""
-        return self.pool.allocate(seq_id, token_ids)
+        already holds (their KV is in the tensors; the rest is written by the next forward).
+        max_cached: take at most that many tokens from the cache (a scoring request wants the
+        logits from that position on, so it must be computed); None: the allocator's rule
+        (all but the last token at most). The tokens past the limit are reserved as an append,
+        so their full blocks still enter the prefix index."""
+        if max_cached is None or max_cached >= len(token_ids) - 1:
+            return self.pool.allocate(seq_id, token_ids)
+        num_cached = self.pool.allocate(seq_id, token_ids[:max_cached + 1])
+        self.append(seq_id, token_ids[max_cached + 1:])
+        return num_cached
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """The child shares every block of the parent (ref counts up; copy-on-write later)."""
@@ -118,8 +127,11 @@ class KVManager:
 
     # ------------------------------------------------------------------ queries
 
-    def match_prefix(self, token_ids: list[int]) -> int:
-        """How many leading tokens `allocate` would take from the prefix cache now (read-only)."""
+    def match_prefix(self, token_ids: list[int], max_cached: int | None = None) -> int:
+        """How many leading tokens `allocate` (with the same max_cached) would take from the
+        prefix cache now (read-only)."""
+        if max_cached is not None:
+            token_ids = token_ids[:max_cached + 1]
         return self.pool.match_prefix(token_ids)
 
     def block_table(self, seq_id: int) -> list[int]:

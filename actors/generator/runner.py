@@ -8,10 +8,15 @@ new tokens into one (B, T) batch, builds the `PagedMetadata` (positions, slot pe
 block tables, context lengths) from the rows' block tables, binds the attention backend to
 it and the KV manager's cache, and calls the model once. Which logits come back:
 decode-only rows -> (B, V) at each row's one token; rows with drafts -> (B, T, V), column i
-scoring the position after the row's i-th input; prefills -> (B, V) at each prompt's last token.
+scoring the position after the row's i-th input; prefills -> (B, V) at each prompt's last token,
+and, when a prefill row is a scoring request's (`StepPlan.has_scoring`), that row's logits at
+every new position from its `logits_from` on too (`StepLogits.scored`): the forward projects only
+the positions a (B, T) mask keeps (the model's `logits_to_keep`), never the padding's, so a step
+holds at most (its new tokens, V) logits however unequal its rows.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any, Callable, cast
 
@@ -32,6 +37,9 @@ class StepLogits:
 
     decodes: torch.Tensor | None    # (B, V), or (B, 1 + max drafts, V) when the plan has drafts
     prefills: torch.Tensor | None   # (B, V): each prompt's last token
+    scored: tuple[tuple[int, int, torch.Tensor], ...] = ()
+    # per prefill row of a scoring request: (its index in plan.prefills, the first position kept,
+    # logits (n, V) of positions first .. its last new token); scoring.py reduces them
 
 
 def paged_inputs(rows: tuple[ScheduledSequence, ...], block_size_tokens: int
@@ -71,13 +79,35 @@ class ModelRunner:
         decodes = None
         if plan.decodes:
             decodes = self.forward(plan.decodes, "all" if plan.has_drafts else "last", weights)
+        if plan.prefills and plan.has_scoring:
+            return self._scoring_prefills(decodes, plan.prefills, weights)
         prefills = self.forward(plan.prefills, "last", weights) if plan.prefills else None
         return StepLogits(decodes, prefills)
 
-    def forward(self, rows: tuple[ScheduledSequence, ...], keep: str,
+    def _scoring_prefills(self, decodes: torch.Tensor | None, rows: tuple[ScheduledSequence, ...],
+                          weights: Float16Weights | None) -> StepLogits:
+        """The prefill forward of a plan with scoring rows: each row keeps its last new token's
+        logits, and a scoring row every new position's from its logits_from on."""
+        firsts = [r.start_position + r.num_new_tokens - 1 if r.logits_from is None
+                  else min(max(r.start_position, r.logits_from), r.start_position + r.num_new_tokens - 1)
+                  for r in rows]
+        counts = [r.start_position + r.num_new_tokens - first for r, first in zip(rows, firsts)]
+        columns = torch.arange(max(r.num_new_tokens for r in rows))
+        low = torch.tensor([first - r.start_position for r, first in zip(rows, firsts)])
+        high = torch.tensor([r.num_new_tokens for r in rows])
+        keep = (columns[None, :] >= low[:, None]) & (columns[None, :] < high[:, None])        # (B, T)
+        logits = self.forward(rows, keep, weights)                                           # (N, V)
+        ends = list(itertools.accumulate(counts))
+        last = logits[torch.tensor(ends, device=logits.device) - 1]                         # (B, V)
+        scored = tuple((i, first, logits[end - count:end])
+                       for i, (r, first, count, end) in enumerate(zip(rows, firsts, counts, ends))
+                       if r.logits_from is not None)
+        return StepLogits(decodes, last, scored)
+
+    def forward(self, rows: tuple[ScheduledSequence, ...], keep: str | torch.Tensor,
                 weights: Float16Weights | None = None) -> torch.Tensor:
         """One forward of rows; keep="last": logits (B, V) at each row's last new token,
-        keep="all": (B, T, V)."""
+        keep="all": (B, T, V); a (B, T) bool mask: (N, V) at the positions it marks, row by row."""
         input_ids, metadata = paged_inputs(rows, self.kv.block_size_tokens)
         if self.device.type != "cpu":
             metadata = PagedMetadata(
@@ -86,7 +116,9 @@ class ModelRunner:
                 num_padding=metadata.num_padding)
         step = self.backend.bind(metadata, self.kv.kv_caches)
         keep_index = None
-        if keep == "last":
+        if isinstance(keep, torch.Tensor):
+            keep_index = keep.to(self.device)
+        elif keep == "last":
             keep_index = torch.tensor([r.num_new_tokens - 1 for r in rows], device=self.device)
         if self.routing_sink is None:
             return self.model(input_ids.to(self.device), paged=step, logits_to_keep=keep_index, weights=weights)

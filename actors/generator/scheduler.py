@@ -30,6 +30,12 @@ its whole length fits in the free blocks. When blocks run short, prompts being r
 preempted (newest first) before any decoding sequence. Only a prompt's last chunk is
 sampled from (`ScheduledSequence.completes_prompt`); the earlier chunks only write KV.
 With `prefill_chunk_tokens` = 0 every prompt is read in one step (the default).
+
+Scoring requests (`scoring`). A group with `logits_from` set is a sequence to score: its
+logits are wanted at every position from `logits_from` on, so it takes at most that many
+tokens from the prefix cache (`KVManager.allocate(max_cached=)`), its plan entries carry
+`logits_from` (the runner keeps their logits from that position on), and after its last chunk it
+never runs: the engine reads its rows and `release`s its blocks.
 """
 from __future__ import annotations
 
@@ -54,6 +60,8 @@ class ScheduledSequence:
     fork_seq_ids: tuple[int, ...] = ()  # samples that fork from it after its prefill (prefills only)
     completes_prompt: bool = True      # prefills: this row reads the prompt's last tokens, so the
                                        # step samples from it (False: an earlier chunk, KV only)
+    logits_from: int | None = None     # prefills of a scoring request: the logits of every new token
+                                       # at this position or later are wanted (None: sample the last)
 
     @property
     def num_new_tokens(self) -> int:
@@ -75,6 +83,12 @@ class StepPlan:
     def has_drafts(self) -> bool:
         return any(s.drafts for s in self.decodes)
 
+    @property
+    def has_scoring(self) -> bool:
+        """A prefill row of a scoring request: its forward keeps that row's logits from its
+        logits_from on (runner.py)."""
+        return any(s.logits_from is not None for s in self.prefills)
+
 
 @dataclass
 class PrefillGroup:
@@ -83,6 +97,8 @@ class PrefillGroup:
     seqs: list[Sequence]
     num_cached: int = 0        # prompt tokens the prefix cache held at admission
     num_scheduled: int = 0     # prompt tokens whose KV is written by the end of the current step
+    logits_from: int | None = None   # a scoring request: the first position whose logits are wanted,
+                                     # so at most that many tokens come from the prefix cache
 
     @property
     def prompt(self) -> list[int]:
@@ -116,9 +132,10 @@ class Scheduler:
         self.prefilling: list[PrefillGroup] = []      # prompts part-read (chunked prefill), admission order
         self.running: list[Sequence] = []             # admission order: the last is preempted first
 
-    def add(self, seqs: list[Sequence]) -> None:
-        """Queue a request's samples: one prefill, then n - 1 forks."""
-        self.waiting.append(PrefillGroup(list(seqs)))
+    def add(self, seqs: list[Sequence], logits_from: int | None = None) -> None:
+        """Queue a request's samples: one prefill, then n - 1 forks. logits_from: a scoring
+        request (one sequence), whose logits are wanted from that position on."""
+        self.waiting.append(PrefillGroup(list(seqs), logits_from=logits_from))
 
     def schedule(self) -> StepPlan:
         """Reserve every running sequence's slots (preempting as needed), continue the prompts
@@ -130,7 +147,7 @@ class Scheduler:
                          self.max_num_batched_tokens - sum(1 + len(s.drafts) for s in decoding))
             chunks = self._continue_prefills(budget)
             budget -= sum(end - start for _, start, end in chunks)
-            chunks += self._admit_chunked(len(decoding), budget)
+            chunks += self._admit_chunked(len(decoding), budget, bool(chunks))
         else:
             chunks = [(g, g.num_cached, len(g.prompt)) for g in self._admit(len(decoding))]
         decodes = tuple(self._decode_entry(seq) for seq in decoding)
@@ -148,6 +165,11 @@ class Scheduler:
         if seq in self.running:
             self.running.remove(seq)
             self.kv.free(seq.seq_id)
+
+    def release(self, entry: ScheduledSequence) -> None:
+        """A scoring request's last chunk ran: free its blocks (it never runs; the full blocks
+        stay in the prefix cache)."""
+        self.kv.free(entry.seq_id)
 
     def drop_waiting(self, request) -> None:
         """Forget the queued and part-read prefills of `request` (aborted), freeing their blocks."""
@@ -215,8 +237,11 @@ class Scheduler:
             budget -= end - start
         return chunks
 
-    def _admit_chunked(self, num_decoding: int, budget: int) -> list[tuple[PrefillGroup, int, int]]:
-        """Admit waiting prompts while the budget lasts; each reads its first chunk now."""
+    def _admit_chunked(self, num_decoding: int, budget: int, continued: bool
+                       ) -> list[tuple[PrefillGroup, int, int]]:
+        """Admit waiting prompts while the budget lasts; each reads its first chunk now.
+        continued: this step reads a chunk of a prompt admitted earlier (which holds blocks even
+        when it leaves `prefilling` with its last chunk), so a prompt that does not fit waits."""
         chunks: list[tuple[PrefillGroup, int, int]] = []
         num_seqs = num_decoding + sum(len(g.seqs) for g in self.prefilling)
         while self.waiting and budget > 0:
@@ -224,12 +249,12 @@ class Scheduler:
             fan_out = len(group.seqs)
             if num_seqs + fan_out > self.max_num_seqs and num_seqs > 0:
                 break
-            if not self._has_room(len(group.prompt), fan_out, bool(chunks)):
+            if not self._has_room(len(group.prompt), fan_out, bool(chunks) or continued):
                 break
             self.waiting.popleft()
             prompt = group.prompt
-            end = min(len(prompt), self.kv.match_prefix(prompt) + budget)
-            group.num_cached = self.kv.allocate(group.seqs[0].seq_id, prompt[:end])
+            end = min(len(prompt), self.kv.match_prefix(prompt, group.logits_from) + budget)
+            group.num_cached = self.kv.allocate(group.seqs[0].seq_id, prompt[:end], group.logits_from)
             self._count_admission(group)
             self.prefilling.append(group)
             chunks.append(self._advance(group, group.num_cached, end))
@@ -259,7 +284,7 @@ class Scheduler:
             if not self._has_room(len(tokens), fan_out, bool(admitted)):
                 break
             self.waiting.popleft()
-            group.num_cached = self.kv.allocate(group.seqs[0].seq_id, tokens)
+            group.num_cached = self.kv.allocate(group.seqs[0].seq_id, tokens, group.logits_from)
             admitted.append(group)
             num_seqs += fan_out
             num_tokens += len(tokens) - group.num_cached
@@ -293,4 +318,4 @@ class Scheduler:
         return ScheduledSequence(first.seq_id, tuple(group.prompt[start:end]), start,
                                  tuple(self.kv.block_table(first.seq_id)),
                                  fork_seq_ids=tuple(s.seq_id for s in group.seqs[1:]),
-                                 completes_prompt=end == len(group.prompt))
+                                 completes_prompt=end == len(group.prompt), logits_from=group.logits_from)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from postrain.core.errors import PostrainError
 
 from .sampling import SamplingParams
+from .scoring import Scores, ScoreState
 
 
 class EngineError(PostrainError, ValueError):
@@ -53,6 +54,8 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     num_cached_prompt_tokens: int = 0        # prompt tokens whose KV came from the prefix cache
     finished: bool = False
+    scores: Scores | None = None             # a scoring request's rows, once finished (`scoring`);
+                                             # such a request has no outputs (nothing is sampled)
 
 
 class Sequence:
@@ -94,13 +97,16 @@ class Sequence:
 
 
 class Request:
-    """A prompt and its n samples (`sequences`, all sharing the prompt's blocks once forked)."""
+    """A prompt and its n samples (`sequences`, all sharing the prompt's blocks once forked); or,
+    with `scoring`, a sequence to score (one `Sequence` that is pre-filled and never samples)."""
 
-    __slots__ = ("output", "params", "sequences", "stop_ids", "prompt_key")
+    __slots__ = ("output", "params", "sequences", "stop_ids", "prompt_key", "scoring")
 
-    def __init__(self, output: RequestOutput, params: SamplingParams, stop_ids: set[int]):
+    def __init__(self, output: RequestOutput, params: SamplingParams, stop_ids: set[int],
+                 scoring: ScoreState | None = None):
         self.output = output
         self.params = params
         self.sequences: list[Sequence] = []
         self.stop_ids = stop_ids
         self.prompt_key = tuple(output.prompt_token_ids)    # the rollout proposer's store key
+        self.scoring = scoring

@@ -11,6 +11,10 @@ an `SftBatch` for a supervised one. Per sample (arrays travel as extra frames):
     rewards / reward_components / group_ids   (TrainBatch, instead of advantages) scalar
                        rewards or named components (weighted by the config), over contiguous
                        groups of equal size: the learner computes group-relative advantages
+    teacher_topk_ids / teacher_topk_logprobs / teacher_tail_logmass   (TrainBatch, optional)
+                       the teacher's top-k rows for distillation, (T, k), (T, k), (T,), one k
+                       for the whole batch; on trained rows the ids are distinct and the
+                       log-probs and tails finite (learner/distill.py)
 
 The record checks the shapes it can see (one entry per sample); `pack_batch` checks the rest
 (per-token lengths, loss_mask[i][0] == 0) and pads. Entries where loss_mask is 0 (prompt, tool
@@ -88,8 +92,58 @@ def pack_batch(batch: TrainBatch | SftBatch, *, advantages: torch.Tensor | None 
         advantages = (_batch_advantages(batch.advantages, lengths, width) if isinstance(batch, TrainBatch)
                       else torch.zeros(num))
     adv = advantages if advantages.dim() == 1 else advantages[:, 1:]
-    return PackedBatch(input_ids, attention, loss_mask[:, 1:], behavior[:, 1:] * loss_mask[:, 1:],
-                       versions[:, 1:], adv.to(torch.float32))
+    packed = PackedBatch(input_ids, attention, loss_mask[:, 1:], behavior[:, 1:] * loss_mask[:, 1:],
+                         versions[:, 1:], adv.to(torch.float32))
+    if isinstance(batch, TrainBatch) and batch.has_teacher_rows:
+        _pack_teacher(batch, packed, lengths)
+    return packed
+
+
+def _pack_teacher(batch: TrainBatch, packed: PackedBatch, lengths: list[int]) -> None:
+    """The teacher's rows, padded and shifted like every per-token field, onto `packed`; checked
+    on the trained rows (one k, distinct ids, finite log-probs and tails)."""
+    assert batch.teacher_topk_ids is not None and batch.teacher_topk_logprobs is not None
+    assert batch.teacher_tail_logmass is not None   # the record's rule: all three or none
+    ids = [_as_2d(x, "teacher_topk_ids", i, torch.int64) for i, x in enumerate(batch.teacher_topk_ids)]
+    ks = sorted({int(x.shape[1]) for x in ids})
+    if len(ks) != 1:
+        raise LearnerError(f"teacher_topk_ids must have one k for the whole batch, got k in {ks}; score every "
+                           "sample with one top_k")
+    num, width, k = len(lengths), max(lengths), ks[0]
+    table = torch.zeros(num, width, k, dtype=torch.int64)
+    logp = torch.zeros(num, width, k, dtype=torch.float32)
+    tail = torch.zeros(num, width, dtype=torch.float32)
+    for i, n in enumerate(lengths):
+        table[i, :n] = ids[i]
+        logp[i, :n] = _as_2d(batch.teacher_topk_logprobs[i], "teacher_topk_logprobs", i, torch.float32)
+        tail[i, :n] = _as_1d(batch.teacher_tail_logmass[i], "teacher_tail_logmass", i, torch.float32)
+    packed.teacher_ids, packed.teacher_logp, packed.teacher_tail = table[:, 1:], logp[:, 1:], tail[:, 1:]
+    sel = packed.loss_mask
+    rows = packed.teacher_ids[sel].sort(-1).values
+    if k > 1 and bool((rows[:, 1:] == rows[:, :-1]).any()):
+        sample, position = _first(sel, (rows[:, 1:] == rows[:, :-1]).any(-1))
+        raise LearnerError(f"teacher_topk_ids[{sample}][{position}] repeats an id; a trained token's row holds "
+                           "the teacher's k most likely ids, each once (was the row scored? rows before the "
+                           "scorer's score_from are zeros)")
+    finite = torch.isfinite(packed.teacher_logp[sel]).all(-1) & torch.isfinite(packed.teacher_tail[sel])
+    if not bool(finite.all()):
+        sample, position = _first(sel, ~finite)
+        raise LearnerError(f"teacher_topk_logprobs / teacher_tail_logmass [{sample}][{position}] is not finite; "
+                           "the tail is log(1 - sum(exp(top-k logprobs))) clamped to >= log(1e-20)")
+
+
+def _first(sel: torch.Tensor, bad_rows: torch.Tensor) -> tuple[int, int]:
+    """(sample, token position in token_ids) of the first selected row flagged in `bad_rows`."""
+    index = int(bad_rows.nonzero()[0, 0])
+    sample, target = sel.nonzero()[index].tolist()
+    return sample, target + 1
+
+
+def _as_2d(value, name: str, index: int, dtype) -> torch.Tensor:
+    t = value.detach().to("cpu") if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
+    if t.dim() != 2:
+        raise LearnerError(f"{name}[{index}] must be 2-D (one row of k per token), got shape {tuple(t.shape)}")
+    return t.to(dtype)
 
 
 def _per_token(values, name: str, lengths: list[int], dtype) -> list[torch.Tensor]:
@@ -166,4 +220,5 @@ def reward_components_of(batch: TrainBatch, num_samples: int) -> dict[str, torch
                 for k, v in batch.reward_components.items()}
     if batch.rewards is not None:
         return {"reward": _as_vector(batch.rewards, "rewards", num_samples)}
-    raise LearnerError("the batch has neither 'advantages' nor 'rewards'/'reward_components'")
+    raise LearnerError("the batch has neither 'advantages' nor 'rewards'/'reward_components'; give one (only "
+                       "learner.loss = \"opd\", distillation alone, trains without them)")

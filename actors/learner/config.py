@@ -61,7 +61,8 @@ class LearnerConfig:
     micro_batch_size: int = 8              # samples per forward/backward (gradient accumulation)
     # policy loss (postrain.ext.rl_ops)
     objective: str = "ppo"                 # "ppo" | "decoupled" (proximal recompute for stale samples)
-    loss: str = "ppo"                      # a named loss preset: ppo | dapo | gspo | cispo | tis | mis | geo-mis | icepop | kl (loss_preset.py)
+    loss: str = "ppo"                      # a named loss preset: ppo | dapo | gspo | cispo | tis | mis | geo-mis | icepop | kl (loss_preset.py),
+                                           # or "opd": on-policy distillation, the reverse KL to a teacher alone (docs/scorers.md)
     loss_options: dict[str, float | str | None] | None = None   # PolicyLossConfig fields over the preset's (e.g. {is_high = 3.0})
     clip_low: float = 0.2                  # PPO clip below: the ratio is clipped at 1 - clip_low
     clip_high: float = 0.28                # PPO clip above: 1 + clip_high (DAPO's clip-higher when > clip_low)
@@ -75,6 +76,11 @@ class LearnerConfig:
     kl_horizon: int = 10000                # the adaptive KL controller's horizon in steps (with kl_target)
     entropy_coef: float = 0.0              # entropy bonus weight (0 = metric only)
     temperature: float = 1.0               # the generator's sampling temperature (logprobs at T)
+    # on-policy distillation (actors/learner/distill.py, docs/scorers.md)
+    distill_coef: float = 0.0              # adds distill_coef * KL(student || teacher) to the loss; > 0 needs the
+                                           # teacher's rows in every batch, or teacher_model (loss "opd": weight 1)
+    teacher_model: str | dict | None = None   # a model spec loaded frozen in the learner: the KL over the full
+                                              # vocabulary instead of the batch's top-k rows (same tokenizer)
     # advantages, when the batch carries rewards instead of advantages
     advantage_mode: str = "grpo"           # "grpo" | "dr_grpo" | "rloo"
     reward_weights: dict[str, float] | None = None   # reward = sum of weight * component per named component (a missing weight is 1.0); None: all 1.0
@@ -120,12 +126,35 @@ class LearnerConfig:
             (not (self.kl_coef or self.kl_target) or self.reference_model is not None,
              f"kl_coef={self.kl_coef} / kl_target={self.kl_target} need reference_model "
              "(\"initial\", \"warm_start\" or a model spec)"),
+            (self.distill_coef >= 0, f"distill_coef must be >= 0, got {self.distill_coef}"),
+            (not (self.loss == "opd" and self.distill_coef),
+             f"loss = \"opd\" trains on the distillation KL alone (weight 1); distill_coef = {self.distill_coef} "
+             "adds it to another loss: leave distill_coef at 0, or pick another loss"),
+            (self.teacher_model is None or self.distills,
+             "teacher_model is the teacher of on-policy distillation: set loss = \"opd\" or distill_coef > 0, "
+             "or leave teacher_model unset"),
+            (self.teacher_model not in ("initial", "warm_start"),
+             f"teacher_model names a model (a folder, a built-in name, a .gguf file, a ModelConfig dict), got "
+             f"{self.teacher_model!r}, which only reference_model takes"),
+            (not (self.distills and self.context_parallel > 1),
+             f"distillation (loss = \"opd\" or distill_coef > 0) does not run on context-parallel rings yet "
+             f"(context_parallel = {self.context_parallel}): set context_parallel = 1 and use data-parallel ranks"),
         ]
         for ok, message in rules:
             if not ok:
                 raise LearnerError(message)
         self.loss_config()  # validates the clip / aggregation fields (RLOpsError)
         lora_config(self.lora)   # validates the adapter fields (LearnerError)
+
+    @property
+    def distills(self) -> bool:
+        """True when the step trains on the distillation KL (loss "opd", or distill_coef > 0)."""
+        return self.loss == "opd" or self.distill_coef > 0
+
+    @property
+    def distill_weight(self) -> float:
+        """The KL's weight in the loss: 1 for loss "opd", else distill_coef."""
+        return 1.0 if self.loss == "opd" else self.distill_coef
 
     @classmethod
     def from_dict(cls, values: dict | None) -> "LearnerConfig":

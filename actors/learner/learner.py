@@ -24,6 +24,7 @@ The Learner is the composition root of its parts, each a class with one job:
     policy_forward.py  PolicyForward              logprobs: LM head, autocast, shared prefixes, rings
     optimizer.py       PolicyOptimizer            AdamW, clipping, the lr schedule
     reference.py       KLReference                the frozen KL reference
+    distill.py         LearnerDistill             on-policy distillation: its rules and teacher model
     step.py            StepLoop                   one train or SFT step over the parts above
     checkpoint_io.py   CheckpointIO               whole-model (state.py) or sharded (sharded_state.py)
 
@@ -59,6 +60,7 @@ from .collectives import Collectives
 from .config import DTYPES, LearnerConfig
 from .context_parallel_step import join_rings
 from .counter import StepCounter
+from .distill import LearnerDistill
 from .lora import LearnerLora
 from .optimizer import PolicyOptimizer
 from .policy_forward import PolicyForward
@@ -94,6 +96,7 @@ class Learner:
             fsdp.checkpoint_layers(self.model)
         self.routing = LearnerRouting(self.model, cfg.routing_replay, cfg.router_aux_loss_coef)
         self.kl_reference = KLReference.build(cfg, self.model, self.device, dtype)
+        self.distill = LearnerDistill.build(cfg, self.model, self.tokenizer, self.device, dtype)
         self.lora = LearnerLora(self.model, cfg.lora, cfg.seed)   # inactive without the lora option
         self.optim = PolicyOptimizer(cfg, self.lora.trainable(self.model))   # LoRA: the adapters alone
         self.kl = (rl_ops.AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
@@ -103,7 +106,7 @@ class Learner:
         self.forward = PolicyForward(cfg, self.device, self.routing, self.comm)
         self.sharded = False               # strategy "fsdp" in a group: the model is FSDP2-sharded
         self.steps = StepLoop(cfg, self.model, self.forward, self.comm, self.counter, self.optim,
-                              self.kl_reference, self.kl, self.routing, self.lora)
+                              self.kl_reference, self.kl, self.routing, self.lora, self.distill)
         self.checkpoints: CheckpointIO = (ShardedCheckpointIO(self) if cfg.strategy == "fsdp"
                                           else WholeCheckpointIO(self))   # chosen once
         if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -171,8 +174,9 @@ class Learner:
         mesh = fsdp.device_mesh(self.comm.group, self.device)
         mixed = DTYPES[cfg.autocast_dtype] if cfg.autocast_dtype and self.device.type == "cuda" else None
         fsdp.shard_policy(self.model, mesh, mixed)
-        if self.reference is not None:
-            fsdp.shard_policy(self.reference, mesh, mixed)
+        for frozen in (self.reference, self.distill.teacher):
+            if frozen is not None:
+                fsdp.shard_policy(frozen, mesh, mixed)
         self.sharded = True
         if not self.lora.active:           # LoRA: the optimizer holds the adapters, whole on every rank
             self.optim.shard(self.lora.trainable(self.model))
@@ -188,8 +192,11 @@ class Learner:
         return self.steps.sft(batch)
 
     def batch_advantages(self, batch: TrainBatch) -> tuple[dict[str, float], torch.Tensor | None]:
-        """(reward metrics, per-sample advantages (B,)) of a batch's rewards (step.batch_advantages)."""
-        return batch_advantages(self.config, batch)
+        """(reward metrics, per-sample advantages (B,)) of a batch's rewards (step.batch_advantages);
+        LearnerError for a batch the config's distillation cannot use (distill.py)."""
+        metrics, advantages = batch_advantages(self.config, batch)
+        self.distill.check_batch(batch)
+        return metrics, advantages
 
     @torch.no_grad()
     def compute_logprobs(self, batch: TrainBatch | SftBatch) -> list[torch.Tensor]:

@@ -9,6 +9,11 @@ any classic field set to other than its default, then `loss_options`. The preset
 fields (objective "decoupled" for the mismatch corrections; kl_coef and reference_model for
 "kl") are set only where the config leaves them at their defaults. `loss = "ppo"` (the
 default) is the classic fields alone, as before presets existed.
+
+`loss = "opd"` is the learner's own name, not an rl_ops preset: on-policy distillation, the
+reverse KL to a teacher alone (actors/learner/distill.py). Its policy-gradient term is off
+(the step passes zero advantages); the classic fields still give the PolicyLossConfig of the
+metrics and of a reference KL term.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from postrain.ext import rl_ops
 
 from .batch import LearnerError
 
+LEARNER_ONLY_LOSS = "opd"   # on-policy distillation (module docstring)
 CLASSIC_LOSS_FIELDS = ("clip_low", "clip_high", "dual_clip", "behavior_weight_cap", "agg_mode",
                        "loss_norm_constant", "kl_kind")
 
@@ -29,9 +35,9 @@ def _defaults(config) -> dict:
 def apply_loss_preset(config) -> None:
     """Check `loss` and `loss_options`, and set the preset's learner fields left at their defaults."""
     try:
-        preset = rl_ops.loss_preset(config.loss)
+        preset = rl_ops.loss_preset("ppo" if config.loss == LEARNER_ONLY_LOSS else config.loss)
     except rl_ops.RLOpsError as exc:
-        raise LearnerError(f"learner.loss: {exc}") from None
+        raise LearnerError(f"learner.loss: {exc}, or {LEARNER_ONLY_LOSS!r} (on-policy distillation)") from None
     known = {f.name for f in dataclasses.fields(rl_ops.PolicyLossConfig)} - {"kl_coef"}
     unknown = sorted(set(config.loss_options or {}) - known)
     if unknown:
@@ -49,7 +55,7 @@ def preset_loss_config(config, kl_coef: float | None = None) -> rl_ops.PolicyLos
     if config.objective != "decoupled":
         classic["behavior_weight_cap"] = None
     fields = dict(classic)
-    if config.loss != "ppo":
+    if config.loss not in ("ppo", LEARNER_ONLY_LOSS):
         defaults = _defaults(config)
         fields.update(rl_ops.loss_preset(config.loss).loss)
         fields.update({k: v for k, v in classic.items() if getattr(config, k) != defaults[k]})

@@ -8,6 +8,7 @@ imports neither.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
@@ -41,7 +42,9 @@ class PackedBatch:
     are aligned with targets = input_ids[:, 1:], so they are (B, T - 1).
 
     Invariants: loss_mask <= attention_mask[:, 1:]; advantages is (B,) or (B, T - 1); `shared`
-    describes these rows (rows() and select() drop it: a plan belongs to one micro-batch).
+    describes these rows (rows() and select() drop it: a plan belongs to one micro-batch); the
+    teacher's rows (distillation) are all three or none, aligned with the targets like every
+    per-token field (row t predicts input_ids[:, t + 1]).
     """
 
     input_ids: torch.Tensor          # (B, T) int64, 0 past each sample's end
@@ -52,6 +55,9 @@ class PackedBatch:
     advantages: torch.Tensor         # (B,) or (B, T - 1) float32
     shared: PrefixPlan | None = None   # shared-prefix layout of a micro-batch (actors/learner/shared_prefix.py)
     routed_experts: torch.Tensor | None = None   # (B, T, moe_layers, top_k) int64, -1 = none (routing.py)
+    teacher_ids: torch.Tensor | None = None      # (B, T - 1, k) int64: the teacher's top-k ids (distillation)
+    teacher_logp: torch.Tensor | None = None     # (B, T - 1, k) float32: their log-probs under the teacher
+    teacher_tail: torch.Tensor | None = None     # (B, T - 1) float32: the teacher's log-mass outside them
 
     @property
     def num_samples(self) -> int:
@@ -70,18 +76,30 @@ class PackedBatch:
             self.input_ids[start:stop, :width], self.attention_mask[start:stop, :width],
             self.loss_mask[start:stop, :width - 1], self.behavior_logp[start:stop, :width - 1],
             self.policy_versions[start:stop, :width - 1], adv if adv.dim() == 1 else adv[:, :width - 1],
-            routed_experts=routed)
+            routed_experts=routed, **self._teacher(lambda t: t[start:stop, :width - 1]))
 
     def select(self, indices: torch.Tensor) -> "PackedBatch":
         """The samples at `indices` (B',) int64, in that order, at the same width."""
         return PackedBatch(
             self.input_ids[indices], self.attention_mask[indices], self.loss_mask[indices],
             self.behavior_logp[indices], self.policy_versions[indices], self.advantages[indices],
-            routed_experts=None if self.routed_experts is None else self.routed_experts[indices])
+            routed_experts=None if self.routed_experts is None else self.routed_experts[indices],
+            **self._teacher(lambda t: t[indices]))
 
     def to(self, device) -> "PackedBatch":
         return PackedBatch(
             self.input_ids.to(device), self.attention_mask.to(device), self.loss_mask.to(device),
             self.behavior_logp.to(device), self.policy_versions.to(device), self.advantages.to(device),
             shared=None if self.shared is None else self.shared.to(device),
-            routed_experts=None if self.routed_experts is None else self.routed_experts.to(device))
+            routed_experts=None if self.routed_experts is None else self.routed_experts.to(device),
+            **self._teacher(lambda t: t.to(device)))
+
+    @property
+    def has_teacher_rows(self) -> bool:
+        return self.teacher_ids is not None
+
+    def _teacher(self, op: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, Any]:
+        """The teacher fields as keyword arguments, `op` applied to each (None stays None)."""
+        return {name: None if value is None else op(value)
+                for name, value in (("teacher_ids", self.teacher_ids), ("teacher_logp", self.teacher_logp),
+                                    ("teacher_tail", self.teacher_tail))}

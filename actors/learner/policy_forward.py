@@ -4,6 +4,7 @@
     order, micro = forward.micro_batches(packed)      # on the device, grouped by shared prefix
     logp, entropy = forward.logprobs(model, mb)       # (B, T - 1); 0 where not trained
     ref_logp = forward.recompute(micro, reference)    # no gradient (the KL reference, a judge)
+    logp, entropy, kl = forward.distill_logprobs(model, mb, teacher)   # and the distillation KL (B, T - 1)
 
 Design note. Logprobs come from `rl_ops.token_logprobs_from_hidden` on the hidden states of
 the trained tokens only, so neither the prompt's nor any (tokens x vocab) logits are
@@ -11,6 +12,12 @@ materialised. Under context parallel each rank scores its zig-zag slice and the 
 the rows (context_parallel_step.py); a Gemma softcap or `logprob_path = "naive"` takes the
 full-logits path. The same forward serves the policy, the frozen reference and any other
 model of the policy's architecture: it holds no model of its own.
+
+Distillation (`distill_logprobs`) takes the same hidden rows through one chunked pass of the
+LM head (`rl_ops.distill_head_from_hidden`) that yields the logprobs, the entropies and, at
+temperature 1, either the student's log-probs at the teacher's top-k ids and its tail mass
+(the batch's teacher rows) or the full-vocabulary KL to a teacher model, whose own hidden rows
+come from a no-gradient pass over the same micro-batch (shared prefixes included).
 """
 from __future__ import annotations
 
@@ -63,6 +70,57 @@ class PolicyForward:
         logp, entropy = self.head(model, h, mb.input_ids[:, 1:][sel])
         zeros = torch.zeros(sel.shape, dtype=logp.dtype, device=sel.device)
         return zeros.masked_scatter(sel, logp), zeros.masked_scatter(sel, entropy)
+
+    def distill_logprobs(self, model: LlamaModel, mb: PackedBatch, teacher: LlamaModel | None
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """logp, entropy (as `logprobs`) and the per-token distillation KL(student || teacher) at
+        temperature 1, all (B, T - 1) and 0 where not trained: over the micro-batch's teacher
+        top-k rows and tail (`teacher` None) or over the full vocabulary of `teacher`."""
+        if self.config.context_parallel > 1:   # the config refuses it; a guard for a direct caller
+            raise LearnerError("distillation does not run on context-parallel rings; set context_parallel = 1")
+        if teacher is None and mb.teacher_ids is None:
+            raise LearnerError("a distillation step needs the teacher's rows in the batch or a teacher model")
+        sel = mb.loss_mask                                                                # (B, T-1)
+        with self.autocast(), self.routing.trace(model, mb, None):
+            h = trained_hidden(model, mb)                                                 # (N, H)
+        targets = mb.input_ids[:, 1:][sel]
+        if teacher is not None:
+            with torch.no_grad(), self.autocast():
+                teacher_h = trained_hidden(teacher, mb)                                   # (N, H_t)
+            logp, entropy, kl = self._distill_head(model, h, targets, teacher=teacher, teacher_h=teacher_h)
+        else:
+            assert mb.teacher_ids is not None and mb.teacher_logp is not None and mb.teacher_tail is not None
+            logp, entropy, part = self._distill_head(model, h, targets, topk_ids=mb.teacher_ids[sel])
+            kl = rl_ops.topk_kl_per_token(part[:, :-1], mb.teacher_logp[sel], mb.teacher_tail[sel],
+                                          student_tail_logmass=part[:, -1])
+        zeros = torch.zeros(sel.shape, dtype=logp.dtype, device=sel.device)
+        return (zeros.masked_scatter(sel, logp), zeros.masked_scatter(sel, entropy),
+                zeros.masked_scatter(sel, kl.to(logp.dtype)))
+
+    def _distill_head(self, model: LlamaModel, h: torch.Tensor, targets: torch.Tensor, *,
+                      topk_ids: torch.Tensor | None = None, teacher: LlamaModel | None = None,
+                      teacher_h: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`head` with the distillation output (rl_ops.distill_head_from_hidden): the full logits
+        for a softcapped student or `logprob_path = "naive"`, else chunked."""
+        cfg = self.config
+        weight = model.lm_head.weight
+        h = h.to(weight.dtype)
+        cap = model.config.final_logit_softcapping
+        teacher_weight = None if teacher is None else teacher.lm_head.weight
+        teacher_cap = None if teacher is None else teacher.config.final_logit_softcapping
+        if cfg.logprob_path == "naive" or cap is not None:
+            logits = h @ weight.t() if cap is None else torch.tanh(h @ weight.t() / cap) * cap
+            teacher_logits = None
+            if teacher_h is not None and teacher_weight is not None:
+                with torch.no_grad():
+                    teacher_logits = teacher_h.to(teacher_weight.dtype) @ teacher_weight.t()
+                    if teacher_cap is not None:
+                        teacher_logits = torch.tanh(teacher_logits / teacher_cap) * teacher_cap
+            return rl_ops.distill_head_naive(logits, targets, topk_ids=topk_ids, teacher_logits=teacher_logits,
+                                             temperature=cfg.temperature)
+        return rl_ops.distill_head_from_hidden(
+            h, weight, targets, topk_ids=topk_ids, teacher_hidden=teacher_h, teacher_weight=teacher_weight,
+            teacher_softcap=teacher_cap, temperature=cfg.temperature, chunk_size_tokens=cfg.chunk_size_tokens)
 
     def _ring_logprobs(self, model: LlamaModel, mb: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """logp, entropy (B, T - 1) of the micro-batch's whole sequences (0 where not trained), as

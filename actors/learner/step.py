@@ -1,7 +1,7 @@
 """StepLoop: one optimizer step per call, on a rollout batch (RL) or a demonstration batch (SFT).
 
-    loop = StepLoop(config, model, forward, comm, counter, optim, reference, kl, routing, lora)
-    metrics = loop.train(batch)       # a TrainBatch: the policy loss, one AdamW step
+    loop = StepLoop(config, model, forward, comm, counter, optim, reference, kl, routing, lora, distill)
+    metrics = loop.train(batch)       # a TrainBatch: the policy loss (+ distillation), one AdamW step
     metrics = loop.sft(batch)         # an SftBatch: cross-entropy on the loss_mask tokens
 
 Design note. Every micro-batch's loss is divided by the WHOLE batch's token (or sequence)
@@ -12,6 +12,12 @@ gradients and metric sums, clips, steps AdamW and advances the counter: exactly 
 optimizer step per call (the learner's invariant). The loop holds no state of its own
 between calls: its parts (the forward, the collectives, the counter, the optimizer, the
 reference) are handed to it by the Learner that owns them.
+
+Distillation (distill.py) follows the same rule: the per-token KL is reduced by `agg_mode`
+over the whole batch's counts and added, times its weight, to the micro-batch's loss; its
+metric `distill_kl` is a token mean over every rank's trained tokens. With loss "opd" the
+policy-gradient term gets zero advantages (the loss is the KL, plus a reference KL if set),
+and a batch needs no rewards.
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ from .batch import LearnerError, group_sizes_of, pack_batch, reward_components_o
 from .collectives import Collectives
 from .config import LearnerConfig
 from .counter import StepCounter
+from .distill import LearnerDistill
 from .lora import LearnerLora
 from .optimizer import PolicyOptimizer
 from .packed import PackedBatch
@@ -39,7 +46,7 @@ if TYPE_CHECKING:
 
 # Metrics averaged over trained tokens (weighted by each micro-batch's num_tokens).
 _TOKEN_MEAN_METRICS = ("pg_loss", "kl", "entropy", "clip_frac_low", "clip_frac_high", "clip_frac_dual",
-                       "ratio_mean", "behavior_weight_mean", "masked_token_frac", "masked_seq_frac")
+                       "ratio_mean", "behavior_weight_mean", "masked_token_frac", "masked_seq_frac", "distill_kl")
 _SFT_METRICS = ("loss", "entropy", "grad_norm", "lr", "num_tokens", "num_real_tokens", "tokens_per_s",
                 "step_time_s", "step", "policy_version")
 
@@ -54,6 +61,8 @@ def batch_advantages(config: LearnerConfig, batch: TrainBatch) -> tuple[dict[str
     if batch.advantages is not None:
         return {}, None
     num = batch.num_samples
+    if config.loss == "opd" and batch.rewards is None and batch.reward_components is None:
+        return {}, torch.zeros(num)    # distillation alone: no policy-gradient term to weigh
     components = reward_components_of(batch, num)
     sizes = group_sizes_of(batch.group_ids, num) if batch.group_ids is not None else [num]  # ragged: failures
     res = rl_ops.compute_advantages(components, config.reward_weights, sizes, mode=config.advantage_mode)
@@ -68,7 +77,7 @@ class StepLoop:
     def __init__(self, config: LearnerConfig, model: LlamaModel, forward: PolicyForward, comm: Collectives,
                  counter: StepCounter, optim: PolicyOptimizer, reference: KLReference,
                  kl: rl_ops.FixedKLController | rl_ops.AdaptiveKLController, routing: LearnerRouting,
-                 lora: LearnerLora):
+                 lora: LearnerLora, distill: LearnerDistill):
         self.config = config
         self.model = model
         self.forward = forward
@@ -79,12 +88,15 @@ class StepLoop:
         self.kl = kl
         self.routing = routing
         self.lora = lora
+        self.distill = distill
 
     def train(self, batch: TrainBatch) -> dict[str, float]:
         """One policy-gradient optimizer step on a rollout batch; returns its metrics (floats)."""
         start = time.perf_counter()
         cfg, forward = self.config, self.forward
         adv_metrics, advantages = batch_advantages(cfg, batch)
+        distill = self.distill
+        distill.check_batch(batch)
         packed = self.routing.pack(batch, pack_batch(batch, advantages=advantages))
         _, micro = forward.micro_batches(packed)
         tokens, seqs = self._global_counts(packed)
@@ -98,20 +110,31 @@ class StepLoop:
         version = self.counter.policy_version
         self.optim.zero_grad()
         for i, mb in enumerate(micro):
-            logp, entropy = forward.logprobs(self.model, mb)
+            distill_tok = None
+            if distill.active:
+                logp, entropy, distill_tok = forward.distill_logprobs(self.model, mb, distill.teacher)
+            else:
+                logp, entropy = forward.logprobs(self.model, mb)
             behavior = mb.behavior_logp
             old = logp.detach() if decoupled else behavior
             loss, m = rl_ops.policy_loss(
-                logp, old, mb.advantages, mb.loss_mask, loss_cfg,
-                behavior_logp=behavior if decoupled else None,
+                logp, old, torch.zeros_like(mb.advantages) if cfg.loss == "opd" else mb.advantages,
+                mb.loss_mask, loss_cfg, behavior_logp=behavior if decoupled else None,
                 ref_logp=None if ref is None else ref[i], entropy=entropy,
                 global_num_tokens=tokens, global_num_seqs=seqs, backend=cfg.rl_ops_backend)
+            m["distill_kl"] = 0.0
+            if distill_tok is not None:
+                loss = loss + distill.weight * rl_ops.aggregate_loss(
+                    distill_tok, mb.loss_mask, cfg.agg_mode, loss_norm_constant=cfg.loss_norm_constant,
+                    global_num_tokens=tokens, global_num_seqs=seqs)
+                m["distill_kl"] = float((distill_tok.detach() * mb.loss_mask).sum()) / max(m["num_tokens"], 1.0)
             if cfg.entropy_coef:
                 loss = loss - cfg.entropy_coef * rl_ops.aggregate_loss(
                     entropy, mb.loss_mask, cfg.agg_mode, loss_norm_constant=cfg.loss_norm_constant,
                     global_num_tokens=tokens, global_num_seqs=seqs)
             loss = loss + self.routing.aux_loss(mb, float(mb.attention_mask.sum()) / float(packed.num_real_tokens))
             loss.backward()
+            distill.release()
             self.routing.account(logp.detach(), mb, version,
                                  lambda: forward.logprobs(self.model, mb, replay=not cfg.routing_replay)[0])
             gap_sum, gap_count, mb_gap_max = logprob_gap(logp.detach(), mb, version)
@@ -120,6 +143,8 @@ class StepLoop:
                                     float(mb.attention_mask.sum())], dtype=torch.float64)
             gap_max = torch.maximum(gap_max, torch.tensor(mb_gap_max, dtype=torch.float64))
         metrics = self._finish(sums, gap_max, start, rl=True)
+        if not distill.active:
+            del metrics["distill_kl"]
         metrics.update(adv_metrics)
         metrics.update(self._staleness(packed))
         metrics.update(self.routing.step_metrics())

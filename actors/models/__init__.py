@@ -11,6 +11,7 @@
     protocol.py    CausalLM: what the generator and learner need of any architecture
     loading.py     load_model / save_checkpoint: Hugging Face folders, GGUF files, built-in configs
     tokenizer.py   Tokenizer: Hugging Face `tokenizers` and the built-in byte tokenizer
+    reward_model.py  load_reward_model: *ForSequenceClassification folders (registry decoder + score head)
 
 The learner and the generator run the same model; the engine's KV manager owns the cache.
 Adding an architecture is one module and one line in `ARCHITECTURES`.

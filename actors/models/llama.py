@@ -206,10 +206,14 @@ class LlamaModel(nn.Module):
             (inference: it stores the new keys and values in the paged cache).
         weights: float16 copies of the linear weights to multiply by (inference, opt-in).
         logits_to_keep: (B,) index of the one position per row whose logits to return
-            (shape (B, vocab)); saves the LM head on prefill. None = all positions.
+            (shape (B, vocab)); saves the LM head on prefill. Or a (B, T) bool mask of the
+            positions to return, row by row (shape (N, vocab), N = mask.sum(): a scoring
+            prefill's positions, without the padding's). None = all positions.
         """
         hidden = self.hidden_states(input_ids, attention_mask, paged, weights)
-        if logits_to_keep is not None:
+        if logits_to_keep is not None and logits_to_keep.dtype == torch.bool:
+            hidden = hidden[logits_to_keep]
+        elif logits_to_keep is not None:
             hidden = hidden[torch.arange(hidden.shape[0], device=hidden.device), logits_to_keep]
         return project(self.lm_head, hidden, weights)
 

@@ -119,6 +119,19 @@ def model_config(spec: str | dict) -> ModelConfig:
     return config_from_hf(json.loads((path / "config.json").read_text()))
 
 
+def spec_tokenizer(model: str | dict) -> Tokenizer:
+    """The tokenizer of a model spec without loading its weights where that is possible
+    (ModelConfig fields and built-in configs take the byte tokenizer; a folder's tokenizer.json)."""
+    if isinstance(model, dict):
+        return byte_tokenizer()
+    path = Path(resolve_model(model))
+    if path.is_dir() and (path / "tokenizer.json").exists():
+        return Tokenizer.from_folder(path)
+    if not path.exists():
+        return byte_tokenizer()  # a built-in config
+    return load_model(path)[1]
+
+
 def load_model(path_or_name: str | Path, dtype: torch.dtype = torch.float32,
                device: str | torch.device = "cpu", seed: int = 0) -> tuple[LlamaModel, Tokenizer]:
     """(model in eval mode, tokenizer) from a built-in name, a Hugging Face folder or a .gguf file."""

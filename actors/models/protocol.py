@@ -24,7 +24,8 @@ class CausalLM(Protocol):
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  paged: PagedAttention | None = None, logits_to_keep: torch.Tensor | None = None,
                  weights: Float16Weights | None = None) -> torch.Tensor:
-        """Logits (B, T, V), or (B, V) with `logits_to_keep` (one position per row)."""
+        """Logits (B, T, V), or (B, V) with `logits_to_keep` (one position per row), or (N, V)
+        with a (B, T) bool `logits_to_keep` (the positions it marks, row by row)."""
         ...
 
     def parameters(self, recurse: bool = True): ...

@@ -52,6 +52,19 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.hf.get_vocab_size(with_added_tokens=True)
 
+    def vocabulary_difference(self, other: "Tokenizer") -> str | None:
+        """None when `other` maps every token to the same id as this one (what a teacher and its
+        student must share for their logprobs to be compared token by token); else the first
+        difference, in words."""
+        mine, theirs = self.hf.get_vocab(with_added_tokens=True), other.hf.get_vocab(with_added_tokens=True)
+        if len(mine) != len(theirs):
+            return f"{len(mine)} tokens in {self.source}, {len(theirs)} in {other.source}"
+        for token, token_id in sorted(mine.items(), key=lambda item: item[1]):
+            if theirs.get(token) != token_id:
+                return (f"token {token!r} is id {token_id} in {self.source} and "
+                        f"{theirs.get(token, 'absent')} in {other.source}")
+        return None
+
     @property
     def eos_token_id(self) -> int | None:
         return self.eos_token_ids[0] if self.eos_token_ids else None

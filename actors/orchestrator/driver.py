@@ -82,6 +82,7 @@ from .rollout_pool import RolloutPool
 from .sample_log import SAMPLES_FILE, SampleLog
 from .dynamic_sampling import BatchRules
 from .train_step import TrainStep
+from .teacher import Teacher
 from .warm_start import warm_start
 from .work import WorkSignal
 
@@ -99,7 +100,7 @@ class RunDriver:
     def __init__(self, *, options: OrchestratorOptions, task, schedule, tokenizer, folder: Path,
                  state: RunState | None, resume_index: int, keeper: LearnerKeeper, envs: list,
                  ledger: SampleLedger, metrics: MetricsWriter, report: Callable[[RunUpdate], None], head=None,
-                 sample_log: SampleLog | None = None):
+                 sample_log: SampleLog | None = None, teacher: Teacher | None = None):
         self.options = options
         self.task = task                     # TaskSpec
         self.schedule = schedule             # PromptSchedule: batch b's prompts
@@ -118,7 +119,8 @@ class RunDriver:
         # most of a step stops the run
         self.errors = EnvironmentErrors(options.max_environment_error_fraction, self.emit)
         self.pool = RolloutPool(envs, keeper, ledger, options.max_concurrent_rollouts,
-                                options.max_rollout_retries, self.work, keeper.generator_names, self.errors)
+                                options.max_rollout_retries, self.work, keeper.generator_names, self.errors,
+                                teacher=teacher)
         self.train_step = TrainStep(keeper, ledger, metrics, self.report_figures,
                                     options.samples_per_prompt, options.num_steps, sample_log=sample_log,
                                     signal=LearningSignalWatch(options.samples_per_prompt,
@@ -411,10 +413,11 @@ async def open_run(*, options: OrchestratorOptions, task, schedule, tokenizer, f
     keeper = LearnerKeeper(await lookup(options.learner), generators, lookup, ledger, report_line,
                            chunk_mb=options.weight_chunk_mb)
     envs = [await lookup(name) for name in options.envs if name not in gone]
+    teacher = Teacher(await lookup(options.teacher), options.teacher_top_k) if options.teacher else None
     resume_index = note_resume(folder, state.next_batch if state else None) if resume else 0
     return RunDriver(options=options, task=task, schedule=schedule, tokenizer=tokenizer, folder=folder,
                      state=state, resume_index=resume_index, keeper=keeper, envs=envs, ledger=ledger,
-                     metrics=metrics, report=report, head=head, sample_log=sample_log)
+                     metrics=metrics, report=report, head=head, sample_log=sample_log, teacher=teacher)
 
 
 def find_error(exc: BaseException, kind: type[BaseException]) -> BaseException | None:

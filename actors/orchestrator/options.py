@@ -36,6 +36,11 @@ class OrchestratorOptions(TaskOptions):
                                           "through /dev/shm; none: one message to every generator")
     envs: list[str] = Field(default_factory=lambda: ["env"], min_length=1, description="environment actors; "
                             "rollouts go to them in turn")
+    teacher: str | None = Field(None, description="the scorer actor (serves = \"logprobs\") that scores "
+                                "every sample's tokens for on-policy distillation (learner loss \"opd\" or "
+                                "distill_coef); none: samples are not scored (docs/scorers.md)")
+    teacher_top_k: int | None = Field(None, ge=1, description="the teacher's most likely tokens sent per "
+                                      "position; none: the teacher's own top_k")
     # -- the RL loop --
     num_steps: int = Field(10, ge=0, description="GRPO steps (one batch each)")
     prompts_per_step: int = Field(8, ge=1, description="prompts per batch (part of the data order)")

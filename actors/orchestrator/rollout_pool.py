@@ -18,7 +18,8 @@ joins its batch's `environment_failures`, which the driver checks after the batc
 
 Every RL sample is in the ledger (postrain.actors.orchestrator.ledger), and this pool moves it:
 created on admission, generated and rewarded when its rollout returns, or dropped
-with the reason when the rollout fails for good. (Trained, and dropped for an
+with the reason when the rollout fails for good (or, when the run distils, when the teacher
+cannot score it: teacher.py). (Trained, and dropped for an
 incomplete group, are the train step's.) An episode of several segments (records/rollout.py)
 creates its segments' samples when it comes back (`ledger.segment_id`), each then generated
 and rewarded with the episode's reward, and notes "segments" on the episode's own sample.
@@ -38,6 +39,7 @@ from ..env.timeline import note_hops
 from ..env.user_errors import EnvironmentErrors
 from .admission import AdmittedBatch
 from .scored_sample import ScoredSample
+from .teacher import Teacher, TeacherFailed
 
 __all__ = ["RolloutPool", "ScoredSample", "StaleRolloutError"]
 
@@ -53,7 +55,7 @@ class RolloutPool:
     """Rollouts on the environment actors `envs` (ActorRefs, used in turn)."""
 
     def __init__(self, envs: list, keeper, ledger, max_concurrent_rollouts: int, max_rollout_retries: int,
-                 work, generators: list[str], errors: EnvironmentErrors):
+                 work, generators: list[str], errors: EnvironmentErrors, teacher: Teacher | None = None):
         assert envs, "at least one environment actor"
         self.keeper = keeper                   # LearnerKeeper: published_version, resync_generators
         self.ledger = ledger
@@ -66,6 +68,7 @@ class RolloutPool:
         self.num_retries = 0                   # retries so far, in all
         self.work = work                       # WorkSignal: the generators are busy while rollouts run
         self.generators = list(generators)
+        self.teacher = teacher                 # distillation: scores each sample as it comes back, or None
 
     def drop(self, name: str) -> bool:
         """Actor `name` is gone for good: rollouts go to it no more (an environment) and no
@@ -117,6 +120,14 @@ class RolloutPool:
             self.ledger.drop(sample_id, f"rollout failed: {reason or short_reason(exc)}")
             group.append(None)
             return
+        teacher_rows = None
+        if self.teacher is not None:   # distillation: the teacher's rows, or the sample fails (teacher.py)
+            try:
+                teacher_rows = await self.teacher.score(rollout)
+            except TeacherFailed as exc:
+                self.ledger.drop(sample_id, str(exc))
+                group.append(None)
+                return
         note_hops(self.ledger, sample_id, rollout.timeline)
         segments = rollout.segments()
         ids = [segment_id(sample_id, k) for k in range(len(segments))]
@@ -130,7 +141,7 @@ class RolloutPool:
             self.ledger.advance(sid, "generated", tokens=segment.num_policy_tokens)
             self.ledger.advance(sid, "rewarded", reward=rollout.reward.total,
                                 components=rollout.reward.components, tool_statuses=rollout.tool_statuses)
-        group.append(ScoredSample(sample_id, rollout))
+        group.append(ScoredSample(sample_id, rollout, teacher_rows))
 
     # -- one episode ------------------------------------------------------------------
 

@@ -5,19 +5,20 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..records import Reward
+from ..records import Reward, Rollout, SequenceScores
 from .ledger import segment_id
-from ..records import Rollout
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ScoredSample:
     """A sample whose rollout came back: its ledger id and the rollout (with its reward). An
     episode of several segments (records/rollout.py) trains one row per segment, each its own
-    ledger sample (`segment_ids`, oldest first; the first is `sample_id`)."""
+    ledger sample (`segment_ids`, oldest first; the first is `sample_id`). When the run
+    distils, `teacher` holds the teacher's rows of each segment, oldest first (teacher.py)."""
 
     sample_id: str
     rollout: Rollout
+    teacher: tuple[SequenceScores, ...] | None = None
 
     @property
     def reward(self) -> Reward:

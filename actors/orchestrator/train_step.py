@@ -27,7 +27,7 @@ from __future__ import annotations
 import statistics
 from typing import Callable
 
-from ..records import PublishReport, RolloutSegment, TrainBatch
+from ..records import PublishReport, RolloutSegment, SequenceScores, TrainBatch
 from .dynamic_sampling import BatchRules
 from .health import HealthWatch, report_warnings
 from .learning_signal import LearningSignalWatch, num_zero_variance_groups
@@ -71,13 +71,28 @@ def train_batch(groups: list[list[ScoredSample]], rules: BatchRules | None = Non
     rules = rules or BatchRules()
     rows = train_rows(groups)
     segments = [segment for _, _, _, segment in rows]
+    teacher = teacher_rows(groups)
     return TrainBatch(token_ids=[r.token_ids for r in segments], loss_mask=[r.loss_mask for r in segments],
                       behavior_logprobs=[r.behavior_logprobs for r in segments],
                       policy_versions=[r.policy_versions for r in segments],
                       rewards=[rules.reward(s) for _, s, _, _ in rows],
                       group_ids=[g for g, _, _, _ in rows],
                       routed_experts=([r.routed_experts for r in segments]
-                                      if any(r.routed_experts is not None for r in segments) else None))
+                                      if any(r.routed_experts is not None for r in segments) else None),
+                      teacher_topk_ids=None if teacher is None else [t.topk_ids for t in teacher],
+                      teacher_topk_logprobs=None if teacher is None else [t.topk_logprobs for t in teacher],
+                      teacher_tail_logmass=None if teacher is None else [t.tail_logmass for t in teacher])
+
+
+def teacher_rows(groups: list[list[ScoredSample]]) -> list[SequenceScores] | None:
+    """The teacher's rows of every row of the batch (`train_rows`' order), or None when the run does
+    not distil. Invariant: in a distilling run every sample that came back was scored (a sample
+    the teacher failed is dropped before its group forms: rollout_pool.py)."""
+    samples = [s for group in groups for s in group]
+    if all(s.teacher is None for s in samples):
+        return None
+    assert all(s.teacher is not None for s in samples), "a distilling run trains scored samples only"
+    return [row for s in samples for row in (s.teacher or ())]
 
 
 class TrainStep:

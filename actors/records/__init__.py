@@ -8,6 +8,7 @@
     head --RunRequest--> orchestrator (`run`), replies a stream of RunUpdate; `stop` replies StopRun
     orchestrator --SaveCheckpoint, LoadCheckpoint, ExportHf, PublishRequest--> learner (records/learner.py)
     env --ExecRequest, RunTestsRequest, Session*Request--> sandbox, replies ExecReply, ... (records/sandbox.py)
+    orchestrator --TokenScoresRequest / RewardScoresRequest--> scorer, replies TokenScoresReply, ... (records/scorer.py)
     agent harness --OpenEpisode, CloseEpisode--> gateway, replies EpisodeSegments (records/gateway.py)
 
 Each record is a frozen dataclass. Construction checks every field's type (and the
@@ -23,7 +24,7 @@ sampler): it is part of two messages, and this module must not import torch, so 
 the orchestrator and environment processes stay light.
 
 One module per exchange: gateway.py, generate.py, rollout.py (and reward.py), train.py, weights.py,
-learner.py, run.py, sandbox.py; the machinery is the kernel's (core/record.py). Import every
+learner.py, run.py, sandbox.py, scorer.py; the machinery is the kernel's (core/record.py). Import every
 record, and every message kind, from `postrain.actors.records`.
 """
 from postrain.core.record import RecordError
@@ -37,12 +38,15 @@ from .learner import (CheckpointLoaded, CheckpointSaved, ExportedHf, ExportHf, G
                       LearnerStats, LoadCheckpoint, PublishRequest, RankStep, SaveCheckpoint)
 from .weights import (PublishReport, SealedChunk, WeightPatch, WeightsChannel, WeightsDigest, WeightSync,
                       WeightSyncReply)
+from .chat import CHAT, ChatReply, ChatRequest
 from .run import RUN_STATE_FORMAT, RunRequest, RunState, RunUpdate, StopRun
 from .sandbox import (LIMIT_FIELDS, ExecReply, ExecRequest, ExecStreamItem, RunIoCasesReply,
                       RunIoCasesRequest, RunTestsReply, RunTestsRequest, SandboxStats, SessionClosed,
                       SessionCloseRequest, SessionExecRequest, SessionFileData, SessionFileWritten,
                       SessionOpened, SessionOpenRequest, SessionReadFileRequest, SessionSnapshotRequest,
                       SessionWriteFileRequest)
+from .scorer import (TAIL_LOGMASS_FLOOR, RewardScoresReply, RewardScoresRequest, SequenceScores,
+                     TokenScoresReply, TokenScoresRequest)
 
 __all__ = ["SAMPLING_CODEC", "GenerateReply", "GenerateRequest", "GeneratedSample", "PublishReport",
            "RecordError", "Rollout", "RolloutRequest", "RunRequest", "SamplingParams", "SamplingParamsError",
@@ -56,6 +60,8 @@ __all__ += ["ExecReply", "ExecRequest", "ExecStreamItem", "LIMIT_FIELDS", "RunIo
             "RunIoCasesRequest", "RunTestsReply", "RunTestsRequest", "SandboxStats", "SessionCloseRequest",
             "SessionClosed", "SessionExecRequest", "SessionFileData", "SessionFileWritten", "SessionOpenRequest",
             "SessionOpened", "SessionReadFileRequest", "SessionSnapshotRequest", "SessionWriteFileRequest"]
+__all__ += ["RewardScoresReply", "RewardScoresRequest", "SequenceScores", "TAIL_LOGMASS_FLOOR", "TokenScoresReply",
+            "TokenScoresRequest"]
 
 # Every message kind between roles, declared once beside its records (core/messages.py).
 from .generate import GENERATE, GENERATOR_STATS
@@ -68,9 +74,12 @@ from .rollout import ROLLOUT
 from .run import RUN, STOP_RUN
 from .sandbox import (EXEC, EXEC_STREAM, RUN_IO_CASES, RUN_TESTS, SANDBOX_STATS, SESSION_CLOSE, SESSION_EXEC,
                       SESSION_OPEN, SESSION_READ_FILE, SESSION_SNAPSHOT, SESSION_WRITE_FILE)
+from .scorer import SCORE_REWARD, SCORE_TOKENS
 
 __all__ += ["CloseEpisode", "EpisodeCall", "EpisodeSegment", "EpisodeSegments", "GatewayAddress", "OpenEpisode"]
 __all__ += ["CLOSE_EPISODE", "GATEWAY_ADDRESS", "OPEN_EPISODE"]
+__all__ += ["SCORE_REWARD", "SCORE_TOKENS"]
+__all__ += ["CHAT", "ChatReply", "ChatRequest"]
 __all__ += ["EXEC", "EXEC_STREAM", "EXPORT_HF", "GENERATE", "GENERATOR_STATS", "GET_WEIGHTS", "GROUP_STATE",
            "JOIN_GROUP", "LEARNER_STATS", "LOAD_CHECKPOINT", "LOAD_WEIGHTS", "PUBLISH", "RANK_STEP", "ROLLOUT",
            "RUN", "RUN_IO_CASES", "RUN_TESTS", "SANDBOX_STATS", "SAVE_CHECKPOINT", "SESSION_CLOSE",

@@ -86,8 +86,8 @@ class TaskSpec:
                             f"(chat demonstrations), or give the TaskSpec demos=")
         return self.demos(num, seed, self.check_options(options))
 
-    def make_env(self, *, sandbox=None, generator=None, options: dict | BaseModel | None = None) -> Environment:
-        return self.env_class(sandbox=sandbox, generator=generator, options=self.check_options(options))
+    def make_env(self, *, sandbox=None, scorers=None, options: dict | BaseModel | None = None) -> Environment:
+        return self.env_class(sandbox=sandbox, scorers=scorers, options=self.check_options(options))
 
     @classmethod
     def from_environment(cls, env_class: type[Environment], name: str) -> "TaskSpec":

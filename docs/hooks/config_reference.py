@@ -58,6 +58,7 @@ ROLES = [
     ("Sandbox", "postrain.actors.sandbox:SandboxActor"),
     ("Orchestrator", "postrain.actors.orchestrator:OrchestratorActor"),
     ("Gateway", "postrain.actors.gateway:GatewayActor"),
+    ("Scorer", "postrain.actors.scorer:ScorerActor"),
 ]
 
 # An option that is a plain dict validated by a dataclass elsewhere: (role path, field) ->
@@ -158,7 +159,7 @@ def _role_section(title: str, path: str) -> list[str]:
     doc = _doc(model)
     if doc:
         lines += [doc, ""]
-    lines += _tables(model, shared=SHARED_NAMES)
+    lines += _tables(model, shared=tuple(name for name in SHARED_NAMES if name not in model.not_shared))
     for (role, name), target in EXPANDED_TABLES.items():
         field = model.model_fields.get(name) if role == path else None
         if field is not None and not _nested_classes(field.annotation):

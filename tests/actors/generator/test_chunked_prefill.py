@@ -102,6 +102,18 @@ def test_preemption_mid_prompt_keeps_outputs_exact(model, one_step_reference):
     engine.pool.check_invariants()
 
 
+def test_a_prompt_that_does_not_fit_beside_one_finishing_its_read_waits(model):
+    """The first prompt's last chunk is read in the step that would admit the second: the first
+    holds its blocks (no longer `prefilling`, not yet running), so the second waits its turn."""
+    engine = Engine(model, num_blocks=12, block_size_tokens=4, prefill_chunk_tokens=6)
+    prompts = [[10 + i] + PROMPTS[0][:25] for i in range(3)]                 # 7 blocks each, 12 held
+    outs = engine.generate(prompts, SamplingParams(max_new_tokens=2, **GREEDY))
+    reference = Engine(model, num_blocks=128, block_size_tokens=4).generate(
+        prompts, SamplingParams(max_new_tokens=2, **GREEDY))
+    assert [o.outputs[0].token_ids for o in outs] == [r.outputs[0].token_ids for r in reference]
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks
+
+
 def test_a_prompt_being_read_is_preempted_before_a_decoding_sequence(model):
     """10 blocks of 4: the decoding sequence (3 + 24 tokens) and the 30-token prompt cannot both
     fit, so the prompt, part-read, gives its blocks back and is read again later."""

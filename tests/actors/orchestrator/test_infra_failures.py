@@ -39,9 +39,10 @@ def broken_reward(completion, example):
 def pool_sample(ledger: SampleLedger, sample_id: str, outcome: Rollout | None, group: list) -> None:
     """The rollout pool's per-sample path (`RolloutPool._sample`), whose episode returns `outcome`
     or, for None, whose reward function raises as a user's may."""
-    pool = RolloutPool.__new__(RolloutPool)   # only its ledger, errors and `rollout` take part here
+    pool = RolloutPool.__new__(RolloutPool)   # only its ledger, errors, teacher and `rollout` take part here
     pool.ledger = ledger
     pool.errors = EnvironmentErrors(1.0, show=lambda line: None)
+    pool.teacher = None
 
     async def episode(task, sampling, sample_id=None, min_version=None):
         if outcome is None:
