@@ -37,6 +37,7 @@ BENCHMARKS: dict[str, str] = {
     "cluster": "postrain.bench.cluster",
     "gateway": "postrain.bench.gateway",
     "long": "postrain.bench.long",
+    "scorers": "postrain.bench.scorers",
 }
 
 

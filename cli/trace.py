@@ -4,14 +4,16 @@ RUN_DIR/ledger.jsonl holds every sample's state changes (created, generated,
 rewarded, trained or dropped) and the notes the orchestrator adds from the
 rollout's timeline: the episode at the environment actor, each generate call
 to a generator (tokens, policy version), each tool call to the sandbox
-(status). The trace prints them in time order, relative to the sample's
-creation:
+(status), each judge call (rubric, verdict and reward or why it failed, the judge's tokens,
+cached or not; the prompt and the reply are in the ledger's note). The trace prints them in
+time order, relative to the sample's creation:
 
     sample b0-g1-s0
          +0.0 ms  created      orchestrator             batch 0, group 1: What is 3 + 4?
          +2.1 ms  rollout      orchestrator -> env
          +3.0 ms  generate     env -> generator         24 tokens, policy v1, 80.1 ms
         +83.9 ms  tool call    env -> sandbox           exec: ok, 7.2 ms
+       +120.4 ms  judge call   env -> judge             rubric 3f2a...: verdict PASS (reward 1.000), 612 + 3 tokens, 950.2 ms
         ...
        +402.6 ms  rewarded     orchestrator             reward 1.100 (correct 1.000, format 1.000)
       +1503.0 ms  trained      learner                  step 1, staleness 0
@@ -86,7 +88,24 @@ def _hop_rows(event: dict, env: str) -> list[tuple[float, str, str, str]]:
                  if "num_tests" in event else "")
         return [(at, "tool call", f"{env} -> {event.get('actor', 'sandbox')}",
                  f"{event.get('call', 'exec')}: {event.get('status', '?')}{tests}, {took}")]
+    if kind == "judge":
+        return [(at, "judge call", f"{env} -> {event.get('actor', 'judge')}", _judge_detail(event, took))]
     return [(at, kind, *_state_row(event))]
+
+
+def _judge_detail(event: dict, took: str) -> str:
+    """A judge hop's line: the rubric, the verdict and its reward (or why it failed), the judge's
+    tokens, the wait, and whether the verdict came from an earlier call (cached)."""
+    call = event.get("call") or {}
+    tokens = (f", {call['prompt_tokens']} + {call['completion_tokens']} tokens"
+              if isinstance(call.get("prompt_tokens"), int) and isinstance(call.get("completion_tokens"), int) else "")
+    if event.get("error"):
+        outcome = "failed: " + str(event["error"]).partition("\n")[0]
+    else:
+        reward = call.get("reward")
+        outcome = f"verdict {call.get('verdict', '?')}" + (f" (reward {reward:.3f})" if isinstance(reward, (int, float)) else "")
+    cached = ", cached" if call.get("cached") else ""
+    return f"rubric {event.get('rubric', '?')}: {outcome}{tokens}{cached}, {took}"
 
 
 def _failure(event: dict) -> str:

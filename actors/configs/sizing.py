@@ -13,6 +13,11 @@ config.json (parameters, layers, KV heads, head_dim), the run's options and this
                                  (on a GPU: 90% of its memory less the weights); at least 16 MiB
     memory_mb (generator)        BASE_MB + its float32 weights (x 1.5 with float16 copies) + its KV
                                  cache when on the CPU
+    kv_cache_mb, memory_mb (scorer)
+                                 the generator's rules, from the scorer's own model (a teacher, a judge,
+                                 a reward model may differ from the policy) and the longest rollout (the
+                                 environments' max_total_tokens, else the scorer model's context); a
+                                 reward model (serves = "reward") has no KV cache: BASE_MB + its weights
     memory_mb (learner)          BASE_MB + the model state: weights, gradients and AdamW's two moments,
                                  4 copies of a parameter in the learner's dtype (16 bytes in float32);
                                  under LoRA the frozen base once and 16 bytes an adapter parameter; one
@@ -21,7 +26,7 @@ config.json (parameters, layers, KV heads, head_dim), the run's options and this
                                  4 x (8 x (hidden + query width) + 6 x intermediate) bytes (one layer's
                                  and every layer's input under activation checkpointing). On a GPU:
                                  BASE_MB + the float32 weights (they pass through host memory)
-    start_timeout_s (generator, learner: they load the weights)
+    start_timeout_s (generator, learner, scorer: they load the weights)
                                  60 + 30 per GiB of the model's float32 weights
     heartbeat_timeout_s (head)   3 x the RL step estimated on this CPU, within [30, 600] s (the loop
                                  of an actor starved of the GIL by a long step is not hung)
@@ -50,6 +55,7 @@ from ..learner.lora import LoraConfig, lora_config
 from ..models.config import ModelConfig
 from ..models.loading import model_config
 from ..orchestrator.options import OrchestratorOptions
+from ..scorer.actor import ScorerOptions
 from .run_config import UpConfig
 from .step_time import GPUS, CpuRates, StepEstimate, StepShape, cpu_estimate, gpu_estimate, measure_cpu
 
@@ -174,12 +180,18 @@ def size_run(config: UpConfig, machine: Inventory | None = None, measure=measure
         return None
     machine = machine or Inventory.detect()
     model = model_config(holders[0].model)
-    sequence_tokens = max([o.max_total_tokens for o in options.values() if isinstance(o, EnvironmentOptions)],
-                          default=model.max_position_embeddings)
+    rollout_tokens = max([o.max_total_tokens for o in options.values() if isinstance(o, EnvironmentOptions)],
+                         default=None)
+    sequence_tokens = rollout_tokens or model.max_position_embeddings
     sizing = RunSizing(model=holders[0].model if isinstance(holders[0].model, str) else "ModelConfig fields")
     weights_mb = 4 * model.num_params / MIB
     for spec in config.actors:
-        derived = _size_actor(spec, options[spec.name], model, sequence_tokens, weights_mb, machine)
+        if isinstance(scorer := options[spec.name], ScorerOptions):   # its own model, not the policy's
+            own = model_config(scorer.model)
+            derived = _size_actor(spec, scorer, own, rollout_tokens or own.max_position_embeddings,
+                                  4 * own.num_params / MIB, machine)
+        else:
+            derived = _size_actor(spec, options[spec.name], model, sequence_tokens, weights_mb, machine)
         if derived:
             sizing.actors[spec.name] = derived
     sizing.estimates = _estimates(config, options, model, sequence_tokens, measure)
@@ -192,18 +204,21 @@ def _size_actor(spec, options, model: ModelConfig, sequence_tokens: int, weights
                 machine: Inventory) -> list[Derived]:
     """The sized fields of one actor, unset ones derived and filled in."""
     derived = []
-    if isinstance(options, GeneratorOptions):
+    if isinstance(options, (GeneratorOptions, ScorerOptions)):   # a model on the generator's engine
         on_gpu = spec.gpus > 0 or options.device.startswith("cuda")
-        if "kv_cache_mb" in options.model_fields_set:
-            kv = Derived("kv_cache_mb", options.kv_cache_mb, "set")
-        else:
-            budget = (0.9 * machine.gpus[0].memory_mb - weights_mb if on_gpu and machine.gpus
-                      else machine.memory_mb / 4)
-            kv = kv_cache_mb(model, options.kv_dtype, options.max_num_seqs, sequence_tokens, budget)
-            spec.options = {**spec.options, "kv_cache_mb": kv.value}
-        derived.append(kv)
-        memory = generator_memory_mb(weights_mb, 0 if on_gpu else kv.value, options.weight_precision == "float16")
-        derived.append(_fill(spec, memory))
+        kv_on_host = 0.0
+        if not (isinstance(options, ScorerOptions) and options.serves == "reward"):   # a reward model: no cache
+            if "kv_cache_mb" in options.model_fields_set:
+                kv = Derived("kv_cache_mb", options.kv_cache_mb, "set")
+            else:
+                budget = (0.9 * machine.gpus[0].memory_mb - weights_mb if on_gpu and machine.gpus
+                          else machine.memory_mb / 4)
+                kv = kv_cache_mb(model, options.kv_dtype, options.max_num_seqs, sequence_tokens, budget)
+                spec.options = {**spec.options, "kv_cache_mb": kv.value}
+            derived.append(kv)
+            kv_on_host = 0 if on_gpu else kv.value
+        float16 = isinstance(options, GeneratorOptions) and options.weight_precision == "float16"
+        derived.append(_fill(spec, generator_memory_mb(weights_mb, kv_on_host, float16)))
     elif isinstance(options, LearnerOptions):
         learner = LearnerConfig.from_dict({**options.learner, "model": options.model})
         on_gpu = spec.gpus > 0 or learner.device.startswith("cuda")
@@ -247,7 +262,8 @@ def _estimates(config: UpConfig, options: dict, model: ModelConfig, sequence_tok
                       sequence_tokens=sequence_tokens,
                       sampled_tokens=min(driver.sampling.max_new_tokens, sequence_tokens),
                       lora=learner.lora is not None, shared_prefix=learner.shared_prefix,
-                      extra_forwards=(learner.objective == "decoupled") + (learner.reference_model is not None),
+                      extra_forwards=((learner.objective == "decoupled") + (learner.reference_model is not None)
+                                      + (learner.teacher_model is not None)),
                       overlapped=driver.max_staleness > 0)
     rates: CpuRates = measure(model, shape, max(1, math.floor(spec.cpus)))
     gpus = [gpu_estimate(model, shape, gpu, name) for name, gpu in GPUS.items()]

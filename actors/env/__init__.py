@@ -20,13 +20,13 @@ from .api import (ROLES, AnyOptions, Environment, EnvironmentContractError, Envi
 from .context import ContextOptions
 from .episode import (ActionFn, Episode, EpisodePolicy, TextPolicy, checked_reset, checked_step,
                       checked_truncated, run_episode, score_episodes)
-from .scorers import ScorerHandle, Scorers
+from .scorers import EpisodeJudge, ScorerHandle, Scorers, SharedJudges
 from .user_errors import EnvironmentErrors, EnvironmentErrorStop, drop_reason
 
 __all__ = ["ROLES", "ActionFn", "AgentEnvironment", "AnyOptions", "ContextOptions", "Environment", "EnvironmentActor", "EnvironmentContractError",
            "EnvironmentErrorStop", "EnvironmentErrors",
-           "EnvironmentFailure", "Episode", "EpisodePolicy", "LocalSandbox", "Reward",
-           "SandboxHandle", "ScorerHandle", "Scorers", "StepResult", "TaskOptionsError", "TextPolicy", "check_options", "checked_reset",
+           "EnvironmentFailure", "Episode", "EpisodeJudge", "EpisodePolicy", "LocalSandbox", "Reward",
+           "SandboxHandle", "ScorerHandle", "Scorers", "SharedJudges", "StepResult", "TaskOptionsError", "TextPolicy", "check_options", "checked_reset",
            "checked_step", "checked_truncated", "drop_reason", "run_episode", "score_episodes", "validate_observation",
            "validate_step_result"]
 

@@ -61,7 +61,7 @@ from .agent import DEFAULT_GATEWAY, AgentEnvironment, agent_rollout
 from .api import EnvironmentContractError, EnvironmentFailure
 from .context import ContextOptions
 from .episode import run_episode
-from .scorers import RemoteScorer, Scorers
+from .scorers import RemoteScorer, Scorers, SharedJudges
 from .token_policy import TokenPolicy
 from .user_errors import reported_failure
 
@@ -198,6 +198,7 @@ class EnvironmentActor(Actor):
         self.generator = await self.lookup(self.options.generator)
         self.sandbox = await self._find_sandbox()
         self.scorers = {name: RemoteScorer(await self.lookup(name)) for name in self.options.scorers}
+        self.judges = SharedJudges(self.scorers)   # one Judge per (scorer, rubric), shared by the episodes
         self.gateway = None   # an AgentEnvironment task's episodes run through the run's gateway (agent.py)
         if issubclass(self.task.env_class, AgentEnvironment):
             self.gateway = await self.lookup(DEFAULT_GATEWAY)
@@ -243,7 +244,8 @@ class EnvironmentActor(Actor):
         """One episode, its failures as raised. Cancellation: as `rollout`."""
         timeline = Timeline()
         sandbox = self.sandbox.for_episode(timeline) if self.sandbox else None
-        scorers = Scorers({name: scorer.for_episode(timeline) for name, scorer in self.scorers.items()})
+        scorers = Scorers({name: scorer.for_episode(timeline) for name, scorer in self.scorers.items()},
+                          judges=self.judges, timeline=timeline)
         env = self.task.make_env(sandbox=sandbox, scorers=scorers, options=self.task_options)
         if self.gateway is not None:
             assert isinstance(env, AgentEnvironment), "only an AgentEnvironment task looks the gateway up"

@@ -69,9 +69,9 @@ from typing import Any, ClassVar, Protocol, TypeVar, overload, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from postrain.core.errors import ConfigError, PostrainError
+from postrain.core.errors import ConfigError
 
-from ..records.reward import EnvironmentContractError, Reward
+from ..records.reward import EnvironmentContractError, EnvironmentFailure, Reward
 from .scorers import ScorerHandle, Scorers
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -79,15 +79,6 @@ ROLES = ("system", "user", "assistant", "tool")
 
 class TaskOptionsError(ConfigError):
     """Task options that break the task's options model (a misspelt or out-of-range knob)."""
-
-
-class EnvironmentFailure(PostrainError, RuntimeError):
-    """An environment raised or hung; `reason` is the short text the ledger records. Raised `from`
-    the user's exception, it carries their traceback (actors/env/user_errors.py)."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
 
 
 # --------------------------------------------------------------------------- values
@@ -241,7 +232,7 @@ class Environment:
     def __init__(self, *, sandbox: SandboxHandle | None = None, scorers: Mapping[str, ScorerHandle] | None = None,
                  options: dict | BaseModel | None = None) -> None:
         self.sandbox = sandbox
-        self.scorers = scorers if scorers is not None else Scorers()
+        self.scorers = scorers if isinstance(scorers, Scorers) else Scorers(scorers)
         self.options = check_options(self.options_model, options, type(self).__name__)
         max_turns = getattr(self.options, "max_turns", None)
         if max_turns is not None:   # checked here too: AnyOptions checks nothing

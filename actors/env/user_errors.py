@@ -16,7 +16,8 @@ runs their code on are left out: they say nothing about the bug), and a step, an
 the error, the user's file:line and the count.
 
 Across the wire (the environment actor to the orchestrator) a failure is an `EnvironmentFailure`
-whose message is the reason, then the user's traceback on the lines after it: `reported_failure`
+whose message is the reason, then its detail (the lines of an EnvironmentFailure's reason after
+its first: a judge's reply) and the user's traceback on the lines after it: `reported_failure`
 makes it on one end and `failure_of` reads it on the other.
 """
 from __future__ import annotations
@@ -88,9 +89,11 @@ def format_user_traceback(exc: BaseException, frames: list) -> str:
 
 def drop_reason(exc: BaseException) -> str:
     """The one line a caller records when it drops a sample because of `exc`, ending in the user's
-    file:line when their code raised."""
+    file:line when their code raised. An EnvironmentFailure's reason line is the first line of its
+    `reason` (a judge's failure names its cause there, the reply it refused on the next line:
+    `failure_detail`), so the samples failed by one cause count under one line."""
     if isinstance(exc, EnvironmentFailure):
-        reason = exc.reason
+        reason = exc.reason.partition("\n")[0]
     elif isinstance(exc, EnvironmentContractError):
         reason = f"environment contract: {exc}"
     else:
@@ -100,26 +103,33 @@ def drop_reason(exc: BaseException) -> str:
     return f"{reason} at {error.where}" if error is not None else reason
 
 
+def failure_detail(exc: BaseException) -> str:
+    """What follows the reason line: the lines of an EnvironmentFailure's `reason` after its first
+    (e.g. the judge's reply), then the user's traceback; "" when there is neither."""
+    detail = exc.reason.partition("\n")[2].strip("\n") if isinstance(exc, EnvironmentFailure) else ""
+    error = user_error(exc)
+    return "\n".join(part for part in (detail, error.traceback if error is not None else "") if part)
+
+
 def reported_failure(exc: EnvironmentFailure | EnvironmentContractError) -> EnvironmentFailure:
     """The failure as it crosses the wire: an EnvironmentFailure whose message is `drop_reason(exc)`,
-    then the user's traceback on the lines after it (`failure_of` reads it back)."""
-    error = user_error(exc)
-    reason = drop_reason(exc)
-    return EnvironmentFailure(f"{reason}\n{error.traceback}" if error is not None else reason)
+    then its detail and the user's traceback on the lines after it (`failure_of` reads it back)."""
+    reason, detail = drop_reason(exc), failure_detail(exc)
+    return EnvironmentFailure(f"{reason}\n{detail}" if detail else reason)
 
 
 def failure_of(exc: BaseException) -> tuple[str, str] | None:
-    """(reason, the user's traceback or "") when the environment failed the sample: here (an
-    EnvironmentFailure or a contract error) or in the environment actor we asked (its
-    `reported_failure`); None for any other failure (an actor that died, a generator's error)."""
+    """(reason, what follows it: the failure's detail and the user's traceback, or "") when the
+    environment failed the sample: here (an EnvironmentFailure or a contract error) or in the
+    environment actor we asked (its `reported_failure`); None for any other failure (an actor
+    that died, a generator's error)."""
     if isinstance(exc, RemoteError):
         if exc.error_type != EnvironmentFailure.__name__:
             return None
         reason, _, user_traceback = exc.remote_message.partition("\n")
         return reason, user_traceback
     if isinstance(exc, (EnvironmentFailure, EnvironmentContractError)):
-        error = user_error(exc)
-        return drop_reason(exc), error.traceback if error is not None else ""
+        return drop_reason(exc), failure_detail(exc)
     return None
 
 

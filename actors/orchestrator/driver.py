@@ -240,7 +240,8 @@ class RunDriver:
                 "max_staleness": self.options.max_staleness, "resumes": self.resume_index,
                 "learner_recoveries": self.keeper.num_recoveries,
                 "generator_resyncs": self.keeper.num_generator_resyncs,
-                "rollout_retries": self.pool.num_retries, "eval_repeats": self.evaluator.num_repeats}
+                "rollout_retries": self.pool.num_retries, "eval_repeats": self.evaluator.num_repeats,
+                "teacher_retries": self.pool.teacher.num_retries if self.pool.teacher is not None else 0}
 
     async def _warm_up(self, sft_from: int | None = None) -> bool:
         """Evaluate, warm-start (SFT, checkpoints of phase "sft"), evaluate again; then the first

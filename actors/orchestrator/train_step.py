@@ -13,7 +13,9 @@ sampled its oldest token and the one that trained on it), and the step's figures
 to metrics.jsonl and to the head's live view. Each sample that came back gets its line
 of text in samples.jsonl (sample_log.py: prompt, completions, tool outputs, reward,
 advantage), and a step whose groups all have zero reward variance gets a warning
-(learning_signal.py), as do a collapse of the reward or of the entropy (health.py).
+(learning_signal.py; not when the learner distils: its step reports `distill_kl`, and the
+teacher's KL teaches every sample whatever the rewards), as do a collapse of the reward or of
+the entropy (health.py).
 
 Segments (records/rollout.py): an episode of several segments is one sample of its group (group
 sizes, dynamic sampling and samples.jsonl count episodes) and several rows of the batch, one per
@@ -176,14 +178,16 @@ class TrainStep:
                                            "num_dynamic_sampling_dropped_groups": num_dynamic_dropped,
                                            "overlong_penalty_mean":
                                                statistics.fmean(self.rules.penalty(s) for s in samples)})
-        self._check_signal(b + 1, rewards, sizes, samples)
+        if "distill_kl" not in metrics.values:   # distilling: the teacher's KL teaches every sample
+            self._check_signal(b + 1, rewards, sizes, samples)
         report_warnings(self.health.check_step(b + 1, row), self.metrics, self.emit)
         counts = self.ledger.counts()
         self.report_figures({**{k: v for k, v in row.items() if k not in ("time", "kind")},
                              "num_steps": self.num_steps, "samples_trained": counts["trained"],
                              "samples_dropped": counts["dropped"]})
+        distill = f" distill_kl {metrics.get('distill_kl', 0):.4f}" if "distill_kl" in metrics.values else ""
         return (f"step {b + 1}/{self.num_steps}: reward {statistics.fmean(rewards):.3f} "
-                f"correct {correct:.3f} loss {metrics.get('loss', 0):.4f} kl {metrics.get('kl', 0):.4f} "
+                f"correct {correct:.3f} loss {metrics.get('loss', 0):.4f} kl {metrics.get('kl', 0):.4f}{distill} "
                 f"tokens/s {metrics.get('tokens_per_s', 0):.0f} sync {sync.total_s:.2f}s")
 
     def _check_signal(self, step: int, rewards: list[float], sizes: list[int],

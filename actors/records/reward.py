@@ -5,7 +5,8 @@
 A value that is not a finite float under a str name raises EnvironmentContractError (the
 episode's rollout is dropped with the reason, actors/env/episode.py). The error lives here, with
 the record an environment hands back, so that records depend on no role; the Environment API
-(actors/env/api.py) exports it.
+(actors/env/api.py) exports it, and `EnvironmentFailure` (an environment that raised or hung; a
+judge that gave no verdict, actors/scorer/judge.py, which the Environment API imports in turn).
 """
 from __future__ import annotations
 
@@ -18,6 +19,16 @@ from postrain.core.errors import PostrainError
 
 class EnvironmentContractError(PostrainError, ValueError):
     """An environment returned something the API does not allow (actors/env/api.py's docstring)."""
+
+
+class EnvironmentFailure(PostrainError, RuntimeError):
+    """An environment raised or hung; `reason` is the short text the ledger records (its first
+    line: actors/env/user_errors.py). Raised `from` the user's exception, it carries their
+    traceback."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 @dataclasses.dataclass

@@ -98,14 +98,25 @@ class TokenScoresReply(Record):
 
 @dataclass(frozen=True, slots=True)
 class RewardScoresRequest(Record):
-    """`score_reward`: sequences (prompt + completion token ids) for a reward model."""
+    """`score_reward`: sequences for a reward model, as token ids (prompt + completion, in the
+    reward model's own vocabulary) or as conversations ({"role", "content"} messages, the last
+    the reply to score), which the scorer renders with the reward model's chat template.
+    Exactly one of the two."""
 
-    token_ids: list[Vector]
+    token_ids: list[Vector] | None = None
+    conversations: list[list[dict[str, Any]]] | None = None
 
     def _check(self) -> None:
-        for i, ids in enumerate(self.token_ids):
+        if (self.token_ids is None) == (self.conversations is None):
+            self.fail_field("token_ids", self.token_ids, "given, or conversations instead (exactly one of the two)")
+        for i, ids in enumerate(self.token_ids or []):
             if len(ids) < 1:
                 self.fail_field("token_ids", self.token_ids, f"sequences of at least 1 token (sequence {i} is empty)")
+        for i, conversation in enumerate(self.conversations or []):
+            if not conversation or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                                           and isinstance(m.get("content"), str) for m in conversation):
+                self.fail_field("conversations", conversation, f"non-empty lists of {{'role', 'content'}} "
+                                f"messages with str values (conversation {i})")
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,7 +42,7 @@ from postrain.core.config import auto_means_unset
 from postrain.core.errors import PostrainError
 
 from ..generator.engine import Engine, RequestOutput
-from ..generator.requests import engine_prompt, generate_reply
+from ..generator.requests import chat_prompt, chat_reply, engine_prompt, generate_reply
 from ..models.device import resolve_device
 from ..models.loading import check_model_spec, load_model, model_config
 from ..records import (CHAT, GENERATE, SCORE_REWARD, SCORE_TOKENS, ChatReply, ChatRequest, GenerateReply,
@@ -78,7 +78,9 @@ class ScorerOptions(Options):
                        "unless a request asks for its own")
     seed: int = Field(0, description="init of a from-scratch model; the base of per-request sampling seeds")
     kv_cache_mb: float = Field(64, gt=0, description="memory of the paged KV cache, MiB (serves = \"logprobs\" "
-                               "or \"generate\"); unset or \"auto\": 64")
+                               "or \"generate\"); unset or \"auto\": `postrain up` sizes it from the scorer's "
+                               "model, max_num_seqs and the longest rollout, as a generator's (64 where "
+                               "nothing sizes it)")
     max_num_seqs: int = Field(32, ge=1, description="sequences in one engine step at most (the batch)")
     max_num_batched_tokens: int = Field(4096, ge=1, description="new tokens in one engine step at most (a "
                                         "longer sequence runs alone); a scoring step keeps every position's "
@@ -88,6 +90,9 @@ class ScorerOptions(Options):
     kv_dtype: Literal["float32", "bfloat16", "int8", "float8_e4m3"] = Field(
         "float32", description="how the KV cache stores keys and values (as the generator's kv_dtype); "
         "a narrower one holds more blocks, the logprobs drift by the rounding")
+    reward_scale: float = Field(1.0, description="serves = \"reward\": each score is reward_scale * score + "
+                                "reward_offset (the declared scale of the reward model's raw score)")
+    reward_offset: float = Field(0.0, description="serves = \"reward\": added to each scaled score")
     device: str = Field("auto", description="'auto' (the GPU the scheduler placed it on, where its spec has "
                         "gpus = 1; else the CPU), 'cpu', 'cuda' or 'cuda:N': where the model and its cache are")
 
@@ -209,12 +214,9 @@ class ScorerActor(Actor):
         if self.tokenizer is None:
             raise ScorerError(f"scorer {self.name!r}: model {self.model_name!r} has no tokenizer to render chat "
                               "messages with; name a model folder with tokenizer.json")
-        text = self.tokenizer.apply_chat_template(request.messages, add_generation_prompt=True)
-        prompt = self.tokenizer.encode(text)
+        prompt = chat_prompt(self.tokenizer, request.messages)
         (out,) = await self._run_in_engine([_generate_request(prompt, request.sampling)])
-        sample = out.outputs[0]
-        return ChatReply(text=sample.text, prompt_tokens=len(prompt), completion_tokens=len(sample.token_ids),
-                         finish_reason=sample.finish_reason or "stop")
+        return chat_reply(prompt, out)
 
     @handler(SCORE_REWARD, concurrent=True)
     async def score_reward(self, request: RewardScoresRequest) -> RewardScoresReply:
@@ -222,7 +224,8 @@ class ScorerActor(Actor):
         Cancelled while waiting: nothing is scored; while scoring: the scoring finishes in its
         thread and its result is dropped."""
         self._refuse_unless("reward", SCORE_REWARD.name)
-        token_ids = [_token_ids(ids) for ids in request.token_ids]
+        token_ids = (self._rendered(request.conversations) if request.conversations is not None
+                     else [_token_ids(ids) for ids in request.token_ids or []])
         waiting = True
         self._num_reward_waiting += 1
         try:
@@ -237,7 +240,18 @@ class ScorerActor(Actor):
         finally:
             if waiting:                            # cancelled before its turn
                 self._num_reward_waiting -= 1
-        return RewardScoresReply(scores=[float(s) for s in scores])
+        scale, offset = self.options.reward_scale, self.options.reward_offset
+        return RewardScoresReply(scores=[scale * float(score) + offset for score in scores])
+
+    def _rendered(self, conversations: list[list[dict]]) -> list[list[int]]:
+        """Each conversation's token ids by the reward model's own tokenizer and chat template (its
+        last message the reply scored, so no generation prompt after it)."""
+        tokenizer = self.reward_model.tokenizer
+        if tokenizer is None:
+            raise ScorerError(f"reward model {self.options.model!r} has no tokenizer.json, so it cannot read "
+                              "conversations; send token ids in its vocabulary, or add its tokenizer files")
+        return [tokenizer.encode(tokenizer.apply_chat_template(conversation, add_generation_prompt=False))
+                for conversation in conversations]
 
     def load(self) -> Load:
         """Requests queued and in the engine (or being scored by the reward model), with the KV

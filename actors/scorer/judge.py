@@ -26,7 +26,9 @@ hiding text from a reader); it cannot make the judge's reading right.
 Failure rule: a handle that raises, does not answer within `timeout_s`, or a reply whose last
 line is not a verdict of the declared format raises `JudgeFailed` (an `EnvironmentFailure`, so
 the sample is dropped from its group's baseline with `reason` in the ledger), never a reward of 0.
-A failure is not cached: the next request for the same output asks again.
+A reason's first line names the cause alone, the same for every failure of that cause (a run
+counts failures by that line: actors/env/user_errors.py); the reply or the error it came with is
+on the line after it. A failure is not cached: the next request for the same output asks again.
 
 Cache: verdicts are kept per (rubric digest, output, context) in an LRU of `cache_size`
 entries, so a group that repeats an output asks the judge once, and concurrent requests for the
@@ -53,8 +55,7 @@ from pydantic import ConfigDict, Field
 from postrain.core.errors import ConfigError
 from postrain.core.record import Record, codec
 
-from ..env.api import EnvironmentFailure
-from ..records.reward import Reward
+from ..records.reward import EnvironmentFailure, Reward
 
 #: Bumped whenever the prompt's wording or the escaping changes: it is part of every rubric's
 #: digest, so a cache or a trace never mixes verdicts given to different prompts.
@@ -71,8 +72,9 @@ class RubricError(ConfigError):
 class JudgeFailed(EnvironmentFailure):
     """The judge gave no verdict: its handle raised or timed out, or its reply broke the verdict
     format. An infrastructure failure of the sample, never a low score: the caller drops the
-    sample with `reason`. `call`: the record of the failed call (prompt, reply if any, `error`),
-    for the sample's trace; None where no call was made."""
+    sample with `reason`, whose first line names the cause alone (the ledger's drop reason) and
+    whose next line the reply or the error. `call`: the record of the failed call (prompt, reply
+    if any, `error`), for the sample's trace; None where no call was made."""
 
     def __init__(self, reason: str, *, call: JudgeCall | None = None):
         super().__init__(reason)
@@ -382,7 +384,8 @@ def _shorten(text: str, limit: int = 80) -> str:
 def parse_verdict(reply: str, verdict: ScoreVerdict | PassFailVerdict | JsonVerdict) -> tuple[str, float]:
     """(the verdict's value as written, its raw number) of a judge's reply: its last non-empty line
     must be exactly `VERDICT: <value>` (blanks around it allowed), the value in `verdict`'s format.
-    Anything else raises JudgeFailed naming the rule and the reply, shortened."""
+    Anything else raises JudgeFailed: its reason's first line names the rule broken, the same for
+    every reply that breaks it (the line a run counts failures by); the next line names the reply."""
     lines = [line.strip() for line in reply.splitlines() if line.strip()]
     if not lines:
         raise JudgeFailed(f"judge answered out of format: an empty reply, where its last line must be "
@@ -390,13 +393,14 @@ def parse_verdict(reply: str, verdict: ScoreVerdict | PassFailVerdict | JsonVerd
     last = lines[-1]
     shown = f"(reply of {len(reply)} chars: {_shorten(reply)})"
     if not last.startswith(VERDICT_MARKER):
-        raise JudgeFailed(f"judge answered out of format: its last line must be 'VERDICT: {verdict.placeholder}', "
-                          f"got {_shorten(last, 60)} {shown}")
+        raise JudgeFailed(f"judge answered out of format: its last line must be 'VERDICT: {verdict.placeholder}'"
+                          f"\ngot {_shorten(last, 60)} {shown}")
     value = last[len(VERDICT_MARKER):].strip()
     try:
         return value, verdict.parse(value)
     except ValueError as exc:
-        raise JudgeFailed(f"judge answered out of format: {exc} {shown}") from None
+        raise JudgeFailed(f"judge answered out of format: its verdict line does not hold "
+                          f"{verdict.placeholder}\n{exc} {shown}") from None
 
 
 # --------------------------------------------------------------------------- the judge
@@ -551,8 +555,8 @@ class Judge:
             try:
                 reply = await self._ask_handle(messages, **self.rubric.sampling)
             except Exception as exc:   # the judge's model, actor or transport: an infrastructure failure
-                raise failed(f"judge failed: its handle raised {type(exc).__name__}: {_shorten(str(exc), 120)}; "
-                             f"see the judge scorer's log", latency_s=time.perf_counter() - start) from exc
+                raise failed(f"judge failed: its handle raised {type(exc).__name__}; see the judge scorer's log"
+                             f"\n{_shorten(str(exc), 120)}", latency_s=time.perf_counter() - start) from exc
         latency_s = time.perf_counter() - start
         if scope.cancelled_caught:
             raise failed(f"judge failed: no reply within timeout_s={_num(self.timeout_s)}s; give the judge "
@@ -570,7 +574,7 @@ class Judge:
             if getattr(reply, "finish_reason", None) == "length":
                 reason = (f"judge answered out of format: its reply was cut at max_new_tokens="
                           f"{self.rubric.max_new_tokens} before its verdict line; give the rubric a larger "
-                          f"max_new_tokens (reply of {len(text)} chars: {_shorten(text)})")
+                          f"max_new_tokens\n(reply of {len(text)} chars: {_shorten(text)})")
             raise failed(reason, text, latency_s, tokens) from None
         reward = min(1.0, max(0.0, self.rubric.verdict.scale(raw)))
         call = JudgeCall(rubric=digest, messages=messages, reply=text, latency_s=latency_s, verdict=value,

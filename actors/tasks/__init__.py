@@ -3,7 +3,7 @@
 A task is a `TaskSpec`: an environment class, an endless seeded stream of training tasks, a fixed
 held-out evaluation set, and (optionally) supervised demonstrations. Configs name a task:
 
-    spec = get_task("arithmetic")                 # built-in: "arithmetic", "code", "dataset",
+    spec = get_task("arithmetic")                 # built-in: "arithmetic", "arithmetic_judged", "code", "dataset",
                                                   # "reasoning_gym" (a mixture of families), "verifiers"
     spec = get_task("reasoning_gym:chain_sum")    # one reasoning-gym family
     spec = get_task("my_pkg.tasks:SPEC")          # yours, by import path (a TaskSpec, or a
@@ -32,12 +32,17 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from postrain.core import Options
 
-from . import arithmetic, code, dataset, demonstrations, long_context, reasoning_gym, terminal, verifiers_env
+from . import (arithmetic, arithmetic_judged, code, dataset, demonstrations, long_context, reasoning_gym, terminal,
+               verifiers_env)
 from .registry import TaskError, TaskSpec, get_task, list_tasks, register_task, register_task_family
 
 ARITHMETIC = register_task(TaskSpec(
     "arithmetic", arithmetic.ArithmeticEnv, arithmetic.train_tasks, arithmetic.eval_tasks,
     demonstrations.arithmetic_demonstrations, "integer + - * questions with a Python tool"))
+ARITHMETIC_JUDGED = register_task(TaskSpec(
+    "arithmetic_judged", arithmetic_judged.ArithmeticJudgedEnv, arithmetic.train_tasks, arithmetic.eval_tasks,
+    demonstrations.arithmetic_demonstrations, "arithmetic whose reward is a judge model's rubric verdict "
+    "(the programmatic check kept as a zero-weight component)"))
 CODE = register_task(TaskSpec(
     "code", code.CodeEnv, code.train_tasks, code.eval_tasks, demonstrations.code_demonstration_cycle,
     "write a function; run the visible tests, revise; graded on hidden tests"))
@@ -59,7 +64,7 @@ LONG_CONTEXT = register_task(TaskSpec(
     description="find a setting in a generated repository read file by file: long tool outputs"))
 register_task_family(reasoning_gym.PREFIX, reasoning_gym.family_task)
 
-__all__ = ["ARITHMETIC", "CODE", "DATASET", "LONG_CONTEXT", "REASONING_GYM", "TERMINAL", "VERIFIERS", "TaskError",
+__all__ = ["ARITHMETIC", "ARITHMETIC_JUDGED", "CODE", "DATASET", "LONG_CONTEXT", "REASONING_GYM", "TERMINAL", "VERIFIERS", "TaskError",
            "TaskOptions", "TaskSpec", "get_task", "list_tasks", "register_task", "register_task_family"]
 
 
@@ -67,7 +72,7 @@ class TaskOptions(Options):
     """The task fields of a role's options (the orchestrator's and the environment actor's), shared
     through a run config's `[shared]`: both roles must read the same task with the same knobs."""
 
-    task: str = Field("arithmetic", description="the task: a registered name ('arithmetic', 'code', "
+    task: str = Field("arithmetic", description="the task: a registered name ('arithmetic', 'arithmetic_judged', 'code', "
                       "'dataset', 'reasoning_gym', 'verifiers'), 'reasoning_gym:FAMILY', 'pkg.mod:TASK' (a TaskSpec or a function returning one) or 'pkg.mod:EnvClass' "
                       "(an Environment subclass)")
     task_options: dict[str, Any] = Field(default_factory=dict, description="the task's knobs (part of the "

@@ -52,3 +52,14 @@ def test_the_default_run_bench_compares_the_shipped_config_with_its_elastic_acto
     pinned = arm_config(False, quick=True)
     assert re.findall(r"^elastic = (\w+)", pinned, re.M) == ["false", "false"]
     assert "sft_steps = 20" in pinned and "num_steps = 2," in pinned and "num_eval_tasks = 10" in pinned
+
+
+def test_the_scorers_bench_counts_top_k_rows_on_the_wire_against_full_vocabulary_rows():
+    from postrain.bench.scorers import judged_group, topk_and_full_bytes
+    assert BENCHMARKS["scorers"] == "postrain.bench.scorers"
+    rows = 100 + 120
+    topk, full = topk_and_full_bytes([100, 120], 49152, 32)
+    assert rows * (32 * 8 + 2 * 4) <= topk < rows * (32 * 8 + 2 * 4) + 2048     # ids int32, log-probs float32
+    assert rows * 49152 * 4 <= full < rows * 49152 * 4 + 1024 and topk / full <= 0.02
+    group = judged_group()
+    assert len(group) == 16 and len(set(group)) == 4

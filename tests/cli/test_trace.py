@@ -128,3 +128,20 @@ def test_an_agent_episode_traces_from_the_environment_to_the_gateway_with_its_tu
     shown = trace(tmp_path, "b0-g0-s0", capsys)
     assert "orchestrator -> env-0" in shown and shown.count("env-0 -> gateway") == 2
     assert "2 turns" in shown and "gateway -> gateway" not in shown and "? turns" not in shown
+
+
+def test_a_judge_call_is_a_line_with_its_verdict_tokens_and_whether_it_was_cached():
+    call = {"rubric": "3f2a", "messages": [{"role": "system", "content": "You are a judge."}],
+            "reply": "VERDICT: PASS", "latency_s": 0.9, "verdict": "PASS", "raw": 1.0, "reward": 1.0,
+            "prompt_tokens": 612, "completion_tokens": 3, "cached": True}
+    events = [EVENTS[0],
+              {"time": T0 + 0.5, "sample_id": "b0-g0-s0", "event": "judge", "at": T0 + 0.120, "actor": "judge",
+               "duration_ms": 1.5, "rubric": "3f2a", "call": call},
+              {"time": T0 + 0.5, "sample_id": "b0-g0-s0", "event": "judge", "at": T0 + 0.200, "actor": "judge",
+               "duration_ms": 900.0, "rubric": "3f2a", "status": "failed: JudgeFailed",
+               "error": "judge answered out of format: an empty reply\nmore", "call": {**call, "cached": False}}]
+    lines = trace_command.format_trace("b0-g0-s0", events).splitlines()
+    assert lines[2].split(None, 2)[2].split() == (
+        "judge call env -> judge rubric 3f2a: verdict PASS (reward 1.000), 612 + 3 tokens, cached, 1.5 ms").split()
+    assert lines[3].endswith("rubric 3f2a: failed: judge answered out of format: an empty reply, 612 + 3 tokens, "
+                             "900.0 ms")

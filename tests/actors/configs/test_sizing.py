@@ -128,3 +128,31 @@ def test_a_run_without_a_model_is_not_sized():
     config = parse_up_config(tomllib.loads(counting_run_config("runs")))
     assert size_run(config, Inventory((0,), 1000), measure=fixed_rates) is None
     assert config.actors[0].memory_mb == 0 and config.head.heartbeat_timeout_s == 30
+
+
+def test_a_scorer_is_sized_from_its_own_model_as_a_generator_is(tmp_path):
+    """A judge of another model than the policy ("small": 8 KiB a token) gets its cache from its own
+    model; a set cache is kept; a reward model gets no cache, only its process and weights."""
+    from model_folders import reward_folder, tiny_policy_folder   # tests/actors/
+
+    rm = reward_folder(tiny_policy_folder(tmp_path / "policy"), tmp_path / "rm")
+    config = run_config(options={"max_num_seqs": 8})
+    config["actors"][2]["options"]["scorers"] = ["judge", "teacher", "rm"]
+    scorer = {"cls": "postrain.actors.scorer:ScorerActor", "cpus": 0.25}
+    config["actors"] += [
+        {"name": "judge", **scorer, "options": {"model": "small", "serves": "generate", "kv_cache_mb": "auto"}},
+        {"name": "teacher", **scorer, "memory_mb": 1024, "options": {"model": "tiny", "kv_cache_mb": 40}},
+        {"name": "rm", **scorer, "options": {"model": str(rm), "serves": "reward"}}]
+    config = parse_up_config(config)
+    sizing = size_run(config, Inventory(cpu_ids=(0, 1), memory_mb=16_000), measure=fixed_rates)
+    judge, teacher, rm_spec = config.actors[4:]
+    small = BUILTIN_CONFIGS["small"]
+    assert judge.options["kv_cache_mb"] == 32          # 8 KiB x 32 sequences (its max_num_seqs) x 128 tokens
+    assert judge.memory_mb == generator_memory_mb(4 * small.num_params / MIB, 32, False).value
+    assert teacher.options["kv_cache_mb"] == 40 and teacher.memory_mb == 1024
+    assert "kv_cache_mb" not in rm_spec.options and rm_spec.memory_mb == generator_memory_mb(
+        4 * TINY.num_params / MIB, 0, False).value
+    lines = {line.split(":")[0]: line for line in sizing.lines()}
+    assert lines["judge"].startswith("judge: kv_cache_mb 32 (8 KiB a token x 32 sequences x 128 tokens)")
+    assert lines["teacher"].startswith("teacher: kv_cache_mb 40 (set), memory_mb 1024 (set), start_timeout_s 60")
+    assert lines["rm"].startswith("rm: memory_mb ") and "kv_cache_mb" not in lines["rm"]

@@ -165,7 +165,7 @@ REFUSALS = [
     (SCORE, "VERDICT: 1e1", "plain number"),
     (SCORE, "VERDICT: \u0667", "plain number"),
     (SCORE, "VERDICT:", "plain number, got ''"),
-    (SCORE, "VERDICT: 7\nHope this helps!", r"last line must be 'VERDICT: <a number from 0 to 10>', got 'Hope this"),
+    (SCORE, "VERDICT: 7\nHope this helps!", r"last line must be 'VERDICT: <a number from 0 to 10>'\ngot 'Hope this"),
     (SCORE, "The score is 7.", "last line must be"),
     (SCORE, "verdict: 7", "last line must be"),
     (SCORE, "**VERDICT: 7**", "last line must be"),
@@ -188,10 +188,27 @@ REFUSALS = [
 
 @pytest.mark.parametrize("fmt, reply, message", REFUSALS)
 def test_a_verdict_out_of_format_is_a_failure_naming_the_reply(fmt, reply, message):
-    with pytest.raises(JudgeFailed, match="judge answered out of format: .*" + message) as caught:
+    with pytest.raises(JudgeFailed, match="(?s)judge answered out of format: .*" + message) as caught:
         parse_verdict(reply, fmt)
     if reply.strip():
         assert f"(reply of {len(reply)} chars: " in caught.value.reason
+
+
+def test_the_first_line_of_a_reason_names_the_cause_alone_so_failures_count_under_one_line():
+    """The environment-error threshold and the ledger count drop reasons by their line: replies
+    that break one rule give one line, the reply itself on the line after it."""
+    lines = set()
+    for reply in ("VERDICT: pass", "VERDICT: PASS.", "VERDICT: 1"):
+        with pytest.raises(JudgeFailed) as caught:
+            parse_verdict(reply, PASSFAIL)
+        lines.add(drop_reason(caught.value))
+        assert repr(reply) in caught.value.reason.splitlines()[1]
+    assert lines == {"judge answered out of format: its verdict line does not hold <PASS or FAIL>"}
+    for reply in ("I think it passes.", "PASS", "Sure!\nVERDICT: PASS\nThanks"):
+        with pytest.raises(JudgeFailed) as caught:
+            parse_verdict(reply, PASSFAIL)
+        lines.add(drop_reason(caught.value))
+    assert len(lines) == 2
 
 
 def test_a_long_reply_is_shortened_in_the_reason():
@@ -229,7 +246,7 @@ async def nothing(messages):
 
 
 @pytest.mark.parametrize("answer, timeout_s, message", [
-    (crash, 30, "judge failed: its handle raised RuntimeError: 'CUDA error: an illegal memory access"),
+    (crash, 30, "judge failed: its handle raised RuntimeError; see the judge scorer's log\n'CUDA error: an illegal memory access"),
     (hang, 0.05, "judge failed: no reply within timeout_s=0.05s"),
     (ramble, 30, "judge answered out of format: its last line must be 'VERDICT: <a number"),
     (nothing, 30, "judge failed: its handle returned NoneType, not the reply's text"),
@@ -243,7 +260,7 @@ async def test_a_judge_that_fails_raises_judge_failed_never_a_zero(answer, timeo
             await judge.judge("apple")
         assert caught.value.call is not None and caught.value.call.error == caught.value.reason
         assert caught.value.call.messages[1]["content"].startswith("<output-") and caught.value.call.raw is None
-        assert drop_reason(caught.value).startswith(caught.value.reason)   # the sample is dropped with it
+        assert drop_reason(caught.value).startswith(caught.value.reason.splitlines()[0])   # its cause, alone
     assert handle.calls == 2
     if answer is ramble:
         assert caught.value.call.reply == "The output is fine, I would say about a seven."

@@ -11,6 +11,7 @@ import torch
 from postrain.actors.generator.engine import Engine
 from postrain.actors.generator.sampling import SamplingParams
 from postrain.actors.models.loading import load_model
+from postrain.actors.models.tokenizer import byte_tokenizer
 from postrain.actors.records import (CHAT, GENERATE, SCORE_REWARD, SCORE_TOKENS, ChatRequest, GenerateRequest,
                                      RecordError, RewardScoresReply, RewardScoresRequest, SequenceScores,
                                      TokenScoresReply, TokenScoresRequest)
@@ -43,6 +44,7 @@ def save_reward_folder(folder):
         for param in model.parameters():
             param.normal_(0, 0.2)
     model.save_pretrained(folder)
+    byte_tokenizer().save(folder)        # the byte vocabulary (264) with ChatML: it reads conversations
     return model
 
 
@@ -119,7 +121,8 @@ async def test_scorer_actors_answer_what_they_serve_and_refuse_the_rest(tmp_path
         async with anyio.create_task_group() as starting:         # the processes import at once
             starting.start_soon(sup.start, scorer("teacher", model="tiny", serves="logprobs", top_k=K))
             starting.start_soon(sup.start, scorer("judge", model="tiny", serves="generate"))
-            starting.start_soon(sup.start, scorer("rm", model=str(tmp_path / "rm"), serves="reward"))
+            starting.start_soon(sup.start, scorer("rm", model=str(tmp_path / "rm"), serves="reward",
+                                                  reward_scale=2.0, reward_offset=1.0))
         teacher, judge, rm = sup.ref("teacher"), sup.ref("judge"), sup.ref("rm")
 
         # a teacher: a group's sequences sharing their prompt, rows from the first completion token on
@@ -160,7 +163,15 @@ async def test_scorer_actors_answer_what_they_serve_and_refuse_the_rest(tmp_path
         with torch.no_grad():
             want = [float(hf_rm(torch.tensor([ids])).logits[0, 0]) for ids in rewarded]
         scores = await rm.call(SCORE_REWARD, RewardScoresRequest(token_ids=rewarded), timeout_s=60)
-        assert isinstance(scores, RewardScoresReply) and scores.scores == pytest.approx(want, abs=1e-4)
+        assert isinstance(scores, RewardScoresReply)
+        assert scores.scores == pytest.approx([2 * w + 1 for w in want], abs=2e-4)   # the declared scale
+        # ... or conversations, rendered by the reward model's own tokenizer and template
+        conversation = [{"role": "user", "content": "2+3?"}, {"role": "assistant", "content": "5"}]
+        ids = byte_tokenizer().encode(byte_tokenizer().apply_chat_template(conversation, add_generation_prompt=False))
+        with torch.no_grad():
+            want_text = float(hf_rm(torch.tensor([ids])).logits[0, 0])
+        scores = await rm.call(SCORE_REWARD, RewardScoresRequest(conversations=[conversation]), timeout_s=60)
+        assert scores.scores == pytest.approx([2 * want_text + 1], abs=2e-4)
 
         # each refuses the uses it does not serve, naming its serves
         with pytest.raises(RemoteError, match=r"scorer 'teacher' serves 'logprobs'.*not 'generate'.*serves = "
