@@ -51,8 +51,9 @@ class ScorerHandle(Protocol):
         """The teacher's rows of each sequence from `score_from` on (docs/scorers.md)."""
         ...
 
-    async def reward(self, token_ids: list[list[int]]) -> list[float]:
-        """A reward model's score of each sequence."""
+    async def reward(self, conversations: list[list[dict]]) -> list[float]:
+        """A reward model's score of each conversation (its last message the reply scored),
+        rendered by the reward model's own tokenizer and chat template, at its declared scale."""
         ...
 
 
@@ -196,6 +197,7 @@ class RemoteScorer:
         reply: TokenScoresReply = await self._call("score_tokens", SCORE_TOKENS, request)
         return reply
 
-    async def reward(self, token_ids: list[list[int]]) -> list[float]:
-        reply = await self._call("reward", SCORE_REWARD, RewardScoresRequest(token_ids=[list(t) for t in token_ids]))
+    async def reward(self, conversations: list[list[dict]]) -> list[float]:
+        request = RewardScoresRequest(conversations=[list(conversation) for conversation in conversations])
+        reply = await self._call("reward", SCORE_REWARD, request)
         return list(reply.scores)
