@@ -9,7 +9,8 @@ An environment actor's `scorers` option names the scorer actors its environments
 each environment gets them as `self.scorers`, a read-only mapping of name -> `ScorerHandle`
 (beside `self.sandbox`). A handle asks its scorer for what it serves: `chat` (a judge or a
 simulated user: the reply text to chat messages, rendered with the scorer model's own
-template), `score_tokens` (a teacher's rows, docs/scorers.md) or `reward` (a reward model's
+template), `score_continuations` (a judge in choice mode: each of a few continuations' total
+logprob after the messages), `score_tokens` (a teacher's rows, docs/scorers.md) or `reward` (a reward model's
 scores). Each call is a hop of the episode's timeline, so the sample's trace shows it.
 Environments never talk to sockets: the actor passes these handles in, and `postrain eval`
 and the tests pass in-process ones with the same methods.
@@ -28,8 +29,9 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from ..records import (CHAT, SCORE_REWARD, SCORE_TOKENS, ChatReply, ChatRequest, RewardScoresRequest,
-                       SamplingParams, TokenScoresReply, TokenScoresRequest)
+from ..records import (CHAT, SCORE_CONTINUATIONS, SCORE_REWARD, SCORE_TOKENS, ChatReply, ChatRequest,
+                       ContinuationsReply, ContinuationsRequest, RewardScoresRequest, SamplingParams,
+                       TokenScoresReply, TokenScoresRequest)
 from ..scorer.judge import Judge, JudgeCall, JudgeFailed, JudgeVerdict, Rubric
 from .timeline import Timeline
 
@@ -44,6 +46,12 @@ class ScorerHandle(Protocol):
 
     async def chat(self, messages: list[dict], **sampling: Any) -> ChatReply:
         """The scorer model's reply to `messages` (SamplingParams fields as keywords)."""
+        ...
+
+    async def score_continuations(self, messages: list[dict], continuations: list[str], *, prefix: str = "",
+                                  end_of_turn: bool = False) -> ContinuationsReply:
+        """Each continuation's total logprob after `messages` (rendered with the scorer model's
+        chat template, the assistant's turn opened) and `prefix` (records/chat.py)."""
         ...
 
     async def score_tokens(self, token_ids: list[list[int]], score_from: list[int],
@@ -188,6 +196,13 @@ class RemoteScorer:
     async def chat(self, messages: list[dict], **sampling: Any) -> ChatReply:
         request = ChatRequest(messages=list(messages), sampling=SamplingParams.from_wire(sampling))
         reply: ChatReply = await self._call("chat", CHAT, request)
+        return reply
+
+    async def score_continuations(self, messages: list[dict], continuations: list[str], *, prefix: str = "",
+                                  end_of_turn: bool = False) -> ContinuationsReply:
+        request = ContinuationsRequest(messages=list(messages), continuations=list(continuations), prefix=prefix,
+                                       end_of_turn=end_of_turn)
+        reply: ContinuationsReply = await self._call("score_continuations", SCORE_CONTINUATIONS, request)
         return reply
 
     async def score_tokens(self, token_ids: list[list[int]], score_from: list[int],

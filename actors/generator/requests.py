@@ -11,10 +11,20 @@ work on the messages rendered with the model's chat template:
 
     prompt = chat_prompt(tokenizer, messages)       # token ids, the assistant's turn opened
     reply = chat_reply(prompt, output)              # ChatReply: the one sample's text, the tokens
+
+A `score_continuations` message (a judge in choice mode) is one scoring request per continuation
+(actors/generator/scoring.py), nothing sampled; they share the rendered prompt, so all but the
+first find it in the prefix cache:
+
+    start, sequences = continuation_sequences(tokenizer, request)
+    engine.add_score_request(ids, start, top_k=1, ...) for ids in sequences
+    reply = continuations_reply(start, sequences, [output.scores, ...])   # ContinuationsReply
 """
 from __future__ import annotations
 
-from ..records import ChatReply, GeneratedSample, GenerateReply, GenerateRequest
+from ..records import (ChatReply, ContinuationsReply, ContinuationsRequest, GeneratedSample, GenerateReply,
+                       GenerateRequest)
+from .scoring import Scores
 from .sequence import RequestOutput
 
 
@@ -47,3 +57,36 @@ def chat_reply(prompt: list[int], output: RequestOutput) -> ChatReply:
     sample = output.outputs[0]
     return ChatReply(text=sample.text, prompt_tokens=len(prompt), completion_tokens=len(sample.token_ids),
                      finish_reason=sample.finish_reason or "stop")
+
+
+def continuation_sequences(tokenizer, request: ContinuationsRequest) -> tuple[int, list[list[int]]]:
+    """(start, one token sequence per continuation) of a `score_continuations` request: the text
+    is the messages rendered with the chat template, the assistant's turn opened, then
+    `request.prefix`, then the continuation (then the EOS token where `end_of_turn`), tokenized
+    whole, so a continuation's first token may merge with the prefix's end (" PASS" after
+    "VERDICT:"). `start` is the first token where any two of these sequences, or a sequence and
+    the prompt with the prefix alone, differ: every continuation is scored from there, under the
+    same context, so their logprobs compare (each is the logprob of its text from that point)."""
+    prompt = tokenizer.apply_chat_template(request.messages, add_generation_prompt=True) + request.prefix
+    base = tokenizer.encode(prompt)
+    sequences = [tokenizer.encode(prompt + continuation) for continuation in request.continuations]
+    if request.end_of_turn:
+        eos = tokenizer.eos_token_id
+        if eos is None:
+            raise ValueError("end_of_turn needs the model's end-of-sequence token, and its tokenizer names none")
+        sequences = [ids + [int(eos)] for ids in sequences]
+    start = len(base)
+    for ids in sequences:
+        same = 0
+        for a, b in zip(base, ids):
+            if a != b:
+                break
+            same += 1
+        start = min(start, same)
+    return max(1, start), sequences
+
+
+def continuations_reply(start: int, sequences: list[list[int]], scores: list[Scores]) -> ContinuationsReply:
+    """The `score_continuations` reply: each sequence's token logprobs summed from `start` on."""
+    return ContinuationsReply(logprobs=[float(rows.token_logprobs[start:].astype("float64").sum()) for rows in scores],
+                              num_tokens=[len(ids) - start for ids in sequences], prompt_tokens=start)

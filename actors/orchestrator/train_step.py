@@ -5,7 +5,9 @@ its environment failed) is already "dropped" in the ledger with the reason, and 
 trained, not as a 0 either: it is left out of its group, and the group's baseline is its
 other samples' (the learner's advantages over groups of different sizes, ext/advantages.py),
 exactly as if it had never been sampled. A group left with fewer than 2 samples has no
-baseline and is dropped whole (GROUP_INCOMPLETE). The groups become one `TrainBatch` (rewards and
+baseline and is dropped whole (GROUP_INCOMPLETE), unless its sample carries the teacher's rows:
+a distilling run trains a lone sample on the teacher's KL (its advantage is 0), so
+`samples_per_prompt = 1` works for on-policy distillation. The groups become one `TrainBatch` (rewards and
 group ids; the learner computes the group-relative advantages), stepped through the
 `LearnerKeeper` (exactly once, whatever dies meanwhile), then published. Each sample
 is then "trained" in the ledger with its staleness (versions between the policy that
@@ -46,11 +48,13 @@ MIN_GROUP_SIZE = 2   # samples a group keeps after failures to be trained (a bas
 
 def surviving_groups(groups: list[list[ScoredSample | None]], ledger) -> list[list[ScoredSample]]:
     """Each group's samples that came back (None: a failed rollout, left out), in order; a
-    group with fewer than MIN_GROUP_SIZE left is dropped, its samples "dropped" in the ledger."""
+    group with fewer than MIN_GROUP_SIZE left is dropped, its samples "dropped" in the ledger
+    (a lone sample with the teacher's rows is kept: it trains on the distillation KL)."""
     kept = []
     for group in groups:
         samples = [item for item in group if item is not None]
-        if len(samples) < MIN_GROUP_SIZE:
+        distilled = bool(samples) and all(item.teacher is not None for item in samples)
+        if len(samples) < (1 if distilled else MIN_GROUP_SIZE):   # the teacher's KL needs no baseline
             for item in samples:
                 for sid in item.segment_ids:
                     ledger.drop(sid, GROUP_INCOMPLETE)

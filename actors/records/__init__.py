@@ -38,7 +38,7 @@ from .learner import (CheckpointLoaded, CheckpointSaved, ExportedHf, ExportHf, G
                       LearnerStats, LoadCheckpoint, PublishRequest, RankStep, SaveCheckpoint)
 from .weights import (PublishReport, SealedChunk, WeightPatch, WeightsChannel, WeightsDigest, WeightSync,
                       WeightSyncReply)
-from .chat import CHAT, ChatReply, ChatRequest
+from .chat import CHAT, SCORE_CONTINUATIONS, ChatReply, ChatRequest, ContinuationsReply, ContinuationsRequest
 from .run import RUN_STATE_FORMAT, RunRequest, RunState, RunUpdate, StopRun
 from .sandbox import (LIMIT_FIELDS, ExecReply, ExecRequest, ExecStreamItem, RunIoCasesReply,
                       RunIoCasesRequest, RunTestsReply, RunTestsRequest, SandboxStats, SessionClosed,
@@ -79,7 +79,7 @@ from .scorer import SCORE_REWARD, SCORE_TOKENS
 __all__ += ["CloseEpisode", "EpisodeCall", "EpisodeSegment", "EpisodeSegments", "GatewayAddress", "OpenEpisode"]
 __all__ += ["CLOSE_EPISODE", "GATEWAY_ADDRESS", "OPEN_EPISODE"]
 __all__ += ["SCORE_REWARD", "SCORE_TOKENS"]
-__all__ += ["CHAT", "ChatReply", "ChatRequest"]
+__all__ += ["CHAT", "ChatReply", "ChatRequest", "SCORE_CONTINUATIONS", "ContinuationsReply", "ContinuationsRequest"]
 __all__ += ["EXEC", "EXEC_STREAM", "EXPORT_HF", "GENERATE", "GENERATOR_STATS", "GET_WEIGHTS", "GROUP_STATE",
            "JOIN_GROUP", "LEARNER_STATS", "LOAD_CHECKPOINT", "LOAD_WEIGHTS", "PUBLISH", "RANK_STEP", "ROLLOUT",
            "RUN", "RUN_IO_CASES", "RUN_TESTS", "SANDBOX_STATS", "SAVE_CHECKPOINT", "SESSION_CLOSE",

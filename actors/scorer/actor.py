@@ -14,7 +14,9 @@ Options: `ScorerOptions` below. One scorer serves one use (`serves`):
   chunked with `prefill_chunk_tokens`; nothing is sampled.
 - "generate" (a judge, a simulated user): `generate` GenerateRequest -> GenerateReply exactly as
   a generator answers it (actors/generator/requests.py), and `chat` ChatRequest -> ChatReply
-  (the messages rendered with the model's chat template, one sample's text).
+  (the messages rendered with the model's chat template, one sample's text), and
+  `score_continuations` ContinuationsRequest -> ContinuationsReply (the same rendering, then
+  each continuation's total logprob from one scoring request each: a judge in choice mode).
 - "reward" (a reward model): `score_reward` RewardScoresRequest -> RewardScoresReply, the score
   head of a `*ForSequenceClassification` folder on each sequence's last token
   (postrain.actors.models.reward_model).
@@ -42,16 +44,19 @@ from postrain.core.config import auto_means_unset
 from postrain.core.errors import PostrainError
 
 from ..generator.engine import Engine, RequestOutput
-from ..generator.requests import chat_prompt, chat_reply, engine_prompt, generate_reply
+from ..generator.requests import (chat_prompt, chat_reply, continuation_sequences, continuations_reply, engine_prompt,
+                                  generate_reply)
 from ..models.device import resolve_device
 from ..models.loading import check_model_spec, load_model, model_config
-from ..records import (CHAT, GENERATE, SCORE_REWARD, SCORE_TOKENS, ChatReply, ChatRequest, GenerateReply,
+from ..records import (CHAT, GENERATE, SCORE_CONTINUATIONS, SCORE_REWARD, SCORE_TOKENS, ChatReply, ChatRequest,
+                       ContinuationsReply, ContinuationsRequest, GenerateReply,
                        GenerateRequest, RewardScoresReply, RewardScoresRequest, SamplingParams, SequenceScores,
                        TokenScoresReply, TokenScoresRequest)
 
 SERVES = ("logprobs", "generate", "reward")
 # What each use answers, for the refusal of a message it does not serve.
-_ANSWERS = {"logprobs": "score_tokens", "generate": "generate and chat", "reward": "score_reward"}
+_ANSWERS = {"logprobs": "score_tokens", "generate": "generate, chat and score_continuations",
+            "reward": "score_reward"}
 
 
 class ScorerError(PostrainError, ValueError):
@@ -217,6 +222,23 @@ class ScorerActor(Actor):
         prompt = chat_prompt(self.tokenizer, request.messages)
         (out,) = await self._run_in_engine([_generate_request(prompt, request.sampling)])
         return chat_reply(prompt, out)
+
+    @handler(SCORE_CONTINUATIONS, concurrent=True)
+    async def score_continuations(self, request: ContinuationsRequest) -> ContinuationsReply:
+        """Each continuation's total logprob after the messages and the prefix (serves =
+        "generate"; actors/generator/requests.py's `continuation_sequences`): one scoring request
+        each, the shared prompt found in the prefix cache. Cancelled: as `chat`."""
+        self._refuse_unless("generate", SCORE_CONTINUATIONS.name)
+        if self.tokenizer is None:
+            raise ScorerError(f"scorer {self.name!r}: model {self.model_name!r} has no tokenizer to render chat "
+                              "messages with; name a model folder with tokenizer.json")
+        start, sequences = continuation_sequences(self.tokenizer, request)
+        outputs = await self._run_in_engine([_score_request(ids, start, 1) for ids in sequences])
+        scores = []
+        for out in outputs:
+            assert out.scores is not None, "a finished scoring request has its scores"
+            scores.append(out.scores)
+        return continuations_reply(start, sequences, scores)
 
     @handler(SCORE_REWARD, concurrent=True)
     async def score_reward(self, request: RewardScoresRequest) -> RewardScoresReply:

@@ -3,9 +3,11 @@
     engine = Engine(model, tokenizer, kv_cache_mb=256)
     handle = LocalChatScorer(engine)                 # async chat(messages, **sampling) -> ChatReply
     verdict = await Judge(handle, rubric).judge(output, context=question)
+    await handle.score_continuations(messages, ["PASS", "FAIL"], prefix="VERDICT: ")   # a choice judge's
 
-`chat` answers as a `ScorerActor` with serves = "generate" does (the messages rendered with the
-model's chat template, one sample: actors/generator/requests.py's `chat_prompt` and `chat_reply`).
+`chat` and `score_continuations` answer as a `ScorerActor` with serves = "generate" does (the
+messages rendered with the model's chat template; one sample, or one scoring request per
+continuation: actors/generator/requests.py).
 Concurrent calls share the engine's steps, so they are batched as the scorer actor batches them:
 each call queues its request, and whichever caller finds no step running adds every queued
 request and runs one step in a worker thread, then hands out what finished; the others wait for
@@ -15,13 +17,15 @@ step in its worker thread. Runs on trio or asyncio (anyio).
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import Any, Callable
 
 import anyio
 
 from ..generator.engine import Engine, RequestOutput
-from ..generator.requests import chat_prompt, chat_reply
-from ..records import ChatReply, SamplingParams
+from ..generator.requests import chat_prompt, chat_reply, continuation_sequences, continuations_reply
+from ..records import ChatReply, ContinuationsReply, ContinuationsRequest, SamplingParams
+
+Add = Callable[[Engine, str], Any]   # adds one request to the engine under the given id
 
 
 class LocalChatScorer:
@@ -36,7 +40,7 @@ class LocalChatScorer:
         # Invariants: a request id is in at most one of _queued (not yet in the engine), the
         # engine, _done (finished, not yet taken) or _abandoned (its caller left; the engine still
         # holds it, to be aborted between steps). _stepping: a step runs in a worker thread.
-        self._queued: list[tuple[str, list[int], SamplingParams]] = []
+        self._queued: list[tuple[str, Add]] = []
         self._done: dict[str, RequestOutput] = {}
         self._abandoned: set[str] = set()
         self._stepping = False
@@ -49,14 +53,37 @@ class LocalChatScorer:
         if params.n != 1:
             raise ValueError(f"a chat call gets one reply; got n = {params.n}")
         prompt = chat_prompt(self.engine.tokenizer, messages)
-        request_id = f"chat-{next(self._ids)}"
-        self._queued.append((request_id, prompt, params))
-        try:
-            output = await self._wait_for(request_id)
-        except BaseException:
-            self._leave(request_id)
-            raise
+        (output,) = await self._run([lambda engine, request_id: engine.add_request(prompt, params, request_id=request_id)])
         return chat_reply(prompt, output)
+
+    async def score_continuations(self, messages: list[dict], continuations: list[str], *, prefix: str = "",
+                                  end_of_turn: bool = False) -> ContinuationsReply:
+        """Each continuation's total logprob after `messages` and `prefix` (records/chat.py's
+        ContinuationsRequest). Cancellation: as `chat`."""
+        request = ContinuationsRequest(messages=list(messages), continuations=list(continuations), prefix=prefix,
+                                       end_of_turn=end_of_turn)
+        start, sequences = continuation_sequences(self.engine.tokenizer, request)
+        outputs = await self._run([_score(ids, start) for ids in sequences])
+        scores = []
+        for output in outputs:
+            assert output.scores is not None, "a finished scoring request has its scores"
+            scores.append(output.scores)
+        return continuations_reply(start, sequences, scores)
+
+    async def _run(self, adds: list[Add]) -> list[RequestOutput]:
+        """Queue each request and wait for all of them, in order. Cancellation: each is dropped from
+        the queue or aborted between steps."""
+        ids = [f"req-{next(self._ids)}" for _ in adds]
+        self._queued.extend(zip(ids, adds))
+        outputs = []
+        try:
+            for request_id in ids:
+                outputs.append(await self._wait_for(request_id))
+        except BaseException:
+            for request_id in ids:
+                self._leave(request_id)
+            raise
+        return outputs
 
     async def _wait_for(self, request_id: str) -> RequestOutput:
         """Step the engine, or wait for the caller that does, until `request_id` finished.
@@ -87,8 +114,8 @@ class LocalChatScorer:
             self.engine.abort(request_id)
         self._abandoned.clear()
         queued, self._queued = self._queued, []
-        for request_id, prompt, params in queued:
-            self.engine.add_request(prompt, params, request_id=request_id)
+        for request_id, add in queued:
+            add(self.engine, request_id)
 
     def _leave(self, request_id: str) -> None:
         """A caller gave up on `request_id`: forget it wherever it is."""
@@ -100,3 +127,7 @@ class LocalChatScorer:
                 self._abandoned.add(request_id)       # aborted before the next step
             else:
                 self.engine.abort(request_id)
+
+
+def _score(ids: list[int], start: int) -> Add:
+    return lambda engine, request_id: engine.add_score_request(ids, start, 1, request_id=request_id)

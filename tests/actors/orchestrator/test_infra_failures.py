@@ -115,3 +115,36 @@ def test_a_sandbox_that_fails_under_a_code_reward_is_a_failure_not_a_zero():
     with pytest.raises(RewardFailure, match=r"could not start the run .*no warm worker.*the sample is dropped"):
         trio.run(lambda: load_reward("code_tests").score("def f(x): return x + 1", {"tests": tests},
                                                           answer_field="tests", sandbox=FailingSandbox()))
+
+
+def test_a_lone_sample_trains_when_the_run_distils_and_is_dropped_when_it_does_not(tmp_path):
+    """samples_per_prompt = 1: a group of one has no GRPO baseline and is dropped, unless its
+    sample carries the teacher's rows (on-policy distillation needs no baseline)."""
+    import numpy as np
+
+    from postrain.actors.orchestrator.scored_sample import ScoredSample
+    from postrain.actors.records import SequenceScores
+
+    def rows(seed: int, k: int = 4) -> SequenceScores:
+        g = np.random.default_rng(seed)
+        ids = np.stack([g.choice(np.arange(8, 264), k, replace=False) for _ in range(10)]).astype(np.int32)
+        probs = g.dirichlet(np.ones(k + 1), size=10)          # k ids and the tail
+        return SequenceScores(topk_ids=ids, topk_logprobs=np.log(probs[:, :k]).astype(np.float32),
+                              tail_logmass=np.log(probs[:, k]).astype(np.float32),
+                              token_logprobs=np.full(10, -1.0, np.float32))
+
+    ledger = SampleLedger(tmp_path / "ledger.jsonl")
+    for g in range(4):
+        ledger.create(f"b0-g{g}-s0")
+    plain = [[ScoredSample(f"b0-g{g}-s0", rollout(g, 0.0))] for g in range(2)]
+    distilled = [[ScoredSample(f"b0-g{g}-s0", rollout(g, 0.0), (rows(g),))] for g in range(2, 4)]
+
+    assert surviving_groups(plain, ledger) == []
+    assert ledger.drop_reasons[GROUP_INCOMPLETE] == 2
+    kept = surviving_groups(distilled, ledger)
+    assert [[s.sample_id for s in group] for group in kept] == [["b0-g2-s0"], ["b0-g3-s0"]]
+
+    batch = train_batch(kept)
+    assert batch.group_ids == [0, 1] and batch.teacher_topk_ids is not None
+    metrics = Learner(LearnerConfig(model=TINY, micro_batch_size=4, loss="opd", lr=1e-3)).train_step(batch)
+    assert metrics["num_tokens"] == 2 * 6 and metrics["distill_kl"] > 0

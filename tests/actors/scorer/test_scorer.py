@@ -12,10 +12,12 @@ from postrain.actors.generator.engine import Engine
 from postrain.actors.generator.sampling import SamplingParams
 from postrain.actors.models.loading import load_model
 from postrain.actors.models.tokenizer import byte_tokenizer
-from postrain.actors.records import (CHAT, GENERATE, SCORE_REWARD, SCORE_TOKENS, ChatRequest, GenerateRequest,
-                                     RecordError, RewardScoresReply, RewardScoresRequest, SequenceScores,
+from postrain.actors.records import (CHAT, GENERATE, SCORE_CONTINUATIONS, SCORE_REWARD, SCORE_TOKENS, ChatRequest,
+                                     ContinuationsRequest, GenerateRequest, RecordError, RewardScoresReply,
+                                     RewardScoresRequest, SequenceScores,
                                      TokenScoresReply, TokenScoresRequest)
 from postrain.actors.scorer import ScorerActor
+from postrain.actors.scorer.local import LocalChatScorer
 from postrain.core import ActorSpec, RemoteError, Supervisor, wire
 from postrain.core.errors import ConfigError
 from postrain.core.options import validate_options
@@ -85,6 +87,9 @@ def test_bad_scorer_records_are_refused_by_name():
                        tail_logmass=np.zeros(3, np.float32), token_logprobs=np.zeros(3, np.float32))
     with pytest.raises(RecordError, match="sequence 1 is empty"):
         RewardScoresRequest(token_ids=[[1], []])
+    for continuations in ([], ["PASS", "PASS"], [""]):
+        with pytest.raises(RecordError, match=r"ContinuationsRequest.continuations must be"):
+            ContinuationsRequest(messages=[{"role": "user", "content": "x"}], continuations=continuations)
 
 
 # ----------------------------------------------------------------------------- options
@@ -157,6 +162,13 @@ async def test_scorer_actors_answer_what_they_serve_and_refuse_the_rest(tmp_path
         rendered = tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
         local = Engine(model, tokenizer, num_blocks=32).generate([rendered], params)[0].outputs[0]
         assert (chat.text, chat.prompt_tokens, chat.completion_tokens) == (local.text, len(rendered), 5)
+        # ... and a choice judge's continuations, as the in-process handle scores them
+        choose = ContinuationsRequest(messages=messages, continuations=["PASS", "FAIL"], prefix="VERDICT: ")
+        choice = await judge.call(SCORE_CONTINUATIONS, choose, timeout_s=60)
+        alone = await LocalChatScorer(Engine(model, tokenizer, num_blocks=32)).score_continuations(
+            messages, ["PASS", "FAIL"], prefix="VERDICT: ")
+        assert (choice.num_tokens, choice.prompt_tokens) == (alone.num_tokens, alone.prompt_tokens)
+        assert choice.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
 
         # a reward model: the score head on each sequence's last token, as transformers gives it
         rewarded = [PROMPT, PROMPT + COMPLETIONS[1], [5, 6]]
@@ -185,6 +197,8 @@ async def test_scorer_actors_answer_what_they_serve_and_refuse_the_rest(tmp_path
             await rm.call(GENERATE, GenerateRequest(prompt_ids=PROMPT), timeout_s=60)
         with pytest.raises(RemoteError, match=r"scorer 'teacher' serves 'logprobs'.*not 'chat'"):
             await teacher.call(CHAT, ChatRequest(messages=messages), timeout_s=60)
+        with pytest.raises(RemoteError, match=r"scorer 'teacher' serves 'logprobs'.*not 'score_continuations'"):
+            await teacher.call(SCORE_CONTINUATIONS, choose, timeout_s=60)
         # an engine refusal reaches the caller, and the teacher goes on
         with pytest.raises(RemoteError, match=r"top_k must be in \[1, 264\]"):
             await teacher.call(SCORE_TOKENS, TokenScoresRequest(token_ids=[PROMPT], score_from=[1], top_k=999),
