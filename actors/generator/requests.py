@@ -64,8 +64,8 @@ def continuation_sequences(tokenizer, request: ContinuationsRequest) -> tuple[in
     is the messages rendered with the chat template, the assistant's turn opened, then
     `request.prefix`, then the continuation (then the EOS token where `end_of_turn`), tokenized
     whole, so a continuation's first token may merge with the prefix's end (" PASS" after
-    "VERDICT:"). `start` is the first token where any two of these sequences, or a sequence and
-    the prompt with the prefix alone, differ: every continuation is scored from there, under the
+    "VERDICT:"). `start` is the first token at which some sequence leaves the tokens of the prompt
+    with the prefix alone (at most their count): every continuation is scored from there, under the
     same context, so their logprobs compare (each is the logprob of its text from that point)."""
     prompt = tokenizer.apply_chat_template(request.messages, add_generation_prompt=True) + request.prefix
     base = tokenizer.encode(prompt)

@@ -477,7 +477,7 @@ async def test_a_choice_judge_takes_the_most_likely_value(verdict, logprobs, val
     assert (got.call.verdict, got.reward, got.call.reply) == (value, reward, "")
     assert got.call.choices == dict(zip(handle.seen[0][1], map(float, logprobs)))
     assert (got.call.prompt_tokens, got.call.completion_tokens) == (600, 2 * len(logprobs))
-    messages, continuations, prefix, end_of_turn = handle.seen[0]
+    _, continuations, prefix, end_of_turn = handle.seen[0]
     assert prefix == "VERDICT: " and end_of_turn == isinstance(verdict, ScoreVerdict)
     assert continuations == (["PASS", "FAIL"] if isinstance(verdict, PassFailVerdict)
                              else [str(i) for i in range(int(verdict.low), int(verdict.high) + 1)])
