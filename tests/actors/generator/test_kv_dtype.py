@@ -188,7 +188,8 @@ ARCH_EXTRAS = {
 }
 
 
-@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("arch", [arch if arch in ("llama", "qwen3_moe") else pytest.param(arch, marks=pytest.mark.variants)
+                                  for arch in sorted(ARCHITECTURES)])   # the others: pytest -m variants
 def test_every_architecture_runs_on_an_int8_cache(arch):
     """Sliding windows included: the 41-token prompt is longer than the 8-token window."""
     if arch not in ARCH_EXTRAS:

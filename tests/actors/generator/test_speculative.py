@@ -81,8 +81,10 @@ def run(engine, prompts, params):
     return [(o.outputs[0].token_ids, o.outputs[0].policy_versions) for o in engine.generate(prompts, params)]
 
 
-@pytest.mark.parametrize("options, caching", [(NGRAM, True), (NGRAM, False), (ROLLOUTS, True)],
-                         ids=["ngram-prefix-cache", "ngram-no-cache", "rollouts-prefix-cache"])
+@pytest.mark.parametrize("options, caching", [
+    pytest.param(NGRAM, True, id="ngram-prefix-cache"),
+    pytest.param(NGRAM, False, id="ngram-no-cache", marks=pytest.mark.variants),        # pytest -m variants
+    pytest.param(ROLLOUTS, True, id="rollouts-prefix-cache", marks=pytest.mark.variants)])
 def test_greedy_is_token_identical_to_the_plain_engine(model, tokenizer, options, caching):
     prompts = task_prompts(tokenizer) + random_prompts(2)
     params = SamplingParams(max_new_tokens=20, **GREEDY)

@@ -106,7 +106,8 @@ def test_zigzag_split_covers_every_position_once_and_balances_causal_work():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seq_len", sorted(SCENARIOS))
+@pytest.mark.parametrize("seq_len", [n if n == min(SCENARIOS) else pytest.param(n, marks=pytest.mark.variants)
+                                     for n in sorted(SCENARIOS)])   # the longer rings: pytest -m variants
 def test_two_and_four_gloo_ranks_equal_one_process(tmp_path, seq_len):
     procs = launch(tmp_path, 4, f"train-{seq_len}")
     logs = [p.communicate(timeout=900)[0] for p in procs]

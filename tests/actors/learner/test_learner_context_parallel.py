@@ -85,7 +85,7 @@ def one_process():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.variants)])   # 4: pytest -m variants
 def test_context_parallel_learner_equals_one_process(tmp_path, world, one_process, rank_processes):
     script = RANK.format(test_dir=os.path.dirname(os.path.abspath(__file__)))
     out = str(tmp_path / "weights")

@@ -155,7 +155,7 @@ def test_the_learner_options_name_a_bad_strategy():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("context_parallel", [1, 2])
+@pytest.mark.parametrize("context_parallel", [pytest.param(1, marks=pytest.mark.variants), 2])  # 1: pytest -m variants
 def test_a_learner_actor_of_two_fsdp_ranks_trains_publishes_saves_and_exports(tmp_path, context_parallel):
     """The learner actor with ranks = 2 and strategy "fsdp", as `postrain up` starts it: a train
     step on both ranks, then get_weights, export_hf and save_checkpoint, which every rank runs

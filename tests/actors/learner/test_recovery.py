@@ -368,7 +368,7 @@ async def test_warm_start_kill_replays_only_since_its_checkpoint_and_resume_cont
     assert len([r for r in rows if r["kind"] == "sft"]) == sft_steps, "one sft row per step after the cut-back"
 
 
-@pytest.mark.slow
+@pytest.mark.faults   # kill and disk matrix: pytest -m faults (CI time)
 @async_test
 async def test_a_stop_inside_the_warm_start_checkpoints_the_steps_done_and_resume_continues(tmp_path):
     """`postrain down` (the driver's `stop`) during the SFT steps ends the run after the step in
@@ -394,7 +394,7 @@ async def test_a_stop_inside_the_warm_start_checkpoints_the_steps_done_and_resum
     assert final_learner(folder).step == sft_steps + num_steps, "each SFT step applied once"
 
 
-@pytest.mark.slow
+@pytest.mark.faults   # kill and disk matrix: pytest -m faults (CI time)
 @async_test
 async def test_an_evaluation_that_lost_episodes_to_a_kill_is_redone_not_half_counted(tmp_path):
     folder = tmp_path / "run"
