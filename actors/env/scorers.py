@@ -32,7 +32,8 @@ from typing import Any, Protocol, runtime_checkable
 from ..records import (CHAT, SCORE_CONTINUATIONS, SCORE_REWARD, SCORE_TOKENS, ChatReply, ChatRequest,
                        ContinuationsReply, ContinuationsRequest, RewardScoresRequest, SamplingParams,
                        TokenScoresReply, TokenScoresRequest)
-from ..scorer.judge import Judge, JudgeCall, JudgeFailed, JudgeVerdict, Rubric
+from ..scorer.judge import Judge, JudgeCall, JudgeFailed, JudgeVerdict
+from ..scorer.rubric import Rubric
 from .timeline import Timeline
 
 SCORER_TIMEOUT_S = 600.0   # one call to a scorer, at most

@@ -3,7 +3,9 @@ reward models), served by the generator's engine.
 
     actor.py   ScorerActor: `score_tokens` (serves = "logprobs"), `generate` and `chat` (serves =
                "generate"), `score_reward` (serves = "reward"); ScorerOptions, ScorerError
-    judge.py   judge rewards: rubrics, the guard around the policy's output, strict verdicts
+    rubric.py  what a judge grades by: rubrics, verdict formats, the escaping of the policy's output
+    judge.py   judge rewards: the fenced prompt, strict verdicts (or choice verdicts), the cache
+    local.py   an in-process judge handle over an Engine (tests, benches, `postrain eval`)
 
 Configs name the actor `postrain.actors.scorer:ScorerActor`.
 """

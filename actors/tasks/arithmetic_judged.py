@@ -41,7 +41,7 @@ from postrain.core.errors import PostrainError
 from postrain.core.jsonl import read_jsonl
 
 from ..env.api import EnvironmentContractError, Reward, StepResult
-from ..scorer.judge import PassFailVerdict, Rubric
+from ..scorer.rubric import PassFailVerdict, Rubric
 from .arithmetic import ArithmeticEnv, ArithmeticOptions
 
 SAMPLES_FILE = "samples.jsonl"   # a run folder's sample log (actors/orchestrator/sample_log.py)

@@ -9,7 +9,8 @@ from postrain.actors.env import Environment, Scorers, SharedJudges
 from postrain.actors.env.timeline import Timeline
 from postrain.actors.env.user_errors import reported_failure
 from postrain.actors.records import ChatReply
-from postrain.actors.scorer.judge import JudgeFailed, PassFailVerdict, Rubric
+from postrain.actors.scorer.judge import JudgeFailed
+from postrain.actors.scorer.rubric import PassFailVerdict, Rubric
 from postrain.core.testing import async_test
 
 RUBRIC = Rubric("PASS when the output is an even number.", PassFailVerdict(), max_new_tokens=8)

@@ -10,9 +10,9 @@ import pytest
 from pydantic import BaseModel
 
 from postrain.actors.env.user_errors import drop_reason
-from postrain.actors.scorer.judge import (Judge, JudgeCall, JudgeFailed, JudgeVerdict, JsonVerdict,
-                                          PassFailVerdict, Rubric, RubricError, ScoreVerdict, escape_output,
-                                          parse_verdict)
+from postrain.actors.scorer.judge import Judge, JudgeCall, JudgeFailed, JudgeVerdict, parse_verdict
+from postrain.actors.scorer.rubric import (JsonVerdict, PassFailVerdict, Rubric, RubricError, ScoreVerdict,
+                                           escape_output)
 from postrain.core.testing import async_test
 
 APPLES = Rubric("Give one point for each time the output says 'apple', at most 10.", ScoreVerdict(0, 10))
