@@ -44,6 +44,9 @@ NOT_CHECKED = {
         "a fragment (`...` stands for the other options)",
     ("your-model.md", "# qwen3.toml: GRPO with LoRA on a Qwen3 folder, on two-number sums"):
         "names the model folder the page downloads: checked by its `--dry-run` in tests/cli/test_your_model_guide.py",
+    ("scorers.md", "[[actors]]"): "names folders earlier runs write (runs/default/policy, runs/rm/export): the "
+        "scorer options and the run-level checks run on real folders in tests/actors/scorer/test_scorer.py and "
+        "tests/actors/configs/test_scorer_checks.py (the shipped distill.toml's --dry-run too)",
 }
 
 
@@ -90,6 +93,9 @@ POSTRAIN_BLOCKS = {
     ("your-model.md", "postrain up --config qwen3.toml --overwrite"):
         "parsed only: the run itself, an hour or more on a CPU; the short run above runs its config",
     ("your-model.md", "postrain export runs/qwen3 qwen3-policy"): "run: tests/cli/test_your_model_guide.py",
+    ("scorers.md", "postrain up                                             # leaves runs/default/policy"):
+        "parsed only: the default run takes minutes; distill.toml's --dry-run with --set teacher.model runs in "
+        "tests/actors/configs/test_scorer_checks.py, a distilling run in tests/actors/scorer/test_distill_run.py",
     ("your-model.md", "postrain serve --model qwen3-policy"):
         "run: tests/cli/test_your_model_guide.py (on a free port), with the page's chat completion",
 }
