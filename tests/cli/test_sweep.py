@@ -185,7 +185,7 @@ def test_a_sweep_tables_and_plots_the_spread_over_seeds_and_overrides(tmp_path):
     assert "driver.gain=0.3: 2/2 runs finished, 0 collapsed" in text and "rl_gain" in text
 
 
-@pytest.mark.slow
+@pytest.mark.faults   # a SIGTERM mid-sweep: the fault matrix, pytest -m faults (CI time)
 def test_resume_after_a_sigterm_keeps_finished_runs_and_runs_the_rest(tmp_path):
     out = tmp_path / "sw"
     (tmp_path / "hold").write_text("")

@@ -64,6 +64,7 @@ def assert_stopped_cleanly(head: subprocess.Popen, folder: Path, status: int) ->
     return out
 
 
+@pytest.mark.faults   # a kill while loading: the fault matrix, pytest -m faults (CI time)
 def test_an_actor_killed_while_it_loads_is_started_again_and_the_run_goes_on(tmp_path):
     folder = tmp_path / "runs" / "t"
     head = start_head(write_config(tmp_path, setup_s=2))

@@ -30,7 +30,7 @@ from postrain.core.testing import to_toml  # noqa: E402
 
 # The runs wait on their own events (an actor running, a row written, the run's end) and on
 # nothing else; this bound only stops a hung run from holding CI, far above a loaded machine's time.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(1500)]   # node losses join the fault matrix: pytest -m faults (CI time)
 
 NUM_STEPS = 10
 TASK_OPTIONS = {"include_instructions": False, "max_digits": 1}
