@@ -37,7 +37,6 @@ that arrive during a step join the batch at the next one (continuous batching).
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
 import anyio
@@ -53,17 +52,11 @@ from ..records import (GENERATE, GENERATOR_STATS, LOAD_WEIGHTS, WEIGHTS_CHANNEL,
                        GenerateReply, GenerateRequest, GeneratorStats, WeightsChannel, WeightsDigest, WeightSync,
                        WeightSyncReply)
 from ..weights import WeightReceiver, model_weights, weights_digest
-from .engine import Engine, RequestOutput
-from .requests import engine_prompt, generate_reply
+from .engine import Engine
+from .requests import Waiter, engine_prompt, generate_reply
 from .sampling import SamplingParams
 from .speculative import SpeculativeOptions
 
-
-@dataclass
-class _Waiter:
-    done: anyio.Event = field(default_factory=anyio.Event)
-    output: RequestOutput | None = None
-    error: Exception | None = None
 
 
 class GeneratorOptions(Options):
@@ -113,7 +106,7 @@ class GeneratorActor(Actor):
                              weight_precision=options.weight_precision, speculative=options.speculative)
         self._request_ids = itertools.count()
         self._new_requests: list[tuple[str, list[int] | str, SamplingParams]] = []
-        self._waiters: dict[str, _Waiter] = {}       # request id -> its caller, until answered
+        self._waiters: dict[str, Waiter] = {}       # request id -> its caller, until answered
         self._in_engine: set[str] = set()            # request ids the engine holds
         self._new_weights: list[tuple[dict, int, anyio.Event, list]] = []
         self.receiver = WeightReceiver(self.node.keys, self.address)   # the sync protocol's receiving end
@@ -130,7 +123,7 @@ class GeneratorActor(Actor):
         params = request.sampling
         prompt = engine_prompt(request)
         request_id = str(next(self._request_ids))
-        waiter = self._waiters[request_id] = _Waiter()
+        waiter = self._waiters[request_id] = Waiter()
         self._new_requests.append((request_id, prompt, params))
         self._work.set()
         try:

@@ -19,8 +19,15 @@ first find it in the prefix cache:
     start, sequences = continuation_sequences(tokenizer, request)
     engine.add_score_request(ids, start, top_k=1, ...) for ids in sequences
     reply = continuations_reply(start, sequences, [output.scores, ...])   # ContinuationsReply
+
+An actor that runs the engine in a loop of its own parks each caller on a `Waiter` until its
+request finishes (the generator actor, the scorer actor).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import anyio
 
 from ..records import (ChatReply, ContinuationsReply, ContinuationsRequest, GeneratedSample, GenerateReply,
                        GenerateRequest)
@@ -90,3 +97,12 @@ def continuations_reply(start: int, sequences: list[list[int]], scores: list[Sco
     """The `score_continuations` reply: each sequence's token logprobs summed from `start` on."""
     return ContinuationsReply(logprobs=[float(rows.token_logprobs[start:].astype("float64").sum()) for rows in scores],
                               num_tokens=[len(ids) - start for ids in sequences], prompt_tokens=start)
+
+
+@dataclass
+class Waiter:
+    """A caller waiting for its engine request: `done` is set once `output` or `error` is."""
+
+    done: anyio.Event = field(default_factory=anyio.Event)
+    output: RequestOutput | None = None
+    error: Exception | None = None

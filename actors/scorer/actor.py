@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import dataclass, field
 from typing import Annotated, Any, Callable, Literal
 
 import anyio
@@ -44,8 +43,8 @@ from postrain.core.config import auto_means_unset
 from postrain.core.errors import PostrainError
 
 from ..generator.engine import Engine, RequestOutput
-from ..generator.requests import (chat_prompt, chat_reply, continuation_sequences, continuations_reply, engine_prompt,
-                                  generate_reply)
+from ..generator.requests import (Waiter, chat_prompt, chat_reply, continuation_sequences, continuations_reply,
+                                  engine_prompt, generate_reply)
 from ..models.device import resolve_device
 from ..models.loading import check_model_spec, load_model, model_config
 from ..records import (CHAT, GENERATE, SCORE_CONTINUATIONS, SCORE_REWARD, SCORE_TOKENS, ChatReply, ChatRequest,
@@ -62,12 +61,6 @@ _ANSWERS = {"logprobs": "score_tokens", "generate": "generate, chat and score_co
 class ScorerError(PostrainError, ValueError):
     """A message this scorer does not serve, or a scorer that cannot serve what it is declared for."""
 
-
-@dataclass
-class _Waiter:
-    done: anyio.Event = field(default_factory=anyio.Event)
-    output: RequestOutput | None = None
-    error: Exception | None = None
 
 
 class ScorerOptions(Options):
@@ -157,7 +150,7 @@ class ScorerActor(Actor):
                                                                                            sort_keys=True)
         self._request_ids = itertools.count()
         self._new_requests: list[tuple[str, Callable[[Engine, str], Any]]] = []
-        self._waiters: dict[str, _Waiter] = {}       # request id -> its caller, until answered
+        self._waiters: dict[str, Waiter] = {}       # request id -> its caller, until answered
         self._in_engine: set[str] = set()            # request ids the engine holds
         self._work = anyio.Event()
         self._reward_lock = anyio.Lock()
@@ -301,7 +294,7 @@ class ScorerActor(Actor):
         first error of any is raised. Cancelled (or on an error): the waiters are dropped, so the
         loop aborts their requests at its next pass."""
         ids = [str(next(self._request_ids)) for _ in adds]
-        waiters = [self._waiters.setdefault(request_id, _Waiter()) for request_id in ids]
+        waiters = [self._waiters.setdefault(request_id, Waiter()) for request_id in ids]
         self._new_requests.extend(zip(ids, adds))
         self._work.set()
         try:
