@@ -31,6 +31,7 @@ from postrain.core import ActorSpec, Supervisor
 from postrain.core.errors import ActorDiedError, RemoteError
 from postrain.actors.orchestrator.ledger import read_events
 from postrain.core.testing import async_test, to_toml
+from task_runs import killable_run_specs   # tests/actors/
 
 TASK_OPTIONS = {"include_instructions": False, "max_digits": 1}
 LEARNER = {"lr": 1e-3}
@@ -44,18 +45,7 @@ def orchestrator_options(**overrides) -> dict:
 
 
 def specs(orchestrator: dict) -> list[ActorSpec]:
-    common = {"memory_mb": 0, "max_restarts": 10, "restart_backoff_s": 0.05}
-    return [
-        ActorSpec(name="sandbox", cls="postrain.actors.sandbox:SandboxActor", cpus=0.2,
-                  options={"mode": "warm", "num_workers": 1}, **common),
-        ActorSpec(name="generator", cls="postrain.actors.generator:GeneratorActor", cpus=0.5,
-                  options={"model": "tiny", "kv_cache_mb": 16}, **common),
-        ActorSpec(name="learner", cls="postrain.actors.learner:LearnerActor", cpus=0.5,
-                  options={"model": "tiny", "learner": LEARNER}, **common),
-        ActorSpec(name="env", cls="postrain.actors.env:EnvironmentActor", cpus=0.1,
-                  options={"task": "arithmetic", "task_options": TASK_OPTIONS}, **common),
-        ActorSpec(name="orchestrator", cls="postrain.actors.orchestrator:OrchestratorActor", cpus=0.1,
-                  options=orchestrator, **common)]
+    return killable_run_specs(orchestrator, LEARNER, TASK_OPTIONS)
 
 
 async def run_with_killer(folder, orchestrator: dict, killer, resume: bool = False,

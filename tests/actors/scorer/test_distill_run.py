@@ -12,6 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 from model_folders import tiny_policy_folder   # tests/actors/
+from task_runs import killable_run_specs   # tests/actors/
 
 from postrain.actors.orchestrator.ledger import read_events
 from postrain.actors.records import RunRequest, RunUpdate
@@ -72,20 +73,9 @@ def test_the_distill_config_distils_a_fresh_student_from_a_teacher_folder(tmp_pa
 
 
 def specs(teacher_model: str, orchestrator: dict, learner: dict) -> list[ActorSpec]:
-    common = {"memory_mb": 0, "max_restarts": 10, "restart_backoff_s": 0.05}
-    return [
-        ActorSpec(name="sandbox", cls="postrain.actors.sandbox:SandboxActor", cpus=0.2,
-                  options={"mode": "warm", "num_workers": 1}, **common),
-        ActorSpec(name="generator", cls="postrain.actors.generator:GeneratorActor", cpus=0.5,
-                  options={"model": "tiny", "kv_cache_mb": 16}, **common),
-        ActorSpec(name="teacher", cls="postrain.actors.scorer:ScorerActor", cpus=0.3,
-                  options={"model": teacher_model, "serves": "logprobs", "top_k": 16, "kv_cache_mb": 16}, **common),
-        ActorSpec(name="learner", cls="postrain.actors.learner:LearnerActor", cpus=0.5,
-                  options={"model": "tiny", "learner": learner}, **common),
-        ActorSpec(name="env", cls="postrain.actors.env:EnvironmentActor", cpus=0.1,
-                  options={"task": "arithmetic", "task_options": TASK_OPTIONS}, **common),
-        ActorSpec(name="orchestrator", cls="postrain.actors.orchestrator:OrchestratorActor", cpus=0.1,
-                  options=orchestrator, **common)]
+    teacher = ActorSpec(name="teacher", cls="postrain.actors.scorer:ScorerActor", cpus=0.3,
+                        options={"model": teacher_model, "serves": "logprobs", "top_k": 16, "kv_cache_mb": 16})
+    return killable_run_specs(orchestrator, learner, TASK_OPTIONS, extra=(teacher,))
 
 
 async def until(predicate, timeout_s: float = 120.0) -> None:
