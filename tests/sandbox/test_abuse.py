@@ -99,7 +99,10 @@ def test_fork_bomb(sandbox):
             except OSError:
                 pass
     """)
-    assert result.status is Status.TIMEOUT
+    # The pids limit stops the forking; the forked interpreters then spin until the wall limit,
+    # or fill the memory limit first where they dirty their copied pages faster than the clock
+    # runs out (seen on a loaded machine). Either way a limit ended it and nothing leaked.
+    assert result.status in (Status.TIMEOUT, Status.MEMORY_LIMIT), result
     check_next_run_clean(sandbox)
 
 
