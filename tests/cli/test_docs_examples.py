@@ -80,6 +80,9 @@ POSTRAIN_BLOCKS = {
         "parsed only: five SmolLM2 runs of many minutes; --target: tests/cli/test_sweep.py",
     ("performance.md", "postrain sweep --config actors/configs/smollm2_chain_sum.toml --seeds 0-4 --parallel 2"):
         "parsed only: five SmolLM2 runs of many minutes; a sweep of short runs: tests/cli/test_sweep.py",
+    ("performance.md", "postrain up --set orchestrator.eval_every=2"):
+        "parsed only: a default run and five distilling runs of minutes each; distill_figure.toml's "
+        "--dry-run: tests/actors/configs/test_configs.py",
     ("performance.md", "uptime; postrain bench trl --json; uptime"):
         "parsed only: needs trl; minutes (tests/cli/test_bench_trl.py checks its settings)",
     ("performance.md", "uptime; postrain bench trl --quick --json"):

@@ -35,6 +35,17 @@ def test_shipped_configs_validate_and_place_on_this_machine(name, capsys):
     assert "orchestrator: cores" in capsys.readouterr().out
 
 
+def test_the_distill_figure_config_validates_and_places_with_a_teacher_folder(tmp_path, capsys):
+    """distill_figure.toml names the default run's policy folder (runs/default/policy), which a
+    test machine has not got: its --dry-run with the teacher named on the command line."""
+    from model_folders import tiny_policy_folder   # tests/actors/
+    teacher = tiny_policy_folder(tmp_path / "teacher")
+    assert cli.main(["up", "--config", str(CONFIGS / "distill_figure.toml"), "--dry-run",
+                     "--set", f"teacher.model={teacher}"]) == 0
+    out = capsys.readouterr().out
+    assert "teacher: cores [" in out and "orchestrator: cores" in out
+
+
 def test_a_packaged_model_name_resolves_or_says_how_to_install_it(monkeypatch):
     assert resolve_model("tiny") == "tiny" and resolve_model("/some/folder") == "/some/folder"
     monkeypatch.setitem(checkpoint.PACKAGED_MODELS, "ghost",
