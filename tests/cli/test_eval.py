@@ -94,10 +94,11 @@ def test_a_folder_that_is_not_a_finished_run_is_named(run_folder, tmp_path):
     (["--num-tasks", "-3"], "argument --num-tasks: must be >= 1, got -3"),
     (["--max-tokens", "0"], "argument --max-tokens: must be >= 1, got 0"),
 ])
-def test_ranges_are_checked_in_one_line(argv, message):
-    result = subprocess.run([sys.executable, "-m", "postrain.cli", "eval", "--model", "tiny", *argv],
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2 and result.stderr.splitlines() == [
+def test_ranges_are_checked_in_one_line(argv, message, capsys):
+    from postrain.cli.main import main
+    with pytest.raises(SystemExit) as exited:      # argparse refuses before anything loads
+        main(["eval", "--model", "tiny", *argv])
+    assert exited.value.code == 2 and capsys.readouterr().err.splitlines() == [
         f"postrain eval: {message}; see `postrain eval --help`"]
 
 

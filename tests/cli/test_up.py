@@ -52,7 +52,7 @@ def test_a_broken_config_or_run_folder_fails_before_anything_starts(tmp_path):
     assert result.returncode == 2 and "is not writable" in result.stderr
 
 
-@pytest.mark.parametrize("bind", ["ipc", "tcp"])
+@pytest.mark.parametrize("bind", ["ipc", pytest.param("tcp", marks=pytest.mark.variants)])
 def test_status_and_down_talk_to_a_running_head(tmp_path, bind):
     from postrain.core.transport import free_tcp_port
     folder = tmp_path / "runs" / "t"

@@ -84,6 +84,7 @@ def test_the_first_rollout_is_the_ledgers_first_generated_event(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.variants     # the bench itself; its parts are tested above
 def test_a_quick_run_measures_links_across_two_nodes_against_raw_pyzmq():
     pytest.importorskip("ray")
     result = subprocess.run([sys.executable, "-m", "postrain.cli", "bench", "cluster", "--quick", "--json"],

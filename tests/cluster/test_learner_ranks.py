@@ -121,6 +121,7 @@ RUN = {"run": {"name": "ranks", "driver": "orchestrator"},
                                         "sampling": {"max_new_tokens": 16}}}]}
 
 
+@pytest.mark.variants     # the two ranks on two nodes are checked without a whole run above
 def test_a_short_run_with_the_learner_on_two_ranks_across_nodes_balances_its_ledger(two_nodes, tmp_path):
     doc = json.loads(json.dumps(RUN))
     doc["cluster"] = {"address": two_nodes.address}

@@ -9,6 +9,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from postrain.actors.orchestrator.ledger import STATES, read_events
 from postrain.core.metrics import read_metrics
 
@@ -71,6 +73,7 @@ def lifecycles(folder) -> dict:
     return samples
 
 
+@pytest.mark.variants     # the pinned-core runs of the suite are its cheaper variant
 def test_a_run_with_elastic_cores_ends_with_the_same_ledger_as_one_with_pinned_cores(tmp_path):
     runs = {}
     for elastic in ("true", "false"):

@@ -30,6 +30,7 @@ async def publish(learner, targets: list[str], chunk_mb: float | None = None) ->
 
 
 @pytest.mark.slow
+@pytest.mark.variants     # sealed sends across nodes: test_weight_assembly.py
 @async_test
 async def test_sealed_on_one_host_delivers_the_weights_auto_delivers():
     async with Supervisor.open(keys=CurveKeys.generate()) as sup:
@@ -56,6 +57,7 @@ async def test_sealed_on_one_host_delivers_the_weights_auto_delivers():
 
 
 @pytest.mark.slow
+@pytest.mark.variants
 @async_test
 async def test_message_sends_one_message_to_every_target_here_and_on_another_node_patches_included():
     keys = CurveKeys.generate()
