@@ -118,9 +118,24 @@ class TrackingSection(BaseModel):
 
 
 class UpConfig(RunConfig):
+    """The kernel's RunConfig plus `[balancer]`, `[tracking]` and `[[tasks]]`: a mixture's tables
+    (actors/tasks/mixture.py) are a shared setting, moved into `[shared]` as `tasks` when the
+    file loads, so the orchestrator and every environment actor read the same mixture."""
+
     # type ignores: without pydantic's mypy plugin a field's positional Field(default) reads as required
     balancer: BalancerSection = Field(default_factory=BalancerSection)  # type: ignore[arg-type]
     tracking: TrackingSection = Field(default_factory=TrackingSection)  # type: ignore[arg-type]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tasks_are_shared(cls, data: object) -> object:
+        if not isinstance(data, dict) or "tasks" not in data:
+            return data
+        shared = dict(data.get("shared") or {})
+        if "tasks" in shared:
+            raise ValueError("[[tasks]] and [shared] tasks are both set; fix: keep the [[tasks]] tables")
+        shared["tasks"] = data["tasks"]
+        return {**{k: v for k, v in data.items() if k != "tasks"}, "shared": shared}
 
 
 def load_up_config(path: str | Path, import_dir: str | Path | None = None) -> UpConfig:

@@ -55,7 +55,7 @@ from ..models.loading import spec_tokenizer
 from ..models.tokenizer import Tokenizer
 from ..records import (EXEC, GATEWAY_ADDRESS, ROLLOUT, RUN_TESTS, ExecRequest, Rollout, RolloutRequest,
                        RunTestsRequest)
-from ..tasks import TaskOptions, TaskSpec, get_task
+from ..tasks import TaskMixture, TaskOptions
 from .timeline import Timeline, tool_status
 from .agent import DEFAULT_GATEWAY, AgentEnvironment, agent_rollout
 from .api import EnvironmentContractError, EnvironmentFailure
@@ -184,7 +184,8 @@ class EnvironmentOptions(TaskOptions):
 
 
 class EnvironmentActor(Actor):
-    """Plays episodes of one task (`rollout`) with the generator as the policy."""
+    """Plays episodes of the run's tasks (`rollout`: of the task it names) with the generator as
+    the policy."""
 
     Options = EnvironmentOptions
 
@@ -192,15 +193,14 @@ class EnvironmentActor(Actor):
         """Resolve the task and its options, load the tokenizer, look up the generator, the
         sandbox and the scorers. Cancellation: not atomic (some attributes may be set), but a cancelled setup
         ends the actor's process (`Actor.setup`), so no partial state serves requests."""
-        self.task: TaskSpec = get_task(self.options.task)
-        self.task_options = self.task.check_options(self.options.task_options)
+        self.mixture = TaskMixture.of(self.options)   # one task, or a mixture's (actors/tasks/mixture.py)
         self.tokenizer = load_tokenizer(self.options.model, self.options.chat_template)
         self.generator = await self.lookup(self.options.generator)
         self.sandbox = await self._find_sandbox()
         self.scorers = {name: RemoteScorer(await self.lookup(name)) for name in self.options.scorers}
         self.judges = SharedJudges(self.scorers)   # one Judge per (scorer, rubric), shared by the episodes
         self.gateway = None   # an AgentEnvironment task's episodes run through the run's gateway (agent.py)
-        if issubclass(self.task.env_class, AgentEnvironment):
+        if any(issubclass(task.spec.env_class, AgentEnvironment) for task in self.mixture.tasks):
             self.gateway = await self.lookup(DEFAULT_GATEWAY)
             self.gateway_address = await self.gateway.call(GATEWAY_ADDRESS)
 
@@ -208,13 +208,14 @@ class EnvironmentActor(Actor):
         """The sandbox handle: looked up only when the task needs one or `sandbox` names one.
         Cancellation: nothing is left behind (no attribute is set; `lookup` makes no reference)."""
         name = self.options.sandbox
-        needs = self.task.needs_sandbox(self.task_options)
+        needing = [task for task in self.mixture.tasks if task.spec.needs_sandbox(task.options)]
         if name is None:
-            name = DEFAULT_SANDBOX if needs else ""
+            name = DEFAULT_SANDBOX if needing else ""
         if not name:
-            if needs:
+            if needing:
+                task = needing[0]
                 raise SandboxRequiredError(
-                    f"task {self.task.name!r} runs code (its environment {self.task.env_class.__name__} "
+                    f"task {task.name!r} runs code (its environment {task.spec.env_class.__name__} "
                     f"declares uses_sandbox = True) but environment actor {self.name!r} has sandbox = ''; "
                     f"fix: add a SandboxActor to the run and leave sandbox unset (it is then "
                     f"{DEFAULT_SANDBOX!r}) or set sandbox = its name")
@@ -222,9 +223,9 @@ class EnvironmentActor(Actor):
         try:
             return RemoteSandbox(await self.lookup(name))
         except Exception as exc:  # noqa: BLE001 - the head's answer names what it knows
-            why = (f"task {self.task.name!r} runs code (its environment declares uses_sandbox = True, "
+            why = (f"task {needing[0].name!r} runs code (its environment declares uses_sandbox = True, "
                    f"or needs a sandbox for these task options)"
-                   if needs else f"its options name sandbox = {name!r}")
+                   if needing else f"its options name sandbox = {name!r}")
             raise SandboxRequiredError(
                 f"environment actor {self.name!r} needs the sandbox actor {name!r} ({why}), but the "
                 f"lookup failed: {exc}; fix: add a SandboxActor named {name!r} to the run, before this "
@@ -246,9 +247,10 @@ class EnvironmentActor(Actor):
         sandbox = self.sandbox.for_episode(timeline) if self.sandbox else None
         scorers = Scorers({name: scorer.for_episode(timeline) for name, scorer in self.scorers.items()},
                           judges=self.judges, timeline=timeline)
-        env = self.task.make_env(sandbox=sandbox, scorers=scorers, options=self.task_options)
-        if self.gateway is not None:
-            assert isinstance(env, AgentEnvironment), "only an AgentEnvironment task looks the gateway up"
+        task = self.mixture[request.task_name]   # MixtureError (naming the tasks) for an unknown name
+        env = task.spec.make_env(sandbox=sandbox, scorers=scorers, options=task.options)
+        if isinstance(env, AgentEnvironment):
+            assert self.gateway is not None, "setup looks the gateway up for a mixture with an agent task"
             try:
                 return await agent_rollout(env, request.task, self.gateway, self.gateway_address, timeline,
                                            self.name)

@@ -35,7 +35,7 @@ from postrain.core import Actor, Load, handler
 from ..env.actor import load_tokenizer
 from ..records import RUN, STOP_RUN, RunRequest, RunUpdate, StopRun
 from .run_state import PromptSchedule, read_run_state
-from ..tasks import get_task
+from ..tasks import TaskMixture
 from .driver import RunDriver, RunStoppedError, open_run
 from .options import OrchestratorOptions
 
@@ -49,12 +49,11 @@ class OrchestratorActor(Actor):
     drives_work = True            # tells the head who works now (elastic cores: actors/orchestrator/work.py)
 
     async def setup(self):
-        """The task, its prompt schedule and the tokenizer. Cancelled: the actor's start fails;
-        nothing outside this process was changed."""
+        """The tasks (one, or a mixture), their prompt schedule and the tokenizer. Cancelled: the
+        actor's start fails; nothing outside this process was changed."""
         options = self.options
-        self.task = get_task(options.task)
-        self.schedule = PromptSchedule(self.task, options.seed, options.task_options,
-                                       options.prompts_generated_per_step)
+        self.mixture = TaskMixture.of(options)
+        self.schedule = PromptSchedule(self.mixture, options.seed, options.prompts_generated_per_step)
         self.tokenizer = load_tokenizer(options.model, options.chat_template)
         self.stop_requested = False          # set by `stop`; a run started later stops at once too
         self.driver: RunDriver | None = None  # the latest run (its figures stay after it ends)
@@ -120,7 +119,7 @@ class OrchestratorActor(Actor):
             report(RunUpdate(line=f"the run in {folder} already finished; its summary:"))
             report(RunUpdate(summary=json.loads((folder / "summary.json").read_text())))
             return
-        self.driver = await open_run(options=self.options, task=self.task, schedule=self.schedule,
+        self.driver = await open_run(options=self.options, mixture=self.mixture, schedule=self.schedule,
                                      tokenizer=self.tokenizer, folder=folder, state=state, resume=resume,
                                      lookup=self.lookup, report=report, head=self.head, gone=self.gone)
         if self.stop_requested:

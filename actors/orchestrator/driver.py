@@ -70,6 +70,7 @@ from ..env.tools import STOP_STRINGS
 from ..env.user_errors import EnvironmentErrors, EnvironmentErrorStop
 from ..learner.recovery import LearnerKeeper
 from .ledger import SampleLedger
+from ..tasks import TaskMixture
 from ..records import EXPORT_HF, CheckpointSaved, ExportHf, RunState, RunUpdate
 from .run_state import (check_same_data_order, check_same_sft_shape, cut_back, data_order, note_resume,
                         repair_torn_lines)
@@ -97,12 +98,12 @@ class RunStoppedError(PostrainError, RuntimeError):
 class RunDriver:
     """The phases of one run (module docstring). Made by `open_run`; `run()` once."""
 
-    def __init__(self, *, options: OrchestratorOptions, task, schedule, tokenizer, folder: Path,
+    def __init__(self, *, options: OrchestratorOptions, mixture: TaskMixture, schedule, tokenizer, folder: Path,
                  state: RunState | None, resume_index: int, keeper: LearnerKeeper, envs: list,
                  ledger: SampleLedger, metrics: MetricsWriter, report: Callable[[RunUpdate], None], head=None,
                  sample_log: SampleLog | None = None, teacher: Teacher | None = None):
         self.options = options
-        self.task = task                     # TaskSpec
+        self.mixture = mixture               # the run's tasks (one, or a mixture: actors/tasks/mixture.py)
         self.schedule = schedule             # PromptSchedule: batch b's prompts
         self.tokenizer = tokenizer
         self.folder = folder
@@ -127,8 +128,8 @@ class RunDriver:
                                                                options.sampling.temperature,
                                                                options.warn_no_signal_every,
                                                                options.sft_steps),
-                                    emit=self.emit, rules=BatchRules.from_options(options))
-        self.evaluator = Evaluator(task, options, self.pool, metrics, self.emit, self.report_figures)
+                                    emit=self.emit, rules=BatchRules.from_options(options, mixture))
+        self.evaluator = Evaluator(mixture, options, self.pool, metrics, self.emit, self.report_figures)
         self.learner_idle_s = 0.0            # RL time the learner waited for a generated batch
         self.learner_busy_s = 0.0            # RL time spent in train + publish
         self.rl_eval_s = 0.0                 # RL time spent in evaluations during RL (eval_every)
@@ -227,7 +228,8 @@ class RunDriver:
         # complete: the run ended as configured (num_steps trained, or its RL time budget spent);
         # false when a stop (`postrain down`, Ctrl-C) ended it early: `--resume` continues it
         complete = steps == self.options.num_steps or self.rl_budget_spent
-        return {**{f"eval_{phase}": accuracy for phase, accuracy in self.evaluator.evals.items()},
+        return {**{f"eval_{phase}": accuracy for phase, accuracy in self.evaluator.evals.items()
+                   if not phase.startswith("task:")},
                 "steps": steps, "num_steps": self.options.num_steps, "complete": complete,
                 "sft_steps": self.options.sft_steps,
                 "samples": counts["trained"],
@@ -236,7 +238,9 @@ class RunDriver:
                 "learner_busy_s": round(self.learner_busy_s, 2), "rl_eval_s": round(self.rl_eval_s, 2),
                 "rl_budget_spent": self.rl_budget_spent, "warm_start_s": round(self.warm_start_s, 2),
                 "eval_s": round(self.evaluator.eval_s, 2), "cores_moved": self.work.num_moves,
-                "checkpoint": checkpoint, "policy": policy, "task": self.options.task,
+                "checkpoint": checkpoint, "policy": policy, "task": self.mixture.names[0],
+                **({} if self.mixture.is_single else {"tasks": self.mixture.names,
+                                                      "eval_by_task": self.evaluator.by_task}),
                 "max_staleness": self.options.max_staleness, "resumes": self.resume_index,
                 "learner_recoveries": self.keeper.num_recoveries,
                 "generator_resyncs": self.keeper.num_generator_resyncs,
@@ -257,7 +261,7 @@ class RunDriver:
             progress = PhaseProgress("warm start", self.options.sft_steps, self.report_figures,
                                      done=sft_from or 0)
             async with self.work.busy(self.options.learner):
-                finished = await warm_start(self.task, self.tokenizer, self.options, self.keeper, self.metrics,
+                finished = await warm_start(self.mixture, self.tokenizer, self.options, self.keeper, self.metrics,
                                             self.emit, self.train_step.publish,
                                             lambda done: self._checkpoint("sft", sft_step=done),
                                             start_step=sft_from or 0, stopping=lambda: self.admission.stopping,
@@ -389,7 +393,7 @@ class RunDriver:
                           options.samples_per_prompt, sampling, self.resume_index)
 
 
-async def open_run(*, options: OrchestratorOptions, task, schedule, tokenizer, folder: Path,
+async def open_run(*, options: OrchestratorOptions, mixture: TaskMixture, schedule, tokenizer, folder: Path,
                    state: RunState | None, resume: bool, lookup, report: Callable[[RunUpdate], None],
                    head=None, gone: dict[str, str] | None = None) -> RunDriver:
     """A RunDriver for `folder`: with `resume`, the ledger and metrics files cut back to the
@@ -408,7 +412,7 @@ async def open_run(*, options: OrchestratorOptions, task, schedule, tokenizer, f
                 cut_back(folder / name, offset)
     ledger = SampleLedger(folder / "ledger.jsonl")
     metrics = MetricsWriter(folder)
-    sample_log = SampleLog(folder, tokenizer, task.name, options.sample_text_max_chars)
+    sample_log = SampleLog(folder, tokenizer, options.sample_text_max_chars)
     report_line = lambda line: report(RunUpdate(line=line))  # noqa: E731
     generators = [name for name in options.generators if name not in gone]
     keeper = LearnerKeeper(await lookup(options.learner), generators, lookup, ledger, report_line,
@@ -416,7 +420,7 @@ async def open_run(*, options: OrchestratorOptions, task, schedule, tokenizer, f
     envs = [await lookup(name) for name in options.envs if name not in gone]
     teacher = Teacher(await lookup(options.teacher), options.teacher_top_k) if options.teacher else None
     resume_index = note_resume(folder, state.next_batch if state else None) if resume else 0
-    return RunDriver(options=options, task=task, schedule=schedule, tokenizer=tokenizer, folder=folder,
+    return RunDriver(options=options, mixture=mixture, schedule=schedule, tokenizer=tokenizer, folder=folder,
                      state=state, resume_index=resume_index, keeper=keeper, envs=envs, ledger=ledger,
                      metrics=metrics, report=report, head=head, sample_log=sample_log, teacher=teacher)
 

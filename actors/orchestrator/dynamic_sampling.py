@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..tasks import TaskMixture
 from .scored_sample import ScoredSample
 
 ZERO_VARIANCE = "zero reward variance (dynamic sampling)"
@@ -32,12 +33,13 @@ class BatchRules:
     max_groups: int | None = None               # prompts_per_step: groups trained at most
     overlong_max_tokens: int | None = None      # None: no overlong shaping
     overlong_buffer_tokens: int = 16
+    mixture: TaskMixture | None = None          # each task's reward range (None: rewards as they are)
 
     @classmethod
-    def from_options(cls, options) -> "BatchRules":
+    def from_options(cls, options, mixture: TaskMixture | None = None) -> "BatchRules":
         return cls(dynamic_sampling=options.dynamic_sampling, max_groups=options.prompts_per_step,
                    overlong_max_tokens=options.overlong_max_tokens,
-                   overlong_buffer_tokens=options.overlong_buffer_tokens)
+                   overlong_buffer_tokens=options.overlong_buffer_tokens, mixture=mixture)
 
     def penalty(self, sample: ScoredSample) -> float:
         """The overlong penalty of one sample (module docstring); 0 without overlong shaping."""
@@ -52,8 +54,12 @@ class BatchRules:
         return (soft - length) / self.overlong_buffer_tokens
 
     def reward(self, sample: ScoredSample) -> float:
-        """The reward the learner trains on: the environment's total plus the overlong penalty."""
-        return sample.rollout.reward.total + self.penalty(sample)
+        """The reward the learner trains on: the environment's total on its task's scale (mapped
+        from the task's reward_range onto [0, 1]: actors/tasks/mixture.py) plus the overlong penalty."""
+        total = sample.rollout.reward.total
+        if self.mixture is not None:
+            total = self.mixture[sample.task].scaled(total)
+        return total + self.penalty(sample)
 
     def select(self, groups: list[list[ScoredSample]], ledger) -> tuple[list[list[ScoredSample]], int]:
         """(the groups to train, the number dropped for zero reward variance); unchanged without

@@ -17,6 +17,11 @@ row and a line each), then the run stops with EvaluationIncomplete. Every episod
 a fixed seed and the policy does not change during an evaluation, so a repeat meets the
 same episodes; a reported accuracy is always the mean over all of them.
 
+A mixture (actors/tasks/mixture.py) evaluates each task on its own held-out tasks, episode for
+episode (and seed for seed) as a run of that task alone would, and reports the mean of the
+tasks' accuracies; each task's own accuracy is in the metrics row (`accuracy_<task>`) and in
+`evals` under `task:<name>:<phase>` (the summary's `eval_by_task`).
+
 During RL (`eval_every`), the RL loop waits for an evaluation after the step it follows, so
 the learner does not change the policy under it; batches already admitted keep generating
 beside it (max_staleness > 0), on the same weights.
@@ -39,6 +44,7 @@ from .health import HealthWatch, report_warnings
 from .options import OrchestratorOptions
 from .progress import PhaseProgress
 from .rollout_pool import RolloutPool, StaleRolloutError
+from ..tasks import MixtureTask, TaskMixture
 
 # An evaluation of at least this many episodes prints a progress line at each quarter of them.
 PROGRESS_LINES_FROM_EPISODES = 20
@@ -51,23 +57,40 @@ class EvaluationIncomplete(PostrainError, RuntimeError):
 class Evaluator:
     """Evaluates into `evals` ({"before": x, "sampled_before": y, ...}), a run's accuracies so far."""
 
-    def __init__(self, task, options: OrchestratorOptions, pool: RolloutPool, metrics,
+    def __init__(self, mixture: TaskMixture, options: OrchestratorOptions, pool: RolloutPool, metrics,
                  emit: Callable[[str], None], report_figures: Callable[[dict], None] | None = None):
-        self.task = task                 # TaskSpec: its held-out tasks
+        self.mixture = mixture           # the run's tasks: each one's held-out tasks
         self.options = options
         self.pool = pool
         self.metrics = metrics
         self.emit = emit
         self.report_figures = report_figures   # the head's live view: episodes done, elapsed, ETA
         self._progress: PhaseProgress | None = None   # the evaluation under way
-        self.evals: dict[str, float] = {}   # phase -> accuracy; written by `phase` and the run's restore
+        # phase -> accuracy (and, in a mixture, "task:<name>:<phase>" -> that task's); written by
+        # `phase` and the run's restore
+        self.evals: dict[str, float] = {}
         self.num_repeats = 0                # evaluations redone because episodes were lost to kills
         self.eval_s = 0.0                   # seconds spent evaluating in this start of the run
         self.health = HealthWatch()         # accuracy collapse, all-zero evaluation warnings (health.py)
 
+    def held_out(self) -> list[tuple[MixtureTask, list[dict]]]:
+        """Each task's held-out tasks of one evaluation: its first `num_eval_tasks` (the task's own
+        setting, else the orchestrator's), or all it has."""
+        return [(task, task.eval_tasks(self.options.num_eval_tasks)) for task in self.mixture.tasks]
+
     def num_tasks(self) -> int:
-        """Held-out tasks each evaluation scores: the first `num_eval_tasks`, or all the task has."""
-        return len(self.task.eval_tasks(self.options.task_options)[: self.options.num_eval_tasks])
+        """Held-out tasks each evaluation scores, of every task."""
+        return sum(len(items) for _, items in self.held_out())
+
+    @property
+    def by_task(self) -> dict[str, dict[str, float]]:
+        """A mixture's accuracies per task: name -> phase -> accuracy (empty for one task)."""
+        out: dict[str, dict[str, float]] = {}
+        for key, value in self.evals.items():
+            if key.startswith("task:"):
+                _, name, phase = key.split(":", 2)
+                out.setdefault(name, {})[phase] = value
+        return out
 
     async def phase(self, phase: str, label: str, **context) -> None:
         """Evaluate into `evals` (`phase`, and `sampled_<phase>` when `eval_samples_per_task` > 0),
@@ -77,16 +100,20 @@ class Evaluator:
         start = time.monotonic()
         num_episodes = self.num_tasks() * (1 + self.options.eval_samples_per_task)
         self._progress = PhaseProgress(f"evaluation {label}", num_episodes, self.report_figures)
-        greedy = await self.score(0.0, 1, phase)
-        self.evals[phase] = greedy
+        greedy = self._record(phase, await self.score_by_task(0.0, 1, phase))
         line = f"held-out accuracy {label}: {greedy:.3f}"
-        row = {**context, "accuracy": greedy}
+        row = {**context, "accuracy": greedy, **self._task_figures(phase, "accuracy")}
         num_samples = self.options.eval_samples_per_task
         if num_samples:
             temperature = self.options.sampling.temperature
-            sampled = await self.score(temperature, num_samples, f"sampled_{phase}")
-            self.evals[f"sampled_{phase}"] = row["accuracy_sampled"] = sampled
+            sampled = self._record(f"sampled_{phase}",
+                                   await self.score_by_task(temperature, num_samples, f"sampled_{phase}"))
+            row["accuracy_sampled"] = sampled
+            row.update(self._task_figures(f"sampled_{phase}", "accuracy_sampled"))
             line += f" greedy, {sampled:.3f} sampled (temperature {temperature}, {num_samples} per task)"
+        if not self.mixture.is_single:
+            line += " (" + ", ".join(f"{name} {self.evals[f'task:{name}:{phase}']:.3f}"
+                                     for name in self.mixture.names if f"task:{name}:{phase}" in self.evals) + ")"
         line += f" ({counted(num_episodes, 'episode')}, {time.monotonic() - start:.1f} s)"
         self._progress = None
         self.eval_s += time.monotonic() - start
@@ -94,20 +121,41 @@ class Evaluator:
         self.emit(line)
         report_warnings(self.health.check_eval(phase, self.evals), self.metrics, self.emit)
 
+    def _record(self, phase: str, by_task: dict[str, float]) -> float:
+        """Store an evaluation's accuracies (module docstring); returns the run's: the mean over
+        the tasks that have held-out tasks (0 when none has)."""
+        if not self.mixture.is_single:
+            self.evals.update({f"task:{name}:{phase}": value for name, value in by_task.items()})
+        accuracy = self.evals[phase] = statistics.fmean(by_task.values()) if by_task else 0.0
+        return accuracy
+
+    def _task_figures(self, phase: str, figure: str) -> dict[str, float]:
+        """A mixture's per-task figures of one evaluation for its metrics row (`accuracy_<task>`)."""
+        return {f"{figure}_{name}": self.evals[f"task:{name}:{phase}"] for name in self.mixture.names
+                if f"task:{name}:{phase}" in self.evals}
+
     def skip_warm_start(self) -> None:
         """No warm start: its scores are those before it."""
         self.evals.update({k.replace("before", "after_sft"): v for k, v in self.evals.items()})
 
     async def score(self, temperature: float, samples_per_task: int, label: str = "") -> float:
         """Mean score over `samples_per_task` episodes per held-out task at `temperature` (0:
-        greedy), redone whole while episodes are lost to actor deaths (module docstring).
-        Cancelled: the episodes in flight are abandoned; nothing is recorded."""
+        greedy), the mean of the tasks' in a mixture (`score_by_task`). Cancelled: as that."""
+        by_task = await self.score_by_task(temperature, samples_per_task, label)
+        return statistics.fmean(by_task.values()) if by_task else 0.0
+
+    async def score_by_task(self, temperature: float, samples_per_task: int, label: str = "") -> dict[str, float]:
+        """Each task's mean score over `samples_per_task` episodes per held-out task at
+        `temperature` (0: greedy), for the tasks that have held-out tasks; redone whole while
+        episodes are lost to actor deaths (module docstring). Cancelled: the episodes in flight
+        are abandoned; nothing is recorded."""
         max_repeats = self.options.max_eval_repeats
         for attempt in range(max_repeats + 1):
             scores, lost = await self._score_once(temperature, samples_per_task, label)
             if not lost:
-                return statistics.fmean(scores) if scores else 0.0
-            what = (f"evaluation {label or 'score'}: {len(lost)} of {len(scores)} episodes could not finish "
+                return {name: statistics.fmean(values) for name, values in scores.items() if values}
+            num_episodes = sum(len(values) for values in scores.values())
+            what = (f"evaluation {label or 'score'}: {len(lost)} of {num_episodes} episodes could not finish "
                     f"(actors on their path kept dying: {lost[0]})")
             if attempt == max_repeats:
                 raise EvaluationIncomplete(f"{what}, in {max_repeats + 1} tries; look at the actors' logs "
@@ -115,31 +163,31 @@ class Evaluator:
                                            "cause is external")
             self.num_repeats += 1
             self.metrics.log("eval_repeat", phase=label, attempt=attempt + 1, num_lost=len(lost),
-                             num_episodes=len(scores), reason=lost[0])
+                             num_episodes=num_episodes, reason=lost[0])
             self.emit(f"{what}; redoing the evaluation ({attempt + 2}/{max_repeats + 1})")
             await self.pool.keeper.resync_generators()   # a restarted generator gets the weights first
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def _score_once(self, temperature: float, samples_per_task: int,
-                          label: str) -> tuple[list[float], list[str]]:
-        """Every episode's score, and why each lost episode was lost (empty: all scored). Raises
+                          label: str) -> tuple[dict[str, list[float]], list[str]]:
+        """Every episode's score by task, and why each lost episode was lost (empty: all scored).
+        Each task's episodes have the seeds a run of that task alone gives them. Raises
         EnvironmentErrorStop when one environment error failed most episodes (the pool's `errors`).
         Cancelled: the episodes in flight are abandoned; nothing is recorded."""
         options = self.options
-        tasks = self.task.eval_tasks(options.task_options)[: options.num_eval_tasks]
-        episodes = [(task, i * samples_per_task + k) for i, task in enumerate(tasks)
-                    for k in range(samples_per_task)]
+        episodes = [(of.name, task, i * samples_per_task + k) for of, items in self.held_out()
+                    for i, task in enumerate(items) for k in range(samples_per_task)]
         scores = [0.0] * len(episodes)
         lost: list[str] = []
         failures: list[str] = []   # the reason of each episode the environment failed
 
-        async def one(index, task, episode_seed):
+        async def one(index, task_name, task, episode_seed):
             """Score one episode into `scores[index]` (or its loss into `lost`). Cancelled:
             abandoned, its score stays 0."""
             sampling = dataclasses.replace(options.sampling, temperature=temperature, stop=list(STOP_STRINGS),
                                            seed=options.seed * 1_000_003 + episode_seed)
             try:
-                rollout = await self.pool.rollout(task, sampling)
+                rollout = await self.pool.rollout(task, sampling, task_name=task_name)
             except Exception as exc:
                 if is_actor_death(exc) or isinstance(exc, StaleRolloutError):
                     lost.append(short_reason(exc))
@@ -152,10 +200,13 @@ class Evaluator:
             scores[index] = rollout.reward.components.get("correct", rollout.reward.total)
             self._episode_done()
         async with anyio.create_task_group() as tg:
-            for index, (task, episode_seed) in enumerate(episodes):
-                tg.start_soon(one, index, task, episode_seed)
+            for index, (task_name, task, episode_seed) in enumerate(episodes):
+                tg.start_soon(one, index, task_name, task, episode_seed)
         self.pool.errors.check(failures, len(episodes), f"episodes of the evaluation {label or 'score'}")
-        return scores, lost
+        by_task: dict[str, list[float]] = {name: [] for name in self.mixture.names}
+        for (task_name, _, _), value in zip(episodes, scores):
+            by_task[task_name].append(value)
+        return by_task, lost
 
     def _episode_done(self) -> None:
         """Count an episode of the evaluation under way; a line at each quarter of a long one."""

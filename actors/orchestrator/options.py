@@ -127,8 +127,13 @@ class OrchestratorOptions(TaskOptions):
             return value
         if "sft_demonstrations" not in info.data:   # a bad file: that is the error
             return value
+        entries = info.data.get("tasks") or []
+        if entries and all(get_task(entry.task).demos is None for entry in entries):
+            raise ValueError(f"a warm start of {value} steps needs demonstrations, and no task of the mixture "
+                             f"{[entry.label for entry in entries]} has any; fix: set sft_steps = 0 in the "
+                             "orchestrator's options, or give it sft_demonstrations = \"FILE.jsonl\"")
         task = info.data["task"]
-        if get_task(task).demos is None:
+        if not entries and get_task(task).demos is None:
             raise ValueError(f"a warm start of {value} steps needs demonstrations, and task {task!r} has "
                              "none; fix: set sft_steps = 0 in the orchestrator's options (no warm start), "
                              "or give it demonstrations: sft_demonstrations = \"FILE.jsonl\" (one "

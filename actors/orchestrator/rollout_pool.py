@@ -40,6 +40,7 @@ from ..env.user_errors import EnvironmentErrors
 from .admission import AdmittedBatch
 from .scored_sample import ScoredSample
 from .teacher import Teacher, TeacherFailed
+from ..tasks import MixtureTask
 
 __all__ = ["RolloutPool", "ScoredSample", "StaleRolloutError"]
 
@@ -87,24 +88,25 @@ class RolloutPool:
 
     # -- one RL batch --------------------------------------------------------------------
 
-    async def generate_batch(self, batch: AdmittedBatch, prompts: list[dict], samples_per_prompt: int,
-                             sampling: SamplingParams, resume_index: int) -> None:
-        """Create batch's samples in the ledger, roll them all out, and set `batch.generated`.
+    async def generate_batch(self, batch: AdmittedBatch, prompts: list[tuple[MixtureTask, dict]],
+                             samples_per_prompt: int, sampling: SamplingParams, resume_index: int) -> None:
+        """Create batch's samples in the ledger (each with its group's task), roll them all out,
+        and set `batch.generated`.
 
         Cancelled: samples whose rollout had not come back stay in flight in the ledger (the
         caller drops them: the run stopped), and `generated` is not set."""
         min_version = self.keeper.published_version
         async with anyio.create_task_group() as tg:
-            for g, task in enumerate(prompts):
+            for g, (of, task) in enumerate(prompts):
                 for s in range(samples_per_prompt):
                     sample_id = batch_sample_id(batch.index, g, s, resume_index)
                     where = {"batch": batch.index, "group": g}
-                    self.ledger.create(sample_id, **where, prompt=str(task.get("question", ""))[:80])
-                    tg.start_soon(self._sample, sample_id, task, sampling, batch.groups[g], min_version,
-                                  where, batch.environment_failures)
+                    self.ledger.create(sample_id, **where, task=of.name, prompt=str(task.get("question", ""))[:80])
+                    tg.start_soon(self._sample, sample_id, of.name, task, sampling, batch.groups[g],
+                                  min_version, where, batch.environment_failures)
         batch.generated.set()
 
-    async def _sample(self, sample_id: str, task: dict, sampling: SamplingParams, group: list,
+    async def _sample(self, sample_id: str, task_name: str, task: dict, sampling: SamplingParams, group: list,
                       min_version: int, where: dict | None = None,
                       environment_failures: list[str] | None = None) -> None:
         """One sample: its outcome appended to `group`, its ledger state moved (its segments'
@@ -112,7 +114,7 @@ class RolloutPool:
         `environment_failures`. Cancelled: the sample stays in flight in the ledger and `group`
         lacks its outcome."""
         try:
-            rollout = await self.rollout(task, sampling, sample_id, min_version)
+            rollout = await self.rollout(task, sampling, sample_id, min_version, task_name)
         except Exception as exc:
             reason = None if is_actor_death(exc) else self.errors.record(exc)
             if reason is not None and environment_failures is not None:
@@ -141,13 +143,13 @@ class RolloutPool:
             self.ledger.advance(sid, "generated", tokens=segment.num_policy_tokens)
             self.ledger.advance(sid, "rewarded", reward=rollout.reward.total,
                                 components=rollout.reward.components, tool_statuses=rollout.tool_statuses)
-        group.append(ScoredSample(sample_id, rollout, teacher_rows))
+        group.append(ScoredSample(sample_id, rollout, teacher_rows, task_name))
 
     # -- one episode ------------------------------------------------------------------
 
     async def rollout(self, task: dict, sampling: SamplingParams, sample_id: str | None = None,
-                      min_version: int | None = None) -> Rollout:
-        """One episode, retried (module docstring) when an actor on its path died or when its
+                      min_version: int | None = None, task_name: str = "") -> Rollout:
+        """One episode of `task` (a task dict of the mixture's task `task_name`), retried (module docstring) when an actor on its path died or when its
         tokens are older than `min_version` (default: the version published now).
 
         Cancelled: the environment's episode is abandoned (its reply, if any, is dropped);
@@ -156,7 +158,7 @@ class RolloutPool:
         max_retries = self.max_rollout_retries
         for attempt in range(max_retries + 1):
             try:
-                rollout = await self._rollout_once(task, sampling)
+                rollout = await self._rollout_once(task, sampling, task_name)
             except Exception as exc:
                 if not is_actor_death(exc) or attempt == max_retries:
                     raise
@@ -175,9 +177,9 @@ class RolloutPool:
             await self.keeper.resync_generators()
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    async def _rollout_once(self, task: dict, sampling: SamplingParams) -> Rollout:
+    async def _rollout_once(self, task: dict, sampling: SamplingParams, task_name: str) -> Rollout:
         """Cancelled: the slot is released and num_running restored."""
-        request = RolloutRequest(task=task, sampling=sampling)
+        request = RolloutRequest(task=task, sampling=sampling, task_name=task_name)
         async with self.limiter, self.work.busy(*self.generators):
             self.num_running += 1
             env, self._turn = self.envs[self._turn % len(self.envs)], self._turn + 1

@@ -31,7 +31,7 @@ Fields:
     samples_offset    bytes of samples.jsonl (each RL sample's text) at that moment, cut back
                       the same way; absent (None) in checkpoints from before that file
     data_order        the knobs the data order depends on (task, task_options, seed, prompts_per_step,
-                      samples_per_prompt); a resume with other values is refused
+                      samples_per_prompt; a mixture's tasks); a resume with other values is refused
 """
 from __future__ import annotations
 
@@ -46,8 +46,9 @@ from postrain.core.jsonl import repair_torn_tail
 
 from postrain.core.atomic_write import repair_interrupted_write
 from ..records import RUN_STATE_FORMAT, RecordError, RunState
+from ..tasks import MixtureTask
 
-DATA_ORDER_KEYS = ("task", "seed", "prompts_per_step", "samples_per_prompt", "task_options")
+DATA_ORDER_KEYS = ("task", "seed", "prompts_per_step", "samples_per_prompt", "task_options", "tasks")
 RESUMES_FILE = "resumes.jsonl"   # one line per `postrain up --resume`: when, from which batch
 
 
@@ -56,27 +57,34 @@ class ResumeError(PostrainError, ValueError):
 
 
 class PromptSchedule:
-    """prompts(b): the task dicts of batch b, the same for every call with the same (seed, b).
+    """prompts(b): (task, task dict) of each group of batch b, the same for every call with the same
+    (seed, b). Group g's task is the mixture's draw for (seed, b, g); each task's items come from
+    its own training stream in order (actors/tasks/mixture.py), so one task's run takes items
+    [b * P, (b + 1) * P) of its stream, as it always has.
 
-    Keeps one iterator over the training stream, positioned after the last batch asked for;
-    asking for an earlier batch starts the stream again (batches are asked for in order, so
-    that is rare)."""
+    Keeps one iterator per task, positioned after the last batch asked for; asking for an earlier
+    batch starts the streams again (batches are asked for in order, so that is rare)."""
 
-    def __init__(self, task_spec, seed: int, options: dict, prompts_per_step: int):
-        self.task_spec, self.seed, self.options = task_spec, seed, options
+    def __init__(self, mixture, seed: int, prompts_per_step: int):
+        self.mixture, self.seed = mixture, seed
         self.prompts_per_step = prompts_per_step
-        self._stream: Iterator[dict] | None = None
-        self._position = 0   # index of the next item self._stream yields
+        self._streams: dict[str, Iterator[dict]] = {}
+        self._next_batch = 0   # the batch the streams are positioned at
 
-    def prompts(self, batch: int) -> list[dict]:
-        first = batch * self.prompts_per_step
-        if self._stream is None or first < self._position:
-            self._stream, self._position = self.task_spec.train_tasks(seed=self.seed, options=self.options), 0
-        while self._position < first:
-            next(self._stream)
-            self._position += 1
-        out = [next(self._stream) for _ in range(self.prompts_per_step)]
-        self._position += self.prompts_per_step
+    def prompts(self, batch: int) -> list[tuple[MixtureTask, dict]]:
+        if batch < self._next_batch or not self._streams:
+            self._streams = {t.name: t.spec.train_tasks(seed=self.seed, options=t.options)
+                             for t in self.mixture.tasks}
+            self._next_batch = 0
+        while self._next_batch < batch:   # skip the batches before, task by task
+            for group in range(self.prompts_per_step):
+                next(self._streams[self.mixture.draw(self.seed, self._next_batch, group).name])
+            self._next_batch += 1
+        out = []
+        for group in range(self.prompts_per_step):
+            task = self.mixture.draw(self.seed, batch, group)
+            out.append((task, next(self._streams[task.name])))
+        self._next_batch = batch + 1
         return out
 
 
@@ -88,8 +96,9 @@ def batch_sample_id(batch: int, group: int, sample: int, resume_index: int = 0) 
 def data_order(cfg) -> dict:
     """The knobs the data order depends on, of the orchestrator's options (OrchestratorOptions or
     a dict of them), as plain JSON data."""
-    values = cfg.model_dump(include=set(DATA_ORDER_KEYS)) if hasattr(cfg, "model_dump") else cfg
-    return {key: values[key] for key in DATA_ORDER_KEYS}
+    values = cfg.model_dump(mode="json", include=set(DATA_ORDER_KEYS)) if hasattr(cfg, "model_dump") else cfg
+    # `tasks` only for a mixture: a run of one task has the keys it had before mixtures
+    return {key: values[key] for key in DATA_ORDER_KEYS if key != "tasks" or values.get(key)}
 
 
 def read_run_state(checkpoint_dir: str | Path) -> RunState | None:
@@ -113,7 +122,7 @@ def read_run_state(checkpoint_dir: str | Path) -> RunState | None:
 
 def check_same_data_order(state: RunState, cfg) -> None:
     saved, now = state.data_order, data_order(cfg)
-    changed = {key: (saved.get(key), now[key]) for key in DATA_ORDER_KEYS if saved.get(key) != now[key]}
+    changed = {key: (saved.get(key), now.get(key)) for key in DATA_ORDER_KEYS if saved.get(key) != now.get(key)}
     if changed:
         detail = ", ".join(f"{key}: {old!r} -> {new!r}" for key, (old, new) in changed.items())
         raise ResumeError(f"cannot resume: the data order changed ({detail}); batch b must get the same "

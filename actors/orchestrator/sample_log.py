@@ -108,10 +108,9 @@ def group_advantages(rewards: list[float]) -> list[float]:
 class SampleLog:
     """Appends the lines of samples.jsonl (module docstring) for one run folder."""
 
-    def __init__(self, folder: str | Path, tokenizer, task_name: str, max_chars: int = DEFAULT_MAX_CHARS):
+    def __init__(self, folder: str | Path, tokenizer, max_chars: int = DEFAULT_MAX_CHARS):
         self.path = Path(folder) / SAMPLES_FILE
         self.tokenizer = tokenizer            # decodes the rollouts' token ids
-        self.task_name = task_name
         self.max_chars = max_chars            # per text (a prompt, a completion, a tool output)
         self._file: JsonlAppender | None = JsonlAppender(self.path)
 
@@ -138,7 +137,7 @@ class SampleLog:
             staleness: int | None, outcome: str) -> dict[str, Any]:
         rollout = sample.rollout
         return {"sample_id": sample.sample_id, "step": step, "batch": batch, "group": group,
-                "task": self.task_name, "outcome": outcome, "reward": rollout.reward.total,
+                "task": sample.task, "outcome": outcome, "reward": rollout.reward.total,
                 "components": dict(rollout.reward.components), "advantage": advantage,
                 "staleness": staleness, "policy_tokens": rollout.num_policy_tokens,
                 "num_turns": rollout.num_turns, "num_segments": rollout.num_segments,

@@ -14,11 +14,13 @@ class ScoredSample:
     """A sample whose rollout came back: its ledger id and the rollout (with its reward). An
     episode of several segments (records/rollout.py) trains one row per segment, each its own
     ledger sample (`segment_ids`, oldest first; the first is `sample_id`). When the run
-    distils, `teacher` holds the teacher's rows of each segment, oldest first (teacher.py)."""
+    distils, `teacher` holds the teacher's rows of each segment, oldest first (teacher.py). `task`:
+    the name of the mixture's task it is of (actors/tasks/mixture.py)."""
 
     sample_id: str
     rollout: Rollout
     teacher: tuple[SequenceScores, ...] | None = None
+    task: str = ""
 
     @property
     def reward(self) -> Reward:

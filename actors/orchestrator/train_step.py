@@ -101,6 +101,19 @@ def teacher_rows(groups: list[list[ScoredSample]]) -> list[SequenceScores] | Non
     return [row for s in samples for row in (s.teacher or ())]
 
 
+def task_figures(groups: list[list[ScoredSample]]) -> dict[str, float]:
+    """A mixture's figures of one step, per task of its groups: `reward_mean_<task>` (the
+    environment's reward, before the task's scale), `correct_mean_<task>` and `num_groups_<task>`."""
+    figures: dict[str, float] = {}
+    for name in sorted({group[0].task for group in groups}):
+        samples = [s for group in groups if group[0].task == name for s in group]
+        figures[f"reward_mean_{name}"] = statistics.fmean(s.reward.total for s in samples)
+        figures[f"correct_mean_{name}"] = statistics.fmean(s.reward.components.get("correct", s.reward.total)
+                                                           for s in samples)
+        figures[f"num_groups_{name}"] = sum(group[0].task == name for group in groups)
+    return figures
+
+
 class TrainStep:
     """Trains generated batches and publishes the weights; owns no state beyond its collaborators."""
 
@@ -181,7 +194,8 @@ class TrainStep:
                                                num_zero_variance_groups(rewards, sizes) / len(sizes),
                                            "num_dynamic_sampling_dropped_groups": num_dynamic_dropped,
                                            "overlong_penalty_mean":
-                                               statistics.fmean(self.rules.penalty(s) for s in samples)})
+                                               statistics.fmean(self.rules.penalty(s) for s in samples),
+                                           **self._task_figures(kept)})
         if "distill_kl" not in metrics.values:   # distilling: the teacher's KL teaches every sample
             self._check_signal(b + 1, rewards, sizes, samples)
         report_warnings(self.health.check_step(b + 1, row), self.metrics, self.emit)
@@ -193,6 +207,11 @@ class TrainStep:
         return (f"step {b + 1}/{self.num_steps}: reward {statistics.fmean(rewards):.3f} "
                 f"correct {correct:.3f} loss {metrics.get('loss', 0):.4f} kl {metrics.get('kl', 0):.4f}{distill} "
                 f"tokens/s {metrics.get('tokens_per_s', 0):.0f} sync {sync.total_s:.2f}s")
+
+    def _task_figures(self, groups: list[list[ScoredSample]]) -> dict[str, float]:
+        """Per-task figures of a mixture's step (`task_figures`); none for a run of one task."""
+        mixture = self.rules.mixture
+        return {} if mixture is None or mixture.is_single else task_figures(groups)
 
     def _check_signal(self, step: int, rewards: list[float], sizes: list[int],
                       samples: list[ScoredSample]) -> None:

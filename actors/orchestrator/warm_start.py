@@ -16,12 +16,13 @@ import random
 from typing import Awaitable, Callable
 
 from ..records import SftBatch
+from ..tasks import TaskError, TaskMixture
 from ..tasks.demonstrations import DemonstrationError, read_jsonl, validate_demonstration
 from .options import OrchestratorOptions
 from .progress import PhaseProgress
 
 
-async def warm_start(task, tokenizer, options: OrchestratorOptions, keeper, metrics,
+async def warm_start(mixture: TaskMixture, tokenizer, options: OrchestratorOptions, keeper, metrics,
                      emit: Callable[[str], None], publish: Callable[[], Awaitable],
                      checkpoint: Callable[[int], Awaitable], start_step: int = 0,
                      stopping: Callable[[], bool] = lambda: False,
@@ -37,7 +38,7 @@ async def warm_start(task, tokenizer, options: OrchestratorOptions, keeper, metr
     from before the warm start."""
     num_steps, batch_size = options.sft_steps, options.sft_batch_size
     progress = progress or PhaseProgress("warm start", num_steps, done=start_step)
-    demos = demonstrations(task, num_steps * batch_size, options)
+    demos = demonstrations(mixture, num_steps * batch_size, options)
     for step in range(start_step, num_steps):
         if stopping():
             await checkpoint(step)
@@ -58,17 +59,40 @@ async def warm_start(task, tokenizer, options: OrchestratorOptions, keeper, metr
     return True
 
 
-def demonstrations(task, num: int, options: OrchestratorOptions) -> list[dict]:
+def demonstrations(mixture: TaskMixture, num: int, options: OrchestratorOptions) -> list[dict]:
     """The warm start's `num` demonstrations: the file `sft_demonstrations` (read whole, shuffled
-    with `seed`, then cycled to `num`), else the task's own; each checked
-    (`validate_demonstration`: a bad one raises DemonstrationError naming it)."""
+    with `seed`, then cycled to `num`), else the tasks' own (`mixture_demonstrations`); each
+    checked (`validate_demonstration`: a bad one raises DemonstrationError naming it)."""
     if options.sft_demonstrations is None:
-        demos = task.demonstrations(num, seed=options.seed, options=options.task_options)
+        demos = mixture_demonstrations(mixture, num, options.seed)
         return [validate_demonstration(d, where=f"the task's demonstration {i}")
                 for i, d in enumerate(demos)]
     demos = read_jsonl(options.sft_demonstrations)
     random.Random(options.seed).shuffle(demos)
     return [demos[i % len(demos)] for i in range(num)]
+
+
+def mixture_demonstrations(mixture: TaskMixture, num: int, seed: int) -> list[dict]:
+    """`num` demonstrations of the mixture's tasks that have some, in proportion to their weights
+    (largest remainders), shuffled together with `seed`; one task's own, in its order, when the
+    mixture is one task. TaskError when no task of it has demonstrations."""
+    if mixture.is_single:
+        task = mixture.tasks[0]
+        return task.spec.demonstrations(num, seed=seed, options=task.options)
+    with_demos = [task for task in mixture.tasks if task.spec.demos is not None]
+    if not with_demos:
+        raise TaskError(f"no task of the mixture {mixture.names} has demonstrations; fix: set the "
+                        "orchestrator's sft_steps = 0 or its sft_demonstrations = \"FILE.jsonl\"")
+    total = sum(task.weight for task in with_demos)
+    exact = [num * task.weight / total for task in with_demos]
+    counts = [int(share) for share in exact]
+    by_remainder = sorted(range(len(exact)), key=lambda i: counts[i] - exact[i])
+    for i in by_remainder[:num - sum(counts)]:
+        counts[i] += 1
+    demos = [d for task, count in zip(with_demos, counts) if count
+             for d in task.spec.demonstrations(count, seed=seed, options=task.options)]
+    random.Random(seed).shuffle(demos)
+    return demos
 
 
 def chat_to_tokens(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:

@@ -22,11 +22,13 @@ from .generate import SAMPLING_CODEC, SamplingParams
 
 @dataclass(frozen=True, slots=True)
 class RolloutRequest(Record):
-    """`rollout`: one episode of `task` (a task dict of the task's training or held-out stream)."""
+    """`rollout`: one episode of `task` (a task dict of the task's training or held-out stream);
+    `task_name` names the mixture's task it is of ("": the run's first, or only, task)."""
 
     task: dict[str, Any]
     sampling: SamplingParams = field(default_factory=SamplingParams, metadata=SAMPLING_CODEC)
     sample_id: str | None = None   # the ledger's id, for the environment's logs (optional)
+    task_name: str = ""
 
 
 @dataclass(frozen=True, slots=True)

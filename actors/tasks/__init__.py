@@ -28,12 +28,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from postrain.core import Options
 
 from . import (arithmetic, arithmetic_judged, code, dataset, demonstrations, long_context, reasoning_gym, terminal,
                verifiers_env)
+from .mixture import MixtureError, MixtureTask, TaskEntry, TaskMixture
 from .registry import TaskError, TaskSpec, get_task, list_tasks, register_task, register_task_family
 
 ARITHMETIC = register_task(TaskSpec(
@@ -65,7 +66,7 @@ LONG_CONTEXT = register_task(TaskSpec(
 register_task_family(reasoning_gym.PREFIX, reasoning_gym.family_task)
 
 __all__ = ["ARITHMETIC", "ARITHMETIC_JUDGED", "CODE", "DATASET", "LONG_CONTEXT", "REASONING_GYM", "TERMINAL", "VERIFIERS", "TaskError",
-           "TaskOptions", "TaskSpec", "get_task", "list_tasks", "register_task", "register_task_family"]
+           "MixtureError", "MixtureTask", "TaskEntry", "TaskMixture", "TaskOptions", "TaskSpec", "get_task", "list_tasks", "register_task", "register_task_family"]
 
 
 class TaskOptions(Options):
@@ -78,11 +79,26 @@ class TaskOptions(Options):
     task_options: dict[str, Any] = Field(default_factory=dict, description="the task's knobs (part of the "
                                          "data order: a resume must keep them); checked by its options model")
 
+    tasks: list[TaskEntry] = Field(default_factory=list, description="a mixture of tasks (a run config's "
+                                   "[[tasks]] tables: task, name, options, weight, reward_range, "
+                                   "num_eval_tasks; actors/tasks/mixture.py); empty: the one `task`")
+
     @field_validator("task")
     @classmethod
     def _known_task(cls, value: str) -> str:
         get_task(value)  # TaskError (a ValueError) names the problem and the fix
         return value
+
+    @model_validator(mode="after")
+    def _one_way_to_name_the_tasks(self) -> "TaskOptions":
+        stated = {"task", "task_options"} & self.model_fields_set
+        if self.tasks and stated:
+            raise ValueError(f"both {' and '.join(sorted(stated))} and [[tasks]] are set; fix: state the run's "
+                             "tasks once: one task with task (and task_options), or a mixture with [[tasks]] "
+                             "tables (a mixture of one is fine)")
+        if self.tasks:
+            TaskMixture.of(self)   # MixtureError (a ValueError) on a name used twice
+        return self
 
     @field_validator("task_options")
     @classmethod

@@ -114,7 +114,7 @@ async def test_a_sandbox_is_needed_only_by_an_environment_that_runs_code_and_opt
 
 
 def test_environment_options_name_each_bad_field():
-    assert set(EnvironmentOptions.model_fields) == {"task", "task_options", "model", "chat_template", "generator", "sandbox", "scorers",
+    assert set(EnvironmentOptions.model_fields) == {"task", "task_options", "tasks", "model", "chat_template", "generator", "sandbox", "scorers",
                                                      "step_timeout_s", "max_total_tokens", "context"}
     with pytest.raises(ConfigError, match=r"options.task_options: 1 bad task option\(s\) of task "
                                           r"'arithmetic': task_options.max_digts = 2: unknown field"):

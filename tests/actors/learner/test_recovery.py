@@ -26,7 +26,7 @@ from postrain.actors.learner.recovery import is_actor_death
 from postrain.actors.orchestrator.run_state import (PromptSchedule, ResumeError, batch_sample_id, check_same_data_order,
                                        cut_back, data_order, read_run_state)
 from postrain.actors.records import RUN_STATE_FORMAT, RunRequest, RunState, RunUpdate
-from postrain.actors.tasks import get_task
+from postrain.actors.tasks import TaskMixture, get_task
 from postrain.core import ActorSpec, Supervisor
 from postrain.core.errors import ActorDiedError, RemoteError
 from postrain.actors.orchestrator.ledger import read_events
@@ -97,12 +97,12 @@ def test_actor_death_is_recognised_here_and_behind_another_actor():
 
 
 def test_batch_prompts_are_a_function_of_seed_and_batch_index():
-    task = get_task("arithmetic")
-    in_order = PromptSchedule(task, 3, TASK_OPTIONS, 2)
+    task = TaskMixture.single(get_task("arithmetic"), TASK_OPTIONS)
+    in_order = PromptSchedule(task, 3, 2)
     first = [in_order.prompts(b) for b in range(4)]
-    jumping = PromptSchedule(task, 3, TASK_OPTIONS, 2)
+    jumping = PromptSchedule(task, 3, 2)
     assert jumping.prompts(2) == first[2] and jumping.prompts(0) == first[0] and jumping.prompts(3) == first[3]
-    assert PromptSchedule(task, 4, TASK_OPTIONS, 2).prompts(0) != first[0]
+    assert PromptSchedule(task, 4, 2).prompts(0) != first[0]
     assert batch_sample_id(2, 1, 0) == "b2-g1-s0" and batch_sample_id(2, 1, 0, 1) == "b2-g1-s0.r1"
 
 
@@ -264,10 +264,10 @@ def test_head_killed_leaves_no_orphans_and_resume_trains_each_batch_once_in_the_
     texts = [json.loads(line)["sample_id"] for line in (folder / "samples.jsonl").read_text().splitlines()]
     assert sorted(texts) == sorted(set().union(*trained.values()))
     # the same prompts per batch before and after the restart, as the schedule gives them
-    schedule = PromptSchedule(get_task("arithmetic"), 0, TASK_OPTIONS, 2)
+    schedule = PromptSchedule(TaskMixture.single(get_task("arithmetic"), TASK_OPTIONS), 0, 2)
     for e in events + rolled_back:
         if e["event"] == "created":
-            assert e["prompt"] == schedule.prompts(e["batch"])[e["group"]]["question"][:80]
+            assert e["prompt"] == schedule.prompts(e["batch"])[e["group"]][1]["question"][:80]
     assert final_learner(folder).step == num_steps, "no step trained twice or skipped"
 
 

@@ -12,7 +12,7 @@ from postrain.actors.orchestrator.options import OrchestratorOptions
 from postrain.actors.orchestrator.rollout_pool import RolloutPool
 from postrain.actors.orchestrator.work import WorkSignal
 from postrain.actors.records import ROLLOUT
-from postrain.actors.tasks import get_task
+from postrain.actors.tasks import TaskMixture, get_task
 from postrain.core.errors import RemoteError
 
 REASON = "environment raised KeyError: 'answer' at my_env.py:9"
@@ -41,7 +41,7 @@ def evaluate(tmp_path, max_fraction: float) -> tuple[list[str], Exception | None
     options = OrchestratorOptions(num_eval_tasks=4, max_environment_error_fraction=max_fraction)
     pool = RolloutPool([BrokenEnv()], Keeper(), SampleLedger(tmp_path / "ledger.jsonl"), 8, 0,
                        WorkSignal(None, None), ["generator"], EnvironmentErrors(max_fraction, shown.append))
-    evaluator = Evaluator(get_task("arithmetic"), options, pool, metrics=None, emit=shown.append)
+    evaluator = Evaluator(TaskMixture.single(get_task("arithmetic")), options, pool, metrics=None, emit=shown.append)
     try:
         trio.run(evaluator.score, 0.0, 1, "before")
     except EnvironmentErrorStop as exc:

@@ -44,13 +44,13 @@ def pool_sample(ledger: SampleLedger, sample_id: str, outcome: Rollout | None, g
     pool.errors = EnvironmentErrors(1.0, show=lambda line: None)
     pool.teacher = None
 
-    async def episode(task, sampling, sample_id=None, min_version=None):
+    async def episode(task, sampling, sample_id=None, min_version=None, task_name=""):
         if outcome is None:
             await RewardFunction("grader", broken_reward).score("42", {"answer": "42"}, answer_field="answer")
         return outcome
 
     pool.rollout = episode
-    trio.run(pool._sample, sample_id, {}, None, group, 0)
+    trio.run(pool._sample, sample_id, "", {}, None, group, 0)
 
 
 def test_a_failed_sample_is_left_out_of_its_groups_baseline_and_never_trained_as_zero(tmp_path):

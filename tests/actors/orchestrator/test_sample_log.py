@@ -49,8 +49,9 @@ def test_the_texts_are_the_decoded_prompt_completions_and_tool_outputs():
 
 def test_a_step_writes_a_line_per_sample_with_reward_advantage_and_outcome(tmp_path):
     tokenizer = byte_tokenizer()
-    sample_log = SampleLog(tmp_path, tokenizer, "arithmetic", max_chars=64)
-    good = ScoredSample("b0-g0-s0", rollout(tokenizer, [("Q?", False), ("<answer>5</answer>", True)], 1.0))
+    sample_log = SampleLog(tmp_path, tokenizer, max_chars=64)
+    good = ScoredSample("b0-g0-s0", rollout(tokenizer, [("Q?", False), ("<answer>5</answer>", True)], 1.0),
+                        task="arithmetic")
     bad = ScoredSample("b0-g0-s1", rollout(tokenizer, [("Q?", False), ("y" * 200, True)], 0.0))
     orphan = ScoredSample("b0-g1-s0", rollout(tokenizer, [("R?", False), ("z", True)], 0.0))
     written = sample_log.record_step(1, 0, [[good, bad], [orphan, None]], {"b0-g0-s0": 0, "b0-g0-s1": 1},
@@ -73,7 +74,7 @@ def test_equal_rewards_have_advantage_zero():
 
 def test_a_full_disk_raises_instead_of_losing_the_sample(tmp_path):
     tokenizer = byte_tokenizer()
-    sample_log = SampleLog(tmp_path, tokenizer, "arithmetic")
+    sample_log = SampleLog(tmp_path, tokenizer)
     sample_log._file.close()
     sample_log._file = JsonlAppender("/dev/full")   # every write: ENOSPC
     sample = ScoredSample("b0-g0-s0", rollout(tokenizer, [("Q?", False), ("a", True)]))

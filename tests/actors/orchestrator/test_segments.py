@@ -16,6 +16,7 @@ from postrain.actors.gateway.episodes import Choice, EpisodeTokens
 from postrain.actors.orchestrator.ledger import SampleLedger, read_events, segment_id
 from postrain.actors.learner.learner import Learner, LearnerConfig
 from postrain.actors.models.tokenizer import byte_tokenizer
+from postrain.actors.tasks import TaskMixture, get_task
 from postrain.actors.orchestrator.admission import AdmittedBatch
 from postrain.actors.orchestrator.rollout_pool import RolloutPool
 from postrain.actors.orchestrator.sample_log import segment_advantages
@@ -74,7 +75,8 @@ def generate(ledger, groups: list[list]) -> AdmittedBatch:
                        work=WorkSignal(None, None), generators=["generator"],
                        errors=EnvironmentErrors(1.0, show=lambda line: None))
     batch = AdmittedBatch(0, sum(map(len, groups)), [[] for _ in groups])
-    prompts = [{"question": f"q{g}"} for g in range(len(groups))]
+    task = TaskMixture.single(get_task("arithmetic")).tasks[0]
+    prompts = [(task, {"question": f"q{g}"}) for g in range(len(groups))]
     trio.run(pool.generate_batch, batch, prompts, len(groups[0]), SamplingParams(), 0)
     return batch
 

@@ -10,7 +10,7 @@ from postrain.actors import TaskSpec
 from postrain.actors.models.tokenizer import byte_tokenizer
 from postrain.actors.orchestrator import OrchestratorOptions
 from postrain.actors.orchestrator.warm_start import demonstrations, warm_start
-from postrain.actors.tasks import get_task
+from postrain.actors.tasks import TaskMixture, get_task
 from postrain.actors.tasks.arithmetic import ArithmeticEnv
 from postrain.actors.tasks.demonstrations import DemonstrationError
 
@@ -47,11 +47,11 @@ def test_a_missing_or_bad_demonstrations_file_is_named(tmp_path):
 def test_the_file_replaces_the_tasks_demonstrations_seeded_and_cycled(tmp_path):
     path = write_demos(tmp_path / "demos.jsonl", ["abc", "xyz", "post"])
     options = OrchestratorOptions(sft_steps=2, sft_batch_size=4, sft_demonstrations=path)
-    demos = demonstrations(get_task("arithmetic"), 8, options)
+    demos = demonstrations(TaskMixture.single(get_task("arithmetic")), 8, options)
     assert len(demos) == 8 and demos[:3] == demos[3:6]           # every line once, then again
     assert sorted(d["messages"][1]["content"] for d in demos[:3]) == [
         "<answer>cba</answer>", "<answer>tsop</answer>", "<answer>zyx</answer>"]
-    assert demonstrations(get_task("arithmetic"), 8, options) == demos   # seeded
+    assert demonstrations(TaskMixture.single(get_task("arithmetic")), 8, options) == demos   # seeded
 
 
 def test_a_tasks_bad_demonstration_is_named_before_the_first_step():
@@ -60,7 +60,7 @@ def test_a_tasks_bad_demonstration_is_named_before_the_first_step():
     task = TaskSpec("bad_demos", ArithmeticEnv, train=lambda seed, options: iter([]),
                     eval=lambda options: [], demos=lambda num, seed=0, options=None: bad[:num])
     with pytest.raises(DemonstrationError, match=r"the task's demonstration 1: messages\[1\].no_loss_spans"):
-        demonstrations(task, 2, OrchestratorOptions(sft_steps=0))
+        demonstrations(TaskMixture.single(task), 2, OrchestratorOptions(sft_steps=0))
 
 
 class RecordingKeeper:
