@@ -9,6 +9,7 @@ The page (cli/report_page.py renders it) holds, from the run folder's own files:
                    samples, the ledger's counts and drop reasons (absent: "not finished")
     warnings       metrics `warning` rows (no learning signal, ...) and dropped samples
     evaluations    metrics `eval` rows: phase, greedy and sampled accuracy, seconds
+    tasks          a mixture's tasks: each one's accuracies by phase, groups trained, mean reward
     timings        summary.json's wall, warm-start, evaluation and RL seconds
     charts         postrain plot's charts (cli/plot.py: reward, accuracy, warm-start loss, KL only
                    where the run uses it, throughput, staleness, queues) as inline SVG
@@ -162,6 +163,7 @@ def gather(folder: Path, max_samples: int = DEFAULT_MAX_SAMPLES) -> dict:
         "config": config_path.read_text() if config_path.exists() else None,
         "evals": [row for row in rows if row.get("kind") == "eval"],
         "warnings": [row for row in rows if row.get("kind") == "warning"],
+        "train": [row for row in rows if row.get("kind") == "train"],
         "num_train_rows": sum(row.get("kind") == "train" for row in rows),
         "num_sft_rows": sum(row.get("kind") == "sft" for row in rows),
         "charts": svgs,

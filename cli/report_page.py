@@ -145,6 +145,29 @@ def evals_section(evals: list[dict]) -> str:
     return f"<h2>Evaluations</h2><table id=evals>{head}{rows}</table>"
 
 
+def tasks_section(data: dict) -> str:
+    """A mixture's tasks (actors/tasks/mixture.py): each one's held-out accuracies by phase and its
+    RL figures (groups trained, mean reward of its samples); nothing for a run of one task."""
+    by_task = (data["summary"] or {}).get("eval_by_task") or {}
+    names = sorted(set(by_task) | {key.removeprefix("num_groups_") for row in data["train"] for key in row
+                                   if key.startswith("num_groups_")})
+    if not names:
+        return ""
+    phases = ("before", "after_sft", "after")
+    head = ("<tr><th>task</th>" + "".join(f"<th>{esc(phase.replace('_', ' '))}</th>" for phase in phases)
+            + "<th>groups trained</th><th>mean reward (RL)</th></tr>")
+    rows = []
+    for name in names:
+        groups = sum(row.get(f"num_groups_{name}", 0) for row in data["train"])
+        rewards = [(row[f"reward_mean_{name}"], row[f"num_groups_{name}"]) for row in data["train"]
+                   if f"reward_mean_{name}" in row]
+        mean = sum(r * n for r, n in rewards) / sum(n for _, n in rewards) if rewards else ""
+        cells = "".join(f"<td class=num>{number(by_task.get(name, {}).get(phase, ''))}</td>" for phase in phases)
+        rows.append(f"<tr><td>{esc(name)}</td>{cells}<td class=num>{number(groups)}</td>"
+                    f"<td class=num>{number(mean)}</td></tr>")
+    return f"<h2>Tasks</h2><table id=tasks>{head}{''.join(rows)}</table>"
+
+
 def charts_section(data: dict) -> str:
     charts = "".join(f"<div class=chart data-chart=\"{esc(title)}\">{svg}</div>" for title, svg in data["charts"].items())
     skipped = "".join(f"<li>{esc(title)}: {esc(why)}</li>" for title, why in data["skipped_charts"].items())
@@ -192,6 +215,7 @@ def render(data: dict) -> str:
 {summary_section(data['summary'])}
 {warnings_section(data)}
 {evals_section(data['evals'])}
+{tasks_section(data)}
 {charts_section(data)}
 {samples_section(data)}
 {config}

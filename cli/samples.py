@@ -3,6 +3,7 @@
     postrain samples runs/default                    # the last step's samples
     postrain samples runs/default --worst            # the whole run, lowest reward first
     postrain samples runs/default --step 3 --worst   # step 3 only, lowest reward first
+    postrain samples runs/mix --task chain_sum       # one task of a mixture (its last step)
     postrain samples runs/default --best --limit 3   # the 3 best of the whole run
     postrain samples runs/default --all --limit 0    # every sample of the run, in order
 
@@ -36,6 +37,7 @@ def add_arguments(parser) -> None:
     order = parser.add_mutually_exclusive_group()
     order.add_argument("--worst", action="store_true", help="lowest reward first, of the whole run unless --step")
     order.add_argument("--best", action="store_true", help="highest reward first, of the whole run unless --step")
+    parser.add_argument("--task", default=None, help="only the samples of this task of a mixture (its name)")
     parser.add_argument("--limit", type=int, default=DEFAULT_LIMIT,
                         help=f"samples to print (default {DEFAULT_LIMIT}; 0: all)")
     parser.add_argument("--json", action="store_true", help="print the chosen lines as JSON, one per line")
@@ -46,13 +48,18 @@ class SamplesError(PostrainError, ValueError):
 
 
 def select_samples(rows: list[dict], step: int | None = None, all_steps: bool = False, worst: bool = False,
-                   best: bool = False, limit: int = DEFAULT_LIMIT) -> list[dict]:
-    """The rows of `step`; without it, of every step when sorting by reward or with `all_steps`,
-    else of the last step in the file. Sorted by reward (`worst`: ascending, `best`: descending;
-    ties keep file order); the first `limit` (0: all). SamplesError when there are no rows, or none
-    of the step."""
+                   best: bool = False, limit: int = DEFAULT_LIMIT, task: str | None = None) -> list[dict]:
+    """The rows of `task` (a mixture's task name; none: every task), of `step`; without it, of every
+    step when sorting by reward or with `all_steps`, else of the last step in the file. Sorted by
+    reward (`worst`: ascending, `best`: descending; ties keep file order); the first `limit` (0:
+    all). SamplesError when there are no rows, none of the task or none of the step."""
     if not rows:
         raise SamplesError("no samples yet: a sample is written when its RL step is trained")
+    if task is not None:
+        tasks = sorted({str(row.get("task")) for row in rows})
+        rows = [row for row in rows if row.get("task") == task]
+        if not rows:
+            raise SamplesError(f"no samples of task {task!r}; tasks with samples: {', '.join(tasks)}")
     if step is not None or not (all_steps or worst or best):
         steps = sorted({row["step"] for row in rows if isinstance(row.get("step"), int)})
         if step is None:
@@ -128,7 +135,7 @@ def main(args) -> int:
     try:
         rows = load_samples(args.run_folder)
         chosen = select_samples(rows, step=args.step, all_steps=args.all, worst=args.worst, best=args.best,
-                                limit=args.limit)
+                                limit=args.limit, task=args.task)
     except SamplesError as exc:
         raise SystemExit(f"postrain samples: {exc}") from None
     if args.json:

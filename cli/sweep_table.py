@@ -8,6 +8,9 @@ Per group (one combination of `--set` values; seeds vary inside it) and per figu
     rl_gain     RL's own gain: eval_after - eval_after_sft (eval_after - eval_before without a
                 warm start)
     wall_s      the run's wall time
+    eval_after_<task>, rl_gain_<task>
+                a mixture's per-task accuracy after RL and RL's gain on each task (summary.json's
+                eval_by_task; actors/tasks/mixture.py)
 
 With `--target ACC`, each run's first held-out evaluation at or above ACC (its metrics.jsonl's
 `eval` rows: before or after the warm start count as step 0) gives two more figures, over the
@@ -44,6 +47,12 @@ def run_figures(summary: dict) -> dict[str, float]:
         figures["rl_gain"] = round(figures["eval_after"] - start, 6)
     if isinstance(summary.get("wall_s"), (int, float)):
         figures["wall_s"] = float(summary["wall_s"])
+    for task, evals in (summary.get("eval_by_task") or {}).items():
+        start = evals.get("after_sft", evals.get("before"))
+        if isinstance(evals.get("after"), (int, float)):
+            figures[f"eval_after_{task}"] = float(evals["after"])
+            if start is not None:
+                figures[f"rl_gain_{task}"] = round(evals["after"] - start, 6)
     return figures
 
 
