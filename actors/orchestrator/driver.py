@@ -83,6 +83,7 @@ from .rollout_pool import RolloutPool
 from .sample_log import SAMPLES_FILE, SampleLog
 from .dynamic_sampling import BatchRules
 from .train_step import TrainStep
+from .task_weights import TaskWeights
 from .teacher import Teacher
 from .warm_start import warm_start
 from .work import WorkSignal
@@ -115,6 +116,8 @@ class RunDriver:
         self.metrics = metrics
         self.sample_log = sample_log         # samples.jsonl: each RL sample's text (sample_log.py)
         self.admission = Admission(options.max_staleness, options.max_buffered_batches)
+        self.task_weights = TaskWeights(mixture, options.task_weights, options.min_task_share,
+                                        options.max_staleness)   # the shares each batch draws with
         self.work = WorkSignal(head, metrics)  # head: the ActorRef its elastic cores are asked of
         # the environment's failures, RL and evaluation alike: the first is shown, one error failing
         # most of a step stops the run
@@ -128,7 +131,8 @@ class RunDriver:
                                                                options.sampling.temperature,
                                                                options.warn_no_signal_every,
                                                                options.sft_steps),
-                                    emit=self.emit, rules=BatchRules.from_options(options, mixture))
+                                    emit=self.emit, rules=BatchRules.from_options(options, mixture),
+                                    weights=self.task_weights)
         self.evaluator = Evaluator(mixture, options, self.pool, metrics, self.emit, self.report_figures)
         self.learner_idle_s = 0.0            # RL time the learner waited for a generated batch
         self.learner_busy_s = 0.0            # RL time spent in train + publish
@@ -291,7 +295,8 @@ class RunDriver:
                             evals=dict(self.evaluator.evals), ledger=self.ledger.state_dict(),
                             ledger_events_offset=self.ledger.events_offset(), metrics_offset=self.metrics.size(),
                             samples_offset=self.sample_log.size() if self.sample_log is not None else None,
-                            data_order=data_order(options)).to_wire()
+                            data_order=data_order(options),
+                            task_weights=self.task_weights.state_dict()).to_wire()
         return await self.keeper.checkpoint(str(self.folder / "checkpoint"), make_extra)
 
     async def _restore(self, state: RunState) -> None:
@@ -304,6 +309,7 @@ class RunDriver:
         for sample_id in interrupted:
             self.ledger.drop(sample_id, "interrupted", resume=self.resume_index)
         self.evaluator.evals.update(state.evals)
+        self.task_weights.load_state_dict(state.task_weights)
         self.admission.start_at(state.next_batch)
         await self.keeper.restore(str(self.folder / "checkpoint"))
         num_trained = self.admission.num_trained
@@ -389,7 +395,7 @@ class RunDriver:
             batch = await self.admission.admit(b, options.prompts_generated_per_step, options.samples_per_prompt)
             if batch is None:
                 return
-            tg.start_soon(self.pool.generate_batch, batch, self.schedule.prompts(b),
+            tg.start_soon(self.pool.generate_batch, batch, self.schedule.prompts(b, self.task_weights.shares_for(b)),
                           options.samples_per_prompt, sampling, self.resume_index)
 
 

@@ -6,6 +6,8 @@ orchestrator) gets the same value.
 """
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, ValidationInfo, field_validator
 
 from ..env.user_errors import DEFAULT_MAX_ERROR_FRACTION
@@ -41,6 +43,12 @@ class OrchestratorOptions(TaskOptions):
                                 "distill_coef); none: samples are not scored (docs/scorers.md)")
     teacher_top_k: int | None = Field(None, ge=1, description="the teacher's most likely tokens sent per "
                                       "position; none: the teacher's own top_k")
+    task_weights: Literal["fixed", "signal"] = Field("fixed", description="a mixture's shares of the groups: "
+                                                     "\"fixed\" by the [[tasks]] weights, or \"signal\": "
+                                                     "more groups to tasks whose groups carry a learning "
+                                                     "signal (actors/orchestrator/task_weights.py)")
+    min_task_share: float = Field(0.05, ge=0, lt=1, description="with task_weights = \"signal\": every "
+                                  "task's share of the groups, at least")
     # -- the RL loop --
     num_steps: int = Field(10, ge=0, description="GRPO steps (one batch each)")
     prompts_per_step: int = Field(8, ge=1, description="prompts per batch (part of the data order)")
@@ -139,6 +147,15 @@ class OrchestratorOptions(TaskOptions):
                              "or give it demonstrations: sft_demonstrations = \"FILE.jsonl\" (one "
                              "{\"messages\": [...]} per line) or demos= in its TaskSpec "
                              "(a function (num, seed, options) -> list of {\"messages\": [...]})")
+        return value
+
+    @field_validator("min_task_share")
+    @classmethod
+    def _room_for_every_floor(cls, value: float, info: ValidationInfo) -> float:
+        num_tasks = len(info.data.get("tasks") or [None])
+        if info.data.get("task_weights") == "signal" and value * num_tasks > 1:
+            raise ValueError(f"min_task_share = {value} for {num_tasks} tasks asks for more than every group; "
+                             f"fix: at most {1 / num_tasks:.3g}")
         return value
 
     @field_validator("overlong_buffer_tokens")

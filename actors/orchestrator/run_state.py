@@ -48,7 +48,10 @@ from postrain.core.atomic_write import repair_interrupted_write
 from ..records import RUN_STATE_FORMAT, RecordError, RunState
 from ..tasks import MixtureTask
 
-DATA_ORDER_KEYS = ("task", "seed", "prompts_per_step", "samples_per_prompt", "task_options", "tasks")
+DATA_ORDER_KEYS = ("task", "seed", "prompts_per_step", "samples_per_prompt", "task_options", "tasks",
+                   "task_weights", "min_task_share")
+# keys of the data order a run of one task with fixed weights leaves out (older checkpoints lack them)
+MIXTURE_KEYS = ("tasks", "task_weights", "min_task_share")
 RESUMES_FILE = "resumes.jsonl"   # one line per `postrain up --resume`: when, from which batch
 
 
@@ -58,34 +61,40 @@ class ResumeError(PostrainError, ValueError):
 
 class PromptSchedule:
     """prompts(b): (task, task dict) of each group of batch b, the same for every call with the same
-    (seed, b). Group g's task is the mixture's draw for (seed, b, g); each task's items come from
-    its own training stream in order (actors/tasks/mixture.py), so one task's run takes items
-    [b * P, (b + 1) * P) of its stream, as it always has.
+    (seed, b, shares). Group g's task is the mixture's draw for (seed, b, g) with the batch's
+    shares, and its item is item b * P + g of that task's training stream (P: prompts_per_step;
+    actors/tasks/mixture.py), so a run of one task takes items [b * P, (b + 1) * P) of its stream.
 
-    Keeps one iterator per task, positioned after the last batch asked for; asking for an earlier
+    Keeps one iterator per task, positioned after the last item taken; asking for an earlier
     batch starts the streams again (batches are asked for in order, so that is rare)."""
 
     def __init__(self, mixture, seed: int, prompts_per_step: int):
         self.mixture, self.seed = mixture, seed
         self.prompts_per_step = prompts_per_step
         self._streams: dict[str, Iterator[dict]] = {}
-        self._next_batch = 0   # the batch the streams are positioned at
+        self._positions: dict[str, int] = {}   # task -> index of the next item its stream yields
+        self._next_batch = 0
 
-    def prompts(self, batch: int) -> list[tuple[MixtureTask, dict]]:
+    def prompts(self, batch: int, shares: list[float] | None = None) -> list[tuple[MixtureTask, dict]]:
         if batch < self._next_batch or not self._streams:
             self._streams = {t.name: t.spec.train_tasks(seed=self.seed, options=t.options)
                              for t in self.mixture.tasks}
-            self._next_batch = 0
-        while self._next_batch < batch:   # skip the batches before, task by task
-            for group in range(self.prompts_per_step):
-                next(self._streams[self.mixture.draw(self.seed, self._next_batch, group).name])
-            self._next_batch += 1
+            self._positions = {t.name: 0 for t in self.mixture.tasks}
         out = []
         for group in range(self.prompts_per_step):
-            task = self.mixture.draw(self.seed, batch, group)
-            out.append((task, next(self._streams[task.name])))
+            task = self.mixture.draw(self.seed, batch, group, shares)
+            out.append((task, self._item(task.name, batch * self.prompts_per_step + group)))
         self._next_batch = batch + 1
         return out
+
+    def _item(self, task: str, index: int) -> dict:
+        """Item `index` of the task's stream (at or after its position)."""
+        stream = self._streams[task]
+        while self._positions[task] < index:
+            next(stream)
+            self._positions[task] += 1
+        self._positions[task] += 1
+        return next(stream)
 
 
 def batch_sample_id(batch: int, group: int, sample: int, resume_index: int = 0) -> str:
@@ -97,8 +106,10 @@ def data_order(cfg) -> dict:
     """The knobs the data order depends on, of the orchestrator's options (OrchestratorOptions or
     a dict of them), as plain JSON data."""
     values = cfg.model_dump(mode="json", include=set(DATA_ORDER_KEYS)) if hasattr(cfg, "model_dump") else cfg
-    # `tasks` only for a mixture: a run of one task has the keys it had before mixtures
-    return {key: values[key] for key in DATA_ORDER_KEYS if key != "tasks" or values.get(key)}
+    # a mixture's keys only where they matter: a run of one task has the keys it had before mixtures
+    signal = bool(values.get("tasks")) and values.get("task_weights") == "signal"
+    used = {"tasks": bool(values.get("tasks")), "task_weights": signal, "min_task_share": signal}
+    return {key: values[key] for key in DATA_ORDER_KEYS if used.get(key, True)}
 
 
 def read_run_state(checkpoint_dir: str | Path) -> RunState | None:

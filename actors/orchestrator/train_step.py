@@ -37,6 +37,7 @@ from .health import HealthWatch, report_warnings
 from .learning_signal import LearningSignalWatch, num_zero_variance_groups
 from .sample_log import SampleLog
 from .scored_sample import ScoredSample
+from .task_weights import TaskWeights
 
 # A speculative generator's figures in its `stats` (postrain.actors.generator.engine.Engine.speculation_stats).
 SPECULATION_FIGURES = ("acceptance_rate", "tokens_per_verify_step", "draft_time_share")
@@ -120,7 +121,7 @@ class TrainStep:
     def __init__(self, keeper, ledger, metrics, report_figures: Callable[[dict], None],
                  samples_per_prompt: int, num_steps: int, *, sample_log: SampleLog | None = None,
                  signal: LearningSignalWatch | None = None, emit: Callable[[str], None] | None = None,
-                 rules: BatchRules | None = None):
+                 rules: BatchRules | None = None, weights: TaskWeights | None = None):
         self.keeper = keeper                   # LearnerKeeper: the only path to the learner
         self.ledger = ledger
         self.metrics = metrics                 # MetricsWriter of the run folder
@@ -132,6 +133,7 @@ class TrainStep:
         self.emit = emit or (lambda line: None)
         self.health = HealthWatch()            # reward / entropy collapse warnings (health.py)
         self.rules = rules or BatchRules()     # DAPO's dynamic sampling and overlong shaping
+        self.weights = weights                 # a mixture's shares (task_weights.py), or None
 
     async def publish(self) -> PublishReport:
         """The learner's weights to every generator, and a "sync" metrics row: total_s, the size,
@@ -158,6 +160,9 @@ class TrainStep:
         it, the samples are trained in the ledger and the publish may be partial."""
         survivors = surviving_groups(groups, self.ledger)
         kept, num_dynamic_dropped = self.rules.select(survivors, self.ledger)
+        shares = self.weights.update(b, survivors, self.rules.reward) if self.weights is not None else None
+        if shares is not None:
+            self.metrics.log("task_weights", step=b + 1, **shares)
         samples = [s for group in kept for s in group]
         sizes = [len(group) for group in kept]
         if not samples:

@@ -62,6 +62,7 @@ class RunState(Record):
     sft_step: int | None = None
     sft_shape: dict[str, int] | None = None
     samples_offset: int | None = None   # bytes of samples.jsonl; None: a checkpoint from before it
+    task_weights: dict[str, Any] | None = None   # a mixture's shares that follow the signal (task_weights.py)
     format: str = RUN_STATE_FORMAT
 
     def _check(self) -> None:

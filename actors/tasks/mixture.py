@@ -19,9 +19,11 @@ The rules (each one tested in tests/actors/tasks/test_mixture.py):
 
 - **Groups never mix tasks.** Each group (a prompt and its `samples_per_prompt` samples) is
   one task's: group g of batch b draws its task with a generator seeded by (seed, b, g), in
-  proportion to the weights, then takes that task's next training item. Each task keeps its
-  own stream, so the data order is a function of (seed, b) as for one task, and a mixture of
-  one task gives exactly that task's prompts in that task's order.
+  proportion to the weights (or to the shares that follow the learning signal:
+  actors/orchestrator/task_weights.py), then takes item b * P + g of that task's own training
+  stream (P groups a batch; the items of the groups that drew another task are skipped). So
+  the data order is a function of (seed, b) and the shares, never of the draws before, and a
+  mixture of one task gives exactly that task's prompts in that task's order.
 - **One reward scale.** Before the learner's group-relative advantages, each task's reward is
   mapped from its `reward_range` [low, high] onto [0, 1]: `(reward - low) / (high - low)`, not
   clipped. A 0/1 check and a 0-10 judge score then move the policy by the same units, whatever
@@ -179,10 +181,11 @@ class TaskMixture:
         except KeyError:
             raise MixtureError(f"no task named {name!r} in this run's mixture; its tasks: {self.names}") from None
 
-    def draw(self, seed: int, batch: int, group: int) -> MixtureTask:
-        """The task of group `group` of batch `batch`: a weighted draw seeded by (seed, batch,
-        group) alone. A mixture of one task always draws it (and draws nothing at random)."""
+    def draw(self, seed: int, batch: int, group: int, shares: list[float] | None = None) -> MixtureTask:
+        """The task of group `group` of batch `batch`: a draw in proportion to `shares` (default:
+        the weights' shares) seeded by (seed, batch, group) alone. A mixture of one task always
+        draws it (and draws nothing at random)."""
         if self.is_single:
             return self.tasks[0]
         digest = hashlib.sha256(f"mixture:{seed}:{batch}:{group}".encode()).digest()
-        return random.Random(digest).choices(self.tasks, weights=self.shares)[0]
+        return random.Random(digest).choices(self.tasks, weights=shares or self.shares)[0]

@@ -1,7 +1,8 @@
 """A mixture end to end: `postrain up` with two [[tasks]], one of whose environments raises on
-some prompts. Groups never mix tasks, the failing task's samples are dropped with the reason
-while both tasks train, each task is evaluated and reported, and `postrain samples --task` and
-`postrain report` read the run by task."""
+some prompts, its shares following the learning signal. Groups never mix tasks, the failing
+task's samples are dropped with the reason while both tasks train, each task is evaluated and
+reported, the shares are logged every step, and `postrain samples --task` and `postrain report`
+read the run by task."""
 import json
 import os
 import subprocess
@@ -70,7 +71,7 @@ name = "orchestrator"
 cls = "postrain.actors.orchestrator:OrchestratorActor"
 cpus = 0.1
 memory_mb = 0
-options = {{ num_steps = 3, prompts_per_step = 4, samples_per_prompt = 2, sft_steps = 2, sft_batch_size = 4, num_eval_tasks = 4, max_environment_error_fraction = 1.0, sampling = {{ max_new_tokens = 12 }} }}
+options = {{ num_steps = 3, prompts_per_step = 4, samples_per_prompt = 2, sft_steps = 2, sft_batch_size = 4, num_eval_tasks = 4, max_environment_error_fraction = 1.0, task_weights = "signal", sampling = {{ max_new_tokens = 12 }} }}
 """
 
 
@@ -114,6 +115,12 @@ def test_a_mixture_trains_each_task_in_its_own_groups_and_reports_each(tmp_path)
         "reward_mean_arithmetic", "reward_mean_flaky"}
     assert all(row[f"num_groups_{task}"] >= 1 for row in train_rows for task in ("arithmetic", "flaky")
                if f"reward_mean_{task}" in row)
+
+    # the shares follow the signal: a row per step, each share at least the floor, summing to 1
+    weights = read_metrics(folder, "task_weights")
+    assert [row["step"] for row in weights] == [1, 2, 3]
+    assert all(row["share_arithmetic"] + row["share_flaky"] == pytest.approx(1, abs=1e-3)
+               and min(row["share_arithmetic"], row["share_flaky"]) >= 0.05 - 1e-4 for row in weights)
 
     shown = subprocess.run([sys.executable, "-m", "postrain.cli", "samples", str(folder), "--all", "--task",
                             "arithmetic", "--json", "--limit", "0"], capture_output=True, text=True, timeout=120)

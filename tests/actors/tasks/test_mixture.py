@@ -49,14 +49,18 @@ def test_groups_draw_their_task_in_proportion_to_the_weights():
     assert tasks.names == ["small", "large", "reasoning_gym_chain_sum"]
 
 
-def test_each_group_is_one_tasks_next_item_and_batches_are_a_function_of_seed_and_index():
+def test_each_group_is_one_tasks_item_and_batches_are_a_function_of_seed_and_index():
     tasks = three_tasks()
     schedule = PromptSchedule(tasks, seed=3, prompts_per_step=6)
     batches = [schedule.prompts(b) for b in range(5)]
-    for task in tasks.tasks:   # each task's items, in the order groups took them, are its own stream
-        taken = [item for batch in batches for of, item in batch if of.name == task.name]
-        assert taken == list(itertools.islice(task.spec.train_tasks(seed=3, options=task.options), len(taken)))
+    streams = {t.name: list(itertools.islice(t.spec.train_tasks(seed=3, options=t.options), 30)) for t in tasks.tasks}
+    for b, batch in enumerate(batches):   # group g of batch b: item b * P + g of its task's own stream
+        assert [item for _, item in batch] == [streams[of.name][b * 6 + g] for g, (of, _) in enumerate(batch)]
     assert {of.name for batch in batches for of, _ in batch} == set(tasks.names)
+    # shares that follow the signal change the draws, not the items a task's groups take
+    shifted = PromptSchedule(tasks, seed=3, prompts_per_step=6).prompts(0, [0.0, 0.0, 1.0])
+    assert [of.name for of, _ in shifted] == ["reasoning_gym_chain_sum"] * 6
+    assert [item for _, item in shifted] == streams["reasoning_gym_chain_sum"][:6]
     jumping = PromptSchedule(tasks, seed=3, prompts_per_step=6)
     assert jumping.prompts(3) == batches[3] and jumping.prompts(1) == batches[1]
     assert PromptSchedule(tasks, seed=4, prompts_per_step=6).prompts(0) != batches[0]
@@ -184,3 +188,30 @@ def test_a_run_configs_tasks_tables_reach_the_orchestrator_and_every_environment
                for spec in config.actors)
     with pytest.raises(ConfigError, match=r"\[\[tasks\]\] and \[shared\] tasks are both set"):
         parse_up_config({**doc, "shared": {"tasks": doc["tasks"]}})
+
+
+def test_shares_that_follow_the_signal_favour_tasks_that_teach_and_keep_every_floor():
+    from postrain.actors.orchestrator.task_weights import TaskWeights, with_floor
+    assert with_floor([0.9, 0.08, 0.02], 0.1) == pytest.approx([0.8, 0.1, 0.1])
+    tasks = mixture({"task": "arithmetic", "name": "teaches"}, {"task": "arithmetic", "name": "solved"},
+                    {"task": "arithmetic", "name": "hopeless"})
+    weights = TaskWeights(tasks, "signal", min_share=0.1, max_staleness=1)
+    assert weights.shares_for(0) == weights.shares_for(1) == pytest.approx([1 / 3] * 3)
+    teaching = [sample("teaches", 0.0), sample("teaches", 1.0)]
+    flat = {"solved": [sample("solved", 1.0)] * 2, "hopeless": [sample("hopeless", 0.0)] * 2}
+    rules = BatchRules(mixture=tasks)
+    for b in range(12):
+        row = weights.update(b, [teaching, flat["solved"], flat["hopeless"]], rules.reward)
+    shares = weights.shares_for(13)   # after batch 11 (max_staleness 1)
+    assert shares[0] == pytest.approx(0.8) and shares[1] == shares[2] == pytest.approx(0.1)
+    assert row["share_teaches"] == round(shares[0], 4) and row["signal_solved"] < 0.2
+    # a checkpoint keeps what later batches draw with
+    restored = TaskWeights(tasks, "signal", min_share=0.1, max_staleness=1)
+    restored.load_state_dict(weights.state_dict())
+    assert restored.shares_for(12) == weights.shares_for(12) and restored.shares_for(13) == shares
+    # fixed weights: the [[tasks]] weights, whatever the rewards
+    fixed = TaskWeights(tasks)
+    assert fixed.update(0, [teaching], rules.reward) is None and fixed.shares_for(5) == tasks.shares
+    with pytest.raises(ValidationError, match=r"min_task_share = 0.4 for 3 tasks asks for more than every group"):
+        OrchestratorOptions(tasks=[{"task": "arithmetic", "name": n} for n in "abc"], task_weights="signal",
+                            min_task_share=0.4)
