@@ -38,6 +38,7 @@ BENCHMARKS: dict[str, str] = {
     "gateway": "postrain.bench.gateway",
     "long": "postrain.bench.long",
     "scorers": "postrain.bench.scorers",
+    "cad": "postrain.bench.cad",
 }
 
 

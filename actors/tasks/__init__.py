@@ -3,8 +3,9 @@
 A task is a `TaskSpec`: an environment class, an endless seeded stream of training tasks, a fixed
 held-out evaluation set, and (optionally) supervised demonstrations. Configs name a task:
 
-    spec = get_task("arithmetic")                 # built-in: "arithmetic", "arithmetic_judged", "code", "dataset",
-                                                  # "reasoning_gym" (a mixture of families), "verifiers"
+    spec = get_task("arithmetic")                 # built-in: "arithmetic", "arithmetic_judged", "cad", "code", "dataset",
+                                                  # "finance_docs", "reasoning_gym" (a mixture of families),
+                                                  # "verifiers"
     spec = get_task("reasoning_gym:chain_sum")    # one reasoning-gym family
     spec = get_task("my_pkg.tasks:SPEC")          # yours, by import path (a TaskSpec, or a
                                                   # function with no arguments that returns one)
@@ -32,8 +33,8 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from postrain.core import Options
 
-from . import (arithmetic, arithmetic_judged, code, dataset, demonstrations, long_context, reasoning_gym, terminal,
-               verifiers_env)
+from . import (arithmetic, arithmetic_judged, cad, code, dataset, demonstrations, finance, long_context, reasoning_gym,
+               terminal, verifiers_env)
 from .mixture import MixtureError, MixtureTask, TaskEntry, TaskMixture
 from .registry import TaskError, TaskSpec, get_task, list_tasks, register_task, register_task_family
 
@@ -63,9 +64,17 @@ TERMINAL = register_task(TaskSpec(
 LONG_CONTEXT = register_task(TaskSpec(
     "long_context", long_context.LongContextEnv, long_context.train_tasks, long_context.eval_tasks,
     description="find a setting in a generated repository read file by file: long tool outputs"))
+FINANCE_DOCS = register_task(TaskSpec(
+    "finance_docs", finance.FinanceDocsEnv, finance.train_tasks, finance.eval_tasks, finance.demonstrations,
+    "questions about generated company reports (statements, notes, restatements, mixed units); graded "
+    "numerically with a unit and a tolerance"))
+CAD = register_task(TaskSpec(
+    "cad", cad.CadEnv, cad.train_tasks, cad.eval_tasks, cad.demonstrations,
+    "build a part from its spec with a build123d script in a sandbox session; the STL export is measured "
+    "in a jail of its own and judged on the host (solid, volume, bounding box, through-holes, features)"))
 register_task_family(reasoning_gym.PREFIX, reasoning_gym.family_task)
 
-__all__ = ["ARITHMETIC", "ARITHMETIC_JUDGED", "CODE", "DATASET", "LONG_CONTEXT", "REASONING_GYM", "TERMINAL", "VERIFIERS", "TaskError",
+__all__ = ["ARITHMETIC", "ARITHMETIC_JUDGED", "CAD", "CODE", "DATASET", "FINANCE_DOCS", "LONG_CONTEXT", "REASONING_GYM", "TERMINAL", "VERIFIERS", "TaskError",
            "MixtureError", "MixtureTask", "TaskEntry", "TaskMixture", "TaskOptions", "TaskSpec", "get_task", "list_tasks", "register_task", "register_task_family"]
 
 
@@ -73,8 +82,8 @@ class TaskOptions(Options):
     """The task fields of a role's options (the orchestrator's and the environment actor's), shared
     through a run config's `[shared]`: both roles must read the same task with the same knobs."""
 
-    task: str = Field("arithmetic", description="the task: a registered name ('arithmetic', 'arithmetic_judged', 'code', "
-                      "'dataset', 'reasoning_gym', 'verifiers'), 'reasoning_gym:FAMILY', 'pkg.mod:TASK' (a TaskSpec or a function returning one) or 'pkg.mod:EnvClass' "
+    task: str = Field("arithmetic", description="the task: a registered name ('arithmetic', 'arithmetic_judged', 'cad', 'code', "
+                      "'dataset', 'finance_docs', 'reasoning_gym', 'verifiers'), 'reasoning_gym:FAMILY', 'pkg.mod:TASK' (a TaskSpec or a function returning one) or 'pkg.mod:EnvClass' "
                       "(an Environment subclass)")
     task_options: dict[str, Any] = Field(default_factory=dict, description="the task's knobs (part of the "
                                          "data order: a resume must keep them); checked by its options model")

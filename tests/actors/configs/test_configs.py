@@ -29,7 +29,8 @@ def postrain(*args, timeout=120):
 @pytest.mark.parametrize("name", ["smollm2_arithmetic.toml", "code.toml", "terminal.toml",
                                   "smollm2_reasoning_gym.toml", "smollm2_math_dataset.toml",
                                   "smollm2_terminal.toml", "smollm2_addition.toml",
-                                  "smollm2_addition_lora.toml", "smollm2_chain_sum.toml"])
+                                  "smollm2_addition_lora.toml", "smollm2_chain_sum.toml", "finance_docs.toml",
+                                  "cad.toml"])
 def test_shipped_configs_validate_and_place_on_this_machine(name, capsys):
     assert cli.main(["up", "--config", str(CONFIGS / name), "--dry-run"]) == 0
     assert "orchestrator: cores" in capsys.readouterr().out
