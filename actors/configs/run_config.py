@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from postrain.core.config import RunConfig, load_config, parse_config
 from postrain.core.run_options import resolve_options
 
+from .mixture_checks import check_task_kl
 from .scorer_checks import check_scorers
 
 DEFAULT_CONFIG = ("postrain.actors.configs", "default.toml")  # package, resource: the built-in run
@@ -146,6 +147,7 @@ def load_up_config(path: str | Path, import_dir: str | Path | None = None) -> Up
     config = cast(UpConfig, load_config(path, UpConfig))   # an instance of the schema it is given
     resolve_options(config)
     check_scorers(config)
+    check_task_kl(config)
     return config
 
 
@@ -154,4 +156,5 @@ def parse_up_config(data: dict, source: str = "<config>") -> UpConfig:
     config = cast(UpConfig, parse_config(data, source, UpConfig))   # an instance of the schema it is given
     resolve_options(config)
     check_scorers(config)
+    check_task_kl(config)
     return config

@@ -25,6 +25,7 @@ from .config import LearnerConfig
 from .counter import StepCounter
 from .lora import LearnerLora
 from .reference import KLReference
+from .task_kl import TaskKL
 
 if TYPE_CHECKING:
     from ..models.llama import LlamaModel
@@ -59,6 +60,7 @@ class CheckpointedLearner(Protocol):
     lora: LearnerLora
     kl: rl_ops.FixedKLController | rl_ops.AdaptiveKLController
     kl_reference: KLReference
+    task_kl: TaskKL
     counter: StepCounter
     comm: Collectives
     sharded: bool

@@ -69,6 +69,7 @@ from .routing import LearnerRouting
 from .sharded_state import ShardedCheckpointIO
 from .state import WholeCheckpointIO
 from .step import StepLoop, batch_advantages
+from .task_kl import TaskKL
 
 if TYPE_CHECKING:
     from ..models.llama import LlamaModel
@@ -101,12 +102,13 @@ class Learner:
         self.optim = PolicyOptimizer(cfg, self.lora.trainable(self.model))   # LoRA: the adapters alone
         self.kl = (rl_ops.AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
                    if cfg.kl_target else rl_ops.FixedKLController(cfg.kl_coef))
+        self.task_kl = TaskKL(cfg.kl_coef, cfg.kl_horizon)   # a mixture's KL targets per task
         self.counter = StepCounter()
         self.comm = Collectives()
         self.forward = PolicyForward(cfg, self.device, self.routing, self.comm)
         self.sharded = False               # strategy "fsdp" in a group: the model is FSDP2-sharded
         self.steps = StepLoop(cfg, self.model, self.forward, self.comm, self.counter, self.optim,
-                              self.kl_reference, self.kl, self.routing, self.lora, self.distill)
+                              self.kl_reference, self.kl, self.routing, self.lora, self.distill, self.task_kl)
         self.checkpoints: CheckpointIO = (ShardedCheckpointIO(self) if cfg.strategy == "fsdp"
                                           else WholeCheckpointIO(self))   # chosen once
         if torch.distributed.is_available() and torch.distributed.is_initialized():

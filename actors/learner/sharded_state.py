@@ -116,6 +116,7 @@ def _state_json(learner: CheckpointedLearner, extra: dict) -> dict:
     return {
         "format": FORMAT, "step": learner.counter.step, "policy_version": learner.counter.policy_version,
         "kl_coef": learner.kl.coef, "reference_frozen": learner.kl_reference.frozen,
+        "task_kl": learner.task_kl.state_dict(),
         "param_groups": groups, "config": learner.config.to_dict(),
         "optimizer_state": sorted(int(i) for i in state["state"]), "world_size": learner.comm.world_size,
         "python_rng": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
@@ -160,6 +161,7 @@ def load_sharded_checkpoint(learner: CheckpointedLearner, folder: str | Path) ->
     torch.random.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
     learner.counter.restore(int(state["step"]), int(state["policy_version"]))
     learner.kl.coef = float(state["kl_coef"])
+    learner.task_kl.load_state_dict(state.get("task_kl"))   # absent: from before targets per task
     learner.kl_reference.frozen = bool(state.get("reference_frozen", True))
     return state["extra"]
 

@@ -103,6 +103,7 @@ class WholeCheckpointIO:
         state = {
             "format": FORMAT, "step": learner.counter.step, "policy_version": learner.counter.policy_version,
             "kl_coef": learner.kl.coef, "reference_frozen": learner.kl_reference.frozen,
+            "task_kl": learner.task_kl.state_dict(),
             "param_groups": groups, "config": learner.config.to_dict(),
             "python_rng": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
             "numpy_rng": [np_state[0], int(np_state[2]), int(np_state[3]), float(np_state[4])],
@@ -166,6 +167,7 @@ class WholeCheckpointIO:
             torch.cuda.set_rng_state_all(cuda)
         learner.counter.restore(int(state["step"]), int(state["policy_version"]))
         learner.kl.coef = float(state["kl_coef"])
+        learner.task_kl.load_state_dict(state.get("task_kl"))   # absent: from before targets per task
         learner.kl_reference.frozen = bool(state.get("reference_frozen", True))
         return state["extra"]
 

@@ -40,6 +40,7 @@ from .packed import PackedBatch
 from .policy_forward import PolicyForward
 from .reference import KLReference
 from .routing import LearnerRouting, logprob_gap
+from .task_kl import TaskKL
 
 if TYPE_CHECKING:
     from ..models.llama import LlamaModel
@@ -77,7 +78,7 @@ class StepLoop:
     def __init__(self, config: LearnerConfig, model: LlamaModel, forward: PolicyForward, comm: Collectives,
                  counter: StepCounter, optim: PolicyOptimizer, reference: KLReference,
                  kl: rl_ops.FixedKLController | rl_ops.AdaptiveKLController, routing: LearnerRouting,
-                 lora: LearnerLora, distill: LearnerDistill):
+                 lora: LearnerLora, distill: LearnerDistill, task_kl: TaskKL):
         self.config = config
         self.model = model
         self.forward = forward
@@ -89,6 +90,7 @@ class StepLoop:
         self.routing = routing
         self.lora = lora
         self.distill = distill
+        self.task_kl = task_kl
 
     def train(self, batch: TrainBatch) -> dict[str, float]:
         """One policy-gradient optimizer step on a rollout batch; returns its metrics (floats)."""
@@ -98,13 +100,19 @@ class StepLoop:
         distill = self.distill
         distill.check_batch(batch)
         packed = self.routing.pack(batch, pack_batch(batch, advantages=advantages))
-        _, micro = forward.micro_batches(packed)
+        order, micro = forward.micro_batches(packed)
+        if batch.kl_targets is not None and cfg.context_parallel > 1:
+            raise LearnerError("KL targets per task do not run on context-parallel rings; set context_parallel = 1 "
+                               "or leave the tasks' kl_target unset")
+        task_kl = self.task_kl.start(batch, self.kl.coef, self.reference.model is not None)
         tokens, seqs = self._global_counts(packed)
         decoupled = cfg.objective == "decoupled"
         if not self.reference.frozen:
             self.reference.freeze_from(self.lora.merged(self.model.state_dict()))
         ref = forward.recompute(micro, self.reference.model) if self.reference.model is not None else None
-        loss_cfg = cfg.loss_config(kl_coef=self.kl.coef)
+        # with KL targets per task each sample's coefficient weighs the KL term below, not this one
+        loss_cfg = cfg.loss_config(kl_coef=0.0 if task_kl is not None else self.kl.coef)
+        first = 0   # the micro-batch's first sample in `order`
         sums = torch.zeros(len(_TOKEN_MEAN_METRICS) + 5, dtype=torch.float64)
         gap_max = torch.zeros((), dtype=torch.float64)
         version = self.counter.policy_version
@@ -128,6 +136,16 @@ class StepLoop:
                     distill_tok, mb.loss_mask, cfg.agg_mode, loss_norm_constant=cfg.loss_norm_constant,
                     global_num_tokens=tokens, global_num_seqs=seqs)
                 m["distill_kl"] = float((distill_tok.detach() * mb.loss_mask).sum()) / max(m["num_tokens"], 1.0)
+            if task_kl is not None:   # each sample's task's coefficient (task_kl.py)
+                assert ref is not None, "TaskKL.start refuses a learner without a reference"
+                rows = order[first:first + mb.num_samples]
+                coefs, tasks = task_kl[0][rows].to(logp.device), task_kl[1][rows]
+                kl_tok = rl_ops.kl_estimate(logp, ref[i].to(logp.dtype), loss_cfg.kl_kind) * mb.loss_mask
+                loss = loss + rl_ops.aggregate_loss(
+                    kl_tok * coefs[:, None], mb.loss_mask, cfg.agg_mode, loss_norm_constant=cfg.loss_norm_constant,
+                    global_num_tokens=tokens, global_num_seqs=seqs)
+                self.task_kl.measure(kl_tok, mb.loss_mask, tasks)
+            first += mb.num_samples
             if cfg.entropy_coef:
                 loss = loss - cfg.entropy_coef * rl_ops.aggregate_loss(
                     entropy, mb.loss_mask, cfg.agg_mode, loss_norm_constant=cfg.loss_norm_constant,
@@ -148,6 +166,7 @@ class StepLoop:
         metrics.update(adv_metrics)
         metrics.update(self._staleness(packed))
         metrics.update(self.routing.step_metrics())
+        metrics.update(self.task_kl.finish(self.comm))
         self.kl.update(metrics["kl"], 1)
         return metrics
 

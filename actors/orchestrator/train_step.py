@@ -88,7 +88,17 @@ def train_batch(groups: list[list[ScoredSample]], rules: BatchRules | None = Non
                                       if any(r.routed_experts is not None for r in segments) else None),
                       teacher_topk_ids=None if teacher is None else [t.topk_ids for t in teacher],
                       teacher_topk_logprobs=None if teacher is None else [t.topk_logprobs for t in teacher],
-                      teacher_tail_logmass=None if teacher is None else [t.tail_logmass for t in teacher])
+                      teacher_tail_logmass=None if teacher is None else [t.tail_logmass for t in teacher],
+                      **kl_targets(rows, rules))
+
+
+def kl_targets(rows: list[tuple[int, ScoredSample, str, RolloutSegment]], rules: BatchRules) -> dict:
+    """A mixture with KL targets per task: each row's task and the targets (TrainBatch's
+    row_tasks and kl_targets; actors/learner/task_kl.py); nothing otherwise."""
+    targets = rules.mixture.kl_targets if rules.mixture is not None else None
+    if targets is None:
+        return {}
+    return {"row_tasks": [s.task for _, s, _, _ in rows], "kl_targets": targets}
 
 
 def teacher_rows(groups: list[list[ScoredSample]]) -> list[SequenceScores] | None:

@@ -16,7 +16,7 @@ from postrain.core.messages import MessageKind
 from postrain.core.record import Record, RecordError, Vector
 
 #: The fields of the batches below that are not per-sample (a shard keeps them whole).
-NOT_PER_SAMPLE = ("expect_policy_version",)
+NOT_PER_SAMPLE = ("expect_policy_version", "kl_targets")
 #: TrainBatch's per-sample teacher rows for on-policy distillation (all three or none).
 TEACHER_FIELDS = ("teacher_topk_ids", "teacher_topk_logprobs", "teacher_tail_logmass")
 
@@ -46,7 +46,11 @@ class TrainBatch(Record):
     teacher's next-token distribution that predicts token_ids[t] (row 0 and the rows before the
     scored span are unused zeros): its k most likely ids, their log-probabilities and the log of
     its mass outside them. A batch with them needs no rewards or advantages (`learner.loss =
-    "opd"` trains on the KL alone)."""
+    "opd"` trains on the KL alone).
+
+    A KL target per task (a mixture's `kl_target`s: actors/learner/task_kl.py): `row_tasks` names
+    each sample's task, and `kl_targets` maps the tasks that have a target to it; each such task's
+    samples get its own adaptive KL coefficient, the others the learner's."""
 
     token_ids: list[Vector]
     loss_mask: list[Vector]
@@ -62,10 +66,17 @@ class TrainBatch(Record):
     teacher_topk_ids: list[Vector] | None = None         # distillation: per sample (T, k) int32 ids
     teacher_topk_logprobs: list[Vector] | None = None    # per sample (T, k) float32, those ids' log-probs
     teacher_tail_logmass: list[Vector] | None = None     # per sample (T,) float32, log of the mass outside
+    row_tasks: list[str] | None = None                   # per sample its task's name (with kl_targets)
+    kl_targets: dict[str, float] | None = None           # task -> its KL target (per token, the learner's kl_kind)
 
     def _check(self) -> None:
         _one_per_sample(self, ("loss_mask", "behavior_logprobs", "policy_versions", "advantages", "rewards",
-                               "group_ids", "routed_experts") + TEACHER_FIELDS)
+                               "group_ids", "routed_experts", "row_tasks") + TEACHER_FIELDS)
+        if (self.row_tasks is None) != (self.kl_targets is None):
+            self.fail_field("kl_targets", self.kl_targets, "given with row_tasks (both or neither)")
+        for task, target in (self.kl_targets or {}).items():
+            if not target > 0:
+                self.fail_field(f"kl_targets[{task!r}]", target, "> 0")
         for name, values in (self.reward_components or {}).items():
             if len(values) != len(self.token_ids):
                 self.fail_field(f"reward_components[{name!r}]", values,

@@ -33,6 +33,9 @@ The rules (each one tested in tests/actors/tasks/test_mixture.py):
 - **Each task evaluates on its own held-out set**: its first `num_eval_tasks` (the entry's, else
   the orchestrator's), episode for episode as a run of that task alone would; the run's
   accuracy is the mean of the tasks' accuracies (each task counts once, whatever its size).
+- **A KL target per task** (`kl_target`): the learner gives that task's samples an adaptive
+  KL coefficient of their own (actors/learner/task_kl.py), for domains that drift at different
+  speeds; the others keep the learner's.
 - **Names.** A task's name labels its metrics (`reward_mean_<name>`), its samples
   (`postrain samples --task NAME`) and its evaluations; by default the task string with each
   character outside [a-z0-9_] replaced by "_".
@@ -80,6 +83,9 @@ class TaskEntry(Options):
                                               "whatever their units")
     num_eval_tasks: int | None = Field(None, ge=0, description="its held-out tasks per evaluation; none: "
                                        "the orchestrator's num_eval_tasks")
+    kl_target: float | None = Field(None, gt=0, description="its own KL-to-reference target per token: its "
+                                    "samples get an adaptive KL coefficient of their own, starting at the "
+                                    "learner's kl_coef (actors/learner/task_kl.py); none: the learner's")
 
     @field_validator("task")
     @classmethod
@@ -124,6 +130,7 @@ class MixtureTask:
     weight: float
     reward_range: tuple[float, float]
     num_eval_tasks: int | None
+    kl_target: float | None = None
 
     def scaled(self, reward: float) -> float:
         """`reward` mapped from `reward_range` onto [0, 1] (not clipped)."""
@@ -156,7 +163,7 @@ class TaskMixture:
         """The mixture a role's TaskOptions states: its `tasks` entries, or its one `task`."""
         if options.tasks:
             return cls([MixtureTask(e.label, get_task(e.task), get_task(e.task).check_options(e.options),
-                                    e.weight, e.reward_range, e.num_eval_tasks) for e in options.tasks])
+                                    e.weight, e.reward_range, e.num_eval_tasks, e.kl_target) for e in options.tasks])
         return cls.single(get_task(options.task), options.task_options)
 
     @classmethod
@@ -171,6 +178,12 @@ class TaskMixture:
     @property
     def is_single(self) -> bool:
         return len(self.tasks) == 1
+
+    @property
+    def kl_targets(self) -> dict[str, float] | None:
+        """The tasks that set their own KL target (name -> target); None when none does."""
+        targets = {t.name: t.kl_target for t in self.tasks if t.kl_target is not None}
+        return targets or None
 
     def __getitem__(self, name: str) -> MixtureTask:
         """The task of that name; "" names the first (a request from before mixtures)."""

@@ -1,5 +1,5 @@
 """A mixture end to end: `postrain up` with two [[tasks]], one of whose environments raises on
-some prompts, its shares following the learning signal. Groups never mix tasks, the failing
+some prompts, its shares following the learning signal and with a KL target of its own. Groups never mix tasks, the failing
 task's samples are dropped with the reason while both tasks train, each task is evaluated and
 reported, the shares are logged every step, and `postrain samples --task` and `postrain report`
 read the run by task."""
@@ -48,6 +48,7 @@ task = "flaky_task:TASK"
 weight = 2
 reward_range = [0, 2]
 num_eval_tasks = 3
+kl_target = 0.01
 options = {{ include_instructions = false, max_digits = 1, answer_format = "plain" }}
 [[actors]]
 name = "generator"
@@ -60,7 +61,7 @@ name = "learner"
 cls = "postrain.actors.learner:LearnerActor"
 cpus = 0.5
 memory_mb = 0
-options = {{ learner = {{ lr = 1e-3 }} }}
+options = {{ learner = {{ lr = 1e-3, reference_model = "initial", kl_coef = 0.05 }} }}
 [[actors]]
 name = "env"
 cls = "postrain.actors.env:EnvironmentActor"
@@ -116,6 +117,9 @@ def test_a_mixture_trains_each_task_in_its_own_groups_and_reports_each(tmp_path)
     assert all(row[f"num_groups_{task}"] >= 1 for row in train_rows for task in ("arithmetic", "flaky")
                if f"reward_mean_{task}" in row)
 
+    # the flaky task's KL coefficient is its own (its target), the other's the learner's
+    assert all(row["kl_coef_flaky"] > 0 and row["kl_coef"] == 0.05 for row in train_rows
+               if "reward_mean_flaky" in row)
     # the shares follow the signal: a row per step, each share at least the floor, summing to 1
     weights = read_metrics(folder, "task_weights")
     assert [row["step"] for row in weights] == [1, 2, 3]

@@ -215,3 +215,17 @@ def test_shares_that_follow_the_signal_favour_tasks_that_teach_and_keep_every_fl
     with pytest.raises(ValidationError, match=r"min_task_share = 0.4 for 3 tasks asks for more than every group"):
         OrchestratorOptions(tasks=[{"task": "arithmetic", "name": n} for n in "abc"], task_weights="signal",
                             min_task_share=0.4)
+
+
+def test_kl_targets_per_task_need_a_learner_with_a_reference_and_a_starting_coefficient():
+    actor = {"cpus": 0.1, "memory_mb": 0}
+    doc = {"run": {"name": "mix", "driver": "orchestrator"},
+           "tasks": [{"task": "arithmetic"}, {"task": "code", "kl_target": 0.02}],
+           "actors": [{"name": "learner", "cls": "postrain.actors.learner:LearnerActor", **actor},
+                      {"name": "orchestrator", "cls": "postrain.actors.orchestrator:OrchestratorActor", **actor}]}
+    with pytest.raises(ConfigError, match=r"tasks \['code'\] set kl_target, but learner 'learner' has no "
+                                          r"reference_model and no kl_coef > 0; fix: .*reference_model"):
+        parse_up_config(doc)
+    doc["actors"][0]["options"] = {"learner": {"reference_model": "initial", "kl_coef": 0.01}}
+    assert TaskMixture.of(OrchestratorOptions(tasks=doc["tasks"])).kl_targets == {"code": 0.02}
+    parse_up_config(doc)
