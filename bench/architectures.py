@@ -25,11 +25,14 @@ TEST_SHAPE = dict(vocab_size=264, hidden_size=64, intermediate_size=128, num_hid
 BENCH_SHAPE = dict(vocab_size=264, hidden_size=192, intermediate_size=512, num_hidden_layers=4,
                    num_attention_heads=6, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024)
 BYTE_IDS: dict[str, Any] = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0)
+# Each config's own keywords go in a dict (`extra`): some transformers releases type their configs'
+# __init__ without them (they are read from **kwargs), and mypy would refuse them by name there.
 
 
 def _mistral(shape: dict, window: int):
     from transformers import MistralConfig
-    return MistralConfig(**shape, **BYTE_IDS, sliding_window=window, tie_word_embeddings=False)
+    extra: dict[str, Any] = dict(sliding_window=window, tie_word_embeddings=False)
+    return MistralConfig(**shape, **BYTE_IDS, **extra)
 
 
 def _gemma3(shape: dict, window: int):
@@ -39,21 +42,23 @@ def _gemma3(shape: dict, window: int):
     kinds = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(shape["num_hidden_layers"])]
     rope = {"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 100_000.0},
             "sliding_attention": {"rope_type": "default", "rope_theta": 1_000.0}}
-    return Gemma3TextConfig(**shape, **BYTE_IDS, sliding_window=window, layer_types=kinds,
-                            rope_parameters=rope, query_pre_attn_scalar=shape["head_dim"] * 2,
-                            final_logit_softcapping=5.0)
+    extra: dict[str, Any] = dict(sliding_window=window, layer_types=kinds, rope_parameters=rope,
+                                 query_pre_attn_scalar=shape["head_dim"] * 2, final_logit_softcapping=5.0)
+    return Gemma3TextConfig(**shape, **BYTE_IDS, **extra)
 
 
 def _qwen3(shape: dict, window: int):
     from transformers import Qwen3Config
-    return Qwen3Config(**shape, **BYTE_IDS, tie_word_embeddings=False)
+    extra: dict[str, Any] = dict(tie_word_embeddings=False)
+    return Qwen3Config(**shape, **BYTE_IDS, **extra)
 
 
 def _qwen3_moe(shape: dict, window: int):
     """8 routed experts a quarter of the dense width, top-2, in every layer."""
     from transformers import Qwen3MoeConfig
-    return Qwen3MoeConfig(**shape, **BYTE_IDS, tie_word_embeddings=False, num_experts=8, num_experts_per_tok=2,
-                          moe_intermediate_size=shape["intermediate_size"] // 4, norm_topk_prob=True)
+    extra: dict[str, Any] = dict(tie_word_embeddings=False, num_experts=8, num_experts_per_tok=2,
+                                 moe_intermediate_size=shape["intermediate_size"] // 4, norm_topk_prob=True)
+    return Qwen3MoeConfig(**shape, **BYTE_IDS, **extra)
 
 
 # Hugging Face model_type -> its config over (shape, sliding window). One line per architecture.
