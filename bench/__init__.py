@@ -39,6 +39,7 @@ BENCHMARKS: dict[str, str] = {
     "long": "postrain.bench.long",
     "scorers": "postrain.bench.scorers",
     "cad": "postrain.bench.cad",
+    "mixture": "postrain.bench.mixture",
 }
 
 

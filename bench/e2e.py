@@ -125,7 +125,7 @@ def arm_figures(summary: dict) -> dict:
 
 
 @contextlib.contextmanager
-def _run_folder(keep_in: str | None):
+def bench_folder(keep_in: str | None):
     """A fresh folder for the arms: kept inside `keep_in` when given, else removed afterwards."""
     if keep_in:
         yield tempfile.mkdtemp(prefix="postrain-bench-e2e-", dir=keep_in)
@@ -144,7 +144,7 @@ def run(quick: bool) -> dict:
              "sft_batch_size": options["sft_batch_size"]}
     runs: dict[int, list[dict]] = {k: [] for k in STALENESS_ARMS}
     keep_in = os.environ.get("POSTRAIN_BENCH_DIR")  # set: the arms' run folders stay there
-    with _run_folder(keep_in) as tmp:
+    with bench_folder(keep_in) as tmp:
         checkpoint = Path(tmp) / "warm_start"
         warm_start_s = warm_start(config, checkpoint, sizes["sft_steps"], sizes["sft_batch_size"])
         for repeat in range(sizes["repeats"]):

@@ -63,3 +63,21 @@ def test_the_scorers_bench_counts_top_k_rows_on_the_wire_against_full_vocabulary
     assert rows * 49152 * 4 <= full < rows * 49152 * 4 + 1024 and topk / full <= 0.02
     group = judged_group()
     assert len(group) == 16 and len(set(group)) == 4
+
+
+def test_the_mixture_bench_runs_the_four_tasks_together_and_each_alone_on_the_default_actors():
+    from postrain.actors.env.actor import EnvironmentOptions
+    from postrain.actors.orchestrator.options import OrchestratorOptions
+    from postrain.bench.e2e import default_run_config
+    from postrain.bench.mixture import TASKS, arm_specs
+    config = default_run_config()
+    together = {spec.name: spec.options for spec in arm_specs(config, TASKS, 8)}
+    alone = {spec.name: spec.options for spec in arm_specs(config, TASKS[2:3], 2)}
+    assert [t["name"] for t in together["env"]["tasks"]] == [t["name"] for t in together["orchestrator"]["tasks"]] \
+        == ["arithmetic", "mental", "chain_sum", "code"] and alone["env"]["tasks"] == [TASKS[2]]
+    for options in (together, alone):   # what the actors will check when they start
+        EnvironmentOptions(**options["env"])
+        driver = OrchestratorOptions(**options["orchestrator"])
+        assert driver.sft_steps == 0 and driver.num_eval_tasks == 0
+    assert OrchestratorOptions(**together["orchestrator"]).num_steps == 4 * OrchestratorOptions(
+        **alone["orchestrator"]).num_steps
