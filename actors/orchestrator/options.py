@@ -149,6 +149,17 @@ class OrchestratorOptions(TaskOptions):
                              "(a function (num, seed, options) -> list of {\"messages\": [...]})")
         return value
 
+    @field_validator("samples_per_prompt")
+    @classmethod
+    def _a_baseline_or_a_teacher(cls, value: int, info: ValidationInfo) -> int:
+        """A group of one sample has no GRPO baseline: it trains only on a teacher's KL (train_step.py)."""
+        if value == 1 and not info.data.get("teacher"):
+            raise ValueError("samples_per_prompt = 1 gives every group one sample, which has no baseline (GRPO's "
+                             "advantage is a sample's reward against its group's), so every sample would be "
+                             "dropped untrained; fix: samples_per_prompt >= 2, or distil: the orchestrator's "
+                             "teacher = \"SCORER\" (a lone sample then trains on the teacher's KL; docs/scorers.md)")
+        return value
+
     @field_validator("min_task_share")
     @classmethod
     def _room_for_every_floor(cls, value: float, info: ValidationInfo) -> float:

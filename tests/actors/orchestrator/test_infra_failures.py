@@ -148,3 +148,14 @@ def test_a_lone_sample_trains_when_the_run_distils_and_is_dropped_when_it_does_n
     assert batch.group_ids == [0, 1] and batch.teacher_topk_ids is not None
     metrics = Learner(LearnerConfig(model=TINY, micro_batch_size=4, loss="opd", lr=1e-3)).train_step(batch)
     assert metrics["num_tokens"] == 2 * 6 and metrics["distill_kl"] > 0
+
+
+def test_a_run_of_groups_of_one_without_a_teacher_is_refused_when_the_config_loads():
+    import pytest
+    from pydantic import ValidationError
+
+    from postrain.actors.orchestrator.options import OrchestratorOptions
+    with pytest.raises(ValidationError, match=r"samples_per_prompt = 1 gives every group one sample, which has no "
+                                              r"baseline .*fix: samples_per_prompt >= 2, or distil"):
+        OrchestratorOptions(samples_per_prompt=1)
+    assert OrchestratorOptions(samples_per_prompt=1, teacher="teacher").batch_size == 8   # distils: trains
