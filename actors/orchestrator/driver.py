@@ -395,8 +395,9 @@ class RunDriver:
             batch = await self.admission.admit(b, options.prompts_generated_per_step, options.samples_per_prompt)
             if batch is None:
                 return
-            tg.start_soon(self.pool.generate_batch, batch, self.schedule.prompts(b, self.task_weights.shares_for(b)),
-                          options.samples_per_prompt, sampling, self.resume_index)
+            prompts = self.schedule.prompts(b, self.task_weights.shares_for(b))
+            tg.start_soon(self.pool.generate_batch, batch, prompts, options.samples_per_prompt, sampling,
+                          self.resume_index)
 
 
 async def open_run(*, options: OrchestratorOptions, mixture: TaskMixture, schedule, tokenizer, folder: Path,

@@ -101,13 +101,14 @@ class RolloutPool:
                 for s in range(samples_per_prompt):
                     sample_id = batch_sample_id(batch.index, g, s, resume_index)
                     where = {"batch": batch.index, "group": g}
-                    self.ledger.create(sample_id, **where, task=of.name, prompt=str(task.get("question", ""))[:80])
+                    self.ledger.create(sample_id, **where, task=of.name,
+                                       prompt=str(task.get("question", ""))[:80])
                     tg.start_soon(self._sample, sample_id, of.name, task, sampling, batch.groups[g],
                                   min_version, where, batch.environment_failures)
         batch.generated.set()
 
-    async def _sample(self, sample_id: str, task_name: str, task: dict, sampling: SamplingParams, group: list,
-                      min_version: int, where: dict | None = None,
+    async def _sample(self, sample_id: str, task_name: str, task: dict, sampling: SamplingParams,
+                      group: list, min_version: int, where: dict | None = None,
                       environment_failures: list[str] | None = None) -> None:
         """One sample: its outcome appended to `group`, its ledger state moved (its segments'
         too: module docstring); the reason of a failure that is the environment's appended to
@@ -149,7 +150,8 @@ class RolloutPool:
 
     async def rollout(self, task: dict, sampling: SamplingParams, sample_id: str | None = None,
                       min_version: int | None = None, task_name: str = "") -> Rollout:
-        """One episode of `task` (a task dict of the mixture's task `task_name`), retried (module docstring) when an actor on its path died or when its
+        """One episode of `task` (a task dict of the mixture's task `task_name`), retried (module
+        docstring) when an actor on its path died or when its
         tokens are older than `min_version` (default: the version published now).
 
         Cancelled: the environment's episode is abandoned (its reply, if any, is dropped);

@@ -50,8 +50,6 @@ from ..tasks import MixtureTask
 
 DATA_ORDER_KEYS = ("task", "seed", "prompts_per_step", "samples_per_prompt", "task_options", "tasks",
                    "task_weights", "min_task_share")
-# keys of the data order a run of one task with fixed weights leaves out (older checkpoints lack them)
-MIXTURE_KEYS = ("tasks", "task_weights", "min_task_share")
 RESUMES_FILE = "resumes.jsonl"   # one line per `postrain up --resume`: when, from which batch
 
 
