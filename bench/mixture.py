@@ -28,10 +28,11 @@ from __future__ import annotations
 import os
 import statistics
 from pathlib import Path
+from typing import Any
 
 from .e2e import bench_folder, default_run_config, orchestrator_options, run_arm
 
-TASKS = [
+TASKS: list[dict[str, Any]] = [
     {"name": "arithmetic", "task": "arithmetic", "options": {"include_instructions": False, "max_digits": 2}},
     {"name": "mental", "task": "arithmetic", "options": {"include_instructions": False, "answer_format": "plain"}},
     {"name": "chain_sum", "task": "reasoning_gym:chain_sum"},
