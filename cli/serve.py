@@ -15,6 +15,15 @@ id clients send is --served-model-name (default: --model as given).
 
 With a key (--api-key, --api-key-file or $POSTRAIN_API_KEY), clients must send it as
 `Authorization: Bearer KEY`; a --host other than loopback is refused without one.
+
+With --tinker it serves the Tinker API instead (postrain.actors.tinker, docs/tinker.md): the
+researcher's own loop, written with the `tinker==0.38.0` SDK, trains LoRA adapters on the base
+models --model names (comma-separated, each SPEC or NAME=SPEC; default tiny) and samples them:
+
+    postrain serve --tinker --model tiny,HuggingFaceTB/SmolLM2-135M-Instruct=smollm2 --api-key tml-local
+    # then: TINKER_BASE_URL=http://127.0.0.1:8000 TINKER_API_KEY=tml-local python my_loop.py
+
+The SDK sends its key as `X-API-Key` and only a key that starts with `tml-`.
 """
 from __future__ import annotations
 
@@ -22,12 +31,16 @@ import argparse
 import os
 import sys
 
-HELP = "serve a model over the OpenAI API (chat completions, completions, models)"
+HELP = "serve a model over the OpenAI API (chat completions, completions, models), or --tinker: the Tinker API"
 API_KEY_ENV = "POSTRAIN_API_KEY"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="HF folder, .gguf file or built-in name (tiny, small)")
+    parser.add_argument("--model", default=None, help="HF folder, .gguf file or built-in name (tiny, small); "
+                        "required without --tinker; with --tinker a comma-separated list of SPEC or NAME=SPEC "
+                        "(default tiny)")
+    parser.add_argument("--tinker", action="store_true", help="serve the Tinker API (tinker==0.38.0 SDK) under /api/v1 "
+                        "instead of the OpenAI API: LoRA training clients and samplers on the --model bases")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0: a free one)")
     parser.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model)")
@@ -88,6 +101,47 @@ async def serve(args, ready=None, until=None) -> None:
         await (until.wait() if until is not None else anyio.sleep_forever())
 
 
+def tinker_models(args) -> list[str]:
+    """The base models a --tinker server holds: --model split on commas (default: tiny)."""
+    return [m.strip() for m in (args.model or "tiny").split(",") if m.strip()]
+
+
+async def serve_tinker(args, api_key: str | None, ready=None, until=None) -> None:
+    """Load the --model bases, serve the Tinker API, print where, run until cancelled or until the
+    event `until` is set. `ready(base_url, service)`, when given, is called once serving (tests)."""
+    import socket
+
+    import trio
+
+    from postrain.actors.tinker import BaseModels, TinkerOptions
+    from postrain.actors.tinker import serve_tinker as serve_api
+
+    bases = await trio.to_thread.run_sync(lambda: BaseModels.load(tinker_models(args), seed=args.seed))
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))
+    sock.listen(128)
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    base_url = f"http://{host}:{sock.getsockname()[1]}"
+    async with trio.open_nursery() as nursery:
+        service = await nursery.start(serve_api, bases, TinkerOptions(), sock, api_key)
+        print(f"serving the Tinker API ({', '.join(bases.names)}) at {base_url} (set TINKER_BASE_URL to it)",
+              flush=True)
+        if ready is not None:
+            ready(base_url, service)
+        await (until.wait() if until is not None else trio.sleep_forever())
+        nursery.cancel_scope.cancel()
+
+
+def check_tinker_key(key: str | None) -> str | None:
+    """The key, when the tinker SDK can send it (it sends only keys that start with `tml-`)."""
+    from postrain.actors.gateway.auth import ApiKeyError
+    if key is not None and not key.startswith("tml-"):
+        raise ApiKeyError("the tinker SDK only sends an API key that starts with 'tml-'; fix: choose one such "
+                          "as tml-$(openssl rand -hex 16)")
+    return key
+
+
 def main(args) -> int:
     import anyio
 
@@ -97,6 +151,8 @@ def main(args) -> int:
 
     try:
         key = api_key(args)
+        if args.tinker:
+            key = check_tinker_key(key)
     except ApiKeyError as exc:
         print(f"postrain serve: {exc}", file=sys.stderr)
         return 2
@@ -105,7 +161,22 @@ def main(args) -> int:
               f"API key; fix: add --api-key-file PATH (or --api-key KEY, or set {API_KEY_ENV}), or serve on "
               f"--host 127.0.0.1", file=sys.stderr)
         return 2
+    if args.model is None and not args.tinker:
+        print("postrain serve: --model is required (an HF folder, a .gguf file or a built-in name such as tiny); "
+              "or pass --tinker to serve the Tinker API", file=sys.stderr)
+        return 2
+    if args.tinker:
+        import importlib.util
+        if importlib.util.find_spec("tinker") is None:
+            print("postrain serve --tinker needs the `tinker` package (the SDK whose wire it speaks), which the "
+                  "`tinker` extra installs; fix: pip install 'postrain[tinker]'", file=sys.stderr)
+            return 1
     try:
+        if args.tinker:
+            for spec in tinker_models(args):
+                check_model_spec(spec.partition("=")[2] or spec)
+            anyio.run(serve_tinker, args, key, backend="trio")
+            return 0
         check_model_spec(args.model)
         anyio.run(serve, args, backend="trio")
     except CheckpointError as exc:
@@ -116,6 +187,11 @@ def main(args) -> int:
             print("postrain serve: stopped", file=sys.stderr)
             return 0
         failed = _leaf(exc, ActorStartError)
+        bind = _leaf(exc, OSError) if args.tinker else None
+        if bind is not None:
+            print(f"postrain serve: cannot listen on {args.host}:{args.port} ({bind}); fix: choose another "
+                  f"--port (0: a free one)", file=sys.stderr)
+            return 1
         if failed is None:
             raise
         lines = [line for line in str(failed).splitlines() if line.strip()]

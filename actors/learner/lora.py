@@ -18,6 +18,11 @@ learner's seed, and rank 0 broadcasts them with the weights when a group forms.
 Invariant: `active` == bool(modules); the base weights never change while active
 (tests/actors/learner/test_lora.py).
 
+Several adapters on one base (the Tinker server's tenants, actors/tinker/tenants.py): each
+`LearnerLora` adds its hooks to the shared model, and only the adapters whose `enabled` is True
+add their term; the owner of the base enables one at a time and `detach()` removes a tenant's
+hooks for good. A learner's own adapters stay enabled.
+
 Outputs: a LoRA policy's Hugging Face export (`export_hf`, the run's `policy/`, `postrain export`)
 holds the merged weights and, in its ADAPTER_FOLDER subfolder, the PEFT adapter folder
 (`write_peft_adapter`); `postrain export --peft` writes that adapter folder from a checkpoint.
@@ -91,6 +96,8 @@ class LearnerLora:
         self.modules: dict[str, nn.Linear] = {}
         self.lora_A: dict[str, nn.Parameter] = {}
         self.lora_B: dict[str, nn.Parameter] = {}
+        self.enabled = True      # the hooks add scale * B(A(x)) only while True (several adapters on one base)
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
         if self.config is None:
             return
         linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear) and name != "lm_head"}
@@ -109,7 +116,7 @@ class LearnerLora:
             device = module.weight.device
             self.lora_A[name] = nn.Parameter(a.to(device))
             self.lora_B[name] = nn.Parameter(torch.zeros(module.out_features, self.config.rank, device=device))
-            module.register_forward_hook(self._hook(name))
+            self._handles.append(module.register_forward_hook(self._hook(name)))
 
     @property
     def active(self) -> bool:
@@ -120,10 +127,19 @@ class LearnerLora:
         scale = self.config.scale
 
         def add_adapter(module, args, output):
+            if not self.enabled:
+                return output
             x = args[0]
             low = F.linear(F.linear(x.to(self.lora_A[name].dtype), self.lora_A[name]), self.lora_B[name])
             return output + (low * scale).to(output.dtype)                  # (..., out)
         return add_adapter
+
+    def detach(self) -> None:
+        """Remove these adapters' hooks from the model for good (a tenant leaving a shared base)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self.enabled = False
 
     def trainable(self, model: nn.Module) -> list[nn.Parameter]:
         """The parameters the optimizer steps: the adapters when active, else the model's."""

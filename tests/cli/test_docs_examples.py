@@ -53,6 +53,8 @@ NOT_CHECKED = {
 # Every shell block with a `postrain` command, by page and the start of its first line: how its
 # commands run in the tests, or why they are only parsed here (a new such block must be added).
 POSTRAIN_BLOCKS = {
+    ("tinker.md", "pip install -e '.[tinker]'"):
+        "run: tests/cli/test_serve_tinker.py (the same command on --port 0, driven by the tinker SDK)",
     ("README.md", "pip install torch==2.13.0 && pip install -e . && postrain up"):
         "parsed only: the default run takes minutes; a tiny copy of it runs here (user_folder)",
     ("README.md", "postrain samples runs/default --worst"): "run: test_the_readme_commands_after_the_default_run",

@@ -1,0 +1,164 @@
+"""Sampling for the Tinker API: saved sampler weights, sampling sessions, and `asample` on
+postrain's generator engine, in process.
+
+    store = SamplerStore(kv_cache_mb=64)
+    path = store.save(model_id, name, held, tenant.merged_weights())   # "tinker://m-1/sampler_weights/s1"
+    sampler = store.open_session(session_id, held, path)               # or path None: the base model
+    body = sampler.sample(prompt_ids, num_samples, params, prompt_logprobs=True)   # SampleResponse bytes
+
+Design note. A saved sampler path is a snapshot of the merged weights (base + scale * B @ A,
+the function the learner publishes with); an engine (actors/generator/engine.py: paged KV
+cache, the generator's sampler and logprobs) is built once per path on a model holding those
+weights and shared by every sampling session of that path. Requests run one engine call at a
+time under the service's compute limiter: batching several sessions' requests into one engine
+step is not built yet. The sampled logprobs are the engine's (log_softmax of logits / T, T the
+temperature, 1 for greedy); prompt logprobs are the model's at T = 1, NaN at position 0.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..generator.engine import Engine
+from ..models.loading import model_from_state
+from ..records import SamplingParams
+from .base_models import HeldModel
+from .errors import TinkerAPIError
+from .wire import WireSequence, encode_sample_response
+
+DEFAULT_MAX_TOKENS = SamplingParams().max_new_tokens
+
+
+@dataclass
+class SamplerWeights:
+    path: str | None              # None: the base model's own weights
+    held: HeldModel
+    state: dict[str, torch.Tensor] | None
+    engine: Engine | None = None  # built on first use
+
+
+def engine_params(params: dict, num_samples: int, prompt_len: int, held: HeldModel) -> SamplingParams:
+    """The engine's SamplingParams for a Tinker `sampling_params` dict; TinkerAPIError 400 for a value
+    out of range (a prompt and max_tokens over the context included)."""
+    room = held.max_context_tokens - prompt_len
+    max_tokens = params.get("max_tokens")
+    max_tokens = min(DEFAULT_MAX_TOKENS, room) if max_tokens is None else int(max_tokens)
+    if room < 1 or max_tokens > room:
+        raise TinkerAPIError(400, f"sampling_params.max_tokens={max_tokens} with a {prompt_len}-token prompt "
+                                  f"exceeds {held.name!r}'s context of {held.max_context_tokens} tokens; "
+                                  f"ask for at most {max(room, 0)}")
+    stop = params.get("stop")
+    strings: tuple[str, ...] = ()
+    stop_ids: tuple[int, ...] = ()
+    ignore_eos = False
+    if isinstance(stop, str):
+        strings = (stop,)
+    elif stop is not None and all(isinstance(s, str) for s in stop):
+        strings = tuple(stop)
+        ignore_eos = len(stop) == 0           # `[]`: no stop at all, EOS included
+    elif stop is not None:
+        stop_ids, ignore_eos = tuple(int(s) for s in stop), True   # token ids replace the EOS ids
+    top_k = int(params.get("top_k", -1))
+    try:
+        return SamplingParams(n=num_samples, temperature=float(params.get("temperature", 1.0)),
+                              top_p=float(params.get("top_p", 1.0)), top_k=0 if top_k < 0 else top_k,
+                              seed=params.get("seed"), max_new_tokens=max_tokens, stop=strings,
+                              stop_token_ids=stop_ids, ignore_eos=ignore_eos)
+    except ValueError as exc:
+        raise TinkerAPIError(400, f"sampling_params: {exc}") from None
+
+
+class Sampler:
+    """One sampling session: the weights it samples from."""
+
+    def __init__(self, sampling_session_id: str, session_id: str, weights: SamplerWeights, kv_cache_mb: float):
+        self.sampling_session_id, self.session_id, self.weights = sampling_session_id, session_id, weights
+        self.kv_cache_mb = kv_cache_mb
+        self.num_clients = 1      # join_sampling_session hands out 1, 2, ... (the original client is 0)
+
+    @property
+    def base_model(self) -> str:
+        return self.weights.held.name
+
+    @property
+    def model_path(self) -> str | None:
+        return self.weights.path
+
+    def _engine(self) -> Engine:
+        w = self.weights
+        if w.engine is None:
+            held = w.held
+            state = w.state if w.state is not None else {k: v.detach().clone() for k, v in
+                                                         held.model.state_dict().items()}
+            model = model_from_state(held.model.config, state, source=f"sampler weights {w.path or held.name}")
+            w.engine = Engine(model, held.tokenizer, kv_cache_mb=self.kv_cache_mb, seed=held.seed)
+        return w.engine
+
+    def sample(self, prompt: list[int], num_samples: int, params: SamplingParams, prompt_logprobs: bool) -> bytes:
+        """The SampleResponse bytes for `num_samples` samples of `prompt` (runs the engine: call it
+        from a worker thread, one at a time)."""
+        engine = self._engine()
+        output = engine.generate([prompt], params)[0]
+        sequences = [WireSequence(list(c.token_ids), list(c.logprobs),
+                                  "length" if c.finish_reason == "length" else "stop") for c in output.outputs]
+        scored = self._prompt_logprobs(engine, prompt) if prompt_logprobs else None
+        return encode_sample_response(sequences, scored, output.num_cached_prompt_tokens)
+
+    @torch.no_grad()
+    def _prompt_logprobs(self, engine: Engine, prompt: list[int]) -> np.ndarray:
+        model = engine.model
+        ids = torch.tensor([prompt], dtype=torch.long)                                  # (1, P)
+        hidden = model.hidden_states(ids)[0]                                            # (P, H)
+        logits = hidden[:-1] @ model.lm_head.weight.t()                                 # (P - 1, V)
+        logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
+        return np.concatenate([[np.nan], logp.numpy()]).astype(np.float32)
+
+
+class SamplerStore:
+    """Saved sampler weights by path and sampling sessions by id."""
+
+    def __init__(self, kv_cache_mb: float = 64.0):
+        self.kv_cache_mb = kv_cache_mb
+        self._weights: dict[str, SamplerWeights] = {}
+        self._bases: dict[str, SamplerWeights] = {}
+        self._sessions: dict[str, Sampler] = {}
+
+    def save(self, model_id: str, name: str, held: HeldModel, state: dict[str, torch.Tensor]) -> str:
+        path = f"tinker://{model_id}/sampler_weights/{name}"
+        self._weights[path] = SamplerWeights(path, held, state)
+        return path
+
+    def open_session(self, session_id: str, held: HeldModel | None, path: str | None,
+                     register: bool = True) -> Sampler:
+        """A new sampling session on the weights at `path`, or on `held`'s base weights; kept by its
+        id unless `register` is False (a one-off asample that names its weights itself)."""
+        if path is not None:
+            weights = self._weights.get(path)
+            if weights is None:
+                raise TinkerAPIError(404, f"model_path {path!r} names no saved sampler weights on this server; "
+                                          "save them first with save_weights_for_sampler")
+        else:
+            assert held is not None, "a sampling session names a path or a base model"
+            weights = self._bases.setdefault(held.name, SamplerWeights(None, held, None))
+        sampler = Sampler(f"sampler-{uuid.uuid4().hex[:16]}", session_id, weights, self.kv_cache_mb)
+        if register:
+            self._sessions[sampler.sampling_session_id] = sampler
+        return sampler
+
+    def get(self, sampling_session_id: str | None) -> Sampler:
+        sampler = self._sessions.get(sampling_session_id or "")
+        if sampler is None:
+            raise TinkerAPIError(404, f"unknown sampling_session_id {sampling_session_id!r}; create one with "
+                                      "create_sampling_client")
+        return sampler
+
+    def close_sessions_of(self, session_id: str) -> None:
+        for key in [k for k, s in self._sessions.items() if s.session_id == session_id]:
+            del self._sessions[key]
+
+    def forget_weights_of(self, model_id: str) -> None:
+        for path in [p for p in self._weights if p.startswith(f"tinker://{model_id}/")]:
+            del self._weights[path]

@@ -1,0 +1,417 @@
+"""What the Tinker server does for each endpoint, apart from HTTP (app.py routes to it).
+
+    service = TinkerService(BaseModels.load(["tiny"]), TinkerOptions(), nursery)
+    await service.create_model(body)          # -> {"request_id": ...}; the result through retrieve_future
+
+Design note. The hosted Tinker API is asynchronous: a training or sampling POST is accepted at
+once with a request id (a future), the work runs later, and the client polls
+`retrieve_future`. Here, checks that need no compute (a known model_id, token ids inside the
+vocabulary, a loss and its inputs) run in the POST, so bad input is a 4xx at once and never
+reaches a queue; the work itself runs in a worker thread under one compute limiter (every
+tenant shares the base models, and one computes at a time), in each training client's seq_id
+order (ordering.py). A failure while it runs fails that request's future alone: the other
+tenants and the server go on.
+"""
+from __future__ import annotations
+
+import logging
+import secrets
+import uuid
+from typing import Callable
+
+import numpy as np
+import trio
+from pydantic import Field
+
+from postrain.core import Options
+
+from .base_models import BaseModels, HeldModel
+from .errors import SUPPORTED_SDK_VERSION, TinkerAPIError, check_sdk_version
+from .futures import FutureStore, Result
+from .losses import check_loss_inputs, loss_config
+from .ordering import Op, SeqOrder
+from .sampling import Sampler, SamplerStore, engine_params
+from .sessions import SessionStore
+from .tenants import TenantCheckpoint, TrainingTenant, lora_targets
+from .wire import ForwardBackwardCall, decode_forward_backward, encode_forward_backward_output
+
+log = logging.getLogger("postrain.tinker")
+
+# Flags the SDK reads from /client/config: plain httpx, chunks sent in parallel (executed in order
+# here), no server-side custom losses, no retrieve_futures poller.
+CLIENT_CONFIG = {"pjwt_auth_enabled": False, "credential_default_source": "api_key", "use_pyqwest_transport": False,
+                 "parallel_fwdbwd_chunks": True, "proto_compress_fwdbwd": False, "sample_use_retrieve_futures": False,
+                 "custom_loss_server_side": False, "sample_join_sampling_session": False}
+UNSUPPORTED_SAMPLE_FIELDS = ("topk_prompt_logprobs", "topk_sample_logprobs", "target_prompt_logprobs",
+                             "prompt_alt_tokens_k", "prompt_logprobs_last_n", "record_stability_info")
+
+
+class TinkerOptions(Options):
+    """The Tinker server's settings (`postrain serve --tinker`)."""
+
+    max_training_clients: int = Field(16, ge=1, description="LoRA tenants held at once over all bases; past it "
+                                      "create_model is answered 429 with Retry-After")
+    seq_gap_timeout_s: float = Field(120.0, gt=0, description="how long a request waits for an earlier seq_id of "
+                                     "its training client, seconds; past it the waiting requests fail")
+    poll_wait_s: float = Field(10.0, gt=0, description="retrieve_future holds a pending request this long, "
+                               "seconds, then answers try_again")
+    kv_cache_mb: float = Field(64.0, gt=0, description="each sampler engine's KV cache, MiB")
+    retry_after_s: int = Field(5, ge=1, description="Retry-After of a 429, seconds")
+
+
+def _check(cls, body: dict, where: str):
+    """`body` validated into the SDK's own request type `cls`; TinkerAPIError 400 naming the fields."""
+    from pydantic import ValidationError
+    try:
+        return cls.model_validate(body)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5])
+        raise TinkerAPIError(400, f"{where}: the body is not a valid request ({problems})") from None
+
+
+class TinkerService:
+    """Sessions, tenants, samplers and futures of one server (module docstring)."""
+
+    def __init__(self, bases: BaseModels, options: TinkerOptions, nursery: trio.Nursery):
+        self.bases, self.options, self.nursery = bases, options, nursery
+        self.sessions = SessionStore()
+        self.futures = FutureStore(poll_wait_s=options.poll_wait_s)
+        self.samplers = SamplerStore(kv_cache_mb=options.kv_cache_mb)
+        self.compute = trio.CapacityLimiter(1)
+        self.tenants: dict[str, TrainingTenant] = {}
+        self.orders: dict[str, SeqOrder] = {}
+        self._created: dict[tuple[str, str, int], str] = {}     # (session, kind, seq) -> request or sampler id
+        self._samples: dict[tuple[str, int], dict] = {}         # (sampling session, seq_id) -> the POST's answer
+        self.checkpoints: dict[str, TenantCheckpoint] = {}      # tinker://MODEL_ID/weights/NAME -> saved state
+
+    # ------------------------------------------------------------------ sessions
+    def client_config(self, body: dict) -> dict:
+        check_sdk_version(body.get("sdk_version"), "client/config")
+        return dict(CLIENT_CONFIG)
+
+    def create_session(self, body: dict) -> dict:
+        from tinker import types
+        request = _check(types.CreateSessionRequest, body, "create_session")
+        session_id = self.sessions.create(request.sdk_version, request.tags, request.user_metadata)
+        return {"type": "create_session", "session_id": session_id,
+                "info_message": f"postrain Tinker server (tinker=={SUPPORTED_SDK_VERSION})"}
+
+    def heartbeat(self, body: dict) -> dict:
+        self.sessions.heartbeat(str(body.get("session_id")))
+        return {"type": "session_heartbeat"}
+
+    async def finish_session(self, session_id: str, body: dict) -> None:
+        """Finish the session and free its tenants and sampling sessions. Cancelled: the session is
+        finished; tenants not yet freed stay until the server stops."""
+        reason = str((body.get("reason") or {}).get("type", "success"))
+        session = self.sessions.finish(session_id, reason)
+        if session is None:
+            return
+        self.samplers.close_sessions_of(session_id)
+        for model_id in session.model_ids:
+            await self.drop_tenant(model_id)
+
+    async def drop_tenant(self, model_id: str) -> None:
+        tenant = self.tenants.pop(model_id, None)
+        self.orders.pop(model_id, None)
+        self.samplers.forget_weights_of(model_id)
+        if tenant is not None:
+            await trio.to_thread.run_sync(tenant.close, limiter=self.compute)
+
+    def capabilities(self) -> dict:
+        return {"supported_models": self.bases.capabilities()}
+
+    # ------------------------------------------------------------------ training clients
+    async def create_model(self, body: dict) -> dict:
+        from tinker import types
+        request = _check(types.CreateModelRequest, body, "create_model")
+        key = (request.session_id, "model", request.model_seq_id)
+        self.sessions.get(request.session_id)
+        if key in self._created:
+            return {"request_id": self._created[key]}
+        held = self.bases.get(request.base_model)
+        if request.optimizer_config.type != "adamw":
+            raise TinkerAPIError(400, f"optimizer_config.type {request.optimizer_config.type!r} is not supported; "
+                                      "this server trains with AdamW ('adamw')")
+        lora = request.lora_config or types.LoraConfig(rank=32, train_unembed=False)
+        targets = lora_targets(lora.train_attn, lora.train_mlp, lora.train_unembed)
+        seed = lora.seed if lora.seed is not None else secrets.randbelow(2 ** 31)
+        tenant = await self._new_tenant(request.session_id, request.model_seq_id, held, lora.rank, seed, targets)
+        request_id = self.futures.open(request.session_id)
+        self.futures.resolve(request_id, Result.json({"model_id": tenant.model_id, "type": "create_model"}))
+        self._created[key] = request_id
+        return {"request_id": request_id, "model_id": tenant.model_id}
+
+    async def _new_tenant(self, session_id: str, model_seq_id: int, held: HeldModel, rank: int, seed: int,
+                          targets: tuple[str, ...]) -> TrainingTenant:
+        """A new tenant of the session, its id `SESSION:train:SEQ` (the id the SDK derives itself); 429
+        past max_training_clients. Cancelled: no tenant is added (one built meanwhile is dropped)."""
+        session = self.sessions.get(session_id)
+        if len(self.tenants) >= self.options.max_training_clients:
+            raise TinkerAPIError(429, f"this server holds {self.options.max_training_clients} training clients "
+                                      "(max_training_clients); finish a session to free one, or retry later",
+                                 retry_after_s=self.options.retry_after_s)
+        model_id = f"{session_id}:train:{model_seq_id}"
+        tenant = await trio.to_thread.run_sync(
+            lambda: TrainingTenant(model_id, held, rank=rank, seed=seed, targets=targets, session_id=session_id),
+            limiter=self.compute)
+        self.tenants[model_id] = tenant
+        self.orders[model_id] = SeqOrder(model_id)
+        session.model_ids.append(model_id)
+        return tenant
+
+    def tenant(self, model_id: str | None) -> TrainingTenant:
+        tenant = self.tenants.get(model_id or "")
+        if tenant is None:
+            raise TinkerAPIError(404, f"unknown model_id {model_id!r}: no training client of that id is held here "
+                                      "(never created, or its session finished); create one with "
+                                      "create_lora_training_client")
+        return tenant
+
+    def get_info(self, body: dict) -> dict:
+        tenant = self.tenant(body.get("model_id"))
+        held = tenant.held
+        return {"type": "get_info", "model_id": tenant.model_id, "is_lora": True, "lora_rank": tenant.rank,
+                "model_name": held.name, "model_data": {"arch": held.architecture, "model_name": held.name,
+                                                        "tokenizer_id": None}}
+
+    def forward_backward(self, body: bytes) -> dict:
+        call = decode_forward_backward(body)
+        tenant = self.tenant(call.model_id)
+        config = loss_config(call.loss_fn, call.loss_fn_config)
+        self._check_datums(call, tenant.held)
+
+        def work() -> Result:
+            outputs, metrics = tenant.forward_backward(call.datums, call.loss_fn, config, call.forward_only)
+            return Result.proto(encode_forward_backward_output(outputs, metrics))
+        return self._submit(tenant, call.seq_id, work)
+
+    def _check_datums(self, call: ForwardBackwardCall, held: HeldModel) -> None:
+        if not call.datums:
+            raise TinkerAPIError(400, "forward_backward got no data; send at least one Datum")
+        for i, d in enumerate(call.datums):
+            where = f"data[{i}]"
+            if len(d.tokens) == 0 or len(d.tokens) > held.max_context_tokens:
+                raise TinkerAPIError(400, f"{where}.model_input has {len(d.tokens)} tokens; {held.name!r} takes 1 to "
+                                          f"{held.max_context_tokens}")
+            check_loss_inputs(call.loss_fn, d.inputs, len(d.tokens), where)
+            _check_ids(d.tokens, held, f"{where}.model_input")
+            _check_ids(d.inputs["target_tokens"], held, f"{where}.loss_fn_inputs['target_tokens']")
+            for name, value in d.inputs.items():
+                if not np.all(np.isfinite(value)):
+                    raise TinkerAPIError(400, f"{where}.loss_fn_inputs[{name!r}] holds a NaN or infinity")
+
+    def optim_step(self, body: dict) -> dict:
+        from tinker import types
+        tenant = self.tenant(body.get("model_id"))
+        params = body.get("adam_params") or body.get("optim_params") or body.get("optimizer_params")
+        if not isinstance(params, dict):
+            raise TinkerAPIError(400, "optim_step: the body carries no adam_params; send AdamParams(learning_rate=...)")
+        if params.get("type", "adam") not in ("adam", "adamw"):
+            raise TinkerAPIError(400, f"optim_step: optimizer {params.get('type')!r} is not supported; send AdamParams")
+        adam = _check(types.AdamParams, {k: v for k, v in params.items() if k != "type"}, "optim_step.adam_params")
+        if not adam.learning_rate >= 0 or not 0 <= adam.beta1 < 1 or not 0 <= adam.beta2 < 1 or not adam.eps >= 0:
+            raise TinkerAPIError(400, f"optim_step: adam_params out of range ({adam}); want learning_rate >= 0, "
+                                      "0 <= beta1, beta2 < 1, eps >= 0")
+
+        def work() -> Result:
+            metrics = tenant.optim_step(learning_rate=adam.learning_rate, beta1=adam.beta1, beta2=adam.beta2,
+                                        eps=adam.eps, weight_decay=adam.weight_decay,
+                                        grad_clip_norm=adam.grad_clip_norm)
+            return Result.json({"type": "optim_step", "metrics": metrics})
+        return self._submit(tenant, body.get("seq_id"), work)
+
+    def save_weights_for_sampler(self, body: dict) -> dict:
+        tenant = self.tenant(body.get("model_id"))
+        name = body.get("path")
+        auto = name is None
+
+        def work() -> Result:
+            state = tenant.merged_weights()
+            path = self.samplers.save(tenant.model_id, name or f"auto-{uuid.uuid4().hex[:8]}", tenant.held, state)
+            if not auto:
+                return Result.json({"type": "save_weights_for_sampler", "path": path})
+            sampler = self.samplers.open_session(tenant.session_id or "", None, path)
+            return Result.json({"type": "save_weights_for_sampler", "path": path,
+                                "sampling_session_id": sampler.sampling_session_id})
+        return self._submit(tenant, body.get("seq_id"), work)
+
+    def save_weights(self, body: dict) -> dict:
+        from tinker import types
+        request = _check(types.SaveWeightsRequest, body, "save_weights")
+        tenant = self.tenant(request.model_id)
+        name = request.path or f"step-{tenant.num_steps:06d}"
+        if "/" in name or not name:
+            raise TinkerAPIError(400, f"save_weights: path {name!r} must be a plain name such as 'step-100'")
+        path = f"tinker://{tenant.model_id}/weights/{name}"
+
+        def work() -> Result:
+            if path in self.checkpoints and not request.overwrite:
+                raise TinkerAPIError(400, f"save_weights: {path} exists; pass another name or overwrite=True")
+            self.checkpoints[path] = tenant.checkpoint()
+            return Result.json({"type": "save_weights", "path": path})
+        return self._submit(tenant, request.seq_id, work)
+
+    async def load_weights(self, body: dict) -> dict:
+        """Load a saved state into a training client, or create one from it (create-by-load:
+        session_id and model_seq_id instead of model_id). Cancelled: as create_model."""
+        from tinker import types
+        request = _check(types.LoadWeightsRequest, body, "load_weights")
+        checkpoint = self.checkpoints.get(request.path)
+        if checkpoint is None:
+            raise TinkerAPIError(404, f"load_weights: {request.path!r} names no weights saved on this server; save "
+                                      "them with save_state (save_weights) first")
+        if request.model_id is not None:
+            tenant = self.tenant(request.model_id)
+
+            def work() -> Result:
+                tenant.restore(checkpoint, request.optimizer, request.path)
+                return Result.json({"type": "load_weights", "path": request.path, "model_id": tenant.model_id})
+            return self._submit(tenant, request.seq_id, work)
+        if request.session_id is None or request.model_seq_id is None:
+            raise TinkerAPIError(400, "load_weights: send model_id, or session_id and model_seq_id to create a "
+                                      "training client from the saved state")
+        key = (request.session_id, "model", request.model_seq_id)
+        if key not in self._created:
+            held = self.bases.get(request.base_model or checkpoint.base_model)
+            tenant = await self._new_tenant(request.session_id, request.model_seq_id, held, checkpoint.rank,
+                                            checkpoint.seed, checkpoint.targets)
+            await trio.to_thread.run_sync(tenant.restore, checkpoint, request.optimizer, request.path,
+                                          limiter=self.compute)
+            request_id = self.futures.open(request.session_id)
+            self.futures.resolve(request_id, Result.json({"type": "load_weights", "path": request.path,
+                                                          "model_id": tenant.model_id}))
+            self._created[key] = request_id
+        return {"request_id": self._created[key]}
+
+    def _submit(self, tenant: TrainingTenant, seq_id: int | None, work: Callable[[], Result]) -> dict:
+        """Queue `work` in the tenant's seq_id order (a seq_id seen before: its first request id)."""
+        order = self.orders[tenant.model_id]
+        op = Op(self.futures.open(tenant.session_id), work)
+        if seq_id is None:                     # no order asked for: after what is queued
+            seq_id = max([order.next_seq_id - 1, *order.waiting]) + 1
+        request_id, is_new = order.add(int(seq_id), op)
+        if is_new:
+            if order.gap_before(int(seq_id)):
+                self.nursery.start_soon(self._watch_gap, order, int(seq_id))
+            self.nursery.start_soon(self._drain, order)
+        return {"request_id": request_id, "model_id": tenant.model_id}
+
+    async def _drain(self, order: SeqOrder) -> None:
+        """Run the order's ready ops one after another. Cancelled (the server stops): the op
+        running finishes in its thread; the rest stay queued."""
+        if order.running:
+            return
+        order.running = True
+        try:
+            while (op := order.pop_ready()) is not None:
+                await self._execute(op)
+        finally:
+            order.running = False
+
+    async def _watch_gap(self, order: SeqOrder, seq_id: int) -> None:
+        await trio.sleep(self.options.seq_gap_timeout_s)
+        if not order.gap_before(seq_id):
+            return
+        ops, missing = order.skip_gap()
+        error = TinkerAPIError(408, f"seq_id {missing} of model {order.model_id!r} never arrived within "
+                                    f"{self.options.seq_gap_timeout_s:g} s (seq_gap_timeout_s), so the "
+                                    f"{len(ops)} request(s) after it are dropped; send every request of a "
+                                    "TrainingClient through that client")
+        for op in ops:
+            self.futures.resolve(op.request_id, Result.failed(error))
+
+    async def _execute(self, op: Op) -> None:
+        """Run an op's work in a worker thread under the compute limiter and resolve its future."""
+        try:
+            result = await trio.to_thread.run_sync(op.work, limiter=self.compute)
+        except TinkerAPIError as exc:
+            result = Result.failed(exc)
+        except Exception as exc:   # the request's own failure: its future says so, the server goes on
+            log.exception("tinker: request %s failed", op.request_id)
+            result = Result.failed(TinkerAPIError(500, f"internal error: {type(exc).__name__}: {exc}",
+                                                  category="server"))
+        assert isinstance(result, Result), "an op's work returns a Result"
+        self.futures.resolve(op.request_id, result)
+
+    # ------------------------------------------------------------------ sampling
+    def create_sampling_session(self, body: dict) -> dict:
+        from tinker import types
+        request = _check(types.CreateSamplingSessionRequest, body, "create_sampling_session")
+        self.sessions.get(request.session_id)
+        key = (request.session_id, "sampler", request.sampling_session_seq_id)
+        if key not in self._created:
+            held = None if request.model_path else self.bases.get(request.base_model)
+            sampler = self.samplers.open_session(request.session_id, held, request.model_path)
+            self._created[key] = sampler.sampling_session_id
+        return {"type": "create_sampling_session", "sampling_session_id": self._created[key]}
+
+    def sampler_info(self, sampling_session_id: str) -> dict:
+        sampler = self.samplers.get(sampling_session_id)
+        return {"sampler_id": sampler.sampling_session_id, "base_model": sampler.base_model,
+                "model_path": sampler.model_path}
+
+    def join_sampling_session(self, body: dict) -> dict:
+        sampler = self.samplers.get(body.get("sampling_session_id"))
+        counter, sampler.num_clients = sampler.num_clients, sampler.num_clients + 1
+        return {"type": "join_sampling_session", "client_counter": counter}
+
+    def asample(self, body: dict) -> dict:
+        from tinker import types
+        request = _check(types.SampleRequest, body, "asample")
+        for name in UNSUPPORTED_SAMPLE_FIELDS:
+            if getattr(request, name) not in (None, 0, False):
+                raise TinkerAPIError(400, f"asample: {name} is not supported by this server yet; leave it unset")
+        key: tuple[str, int] | None = None
+        if request.sampling_session_id is not None:
+            sampler = self.samplers.get(request.sampling_session_id)
+            if request.seq_id is not None:
+                key = (sampler.sampling_session_id, request.seq_id)
+                if key in self._samples:          # a retry of a request already accepted
+                    return self._samples[key]
+        else:
+            held = None if request.model_path else self.bases.get(request.base_model)
+            sampler = self.samplers.open_session("", held, request.model_path, register=False)
+        held = sampler.weights.held
+        try:
+            prompt = request.prompt.to_ints()
+        except ValueError as exc:
+            raise TinkerAPIError(400, f"asample: {exc}; this server samples from text tokens only") from None
+        if not prompt:
+            raise TinkerAPIError(400, "asample: the prompt is empty; send at least one token")
+        _check_ids(np.asarray(prompt), held, "asample prompt")
+        if not 1 <= request.num_samples <= 128:
+            raise TinkerAPIError(400, f"asample: num_samples must be 1 to 128, got {request.num_samples}")
+        params = engine_params(request.sampling_params.model_dump(), request.num_samples, len(prompt), held)
+        wants_prompt_logprobs = bool(request.prompt_logprobs)
+        request_id = self.futures.open(sampler.session_id or None)
+        answer = {"request_id": request_id,
+                  "sample_sequence_ids": [f"{request_id}-{i}" for i in range(request.num_samples)]}
+        if key is not None:
+            self._samples[key] = answer
+            while len(self._samples) > self.futures.max_kept:     # as long as the futures are kept
+                del self._samples[next(iter(self._samples))]
+        self.nursery.start_soon(self._execute, Op(request_id, lambda: self._sample(sampler, prompt, params,
+                                                                                   wants_prompt_logprobs)))
+        return answer
+
+    @staticmethod
+    def _sample(sampler: Sampler, prompt: list[int], params, prompt_logprobs: bool) -> Result:
+        return Result.proto(sampler.sample(prompt, params.n, params, prompt_logprobs))
+
+    # ------------------------------------------------------------------ futures
+    async def retrieve_future(self, body: dict) -> tuple[str, bytes]:
+        return await self.futures.retrieve(str(body.get("request_id")), bool(body.get("allow_metadata_only")))
+
+    def cancel_future(self, body: dict) -> None:
+        self.futures.cancel(str(body.get("request_id")))
+
+
+def _check_ids(ids: np.ndarray, held: HeldModel, where: str) -> None:
+    if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= held.vocab_size):
+        bad = int(ids.max()) if int(ids.max()) >= held.vocab_size else int(ids.min())
+        raise TinkerAPIError(400, f"{where}: token id {bad} is outside {held.name!r}'s vocabulary "
+                                  f"(0 to {held.vocab_size - 1}); tokenize with the model's own tokenizer")
+
+
+__all__ = ["TinkerOptions", "TinkerService"]

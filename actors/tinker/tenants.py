@@ -1,0 +1,219 @@
+"""A training client's state: a LoRA adapter on a shared frozen base, its AdamW, its gradients.
+
+    tenant = TrainingTenant("m-1", held, rank=8, seed=0, train_mlp=True, train_attn=True)
+    outputs, metrics = tenant.forward_backward(datums, "cross_entropy", {}, forward_only=False)
+    metrics = tenant.optim_step(learning_rate=1e-4, beta1=0.9, beta2=0.95, eps=1e-12,
+                                weight_decay=0.0, grad_clip_norm=0.0)
+    state = tenant.merged_weights()         # base + scale * B @ A: what a sampler runs
+    tenant.close()                          # its hooks leave the base for good
+
+Design note. The adapter is postrain's own LoRA (actors/learner/lora.py): the same init (A
+kaiming-uniform from the seed, B zero), the same hook and the same merge, with alpha
+LORA_ALPHA (scale = alpha / rank). Many tenants share one base: each adds its hooks, and only
+the tenant computing has its adapters `enabled` (`_active`). The caller runs every tenant's
+compute one at a time (the service's compute limiter), so at most one adapter of a base is
+enabled at any moment. Gradients accumulate in the adapters' `.grad` over any number of
+`forward_backward` calls and are cleared by `optim_step`, the only writer of the weights.
+Invariant: outside `_active`, `self.lora.enabled` is False (tests/actors/tinker/test_tenants.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from postrain.ext import rl_ops
+
+from ..learner.lora import LearnerLora
+from .base_models import HeldModel
+from .errors import TinkerAPIError
+from .losses import token_loss
+from .wire import WireDatum
+
+LORA_ALPHA = 32.0
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def lora_targets(train_attn: bool, train_mlp: bool, train_unembed: bool) -> tuple[str, ...]:
+    """The projections a Tinker lora_config trains; TinkerAPIError 400 for what postrain cannot."""
+    if train_unembed:
+        raise TinkerAPIError(400, "lora_config.train_unembed=True is not supported: postrain's LoRA adapts the "
+                                  "attention and MLP projections, not the unembedding (lm_head); fix: "
+                                  "create_lora_training_client(..., train_unembed=False)")
+    targets = (ATTENTION if train_attn else ()) + (MLP if train_mlp else ())
+    if not targets:
+        raise TinkerAPIError(400, "lora_config trains nothing (train_attn and train_mlp are both False); set one")
+    return targets
+
+
+@dataclass(frozen=True)
+class TenantCheckpoint:
+    """What `save_weights` keeps of a tenant: its adapter (copies), how it was made, its AdamW state."""
+
+    base_model: str
+    rank: int
+    seed: int
+    targets: tuple[str, ...]
+    adapters: dict[str, torch.Tensor]
+    optimizer_state: dict
+    num_steps: int
+
+
+def _trained_rows(datum: WireDatum, loss_fn: str, forward_only: bool) -> np.ndarray:
+    """(L,) the positions whose loss term has a gradient: cross_entropy's non-zero weights, every
+    position of the other losses, none for a forward pass."""
+    num = len(datum.tokens)
+    if forward_only:
+        return np.zeros(num, dtype=bool)
+    if loss_fn == "cross_entropy" and "weights" in datum.inputs:
+        return np.asarray(datum.inputs["weights"]) != 0
+    return np.ones(num, dtype=bool)
+
+
+class TrainingTenant:
+    """One training client (module docstring)."""
+
+    def __init__(self, model_id: str, held: HeldModel, *, rank: int, seed: int, targets: tuple[str, ...],
+                 session_id: str | None = None):
+        if rank < 1:
+            raise TinkerAPIError(400, f"lora_config.rank must be >= 1, got {rank}")
+        self.model_id, self.held, self.rank, self.seed, self.session_id = model_id, held, rank, seed, session_id
+        self.lora = LearnerLora(held.model, {"rank": rank, "alpha": LORA_ALPHA, "targets": list(targets)}, seed)
+        self.lora.enabled = False
+        params = self.lora.parameters()
+        fused = all(p.device.type in ("cpu", "cuda") for p in params)    # as the learner's PolicyOptimizer
+        self.optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0,
+                                           fused=fused)
+        self.num_steps = 0
+        self.num_accumulated = 0        # forward_backward calls since the last optim_step
+
+    @contextlib.contextmanager
+    def _active(self):
+        self.lora.enabled = True
+        try:
+            yield
+        finally:
+            self.lora.enabled = False
+
+    def logprobs(self, datums: list[WireDatum], trained: list[np.ndarray]) -> list[torch.Tensor]:
+        """Each datum's logprob of its target tokens (L,); the rows where `trained[i]` is True carry
+        the adapters' gradient path, the others are computed without one.
+
+        The pass is the learner's SFT pass (actors/learner/policy_forward.py), row for row, so that
+        its gradients are the learner's bit for bit: each datum is its tokens and one more (its
+        last target, which only the last position sees), the datums run sorted by length (stable,
+        the learner's plain plan), padded on the right, and the LM head sees the trained rows
+        alone, in row-major order."""
+        model, device = self.held.model, self.lora.parameters()[0].device
+        order = sorted(range(len(datums)), key=lambda i: len(datums[i].tokens))
+        width = max(len(d.tokens) for d in datums) + 1
+        ids = torch.zeros(len(datums), width, dtype=torch.long)                        # (B, T)
+        attention = torch.zeros(ids.shape, dtype=torch.long)
+        targets = torch.zeros(len(datums), width - 1, dtype=torch.long)                 # (B, T - 1)
+        rows = torch.zeros(targets.shape, dtype=torch.bool)
+        train = torch.zeros(targets.shape, dtype=torch.bool)
+        for row, i in enumerate(order):
+            d, n = datums[i], len(datums[i].tokens)
+            ids[row, :n + 1] = torch.from_numpy(np.append(d.tokens, d.inputs["target_tokens"][-1]))
+            attention[row, :n + 1] = 1
+            targets[row, :n] = torch.from_numpy(np.array(d.inputs["target_tokens"], dtype=np.int64))
+            rows[row, :n] = True
+            train[row, :n] = torch.from_numpy(trained[i])
+        ids, attention, targets = ids.to(device), attention.to(device), targets.to(device)
+        rows, train = rows.to(device), train.to(device)
+        rest = rows & ~train
+        weight = model.lm_head.weight
+        with self._active():
+            hidden = model.hidden_states(ids, None if bool(attention.all()) else attention)[:, :-1]   # (B, T-1, H)
+            out = torch.zeros(targets.shape, dtype=torch.float32, device=device)
+            if bool(train.any()):
+                out = out.masked_scatter(train, rl_ops.token_logprobs_from_hidden(hidden[train], weight, targets[train]))
+            if bool(rest.any()):
+                with torch.no_grad():
+                    untrained = rl_ops.token_logprobs_from_hidden(hidden[rest].detach(), weight, targets[rest])
+                out = out.masked_scatter(rest, untrained)
+        per_datum: list[torch.Tensor] = [torch.empty(0)] * len(datums)
+        for row, i in enumerate(order):
+            per_datum[i] = out[row, :len(datums[i].tokens)]
+        return per_datum
+
+    def forward_backward(self, datums: list[WireDatum], loss_fn: str, config: dict[str, float],
+                         forward_only: bool) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
+        """Per-datum outputs ("logprobs", "elementwise_loss") and metrics ("loss:sum"); the loss's
+        gradient is added to the adapters' unless `forward_only`."""
+        trained = [_trained_rows(d, loss_fn, forward_only) for d in datums]
+        with torch.set_grad_enabled(not forward_only):
+            per_datum = self.logprobs(datums, trained)
+            total = torch.zeros((), dtype=torch.float32)
+            outputs = []
+            for d, logp in zip(datums, per_datum):
+                inputs = {k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in d.inputs.items()
+                          if k != "target_tokens"}
+                loss, term = token_loss(loss_fn, logp, inputs, config)
+                total = total + loss
+                outputs.append({"logprobs": logp.detach().float().numpy(),
+                                "elementwise_loss": term.detach().float().numpy()})
+            if not forward_only and total.requires_grad:
+                total.backward()
+            if not forward_only:
+                self.num_accumulated += 1
+        return outputs, {"loss:sum": float(total.detach())}
+
+    def optim_step(self, *, learning_rate: float, beta1: float, beta2: float, eps: float, weight_decay: float,
+                   grad_clip_norm: float) -> dict[str, float]:
+        """One AdamW step with these settings on the accumulated gradients, then zero them."""
+        params = self.lora.parameters()
+        if grad_clip_norm > 0:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, grad_clip_norm))
+        else:
+            grad_norm = rl_ops.global_grad_norm(params)
+        for group in self.optimizer.param_groups:
+            group.update(lr=learning_rate, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.num_steps += 1
+        self.num_accumulated = 0
+        return {"grad_norm:mean": grad_norm, "learning_rate:mean": learning_rate}
+
+    def adapters(self) -> dict[str, torch.Tensor]:
+        return self.lora.adapters()
+
+    def checkpoint(self) -> TenantCheckpoint:
+        """Copies of the adapter and the AdamW state (a later step changes neither)."""
+        assert self.lora.config is not None, "a tenant's adapter always has a LoRA config"
+        return TenantCheckpoint(self.held.name, self.rank, self.seed, self.lora.config.targets,
+                                {k: v.clone() for k, v in self.adapters().items()},
+                                copy.deepcopy(self.optimizer.state_dict()), self.num_steps)
+
+    def restore(self, checkpoint: TenantCheckpoint, with_optimizer: bool, source: str) -> None:
+        """The checkpoint's adapter (and AdamW state, else a fresh one) in place of this tenant's;
+        TinkerAPIError 400 when its base, rank or targets differ. Pending gradients are dropped."""
+        assert self.lora.config is not None, "a tenant's adapter always has a LoRA config"
+        mine = (self.held.name, self.rank, self.lora.config.targets)
+        theirs = (checkpoint.base_model, checkpoint.rank, checkpoint.targets)
+        if mine != theirs:
+            raise TinkerAPIError(400, f"{source} holds a rank-{checkpoint.rank} adapter of {checkpoint.base_model!r} "
+                                      f"on {list(checkpoint.targets)}, this training client is rank {self.rank} on "
+                                      f"{self.held.name!r} on {list(self.lora.config.targets)}; load it with "
+                                      "create_training_client_from_state instead")
+        self.lora.load_adapters(checkpoint.adapters, source)
+        self.optimizer.zero_grad(set_to_none=True)
+        fresh = torch.optim.AdamW(self.lora.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0,
+                                  fused=self.optimizer.defaults.get("fused"))
+        if with_optimizer:
+            fresh.load_state_dict(copy.deepcopy(checkpoint.optimizer_state))
+        self.optimizer = fresh
+        self.num_steps = checkpoint.num_steps if with_optimizer else 0
+        self.num_accumulated = 0
+
+    def merged_weights(self) -> dict[str, torch.Tensor]:
+        """The base's weights with this adapter merged in (new tensors, CPU)."""
+        base = {k: v.detach().to("cpu") for k, v in self.held.model.state_dict().items()}
+        return self.lora.merged(base)
+
+    def close(self) -> None:
+        self.lora.detach()
