@@ -37,24 +37,70 @@ __all__ = ["PrefixPlan", "common_prefix_lengths", "plan_micro_batches", "prefix_
 def plan_micro_batches(packed: PackedBatch, micro_batch_size: int,
                        enable_shared_prefix: bool) -> tuple[torch.Tensor, list[PackedBatch]]:
     """(order, micro-batches): the samples in `order` (B,) int64, cut into consecutive micro-batches
-    of `micro_batch_size`, each with its PrefixPlan where that is cheaper than padding. Without
-    shared prefixes (disabled, or no cheaper) samples are sorted by length, so short ones pad to
-    short ones; every order gives the same gradient (the losses use whole-batch normalisers)."""
+    of at most `micro_batch_size`, each with its PrefixPlan where that is cheaper than padding.
+    Without shared prefixes (disabled, or no cheaper) samples are sorted by length, so short ones
+    pad to short ones; every order gives the same gradient (the losses use whole-batch normalisers).
+
+    A batch of samples of very different shapes (a mixture of tasks: prompts and answers of other
+    lengths) is not padded to its longest sample: the plain order starts a new micro-batch where
+    padding would pass MAX_PADDING of the real tokens, and the shared order sorts by the class of
+    each sample's prompt length (its first trained token: a group's samples share it) before the
+    tokens, and keeps two classes in one micro-batch only where that costs fewer token rows."""
     lengths = packed.attention_mask.sum(-1)
     by_length = torch.argsort(lengths, stable=True)
-    plain = _cut(packed.select(by_length), micro_batch_size)
+    plain = _cut_by_padding(packed.select(by_length), micro_batch_size)
     if not enable_shared_prefix:
         return by_length, plain
+    prompts = packed.loss_mask.int().argmax(-1)
+    classes = [length_class(int(p)) for p in prompts]
     lexicographic = torch.tensor(sorted(range(packed.num_samples),
-                                        key=lambda i: packed.input_ids[i, :int(lengths[i])].tolist()))
-    shared = [_with_plan(mb) for mb in _cut(packed.select(lexicographic), micro_batch_size)]
+                                        key=lambda i: (classes[i], packed.input_ids[i, :int(lengths[i])].tolist())))
+    shared = _cut_by_class(packed.select(lexicographic), micro_batch_size, [classes[i] for i in lexicographic])
     if sum(map(_cost, shared)) < sum(map(_cost, plain)):
         return lexicographic, shared
     return by_length, plain
 
 
-def _cut(packed: PackedBatch, size: int) -> list[PackedBatch]:
-    return [packed.rows(s, min(s + size, packed.num_samples)) for s in range(0, packed.num_samples, size)]
+MAX_PADDING = 0.5   # the plain order's micro-batch pads at most this share of its real tokens more
+
+
+def length_class(length: int) -> int:
+    """Lengths in classes a factor of 2 wide (1, 2-3, 4-7, ...)."""
+    return length.bit_length()
+
+
+def _cut_by_padding(packed: PackedBatch, size: int) -> list[PackedBatch]:
+    """Consecutive micro-batches of at most `size` samples, a new one started where the next sample
+    would make the padded width times the samples exceed (1 + MAX_PADDING) x the real tokens."""
+    lengths = [int(n) for n in packed.attention_mask.sum(-1)]
+    starts, start, longest, real = [0], 0, 0, 0
+    for i, n in enumerate(lengths):
+        count, wider = i - start, max(longest, n)
+        if count and (count == size or (count + 1) * wider > (1 + MAX_PADDING) * (real + n)):
+            starts.append(i)
+            start, wider, real = i, n, 0
+        longest, real = wider, real + n
+    bounds = starts + [len(lengths)]
+    return [packed.rows(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+
+
+def _cut_by_class(packed: PackedBatch, size: int, classes: list[int]) -> list[PackedBatch]:
+    """Micro-batches with their plans: runs of one class cut every `size` samples, then neighbouring
+    pieces merged (at most `size` samples) where the merged plan costs no more token rows."""
+    bounds = [i for i in range(1, len(classes)) if classes[i] != classes[i - 1]]
+    pieces = [(lo, min(lo + size, hi)) for lo, hi in zip([0] + bounds, bounds + [len(classes)])
+              for lo in range(lo, hi, size)]
+    merged: list[tuple[int, int, PackedBatch]] = []
+    for lo, hi in pieces:
+        piece = _with_plan(packed.rows(lo, hi))
+        if merged and hi - merged[-1][0] <= size:
+            first, _, last = merged[-1]
+            both = _with_plan(packed.rows(first, hi))
+            if _cost(both) <= _cost(last) + _cost(piece):
+                merged[-1] = (first, hi, both)
+                continue
+        merged.append((lo, hi, piece))
+    return [mb for _, _, mb in merged]
 
 
 def _cost(mb: PackedBatch) -> int:

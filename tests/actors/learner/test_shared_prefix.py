@@ -164,9 +164,30 @@ def test_duplicates_and_samples_that_are_prefixes_of_others():
     batch = TrainBatch(token_ids=ids, loss_mask=[[0] * 3 + [1] * (len(x) - 3) if len(x) > 3 else [0, 1] for x in ids],
                        behavior_logprobs=[[-5.0] * len(x) for x in ids], advantages=[1.0, -1.0, 0.5, 0.2, -0.3])
     lrn = tiny_learner(micro_batch_size=5)
-    _, (mb,) = lrn.forward.micro_batches(pack_batch(batch))
-    assert mb.shared.batch.prefix_mask.sum(-1).tolist() == [1, 19]       # {a[:2], a[:12]}, {a, a, a + ..}
+    _, (alone, mb) = lrn.forward.micro_batches(pack_batch(batch))   # a[:2]: a prompt of another length class
+    assert alone.num_samples == 1 and alone.shared is None
+    assert 19 in mb.shared.batch.prefix_mask.sum(-1).tolist()          # {a, a, a + ..} share a[:19]
     assert int(mb.shared.batch.suffix_mask.sum(-1).min()) == 1
+    assert_same_step(lrn, "train_step", batch)
+
+
+def test_a_mixture_of_prompt_lengths_is_cut_into_micro_batches_of_one_length_class():
+    """Groups of tasks with prompts of very different lengths (a mixture) are not padded to the
+    longest prompt and answer of the batch: each class of prompt length gets micro-batches of its
+    own where that costs fewer token rows, and the step is the plain one."""
+    groups = [(prompt, answer) for prompt, answer in ((6, 30), (40, 4), (6, 30), (40, 4))]
+    ids, mask = [], []
+    for g, (prompt, answer) in enumerate(groups):
+        head = list(range(8 + g, 8 + g + prompt))
+        for s in range(4):
+            ids.append(head + [100 + s] * answer)
+            mask.append([0] * prompt + [1] * answer)
+    batch = TrainBatch(token_ids=ids, loss_mask=mask, behavior_logprobs=[[-5.0] * len(x) for x in ids],
+                       advantages=[float(i % 3) - 1 for i in range(len(ids))])
+    lrn = tiny_learner(micro_batch_size=16)
+    order, micro = lrn.forward.micro_batches(pack_batch(batch))
+    assert [mb.num_samples for mb in micro] == [8, 8]
+    assert [sorted({len(ids[i]) for i in order[k * 8:(k + 1) * 8].tolist()}) for k in range(2)] == [[36], [44]]
     assert_same_step(lrn, "train_step", batch)
 
 
