@@ -242,7 +242,7 @@ class RunDriver:
                 "learner_busy_s": round(self.learner_busy_s, 2), "rl_eval_s": round(self.rl_eval_s, 2),
                 "rl_budget_spent": self.rl_budget_spent, "warm_start_s": round(self.warm_start_s, 2),
                 "eval_s": round(self.evaluator.eval_s, 2), "cores_moved": self.work.num_moves,
-                "checkpoint": checkpoint, "policy": policy, "task": self.mixture.names[0],
+                "checkpoint": checkpoint, "policy": policy, "task": self._task_label(),
                 **({} if self.mixture.is_single else {"tasks": self.mixture.names,
                                                       "eval_by_task": self.evaluator.by_task}),
                 "max_staleness": self.options.max_staleness, "resumes": self.resume_index,
@@ -250,6 +250,13 @@ class RunDriver:
                 "generator_resyncs": self.keeper.num_generator_resyncs,
                 "rollout_retries": self.pool.num_retries, "eval_repeats": self.evaluator.num_repeats,
                 "teacher_retries": self.pool.teacher.num_retries if self.pool.teacher is not None else 0}
+
+    def _task_label(self) -> str | None:
+        """The summary's `task`: the task string as the config states it; a mixture's one name; none
+        for a mixture of several (its `tasks` lists them)."""
+        if not self.options.tasks:
+            return self.options.task
+        return self.mixture.names[0] if self.mixture.is_single else None
 
     async def _warm_up(self, sft_from: int | None = None) -> bool:
         """Evaluate, warm-start (SFT, checkpoints of phase "sft"), evaluate again; then the first

@@ -21,7 +21,7 @@ ROWS = [row("b0-g0-s0", 1, 0.0), row("b0-g0-s1", 1, 1.0), row("b1-g0-s0", 2, 0.5
 
 def args(folder, **overrides):
     values = {"run_folder": str(folder), "step": None, "all": False, "worst": False, "best": False,
-              "limit": 8, "json": False, **overrides}
+              "limit": 8, "json": False, "task": None, **overrides}
     return argparse.Namespace(**values)
 
 
