@@ -14,12 +14,15 @@ warm start), on four tasks of different shapes:
 (finance_docs is not among them: its shortest report, ~2,000 byte tokens, is over the tiny
 model's 1,024 positions.)
 
-Arm "mixture": one run of the four as `[[tasks]]` (equal weights) for `num_steps` steps. Arm
-"sequential" (the peer): four runs, one task each, `num_steps / 4` steps each, one after the
-other: the same samples, as a user without mixtures would train them. Figures: trained samples
-per second of the RL phase (summary `rl_wall_s`: from the first admission to the last publish;
-start-up, evaluation and export excluded; the sequential arm sums its four), so
-`ratio` of `samples_per_s` is `mixture_throughput_ratio`. The arms alternate over repeats. Beside
+Arm "sequential" (the peer): four runs, one task each, `steps_per_run` steps each, one after the
+other, as a user without mixtures would train them. Arm "mixture": four runs of the four tasks as
+`[[tasks]]` (equal weights; seeds 0-3, so their draws differ), `steps_per_run` steps each: the
+same samples in runs of the same shape, so what differs is only that each batch mixes the tasks
+(a run's first batch generates, and its last step trains, with nothing beside it: arms of runs of
+different lengths would differ by that too). Figures: trained samples per second of the RL phase
+(summary `rl_wall_s`: from the first admission to the last publish; start-up, evaluation and
+export excluded; each arm sums its four runs), so `ratio` of `samples_per_s` is
+`mixture_throughput_ratio`. The arms alternate over repeats. Beside
 them, the CAD grader's time per sample (`postrain bench cad`'s grading figures, a few variants).
 Set POSTRAIN_BENCH_DIR to keep the runs' folders.
 """
@@ -38,18 +41,20 @@ TASKS: list[dict[str, Any]] = [
     {"name": "chain_sum", "task": "reasoning_gym:chain_sum"},
     {"name": "code", "task": "code"},
 ]
-FULL = {"num_steps": 8, "repeats": 2, "cad_samples": 6}
-QUICK = {"num_steps": 4, "repeats": 1, "cad_samples": 2}
+FULL = {"steps_per_run": 3, "repeats": 2, "cad_samples": 6}
+QUICK = {"steps_per_run": 1, "repeats": 1, "cad_samples": 2}
 
 
-def arm_specs(config, tasks: list[dict], num_steps: int) -> list:
-    """The default run's actors with `tasks` as the run's tasks (a mixture, or one of them), the
-    driver sized for one arm: no warm start, no evaluation."""
+def arm_specs(config, tasks: list[dict], num_steps: int, seed: int = 0) -> list:
+    """The default run's actors with `tasks` as the run's tasks (a mixture, or one of them) and
+    `seed`, the driver sized for one run: no warm start, no evaluation."""
     specs = []
     for spec in config.actors:
         options = {k: v for k, v in spec.options.items() if k not in ("task", "task_options", "tasks")}
         if "tasks" in spec.options or "task" in spec.options:   # the roles that read the run's tasks
             options["tasks"] = tasks
+        if "seed" in options:
+            options["seed"] = seed
         if spec.name == config.run.driver:
             options.update(num_steps=num_steps, sft_steps=0, num_eval_tasks=0, eval_samples_per_task=0,
                            checkpoint_every=num_steps)
@@ -65,30 +70,28 @@ def run(quick: bool) -> dict:
     config = default_run_config()
     options = orchestrator_options(config)
     sizes = QUICK if quick else FULL
-    steps_alone = sizes["num_steps"] // len(TASKS)
-    rates: dict[str, list[float]] = {"mixture": [], "sequential": []}
-    seconds: dict[str, list[float]] = {"mixture": [], "sequential": []}
+    arms = {"mixture": [(f"mixture-{k}", TASKS, k) for k in range(len(TASKS))],
+            "sequential": [(task["name"], [task], 0) for task in TASKS]}
+    rates: dict[str, list[float]] = {arm: [] for arm in arms}
+    seconds: dict[str, list[float]] = {arm: [] for arm in arms}
     with bench_folder(os.environ.get("POSTRAIN_BENCH_DIR")) as tmp:
         for repeat in range(sizes["repeats"]):
-            summary = anyio.run(run_arm, config, arm_specs(config, TASKS, sizes["num_steps"]),
-                                Path(tmp) / f"mixture-r{repeat}", backend="trio")
-            rates["mixture"].append(summary["samples"] / summary["rl_wall_s"])
-            seconds["mixture"].append(summary["rl_wall_s"])
-            samples = rl_s = 0.0
-            for task in TASKS:
-                alone = anyio.run(run_arm, config, arm_specs(config, [task], steps_alone),
-                                  Path(tmp) / f"{task['name']}-r{repeat}", backend="trio")
-                samples += alone["samples"]
-                rl_s += alone["rl_wall_s"]
-            rates["sequential"].append(samples / rl_s)
-            seconds["sequential"].append(rl_s)
+            for arm, runs in arms.items():
+                samples = rl_s = 0.0
+                for name, tasks, seed in runs:
+                    summary = anyio.run(run_arm, config, arm_specs(config, tasks, sizes["steps_per_run"], seed),
+                                        Path(tmp) / f"{name}-r{repeat}", backend="trio")
+                    samples += summary["samples"]
+                    rl_s += summary["rl_wall_s"]
+                rates[arm].append(samples / rl_s)
+                seconds[arm].append(rl_s)
     cad = grading_figures(sizes["cad_samples"], num_warm_runs=10)
     return {
-        "config": {**sizes, "tasks": [t["name"] for t in TASKS], "steps_alone": steps_alone,
+        "config": {**sizes, "tasks": [t["name"] for t in TASKS], "runs_per_arm": len(TASKS),
                    "prompts_per_step": options["prompts_per_step"],
                    "samples_per_prompt": options["samples_per_prompt"], "model": "tiny, initial weights",
                    "rl_wall_s": {arm: [round(s, 1) for s in values] for arm, values in seconds.items()},
-                   "arms": "one mixture run (ours) vs the four tasks run one after another (peer), alternating"},
+                   "arms": "four runs of the mixture (ours) vs four runs of one task each (peer), alternating"},
         "results": {"samples_per_s": round(statistics.median(rates["mixture"]), 3),
                     **{f"cad_{name}": value for name, value in cad["results"].items()}},
         "peer": {"samples_per_s": round(statistics.median(rates["sequential"]), 3),
