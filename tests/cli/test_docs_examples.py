@@ -92,9 +92,9 @@ POSTRAIN_BLOCKS = {
     ("sandbox.md", "postrain sandbox exec solution.py"):
         "second line run: test_documented_one_liners; the first names the user's file",
     ("your-model.md", "postrain generate --model models/Qwen3-0.6B"):
-        "run: tests/cli/test_your_model_guide.py, on a tiny random Qwen3 folder (Llama's: arch_matrix)",
+        "run: tests/cli/test_your_model_guide.py, on a tiny random Qwen3 folder (variants; Llama's: arch_matrix)",
     ("your-model.md", "postrain up --config qwen3.toml --dry-run"): "both run: tests/cli/test_your_model_guide.py",
-    ("your-model.md", "postrain up --config qwen3.toml --set"): "run: tests/cli/test_your_model_guide.py",
+    ("your-model.md", "postrain up --config qwen3.toml --set"): "run: tests/cli/test_your_model_guide.py (variants)",
     ("your-model.md", "postrain up --config qwen3.toml --overwrite"):
         "parsed only: the run itself, an hour or more on a CPU; the short run above runs its config",
     ("your-model.md", "postrain export runs/qwen3 qwen3-policy"): "run: tests/cli/test_your_model_guide.py",

@@ -77,6 +77,7 @@ def test_the_config_is_the_one_the_page_shows_and_a_llama_one_comes_from_it(tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.variants   # the page's config is checked above; its run to a chat completion takes ~40 s
 @pytest.mark.parametrize("arch", ["qwen3", pytest.param("llama", marks=pytest.mark.arch_matrix)])
 def test_the_page_runs_from_the_folder_to_a_chat_completion(arch, tmp_path, capsys):
     home = user_folder(tmp_path, arch)

@@ -140,6 +140,7 @@ def test_a_short_run_with_the_learner_on_two_ranks_across_nodes_balances_its_led
     assert ledger["in_flight"] == 0 and ledger["trained"] == summary["samples"] > 0
 
 
+@pytest.mark.variants     # sealed sends across nodes: test_weight_assembly.py
 @async_test
 async def test_weights_reach_a_receiver_on_the_learners_node_through_shm_and_one_on_another_node_sealed(
         two_nodes, tmp_path):

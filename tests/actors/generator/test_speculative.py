@@ -98,6 +98,7 @@ def test_greedy_is_token_identical_to_the_plain_engine(model, tokenizer, options
     assert engine.pool.num_free_blocks == engine.pool.num_blocks    # no slot leaked
 
 
+@pytest.mark.variants     # the draft model's distribution and preemption tests below run by default
 def test_greedy_with_a_draft_model_is_token_identical_to_the_plain_engine(model, tokenizer):
     """A draft model with other weights (the built-in tiny: mostly rejected), then the policy
     drafting for itself (every greedy draft accepted)."""

@@ -44,7 +44,7 @@ def run_config(run_dir: Path, model: Path) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.arch_matrix      # CI runs Qwen3-MoE's (test_moe.py); `pytest -m arch_matrix` these
+@pytest.mark.arch_matrix      # with test_moe.py's: `pytest -m arch_matrix tests/actors/models`
 @pytest.mark.parametrize("arch", ["mistral", "gemma3_text"])
 def test_a_grpo_run_on_the_architecture_balances_its_ledger_and_exports_for_transformers(arch, tmp_path):
     import transformers

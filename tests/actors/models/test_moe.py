@@ -123,7 +123,8 @@ def test_a_moe_config_without_experts_is_refused():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model_type", [pytest.param("qwen3", marks=pytest.mark.arch_matrix), "qwen3_moe"])
+@pytest.mark.arch_matrix   # routing replay's parts: tests/actors/learner/test_routing_replay.py, above
+@pytest.mark.parametrize("model_type", ["qwen3", "qwen3_moe"])
 def test_postrain_up_trains_a_qwen3_policy_with_a_balanced_ledger(model_type, tmp_path):
     """Two GRPO steps of the arithmetic task (plain answers) with a Qwen3 / Qwen3-MoE folder as the
     policy; the MoE run replays the generator's routing and reports the routing metrics."""
