@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import contextlib
-import socket
-import threading
 from typing import Iterator
 
 import trio
 
 from postrain.actors.tinker import BaseModels, TinkerOptions, serve_tinker
+
+from threaded_server import served_by   # tests/actors/
 
 API_KEY = "tml-postrain-test"
 
@@ -17,23 +17,7 @@ API_KEY = "tml-postrain-test"
 def tinker_served(bases: BaseModels, options: TinkerOptions | None = None,
                   api_key: str | None = API_KEY) -> Iterator[tuple[str, object]]:
     """(base URL, the TinkerService) while the block runs; the server stops at its end."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    started, box = threading.Event(), {}
-
-    async def main():
-        box["token"], box["stop"] = trio.lowlevel.current_trio_token(), trio.Event()
-        async with trio.open_nursery() as nursery:
-            box["service"] = await nursery.start(serve_tinker, bases, options or TinkerOptions(), sock, api_key)
-            started.set()
-            await box["stop"].wait()
-            nursery.cancel_scope.cancel()
-    thread = threading.Thread(target=trio.run, args=(main,), daemon=True)
-    thread.start()
-    assert started.wait(60), "the Tinker server did not start"
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", box["service"]
-    finally:
-        trio.from_thread.run_sync(box["stop"].set, trio_token=box["token"])
-        thread.join(30)
+    async def start(sock, task_status=trio.TASK_STATUS_IGNORED):
+        await serve_tinker(bases, options or TinkerOptions(), sock, api_key, task_status=task_status)
+    with served_by(start) as (port, service):
+        yield f"http://127.0.0.1:{port}", service

@@ -8,26 +8,16 @@ import os
 import subprocess
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
 from postrain.actors.orchestrator.ledger import read_events
 from postrain.core.metrics import read_metrics
 
-FLAKY_TASK = '''
-from postrain.actors.tasks import get_task
-from postrain.actors.tasks.arithmetic import ArithmeticEnv
-from postrain.actors import TaskSpec
+sys.path.insert(0, str(Path(__file__).parent))
+from test_orchestrator import FLAKY_TASK  # noqa: E402  (an environment that raises on sevens)
 
-class FlakyEnv(ArithmeticEnv):
-    async def reset(self, task):
-        if "7" in task["question"]:
-            raise ValueError("this environment dislikes sevens")
-        return await super().reset(task)
-
-_base = get_task("arithmetic")
-TASK = TaskSpec("flaky", FlakyEnv, train=_base.train_tasks, eval=_base.eval_tasks, demos=_base.demonstrations)
-'''
 
 CONFIG = """
 [run]
