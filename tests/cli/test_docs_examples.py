@@ -70,6 +70,8 @@ POSTRAIN_BLOCKS = {
     ("operations.md", "postrain eval runs/default"):
         "first line run (the README's); the second scores 200 held-out tasks: parsed only",
     ("operations.md", "postrain report runs/default"): "first line run (the README's); -o only changes the path",
+    ("performance.md", "postrain up --config actors/configs/mixture.toml --set shared.seed=0"):
+        "parsed only: three runs of 6-16 minutes (the mixture config's --dry-run: tests/actors/configs)",
     ("performance.md", "uptime; postrain up --config actors/configs/smollm2_addition.toml"):
         "parsed only: a SmolLM2 run of many minutes",
     ("performance.md", "postrain up --config actors/configs/smollm2_reasoning_gym.toml"):

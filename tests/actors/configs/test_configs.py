@@ -30,7 +30,7 @@ def postrain(*args, timeout=120):
                                   "smollm2_reasoning_gym.toml", "smollm2_math_dataset.toml",
                                   "smollm2_terminal.toml", "smollm2_addition.toml",
                                   "smollm2_addition_lora.toml", "smollm2_chain_sum.toml", "finance_docs.toml",
-                                  "cad.toml"])
+                                  "cad.toml", "mixture.toml"])
 def test_shipped_configs_validate_and_place_on_this_machine(name, capsys):
     assert cli.main(["up", "--config", str(CONFIGS / name), "--dry-run"]) == 0
     assert "orchestrator: cores" in capsys.readouterr().out
