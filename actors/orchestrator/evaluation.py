@@ -138,12 +138,6 @@ class Evaluator:
         """No warm start: its scores are those before it."""
         self.evals.update({k.replace("before", "after_sft"): v for k, v in self.evals.items()})
 
-    async def score(self, temperature: float, samples_per_task: int, label: str = "") -> float:
-        """Mean score over `samples_per_task` episodes per held-out task at `temperature` (0:
-        greedy), the mean of the tasks' in a mixture (`score_by_task`). Cancelled: as that."""
-        by_task = await self.score_by_task(temperature, samples_per_task, label)
-        return statistics.fmean(by_task.values()) if by_task else 0.0
-
     async def score_by_task(self, temperature: float, samples_per_task: int, label: str = "") -> dict[str, float]:
         """Each task's mean score over `samples_per_task` episodes per held-out task at
         `temperature` (0: greedy), for the tasks that have held-out tasks; redone whole while

@@ -43,7 +43,7 @@ def evaluate(tmp_path, max_fraction: float) -> tuple[list[str], Exception | None
                        WorkSignal(None, None), ["generator"], EnvironmentErrors(max_fraction, shown.append))
     evaluator = Evaluator(TaskMixture.single(get_task("arithmetic")), options, pool, metrics=None, emit=shown.append)
     try:
-        trio.run(evaluator.score, 0.0, 1, "before")
+        trio.run(evaluator.score_by_task, 0.0, 1, "before")
     except EnvironmentErrorStop as exc:
         return shown, exc
     return shown, None
