@@ -205,7 +205,7 @@ class Evaluator:
     def _episode_done(self) -> None:
         """Count an episode of the evaluation under way; a line at each quarter of a long one."""
         progress = self._progress
-        if progress is None:   # `score` called outside `phase`
+        if progress is None:   # `score_by_task` called outside `phase`
             return
         progress.advance()
         total = progress.total
