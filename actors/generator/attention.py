@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from ..models.blocks import PagedAttention, group_mask, grouped_attention
+from ..models.exact import exact_attention
 from .kv_dtype import KVCache, gather_blocks, rotate_queries, write_slots
 
 KVCaches = list[tuple[KVCache, KVCache]]
@@ -156,3 +157,30 @@ class GatherSdpaStep:
     def _bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
         return bias.masked_fill_(~mask, float("-inf"))
+
+
+class ExactGatherBackend(AttentionBackend):
+    """The backend of `exact = true`: the same cache writes and gathers as `GatherSdpaBackend`,
+    then `models.exact.exact_attention` over every cached key by absolute position, so each
+    query's output has the bits the learner's `ExactSelfAttention` gives it."""
+
+    def bind(self, metadata: PagedMetadata, kv_caches: KVCaches) -> "ExactGatherStep":
+        return ExactGatherStep(metadata, kv_caches)
+
+
+class ExactGatherStep(GatherSdpaStep):
+    """`ExactGatherBackend` bound to one forward. Every layer gathers all of its rows' blocks
+    (a gathered key's index is its position); keys at or past a row's context length are not real."""
+
+    def __init__(self, metadata: PagedMetadata, kv_caches: KVCaches):
+        super().__init__(metadata, kv_caches)
+        self._all_blocks = metadata.block_tables.reshape(-1)                      # (B * max_blocks,)
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+               window: int | None = None, scale: float | None = None,
+               softcap: float | None = None) -> torch.Tensor:
+        keys, values = self._write_and_gather(k, v, self.kv_caches[layer_idx], self._all_blocks)  # (B, L, Hkv, D)
+        positions = torch.arange(keys.shape[1], device=keys.device)[None].expand(keys.shape[0], -1)
+        real = positions < self.metadata.context_lens[:, None]
+        return exact_attention(q, keys, values, self.positions, positions, real,
+                               window=window, scale=scale, softcap=softcap)

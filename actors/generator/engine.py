@@ -53,9 +53,10 @@ import torch
 from postrain.ext import OutOfBlocksError
 
 from ..models.blocks import Float16Weights
+from ..models.exact import exact_token_logprobs, make_exact
 from ..models.loading import load_model
 from ..models.protocol import CausalLM
-from .attention import AttentionBackend
+from .attention import AttentionBackend, ExactGatherBackend
 from .kv_dtype import KV_DTYPE_NAMES, KVCache
 from .kv_manager import KVManager
 from .runner import ModelRunner, StepLogits
@@ -82,7 +83,7 @@ class Engine:
                  policy_version: int = 0, seed: int = 0, weight_precision: str = "float32",
                  speculative: SpeculativeOptions | None = None, proposer: Proposer | None = None,
                  attention_backend: AttentionBackend | None = None, prefill_chunk_tokens: int = 0,
-                 kv_dtype: str | None = None):
+                 kv_dtype: str | None = None, exact: bool = False):
         """model: any architecture of the registry (`postrain.actors.models.CausalLM`).
         weight_precision: "float32" multiplies by the model's own weights (what the learner
         scores); "float16" by float16 copies of them (`models.blocks.Float16Weights`: x86 CPU,
@@ -95,12 +96,18 @@ class Engine:
         decoding while a long prompt is read (`scheduler`: chunked prefill); 0 = one step.
         kv_dtype: how the KV cache stores keys and values: "float32", "bfloat16", "int8" or
         "float8_e4m3" (`kv_dtype`: 8-bit codes with a scale per token and head, more blocks in
-        the same kv_cache_mb, logprobs off by the rounding); None = the model's dtype."""
+        the same kv_cache_mb, logprobs off by the rounding); None = the model's dtype.
+        exact: batch-invariant ops (`models.exact`): each sampled token's logprob equals the
+        learner's `exact` recomputation bit for bit; needs a float32 model, weights and cache."""
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise EngineError(f"max_num_seqs and max_num_batched_tokens must be >= 1, got "
                               f"{max_num_seqs} and {max_num_batched_tokens}")
         if weight_precision not in ("float32", "float16"):
             raise EngineError(f"weight_precision must be 'float32' or 'float16', got {weight_precision!r}")
+        if exact:
+            attention_backend = self._exact_backend(weight_precision, kv_dtype, speculative, attention_backend)
+            make_exact(cast(torch.nn.Module, model))                 # a CausalLM is a Module
+        self.exact = exact
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.config = model.config
@@ -129,6 +136,21 @@ class Engine:
         self._requests: dict[str, Request] = {}
         # Every sample of an unfinished request, by seq_id (the plan names sequences by id).
         self._sequences: dict[int, Sequence] = {}
+
+    @staticmethod
+    def _exact_backend(weight_precision: str, kv_dtype: str | None, speculative: SpeculativeOptions | None,
+                       backend: AttentionBackend | None) -> AttentionBackend:
+        """The attention backend of an exact engine; EngineError naming what exact cannot run with."""
+        if weight_precision != "float32":
+            raise EngineError(f"exact = true needs weight_precision = 'float32', got {weight_precision!r}: "
+                              "float16 weight copies round every projection")
+        if kv_dtype not in (None, "float32"):
+            raise EngineError(f"exact = true needs a float32 KV cache, got kv_dtype = {kv_dtype!r}")
+        if speculative is not None:
+            raise EngineError("exact = true does not run with speculative decoding yet; drop [speculative]")
+        if backend is not None and not isinstance(backend, ExactGatherBackend):
+            raise EngineError(f"exact = true attends through ExactGatherBackend, not {type(backend).__name__}")
+        return ExactGatherBackend()
 
     def _make_proposer(self, options: SpeculativeOptions | None, proposer: Proposer | None,
                        seed: int) -> Proposer | None:
@@ -417,8 +439,11 @@ class Engine:
         rows = [i for i, group in enumerate(groups) for _ in group]
         seqs = [s for group in groups for s in group]
         picked = logits if len(rows) == logits.shape[0] else logits[rows]   # one row per group: as is
-        tokens, logprobs = sample_rows(picked, [s.request.params for s in seqs],
-                                       [s.generator for s in seqs])
+        params = [s.request.params for s in seqs]
+        tokens, logprobs = sample_rows(picked, params, [s.generator for s in seqs])
+        if self.exact:                                   # the learner's exact recomputation, bit for bit
+            temps = torch.tensor([p.logprob_temperature for p in params])
+            logprobs = exact_token_logprobs(picked.float().cpu(), torch.tensor(tokens), temps).tolist()
         for seq, token, logprob in zip(seqs, tokens, logprobs):
             self._emit(seq, token, logprob, finished)
 

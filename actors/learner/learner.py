@@ -51,6 +51,7 @@ import torch
 from postrain.ext import rl_ops
 
 from ..models.device import resolve_device
+from ..models.exact import make_exact
 from ..models.loading import build_policy
 from ..records import SftBatch, TrainBatch
 from . import fsdp
@@ -93,10 +94,14 @@ class Learner:
         dtype = DTYPES[cfg.dtype]
         self.model, self.tokenizer = build_policy(cfg.model, cfg.seed, dtype, self.device)
         self.model.train()
+        if cfg.exact:
+            make_exact(self.model)         # before the reference copies the policy's type
         if cfg.activation_checkpointing:
             fsdp.checkpoint_layers(self.model)
         self.routing = LearnerRouting(self.model, cfg.routing_replay, cfg.router_aux_loss_coef)
         self.kl_reference = KLReference.build(cfg, self.model, self.device, dtype)
+        if cfg.exact and self.kl_reference.model is not None:
+            make_exact(self.kl_reference.model)
         self.distill = LearnerDistill.build(cfg, self.model, self.tokenizer, self.device, dtype)
         self.lora = LearnerLora(self.model, cfg.lora, cfg.seed)   # inactive without the lora option
         self.optim = PolicyOptimizer(cfg, self.lora.trainable(self.model))   # LoRA: the adapters alone

@@ -26,6 +26,8 @@ import torch.nn.functional as F
 
 from postrain.ext import rl_ops
 
+from ..models.exact import exact_token_logprobs
+from ..models.gemma3 import softcap_logits
 from ..models.llama import LlamaModel
 from . import fsdp
 from .collectives import Collectives
@@ -166,6 +168,10 @@ class PolicyForward:
         weight = model.lm_head.weight
         h = h.to(weight.dtype)
         cap = model.config.final_logit_softcapping                # Gemma: the full logits, capped
+        if cfg.exact:                       # the generator's exact logprobs, bit for bit (models/exact.py)
+            logits = softcap_logits(model.lm_head(h), cap)
+            _, entropy = rl_ops.naive_token_logprobs(logits, targets, cfg.temperature, return_entropy=True)
+            return exact_token_logprobs(logits, targets, cfg.temperature), entropy
         if cfg.logprob_path == "naive" or cap is not None:
             logits = h @ weight.t() if cap is None else torch.tanh(h @ weight.t() / cap) * cap
             return rl_ops.naive_token_logprobs(logits, targets, cfg.temperature, return_entropy=True)

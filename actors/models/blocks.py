@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import exact as exact_ops
 from .config import ModelConfig, ModelConfigError, rope_type_of  # noqa: F401  (re-exported)
 
 
@@ -228,6 +229,7 @@ class Attention(nn.Module):
 
     scale: float | None = None
     softcap: float | None = None
+    exact: bool = False            # batch-invariant attention (`exact_ops.make_exact` sets it)
 
     def __init__(self, config: ModelConfig, layer_idx: int = 0):
         super().__init__()
@@ -265,11 +267,26 @@ class Attention(nn.Module):
         (qp, qs), (kp, ks), (vp, vs) = (batch.split_rows(t) for t in self._rotated_qkv(x, cos, sin, None))
         k = torch.cat([kp.index_select(0, batch.group_of), ks], dim=1)    # (B, P + S, Hkv, D)
         v = torch.cat([vp.index_select(0, batch.group_of), vs], dim=1)
-        out_p = grouped_attention(qp, kp, vp, mask_p, self.scale, self.softcap)  # (G, P, Hkv, Gq, D)
-        out_s = grouped_attention(qs, k, v, mask_s, self.scale, self.softcap)    # (B, S, Hkv, Gq, D)
+        if self.exact:                                                     # models/exact.py
+            out_p, out_s = self._exact_shared(qp, kp, vp, qs, k, v, batch)
+        else:
+            out_p = grouped_attention(qp, kp, vp, mask_p, self.scale, self.softcap)  # (G, P, Hkv, Gq, D)
+            out_s = grouped_attention(qs, k, v, mask_s, self.scale, self.softcap)    # (B, S, Hkv, Gq, D)
         width = self.num_heads * self.head_dim
         out = torch.cat([out_p.reshape(1, -1, width), out_s.reshape(1, -1, width)], dim=1)
         return self.o_proj(out)
+
+    def _exact_shared(self, qp, kp, vp, qs, k, v, batch: "SharedPrefixBatch"):
+        """`forward_shared`'s two attentions through `exact_ops.exact_attention`, keys by position."""
+        prefix_real = batch.prefix_mask.bool()
+        prefix_pos = torch.arange(prefix_real.shape[1], device=qp.device).expand(prefix_real.shape[0], -1)
+        suffix_pos = batch.suffix_positions()
+        key_pos = torch.cat([prefix_pos.index_select(0, batch.group_of), suffix_pos], dim=1)   # (B, P + S)
+        key_real = torch.cat([prefix_real.index_select(0, batch.group_of), batch.suffix_mask.bool()], dim=1)
+        options = {"window": self.window, "scale": self.scale, "softcap": self.softcap}
+        out_p = exact_ops.exact_attention(qp, kp, vp, prefix_pos, prefix_pos, prefix_real, **options)
+        out_s = exact_ops.exact_attention(qs, k, v, suffix_pos, key_pos, key_real, **options)
+        return out_p, out_s
 
     def _rotated_qkv(self, x, cos, sin, weights: Float16Weights | None):
         """q (B, T, H, D), k and v (B, T, Hkv, D); rotary applied to q and k."""
@@ -285,6 +302,12 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """down(silu(gate(x)) * up(x)). `activation` is F.silu; `exact.make_exact` sets the
+    batch-invariant `exact_activation` on the instance."""
+
+    activation = staticmethod(F.silu)
+    exact_activation = staticmethod(exact_ops.silu)
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         h, i, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
@@ -293,5 +316,5 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(i, h, bias=bias)
 
     def forward(self, x, weights: Float16Weights | None = None):
-        hidden = F.silu(project(self.gate_proj, x, weights)) * project(self.up_proj, x, weights)
+        hidden = self.activation(project(self.gate_proj, x, weights)) * project(self.up_proj, x, weights)
         return project(self.down_proj, hidden, weights)

@@ -25,11 +25,13 @@ exports load in transformers. Written from transformers' modeling_gemma3.py as t
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import exact as exact_ops
 from .blocks import Attention, Float16Weights, PagedAttention, SharedPrefixBatch, project, rope_inv_freq
 from .config import ModelConfig, ModelConfigError
 from .llama import LlamaModel
@@ -52,7 +54,10 @@ class GemmaRMSNorm(nn.Module):
 
 
 class GeluMLP(nn.Module):
-    """down(gelu_tanh(gate(x)) * up(x))."""
+    """down(gelu_tanh(gate(x)) * up(x)); `exact.make_exact` sets `exact_activation`."""
+
+    activation = staticmethod(partial(F.gelu, approximate="tanh"))
+    exact_activation = staticmethod(exact_ops.gelu_tanh)
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -62,7 +67,7 @@ class GeluMLP(nn.Module):
         self.down_proj = nn.Linear(i, h, bias=False)
 
     def forward(self, x, weights: Float16Weights | None = None):
-        gate = F.gelu(project(self.gate_proj, x, weights), approximate="tanh")
+        gate = self.activation(project(self.gate_proj, x, weights))
         return project(self.down_proj, gate * project(self.up_proj, x, weights), weights)
 
 

@@ -36,6 +36,7 @@ from .blocks import (
     rope_inv_freq, window_mask,
 )
 from .config import BUILTIN_CONFIGS, ModelConfig, ModelConfigError
+from .exact import ExactSelfAttention
 
 __all__ = ["BUILTIN_CONFIGS", "LlamaModel", "ModelConfig", "ModelConfigError", "build_model"]
 
@@ -85,6 +86,7 @@ class LlamaModel(nn.Module):
     """Causal LM: `forward` returns logits (B, T, vocab_size), float32 unless told otherwise."""
 
     inv_freq: torch.Tensor   # a buffer (register_buffer): the rotary inverse frequencies
+    exact: bool = False      # batch-invariant ops (models/exact.py `make_exact` sets it)
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -158,6 +160,8 @@ class LlamaModel(nn.Module):
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, seq), got shape {tuple(input_ids.shape)}")
         x = self.embed(input_ids)                                             # (B, T, H)
+        if paged is None and self.exact:                  # models/exact.py
+            paged = ExactSelfAttention.of(input_ids, attention_mask)
         if paged is not None:
             positions = paged.positions                                       # the backend masks
             masks: list[torch.Tensor] | list[None] = [None] * self.config.num_layers

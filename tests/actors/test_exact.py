@@ -1,0 +1,137 @@
+"""`exact = true` (actors/models/exact.py): the generator's recorded logprob of every sampled token
+equals the learner's recomputation bit for bit, for each dense architecture of the registry, with
+preemption, a prefix hit, chunked prefill, shared prefixes and a weight swap in the mix; the first
+step's ratio is exactly 1. Greedy output is unchanged; what exact cannot run with is refused by name.
+
+Real tiny models: the built-in tiny Llama and random Hugging Face folders (transformers, no download).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from postrain.actors.generator.engine import Engine
+from postrain.actors.generator.sampling import SamplingParams
+from postrain.actors.generator.sequence import EngineError
+from postrain.actors.learner.batch import LearnerError
+from postrain.actors.learner.learner import Learner, LearnerConfig
+from postrain.actors.models import exact
+from postrain.actors.records import TrainBatch
+from postrain.bench.architectures import build_hf_folder
+
+ARCHITECTURES = ["tiny", "qwen3", "mistral", "gemma3_text"]
+
+
+@pytest.fixture(scope="module")
+def model_specs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("exact")
+    specs = {"tiny": "tiny"}
+    for arch in ARCHITECTURES[1:]:
+        specs[arch] = str(build_hf_folder(arch, root / arch, window=8, seed=1, std=0.2))
+    return specs
+
+
+def rollouts(engine: Engine, tokenizer, seed: int) -> TrainBatch:
+    """64 samples: 8 prompts of 5-40 tokens (one continues another: a prefix hit), 8 samples each."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(8, 250, (int(n),), generator=g).tolist() for n in (5, 13, 29, 40, 7, 22, 17)]
+    prompts.append(prompts[3][:33] + [9, 10])
+    outs = engine.generate(prompts, SamplingParams(n=8, temperature=1.0, seed=seed, max_new_tokens=12,
+                                                   ignore_eos=True))
+    fields: dict[str, list] = {"token_ids": [], "loss_mask": [], "behavior_logprobs": [],
+                               "policy_versions": [], "rewards": [], "group_ids": []}
+    for group, (prompt, out) in enumerate(zip(prompts, outs)):
+        for i, sample in enumerate(out.outputs):
+            fields["token_ids"].append(prompt + sample.token_ids)
+            fields["loss_mask"].append([0] * len(prompt) + [1] * len(sample.token_ids))
+            fields["behavior_logprobs"].append([0.0] * len(prompt) + sample.logprobs)
+            fields["policy_versions"].append([0] * len(prompt) + sample.policy_versions)
+            fields["rewards"].append(float(i % 2))
+            fields["group_ids"].append(group)
+    return TrainBatch(**fields)
+
+
+def assert_bitwise_equal(learner: Learner, batch: TrainBatch) -> int:
+    """The learner's logprobs of every sampled token equal the recorded ones exactly; returns the count."""
+    count = 0
+    for mine, theirs, mask in zip(learner.compute_logprobs(batch), batch.behavior_logprobs, batch.loss_mask):
+        m = torch.tensor(mask, dtype=torch.bool)
+        recorded = torch.tensor(theirs, dtype=torch.float64)[m]
+        assert torch.equal(mine[m].double(), recorded), \
+            f"max gap {float((mine[m].double() - recorded).abs().max()):.3e}"
+        count += int(m.sum())
+    return count
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_recorded_logprobs_equal_the_learners_bit_for_bit(arch, model_specs):
+    learner = Learner(LearnerConfig(model=model_specs[arch], exact=True, temperature=1.0, micro_batch_size=16,
+                                    lr=1e-3))
+    model = type(learner.model).empty(learner.model.config)
+    model.load_state_dict(learner.model.state_dict())
+    # 14 blocks of 4 tokens for 64 samples of up to 47 tokens: sequences are preempted and recomputed
+    engine = Engine(model, learner.tokenizer, num_blocks=48, block_size_tokens=4, prefill_chunk_tokens=16,
+                    max_num_seqs=32, exact=True)
+    batch = rollouts(engine, learner.tokenizer, seed=3)
+    assert engine.counters.num_preemptions > 0 and engine.counters.num_cached_prompt_tokens > 0
+    for shared in (True, False):
+        learner.config.shared_prefix = shared
+        assert assert_bitwise_equal(learner, batch) == 64 * 12
+    metrics = learner.train_step(batch)
+    assert metrics["logprob_gap_max"] == 0.0
+    assert metrics["ratio_mean"] == 1.0 and metrics["clip_frac_low"] == metrics["clip_frac_high"] == 0.0
+    engine.load_weights(learner.state_dict(), version=1)             # a weight swap
+    assert_bitwise_equal(learner, rollouts(engine, learner.tokenizer, seed=4))
+
+
+def test_greedy_tokens_are_unchanged_by_exact():
+    plain = Learner(LearnerConfig(model="tiny")).model
+    twin = type(plain).empty(plain.config)
+    twin.load_state_dict(plain.state_dict())
+    prompts = [[20 + i, 30 + i, 40 + i] * (i + 1) for i in range(4)]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=16, ignore_eos=True)
+    outs = [Engine(m, None, num_blocks=64, exact=e).generate(prompts, greedy) for m, e in ((plain, False), (twin, True))]
+    for a, b in zip(*outs):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+
+
+def test_exact_ops_round_alike_alone_and_in_a_long_tensor():
+    values = torch.randn(600, generator=torch.Generator().manual_seed(0)) * 4
+    for op in (exact.silu, exact.gelu_tanh, torch.exp, torch.tanh, torch.cos, torch.sin):
+        assert exact.tail_consistent(op, values), op.__name__
+    assert torch.allclose(exact.silu(values), F.silu(values), atol=1e-6)
+    assert torch.allclose(exact.gelu_tanh(values), F.gelu(values, approximate="tanh"), atol=1e-5)
+
+
+def test_exact_linear_rows_do_not_depend_on_the_batch():
+    g = torch.Generator().manual_seed(0)
+    weight, x = torch.randn(96, 64, generator=g), torch.randn(50, 64, generator=g)
+    whole = exact.exact_linear(x, weight)
+    for rows in (1, 2, 3, 7, 16, 31):
+        assert torch.equal(exact.exact_linear(x[:rows], weight), whole[:rows])
+
+
+def test_a_matmul_whose_rows_depend_on_the_batch_is_refused(monkeypatch):
+    linear = F.linear
+    monkeypatch.setattr(exact.F, "linear", lambda x, w, b=None: linear(x, w, b) * (1 + 1e-6 * (x.shape[0] % 2)))
+    with pytest.raises(exact.ExactnessError, match="differently by the batch's size"):
+        Learner(LearnerConfig(model="tiny", exact=True))
+
+
+def test_what_exact_cannot_run_with_is_refused_by_name():
+    with pytest.raises(LearnerError, match="float32 weights and no autocast"):
+        LearnerConfig(model="tiny", exact=True, autocast_dtype="bfloat16")
+    with pytest.raises(LearnerError, match="LoRA"):
+        LearnerConfig(model="tiny", exact=True, lora={"rank": 4})
+    model = Learner(LearnerConfig(model="tiny")).model
+    with pytest.raises(EngineError, match="weight_precision"):
+        Engine(model, None, num_blocks=16, exact=True, weight_precision="float16")
+    with pytest.raises(EngineError, match="float32 KV cache"):
+        Engine(model, None, num_blocks=16, exact=True, kv_dtype="int8")
+    moe = {"architecture": "qwen3_moe", "vocab_size": 264, "hidden_size": 64, "intermediate_size": 96,
+           "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "num_experts": 4, "num_experts_per_tok": 2,
+           "moe_intermediate_size": 32, "qk_norm": True}
+    with pytest.raises(exact.ExactnessError, match="mixture-of-experts"):
+        Learner(LearnerConfig(model=moe, exact=True))
