@@ -80,6 +80,9 @@ class GeneratorOptions(Options):
     device: str = Field("auto", description="'auto' (the GPU the scheduler placed it on, where its spec "
                         "has gpus = 1; else the CPU), 'cpu', 'cuda' or 'cuda:N': where the model, the KV "
                         "cache and the sampling are")
+    exact: bool = Field(False, description="batch-invariant ops: each sampled token's logprob equals the "
+                        "learner's recomputation bit for bit (set `exact = true` in [shared]; float32 weights "
+                        "and cache, no speculative decoding; docs/exactness.md)")
     speculative: SpeculativeOptions | None = Field(None, description="draft and verify tokens (exact: "
                                                    "same distribution and logprobs); None = off. Example: "
                                                    "{ method = \"ngram\", num_draft_tokens = 4 }")
@@ -88,6 +91,13 @@ class GeneratorOptions(Options):
     @classmethod
     def _auto_means_unset(cls, data):
         return auto_means_unset(data, {"kv_cache_mb"})
+
+    @model_validator(mode="after")
+    def _exact_settings(self):
+        """What an exact engine cannot run with, refused at load (Engine's own check)."""
+        if self.exact:
+            Engine.exact_backend(self.weight_precision, self.kv_dtype, self.speculative, None)
+        return self
 
 
 class GeneratorActor(Actor):
@@ -103,7 +113,8 @@ class GeneratorActor(Actor):
         self.engine = Engine(self.model, self.tokenizer, kv_cache_mb=options.kv_cache_mb,
                              max_num_seqs=options.max_num_seqs, seed=options.seed,
                              prefill_chunk_tokens=options.prefill_chunk_tokens, kv_dtype=options.kv_dtype,
-                             weight_precision=options.weight_precision, speculative=options.speculative)
+                             weight_precision=options.weight_precision, speculative=options.speculative,
+                             exact=options.exact)
         self._request_ids = itertools.count()
         self._new_requests: list[tuple[str, list[int] | str, SamplingParams]] = []
         self._waiters: dict[str, Waiter] = {}       # request id -> its caller, until answered

@@ -105,7 +105,7 @@ class Engine:
         if weight_precision not in ("float32", "float16"):
             raise EngineError(f"weight_precision must be 'float32' or 'float16', got {weight_precision!r}")
         if exact:
-            attention_backend = self._exact_backend(weight_precision, kv_dtype, speculative, attention_backend)
+            attention_backend = self.exact_backend(weight_precision, kv_dtype, speculative, attention_backend)
             make_exact(cast(torch.nn.Module, model))                 # a CausalLM is a Module
         self.exact = exact
         self.model = model.eval()
@@ -138,7 +138,7 @@ class Engine:
         self._sequences: dict[int, Sequence] = {}
 
     @staticmethod
-    def _exact_backend(weight_precision: str, kv_dtype: str | None, speculative: SpeculativeOptions | None,
+    def exact_backend(weight_precision: str, kv_dtype: str | None, speculative: SpeculativeOptions | None,
                        backend: AttentionBackend | None) -> AttentionBackend:
         """The attention backend of an exact engine; EngineError naming what exact cannot run with."""
         if weight_precision != "float32":

@@ -62,7 +62,7 @@ import logging
 from typing import Annotated, Any, Literal
 
 import anyio
-from pydantic import AfterValidator, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
 from postrain.core import Actor, MessageKind, Options, handler
 from postrain.core.errors import PostrainError
@@ -95,6 +95,8 @@ class LearnerOptions(Options):
         "tiny", description="the policy: a built-in name, a Hugging Face folder, a "
         ".gguf file, or ModelConfig fields")
     seed: int = Field(0, description="init of a from-scratch model and the torch RNG")
+    exact: bool = Field(False, description="batch-invariant ops: the learner's logprobs equal an exact "
+                        "generator's bit for bit (set `exact = true` in [shared]; docs/exactness.md)")
     learner: dict[str, Any] = Field(default_factory=dict, description="LearnerConfig fields "
                                     "(actors/learner/learner.py): optimizer, schedule, objective, KL, advantages")
     resume_from: str | None = Field(None, description="a checkpoint folder to start from (weights, "
@@ -124,20 +126,29 @@ class LearnerOptions(Options):
     def _check_learner_config(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         """Each LearnerConfig field's type (a bad one is named as learner.FIELD = VALUE: RULE),
         then its rules (LearnerConfig.__post_init__)."""
-        for name in ("model", "seed"):
+        for name in ("model", "seed", "exact"):
             if name in value:
                 raise ValueError(f"learner.{name} is the learner actor's own option: set options.{name} "
                                  f"(or {name} in [shared]) instead")
         from pydantic import TypeAdapter
         from .learner import LearnerConfig
         TypeAdapter(LearnerConfig).validate_python(
-            {**value, "model": info.data.get("model", "tiny"), "seed": info.data.get("seed", 0)})
+            {**value, "model": info.data.get("model", "tiny"), "seed": info.data.get("seed", 0),
+             "exact": info.data.get("exact", False)})
         return value
+
+    @model_validator(mode="after")
+    def _exact_publishes_float32(self):
+        if self.exact and self.publish_dtype not in (None, "float32"):
+            raise ValueError(f"exact = true sends the generators the learner's float32 weights; publish_dtype = "
+                             f"{self.publish_dtype!r} would round them: leave publish_dtype unset")
+        return self
 
     def learner_config(self):
         """The LearnerConfig these options describe."""
         from .learner import LearnerConfig
-        return LearnerConfig.from_dict({**self.learner, "model": self.model, "seed": self.seed})
+        return LearnerConfig.from_dict({**self.learner, "model": self.model, "seed": self.seed,
+                                        "exact": self.exact})
 
 
 class LearnerActor(Actor):

@@ -135,3 +135,21 @@ def test_what_exact_cannot_run_with_is_refused_by_name():
            "moe_intermediate_size": 32, "qk_norm": True}
     with pytest.raises(exact.ExactnessError, match="mixture-of-experts"):
         Learner(LearnerConfig(model=moe, exact=True))
+
+
+@pytest.mark.slow
+def test_a_run_with_exact_trains_on_a_ratio_of_exactly_one(tmp_path):
+    """`exact = true` in [shared] reaches the generator and the learner of a real run (every role a
+    process, weights published over the wire): every RL step's logprob gap is 0."""
+    import json
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from task_runs import run_task
+
+    options = {"answer_format": "plain", "max_digits": 1}
+    shared = {"model": "tiny", "task": "arithmetic", "task_options": options, "exact": True}
+    summary, folder = run_task(tmp_path, "arithmetic", options, extra={"shared": shared})
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    steps = [row for row in rows if "logprob_gap_max" in row]
+    assert steps and all(row["logprob_gap_max"] == 0.0 and row["ratio_mean"] == 1.0 for row in steps)
