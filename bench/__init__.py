@@ -40,6 +40,8 @@ BENCHMARKS: dict[str, str] = {
     "scorers": "postrain.bench.scorers",
     "cad": "postrain.bench.cad",
     "mixture": "postrain.bench.mixture",
+    "limits": "postrain.bench.limits",
+    "exact": "postrain.bench.exact",
 }
 
 

@@ -79,7 +79,7 @@ def _ours(engine: Engine, prompts, params: SamplingParams, kv_samples: list[floa
     return num_tokens / wall, num_tokens / cpu, outputs
 
 
-def _matmul_ceiling(model, batch: int) -> float:
+def matmul_ceiling(model, batch: int) -> float:
     """Tokens/s of decode steps made of their float32 matmuls alone (see the module docstring)."""
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     inputs = [torch.randn(batch, m.in_features) for m in linears]
@@ -174,7 +174,7 @@ def run(quick: bool) -> dict:
             wall, cpu = _theirs(hf, prompts, new_tokens, pad_id)
             runs["theirs"].append(wall)
             runs["theirs_cpu"].append(cpu)
-            runs["ceiling"].append(_matmul_ceiling(model, batch))
+            runs["ceiling"].append(matmul_ceiling(model, batch))
             if batch in fp16_batches:
                 engine = Engine(model, tokenizer, max_num_seqs=max(64, batch), weight_precision="float16")
                 wall, _, outputs = _ours(engine, prompts, params)

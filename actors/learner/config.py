@@ -89,7 +89,7 @@ class LearnerConfig:
     chunk_size_tokens: int | None = None   # None: rl_ops picks a 32 MiB fp32 block
     shared_prefix: bool = True             # compute a prefix samples share once per micro-batch (exact)
     exact: bool = False                    # batch-invariant ops: logprobs bitwise equal to an exact generator's
-                                           # (models/exact.py; float32, no autocast, rings, LoRA or distillation)
+                                           # (models/exact.py; float32; not with autocast, rings or distillation)
     # mixture-of-experts policies (actors/learner/routing.py)
     routing_replay: bool = False           # route recorded tokens to the experts the generator used (R3)
     router_aux_loss_coef: float = 0.0      # weight of the router's load-balancing loss; 0 = off
@@ -159,12 +159,8 @@ class LearnerConfig:
              f"{self.autocast_dtype!r}"),
             (self.context_parallel == 1, f"exact = true does not cover context-parallel rings yet "
                                          f"(context_parallel = {self.context_parallel}); set context_parallel = 1"),
-            (self.lora is None, "exact = true does not cover LoRA yet (the adapters add their term beside the "
-                                "base matmul, the generator multiplies by the merged weight); drop lora"),
             (not self.distills, "exact = true does not cover distillation yet; set exact = false or drop "
                                 "loss = \"opd\" / distill_coef"),
-            (self.strategy != "fsdp", "exact = true does not cover FSDP yet (a sharded matmul reduces in "
-                                      "another order); use strategy = \"ddp\""),
         ]
 
     @property

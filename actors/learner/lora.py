@@ -8,7 +8,9 @@
 
 Design note. The adapters live beside the model, not in it: each targeted nn.Linear gets a
 forward hook that adds scale * B(A(x)) to its output (PEFT's formula, scale = alpha / rank),
-so the model's state dict keeps its Hugging Face names and holds the base weights: checkpoints
+so the model's state dict keeps its Hugging Face names and holds the base weights (with `exact`,
+the hook returns the layer multiplied by `merge_lora`'s merged weight instead, computed with
+gradients: the product the generators run, bit for bit; the base product is computed and dropped): checkpoints
 store it unchanged plus `adapters.safetensors`, and a publish sends the merged weights
 (`merge_lora`, actors/weights/patch.py, the same function the generators run). Every base
 parameter is frozen (requires_grad False): no gradients, no optimizer state; only the adapters
@@ -40,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from postrain.core.atomic_write import write_folder_atomically
+from ..models.exact import ExactLinear, exact_linear
 from ..weights.patch import merge_lora
 from .batch import LearnerError
 
@@ -130,6 +133,9 @@ class LearnerLora:
             if not self.enabled:
                 return output
             x = args[0]
+            if isinstance(module, ExactLinear):   # exact: the generator's merged weight, bit for bit
+                delta = (self.lora_B[name].float() @ self.lora_A[name].float()) * scale   # merge_lora's ops
+                return exact_linear(x, (module.weight.float() + delta).to(module.weight.dtype), module.bias)
             low = F.linear(F.linear(x.to(self.lora_A[name].dtype), self.lora_A[name]), self.lora_B[name])
             return output + (low * scale).to(output.dtype)                  # (..., out)
         return add_adapter

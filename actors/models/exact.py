@@ -47,7 +47,6 @@ from .config import ModelConfigError
 MIN_ROWS = 16          # the fewest rows a Linear call multiplies (fewer are padded with zeros)
 KEY_BLOCK = 16         # keys per softmax block (by absolute position)
 VOCAB_CHUNK = 256      # vocabulary entries per partial sum of the log-softmax
-QUERY_CHUNK = 16       # queries per attention pass (bounds the (queries, keys, head_dim) product)
 
 
 class ExactnessError(ModelConfigError):
@@ -126,9 +125,6 @@ def make_exact(model: nn.Module) -> nn.Module:
         raise ExactnessError(f"exact = true needs a float32 model, this one has {', '.join(wrong)} "
                              "parameters; set the learner's dtype to float32 and drop autocast")
     check_row_invariance(model)
-    if getattr(model.config, "moe_layers", ()):
-        raise ExactnessError("exact = true does not cover mixture-of-experts models yet (their expert "
-                             "matmuls batch tokens by expert); set exact = false")
     for module in model.modules():
         if type(module) is nn.Linear:
             module.__class__ = ExactLinear
@@ -155,43 +151,48 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: to
     k_real (B, L) marking the keys that exist (the others are dropped, whatever their
     position). A query at position p sees the real keys at positions j <= p (and p - j <
     window). Keys are scattered into a buffer indexed by position, so the blocks of KEY_BLOCK
-    positions are the same however the caller laid them out. Returns (B, T, H, D)."""
+    positions are the same however the caller laid them out. The scores are one matmul of at
+    least MIN_ROWS query rows against every key (a row's dot products do not depend on the
+    row or key counts: `check_row_invariance`); each block's weighted values are a matmul over
+    its KEY_BLOCK keys, and the blocks are summed left to right (a cumulative sum), as are the
+    softmax's denominators. Returns (B, T, H, D)."""
     batch, seq, heads, dim = q.shape
     kv_heads = k.shape[2]
     groups = heads // kv_heads
     scale = dim ** -0.5 if scale is None else scale
     top = int(torch.where(k_real, k_pos, 0).max()) + 1 if bool(k_real.any()) else 1
     width = -(-top // KEY_BLOCK) * KEY_BLOCK
+    blocks = width // KEY_BLOCK
     slots = torch.where(k_real, k_pos, width)                                  # width = discarded
     index = slots[:, :, None, None].expand(-1, -1, kv_heads, dim)
     keys = k.new_zeros(batch, width + 1, kv_heads, dim).scatter(1, index, k)[:, :width]
     values = v.new_zeros(batch, width + 1, kv_heads, dim).scatter(1, index, v)[:, :width]
     present = torch.zeros(batch, width + 1, dtype=torch.bool, device=q.device).scatter(
         1, slots, torch.ones_like(slots, dtype=torch.bool))[:, :width]        # (B, W)
-    keys = keys.permute(0, 2, 1, 3)[:, :, None]                                # (B, Hkv, 1, W, D)
-    values = values.permute(0, 2, 1, 3).reshape(batch, kv_heads, 1, 1, width // KEY_BLOCK, KEY_BLOCK, dim)
-    queries = q.reshape(batch, seq, kv_heads, groups, dim).permute(0, 2, 3, 1, 4)  # (B, Hkv, G, T, D)
+    rows = groups * seq
+    queries = q.reshape(batch, seq, kv_heads, groups, dim).permute(0, 2, 3, 1, 4).reshape(batch, kv_heads, rows, dim)
+    if rows < MIN_ROWS:
+        queries = F.pad(queries, (0, 0, 0, MIN_ROWS - rows))
+    scores = (queries @ keys.permute(0, 2, 3, 1))[:, :, :rows] * scale        # (B, Hkv, G*T, W)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     key_positions = torch.arange(width, device=q.device)
-    outs = []
-    for start in range(0, seq, QUERY_CHUNK):
-        qc = queries[:, :, :, start:start + QUERY_CHUNK]                       # (B, Hkv, G, C, D)
-        pos = q_pos[:, start:start + QUERY_CHUNK]                              # (B, C)
-        scores = (qc[:, :, :, :, None, :] * keys[:, :, :, None]).sum(-1) * scale   # (B, Hkv, G, C, W)
-        if softcap is not None:
-            scores = torch.tanh(scores / softcap) * softcap
-        visible = present[:, None, :] & (key_positions[None, None, :] <= pos[:, :, None])   # (B, C, W)
-        if window is not None:
-            visible = visible & (pos[:, :, None] - key_positions[None, None, :] < window)
-        scores = scores.masked_fill(~visible[:, None, None], float("-inf"))
-        top_score = scores.amax(-1, keepdim=True)
-        top_score = torch.where(torch.isfinite(top_score), top_score, torch.zeros_like(top_score))
-        weights = torch.exp(scores - top_score)                                # 0 where unseen
-        blocks = weights.reshape(*weights.shape[:-1], width // KEY_BLOCK, KEY_BLOCK)  # (B, Hkv, G, C, N, K)
-        total = blocks.sum(-1).cumsum(-1)[..., -1:]                            # (B, Hkv, G, C, 1)
-        mixed = (blocks[..., None] * values).sum(-2).cumsum(-2)[..., -1, :]   # (B, Hkv, G, C, D)
-        outs.append(mixed / total.clamp(min=torch.finfo(total.dtype).tiny))
-    out = torch.cat(outs, dim=3)                                               # (B, Hkv, G, T, D)
-    return out.permute(0, 3, 1, 2, 4).reshape(batch, seq, heads, dim)
+    visible = present[:, None, :] & (key_positions[None, None, :] <= q_pos[:, :, None])   # (B, T, W)
+    if window is not None:
+        visible = visible & (q_pos[:, :, None] - key_positions[None, None, :] < window)
+    visible = visible[:, None].expand(-1, groups, -1, -1).reshape(batch, 1, rows, width)
+    scores = scores.masked_fill(~visible, float("-inf"))
+    top_score = scores.amax(-1, keepdim=True)
+    top_score = torch.where(torch.isfinite(top_score), top_score, torch.zeros_like(top_score))
+    weights = torch.exp(scores - top_score).reshape(batch, kv_heads, rows, blocks, KEY_BLOCK)   # 0 where unseen
+    total = weights.sum(-1).cumsum(-1)[..., -1:]                               # (B, Hkv, G*T, 1)
+    if rows < MIN_ROWS:
+        weights = F.pad(weights, (0, 0, 0, 0, 0, MIN_ROWS - rows))
+    per_block = weights.permute(0, 1, 3, 2, 4) @ values.permute(0, 2, 1, 3).reshape(
+        batch, kv_heads, blocks, KEY_BLOCK, dim)                               # (B, Hkv, N, G*T, D)
+    mixed = per_block[:, :, :, :rows].cumsum(2)[:, :, -1]                      # (B, Hkv, G*T, D)
+    out = mixed / total.clamp(min=torch.finfo(total.dtype).tiny)
+    return out.reshape(batch, kv_heads, groups, seq, dim).permute(0, 3, 1, 2, 4).reshape(batch, seq, heads, dim)
 
 
 class ExactSelfAttention:

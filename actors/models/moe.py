@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import exact as exact_ops
 from .config import ModelConfig
 
 NOT_RECORDED = -1       # an expert index in a replay tensor: route this row by the router itself
@@ -151,6 +152,27 @@ def naive_expert_mlp(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tens
     return torch.stack(out) if out else x.new_zeros(x.shape)
 
 
+def exact_expert_mlp(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
+                     gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """`grouped_expert_mlp` with `exact` (models/exact.py): one batch-invariant matmul per expert
+    over its tokens (fewer than exact.MIN_ROWS padded), so a token's output does not depend on
+    which other tokens the step routed to its experts."""
+    num, top_k = experts.shape
+    flat = experts.reshape(-1)                                                     # (N*k,)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=gate_up.shape[0])
+    rows = x.index_select(0, order // top_k)                             # (N*k, H) grouped by expert
+    pieces = []
+    for e, chunk in enumerate(rows.split(counts.tolist())):
+        if chunk.shape[0]:
+            gate, up = exact_ops.exact_linear(chunk, gate_up[e]).chunk(2, dim=-1)
+            pieces.append(exact_ops.exact_linear(exact_ops.silu(gate) * up, down[e]))
+    out_rows = torch.cat(pieces) * weights.reshape(-1).index_select(0, order).to(x.dtype)[:, None]
+    unsort = torch.empty_like(order)
+    unsort[order] = torch.arange(num * top_k, device=x.device)
+    return out_rows.index_select(0, unsort).view(num, top_k, -1).sum(dim=1)
+
+
 class Experts(nn.Module):
     """E SwiGLU experts as stacked weights (Hugging Face's in-memory layout):
     gate_up_proj (E, 2I, H) = [gate; up] rows, down_proj (E, H, I)."""
@@ -169,6 +191,7 @@ class SparseMoeBlock(nn.Module):
     ordinal among the model's MoE layers (its column in a routing trace)."""
 
     naive: bool = False      # class switch for the bench's reference: per-token loops
+    exact: bool = False      # batch-invariant router and experts (models/exact.py `make_exact` sets it)
 
     def __init__(self, config: ModelConfig, moe_index: int):
         super().__init__()
@@ -183,7 +206,7 @@ class SparseMoeBlock(nn.Module):
         experts multiply by the model's own weights, so the engine routes as the learner does."""
         shape = x.shape
         rows = x.reshape(-1, shape[-1])                                            # (N, H)
-        logits = F.linear(rows, self.gate.weight)                                  # (N, E)
+        logits = (exact_ops.exact_linear if self.exact else F.linear)(rows, self.gate.weight)   # (N, E)
         trace = self.trace
         replay = None if trace is None or trace.replay is None else trace.replay[:, self.moe_index]
         experts, gate_weights, own = route(logits, self.top_k, self.norm_topk_prob, replay)
@@ -193,7 +216,7 @@ class SparseMoeBlock(nn.Module):
                 trace.own_experts.append(own)
             if trace.keep_logits:
                 trace.router_logits.append(logits.float())
-        mlp = naive_expert_mlp if self.naive else grouped_expert_mlp
+        mlp = naive_expert_mlp if self.naive else exact_expert_mlp if self.exact else grouped_expert_mlp
         out = mlp(rows, experts, gate_weights, self.experts.gate_up_proj, self.experts.down_proj)
         return out.reshape(shape)
 

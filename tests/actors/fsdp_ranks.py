@@ -31,6 +31,7 @@ VARIANTS = {
     "prefix_ac": dict(shared_prefix=True, activation_checkpointing=True),
     "plain": dict(shared_prefix=False),
     "lora": dict(shared_prefix=True, lora={"rank": 4, "alpha": 8}),
+    "exact": dict(shared_prefix=True, exact=True),
 }
 STEPS = 3
 PUBLISHED = ("prefix", "lora")      # variants whose publishes (and export) are checked
@@ -73,7 +74,38 @@ def main(rank: int, world: int, init_file: str, out: Path, variants: list[str], 
             learner.save_checkpoint(out / "ckpt", extra={"variant": variant})
         if variant in PUBLISHED:                # after the checkpoint: it trains one more step
             publish_rounds(learner, rank, world, out, variant)
+        if learner.config.exact:
+            exact_round(learner, rank, world, out, variant)
     dist.destroy_process_group()
+
+
+def exact_round(learner, rank: int, world: int, out: Path, variant: str) -> None:
+    """Every rank samples 8 continuations from an exact engine on the gathered weights (the same
+    samples on every rank: seeded), then scores its shard as the sharded exact learner; writes
+    OUT_DIR/VARIANT.exact.rank<R>.json: the largest |recorded - recomputed| and the step's gap."""
+    from postrain.actors.generator.engine import Engine
+    from postrain.actors.generator.sampling import SamplingParams
+    from postrain.actors.learner.group import shard_batch
+
+    import torch.distributed as dist
+
+    held = [learner.state_dict()]                            # a collective: every rank gathers, rank 0 keeps
+    dist.broadcast_object_list(held, src=0)
+    weights = held[0]
+    engine = Engine(type(learner.model).empty(learner.model.config), None, num_blocks=64, exact=True)
+    engine.load_weights(weights, learner.policy_version)
+    prompts = [[20, 21, 22, 23, 24], [40, 41, 42]]
+    outs = engine.generate(prompts, SamplingParams(n=4, seed=3, max_new_tokens=10, ignore_eos=True))
+    samples = [(p, s) for p, o in zip(prompts, outs) for s in o.outputs]
+    whole = TrainBatch(token_ids=[p + s.token_ids for p, s in samples],
+                       loss_mask=[[0] * len(p) + [1] * len(s.token_ids) for p, s in samples],
+                       behavior_logprobs=[[0.0] * len(p) + s.logprobs for p, s in samples],
+                       policy_versions=[learner.policy_version] * len(samples), advantages=[1.0, -1.0] * 4)
+    mine = shard_batch(whole, world)[rank]
+    gap = max(float((got - torch.tensor(want, dtype=torch.float64).float()).abs()[torch.tensor(m, dtype=torch.bool)].max())
+              for got, want, m in zip(learner.compute_logprobs(mine), mine.behavior_logprobs, mine.loss_mask))
+    step_gap = learner.train_step(mine)["logprob_gap_max"]
+    (out / f"{variant}.exact.rank{rank}.json").write_text(json.dumps({"gap": gap, "step_gap": step_gap}))
 
 
 def resume_both_ways(rank: int, world: int, init_file: str, out: Path, variant: str, checkpoint: str) -> None:

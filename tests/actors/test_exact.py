@@ -1,5 +1,6 @@
 """`exact = true` (actors/models/exact.py): the generator's recorded logprob of every sampled token
-equals the learner's recomputation bit for bit, for each dense architecture of the registry, with
+equals the learner's recomputation bit for bit, for each architecture of the registry (MoE with
+routing replay), with
 preemption, a prefix hit, chunked prefill, shared prefixes and a weight swap in the mix; the first
 step's ratio is exactly 1. Greedy output is unchanged; what exact cannot run with is refused by name.
 
@@ -20,7 +21,7 @@ from postrain.actors.models import exact
 from postrain.actors.records import TrainBatch
 from postrain.bench.architectures import build_hf_folder
 
-ARCHITECTURES = ["tiny", "qwen3", "mistral", "gemma3_text"]
+ARCHITECTURES = ["tiny", "qwen3", "mistral", "gemma3_text", "qwen3_moe"]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,7 @@ def rollouts(engine: Engine, tokenizer, seed: int) -> TrainBatch:
     outs = engine.generate(prompts, SamplingParams(n=8, temperature=1.0, seed=seed, max_new_tokens=12,
                                                    ignore_eos=True))
     fields: dict[str, list] = {"token_ids": [], "loss_mask": [], "behavior_logprobs": [],
-                               "policy_versions": [], "rewards": [], "group_ids": []}
+                               "policy_versions": [], "rewards": [], "group_ids": [], "routed_experts": []}
     for group, (prompt, out) in enumerate(zip(prompts, outs)):
         for i, sample in enumerate(out.outputs):
             fields["token_ids"].append(prompt + sample.token_ids)
@@ -49,6 +50,9 @@ def rollouts(engine: Engine, tokenizer, seed: int) -> TrainBatch:
             fields["policy_versions"].append([0] * len(prompt) + sample.policy_versions)
             fields["rewards"].append(float(i % 2))
             fields["group_ids"].append(group)
+            fields["routed_experts"].append(sample.routed_experts)      # MoE: the experts each token used
+    if fields["routed_experts"][0] is None:
+        del fields["routed_experts"]
     return TrainBatch(**fields)
 
 
@@ -68,7 +72,7 @@ def assert_bitwise_equal(learner: Learner, batch: TrainBatch) -> int:
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_recorded_logprobs_equal_the_learners_bit_for_bit(arch, model_specs):
     learner = Learner(LearnerConfig(model=model_specs[arch], exact=True, temperature=1.0, micro_batch_size=16,
-                                    lr=1e-3))
+                                    lr=1e-3, routing_replay=arch == "qwen3_moe"))
     model = type(learner.model).empty(learner.model.config)
     model.load_state_dict(learner.model.state_dict())
     # 14 blocks of 4 tokens for 64 samples of up to 47 tokens: sequences are preempted and recomputed
@@ -84,6 +88,21 @@ def test_recorded_logprobs_equal_the_learners_bit_for_bit(arch, model_specs):
     assert metrics["ratio_mean"] == 1.0 and metrics["clip_frac_low"] == metrics["clip_frac_high"] == 0.0
     engine.load_weights(learner.state_dict(), version=1)             # a weight swap
     assert_bitwise_equal(learner, rollouts(engine, learner.tokenizer, seed=4))
+
+
+@pytest.mark.slow
+def test_a_lora_policy_is_exact_against_its_merged_weights():
+    """The generator runs base + scale * B @ A (merge_lora); the exact learner multiplies by the same."""
+    learner = Learner(LearnerConfig(model="tiny", exact=True, micro_batch_size=16, lr=1e-2,
+                                    lora={"rank": 4, "alpha": 8}))
+    for _ in range(2):                                     # B leaves zero: the adapters change the policy
+        engine = Engine(type(learner.model).empty(learner.model.config), learner.tokenizer, num_blocks=256,
+                        exact=True)
+        engine.load_weights(learner.state_dict(), version=learner.policy_version)
+        batch = rollouts(engine, learner.tokenizer, seed=5)
+        assert_bitwise_equal(learner, batch)
+        assert learner.train_step(batch)["logprob_gap_max"] == 0.0
+    assert float(learner.lora.lora_B["model.layers.0.self_attn.q_proj"].detach().abs().max()) > 0
 
 
 def test_greedy_tokens_are_unchanged_by_exact():
@@ -123,18 +142,11 @@ def test_a_matmul_whose_rows_depend_on_the_batch_is_refused(monkeypatch):
 def test_what_exact_cannot_run_with_is_refused_by_name():
     with pytest.raises(LearnerError, match="float32 weights and no autocast"):
         LearnerConfig(model="tiny", exact=True, autocast_dtype="bfloat16")
-    with pytest.raises(LearnerError, match="LoRA"):
-        LearnerConfig(model="tiny", exact=True, lora={"rank": 4})
     model = Learner(LearnerConfig(model="tiny")).model
     with pytest.raises(EngineError, match="weight_precision"):
         Engine(model, None, num_blocks=16, exact=True, weight_precision="float16")
     with pytest.raises(EngineError, match="float32 KV cache"):
         Engine(model, None, num_blocks=16, exact=True, kv_dtype="int8")
-    moe = {"architecture": "qwen3_moe", "vocab_size": 264, "hidden_size": 64, "intermediate_size": 96,
-           "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "num_experts": 4, "num_experts_per_tok": 2,
-           "moe_intermediate_size": 32, "qk_norm": True}
-    with pytest.raises(exact.ExactnessError, match="mixture-of-experts"):
-        Learner(LearnerConfig(model=moe, exact=True))
 
 
 @pytest.mark.slow

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from fsdp_ranks import STEPS, batch, config  # noqa: E402
 
 RANKS_SCRIPT = Path(__file__).resolve().parents[1] / "fsdp_ranks.py"
-DEFAULT_VARIANTS = ["prefix", "plain_ac", "lora"]
+DEFAULT_VARIANTS = ["prefix", "plain_ac", "lora", "exact"]
 
 
 def run_ranks(rank_processes, world: int, out: Path, variants: list[str], mode: str = "") -> Path:
@@ -194,3 +194,11 @@ def test_a_learner_actor_of_two_fsdp_ranks_trains_publishes_saves_and_exports(tm
     assert_same_weights(load_file(str(tmp_path / "hf" / "model.safetensors")), single.state_dict())
     assert checkpoint_info(tmp_path / "ckpt") == {"step": 1, "policy_version": 1}
     assert sorted(p.name for p in (tmp_path / "ckpt" / "dcp").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+
+
+def test_exact_under_fsdp_scores_the_generators_logprobs_bit_for_bit(two_ranks):
+    """`exact = true` on a sharded learner: each rank's recomputed logprobs of an exact engine's
+    samples (on the gathered weights after 3 steps) equal the recorded ones; the step's gap is 0."""
+    for rank in range(2):
+        result = json.loads((two_ranks / f"exact.exact.rank{rank}.json").read_text())
+        assert result == {"gap": 0.0, "step_gap": 0.0}
