@@ -1,7 +1,7 @@
 """`postrain bench exact`: what `exact = true` costs and what it buys, per architecture, in one run.
 
-For each architecture (the built-in tiny Llama, and random Qwen3, Mistral and Gemma 3 folders of
-the generate bench's shape, made by transformers) the same learner weights are sampled by two
+For each architecture (the built-in tiny Llama, and random Qwen3, Mistral, Gemma 3 and Qwen3-MoE
+folders of the generate bench's shape, made by transformers; MoE with routing replay) the same learner weights are sampled by two
 engines, one plain and one exact (16 prompts of 10-40 tokens, 4 samples each, 24 new tokens at
 temperature 1, 8-token blocks), and each batch is scored by the learner of its kind. Figures:
 
@@ -34,7 +34,7 @@ from postrain.actors.records import TrainBatch
 
 from .architectures import BENCH_SHAPE, build_hf_folder
 
-FOLDER_ARCHITECTURES = ("qwen3", "mistral", "gemma3_text")
+FOLDER_ARCHITECTURES = ("qwen3", "mistral", "gemma3_text", "qwen3_moe")
 SAMPLING = SamplingParams(n=4, temperature=1.0, seed=11, max_new_tokens=24, ignore_eos=True)
 
 
@@ -49,7 +49,7 @@ def sample(engine: Engine) -> tuple[TrainBatch, float]:
     outs = engine.generate(prompts(), SAMPLING)
     elapsed = time.perf_counter() - start
     fields: dict[str, list] = {"token_ids": [], "loss_mask": [], "behavior_logprobs": [], "policy_versions": [],
-                               "rewards": [], "group_ids": []}
+                               "rewards": [], "group_ids": [], "routed_experts": []}
     for group, (prompt, out) in enumerate(zip(prompts(), outs)):
         for i, s in enumerate(out.outputs):
             fields["token_ids"].append(prompt + s.token_ids)
@@ -58,6 +58,9 @@ def sample(engine: Engine) -> tuple[TrainBatch, float]:
             fields["policy_versions"].append([0] * (len(prompt) + len(s.token_ids)))
             fields["rewards"].append(float(i % 2))
             fields["group_ids"].append(group)
+            fields["routed_experts"].append(s.routed_experts)     # MoE: replayed by the learner
+    if fields["routed_experts"][0] is None:
+        del fields["routed_experts"]
     tokens = sum(sum(mask) for mask in fields["loss_mask"])
     return TrainBatch(**fields), tokens / elapsed
 
@@ -82,7 +85,9 @@ def step_seconds(learner: Learner, batch: TrainBatch) -> float:
 def measure(spec: str, repeats: int) -> dict[str, float]:
     """Both kinds on one architecture: {"<kind>_gap", "<kind>_tok_per_s", "<kind>_step_s"}."""
     out: dict[str, float] = {}
-    learners = {kind: Learner(LearnerConfig(model=spec, exact=kind == "exact", micro_batch_size=16, lr=1e-4))
+    moe = spec.endswith("moe")
+    learners = {kind: Learner(LearnerConfig(model=spec, exact=kind == "exact", micro_batch_size=16, lr=1e-4,
+                                            routing_replay=moe))
                 for kind in ("plain", "exact")}
     weights = learners["plain"].model.state_dict()
     learners["exact"].model.load_state_dict(weights)

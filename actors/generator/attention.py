@@ -180,7 +180,6 @@ class ExactGatherStep(GatherSdpaStep):
                window: int | None = None, scale: float | None = None,
                softcap: float | None = None) -> torch.Tensor:
         keys, values = self._write_and_gather(k, v, self.kv_caches[layer_idx], self._all_blocks)  # (B, L, Hkv, D)
-        positions = torch.arange(keys.shape[1], device=keys.device)[None].expand(keys.shape[0], -1)
-        real = positions < self.metadata.context_lens[:, None]
-        return exact_attention(q, keys, values, self.positions, positions, real,
+        real = torch.arange(keys.shape[1], device=keys.device)[None] < self.metadata.context_lens[:, None]
+        return exact_attention(q, keys, values, self.positions, None, real,   # key j is at position j
                                window=window, scale=scale, softcap=softcap)

@@ -96,12 +96,13 @@ def check_row_invariance(model: nn.Module, probes: int = 3) -> None:
     """Raise ExactnessError unless this machine's matmul gives a row the same bits at every row
     count from MIN_ROWS up and at 1 and 2 threads, for up to `probes` of the model's Linear shapes."""
     shapes = sorted({tuple(m.weight.shape) for m in model.modules() if isinstance(m, nn.Linear)})
+    device = next(model.parameters()).device                      # the BLAS the model will run on
     generator = torch.Generator().manual_seed(0)
     threads = torch.get_num_threads()
     try:
         for out_features, in_features in shapes[:probes]:
-            weight = torch.randn(out_features, in_features, generator=generator)
-            x = torch.randn(97, in_features, generator=generator)
+            weight = torch.randn(out_features, in_features, generator=generator).to(device)
+            x = torch.randn(97, in_features, generator=generator).to(device)
             whole = F.linear(x, weight)
             results = [F.linear(x[:rows], weight) for rows in (MIN_ROWS, MIN_ROWS + 1, 33, 64)]
             torch.set_num_threads(1 if threads > 1 else 2)
@@ -143,15 +144,16 @@ def is_exact(model: nn.Module) -> bool:
 # ---- attention ---------------------------------------------------------------------------
 
 def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
-                    k_pos: torch.Tensor, k_real: torch.Tensor, *, window: int | None = None,
+                    k_pos: torch.Tensor | None, k_real: torch.Tensor, *, window: int | None = None,
                     scale: float | None = None, softcap: float | None = None) -> torch.Tensor:
     """Causal grouped-query attention whose every query row depends on its visible keys only.
 
     q (B, T, H, D) at positions q_pos (B, T); k, v (B, L, Hkv, D) at positions k_pos (B, L),
     k_real (B, L) marking the keys that exist (the others are dropped, whatever their
-    position). A query at position p sees the real keys at positions j <= p (and p - j <
-    window). Keys are scattered into a buffer indexed by position, so the blocks of KEY_BLOCK
-    positions are the same however the caller laid them out. The scores are one matmul of at
+    position); k_pos None: key j of every row is at position j (a gathered cache, right
+    padding). A query at position p sees the real keys at positions j <= p (and p - j <
+    window). Keys are laid out by position (scattered there when k_pos is given), so the
+    blocks of KEY_BLOCK positions are the same however the caller laid them out. The scores are one matmul of at
     least MIN_ROWS query rows against every key (a row's dot products do not depend on the
     row or key counts: `check_row_invariance`); each block's weighted values are a matmul over
     its KEY_BLOCK keys, and the blocks are summed left to right (a cumulative sum), as are the
@@ -160,20 +162,17 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: to
     kv_heads = k.shape[2]
     groups = heads // kv_heads
     scale = dim ** -0.5 if scale is None else scale
-    top = int(torch.where(k_real, k_pos, 0).max()) + 1 if bool(k_real.any()) else 1
-    width = -(-top // KEY_BLOCK) * KEY_BLOCK
+    if k_pos is not None:
+        k, v, k_real = _by_position(k, v, k_pos, k_real)
+    width = -(-k.shape[1] // KEY_BLOCK) * KEY_BLOCK
     blocks = width // KEY_BLOCK
-    slots = torch.where(k_real, k_pos, width)                                  # width = discarded
-    index = slots[:, :, None, None].expand(-1, -1, kv_heads, dim)
-    keys = k.new_zeros(batch, width + 1, kv_heads, dim).scatter(1, index, k)[:, :width]
-    values = v.new_zeros(batch, width + 1, kv_heads, dim).scatter(1, index, v)[:, :width]
-    present = torch.zeros(batch, width + 1, dtype=torch.bool, device=q.device).scatter(
-        1, slots, torch.ones_like(slots, dtype=torch.bool))[:, :width]        # (B, W)
+    keys, values = (_heads_first(t, width) for t in (k, v))                    # (B, Hkv, W, D)
+    present = F.pad(k_real, (0, width - k_real.shape[1]))                      # (B, W)
     rows = groups * seq
+    padded_rows = max(rows, MIN_ROWS)           # a matmul of fewer rows would sum in another order
     queries = q.reshape(batch, seq, kv_heads, groups, dim).permute(0, 2, 3, 1, 4).reshape(batch, kv_heads, rows, dim)
-    if rows < MIN_ROWS:
-        queries = F.pad(queries, (0, 0, 0, MIN_ROWS - rows))
-    scores = (queries @ keys.permute(0, 2, 3, 1))[:, :, :rows] * scale        # (B, Hkv, G*T, W)
+    queries = F.pad(queries, (0, 0, 0, padded_rows - rows))
+    scores = (queries @ keys.transpose(2, 3))[:, :, :rows] * scale             # (B, Hkv, G*T, W)
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     key_positions = torch.arange(width, device=q.device)
@@ -184,15 +183,37 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: to
     scores = scores.masked_fill(~visible, float("-inf"))
     top_score = scores.amax(-1, keepdim=True)
     top_score = torch.where(torch.isfinite(top_score), top_score, torch.zeros_like(top_score))
-    weights = torch.exp(scores - top_score).reshape(batch, kv_heads, rows, blocks, KEY_BLOCK)   # 0 where unseen
+    weights = torch.exp(scores - top_score).view(batch, kv_heads, rows, blocks, KEY_BLOCK)   # 0 where unseen
     total = weights.sum(-1).cumsum(-1)[..., -1:]                               # (B, Hkv, G*T, 1)
-    if rows < MIN_ROWS:
-        weights = F.pad(weights, (0, 0, 0, 0, 0, MIN_ROWS - rows))
-    per_block = weights.permute(0, 1, 3, 2, 4) @ values.permute(0, 2, 1, 3).reshape(
-        batch, kv_heads, blocks, KEY_BLOCK, dim)                               # (B, Hkv, N, G*T, D)
-    mixed = per_block[:, :, :, :rows].cumsum(2)[:, :, -1]                      # (B, Hkv, G*T, D)
+    weights = F.pad(weights, (0, 0, 0, 0, 0, padded_rows - rows)).transpose(2, 3)   # (B, Hkv, N, R, K)
+    per_block = (weights @ values.view(batch, kv_heads, blocks, KEY_BLOCK, dim))[:, :, :, :rows]  # (.., N, G*T, D)
+    mixed = per_block.cumsum(2)[:, :, -1]                                      # (B, Hkv, G*T, D)
     out = mixed / total.clamp(min=torch.finfo(total.dtype).tiny)
     return out.reshape(batch, kv_heads, groups, seq, dim).permute(0, 3, 1, 2, 4).reshape(batch, seq, heads, dim)
+
+
+def _heads_first(t: torch.Tensor, width: int) -> torch.Tensor:
+    """(B, L, Hkv, D) -> (B, Hkv, width, D), zeros past L: one copy."""
+    batch, length, heads, dim = t.shape
+    out = t.new_empty(batch, heads, width, dim)
+    out[:, :, :length] = t.transpose(1, 2)
+    out[:, :, length:] = 0
+    return out
+
+
+def _by_position(k: torch.Tensor, v: torch.Tensor, k_pos: torch.Tensor, k_real: torch.Tensor):
+    """(keys, values (B, W, Hkv, D), present (B, W)): the real keys scattered to their positions
+    0 .. W - 1, W the last real position + 1 rounded up to KEY_BLOCK."""
+    batch, _, kv_heads, dim = k.shape
+    top = int(torch.where(k_real, k_pos, 0).max()) + 1 if bool(k_real.any()) else 1
+    width = -(-top // KEY_BLOCK) * KEY_BLOCK
+    slots = torch.where(k_real, k_pos, width)                                  # width = discarded
+    index = slots[:, :, None, None].expand(-1, -1, kv_heads, dim)
+    keys = k.new_zeros(batch, width + 1, kv_heads, dim).scatter(1, index, k)[:, :width]
+    values = v.new_zeros(batch, width + 1, kv_heads, dim).scatter(1, index, v)[:, :width]
+    present = torch.zeros(batch, width + 1, dtype=torch.bool, device=k.device).scatter(
+        1, slots, torch.ones_like(slots, dtype=torch.bool))[:, :width]
+    return keys, values, present
 
 
 class ExactSelfAttention:
@@ -204,6 +225,9 @@ class ExactSelfAttention:
     def __init__(self, positions: torch.Tensor, real: torch.Tensor):
         self.positions = positions            # (B, T) int64
         self.real = real                      # (B, T) bool
+        index = torch.arange(positions.shape[1], device=positions.device).expand_as(positions)
+        # None when every real token sits at its index (right padding): no scatter needed
+        self.key_positions = None if bool((positions == index)[real].all()) else positions
 
     @classmethod
     def of(cls, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> "ExactSelfAttention":
@@ -214,7 +238,7 @@ class ExactSelfAttention:
         return cls((real.long().cumsum(-1) - 1).clamp(min=0), real)
 
     def attend(self, layer_idx: int, q, k, v, *, window=None, scale=None, softcap=None):
-        return exact_attention(q, k, v, self.positions, self.positions, self.real,
+        return exact_attention(q, k, v, self.positions, self.key_positions, self.real,
                                window=window, scale=scale, softcap=softcap)
 
 
