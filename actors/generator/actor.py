@@ -82,7 +82,7 @@ class GeneratorOptions(Options):
                         "cache and the sampling are")
     exact: bool = Field(False, description="batch-invariant ops: each sampled token's logprob equals the "
                         "learner's recomputation bit for bit (set `exact = true` in [shared]; float32 weights "
-                        "and cache, no speculative decoding; docs/exactness.md)")
+                        "and cache; docs/exactness.md)")
     speculative: SpeculativeOptions | None = Field(None, description="draft and verify tokens (exact: "
                                                    "same distribution and logprobs); None = off. Example: "
                                                    "{ method = \"ngram\", num_draft_tokens = 4 }")
@@ -96,7 +96,7 @@ class GeneratorOptions(Options):
     def _exact_settings(self):
         """What an exact engine cannot run with, refused at load (Engine's own check)."""
         if self.exact:
-            Engine.exact_backend(self.weight_precision, self.kv_dtype, self.speculative, None)
+            Engine.exact_backend(self.weight_precision, self.kv_dtype, None)
         return self
 
 

@@ -105,7 +105,7 @@ class Engine:
         if weight_precision not in ("float32", "float16"):
             raise EngineError(f"weight_precision must be 'float32' or 'float16', got {weight_precision!r}")
         if exact:
-            attention_backend = self.exact_backend(weight_precision, kv_dtype, speculative, attention_backend)
+            attention_backend = self.exact_backend(weight_precision, kv_dtype, attention_backend)
             make_exact(cast(torch.nn.Module, model))                 # a CausalLM is a Module
         self.exact = exact
         self.model = model.eval()
@@ -138,16 +138,14 @@ class Engine:
         self._sequences: dict[int, Sequence] = {}
 
     @staticmethod
-    def exact_backend(weight_precision: str, kv_dtype: str | None, speculative: SpeculativeOptions | None,
-                       backend: AttentionBackend | None) -> AttentionBackend:
+    def exact_backend(weight_precision: str, kv_dtype: str | None,
+                      backend: AttentionBackend | None) -> AttentionBackend:
         """The attention backend of an exact engine; EngineError naming what exact cannot run with."""
         if weight_precision != "float32":
             raise EngineError(f"exact = true needs weight_precision = 'float32', got {weight_precision!r}: "
                               "float16 weight copies round every projection")
         if kv_dtype not in (None, "float32"):
             raise EngineError(f"exact = true needs a float32 KV cache, got kv_dtype = {kv_dtype!r}")
-        if speculative is not None:
-            raise EngineError("exact = true does not run with speculative decoding yet; drop [speculative]")
         if backend is not None and not isinstance(backend, ExactGatherBackend):
             raise EngineError(f"exact = true attends through ExactGatherBackend, not {type(backend).__name__}")
         return ExactGatherBackend()
@@ -453,6 +451,11 @@ class Engine:
         roll the rejected drafts' slots back. logits (B, T, V) from the decode forward."""
         assert self.speculative is not None, "sequences have drafts only with speculative options"
         verdicts = verify_drafts(logits, seqs, self.speculative, self.counters)
+        if self.exact:                         # row j of a sequence scores its j-th emitted token
+            verdicts = [(tokens, exact_token_logprobs(
+                logits[row, :len(tokens)].float().cpu(), torch.tensor(tokens),
+                seq.request.params.logprob_temperature).tolist(), num_drafted)
+                for row, (seq, (tokens, _, num_drafted)) in enumerate(zip(seqs, verdicts))]
         for seq, (tokens, logprobs, num_drafted) in zip(seqs, verdicts):
             for token, logprob in zip(tokens, logprobs):
                 self._emit(seq, token, logprob, finished)

@@ -100,16 +100,23 @@ def route(logits: torch.Tensor, top_k: int, norm_topk_prob: bool, replay: torch.
     return experts, weights, own
 
 
-def _expert_swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """x (..., H) through SwiGLU experts: gate_up (..., 2I, H), down (..., H, I) (batched over ...)."""
+def _expert_swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, exact: bool = False) -> torch.Tensor:
+    """x (..., H) through SwiGLU experts: gate_up (..., 2I, H), down (..., H, I) (batched over ...).
+    exact: batch-invariant (models/exact.py): a 2-D x of fewer than exact.MIN_ROWS rows is padded."""
+    if exact and x.dim() == 2:
+        gate, up = exact_ops.exact_linear(x, gate_up).chunk(2, dim=-1)
+        return exact_ops.exact_linear(exact_ops.silu(gate) * up, down)
     gate, up = torch.matmul(x, gate_up.transpose(-1, -2)).chunk(2, dim=-1)
-    return torch.matmul(F.silu(gate) * up, down.transpose(-1, -2))
+    return torch.matmul((exact_ops.silu if exact else F.silu)(gate) * up, down.transpose(-1, -2))
 
 
 def grouped_expert_mlp(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
-                       gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+                       gate_up: torch.Tensor, down: torch.Tensor, exact: bool = False) -> torch.Tensor:
     """sum_j weights[n, j] * expert_{experts[n, j]}(x[n]) for every row n, grouped by expert.
-    x (N, H); experts, weights (N, k); gate_up (E, 2I, H); down (E, H, I). Returns (N, H)."""
+    x (N, H); experts, weights (N, k); gate_up (E, 2I, H); down (E, H, I). Returns (N, H).
+    exact (models/exact.py): every expert's matmul has at least exact.MIN_ROWS rows, in either
+    branch, so a token's output does not depend on which other tokens share its experts (a row
+    of such a batched matmul has the bits of the same row multiplied alone)."""
     num, top_k = experts.shape
     num_experts = gate_up.shape[0]
     flat = experts.reshape(-1)                                                     # (N*k,)
@@ -119,17 +126,18 @@ def grouped_expert_mlp(x: torch.Tensor, experts: torch.Tensor, weights: torch.Te
     rows = x.index_select(0, token)                                      # (N*k, H) grouped by expert
     busiest = int(counts.max())
     if num_experts * busiest <= 2 * num * top_k:     # one batched op over experts padded to `busiest`
+        busiest = max(busiest, exact_ops.MIN_ROWS) if exact else busiest
         starts = torch.cumsum(counts, 0) - counts
         sorted_experts = flat.index_select(0, order)
         slot = torch.arange(num * top_k, device=x.device) - starts.index_select(0, sorted_experts)
         padded = x.new_zeros(num_experts, busiest, x.shape[-1])
         padded[sorted_experts, slot] = rows
-        out_rows = _expert_swiglu(padded, gate_up, down)[sorted_experts, slot]     # (N*k, H)
+        out_rows = _expert_swiglu(padded, gate_up, down, exact)[sorted_experts, slot]  # (N*k, H)
     else:                                            # few tokens: one matmul per expert that has any
         pieces = []
         for e, chunk in enumerate(rows.split(counts.tolist())):
             if chunk.shape[0]:
-                pieces.append(_expert_swiglu(chunk, gate_up[e], down[e]))
+                pieces.append(_expert_swiglu(chunk, gate_up[e], down[e], exact))
         out_rows = torch.cat(pieces)
     out_rows = out_rows * weights.reshape(-1).index_select(0, order).to(out_rows.dtype)[:, None]
     unsort = torch.empty_like(order)
@@ -150,27 +158,6 @@ def naive_expert_mlp(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tens
             acc = acc + weights[n, j].to(x.dtype) * _expert_swiglu(x[n], gate_up[e], down[e])
         out.append(acc)
     return torch.stack(out) if out else x.new_zeros(x.shape)
-
-
-def exact_expert_mlp(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
-                     gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """`grouped_expert_mlp` with `exact` (models/exact.py): one batch-invariant matmul per expert
-    over its tokens (fewer than exact.MIN_ROWS padded), so a token's output does not depend on
-    which other tokens the step routed to its experts."""
-    num, top_k = experts.shape
-    flat = experts.reshape(-1)                                                     # (N*k,)
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=gate_up.shape[0])
-    rows = x.index_select(0, order // top_k)                             # (N*k, H) grouped by expert
-    pieces = []
-    for e, chunk in enumerate(rows.split(counts.tolist())):
-        if chunk.shape[0]:
-            gate, up = exact_ops.exact_linear(chunk, gate_up[e]).chunk(2, dim=-1)
-            pieces.append(exact_ops.exact_linear(exact_ops.silu(gate) * up, down[e]))
-    out_rows = torch.cat(pieces) * weights.reshape(-1).index_select(0, order).to(x.dtype)[:, None]
-    unsort = torch.empty_like(order)
-    unsort[order] = torch.arange(num * top_k, device=x.device)
-    return out_rows.index_select(0, unsort).view(num, top_k, -1).sum(dim=1)
 
 
 class Experts(nn.Module):
@@ -216,8 +203,8 @@ class SparseMoeBlock(nn.Module):
                 trace.own_experts.append(own)
             if trace.keep_logits:
                 trace.router_logits.append(logits.float())
-        mlp = naive_expert_mlp if self.naive else exact_expert_mlp if self.exact else grouped_expert_mlp
-        out = mlp(rows, experts, gate_weights, self.experts.gate_up_proj, self.experts.down_proj)
+        parts = (rows, experts, gate_weights, self.experts.gate_up_proj, self.experts.down_proj)
+        out = naive_expert_mlp(*parts) if self.naive else grouped_expert_mlp(*parts, exact=self.exact)
         return out.reshape(shape)
 
 

@@ -33,11 +33,12 @@ def model_specs(tmp_path_factory):
     return specs
 
 
-def rollouts(engine: Engine, tokenizer, seed: int) -> TrainBatch:
-    """64 samples: 8 prompts of 5-40 tokens (one continues another: a prefix hit), 8 samples each."""
-    g = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(8, 250, (int(n),), generator=g).tolist() for n in (5, 13, 29, 40, 7, 22, 17)]
-    prompts.append(prompts[3][:33] + [9, 10])
+def rollouts(engine: Engine, tokenizer, seed: int, prompts: list[list[int]] | None = None) -> TrainBatch:
+    """8 samples of each prompt; by default 8 prompts of 5-40 tokens (one continues another: a prefix hit)."""
+    if prompts is None:
+        g = torch.Generator().manual_seed(seed)
+        prompts = [torch.randint(8, 250, (int(n),), generator=g).tolist() for n in (5, 13, 29, 40, 7, 22, 17)]
+        prompts.append(prompts[3][:33] + [9, 10])
     outs = engine.generate(prompts, SamplingParams(n=8, temperature=1.0, seed=seed, max_new_tokens=12,
                                                    ignore_eos=True))
     fields: dict[str, list] = {"token_ids": [], "loss_mask": [], "behavior_logprobs": [],
@@ -103,6 +104,29 @@ def test_a_lora_policy_is_exact_against_its_merged_weights():
         assert_bitwise_equal(learner, batch)
         assert learner.train_step(batch)["logprob_gap_max"] == 0.0
     assert float(learner.lora.lora_B["model.layers.0.self_attn.q_proj"].detach().abs().max()) > 0
+
+
+@pytest.mark.slow
+def test_speculative_decoding_keeps_exact_logprobs():
+    """Drafts verified in one forward of several positions: each emitted token's logprob is still
+    the learner's (a verify step is a short prefill through the same exact ops)."""
+    from postrain.actors.generator.speculative import SpeculativeOptions
+
+    class EchoProposer:                  # drafts the sequence's last tokens again: some accepted, most not
+        def propose_batch(self, requests):
+            return [list(token_ids[-room:]) for token_ids, _, room in requests]
+
+        def record(self, prompt_key, completion_ids):
+            pass
+
+    learner = Learner(LearnerConfig(model="tiny", exact=True, micro_batch_size=16))
+    engine = Engine(type(learner.model).empty(learner.model.config), learner.tokenizer, num_blocks=256,
+                    exact=True, speculative=SpeculativeOptions(method="ngram", num_draft_tokens=4),
+                    proposer=EchoProposer())
+    engine.load_weights(learner.state_dict(), version=0)
+    batch = rollouts(engine, learner.tokenizer, seed=6)
+    assert engine.counters.num_verify_steps > 0 and engine.counters.num_accepted_tokens > 0
+    assert_bitwise_equal(learner, batch)
 
 
 def test_greedy_tokens_are_unchanged_by_exact():
