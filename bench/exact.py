@@ -24,6 +24,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -48,7 +49,7 @@ def sample(engine: Engine) -> tuple[TrainBatch, float]:
     start = time.perf_counter()
     outs = engine.generate(prompts(), SAMPLING)
     elapsed = time.perf_counter() - start
-    fields: dict[str, list] = {"token_ids": [], "loss_mask": [], "behavior_logprobs": [], "policy_versions": [],
+    fields: dict[str, Any] = {"token_ids": [], "loss_mask": [], "behavior_logprobs": [], "policy_versions": [],
                                "rewards": [], "group_ids": [], "routed_experts": []}
     for group, (prompt, out) in enumerate(zip(prompts(), outs)):
         for i, s in enumerate(out.outputs):

@@ -283,9 +283,10 @@ class Attention(nn.Module):
         suffix_pos = batch.suffix_positions()
         key_pos = torch.cat([prefix_pos.index_select(0, batch.group_of), suffix_pos], dim=1)   # (B, P + S)
         key_real = torch.cat([prefix_real.index_select(0, batch.group_of), batch.suffix_mask.bool()], dim=1)
-        options = {"window": self.window, "scale": self.scale, "softcap": self.softcap}
-        out_p = exact_ops.exact_attention(qp, kp, vp, prefix_pos, prefix_pos, prefix_real, **options)
-        out_s = exact_ops.exact_attention(qs, k, v, suffix_pos, key_pos, key_real, **options)
+        out_p = exact_ops.exact_attention(qp, kp, vp, prefix_pos, None, prefix_real,    # right-padded prefixes
+                                          window=self.window, scale=self.scale, softcap=self.softcap)
+        out_s = exact_ops.exact_attention(qs, k, v, suffix_pos, key_pos, key_real,
+                                          window=self.window, scale=self.scale, softcap=self.softcap)
         return out_p, out_s
 
     def _rotated_qkv(self, x, cos, sin, weights: Float16Weights | None):

@@ -132,13 +132,9 @@ def make_exact(model: nn.Module) -> nn.Module:
         activation = getattr(type(module), "exact_activation", None)
         if activation is not None:
             module.activation = activation
-        if isinstance(getattr(type(module), "exact", None), bool):   # the model, its attention layers
-            module.exact = True
+        if isinstance(getattr(type(module), "exact", None), bool):   # the model, attention, MoE blocks
+            setattr(module, "exact", True)
     return model
-
-
-def is_exact(model: nn.Module) -> bool:
-    return bool(getattr(model, "exact", False))
 
 
 # ---- attention ---------------------------------------------------------------------------
