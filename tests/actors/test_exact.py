@@ -8,6 +8,9 @@ Real tiny models: the built-in tiny Llama and random Hugging Face folders (trans
 """
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,6 +23,9 @@ from postrain.actors.learner.learner import Learner, LearnerConfig
 from postrain.actors.models import exact
 from postrain.actors.records import TrainBatch
 from postrain.bench.architectures import build_hf_folder
+
+sys.path.insert(0, str(Path(__file__).parent))
+from train_batches import sampled_batch  # noqa: E402  (tests/actors/train_batches.py)
 
 ARCHITECTURES = ["tiny", "qwen3", "mistral", "gemma3_text", "qwen3_moe"]
 
@@ -41,20 +47,7 @@ def rollouts(engine: Engine, tokenizer, seed: int, prompts: list[list[int]] | No
         prompts.append(prompts[3][:33] + [9, 10])
     outs = engine.generate(prompts, SamplingParams(n=8, temperature=1.0, seed=seed, max_new_tokens=12,
                                                    ignore_eos=True))
-    fields: dict[str, list] = {"token_ids": [], "loss_mask": [], "behavior_logprobs": [],
-                               "policy_versions": [], "rewards": [], "group_ids": [], "routed_experts": []}
-    for group, (prompt, out) in enumerate(zip(prompts, outs)):
-        for i, sample in enumerate(out.outputs):
-            fields["token_ids"].append(prompt + sample.token_ids)
-            fields["loss_mask"].append([0] * len(prompt) + [1] * len(sample.token_ids))
-            fields["behavior_logprobs"].append([0.0] * len(prompt) + sample.logprobs)
-            fields["policy_versions"].append([0] * len(prompt) + sample.policy_versions)
-            fields["rewards"].append(float(i % 2))
-            fields["group_ids"].append(group)
-            fields["routed_experts"].append(sample.routed_experts)      # MoE: the experts each token used
-    if fields["routed_experts"][0] is None:
-        del fields["routed_experts"]
-    return TrainBatch(**fields)
+    return sampled_batch(prompts, outs)
 
 
 def assert_bitwise_equal(learner: Learner, batch: TrainBatch) -> int:
@@ -178,9 +171,7 @@ def test_a_run_with_exact_trains_on_a_ratio_of_exactly_one(tmp_path):
     """`exact = true` in [shared] reaches the generator and the learner of a real run (every role a
     process, weights published over the wire): every RL step's logprob gap is 0."""
     import json
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).parent))
+
     from task_runs import run_task
 
     options = {"answer_format": "plain", "max_digits": 1}

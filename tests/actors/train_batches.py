@@ -1,4 +1,5 @@
-"""A small RL batch for the tiny model, on the wire (tests that train a learner actor a step)."""
+"""RL batches for tests: a small one for the tiny model, on the wire (tests that train a learner
+actor a step), and one from an engine's samples (tests of train-inference logprobs)."""
 from __future__ import annotations
 
 import torch
@@ -13,3 +14,23 @@ def small_batch(seed: int = 0) -> dict:
     return TrainBatch(token_ids=ids, loss_mask=[[0] * 4 + [1] * 8] * 4,
                       behavior_logprobs=[torch.full((12,), -5.5) for _ in range(4)], policy_versions=[0] * 4,
                       rewards=[1.0, 0.0, 0.0, 1.0], group_ids=[0, 0, 1, 1]).to_wire()
+
+
+def sampled_batch(prompts: list[list[int]], outs, reward=lambda i: float(i % 2)) -> TrainBatch:
+    """A TrainBatch of every sample of `outs` (the engine's outputs for `prompts`, one group each):
+    the recorded logprobs as behaviour logprobs, reward(i) for sample i of a group, and each
+    token's experts where the model routes (MoE)."""
+    fields: dict = {"token_ids": [], "loss_mask": [], "behavior_logprobs": [], "policy_versions": [],
+                    "rewards": [], "group_ids": [], "routed_experts": []}
+    for group, (prompt, out) in enumerate(zip(prompts, outs)):
+        for i, sample in enumerate(out.outputs):
+            fields["token_ids"].append(prompt + sample.token_ids)
+            fields["loss_mask"].append([0] * len(prompt) + [1] * len(sample.token_ids))
+            fields["behavior_logprobs"].append([0.0] * len(prompt) + sample.logprobs)
+            fields["policy_versions"].append([0] * len(prompt) + sample.policy_versions)
+            fields["rewards"].append(reward(i))
+            fields["group_ids"].append(group)
+            fields["routed_experts"].append(sample.routed_experts)
+    if fields["routed_experts"][0] is None:
+        del fields["routed_experts"]
+    return TrainBatch(**fields)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 
 import pytest
 import torch
@@ -19,6 +20,9 @@ from postrain.actors.models.loading import build_policy
 from postrain.actors.learner.batch import LearnerError, pack_batch
 from postrain.actors.generator.sampling import SamplingParams
 from postrain.actors.records import SftBatch, TrainBatch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # tests/actors
+from train_batches import sampled_batch  # noqa: E402
 
 TINY = dict(vocab_size=264, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
             num_kv_heads=2, max_position_embeddings=256, tie_word_embeddings=True)
@@ -54,17 +58,7 @@ def test_recomputed_logprobs_match_the_generator_engine(temperature):
     prompts = [tokenizer.encode("def f(x):"), tokenizer.encode("2+3=")]
     outs = engine.generate(prompts, SamplingParams(n=3, temperature=temperature, max_new_tokens=10,
                                                    seed=7, ignore_eos=True))
-    fields = {"token_ids": [], "loss_mask": [], "behavior_logprobs": [], "policy_versions": [],
-              "rewards": [], "group_ids": []}
-    for group, (prompt, out) in enumerate(zip(prompts, outs)):
-        for i, sample in enumerate(out.outputs):
-            fields["token_ids"].append(prompt + sample.token_ids)
-            fields["loss_mask"].append([0] * len(prompt) + [1] * len(sample.token_ids))
-            fields["behavior_logprobs"].append([0.0] * len(prompt) + sample.logprobs)
-            fields["policy_versions"].append([0] * len(prompt) + sample.policy_versions)
-            fields["rewards"].append(float(i == 0))
-            fields["group_ids"].append(group)
-    batch = TrainBatch(**fields)
+    batch = sampled_batch(prompts, outs, reward=lambda i: float(i == 0))
     mine = lrn.compute_logprobs(batch)
     for ids, lp_mine, lp_gen, mask in zip(batch.token_ids, mine, batch.behavior_logprobs, batch.loss_mask):
         m = torch.tensor(mask, dtype=torch.bool)
