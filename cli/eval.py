@@ -246,6 +246,7 @@ def engine_policy(model_spec: str, max_tokens: int):
     from postrain.actors.models.loading import load_model
     from postrain.actors.generator.engine import Engine
     from postrain.actors.env import TextPolicy
+    from postrain.actors.env import require_text_messages
     from postrain.actors.generator.sampling import SamplingParams
     from postrain.actors.env.tools import STOP_STRINGS
 
@@ -255,6 +256,7 @@ def engine_policy(model_spec: str, max_tokens: int):
 
     async def act(messages):
         """The model's greedy reply. Cancelled: the generate call runs on to its end in its thread."""
+        require_text_messages(messages, "postrain eval's local engine")   # images need a vision-language policy
         prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
         output = await trio.to_thread.run_sync(lambda: engine.generate([prompt], params)[0])
         return tokenizer.decode(output.outputs[0].token_ids, skip_special_tokens=True)

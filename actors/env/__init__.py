@@ -16,7 +16,7 @@ Configs name the actor `postrain.actors.env:EnvironmentActor`.
 from .agent import AgentEnvironment
 from .api import (ROLES, AnyOptions, Environment, EnvironmentContractError, EnvironmentFailure,
                   LocalSandbox, Reward, SandboxHandle, StepResult, TaskOptionsError, check_options,
-                  validate_observation, validate_step_result)
+                  require_text_messages, validate_content_parts, validate_observation, validate_step_result)
 from .context import ContextOptions
 from .episode import (ActionFn, Episode, EpisodePolicy, TextPolicy, checked_reset, checked_step,
                       checked_truncated, run_episode, score_episodes)
@@ -27,7 +27,8 @@ __all__ = ["ROLES", "ActionFn", "AgentEnvironment", "AnyOptions", "ContextOption
            "EnvironmentErrorStop", "EnvironmentErrors",
            "EnvironmentFailure", "Episode", "EpisodeJudge", "EpisodePolicy", "LocalSandbox", "Reward",
            "SandboxHandle", "ScorerHandle", "Scorers", "SharedJudges", "StepResult", "TaskOptionsError", "TextPolicy", "check_options", "checked_reset",
-           "checked_step", "checked_truncated", "drop_reason", "run_episode", "score_episodes", "validate_observation",
+           "checked_step", "checked_truncated", "drop_reason", "require_text_messages", "run_episode", "score_episodes",
+           "validate_content_parts", "validate_observation",
            "validate_step_result"]
 
 

@@ -25,9 +25,11 @@ that the caller passes in.
 
 The contract (`run_episode` enforces it):
 
-- `reset` returns a str (one user message) or a non-empty list of `{"role", "content"}` maps;
-  `step` returns a `StepResult`. Anything else is garbage: `validate_observation` and
-  `validate_step_result` raise `EnvironmentContractError` naming the field, the value and the fix.
+- `reset` returns a str (one user message) or a non-empty list of `{"role", "content"}` maps
+  (a content is a str, or a list of OpenAI-style content parts, text and inline images, for a
+  task that shows images: `validate_content_parts`); `step` returns a `StepResult`. Anything
+  else is garbage: `validate_observation` and `validate_step_result` raise
+  `EnvironmentContractError` naming the field, the value and the fix.
 - `done=False` requires an observation (the next user turn); `done=True` requires a reward.
 - The reward rule: an episode's reward is the per-component sum of every reward its steps
   returned (intermediate rewards of non-final steps, which are optional, plus the final step's
@@ -98,7 +100,9 @@ class StepResult:
 
 
 def validate_observation(obs: Any, *, where: str = "reset") -> str | list[dict]:
-    """Check a first observation: a str, or a non-empty list of {"role", "content"} str maps."""
+    """Check a first observation: a str, or a non-empty list of {"role", "content"} maps whose
+    content is a str or, for a message that shows images, a list of content parts
+    (`validate_content_parts`)."""
     if isinstance(obs, str):
         return obs
     if not isinstance(obs, list) or not obs:
@@ -106,12 +110,48 @@ def validate_observation(obs: Any, *, where: str = "reset") -> str | list[dict]:
             f"{where} must return a str or a non-empty list of chat messages, got {show_value(obs)}; "
             f"fix: return the user's text, or [{{'role': 'user', 'content': '...'}}]")
     for i, message in enumerate(obs):
-        if not isinstance(message, dict) or not isinstance(message.get("content"), str) \
-                or message.get("role") not in ROLES:
+        if not isinstance(message, dict) or message.get("role") not in ROLES \
+                or not isinstance(message.get("content"), (str, list)):
             raise EnvironmentContractError(
-                f"{where}: message {i} must be a dict with role in {ROLES} and a str content, got "
+                f"{where}: message {i} must be a dict with role in {ROLES} and a str content (or a list of "
+                f"content parts), got "
                 f"{show_value(message)}; fix: {{'role': 'user', 'content': '...'}}")
+        if isinstance(message["content"], list):
+            validate_content_parts(message["content"], where=f"{where}: message {i}")
     return obs
+
+
+IMAGE_URL_PREFIX = "data:image/"
+
+
+def validate_content_parts(parts: list, *, where: str) -> None:
+    """Check a message content that is a list of OpenAI-style content parts, the form a message
+    takes when it shows images (only a first observation may: `step` observations are text):
+    a non-empty list of `{"type": "text", "text": str}` and `{"type": "image_url", "image_url":
+    {"url": "data:image/png;base64,..."}}`. Images are inline data URLs: the model side never
+    fetches one."""
+    if not parts:
+        raise EnvironmentContractError(f"{where} has an empty list as its content; fix: a str, or content parts")
+    for j, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        ok = (kind == "text" and isinstance(part.get("text"), str)) or (
+            kind == "image_url" and isinstance(part.get("image_url"), dict)
+            and isinstance(part["image_url"].get("url"), str) and part["image_url"]["url"].startswith(IMAGE_URL_PREFIX))
+        if not ok:
+            raise EnvironmentContractError(
+                f"{where}: content part {j} must be {{'type': 'text', 'text': str}} or {{'type': 'image_url', "
+                f"'image_url': {{'url': '{IMAGE_URL_PREFIX}...;base64,...'}}}}, got {show_value(part)}; fix: "
+                f"write the text as a text part and the image inline as a data URL")
+
+
+def require_text_messages(messages: list[dict], who: str) -> None:
+    """For a policy that renders text only: EnvironmentFailure if a message's content is not a str
+    (content parts with an image: a task such as `charts` needs a vision-language policy)."""
+    for i, message in enumerate(messages):
+        if not isinstance(message.get("content"), str):
+            raise EnvironmentFailure(
+                f"message {i} holds content parts (an image), but {who} renders text only; fix: play this "
+                f"task with a vision-language policy")
 
 
 def validate_step_result(result: Any) -> StepResult:

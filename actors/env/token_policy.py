@@ -25,7 +25,7 @@ import dataclasses
 from ..models.tokenizer import Tokenizer
 from ..records import GENERATE, GenerateRequest, Rollout, RolloutSegment, SamplingParams
 from .timeline import Timeline
-from .api import EnvironmentFailure
+from .api import EnvironmentFailure, require_text_messages
 from .episode import Episode, EpisodePolicy
 
 
@@ -88,6 +88,7 @@ class TokenPolicy(EpisodePolicy):
         self.policy_versions += versions if versions is not None else [-1] * len(ids)
 
     def _render(self, messages: list[dict]) -> list[int]:
+        require_text_messages(messages, "the environment actor's token policy")   # images: not yet
         tok = self.tokenizer
         return tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True))
 

@@ -3,7 +3,7 @@
 A task is a `TaskSpec`: an environment class, an endless seeded stream of training tasks, a fixed
 held-out evaluation set, and (optionally) supervised demonstrations. Configs name a task:
 
-    spec = get_task("arithmetic")                 # built-in: "arithmetic", "arithmetic_judged", "cad", "code", "dataset",
+    spec = get_task("arithmetic")                 # built-in: "arithmetic", "arithmetic_judged", "cad", "charts", "code", "dataset",
                                                   # "finance_docs", "reasoning_gym" (a mixture of families),
                                                   # "verifiers"
     spec = get_task("reasoning_gym:chain_sum")    # one reasoning-gym family
@@ -33,8 +33,8 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from postrain.core import Options
 
-from . import (arithmetic, arithmetic_judged, cad, code, dataset, demonstrations, finance, long_context, reasoning_gym,
-               terminal, verifiers_env)
+from . import (arithmetic, arithmetic_judged, cad, charts, code, dataset, demonstrations, finance, long_context,
+               reasoning_gym, terminal, verifiers_env)
 from .mixture import MixtureError, MixtureTask, TaskEntry, TaskMixture
 from .registry import TaskError, TaskSpec, get_task, list_tasks, register_task, register_task_family
 
@@ -72,9 +72,13 @@ CAD = register_task(TaskSpec(
     "cad", cad.CadEnv, cad.train_tasks, cad.eval_tasks, cad.demonstrations,
     "build a part from its spec with a build123d script in a sandbox session; the STL export is measured "
     "in a jail of its own and judged on the host (solid, volume, bounding box, through-holes, features)"))
+CHARTS = register_task(TaskSpec(
+    "charts", charts.ChartsEnv, charts.train_tasks, charts.eval_tasks,
+    description="read a company chart (a PNG as an image content part) and answer a question that needs "
+    "arithmetic; graded on the last number with an absolute tolerance (needs a vision-language policy)"))
 register_task_family(reasoning_gym.PREFIX, reasoning_gym.family_task)
 
-__all__ = ["ARITHMETIC", "ARITHMETIC_JUDGED", "CAD", "CODE", "DATASET", "FINANCE_DOCS", "LONG_CONTEXT", "REASONING_GYM", "TERMINAL", "VERIFIERS", "TaskError",
+__all__ = ["ARITHMETIC", "ARITHMETIC_JUDGED", "CAD", "CHARTS", "CODE", "DATASET", "FINANCE_DOCS", "LONG_CONTEXT", "REASONING_GYM", "TERMINAL", "VERIFIERS", "TaskError",
            "MixtureError", "MixtureTask", "TaskEntry", "TaskMixture", "TaskOptions", "TaskSpec", "get_task", "list_tasks", "register_task", "register_task_family"]
 
 
@@ -82,7 +86,7 @@ class TaskOptions(Options):
     """The task fields of a role's options (the orchestrator's and the environment actor's), shared
     through a run config's `[shared]`: both roles must read the same task with the same knobs."""
 
-    task: str = Field("arithmetic", description="the task: a registered name ('arithmetic', 'arithmetic_judged', 'cad', 'code', "
+    task: str = Field("arithmetic", description="the task: a registered name ('arithmetic', 'arithmetic_judged', 'cad', 'charts', 'code', "
                       "'dataset', 'finance_docs', 'reasoning_gym', 'verifiers'), 'reasoning_gym:FAMILY', 'pkg.mod:TASK' (a TaskSpec or a function returning one) or 'pkg.mod:EnvClass' "
                       "(an Environment subclass)")
     task_options: dict[str, Any] = Field(default_factory=dict, description="the task's knobs (part of the "
