@@ -23,7 +23,10 @@ models --model names (comma-separated, each SPEC or NAME=SPEC; default tiny) and
     postrain serve --tinker --model tiny,HuggingFaceTB/SmolLM2-135M-Instruct=smollm2 --api-key tml-local
     # then: TINKER_BASE_URL=http://127.0.0.1:8000 TINKER_API_KEY=tml-local python my_loop.py
 
-The SDK sends its key as `X-API-Key` and only a key that starts with `tml-`.
+The SDK sends its key as `X-API-Key` and only a key that starts with `tml-`. The tenant
+limits (--max-training-clients-per-base, --max-queued-requests-per-session: past them a 429
+with Retry-After, which the SDK retries) and idle eviction (--evict-after-s, --state-dir) are in
+docs/tinker.md, "Tenants and limits".
 """
 from __future__ import annotations
 
@@ -41,6 +44,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default tiny)")
     parser.add_argument("--tinker", action="store_true", help="serve the Tinker API (tinker==0.38.0 SDK) under /api/v1 "
                         "instead of the OpenAI API: LoRA training clients and samplers on the --model bases")
+    tenants = parser.add_argument_group("--tinker tenants and limits (docs/tinker.md)")
+    tenants.add_argument("--max-training-clients-per-base", type=int, default=16, metavar="N", help="LoRA training "
+                         "clients resident on one base at once, evicted ones not counted; past it create_model gets "
+                         "429 with Retry-After (default 16)")
+    tenants.add_argument("--max-queued-requests-per-session", type=int, default=1024, metavar="N", help="requests "
+                         "of one session accepted and not yet finished; past it a request gets 429 with Retry-After "
+                         "(default 1024)")
+    tenants.add_argument("--evict-after-s", type=_seconds_or_never, default=600.0, metavar="S", help="a training "
+                         "client idle this long, seconds, is written to --state-dir and leaves its base until its "
+                         "next request restores it exactly ('never': keep every one resident; default 600)")
+    tenants.add_argument("--state-dir", default=None, metavar="PATH", help="where evicted training clients are "
+                         "written (default: a temporary folder, removed when the server stops)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0: a free one)")
     parser.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model)")
@@ -52,6 +67,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      f"KEY` (default: ${API_KEY_ENV}; required when --host is not loopback)")
     key.add_argument("--api-key-file", metavar="PATH", help="a file whose first line is the key (unlike "
                      "--api-key, not shown to other users by `ps`)")
+
+
+def _seconds_or_never(value: str) -> float | None:
+    if value == "never":
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"want seconds (a number >= 0) or 'never', got {value!r}") from None
+
+
+def tinker_options(args):
+    """The TinkerOptions of these arguments; pydantic's ValidationError names a bad value."""
+    from postrain.actors.tinker import TinkerOptions
+    return TinkerOptions(max_training_clients_per_base=args.max_training_clients_per_base,
+                         max_queued_requests_per_session=args.max_queued_requests_per_session,
+                         evict_after_s=args.evict_after_s, state_dir=args.state_dir)
 
 
 def api_key(args) -> str | None:
@@ -106,14 +138,15 @@ def tinker_models(args) -> list[str]:
     return [m.strip() for m in (args.model or "tiny").split(",") if m.strip()]
 
 
-async def serve_tinker(args, api_key: str | None, ready=None, until=None) -> None:
+async def serve_tinker(args, api_key: str | None, options=None, ready=None, until=None) -> None:
     """Load the --model bases, serve the Tinker API, print where, run until cancelled or until the
-    event `until` is set. `ready(base_url, service)`, when given, is called once serving (tests)."""
+    event `until` is set. `options`: the TinkerOptions (default: `tinker_options(args)`).
+    `ready(base_url, service)`, when given, is called once serving (tests)."""
     import socket
 
     import trio
 
-    from postrain.actors.tinker import BaseModels, TinkerOptions
+    from postrain.actors.tinker import BaseModels
     from postrain.actors.tinker import serve_tinker as serve_api
 
     bases = await trio.to_thread.run_sync(lambda: BaseModels.load(tinker_models(args), seed=args.seed))
@@ -124,7 +157,7 @@ async def serve_tinker(args, api_key: str | None, ready=None, until=None) -> Non
     host = f"[{args.host}]" if ":" in args.host else args.host
     base_url = f"http://{host}:{sock.getsockname()[1]}"
     async with trio.open_nursery() as nursery:
-        service = await nursery.start(serve_api, bases, TinkerOptions(), sock, api_key)
+        service = await nursery.start(serve_api, bases, options or tinker_options(args), sock, api_key)
         print(f"serving the Tinker API ({', '.join(bases.names)}) at {base_url} (set TINKER_BASE_URL to it)",
               flush=True)
         if ready is not None:
@@ -171,11 +204,18 @@ def main(args) -> int:
             print("postrain serve --tinker needs the `tinker` package (the SDK whose wire it speaks), which the "
                   "`tinker` extra installs; fix: pip install 'postrain[tinker]'", file=sys.stderr)
             return 1
+        from pydantic import ValidationError
+        try:
+            options = tinker_options(args)
+        except ValidationError as exc:
+            bad = "; ".join(f"--{str(e['loc'][0]).replace('_', '-')} {e['input']!r}: {e['msg']}" for e in exc.errors())
+            print(f"postrain serve: {bad}", file=sys.stderr)
+            return 2
     try:
         if args.tinker:
             for spec in tinker_models(args):
                 check_model_spec(spec.partition("=")[2] or spec)
-            anyio.run(serve_tinker, args, key, backend="trio")
+            anyio.run(serve_tinker, args, key, options, backend="trio")
             return 0
         check_model_spec(args.model)
         anyio.run(serve, args, backend="trio")

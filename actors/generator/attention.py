@@ -89,6 +89,14 @@ class GatherSdpaStep:
         self.positions = metadata.positions
         self.kv_caches = kv_caches
         self._views: dict[int | None, tuple[torch.Tensor, torch.Tensor]] = {}
+        # Where every layer writes, found once per step: the real new tokens' rows of the
+        # flattened (B * T) batch (None: all of them, as in a pure decode) and their slots.
+        slots = metadata.slot_mapping.reshape(-1)                                          # (B * T,)
+        self._real_rows: torch.Tensor | None = None
+        if metadata.num_padding:
+            self._real_rows = (slots >= 0).nonzero().squeeze(1)                            # (N,)
+            slots = slots.index_select(0, self._real_rows)
+        self._slots = slots                                                                # (N,)
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                window: int | None = None, scale: float | None = None,
@@ -106,16 +114,12 @@ class GatherSdpaStep:
     def _write_and_gather(self, k, v, cache: tuple[KVCache, KVCache], flat_tables: torch.Tensor):
         key_cache, value_cache = cache
         _, _, heads, dim = key_cache.shape
-        meta = self.metadata
-        slots = meta.slot_mapping.reshape(-1)
-        new_k, new_v = k.reshape(-1, heads, dim), v.reshape(-1, heads, dim)
-        if meta.num_padding:
-            valid = slots >= 0
-            slots, new_k, new_v = slots[valid], new_k[valid], new_v[valid]
-        write_slots(key_cache, slots, new_k)            # quantized here for an int8 / float8 cache
-        write_slots(value_cache, slots, new_v)
-        batch = meta.block_tables.shape[0]
-        shape = (batch, -1, heads, dim)                                                      # (B, L, Hkv, D)
+        new_k, new_v = k.reshape(-1, heads, dim), v.reshape(-1, heads, dim)                # (B * T, Hkv, D)
+        if self._real_rows is not None:                                                    # padding: dropped
+            new_k, new_v = new_k.index_select(0, self._real_rows), new_v.index_select(0, self._real_rows)
+        write_slots(key_cache, self._slots, new_k)      # quantized here for an int8 / float8 cache
+        write_slots(value_cache, self._slots, new_v)
+        shape = (self.metadata.block_tables.shape[0], -1, heads, dim)                        # (B, L, Hkv, D)
         gathered_k = gather_blocks(key_cache, flat_tables, k.dtype).view(shape)
         gathered_v = gather_blocks(value_cache, flat_tables, v.dtype).view(shape)
         return gathered_k, gathered_v

@@ -16,7 +16,8 @@ What `retrieve` answers (POST /api/v1/retrieve_future), in the SDK 0.38's terms:
 - unknown (never opened, or evicted): 404.
 
 Invariant: a result stays readable, as many times as asked, until `max_kept` newer results
-push it out (oldest first) or its session finishes (`forget`). `cancel` resolves a pending
+push it out (oldest first) or its session finishes (`forget`). `num_pending(owner)` == the
+number of `owner`'s entries whose result is None (the service's queued-requests limit). `cancel` resolves a pending
 future as failed (the work it stood for is not undone where it already ran).
 """
 from __future__ import annotations
@@ -65,10 +66,13 @@ class FutureStore:
     def __init__(self, max_kept: int = 4096, poll_wait_s: float = 10.0, inline_limit_bytes: int = 1 << 20):
         self.max_kept, self.poll_wait_s, self.inline_limit_bytes = max_kept, poll_wait_s, inline_limit_bytes
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._num_pending: dict[str, int] = {}     # owner -> its entries not yet resolved (never 0: removed)
 
     def open(self, owner: str | None = None) -> str:
         request_id = f"req-{uuid.uuid4().hex}"
         self._entries[request_id] = _Entry(owner)
+        if owner is not None:
+            self._num_pending[owner] = self._num_pending.get(owner, 0) + 1
         self._evict()
         return request_id
 
@@ -79,6 +83,10 @@ class FutureStore:
             return
         entry.result = result
         entry.done.set()
+        if entry.owner is not None:
+            self._num_pending[entry.owner] -= 1
+            if not self._num_pending[entry.owner]:
+                del self._num_pending[entry.owner]
 
     def cancel(self, request_id: str) -> None:
         self.resolve(request_id, Result.failed(TinkerAPIError(400, f"request {request_id} was cancelled")))
@@ -87,6 +95,11 @@ class FutureStore:
         """Drop every future of session `owner` (it finished)."""
         for request_id in [r for r, e in self._entries.items() if e.owner == owner]:
             del self._entries[request_id]
+        self._num_pending.pop(owner, None)
+
+    def num_pending(self, owner: str) -> int:
+        """How many futures of session `owner` are open and not yet resolved."""
+        return self._num_pending.get(owner, 0)
 
     def is_pending(self, request_id: str) -> bool:
         entry = self._entries.get(request_id)

@@ -11,12 +11,28 @@ reaches a queue; the work itself runs in a worker thread under one compute limit
 tenant shares the base models, and one computes at a time), in each training client's seq_id
 order (ordering.py). A failure while it runs fails that request's future alone: the other
 tenants and the server go on.
+
+Limits and eviction. Two admission rules answer 429 with Retry-After (`_refuse`): a base takes
+at most `max_training_clients_per_base` resident tenants (create_model; evicted ones do not
+count), and a session has at most `max_queued_requests_per_session` requests accepted and not
+yet finished (training ops and samples; a re-sent request already accepted is answered, never
+refused). A tenant with nothing queued or running and no request for `evict_after_s` is
+evicted (`evict_idle`, run every `_sweep_period_s` and before a create_model is refused): its
+state goes to a file in `state_dir` and its adapter leaves the base. Each op of a tenant runs
+through `_resident`, which resumes an evicted tenant first, in the op's worker thread under the
+compute limiter, so eviction and resumption never overlap a compute, and a restore is never
+refused (its request was already accepted): a base may then hold more than its limit until
+its idle tenants are evicted.
 """
 from __future__ import annotations
 
 import logging
 import secrets
+import shutil
+import tempfile
+import time
 import uuid
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -49,8 +65,18 @@ UNSUPPORTED_SAMPLE_FIELDS = ("topk_prompt_logprobs", "topk_sample_logprobs", "ta
 class TinkerOptions(Options):
     """The Tinker server's settings (`postrain serve --tinker`)."""
 
-    max_training_clients: int = Field(16, ge=1, description="LoRA tenants held at once over all bases; past it "
-                                      "create_model is answered 429 with Retry-After")
+    max_training_clients_per_base: int = Field(16, ge=1, description="LoRA tenants resident on one base model "
+                                               "at once (evicted ones do not count); past it create_model is "
+                                               "answered 429 with Retry-After")
+    max_queued_requests_per_session: int = Field(1024, ge=1, description="requests of one session accepted and "
+                                                 "not yet finished (training ops and samples); past it a new one "
+                                                 "is answered 429 with Retry-After")
+    evict_after_s: float | None = Field(600.0, ge=0, description="a tenant with no request for this long, "
+                                        "seconds, and nothing queued is written to state_dir and leaves its base; "
+                                        "its next request restores it. None: never")
+    state_dir: str | None = Field(None, description="the folder evicted tenants are written to (one file each, "
+                                  "deleted when restored or freed); None: a new temporary folder, removed when "
+                                  "the server stops")
     seq_gap_timeout_s: float = Field(120.0, gt=0, description="how long a request waits for an earlier seq_id of "
                                      "its training client, seconds; past it the waiting requests fail")
     poll_wait_s: float = Field(10.0, gt=0, description="retrieve_future holds a pending request this long, "
@@ -83,6 +109,21 @@ class TinkerService:
         self._created: dict[tuple[str, str, int], str] = {}     # (session, kind, seq) -> request or sampler id
         self._samples: dict[tuple[str, int], dict] = {}         # (sampling session, seq_id) -> the POST's answer
         self.checkpoints: dict[str, TenantCheckpoint] = {}      # tinker://MODEL_ID/weights/NAME -> saved state
+        self._num_creating: dict[str, int] = {}                 # base -> tenants being built (counted as resident)
+        self.trio_token = trio.lowlevel.current_trio_token()    # for callers on other threads (tests)
+        self._owns_state_dir = options.state_dir is None
+        self.state_dir = Path(options.state_dir or tempfile.mkdtemp(prefix="postrain-tinker-"))
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        if options.evict_after_s is not None:
+            nursery.start_soon(self._sweep_idle)
+
+    def close(self) -> None:
+        """Delete what the server wrote to state_dir (the folder too when it made it); at stop."""
+        for tenant in self.tenants.values():
+            if tenant.evicted_to is not None:
+                tenant.evicted_to.unlink(missing_ok=True)
+        if self._owns_state_dir:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
 
     # ------------------------------------------------------------------ sessions
     def client_config(self, body: dict) -> dict:
@@ -110,6 +151,7 @@ class TinkerService:
         self.samplers.close_sessions_of(session_id)
         for model_id in session.model_ids:
             await self.drop_tenant(model_id)
+        self.futures.forget(session_id)                 # its results are not asked for again
 
     async def drop_tenant(self, model_id: str) -> None:
         tenant = self.tenants.pop(model_id, None)
@@ -145,20 +187,48 @@ class TinkerService:
     async def _new_tenant(self, session_id: str, model_seq_id: int, held: HeldModel, rank: int, seed: int,
                           targets: tuple[str, ...]) -> TrainingTenant:
         """A new tenant of the session, its id `SESSION:train:SEQ` (the id the SDK derives itself); 429
-        past max_training_clients. Cancelled: no tenant is added (one built meanwhile is dropped)."""
+        when `held` has max_training_clients_per_base resident tenants and none is idle past
+        evict_after_s. Cancelled: no tenant is added (one built meanwhile is dropped)."""
         session = self.sessions.get(session_id)
-        if len(self.tenants) >= self.options.max_training_clients:
-            raise TinkerAPIError(429, f"this server holds {self.options.max_training_clients} training clients "
-                                      "(max_training_clients); finish a session to free one, or retry later",
-                                 retry_after_s=self.options.retry_after_s)
+        limit = self.options.max_training_clients_per_base
+        if self.num_resident(held.name) >= limit:
+            await self.evict_idle()
+        if (num := self.num_resident(held.name)) >= limit:
+            idle = ("" if self.options.evict_after_s is None else
+                    f" or let a training client idle past evict_after_s={self.options.evict_after_s:g} s")
+            self._refuse(f"base model {held.name!r} holds {num} training clients, the most it takes "
+                         f"(max_training_clients_per_base={limit}); finish a session (ServiceClient.close){idle} to "
+                         "free one, or raise the limit with `postrain serve --tinker --max-training-clients-per-base N`")
         model_id = f"{session_id}:train:{model_seq_id}"
-        tenant = await trio.to_thread.run_sync(
-            lambda: TrainingTenant(model_id, held, rank=rank, seed=seed, targets=targets, session_id=session_id),
-            limiter=self.compute)
+        self._num_creating[held.name] = self._num_creating.get(held.name, 0) + 1    # its slot, while it is built
+        try:
+            tenant = await trio.to_thread.run_sync(
+                lambda: TrainingTenant(model_id, held, rank=rank, seed=seed, targets=targets, session_id=session_id),
+                limiter=self.compute)
+        finally:
+            self._num_creating[held.name] -= 1
         self.tenants[model_id] = tenant
         self.orders[model_id] = SeqOrder(model_id)
         session.model_ids.append(model_id)
         return tenant
+
+    def num_resident(self, base_model: str) -> int:
+        """Tenants of `base_model` whose adapter is on it or being built (evicted ones are not)."""
+        return (sum(t.is_resident for t in self.tenants.values() if t.held.name == base_model)
+                + self._num_creating.get(base_model, 0))
+
+    def _refuse(self, message: str) -> None:
+        """Raise the 429 of a limit: `{"detail": message}` and Retry-After: retry_after_s."""
+        raise TinkerAPIError(429, message + f"; retry after {self.options.retry_after_s} s (the tinker SDK "
+                                            "retries a 429 by itself)", retry_after_s=self.options.retry_after_s)
+
+    def _check_queue(self, session_id: str | None) -> None:
+        """429 when the session has max_queued_requests_per_session requests not yet finished."""
+        limit = self.options.max_queued_requests_per_session
+        if session_id and (num := self.futures.num_pending(session_id)) >= limit:
+            self._refuse(f"session {session_id!r} has {num} requests queued and not yet finished, the most it may "
+                         f"(max_queued_requests_per_session={limit}); wait for earlier results, or raise the limit "
+                         "with `postrain serve --tinker --max-queued-requests-per-session N`")
 
     def tenant(self, model_id: str | None) -> TrainingTenant:
         tenant = self.tenants.get(model_id or "")
@@ -276,18 +346,26 @@ class TinkerService:
             held = self.bases.get(request.base_model or checkpoint.base_model)
             tenant = await self._new_tenant(request.session_id, request.model_seq_id, held, checkpoint.rank,
                                             checkpoint.seed, checkpoint.targets)
-            await trio.to_thread.run_sync(tenant.restore, checkpoint, request.optimizer, request.path,
-                                          limiter=self.compute)
+            answer = Result.json({"type": "load_weights", "path": request.path, "model_id": tenant.model_id})
+
+            def restore() -> Result:
+                tenant.restore(checkpoint, request.optimizer, request.path)
+                return answer
+            await trio.to_thread.run_sync(self._resident, tenant, restore, limiter=self.compute)
             request_id = self.futures.open(request.session_id)
-            self.futures.resolve(request_id, Result.json({"type": "load_weights", "path": request.path,
-                                                          "model_id": tenant.model_id}))
+            self.futures.resolve(request_id, answer)
             self._created[key] = request_id
         return {"request_id": self._created[key]}
 
     def _submit(self, tenant: TrainingTenant, seq_id: int | None, work: Callable[[], Result]) -> dict:
-        """Queue `work` in the tenant's seq_id order (a seq_id seen before: its first request id)."""
+        """Queue `work` in the tenant's seq_id order (a seq_id seen before: its first request id);
+        429 past max_queued_requests_per_session. The work runs with the tenant resident."""
         order = self.orders[tenant.model_id]
-        op = Op(self.futures.open(tenant.session_id), work)
+        if seq_id is not None and int(seq_id) in order.request_ids:      # a re-sent request: never refused
+            return {"request_id": order.request_ids[int(seq_id)], "model_id": tenant.model_id}
+        self._check_queue(tenant.session_id)
+        tenant.last_used_s = time.monotonic()
+        op = Op(self.futures.open(tenant.session_id), lambda: self._resident(tenant, work))
         if seq_id is None:                     # no order asked for: after what is queued
             seq_id = max([order.next_seq_id - 1, *order.waiting]) + 1
         request_id, is_new = order.add(int(seq_id), op)
@@ -306,8 +384,51 @@ class TinkerService:
         try:
             while (op := order.pop_ready()) is not None:
                 await self._execute(op)
+                if (tenant := self.tenants.get(order.model_id)) is not None:
+                    tenant.last_used_s = time.monotonic()     # idle from the end of its last op
         finally:
             order.running = False
+
+    @staticmethod
+    def _resident(tenant: TrainingTenant, work: Callable[[], Result]) -> Result:
+        """`work` with the tenant on its base: an evicted one is resumed first (in the worker
+        thread, under the compute limiter, as every op)."""
+        tenant.resume()
+        return work()
+
+    # ------------------------------------------------------------------ eviction
+    async def evict(self, model_id: str) -> bool:
+        """Write the tenant to state_dir and take its adapter off the base, when nothing of it is
+        queued or running; whether it is evicted now. Its next op resumes it (`_resident`).
+        Cancelled: the write finishes in its thread; the tenant is evicted or resident, never half."""
+        tenant, order = self.tenants.get(model_id), self.orders.get(model_id)
+        if tenant is None or order is None or not tenant.is_resident or order.waiting or order.running:
+            return False
+        path = self.state_dir / f"{model_id.replace(':', '_')}.pt"
+        await trio.to_thread.run_sync(tenant.evict, path, limiter=self.compute)
+        log.info("tinker: evicted idle training client %s to %s", model_id, path)
+        return not tenant.is_resident
+
+    async def evict_idle(self, now_s: float | None = None) -> list[str]:
+        """Evict every resident tenant with no request for evict_after_s (the clock: `now_s`,
+        time.monotonic() by default; a test passes a later one); the ids evicted."""
+        if self.options.evict_after_s is None:
+            return []
+        now_s = time.monotonic() if now_s is None else now_s
+        idle = [model_id for model_id, tenant in self.tenants.items()
+                if tenant.is_resident and now_s - tenant.last_used_s >= self.options.evict_after_s]
+        return [model_id for model_id in idle if await self.evict(model_id)]
+
+    @property
+    def _sweep_period_s(self) -> float:
+        assert self.options.evict_after_s is not None, "no sweep without evict_after_s"
+        return min(max(self.options.evict_after_s / 4, 1.0), 60.0)
+
+    async def _sweep_idle(self) -> None:
+        """Evict idle tenants every _sweep_period_s until the server stops."""
+        while True:
+            await trio.sleep(self._sweep_period_s)
+            await self.evict_idle()
 
     async def _watch_gap(self, order: SeqOrder, seq_id: int) -> None:
         await trio.sleep(self.options.seq_gap_timeout_s)
@@ -384,6 +505,7 @@ class TinkerService:
             raise TinkerAPIError(400, f"asample: num_samples must be 1 to 128, got {request.num_samples}")
         params = engine_params(request.sampling_params.model_dump(), request.num_samples, len(prompt), held)
         wants_prompt_logprobs = bool(request.prompt_logprobs)
+        self._check_queue(sampler.session_id)
         request_id = self.futures.open(sampler.session_id or None)
         answer = {"request_id": request_id,
                   "sample_sequence_ids": [f"{request_id}-{i}" for i in range(request.num_samples)]}

@@ -5,6 +5,8 @@
     metrics = tenant.optim_step(learning_rate=1e-4, beta1=0.9, beta2=0.95, eps=1e-12,
                                 weight_decay=0.0, grad_clip_norm=0.0)
     state = tenant.merged_weights()         # base + scale * B @ A: what a sampler runs
+    tenant.evict(Path("state/m-1.pt"))      # to disk; its hooks leave the base (is_resident False)
+    tenant.resume()                         # back on the base, exactly as it was
     tenant.close()                          # its hooks leave the base for good
 
 Design note. The adapter is postrain's own LoRA (actors/learner/lora.py): the same init (A
@@ -14,13 +16,25 @@ the tenant computing has its adapters `enabled` (`_active`). The caller runs eve
 compute one at a time (the service's compute limiter), so at most one adapter of a base is
 enabled at any moment. Gradients accumulate in the adapters' `.grad` over any number of
 `forward_backward` calls and are cleared by `optim_step`, the only writer of the weights.
-Invariant: outside `_active`, `self.lora.enabled` is False (tests/actors/tinker/test_tenants.py).
+Invariant: outside `_active`, `self.lora.enabled` is False (tests/actors/tinker/test_training.py: three
+tenants at once each end as they would alone).
+
+Eviction. An idle tenant can leave its base without ending: `evict(path)` writes one file
+(`torch.save`, format EVICTED_FORMAT: the adapter, the pending gradients, the AdamW state dict,
+num_steps and num_accumulated, and what the adapter was made with) and detaches its hooks;
+`resume()` attaches a new adapter, loads all of it back and deletes the file. Every tensor
+goes through the file unchanged, so a resumed tenant's next steps equal those of one never
+evicted, bit for bit (tests/actors/tinker/test_limits.py). Invariant: exactly one of
+`is_resident` and `evicted_to is not None` holds until `close()`, after which neither does.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
+import os
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -36,6 +50,7 @@ from .wire import WireDatum
 LORA_ALPHA = 32.0
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
+EVICTED_FORMAT = "postrain-tinker-evicted-tenant/1"
 
 
 def lora_targets(train_attn: bool, train_mlp: bool, train_unembed: bool) -> tuple[str, ...]:
@@ -82,14 +97,40 @@ class TrainingTenant:
         if rank < 1:
             raise TinkerAPIError(400, f"lora_config.rank must be >= 1, got {rank}")
         self.model_id, self.held, self.rank, self.seed, self.session_id = model_id, held, rank, seed, session_id
-        self.lora = LearnerLora(held.model, {"rank": rank, "alpha": LORA_ALPHA, "targets": list(targets)}, seed)
-        self.lora.enabled = False
-        params = self.lora.parameters()
-        fused = all(p.device.type in ("cpu", "cuda") for p in params)    # as the learner's PolicyOptimizer
-        self.optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0,
-                                           fused=fused)
+        self.targets = tuple(targets)
+        self._lora: LearnerLora | None = None              # None while evicted or closed
+        self._optimizer: torch.optim.AdamW | None = None   # set together with _lora
+        self.evicted_to: Path | None = None                # the file while evicted, else None
+        self._attach()
         self.num_steps = 0
         self.num_accumulated = 0        # forward_backward calls since the last optim_step
+        self.last_used_s = time.monotonic()   # when a request of it last came or ended (the service's eviction)
+
+    def _attach(self) -> None:
+        """A new adapter on the base (A from the seed, B zero) and a fresh AdamW over it."""
+        lora = LearnerLora(self.held.model, {"rank": self.rank, "alpha": LORA_ALPHA, "targets": list(self.targets)},
+                           self.seed)
+        lora.enabled = False
+        params = lora.parameters()
+        fused = all(p.device.type in ("cpu", "cuda") for p in params)    # as the learner's PolicyOptimizer
+        self._optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0,
+                                            fused=fused)
+        self._lora = lora
+
+    @property
+    def is_resident(self) -> bool:
+        """Whether the adapter is on the base (not evicted, not closed)."""
+        return self._lora is not None
+
+    @property
+    def lora(self) -> LearnerLora:
+        assert self._lora is not None, f"tenant {self.model_id} is not resident; the service resumes it first"
+        return self._lora
+
+    @property
+    def optimizer(self) -> torch.optim.AdamW:
+        assert self._optimizer is not None, f"tenant {self.model_id} is not resident; the service resumes it first"
+        return self._optimizer
 
     @contextlib.contextmanager
     def _active(self):
@@ -206,7 +247,7 @@ class TrainingTenant:
                                   fused=self.optimizer.defaults.get("fused"))
         if with_optimizer:
             fresh.load_state_dict(copy.deepcopy(checkpoint.optimizer_state))
-        self.optimizer = fresh
+        self._optimizer = fresh
         self.num_steps = checkpoint.num_steps if with_optimizer else 0
         self.num_accumulated = 0
 
@@ -215,5 +256,58 @@ class TrainingTenant:
         base = {k: v.detach().to("cpu") for k, v in self.held.model.state_dict().items()}
         return self.lora.merged(base)
 
+    def evict(self, path: Path) -> None:
+        """Write everything needed to resume exactly to `path` (module docstring), then detach the
+        hooks and drop the adapter's tensors. A tenant not resident is left as it is."""
+        if self._lora is None:
+            return
+        params = _named_parameters(self.lora)
+        state = {"format": EVICTED_FORMAT, "model_id": self.model_id, "base_model": self.held.name,
+                 "rank": self.rank, "seed": self.seed, "targets": list(self.targets),
+                 "adapters": {k: v.detach().to("cpu").clone() for k, v in params.items()},
+                 "grads": {k: p.grad.detach().to("cpu").clone() for k, p in params.items() if p.grad is not None},
+                 "optimizer": self.optimizer.state_dict(), "num_steps": self.num_steps,
+                 "num_accumulated": self.num_accumulated}
+        partial = path.with_name(path.name + ".partial")
+        torch.save(state, partial)
+        os.replace(partial, path)       # the file is whole or absent
+        self._lora.detach()
+        self._lora = self._optimizer = None
+        self.evicted_to = path
+
+    def resume(self) -> None:
+        """Back on the base from the file `evict` wrote, exactly as it was; the file is deleted.
+        TinkerAPIError 404 for a closed tenant (its session finished while a request waited)."""
+        if self._lora is not None:
+            return
+        if self.evicted_to is None:
+            raise TinkerAPIError(404, f"model {self.model_id!r} was freed (its session finished); create a new "
+                                      "training client")
+        path = self.evicted_to
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        assert state["format"] == EVICTED_FORMAT and state["model_id"] == self.model_id, \
+            f"{path} holds {state.get('format')!r} of {state.get('model_id')!r}, not tenant {self.model_id}"
+        self._attach()
+        self.lora.load_adapters(state["adapters"], str(path))
+        params = _named_parameters(self.lora)
+        for key, grad in state["grads"].items():
+            params[key].grad = grad.to(params[key].device)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.num_steps, self.num_accumulated = state["num_steps"], state["num_accumulated"]
+        self.evicted_to = None
+        path.unlink()
+
     def close(self) -> None:
-        self.lora.detach()
+        """The tenant ends: its hooks leave the base, or its evicted file is deleted."""
+        if self._lora is not None:
+            self._lora.detach()
+        self._lora = self._optimizer = None
+        if self.evicted_to is not None:
+            self.evicted_to.unlink(missing_ok=True)
+            self.evicted_to = None
+
+
+def _named_parameters(lora: LearnerLora) -> dict[str, torch.nn.Parameter]:
+    """The adapter's parameters by their `adapters()` keys."""
+    return {f"{name}.weight.lora_{ab}": p for name in lora.modules
+            for ab, p in (("A", lora.lora_A[name]), ("B", lora.lora_B[name]))}

@@ -43,8 +43,10 @@ def test_the_served_api_trains_and_samples_through_the_sdk(server):
 @pytest.mark.parametrize("argv, message", [
     (["--api-key", "secret"], "only sends an API key that starts with 'tml-'"),
     (["--host", "0.0.0.0"], "clients must send an API key"),
+    (["--max-training-clients-per-base", "0"], "--max-training-clients-per-base 0: Input should be greater than"),
+    (["--evict-after-s", "soon"], "want seconds (a number >= 0) or 'never'"),
 ])
-def test_a_key_the_sdk_cannot_send_or_an_open_host_without_one_is_refused(argv, message):
+def test_a_key_the_sdk_cannot_send_an_open_host_without_one_or_a_bad_limit_is_refused(argv, message):
     env = {**os.environ, "POSTRAIN_API_KEY": ""}
     done = subprocess.run([sys.executable, "-m", "postrain.cli", "serve", "--tinker", *argv], capture_output=True,
                           text=True, env=env, timeout=120)
