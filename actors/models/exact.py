@@ -1,8 +1,8 @@
 """Batch-invariant forward ops: with `exact = true` the generator's recorded logprob of every
 sampled token equals the learner's recomputation bit for bit.
 
-    make_exact(model)                          # its Linear layers and activations, in place
-    attention = ExactSelfAttention.of(mask)    # the learner's forward: model.hidden_states(ids, paged=attention)
+    make_exact(model)            # in place: its Linear layers, activations and attention
+    hidden = model.hidden_states(ids, mask)   # an exact model's training path: ExactSelfAttention
     logp = exact_token_logprobs(logits, targets, temperature)
 
 Why the two sides differ without it. A float32 result depends on the order its terms are
@@ -19,10 +19,11 @@ What `exact` fixes, op by op (each one's row depends on that row alone, never on
   `MIN_ROWS` rows is padded with zero rows). That kernel's row is independent of the row
   count and the thread count: a property of the BLAS, so `check_row_invariance` measures it
   on the model's own shapes at load and refuses `exact` where it does not hold.
-- Attention: each query's keys are laid out by absolute position, scores are per-key dot
-  products, the softmax's sums run over fixed blocks of `KEY_BLOCK` positions combined left to
-  right (a cumulative sum), the same blocks for a decode step, a chunked prefill, a prefix
-  hit and the learner's padded batch. Keys a query cannot see add exact zeros.
+- Attention: each query's keys are laid out by absolute position, the scores are one matmul of
+  at least `MIN_ROWS` query rows, the softmax's sums and weighted values run over fixed blocks
+  of `KEY_BLOCK` positions combined left to right (a cumulative sum): the same blocks for a
+  decode step, a chunked prefill, a prefix hit and the learner's padded batch. Keys a query
+  cannot see add exact zeros.
 - Activations: SiLU and tanh-GELU are written with exp, tanh and IEEE arithmetic, whose
   scalar and vector kernels agree (`tail_consistent` checks the ops used).
 - Logprobs: log-softmax with the vocabulary's sum in fixed chunks of `VOCAB_CHUNK` combined
@@ -94,15 +95,16 @@ class ExactLinear(nn.Linear):
 
 def check_row_invariance(model: nn.Module, probes: int = 3) -> None:
     """Raise ExactnessError unless this machine's matmul gives a row the same bits at every row
-    count from MIN_ROWS up and at 1 and 2 threads, for up to `probes` of the model's Linear shapes."""
+    count from MIN_ROWS up and at 1 and 2 threads, for up to `probes` of the model's Linear
+    shapes, and an attention score the same bits at every query, key and batch count."""
     shapes = sorted({tuple(m.weight.shape) for m in model.modules() if isinstance(m, nn.Linear)})
     device = next(model.parameters()).device                      # the BLAS the model will run on
     generator = torch.Generator().manual_seed(0)
+    randn = lambda *shape: torch.randn(*shape, generator=generator).to(device)   # noqa: E731
     threads = torch.get_num_threads()
     try:
         for out_features, in_features in shapes[:probes]:
-            weight = torch.randn(out_features, in_features, generator=generator).to(device)
-            x = torch.randn(97, in_features, generator=generator).to(device)
+            weight, x = randn(out_features, in_features), randn(97, in_features)
             whole = F.linear(x, weight)
             results = [F.linear(x[:rows], weight) for rows in (MIN_ROWS, MIN_ROWS + 1, 33, 64)]
             torch.set_num_threads(1 if threads > 1 else 2)
@@ -110,9 +112,18 @@ def check_row_invariance(model: nn.Module, probes: int = 3) -> None:
             torch.set_num_threads(threads)
             if not all(torch.equal(r, whole[:r.shape[0]]) for r in results):
                 raise ExactnessError(
-                    f"this machine's matmul ({torch.__config__.show().splitlines()[-1].strip()[:60]}...) "
-                    f"computes a row of a ({in_features} -> {out_features}) projection differently by "
-                    "the batch's size or thread count, so exact = true cannot hold here; set exact = false")
+                    f"this machine's matmul computes a row of a ({in_features} -> {out_features}) projection "
+                    "differently by the batch's size or thread count, so exact = true cannot hold here; set "
+                    "exact = false")
+        head_dim = getattr(getattr(model, "config", None), "head_dim", 64)
+        q, k = randn(3, 2, 40, head_dim), randn(3, 2, 80, head_dim)
+        whole = q @ k.transpose(2, 3)
+        parts = [(q[:b, :, :rows] @ k[:b, :, :keys].transpose(2, 3), b, rows, keys)
+                 for b, rows, keys in ((1, MIN_ROWS, KEY_BLOCK), (2, 33, 48), (3, 40, 64))]
+        if not all(torch.equal(part, whole[:b, :, :rows, :keys]) for part, b, rows, keys in parts):
+            raise ExactnessError(f"this machine's batched matmul computes an attention score (head_dim {head_dim}) "
+                                 "differently by the number of queries, keys or sequences, so exact = true cannot "
+                                 "hold here; set exact = false")
     finally:
         torch.set_num_threads(threads)
 
@@ -149,11 +160,11 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: to
     position); k_pos None: key j of every row is at position j (a gathered cache, right
     padding). A query at position p sees the real keys at positions j <= p (and p - j <
     window). Keys are laid out by position (scattered there when k_pos is given), so the
-    blocks of KEY_BLOCK positions are the same however the caller laid them out. The scores are one matmul of at
-    least MIN_ROWS query rows against every key (a row's dot products do not depend on the
-    row or key counts: `check_row_invariance`); each block's weighted values are a matmul over
-    its KEY_BLOCK keys, and the blocks are summed left to right (a cumulative sum), as are the
-    softmax's denominators. Returns (B, T, H, D)."""
+    blocks of KEY_BLOCK positions are the same however the caller laid them out. The scores
+    are one matmul of at least MIN_ROWS query rows against every key (a row's dot products do
+    not depend on the row or key counts: `check_row_invariance`); each block's weighted values
+    are a matmul over its KEY_BLOCK keys, and the blocks are summed left to right (a cumulative
+    sum), as are the softmax's denominators. Returns (B, T, H, D)."""
     batch, seq, heads, dim = q.shape
     kv_heads = k.shape[2]
     groups = heads // kv_heads
