@@ -13,7 +13,9 @@ from postrain.core import ActorSpec
 from postrain.core.testing import to_toml
 
 
-def run_config(tmp_path, task: str, task_options: dict, *, extra: dict | None = None) -> dict:
+def run_config(tmp_path, task: str, task_options: dict, *, extra: dict | None = None,
+               orchestrator: dict | None = None) -> dict:
+    """The run's config; `orchestrator`: options that replace the orchestrator's own."""
     actor = {"cpus": 0.5, "memory_mb": 0}
     return {
         "run": {"name": "task", "run_dir": str(tmp_path / "runs"), "driver": "orchestrator"},
@@ -28,17 +30,18 @@ def run_config(tmp_path, task: str, task_options: dict, *, extra: dict | None = 
             {"name": "orchestrator", "cls": "postrain.actors.orchestrator:OrchestratorActor", **actor,
              "cpus": 0.1, "options": {"num_steps": 1, "prompts_per_step": 3, "samples_per_prompt": 2,
                                       "num_eval_tasks": 2,
-                                      "sampling": {"max_new_tokens": 12}}},
+                                      "sampling": {"max_new_tokens": 12}, **(orchestrator or {})}},
         ],
         **(extra or {}),
     }
 
 
-def run_task(tmp_path, task: str, task_options: dict, *, extra: dict | None = None):
+def run_task(tmp_path, task: str, task_options: dict, *, extra: dict | None = None,
+             orchestrator: dict | None = None):
     """`postrain up` on `task`; the summary and the run folder. `tmp_path` is on PYTHONPATH (for the
     user modules a test writes there)."""
     config = tmp_path / "run.toml"
-    config.write_text(to_toml(run_config(tmp_path, task, task_options, extra=extra)))
+    config.write_text(to_toml(run_config(tmp_path, task, task_options, extra=extra, orchestrator=orchestrator)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
     result = subprocess.run([sys.executable, "-m", "postrain.cli", "up", "--config", str(config), "--quiet"],
                             capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)

@@ -169,14 +169,16 @@ def test_what_exact_cannot_run_with_is_refused_by_name():
 @pytest.mark.slow
 def test_a_run_with_exact_trains_on_a_ratio_of_exactly_one(tmp_path):
     """`exact = true` in [shared] reaches the generator and the learner of a real run (every role a
-    process, weights published over the wire): every RL step's logprob gap is 0."""
+    process): both RL steps' logprob gaps are 0, the second on samples of the weights the learner
+    published after the first (a weight sync over the wire)."""
     import json
 
     from task_runs import run_task
 
     options = {"answer_format": "plain", "max_digits": 1}
     shared = {"model": "tiny", "task": "arithmetic", "task_options": options, "exact": True}
-    summary, folder = run_task(tmp_path, "arithmetic", options, extra={"shared": shared})
+    summary, folder = run_task(tmp_path, "arithmetic", options, extra={"shared": shared},
+                               orchestrator={"num_steps": 2, "max_staleness": 0})
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     steps = [row for row in rows if "logprob_gap_max" in row]
-    assert steps and all(row["logprob_gap_max"] == 0.0 and row["ratio_mean"] == 1.0 for row in steps)
+    assert len(steps) == 2 and all(row["logprob_gap_max"] == 0.0 and row["ratio_mean"] == 1.0 for row in steps)
