@@ -26,7 +26,9 @@ models --model names (comma-separated, each SPEC or NAME=SPEC; default tiny) and
 The SDK sends its key as `X-API-Key` and only a key that starts with `tml-`. The tenant
 limits (--max-training-clients-per-base, --max-queued-requests-per-session: past them a 429
 with Retry-After, which the SDK retries) and idle eviction (--evict-after-s, --state-dir) are in
-docs/tinker.md, "Tenants and limits".
+docs/tinker.md, "Tenants and limits". The sandbox extension (POST /api/v1/postrain/sandbox/run:
+the loop's code run in nsjail, `postrain.actors.tinker.SandboxClient`) is served unless
+--no-sandbox, with --sandbox-workers runs at once (docs/tinker.md, "Sandbox extension").
 """
 from __future__ import annotations
 
@@ -56,6 +58,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          "next request restores it exactly ('never': keep every one resident; default 600)")
     tenants.add_argument("--state-dir", default=None, metavar="PATH", help="where evicted training clients are "
                          "written (default: a temporary folder, removed when the server stops)")
+    sandbox = parser.add_argument_group("--tinker sandbox extension: POST /api/v1/postrain/sandbox/run runs code in "
+                                        "nsjail (docs/tinker.md)")
+    sandbox.add_argument("--no-sandbox", dest="enable_sandbox", action="store_false", help="do not serve the "
+                         "sandbox extension: its endpoint answers 404 (default: served, jails started at its "
+                         "first run)")
+    sandbox.add_argument("--sandbox-workers", type=int, default=2, metavar="N", help="warm jails, the runs at "
+                         "once; past it a run gets 429 with Retry-After (default 2)")
+    sandbox.add_argument("--sandbox-max-timeout-s", type=float, default=60.0, metavar="S", help="the most "
+                         "timeout_s a run may ask for, seconds; a run that names none gets 10, or S if less "
+                         "(default 60)")
+    sandbox.add_argument("--sandbox-memory-mb", type=int, default=512, metavar="MB", help="a run's memory, MiB "
+                         "(default 512)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0: a free one)")
     parser.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model)")
@@ -83,7 +97,9 @@ def tinker_options(args):
     from postrain.actors.tinker import TinkerOptions
     return TinkerOptions(max_training_clients_per_base=args.max_training_clients_per_base,
                          max_queued_requests_per_session=args.max_queued_requests_per_session,
-                         evict_after_s=args.evict_after_s, state_dir=args.state_dir)
+                         evict_after_s=args.evict_after_s, state_dir=args.state_dir,
+                         enable_sandbox=args.enable_sandbox, sandbox_workers=args.sandbox_workers,
+                         sandbox_max_timeout_s=args.sandbox_max_timeout_s, sandbox_memory_mb=args.sandbox_memory_mb)
 
 
 def api_key(args) -> str | None:

@@ -11,7 +11,8 @@ The parts: `app.py` (HTTP routes, the API key), `service.py` (what each endpoint
 `sessions.py`, `tenants.py` (a LoRA adapter, its AdamW and gradients on a shared frozen base),
 `ordering.py` (seq_id order and deduplication), `losses.py`, `sampling.py` (saved sampler
 weights and the generator's engine), `futures.py` (retrieve_future), `wire.py` (the SDK's
-protobuf bodies), `base_models.py`, `errors.py`.
+protobuf bodies), `base_models.py`, `errors.py`; postrain's sandbox extension: `sandbox_runs.py`
+(the server's side) and `sandbox_client.py` (`SandboxClient`, what a loop imports beside the SDK).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import trio
 from .app import build_app
 from .base_models import BaseModels, HeldModel, parse_model_arg
 from .errors import SUPPORTED_SDK_VERSION, TinkerAPIError
+from .sandbox_client import SandboxClient, SandboxRunRequest, SandboxRunResult
 from .service import TinkerOptions, TinkerService
 
 
@@ -44,5 +46,5 @@ async def serve_tinker(bases: BaseModels, options: TinkerOptions, sock: stdlib_s
             service.close()
 
 
-__all__ = ["SUPPORTED_SDK_VERSION", "BaseModels", "HeldModel", "TinkerAPIError", "TinkerOptions", "TinkerService",
-           "build_app", "parse_model_arg", "serve_tinker"]
+__all__ = ["SUPPORTED_SDK_VERSION", "BaseModels", "HeldModel", "SandboxClient", "SandboxRunRequest", "SandboxRunResult",
+           "TinkerAPIError", "TinkerOptions", "TinkerService", "build_app", "parse_model_arg", "serve_tinker"]

@@ -6,6 +6,7 @@
          /sessions/{id}/finish  /telemetry  /create_model  /get_info  /forward_backward (protobuf)
          /optim_step  /save_weights  /load_weights  /save_weights_for_sampler  /create_sampling_session  /join_sampling_session
          /asample  /retrieve_future  /cancel_future
+         /postrain/sandbox/run     (postrain's extension: code run in nsjail, sandbox_runs.py)
     GET  /api/v1/get_server_capabilities  /healthz  /samplers/{id}
 
 Every `/api/v1/` request carries the key as `X-API-Key` (what the SDK sends from $TINKER_API_KEY
@@ -105,6 +106,7 @@ def build_app(service: TinkerService, api_key: str | None = None) -> Starlette:
         Route(f"{v1}/asample", post(service.asample), methods=["POST"]),
         Route(f"{v1}/retrieve_future", retrieve_future, methods=["POST"]),
         Route(f"{v1}/cancel_future", post(service.cancel_future), methods=["POST"]),
+        Route(f"{v1}/postrain/sandbox/run", post(service.sandbox.run, is_async=True), methods=["POST"]),
     ]
     # type ignore: starlette types every handler as taking Exception; it calls each with its own class
     handlers = {TinkerAPIError: api_error, Exception: server_error}

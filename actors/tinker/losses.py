@@ -15,6 +15,18 @@ before one `optim_step` accumulate. With r = exp(logp - sampling_logprobs) and A
 | ppo | -min(r * A, clip(r, low, high) * A) | clip_low_threshold (0.8), clip_high_threshold (1.2) |
 | cispo | -stop_grad(clip(r, low, high)) * logp * A | clip_low_threshold (0.8), clip_high_threshold (1.2) |
 | dro | -(logp * A - beta / 2 * (logp - sampling_logprobs)^2) | beta (required) |
+| gspo | -min(s_t * A, clip(s_t, low, high) * A) | clip_low_threshold (0.9997), clip_high_threshold (1.0004) |
+
+GSPO (Zheng et al. 2025, arXiv:2507.18071) in its GSPO-token form, as the learner's `gspo`
+preset (ext/stabilisers.py): the datum is one sequence, M its tokens where `sequence_ratio_mask`
+(an optional input) is nonzero, or where the advantage is nonzero when it is not sent (a
+prompt's positions carry A = 0 and sampling logprobs 0, and would swamp the mean), and
+
+    s   = exp(clamp(mean over t in M of (sg(logp_t) - sampling_logprobs_t), -20, 20))   (M empty: s = 1)
+    s_t = s * exp(logp_t - sg(logp_t))          value s on every token, d s_t / d logp_t = s
+
+so a sequence is clipped or kept whole. The default thresholds are the preset's 1 - 3e-4 and
+1 + 4e-4 (the paper's clip ranges), as ratios like ppo's.
 
 Each is checked against a float64 reference (tests/actors/tinker/test_losses.py). A loss not in
 the table is refused by name.
@@ -23,6 +35,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+
+from postrain.ext.loss_presets import loss_preset
+from postrain.ext.stabilisers import LOG_RATIO_CLAMP
 
 from .errors import TinkerAPIError
 
@@ -33,12 +48,17 @@ INPUTS: dict[str, tuple[str, ...]] = {
     "ppo": _POLICY_INPUTS,
     "cispo": _POLICY_INPUTS,
     "dro": _POLICY_INPUTS,
+    "gspo": _POLICY_INPUTS,                         # sequence_ratio_mask optional: where A != 0 when absent
 }
+OPTIONAL_INPUTS: dict[str, tuple[str, ...]] = {"gspo": ("sequence_ratio_mask",)}
+_GSPO_PRESET = loss_preset("gspo").loss                    # the learner's: clip_low 3e-4, clip_high 4e-4
+GSPO_CLIP_LOW, GSPO_CLIP_HIGH = 1.0 - _GSPO_PRESET["clip_low"], 1.0 + _GSPO_PRESET["clip_high"]   # 0.9997, 1.0004
 CONFIG_KEYS: dict[str, dict[str, float | None]] = {
     "cross_entropy": {}, "importance_sampling": {},
     "ppo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
     "cispo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
     "dro": {"beta": None},
+    "gspo": {"clip_low_threshold": GSPO_CLIP_LOW, "clip_high_threshold": GSPO_CLIP_HIGH},
 }
 
 
@@ -64,7 +84,7 @@ def loss_config(loss_fn: str, config: dict[str, float | str]) -> dict[str, float
 def check_loss_inputs(loss_fn: str, inputs: dict[str, np.ndarray], num_tokens: int, where: str) -> None:
     """Every input the loss needs is present, 1-D and as long as the datum's tokens."""
     needed = INPUTS[loss_fn]
-    allowed = set(needed) | {"weights", "target_tokens", "logprobs", "advantages"}
+    allowed = set(needed) | {"weights", "target_tokens", "logprobs", "advantages", *OPTIONAL_INPUTS.get(loss_fn, ())}
     for name in needed:
         if name not in inputs:
             raise TinkerAPIError(400, f"{where}: loss {loss_fn!r} needs loss_fn_inputs {list(needed)}, "
@@ -92,9 +112,23 @@ def token_loss(loss_fn: str, logp: torch.Tensor, inputs: dict[str, torch.Tensor]
     elif loss_fn == "ppo":
         clipped = ratio.clamp(config["clip_low_threshold"], config["clip_high_threshold"])
         term = -torch.minimum(ratio * advantages, clipped * advantages)
+    elif loss_fn == "gspo":
+        term = gspo_token_terms(logp, old, advantages, inputs.get("sequence_ratio_mask"), config)
     elif loss_fn == "cispo":
         clipped = ratio.clamp(config["clip_low_threshold"], config["clip_high_threshold"]).detach()
         term = -clipped * logp * advantages
     else:   # dro
         term = -(logp * advantages - 0.5 * config["beta"] * (logp - old) ** 2)
     return term.sum(), term
+
+
+def gspo_token_terms(logp: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor,
+                     sequence_ratio_mask: torch.Tensor | None, config: dict[str, float]) -> torch.Tensor:
+    """GSPO-token's per-token terms (L,) of one sequence (module docstring): every token carries
+    the sequence's ratio s, with its own logp's gradient."""
+    in_ratio = (sequence_ratio_mask if sequence_ratio_mask is not None else advantages) != 0     # (L,) bool
+    num_in_ratio = in_ratio.sum().clamp_min(1)
+    log_ratio = ((logp.detach() - old) * in_ratio).sum() / num_in_ratio                        # scalar
+    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) + logp - logp.detach())  # (L,)
+    clipped = ratio.clamp(config["clip_low_threshold"], config["clip_high_threshold"])
+    return -torch.minimum(ratio * advantages, clipped * advantages)

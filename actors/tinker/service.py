@@ -12,11 +12,12 @@ tenant shares the base models, and one computes at a time), in each training cli
 order (ordering.py). A failure while it runs fails that request's future alone: the other
 tenants and the server go on.
 
-Limits and eviction. Two admission rules answer 429 with Retry-After (`_refuse`): a base takes
+Limits and eviction. Admission rules answer 429 with Retry-After (`_refuse`): a base takes
 at most `max_training_clients_per_base` resident tenants (create_model; evicted ones do not
 count), and a session has at most `max_queued_requests_per_session` requests accepted and not
 yet finished (training ops and samples; a re-sent request already accepted is answered, never
-refused). A tenant with nothing queued or running and no request for `evict_after_s` is
+refused); the sandbox extension (sandbox_runs.py) adds a third, at most `sandbox_workers` runs at
+once. A tenant with nothing queued or running and no request for `evict_after_s` is
 evicted (`evict_idle`, run every `_sweep_period_s` and before a create_model is refused): its
 state goes to a file in `state_dir` and its adapter leaves the base. Each op of a tenant runs
 through `_resident`, which resumes an evicted tenant first, in the op's worker thread under the
@@ -33,7 +34,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NoReturn
 
 import numpy as np
 import trio
@@ -47,6 +48,7 @@ from .futures import FutureStore, Result
 from .losses import check_loss_inputs, loss_config
 from .ordering import Op, SeqOrder
 from .sampling import Sampler, SamplerStore, engine_params
+from .sandbox_runs import SandboxRuns
 from .sessions import SessionStore
 from .tenants import TenantCheckpoint, TrainingTenant, lora_targets
 from .wire import ForwardBackwardCall, decode_forward_backward, encode_forward_backward_output
@@ -83,6 +85,18 @@ class TinkerOptions(Options):
                                "seconds, then answers try_again")
     kv_cache_mb: float = Field(64.0, gt=0, description="each sampler engine's KV cache, MiB")
     retry_after_s: int = Field(5, ge=1, description="Retry-After of a 429, seconds")
+    enable_sandbox: bool = Field(True, description="serve the sandbox extension (POST /api/v1/postrain/sandbox/run: "
+                                 "code run in nsjail, sandbox_runs.py); False: that endpoint answers 404")
+    sandbox_workers: int = Field(2, ge=1, description="warm jails of the sandbox extension, started at its first "
+                                 "run: the runs at once; past it a run is answered 429 with Retry-After")
+    sandbox_timeout_s: float = Field(10.0, gt=0, description="a sandbox run's wall limit (and CPU limit, rounded "
+                                     "up), seconds, when the request names none; at most sandbox_max_timeout_s")
+    sandbox_max_timeout_s: float = Field(60.0, gt=0, description="the most timeout_s a sandbox run may ask for, "
+                                         "seconds; more is answered 400")
+    sandbox_max_output_bytes: int = Field(1 << 20, ge=1024, description="bytes kept of a run's stdout, and of its "
+                                          "stderr; past it the run is killed (status output_truncated)")
+    sandbox_memory_mb: int = Field(512, ge=32, description="a sandbox run's memory, MiB: address space per "
+                                   "process and the cgroup cap of its jail")
 
 
 def _check(cls, body: dict, where: str):
@@ -114,11 +128,18 @@ class TinkerService:
         self._owns_state_dir = options.state_dir is None
         self.state_dir = Path(options.state_dir or tempfile.mkdtemp(prefix="postrain-tinker-"))
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.sandbox = SandboxRuns(num_workers=options.sandbox_workers, timeout_s=options.sandbox_timeout_s,
+                                   max_timeout_s=options.sandbox_max_timeout_s,
+                                   max_output_bytes=options.sandbox_max_output_bytes,
+                                   memory_mb=options.sandbox_memory_mb, refuse=self._refuse,
+                                   enabled=options.enable_sandbox)
         if options.evict_after_s is not None:
             nursery.start_soon(self._sweep_idle)
 
     def close(self) -> None:
-        """Delete what the server wrote to state_dir (the folder too when it made it); at stop."""
+        """Stop the sandbox extension's jails; delete what the server wrote to state_dir (the folder
+        too when it made it); at stop."""
+        self.sandbox.close()
         for tenant in self.tenants.values():
             if tenant.evicted_to is not None:
                 tenant.evicted_to.unlink(missing_ok=True)
@@ -217,7 +238,7 @@ class TinkerService:
         return (sum(t.is_resident for t in self.tenants.values() if t.held.name == base_model)
                 + self._num_creating.get(base_model, 0))
 
-    def _refuse(self, message: str) -> None:
+    def _refuse(self, message: str) -> NoReturn:
         """Raise the 429 of a limit: `{"detail": message}` and Retry-After: retry_after_s."""
         raise TinkerAPIError(429, message + f"; retry after {self.options.retry_after_s} s (the tinker SDK "
                                             "retries a 429 by itself)", retry_after_s=self.options.retry_after_s)

@@ -1,4 +1,5 @@
 """`postrain serve --tinker` as a real process, driven by the tinker SDK (cli/serve.py)."""
+import argparse
 import os
 import subprocess
 import sys
@@ -45,9 +46,22 @@ def test_the_served_api_trains_and_samples_through_the_sdk(server):
     (["--host", "0.0.0.0"], "clients must send an API key"),
     (["--max-training-clients-per-base", "0"], "--max-training-clients-per-base 0: Input should be greater than"),
     (["--evict-after-s", "soon"], "want seconds (a number >= 0) or 'never'"),
+    (["--sandbox-workers", "0"], "--sandbox-workers 0: Input should be greater than or equal to 1"),
 ])
 def test_a_key_the_sdk_cannot_send_an_open_host_without_one_or_a_bad_limit_is_refused(argv, message):
     env = {**os.environ, "POSTRAIN_API_KEY": ""}
     done = subprocess.run([sys.executable, "-m", "postrain.cli", "serve", "--tinker", *argv], capture_output=True,
                           text=True, env=env, timeout=120)
     assert done.returncode == 2 and message in done.stderr
+
+
+def test_the_sandbox_flags_set_the_servers_options():
+    from postrain.cli import serve
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    default = serve.tinker_options(parser.parse_args(["--tinker"]))
+    assert (default.enable_sandbox, default.sandbox_workers, default.sandbox_max_timeout_s) == (True, 2, 60.0)
+    options = serve.tinker_options(parser.parse_args(["--tinker", "--no-sandbox", "--sandbox-workers", "3",
+                                                      "--sandbox-max-timeout-s", "5", "--sandbox-memory-mb", "256"]))
+    assert (options.enable_sandbox, options.sandbox_workers, options.sandbox_max_timeout_s,
+            options.sandbox_memory_mb) == (False, 3, 5.0, 256)
