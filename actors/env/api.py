@@ -341,6 +341,15 @@ class AnyOptions(BaseModel):
 OptionsT = TypeVar("OptionsT", bound=BaseModel)
 
 
+def known_subset(name: str, value: tuple, known: tuple, example: str) -> tuple:
+    """`value` as a non-empty subset of `known`, in `known`'s order; ValueError naming the field,
+    the choices and an example (a task option's validator: levels, kinds...)."""
+    if not value or set(value) - set(known):
+        raise ValueError(f"{name} must be a non-empty subset of {list(known)}, got {list(value)}; "
+                         f"fix: e.g. {name} = {example}")
+    return tuple(k for k in known if k in value)
+
+
 @overload
 def check_options(model: type[OptionsT], options: dict | BaseModel | None, owner: str) -> OptionsT: ...
 @overload

@@ -13,7 +13,7 @@ from pydantic import Field, field_validator
 
 from postrain.core import Options
 
-from ...env.api import check_options
+from ...env.api import check_options, known_subset
 
 LEVELS = (1, 2, 3)
 KINDS = ("bar", "line")
@@ -49,18 +49,12 @@ class ChartsOptions(Options):
     @field_validator("levels")
     @classmethod
     def _known_levels(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        if not value or set(value) - set(LEVELS):
-            raise ValueError(f"levels must be a non-empty subset of {list(LEVELS)}, got {list(value)}; "
-                             f"fix: e.g. levels = [1, 2]")
-        return tuple(sorted(set(value)))
+        return known_subset("levels", value, LEVELS, "[1, 2]")
 
     @field_validator("kinds")
     @classmethod
     def _known_kinds(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        if not value or set(value) - set(KINDS):
-            raise ValueError(f"kinds must be a non-empty subset of {list(KINDS)}, got {list(value)}; "
-                             f"fix: e.g. kinds = [\"bar\"]")
-        return tuple(k for k in KINDS if k in value)
+        return known_subset("kinds", value, KINDS, '["bar"]')
 
     def turns(self) -> int:
         """Actions per episode: `max_turns`, or the form's default."""

@@ -17,7 +17,7 @@ from pydantic import Field, field_validator
 
 from postrain.core import Options
 
-from ...env.api import check_options
+from ...env.api import check_options, known_subset
 
 LEVELS = (1, 2, 3)
 NUM_EVAL = 200
@@ -74,10 +74,7 @@ class FinanceOptions(Options):
     @field_validator("levels")
     @classmethod
     def _known_levels(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        if not value or set(value) - set(LEVELS):
-            raise ValueError(f"levels must be a non-empty subset of {list(LEVELS)}, got {list(value)}; "
-                             f"fix: e.g. levels = [1, 2]")
-        return tuple(sorted(set(value)))
+        return known_subset("levels", value, LEVELS, "[1, 2]")
 
 
 def finance_options(options: dict | FinanceOptions | None) -> FinanceOptions:
