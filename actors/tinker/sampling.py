@@ -9,15 +9,18 @@ postrain's generator engine, in process.
 Design note. A saved sampler path is a snapshot of the merged weights (base + scale * B @ A,
 the function the learner publishes with); an engine (actors/generator/engine.py: paged KV
 cache, the generator's sampler and logprobs) is built once per path on a model holding those
-weights and shared by every sampling session of that path. Requests run one engine call at a
-time under the service's compute limiter: batching several sessions' requests into one engine
-step is not built yet. The sampled logprobs are the engine's (log_softmax of logits / T, T the
-temperature, 1 for greedy); prompt logprobs are the model's at T = 1, NaN at position 0.
+weights and shared by every sampling session of that path. Requests on the same weights are
+batched: each waits in its weights' `pending` list, and one engine call (`sample_batch`, under
+the service's compute limiter) decodes every request waiting when it starts, together, as the
+generator actor batches its requests; requests that arrive meanwhile go in the next call. A
+request's samples depend on its own seed only, not on what shares its batch. The sampled
+logprobs are the engine's (log_softmax of logits / T, T the temperature, 1 for greedy); prompt
+logprobs are the model's at T = 1, NaN at position 0.
 """
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -33,11 +36,59 @@ DEFAULT_MAX_TOKENS = SamplingParams().max_new_tokens
 
 
 @dataclass
+class PendingSample:
+    """A sample request accepted and waiting for its weights' next engine call."""
+
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    prompt_logprobs: bool
+
+
+@dataclass
 class SamplerWeights:
     path: str | None              # None: the base model's own weights
     held: HeldModel
     state: dict[str, torch.Tensor] | None
     engine: Engine | None = None  # built on first use
+    # Invariant: `draining` is True while a task of the service runs `sample_batch` calls on
+    # these weights; it takes every pending request before each call, and stops when none waits.
+    pending: list[PendingSample] = field(default_factory=list)
+    draining: bool = False
+
+    def engine_for(self, kv_cache_mb: float) -> Engine:
+        if self.engine is None:
+            held = self.held
+            state = self.state if self.state is not None else {k: v.detach().clone() for k, v in
+                                                               held.model.state_dict().items()}
+            model = model_from_state(held.model.config, state, source=f"sampler weights {self.path or held.name}")
+            self.engine = Engine(model, held.tokenizer, kv_cache_mb=kv_cache_mb, seed=held.seed)
+        return self.engine
+
+
+def sample_batch(weights: SamplerWeights, batch: list[PendingSample], kv_cache_mb: float) -> list[bytes]:
+    """The SampleResponse bytes of each request of `batch`, decoded together in one engine call
+    (run it from a worker thread, one call at a time)."""
+    engine = weights.engine_for(kv_cache_mb)
+    outputs = engine.generate([item.prompt for item in batch], [item.params for item in batch])
+    answers = []
+    for item, output in zip(batch, outputs):
+        sequences = [WireSequence(list(c.token_ids), list(c.logprobs),
+                                  "length" if c.finish_reason == "length" else "stop") for c in output.outputs]
+        scored = prompt_logprobs(engine, item.prompt) if item.prompt_logprobs else None
+        answers.append(encode_sample_response(sequences, scored, output.num_cached_prompt_tokens))
+    return answers
+
+
+@torch.no_grad()
+def prompt_logprobs(engine: Engine, prompt: list[int]) -> np.ndarray:
+    """The model's logprob of each prompt token given the ones before it (T = 1), NaN at position 0."""
+    model = engine.model
+    ids = torch.tensor([prompt], dtype=torch.long)                                  # (1, P)
+    hidden = model.hidden_states(ids)[0]                                            # (P, H)
+    logits = hidden[:-1] @ model.lm_head.weight.t()                                 # (P - 1, V)
+    logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
+    return np.concatenate([[np.nan], logp.numpy()]).astype(np.float32)
 
 
 def engine_params(params: dict, num_samples: int, prompt_len: int, held: HeldModel) -> SamplingParams:
@@ -86,35 +137,6 @@ class Sampler:
     @property
     def model_path(self) -> str | None:
         return self.weights.path
-
-    def _engine(self) -> Engine:
-        w = self.weights
-        if w.engine is None:
-            held = w.held
-            state = w.state if w.state is not None else {k: v.detach().clone() for k, v in
-                                                         held.model.state_dict().items()}
-            model = model_from_state(held.model.config, state, source=f"sampler weights {w.path or held.name}")
-            w.engine = Engine(model, held.tokenizer, kv_cache_mb=self.kv_cache_mb, seed=held.seed)
-        return w.engine
-
-    def sample(self, prompt: list[int], num_samples: int, params: SamplingParams, prompt_logprobs: bool) -> bytes:
-        """The SampleResponse bytes for `num_samples` samples of `prompt` (runs the engine: call it
-        from a worker thread, one at a time)."""
-        engine = self._engine()
-        output = engine.generate([prompt], params)[0]
-        sequences = [WireSequence(list(c.token_ids), list(c.logprobs),
-                                  "length" if c.finish_reason == "length" else "stop") for c in output.outputs]
-        scored = self._prompt_logprobs(engine, prompt) if prompt_logprobs else None
-        return encode_sample_response(sequences, scored, output.num_cached_prompt_tokens)
-
-    @torch.no_grad()
-    def _prompt_logprobs(self, engine: Engine, prompt: list[int]) -> np.ndarray:
-        model = engine.model
-        ids = torch.tensor([prompt], dtype=torch.long)                                  # (1, P)
-        hidden = model.hidden_states(ids)[0]                                            # (P, H)
-        logits = hidden[:-1] @ model.lm_head.weight.t()                                 # (P - 1, V)
-        logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
-        return np.concatenate([[np.nan], logp.numpy()]).astype(np.float32)
 
 
 class SamplerStore:

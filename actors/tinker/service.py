@@ -33,6 +33,7 @@ import shutil
 import tempfile
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 from typing import Callable, NoReturn
 
@@ -47,7 +48,7 @@ from .errors import SUPPORTED_SDK_VERSION, TinkerAPIError, check_sdk_version
 from .futures import FutureStore, Result
 from .losses import check_loss_inputs, loss_config
 from .ordering import Op, SeqOrder
-from .sampling import Sampler, SamplerStore, engine_params
+from .sampling import PendingSample, SamplerStore, SamplerWeights, engine_params, sample_batch
 from .sandbox_runs import SandboxRuns
 from .sessions import SessionStore
 from .tenants import TenantCheckpoint, TrainingTenant, lora_targets
@@ -534,13 +535,35 @@ class TinkerService:
             self._samples[key] = answer
             while len(self._samples) > self.futures.max_kept:     # as long as the futures are kept
                 del self._samples[next(iter(self._samples))]
-        self.nursery.start_soon(self._execute, Op(request_id, lambda: self._sample(sampler, prompt, params,
-                                                                                   wants_prompt_logprobs)))
+        weights = sampler.weights
+        weights.pending.append(PendingSample(request_id, prompt, params, wants_prompt_logprobs))
+        if not weights.draining:
+            weights.draining = True
+            self.nursery.start_soon(self._drain_samples, weights)
         return answer
 
-    @staticmethod
-    def _sample(sampler: Sampler, prompt: list[int], params, prompt_logprobs: bool) -> Result:
-        return Result.proto(sampler.sample(prompt, params.n, params, prompt_logprobs))
+    async def _drain_samples(self, weights: SamplerWeights) -> None:
+        """Decode the weights' pending requests, all that wait, in one engine call after another,
+        until none waits (sampling.py). A batch that fails runs again one request at a time, so
+        only the request at fault gets the error."""
+        kv_cache_mb = self.samplers.kv_cache_mb
+        try:
+            while weights.pending:
+                batch, weights.pending = weights.pending, []
+                try:
+                    answers = await trio.to_thread.run_sync(sample_batch, weights, batch, kv_cache_mb,
+                                                            limiter=self.compute)
+                except Exception:                   # each alone: its own error, or its answer
+                    for item in batch:
+                        await self._execute(Op(item.request_id, partial(self._sample_one, weights, item)))
+                    continue
+                for item, answer in zip(batch, answers):
+                    self.futures.resolve(item.request_id, Result.proto(answer))
+        finally:
+            weights.draining = False
+
+    def _sample_one(self, weights: SamplerWeights, item: PendingSample) -> Result:
+        return Result.proto(sample_batch(weights, [item], self.samplers.kv_cache_mb)[0])
 
     # ------------------------------------------------------------------ futures
     async def retrieve_future(self, body: dict) -> tuple[str, bytes]:
