@@ -10,10 +10,10 @@ Design note. A saved sampler path is a snapshot of the merged weights (base + sc
 the function the learner publishes with); an engine (actors/generator/engine.py: paged KV
 cache, the generator's sampler and logprobs) is built once per path on a model holding those
 weights and shared by every sampling session of that path. Requests on the same weights are
-batched: each waits in its weights' `pending` list, and one engine call (`sample_batch`, under
-the service's compute limiter) decodes every request waiting when it starts, together, as the
-generator actor batches its requests; requests that arrive meanwhile go in the next call. A
-request's samples depend on its own seed only, not on what shares its batch. The sampled
+batched continuously, as the generator actor batches: each waits in its weights' `pending` list,
+and every engine step (`step_engine`, under the service's compute limiter) first admits all
+that wait, then decodes every request in flight together; a request is answered the step it
+finishes. A request's samples depend on its own seed only, not on what shares its steps. The sampled
 logprobs are the engine's (log_softmax of logits / T, T the temperature, 1 for greedy); prompt
 logprobs are the model's at T = 1, NaN at position 0.
 """
@@ -51,9 +51,11 @@ class SamplerWeights:
     held: HeldModel
     state: dict[str, torch.Tensor] | None
     engine: Engine | None = None  # built on first use
-    # Invariant: `draining` is True while a task of the service runs `sample_batch` calls on
-    # these weights; it takes every pending request before each call, and stops when none waits.
+    # Invariant: `draining` is True while a task of the service steps these weights' engine; it
+    # admits every pending request before each step and stops when none waits and none is in
+    # flight. `in_flight` maps the engine's request ids to the requests admitted and unanswered.
     pending: list[PendingSample] = field(default_factory=list)
+    in_flight: dict[str, PendingSample] = field(default_factory=dict)
     draining: bool = False
 
     def engine_for(self, kv_cache_mb: float) -> Engine:
@@ -66,18 +68,26 @@ class SamplerWeights:
         return self.engine
 
 
-def sample_batch(weights: SamplerWeights, batch: list[PendingSample], kv_cache_mb: float) -> list[bytes]:
-    """The SampleResponse bytes of each request of `batch`, decoded together in one engine call
-    (run it from a worker thread, one call at a time)."""
+def step_engine(weights: SamplerWeights, admit: list[PendingSample], kv_cache_mb: float
+                ) -> list[tuple[PendingSample, bytes | Exception]]:
+    """Admit `admit` into the weights' engine, run one engine step, and return each request that
+    finished with its SampleResponse bytes, or with the error that refused it at admission (run
+    it from a worker thread, one call at a time)."""
     engine = weights.engine_for(kv_cache_mb)
-    outputs = engine.generate([item.prompt for item in batch], [item.params for item in batch])
-    answers = []
-    for item, output in zip(batch, outputs):
-        sequences = [WireSequence(list(c.token_ids), list(c.logprobs),
-                                  "length" if c.finish_reason == "length" else "stop") for c in output.outputs]
-        scored = prompt_logprobs(engine, item.prompt) if item.prompt_logprobs else None
-        answers.append(encode_sample_response(sequences, scored, output.num_cached_prompt_tokens))
-    return answers
+    answered: list[tuple[PendingSample, bytes | Exception]] = []
+    for item in admit:
+        try:
+            weights.in_flight[engine.add_request(item.prompt, item.params)] = item
+        except Exception as exc:            # this request's own fault: the others go on
+            answered.append((item, exc))
+    if engine.has_unfinished():
+        for output in engine.step():
+            item = weights.in_flight.pop(output.request_id)
+            sequences = [WireSequence(list(c.token_ids), list(c.logprobs),
+                                      "length" if c.finish_reason == "length" else "stop") for c in output.outputs]
+            scored = prompt_logprobs(engine, item.prompt) if item.prompt_logprobs else None
+            answered.append((item, encode_sample_response(sequences, scored, output.num_cached_prompt_tokens)))
+    return answered
 
 
 @torch.no_grad()

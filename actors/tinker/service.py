@@ -33,7 +33,6 @@ import shutil
 import tempfile
 import time
 import uuid
-from functools import partial
 from pathlib import Path
 from typing import Callable, NoReturn
 
@@ -48,7 +47,7 @@ from .errors import SUPPORTED_SDK_VERSION, TinkerAPIError, check_sdk_version
 from .futures import FutureStore, Result
 from .losses import check_loss_inputs, loss_config
 from .ordering import Op, SeqOrder
-from .sampling import PendingSample, SamplerStore, SamplerWeights, engine_params, sample_batch
+from .sampling import PendingSample, SamplerStore, SamplerWeights, engine_params, step_engine
 from .sandbox_runs import SandboxRuns
 from .sessions import SessionStore
 from .tenants import TenantCheckpoint, TrainingTenant, lora_targets
@@ -543,27 +542,30 @@ class TinkerService:
         return answer
 
     async def _drain_samples(self, weights: SamplerWeights) -> None:
-        """Decode the weights' pending requests, all that wait, in one engine call after another,
-        until none waits (sampling.py). A batch that fails runs again one request at a time, so
-        only the request at fault gets the error."""
+        """Step the weights' engine, admitting every pending request before each step, until none
+        waits and none is in flight (sampling.py); answer each request the step it finishes. An
+        engine step that fails fails the requests in flight (an internal error each) and the
+        engine is rebuilt for the next ones."""
         kv_cache_mb = self.samplers.kv_cache_mb
         try:
-            while weights.pending:
-                batch, weights.pending = weights.pending, []
+            while weights.pending or weights.in_flight:
+                admit, weights.pending = weights.pending, []
                 try:
-                    answers = await trio.to_thread.run_sync(sample_batch, weights, batch, kv_cache_mb,
-                                                            limiter=self.compute)
-                except Exception:                   # each alone: its own error, or its answer
-                    for item in batch:
-                        await self._execute(Op(item.request_id, partial(self._sample_one, weights, item)))
+                    answered = await trio.to_thread.run_sync(step_engine, weights, admit, kv_cache_mb,
+                                                             limiter=self.compute)
+                except Exception as exc:
+                    log.exception("tinker: a sampling step failed")
+                    error = TinkerAPIError(500, f"internal error: {type(exc).__name__}: {exc}", category="server")
+                    for item in [*weights.in_flight.values(), *admit]:
+                        self.futures.resolve(item.request_id, Result.failed(error))
+                    weights.in_flight.clear()
+                    weights.engine = None
                     continue
-                for item, answer in zip(batch, answers):
-                    self.futures.resolve(item.request_id, Result.proto(answer))
+                for item, answer in answered:
+                    self.futures.resolve(item.request_id, Result.proto(answer) if isinstance(answer, bytes)
+                                         else Result.failed(TinkerAPIError(400, f"asample: {answer}")))
         finally:
             weights.draining = False
-
-    def _sample_one(self, weights: SamplerWeights, item: PendingSample) -> Result:
-        return Result.proto(sample_batch(weights, [item], self.samplers.kv_cache_mb)[0])
 
     # ------------------------------------------------------------------ futures
     async def retrieve_future(self, body: dict) -> tuple[str, bytes]:

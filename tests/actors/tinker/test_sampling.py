@@ -84,7 +84,8 @@ def test_bad_sampling_input_is_refused_by_name(trained):
 
 
 def test_concurrent_requests_on_one_sampler_decode_together_and_keep_their_samples(trained, monkeypatch):
-    """Requests waiting on the same weights go in one engine call; each gets what it gets alone."""
+    """Requests waiting on the same weights join the engine's running batch; each gets what it
+    gets alone."""
     import threading
     import time
 
@@ -94,20 +95,21 @@ def test_concurrent_requests_on_one_sampler_decode_together_and_keep_their_sampl
     prompts = [PROMPT[:k] + [50 + k] for k in range(2, 6)]
     params = types.SamplingParams(max_tokens=6, temperature=0.0, stop=[])
     alone = [sampler.sample(types.ModelInput.from_ints(p), 1, params).result().sequences[0] for p in prompts]
-    sizes: list[int] = []
-    real = service.sample_batch
+    admitted: list[int] = []
+    real = service.step_engine
 
-    def first_waits_for_the_rest(weights, batch, kv_cache_mb):
+    def first_waits_for_the_rest(weights, admit, kv_cache_mb):
         deadline = time.monotonic() + 60              # a bound, not a timing: the requests are on their way
-        while not sizes and len(batch) + len(weights.pending) < len(prompts) and time.monotonic() < deadline:
+        while not admitted and len(admit) + len(weights.pending) < len(prompts) and time.monotonic() < deadline:
             threading.Event().wait(0.01)
-        sizes.append(len(batch))
-        return real(weights, batch, kv_cache_mb)
+        admitted.append(len(admit))
+        return real(weights, admit, kv_cache_mb)
 
-    monkeypatch.setattr(service, "sample_batch", first_waits_for_the_rest)
+    monkeypatch.setattr(service, "step_engine", first_waits_for_the_rest)
     futures = [sampler.sample(types.ModelInput.from_ints(p), 1, params) for p in prompts]
     together = [f.result().sequences[0] for f in futures]
-    assert sum(sizes) == len(prompts) and len(sizes) <= 2           # at most two engine calls for four
+    assert sum(admitted) == len(prompts) and len(admitted) >= 6      # one engine step per new token
+    assert sum(1 for n in admitted if n) <= 2                         # four requests admitted in at most two steps
     for a, b in zip(alone, together):
         assert a.tokens == b.tokens
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
