@@ -182,15 +182,6 @@ async def serve_tinker(args, api_key: str | None, options=None, ready=None, unti
         nursery.cancel_scope.cancel()
 
 
-def check_tinker_key(key: str | None) -> str | None:
-    """The key, when the tinker SDK can send it (it sends only keys that start with `tml-`)."""
-    from postrain.actors.gateway.auth import ApiKeyError
-    if key is not None and not key.startswith("tml-"):
-        raise ApiKeyError("the tinker SDK only sends an API key that starts with 'tml-'; fix: choose one such "
-                          "as tml-$(openssl rand -hex 16)")
-    return key
-
-
 def main(args) -> int:
     import anyio
 
@@ -201,6 +192,7 @@ def main(args) -> int:
     try:
         key = api_key(args)
         if args.tinker:
+            from postrain.actors.tinker.app import check_tinker_key
             key = check_tinker_key(key)
     except ApiKeyError as exc:
         print(f"postrain serve: {exc}", file=sys.stderr)

@@ -69,7 +69,7 @@ from .weights import LOAD_WEIGHTS, WEIGHTS_DIGEST, WEIGHTS_CHANNEL
 from .train import TRAIN, SFT
 from .learner import (EXPORT_HF, GET_WEIGHTS, GROUP_STATE, JOIN_GROUP, LEARNER_STATS, LOAD_CHECKPOINT,
                       PUBLISH, RANK_STEP, SAVE_CHECKPOINT)
-from .gateway import CLOSE_EPISODE, GATEWAY_ADDRESS, OPEN_EPISODE
+from .gateway import CLOSE_EPISODE, GATEWAY_ADDRESS, OPEN_EPISODE, TINKER_ADDRESS
 from .rollout import ROLLOUT
 from .run import RUN, STOP_RUN
 from .sandbox import (EXEC, EXEC_STREAM, RUN_IO_CASES, RUN_TESTS, SANDBOX_STATS, SESSION_CLOSE, SESSION_EXEC,
@@ -77,7 +77,7 @@ from .sandbox import (EXEC, EXEC_STREAM, RUN_IO_CASES, RUN_TESTS, SANDBOX_STATS,
 from .scorer import SCORE_REWARD, SCORE_TOKENS
 
 __all__ += ["CloseEpisode", "EpisodeCall", "EpisodeSegment", "EpisodeSegments", "GatewayAddress", "OpenEpisode"]
-__all__ += ["CLOSE_EPISODE", "GATEWAY_ADDRESS", "OPEN_EPISODE"]
+__all__ += ["CLOSE_EPISODE", "GATEWAY_ADDRESS", "OPEN_EPISODE", "TINKER_ADDRESS"]
 __all__ += ["SCORE_REWARD", "SCORE_TOKENS"]
 __all__ += ["CHAT", "ChatReply", "ChatRequest", "SCORE_CONTINUATIONS", "ContinuationsReply", "ContinuationsRequest"]
 __all__ += ["EXEC", "EXEC_STREAM", "EXPORT_HF", "GENERATE", "GENERATOR_STATS", "GET_WEIGHTS", "GROUP_STATE",

@@ -77,3 +77,5 @@ class EpisodeSegments(Record):
 GATEWAY_ADDRESS = MessageKind("address", None, GatewayAddress)
 OPEN_EPISODE = MessageKind("open_episode", OpenEpisode, None)
 CLOSE_EPISODE = MessageKind("close_episode", CloseEpisode, EpisodeSegments)
+# The Tinker server's actor (actors/tinker/actor.py) answers where it listens in the same record.
+TINKER_ADDRESS = MessageKind("tinker_address", None, GatewayAddress)

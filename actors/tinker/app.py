@@ -28,6 +28,15 @@ from starlette.routing import Route
 from .errors import TinkerAPIError
 from .service import TinkerService
 
+
+def check_tinker_key(key: str | None) -> str | None:
+    """The key, when the tinker SDK can send it (it sends only keys that start with `tml-`)."""
+    from ..gateway.auth import ApiKeyError
+    if key is not None and not key.startswith("tml-"):
+        raise ApiKeyError("the tinker SDK only sends an API key that starts with 'tml-'; fix: choose one such "
+                          "as tml-$(openssl rand -hex 16)")
+    return key
+
 log = logging.getLogger("postrain.tinker")
 
 

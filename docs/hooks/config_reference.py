@@ -59,6 +59,7 @@ ROLES = [
     ("Orchestrator", "postrain.actors.orchestrator:OrchestratorActor"),
     ("Gateway", "postrain.actors.gateway:GatewayActor"),
     ("Scorer", "postrain.actors.scorer:ScorerActor"),
+    ("Tinker", "postrain.actors.tinker:TinkerActor"),
 ]
 
 # An option that is a plain dict validated by a dataclass elsewhere: (role path, field) ->

@@ -122,3 +122,9 @@ def test_the_code_config_runs_a_short_rl_loop_with_a_balanced_ledger(tmp_path):
     assert ledger["in_flight"] == 0 and summary["samples"] == ledger["trained"]
     rewarded = [e for e in read_events(folder / "ledger.jsonl") if e["event"] == "rewarded"]
     assert len(rewarded) == ledger["trained"] and all("hidden_tests" in e["components"] for e in rewarded)
+
+
+def test_the_tinker_config_validates_and_places_its_server(capsys):
+    """tinker.toml: a run of one actor, the Tinker API, with no driver (the user's loop drives it)."""
+    assert cli.main(["up", "--config", str(CONFIGS / "tinker.toml"), "--dry-run"]) == 0
+    assert "tinker: cores" in capsys.readouterr().out
