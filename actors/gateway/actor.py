@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 from pathlib import Path
 from typing import Literal
 
@@ -41,7 +40,7 @@ from ..models.chat_template import OPTION_HELP as CHAT_TEMPLATE_HELP
 from ..models.tokenizer import Tokenizer
 from .auth import check_api_key, is_loopback, read_api_key_file
 from .episodes import EpisodeStore
-from .http_server import ServerLimits
+from .http_server import ServerLimits, listening_socket
 from .pool import GeneratorPool
 from ..records import (CLOSE_EPISODE, GATEWAY_ADDRESS, OPEN_EPISODE, CloseEpisode, EpisodeSegments,
                        GatewayAddress, OpenEpisode)
@@ -153,17 +152,7 @@ class GatewayActor(Actor):
             EpisodeStore(tokenizer, options.max_open_episodes), max_n=options.max_n)
         render(tokenizer, [{"role": "user", "content": "hi"}], [])   # imports and compiles the template now,
         # not in the first request (~0.8 s of jinja2 on this VM)
-        self._socket = socket.socket(socket.AF_INET6 if ":" in options.host else socket.AF_INET)
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            self._socket.bind((options.host, options.port))
-        except OSError as exc:
-            raise OSError(f"the gateway cannot listen on {options.host}:{options.port} ({exc.strerror}); fix: "
-                          f"choose another port (0: a free one) or host") from None
-        self._socket.listen(1024)
-        host, port = self._socket.getsockname()[:2]
-        shown = f"[{host}]" if ":" in host else host
-        self.url = f"http://{shown}:{port}"
+        self._socket, self.url = listening_socket(options.host, options.port, "the gateway")
         self._stopped = anyio.Event()
         self.node.spawn(self._serve, build_app(self.service, api_key))
         log.info("gateway %s serves %s at %s/v1", self.name, self.model_name, self.url)

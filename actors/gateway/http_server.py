@@ -69,6 +69,22 @@ class ServerLimits(Options):
                                 "after this many seconds")
 
 
+def listening_socket(host: str, port: int, what: str) -> tuple[stdlib_socket.socket, str]:
+    """(a socket listening on host:port, its URL "http://HOST:PORT"); port 0: a free one. OSError
+    naming `what` (the server) and the fix when the address is taken or not this machine's."""
+    sock = stdlib_socket.socket(stdlib_socket.AF_INET6 if ":" in host else stdlib_socket.AF_INET)
+    sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"{what} cannot listen on {host}:{port} ({exc.strerror}); fix: choose another port "
+                      "(0: a free one) or host") from None
+    sock.listen(1024)
+    bound_host, bound_port = sock.getsockname()[:2]
+    return sock, f"http://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}"
+
+
 async def serve(app, sock: stdlib_socket.socket, limits: ServerLimits | None = None,
                 *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve `app` on the listening `sock` until cancelled. Cancelled: every connection is cut."""

@@ -15,7 +15,6 @@ tenants' state in memory (as the standalone server's stop does); evicted tenants
 from __future__ import annotations
 
 import logging
-import socket
 
 import anyio
 import anyio.to_thread
@@ -24,6 +23,7 @@ from pydantic import Field, SecretStr, model_validator
 from postrain.core import Actor, Options, handler
 
 from ..gateway.auth import is_loopback, read_api_key_file
+from ..gateway.http_server import listening_socket
 from ..records import TINKER_ADDRESS, GatewayAddress
 from .app import check_tinker_key
 from .base_models import BaseModels
@@ -69,16 +69,7 @@ class TinkerActor(Actor):
         """Load the base models, bind the socket, start serving. Cancelled: the process ends with it."""
         options = self.options
         bases = await anyio.to_thread.run_sync(lambda: BaseModels.load(options.models, seed=options.seed))
-        self._socket = socket.socket(socket.AF_INET6 if ":" in options.host else socket.AF_INET)
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            self._socket.bind((options.host, options.port))
-        except OSError as exc:
-            raise OSError(f"the Tinker server cannot listen on {options.host}:{options.port} ({exc.strerror}); "
-                          "fix: choose another port (0: a free one) or host") from None
-        self._socket.listen(1024)
-        host, port = self._socket.getsockname()[:2]
-        self.url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        self._socket, self.url = listening_socket(options.host, options.port, "the Tinker server")
         self._names = ",".join(bases.names)
         self._stopped = anyio.Event()
         self.node.spawn(self._serve, bases, options.read_api_key())
