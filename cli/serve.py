@@ -56,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tenants.add_argument("--evict-after-s", type=_seconds_or_never, default=600.0, metavar="S", help="a training "
                          "client idle this long, seconds, is written to --state-dir and leaves its base until its "
                          "next request restores it exactly ('never': keep every one resident; default 600)")
+    tenants.add_argument("--session-timeout-s", type=_seconds_or_never, default=300.0, metavar="S",
+                         help="a session with no heartbeat for S seconds (the SDK sends one every 10 s) is finished "
+                         "and its training clients freed; 'never': kept until it closes (default 300)")
     tenants.add_argument("--state-dir", default=None, metavar="PATH", help="where evicted training clients are "
                          "written (default: a temporary folder, removed when the server stops)")
     sandbox = parser.add_argument_group("--tinker sandbox extension: POST /api/v1/postrain/sandbox/run runs code in "
@@ -97,7 +100,8 @@ def tinker_options(args):
     from postrain.actors.tinker import TinkerOptions
     return TinkerOptions(max_training_clients_per_base=args.max_training_clients_per_base,
                          max_queued_requests_per_session=args.max_queued_requests_per_session,
-                         evict_after_s=args.evict_after_s, state_dir=args.state_dir,
+                         evict_after_s=args.evict_after_s, session_timeout_s=args.session_timeout_s,
+                         state_dir=args.state_dir,
                          enable_sandbox=args.enable_sandbox, sandbox_workers=args.sandbox_workers,
                          sandbox_max_timeout_s=args.sandbox_max_timeout_s, sandbox_memory_mb=args.sandbox_memory_mb)
 

@@ -76,6 +76,9 @@ class TinkerOptions(Options):
     evict_after_s: float | None = Field(600.0, ge=0, description="a tenant with no request for this long, "
                                         "seconds, and nothing queued is written to state_dir and leaves its base; "
                                         "its next request restores it. None: never")
+    session_timeout_s: float | None = Field(300.0, gt=0, description="a session with no heartbeat for this "
+                                            "long, seconds (the SDK sends one every 10 s), is finished as its "
+                                            "client's close would: its training clients are freed. None: never")
     state_dir: str | None = Field(None, description="the folder evicted tenants are written to (one file each, "
                                   "deleted when restored or freed); None: a new temporary folder, removed when "
                                   "the server stops")
@@ -133,8 +136,8 @@ class TinkerService:
                                    max_output_bytes=options.sandbox_max_output_bytes,
                                    memory_mb=options.sandbox_memory_mb, refuse=self._refuse,
                                    enabled=options.enable_sandbox)
-        if options.evict_after_s is not None:
-            nursery.start_soon(self._sweep_idle)
+        if options.evict_after_s is not None or options.session_timeout_s is not None:
+            nursery.start_soon(self._sweep)
 
     def close(self) -> None:
         """Stop the sandbox extension's jails; delete what the server wrote to state_dir (the folder
@@ -440,15 +443,30 @@ class TinkerService:
                 if tenant.is_resident and now_s - tenant.last_used_s >= self.options.evict_after_s]
         return [model_id for model_id in idle if await self.evict(model_id)]
 
+    async def finish_silent_sessions(self, now_s: float | None = None) -> list[str]:
+        """Finish every session with no heartbeat for session_timeout_s (the clock: `now_s`,
+        time.monotonic() by default; a test passes a later one), freeing its tenants; their ids."""
+        if self.options.session_timeout_s is None:
+            return []
+        now_s = time.monotonic() if now_s is None else now_s
+        silent = self.sessions.silent_since(now_s - self.options.session_timeout_s)
+        for session_id in silent:
+            log.info("tinker: session %s sent no heartbeat for %g s: finished", session_id,
+                     self.options.session_timeout_s)
+            await self.finish_session(session_id, {"reason": {"type": "timeout"}})
+        return silent
+
     @property
     def _sweep_period_s(self) -> float:
-        assert self.options.evict_after_s is not None, "no sweep without evict_after_s"
-        return min(max(self.options.evict_after_s / 4, 1.0), 60.0)
+        periods = [t for t in (self.options.evict_after_s, self.options.session_timeout_s) if t is not None]
+        assert periods, "no sweep without evict_after_s or session_timeout_s"
+        return min(max(min(periods) / 4, 1.0), 60.0)
 
-    async def _sweep_idle(self) -> None:
-        """Evict idle tenants every _sweep_period_s until the server stops."""
+    async def _sweep(self) -> None:
+        """Evict idle tenants and finish silent sessions every _sweep_period_s until the server stops."""
         while True:
             await trio.sleep(self._sweep_period_s)
+            await self.finish_silent_sessions()
             await self.evict_idle()
 
     async def _watch_gap(self, order: SeqOrder, seq_id: int) -> None:

@@ -6,7 +6,8 @@
     sessions.finish(session_id, "success") # first finish wins; the service frees its tenants
 
 A session owns the training clients (model ids) and sampling sessions made in it; finishing it
-frees them. Invariant: a session id is in `_finished` or `_open`, never both.
+frees them. The SDK heartbeats every 10 s; the service finishes a session silent for
+`session_timeout_s` (a client that died without closing), with the reason "timeout". Invariant: a session id is in `_finished` or `_open`, never both.
 """
 from __future__ import annotations
 
@@ -59,6 +60,10 @@ class SessionStore:
         if session is not None:
             self._finished[session_id] = reason
         return session
+
+    def silent_since(self, before_s: float) -> list[str]:
+        """The open sessions whose last heartbeat (or creation) is older than `before_s` (monotonic)."""
+        return [sid for sid, session in self._open.items() if session.last_heartbeat_s < before_s]
 
     @property
     def num_open(self) -> int:

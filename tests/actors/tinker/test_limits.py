@@ -184,3 +184,21 @@ def test_an_evicted_tenant_resumes_on_its_next_request_bit_for_bit(tiny_bases):
         client.close("success").result(timeout=60)
         assert list(service.state_dir.iterdir()) == []                     # freed: their files deleted
     assert not service.state_dir.exists()                                  # the server's own folder, removed
+
+
+def test_a_session_without_heartbeats_is_finished_and_its_training_clients_freed(tiny_bases):
+    """A client that died without closing: past session_timeout_s of silence its session is finished
+    (reason timeout) and its adapter leaves the base; a heartbeating session stays."""
+    options = TinkerOptions(max_training_clients_per_base=1, session_timeout_s=300.0)
+    with tinker_served(tiny_bases, options) as (url, service):
+        with httpx.Client(base_url=url, headers=KEY) as http:
+            silent = open_session(http)
+            assert create_model(http, silent, 0).status_code == 200
+            assert in_server(service, service.finish_silent_sessions, time.monotonic()) == []   # not yet
+            later = time.monotonic() + 3600
+            assert in_server(service, service.finish_silent_sessions, later) == [silent]
+            assert service.tenants == {} and service.num_resident("tiny") == 0
+            gone = http.post("/api/v1/session_heartbeat", json={"session_id": silent})
+            assert gone.status_code == 410 and "timeout" in gone.json()["detail"]
+            alive = open_session(http)
+            assert create_model(http, alive, 0).status_code == 200             # the freed slot is taken
