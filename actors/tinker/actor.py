@@ -28,7 +28,7 @@ from ..records import TINKER_ADDRESS, GatewayAddress
 from .app import check_tinker_key
 from .base_models import BaseModels
 from .server import serve_tinker
-from .service import TinkerOptions
+from .options import TinkerOptions
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,8 @@ import trio
 
 from .app import build_app
 from .base_models import BaseModels
-from .service import TinkerOptions, TinkerService
+from .options import TinkerOptions
+from .service import TinkerService
 
 
 async def serve_tinker(bases: BaseModels, options: TinkerOptions, sock: stdlib_socket.socket,

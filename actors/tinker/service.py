@@ -38,14 +38,11 @@ from typing import Callable, NoReturn
 
 import numpy as np
 import trio
-from pydantic import Field
-
-from postrain.core import Options
-
 from .base_models import BaseModels, HeldModel
 from .errors import SUPPORTED_SDK_VERSION, TinkerAPIError, check_sdk_version
 from .futures import FutureStore, Result
 from .losses import check_loss_inputs, loss_config
+from .options import TinkerOptions
 from .ordering import Op, SeqOrder
 from .sampling import PendingSample, SamplerStore, SamplerWeights, engine_params, step_engine
 from .sandbox_runs import SandboxRuns
@@ -62,44 +59,6 @@ CLIENT_CONFIG = {"pjwt_auth_enabled": False, "credential_default_source": "api_k
                  "custom_loss_server_side": False, "sample_join_sampling_session": False}
 UNSUPPORTED_SAMPLE_FIELDS = ("topk_prompt_logprobs", "topk_sample_logprobs", "target_prompt_logprobs",
                              "prompt_alt_tokens_k", "prompt_logprobs_last_n", "record_stability_info")
-
-
-class TinkerOptions(Options):
-    """The Tinker server's settings (`postrain serve --tinker`)."""
-
-    max_training_clients_per_base: int = Field(16, ge=1, description="LoRA tenants resident on one base model "
-                                               "at once (evicted ones do not count); past it create_model is "
-                                               "answered 429 with Retry-After")
-    max_queued_requests_per_session: int = Field(1024, ge=1, description="requests of one session accepted and "
-                                                 "not yet finished (training ops and samples); past it a new one "
-                                                 "is answered 429 with Retry-After")
-    evict_after_s: float | None = Field(600.0, ge=0, description="a tenant with no request for this long, "
-                                        "seconds, and nothing queued is written to state_dir and leaves its base; "
-                                        "its next request restores it. None: never")
-    session_timeout_s: float | None = Field(300.0, gt=0, description="a session with no heartbeat for this "
-                                            "long, seconds (the SDK sends one every 10 s), is finished as its "
-                                            "client's close would: its training clients are freed. None: never")
-    state_dir: str | None = Field(None, description="the folder evicted tenants are written to (one file each, "
-                                  "deleted when restored or freed); None: a new temporary folder, removed when "
-                                  "the server stops")
-    seq_gap_timeout_s: float = Field(120.0, gt=0, description="how long a request waits for an earlier seq_id of "
-                                     "its training client, seconds; past it the waiting requests fail")
-    poll_wait_s: float = Field(10.0, gt=0, description="retrieve_future holds a pending request this long, "
-                               "seconds, then answers try_again")
-    kv_cache_mb: float = Field(64.0, gt=0, description="each sampler engine's KV cache, MiB")
-    retry_after_s: int = Field(5, ge=1, description="Retry-After of a 429, seconds")
-    enable_sandbox: bool = Field(True, description="serve the sandbox extension (POST /api/v1/postrain/sandbox/run: "
-                                 "code run in nsjail, sandbox_runs.py); False: that endpoint answers 404")
-    sandbox_workers: int = Field(2, ge=1, description="warm jails of the sandbox extension, started at its first "
-                                 "run: the runs at once; past it a run is answered 429 with Retry-After")
-    sandbox_timeout_s: float = Field(10.0, gt=0, description="a sandbox run's wall limit (and CPU limit, rounded "
-                                     "up), seconds, when the request names none; at most sandbox_max_timeout_s")
-    sandbox_max_timeout_s: float = Field(60.0, gt=0, description="the most timeout_s a sandbox run may ask for, "
-                                         "seconds; more is answered 400")
-    sandbox_max_output_bytes: int = Field(1 << 20, ge=1024, description="bytes kept of a run's stdout, and of its "
-                                          "stderr; past it the run is killed (status output_truncated)")
-    sandbox_memory_mb: int = Field(512, ge=32, description="a sandbox run's memory, MiB: address space per "
-                                   "process and the cgroup cap of its jail")
 
 
 def _check(cls, body: dict, where: str):
