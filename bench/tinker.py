@@ -5,7 +5,7 @@ done in process, through the real `tinker==0.38.0` SDK, in one run.
     postrain bench tinker --quick    # the built-in "tiny" model: well under a minute
 
 Setup: `serve_tinker` on a loopback socket with an ephemeral port, run by its own trio loop in
-a thread of the bench's process (as tests/actors/tinker_server.py serves it); the bench's main
+a thread of the bench's process (`http_server.served_in_thread`, as the tests serve it); the bench's main
 thread is the SDK's client, and also runs the in-process peers, so both sides share one
 process, one machine state and the same torch threads (`POSTRAIN_TORCH_THREADS`, else 1).
 Skipped, with the reason, where the SDK is not installed (pip install -e '.[tinker]').
@@ -39,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import socket
 import statistics
 import threading
 import time
@@ -50,6 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from postrain.actors.gateway.http_server import served_in_thread
 from postrain.actors.generator.engine import Engine
 from postrain.actors.learner import Learner, LearnerConfig
 from postrain.actors.models.loading import model_from_state, packaged_model_path
@@ -80,32 +80,15 @@ FULL = Sizes(num_datums=8, datum_tokens=32, step_repeats=7, sample_repeats=3, te
 
 
 @contextlib.contextmanager
-def _served(bases: BaseModels, options: TinkerOptions, timeout_s: float = 120) -> Iterator[tuple[str, TinkerService]]:
-    """(base URL, the TinkerService) of a server on an ephemeral loopback port, run by its own trio
-    loop in a daemon thread while the block runs; it stops at the block's end."""
+def _served(bases: BaseModels, options: TinkerOptions) -> Iterator[tuple[str, TinkerService]]:
+    """(base URL, the TinkerService) of a server on a free loopback port, in a thread of its own
+    (http_server.served_in_thread) while the block runs."""
     import trio
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    started, box = threading.Event(), {}
-
-    async def main():
-        box["token"], box["stop"] = trio.lowlevel.current_trio_token(), trio.Event()
-        async with trio.open_nursery() as nursery:
-            box["service"] = await nursery.start(serve_tinker, bases, options, sock, API_KEY)
-            started.set()
-            await box["stop"].wait()
-            nursery.cancel_scope.cancel()
-    thread = threading.Thread(target=trio.run, args=(main,), daemon=True)
-    thread.start()
-    if not started.wait(timeout_s):
-        raise RuntimeError(f"the Tinker server did not start within {timeout_s:g} s")
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", box["service"]
-    finally:
-        trio.from_thread.run_sync(box["stop"].set, trio_token=box["token"])
-        thread.join(60)
+    async def start(sock, task_status=trio.TASK_STATUS_IGNORED):
+        await serve_tinker(bases, options, sock, API_KEY, task_status=task_status)
+    with served_in_thread(start) as (port, service):
+        yield f"http://127.0.0.1:{port}", service
 
 
 def sft_samples(num: int, length: int, vocab_size: int, seed: int = 0) -> tuple[list[list[int]], list[list[int]]]:

@@ -29,9 +29,12 @@ max_head_bytes + max_body_bytes + RECEIVE_BYTES of request bytes (http_parser.py
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket as stdlib_socket
+import threading
 from http import HTTPStatus
+from typing import Any, Callable, Iterator
 
 import trio
 from pydantic import Field
@@ -273,3 +276,29 @@ def _unquote(path: bytes) -> str:
 def _address(address) -> tuple[str, int] | None:
     return (address[0], address[1]) if isinstance(address, tuple) and len(address) >= 2 else None
 
+
+
+@contextlib.contextmanager
+def served_in_thread(start: Callable[..., Any], *args: Any, timeout_s: float = 120) -> Iterator[tuple[int, Any]]:
+    """(port, what `start` reported) while the block runs: `await nursery.start(start, *args, sock)`
+    on a loopback socket of a free port, in a daemon thread with its own trio loop (a bench's or
+    a test's server beside its client); the server stops at the block's end."""
+    sock, _ = listening_socket("127.0.0.1", 0, "the server")
+    started, box = threading.Event(), {}
+
+    async def main():
+        box["token"], box["stop"] = trio.lowlevel.current_trio_token(), trio.Event()
+        async with trio.open_nursery() as nursery:
+            box["value"] = await nursery.start(start, *args, sock)
+            started.set()
+            await box["stop"].wait()
+            nursery.cancel_scope.cancel()
+    thread = threading.Thread(target=trio.run, args=(main,), daemon=True)
+    thread.start()
+    if not started.wait(timeout_s):
+        raise RuntimeError(f"the server did not start within {timeout_s:g} s")
+    try:
+        yield sock.getsockname()[1], box["value"]
+    finally:
+        trio.from_thread.run_sync(box["stop"].set, trio_token=box["token"])
+        thread.join(60)

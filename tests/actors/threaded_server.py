@@ -3,39 +3,14 @@ HTTP server with an ASGI app (`served`), or any server started the same way (`se
 from __future__ import annotations
 
 import contextlib
-import socket
-import threading
-from typing import Any, Callable, Iterator
+from typing import Iterator
 
 import trio
 
-from postrain.actors.gateway.http_server import ServerLimits, serve
+from postrain.actors.gateway.http_server import ServerLimits, serve, served_in_thread
 
 
-@contextlib.contextmanager
-def served_by(start: Callable[..., Any], *args: Any, timeout_s: float = 60) -> Iterator[tuple[int, Any]]:
-    """(port, what `start` reported) while the block runs: `await nursery.start(start, *args, sock)`
-    on a bound loopback socket; the server stops at the block's end."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    started, box = threading.Event(), {}
-
-    async def main():
-        box["token"], box["stop"] = trio.lowlevel.current_trio_token(), trio.Event()
-        async with trio.open_nursery() as nursery:
-            box["value"] = await nursery.start(start, *args, sock)
-            started.set()
-            await box["stop"].wait()
-            nursery.cancel_scope.cancel()
-    thread = threading.Thread(target=trio.run, args=(main,), daemon=True)
-    thread.start()
-    assert started.wait(timeout_s), "the server did not start"
-    try:
-        yield sock.getsockname()[1], box["value"]
-    finally:
-        trio.from_thread.run_sync(box["stop"].set, trio_token=box["token"])
-        thread.join(30)
+served_by = served_in_thread     # (port, what `start` reported) while the block runs
 
 
 @contextlib.contextmanager
