@@ -145,6 +145,8 @@ class SharedPrefixBatch:
     suffix_ids: torch.Tensor       # (B, S) int64, 0 past each suffix's end
     suffix_mask: torch.Tensor      # (B, S) int64, 1 = real token
     group_of: torch.Tensor         # (B,) int64: the prefix sample b continues
+    image_rows: torch.Tensor | None = None   # image feature rows, one per image placeholder of the
+                                             # prefixes' ids then the suffixes', row-major (models/vision.py)
 
     @property
     def prefix_lens(self) -> torch.Tensor:

@@ -23,8 +23,12 @@ from pathlib import Path
 
 from postrain.core.errors import PostrainError
 
+# a message's content is a str, or content parts: text parts as their text, an image as <|image|>
+# (the built-in tower's marker, models/vision.py)
 CHATML_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'text' %}{{ part['text'] }}{% else %}<|image|>{% endif %}{% endfor %}{% endif %}"
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 DEFAULT = "default"                   # the template rendered unless a named one is asked for

@@ -61,6 +61,8 @@ class ModelConfig:
     rope_local_base_freq: float | None = None     # rotary base of the sliding layers (None: rope_theta)
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
+    vision: dict | None = None             # a vision-language model's tower ("kind", sizes, image_token_id,
+                                           # marker: models/vision.py); None = text only
 
     def __post_init__(self):
         if self.head_dim == 0:
@@ -152,3 +154,8 @@ BUILTIN_CONFIGS: dict[str, ModelConfig] = {
                          num_heads=6, num_kv_heads=2, max_position_embeddings=2048,
                          tie_word_embeddings=True, rope_theta=10000.0),
 }
+# tiny-vl: tiny reading images through the built-in patch tower (models/vision.py): a 96 x 128 image
+# (the charts' 3:4) in 8-pixel patches, 2 x 2 merged: 48 image tokens at the byte tokenizer's <|image|>
+BUILTIN_CONFIGS["tiny-vl"] = dataclasses.replace(BUILTIN_CONFIGS["tiny"], vision={
+    "kind": "patch", "image_size": [96, 128], "patch_size": 8, "merge": 2, "width": 128, "heads": 4, "mlp": 256,
+    "layers": 2, "image_token_id": 6, "marker": "<|image|>"})

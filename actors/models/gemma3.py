@@ -159,8 +159,8 @@ class Gemma3Model(LlamaModel):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 paged: PagedAttention | None = None, logits_to_keep: torch.Tensor | None = None,
-                weights: Float16Weights | None = None):
-        logits = super().forward(input_ids, attention_mask, paged, logits_to_keep, weights)
+                weights: Float16Weights | None = None, image_rows: torch.Tensor | None = None):
+        logits = super().forward(input_ids, attention_mask, paged, logits_to_keep, weights, image_rows)
         return softcap_logits(logits, self.config.final_logit_softcapping)
 
     @staticmethod

@@ -63,7 +63,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             initializer_range=float(hf.get("initializer_range", 0.02)),
             architecture=model_type, bos_token_id=hf.get("bos_token_id"),
-            eos_token_id=hf.get("eos_token_id"))
+            eos_token_id=hf.get("eos_token_id"), vision=hf.get("postrain_vision"))
         extra = getattr(model_class(model_type), "config_fields_from_hf", None)   # the architecture's own fields
         return config if extra is None else dataclasses.replace(config, **extra(hf))
     except KeyError as exc:
@@ -91,6 +91,8 @@ def config_to_hf(config: ModelConfig) -> dict:
     }
     if config.rope_scaling is not None:
         hf["rope_scaling"] = dict(config.rope_scaling)
+    if config.vision is not None:        # the built-in tower (models/vision.py): postrain's own field
+        hf["postrain_vision"] = dict(config.vision)
     if arch == "llama":
         hf["attention_bias"] = config.o_bias
         hf["mlp_bias"] = config.mlp_bias

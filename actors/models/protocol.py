@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 
     from .blocks import Float16Weights, PagedAttention
     from .llama import ModelConfig
+    from .vision import VisionTower
 
 
 @runtime_checkable
@@ -20,12 +21,14 @@ class CausalLM(Protocol):
     max_position_embeddings, ...) and a forward that returns logits."""
 
     config: ModelConfig
+    vision: VisionTower | None       # a vision-language model's tower (models/vision.py); None: text only
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  paged: PagedAttention | None = None, logits_to_keep: torch.Tensor | None = None,
-                 weights: Float16Weights | None = None) -> torch.Tensor:
+                 weights: Float16Weights | None = None, image_rows: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, T, V), or (B, V) with `logits_to_keep` (one position per row), or (N, V)
-        with a (B, T) bool `logits_to_keep` (the positions it marks, row by row)."""
+        with a (B, T) bool `logits_to_keep` (the positions it marks, row by row); `image_rows`: the
+        image feature rows spliced over the image placeholders (models/vision.py)."""
         ...
 
     def parameters(self, recurse: bool = True): ...

@@ -25,7 +25,7 @@ from postrain.core.errors import PostrainError
 from .chat_template import CHATML_TEMPLATE, DEFAULT, folder_templates, render
 
 BYTE_SPECIALS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>", "<|tool|>",
-                 "<|reserved_0|>", "<|reserved_1|>"]
+                 "<|image|>", "<|reserved_1|>"]
 
 class TokenizerError(PostrainError, ValueError):
     """A tokenizer that cannot be built from what was given."""
