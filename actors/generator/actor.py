@@ -116,7 +116,7 @@ class GeneratorActor(Actor):
                              weight_precision=options.weight_precision, speculative=options.speculative,
                              exact=options.exact)
         self._request_ids = itertools.count()
-        self._new_requests: list[tuple[str, list[int] | str, SamplingParams]] = []
+        self._new_requests: list[tuple[str, list[int] | str, SamplingParams, list[bytes]]] = []
         self._waiters: dict[str, Waiter] = {}       # request id -> its caller, until answered
         self._in_engine: set[str] = set()            # request ids the engine holds
         self._new_weights: list[tuple[dict, int, anyio.Event, list]] = []
@@ -135,7 +135,7 @@ class GeneratorActor(Actor):
         prompt = engine_prompt(request)
         request_id = str(next(self._request_ids))
         waiter = self._waiters[request_id] = Waiter()
-        self._new_requests.append((request_id, prompt, params))
+        self._new_requests.append((request_id, prompt, params, request.images or []))
         self._work.set()
         try:
             await waiter.done.wait()
@@ -214,9 +214,9 @@ class GeneratorActor(Actor):
                 applied.set()
             self._new_weights.clear()
             requests, self._new_requests = self._new_requests, []
-            for request_id, prompt, params in requests:
+            for request_id, prompt, params, images in requests:
                 try:
-                    engine.add_request(prompt, params, request_id=request_id)
+                    engine.add_request(prompt, params, request_id=request_id, images=images)
                     self._in_engine.add(request_id)
                 except Exception as exc:
                     self._finish(request_id, None, exc)

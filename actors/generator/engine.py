@@ -57,6 +57,7 @@ from ..models.exact import exact_token_logprobs, make_exact
 from ..models.loading import load_model
 from ..models.protocol import CausalLM
 from .attention import AttentionBackend, ExactGatherBackend
+from .images import ImageEncoder, PromptImages
 from .kv_dtype import KV_DTYPE_NAMES, KVCache
 from .kv_manager import KVManager
 from .runner import ModelRunner, StepLogits
@@ -122,6 +123,8 @@ class Engine:
                                    max_num_batched_tokens=max_num_batched_tokens, counters=self.counters,
                                    prefill_chunk_tokens=prefill_chunk_tokens)
         self.runner = ModelRunner(model, self.kv, attention_backend)
+        vision = getattr(model, "vision", None)
+        self.image_encoder = ImageEncoder(vision, self.counters) if vision is not None else None   # images.py
         if getattr(self.config, "moe_layers", ()):      # MoE: record every token's experts (R3)
             self.runner.routing_sink = self._record_routing
         self.policy_version = policy_version
@@ -196,17 +199,20 @@ class Engine:
         return self._requests[request_id].sequences
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None) -> str:
-        """Queue a prompt (text or token ids); return its request id."""
+                    request_id: str | None = None, images: list | tuple = ()) -> str:
+        """Queue a prompt (text or token ids); return its request id. images: a vision-language
+        model's images (bytes, data URLs or PIL images), one per image placeholder run of the
+        prompt, in order (models/vision.py `render_prompt` lays a chat prompt out so)."""
         params = params or SamplingParams()
         ids = self._encode(prompt)
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
         if request_id in self._requests:
             raise EngineError(f"request_id {request_id!r} is already in flight; use a new id")
+        prompt_images = self._prompt_images(ids, list(images))
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos and self.tokenizer is not None:
             stop_ids |= set(self.tokenizer.eos_token_ids)
-        request = Request(RequestOutput(request_id, ids, []), params, stop_ids)
+        request = Request(RequestOutput(request_id, ids, []), params, stop_ids, images=prompt_images)
         for i in range(params.n):
             seq = Sequence(next(self._ids), request, i, make_generator(params.seed, i, self._rng),
                            self.speculative.num_draft_tokens if self.speculative else 0)
@@ -302,6 +308,8 @@ class Engine:
                               f"got {version}; send the learner's latest version")
         load_state_dict_checked(self.model, state_dict, source=f"weights for version {version}")
         self.kv.reset_prefix_cache()
+        if self.image_encoder is not None:
+            self.image_encoder.clear()
         self.policy_version = version
 
     def stats(self) -> dict:
@@ -355,6 +363,14 @@ class Engine:
         if bad:
             raise EngineError(f"token id {bad[0]} is outside the vocabulary [0, {self.config.vocab_size})")
         return ids
+
+    def _prompt_images(self, ids: list[int], images: list) -> PromptImages | None:
+        if not images:
+            return None
+        if self.image_encoder is None:
+            raise EngineError(f"the request has {len(images)} image(s) but the model reads text only; "
+                              "use a vision-language model, or send text")
+        return self.image_encoder.features(ids, images)
 
     def _propose_drafts(self) -> None:
         """Each running sequence's drafted tokens for this step (none without speculation)."""

@@ -82,16 +82,17 @@ class KVManager:
 
     # ------------------------------------------------------------------ allocator, with the copies done
 
-    def allocate(self, seq_id: int, token_ids: list[int], max_cached: int | None = None) -> int:
+    def allocate(self, seq_id: int, token_ids: list[int], max_cached: int | None = None, salt: int = 0) -> int:
         """Blocks for a new sequence's tokens; returns how many leading tokens the prefix cache
         already holds (their KV is in the tensors; the rest is written by the next forward).
         max_cached: take at most that many tokens from the cache (a scoring request wants the
         logits from that position on, so it must be computed); None: the allocator's rule
         (all but the last token at most). The tokens past the limit are reserved as an append,
-        so their full blocks still enter the prefix index."""
+        so their full blocks still enter the prefix index. salt: blocks match only blocks of the
+        same salt (a prompt's images: generator/images.py)."""
         if max_cached is None or max_cached >= len(token_ids) - 1:
-            return self.pool.allocate(seq_id, token_ids)
-        num_cached = self.pool.allocate(seq_id, token_ids[:max_cached + 1])
+            return self.pool.allocate(seq_id, token_ids, salt)
+        num_cached = self.pool.allocate(seq_id, token_ids[:max_cached + 1], salt)
         self.append(seq_id, token_ids[max_cached + 1:])
         return num_cached
 
@@ -127,12 +128,12 @@ class KVManager:
 
     # ------------------------------------------------------------------ queries
 
-    def match_prefix(self, token_ids: list[int], max_cached: int | None = None) -> int:
-        """How many leading tokens `allocate` (with the same max_cached) would take from the
-        prefix cache now (read-only)."""
+    def match_prefix(self, token_ids: list[int], max_cached: int | None = None, salt: int = 0) -> int:
+        """How many leading tokens `allocate` (with the same max_cached and salt) would take from
+        the prefix cache now (read-only)."""
         if max_cached is not None:
             token_ids = token_ids[:max_cached + 1]
-        return self.pool.match_prefix(token_ids)
+        return self.pool.match_prefix(token_ids, salt)
 
     def block_table(self, seq_id: int) -> list[int]:
         return self.pool.block_table(seq_id)

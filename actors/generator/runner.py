@@ -27,6 +27,7 @@ from ..models.blocks import Float16Weights
 from ..models.moe import routing_trace
 from ..models.protocol import CausalLM
 from .attention import AttentionBackend, GatherSdpaBackend, PagedMetadata
+from .images import step_image_rows
 from .kv_manager import KVManager
 from .scheduler import ScheduledSequence, StepPlan
 
@@ -120,10 +121,13 @@ class ModelRunner:
             keep_index = keep.to(self.device)
         elif keep == "last":
             keep_index = torch.tensor([r.num_new_tokens - 1 for r in rows], device=self.device)
+        images = step_image_rows(rows, input_ids)
         if self.routing_sink is None:
-            return self.model(input_ids.to(self.device), paged=step, logits_to_keep=keep_index, weights=weights)
+            return self.model(input_ids.to(self.device), paged=step, logits_to_keep=keep_index, weights=weights,
+                              images=images)
         with routing_trace(cast(torch.nn.Module, self.model), record=True) as trace:   # a CausalLM is a Module
-            logits = self.model(input_ids.to(self.device), paged=step, logits_to_keep=keep_index, weights=weights)
+            logits = self.model(input_ids.to(self.device), paged=step, logits_to_keep=keep_index, weights=weights,
+                                images=images)
         experts = trace.chosen_experts()                                       # (B*T, L, k)
         chosen = experts.view(len(rows), input_ids.shape[1], *experts.shape[1:]).cpu().numpy()
         for row, experts in zip(rows, chosen):

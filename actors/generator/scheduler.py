@@ -42,6 +42,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from .images import PromptImages
 from .kv_manager import KVManager
 from .sequence import EngineCounters, EngineError, Sequence
 
@@ -62,6 +63,7 @@ class ScheduledSequence:
                                        # step samples from it (False: an earlier chunk, KV only)
     logits_from: int | None = None     # prefills of a scoring request: the logits of every new token
                                        # at this position or later are wanted (None: sample the last)
+    images: PromptImages | None = None  # prefills of a prompt with images: its rows (images.py)
 
     @property
     def num_new_tokens(self) -> int:
@@ -103,6 +105,12 @@ class PrefillGroup:
     @property
     def prompt(self) -> list[int]:
         return self.seqs[0].token_ids
+
+    @property
+    def salt(self) -> int:
+        """The prefix cache's salt: the prompt's images' (images.py), 0 for text."""
+        images = self.seqs[0].request.images
+        return 0 if images is None else images.salt
 
 
 class Scheduler:
@@ -253,8 +261,8 @@ class Scheduler:
                 break
             self.waiting.popleft()
             prompt = group.prompt
-            end = min(len(prompt), self.kv.match_prefix(prompt, group.logits_from) + budget)
-            group.num_cached = self.kv.allocate(group.seqs[0].seq_id, prompt[:end], group.logits_from)
+            end = min(len(prompt), self.kv.match_prefix(prompt, group.logits_from, group.salt) + budget)
+            group.num_cached = self.kv.allocate(group.seqs[0].seq_id, prompt[:end], group.logits_from, group.salt)
             self._count_admission(group)
             self.prefilling.append(group)
             chunks.append(self._advance(group, group.num_cached, end))
@@ -284,7 +292,7 @@ class Scheduler:
             if not self._has_room(len(tokens), fan_out, bool(admitted)):
                 break
             self.waiting.popleft()
-            group.num_cached = self.kv.allocate(group.seqs[0].seq_id, tokens, group.logits_from)
+            group.num_cached = self.kv.allocate(group.seqs[0].seq_id, tokens, group.logits_from, group.salt)
             admitted.append(group)
             num_seqs += fan_out
             num_tokens += len(tokens) - group.num_cached
@@ -318,4 +326,5 @@ class Scheduler:
         return ScheduledSequence(first.seq_id, tuple(group.prompt[start:end]), start,
                                  tuple(self.kv.block_table(first.seq_id)),
                                  fork_seq_ids=tuple(s.seq_id for s in group.seqs[1:]),
-                                 completes_prompt=end == len(group.prompt), logits_from=group.logits_from)
+                                 completes_prompt=end == len(group.prompt), logits_from=group.logits_from,
+                                 images=first.request.images)

@@ -3,11 +3,15 @@ the sequences in flight that the scheduler and the engine share, and `EngineErro
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from postrain.core.errors import PostrainError
 
 from .sampling import SamplingParams
 from .scoring import Scores, ScoreState
+
+if TYPE_CHECKING:
+    from .images import PromptImages
 
 
 class EngineError(PostrainError, ValueError):
@@ -32,6 +36,7 @@ class EngineCounters:
     num_drafted_tokens: int = 0
     num_accepted_tokens: int = 0
     draft_s: float = 0.0
+    num_image_encodes: int = 0
 
 @dataclass
 class CompletionOutput:
@@ -100,10 +105,11 @@ class Request:
     """A prompt and its n samples (`sequences`, all sharing the prompt's blocks once forked); or,
     with `scoring`, a sequence to score (one `Sequence` that is pre-filled and never samples)."""
 
-    __slots__ = ("output", "params", "sequences", "stop_ids", "prompt_key", "scoring")
+    __slots__ = ("output", "params", "sequences", "stop_ids", "prompt_key", "scoring", "images")
 
     def __init__(self, output: RequestOutput, params: SamplingParams, stop_ids: set[int],
-                 scoring: ScoreState | None = None):
+                 scoring: ScoreState | None = None, images: PromptImages | None = None):
+        self.images = images            # the prompt's image rows (images.py), None: text only
         self.output = output
         self.params = params
         self.sequences: list[Sequence] = []

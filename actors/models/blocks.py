@@ -27,6 +27,7 @@ from torch import nn
 
 from . import exact as exact_ops
 from .config import ModelConfig, ModelConfigError, rope_type_of  # noqa: F401  (re-exported)
+from .vision import ImageRows
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -145,8 +146,8 @@ class SharedPrefixBatch:
     suffix_ids: torch.Tensor       # (B, S) int64, 0 past each suffix's end
     suffix_mask: torch.Tensor      # (B, S) int64, 1 = real token
     group_of: torch.Tensor         # (B,) int64: the prefix sample b continues
-    image_rows: torch.Tensor | None = None   # image feature rows, one per image placeholder of the
-                                             # prefixes' ids then the suffixes', row-major (models/vision.py)
+    images: ImageRows | None = None   # image rows over the (1, R) ids, the prefixes' then the
+                                      # suffixes', flattened (models/vision.py)
 
     @property
     def prefix_lens(self) -> torch.Tensor:

@@ -35,6 +35,7 @@ from . import exact as exact_ops
 from .blocks import Attention, Float16Weights, PagedAttention, SharedPrefixBatch, project, rope_inv_freq
 from .config import ModelConfig, ModelConfigError
 from .llama import LlamaModel
+from .vision import ImageRows
 
 GEMMA_DEFAULTS = {"rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0, "sliding_window": 4096,
                   "query_pre_attn_scalar": 256, "sliding_window_pattern": 6}
@@ -159,8 +160,8 @@ class Gemma3Model(LlamaModel):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 paged: PagedAttention | None = None, logits_to_keep: torch.Tensor | None = None,
-                weights: Float16Weights | None = None, image_rows: torch.Tensor | None = None):
-        logits = super().forward(input_ids, attention_mask, paged, logits_to_keep, weights, image_rows)
+                weights: Float16Weights | None = None, images: ImageRows | None = None):
+        logits = super().forward(input_ids, attention_mask, paged, logits_to_keep, weights, images)
         return softcap_logits(logits, self.config.final_logit_softcapping)
 
     @staticmethod

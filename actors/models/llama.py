@@ -37,7 +37,7 @@ from .blocks import (
 )
 from .config import BUILTIN_CONFIGS, ModelConfig, ModelConfigError
 from .exact import ExactSelfAttention
-from .vision import VisionTower, build_tower, splice_image_rows
+from .vision import ImageRows, VisionTower, build_tower
 
 __all__ = ["BUILTIN_CONFIGS", "LlamaModel", "ModelConfig", "ModelConfigError", "build_model"]
 
@@ -140,14 +140,14 @@ class LlamaModel(nn.Module):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)
 
-    def embed_with_images(self, input_ids: torch.Tensor, image_rows: torch.Tensor | None) -> torch.Tensor:
-        """The token embeddings, each image placeholder's row replaced by its image feature row."""
+    def embed_with_images(self, input_ids: torch.Tensor, images: ImageRows | None) -> torch.Tensor:
+        """The token embeddings, with the image feature rows spliced over their positions."""
         x = self.embed(input_ids)
-        if image_rows is None:
+        if images is None:
             return x
         if self.vision is None:
             raise ValueError("image rows were given to a text-only model; fix: use a vision-language model")
-        return splice_image_rows(x, input_ids, self.vision.image_token_id, image_rows)
+        return images.splice(x)
 
     def layer_rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(cos, sin), each (B, T, 1, D), for every layer (one shared table here)."""
@@ -168,11 +168,11 @@ class LlamaModel(nn.Module):
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                       paged: PagedAttention | None = None,
                       weights: Float16Weights | None = None,
-                      image_rows: torch.Tensor | None = None) -> torch.Tensor:
+                      images: ImageRows | None = None) -> torch.Tensor:
         """Final-norm hidden states (B, T, hidden_size). See `forward` for the arguments."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, seq), got shape {tuple(input_ids.shape)}")
-        x = self.embed_with_images(input_ids, image_rows)                     # (B, T, H)
+        x = self.embed_with_images(input_ids, images)                     # (B, T, H)
         if paged is None and self.exact:                  # models/exact.py
             paged = ExactSelfAttention.of(input_ids, attention_mask)
         if paged is not None:
@@ -195,7 +195,7 @@ class LlamaModel(nn.Module):
         Row for row they equal `hidden_states` of the whole samples (prefix + suffix) up to float
         rounding, in value and in gradient (tests/actors/learner/test_shared_prefix.py)."""
         ids = torch.cat([batch.prefix_ids.reshape(-1), batch.suffix_ids.reshape(-1)])[None]  # (1, R)
-        x = self.embed_with_images(ids, batch.image_rows)                     # (1, R, H)
+        x = self.embed_with_images(ids, batch.images)                     # (1, R, H)
         pos_p, mask_p = self._training_positions_and_mask(batch.prefix_ids, batch.prefix_mask)
         pos_s = batch.suffix_positions()                                       # (B, S)
         positions = torch.cat([pos_p.reshape(-1), pos_s.reshape(-1)])[None]
@@ -214,7 +214,7 @@ class LlamaModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 paged: PagedAttention | None = None, logits_to_keep: torch.Tensor | None = None,
-                weights: Float16Weights | None = None, image_rows: torch.Tensor | None = None):
+                weights: Float16Weights | None = None, images: ImageRows | None = None):
         """Logits for `input_ids` (B, T).
 
         attention_mask: (B, T) 1 = real token, 0 = padding (left or right); positions
@@ -226,10 +226,10 @@ class LlamaModel(nn.Module):
             (shape (B, vocab)); saves the LM head on prefill. Or a (B, T) bool mask of the
             positions to return, row by row (shape (N, vocab), N = mask.sum(): a scoring
             prefill's positions, without the padding's). None = all positions.
-        image_rows: a vision-language model's image feature rows (N, H), one per image placeholder
-            of input_ids in row-major order (models/vision.py), spliced over their embeddings.
+        images: a vision-language model's image feature rows and the positions they replace
+            (models/vision.py `ImageRows`), spliced over those positions' token embeddings.
         """
-        hidden = self.hidden_states(input_ids, attention_mask, paged, weights, image_rows)
+        hidden = self.hidden_states(input_ids, attention_mask, paged, weights, images)
         if logits_to_keep is not None and logits_to_keep.dtype == torch.bool:
             hidden = hidden[logits_to_keep]
         elif logits_to_keep is not None:

@@ -29,6 +29,7 @@ from .hf_config import (
     ACTIVATIONS, HOW_TO_ADD, SUPPORTED_ARCHITECTURES, CheckpointError, config_from_hf, config_to_hf,
 )
 from .llama import BUILTIN_CONFIGS, LlamaModel, ModelConfig, build_model
+from .vision import ImageLayout, layout_of
 from .tokenizer import Tokenizer, byte_tokenizer
 
 __all__ = [  # this module's public face, the names of hf_config.py and gguf.py it re-exports included
@@ -36,6 +37,7 @@ __all__ = [  # this module's public face, the names of hf_config.py and gguf.py 
     "model_from_state", "load_state_dict_checked", "resolve_model", "packaged_model_path",
     "check_model_spec", "model_config", "PACKAGED_MODELS", "MODEL_RULE", "CheckpointError", "config_from_hf",
     "config_to_hf", "SUPPORTED_ARCHITECTURES", "HOW_TO_ADD", "ACTIVATIONS", "GGUF_ARCHITECTURES", "build_policy",
+    "spec_image_layout",
 ]
 
 # Symbolic names of models that ship in a Python package: name -> (import name, file pattern,
@@ -117,6 +119,13 @@ def model_config(spec: str | dict) -> ModelConfig:
         raise CheckpointError(f"no model config at {text!r}: " + MODEL_RULE.format(
             names=", ".join(sorted(BUILTIN_CONFIGS)), packaged=", ".join(PACKAGED_MODELS)))
     return config_from_hf(json.loads((path / "config.json").read_text()))
+
+
+def spec_image_layout(model: str | dict) -> ImageLayout | None:
+    """How a model spec lays images out in its prompts (models/vision.py), from its config alone;
+    None for a text-only model."""
+    vision = model_config(model).vision
+    return None if vision is None else layout_of(vision)
 
 
 def spec_tokenizer(model: str | dict) -> Tokenizer:

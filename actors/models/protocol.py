@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
     from .blocks import Float16Weights, PagedAttention
     from .llama import ModelConfig
-    from .vision import VisionTower
+    from .vision import ImageRows, VisionTower
 
 
 @runtime_checkable
@@ -25,10 +25,10 @@ class CausalLM(Protocol):
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  paged: PagedAttention | None = None, logits_to_keep: torch.Tensor | None = None,
-                 weights: Float16Weights | None = None, image_rows: torch.Tensor | None = None) -> torch.Tensor:
+                 weights: Float16Weights | None = None, images: ImageRows | None = None) -> torch.Tensor:
         """Logits (B, T, V), or (B, V) with `logits_to_keep` (one position per row), or (N, V)
-        with a (B, T) bool `logits_to_keep` (the positions it marks, row by row); `image_rows`: the
-        image feature rows spliced over the image placeholders (models/vision.py)."""
+        with a (B, T) bool `logits_to_keep` (the positions it marks, row by row); `images`: the
+        image feature rows spliced over image placeholders (models/vision.py)."""
         ...
 
     def parameters(self, recurse: bool = True): ...

@@ -4,14 +4,14 @@
     tower = model.vision                     # a VisionTower, or None for a text-only model
     ids = tower.expand(ids, images)          # each image marker token -> the image's token run
     rows = tower.encode_images(images)       # (N, hidden): one row per image token, in order
-    logits = model(ids[None], image_rows=rows)
+    logits = model(ids[None], images=ImageRows(rows, mask=ids[None] == tower.image_token_id))
 
 Design note: an image is a run of placeholder tokens (`tower.image_token_id`) in the token ids, so
 everything that moves token ids (the engine's scheduler and KV accounting, the learner's batches,
 samples) moves images for free; the pixels travel beside the ids as the image files' bytes (`images`,
-in the order their markers appear). A forward takes `image_rows`: the tower's features, one row per
-placeholder of its `input_ids` in row-major order, spliced over those positions' token embeddings
-(`splice_image_rows`). The chat template renders an image content part as the tower's `marker` text,
+in the order their markers appear). A forward takes `images` (`ImageRows`): the tower's features,
+one row per image placeholder position in row-major order, spliced over those positions' token
+embeddings. The chat template renders an image content part as the tower's `marker` text,
 a single token that `expand` replaces with the image's run (its length may depend on the image's
 size). The tower, the projector included, belongs to the model (`model.vision`), so the generator's
 features and the learner's are the same numbers.
@@ -26,6 +26,7 @@ import base64
 import binascii
 import hashlib
 import io
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -132,16 +133,23 @@ def content_parts_for_template(messages: list[dict]) -> list[dict]:
     return out, images
 
 
-def splice_image_rows(embeddings: torch.Tensor, input_ids: torch.Tensor, image_token_id: int,
-                      image_rows: torch.Tensor) -> torch.Tensor:
-    """The (B, T, H) embeddings with the rows of image placeholders replaced by image_rows (N, H),
-    in row-major order of the placeholders; differentiable in both."""
-    mask = input_ids == image_token_id
-    count = int(mask.sum())
-    if count != image_rows.shape[0]:
-        raise ValueError(f"{count} image placeholder tokens but {image_rows.shape[0]} image feature rows; "
-                         "every placeholder needs its row (the tower's expand and encode disagree)")
-    return embeddings.masked_scatter(mask[..., None], image_rows.to(embeddings.dtype))
+@dataclass(frozen=True)
+class ImageRows:
+    """Image feature rows for one forward: `rows` (N, H) replace the token embeddings at the N
+    positions `mask` (B, T) marks, in row-major order. The positions are image placeholders of
+    a prompt: a placeholder id the policy sampled is a token like any other, never an image (the
+    engine marks prompt positions only, the learner positions outside the loss mask)."""
+
+    rows: torch.Tensor
+    mask: torch.Tensor
+
+    def splice(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """The (B, T, H) embeddings with the marked rows replaced; differentiable in both."""
+        count = int(self.mask.sum())
+        if count != self.rows.shape[0]:
+            raise ValueError(f"{count} image placeholder positions but {self.rows.shape[0]} image feature "
+                             "rows; every image placeholder needs its row")
+        return embeddings.masked_scatter(self.mask[..., None], self.rows.to(embeddings.dtype))
 
 
 class ImageLayout:

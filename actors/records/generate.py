@@ -86,10 +86,15 @@ class GenerateRequest(Record):
     prompt_ids: list[int] | None = None
     prompt: str | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams, metadata=SAMPLING_CODEC)
+    images: list[bytes] | None = None   # a vision-language policy's image files, one per image run of
+                                        # prompt_ids, in order (models/vision.py render_prompt)
 
     def _check(self) -> None:
         if (self.prompt_ids is None) == (self.prompt is None):
             self.fail_field("prompt_ids", self.prompt_ids, "given, or prompt instead (exactly one of the two)")
+        if self.images and self.prompt_ids is None:
+            self.fail_field("images", f"{len(self.images)} image(s)", "sent with prompt_ids (a prompt laid out "
+                            "with the images' token runs), not with text")
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +157,7 @@ class GeneratorStats(Record):
     num_drafted_tokens: int
     num_accepted_tokens: int
     draft_s: float
+    num_image_encodes: int = 0                     # vision-tower runs (images not in its cache)
     acceptance_rate: float | None = None           # with speculative decoding only
     tokens_per_verify_step: float | None = None    # with speculative decoding only
     draft_time_share: float | None = None          # with speculative decoding only
