@@ -51,7 +51,7 @@ from postrain.core import Actor, MessageKind, handler
 from postrain.core.errors import ConfigError
 
 from ..models.chat_template import OPTION_HELP as CHAT_TEMPLATE_HELP
-from ..models.loading import spec_tokenizer
+from ..models.loading import spec_image_layout, spec_tokenizer
 from ..models.tokenizer import Tokenizer
 from ..records import (EXEC, GATEWAY_ADDRESS, ROLLOUT, RUN_TESTS, ExecRequest, Rollout, RolloutRequest,
                        RunTestsRequest)
@@ -195,6 +195,7 @@ class EnvironmentActor(Actor):
         ends the actor's process (`Actor.setup`), so no partial state serves requests."""
         self.mixture = TaskMixture.of(self.options)   # one task, or a mixture's (actors/tasks/mixture.py)
         self.tokenizer = load_tokenizer(self.options.model, self.options.chat_template)
+        self.image_layout = spec_image_layout(self.options.model)   # None: a text-only policy
         self.generator = await self.lookup(self.options.generator)
         self.sandbox = await self._find_sandbox()
         self.scorers = {name: RemoteScorer(await self.lookup(name)) for name in self.options.scorers}
@@ -258,7 +259,8 @@ class EnvironmentActor(Actor):
                 await env.close()
         context = self.options.context
         policy = TokenPolicy(self.generator, self.tokenizer, request.sampling, self.options.max_total_tokens,
-                             timeline, max_context_tokens=context.max_tokens if context else None)
+                             timeline, max_context_tokens=context.max_tokens if context else None,
+                             image_layout=self.image_layout)
         try:
             with timeline.hop("episode", self.name) as hop:
                 episode = await run_episode(env, request.task, policy,

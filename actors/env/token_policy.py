@@ -24,6 +24,7 @@ import dataclasses
 
 from ..models.tokenizer import Tokenizer
 from ..records import GENERATE, GenerateRequest, Rollout, RolloutSegment, SamplingParams
+from ..models.vision import ImageInputError, ImageLayout, render_prompt
 from .timeline import Timeline
 from .api import EnvironmentFailure, require_text_messages
 from .episode import Episode, EpisodePolicy
@@ -61,8 +62,10 @@ class TokenPolicy(EpisodePolicy):
     """
 
     def __init__(self, generator, tokenizer: Tokenizer, sampling: SamplingParams, max_total_tokens: int,
-                 timeline: Timeline, max_context_tokens: int | None = None) -> None:
+                 timeline: Timeline, max_context_tokens: int | None = None,
+                 image_layout: ImageLayout | None = None) -> None:
         self.generator, self.tokenizer, self.timeline = generator, tokenizer, timeline
+        self.image_layout = image_layout     # a vision-language policy's (models/vision.py); None: text only
         self.sampling, self.max_total_tokens = sampling, max_total_tokens
         self.max_segment_tokens = min(max_total_tokens, max_context_tokens or max_total_tokens)
         self.has_context_policy = max_context_tokens is not None   # segments end at their last sampled id
@@ -70,6 +73,7 @@ class TokenPolicy(EpisodePolicy):
         self._open_segment()
 
     def _open_segment(self) -> None:
+        self.images: list[bytes] = []    # the image files of the segment's prompt, in order
         self.token_ids: list[int] = []
         self.loss_mask: list[int] = []
         self.behavior_logprobs: list[float] = []
@@ -87,13 +91,18 @@ class TokenPolicy(EpisodePolicy):
         self.behavior_logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
         self.policy_versions += versions if versions is not None else [-1] * len(ids)
 
-    def _render(self, messages: list[dict]) -> list[int]:
-        require_text_messages(messages, "the environment actor's token policy")   # images: not yet
-        tok = self.tokenizer
-        return tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True))
+    def _render(self, messages: list[dict]) -> tuple[list[int], list[bytes]]:
+        """(ids, image files) of the messages, the assistant's turn opened."""
+        if self.image_layout is None:
+            require_text_messages(messages, "this policy")
+        try:
+            return render_prompt(self.tokenizer, self.image_layout, messages)
+        except ImageInputError as exc:
+            raise EnvironmentFailure(f"an image in the episode's messages: {exc}") from None
 
     def begin(self, messages: list[dict]) -> None:
-        self._extend(self._render(messages))
+        ids, self.images = self._render(messages)
+        self._extend(ids)
 
     def can_act(self) -> bool:
         return len(self.token_ids) < self.max_segment_tokens
@@ -104,7 +113,7 @@ class TokenPolicy(EpisodePolicy):
         budget = self.max_segment_tokens - len(self.token_ids)
         params = dataclasses.replace(self.sampling, n=1,
                                      max_new_tokens=min(self.sampling.max_new_tokens, budget))
-        request = GenerateRequest(prompt_ids=list(self.token_ids), sampling=params)
+        request = GenerateRequest(prompt_ids=list(self.token_ids), sampling=params, images=self.images or None)
         with self.timeline.hop("generate", self.generator.name, segment=len(self.segments)) as hop:
             sample = (await self.generator.call(GENERATE, request, timeout_s=600)).samples[0]
             hop.update(num_tokens=len(sample.token_ids), policy_versions=sorted(set(sample.policy_versions)))
@@ -126,7 +135,7 @@ class TokenPolicy(EpisodePolicy):
         return self.sampling.max_new_tokens
 
     def measure(self, messages: list[dict]) -> int:
-        return len(self._render(messages))
+        return len(self._render(messages)[0])
 
     def restart(self, messages: list[dict]) -> None:
         """Close the current segment (kept when it holds a sampled id) and open one from `messages`."""
@@ -134,7 +143,8 @@ class TokenPolicy(EpisodePolicy):
         if closed is not None:
             self.segments.append(closed)
         self._open_segment()
-        self._extend(self._render(messages))
+        ids, self.images = self._render(messages)
+        self._extend(ids)
 
     def _closed_segment(self) -> RolloutSegment | None:
         """The current segment cut after its last sampled id; None when it has none."""
@@ -147,7 +157,8 @@ class TokenPolicy(EpisodePolicy):
         return RolloutSegment(token_ids=self.token_ids[:end], loss_mask=self.loss_mask[:end],
                               behavior_logprobs=self.behavior_logprobs[:end],
                               policy_versions=self.policy_versions[:end],
-                              num_policy_tokens=sum(self.loss_mask[:end]), routed_experts=record)
+                              num_policy_tokens=sum(self.loss_mask[:end]), routed_experts=record,
+                              images=self.images or None)
 
     def rollout(self, episode: Episode, timeline: Timeline) -> Rollout:
         """The rollout of a finished episode played by this policy: its current segment as the
@@ -159,12 +170,13 @@ class TokenPolicy(EpisodePolicy):
         if last is None:
             last = RolloutSegment(token_ids=self.token_ids, loss_mask=self.loss_mask,
                                   behavior_logprobs=self.behavior_logprobs, policy_versions=self.policy_versions,
-                                  num_policy_tokens=sum(self.loss_mask), routed_experts=self._routing_record())
+                                  num_policy_tokens=sum(self.loss_mask), routed_experts=self._routing_record(),
+                                  images=self.images or None)
         return Rollout(token_ids=last.token_ids, loss_mask=last.loss_mask,
                        behavior_logprobs=last.behavior_logprobs, policy_versions=last.policy_versions,
                        reward=episode.reward, num_turns=episode.num_turns,
                        num_policy_tokens=last.num_policy_tokens, tool_statuses=statuses,
-                       timeline=timeline.to_list(), routed_experts=last.routed_experts,
+                       timeline=timeline.to_list(), routed_experts=last.routed_experts, images=last.images,
                        earlier_segments=list(self.segments) or None)
 
     def _routing_record(self) -> bytes | None:

@@ -10,8 +10,9 @@ per distinct image: the features are cached by `vision.image_key` (the pixels' h
 `max_images`, so a group of n samples on one image, and every later request that shows it, run the
 tower once. The rows stay with the request (`Request.images`) until it finishes; a prefill chunk
 takes the rows of the placeholders it covers, so chunked prefill, prefix-cache hits and a
-preempted sequence's second prefill splice the same rows at the same positions. Only prompt
-positions are images: a placeholder id the policy samples is a token (models/vision.py `ImageRows`).
+preempted sequence's second prefill splice the same rows at the same positions. The images fill
+the prompt's first placeholders, as many as their rows: a placeholder id the policy sampled (in a
+later turn's prompt) is a token (models/vision.py `ImageRows`).
 The prefix cache keys a prompt with images by a salt of its image keys (`vision.images_salt`), so
 two prompts that differ only in their pixels never share KV. A weight swap clears the cache (the
 tower and its projector may have been trained).
@@ -62,11 +63,11 @@ class ImageEncoder:
         rows = [self._rows(key, image) for key, image in zip(keys, decoded)]
         positions = np.flatnonzero(np.asarray(prompt_ids) == self.tower.image_token_id)
         total = sum(len(r) for r in rows)
-        if len(positions) != total:
+        if len(positions) < total:
             raise EngineError(f"the prompt has {len(positions)} image placeholder tokens but its {len(images)} "
                               f"image(s) make {total} rows; render the prompt with the model's image layout "
                               "(models/vision.py render_prompt) and pass the same images")
-        return PromptImages(torch.cat(rows), positions, keys, images_salt(list(keys)))
+        return PromptImages(torch.cat(rows), positions[:total], keys, images_salt(list(keys)))
 
     def _rows(self, key: str, image) -> torch.Tensor:
         if key in self.cache:

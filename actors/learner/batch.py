@@ -96,6 +96,8 @@ def pack_batch(batch: TrainBatch | SftBatch, *, advantages: torch.Tensor | None 
                          versions[:, 1:], adv.to(torch.float32))
     if isinstance(batch, TrainBatch) and batch.has_teacher_rows:
         _pack_teacher(batch, packed, lengths)
+    if batch.images is not None:
+        packed.images = [list(files or []) for files in batch.images]
     return packed
 
 

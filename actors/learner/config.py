@@ -88,6 +88,8 @@ class LearnerConfig:
     logprob_path: str = "chunked"          # "chunked" (rl_ops) | "naive" (full logits; the bench's peer)
     chunk_size_tokens: int | None = None   # None: rl_ops picks a 32 MiB fp32 block
     shared_prefix: bool = True             # compute a prefix samples share once per micro-batch (exact)
+    train_vision: bool = False             # a vision-language policy: train its vision tower and projector too
+                                           # (False: frozen, its features computed without a gradient)
     exact: bool = False                    # batch-invariant ops: logprobs bitwise equal to an exact generator's
                                            # (models/exact.py; float32; not with autocast, rings or distillation)
     # mixture-of-experts policies (actors/learner/routing.py)

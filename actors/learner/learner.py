@@ -210,7 +210,8 @@ class Learner:
         """The policy's logprob of every token of every sample (index 0 is 0: no prefix), as the
         train step computes it; aligned with batch.token_ids. For consistency checks."""
         packed = self.routing.pack(batch, pack_batch(SftBatch(
-            token_ids=batch.token_ids, loss_mask=[[0] + [1] * (len(x) - 1) for x in batch.token_ids])))
+            token_ids=batch.token_ids, loss_mask=[[0] + [1] * (len(x) - 1) for x in batch.token_ids],
+            images=batch.images)))
         order, micro = self.forward.micro_batches(packed)
         rows = []
         for mb in micro:

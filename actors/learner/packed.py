@@ -58,6 +58,7 @@ class PackedBatch:
     teacher_ids: torch.Tensor | None = None      # (B, T - 1, k) int64: the teacher's top-k ids (distillation)
     teacher_logp: torch.Tensor | None = None     # (B, T - 1, k) float32: their log-probs under the teacher
     teacher_tail: torch.Tensor | None = None     # (B, T - 1) float32: the teacher's log-mass outside them
+    images: list[list[bytes]] | None = None      # per sample its image files (a vision-language policy)
 
     @property
     def num_samples(self) -> int:
@@ -76,7 +77,8 @@ class PackedBatch:
             self.input_ids[start:stop, :width], self.attention_mask[start:stop, :width],
             self.loss_mask[start:stop, :width - 1], self.behavior_logp[start:stop, :width - 1],
             self.policy_versions[start:stop, :width - 1], adv if adv.dim() == 1 else adv[:, :width - 1],
-            routed_experts=routed, **self._teacher(lambda t: t[start:stop, :width - 1]))
+            routed_experts=routed, **self._teacher(lambda t: t[start:stop, :width - 1]),
+            images=None if self.images is None else self.images[start:stop])
 
     def select(self, indices: torch.Tensor) -> "PackedBatch":
         """The samples at `indices` (B',) int64, in that order, at the same width."""
@@ -84,7 +86,8 @@ class PackedBatch:
             self.input_ids[indices], self.attention_mask[indices], self.loss_mask[indices],
             self.behavior_logp[indices], self.policy_versions[indices], self.advantages[indices],
             routed_experts=None if self.routed_experts is None else self.routed_experts[indices],
-            **self._teacher(lambda t: t[indices]))
+            **self._teacher(lambda t: t[indices]),
+            images=None if self.images is None else [self.images[i] for i in indices.tolist()])
 
     def to(self, device) -> "PackedBatch":
         return PackedBatch(
@@ -92,7 +95,7 @@ class PackedBatch:
             self.behavior_logp.to(device), self.policy_versions.to(device), self.advantages.to(device),
             shared=None if self.shared is None else self.shared.to(device),
             routed_experts=None if self.routed_experts is None else self.routed_experts.to(device),
-            **self._teacher(lambda t: t.to(device)))
+            **self._teacher(lambda t: t.to(device)), images=self.images)
 
     @property
     def has_teacher_rows(self) -> bool:

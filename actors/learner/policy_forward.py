@@ -35,6 +35,7 @@ from .config import DTYPES, LearnerConfig
 from .context_parallel import RingAttention, zigzag_positions
 from .context_parallel_step import GatherRing
 from .batch import LearnerError
+from .images import batch_image_rows
 from .packed import PackedBatch
 from .routing import LearnerRouting
 from .shared_prefix import plan_micro_batches
@@ -55,9 +56,11 @@ class PolicyForward:
         so that short samples pad to short ones (shared_prefix.py). The gradient is the same in
         any order, since every micro-batch's loss uses the whole batch's normalisers."""
         cfg = self.config
-        order, micro = plan_micro_batches(packed, cfg.micro_batch_size,   # MoE, rings: plain rows
+        if packed.images and cfg.context_parallel > 1:
+            raise LearnerError("images do not run on context-parallel rings; set context_parallel = 1")
+        order, micro = plan_micro_batches(packed, cfg.micro_batch_size,   # MoE, rings, images: plain rows
                                           cfg.shared_prefix and not self.routing.active
-                                          and cfg.context_parallel == 1)
+                                          and cfg.context_parallel == 1 and not packed.images)
         return order, [mb.to(self.device) for mb in micro]
 
     def logprobs(self, model: LlamaModel, mb: PackedBatch,
@@ -68,7 +71,7 @@ class PolicyForward:
             return self._ring_logprobs(model, mb)   # each rank its slice (context_parallel_step.py)
         sel = mb.loss_mask                                                                # (B, T-1)
         with self.autocast(), self.routing.trace(model, mb, replay):
-            h = trained_hidden(model, mb)                                                 # (N, H)
+            h = trained_hidden(model, mb, self.config.train_vision)                       # (N, H)
         logp, entropy = self.head(model, h, mb.input_ids[:, 1:][sel])
         zeros = torch.zeros(sel.shape, dtype=logp.dtype, device=sel.device)
         return zeros.masked_scatter(sel, logp), zeros.masked_scatter(sel, entropy)
@@ -84,11 +87,11 @@ class PolicyForward:
             raise LearnerError("a distillation step needs the teacher's rows in the batch or a teacher model")
         sel = mb.loss_mask                                                                # (B, T-1)
         with self.autocast(), self.routing.trace(model, mb, None):
-            h = trained_hidden(model, mb)                                                 # (N, H)
+            h = trained_hidden(model, mb, self.config.train_vision)                       # (N, H)
         targets = mb.input_ids[:, 1:][sel]
         if teacher is not None:
             with torch.no_grad(), self.autocast():
-                teacher_h = trained_hidden(teacher, mb)                                   # (N, H_t)
+                teacher_h = trained_hidden(teacher, mb, False)                            # (N, H_t)
             logp, entropy, kl = self._distill_head(model, h, targets, teacher=teacher, teacher_h=teacher_h)
         else:
             assert mb.teacher_ids is not None and mb.teacher_logp is not None and mb.teacher_tail is not None
@@ -180,13 +183,16 @@ class PolicyForward:
             return_entropy=True, backend=cfg.rl_ops_backend)
 
 
-def trained_hidden(model: LlamaModel, mb: PackedBatch) -> torch.Tensor:
+def trained_hidden(model: LlamaModel, mb: PackedBatch, train_vision: bool = False) -> torch.Tensor:
     """(N, H) final hidden states at the loss_mask positions: from one padded pass over the
-    whole samples, or from the shared-prefix pass (each shared prefix computed once)."""
+    whole samples (with their images: images.py), or from the shared-prefix pass (each shared
+    prefix computed once; text batches)."""
     sel = mb.loss_mask                                                                    # (B, T-1)
     if mb.shared is None:
         full = bool(mb.attention_mask.all())
-        hidden = model.hidden_states(mb.input_ids, None if full else mb.attention_mask)  # (B, T, H)
+        images = batch_image_rows(model, mb, train_vision)
+        hidden = model.hidden_states(mb.input_ids, None if full else mb.attention_mask,  # (B, T, H)
+                                     images=images)
         return hidden[:, :-1][sel]
     rows = model.shared_prefix_hidden_states(mb.shared.batch)                             # (G*P + B*S, H)
     return rows[mb.shared.hidden_rows[:, :-1][sel]]

@@ -26,6 +26,7 @@ import base64
 import binascii
 import hashlib
 import io
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,8 +80,13 @@ def load_image(image: ImageLike):
     if not data:
         raise ImageInputError("the image is empty (0 bytes); fix: pass the file's contents")
     try:
-        with Image.open(io.BytesIO(data)) as probe:         # reads the header only
-            fmt, (width, height) = probe.format, probe.size
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)      # refused below, by our limit
+            with Image.open(io.BytesIO(data)) as probe:                         # reads the header only
+                fmt, (width, height) = probe.format, probe.size
+    except Image.DecompressionBombError as exc:   # PIL's own limit, above MAX_IMAGE_PIXELS
+        raise ImageInputError(f"the image is too large ({exc}); at most {MAX_IMAGE_PIXELS:,} pixels are accepted; "
+                              "fix: downscale it") from None
     except Exception as exc:   # PIL raises several types for unreadable headers
         raise ImageInputError(f"the image's {len(data)} bytes are not an image file PIL can read ({exc}); "
                               f"fix: send a {', '.join(IMAGE_FORMATS)} file") from None
@@ -136,9 +142,10 @@ def content_parts_for_template(messages: list[dict]) -> list[dict]:
 @dataclass(frozen=True)
 class ImageRows:
     """Image feature rows for one forward: `rows` (N, H) replace the token embeddings at the N
-    positions `mask` (B, T) marks, in row-major order. The positions are image placeholders of
-    a prompt: a placeholder id the policy sampled is a token like any other, never an image (the
-    engine marks prompt positions only, the learner positions outside the loss mask)."""
+    positions `mask` (B, T) marks, in row-major order. A sequence's images fill its FIRST image
+    placeholders, as many as their rows (its images sit in the prompt, before anything sampled): a
+    placeholder id the policy sampled later is a token like any other, never an image (the engine's
+    generator/images.py and the learner's learner/images.py both follow this rule)."""
 
     rows: torch.Tensor
     mask: torch.Tensor

@@ -86,6 +86,7 @@ def train_batch(groups: list[list[ScoredSample]], rules: BatchRules | None = Non
                       group_ids=[g for g, _, _, _ in rows],
                       routed_experts=([r.routed_experts for r in segments]
                                       if any(r.routed_experts is not None for r in segments) else None),
+                      images=[r.images or [] for r in segments] if any(r.images for r in segments) else None,
                       teacher_topk_ids=None if teacher is None else [t.topk_ids for t in teacher],
                       teacher_topk_logprobs=None if teacher is None else [t.topk_logprobs for t in teacher],
                       teacher_tail_logmass=None if teacher is None else [t.tail_logmass for t in teacher],

@@ -44,6 +44,7 @@ class RolloutSegment(Record):
     policy_versions: list[int]
     num_policy_tokens: int
     routed_experts: bytes | None = None   # MoE: the routing record of its tokens (as Rollout's)
+    images: list[bytes] | None = None     # a vision-language policy's image files of its prompt (as Rollout's)
 
     def _check(self) -> None:
         _check_tokens(self)
@@ -78,6 +79,8 @@ class Rollout(Record):
     earlier_segments: list[RolloutSegment] | None = field(default=None, metadata=_SEGMENTS_CODEC)
     # the episode's segments before the last (module docstring), oldest first; None (or []) for most
     # episodes, so a single-segment rollout travels exactly as before segments existed
+    images: list[bytes] | None = None     # a vision-language policy's image files, one per image
+                                          # placeholder run of token_ids outside the loss mask, in order
 
     def _check(self) -> None:
         _check_tokens(self)
@@ -90,7 +93,8 @@ class Rollout(Record):
         """Every segment of the episode, oldest first (the last: this rollout's own lists)."""
         last = RolloutSegment(token_ids=self.token_ids, loss_mask=self.loss_mask,
                               behavior_logprobs=self.behavior_logprobs, policy_versions=self.policy_versions,
-                              num_policy_tokens=self.num_policy_tokens, routed_experts=self.routed_experts)
+                              num_policy_tokens=self.num_policy_tokens, routed_experts=self.routed_experts,
+                              images=self.images)
         return [*(self.earlier_segments or ()), last]
 
     @property

@@ -28,9 +28,10 @@ class SftBatch(Record):
     token_ids: list[Vector]
     loss_mask: list[Vector]
     expect_policy_version: int | None = None
+    images: list[list[bytes]] | None = None   # a vision-language policy: per sample its image files (TrainBatch's)
 
     def _check(self) -> None:
-        _one_per_sample(self, ("loss_mask",))
+        _one_per_sample(self, ("loss_mask", "images"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +69,12 @@ class TrainBatch(Record):
     teacher_tail_logmass: list[Vector] | None = None     # per sample (T,) float32, log of the mass outside
     row_tasks: list[str] | None = None                   # per sample its task's name (with kl_targets)
     kl_targets: dict[str, float] | None = None           # task -> its KL target (per token, the learner's kl_kind)
+    images: list[list[bytes]] | None = None   # a vision-language policy: per sample the image files of its
+                                              # placeholder runs outside the loss mask, in order (models/vision.py)
 
     def _check(self) -> None:
         _one_per_sample(self, ("loss_mask", "behavior_logprobs", "policy_versions", "advantages", "rewards",
-                               "group_ids", "routed_experts", "row_tasks") + TEACHER_FIELDS)
+                               "group_ids", "routed_experts", "row_tasks", "images") + TEACHER_FIELDS)
         if (self.row_tasks is None) != (self.kl_targets is None):
             self.fail_field("kl_targets", self.kl_targets, "given with row_tasks (both or neither)")
         for task, target in (self.kl_targets or {}).items():

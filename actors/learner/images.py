@@ -1,0 +1,51 @@
+"""The learner's images: a micro-batch's image feature rows, from the policy's own tower.
+
+    images = batch_image_rows(model, mb, train_vision=False)   # ImageRows, or None for a text batch
+    hidden = model.hidden_states(mb.input_ids, mask, images=images)
+
+A sample's images (`PackedBatch.images`, its image files in order) fill its first image
+placeholders, as many as their rows (a placeholder id the policy sampled later is a token, as in
+the engine: models/vision.py `ImageRows`). Each distinct file is encoded once per
+micro-batch (a group of samples on one image shares it). The tower is frozen unless
+`learner.train_vision`: its rows are computed without a gradient, so the optimizer never moves it.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from ..models.llama import LlamaModel
+from ..models.vision import ImageRows, load_image
+from .batch import LearnerError
+from .packed import PackedBatch
+
+
+def batch_image_rows(model: LlamaModel, mb: PackedBatch, train_vision: bool) -> ImageRows | None:
+    """The micro-batch's ImageRows (module docstring); None when it shows no image."""
+    if not mb.images or not any(mb.images):
+        return None
+    tower = model.vision
+    if tower is None:
+        raise LearnerError("the batch carries images but the policy reads text only; train a vision-language "
+                           "model, or send text samples")
+    placeholders = (mb.input_ids == tower.image_token_id) & mb.attention_mask.bool()      # (B, T)
+    mask = torch.zeros_like(placeholders)
+    encoded: dict[bytes, torch.Tensor] = {}
+    rows = []
+    with torch.set_grad_enabled(train_vision and torch.is_grad_enabled()):
+        for b, files in enumerate(mb.images):
+            count = 0
+            for data in files:
+                key = hashlib.sha256(data).digest()
+                if key not in encoded:
+                    encoded[key] = tower(tower.layout.pixel_values(load_image(data)).to(mb.input_ids.device))
+                rows.append(encoded[key])
+                count += len(encoded[key])
+            positions = placeholders[b].nonzero()[:, 0]
+            if len(positions) < count:
+                raise LearnerError(f"sample {b} of the micro-batch: its {len(files)} image(s) make {count} feature "
+                                   f"rows but it holds {len(positions)} image placeholders; send each sample's "
+                                   "image files in order, one per image run of its prompt")
+            mask[b, positions[:count]] = True
+    return ImageRows(torch.cat(rows), mask)

@@ -1,0 +1,205 @@
+"""Images in: broken images refused by name, the engine's image path (greedy equal to a plain forward,
+one tower run per image, prefix caching and preemption unchanged), the learner's logprobs equal to
+the engine's on image-and-text samples, and the tower frozen unless `train_vision`.
+
+The built-in `tiny-vl` (models/config.py: the tiny text model and the patch tower, random weights)
+on charts of the `charts` task.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import struct
+import sys
+import zlib
+
+import pytest
+import torch
+
+from postrain.actors.generator.engine import Engine, EngineError
+from postrain.actors.generator.sampling import SamplingParams
+from postrain.actors.learner.batch import LearnerError
+from postrain.actors.learner.learner import Learner, LearnerConfig
+from postrain.actors.models.loading import load_model
+from postrain.actors.models.vision import ImageInputError, ImageRows, load_image, render_prompt
+from postrain.actors.tasks.charts import Chart, chart_message, eval_tasks, render_png
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # tests/actors
+from train_batches import sampled_batch  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_vl():
+    return load_model("tiny-vl")
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_vl):
+    """Two chart prompts: (ids, images) each, rendered with the model's image layout."""
+    model, tokenizer = tiny_vl
+    return [render_prompt(tokenizer, model.vision.layout, [chart_message(task, "image")])
+            for task in eval_tasks({"num_eval": 2})]
+
+
+def png_with_size(width: int, height: int) -> bytes:
+    """A PNG whose header declares width x height (its pixel data is a stub: refused before decoding)."""
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    chunk = lambda kind, data: (struct.pack(">I", len(data)) + kind + data
+                                + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0")) + chunk(b"IEND", b"")
+
+
+def reference_greedy(model, ids: list[int], images: list[bytes], steps: int = 8) -> list[int]:
+    """Greedy tokens by plain full forwards, the images spliced over the prompt's placeholders."""
+    rows = model.vision.encode_images(images)
+    prompt_mask = torch.tensor(ids) == model.vision.image_token_id
+    out = list(ids)
+    with torch.no_grad():
+        for _ in range(steps):
+            mask = torch.cat([prompt_mask, torch.zeros(len(out) - len(ids), dtype=torch.bool)])[None]
+            logits = model(torch.tensor([out]), images=ImageRows(rows, mask))
+            out.append(int(logits[0, -1].argmax()))
+    return out[len(ids):]
+
+
+def run(engine: Engine, requests: list[tuple[list[int], list[bytes], SamplingParams]]):
+    ids = [engine.add_request(p, params, images=images) for p, images, params in requests]
+    done = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            done[out.request_id] = out
+    return [done[i] for i in ids]
+
+
+# ------------------------------------------------------------------ broken input
+
+
+def test_broken_images_are_refused_with_what_was_wrong():
+    png = render_png(Chart.from_dict(eval_tasks({"num_eval": 1})[0]["chart"]))
+    assert load_image(png).size == (448, 336)
+    with pytest.raises(ImageInputError, match="0 bytes"):
+        load_image(b"")
+    with pytest.raises(ImageInputError, match="does not decode completely"):
+        load_image(png[:len(png) // 2])
+    with pytest.raises(ImageInputError, match="400000000 pixels.*downscale it"):
+        load_image(png_with_size(20000, 20000))
+    with pytest.raises(ImageInputError, match="10000 x 9000 pixels.*downscale it"):
+        load_image(png_with_size(10000, 9000))
+    tiff = io.BytesIO()
+    load_image(png).save(tiff, format="TIFF")
+    with pytest.raises(ImageInputError, match="TIFF is not supported"):
+        load_image(tiff.getvalue())
+    with pytest.raises(ImageInputError, match="not an image file"):
+        load_image(b"%PDF-1.4 not an image")
+    with pytest.raises(ImageInputError, match="data URL"):
+        load_image("http://example.com/chart.png")
+
+
+def test_an_image_for_a_text_only_model_is_refused(prompts):
+    model, tokenizer = load_model("tiny")
+    message = chart_message(eval_tasks({"num_eval": 1})[0], "image")
+    with pytest.raises(ImageInputError, match="reads text only"):
+        render_prompt(tokenizer, None, [message])
+    ids, images = prompts[0]
+    with pytest.raises(EngineError, match="reads text only"):
+        Engine(model, tokenizer).add_request(ids, GREEDY, images=images)
+
+
+def test_a_request_whose_images_do_not_fill_its_placeholders_is_refused_and_the_engine_goes_on(tiny_vl, prompts):
+    model, tokenizer = tiny_vl
+    (ids, images), _ = prompts
+    engine = Engine(model, tokenizer)
+    with pytest.raises(EngineError, match="image placeholder tokens"):
+        engine.add_request(ids, GREEDY, images=images * 2)
+    with pytest.raises(ImageInputError, match="does not decode"):
+        engine.add_request(ids, GREEDY, images=[images[0][:100]])
+    (out,) = run(engine, [(ids, images, GREEDY)])
+    assert out.outputs[0].token_ids == reference_greedy(model, ids, images)
+
+
+# ------------------------------------------------------------------ the engine
+
+
+@pytest.mark.parametrize("chunk", [0, 16])
+def test_greedy_with_an_image_equals_a_plain_forward_and_each_image_is_encoded_once(tiny_vl, prompts, chunk):
+    model, tokenizer = tiny_vl
+    (ids_a, images_a), (ids_b, images_b) = prompts
+    expected_a, expected_b = reference_greedy(model, ids_a, images_a), reference_greedy(model, ids_b, images_b)
+    engine = Engine(model, tokenizer, prefill_chunk_tokens=chunk)
+    group, other = run(engine, [(ids_a, images_a, SamplingParams(n=8, temperature=0.0, max_new_tokens=8,
+                                                                 ignore_eos=True)),
+                                (ids_b, images_b, GREEDY)])
+    assert [s.token_ids for s in group.outputs] == [expected_a] * 8
+    assert other.outputs[0].token_ids == expected_b
+    assert engine.stats()["num_image_encodes"] == 2          # a group of 8 on one image: one tower run
+    (again,) = run(engine, [(ids_a, images_a, GREEDY)])
+    assert again.outputs[0].token_ids == expected_a
+    assert again.num_cached_prompt_tokens == (len(ids_a) - 1) // 8 * 8   # the prefix cache held it
+    assert engine.stats()["num_image_encodes"] == 2
+    # the same ids with the other chart: the prefix cache must not hand back the first chart's KV
+    (swapped,) = run(engine, [(ids_a, images_b, GREEDY)])
+    assert swapped.outputs[0].token_ids == reference_greedy(model, ids_a, images_b)
+    common = next(i for i, (a, b) in enumerate(zip(ids_a, ids_b)) if a != b)   # shared with request b only
+    assert 0 < swapped.num_cached_prompt_tokens <= common
+
+
+def test_preemption_keeps_greedy_output_with_images(tiny_vl, prompts):
+    model, tokenizer = tiny_vl
+    (ids, images), _ = prompts
+    expected = reference_greedy(model, ids, images, steps=24)
+    params = SamplingParams(n=4, temperature=0.0, max_new_tokens=24, ignore_eos=True)
+    blocks = -(-len(ids) // 8) + 6           # room for the prompt and a few samples' tails, not all four
+    engine = Engine(model, tokenizer, num_blocks=blocks, block_size_tokens=8)
+    (out,) = run(engine, [(ids, images, params)])
+    assert engine.stats()["num_preemptions"] > 0
+    assert [s.token_ids for s in out.outputs] == [expected] * 4
+
+
+# ------------------------------------------------------------------ the learner
+
+
+def with_images(batch, images):
+    return dataclasses.replace(batch, images=images)
+
+
+def test_learner_logprobs_equal_the_engines_on_image_and_text_samples(prompts):
+    learner = Learner(LearnerConfig(model="tiny-vl", micro_batch_size=4, lr=1e-3))
+    model, tokenizer = load_model("tiny-vl")
+    model.load_state_dict(learner.model.state_dict())
+    engine = Engine(model, tokenizer)
+    requests = [(ids, images, SamplingParams(n=3, temperature=1.0, max_new_tokens=10, seed=3, ignore_eos=True))
+                for ids, images in prompts]
+    outs = run(engine, requests)
+    batch = sampled_batch([ids for ids, _ in prompts], outs, reward=lambda i: float(i == 0))
+    batch = with_images(batch, [images for _, images in prompts for _ in range(3)])
+    mine = learner.compute_logprobs(batch)
+    for lp_mine, lp_gen, mask in zip(mine, batch.behavior_logprobs, batch.loss_mask):
+        m = torch.tensor(mask, dtype=torch.bool)
+        assert (lp_mine[m] - torch.tensor(lp_gen)[m]).abs().max() < 1e-4
+    tower = {k: v.clone() for k, v in learner.model.vision.state_dict().items()}
+    text = learner.model.model.layers[0].mlp.up_proj.weight.clone()
+    metrics = learner.train_step(batch)
+    assert metrics["logprob_gap_max"] < 1e-4
+    assert not torch.equal(learner.model.model.layers[0].mlp.up_proj.weight, text)
+    assert all(torch.equal(v, tower[k]) for k, v in learner.model.vision.state_dict().items()), \
+        "the tower is frozen by default"
+    doubled = [images * 2 for _, images in prompts for _ in range(3)]     # more images than placeholder runs
+    with pytest.raises(LearnerError, match="image placeholders"):
+        learner.compute_logprobs(with_images(batch, doubled))
+
+
+def test_train_vision_moves_the_tower(prompts):
+    learner = Learner(LearnerConfig(model="tiny-vl", micro_batch_size=4, lr=1e-3, train_vision=True))
+    model, tokenizer = load_model("tiny-vl")
+    model.load_state_dict(learner.model.state_dict())
+    outs = run(Engine(model, tokenizer), [(ids, images, SamplingParams(n=2, temperature=1.0, max_new_tokens=6,
+                                                                        seed=1, ignore_eos=True))
+                                          for ids, images in prompts])
+    batch = sampled_batch([ids for ids, _ in prompts], outs, reward=lambda i: float(i == 0))
+    batch = with_images(batch, [images for _, images in prompts for _ in range(2)])
+    before = learner.model.vision.patch_embed.weight.clone()
+    learner.train_step(batch)
+    assert not torch.equal(learner.model.vision.patch_embed.weight, before)
