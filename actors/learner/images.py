@@ -22,19 +22,24 @@ from .packed import PackedBatch
 
 
 def batch_image_rows(model: LlamaModel, mb: PackedBatch, train_vision: bool) -> ImageRows | None:
-    """The micro-batch's ImageRows (module docstring); None when it shows no image."""
-    if not mb.images or not any(mb.images):
-        return None
+    """The micro-batch's ImageRows (module docstring); None when it shows no image. LearnerError
+    when a sample's images do not fill every placeholder before its first trained token (an image
+    lost on the way) or need more placeholders than it holds."""
     tower = model.vision
     if tower is None:
-        raise LearnerError("the batch carries images but the policy reads text only; train a vision-language "
-                           "model, or send text samples")
+        if mb.images and any(mb.images):
+            raise LearnerError("the batch carries images but the policy reads text only; train a "
+                               "vision-language model, or send text samples")
+        return None
     placeholders = (mb.input_ids == tower.image_token_id) & mb.attention_mask.bool()      # (B, T)
+    trained = torch.nn.functional.pad(mb.loss_mask, (1, 0), value=False)                 # (B, T)
+    before_trained = trained.int().cumsum(-1) == 0
+    in_prompt = (placeholders & before_trained).sum(-1).tolist()
     mask = torch.zeros_like(placeholders)
     encoded: dict[bytes, torch.Tensor] = {}
     rows = []
     with torch.set_grad_enabled(train_vision and torch.is_grad_enabled()):
-        for b, files in enumerate(mb.images):
+        for b, files in enumerate(mb.images or [[]] * mb.num_samples):
             count = 0
             for data in files:
                 key = hashlib.sha256(data).digest()
@@ -43,9 +48,13 @@ def batch_image_rows(model: LlamaModel, mb: PackedBatch, train_vision: bool) -> 
                 rows.append(encoded[key])
                 count += len(encoded[key])
             positions = placeholders[b].nonzero()[:, 0]
+            if count < in_prompt[b]:
+                raise LearnerError(f"sample {b} of the micro-batch: its prompt holds {in_prompt[b]} image placeholders "
+                                   f"but its {len(files)} image(s) fill {count}; send each sample's image files "
+                                   "(TrainBatch.images) with it")
             if len(positions) < count:
                 raise LearnerError(f"sample {b} of the micro-batch: its {len(files)} image(s) make {count} feature "
                                    f"rows but it holds {len(positions)} image placeholders; send each sample's "
                                    "image files in order, one per image run of its prompt")
             mask[b, positions[:count]] = True
-    return ImageRows(torch.cat(rows), mask)
+    return ImageRows(torch.cat(rows), mask) if rows else None

@@ -22,6 +22,7 @@ from postrain.actors.generator.sampling import SamplingParams
 from postrain.actors.learner.batch import LearnerError
 from postrain.actors.learner.learner import Learner, LearnerConfig
 from postrain.actors.models.loading import load_model
+from postrain.actors.records import TrainBatch
 from postrain.actors.models.vision import ImageInputError, ImageRows, load_image, render_prompt
 from postrain.actors.tasks.charts import Chart, chart_message, eval_tasks, render_png
 
@@ -203,3 +204,13 @@ def test_train_vision_moves_the_tower(prompts):
     before = learner.model.vision.patch_embed.weight.clone()
     learner.train_step(batch)
     assert not torch.equal(learner.model.vision.patch_embed.weight, before)
+
+
+def test_a_train_batch_whose_images_were_lost_is_refused(prompts):
+    learner = Learner(LearnerConfig(model="tiny-vl", micro_batch_size=4))
+    (ids, images), _ = prompts
+    batch = TrainBatch(token_ids=[ids + [65, 66]], loss_mask=[[0] * len(ids) + [1, 1]],
+                       behavior_logprobs=[[0.0] * (len(ids) + 2)], advantages=[1.0])
+    with pytest.raises(LearnerError, match="prompt holds 48 image placeholders but its 0 image"):
+        learner.train_step(batch)
+    assert learner.train_step(dataclasses.replace(batch, images=[images]))["num_tokens"] == 2

@@ -8,6 +8,9 @@ from __future__ import annotations
 import base64
 import io
 import itertools
+import json
+import sys
+from pathlib import Path
 
 import pytest
 import trio
@@ -195,3 +198,21 @@ def test_content_parts_are_checked_and_a_text_only_policy_refuses_an_image():
     require_text_messages([{"role": "user", "content": "hi"}], "a text policy")
     with pytest.raises(EnvironmentFailure, match="renders text only"):
         require_text_messages(good, "a text policy")
+
+
+def test_a_run_on_the_image_form_trains_the_tiny_vision_language_policy(tmp_path):
+    """`postrain up` with every role a real process: the environment renders each chart into the
+    prompt's image run, the generator encodes the charts, the learner trains on them (it refuses
+    a batch whose prompt placeholders came without their images), and the policy saved is a
+    vision-language model again."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))    # tests/actors
+    from task_runs import run_task
+    from postrain.actors.models.loading import load_model
+
+    shared = {"model": "tiny-vl", "task": "charts", "task_options": {"form": "image"}}
+    summary, folder = run_task(tmp_path, "charts", {}, extra={"shared": shared})
+    assert summary["complete"] and summary["ledger"]["trained"] == 6 and summary["ledger"]["dropped"] == 0
+    sample = json.loads((folder / "samples.jsonl").read_text().splitlines()[0])
+    assert sample["prompt"].count("<|image|>") == 48
+    model, _ = load_model(folder / "policy")
+    assert model.vision is not None and model.vision.layout.num_image_tokens == 48
