@@ -79,8 +79,8 @@ class Rollout(Record):
     earlier_segments: list[RolloutSegment] | None = field(default=None, metadata=_SEGMENTS_CODEC)
     # the episode's segments before the last (module docstring), oldest first; None (or []) for most
     # episodes, so a single-segment rollout travels exactly as before segments existed
-    images: list[bytes] | None = None     # a vision-language policy's image files, one per image
-                                          # placeholder run of token_ids outside the loss mask, in order
+    images: list[bytes] | None = None     # a vision-language policy's image files, in order: they fill
+                                          # the first image placeholders of token_ids (models/vision.py)
 
     def _check(self) -> None:
         _check_tokens(self)

@@ -69,8 +69,8 @@ class TrainBatch(Record):
     teacher_tail_logmass: list[Vector] | None = None     # per sample (T,) float32, log of the mass outside
     row_tasks: list[str] | None = None                   # per sample its task's name (with kl_targets)
     kl_targets: dict[str, float] | None = None           # task -> its KL target (per token, the learner's kl_kind)
-    images: list[list[bytes]] | None = None   # a vision-language policy: per sample the image files of its
-                                              # placeholder runs outside the loss mask, in order (models/vision.py)
+    images: list[list[bytes]] | None = None   # a vision-language policy: per sample its image files, in order;
+                                              # they fill its first image placeholders (models/vision.py)
 
     def _check(self) -> None:
         _one_per_sample(self, ("loss_mask", "behavior_logprobs", "policy_versions", "advantages", "rewards",
