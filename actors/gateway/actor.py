@@ -54,7 +54,8 @@ DEFAULT_CONTEXT_TOKENS = 4096
 
 class GatewayOptions(Options):
     model: str | dict = Field("tiny", description="the policy (the generators' model spec): its tokenizer "
-                              "and chat template render the conversations")
+                              "and chat template render the conversations, its config's image layout "
+                              "(a vision-language policy) lays out image content parts")
     chat_template: str | None = Field(None, description=CHAT_TEMPLATE_HELP)
     generators: list[str] = Field(["generator"], min_length=1, description="the generator actors' names; "
                                   "each request goes to the one with the fewest in flight")
@@ -116,6 +117,16 @@ def gateway_tokenizer(model: str | dict, chat_template: str | None = None) -> To
     return load_tokenizer(model, chat_template)
 
 
+def image_layout(model: str | dict):
+    """The model's image layout (models/vision.py) from its config, without its weights; None for a
+    text-only model, or one whose config is not found here (the generator reports that)."""
+    from ..models.loading import CheckpointError, spec_image_layout
+    try:
+        return spec_image_layout(model)
+    except CheckpointError:
+        return None
+
+
 def context_tokens(model: str | dict) -> int:
     """The model's context length (max_position_embeddings) from its config, without its weights."""
     from ..models.config import BUILTIN_CONFIGS, ModelConfig
@@ -149,7 +160,8 @@ class GatewayActor(Actor):
             tokenizer, GeneratorPool(refs, options.max_pending_requests, options.request_timeout_s),
             (self.model_name,), options.max_context_tokens or context_tokens(options.model),
             tool_call_format(tokenizer.chat_template) if fmt == "auto" else fmt,
-            EpisodeStore(tokenizer, options.max_open_episodes), max_n=options.max_n)
+            EpisodeStore(tokenizer, options.max_open_episodes), max_n=options.max_n,
+            image_layout=image_layout(options.model))
         render(tokenizer, [{"role": "user", "content": "hi"}], [])   # imports and compiles the template now,
         # not in the first request (~0.8 s of jinja2 on this VM)
         self._socket, self.url = listening_socket(options.host, options.port, "the gateway")

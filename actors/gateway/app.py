@@ -8,6 +8,9 @@ handler fails only its own response. `stream: true` answers with server-sent eve
 API's chunk format, ending in `data: [DONE]`; the generator answers a request whole, so the
 chunks (one per sampled token) are sent once the sample is done.
 
+A chat message's content may hold image content parts (`image_url` with a base64 data URL)
+when the policy reads images; bad ones are 400s naming the part (protocol.py).
+
 The API key (`Authorization: Bearer KEY`) names the episode whose tokens are recorded
 (episodes.py); a key that is not an open episode is served and not recorded. With the gateway's
 own `api_key` set, a `/v1/` call must carry it or an open episode's key, else 401 (auth.py).
@@ -34,7 +37,8 @@ log = logging.getLogger("postrain.gateway")
 def build_app(service: GatewayService, api_key: str | None = None) -> Starlette:
     """The app over `service`; `api_key`: the key a `/v1/` call must carry (None: no key required)."""
     async def chat_completions(request: Request) -> Response:
-        call = parse_chat(await _json(request), service.model_names, service.max_n)
+        call = parse_chat(await _json(request), service.model_names, service.max_n,
+                          reads_images=service.image_layout is not None)
         answer = await service.chat(call, _api_key(request))
         if call.stream:
             return _sse(_chat_chunks(service, call, answer))

@@ -3,7 +3,9 @@
 `parse_chat(body, ...)` and `parse_completion(body, ...)` turn a request's JSON into a
 `ChatCall` / `CompletionCall` (the sampling as `SamplingParams`) or raise `APIError`: the
 API's own error (status, type, the field as `param`, a message naming the rule and the
-value). Fields the API defines that the generator cannot honour (`frequency_penalty`,
+value). Image content parts are checked here too: `parse_chat` takes them where the served
+policy reads images (`reads_images`), in user messages, as data URLs (URLs are never fetched);
+`check_images` decodes them as `load_image` requires (the service runs it off the event loop). Fields the API defines that the generator cannot honour (`frequency_penalty`,
 `logit_bias`, ...) and unknown fields are ignored, as OpenAI-compatible servers do, so
 that harnesses which always send them keep working.
 
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 
 from postrain.core.errors import PostrainError
 
+from ..models.vision import DATA_URL_PREFIX, ImageInputError, image_bytes, load_image
 from ..records import SamplingParams
 from ..records.generate import SamplingParamsError
 
@@ -50,7 +53,9 @@ def bad_request(param: str, message: str) -> APIError:
 @dataclass(frozen=True)
 class ChatCall:
     """One checked `POST /v1/chat/completions`. messages are plain dicts with a str `content`
-    (text parts joined), tool calls' `arguments` kept as the JSON string the API carries."""
+    (text parts joined), tool calls' `arguments` kept as the JSON string the API carries; a user
+    message that shows images keeps its content parts, `{"type": "text", "text"}` and
+    `{"type": "image_url", "image_url": {"url": <a checked data URL>}}`, in order."""
 
     model: str
     messages: list[dict]
@@ -66,6 +71,13 @@ class ChatCall:
     def parses_tool_calls(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
 
+    @property
+    def image_parts(self) -> list[str]:
+        """Where the call's images are, as the API names them (`messages[0].content[1]`), in order."""
+        return [f"messages[{i}].content[{j}]" for i, message in enumerate(self.messages)
+                if isinstance(message.get("content"), list)
+                for j, part in enumerate(message["content"]) if part["type"] == "image_url"]
+
 
 @dataclass(frozen=True)
 class CompletionCall:
@@ -79,11 +91,13 @@ class CompletionCall:
     include_usage: bool
 
 
-def parse_chat(body: dict, models: tuple[str, ...], max_n: int) -> ChatCall:
-    """The checked chat call of a request body; APIError (400, the field named) otherwise."""
+def parse_chat(body: dict, models: tuple[str, ...], max_n: int, reads_images: bool = False) -> ChatCall:
+    """The checked chat call of a request body; APIError (400, the field named) otherwise.
+    reads_images: whether the served policy reads images (it has an image layout); without it an
+    image content part is a 400."""
     body = _object(body)
     model = _model(body, models)
-    messages = _messages(body.get("messages"))
+    messages = _messages(body.get("messages"), model, reads_images)
     tools = _tools(body.get("tools"))
     tool_choice = _tool_choice(body.get("tool_choice"), tools)
     top_logprobs = _int(body, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
@@ -139,21 +153,69 @@ def _model(body: dict, models: tuple[str, ...]) -> str:
     return model
 
 
-def _content(value, where: str, allow_none: bool) -> str | None:
-    """A message's content as text: a string, or a list of text parts joined."""
+def _content(value, where: str, allow_none: bool, role: str, model: str, reads_images: bool):
+    """A message's content: a string, a list of text parts joined, or (a user message showing
+    images) its parts checked, text and images in order."""
     if value is None and allow_none:
         return None
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and all(isinstance(p, dict) for p in value):
-        texts = [p.get("text") for p in value if p.get("type") == "text"]
-        if len(texts) == len(value) and all(isinstance(t, str) for t in texts):
-            return "".join(texts)
-        raise bad_request(where, "only text content parts ({'type': 'text', 'text': ...}) are served")
-    raise bad_request(where, f"must be a string or a list of text parts, got {_show(value)}")
+    if not isinstance(value, list) or not all(isinstance(p, dict) for p in value):
+        raise bad_request(where, f"must be a string or a list of content parts ({{'type': 'text', 'text': ...}} "
+                                 f"or {{'type': 'image_url', 'image_url': {{'url': ...}}}}), got {_show(value)}")
+    parts: list[dict] = []
+    for j, part in enumerate(value):
+        at = f"{where}[{j}]"
+        kind = part.get("type")
+        if kind == "text":
+            if not isinstance(part.get("text"), str):
+                raise bad_request(f"{at}.text", f"must be a string, got {_show(part.get('text'))}")
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind == "image_url":
+            parts.append({"type": "image_url", "image_url": {"url": _image(part, at, role, model, reads_images)}})
+        else:
+            raise bad_request(f"{at}.type", f"must be 'text' or 'image_url' (the content parts served), got "
+                                            f"{_show(kind)}")
+    if all(part["type"] == "text" for part in parts):
+        return "".join(part["text"] for part in parts)
+    return parts
 
 
-def _messages(value) -> list[dict]:
+def _image(part: dict, where: str, role: str, model: str, reads_images: bool) -> str:
+    """The data URL of an image content part, checked: the policy reads images, the part is in a
+    user message, the URL is inline (its bytes: `check_images`)."""
+    if not reads_images:
+        raise bad_request(where, f"is an image, but the served model {model!r} reads text only (its config has no "
+                                 "vision tower); fix: serve a vision-language policy (e.g. tiny-vl), or send "
+                                 "text parts only")
+    if role != "user":
+        raise bad_request(where, f"is an image in a {role!r} message; images are accepted in 'user' messages "
+                                 "only; fix: move the image part to a user message")
+    image_url = part.get("image_url")
+    url = image_url.get("url") if isinstance(image_url, dict) else image_url
+    if not isinstance(url, str) or not url:
+        raise bad_request(where, "must be {'type': 'image_url', 'image_url': {'url': 'data:image/png;base64,...'}}, "
+                                 f"got {_show(part)}")
+    if not url.startswith("data:"):
+        raise bad_request(where, f"the image URL {_show(url)} is not a data URL; the gateway never fetches URLs; "
+                                 f"fix: inline the image's bytes as a base64 data URL ({DATA_URL_PREFIX}png;base64,...)")
+    return url
+
+
+def check_images(call: ChatCall) -> None:
+    """Every image of a chat call decodes as `load_image` requires (a base64 data URL of a whole
+    PNG/JPEG/GIF/BMP/WebP file within its pixel cap); else a 400 naming the part. It decodes each
+    image, so the service runs it off the event loop."""
+    urls = [part["image_url"]["url"] for message in call.messages if isinstance(message.get("content"), list)
+            for part in message["content"] if part["type"] == "image_url"]
+    for where, url in zip(call.image_parts, urls):
+        try:
+            load_image(image_bytes(url))
+        except ImageInputError as exc:
+            raise bad_request(where, str(exc)) from None
+
+
+def _messages(value, model: str, reads_images: bool) -> list[dict]:
     if value is None:
         raise bad_request("messages", "is required: a non-empty list of {'role', 'content'} messages")
     if not isinstance(value, list) or not value:
@@ -168,7 +230,8 @@ def _messages(value) -> list[dict]:
             raise bad_request(f"{where}.role", f"must be one of {list(ROLES)}, got {_show(role)}")
         clean = {"role": role}
         tool_calls = message.get("tool_calls") if role == "assistant" else None
-        clean["content"] = _content(message.get("content"), f"{where}.content", allow_none=role == "assistant")
+        clean["content"] = _content(message.get("content"), f"{where}.content", role == "assistant", role, model,
+                                    reads_images)
         if tool_calls:
             clean["tool_calls"] = _tool_calls(tool_calls, f"{where}.tool_calls")
         elif clean["content"] is None:

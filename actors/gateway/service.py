@@ -4,6 +4,12 @@ generate, parse tool calls, and build the API's response objects.
 A chat call of an open episode (its API key) runs under that episode's lock, so the calls of
 one episode are answered in order and its token record (episodes.py) sees them one at a time;
 calls of different episodes, and calls with no episode, run concurrently.
+
+Images (a policy with an image layout): a call's image content parts are decoded
+(protocol.py `check_images`) and rendered into the prompt as their placeholder runs
+(templates.py `render_ids`) in a worker thread, so the event loop serves the other requests
+meanwhile, and sent beside the ids (`GenerateRequest.images`). A call of an open episode may not show
+images: a segment carries token ids only, so its images could not be trained with it.
 """
 from __future__ import annotations
 
@@ -15,11 +21,12 @@ from dataclasses import dataclass
 import anyio
 
 from ..models.tokenizer import Tokenizer
+from ..models.vision import ImageInputError, ImageLayout
 from ..records import GeneratedSample, GenerateReply, GenerateRequest
 from .episodes import Choice, EpisodeStore
 from .pool import GeneratorPool
-from .protocol import APIError, ChatCall, CompletionCall
-from .templates import render
+from .protocol import APIError, ChatCall, CompletionCall, bad_request, check_images
+from .templates import marker_id, render_ids
 from .tool_calls import parse_tool_calls
 
 FINISH = {"stop": "stop", "length": "length", "abort": "stop", None: "stop"}
@@ -39,10 +46,16 @@ class Answer:
 
 class GatewayService:
     def __init__(self, tokenizer: Tokenizer, pool: GeneratorPool, model_names: tuple[str, ...],
-                 max_context_tokens: int, tool_format: str, episodes: EpisodeStore, max_n: int = 16):
+                 max_context_tokens: int, tool_format: str, episodes: EpisodeStore, max_n: int = 16,
+                 image_layout: ImageLayout | None = None):
+        """image_layout: how the policy lays images out (models/loading.py `spec_image_layout`);
+        None: it reads text only, and image content parts are refused."""
         self.tokenizer, self.pool, self.model_names = tokenizer, pool, model_names
         self.max_context_tokens, self.tool_format, self.max_n = max_context_tokens, tool_format, max_n
         self.episodes = episodes
+        self.image_layout = image_layout
+        if image_layout is not None:
+            marker_id(tokenizer, image_layout)   # ImageInputError now, at setup, for a tokenizer without it
         self._locks: dict[str, anyio.Lock] = {}
 
     async def chat(self, call: ChatCall, key: str | None) -> Answer:
@@ -50,10 +63,18 @@ class GatewayService:
         recorded for the episode (its record changes only after the reply)."""
         episode = self.episodes.get(key)
         if episode is None:
-            ids = self.tokenizer.encode(render(self.tokenizer, call.messages, call.tools))
-            reply = await self._generate(ids, call.sampling, "messages")
+            if call.image_parts:   # decoding images: off the event loop, which serves every other request
+                ids, images = await anyio.to_thread.run_sync(self._prompt, call)
+            else:
+                ids, images = self._prompt(call)
+            reply = await self._generate(ids, call.sampling, "messages", images)
             return self._chat_answer(call, ids, reply)
         assert key is not None, "episodes.get finds an episode by a key alone"
+        if call.image_parts:
+            raise bad_request(call.image_parts[0], "is an image in a call of a recorded episode (its API key); "
+                                                   "episodes record token ids only, so its images could not be "
+                                                   "trained; fix: send images with a key that is not an open "
+                                                   "episode's, or send text")
         lock = self._locks.setdefault(key, anyio.Lock())
         async with lock:
             start, began = time.time(), time.perf_counter()
@@ -65,6 +86,15 @@ class GatewayService:
                 Choice(message, list(s.token_ids), list(s.logprobs), list(s.policy_versions), start, duration_ms)
                 for message, s in zip(answer.messages, reply.samples)])
         return answer
+
+    def _prompt(self, call: ChatCall) -> tuple[list[int], list[bytes]]:
+        """(prompt ids, image files) of a call outside an episode; a 400 for an image that does not
+        decode (naming its part) or a prompt whose image markers and images disagree."""
+        check_images(call)
+        try:
+            return render_ids(self.tokenizer, self.image_layout, call.messages, call.tools)
+        except ImageInputError as exc:
+            raise bad_request("messages", str(exc)) from None
 
     def close_episode(self, key: str):
         self._locks.pop(key, None)
@@ -79,8 +109,10 @@ class GatewayService:
         return Answer(_id("cmpl"), int(time.time()), ids, reply, [],
                       [FINISH.get(s.finish_reason, "stop") for s in reply.samples])
 
-    async def _generate(self, ids: list[int], sampling, field: str) -> GenerateReply:
-        """The generator's reply; the new tokens capped to what the context leaves."""
+    async def _generate(self, ids: list[int], sampling, field: str, images: list[bytes] | None = None
+                        ) -> GenerateReply:
+        """The generator's reply; the new tokens capped to what the context leaves. images: the
+        image files of the image placeholder runs in `ids`, in order."""
         room = self.max_context_tokens - len(ids)
         if room < 1:
             raise APIError(400, f"'{field}': the prompt is {len(ids)} tokens, the model's context is "
@@ -88,7 +120,7 @@ class GatewayService:
                            param=field, code="context_length_exceeded")
         if sampling.max_new_tokens > room:
             sampling = dataclasses.replace(sampling, max_new_tokens=room)
-        return await self.pool.generate(GenerateRequest(prompt_ids=ids, sampling=sampling))
+        return await self.pool.generate(GenerateRequest(prompt_ids=ids, sampling=sampling, images=images or None))
 
     def _chat_answer(self, call: ChatCall, ids: list[int], reply: GenerateReply) -> Answer:
         messages, reasons = [], []

@@ -11,6 +11,10 @@ documented in docs/agents.md:
 as those tags after its content; each tool result as a user turn
 `<tool_response>\\n...\\n</tool_response>`; `developer` as `system`.
 
+Images (`render_ids`, a vision-language policy): a user message's `image_url` content parts go
+to the template as `{"type": "image"}` parts, which it renders as the layout's marker token, and
+each marker becomes that image's placeholder run (models/vision.py `render_prompt`, with tools).
+
 Invariant: rendering is a pure function of (template, messages, tools), so a conversation
 rendered twice gives the same text (the token-in/token-out prefix checks rely on it).
 """
@@ -20,6 +24,7 @@ import copy
 import json
 
 from ..models.tokenizer import Tokenizer
+from ..models.vision import ImageInputError, ImageLayout, content_parts_for_template, image_bytes
 
 TOOLS_PROMPT = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -41,6 +46,42 @@ def render(tokenizer: Tokenizer, messages: list[dict], tools: list[dict] | None 
         return _native(tokenizer, messages, tools or None, add_generation_prompt)
     return tokenizer.apply_chat_template(inline_tools(messages, tools or []),
                                          add_generation_prompt=add_generation_prompt)
+
+
+def render_ids(tokenizer: Tokenizer, layout: ImageLayout | None, messages: list[dict],
+               tools: list[dict] | None = None) -> tuple[list[int], list[bytes]]:
+    """(prompt ids, image file bytes in order) of an API conversation whose user messages may hold
+    image content parts: without tools, exactly `render_prompt(tokenizer, layout, messages)`'s.
+    With a layout, every image marker in the ids must be an image's (a marker typed as text is
+    refused). ImageInputError: an image for a text-only model (layout None), a marker without its
+    image, or an image that does not decode."""
+    template_messages, urls = content_parts_for_template(messages)
+    if layout is None:
+        if urls:
+            raise ImageInputError(f"the messages hold {len(urls)} image(s), but the model reads text only; "
+                                  "fix: use a vision-language model, or send text")
+        return tokenizer.encode(render(tokenizer, messages, tools)), []
+    ids = tokenizer.encode(render(tokenizer, template_messages, tools))
+    marker = marker_id(tokenizer, layout)
+    count = ids.count(marker)
+    if count > len(urls):
+        raise ImageInputError(f"the prompt holds {count} image marker(s) {layout.marker!r} for {len(urls)} image "
+                              f"part(s): the text writes the marker; fix: leave {layout.marker!r} out of the text "
+                              "(each image_url part renders one)")
+    if count < len(urls):
+        raise ImageInputError(f"the chat template rendered {count} image marker(s) for {len(urls)} image part(s); "
+                              "fix: a chat template that renders {'type': 'image'} content parts")
+    images = [image_bytes(url) for url in urls]
+    return layout.expand(ids, marker, images), images
+
+
+def marker_id(tokenizer: Tokenizer, layout: ImageLayout) -> int:
+    """The token id of the layout's image marker; ImageInputError when the tokenizer lacks it."""
+    token_id = tokenizer.hf.token_to_id(layout.marker)
+    if token_id is None:
+        raise ImageInputError(f"the tokenizer ({tokenizer.source}) has no token {layout.marker!r}, the vision "
+                              "model's image marker; fix: the tokenizer with the vision model's special tokens")
+    return token_id
 
 
 def inline_tools(messages: list[dict], tools: list[dict]) -> list[dict]:

@@ -31,8 +31,10 @@ class PrefixPlan:
 
     def to(self, device) -> "PrefixPlan":
         b = self.batch
-        return PrefixPlan(SharedPrefixBatch(*(t.to(device) for t in (
-            b.prefix_ids, b.prefix_mask, b.suffix_ids, b.suffix_mask, b.group_of))), self.hidden_rows.to(device))
+        prefix_ids, prefix_mask, suffix_ids, suffix_mask, group_of = (t.to(device) for t in (
+            b.prefix_ids, b.prefix_mask, b.suffix_ids, b.suffix_mask, b.group_of))
+        return PrefixPlan(SharedPrefixBatch(prefix_ids, prefix_mask, suffix_ids, suffix_mask, group_of),
+                          self.hidden_rows.to(device))
 
 
 

@@ -120,10 +120,11 @@ def images_salt(keys: list[str]) -> int:
     return int.from_bytes(hashlib.sha256("|".join(keys).encode()).digest()[:8], "little") or 1
 
 
-def content_parts_for_template(messages: list[dict]) -> list[dict]:
+def content_parts_for_template(messages: list[dict]) -> tuple[list[dict], list[str]]:
     """Messages with OpenAI `image_url` content parts as `{"type": "image"}` (what chat templates
     render as the image marker), and the images' URLs in order: (messages, images)."""
-    out, images = [], []
+    out: list[dict] = []
+    images: list[str] = []
     for message in messages:
         content = message.get("content")
         if isinstance(content, list):
@@ -200,7 +201,7 @@ class VisionTower(nn.Module):
     """A vision tower and its projector: `forward(pixel_values)` -> feature rows (n, hidden), n = the
     placeholders in the image's run, `hidden` the text model's width. A family subclasses it."""
 
-    layout: ImageLayout
+    layout: Any        # the family's ImageLayout subclass
     hidden_size: int
 
     @property
@@ -323,11 +324,11 @@ def render_prompt(tokenizer, layout: ImageLayout | None, messages: list[dict],
     """(token ids, image file bytes) of chat messages whose contents may hold image content parts:
     the chat template renders each image as the layout's marker, which becomes the image's token
     run. ImageInputError for an image given to a text-only model (layout None) or a broken image."""
-    messages, urls = content_parts_for_template(messages)
+    rendered, urls = content_parts_for_template(messages)
     if urls and layout is None:
         raise ImageInputError(f"the messages hold {len(urls)} image(s), but the model reads text only; "
                               "fix: use a vision-language model, or send text")
-    ids = tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt))
+    ids = tokenizer.encode(tokenizer.apply_chat_template(rendered, add_generation_prompt=add_generation_prompt))
     if not urls:
         return ids, []
     assert layout is not None

@@ -1,5 +1,6 @@
 """Tool calls parsed from the model's text (Hermes/Qwen `<tool_call>` JSON and Llama 3 JSON, parallel
-calls too), rendered back through a chat template, and the request checks that name the field."""
+calls too), rendered back through a chat template, the request checks that name the field, and
+image content parts rendered with tools (`render_ids`)."""
 from __future__ import annotations
 
 import json
@@ -7,7 +8,7 @@ import json
 import pytest
 
 from postrain.actors.gateway.protocol import APIError, parse_chat, parse_completion
-from postrain.actors.gateway.templates import render
+from postrain.actors.gateway.templates import render, render_ids
 from postrain.actors.gateway.tool_calls import parse_tool_calls, tool_call_format
 from postrain.actors.models.chat_template import CHATML_TEMPLATE
 from postrain.actors.models.tokenizer import byte_tokenizer
@@ -97,3 +98,31 @@ def test_requests_are_checked_naming_the_field():
     with pytest.raises(APIError, match="'prompt': must be a string or a non-empty list of token ids"):
         parse_completion({"model": "tiny", "prompt": [1, -2]}, ("tiny",), 4)
     assert parse_completion({"model": "tiny", "prompt": ["hello"]}, ("tiny",), 4).prompt == "hello"
+
+
+def test_image_parts_render_with_tools_as_render_prompt_lays_them_out():
+    import base64
+    import io
+
+    from PIL import Image
+
+    from postrain.actors.models.loading import spec_image_layout
+    from postrain.actors.models.vision import ImageInputError, render_prompt
+    out = io.BytesIO()
+    Image.new("RGB", (32, 24), (200, 10, 10)).save(out, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+    tokenizer, layout = byte_tokenizer(), spec_image_layout("tiny-vl")
+    messages = [{"role": "user", "content": [{"type": "text", "text": "and this?"},
+                                             {"type": "image_url", "image_url": {"url": url}}]}]
+    call = parse_chat({"model": "tiny-vl", "messages": messages}, ("tiny-vl",), 4, reads_images=True)
+    assert call.messages[0]["content"] == messages[0]["content"] and call.image_parts == ["messages[0].content[1]"]
+    ids, images = render_ids(tokenizer, layout, call.messages)
+    assert (ids, images) == render_prompt(tokenizer, layout, messages) and images == [out.getvalue()]
+    with_tools, _ = render_ids(tokenizer, layout, call.messages, TOOLS)
+    text = tokenizer.decode(with_tools)
+    assert with_tools.count(layout.image_token_id) == layout.num_image_tokens
+    assert text.index('"name": "add"') < text.index("and this?") < text.index(layout.marker)
+    with pytest.raises(ImageInputError, match="reads text only"):
+        render_ids(tokenizer, None, call.messages)
+    with pytest.raises(APIError, match=r"'messages\[0\]\.content\[1\]': is an image, but the served model "):
+        parse_chat({"model": "tiny", "messages": messages}, ("tiny",), 4)
