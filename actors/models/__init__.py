@@ -7,6 +7,7 @@
     gemma3.py      Gemma3Model: local/global layers, sandwich and Gemma norms, soft-capped logits
     qwen3.py       Qwen3Model: Llama with q/k RMSNorm per head and an explicit head_dim
     qwen3_moe.py   Qwen3MoeModel: Qwen3 with routed experts (moe.py) in its MoE layers
+    idefics3.py    Idefics3Model: Idefics3 / SmolVLM, a SigLIP tower and pixel-shuffle connector + Llama
     moe.py         SparseMoeBlock: router, grouped experts, routing traces (replay), aux loss
     protocol.py    CausalLM: what the generator and learner need of any architecture
     loading.py     load_model / save_checkpoint: Hugging Face folders, GGUF files, built-in configs
@@ -25,6 +26,8 @@ ARCHITECTURES: dict[str, str] = {
     "qwen3_moe": "qwen3_moe",
     "mistral": "mistral",
     "gemma3_text": "gemma3",
+    "idefics3": "idefics3",
+    "smolvlm": "idefics3",
 }
 
 

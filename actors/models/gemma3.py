@@ -127,6 +127,7 @@ class Gemma3Model(LlamaModel):
     def __init__(self, config: ModelConfig):
         nn.Module.__init__(self)
         self.config = config
+        self.vision = None                     # text only (Gemma 3's vision model is not in the registry)
         self.model = Gemma3Backbone(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:

@@ -5,8 +5,10 @@
 
 Both checkpoint formats meet here: a Hugging Face folder's config.json, and a GGUF file's
 metadata once gguf.py has read it as a config.json dict. The architecture's own fields come from
-its MODEL_CLASS (`config_fields_from_hf`, `hf_config_fields`). Invariant: a field the
-implementation does not honour is refused (CheckpointError naming it), never ignored.
+its MODEL_CLASS (`config_fields_from_hf`, `hf_config_fields`; a composite config.json such as a
+vision-language model's: `text_config_from_hf` gives the decoder's fields, `hf_config_from_text`
+nests them back). Invariant: a field the implementation does not honour is refused
+(CheckpointError naming it), never ignored.
 """
 from __future__ import annotations
 
@@ -35,6 +37,18 @@ def config_from_hf(hf: dict) -> ModelConfig:
     if model_type not in SUPPORTED_ARCHITECTURES:
         raise CheckpointError(f"model_type {model_type!r} is not supported; supported: "
                               f"{', '.join(SUPPORTED_ARCHITECTURES)}; {HOW_TO_ADD}")
+    try:
+        return _config_from_hf(hf, model_type)
+    except KeyError as exc:
+        raise CheckpointError(f"config.json lacks the field {exc.args[0]!r}") from None
+    except ModelConfigError as exc:                   # a field the implementation does not honour
+        raise CheckpointError(f"config.json ({model_type}): {exc}") from None
+
+
+def _config_from_hf(hf: dict, model_type: str) -> ModelConfig:
+    text_config_of = getattr(model_class(model_type), "text_config_from_hf", None)
+    if text_config_of is not None:       # a composite config.json (vision-language): the decoder's fields
+        hf = text_config_of(hf)
     activation = hf.get("hidden_act", hf.get("hidden_activation", "silu"))
     if activation != ACTIVATIONS.get(model_type, "silu"):
         raise CheckpointError(f"config.json field hidden_act={activation!r} is not supported for "
@@ -49,27 +63,22 @@ def config_from_hf(hf: dict) -> ModelConfig:
         rope = None
     is_qwen = model_type == "qwen2"
     attention_bias = bool(hf.get("attention_bias", False))
-    try:
-        config = ModelConfig(
-            vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
-            intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
-            num_heads=hf["num_attention_heads"],
-            num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
-            head_dim=hf.get("head_dim") or 0, rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-            rope_theta=float(theta), rope_scaling=rope,
-            max_position_embeddings=hf.get("max_position_embeddings", 4096),
-            qkv_bias=is_qwen or attention_bias, o_bias=attention_bias and not is_qwen,
-            mlp_bias=bool(hf.get("mlp_bias", False)),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            initializer_range=float(hf.get("initializer_range", 0.02)),
-            architecture=model_type, bos_token_id=hf.get("bos_token_id"),
-            eos_token_id=hf.get("eos_token_id"), vision=hf.get("postrain_vision"))
-        extra = getattr(model_class(model_type), "config_fields_from_hf", None)   # the architecture's own fields
-        return config if extra is None else dataclasses.replace(config, **extra(hf))
-    except KeyError as exc:
-        raise CheckpointError(f"config.json lacks the field {exc.args[0]!r}") from None
-    except ModelConfigError as exc:                   # a field the implementation does not honour
-        raise CheckpointError(f"config.json ({model_type}): {exc}") from None
+    config = ModelConfig(
+        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
+        num_heads=hf["num_attention_heads"],
+        num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+        head_dim=hf.get("head_dim") or 0, rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        rope_theta=float(theta), rope_scaling=rope,
+        max_position_embeddings=hf.get("max_position_embeddings", 4096),
+        qkv_bias=is_qwen or attention_bias, o_bias=attention_bias and not is_qwen,
+        mlp_bias=bool(hf.get("mlp_bias", False)),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        initializer_range=float(hf.get("initializer_range", 0.02)),
+        architecture=model_type, bos_token_id=hf.get("bos_token_id"),
+        eos_token_id=hf.get("eos_token_id"), vision=hf.get("postrain_vision"))
+    extra = getattr(model_class(model_type), "config_fields_from_hf", None)   # the architecture's own fields
+    return config if extra is None else dataclasses.replace(config, **extra(hf))
 
 
 def config_to_hf(config: ModelConfig) -> dict:
@@ -97,4 +106,6 @@ def config_to_hf(config: ModelConfig) -> dict:
         hf["attention_bias"] = config.o_bias
         hf["mlp_bias"] = config.mlp_bias
     extra = getattr(model_class(arch), "hf_config_fields", None)   # the architecture's own fields
-    return hf if extra is None else {**hf, **extra(config)}
+    hf = hf if extra is None else {**hf, **extra(config)}
+    around = getattr(model_class(arch), "hf_config_from_text", None)   # a composite config.json
+    return hf if around is None else around(hf, config)

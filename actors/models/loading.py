@@ -35,9 +35,9 @@ from .tokenizer import Tokenizer, byte_tokenizer
 __all__ = [  # this module's public face, the names of hf_config.py and gguf.py it re-exports included
     "load_model", "save_checkpoint", "checkpoint_policy_version", "load_hf_folder", "load_gguf",
     "model_from_state", "load_state_dict_checked", "resolve_model", "packaged_model_path",
-    "check_model_spec", "model_config", "PACKAGED_MODELS", "MODEL_RULE", "CheckpointError", "config_from_hf",
-    "config_to_hf", "SUPPORTED_ARCHITECTURES", "HOW_TO_ADD", "ACTIVATIONS", "GGUF_ARCHITECTURES", "build_policy",
-    "spec_image_layout",
+    "check_model_spec", "model_config", "read_hf_config", "PACKAGED_MODELS", "MODEL_RULE", "CheckpointError",
+    "config_from_hf", "config_to_hf", "SUPPORTED_ARCHITECTURES", "HOW_TO_ADD", "ACTIVATIONS", "GGUF_ARCHITECTURES",
+    "build_policy", "spec_image_layout",
 ]
 
 # Symbolic names of models that ship in a Python package: name -> (import name, file pattern,
@@ -118,7 +118,18 @@ def model_config(spec: str | dict) -> ModelConfig:
     if not (path / "config.json").is_file():
         raise CheckpointError(f"no model config at {text!r}: " + MODEL_RULE.format(
             names=", ".join(sorted(BUILTIN_CONFIGS)), packaged=", ".join(PACKAGED_MODELS)))
-    return config_from_hf(json.loads((path / "config.json").read_text()))
+    return config_from_hf(read_hf_config(path))
+
+
+def read_hf_config(folder: Path) -> dict:
+    """A Hugging Face folder's config.json, with what its architecture reads of the folder's other
+    files (`folder_config_fields`: e.g. a vision-language model's processor settings)."""
+    hf = json.loads((folder / "config.json").read_text())
+    if hf.get("model_type") in SUPPORTED_ARCHITECTURES:
+        extra = getattr(model_class(hf["model_type"]), "folder_config_fields", None)
+        if extra is not None:
+            hf = {**hf, **extra(hf, folder)}
+    return hf
 
 
 def spec_image_layout(model: str | dict) -> ImageLayout | None:
@@ -178,7 +189,7 @@ def load_hf_folder(folder: str | Path, require_tokenizer: bool = True
     if not config_path.exists():
         raise CheckpointError(f"{folder} has no config.json; a Hugging Face model folder needs "
                               "config.json, *.safetensors and tokenizer.json")
-    hf_config = json.loads(config_path.read_text())
+    hf_config = read_hf_config(folder)
     config = config_from_hf(hf_config)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
@@ -189,7 +200,8 @@ def load_hf_folder(folder: str | Path, require_tokenizer: bool = True
         state.update(load_file(str(file)))
     model = model_from_state(config, state, source=str(folder))
     if (folder / "tokenizer.json").exists():
-        tokenizer = Tokenizer.from_folder(folder, hf_config)
+        tokenizer = Tokenizer.from_folder(folder, {**hf_config, "bos_token_id": config.bos_token_id,
+                                                   "eos_token_id": config.eos_token_id})
     elif config.vocab_size == BUILTIN_CONFIGS["tiny"].vocab_size:
         tokenizer = byte_tokenizer()
     elif require_tokenizer:
@@ -271,6 +283,9 @@ def save_checkpoint(model: LlamaModel, tokenizer: Tokenizer, folder: str | Path,
         metadata["policy_version"] = str(policy_version)
     save_file(state, str(folder / "model.safetensors"), metadata=metadata)
     tokenizer.save(folder)
+    files = getattr(model, "hf_folder_files", None)   # an architecture's other files (processor_config.json)
+    for name, content in (files(config) if files is not None else {}).items():
+        (folder / name).write_text(json.dumps(content, indent=2))
     return folder
 
 

@@ -56,7 +56,8 @@ def sequences() -> list[list[int]]:
     return seqs + [seqs[3] + [BYTE_IDS["pad_token_id"]]]
 
 
-@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+# the vision-language types have no *ForSequenceClassification in transformers
+@pytest.mark.parametrize("arch", sorted(set(ARCHITECTURES) - {"idefics3", "smolvlm"}))
 def test_scores_equal_transformers_for_each_registry_architecture(arch, tmp_path):
     folder, hf = save_reward_folder(arch, tmp_path / arch)
     assert json.loads((folder / "config.json").read_text())["architectures"][0].endswith("ForSequenceClassification")
