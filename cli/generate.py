@@ -5,6 +5,7 @@
         --prompt "What is 2+3?" --temperature 0 --json
     postrain generate --model /ckpt/step100 --prompt "def f(" --n 4 --seed 1 --json
     postrain generate --model tiny --prompt "abcabcabc" --speculative ngram --json
+    postrain generate --model tiny-vl --image chart.png --prompt "What was revenue in Q3?" --temperature 0
     postrain generate --model /models/big --prompt "..." --speculative draft_model --draft-model /models/small
 
 --model takes a Hugging Face folder, a .gguf file or a built-in config name
@@ -13,6 +14,8 @@ ids and, per sample, token_ids, logprobs (log_softmax(logits / T) of each sample
 token, T = the temperature, 1 when greedy), policy_versions, text and finish_reason.
 --speculative METHOD drafts and verifies tokens (exact: the same distribution and
 logprobs; see postrain.actors.generator.speculative); its acceptance figures are in "stats".
+--image FILE (repeatable, a vision-language model) shows the images before the prompt, in one
+user message rendered with the chat template (docs/vision.md).
 """
 from __future__ import annotations
 
@@ -36,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     parser.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    parser.add_argument("--image", action="append", default=[], metavar="FILE",
+                        help="an image shown before the prompt (repeatable; a vision-language model; implies --chat)")
     parser.add_argument("--speculative", choices=["ngram", "rollouts", "draft_model"], default=None,
                         help="speculative decoding: where drafts come from (default: off)")
     parser.add_argument("--num-draft-tokens", type=int, default=4,
@@ -47,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args) -> int:
     from postrain.actors.models.loading import CheckpointError, load_model
+    from postrain.actors.models.vision import ImageInputError, render_prompt
     from postrain.actors.generator.engine import Engine, EngineError
     from postrain.actors.generator.sampling import SamplingParams, SamplingParamsError
     from postrain.actors.generator.speculative import SpeculativeOptions
@@ -61,12 +67,19 @@ def main(args) -> int:
             speculative = SpeculativeOptions(method=args.speculative, num_draft_tokens=args.num_draft_tokens,
                                              draft_model=args.draft_model)
         model, tokenizer = load_model(args.model)
-        prompt = args.prompt
-        if args.chat:
-            prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+        prompt: str | list[int] = args.prompt
+        images: list[bytes] = []
         engine = Engine(model, tokenizer, max_num_seqs=max(64, params.n), speculative=speculative)
-        out = engine.generate([prompt], params)[0]
-    except (CheckpointError, EngineError, SamplingParamsError) as exc:
+        if args.image:
+            parts = [{"type": "image_url", "image_url": {"url": _data_url(path)}} for path in args.image]
+            message = {"role": "user", "content": [*parts, {"type": "text", "text": args.prompt}]}
+            layout = model.vision.layout if model.vision is not None else None
+            prompt, images = render_prompt(tokenizer, layout, [message])
+        elif args.chat:
+            prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+        request_id = engine.add_request(prompt, params, images=images)
+        out = next(o for o in _until_done(engine) if o.request_id == request_id)
+    except (CheckpointError, EngineError, SamplingParamsError, ImageInputError, OSError) as exc:
         print(f"postrain generate: {exc}", file=sys.stderr)
         return 2
     except ValidationError as exc:
@@ -76,7 +89,8 @@ def main(args) -> int:
         return 2
     if args.json:
         print(json.dumps({
-            "model": args.model, "prompt": prompt, "prompt_token_ids": out.prompt_token_ids,
+            "model": args.model, "prompt": args.prompt if images else prompt, "images": args.image,
+            "prompt_token_ids": out.prompt_token_ids,
             "samples": [{"token_ids": s.token_ids, "logprobs": [round(x, 6) for x in s.logprobs],
                          "policy_versions": s.policy_versions, "text": s.text,
                          "finish_reason": s.finish_reason} for s in out.outputs],
@@ -88,3 +102,17 @@ def main(args) -> int:
                 print(f"--- sample {sample.sample_index} ({sample.finish_reason})")
             print(sample.text)
     return 0
+
+
+def _data_url(path: str) -> str:
+    """The file at `path` as a base64 data URL (its bytes are checked when the prompt is rendered)."""
+    import base64
+
+    with open(path, "rb") as handle:
+        return "data:image/png;base64," + base64.b64encode(handle.read()).decode()
+
+
+def _until_done(engine):
+    """Every output that finishes while the engine steps to the end."""
+    while engine.has_unfinished():
+        yield from engine.step()

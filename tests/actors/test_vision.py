@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import os
 import struct
 import sys
@@ -24,7 +25,7 @@ from postrain.actors.learner.learner import Learner, LearnerConfig
 from postrain.actors.models.loading import load_model
 from postrain.actors.records import TrainBatch
 from postrain.actors.models.vision import ImageInputError, ImageRows, load_image, render_prompt
-from postrain.actors.tasks.charts import Chart, chart_message, eval_tasks, render_png
+from postrain.actors.tasks.charts import Chart, chart_message, data_url, eval_tasks, render_png
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # tests/actors
 from train_batches import sampled_batch  # noqa: E402
@@ -214,3 +215,25 @@ def test_a_train_batch_whose_images_were_lost_is_refused(prompts):
     with pytest.raises(LearnerError, match="prompt holds 48 image placeholders but its 0 image"):
         learner.train_step(batch)
     assert learner.train_step(dataclasses.replace(batch, images=[images]))["num_tokens"] == 2
+
+
+def test_postrain_generate_shows_an_image_file_and_answers_as_the_model_does(tiny_vl, tmp_path, capsys):
+    from postrain.cli.main import main
+
+    model, tokenizer = tiny_vl
+    png = render_png(Chart.from_dict(eval_tasks({"num_eval": 1})[0]["chart"]))
+    (tmp_path / "chart.png").write_bytes(png)
+    argv = ["generate", "--model", "tiny-vl", "--image", str(tmp_path / "chart.png"), "--prompt", "Revenue in Q3?",
+            "--temperature", "0", "--max-tokens", "8", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    message = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(png)}},
+                                           {"type": "text", "text": "Revenue in Q3?"}]}
+    ids, images = render_prompt(tokenizer, model.vision.layout, [message])
+    assert out["prompt_token_ids"] == ids and out["stats"]["num_image_encodes"] == 1
+    assert out["samples"][0]["token_ids"] == reference_greedy(model, ids, images)
+    (tmp_path / "cut.png").write_bytes(png[:200])
+    assert main(argv[:4] + [str(tmp_path / "cut.png")] + argv[5:]) == 2
+    assert "does not decode completely" in capsys.readouterr().err
+    assert main(["generate", "--model", "tiny"] + argv[3:]) == 2
+    assert "reads text only" in capsys.readouterr().err
