@@ -42,6 +42,7 @@ BENCHMARKS: dict[str, str] = {
     "mixture": "postrain.bench.mixture",
     "limits": "postrain.bench.limits",
     "exact": "postrain.bench.exact",
+    "vision": "postrain.bench.vision",
     "tinker": "postrain.bench.tinker",
 }
 

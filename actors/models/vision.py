@@ -104,10 +104,10 @@ def load_image(image: ImageLike):
                               "fix: send the whole file") from None
 
 
-def image_key(image: ImageLike) -> str:
-    """The content hash an image is cached and prefix-matched by: sha256 of its RGB pixels and size
-    (the same picture as PNG bytes, a data URL or a PIL image has the same key)."""
-    rgb = load_image(image)
+def image_key(rgb) -> str:
+    """The content hash an image is cached and prefix-matched by: sha256 of a decoded RGB image's
+    pixels and size (`load_image`'s result: the same picture as PNG bytes, a data URL or a PIL
+    image has the same key)."""
     digest = hashlib.sha256(f"{rgb.width}x{rgb.height}:".encode())
     digest.update(rgb.tobytes())
     return digest.hexdigest()
