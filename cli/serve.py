@@ -50,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tenants.add_argument("--max-training-clients-per-base", type=int, default=16, metavar="N", help="LoRA training "
                          "clients resident on one base at once, evicted ones not counted; past it create_model gets "
                          "429 with Retry-After (default 16)")
+    tenants.add_argument("--max-training-memory-mb-per-base", type=float, default=None, metavar="MB",
+                         help="training state (LoRA weights, gradients, AdamW moments) of the resident clients of "
+                         "one base, MiB; past it create_model evicts idle ones, else gets 429 (default: no limit)")
     tenants.add_argument("--max-queued-requests-per-session", type=int, default=1024, metavar="N", help="requests "
                          "of one session accepted and not yet finished; past it a request gets 429 with Retry-After "
                          "(default 1024)")
@@ -100,6 +103,7 @@ def tinker_options(args):
     from postrain.actors.tinker import TinkerOptions
     return TinkerOptions(max_training_clients_per_base=args.max_training_clients_per_base,
                          max_queued_requests_per_session=args.max_queued_requests_per_session,
+                         max_training_memory_mb_per_base=args.max_training_memory_mb_per_base,
                          evict_after_s=args.evict_after_s, session_timeout_s=args.session_timeout_s,
                          state_dir=args.state_dir,
                          enable_sandbox=args.enable_sandbox, sandbox_workers=args.sandbox_workers,

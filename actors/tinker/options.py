@@ -13,6 +13,12 @@ class TinkerOptions(Options):
     max_training_clients_per_base: int = Field(16, ge=1, description="LoRA tenants resident on one base model "
                                                "at once (evicted ones do not count); past it create_model is "
                                                "answered 429 with Retry-After")
+    max_training_memory_mb_per_base: float | None = Field(None, gt=0, description="the training state (LoRA "
+                                                          "weights, their gradients and AdamW moments, float32) the "
+                                                          "resident tenants of one base hold at most, MiB; a "
+                                                          "create_model past it evicts idle tenants, else is answered "
+                                                          "429 with Retry-After (400 for one tenant larger than the "
+                                                          "whole budget). None: no limit")
     max_queued_requests_per_session: int = Field(1024, ge=1, description="requests of one session accepted and "
                                                  "not yet finished (training ops and samples); past it a new one "
                                                  "is answered 429 with Retry-After")

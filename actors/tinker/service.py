@@ -14,7 +14,9 @@ tenants and the server go on.
 
 Limits and eviction. Admission rules answer 429 with Retry-After (`_refuse`): a base takes
 at most `max_training_clients_per_base` resident tenants (create_model; evicted ones do not
-count), and a session has at most `max_queued_requests_per_session` requests accepted and not
+count) and, where `max_training_memory_mb_per_base` is set, at most that much resident training
+state (LoRA weights, gradients, AdamW moments: `tenants.training_state_bytes`; a tenant evicted
+and later resumed on its next request is not refused), and a session has at most `max_queued_requests_per_session` requests accepted and not
 yet finished (training ops and samples; a re-sent request already accepted is answered, never
 refused); the sandbox extension (sandbox_runs.py) adds a third, at most `sandbox_workers` runs at
 once. A tenant with nothing queued or running and no request for `evict_after_s` is
@@ -47,7 +49,7 @@ from .ordering import Op, SeqOrder
 from .sampling import PendingSample, SamplerStore, SamplerWeights, engine_params, step_engine
 from .sandbox_runs import SandboxRuns
 from .sessions import SessionStore
-from .tenants import TenantCheckpoint, TrainingTenant, lora_targets
+from .tenants import TenantCheckpoint, TrainingTenant, lora_targets, training_state_bytes
 from .wire import ForwardBackwardCall, decode_forward_backward, encode_forward_backward_output
 
 log = logging.getLogger("postrain.tinker")
@@ -86,6 +88,7 @@ class TinkerService:
         self._samples: dict[tuple[str, int], dict] = {}         # (sampling session, seq_id) -> the POST's answer
         self.checkpoints: dict[str, TenantCheckpoint] = {}      # tinker://MODEL_ID/weights/NAME -> saved state
         self._num_creating: dict[str, int] = {}                 # base -> tenants being built (counted as resident)
+        self._bytes_creating: dict[str, int] = {}               # base -> their training state, bytes
         self.trio_token = trio.lowlevel.current_trio_token()    # for callers on other threads (tests)
         self._owns_state_dir = options.state_dir is None
         self.state_dir = Path(options.state_dir or tempfile.mkdtemp(prefix="postrain-tinker-"))
@@ -174,8 +177,10 @@ class TinkerService:
         evict_after_s. Cancelled: no tenant is added (one built meanwhile is dropped)."""
         session = self.sessions.get(session_id)
         limit = self.options.max_training_clients_per_base
-        if self.num_resident(held.name) >= limit:
+        needed = training_state_bytes(held.model, rank, targets)
+        if self.num_resident(held.name) >= limit or not self._memory_fits(held.name, needed):
             await self.evict_idle()
+        self._check_memory(held.name, needed, rank)
         if (num := self.num_resident(held.name)) >= limit:
             idle = ("" if self.options.evict_after_s is None else
                     f" or let a training client idle past evict_after_s={self.options.evict_after_s:g} s")
@@ -184,16 +189,42 @@ class TinkerService:
                          "free one, or raise the limit with `postrain serve --tinker --max-training-clients-per-base N`")
         model_id = f"{session_id}:train:{model_seq_id}"
         self._num_creating[held.name] = self._num_creating.get(held.name, 0) + 1    # its slot, while it is built
+        self._bytes_creating[held.name] = self._bytes_creating.get(held.name, 0) + needed
         try:
             tenant = await trio.to_thread.run_sync(
                 lambda: TrainingTenant(model_id, held, rank=rank, seed=seed, targets=targets, session_id=session_id),
                 limiter=self.compute)
         finally:
             self._num_creating[held.name] -= 1
+            self._bytes_creating[held.name] -= needed
         self.tenants[model_id] = tenant
         self.orders[model_id] = SeqOrder(model_id)
         session.model_ids.append(model_id)
         return tenant
+
+    def resident_bytes(self, base_model: str) -> int:
+        """The training state of `base_model`'s resident tenants and of those being built, bytes."""
+        return (sum(t.state_bytes for t in self.tenants.values() if t.held.name == base_model and t.is_resident)
+                + self._bytes_creating.get(base_model, 0))
+
+    def _memory_fits(self, base_model: str, needed: int) -> bool:
+        limit_mb = self.options.max_training_memory_mb_per_base
+        return limit_mb is None or self.resident_bytes(base_model) + needed <= limit_mb * 2**20
+
+    def _check_memory(self, base_model: str, needed: int, rank: int) -> None:
+        """400 for a tenant larger than the whole budget; 429 when the resident ones leave no room."""
+        limit_mb = self.options.max_training_memory_mb_per_base
+        if limit_mb is None or self._memory_fits(base_model, needed):
+            return
+        if needed > limit_mb * 2**20:
+            raise TinkerAPIError(400, f"a rank-{rank} adapter on {base_model!r} needs {needed / 2**20:.1f} MiB of "
+                                      f"training state, more than max_training_memory_mb_per_base={limit_mb:g}; "
+                                      "lower lora_config.rank, or raise the limit with `postrain serve --tinker "
+                                      "--max-training-memory-mb-per-base MB`")
+        self._refuse(f"base model {base_model!r} holds {self.resident_bytes(base_model) / 2**20:.1f} MiB of training "
+                     f"state and a rank-{rank} adapter needs {needed / 2**20:.1f} MiB more, past "
+                     f"max_training_memory_mb_per_base={limit_mb:g}; finish a session (ServiceClient.close) to free "
+                     "some, or raise the limit with `postrain serve --tinker --max-training-memory-mb-per-base MB`")
 
     def num_resident(self, base_model: str) -> int:
         """Tenants of `base_model` whose adapter is on it or being built (evicted ones are not)."""

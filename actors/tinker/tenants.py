@@ -53,6 +53,14 @@ MLP = ("gate_proj", "up_proj", "down_proj")
 EVICTED_FORMAT = "postrain-tinker-evicted-tenant/1"
 
 
+def training_state_bytes(model: torch.nn.Module, rank: int, targets: tuple[str, ...]) -> int:
+    """The bytes of a tenant's training state on `model`: its LoRA A and B, their gradients and
+    AdamW's two moments, float32 (4 x 4 bytes per adapter weight)."""
+    per_rank = sum(m.in_features + m.out_features for name, m in model.named_modules()
+                   if isinstance(m, torch.nn.Linear) and name != "lm_head" and name.rsplit(".", 1)[-1] in targets)
+    return 16 * rank * per_rank
+
+
 def lora_targets(train_attn: bool, train_mlp: bool, train_unembed: bool) -> tuple[str, ...]:
     """The projections a Tinker lora_config trains; TinkerAPIError 400 for what postrain cannot."""
     if train_unembed:
@@ -98,6 +106,7 @@ class TrainingTenant:
             raise TinkerAPIError(400, f"lora_config.rank must be >= 1, got {rank}")
         self.model_id, self.held, self.rank, self.seed, self.session_id = model_id, held, rank, seed, session_id
         self.targets = tuple(targets)
+        self.state_bytes = training_state_bytes(held.model, rank, self.targets)   # while resident
         self._lora: LearnerLora | None = None              # None while evicted or closed
         self._optimizer: torch.optim.AdamW | None = None   # set together with _lora
         self.evicted_to: Path | None = None                # the file while evicted, else None

@@ -202,3 +202,26 @@ def test_a_session_without_heartbeats_is_finished_and_its_training_clients_freed
             assert gone.status_code == 410 and "timeout" in gone.json()["detail"]
             alive = open_session(http)
             assert create_model(http, alive, 0).status_code == 200             # the freed slot is taken
+
+
+def test_a_base_past_its_training_memory_gets_429_and_a_tenant_larger_than_the_budget_400(tiny_bases):
+    """tiny's rank-2 adapter over every linear layer: 16 bytes per weight of A and B (weights, gradients,
+    AdamW's two moments) fill 0.45 MiB; a budget of 1.5 tenants holds one, not two."""
+    from postrain.actors.tinker.tenants import lora_targets, training_state_bytes
+
+    per_tenant = training_state_bytes(tiny_bases.get("tiny").model, 2, lora_targets(True, True, False))
+    budget_mb = 1.5 * per_tenant / 2**20
+    with tinker_served(tiny_bases, TinkerOptions(max_training_memory_mb_per_base=budget_mb)) as (url, service):
+        with httpx.Client(base_url=url, headers=KEY) as http:
+            sid = open_session(http)
+            assert create_model(http, sid, 0).status_code == 200
+            assert service.resident_bytes("tiny") == per_tenant
+            refused = create_model(http, sid, 1)
+            assert refused.status_code == 429 and refused.headers["retry-after"] == "5"
+            assert "max_training_memory_mb_per_base" in refused.json()["detail"]
+            big = http.post("/api/v1/create_model", json={"session_id": sid, "model_seq_id": 2, "base_model": "tiny",
+                                                          "lora_config": {"rank": 8, "train_unembed": False}})
+            assert big.status_code == 400 and "lower lora_config.rank" in big.json()["detail"]
+            http.post(f"/api/v1/sessions/{sid}/finish", json={"reason": {"type": "success"}})
+            assert service.resident_bytes("tiny") == 0
+            assert create_model(http, open_session(http), 0).status_code == 200     # the freed budget takes one
