@@ -15,6 +15,8 @@ from __future__ import annotations
 import random
 from typing import Awaitable, Callable
 
+from ..models.loading import spec_image_layout
+from ..models.vision import ImageLayout, content_parts_for_template, image_bytes, load_image
 from ..records import SftBatch
 from ..tasks import TaskError, TaskMixture
 from ..tasks.demonstrations import DemonstrationError, read_jsonl, validate_demonstration
@@ -39,14 +41,16 @@ async def warm_start(mixture: TaskMixture, tokenizer, options: OrchestratorOptio
     num_steps, batch_size = options.sft_steps, options.sft_batch_size
     progress = progress or PhaseProgress("warm start", num_steps, done=start_step)
     demos = demonstrations(mixture, num_steps * batch_size, options)
+    layout = spec_image_layout(options.model)   # a vision-language policy's; None: text only
     for step in range(start_step, num_steps):
         if stopping():
             await checkpoint(step)
             emit(f"stopped during the warm start after {step}/{num_steps} steps (checkpointed)")
             return False
         chunk = demos[step * batch_size:(step + 1) * batch_size]
-        rendered = [chat_to_tokens(tokenizer, d["messages"]) for d in chunk]
-        batch = SftBatch(token_ids=[ids for ids, _ in rendered], loss_mask=[mask for _, mask in rendered])
+        rendered = [chat_to_sample(tokenizer, layout, d["messages"]) for d in chunk]
+        batch = SftBatch(token_ids=[ids for ids, _, _ in rendered], loss_mask=[mask for _, mask, _ in rendered],
+                         images=[images for _, _, images in rendered] if any(r[2] for r in rendered) else None)
         step_metrics = await keeper.step(batch)
         metrics.log("sft", **step_metrics.values)
         progress.advance()
@@ -93,6 +97,30 @@ def mixture_demonstrations(mixture: TaskMixture, num: int, seed: int) -> list[di
              for d in task.spec.demonstrations(count, seed=seed, options=task.options)]
     random.Random(seed).shuffle(demos)
     return demos
+
+
+def chat_to_sample(tokenizer, layout: ImageLayout | None, messages: list[dict]
+                   ) -> tuple[list[int], list[int], list[bytes]]:
+    """`chat_to_tokens` of a conversation whose user messages may show images (content parts):
+    (ids with each image's placeholder run, loss mask (0 on the runs), the image files in order).
+    DemonstrationError for an image given to a text-only policy."""
+    rendered, urls = content_parts_for_template(messages)
+    ids, mask = chat_to_tokens(tokenizer, rendered)
+    if not urls:
+        return ids, mask, []
+    if layout is None:
+        raise DemonstrationError(f"a demonstration shows {len(urls)} image(s), but the policy reads text only; "
+                                 "fix: a vision-language policy, or text demonstrations")
+    images = [image_bytes(url) for url in urls]
+    marker = tokenizer.hf.token_to_id(layout.marker)
+    runs = iter(layout.image_token_run(load_image(image)) for image in images)
+    out_ids: list[int] = []
+    out_mask: list[int] = []
+    for token, weight in zip(ids, mask):
+        run = next(runs) if token == marker else [token]
+        out_ids += run
+        out_mask += [weight] * len(run) if token != marker else [0] * len(run)
+    return out_ids, out_mask, images
 
 
 def chat_to_tokens(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:

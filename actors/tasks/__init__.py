@@ -73,7 +73,7 @@ CAD = register_task(TaskSpec(
     "build a part from its spec with a build123d script in a sandbox session; the STL export is measured "
     "in a jail of its own and judged on the host (solid, volume, bounding box, through-holes, features)"))
 CHARTS = register_task(TaskSpec(
-    "charts", charts.ChartsEnv, charts.train_tasks, charts.eval_tasks,
+    "charts", charts.ChartsEnv, charts.train_tasks, charts.eval_tasks, charts.demonstrations,
     description="read a company chart (a PNG as an image content part) and answer a question that needs "
     "arithmetic; graded on the last number with an absolute tolerance (needs a vision-language policy)"))
 register_task_family(reasoning_gym.PREFIX, reasoning_gym.family_task)

@@ -31,7 +31,7 @@ from typing import Iterable, Iterator
 from postrain.sandbox import ExecResult, Status
 from postrain.core.errors import PostrainError
 
-from ..env.api import ROLES, check_options
+from ..env.api import ROLES, EnvironmentContractError, check_options, validate_content_parts
 from ..env.tools import format_answer, format_tool_call, format_tool_output
 from .arithmetic import ArithmeticOptions, arithmetic_options, evaluate
 from .arithmetic import prompt_messages as arithmetic_prompt
@@ -111,9 +111,16 @@ def validate_demonstration(demo, *, where: str = "demonstration") -> dict:
                                  f"{str(demo)[:80]!r}; fix: {{\"messages\": [{{\"role\": \"user\", "
                                  f"\"content\": \"...\"}}, ...]}}")
     for i, m in enumerate(demo["messages"]):
-        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list) and m.get("role") == "user":     # content parts: text and images
+            try:
+                validate_content_parts(content, where=f"{where}: messages[{i}]")
+            except EnvironmentContractError as exc:
+                raise DemonstrationError(str(exc)) from None
+        elif not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(content, str):
             raise DemonstrationError(f"{where}: messages[{i}] must have role in {ROLES} and a str "
-                                     f"content, got {str(m)[:80]!r}")
+                                     f"content (a user message may hold content parts: text and images), "
+                                     f"got {str(m)[:80]!r}")
         spans = m.get("no_loss_spans", [])
         if spans and (m["role"] != "assistant" or not _are_ranges_in(spans, m["content"])):
             raise DemonstrationError(f"{where}: messages[{i}].no_loss_spans must be a list of "

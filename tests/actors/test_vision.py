@@ -237,3 +237,19 @@ def test_postrain_generate_shows_an_image_file_and_answers_as_the_model_does(tin
     assert "does not decode completely" in capsys.readouterr().err
     assert main(["generate", "--model", "tiny"] + argv[3:]) == 2
     assert "reads text only" in capsys.readouterr().err
+
+
+def test_a_demonstration_with_an_image_becomes_an_sft_sample_with_its_image(tiny_vl):
+    from postrain.actors import get_task
+    from postrain.actors.orchestrator.warm_start import chat_to_sample
+    from postrain.actors.tasks.demonstrations import DemonstrationError
+
+    model, tokenizer = tiny_vl
+    demo = get_task("charts").demonstrations(1, seed=0)[0]
+    ids, mask, images = chat_to_sample(tokenizer, model.vision.layout, demo["messages"])
+    run = [i for i, token in enumerate(ids) if token == model.vision.image_token_id]
+    assert len(run) == 48 and run == list(range(run[0], run[0] + 48)) and not any(mask[i] for i in run)
+    assert tokenizer.decode([t for t, m in zip(ids, mask) if m]).startswith(demo["messages"][-1]["content"])
+    assert load_image(images[0]).size == (448, 336)
+    with pytest.raises(DemonstrationError, match="reads text only"):
+        chat_to_sample(tokenizer, None, demo["messages"])

@@ -21,7 +21,7 @@ The modules, one step each:
 | `questions.py` | the questions in three levels, and their formulas |
 | `grading.py` | the last number of the reply against the exact value, with an absolute tolerance |
 | `solver.py` | the reference solver: the answer from the figures, written as a model would |
-| `tasks.py` | a task from a chart seed and a level; the held-out split |
+| `tasks.py` | a task from a chart seed and a level; the held-out split; the warm start's demonstrations |
 | `env.py` | the environment: the image form and the Python tool form |
 """
 from __future__ import annotations
@@ -33,9 +33,9 @@ from .options import FORMS, KINDS, LEVELS, ChartsOptions, charts_options
 from .questions import FORMULAS, LEVEL_OPS, exact_value, make_query
 from .render import HEIGHT_PX, WIDTH_PX, data_url, draw, render_png
 from .solver import solve
-from .tasks import eval_tasks, in_eval_split, make_task, train_tasks
+from .tasks import demonstrations, eval_tasks, in_eval_split, make_task, train_tasks
 
 __all__ = ["FORMS", "FORMULAS", "HEIGHT_PX", "KINDS", "LEVELS", "LEVEL_OPS", "METRICS", "UNITS", "WIDTH_PX", "Chart",
-           "ChartsEnv", "ChartsOptions", "Grade", "Series", "chart_message", "charts_options", "data_url", "draw",
+           "ChartsEnv", "ChartsOptions", "Grade", "Series", "chart_message", "charts_options", "data_url", "demonstrations", "draw",
            "eval_tasks", "exact_value", "grade", "graded_text", "in_eval_split", "make_chart", "make_query",
            "make_task", "read_number", "render_png", "solve", "train_tasks"]

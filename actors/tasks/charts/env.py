@@ -42,6 +42,12 @@ def chart_message(task: dict, form: str) -> dict:
                                         {"type": "text", "text": text}]}
 
 
+def first_messages(task: dict, form: str) -> list[dict]:
+    """The episode's first messages: the tool form's instructions, then the chart and the question."""
+    message = chart_message(task, form)
+    return [message] if form == "image" else [{"role": "system", "content": TOOL_INSTRUCTIONS}, message]
+
+
 class ChartsEnv(Environment):
     """Reads a chart (module docstring); `correct` on the graded number, and `format` in the tool form."""
 
@@ -63,10 +69,7 @@ class ChartsEnv(Environment):
         self.expected = float(task["answer"])
         self.num_tool_calls = 0
         self.all_well_formed = True
-        message = chart_message(task, self.options.form)
-        if self.options.form == "image":
-            return [message]
-        return [{"role": "system", "content": TOOL_INSTRUCTIONS}, message]
+        return first_messages(task, self.options.form)
 
     def _graded(self, text: str) -> StepResult:
         verdict = grade(text, self.expected, tolerance=self.options.tolerance)

@@ -66,3 +66,20 @@ def eval_tasks(options: dict | ChartsOptions | None = None) -> list[dict]:
         if in_eval_split(chart_seed):
             out.append(make_task(chart_seed, level, options, f"charts-eval-{len(out)}"))
     return out
+
+
+def demonstrations(num: int, seed: int = 0, options: dict | ChartsOptions | None = None) -> list[dict]:
+    """`num` demonstrations for the warm start: a training task's first messages (the chart as an
+    image content part, the question) and the reference solver's reply (its reads, then the answer),
+    in the task's form."""
+    from .env import chart_message, first_messages
+    from .figures import Chart
+    from .solver import solve
+
+    options = charts_options(options)
+    out = []
+    for task in itertools.islice(_train_tasks(seed, options), num):
+        reply = solve(Chart.from_dict(task["chart"]), task["query"], form=options.form)
+        out.append({"messages": [*first_messages(task, options.form), {"role": "assistant", "content": reply}]})
+    return out
+

@@ -21,8 +21,8 @@ from postrain.actors import LocalSandbox, TaskOptionsError, get_task, run_episod
 from postrain.actors.env import EnvironmentContractError, EnvironmentFailure, validate_observation
 from postrain.actors.env.api import require_text_messages
 from postrain.actors.env.tools import parse_action
-from postrain.actors.tasks.charts import (HEIGHT_PX, LEVELS, WIDTH_PX, Chart, draw, grade, graded_text, in_eval_split,
-                                          read_number, render_png, solve)
+from postrain.actors.tasks.charts import (FORMS, HEIGHT_PX, LEVELS, WIDTH_PX, Chart, charts_options, draw, grade,
+                                          graded_text, in_eval_split, read_number, render_png, solve)
 from postrain.sandbox import Policy, Sandbox
 
 SPEC = get_task("charts")
@@ -201,18 +201,34 @@ def test_content_parts_are_checked_and_a_text_only_policy_refuses_an_image():
 
 
 def test_a_run_on_the_image_form_trains_the_tiny_vision_language_policy(tmp_path):
-    """`postrain up` with every role a real process: the environment renders each chart into the
-    prompt's image run, the generator encodes the charts, the learner trains on them (it refuses
-    a batch whose prompt placeholders came without their images), and the policy saved is a
+    """`postrain up` with every role a real process: a warm start on the solver's demonstrations
+    (images in the SFT batches), then RL: the environment renders each chart into the prompt's
+    image run, the generator encodes the charts, the learner trains on them (it refuses a batch
+    whose prompt placeholders came without their images), and the policy saved is a
     vision-language model again."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))    # tests/actors
     from task_runs import run_task
     from postrain.actors.models.loading import load_model
 
     shared = {"model": "tiny-vl", "task": "charts", "task_options": {"form": "image"}}
-    summary, folder = run_task(tmp_path, "charts", {}, extra={"shared": shared})
-    assert summary["complete"] and summary["ledger"]["trained"] == 6 and summary["ledger"]["dropped"] == 0
+    summary, folder = run_task(tmp_path, "charts", {}, extra={"shared": shared},
+                               orchestrator={"sft_steps": 2, "sft_batch_size": 2})
+    assert summary["complete"] and summary["sft_steps"] == 2, "the warm start trained on the charts' images"
+    assert summary["ledger"]["trained"] == 6 and summary["ledger"]["dropped"] == 0
     sample = json.loads((folder / "samples.jsonl").read_text().splitlines()[0])
     assert sample["prompt"].count("<|image|>") == 48
     model, _ = load_model(folder / "policy")
     assert model.vision is not None and model.vision.layout.num_image_tokens == 48
+
+
+def test_the_demonstrations_show_the_chart_and_the_solvers_reply_grades_correct():
+    from postrain.actors.tasks.demonstrations import validate_demonstration
+
+    for form in FORMS:
+        demos = get_task("charts").demonstrations(20, seed=3, options={"form": form})
+        tasks = list(itertools.islice(get_task("charts").train_tasks(seed=3, options={"form": form}), 20))
+        for demo, task in zip(demos, tasks):
+            validate_demonstration(demo)
+            *prompt, reply = demo["messages"]
+            assert prompt[-1]["content"][0]["type"] == "image_url" and task["question"] in prompt[-1]["content"][1]["text"]
+            assert grade(graded_text(reply["content"]), task["answer"], tolerance=charts_options({}).tolerance).correct
