@@ -61,7 +61,8 @@ def render_ids(tokenizer: Tokenizer, layout: ImageLayout | None, messages: list[
             raise ImageInputError(f"the messages hold {len(urls)} image(s), but the model reads text only; "
                                   "fix: use a vision-language model, or send text")
         return tokenizer.encode(render(tokenizer, messages, tools)), []
-    ids = tokenizer.encode(render(tokenizer, template_messages, tools))
+    text = render(tokenizer, template_messages, tools)
+    ids = tokenizer.encode(text)
     marker = marker_id(tokenizer, layout)
     count = ids.count(marker)
     if count > len(urls):
@@ -72,7 +73,8 @@ def render_ids(tokenizer: Tokenizer, layout: ImageLayout | None, messages: list[
         raise ImageInputError(f"the chat template rendered {count} image marker(s) for {len(urls)} image part(s); "
                               "fix: a chat template that renders {'type': 'image'} content parts")
     images = [image_bytes(url) for url in urls]
-    return layout.expand(ids, marker, images), images
+    expanded = layout.expand_text(text)           # Gemma 3: its runs written as text (vision.py)
+    return layout.expand(ids if expanded == text else tokenizer.encode(expanded), marker, images), images
 
 
 def marker_id(tokenizer: Tokenizer, layout: ImageLayout) -> int:

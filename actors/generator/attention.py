@@ -9,7 +9,8 @@ The seam. The model (`postrain.actors.models.blocks.PagedAttention`) only hands 
 rotated q, k, v for the step's new tokens to the bound step; a backend decides how keys and
 values are stored and read. `GatherSdpaBackend` is the CPU one: scatter the new k/v into
 their slots, gather every sequence's blocks back into a dense (B, L) view, and run SDPA
-with a causal mask on absolute positions, narrowed to the layer's sliding window where the
+with a causal mask on absolute positions (each image run of a model whose images attend both ways
+seeing all of itself: `PagedMetadata.horizons`), narrowed to the layer's sliding window where the
 model passes one (`attend(..., window=)`: Mistral, Gemma 3's local layers; such a layer
 gathers only the blocks its window reaches). The model may also pass a logits `scale` and a
 `softcap`. The cache may be quantized (`kv_dtype`: int8 or float8 codes with a scale per token
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from ..models.blocks import PagedAttention, group_mask, grouped_attention
+from ..models.config import ModelConfigError
 from ..models.exact import exact_attention
 from .kv_dtype import KVCache, gather_blocks, rotate_queries, write_slots
 
@@ -51,6 +53,9 @@ class PagedMetadata:
     block_tables: torch.Tensor     # (B, max_blocks) int64 block ids, padded with 0
     context_lens: torch.Tensor     # (B,) int64 tokens in the cache after this step's writes
     num_padding: int = -1          # slots equal to -1; -1 = count them
+    horizons: torch.Tensor | None = None   # (B, T) int64 the last key position each new token sees: its own,
+                                   # or its run's last for an image run read both ways (Gemma 3:
+                                   # images.py `step_image_horizons`); None = positions (causal)
 
     def __post_init__(self):
         if self.num_padding < 0:
@@ -66,7 +71,8 @@ class AttentionBackend(ABC):
         """The step's attention: `attend(layer_idx, q, k, v, window=, scale=, softcap=)` writes
         k, v (B, T, Hkv, D) at `metadata.slot_mapping` in `kv_caches[layer_idx]` and returns q's
         attention output (B, T, H, D) over each sequence's cached keys (query at position p sees
-        positions j <= p, and p - j < window when the layer has a window)."""
+        positions j <= p, or j <= its horizon where `metadata.horizons` is set, and p - j < window
+        when the layer has a window)."""
 
 
 class GatherSdpaBackend(AttentionBackend):
@@ -151,7 +157,8 @@ class GatherSdpaStep:
         flat = tables.gather(1, index.clamp(max=tables.shape[1] - 1)).reshape(-1)
         offsets = torch.arange(block_size, device=positions.device)
         keys = (index[:, :, None] * block_size + offsets).reshape(index.shape[0], 1, -1)  # (B, 1, L)
-        visible = keys <= positions[:, :, None]                                # (B, T, L)
+        horizons = positions if self.metadata.horizons is None else self.metadata.horizons
+        visible = keys <= horizons[:, :, None]                                 # (B, T, L)
         if window is not None:
             visible = visible & (positions[:, :, None] - keys < window)
         visible[:, :, 0] |= self.metadata.slot_mapping < 0                     # padding: never an empty row
@@ -177,6 +184,9 @@ class ExactGatherStep(GatherSdpaStep):
     (a gathered key's index is its position); keys at or past a row's context length are not real."""
 
     def __init__(self, metadata: PagedMetadata, kv_caches: KVCaches):
+        if metadata.horizons is not None:
+            raise ModelConfigError("exact = true does not cover image runs that attend both ways (Gemma 3); "
+                                   "set exact = false for this policy")
         super().__init__(metadata, kv_caches)
         self._all_blocks = metadata.block_tables.reshape(-1)                      # (B * max_blocks,)
 

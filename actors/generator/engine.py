@@ -57,14 +57,15 @@ from ..models.exact import exact_token_logprobs, make_exact
 from ..models.loading import load_model
 from ..models.protocol import CausalLM
 from .attention import AttentionBackend, ExactGatherBackend
-from .images import ImageEncoder, PromptImages
+from .images import ImageEncoder
 from .kv_dtype import KV_DTYPE_NAMES, KVCache
 from .kv_manager import KVManager
 from .runner import ModelRunner, StepLogits
 from .sampling import SamplingParams, make_generator, sample_rows
 from .scheduler import ScheduledSequence, Scheduler, StepPlan
 from .scoring import Scores, ScoreState
-from .sequence import CompletionOutput, EngineCounters, EngineError, Request, RequestOutput, Sequence
+from .sequence import (CompletionOutput, EngineCounters, EngineError, PromptImages, Request, RequestOutput,
+                       Sequence)
 from .speculative import DraftModelProposer, Proposer, SpeculativeOptions, make_proposer
 from .verify import propose_drafts, verify_drafts
 

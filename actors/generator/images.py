@@ -16,33 +16,27 @@ later turn's prompt) is a token (models/vision.py `ImageRows`).
 The prefix cache keys a prompt with images by a salt of its image keys (`vision.images_salt`), so
 two prompts that differ only in their pixels never share KV. A weight swap clears the cache (the
 tower and its projector may have been trained).
+A model whose rotary reads three positions per token (a layout with `multimodal_rope`: Qwen2.5-VL)
+gets them from a table computed once per request (`PromptImages.rope`, (3, prompt length)); a
+position p past the prompt (generated tokens, their decodes, a preempted sequence's recompute)
+turns by p + `rope_delta` on all three axes. Every row of a step that shows such a prompt, decodes
+included, carries its PromptImages (scheduler.py), and `step_image_rows` fills the step's (3, B, T)
+`ImageRows.rope_positions` (the plain positions for the other rows); text-only models and prompts
+never build one.
+A tower whose image runs attend both ways (`bidirectional`: Gemma 3) gives each prompt its runs
+(`PromptImages.runs`): the scheduler never ends a prefill chunk inside one (`chunk_end`), and
+`step_image_horizons` tells the attention backend which later keys of its run each placeholder
+sees (attention.py `PagedMetadata.horizons`); other models' steps carry none (the causal mask).
 """
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from ..models.vision import ImageRows, VisionTower, image_key, images_salt, load_image
-from .sequence import EngineCounters, EngineError
-
-
-@dataclass(frozen=True)
-class PromptImages:
-    """A prompt's images: `rows` (N, H) on the model's device, `positions` (N,) the sorted prompt
-    positions of their placeholders, `keys` the images' content hashes, `salt` the prefix-cache salt."""
-
-    rows: torch.Tensor
-    positions: np.ndarray
-    keys: tuple[str, ...]
-    salt: int
-
-    def span(self, start: int, stop: int) -> tuple[np.ndarray, torch.Tensor]:
-        """(positions - start, rows) of the placeholders at positions start .. stop - 1."""
-        lo, hi = np.searchsorted(self.positions, [start, stop])
-        return self.positions[lo:hi] - start, self.rows[lo:hi]
+from .sequence import EngineCounters, EngineError, PromptImages
 
 
 class ImageEncoder:
@@ -67,7 +61,13 @@ class ImageEncoder:
             raise EngineError(f"the prompt has {len(positions)} image placeholder tokens but its {len(images)} "
                               f"image(s) make {total} rows; render the prompt with the model's image layout "
                               "(models/vision.py render_prompt) and pass the same images")
-        return PromptImages(torch.cat(rows), positions[:total], keys, images_salt(list(keys)))
+        layout = self.tower.layout
+        runs = image_runs(positions[:total]) if self.tower.bidirectional else ()
+        if not layout.multimodal_rope:
+            return PromptImages(torch.cat(rows), positions[:total], keys, images_salt(list(keys)), runs=runs)
+        rope = layout.rope_positions(prompt_ids, decoded)
+        return PromptImages(torch.cat(rows), positions[:total], keys, images_salt(list(keys)), rope,
+                            int(rope.max()) + 1 - len(prompt_ids), runs=runs)
 
     def _rows(self, key: str, image) -> torch.Tensor:
         if key in self.cache:
@@ -88,9 +88,11 @@ class ImageEncoder:
 
 def step_image_rows(rows, input_ids: torch.Tensor) -> ImageRows | None:
     """The ImageRows of a step's right-padded (B, T) `input_ids` whose scheduled rows (`rows`,
-    ScheduledSequence) carry their request's `images`; None when no row covers an image."""
+    ScheduledSequence) carry their request's `images`; None when no row covers an image and none
+    needs multimodal rotary positions (module docstring)."""
     mask = torch.zeros(input_ids.shape, dtype=torch.bool)
     parts = []
+    rope = step_rope_positions(rows, input_ids.shape[1])
     for b, row in enumerate(rows):
         if row.images is None:
             continue
@@ -98,6 +100,51 @@ def step_image_rows(rows, input_ids: torch.Tensor) -> ImageRows | None:
         if len(columns):
             mask[b, torch.from_numpy(columns)] = True
             parts.append(image_rows)
-    if not parts:
+    if not parts and rope is None:
         return None
-    return ImageRows(torch.cat(parts), mask.to(parts[0].device))
+    if not parts:        # decodes past an image prompt: no image rows, their positions only
+        parts = [next(r.images.rows[:0] for r in rows if r.images is not None)]
+    device = parts[0].device
+    return ImageRows(torch.cat(parts), mask.to(device), None if rope is None else torch.from_numpy(rope).to(device))
+
+
+def step_rope_positions(rows, width: int) -> np.ndarray | None:
+    """(3, B, width) multimodal rotary positions of a step's rows, or None when no row's prompt has
+    a rope table: a row with one reads it (`PromptImages.rope_span`), the others their plain positions."""
+    if not any(row.images is not None and row.images.rope is not None for row in rows):
+        return None
+    out = np.zeros((3, len(rows), width), dtype=np.int64)
+    for b, row in enumerate(rows):
+        start, stop = row.start_position, row.start_position + row.num_new_tokens
+        has_rope = row.images is not None and row.images.rope is not None
+        out[:, b, :stop - start] = row.images.rope_span(start, stop) if has_rope else np.arange(start, stop)
+    return out
+
+
+def image_runs(positions: np.ndarray) -> tuple[tuple[int, int], ...]:
+    """(first, stop) of each run of consecutive positions (one image's placeholders)."""
+    if not len(positions):
+        return ()
+    breaks = np.flatnonzero(np.diff(positions) != 1) + 1
+    return tuple((int(run[0]), int(run[-1]) + 1) for run in np.split(positions, breaks))
+
+
+def step_image_horizons(rows, positions: torch.Tensor) -> torch.Tensor | None:
+    """(B, T) the last key position each new token of a step may see (attention.py
+    `PagedMetadata.horizons`): its own, or the run's last for a placeholder of an image run its row
+    reads (`PromptImages.runs`); None when no row reads such a run (the plain causal mask)."""
+    horizons = None
+    for b, row in enumerate(rows):
+        if row.images is None or not row.images.runs:
+            continue
+        start, stop = row.start_position, row.start_position + row.num_new_tokens
+        for first, end in row.images.runs:
+            if end <= start or first >= stop:
+                continue
+            if end > stop:      # the scheduler's invariant (scheduler.py `PrefillGroup.chunk_end`)
+                raise EngineError(f"a prefill chunk of positions {start}..{stop - 1} cuts the image run "
+                                  f"{first}..{end - 1}, which must be read in one chunk")
+            if horizons is None:
+                horizons = positions.clone()
+            horizons[b, max(first, start) - start:end - start] = end - 1
+    return horizons

@@ -27,7 +27,7 @@ from ..models.blocks import Float16Weights
 from ..models.moe import routing_trace
 from ..models.protocol import CausalLM
 from .attention import AttentionBackend, GatherSdpaBackend, PagedMetadata
-from .images import step_image_rows
+from .images import step_image_horizons, step_image_rows
 from .kv_manager import KVManager
 from .scheduler import ScheduledSequence, StepPlan
 
@@ -110,11 +110,12 @@ class ModelRunner:
         """One forward of rows; keep="last": logits (B, V) at each row's last new token,
         keep="all": (B, T, V); a (B, T) bool mask: (N, V) at the positions it marks, row by row."""
         input_ids, metadata = paged_inputs(rows, self.kv.block_size_tokens)
-        if self.device.type != "cpu":
+        horizons = step_image_horizons(rows, metadata.positions)     # image runs read both ways (Gemma 3)
+        if horizons is not None or self.device.type != "cpu":
             metadata = PagedMetadata(
                 metadata.positions.to(self.device), metadata.slot_mapping.to(self.device),
                 metadata.block_tables.to(self.device), metadata.context_lens.to(self.device),
-                num_padding=metadata.num_padding)
+                num_padding=metadata.num_padding, horizons=None if horizons is None else horizons.to(self.device))
         step = self.backend.bind(metadata, self.kv.kv_caches)
         keep_index = None
         if isinstance(keep, torch.Tensor):

@@ -28,7 +28,9 @@ by chunk (`KVManager.allocate` for the first chunk, `append` for the next), so a
 the prefix index only in the step whose forward writes it; a prompt is admitted only while
 its whole length fits in the free blocks. When blocks run short, prompts being read are
 preempted (newest first) before any decoding sequence. Only a prompt's last chunk is
-sampled from (`ScheduledSequence.completes_prompt`); the earlier chunks only write KV.
+sampled from (`ScheduledSequence.completes_prompt`); the earlier chunks only write KV. A chunk
+never ends inside an image run whose tokens attend both ways (Gemma 3): it stops before the run,
+or, when it starts there, reads on to the run's end (`PrefillGroup.chunk_end`).
 With `prefill_chunk_tokens` = 0 every prompt is read in one step (the default).
 
 Scoring requests (`scoring`). A group with `logits_from` set is a sequence to score: its
@@ -42,9 +44,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from .images import PromptImages
 from .kv_manager import KVManager
-from .sequence import EngineCounters, EngineError, Sequence
+from .sequence import EngineCounters, EngineError, PromptImages, Sequence
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,8 @@ class ScheduledSequence:
                                        # step samples from it (False: an earlier chunk, KV only)
     logits_from: int | None = None     # prefills of a scoring request: the logits of every new token
                                        # at this position or later are wanted (None: sample the last)
-    images: PromptImages | None = None  # prefills of a prompt with images: its rows (images.py)
+    images: PromptImages | None = None  # prefills of a prompt with images: its rows (images.py); decodes:
+                                        # only when its multimodal rotary table is needed
 
     @property
     def num_new_tokens(self) -> int:
@@ -111,6 +113,12 @@ class PrefillGroup:
         """The prefix cache's salt: the prompt's images' (images.py), 0 for text."""
         images = self.seqs[0].request.images
         return 0 if images is None else images.salt
+
+    def chunk_end(self, start: int, end: int) -> int:
+        """`end` of a chunk from `start`, never inside an image run read in one chunk (images.py
+        `PromptImages.chunk_end`: Gemma 3's runs attend both ways); `end` itself for text."""
+        images = self.seqs[0].request.images
+        return end if images is None else images.chunk_end(start, end)
 
 
 class Scheduler:
@@ -234,7 +242,7 @@ class Scheduler:
             if group not in self.prefilling:       # preempted for an older prompt's chunk
                 continue
             start = group.num_scheduled
-            end = min(len(group.prompt), start + budget)
+            end = group.chunk_end(start, min(len(group.prompt), start + budget))
             seq_id = group.seqs[0].seq_id
             while group in self.prefilling and not self.kv.can_append(seq_id, end - start):
                 self._preempt_prefilling()
@@ -261,7 +269,8 @@ class Scheduler:
                 break
             self.waiting.popleft()
             prompt = group.prompt
-            end = min(len(prompt), self.kv.match_prefix(prompt, group.logits_from, group.salt) + budget)
+            cached = self.kv.match_prefix(prompt, group.logits_from, group.salt)
+            end = group.chunk_end(cached, min(len(prompt), cached + budget))
             group.num_cached = self.kv.allocate(group.seqs[0].seq_id, prompt[:end], group.logits_from, group.salt)
             self._count_admission(group)
             self.prefilling.append(group)
@@ -318,8 +327,10 @@ class Scheduler:
             first.request.output.num_cached_prompt_tokens = group.num_cached
 
     def _decode_entry(self, seq: Sequence) -> ScheduledSequence:
+        images = seq.request.images     # a decode carries them only for their rotary table (images.py)
         return ScheduledSequence(seq.seq_id, tuple(seq.token_ids[-1:] + seq.drafts), len(seq.token_ids) - 1,
-                                 tuple(self.kv.block_table(seq.seq_id)), tuple(seq.drafts))
+                                 tuple(self.kv.block_table(seq.seq_id)), tuple(seq.drafts),
+                                 images=images if images is not None and images.rope is not None else None)
 
     def _prefill_entry(self, group: PrefillGroup, start: int, end: int) -> ScheduledSequence:
         first = group.seqs[0]

@@ -1,17 +1,18 @@
 """The engine's per-request state: the outputs callers read (`RequestOutput`, `CompletionOutput`),
-the sequences in flight that the scheduler and the engine share, and `EngineError`."""
+the sequences in flight that the scheduler and the engine share, a prompt's images
+(`PromptImages`, made by images.py), and `EngineError`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
 
 from postrain.core.errors import PostrainError
 
 from .sampling import SamplingParams
 from .scoring import Scores, ScoreState
 
-if TYPE_CHECKING:
-    from .images import PromptImages
 
 
 class EngineError(PostrainError, ValueError):
@@ -99,6 +100,44 @@ class Sequence:
     @property
     def finished(self) -> bool:
         return self.output.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class PromptImages:
+    """A prompt's images: `rows` (N, H) on the model's device, `positions` (N,) the sorted prompt
+    positions of their placeholders, `keys` the images' content hashes, `salt` the prefix-cache salt."""
+
+    rows: torch.Tensor
+    positions: np.ndarray
+    keys: tuple[str, ...]
+    salt: int
+    rope: np.ndarray | None = None     # (3, prompt length) multimodal rotary positions (module docstring)
+    rope_delta: int = 0                # a position p past the prompt turns by p + rope_delta
+    runs: tuple[tuple[int, int], ...] = ()   # (first, stop) of each image run read in ONE prefill chunk and
+                                             # attended both ways (a `bidirectional` tower: Gemma 3); () none
+
+    def span(self, start: int, stop: int) -> tuple[np.ndarray, torch.Tensor]:
+        """(positions - start, rows) of the placeholders at positions start .. stop - 1."""
+        lo, hi = np.searchsorted(self.positions, [start, stop])
+        return self.positions[lo:hi] - start, self.rows[lo:hi]
+
+    def chunk_end(self, start: int, end: int) -> int:
+        """The end of a prefill chunk start .. end - 1 moved off the inside of a run: back to the
+        run's first position when the chunk holds tokens before it, else on to the run's stop."""
+        for first, stop in self.runs:
+            if first < end < stop:
+                return first if first > start else stop
+        return end
+
+    def rope_span(self, start: int, stop: int) -> np.ndarray:
+        """(3, stop - start) multimodal rotary positions of positions start .. stop - 1."""
+        assert self.rope is not None, "a prompt of a multimodal-rotary model has its table"
+        length = self.rope.shape[1]
+        inside = min(stop, length) - start
+        if inside >= stop - start:
+            return self.rope[:, start:stop]
+        tail = np.arange(max(start, length), stop) + self.rope_delta
+        return np.concatenate([self.rope[:, start:start + max(inside, 0)], np.broadcast_to(tail, (3, len(tail)))], 1)
 
 
 class Request:

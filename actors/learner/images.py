@@ -8,6 +8,8 @@ placeholders, as many as their rows (a placeholder id the policy sampled later i
 the engine: models/vision.py `ImageRows`). Each distinct file is encoded once per
 micro-batch (a group of samples on one image shares it). The tower is frozen unless
 `learner.train_vision`: its rows are computed without a gradient, so the optimizer never moves it.
+A model whose rotary reads three positions per token (Qwen2.5-VL) gets them beside the rows
+(`ImageRows.rope_positions`, from its layout: the generator's numbers for the same sample).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import hashlib
 import torch
 
 from ..models.llama import LlamaModel
-from ..models.vision import ImageRows, load_image
+from ..models.vision import ImageRows, batch_rope_positions, load_image
 from .batch import LearnerError
 from .packed import PackedBatch
 
@@ -37,15 +39,20 @@ def batch_image_rows(model: LlamaModel, mb: PackedBatch, train_vision: bool) -> 
     in_prompt = (placeholders & before_trained).sum(-1).tolist()
     mask = torch.zeros_like(placeholders)
     encoded: dict[bytes, torch.Tensor] = {}
+    decoded: dict[bytes, object] = {}
+    shown: list[list] = []          # per sample its decoded images (a multimodal rotary reads their sizes)
     rows = []
     with torch.set_grad_enabled(train_vision and torch.is_grad_enabled()):
         for b, files in enumerate(mb.images or [[]] * mb.num_samples):
             count = 0
+            shown.append([])
             for data in files:
                 key = hashlib.sha256(data).digest()
                 if key not in encoded:
-                    encoded[key] = tower(tower.layout.pixel_values(load_image(data)).to(mb.input_ids.device))
+                    decoded[key] = load_image(data)
+                    encoded[key] = tower(tower.layout.pixel_values(decoded[key]).to(mb.input_ids.device))
                 rows.append(encoded[key])
+                shown[-1].append(decoded[key])
                 count += len(encoded[key])
             positions = placeholders[b].nonzero()[:, 0]
             if count < in_prompt[b]:
@@ -57,4 +64,6 @@ def batch_image_rows(model: LlamaModel, mb: PackedBatch, train_vision: bool) -> 
                                    f"rows but it holds {len(positions)} image placeholders; send each sample's "
                                    "image files in order, one per image run of its prompt")
             mask[b, positions[:count]] = True
-    return ImageRows(torch.cat(rows), mask) if rows else None
+    if not rows:
+        return None
+    return ImageRows(torch.cat(rows), mask, batch_rope_positions(tower.layout, mb.input_ids, shown, mb.attention_mask))

@@ -8,6 +8,8 @@
     qwen3.py       Qwen3Model: Llama with q/k RMSNorm per head and an explicit head_dim
     qwen3_moe.py   Qwen3MoeModel: Qwen3 with routed experts (moe.py) in its MoE layers
     idefics3.py    Idefics3Model: Idefics3 / SmolVLM, a SigLIP tower and pixel-shuffle connector + Llama
+    gemma3_vision.py  Gemma3VisionModel: Gemma 3 with images, a SigLIP tower and pooled projector + Gemma 3
+    qwen2_5_vl.py  Qwen2_5_VLModel: Qwen2.5-VL, a windowed ViT and patch merger + Qwen2 with multimodal rotary
     moe.py         SparseMoeBlock: router, grouped experts, routing traces (replay), aux loss
     protocol.py    CausalLM: what the generator and learner need of any architecture
     loading.py     load_model / save_checkpoint: Hugging Face folders, GGUF files, built-in configs
@@ -26,8 +28,10 @@ ARCHITECTURES: dict[str, str] = {
     "qwen3_moe": "qwen3_moe",
     "mistral": "mistral",
     "gemma3_text": "gemma3",
+    "gemma3": "gemma3_vision",
     "idefics3": "idefics3",
     "smolvlm": "idefics3",
+    "qwen2_5_vl": "qwen2_5_vl",
 }
 
 

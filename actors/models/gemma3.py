@@ -35,7 +35,7 @@ from . import exact as exact_ops
 from .blocks import Attention, Float16Weights, PagedAttention, SharedPrefixBatch, project, rope_inv_freq
 from .config import ModelConfig, ModelConfigError
 from .llama import LlamaModel
-from .vision import ImageRows
+from .vision import ImageRows, VisionTower, build_tower
 
 GEMMA_DEFAULTS = {"rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0, "sliding_window": 4096,
                   "query_pre_attn_scalar": 256, "sliding_window_pattern": 6}
@@ -127,7 +127,8 @@ class Gemma3Model(LlamaModel):
     def __init__(self, config: ModelConfig):
         nn.Module.__init__(self)
         self.config = config
-        self.vision = None                     # text only (Gemma 3's vision model is not in the registry)
+        # the image tower and projector of a Gemma 3 vision-language model (gemma3_vision.py); None: text only
+        self.vision: VisionTower | None = build_tower(config.vision, config.hidden_size) if config.vision else None
         self.model = Gemma3Backbone(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:

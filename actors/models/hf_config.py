@@ -28,7 +28,8 @@ class CheckpointError(PostrainError, ValueError):
 
 HOW_TO_ADD = ("to add one, write postrain/actors/models/<name>.py (a MODEL_CLASS over the shared blocks) "
               "and add one line to ARCHITECTURES in postrain/actors/models/__init__.py; see docs/models.md")
-ACTIVATIONS = {"gemma3_text": "gelu_pytorch_tanh"}    # the MLP activation each model_type honours (else silu)
+# the MLP activation each model_type honours (else silu)
+ACTIVATIONS = {"gemma3_text": "gelu_pytorch_tanh", "gemma3": "gelu_pytorch_tanh"}
 
 
 def config_from_hf(hf: dict) -> ModelConfig:

@@ -154,6 +154,11 @@ class LlamaModel(nn.Module):
         cos, sin = self.rotary(positions, dtype)
         return [(cos[:, :, None, :], sin[:, :, None, :])] * self.config.num_layers
 
+    def rotary_positions(self, positions: torch.Tensor, images: ImageRows | None) -> torch.Tensor:
+        """The positions the rotary turns by: the tokens' (B, T) positions here; a multimodal rotary
+        takes the (3, B, T) ones its images carry (qwen2_5_vl.py)."""
+        return positions
+
     def layer_masks(self, mask: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> list[torch.Tensor]:
         """Every layer's grouped mask (`group_mask`) from the causal/padding `mask`, narrowed to
         the layer's sliding window on positions q_pos (B, T) and k_pos (B|1, L); built once per window."""
@@ -180,12 +185,14 @@ class LlamaModel(nn.Module):
             masks: list[torch.Tensor] | list[None] = [None] * self.config.num_layers
         else:
             positions, mask = self._training_positions_and_mask(input_ids, attention_mask)
+            if images is not None and self.vision is not None and self.vision.bidirectional:
+                mask = mask | images.runs_mask()[:, None]     # an image's tokens see each other (Gemma 3)
             masks = self.layer_masks(mask, positions, positions)              # (B|1, 1, G*T, T) each
         if int(positions.max()) >= self.config.max_position_embeddings:
             raise ValueError(f"position {int(positions.max())} is past the context length "
                              f"max_position_embeddings={self.config.max_position_embeddings}; "
                              "shorten the prompt or lower max_new_tokens")
-        rotary = self.layer_rotary(positions, x.dtype)                        # (B, T, 1, D) each
+        rotary = self.layer_rotary(self.rotary_positions(positions, images), x.dtype)   # (B, T, 1, D) each
         for idx, layer in enumerate(self.model.layers):
             x = layer(x, *rotary[idx], masks[idx], paged, idx, weights)
         return self.model.norm(x)

@@ -285,6 +285,8 @@ def save_checkpoint(model: LlamaModel, tokenizer: Tokenizer, folder: str | Path,
     tokenizer.save(folder)
     files = getattr(model, "hf_folder_files", None)   # an architecture's other files (processor_config.json)
     for name, content in (files(config) if files is not None else {}).items():
+        if name == "tokenizer_config.json":      # additions to the file tokenizer.save just wrote
+            content = {**json.loads((folder / name).read_text()), **content}
         (folder / name).write_text(json.dumps(content, indent=2))
     return folder
 

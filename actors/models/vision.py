@@ -27,6 +27,7 @@ import binascii
 import hashlib
 import io
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,6 +151,8 @@ class ImageRows:
 
     rows: torch.Tensor
     mask: torch.Tensor
+    rope_positions: torch.Tensor | None = None   # (3, B, T): every token's multimodal rotary positions, for a
+                                                 # layout with `multimodal_rope` (Qwen2.5-VL); None: the plain ones
 
     def splice(self, embeddings: torch.Tensor) -> torch.Tensor:
         """The (B, T, H) embeddings with the marked rows replaced; differentiable in both."""
@@ -158,6 +161,14 @@ class ImageRows:
             raise ValueError(f"{count} image placeholder positions but {self.rows.shape[0]} image feature "
                              "rows; every image placeholder needs its row")
         return embeddings.masked_scatter(self.mask[..., None], self.rows.to(embeddings.dtype))
+
+    def runs_mask(self) -> torch.Tensor:
+        """(B, T, T) bool: positions t and s lie in one run of consecutive marked positions (one
+        image's placeholders): the pairs that see each other both ways in a model whose tower says
+        `bidirectional` (Gemma 3; transformers' token_type_ids mask)."""
+        starts = self.mask & ~F.pad(self.mask, (1, 0))[:, :-1]
+        run = torch.where(self.mask, starts.long().cumsum(-1), 0)            # 1, 2, ... per run; 0: text
+        return (run[:, :, None] == run[:, None, :]) & (run[:, :, None] > 0)
 
 
 class ImageLayout:
@@ -177,6 +188,20 @@ class ImageLayout:
     def pixel_values(self, image) -> torch.Tensor:
         """The tower's input for an RGB PIL image (resized, normalised)."""
         raise NotImplementedError
+
+    def expand_text(self, text: str) -> str:
+        """The rendered prompt's text as it is tokenized: unchanged here. A layout whose processor
+        writes each image's run as text around the marker (Gemma 3) replaces every marker with it,
+        so the run tokenizes with its neighbours as the processor's text does; its `expand` then
+        finds the runs in place."""
+        return text
+
+    multimodal_rope = False   # True: the model's rotary reads `rope_positions` (three per token, Qwen2.5-VL)
+
+    def rope_positions(self, ids: Sequence[int], images: list) -> np.ndarray:
+        """(3, len(ids)) int64 multimodal rotary positions of a sequence showing `images` (RGB PIL
+        images, in order); only a layout with `multimodal_rope` has them."""
+        raise NotImplementedError(f"{type(self).__name__} has no multimodal rotary positions")
 
     def expand(self, ids: list[int], marker_id: int, images: list) -> list[int]:
         """ids with the k-th `marker_id` replaced by the k-th image's token run; the count of markers
@@ -203,6 +228,8 @@ class VisionTower(nn.Module):
 
     layout: Any        # the family's ImageLayout subclass
     hidden_size: int
+    bidirectional = False   # True: an image's placeholders attend to each other both ways (Gemma 3), so
+                            # the learner's mask (llama.py) and the engine's chunks (generator/images.py) do
 
     @property
     def image_token_id(self) -> int:
@@ -319,23 +346,38 @@ def build_tower(vision: dict, hidden_size: int) -> VisionTower:
     return _kind(vision)[1](vision, hidden_size)
 
 
+def batch_rope_positions(layout: ImageLayout, input_ids: torch.Tensor, images: list[list],
+                         attention_mask: torch.Tensor | None = None) -> torch.Tensor | None:
+    """(3, B, T) int64 multimodal rotary positions of a padded batch whose row b shows images[b]
+    (RGB PIL images, in order), each row's real tokens (attention_mask; all without it) laid out by
+    `layout.rope_positions` and its padding at 0; None for a layout without `multimodal_rope`."""
+    if not layout.multimodal_rope:
+        return None
+    real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    out = torch.zeros((3, *input_ids.shape), dtype=torch.long)
+    for b, (ids, keep) in enumerate(zip(input_ids.cpu(), real.cpu())):
+        out[:, b, keep] = torch.from_numpy(layout.rope_positions(ids[keep].tolist(), images[b]))
+    return out.to(input_ids.device)
+
+
 def render_prompt(tokenizer, layout: ImageLayout | None, messages: list[dict],
                   add_generation_prompt: bool = True) -> tuple[list[int], list[bytes]]:
     """(token ids, image file bytes) of chat messages whose contents may hold image content parts:
     the chat template renders each image as the layout's marker, which becomes the image's token
-    run. ImageInputError for an image given to a text-only model (layout None) or a broken image."""
+    run (in the text before tokenizing where the layout's processor writes it so: `expand_text`).
+    ImageInputError for an image given to a text-only model (layout None) or a broken image."""
     rendered, urls = content_parts_for_template(messages)
     if urls and layout is None:
         raise ImageInputError(f"the messages hold {len(urls)} image(s), but the model reads text only; "
                               "fix: use a vision-language model, or send text")
-    ids = tokenizer.encode(tokenizer.apply_chat_template(rendered, add_generation_prompt=add_generation_prompt))
+    text = tokenizer.apply_chat_template(rendered, add_generation_prompt=add_generation_prompt)
     if not urls:
-        return ids, []
+        return tokenizer.encode(text), []
     assert layout is not None
     images = [image_bytes(url) for url in urls]
     marker_id = tokenizer.hf.token_to_id(layout.marker)
     if marker_id is None:
         raise ImageInputError(f"the tokenizer has no token {layout.marker!r} (the image marker); "
                               "fix: a tokenizer with the vision model's special tokens")
-    return layout.expand(ids, marker_id, images), images
+    return layout.expand(tokenizer.encode(layout.expand_text(text)), marker_id, images), images
 
