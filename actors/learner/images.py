@@ -8,6 +8,9 @@ placeholders, as many as their rows (a placeholder id the policy sampled later i
 the engine: models/vision.py `ImageRows`). Each distinct file is encoded once per
 micro-batch (a group of samples on one image shares it). The tower is frozen unless
 `learner.train_vision`: its rows are computed without a gradient, so the optimizer never moves it.
+In a shared-prefix micro-batch (`shared_image_rows`) the rows land where the plan's `hidden_rows`
+maps their positions: a prefix that a group's samples share shows their image once (the planner
+groups only samples with the same images: shared_prefix.py).
 A model whose rotary reads three positions per token (Qwen2.5-VL) gets them beside the rows
 (`ImageRows.rope_positions`, from its layout: the generator's numbers for the same sample).
 """
@@ -67,3 +70,27 @@ def batch_image_rows(model: LlamaModel, mb: PackedBatch, train_vision: bool) -> 
     if not rows:
         return None
     return ImageRows(torch.cat(rows), mask, batch_rope_positions(tower.layout, mb.input_ids, shown, mb.attention_mask))
+
+
+def shares_prefixes_with_images(model: LlamaModel) -> bool:
+    """Whether image batches may take the shared-prefix path: a tower whose images are plain
+    rows (not attended both ways, no multimodal rotary), or no tower."""
+    tower = model.vision
+    return tower is None or not (tower.bidirectional or tower.layout.multimodal_rope)
+
+
+def shared_image_rows(model: LlamaModel, mb: PackedBatch, train_vision: bool) -> ImageRows | None:
+    """The micro-batch's ImageRows over its shared-prefix layout's rows (the prefixes', then the
+    suffixes', flattened (1, R)); None when it shows no image."""
+    plain = batch_image_rows(model, mb, train_vision)
+    if plain is None:
+        return None
+    assert mb.shared is not None, "a shared-prefix micro-batch carries its plan"
+    flat = mb.shared.hidden_rows[plain.mask]                     # (N,) in the rows' order (row-major)
+    flat, order = torch.sort(flat, stable=True)
+    first = torch.ones_like(flat, dtype=torch.bool)
+    first[1:] = flat[1:] != flat[:-1]                            # a shared prefix's rows, once
+    mask = torch.zeros(mb.shared.num_token_rows, dtype=torch.bool, device=flat.device)
+    mask[flat[first]] = True
+    return ImageRows(plain.rows[order[first]], mask[None])
+

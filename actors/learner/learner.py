@@ -62,6 +62,7 @@ from .config import DTYPES, LearnerConfig
 from .context_parallel_step import join_rings
 from .counter import StepCounter
 from .distill import LearnerDistill
+from .images import shares_prefixes_with_images
 from .lora import LearnerLora
 from .optimizer import PolicyOptimizer
 from .policy_forward import PolicyForward
@@ -110,7 +111,8 @@ class Learner:
         self.task_kl = TaskKL(cfg.kl_coef, cfg.kl_horizon)   # a mixture's KL targets per task
         self.counter = StepCounter()
         self.comm = Collectives()
-        self.forward = PolicyForward(cfg, self.device, self.routing, self.comm)
+        self.forward = PolicyForward(cfg, self.device, self.routing, self.comm,
+                                     images_share_prefixes=shares_prefixes_with_images(self.model))
         self.sharded = False               # strategy "fsdp" in a group: the model is FSDP2-sharded
         self.steps = StepLoop(cfg, self.model, self.forward, self.comm, self.counter, self.optim,
                               self.kl_reference, self.kl, self.routing, self.lora, self.distill, self.task_kl)

@@ -21,6 +21,8 @@ come from a no-gradient pass over the same micro-batch (shared prefixes included
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
@@ -35,7 +37,7 @@ from .config import DTYPES, LearnerConfig
 from .context_parallel import RingAttention, zigzag_positions
 from .context_parallel_step import GatherRing
 from .batch import LearnerError
-from .images import batch_image_rows
+from .images import batch_image_rows, shared_image_rows
 from .packed import PackedBatch
 from .routing import LearnerRouting
 from .shared_prefix import plan_micro_batches
@@ -44,11 +46,13 @@ from .shared_prefix import plan_micro_batches
 class PolicyForward:
     """Logprobs (LM head, autocast, shared prefixes, rings) of any model of the policy's shape."""
 
-    def __init__(self, config: LearnerConfig, device: torch.device, routing: LearnerRouting, comm: Collectives):
+    def __init__(self, config: LearnerConfig, device: torch.device, routing: LearnerRouting, comm: Collectives,
+                 images_share_prefixes: bool = True):
         self.config = config
         self.device = device
         self.routing = routing
         self.comm = comm
+        self.images_share_prefixes = images_share_prefixes   # the policy's tower allows it (images.py)
 
     def micro_batches(self, packed: PackedBatch) -> tuple[torch.Tensor, list[PackedBatch]]:
         """(order, micro-batches of `micro_batch_size` samples) on the device: the samples in
@@ -58,9 +62,9 @@ class PolicyForward:
         cfg = self.config
         if packed.images and cfg.context_parallel > 1:
             raise LearnerError("images do not run on context-parallel rings; set context_parallel = 1")
-        order, micro = plan_micro_batches(packed, cfg.micro_batch_size,   # MoE, rings, images: plain rows
-                                          cfg.shared_prefix and not self.routing.active
-                                          and cfg.context_parallel == 1 and not packed.images)
+        order, micro = plan_micro_batches(packed, cfg.micro_batch_size,   # MoE, rings: plain rows
+                                          cfg.shared_prefix and not self.routing.active and cfg.context_parallel == 1
+                                          and not (packed.images and not self.images_share_prefixes))
         return order, [mb.to(self.device) for mb in micro]
 
     def logprobs(self, model: LlamaModel, mb: PackedBatch,
@@ -194,5 +198,8 @@ def trained_hidden(model: LlamaModel, mb: PackedBatch, train_vision: bool = Fals
         hidden = model.hidden_states(mb.input_ids, None if full else mb.attention_mask,  # (B, T, H)
                                      images=images)
         return hidden[:, :-1][sel]
-    rows = model.shared_prefix_hidden_states(mb.shared.batch)                             # (G*P + B*S, H)
+    batch = mb.shared.batch
+    if mb.images:
+        batch = dataclasses.replace(batch, images=shared_image_rows(model, mb, train_vision))
+    rows = model.shared_prefix_hidden_states(batch)                                       # (G*P + B*S, H)
     return rows[mb.shared.hidden_rows[:, :-1][sel]]

@@ -26,6 +26,8 @@ batch whose samples share nothing trains exactly as before.
 """
 from __future__ import annotations
 
+import hashlib
+
 import torch
 
 from ..models.llama import SharedPrefixBatch
@@ -53,8 +55,10 @@ def plan_micro_batches(packed: PackedBatch, micro_batch_size: int,
         return by_length, plain
     prompts = packed.loss_mask.int().argmax(-1)
     classes = [length_class(int(p)) for p in prompts]
+    shown = image_keys(packed)
     lexicographic = torch.tensor(sorted(range(packed.num_samples),
-                                        key=lambda i: (classes[i], packed.input_ids[i, :int(lengths[i])].tolist())))
+                                        key=lambda i: (classes[i], shown[i],
+                                                       packed.input_ids[i, :int(lengths[i])].tolist())))
     shared = _cut_by_class(packed.select(lexicographic), micro_batch_size, [classes[i] for i in lexicographic])
     if sum(map(_cost, shared)) < sum(map(_cost, plain)):
         return lexicographic, shared
@@ -108,17 +112,30 @@ def _cost(mb: PackedBatch) -> int:
     return mb.shared.num_token_rows if mb.shared is not None else mb.input_ids.numel()
 
 
+def image_keys(packed: PackedBatch) -> list[tuple[bytes, ...]]:
+    """Per sample the hashes of its image files (all () for a text batch)."""
+    if not packed.images:
+        return [()] * packed.num_samples
+    return [tuple(hashlib.sha256(data).digest() for data in files) for files in packed.images]
+
+
 def _with_plan(mb: PackedBatch) -> PackedBatch:
-    plan = prefix_plan(mb.input_ids, mb.attention_mask.sum(-1))
+    plan = prefix_plan(mb.input_ids, mb.attention_mask.sum(-1), image_keys(mb))
     if plan is not None and plan.num_token_rows < mb.input_ids.numel():
         mb.shared = plan
     return mb
 
 
-def common_prefix_lengths(input_ids: torch.Tensor, lengths: torch.Tensor) -> list[int]:
-    """(B - 1) common prefix lengths of neighbouring samples, each at most the shorter one's length - 1."""
+def common_prefix_lengths(input_ids: torch.Tensor, lengths: torch.Tensor,
+                          shown: list[tuple[bytes, ...]] | None = None) -> list[int]:
+    """(B - 1) common prefix lengths of neighbouring samples, each at most the shorter one's length - 1;
+    0 where the two show different images (`shown`: per sample its image keys), whose placeholder
+    ids are the same tokens over other pixels."""
     out = []
     for b in range(input_ids.shape[0] - 1):
+        if shown is not None and shown[b] != shown[b + 1]:
+            out.append(0)
+            continue
         n = int(min(lengths[b], lengths[b + 1])) - 1
         same = (input_ids[b, :n] == input_ids[b + 1, :n]).long()
         out.append(int(same.cumprod(0).sum()))
@@ -149,10 +166,12 @@ def runs_of_shared_prefixes(neighbour_prefixes: list[int]) -> list[tuple[int, in
     return runs[::-1]
 
 
-def prefix_plan(input_ids: torch.Tensor, lengths: torch.Tensor) -> PrefixPlan | None:
-    """The shared-prefix layout of a micro-batch (input_ids (B, T), right-padded, lengths (B,)),
-    or None when no two samples share a token."""
-    runs = runs_of_shared_prefixes(common_prefix_lengths(input_ids, lengths))
+def prefix_plan(input_ids: torch.Tensor, lengths: torch.Tensor,
+                shown: list[tuple[bytes, ...]] | None = None) -> PrefixPlan | None:
+    """The shared-prefix layout of a micro-batch (input_ids (B, T), right-padded, lengths (B,);
+    `shown`: per sample its image keys, so only samples with the same images share a prefix), or
+    None when no two samples share a token."""
+    runs = runs_of_shared_prefixes(common_prefix_lengths(input_ids, lengths, shown))
     if all(stop - start == 1 for start, stop, _ in runs):
         return None
     num, width = input_ids.shape

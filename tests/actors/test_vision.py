@@ -20,7 +20,7 @@ import torch
 
 from postrain.actors.generator.engine import Engine, EngineError
 from postrain.actors.generator.sampling import SamplingParams
-from postrain.actors.learner.batch import LearnerError
+from postrain.actors.learner.batch import LearnerError, pack_batch
 from postrain.actors.learner.learner import Learner, LearnerConfig
 from postrain.actors.models.loading import load_model
 from postrain.actors.records import TrainBatch
@@ -167,16 +167,25 @@ def with_images(batch, images):
     return dataclasses.replace(batch, images=images)
 
 
-def test_learner_logprobs_equal_the_engines_on_image_and_text_samples(prompts):
-    learner = Learner(LearnerConfig(model="tiny-vl", micro_batch_size=4, lr=1e-3))
+@pytest.mark.parametrize("shared_prefix", [True, False])
+def test_learner_logprobs_equal_the_engines_on_image_and_text_samples(prompts, shared_prefix):
+    """Three groups of 3: chart A, chart B, and chart B under A's ids (the same tokens, other
+    pixels). With shared prefixes each group's prompt, its image included, runs once, and the
+    third group never borrows the first's prefix."""
+    learner = Learner(LearnerConfig(model="tiny-vl", micro_batch_size=9, lr=1e-3, shared_prefix=shared_prefix))
     model, tokenizer = load_model("tiny-vl")
     model.load_state_dict(learner.model.state_dict())
     engine = Engine(model, tokenizer)
+    (ids_a, images_a), (ids_b, images_b) = prompts
+    groups = [(ids_a, images_a), (ids_b, images_b), (ids_a, images_b)]
     requests = [(ids, images, SamplingParams(n=3, temperature=1.0, max_new_tokens=10, seed=3, ignore_eos=True))
-                for ids, images in prompts]
+                for ids, images in groups]
     outs = run(engine, requests)
-    batch = sampled_batch([ids for ids, _ in prompts], outs, reward=lambda i: float(i == 0))
-    batch = with_images(batch, [images for _, images in prompts for _ in range(3)])
+    batch = sampled_batch([ids for ids, _ in groups], outs, reward=lambda i: float(i == 0))
+    batch = with_images(batch, [images for _, images in groups for _ in range(3)])
+    _, micro = learner.forward.micro_batches(pack_batch(batch, advantages=torch.zeros(9)))
+    plans = [mb.shared for mb in micro]
+    assert (plans[0] is not None and plans[0].batch.prefix_ids.shape[0] == 3) if shared_prefix else plans == [None]
     mine = learner.compute_logprobs(batch)
     for lp_mine, lp_gen, mask in zip(mine, batch.behavior_logprobs, batch.loss_mask):
         m = torch.tensor(mask, dtype=torch.bool)
@@ -188,7 +197,7 @@ def test_learner_logprobs_equal_the_engines_on_image_and_text_samples(prompts):
     assert not torch.equal(learner.model.model.layers[0].mlp.up_proj.weight, text)
     assert all(torch.equal(v, tower[k]) for k, v in learner.model.vision.state_dict().items()), \
         "the tower is frozen by default"
-    doubled = [images * 2 for _, images in prompts for _ in range(3)]     # more images than placeholder runs
+    doubled = [images * 2 for _, images in groups for _ in range(3)]     # more images than placeholder runs
     with pytest.raises(LearnerError, match="image placeholders"):
         learner.compute_logprobs(with_images(batch, doubled))
 
