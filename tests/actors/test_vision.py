@@ -26,9 +26,10 @@ from postrain.actors.models.loading import load_model
 from postrain.actors.records import TrainBatch
 from postrain.actors.models.vision import ImageInputError, ImageRows, load_image, render_prompt
 from postrain.actors.tasks.charts import Chart, chart_message, data_url, eval_tasks, render_png
+from postrain.bench.vision_folders import run_requests
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # tests/actors
-from train_batches import sampled_batch  # noqa: E402
+from train_batches import assert_logprobs_equal, sampled_batch  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True)
 
@@ -65,15 +66,6 @@ def reference_greedy(model, ids: list[int], images: list[bytes], steps: int = 8)
             logits = model(torch.tensor([out]), images=ImageRows(rows, mask))
             out.append(int(logits[0, -1].argmax()))
     return out[len(ids):]
-
-
-def run(engine: Engine, requests: list[tuple[list[int], list[bytes], SamplingParams]]):
-    ids = [engine.add_request(p, params, images=images) for p, images, params in requests]
-    done = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            done[out.request_id] = out
-    return [done[i] for i in ids]
 
 
 # ------------------------------------------------------------------ broken input
@@ -118,7 +110,7 @@ def test_a_request_whose_images_do_not_fill_its_placeholders_is_refused_and_the_
         engine.add_request(ids, GREEDY, images=images * 2)
     with pytest.raises(ImageInputError, match="does not decode"):
         engine.add_request(ids, GREEDY, images=[images[0][:100]])
-    (out,) = run(engine, [(ids, images, GREEDY)])
+    (out,) = run_requests(engine, [(ids, images, GREEDY)])
     assert out.outputs[0].token_ids == reference_greedy(model, ids, images)
 
 
@@ -131,18 +123,18 @@ def test_greedy_with_an_image_equals_a_plain_forward_and_each_image_is_encoded_o
     (ids_a, images_a), (ids_b, images_b) = prompts
     expected_a, expected_b = reference_greedy(model, ids_a, images_a), reference_greedy(model, ids_b, images_b)
     engine = Engine(model, tokenizer, prefill_chunk_tokens=chunk)
-    group, other = run(engine, [(ids_a, images_a, SamplingParams(n=8, temperature=0.0, max_new_tokens=8,
-                                                                 ignore_eos=True)),
-                                (ids_b, images_b, GREEDY)])
+    group, other = run_requests(engine, [(ids_a, images_a, SamplingParams(n=8, temperature=0.0, max_new_tokens=8,
+                                                                          ignore_eos=True)),
+                                         (ids_b, images_b, GREEDY)])
     assert [s.token_ids for s in group.outputs] == [expected_a] * 8
     assert other.outputs[0].token_ids == expected_b
     assert engine.stats()["num_image_encodes"] == 2          # a group of 8 on one image: one tower run
-    (again,) = run(engine, [(ids_a, images_a, GREEDY)])
+    (again,) = run_requests(engine, [(ids_a, images_a, GREEDY)])
     assert again.outputs[0].token_ids == expected_a
     assert again.num_cached_prompt_tokens == (len(ids_a) - 1) // 8 * 8   # the prefix cache held it
     assert engine.stats()["num_image_encodes"] == 2
     # the same ids with the other chart: the prefix cache must not hand back the first chart's KV
-    (swapped,) = run(engine, [(ids_a, images_b, GREEDY)])
+    (swapped,) = run_requests(engine, [(ids_a, images_b, GREEDY)])
     assert swapped.outputs[0].token_ids == reference_greedy(model, ids_a, images_b)
     common = next(i for i, (a, b) in enumerate(zip(ids_a, ids_b)) if a != b)   # shared with request b only
     assert 0 < swapped.num_cached_prompt_tokens <= common
@@ -155,7 +147,7 @@ def test_preemption_keeps_greedy_output_with_images(tiny_vl, prompts):
     params = SamplingParams(n=4, temperature=0.0, max_new_tokens=24, ignore_eos=True)
     blocks = -(-len(ids) // 8) + 6           # room for the prompt and a few samples' tails, not all four
     engine = Engine(model, tokenizer, num_blocks=blocks, block_size_tokens=8)
-    (out,) = run(engine, [(ids, images, params)])
+    (out,) = run_requests(engine, [(ids, images, params)])
     assert engine.stats()["num_preemptions"] > 0
     assert [s.token_ids for s in out.outputs] == [expected] * 4
 
@@ -180,16 +172,14 @@ def test_learner_logprobs_equal_the_engines_on_image_and_text_samples(prompts, s
     groups = [(ids_a, images_a), (ids_b, images_b), (ids_a, images_b)]
     requests = [(ids, images, SamplingParams(n=3, temperature=1.0, max_new_tokens=10, seed=3, ignore_eos=True))
                 for ids, images in groups]
-    outs = run(engine, requests)
+    outs = run_requests(engine, requests)
     batch = sampled_batch([ids for ids, _ in groups], outs, reward=lambda i: float(i == 0))
     batch = with_images(batch, [images for _, images in groups for _ in range(3)])
     _, micro = learner.forward.micro_batches(pack_batch(batch, advantages=torch.zeros(9)))
     plans = [mb.shared for mb in micro]
     assert (plans[0] is not None and plans[0].batch.prefix_ids.shape[0] == 3) if shared_prefix else plans == [None]
     mine = learner.compute_logprobs(batch)
-    for lp_mine, lp_gen, mask in zip(mine, batch.behavior_logprobs, batch.loss_mask):
-        m = torch.tensor(mask, dtype=torch.bool)
-        assert (lp_mine[m] - torch.tensor(lp_gen)[m]).abs().max() < 1e-4
+    assert_logprobs_equal(mine, batch)
     tower = {k: v.clone() for k, v in learner.model.vision.state_dict().items()}
     text = learner.model.model.layers[0].mlp.up_proj.weight.clone()
     metrics = learner.train_step(batch)
@@ -206,9 +196,8 @@ def test_train_vision_moves_the_tower(prompts):
     learner = Learner(LearnerConfig(model="tiny-vl", micro_batch_size=4, lr=1e-3, train_vision=True))
     model, tokenizer = load_model("tiny-vl")
     model.load_state_dict(learner.model.state_dict())
-    outs = run(Engine(model, tokenizer), [(ids, images, SamplingParams(n=2, temperature=1.0, max_new_tokens=6,
-                                                                        seed=1, ignore_eos=True))
-                                          for ids, images in prompts])
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=6, seed=1, ignore_eos=True)
+    outs = run_requests(Engine(model, tokenizer), [(ids, images, params) for ids, images in prompts])
     batch = sampled_batch([ids for ids, _ in prompts], outs, reward=lambda i: float(i == 0))
     batch = with_images(batch, [images for _, images in prompts for _ in range(2)])
     before = learner.model.vision.patch_embed.weight.clone()

@@ -1,5 +1,6 @@
 """RL batches for tests: a small one for the tiny model, on the wire (tests that train a learner
-actor a step), and one from an engine's samples (tests of train-inference logprobs)."""
+actor a step), and one from an engine's samples (tests of train-inference logprobs), with the check
+that a learner's logprobs of it equal the engine's."""
 from __future__ import annotations
 
 import torch
@@ -34,3 +35,11 @@ def sampled_batch(prompts: list[list[int]], outs, reward=lambda i: float(i % 2))
     if fields["routed_experts"][0] is None:
         del fields["routed_experts"]
     return TrainBatch(**fields)
+
+
+def assert_logprobs_equal(mine, batch: TrainBatch, atol: float = 1e-4) -> None:
+    """The learner's logprobs (`mine`, a tensor a sample) equal the batch's behaviour logprobs on its
+    loss mask, within `atol`."""
+    for lp_mine, lp_gen, mask in zip(mine, batch.behavior_logprobs, batch.loss_mask):
+        m = torch.tensor(mask, dtype=torch.bool)
+        assert (lp_mine[m] - torch.tensor(lp_gen)[m]).abs().max() < atol

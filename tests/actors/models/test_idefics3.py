@@ -1,23 +1,22 @@
 """Parity of postrain.actors.models.idefics3 (Idefics3 / SmolVLM) with Hugging Face transformers.
 
-Tiny random folders are built with transformers in the test (Idefics3Config / SmolVLMConfig over a
-2-layer Llama and a 2-layer vision tower, saved with an Idefics3Processor whose tokenizer holds the
-image tokens and a "\\n\\n" merge), loaded through postrain's loader, and compared in float32:
-pixel values (odd sizes, extreme aspect ratios, several images per message, splitting off), the
-prompt ids of a chat message with two images, logits, greedy generation (a plain forward loop and
-the engine), and the export: transformers loads save_checkpoint's folder, model and processor.
-The smolvlm folder's tower has more position embeddings than a tile has patches (48-pixel
+Tiny random folders are built with transformers (bench/vision_folders.py: Idefics3Config /
+SmolVLMConfig over a 2-layer Llama and a 2-layer vision tower, saved with an Idefics3Processor whose
+tokenizer holds the image tokens and a "\\n\\n" merge), loaded through postrain's loader, and
+compared in float32: pixel values (odd sizes, extreme aspect ratios, several images per message,
+splitting off), the prompt ids of a chat message with two images, logits, greedy generation (a plain
+forward loop and the engine), and the export: transformers loads save_checkpoint's folder, model and
+processor. The smolvlm folder's tower has more position embeddings than a tile has patches (48-pixel
 image_size, 32-pixel tiles), so the bucketed position ids are exercised; the idefics3 one matches
-them one to one, as the released models do. transformers' SmolVLMProcessor needs num2words, so
-both folders carry an Idefics3Processor (the two build the same prompt text for images).
+them one to one, as the released models do. transformers' SmolVLMProcessor needs num2words, so both
+folders carry an Idefics3Processor (the two build the same prompt text for images).
 """
 from __future__ import annotations
 
-import base64
-import io
 import json
+import os
+import sys
 
-import numpy as np
 import pytest
 import torch
 
@@ -30,30 +29,17 @@ from postrain.actors.models.vision import ImageRows, render_prompt
 
 transformers = pytest.importorskip("transformers")
 from PIL import Image  # noqa: E402
-from postrain.bench.vision_folders import build_folder  # noqa: E402
+from postrain.bench.vision_folders import build_folder, data_url, noise, png  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # tests/actors/models
+from vision_checks import assert_export_logits, built_and_loaded, our_logits  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True)
 
 
 @pytest.fixture(scope="module", params=["idefics3", "smolvlm"])
 def pair(request, tmp_path_factory):
-    folder, hf, processor = build_folder(tmp_path_factory.mktemp(request.param), request.param)
-    model, tokenizer = load_model(folder)
-    return hf, processor, model, tokenizer
-
-
-def noise(width: int, height: int, seed: int) -> Image.Image:
-    return Image.fromarray(np.random.RandomState(seed).randint(0, 256, (height, width, 3), dtype=np.uint8))
-
-
-def png(image: Image.Image) -> bytes:
-    out = io.BytesIO()
-    image.save(out, format="PNG")
-    return out.getvalue()
-
-
-def data_url(image: Image.Image) -> str:
-    return "data:image/png;base64," + base64.b64encode(png(image)).decode()
+    return built_and_loaded(tmp_path_factory.mktemp(request.param), request.param)[:4]
 
 
 def chat(images: list[Image.Image]) -> tuple[list[dict], list[dict]]:
@@ -109,11 +95,6 @@ def hf_inputs(processor, images):
     return processor(text=text, images=images, return_tensors="pt")
 
 
-def our_logits(model, ids: torch.Tensor, images: list) -> torch.Tensor:
-    rows = model.vision.encode_images(images)
-    return model(ids, images=ImageRows(rows, ids == model.vision.image_token_id))
-
-
 def test_logits_equal_transformers(pair):
     hf, processor, model, _ = pair
     images = [noise(90, 50, 3), noise(17, 301, 4)]
@@ -162,12 +143,7 @@ def test_export_loads_in_transformers_and_back(pair, tmp_path):
     else:
         again = transformers.AutoImageProcessor.from_pretrained(folder)(images=[images], return_tensors="pt")
     torch.testing.assert_close(again["pixel_values"], inputs["pixel_values"], atol=0, rtol=0)
-    reloaded, _ = load_model(folder)
-    assert reloaded.config.vision == model.config.vision
-    with torch.no_grad():
-        expected = hf(**inputs).logits
-        torch.testing.assert_close(theirs(**inputs).logits, expected, atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(our_logits(reloaded, inputs["input_ids"], images), expected, atol=1e-4, rtol=1e-4)
+    assert_export_logits(folder, model, hf, theirs, inputs, lambda ours: our_logits(ours, inputs["input_ids"], images))
 
 
 # ------------------------------------------------------------------ refusals

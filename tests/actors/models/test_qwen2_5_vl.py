@@ -1,28 +1,24 @@
 """Parity of postrain.actors.models.qwen2_5_vl (Qwen2.5-VL) with Hugging Face transformers.
 
-A tiny random folder is built with transformers in the test (Qwen2_5_VLConfig over a 2-layer Qwen2
-decoder and a 3-layer vision tower whose middle block attends over the whole image and the others
-within 2 x 2 windows of merged patches; a Qwen2VLImageProcessor's preprocessor_config.json; a
-byte-level tokenizer holding the vision tokens and a chat template), loaded through postrain's
-loader and compared in float32: pixel values and image grids (odd sizes, extreme aspect ratios, two
-images at once), the prompt ids of a chat message with two images, logits (one prompt, a
-left-padded batch, and right padding against the unpadded rows; text-only too), greedy generation
-through the engine (whole and chunked prefill, the image split across chunks), the learner's
-logprobs against the engine's sampled ones, and the export (transformers loads it: the same
-logits and pixels). transformers' Qwen2_5_VLProcessor wants a video processor, which needs
+A tiny random folder is built with transformers (bench/vision_folders.py: Qwen2_5_VLConfig over a
+2-layer Qwen2 decoder and a 3-layer vision tower whose middle block attends over the whole image and
+the others within 2 x 2 windows of merged patches; a Qwen2VLImageProcessor's
+preprocessor_config.json; a byte-level tokenizer holding the vision tokens and a chat template),
+loaded through postrain's loader and compared in float32: pixel values and image grids (odd sizes,
+extreme aspect ratios, two images at once), the prompt ids of a chat message with two images, logits
+(one prompt, a left-padded batch, and right padding against the unpadded rows; text-only too),
+greedy generation through the engine (whole and chunked prefill, the image split across chunks), the
+learner's logprobs against the engine's sampled ones, and the export (transformers loads it: the
+same logits and pixels). transformers' Qwen2_5_VLProcessor wants a video processor, which needs
 torchvision; the test's processor goes without one (images only).
 """
 from __future__ import annotations
 
-import base64
 import dataclasses
-import io
 import json
 import os
 import sys
-from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -35,102 +31,19 @@ from postrain.actors.models.vision import ImageInputError, ImageRows, batch_rope
 
 transformers = pytest.importorskip("transformers")
 from PIL import Image  # noqa: E402
-from tokenizers import AddedToken, decoders, models, pre_tokenizers  # noqa: E402
-from tokenizers import Tokenizer as HFTokenizer  # noqa: E402
+from postrain.bench.vision_folders import build_folder, data_url, noise, png  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # tests/actors/models
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # tests/actors
-from train_batches import sampled_batch  # noqa: E402
+from train_batches import assert_logprobs_equal, sampled_batch  # noqa: E402
+from vision_checks import assert_export_logits, built_and_loaded  # noqa: E402
 
-TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}"
-            "{{ message['content'] }}{% else %}{% for part in message['content'] %}{% if part['type'] == 'image' %}"
-            "<|vision_start|><|image_pad|><|vision_end|>{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
-            "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
-            "{% endif %}")
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
-            "<|video_pad|>"]
-TEXT = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            max_position_embeddings=512, rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=None,
-            rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0})
-# 8-pixel patches, 2 x 2 merged; windows of 32 pixels (2 x 2 merged patches); block 1 attends over the whole image
-VISION = dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, patch_size=8, spatial_merge_size=2,
-              temporal_patch_size=2, window_size=32, out_hidden_size=64, fullatt_block_indexes=[1])
-# 4 to 30 image tokens per image
-PROCESSOR = dict(min_pixels=16 * 16 * 4, max_pixels=16 * 16 * 30, patch_size=8, merge_size=2, temporal_patch_size=2)
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True)
-
-
-class Processor(transformers.Qwen2_5_VLProcessor):
-    """transformers' processor without a video processor (that needs torchvision)."""
-
-    def check_argument_for_proper_class(self, argument_name, argument):
-        if argument_name == "video_processor" and argument is None:
-            return None
-        return super().check_argument_for_proper_class(argument_name, argument)
-
-
-def tiny_tokenizer():
-    byte_symbols = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tok = HFTokenizer(models.BPE({s: i for i, s in enumerate(byte_symbols)}, [], fuse_unk=False))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIALS])
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
-                                                     pad_token="<|endoftext|>")
-    tokenizer.chat_template = TEMPLATE
-    return tokenizer
-
-
-def randomised(model, seed: int):
-    """Weights normal(0, 0.2), norm weights in [0.5, 1.5] (clear greedy winners, bounded activations)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if ("norm" in name or "ln_q" in name) and name.endswith("weight"):
-                param.copy_(torch.rand(param.shape, generator=gen) + 0.5)
-            else:
-                param.copy_(torch.randn(param.shape, generator=gen) * 0.2)
-    return model.eval()
-
-
-def build_folder(folder: Path, seed: int = 0):
-    """A tiny random Qwen2.5-VL folder (model, tokenizer, image processor); (folder, hf model, processor)."""
-    tokenizer = tiny_tokenizer()
-    image_processor = transformers.Qwen2VLImageProcessorPil(**PROCESSOR)
-    processor = Processor(image_processor=image_processor, tokenizer=tokenizer, chat_template=TEMPLATE)
-    ids = {name: tokenizer.convert_tokens_to_ids(f"<|{name}|>") for name in ("image_pad", "video_pad",
-                                                                          "vision_start", "vision_end")}
-    config = transformers.Qwen2_5_VLConfig(
-        text_config={**TEXT, "vocab_size": len(tokenizer)}, vision_config=VISION, image_token_id=ids["image_pad"],
-        video_token_id=ids["video_pad"], vision_start_token_id=ids["vision_start"],
-        vision_end_token_id=ids["vision_end"])
-    torch.manual_seed(seed)
-    hf = randomised(transformers.Qwen2_5_VLForConditionalGeneration(config), seed)
-    hf.generation_config.eos_token_id = None
-    hf.save_pretrained(folder)
-    image_processor.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder, hf, processor
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    folder, hf, processor = build_folder(tmp_path_factory.mktemp("qwen2_5_vl"))
-    model, tokenizer = load_model(folder)
-    return hf, processor, model, tokenizer, folder
-
-
-def noise(width: int, height: int, seed: int) -> Image.Image:
-    return Image.fromarray(np.random.RandomState(seed).randint(0, 256, (height, width, 3), dtype=np.uint8))
-
-
-def png(image: Image.Image) -> bytes:
-    out = io.BytesIO()
-    image.save(out, format="PNG")
-    return out.getvalue()
-
-
-def data_url(image: Image.Image) -> str:
-    return "data:image/png;base64," + base64.b64encode(png(image)).decode()
+    return built_and_loaded(tmp_path_factory.mktemp("qwen2_5_vl"), "qwen2_5_vl")
 
 
 def chat(images: list[Image.Image], words: str = "Compare") -> tuple[list[dict], list[dict]]:
@@ -285,9 +198,7 @@ def test_learner_logprobs_equal_the_engines(pair):
     batch = sampled_batch([ids for ids, _ in prompts], [done[r] for r in requests])
     batch = dataclasses.replace(batch, images=[files for _, files in prompts for _ in range(2)])
     mine = learner.compute_logprobs(batch)
-    for lp_mine, lp_gen, mask in zip(mine, batch.behavior_logprobs, batch.loss_mask):
-        m = torch.tensor(mask, dtype=torch.bool)
-        assert (lp_mine[m] - torch.tensor(lp_gen)[m]).abs().max() < 1e-4
+    assert_logprobs_equal(mine, batch)
 
 
 def test_export_loads_in_transformers_and_back(pair, tmp_path):
@@ -300,20 +211,15 @@ def test_export_loads_in_transformers_and_back(pair, tmp_path):
     again = transformers.AutoImageProcessor.from_pretrained(folder)(images=images, return_tensors="pt")
     torch.testing.assert_close(again["pixel_values"], inputs["pixel_values"], atol=0, rtol=0)
     assert again["image_grid_thw"].tolist() == inputs["image_grid_thw"].tolist()
-    reloaded, _ = load_model(folder)
-    assert reloaded.config.vision == model.config.vision
-    with torch.no_grad():
-        expected = hf(**inputs).logits
-        torch.testing.assert_close(theirs(**inputs).logits, expected, atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(our_logits(reloaded, inputs["input_ids"], [images]), expected,
-                                   atol=1e-4, rtol=1e-4)
+    assert_export_logits(folder, model, hf, theirs, inputs,
+                         lambda ours: our_logits(ours, inputs["input_ids"], [images]))
 
 
 # ------------------------------------------------------------------ refusals
 
 
 def test_refusals_name_the_field(tmp_path):
-    folder, _, _ = build_folder(tmp_path / "m")
+    folder, _, _ = build_folder(tmp_path / "m", "qwen2_5_vl")
     hf = json.loads((folder / "config.json").read_text())
     with pytest.raises(CheckpointError, match="load the folder, not its config.json alone"):
         config_from_hf(hf)
