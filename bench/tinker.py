@@ -32,7 +32,17 @@ Figures (medians over interleaved repeats; the first round of each side is a war
   TENANT_ROUNDS rounds of forward_backward + optim_step by one tenant alone, then by four
   tenants (each its own ServiceClient and session, its own thread) at once, from one start to
   the last result; tenants_4_min/max_tenant_samples_per_s: the slowest and fastest of the four,
-  each over its own time. tinker_4_tenants_total_ratio = 4-tenant total / 1-tenant total.
+  each over its own time. tinker_4_tenants_total_ratio = 4-tenant total / 1-tenant total. The
+  server batches the tenants' forward_backwards that are ready together into one forward
+  (TinkerOptions.batch_tenants, the default); tenants_4_batched_forwards counts those forwards.
+  tenants_1/4_unbatched_samples_per_s and tinker_4_tenants_unbatched_total_ratio: the same on a
+  second server with batch_tenants=False (each request in turn; its own copy of the base). The
+  tenant figures are medians of `tenant_repeats` (3), the two servers taken in turn, alternating.
+  The same figures with `_1datum` after `tenants_1`/`tenants_4` (and in the ratios' names): each
+  request one datum instead of the batch, where a request alone leaves the hardware idle
+  (tenants_4_1datum_batched_forwards). tinker_4_tenants{,_1datum}_batching_gain: the four
+  tenants' total batched over that in turn (the one-tenant figures of the two servers do the
+  same work, so their spread is this machine's noise).
 """
 from __future__ import annotations
 
@@ -63,6 +73,8 @@ LORA_ALPHA = 32.0              # the server's (actors/tinker/tenants.py); the le
 KV_CACHE_MB = 64.0             # each sampler engine's, the server's and the peer's
 NUM_PROMPTS, SAMPLE_TOKENS, PROMPT_TOKENS = 32, 16, 16
 NUM_TENANTS = 4
+# the tenant figures beside the plain ones: without batching; one datum a request, with and without
+TENANT_TAGS = ("", "_unbatched", "_1datum", "_1datum_unbatched")
 SMOLLM2_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
@@ -73,10 +85,11 @@ class Sizes:
     step_repeats: int
     sample_repeats: int
     tenant_rounds: int          # forward_backward + optim_step rounds of each tenant
+    tenant_repeats: int         # of the tenant figures, interleaved between the two servers
 
 
-QUICK = Sizes(num_datums=8, datum_tokens=32, step_repeats=5, sample_repeats=3, tenant_rounds=4)
-FULL = Sizes(num_datums=8, datum_tokens=32, step_repeats=7, sample_repeats=3, tenant_rounds=3)
+QUICK = Sizes(num_datums=8, datum_tokens=32, step_repeats=5, sample_repeats=3, tenant_rounds=4, tenant_repeats=3)
+FULL = Sizes(num_datums=8, datum_tokens=32, step_repeats=7, sample_repeats=3, tenant_rounds=3, tenant_repeats=3)
 
 
 @contextlib.contextmanager
@@ -196,28 +209,43 @@ def _sample_figures(tc, service: TinkerService, sizes: Sizes) -> dict:
     return {key: (statistics.median(ours), statistics.median(theirs)) for key, (ours, theirs) in rates.items()}
 
 
-def _tenant_figures(url: str, name: str, vocab_size: int, sizes: Sizes) -> dict:
-    """Trained samples/s of one tenant alone, then of NUM_TENANTS at once (each its own session)."""
+def _tenant_figures(urls: dict[str, str], name: str, vocab_size: int, sizes: Sizes, num_datums: int,
+                    tag: str = "") -> dict:
+    """Per server (label -> URL): trained samples/s of one tenant alone, then of NUM_TENANTS at
+    once (each its own session), `num_datums` datums a request; medians of tenant_repeats, the
+    servers taken in turn. Keys: tenants_1{tag}..., tenants_4{tag}... ("_unbatched" after for
+    the server labelled so)."""
     import tinker
-    clients = [tinker.ServiceClient(base_url=url, api_key=API_KEY) for _ in range(NUM_TENANTS)]
+    clients = {label: [tinker.ServiceClient(base_url=url, api_key=API_KEY) for _ in range(NUM_TENANTS)]
+               for label, url in urls.items()}
+    data = [_datums(*sft_samples(num_datums, sizes.datum_tokens, vocab_size, seed=10 + i))
+            for i in range(NUM_TENANTS)]
+    runs: dict[str, dict[str, list[dict]]] = {label: {"alone": [], "together": []} for label in urls}
     try:
-        tcs = [c.create_lora_training_client(name, rank=RANK, seed=i, train_unembed=False).result()
-               for i, c in enumerate(clients)]
-        data = [_datums(*sft_samples(sizes.num_datums, sizes.datum_tokens, vocab_size, seed=10 + i))
-                for i in range(NUM_TENANTS)]
-        for tc, d in zip(tcs, data):                       # warm-up: each tenant's AdamW state exists
-            _api_step(tc, d)
-        alone = _run_tenants(tcs[:1], data[:1], sizes.tenant_rounds)
-        together = _run_tenants(tcs, data, sizes.tenant_rounds)
+        tcs = {label: [c.create_lora_training_client(name, rank=RANK, seed=i, train_unembed=False).result()
+                       for i, c in enumerate(cs)] for label, cs in clients.items()}
+        for label in urls:
+            for tc, d in zip(tcs[label], data):            # warm-up: each tenant's AdamW state exists
+                _api_step(tc, d)
+        for repeat in range(sizes.tenant_repeats):
+            for label in (list(urls) if repeat % 2 == 0 else list(reversed(urls))):
+                runs[label]["alone"].append(_run_tenants(tcs[label][:1], data[:1], sizes.tenant_rounds))
+                runs[label]["together"].append(_run_tenants(tcs[label], data, sizes.tenant_rounds))
     finally:
-        for c in clients:
-            c.close("success").result(timeout=60)
-    num = sizes.tenant_rounds * sizes.num_datums
-    per_tenant = [num / s for s in together["each_s"]]
-    return {"tenants_1_samples_per_s": num / alone["total_s"],
-            "tenants_4_samples_per_s": NUM_TENANTS * num / together["total_s"],
-            "tenants_4_min_tenant_samples_per_s": min(per_tenant),
-            "tenants_4_max_tenant_samples_per_s": max(per_tenant)}
+        for cs in clients.values():
+            for c in cs:
+                c.close("success").result(timeout=60)
+    num = sizes.tenant_rounds * num_datums
+    out = {}
+    for label in urls:
+        suffix = tag + ("" if label == "batched" else f"_{label}")
+        alone, together = runs[label]["alone"], runs[label]["together"]
+        out[f"tenants_1{suffix}_samples_per_s"] = statistics.median(num / r["total_s"] for r in alone)
+        out[f"tenants_4{suffix}_samples_per_s"] = statistics.median(NUM_TENANTS * num / r["total_s"] for r in together)
+        if not suffix:
+            out["tenants_4_min_tenant_samples_per_s"] = statistics.median(num / max(r["each_s"]) for r in together)
+            out["tenants_4_max_tenant_samples_per_s"] = statistics.median(num / min(r["each_s"]) for r in together)
+    return out
 
 
 def _run_tenants(tcs: list, data: list, rounds: int) -> dict:
@@ -270,21 +298,33 @@ def run(quick: bool = False) -> dict:
               "sample": f"{NUM_PROMPTS} prompts x {PROMPT_TOKENS} tokens, {SAMPLE_TOKENS} new tokens, temperature 1",
               "sample_repeats": sizes.sample_repeats, "sample_peer": "the generator's Engine in process",
               "num_tenants": NUM_TENANTS, "tenant_rounds": sizes.tenant_rounds,
+              "tenant_repeats": sizes.tenant_repeats,
               "load_avg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
     return _report(figures, config)
 
 
 def _measure(name: str, spec: str, sizes: Sizes) -> dict:
     import tinker
-    bases = BaseModels.load([f"{name}={spec}" if name != spec else spec], seed=0)
-    with _served(bases, TinkerOptions(evict_after_s=None, kv_cache_mb=KV_CACHE_MB)) as (url, service):
+    load = [f"{name}={spec}" if name != spec else spec]
+    bases = BaseModels.load(load, seed=0)
+    unbatched_bases = BaseModels.load(load, seed=0)       # its own copy: no tenant hooks shared between servers
+    options = TinkerOptions(evict_after_s=None, kv_cache_mb=KV_CACHE_MB)
+    with _served(bases, options) as (url, service), \
+            _served(unbatched_bases, TinkerOptions(evict_after_s=None, kv_cache_mb=KV_CACHE_MB, batch_tenants=False)
+                    ) as (unbatched_url, _):
         client = tinker.ServiceClient(base_url=url, api_key=API_KEY)
         try:
             step = _step_figures(client, service, name, spec, sizes)
             sample = _sample_figures(step.pop("tc"), service, sizes)
         finally:
             client.close("success").result(timeout=60)
-        tenants = _tenant_figures(url, name, bases.get(name).vocab_size, sizes)
+        urls, vocab_size = {"batched": url, "unbatched": unbatched_url}, bases.get(name).vocab_size
+        before = service.num_batched_forwards
+        tenants = _tenant_figures(urls, name, vocab_size, sizes, sizes.num_datums)
+        tenants["tenants_4_batched_forwards"] = service.num_batched_forwards - before
+        before = service.num_batched_forwards
+        tenants.update(_tenant_figures(urls, name, vocab_size, sizes, 1, "_1datum"))
+        tenants["tenants_4_1datum_batched_forwards"] = service.num_batched_forwards - before
     return {**step, **sample, **tenants}
 
 
@@ -300,10 +340,21 @@ def _report(figures: dict, config: dict) -> dict:
     for key in ("tenants_1_samples_per_s", "tenants_4_samples_per_s", "tenants_4_min_tenant_samples_per_s",
                 "tenants_4_max_tenant_samples_per_s"):
         results[key] = rounded(figures[key])
+    for tag in TENANT_TAGS:
+        for num in (1, 4):
+            results[f"tenants_{num}{tag}_samples_per_s"] = rounded(figures[f"tenants_{num}{tag}_samples_per_s"])
+    for key in ("tenants_4_batched_forwards", "tenants_4_1datum_batched_forwards"):
+        results[key] = figures[key]
     results["tinker_step_overhead_ratio"] = round(results["step_s"] / peer["step_s"], 3)
     results["tinker_sample_ratio"] = round(results["sample_tokens_per_s"] / peer["sample_tokens_per_s"], 3)
     results["tinker_sample_group_ratio"] = round(
         results["sample_group_tokens_per_s"] / peer["sample_group_tokens_per_s"], 3)
     results["tinker_4_tenants_total_ratio"] = round(
         results["tenants_4_samples_per_s"] / results["tenants_1_samples_per_s"], 3)
+    for tag in TENANT_TAGS[1:]:
+        results[f"tinker_4_tenants{tag}_total_ratio"] = round(
+            results[f"tenants_4{tag}_samples_per_s"] / results[f"tenants_1{tag}_samples_per_s"], 3)
+    for tag in ("", "_1datum"):      # batched over in turn, four tenants' totals
+        results[f"tinker_4_tenants{tag}_batching_gain"] = round(
+            results[f"tenants_4{tag}_samples_per_s"] / results[f"tenants_4{tag}_unbatched_samples_per_s"], 3)
     return {"config": config, "results": results, "peer": peer}

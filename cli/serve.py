@@ -64,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          "and its training clients freed; 'never': kept until it closes (default 300)")
     tenants.add_argument("--state-dir", default=None, metavar="PATH", help="where evicted training clients are "
                          "written (default: a temporary folder, removed when the server stops)")
+    tenants.add_argument("--no-batch-tenants", dest="batch_tenants", action="store_false", help="run each "
+                         "training client's forward_backward in turn (default: those of one base ready together "
+                         "run as one forward, each adapter on its own rows)")
     sandbox = parser.add_argument_group("--tinker sandbox extension: POST /api/v1/postrain/sandbox/run runs code in "
                                         "nsjail (docs/tinker.md)")
     sandbox.add_argument("--no-sandbox", dest="enable_sandbox", action="store_false", help="do not serve the "
@@ -105,7 +108,7 @@ def tinker_options(args):
                          max_queued_requests_per_session=args.max_queued_requests_per_session,
                          max_training_memory_mb_per_base=args.max_training_memory_mb_per_base,
                          evict_after_s=args.evict_after_s, session_timeout_s=args.session_timeout_s,
-                         state_dir=args.state_dir,
+                         state_dir=args.state_dir, batch_tenants=args.batch_tenants,
                          enable_sandbox=args.enable_sandbox, sandbox_workers=args.sandbox_workers,
                          sandbox_max_timeout_s=args.sandbox_max_timeout_s, sandbox_memory_mb=args.sandbox_memory_mb)
 

@@ -22,8 +22,15 @@ Invariant: `active` == bool(modules); the base weights never change while active
 
 Several adapters on one base (the Tinker server's tenants, actors/tinker/tenants.py): each
 `LearnerLora` adds its hooks to the shared model, and only the adapters whose `enabled` is True
-add their term; the owner of the base enables one at a time and `detach()` removes a tenant's
-hooks for good. A learner's own adapters stay enabled.
+add their term; `detach()` removes a tenant's hooks for good. A learner's own adapters stay
+enabled. Several adapters can also share one forward, each on its own rows of the batch
+(`batched_adapters`: inside it each adapter's hooks add their term only to its rows, dim 0 of
+every layer's input, with an in-place `index_add_`, so each adapter's gradient comes from its
+rows alone). Each hook handles its own rows with its own A and B, so adapters of different ranks
+and different targets share a forward as well (a layer an adapter does not target leaves its rows
+as the base computes them): the shared part is the base's matmuls, and each adapter's low-rank
+products cost what they cost alone. Outside the block the hooks are unchanged, bit for bit
+(`rows` is None: every row).
 
 Outputs: a LoRA policy's Hugging Face export (`export_hf`, the run's `policy/`, `postrain export`)
 holds the merged weights and, in its ADAPTER_FOLDER subfolder, the PEFT adapter folder
@@ -34,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,6 +108,7 @@ class LearnerLora:
         self.lora_A: dict[str, nn.Parameter] = {}
         self.lora_B: dict[str, nn.Parameter] = {}
         self.enabled = True      # the hooks add scale * B(A(x)) only while True (several adapters on one base)
+        self.rows: torch.Tensor | None = None   # inside batched_adapters: the batch rows it adds to; None: all
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         if self.config is None:
             return
@@ -132,12 +141,19 @@ class LearnerLora:
         def add_adapter(module, args, output):
             if not self.enabled:
                 return output
-            x = args[0]
+            x, rows = args[0], self.rows
+            if rows is not None:                  # batched_adapters: this adapter's rows only
+                x = x.index_select(0, rows)
             if isinstance(module, ExactLinear):   # exact: the generator's merged weight, bit for bit
                 delta = (self.lora_B[name].float() @ self.lora_A[name].float()) * scale   # merge_lora's ops
-                return exact_linear(x, (module.weight.float() + delta).to(module.weight.dtype), module.bias)
+                merged = exact_linear(x, (module.weight.float() + delta).to(module.weight.dtype), module.bias)
+                return merged if rows is None else output.index_copy(0, rows, merged)
             low = F.linear(F.linear(x.to(self.lora_A[name].dtype), self.lora_A[name]), self.lora_B[name])
-            return output + (low * scale).to(output.dtype)                  # (..., out)
+            if rows is None:
+                return output + (low * scale).to(output.dtype)              # (..., out)
+            # in place: the layer's output is no op's saved input, and a copy per adapter would
+            # cost each adapter the whole batch's output
+            return output.index_add_(0, rows, (low * scale).to(output.dtype))
         return add_adapter
 
     def detach(self) -> None:
@@ -218,6 +234,33 @@ class LearnerLora:
         if not self.active:
             raise LearnerError("export_peft needs a learner with the lora option set")
         return write_folder_atomically(Path(folder), lambda tmp: self.write_peft(tmp, base_model_name_or_path))
+
+
+@contextlib.contextmanager
+def batched_adapters(assignments: Sequence[tuple[LearnerLora, torch.Tensor | Sequence[int]]]):
+    """Several adapters of one base in one forward (module docstring): inside the block each
+    adapter of `assignments` is enabled and adds its term only to its rows (indices into dim 0 of
+    the batch, disjoint between adapters; rows no adapter names get the base alone). After it each
+    adapter's `enabled` and `rows` are as before. Run the backward inside the block too where the
+    model recomputes its forward (activation checkpointing). ValueError for an adapter named twice
+    or rows that overlap."""
+    loras = [lora for lora, _ in assignments]
+    if len({id(lora) for lora in loras}) != len(loras):
+        raise ValueError("batched_adapters: an adapter is named twice; give each adapter all its rows at once")
+    indices = [torch.as_tensor(rows, dtype=torch.long).flatten() for _, rows in assignments]
+    every = torch.cat(indices) if indices else torch.zeros(0, dtype=torch.long)
+    if every.numel() != every.unique().numel():
+        raise ValueError("batched_adapters: the adapters' rows overlap; each row takes one adapter")
+    saved = [(lora, lora.enabled, lora.rows) for lora in loras]
+    try:
+        for lora, rows in zip(loras, indices):
+            params = lora.parameters()
+            lora.rows = rows.to(params[0].device) if params else rows
+            lora.enabled = True
+        yield
+    finally:
+        for lora, enabled, previous in saved:
+            lora.enabled, lora.rows = enabled, previous
 
 
 def write_peft_adapter(folder: Path, config: LoraConfig, adapters: dict[str, tuple[torch.Tensor, torch.Tensor]],

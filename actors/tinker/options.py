@@ -33,6 +33,12 @@ class TinkerOptions(Options):
                                   "the server stops")
     seq_gap_timeout_s: float = Field(120.0, gt=0, description="how long a request waits for an earlier seq_id of "
                                      "its training client, seconds; past it the waiting requests fail")
+    batch_tenants: bool = Field(True, description="run the forward_backward (and forward) requests of one base's "
+                                "training clients that are ready together as one forward and one backward, each "
+                                "adapter on its own rows, each loss as it would be alone; False: each request in turn")
+    batch_tenants_max_tokens: int = Field(16384, ge=1, description="the padded tokens (rows x the longest row) "
+                                          "of one batched forward at most: requests are joined while they fit; a "
+                                          "larger request runs alone")
     poll_wait_s: float = Field(10.0, gt=0, description="retrieve_future holds a pending request this long, "
                                "seconds, then answers try_again")
     kv_cache_mb: float = Field(64.0, gt=0, description="each sampler engine's KV cache, MiB")

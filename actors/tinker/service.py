@@ -26,6 +26,23 @@ through `_resident`, which resumes an evicted tenant first, in the op's worker t
 compute limiter, so eviction and resumption never overlap a compute, and a restore is never
 refused (its request was already accepted): a base may then hold more than its limit until
 its idle tenants are evicted.
+
+Batching tenants. With `batch_tenants` (the default), the `forward_backward` and `forward`
+requests of one base's tenants that are ready at the same time run as one compute: each such
+op, once its seq_id's turn comes (`_drain`), joins its base's pending list instead of taking
+the compute limiter itself, and one task per base (`_run_batches`) takes, each time it holds
+the limiter, every op pending then (the window is zero: what came while the previous compute
+ran, nothing is waited for), up to `batch_tenants_max_tokens` padded tokens, and runs them as
+one forward and one backward (tenants.forward_backward_together: each adapter on its own rows,
+each tenant's loss on its rows as alone, their sum backpropagated once; the adapters are
+disjoint, so each gets its own gradient). Each op's result goes to its own future, and its
+tenant's drain goes on only then, so each tenant has at most one op pending and its seq_id
+order, dedup and eviction (a tenant with an op pending is `running`) are as without batching;
+an op not ready (waiting for an earlier seq_id) is not pending and holds nobody back. An op
+alone in its batch runs exactly as without batching. A batch whose forward fails is run again
+op by op (each fails alone, or succeeds); one whose backward fails fails its training ops (their
+gradients may hold part of it). `num_batched_forwards` and `num_batched_ops` count the
+computes of two or more ops and the ops they ran.
 """
 from __future__ import annotations
 
@@ -35,6 +52,7 @@ import shutil
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, NoReturn
 
@@ -49,7 +67,8 @@ from .ordering import Op, SeqOrder
 from .sampling import PendingSample, SamplerStore, SamplerWeights, engine_params, step_engine
 from .sandbox_runs import SandboxRuns
 from .sessions import SessionStore
-from .tenants import TenantCheckpoint, TrainingTenant, lora_targets, training_state_bytes
+from .tenants import (BackwardFailed, TenantCheckpoint, TenantJob, TrainingTenant, forward_backward_together,
+                      lora_targets, training_state_bytes)
 from .wire import ForwardBackwardCall, decode_forward_backward, encode_forward_backward_output
 
 log = logging.getLogger("postrain.tinker")
@@ -73,6 +92,21 @@ def _check(cls, body: dict, where: str):
         raise TinkerAPIError(400, f"{where}: the body is not a valid request ({problems})") from None
 
 
+@dataclass
+class BatchableOp(Op):
+    """A forward_backward (or forward) op that may run in one forward with other tenants' ops
+    (module docstring, "Batching tenants"); `work` runs it alone. `done` is set once its future
+    is resolved."""
+
+    job: TenantJob
+    done: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def rows_and_width(self) -> tuple[int, int]:
+        """(its datums, the longest one's tokens + 1): its padded batch is the product."""
+        return len(self.job.datums), max(len(d.tokens) for d in self.job.datums) + 1
+
+
 class TinkerService:
     """Sessions, tenants, samplers and futures of one server (module docstring)."""
 
@@ -89,6 +123,9 @@ class TinkerService:
         self.checkpoints: dict[str, TenantCheckpoint] = {}      # tinker://MODEL_ID/weights/NAME -> saved state
         self._num_creating: dict[str, int] = {}                 # base -> tenants being built (counted as resident)
         self._bytes_creating: dict[str, int] = {}               # base -> their training state, bytes
+        self._pending_batch: dict[str, list[BatchableOp]] = {}  # base -> ready forward_backward ops, FIFO
+        self.num_batched_forwards = 0                           # computes of two or more tenants' ops
+        self.num_batched_ops = 0                                # the ops they ran
         self.trio_token = trio.lowlevel.current_trio_token()    # for callers on other threads (tests)
         self._owns_state_dir = options.state_dir is None
         self.state_dir = Path(options.state_dir or tempfile.mkdtemp(prefix="postrain-tinker-"))
@@ -268,7 +305,8 @@ class TinkerService:
         def work() -> Result:
             outputs, metrics = tenant.forward_backward(call.datums, call.loss_fn, config, call.forward_only)
             return Result.proto(encode_forward_backward_output(outputs, metrics))
-        return self._submit(tenant, call.seq_id, work)
+        job = TenantJob(tenant, call.datums, call.loss_fn, config, call.forward_only)
+        return self._submit(tenant, call.seq_id, work, job if self.options.batch_tenants else None)
 
     def _check_datums(self, call: ForwardBackwardCall, held: HeldModel) -> None:
         if not call.datums:
@@ -371,15 +409,19 @@ class TinkerService:
             self._created[key] = request_id
         return {"request_id": self._created[key]}
 
-    def _submit(self, tenant: TrainingTenant, seq_id: int | None, work: Callable[[], Result]) -> dict:
+    def _submit(self, tenant: TrainingTenant, seq_id: int | None, work: Callable[[], Result],
+                job: TenantJob | None = None) -> dict:
         """Queue `work` in the tenant's seq_id order (a seq_id seen before: its first request id);
-        429 past max_queued_requests_per_session. The work runs with the tenant resident."""
+        429 past max_queued_requests_per_session. The work runs with the tenant resident; with
+        `job` (a forward_backward's) it may run batched with other tenants' (module docstring)."""
         order = self.orders[tenant.model_id]
         if seq_id is not None and int(seq_id) in order.request_ids:      # a re-sent request: never refused
             return {"request_id": order.request_ids[int(seq_id)], "model_id": tenant.model_id}
         self._check_queue(tenant.session_id)
         tenant.last_used_s = time.monotonic()
-        op = Op(self.futures.open(tenant.session_id), lambda: self._resident(tenant, work))
+        request_id = self.futures.open(tenant.session_id)
+        op = (Op(request_id, lambda: self._resident(tenant, work)) if job is None
+              else BatchableOp(request_id, lambda: self._resident(tenant, work), job))
         if seq_id is None:                     # no order asked for: after what is queued
             seq_id = max([order.next_seq_id - 1, *order.waiting]) + 1
         request_id, is_new = order.add(int(seq_id), op)
@@ -397,7 +439,10 @@ class TinkerService:
         order.running = True
         try:
             while (op := order.pop_ready()) is not None:
-                await self._execute(op)
+                if isinstance(op, BatchableOp):
+                    await self._execute_batchable(op)
+                else:
+                    await self._execute(op)
                 if (tenant := self.tenants.get(order.model_id)) is not None:
                     tenant.last_used_s = time.monotonic()     # idle from the end of its last op
         finally:
@@ -473,16 +518,86 @@ class TinkerService:
 
     async def _execute(self, op: Op) -> None:
         """Run an op's work in a worker thread under the compute limiter and resolve its future."""
-        try:
-            result = await trio.to_thread.run_sync(op.work, limiter=self.compute)
-        except TinkerAPIError as exc:
-            result = Result.failed(exc)
-        except Exception as exc:   # the request's own failure: its future says so, the server goes on
-            log.exception("tinker: request %s failed", op.request_id)
-            result = Result.failed(TinkerAPIError(500, f"internal error: {type(exc).__name__}: {exc}",
-                                                  category="server"))
-        assert isinstance(result, Result), "an op's work returns a Result"
+        result = await trio.to_thread.run_sync(_outcome, op, limiter=self.compute)
         self.futures.resolve(op.request_id, result)
+
+    async def _execute_batchable(self, op: BatchableOp) -> None:
+        """Put `op` on its base's pending list and wait until a batch has run it (module
+        docstring); the base's batch task is started when none runs."""
+        base = op.job.tenant.held.name
+        pending = self._pending_batch.get(base)
+        if pending is None:
+            pending = self._pending_batch[base] = []
+            self.nursery.start_soon(self._run_batches, base, pending)
+        pending.append(op)
+        await op.done.wait()
+
+    async def _run_batches(self, base: str, pending: list[BatchableOp]) -> None:
+        """While ops of `base` are pending: take the compute limiter, then as many of them as fit
+        (`_take_batch`), run them in a worker thread and resolve each one's future."""
+        try:
+            while pending:
+                async with self.compute:
+                    batch = self._take_batch(pending)
+                    try:
+                        results = await trio.to_thread.run_sync(self._compute_batch, batch)
+                    except Exception as exc:     # a fault of the batching itself: these ops fail, the server goes on
+                        results = [_failure(op, exc) for op in batch]
+                for op, result in zip(batch, results):
+                    self.futures.resolve(op.request_id, result)
+                    op.done.set()
+        finally:         # done, or cancelled (the server stops: the drains waiting are cancelled too)
+            if self._pending_batch.get(base) is pending:
+                del self._pending_batch[base]
+
+    def _take_batch(self, pending: list[BatchableOp]) -> list[BatchableOp]:
+        """The first pending op and each later one (in arrival order) while the batch's padded
+        tokens stay within batch_tenants_max_tokens; they leave `pending`."""
+        batch = [pending.pop(0)]
+        num_rows, width = batch[0].rows_and_width
+        for op in list(pending):
+            rows, op_width = op.rows_and_width
+            if (num_rows + rows) * max(width, op_width) <= self.options.batch_tenants_max_tokens:
+                pending.remove(op)
+                batch.append(op)
+                num_rows, width = num_rows + rows, max(width, op_width)
+        return batch
+
+    def _compute_batch(self, batch: list[BatchableOp]) -> list[Result]:
+        """Each op's result, from one forward_backward_together of the ops whose tenants are
+        resident (resumed first; one that cannot be fails alone); in a worker thread, under the
+        compute limiter. An op alone runs its own work, as without batching."""
+        if len(batch) == 1:
+            return [_outcome(batch[0])]
+        results: list[Result | None] = [None] * len(batch)
+        ready = []
+        for k, op in enumerate(batch):
+            try:
+                op.job.tenant.resume()
+                ready.append(k)
+            except Exception as exc:
+                results[k] = _failure(op, exc)
+        if len(ready) >= 2:
+            try:
+                outs = forward_backward_together([batch[k].job for k in ready])
+            except BackwardFailed as exc:
+                log.exception("tinker: a batched backward of %d requests failed", len(ready))
+                for k in ready:
+                    results[k] = _outcome(batch[k]) if batch[k].job.forward_only else _failure(batch[k], exc)
+            except Exception:
+                log.exception("tinker: a batched forward of %d requests failed; running them one by one", len(ready))
+                for k in ready:
+                    results[k] = _outcome(batch[k])
+            else:
+                self.num_batched_forwards += 1
+                self.num_batched_ops += len(ready)
+                for k, (outputs, metrics) in zip(ready, outs):
+                    results[k] = Result.proto(encode_forward_backward_output(outputs, metrics))
+        for k in ready:
+            if results[k] is None:     # one op left: alone
+                results[k] = _outcome(batch[k])
+        assert all(isinstance(r, Result) for r in results), "every op of a batch has a result"
+        return [r for r in results if r is not None]
 
     # ------------------------------------------------------------------ sampling
     def create_sampling_session(self, body: dict) -> dict:
@@ -581,6 +696,24 @@ class TinkerService:
 
     def cancel_future(self, body: dict) -> None:
         self.futures.cancel(str(body.get("request_id")))
+
+
+def _outcome(op: Op) -> Result:
+    """The op's work's Result, or its failure's (the request's own: its future says so)."""
+    try:
+        result = op.work()
+    except Exception as exc:
+        return _failure(op, exc)
+    assert isinstance(result, Result), "an op's work returns a Result"
+    return result
+
+
+def _failure(op: Op, exc: Exception) -> Result:
+    """A failed Result: a TinkerAPIError as it is, anything else an internal error (logged)."""
+    if isinstance(exc, TinkerAPIError):
+        return Result.failed(exc)
+    log.error("tinker: request %s failed", op.request_id, exc_info=exc)
+    return Result.failed(TinkerAPIError(500, f"internal error: {type(exc).__name__}: {exc}", category="server"))
 
 
 def _check_ids(ids: np.ndarray, held: HeldModel, where: str) -> None:

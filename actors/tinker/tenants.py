@@ -2,6 +2,8 @@
 
     tenant = TrainingTenant("m-1", held, rank=8, seed=0, train_mlp=True, train_attn=True)
     outputs, metrics = tenant.forward_backward(datums, "cross_entropy", {}, forward_only=False)
+    [(outputs, metrics), ...] = forward_backward_together([TenantJob(tenant, datums, "cross_entropy", {}, False),
+                                                          TenantJob(other, ...)])   # one forward of the base
     metrics = tenant.optim_step(learning_rate=1e-4, beta1=0.9, beta2=0.95, eps=1e-12,
                                 weight_decay=0.0, grad_clip_norm=0.0)
     state = tenant.merged_weights()         # base + scale * B @ A: what a sampler runs
@@ -12,12 +14,14 @@
 Design note. The adapter is postrain's own LoRA (actors/learner/lora.py): the same init (A
 kaiming-uniform from the seed, B zero), the same hook and the same merge, with alpha
 LORA_ALPHA (scale = alpha / rank). Many tenants share one base: each adds its hooks, and only
-the tenant computing has its adapters `enabled` (`_active`). The caller runs every tenant's
-compute one at a time (the service's compute limiter), so at most one adapter of a base is
-enabled at any moment. Gradients accumulate in the adapters' `.grad` over any number of
-`forward_backward` calls and are cleared by `optim_step`, the only writer of the weights.
-Invariant: outside `_active`, `self.lora.enabled` is False (tests/actors/tinker/test_training.py: three
-tenants at once each end as they would alone).
+the tenants computing have their adapters `enabled`: one alone (`_active`), or several in one
+forward, each on its own rows of the batch (`forward_backward_together`, lora.batched_adapters:
+the service batches the `forward_backward` calls of a base's tenants that are ready together).
+The caller runs every compute one at a time (the service's compute limiter). Gradients
+accumulate in the adapters' `.grad` over any number of `forward_backward` calls and are cleared
+by `optim_step`, the only writer of the weights. Invariant: outside a compute, `self.lora.enabled`
+is False and `self.lora.rows` None (tests/actors/tinker/test_batching.py: three tenants at once,
+batched or in turn, each end as they would alone).
 
 Eviction. An idle tenant can leave its base without ending: `evict(path)` writes one file
 (`torch.save`, format EVICTED_FORMAT: the adapter, the pending gradients, the AdamW state dict,
@@ -41,7 +45,8 @@ import torch
 
 from postrain.ext import rl_ops
 
-from ..learner.lora import LearnerLora
+from ..learner.lora import LearnerLora, batched_adapters
+from ..models.llama import LlamaModel
 from .base_models import HeldModel
 from .errors import TinkerAPIError
 from .losses import token_loss
@@ -150,68 +155,15 @@ class TrainingTenant:
             self.lora.enabled = False
 
     def logprobs(self, datums: list[WireDatum], trained: list[np.ndarray]) -> list[torch.Tensor]:
-        """Each datum's logprob of its target tokens (L,); the rows where `trained[i]` is True carry
-        the adapters' gradient path, the others are computed without one.
-
-        The pass is the learner's SFT pass (actors/learner/policy_forward.py), row for row, so that
-        its gradients are the learner's bit for bit: each datum is its tokens and one more (its
-        last target, which only the last position sees), the datums run sorted by length (stable,
-        the learner's plain plan), padded on the right, and the LM head sees the trained rows
-        alone, in row-major order."""
-        model, device = self.held.model, self.lora.parameters()[0].device
-        order = sorted(range(len(datums)), key=lambda i: len(datums[i].tokens))
-        width = max(len(d.tokens) for d in datums) + 1
-        ids = torch.zeros(len(datums), width, dtype=torch.long)                        # (B, T)
-        attention = torch.zeros(ids.shape, dtype=torch.long)
-        targets = torch.zeros(len(datums), width - 1, dtype=torch.long)                 # (B, T - 1)
-        rows = torch.zeros(targets.shape, dtype=torch.bool)
-        train = torch.zeros(targets.shape, dtype=torch.bool)
-        for row, i in enumerate(order):
-            d, n = datums[i], len(datums[i].tokens)
-            ids[row, :n + 1] = torch.from_numpy(np.append(d.tokens, d.inputs["target_tokens"][-1]))
-            attention[row, :n + 1] = 1
-            targets[row, :n] = torch.from_numpy(np.array(d.inputs["target_tokens"], dtype=np.int64))
-            rows[row, :n] = True
-            train[row, :n] = torch.from_numpy(trained[i])
-        ids, attention, targets = ids.to(device), attention.to(device), targets.to(device)
-        rows, train = rows.to(device), train.to(device)
-        rest = rows & ~train
-        weight = model.lm_head.weight
+        """Each datum's logprob of its target tokens (L,) with this tenant's adapter (`_logprobs`)."""
         with self._active():
-            hidden = model.hidden_states(ids, None if bool(attention.all()) else attention)[:, :-1]   # (B, T-1, H)
-            out = torch.zeros(targets.shape, dtype=torch.float32, device=device)
-            if bool(train.any()):
-                out = out.masked_scatter(train, rl_ops.token_logprobs_from_hidden(hidden[train], weight, targets[train]))
-            if bool(rest.any()):
-                with torch.no_grad():
-                    untrained = rl_ops.token_logprobs_from_hidden(hidden[rest].detach(), weight, targets[rest])
-                out = out.masked_scatter(rest, untrained)
-        per_datum: list[torch.Tensor] = [torch.empty(0)] * len(datums)
-        for row, i in enumerate(order):
-            per_datum[i] = out[row, :len(datums[i].tokens)]
-        return per_datum
+            return _logprobs(self.held.model, self.lora.parameters()[0].device, datums, trained, _row_order(datums))
 
     def forward_backward(self, datums: list[WireDatum], loss_fn: str, config: dict[str, float],
                          forward_only: bool) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
         """Per-datum outputs ("logprobs", "elementwise_loss") and metrics ("loss:sum"); the loss's
         gradient is added to the adapters' unless `forward_only`."""
-        trained = [_trained_rows(d, loss_fn, forward_only) for d in datums]
-        with torch.set_grad_enabled(not forward_only):
-            per_datum = self.logprobs(datums, trained)
-            total = torch.zeros((), dtype=torch.float32)
-            outputs = []
-            for d, logp in zip(datums, per_datum):
-                inputs = {k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in d.inputs.items()
-                          if k != "target_tokens"}
-                loss, term = token_loss(loss_fn, logp, inputs, config)
-                total = total + loss
-                outputs.append({"logprobs": logp.detach().float().numpy(),
-                                "elementwise_loss": term.detach().float().numpy()})
-            if not forward_only and total.requires_grad:
-                total.backward()
-            if not forward_only:
-                self.num_accumulated += 1
-        return outputs, {"loss:sum": float(total.detach())}
+        return forward_backward_together([TenantJob(self, datums, loss_fn, config, forward_only)])[0]
 
     def optim_step(self, *, learning_rate: float, beta1: float, beta2: float, eps: float, weight_decay: float,
                    grad_clip_norm: float) -> dict[str, float]:
@@ -314,6 +266,127 @@ class TrainingTenant:
         if self.evicted_to is not None:
             self.evicted_to.unlink(missing_ok=True)
             self.evicted_to = None
+
+
+@dataclass(frozen=True)
+class TenantJob:
+    """One tenant's `forward_backward` (or `forward`: forward_only) call."""
+
+    tenant: TrainingTenant
+    datums: list[WireDatum]
+    loss_fn: str
+    config: dict[str, float]
+    forward_only: bool
+
+
+class BackwardFailed(RuntimeError):
+    """The backward of `forward_backward_together` failed: the training jobs' gradients may hold
+    part of it (the cause is chained)."""
+
+
+def forward_backward_together(jobs: list[TenantJob]) -> list[tuple[list[dict[str, np.ndarray]], dict[str, float]]]:
+    """Each job's (per-datum outputs, metrics), as `TrainingTenant.forward_backward` alone would
+    give them, from one forward of the jobs' shared base over all their datums together, each
+    tenant's adapter on its own rows (lora.batched_adapters), and one backward of the sum of the
+    training jobs' losses: the adapters are disjoint and no row sees another's, so each adapter's
+    gradient is that of its own loss alone (equal to it alone up to float rounding: the batch is
+    padded to the longest datum of all). One job runs with its adapter on every row: the pass of
+    one tenant alone, unchanged. The tenants are distinct and resident, on one base. BackwardFailed
+    when the backward of two or more fails (before it nothing is written); one job's failure is
+    its own exception."""
+    assert jobs, "at least one job"
+    held = jobs[0].tenant.held
+    assert all(job.tenant.held is held for job in jobs), "the jobs share one base"
+    assert len({job.tenant.model_id for job in jobs}) == len(jobs), "one job per tenant"
+    datums = [d for job in jobs for d in job.datums]
+    owners = [k for k, job in enumerate(jobs) for _ in job.datums]
+    trained = [_trained_rows(d, job.loss_fn, job.forward_only) for job in jobs for d in job.datums]
+    device = jobs[0].tenant.lora.parameters()[0].device
+
+    order = _row_order(datums)
+    if len(jobs) == 1:
+        adapters = jobs[0].tenant._active()
+    else:
+        rows = [[row for row, i in enumerate(order) if owners[i] == k] for k in range(len(jobs))]
+        adapters = batched_adapters([(job.tenant.lora, r) for job, r in zip(jobs, rows)])
+    results: list[tuple[list[dict[str, np.ndarray]], dict[str, float]]] = []
+    with torch.set_grad_enabled(not all(job.forward_only for job in jobs)), adapters:
+        per_datum = _logprobs(held.model, device, datums, trained, order)
+        totals, first = [], 0
+        for job in jobs:
+            total = torch.zeros((), dtype=torch.float32)
+            outputs = []
+            for d, logp in zip(job.datums, per_datum[first:first + len(job.datums)]):
+                inputs = {k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in d.inputs.items()
+                          if k != "target_tokens"}
+                loss, term = token_loss(job.loss_fn, logp, inputs, job.config)
+                total = total + loss
+                outputs.append({"logprobs": logp.detach().float().numpy(),
+                                "elementwise_loss": term.detach().float().numpy()})
+            first += len(job.datums)
+            if not job.forward_only and total.requires_grad:
+                totals.append(total)
+            results.append((outputs, {"loss:sum": float(total.detach())}))
+        if totals:
+            if len(jobs) == 1:
+                totals[0].backward()
+            else:
+                try:
+                    torch.stack(totals).sum().backward()
+                except Exception as exc:
+                    raise BackwardFailed(f"the backward of {len(jobs)} tenants together failed: "
+                                         f"{type(exc).__name__}: {exc}") from exc
+    for job in jobs:
+        if not job.forward_only:
+            job.tenant.num_accumulated += 1
+    return results
+
+
+def _row_order(datums: list[WireDatum]) -> list[int]:
+    """The datum index of each batch row: sorted by length, stable (the learner's plain plan)."""
+    return sorted(range(len(datums)), key=lambda i: len(datums[i].tokens))
+
+
+def _logprobs(model: LlamaModel, device: torch.device, datums: list[WireDatum], trained: list[np.ndarray],
+              order: list[int]) -> list[torch.Tensor]:
+    """Each datum's logprob of its target tokens (L,), with the adapters the caller enabled; the
+    rows where `trained[i]` is True carry the adapters' gradient path, the others are computed
+    without one. `order`: the datum index of each batch row (`_row_order`).
+
+    The pass is the learner's SFT pass (actors/learner/policy_forward.py), row for row, so that
+    its gradients are the learner's bit for bit: each datum is its tokens and one more (its
+    last target, which only the last position sees), the datums run sorted by length (stable,
+    the learner's plain plan), padded on the right, and the LM head sees the trained rows
+    alone, in row-major order."""
+    width = max(len(d.tokens) for d in datums) + 1
+    ids = torch.zeros(len(datums), width, dtype=torch.long)                        # (B, T)
+    attention = torch.zeros(ids.shape, dtype=torch.long)
+    targets = torch.zeros(len(datums), width - 1, dtype=torch.long)                 # (B, T - 1)
+    rows = torch.zeros(targets.shape, dtype=torch.bool)
+    train = torch.zeros(targets.shape, dtype=torch.bool)
+    for row, i in enumerate(order):
+        d, n = datums[i], len(datums[i].tokens)
+        ids[row, :n + 1] = torch.from_numpy(np.append(d.tokens, d.inputs["target_tokens"][-1]))
+        attention[row, :n + 1] = 1
+        targets[row, :n] = torch.from_numpy(np.array(d.inputs["target_tokens"], dtype=np.int64))
+        rows[row, :n] = True
+        train[row, :n] = torch.from_numpy(trained[i])
+    ids, attention, targets = ids.to(device), attention.to(device), targets.to(device)
+    rows, train = rows.to(device), train.to(device)
+    rest = rows & ~train
+    weight = model.lm_head.weight
+    hidden = model.hidden_states(ids, None if bool(attention.all()) else attention)[:, :-1]   # (B, T-1, H)
+    out = torch.zeros(targets.shape, dtype=torch.float32, device=device)
+    if bool(train.any()):
+        out = out.masked_scatter(train, rl_ops.token_logprobs_from_hidden(hidden[train], weight, targets[train]))
+    if bool(rest.any()):
+        with torch.no_grad():
+            untrained = rl_ops.token_logprobs_from_hidden(hidden[rest].detach(), weight, targets[rest])
+        out = out.masked_scatter(rest, untrained)
+    per_datum: list[torch.Tensor] = [torch.empty(0)] * len(datums)
+    for row, i in enumerate(order):
+        per_datum[i] = out[row, :len(datums[i].tokens)]
+    return per_datum
 
 
 def _named_parameters(lora: LearnerLora) -> dict[str, torch.nn.Parameter]:

@@ -9,11 +9,17 @@ from postrain.bench import BENCHMARKS, run_benchmark
 pytest.importorskip("tinker")
 
 RAW = ("step_s", "sample_tokens_per_s", "sample_group_tokens_per_s", "tenants_1_samples_per_s",
-       "tenants_4_samples_per_s", "tenants_4_min_tenant_samples_per_s", "tenants_4_max_tenant_samples_per_s")
+       "tenants_4_samples_per_s", "tenants_4_min_tenant_samples_per_s", "tenants_4_max_tenant_samples_per_s",
+       *(f"tenants_{n}{tag}_samples_per_s" for tag in ("_unbatched", "_1datum", "_1datum_unbatched") for n in (1, 4)))
 RATIOS = {"tinker_step_overhead_ratio": ("step_s", "peer step_s"),
           "tinker_sample_ratio": ("sample_tokens_per_s", "peer sample_tokens_per_s"),
           "tinker_sample_group_ratio": ("sample_group_tokens_per_s", "peer sample_group_tokens_per_s"),
-          "tinker_4_tenants_total_ratio": ("tenants_4_samples_per_s", "tenants_1_samples_per_s")}
+          "tinker_4_tenants_total_ratio": ("tenants_4_samples_per_s", "tenants_1_samples_per_s"),
+          **{f"tinker_4_tenants{tag}_total_ratio": (f"tenants_4{tag}_samples_per_s", f"tenants_1{tag}_samples_per_s")
+             for tag in ("_unbatched", "_1datum", "_1datum_unbatched")},
+          **{f"tinker_4_tenants{tag}_batching_gain": (f"tenants_4{tag}_samples_per_s",
+                                                      f"tenants_4{tag}_unbatched_samples_per_s")
+             for tag in ("", "_1datum")}}
 
 
 @pytest.mark.slow
@@ -30,3 +36,4 @@ def test_a_quick_run_reports_the_apis_step_sampling_and_tenants_against_the_same
         assert abs(results[name] - figures[ours] / figures[theirs]) <= 5e-4 + 1e-9, name
     assert results["tenants_4_min_tenant_samples_per_s"] <= results["tenants_4_max_tenant_samples_per_s"]
     assert results["step_weights_max_abs_diff"] < 1e-5      # both sides trained the same adapter alike
+    assert isinstance(results["tenants_4_batched_forwards"], int) and results["tenants_4_batched_forwards"] >= 0

@@ -157,7 +157,10 @@ def test_a_resent_request_is_applied_once_and_out_of_order_requests_run_in_order
 
 
 def test_three_tenants_training_at_once_each_equal_training_alone(served, client):
-    """Three adapters on one base, their requests interleaved: each ends as it would alone."""
+    """Three adapters on one base, their requests interleaved: each ends as it would alone. Their
+    forward_backwards may run batched (test_batching.py), which changes float32 rounding (about 1e-6
+    of the gradients), and Adam's second step magnifies it where a gradient is near zero (3e-5
+    measured here): the bound is a tenth of one step (lr 1e-3); a wrong gradient moves a whole step."""
     data = []
     for seed in range(3):
         tokens, masks = samples(3, seed=10 + seed)
@@ -176,7 +179,7 @@ def test_three_tenants_training_at_once_each_equal_training_alone(served, client
         for _ in range(2):
             alone.forward_backward(d, "cross_entropy").result()
             alone.optim_step(adam()).result()
-        assert max_difference(tenants[together[i].model_id].adapters(), tenants[alone.model_id].adapters()) == 0.0
+        assert max_difference(tenants[together[i].model_id].adapters(), tenants[alone.model_id].adapters()) < 1e-4
 
 
 def test_a_seq_id_gap_that_never_fills_fails_the_waiting_requests(served, client):
