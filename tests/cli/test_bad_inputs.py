@@ -119,7 +119,7 @@ CASES = [
     # -- up: the built-in run's options --------------------------------------------------------
     ("up-unknown-model", lambda t: ["up", "--dry-run", "--config", default_with(t, shared={"model": "tinny"})],
      "options.model = 'tinny': unknown model 'tinny' (no built-in name and no such file or folder); "
-     "a model is a built-in name (small, tiny)", 3),
+     "a model is a built-in name (small, tiny, tiny-vl)", 3),
     ("up-learner-type", lambda t: ["up", "--dry-run", "--config", default_with(
         t, options_of={"learner": {"learner": {**DEFAULT["actors"][2]["options"]["learner"], "clip_high": "x"}}})],
      "actors.2(learner).options.learner.clip_high = 'x': Input should be a valid number", 2),

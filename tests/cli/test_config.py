@@ -68,7 +68,7 @@ def test_an_unknown_model_fails_the_dry_run_listing_the_built_in_names_and_the_r
     assert cli.main(["up", "--dry-run", "--config", path]) == 2
     err = capsys.readouterr().err
     assert ("actors.1(generator).options.model = 'tinny': unknown model 'tinny' (no built-in name and no such "
-            "file or folder); a model is a built-in name (small, tiny)") in err
+            "file or folder); a model is a built-in name (small, tiny, tiny-vl)") in err
     assert "a Hugging Face folder (config.json + *.safetensors) or a .gguf file" in err
     (tmp_path / "folder").mkdir()
     path = write_default(tmp_path, shared={**DEFAULT["shared"], "model": str(tmp_path / "folder")})
