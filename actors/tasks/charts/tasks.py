@@ -72,7 +72,7 @@ def demonstrations(num: int, seed: int = 0, options: dict | ChartsOptions | None
     """`num` demonstrations for the warm start: a training task's first messages (the chart as an
     image content part, the question) and the reference solver's reply (its reads, then the answer),
     in the task's form."""
-    from .env import chart_message, first_messages
+    from .env import first_messages
     from .figures import Chart
     from .solver import solve
 
