@@ -88,7 +88,7 @@ class Sizes:
     tenant_repeats: int         # of the tenant figures, interleaved between the two servers
 
 
-QUICK = Sizes(num_datums=8, datum_tokens=32, step_repeats=5, sample_repeats=3, tenant_rounds=4, tenant_repeats=3)
+QUICK = Sizes(num_datums=8, datum_tokens=32, step_repeats=3, sample_repeats=2, tenant_rounds=2, tenant_repeats=1)
 FULL = Sizes(num_datums=8, datum_tokens=32, step_repeats=7, sample_repeats=3, tenant_rounds=3, tenant_repeats=3)
 
 

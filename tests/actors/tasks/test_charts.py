@@ -200,6 +200,7 @@ def test_content_parts_are_checked_and_a_text_only_policy_refuses_an_image():
         require_text_messages(good, "a text policy")
 
 
+@pytest.mark.variants      # ~15-25 s; the image path's parts are tested one by one in tests/actors/test_vision.py
 def test_a_run_on_the_image_form_trains_the_tiny_vision_language_policy(tmp_path):
     """`postrain up` with every role a real process: a warm start on the solver's demonstrations
     (images in the SFT batches), then RL: the environment renders each chart into the prompt's
@@ -225,8 +226,8 @@ def test_the_demonstrations_show_the_chart_and_the_solvers_reply_grades_correct(
     from postrain.actors.tasks.demonstrations import validate_demonstration
 
     for form in FORMS:
-        demos = get_task("charts").demonstrations(20, seed=3, options={"form": form})
-        tasks = list(itertools.islice(get_task("charts").train_tasks(seed=3, options={"form": form}), 20))
+        demos = get_task("charts").demonstrations(6, seed=3, options={"form": form})
+        tasks = list(itertools.islice(get_task("charts").train_tasks(seed=3, options={"form": form}), 6))
         for demo, task in zip(demos, tasks):
             validate_demonstration(demo)
             *prompt, reply = demo["messages"]
