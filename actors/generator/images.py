@@ -90,6 +90,8 @@ def step_image_rows(rows, input_ids: torch.Tensor) -> ImageRows | None:
     """The ImageRows of a step's right-padded (B, T) `input_ids` whose scheduled rows (`rows`,
     ScheduledSequence) carry their request's `images`; None when no row covers an image and none
     needs multimodal rotary positions (module docstring)."""
+    if all(row.images is None for row in rows):     # a text step: nothing to build
+        return None
     mask = torch.zeros(input_ids.shape, dtype=torch.bool)
     parts = []
     rope = step_rope_positions(rows, input_ids.shape[1])
