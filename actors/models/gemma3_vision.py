@@ -60,7 +60,8 @@ from .config import ModelConfig, ModelConfigError
 from .gemma3 import Gemma3Model, GemmaRMSNorm
 from .hf_config import CheckpointError
 from .idefics3 import ACTIVATIONS, VisionEmbeddings, VisionEncoder
-from .vision import TOWER_KINDS, ImageInputError, ImageLayout, ImageRows, VisionTower
+from .vision import (
+    TOWER_KINDS, folder_processor_fields, ImageInputError, ImageLayout, ImageRows, processor_table, VisionTower)
 
 # transformers' Gemma3TextConfig defaults (the released config.json files omit most of them)
 TEXT_DEFAULTS = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
@@ -238,11 +239,7 @@ def _processor_table(hf: dict, folder: Path) -> dict:
 
 def _vision_table(hf: dict) -> dict:
     """config.vision of a gemma3 config.json whose folder's files were read."""
-    processor = hf.get("postrain_processor")
-    if processor is None:
-        raise ModelConfigError("the image layout's settings come from the model folder (preprocessor_config.json "
-                               "or processor_config.json, and the tokenizer files); load the folder, not its "
-                               "config.json alone")
+    processor = processor_table(hf)
     vision_hf = {**VISION_DEFAULTS, **(hf.get("vision_config") or {})}
     if vision_hf["model_type"] != "siglip_vision_model":
         raise ModelConfigError(f"vision_config.model_type={vision_hf['model_type']!r} is not supported; the gemma3 "
@@ -318,7 +315,7 @@ class Gemma3VisionModel(Gemma3Model):
     def folder_config_fields(hf: dict, folder: Path) -> dict:
         """What the folder's other files add to config.json: the processor's settings and the
         image tokens (none where config.json keeps postrain's own table)."""
-        return {} if "postrain_vision" in hf else {"postrain_processor": _processor_table(hf, folder)}
+        return folder_processor_fields(hf, folder, _processor_table)
 
     @staticmethod
     def text_config_from_hf(hf: dict) -> dict:

@@ -52,7 +52,7 @@ from torch import nn
 
 from .config import ModelConfig, ModelConfigError
 from .llama import LlamaModel
-from .vision import TOWER_KINDS, ImageLayout, VisionTower
+from .vision import TOWER_KINDS, folder_processor_fields, ImageLayout, processor_table, VisionTower
 
 MAX_IMAGE_SIZE = 4096   # transformers' cap on the resized image's longest edge
 # transformers' Idefics3VisionConfig / SmolVLMVisionConfig defaults (older config.json files omit defaults)
@@ -365,11 +365,7 @@ def _processor_table(hf: dict, folder: Path) -> dict:
 
 def _vision_table(hf: dict) -> dict:
     """config.vision of an Idefics3/SmolVLM config.json whose folder's files were read."""
-    processor = hf.get("postrain_processor")
-    if processor is None:
-        raise ModelConfigError("the image layout's settings come from the model folder (processor_config.json"
-                               " or preprocessor_config.json, and tokenizer.json); load the folder, not its "
-                               "config.json alone")
+    processor = processor_table(hf)
     vision_hf = {**VISION_DEFAULTS, **(hf.get("vision_config") or {})}
     if vision_hf["hidden_act"] not in ACTIVATIONS:
         raise ModelConfigError(f"vision_config.hidden_act={vision_hf['hidden_act']!r} is not supported; "
@@ -407,7 +403,7 @@ class Idefics3Model(LlamaModel):
     def folder_config_fields(hf: dict, folder: Path) -> dict:
         """What the folder's other files add to config.json: the processor's settings and the
         image tokens' ids (none where config.json keeps postrain's own table)."""
-        return {} if "postrain_vision" in hf else {"postrain_processor": _processor_table(hf, folder)}
+        return folder_processor_fields(hf, folder, _processor_table)
 
     @staticmethod
     def text_config_from_hf(hf: dict) -> dict:

@@ -61,7 +61,8 @@ from torch import nn
 from .blocks import RMSNorm, rotate_half
 from .config import ModelConfig, ModelConfigError
 from .llama import LlamaModel
-from .vision import TOWER_KINDS, ImageInputError, ImageLayout, ImageRows, VisionTower
+from .vision import (
+    TOWER_KINDS, folder_processor_fields, ImageInputError, ImageLayout, ImageRows, processor_table, VisionTower)
 
 # transformers' Qwen2_5_VLVisionConfig defaults (released config.json files omit some)
 VISION_DEFAULTS = {"depth": 32, "hidden_size": 3584, "hidden_act": "silu", "intermediate_size": 3420,
@@ -390,11 +391,7 @@ def _rope(text: dict, head_dim: int) -> tuple[float, list[int]]:
 
 def _vision_table(hf: dict, section: list[int]) -> dict:
     """config.vision of a Qwen2.5-VL config.json whose folder's files were read."""
-    processor = hf.get("postrain_processor")
-    if processor is None:
-        raise ModelConfigError("the image layout's settings come from the model folder (preprocessor_config.json "
-                               "or processor_config.json, and tokenizer.json); load the folder, not its "
-                               "config.json alone")
+    processor = processor_table(hf)
     vision_hf = {**VISION_DEFAULTS, **(hf.get("vision_config") or {})}
     if vision_hf["hidden_act"] != "silu":
         raise ModelConfigError(f"vision_config.hidden_act={vision_hf['hidden_act']!r} is not supported; "
@@ -467,7 +464,7 @@ class Qwen2_5_VLModel(LlamaModel):
     def folder_config_fields(hf: dict, folder: Path) -> dict:
         """What the folder's other files add to config.json: the image processor's settings and the
         image token's id (none where config.json keeps postrain's own table)."""
-        return {} if "postrain_vision" in hf else {"postrain_processor": _processor_table(hf, folder)}
+        return folder_processor_fields(hf, folder, _processor_table)
 
     @staticmethod
     def text_config_from_hf(hf: dict) -> dict:

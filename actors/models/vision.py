@@ -38,6 +38,8 @@ from torch import nn
 
 from postrain.core.errors import PostrainError
 
+from .config import ModelConfigError
+
 MAX_IMAGE_PIXELS = 64_000_000          # 8000 x 8000; a larger image is refused before decoding
 IMAGE_FORMATS = ("PNG", "JPEG", "GIF", "BMP", "WEBP")
 DATA_URL_PREFIX = "data:image/"
@@ -380,4 +382,20 @@ def render_prompt(tokenizer, layout: ImageLayout | None, messages: list[dict],
         raise ImageInputError(f"the tokenizer has no token {layout.marker!r} (the image marker); "
                               "fix: a tokenizer with the vision model's special tokens")
     return layout.expand(tokenizer.encode(layout.expand_text(text)), marker_id, images), images
+
+
+def folder_processor_fields(hf: dict, folder, read_table) -> dict:
+    """A vision family's `folder_config_fields`: what its folder's processor and tokenizer files add to
+    config.json (`read_table(hf, folder)`), none where config.json keeps postrain's own table."""
+    return {} if "postrain_vision" in hf else {"postrain_processor": read_table(hf, folder)}
+
+
+def processor_table(hf: dict) -> dict:
+    """The processor settings `folder_processor_fields` read; ModelConfigError when config.json was
+    read without its folder."""
+    processor = hf.get("postrain_processor")
+    if processor is None:
+        raise ModelConfigError("the image layout's settings come from the model folder (its processor config "
+                               "and tokenizer files); load the folder, not its config.json alone")
+    return processor
 
