@@ -8,7 +8,7 @@ tinker-cookbook) against LoRA tenants on base models this server holds ([tinker]
     await serve_tinker(BaseModels.load(["tiny"]), TinkerOptions(), sock, api_key=None)
 
 The parts: `server.py` (`serve_tinker`), `actor.py` (the `tinker` role of a run), `app.py` (HTTP
-routes, the API key), `options.py` (`TinkerOptions`), `service.py` (what each endpoint does),
+routes, the API key), `options.py` (`TinkerOptions`), `service.py` (what each endpoint does), `batching.py` (tenants' ops batched into one forward),
 `sessions.py`, `tenants.py` (a LoRA adapter, its AdamW and gradients on a shared frozen base),
 `ordering.py` (seq_id order and deduplication), `losses.py`, `sampling.py` (saved sampler
 weights and the generator's engine), `futures.py` (retrieve_future), `wire.py` (the SDK's

@@ -52,13 +52,13 @@ import shutil
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, NoReturn
 
 import numpy as np
 import trio
 from .base_models import BaseModels, HeldModel
+from .batching import BatchableOp, compute_batch, failure, outcome, take_batch
 from .errors import SUPPORTED_SDK_VERSION, TinkerAPIError, check_sdk_version
 from .futures import FutureStore, Result
 from .losses import check_loss_inputs, loss_config
@@ -67,8 +67,7 @@ from .ordering import Op, SeqOrder
 from .sampling import PendingSample, SamplerStore, SamplerWeights, engine_params, step_engine
 from .sandbox_runs import SandboxRuns
 from .sessions import SessionStore
-from .tenants import (BackwardFailed, TenantCheckpoint, TenantJob, TrainingTenant, forward_backward_together,
-                      lora_targets, training_state_bytes)
+from .tenants import TenantCheckpoint, TenantJob, TrainingTenant, lora_targets, training_state_bytes
 from .wire import ForwardBackwardCall, decode_forward_backward, encode_forward_backward_output
 
 log = logging.getLogger("postrain.tinker")
@@ -90,21 +89,6 @@ def _check(cls, body: dict, where: str):
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5])
         raise TinkerAPIError(400, f"{where}: the body is not a valid request ({problems})") from None
-
-
-@dataclass
-class BatchableOp(Op):
-    """A forward_backward (or forward) op that may run in one forward with other tenants' ops
-    (module docstring, "Batching tenants"); `work` runs it alone. `done` is set once its future
-    is resolved."""
-
-    job: TenantJob
-    done: trio.Event = field(default_factory=trio.Event)
-
-    @property
-    def rows_and_width(self) -> tuple[int, int]:
-        """(its datums, the longest one's tokens + 1): its padded batch is the product."""
-        return len(self.job.datums), max(len(d.tokens) for d in self.job.datums) + 1
 
 
 class TinkerService:
@@ -518,7 +502,7 @@ class TinkerService:
 
     async def _execute(self, op: Op) -> None:
         """Run an op's work in a worker thread under the compute limiter and resolve its future."""
-        result = await trio.to_thread.run_sync(_outcome, op, limiter=self.compute)
+        result = await trio.to_thread.run_sync(outcome, op, limiter=self.compute)
         self.futures.resolve(op.request_id, result)
 
     async def _execute_batchable(self, op: BatchableOp) -> None:
@@ -534,70 +518,24 @@ class TinkerService:
 
     async def _run_batches(self, base: str, pending: list[BatchableOp]) -> None:
         """While ops of `base` are pending: take the compute limiter, then as many of them as fit
-        (`_take_batch`), run them in a worker thread and resolve each one's future."""
+        (`batching.take_batch`), run them in a worker thread and resolve each one's future."""
         try:
             while pending:
                 async with self.compute:
-                    batch = self._take_batch(pending)
+                    batch = take_batch(pending, self.options.batch_tenants_max_tokens)
                     try:
-                        results = await trio.to_thread.run_sync(self._compute_batch, batch)
+                        results, num_batched = await trio.to_thread.run_sync(compute_batch, batch)
                     except Exception as exc:     # a fault of the batching itself: these ops fail, the server goes on
-                        results = [_failure(op, exc) for op in batch]
+                        results, num_batched = [failure(op, exc) for op in batch], 0
+                    if num_batched:
+                        self.num_batched_forwards += 1
+                        self.num_batched_ops += num_batched
                 for op, result in zip(batch, results):
                     self.futures.resolve(op.request_id, result)
                     op.done.set()
         finally:         # done, or cancelled (the server stops: the drains waiting are cancelled too)
             if self._pending_batch.get(base) is pending:
                 del self._pending_batch[base]
-
-    def _take_batch(self, pending: list[BatchableOp]) -> list[BatchableOp]:
-        """The first pending op and each later one (in arrival order) while the batch's padded
-        tokens stay within batch_tenants_max_tokens; they leave `pending`."""
-        batch = [pending.pop(0)]
-        num_rows, width = batch[0].rows_and_width
-        for op in list(pending):
-            rows, op_width = op.rows_and_width
-            if (num_rows + rows) * max(width, op_width) <= self.options.batch_tenants_max_tokens:
-                pending.remove(op)
-                batch.append(op)
-                num_rows, width = num_rows + rows, max(width, op_width)
-        return batch
-
-    def _compute_batch(self, batch: list[BatchableOp]) -> list[Result]:
-        """Each op's result, from one forward_backward_together of the ops whose tenants are
-        resident (resumed first; one that cannot be fails alone); in a worker thread, under the
-        compute limiter. An op alone runs its own work, as without batching."""
-        if len(batch) == 1:
-            return [_outcome(batch[0])]
-        results: list[Result | None] = [None] * len(batch)
-        ready = []
-        for k, op in enumerate(batch):
-            try:
-                op.job.tenant.resume()
-                ready.append(k)
-            except Exception as exc:
-                results[k] = _failure(op, exc)
-        if len(ready) >= 2:
-            try:
-                outs = forward_backward_together([batch[k].job for k in ready])
-            except BackwardFailed as exc:
-                log.exception("tinker: a batched backward of %d requests failed", len(ready))
-                for k in ready:
-                    results[k] = _outcome(batch[k]) if batch[k].job.forward_only else _failure(batch[k], exc)
-            except Exception:
-                log.exception("tinker: a batched forward of %d requests failed; running them one by one", len(ready))
-                for k in ready:
-                    results[k] = _outcome(batch[k])
-            else:
-                self.num_batched_forwards += 1
-                self.num_batched_ops += len(ready)
-                for k, (outputs, metrics) in zip(ready, outs):
-                    results[k] = Result.proto(encode_forward_backward_output(outputs, metrics))
-        for k in ready:
-            if results[k] is None:     # one op left: alone
-                results[k] = _outcome(batch[k])
-        assert all(isinstance(r, Result) for r in results), "every op of a batch has a result"
-        return [r for r in results if r is not None]
 
     # ------------------------------------------------------------------ sampling
     def create_sampling_session(self, body: dict) -> dict:
@@ -696,24 +634,6 @@ class TinkerService:
 
     def cancel_future(self, body: dict) -> None:
         self.futures.cancel(str(body.get("request_id")))
-
-
-def _outcome(op: Op) -> Result:
-    """The op's work's Result, or its failure's (the request's own: its future says so)."""
-    try:
-        result = op.work()
-    except Exception as exc:
-        return _failure(op, exc)
-    assert isinstance(result, Result), "an op's work returns a Result"
-    return result
-
-
-def _failure(op: Op, exc: Exception) -> Result:
-    """A failed Result: a TinkerAPIError as it is, anything else an internal error (logged)."""
-    if isinstance(exc, TinkerAPIError):
-        return Result.failed(exc)
-    log.error("tinker: request %s failed", op.request_id, exc_info=exc)
-    return Result.failed(TinkerAPIError(500, f"internal error: {type(exc).__name__}: {exc}", category="server"))
 
 
 def _check_ids(ids: np.ndarray, held: HeldModel, where: str) -> None:

@@ -182,11 +182,11 @@ def test_a_forward_batched_with_a_forward_backward_leaves_its_weights_and_equals
 
 
 def test_a_batch_whose_forward_fails_runs_its_requests_one_by_one(batching, client, monkeypatch):
-    import postrain.actors.tinker.service as service_module
+    import postrain.actors.tinker.batching as batching_module
 
     def broken(jobs):
         raise RuntimeError("a batched forward that fails")
-    monkeypatch.setattr(service_module, "forward_backward_together", broken)
+    monkeypatch.setattr(batching_module, "forward_backward_together", broken)
     service = batching[1]
     tcs = [client.create_lora_training_client("tiny", rank=2, seed=seed, train_unembed=False).result()
            for seed in (0, 1)]
