@@ -16,6 +16,7 @@ before one `optim_step` accumulate. With r = exp(logp - sampling_logprobs) and A
 | cispo | -stop_grad(clip(r, low, high)) * logp * A | clip_low_threshold (0.8), clip_high_threshold (1.2) |
 | dro | -(logp * A - beta / 2 * (logp - sampling_logprobs)^2) | beta (required) |
 | gspo | -min(s_t * A, clip(s_t, low, high) * A) | clip_low_threshold (0.9997), clip_high_threshold (1.0004) |
+| stable_reinforce | on sampled tokens: -m * rho * A + kl_coeff * (1 / rho - 1 + log rho) | kl_coeff (0), mask_low_threshold (0.5), mask_high_threshold (2) |
 
 GSPO (Zheng et al. 2025, arXiv:2507.18071) in its GSPO-token form, as the learner's `gspo`
 preset (ext/stabilisers.py): the datum is one sequence, M its tokens where `sequence_ratio_mask`
@@ -27,6 +28,16 @@ prompt's positions carry A = 0 and sampling logprobs 0, and would swamp the mean
 
 so a sequence is clipped or kept whole. The default thresholds are the preset's 1 - 3e-4 and
 1 + 4e-4 (the paper's clip ranges), as ratios like ppo's.
+
+stable_reinforce is REINFORCE with the importance ratio taken against the sampler's own
+logprobs, which the server recorded when it sampled (stability.py), never the client's: with
+rho = exp(clamp(logp - recorded, -20, 20)) on each target that provenance names a sampled
+token, a token whose ratio (without gradient) lies outside [mask_low, mask_high] is left out
+(m = 0), so a token the learner and the sampler disagree on, by staleness or by numerics,
+moves nothing; the optional kl_coeff term is the k3 estimate of KL(pi || sampler) per token,
+which pulls the policy back toward what sampled it. Targets that are not sampled tokens (the
+prompt) contribute 0. The hosted service does not publish its formula: this is postrain's, and
+docs/tinker.md says so.
 
 Each is checked against a float64 reference (tests/actors/tinker/test_losses.py). A loss not in
 the table is refused by name.
@@ -40,6 +51,7 @@ from postrain.ext.loss_presets import loss_preset
 from postrain.ext.stabilisers import LOG_RATIO_CLAMP
 
 from .errors import TinkerAPIError
+from .stability import SAMPLED, SAMPLER_LOGPROBS
 
 _POLICY_INPUTS = ("target_tokens", "logprobs", "advantages")
 INPUTS: dict[str, tuple[str, ...]] = {
@@ -49,6 +61,7 @@ INPUTS: dict[str, tuple[str, ...]] = {
     "cispo": _POLICY_INPUTS,
     "dro": _POLICY_INPUTS,
     "gspo": _POLICY_INPUTS,                         # sequence_ratio_mask optional: where A != 0 when absent
+    "stable_reinforce": ("target_tokens", "advantages"),   # logprobs accepted, unused: the recorded ones count
 }
 OPTIONAL_INPUTS: dict[str, tuple[str, ...]] = {"gspo": ("sequence_ratio_mask",)}
 _GSPO_PRESET = loss_preset("gspo").loss                    # the learner's: clip_low 3e-4, clip_high 4e-4
@@ -59,6 +72,7 @@ CONFIG_KEYS: dict[str, dict[str, float | None]] = {
     "cispo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
     "dro": {"beta": None},
     "gspo": {"clip_low_threshold": GSPO_CLIP_LOW, "clip_high_threshold": GSPO_CLIP_HIGH},
+    "stable_reinforce": {"kl_coeff": 0.0, "mask_low_threshold": 0.5, "mask_high_threshold": 2.0},
 }
 
 
@@ -78,6 +92,10 @@ def loss_config(loss_fn: str, config: dict[str, float | str]) -> dict[str, float
         if not isinstance(value, float) and not isinstance(value, int):
             raise TinkerAPIError(400, f"loss_fn_config[{key!r}] of {loss_fn!r} must be a number, got {value!r}")
         out[key] = float(value)
+    if loss_fn == "stable_reinforce" and not (0.0 <= out["mask_low_threshold"] <= 1.0 <= out["mask_high_threshold"]
+                                              and out["kl_coeff"] >= 0.0):
+        raise TinkerAPIError(400, f"loss_fn_config of 'stable_reinforce' needs 0 <= mask_low_threshold <= 1 <= "
+                                  f"mask_high_threshold and kl_coeff >= 0, got {out}")
     return out
 
 
@@ -104,6 +122,9 @@ def token_loss(loss_fn: str, logp: torch.Tensor, inputs: dict[str, torch.Tensor]
     if loss_fn == "cross_entropy":
         weights = inputs.get("weights")
         term = -logp * (weights if weights is not None else torch.ones_like(logp))
+        return term.sum(), term
+    if loss_fn == "stable_reinforce":
+        term = stable_reinforce_terms(logp, inputs[SAMPLER_LOGPROBS], inputs[SAMPLED], inputs["advantages"], config)
         return term.sum(), term
     old, advantages = inputs["logprobs"], inputs["advantages"]
     ratio = torch.exp(logp - old)                                                       # (L,)
@@ -132,3 +153,15 @@ def gspo_token_terms(logp: torch.Tensor, old: torch.Tensor, advantages: torch.Te
     ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) + logp - logp.detach())  # (L,)
     clipped = ratio.clamp(config["clip_low_threshold"], config["clip_high_threshold"])
     return -torch.minimum(ratio * advantages, clipped * advantages)
+
+
+def stable_reinforce_terms(logp: torch.Tensor, recorded: torch.Tensor, sampled: torch.Tensor,
+                           advantages: torch.Tensor, config: dict[str, float]) -> torch.Tensor:
+    """stable_reinforce's per-token terms (L,) (module docstring): `recorded` the sampler's
+    logprobs, `sampled` 1 where the target is a sampled token, else 0 (and the term 0)."""
+    log_ratio = ((logp - recorded) * sampled).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)      # (L,)
+    ratio = torch.exp(log_ratio)
+    kept = sampled * ((ratio.detach() >= config["mask_low_threshold"])
+                      & (ratio.detach() <= config["mask_high_threshold"])).to(logp.dtype)
+    k3 = torch.exp(-log_ratio) - 1.0 + log_ratio                       # >= 0, 0 where the two agree
+    return -kept * ratio * advantages + config["kl_coeff"] * sampled * k3

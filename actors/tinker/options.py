@@ -39,6 +39,10 @@ class TinkerOptions(Options):
     batch_tenants_max_tokens: int = Field(16384, ge=1, description="the padded tokens (rows x the longest row) "
                                           "of one batched forward at most: requests are joined while they fit; a "
                                           "larger request runs alone")
+    max_recorded_tokens_per_session: int = Field(4_000_000, ge=1, description="tokens (prompt and sampled, "
+                                                 "counted per sequence) of the sequences sampled with "
+                                                 "record_stability_info that one session keeps for "
+                                                 "stable_reinforce; past it the least recently used go first")
     poll_wait_s: float = Field(10.0, gt=0, description="retrieve_future holds a pending request this long, "
                                "seconds, then answers try_again")
     kv_cache_mb: float = Field(64.0, gt=0, description="each sampler engine's KV cache, MiB")

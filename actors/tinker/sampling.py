@@ -43,6 +43,7 @@ class PendingSample:
     prompt: list[int]
     params: SamplingParams
     prompt_logprobs: bool
+    record_in: str | None = None   # the session that keeps its sequences for stable_reinforce, or None
 
 
 @dataclass
@@ -68,25 +69,34 @@ class SamplerWeights:
         return self.engine
 
 
-def step_engine(weights: SamplerWeights, admit: list[PendingSample], kv_cache_mb: float
-                ) -> list[tuple[PendingSample, bytes | Exception]]:
+@dataclass
+class Answered:
+    """A request that finished: its SampleResponse bytes and sequences, or the error that
+    refused it at admission."""
+
+    item: PendingSample
+    answer: bytes | Exception
+    sequences: list[WireSequence] = field(default_factory=list)
+
+
+def step_engine(weights: SamplerWeights, admit: list[PendingSample], kv_cache_mb: float) -> list[Answered]:
     """Admit `admit` into the weights' engine, run one engine step, and return each request that
-    finished with its SampleResponse bytes, or with the error that refused it at admission (run
-    it from a worker thread, one call at a time)."""
+    finished (run it from a worker thread, one call at a time)."""
     engine = weights.engine_for(kv_cache_mb)
-    answered: list[tuple[PendingSample, bytes | Exception]] = []
+    answered: list[Answered] = []
     for item in admit:
         try:
             weights.in_flight[engine.add_request(item.prompt, item.params)] = item
         except Exception as exc:            # this request's own fault: the others go on
-            answered.append((item, exc))
+            answered.append(Answered(item, exc))
     if engine.has_unfinished():
         for output in engine.step():
             item = weights.in_flight.pop(output.request_id)
             sequences = [WireSequence(list(c.token_ids), list(c.logprobs),
                                       "length" if c.finish_reason == "length" else "stop") for c in output.outputs]
             scored = prompt_logprobs(engine, item.prompt) if item.prompt_logprobs else None
-            answered.append((item, encode_sample_response(sequences, scored, output.num_cached_prompt_tokens)))
+            answered.append(Answered(item, encode_sample_response(sequences, scored, output.num_cached_prompt_tokens),
+                                     sequences))
     return answered
 
 

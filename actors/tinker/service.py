@@ -46,6 +46,7 @@ computes of two or more ops and the ops they ran.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 import shutil
@@ -64,9 +65,10 @@ from .futures import FutureStore, Result
 from .losses import check_loss_inputs, loss_config
 from .options import TinkerOptions
 from .ordering import Op, SeqOrder
-from .sampling import PendingSample, SamplerStore, SamplerWeights, engine_params, step_engine
+from .sampling import Answered, PendingSample, SamplerStore, SamplerWeights, engine_params, step_engine
 from .sandbox_runs import SandboxRuns
 from .sessions import SessionStore
+from .stability import StabilityRecords, sequence_id
 from .tenants import TenantCheckpoint, TenantJob, TrainingTenant, lora_targets, training_state_bytes
 from .wire import ForwardBackwardCall, decode_forward_backward, encode_forward_backward_output
 
@@ -78,7 +80,7 @@ CLIENT_CONFIG = {"pjwt_auth_enabled": False, "credential_default_source": "api_k
                  "parallel_fwdbwd_chunks": True, "proto_compress_fwdbwd": False, "sample_use_retrieve_futures": False,
                  "custom_loss_server_side": False, "sample_join_sampling_session": False}
 UNSUPPORTED_SAMPLE_FIELDS = ("topk_prompt_logprobs", "topk_sample_logprobs", "target_prompt_logprobs",
-                             "prompt_alt_tokens_k", "prompt_logprobs_last_n", "record_stability_info")
+                             "prompt_alt_tokens_k", "prompt_logprobs_last_n")
 
 
 def _check(cls, body: dict, where: str):
@@ -99,6 +101,7 @@ class TinkerService:
         self.sessions = SessionStore()
         self.futures = FutureStore(poll_wait_s=options.poll_wait_s)
         self.samplers = SamplerStore(kv_cache_mb=options.kv_cache_mb)
+        self.stability = StabilityRecords(options.max_recorded_tokens_per_session)
         self.compute = trio.CapacityLimiter(1)
         self.tenants: dict[str, TrainingTenant] = {}
         self.orders: dict[str, SeqOrder] = {}
@@ -156,6 +159,7 @@ class TinkerService:
         if session is None:
             return
         self.samplers.close_sessions_of(session_id)
+        self.stability.drop_session(session_id)
         for model_id in session.model_ids:
             await self.drop_tenant(model_id)
         self.futures.forget(session_id)                 # its results are not asked for again
@@ -285,6 +289,9 @@ class TinkerService:
         tenant = self.tenant(call.model_id)
         config = loss_config(call.loss_fn, call.loss_fn_config)
         self._check_datums(call, tenant.held)
+        if call.loss_fn == "stable_reinforce":
+            call = dataclasses.replace(call, datums=[self.stability.resolve(tenant.session_id or "", d, f"data[{i}]")
+                                                     for i, d in enumerate(call.datums)])
 
         def work() -> Result:
             outputs, metrics = tenant.forward_backward(call.datums, call.loss_fn, config, call.forward_only)
@@ -587,16 +594,20 @@ class TinkerService:
             raise TinkerAPIError(400, f"asample: num_samples must be 1 to 128, got {request.num_samples}")
         params = engine_params(request.sampling_params.model_dump(), request.num_samples, len(prompt), held)
         wants_prompt_logprobs = bool(request.prompt_logprobs)
+        if request.record_stability_info and not sampler.session_id:
+            raise TinkerAPIError(400, "asample: record_stability_info needs a sampling session (the records "
+                                      "belong to its session); sample through a SamplingClient")
         self._check_queue(sampler.session_id)
         request_id = self.futures.open(sampler.session_id or None)
         answer = {"request_id": request_id,
-                  "sample_sequence_ids": [f"{request_id}-{i}" for i in range(request.num_samples)]}
+                  "sample_sequence_ids": [sequence_id(request_id, i) for i in range(request.num_samples)]}
         if key is not None:
             self._samples[key] = answer
             while len(self._samples) > self.futures.max_kept:     # as long as the futures are kept
                 del self._samples[next(iter(self._samples))]
         weights = sampler.weights
-        weights.pending.append(PendingSample(request_id, prompt, params, wants_prompt_logprobs))
+        weights.pending.append(PendingSample(request_id, prompt, params, wants_prompt_logprobs,
+                                             sampler.session_id if request.record_stability_info else None))
         if not weights.draining:
             weights.draining = True
             self.nursery.start_soon(self._drain_samples, weights)
@@ -622,11 +633,23 @@ class TinkerService:
                     weights.in_flight.clear()
                     weights.engine = None
                     continue
-                for item, answer in answered:
-                    self.futures.resolve(item.request_id, Result.proto(answer) if isinstance(answer, bytes)
-                                         else Result.failed(TinkerAPIError(400, f"asample: {answer}")))
+                for done in answered:
+                    self._record(done)
+                    self.futures.resolve(done.item.request_id,
+                                         Result.proto(done.answer) if isinstance(done.answer, bytes)
+                                         else Result.failed(TinkerAPIError(400, f"asample: {done.answer}")))
         finally:
             weights.draining = False
+
+    def _record(self, done: Answered) -> None:
+        """Keep a finished request's sequences for stable_reinforce when it asked (stability.py),
+        under the sequence ids its POST was answered with."""
+        session_id = done.item.record_in
+        if session_id is None or not done.sequences or not self.sessions.is_open(session_id):
+            return
+        prompt = np.asarray(done.item.prompt, dtype=np.int64)
+        for i, seq in enumerate(done.sequences):
+            self.stability.record(session_id, sequence_id(done.item.request_id, i), prompt, seq.tokens, seq.logprobs)
 
     # ------------------------------------------------------------------ futures
     async def retrieve_future(self, body: dict) -> tuple[str, bytes]:

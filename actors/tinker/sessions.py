@@ -49,6 +49,9 @@ class SessionStore:
             raise TinkerAPIError(404, f"unknown session_id {session_id!r}; open one with ServiceClient()")
         return session
 
+    def is_open(self, session_id: str) -> bool:
+        return session_id in self._open
+
     def heartbeat(self, session_id: str) -> None:
         self.get(session_id).last_heartbeat_s = time.monotonic()
 

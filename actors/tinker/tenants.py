@@ -50,6 +50,7 @@ from ..models.llama import LlamaModel
 from .base_models import HeldModel
 from .errors import TinkerAPIError
 from .losses import token_loss
+from .stability import SAMPLED
 from .wire import WireDatum
 
 LORA_ALPHA = 32.0
@@ -92,13 +93,15 @@ class TenantCheckpoint:
 
 
 def _trained_rows(datum: WireDatum, loss_fn: str, forward_only: bool) -> np.ndarray:
-    """(L,) the positions whose loss term has a gradient: cross_entropy's non-zero weights, every
-    position of the other losses, none for a forward pass."""
+    """(L,) the positions whose loss term has a gradient: cross_entropy's non-zero weights,
+    stable_reinforce's sampled tokens, every position of the other losses, none for a forward pass."""
     num = len(datum.tokens)
     if forward_only:
         return np.zeros(num, dtype=bool)
     if loss_fn == "cross_entropy" and "weights" in datum.inputs:
         return np.asarray(datum.inputs["weights"]) != 0
+    if loss_fn == "stable_reinforce":
+        return np.asarray(datum.inputs[SAMPLED]) != 0
     return np.ones(num, dtype=bool)
 
 

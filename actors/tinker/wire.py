@@ -2,6 +2,7 @@
 
     call = decode_forward_backward(body)             # POST /api/v1/forward_backward (x-protobuf)
     call.datums[0].tokens, call.datums[0].inputs["target_tokens"], call.loss_fn, call.forward_only
+    call.datums[0].input_spans, call.datums[0].target_spans   # provenance (Span lists) or None
     encode_forward_backward_output(outputs, metrics)  # the future's ForwardBackwardOutput
     encode_sample_response(sequences, prompt_logprobs)
 
@@ -22,11 +23,26 @@ _DTYPES: dict[int, np.dtype] = {1: np.dtype(np.float32), 2: np.dtype(np.int64), 
 
 
 @dataclass(frozen=True)
+class Span:
+    """One provenance claim of a datum (the SDK's Prompt/SampledProvenanceSpan): its next `length`
+    positions are positions [offset, offset + length) of the named sampled sequence's prompt
+    (`kind` "prompt") or of its sampled tokens ("sampled")."""
+
+    kind: str
+    sequence_id: str
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True)
 class WireDatum:
-    """One datum: its input tokens (L,) and its loss inputs, each a dense numpy array."""
+    """One datum: its input tokens (L,), its loss inputs, each a dense numpy array, and its
+    provenance (spans tiling the input tokens and the target tokens; None when not sent)."""
 
     tokens: np.ndarray
     inputs: dict[str, np.ndarray] = field(default_factory=dict)
+    input_spans: list[Span] | None = None
+    target_spans: list[Span] | None = None
 
 
 @dataclass(frozen=True)
@@ -70,7 +86,19 @@ def _datum(msg, index: int) -> WireDatum:
         pieces.append(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32))
     tokens = np.concatenate(pieces).astype(np.int64) if pieces else np.zeros(0, dtype=np.int64)
     inputs = {name: decode_tensor(t, f"data[{index}].loss_fn_inputs[{name!r}]") for name, t in msg.loss_fn_inputs.items()}
-    return WireDatum(tokens, inputs)
+    if len(msg.model_input_spans) == 0 and len(msg.loss_fn_input_spans) == 0:
+        return WireDatum(tokens, inputs)
+    return WireDatum(tokens, inputs, [_span(s) for s in msg.model_input_spans],
+                     [_span(s) for s in msg.loss_fn_input_spans])
+
+
+def _span(msg) -> Span:
+    kind = msg.WhichOneof("span")
+    if kind is None:
+        raise TinkerAPIError(400, "a provenance span sets neither prompt_tokens nor sampled_tokens; build "
+                                  "provenance with Datum.with_provenance")
+    arm = msg.sampled_tokens if kind == "sampled_tokens" else msg.prompt_tokens
+    return Span("sampled" if kind == "sampled_tokens" else "prompt", arm.sequence_id, int(arm.offset), int(arm.length))
 
 
 def decode_tensor(msg, where: str) -> np.ndarray:

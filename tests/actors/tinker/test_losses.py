@@ -65,8 +65,8 @@ def test_each_loss_equals_its_float64_reference(loss_fn, config):
 
 
 def test_an_unknown_loss_or_setting_is_refused_by_name():
-    with pytest.raises(TinkerAPIError, match="loss_fn 'stable_reinforce' is not supported by this server"):
-        loss_config("stable_reinforce", {})
+    with pytest.raises(TinkerAPIError, match="loss_fn 'orpo' is not supported by this server"):
+        loss_config("orpo", {})
     with pytest.raises(TinkerAPIError, match=r"loss_fn_config \['beta'\] is not a setting of 'ppo'"):
         loss_config("ppo", {"beta": 1.0})
     with pytest.raises(TinkerAPIError, match="loss_fn_config\\['beta'\\] of 'dro' must be a number, got None"):

@@ -212,8 +212,8 @@ def test_bad_training_input_is_refused_by_name_and_other_tenants_go_on(served, c
     with pytest.raises(tinker.BadRequestError, match="token id 999 is outside 'tiny'.s vocabulary"):
         tc.forward_backward([oov], "cross_entropy").result()
     tokens, masks = samples(2)
-    with pytest.raises(tinker.BadRequestError, match="loss_fn 'stable_reinforce' is not supported"):
-        other.forward_backward(datums(tokens, masks, 1), "stable_reinforce").result()
+    with pytest.raises(tinker.BadRequestError, match="loss_fn 'orpo' is not supported"):
+        other.forward_backward(datums(tokens, masks, 1), "orpo").result()
     fresh = train_client(client)
     assert fresh.forward(datums(tokens, masks, 1), "cross_entropy").result().metrics["loss:sum"] > 0
     with pytest.raises(tinker.BadRequestError, match="train_unembed=True is not supported"):
