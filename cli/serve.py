@@ -82,7 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0: a free one)")
     parser.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model)")
-    parser.add_argument("--kv-cache-mb", type=float, default=64, help="the generator's KV cache, MiB (default 64)")
+    parser.add_argument("--kv-cache-mb", type=float, default=64, help="the generator's KV cache, MiB (default 64); "
+                        "with --tinker each sampler engine's")
     parser.add_argument("--max-num-seqs", type=int, default=32, help="sequences decoded together (default 32)")
     parser.add_argument("--seed", type=int, default=0, help="init seed of a built-in config (default 0)")
     key = parser.add_mutually_exclusive_group()
@@ -110,7 +111,8 @@ def tinker_options(args):
                          evict_after_s=args.evict_after_s, session_timeout_s=args.session_timeout_s,
                          state_dir=args.state_dir, batch_tenants=args.batch_tenants,
                          enable_sandbox=args.enable_sandbox, sandbox_workers=args.sandbox_workers,
-                         sandbox_max_timeout_s=args.sandbox_max_timeout_s, sandbox_memory_mb=args.sandbox_memory_mb)
+                         sandbox_max_timeout_s=args.sandbox_max_timeout_s, sandbox_memory_mb=args.sandbox_memory_mb,
+                         kv_cache_mb=args.kv_cache_mb)
 
 
 def api_key(args) -> str | None:

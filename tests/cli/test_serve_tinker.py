@@ -55,13 +55,15 @@ def test_a_key_the_sdk_cannot_send_an_open_host_without_one_or_a_bad_limit_is_re
     assert done.returncode == 2 and message in done.stderr
 
 
-def test_the_sandbox_flags_set_the_servers_options():
+def test_the_sandbox_and_cache_flags_set_the_servers_options():
     from postrain.cli import serve
     parser = argparse.ArgumentParser()
     serve.add_arguments(parser)
     default = serve.tinker_options(parser.parse_args(["--tinker"]))
-    assert (default.enable_sandbox, default.sandbox_workers, default.sandbox_max_timeout_s) == (True, 2, 60.0)
+    assert (default.enable_sandbox, default.sandbox_workers, default.sandbox_max_timeout_s,
+            default.kv_cache_mb) == (True, 2, 60.0, 64.0)
     options = serve.tinker_options(parser.parse_args(["--tinker", "--no-sandbox", "--sandbox-workers", "3",
-                                                      "--sandbox-max-timeout-s", "5", "--sandbox-memory-mb", "256"]))
+                                                      "--sandbox-max-timeout-s", "5", "--sandbox-memory-mb", "256",
+                                                      "--kv-cache-mb", "128"]))
     assert (options.enable_sandbox, options.sandbox_workers, options.sandbox_max_timeout_s,
-            options.sandbox_memory_mb) == (False, 3, 5.0, 256)
+            options.sandbox_memory_mb, options.kv_cache_mb) == (False, 3, 5.0, 256, 128.0)
