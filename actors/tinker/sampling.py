@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ..generator.engine import Engine
+from ..models.config import ModelConfig
 from ..models.loading import model_from_state
 from ..records import SamplingParams
 from .base_models import HeldModel
@@ -51,6 +52,7 @@ class SamplerWeights:
     path: str | None              # None: the base model's own weights
     held: HeldModel
     state: dict[str, torch.Tensor] | None
+    config: ModelConfig | None = None   # the model's config when not the base's (an adapted, untied head)
     engine: Engine | None = None  # built on first use
     # Invariant: `draining` is True while a task of the service steps these weights' engine; it
     # admits every pending request before each step and stops when none waits and none is in
@@ -64,7 +66,8 @@ class SamplerWeights:
             held = self.held
             state = self.state if self.state is not None else {k: v.detach().clone() for k, v in
                                                                held.model.state_dict().items()}
-            model = model_from_state(held.model.config, state, source=f"sampler weights {self.path or held.name}")
+            model = model_from_state(self.config or held.model.config, state,
+                                     source=f"sampler weights {self.path or held.name}")
             self.engine = Engine(model, held.tokenizer, kv_cache_mb=kv_cache_mb, seed=held.seed)
         return self.engine
 
@@ -168,9 +171,10 @@ class SamplerStore:
         self._bases: dict[str, SamplerWeights] = {}
         self._sessions: dict[str, Sampler] = {}
 
-    def save(self, model_id: str, name: str, held: HeldModel, state: dict[str, torch.Tensor]) -> str:
+    def save(self, model_id: str, name: str, held: HeldModel, state: dict[str, torch.Tensor],
+             config: ModelConfig | None = None) -> str:
         path = f"tinker://{model_id}/sampler_weights/{name}"
-        self._weights[path] = SamplerWeights(path, held, state)
+        self._weights[path] = SamplerWeights(path, held, state, config)
         return path
 
     def open_session(self, session_id: str, held: HeldModel | None, path: str | None,

@@ -186,7 +186,7 @@ class TinkerService:
         if request.optimizer_config.type != "adamw":
             raise TinkerAPIError(400, f"optimizer_config.type {request.optimizer_config.type!r} is not supported; "
                                       "this server trains with AdamW ('adamw')")
-        lora = request.lora_config or types.LoraConfig(rank=32, train_unembed=False)
+        lora = request.lora_config or types.LoraConfig(rank=32)
         targets = lora_targets(lora.train_attn, lora.train_mlp, lora.train_unembed)
         seed = lora.seed if lora.seed is not None else secrets.randbelow(2 ** 31)
         tenant = await self._new_tenant(request.session_id, request.model_seq_id, held, lora.rank, seed, targets)
@@ -341,7 +341,8 @@ class TinkerService:
 
         def work() -> Result:
             state = tenant.merged_weights()
-            path = self.samplers.save(tenant.model_id, name or f"auto-{uuid.uuid4().hex[:8]}", tenant.held, state)
+            path = self.samplers.save(tenant.model_id, name or f"auto-{uuid.uuid4().hex[:8]}", tenant.held, state,
+                                      tenant.sampler_config())
             if not auto:
                 return Result.json({"type": "save_weights_for_sampler", "path": path})
             sampler = self.samplers.open_session(tenant.session_id or "", None, path)

@@ -19,7 +19,9 @@ forward, each on its own rows of the batch (`forward_backward_together`, lora.ba
 the service batches the `forward_backward` calls of a base's tenants that are ready together).
 The caller runs every compute one at a time (the service's compute limiter). Gradients
 accumulate in the adapters' `.grad` over any number of `forward_backward` calls and are cleared
-by `optim_step`, the only writer of the weights. Invariant: outside a compute, `self.lora.enabled`
+by `optim_step`, the only writer of the weights. With "lm_head" among its targets
+(`train_unembed`) a tenant also adapts the unembedding (unembed.py): its logprob head reads
+`head_weight()`, and a batch of several tenants scores each tenant's rows with its own head. Invariant: outside a compute, `self.lora.enabled`
 is False and `self.lora.rows` None (tests/actors/tinker/test_batching.py: three tenants at once,
 batched or in turn, each end as they would alone).
 
@@ -51,6 +53,7 @@ from .base_models import HeldModel
 from .errors import TinkerAPIError
 from .losses import token_loss
 from .stability import SAMPLED
+from .unembed import HEAD, HeadAdapter, untied_config
 from .wire import WireDatum
 
 LORA_ALPHA = 32.0
@@ -62,20 +65,20 @@ EVICTED_FORMAT = "postrain-tinker-evicted-tenant/1"
 def training_state_bytes(model: torch.nn.Module, rank: int, targets: tuple[str, ...]) -> int:
     """The bytes of a tenant's training state on `model`: its LoRA A and B, their gradients and
     AdamW's two moments, float32 (4 x 4 bytes per adapter weight)."""
+    def adapted(name: str) -> bool:
+        return HEAD in targets if name == HEAD else name.rsplit(".", 1)[-1] in targets
     per_rank = sum(m.in_features + m.out_features for name, m in model.named_modules()
-                   if isinstance(m, torch.nn.Linear) and name != "lm_head" and name.rsplit(".", 1)[-1] in targets)
+                   if isinstance(m, torch.nn.Linear) and adapted(name))
     return 16 * rank * per_rank
 
 
 def lora_targets(train_attn: bool, train_mlp: bool, train_unembed: bool) -> tuple[str, ...]:
-    """The projections a Tinker lora_config trains; TinkerAPIError 400 for what postrain cannot."""
-    if train_unembed:
-        raise TinkerAPIError(400, "lora_config.train_unembed=True is not supported: postrain's LoRA adapts the "
-                                  "attention and MLP projections, not the unembedding (lm_head); fix: "
-                                  "create_lora_training_client(..., train_unembed=False)")
-    targets = (ATTENTION if train_attn else ()) + (MLP if train_mlp else ())
+    """The layers a Tinker lora_config trains: the attention and MLP projections by name, and
+    "lm_head" for the unembedding (unembed.py); TinkerAPIError 400 when it trains nothing."""
+    targets = (ATTENTION if train_attn else ()) + (MLP if train_mlp else ()) + ((HEAD,) if train_unembed else ())
     if not targets:
-        raise TinkerAPIError(400, "lora_config trains nothing (train_attn and train_mlp are both False); set one")
+        raise TinkerAPIError(400, "lora_config trains nothing (train_attn, train_mlp and train_unembed are all "
+                                  "False); set one")
     return targets
 
 
@@ -116,6 +119,7 @@ class TrainingTenant:
         self.targets = tuple(targets)
         self.state_bytes = training_state_bytes(held.model, rank, self.targets)   # while resident
         self._lora: LearnerLora | None = None              # None while evicted or closed
+        self._head: HeadAdapter | None = None              # the unembedding's adapter ("lm_head" in targets)
         self._optimizer: torch.optim.AdamW | None = None   # set together with _lora
         self.evicted_to: Path | None = None                # the file while evicted, else None
         self._attach()
@@ -125,14 +129,41 @@ class TrainingTenant:
 
     def _attach(self) -> None:
         """A new adapter on the base (A from the seed, B zero) and a fresh AdamW over it."""
-        lora = LearnerLora(self.held.model, {"rank": self.rank, "alpha": LORA_ALPHA, "targets": list(self.targets)},
+        body = [t for t in self.targets if t != HEAD]
+        lora = LearnerLora(self.held.model, {"rank": self.rank, "alpha": LORA_ALPHA, "targets": body} if body else None,
                            self.seed)
         lora.enabled = False
-        params = lora.parameters()
-        fused = all(p.device.type in ("cpu", "cuda") for p in params)    # as the learner's PolicyOptimizer
-        self._optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0,
-                                            fused=fused)
         self._lora = lora
+        self._head = (HeadAdapter(self.held.model.lm_head.weight, self.rank, LORA_ALPHA, self.seed)
+                      if HEAD in self.targets else None)
+        self._optimizer = self._new_optimizer()
+
+    def _new_optimizer(self) -> torch.optim.AdamW:
+        params = self.parameters()
+        fused = all(p.device.type in ("cpu", "cuda") for p in params)    # as the learner's PolicyOptimizer
+        return torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0, fused=fused)
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        """The adapter's parameters: the body's LoRA, then the unembedding's when trained."""
+        return self.lora.parameters() + (self._head.parameters() if self._head is not None else [])
+
+    def named_parameters(self) -> dict[str, torch.nn.Parameter]:
+        """The adapter's parameters by their `adapters()` keys."""
+        lora = self.lora
+        body = {f"{name}.weight.lora_{ab}": p for name in lora.modules
+                for ab, p in (("A", lora.lora_A[name]), ("B", lora.lora_B[name]))}
+        return {**body, **(self._head.named_parameters() if self._head is not None else {})}
+
+    def head_weight(self) -> torch.Tensor:
+        """The weight this tenant's logprob head reads: the base's, or with the unembedding's
+        adapter added (differentiable in it)."""
+        base = self.held.model.lm_head.weight
+        return base if self._head is None else self._head.weight(base)
+
+    def sampler_config(self):
+        """The model config a sampler of this tenant's merged weights is built with."""
+        config = self.held.model.config
+        return config if self._head is None else untied_config(config)
 
     @property
     def is_resident(self) -> bool:
@@ -160,7 +191,8 @@ class TrainingTenant:
     def logprobs(self, datums: list[WireDatum], trained: list[np.ndarray]) -> list[torch.Tensor]:
         """Each datum's logprob of its target tokens (L,) with this tenant's adapter (`_logprobs`)."""
         with self._active():
-            return _logprobs(self.held.model, self.lora.parameters()[0].device, datums, trained, _row_order(datums))
+            return _logprobs(self.held.model, self.held.model.lm_head.weight.device, datums, trained,
+                             _row_order(datums), [self.head_weight()] * len(datums))
 
     def forward_backward(self, datums: list[WireDatum], loss_fn: str, config: dict[str, float],
                          forward_only: bool) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
@@ -171,7 +203,7 @@ class TrainingTenant:
     def optim_step(self, *, learning_rate: float, beta1: float, beta2: float, eps: float, weight_decay: float,
                    grad_clip_norm: float) -> dict[str, float]:
         """One AdamW step with these settings on the accumulated gradients, then zero them."""
-        params = self.lora.parameters()
+        params = self.parameters()
         if grad_clip_norm > 0:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, grad_clip_norm))
         else:
@@ -185,47 +217,53 @@ class TrainingTenant:
         return {"grad_norm:mean": grad_norm, "learning_rate:mean": learning_rate}
 
     def adapters(self) -> dict[str, torch.Tensor]:
-        return self.lora.adapters()
+        return {k: p.detach().to("cpu") for k, p in self.named_parameters().items()}
 
     def checkpoint(self) -> TenantCheckpoint:
         """Copies of the adapter and the AdamW state (a later step changes neither)."""
-        assert self.lora.config is not None, "a tenant's adapter always has a LoRA config"
-        return TenantCheckpoint(self.held.name, self.rank, self.seed, self.lora.config.targets,
+        return TenantCheckpoint(self.held.name, self.rank, self.seed, self.targets,
                                 {k: v.clone() for k, v in self.adapters().items()},
                                 copy.deepcopy(self.optimizer.state_dict()), self.num_steps)
 
     def restore(self, checkpoint: TenantCheckpoint, with_optimizer: bool, source: str) -> None:
         """The checkpoint's adapter (and AdamW state, else a fresh one) in place of this tenant's;
         TinkerAPIError 400 when its base, rank or targets differ. Pending gradients are dropped."""
-        assert self.lora.config is not None, "a tenant's adapter always has a LoRA config"
-        mine = (self.held.name, self.rank, self.lora.config.targets)
+        mine = (self.held.name, self.rank, self.targets)
         theirs = (checkpoint.base_model, checkpoint.rank, checkpoint.targets)
         if mine != theirs:
             raise TinkerAPIError(400, f"{source} holds a rank-{checkpoint.rank} adapter of {checkpoint.base_model!r} "
                                       f"on {list(checkpoint.targets)}, this training client is rank {self.rank} on "
-                                      f"{self.held.name!r} on {list(self.lora.config.targets)}; load it with "
+                                      f"{self.held.name!r} on {list(self.targets)}; load it with "
                                       "create_training_client_from_state instead")
-        self.lora.load_adapters(checkpoint.adapters, source)
+        self._load_adapters(checkpoint.adapters, source)
         self.optimizer.zero_grad(set_to_none=True)
-        fresh = torch.optim.AdamW(self.lora.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0,
-                                  fused=self.optimizer.defaults.get("fused"))
+        fresh = self._new_optimizer()
         if with_optimizer:
             fresh.load_state_dict(copy.deepcopy(checkpoint.optimizer_state))
         self._optimizer = fresh
         self.num_steps = checkpoint.num_steps if with_optimizer else 0
         self.num_accumulated = 0
 
+    def _load_adapters(self, tensors: dict[str, torch.Tensor], source: str) -> None:
+        self.lora.load_adapters(tensors, source)
+        if self._head is not None:
+            self._head.load_adapters(tensors)
+
     def merged_weights(self) -> dict[str, torch.Tensor]:
-        """The base's weights with this adapter merged in (new tensors, CPU)."""
+        """The base's weights with this adapter merged in (new tensors, CPU); with the
+        unembedding's adapter, a head of its own (build the sampler with `sampler_config`)."""
         base = {k: v.detach().to("cpu") for k, v in self.held.model.state_dict().items()}
-        return self.lora.merged(base)
+        merged = self.lora.merged(base)
+        if self._head is not None:
+            merged = {**merged, f"{HEAD}.weight": self._head.merged(self.held.model.lm_head.weight).to("cpu")}
+        return merged
 
     def evict(self, path: Path) -> None:
         """Write everything needed to resume exactly to `path` (module docstring), then detach the
         hooks and drop the adapter's tensors. A tenant not resident is left as it is."""
         if self._lora is None:
             return
-        params = _named_parameters(self.lora)
+        params = self.named_parameters()
         state = {"format": EVICTED_FORMAT, "model_id": self.model_id, "base_model": self.held.name,
                  "rank": self.rank, "seed": self.seed, "targets": list(self.targets),
                  "adapters": {k: v.detach().to("cpu").clone() for k, v in params.items()},
@@ -236,7 +274,7 @@ class TrainingTenant:
         torch.save(state, partial)
         os.replace(partial, path)       # the file is whole or absent
         self._lora.detach()
-        self._lora = self._optimizer = None
+        self._lora = self._head = self._optimizer = None
         self.evicted_to = path
 
     def resume(self) -> None:
@@ -252,8 +290,8 @@ class TrainingTenant:
         assert state["format"] == EVICTED_FORMAT and state["model_id"] == self.model_id, \
             f"{path} holds {state.get('format')!r} of {state.get('model_id')!r}, not tenant {self.model_id}"
         self._attach()
-        self.lora.load_adapters(state["adapters"], str(path))
-        params = _named_parameters(self.lora)
+        self._load_adapters(state["adapters"], str(path))
+        params = self.named_parameters()
         for key, grad in state["grads"].items():
             params[key].grad = grad.to(params[key].device)
         self.optimizer.load_state_dict(state["optimizer"])
@@ -265,7 +303,7 @@ class TrainingTenant:
         """The tenant ends: its hooks leave the base, or its evicted file is deleted."""
         if self._lora is not None:
             self._lora.detach()
-        self._lora = self._optimizer = None
+        self._lora = self._head = self._optimizer = None
         if self.evicted_to is not None:
             self.evicted_to.unlink(missing_ok=True)
             self.evicted_to = None
@@ -304,7 +342,7 @@ def forward_backward_together(jobs: list[TenantJob]) -> list[tuple[list[dict[str
     datums = [d for job in jobs for d in job.datums]
     owners = [k for k, job in enumerate(jobs) for _ in job.datums]
     trained = [_trained_rows(d, job.loss_fn, job.forward_only) for job in jobs for d in job.datums]
-    device = jobs[0].tenant.lora.parameters()[0].device
+    device = held.model.lm_head.weight.device
 
     order = _row_order(datums)
     if len(jobs) == 1:
@@ -314,7 +352,8 @@ def forward_backward_together(jobs: list[TenantJob]) -> list[tuple[list[dict[str
         adapters = batched_adapters([(job.tenant.lora, r) for job, r in zip(jobs, rows)])
     results: list[tuple[list[dict[str, np.ndarray]], dict[str, float]]] = []
     with torch.set_grad_enabled(not all(job.forward_only for job in jobs)), adapters:
-        per_datum = _logprobs(held.model, device, datums, trained, order)
+        heads = [job.tenant.head_weight() for job in jobs]
+        per_datum = _logprobs(held.model, device, datums, trained, order, [heads[k] for k in owners])
         totals, first = [], 0
         for job in jobs:
             total = torch.zeros((), dtype=torch.float32)
@@ -351,10 +390,11 @@ def _row_order(datums: list[WireDatum]) -> list[int]:
 
 
 def _logprobs(model: LlamaModel, device: torch.device, datums: list[WireDatum], trained: list[np.ndarray],
-              order: list[int]) -> list[torch.Tensor]:
+              order: list[int], heads: list[torch.Tensor]) -> list[torch.Tensor]:
     """Each datum's logprob of its target tokens (L,), with the adapters the caller enabled; the
     rows where `trained[i]` is True carry the adapters' gradient path, the others are computed
-    without one. `order`: the datum index of each batch row (`_row_order`).
+    without one. `order`: the datum index of each batch row (`_row_order`); `heads[i]`: the LM
+    head weight datum i's tenant reads (TrainingTenant.head_weight: one tensor per tenant).
 
     The pass is the learner's SFT pass (actors/learner/policy_forward.py), row for row, so that
     its gradients are the learner's bit for bit: each datum is its tokens and one more (its
@@ -377,22 +417,22 @@ def _logprobs(model: LlamaModel, device: torch.device, datums: list[WireDatum], 
     ids, attention, targets = ids.to(device), attention.to(device), targets.to(device)
     rows, train = rows.to(device), train.to(device)
     rest = rows & ~train
-    weight = model.lm_head.weight
     hidden = model.hidden_states(ids, None if bool(attention.all()) else attention)[:, :-1]   # (B, T-1, H)
     out = torch.zeros(targets.shape, dtype=torch.float32, device=device)
-    if bool(train.any()):
-        out = out.masked_scatter(train, rl_ops.token_logprobs_from_hidden(hidden[train], weight, targets[train]))
-    if bool(rest.any()):
-        with torch.no_grad():
-            untrained = rl_ops.token_logprobs_from_hidden(hidden[rest].detach(), weight, targets[rest])
-        out = out.masked_scatter(rest, untrained)
+    row_heads = [heads[i] for i in order]
+    for weight in {id(h): h for h in row_heads}.values():          # one pass over all rows when one head
+        mine = torch.tensor([h is weight for h in row_heads], device=device)[:, None]              # (B, 1)
+        head_train, head_rest = train & mine, rest & mine
+        if bool(head_train.any()):
+            out = out.masked_scatter(head_train, rl_ops.token_logprobs_from_hidden(hidden[head_train], weight,
+                                                                                   targets[head_train]))
+        if bool(head_rest.any()):
+            with torch.no_grad():
+                untrained = rl_ops.token_logprobs_from_hidden(hidden[head_rest].detach(), weight.detach(),
+                                                              targets[head_rest])
+            out = out.masked_scatter(head_rest, untrained)
     per_datum: list[torch.Tensor] = [torch.empty(0)] * len(datums)
     for row, i in enumerate(order):
         per_datum[i] = out[row, :len(datums[i].tokens)]
     return per_datum
 
-
-def _named_parameters(lora: LearnerLora) -> dict[str, torch.nn.Parameter]:
-    """The adapter's parameters by their `adapters()` keys."""
-    return {f"{name}.weight.lora_{ab}": p for name in lora.modules
-            for ab, p in (("A", lora.lora_A[name]), ("B", lora.lora_B[name]))}

@@ -18,8 +18,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_training import adam, datums, max_difference, samples  # noqa: E402  (the training tests' data)
 
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
-# (rank, seed, train_mlp) of the three tenants: two of rank 4, one of rank 8 on attention alone
-TENANTS = [(4, 0, True), (4, 1, True), (8, 2, False)]
+# (rank, seed, train_mlp, train_unembed) of the three tenants: two of rank 4, one of them adapting the
+# unembedding too (its own LM head weight in the batch), one of rank 8 on attention alone
+TENANTS = [(4, 0, True, False), (4, 1, True, True), (8, 2, False, False)]
 
 
 def test_adapters_on_their_own_rows_equal_each_alone_in_value_and_gradient(tiny_bases):
@@ -102,7 +103,8 @@ def test_three_tenants_training_at_once_each_equal_training_alone(tiny_bases, ba
         try:
             def create():
                 return [client.create_lora_training_client("tiny", rank=rank, seed=seed, train_mlp=mlp,
-                                                           train_unembed=False).result() for rank, seed, mlp in TENANTS]
+                                                           train_unembed=unembed).result()
+                        for rank, seed, mlp, unembed in TENANTS]
             together = create()
             session = together[0].model_id.rsplit(":train:", 1)[0]
             done = at_once(service, session, lambda: [f for _ in range(2) for tc, d in zip(together, data)
@@ -155,7 +157,7 @@ def at_once(service, session: str, send):
 
 def gradients(service, tc) -> dict:
     tenant = service.tenants[tc.model_id]
-    return {k: p.grad for k, p in zip(tenant.adapters(), tenant.lora.parameters())}
+    return {k: p.grad for k, p in tenant.named_parameters().items()}
 
 
 def test_a_forward_batched_with_a_forward_backward_leaves_its_weights_and_equals_each_alone(batching, client):

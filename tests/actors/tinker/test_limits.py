@@ -146,14 +146,14 @@ def same(a: dict, b: dict) -> bool:
 def test_an_evicted_tenant_resumes_on_its_next_request_bit_for_bit(tiny_bases):
     """Two tenants train alike; one is evicted after two steps and again between a forward_backward
     and its optim_step (pending gradients), each time resumed by its next request. After two more
-    steps both hold the same adapter and AdamW state, exactly."""
+    steps both hold the same adapter (the unembedding's too: the SDK's default) and AdamW state,
+    exactly."""
     tokens, masks = samples(4, seed=5)
     data = datums(tokens, masks, sum(sum(m) for m in masks))
     options = TinkerOptions(max_training_clients_per_base=2, evict_after_s=3600)
     with tinker_served(tiny_bases, options) as (url, service):
         client = tinker.ServiceClient(base_url=url, api_key=API_KEY)
-        evicted, kept = [client.create_lora_training_client("tiny", rank=4, seed=0, train_unembed=False).result()
-                         for _ in range(2)]
+        evicted, kept = [client.create_lora_training_client("tiny", rank=4, seed=0).result() for _ in range(2)]
         for tc in (evicted, kept):
             for _ in range(2):
                 tc.forward_backward(data, "cross_entropy").result()
