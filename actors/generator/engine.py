@@ -263,6 +263,8 @@ class Engine:
         """One batch iteration: (drafts) -> schedule -> run -> sample/verify -> update; return
         the requests that finished in it."""
         start = time.perf_counter()
+        if self.image_encoder is not None:
+            self.image_encoder.encode_pending()     # the images of the requests added since the last step
         self._propose_drafts()
         plan = self.scheduler.schedule()
         finished: list[RequestOutput] = []

@@ -1,14 +1,19 @@
 """The engine's images: each image encoded once by content hash, and the image rows of a step.
 
     encoder = ImageEncoder(model.vision, counters)
-    features = encoder.features(prompt_ids, images)     # PromptImages: rows, their prompt positions, salt
-    counters.num_image_encodes                          # vision-tower runs since start (cache misses)
+    features = encoder.features(prompt_ids, images)     # PromptImages: their prompt positions, salt; rows to come
+    encoder.encode_pending()                            # one tower call for every image waiting: rows filled
+    counters.num_image_encodes                          # images the tower read since start (cache misses)
     images = step_image_rows(rows, input_ids, device)   # ImageRows of a step's prefill rows, or None
 
-Design note: a request's images are encoded when it is added (`Engine.add_request(images=)`), once
-per distinct image: the features are cached by `vision.image_key` (the pixels' hash) in an LRU of
-`max_images`, so a group of n samples on one image, and every later request that shows it, run the
-tower once. The rows stay with the request (`Request.images`) until it finishes; a prefill chunk
+Design note: a request's images are checked when it is added (`Engine.add_request(images=)`: each
+decodes, and the prompt holds their placeholders, counted from the layout) and encoded at the start
+of the next engine step, together with every other request's added since: one tower call
+(`VisionTower.encode_many`) for all the distinct images not yet cached, as a batch of prompts with
+one chart each arrives. The features are cached by `vision.image_key` (the pixels' hash) in an LRU
+of `max_images`, so a group of n samples on one image, and every later request that shows it, run
+the tower once. Invariant: a PromptImages' `rows` is None exactly while it waits in `_pending`, and
+the engine encodes before it schedules, so every row a step reads is filled. The rows stay with the request (`Request.images`) until it finishes; a prefill chunk
 takes the rows of the placeholders it covers, so chunked prefill, prefix-cache hits and a
 preempted sequence's second prefill splice the same rows at the same positions. The images fill
 the prompt's first placeholders, as many as their rows: a placeholder id the policy sampled (in a
@@ -47,40 +52,60 @@ class ImageEncoder:
         self.counters = counters
         self.max_images = max_images
         self.cache: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self._pending: list[tuple[PromptImages, list]] = []    # (its images, the decoded images) to encode
+        self.tower_calls = 0                                       # encode_many calls since start
 
     def features(self, prompt_ids: list[int], images: list) -> PromptImages:
-        """The rows of `images` (bytes, data URLs or PIL images) for a prompt holding their
-        placeholders in order; EngineError when the counts disagree, ImageInputError (a
-        ValueError) for an image that does not decode."""
+        """A prompt's images (bytes, data URLs or PIL images) for a prompt holding their
+        placeholders in order, their rows filled by the next `encode_pending`; EngineError when
+        the counts disagree, ImageInputError (a ValueError) for an image that does not decode."""
         decoded = [load_image(image) for image in images]
         keys = tuple(image_key(image) for image in decoded)
-        rows = [self._rows(key, image) for key, image in zip(keys, decoded)]
+        layout = self.tower.layout
         positions = np.flatnonzero(np.asarray(prompt_ids) == self.tower.image_token_id)
-        total = sum(len(r) for r in rows)
+        total = sum(layout.image_token_run(image).count(self.tower.image_token_id) for image in decoded)
         if len(positions) < total:
             raise EngineError(f"the prompt has {len(positions)} image placeholder tokens but its {len(images)} "
                               f"image(s) make {total} rows; render the prompt with the model's image layout "
                               "(models/vision.py render_prompt) and pass the same images")
-        layout = self.tower.layout
         runs = image_runs(positions[:total]) if self.tower.bidirectional else ()
         if not layout.multimodal_rope:
-            return PromptImages(torch.cat(rows), positions[:total], keys, images_salt(list(keys)), runs=runs)
-        rope = layout.rope_positions(prompt_ids, decoded)
-        return PromptImages(torch.cat(rows), positions[:total], keys, images_salt(list(keys)), rope,
-                            int(rope.max()) + 1 - len(prompt_ids), runs=runs)
+            features = PromptImages(None, positions[:total], keys, images_salt(list(keys)), runs=runs)
+        else:
+            rope = layout.rope_positions(prompt_ids, decoded)
+            features = PromptImages(None, positions[:total], keys, images_salt(list(keys)), rope,
+                                    int(rope.max()) + 1 - len(prompt_ids), runs=runs)
+        self._pending.append((features, decoded))
+        return features
 
-    def _rows(self, key: str, image) -> torch.Tensor:
-        if key in self.cache:
-            self.cache.move_to_end(key)
-            return self.cache[key]
-        device = next(self.tower.parameters()).device
-        with torch.inference_mode():
-            rows = self.tower(self.tower.layout.pixel_values(image).to(device))
-        self.counters.num_image_encodes += 1
-        self.cache[key] = rows
-        if len(self.cache) > self.max_images:
+    def encode_pending(self) -> None:
+        """Fill the rows of every prompt's images added since the last call: the images not in
+        the cache go through the tower in one call (`encode_many`), each distinct image once."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        todo: dict[str, object] = {}
+        for features, decoded in pending:
+            for key, image in zip(features.keys, decoded):
+                if key not in self.cache and key not in todo:
+                    todo[key] = image
+        fresh: dict[str, torch.Tensor] = {}
+        if todo:
+            device = next(self.tower.parameters()).device
+            with torch.inference_mode():
+                encoded = self.tower.encode_many([self.tower.layout.pixel_values(image).to(device)
+                                                  for image in todo.values()])
+            fresh = dict(zip(todo, encoded))
+            self.counters.num_image_encodes += len(fresh)
+            self.tower_calls += 1
+        for features, _ in pending:
+            features.rows = torch.cat([fresh[key] if key in fresh else self.cache[key] for key in features.keys])
+            for key in features.keys:
+                if key in self.cache:
+                    self.cache.move_to_end(key)
+        self.cache.update(fresh)
+        while len(self.cache) > self.max_images:
             self.cache.popitem(last=False)
-        return rows
 
     def clear(self) -> None:
         self.cache.clear()
@@ -105,7 +130,7 @@ def step_image_rows(rows, input_ids: torch.Tensor) -> ImageRows | None:
     if not parts and rope is None:
         return None
     if not parts:        # decodes past an image prompt: no image rows, their positions only
-        parts = [next(r.images.rows[:0] for r in rows if r.images is not None)]
+        parts = [next(r.images.rows[:0] for r in rows if r.images is not None and r.images.rows is not None)]
     device = parts[0].device
     return ImageRows(torch.cat(parts), mask.to(device), None if rope is None else torch.from_numpy(rope).to(device))
 

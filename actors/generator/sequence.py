@@ -102,12 +102,13 @@ class Sequence:
         return self.output.finish_reason is not None
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class PromptImages:
     """A prompt's images: `rows` (N, H) on the model's device, `positions` (N,) the sorted prompt
-    positions of their placeholders, `keys` the images' content hashes, `salt` the prefix-cache salt."""
+    positions of their placeholders, `keys` the images' content hashes, `salt` the prefix-cache salt.
+    Only `rows` is ever set after construction, once, by the image encoder (images.py)."""
 
-    rows: torch.Tensor
+    rows: torch.Tensor | None          # None until the engine's next step encodes them (images.py)
     positions: np.ndarray
     keys: tuple[str, ...]
     salt: int
@@ -118,6 +119,7 @@ class PromptImages:
 
     def span(self, start: int, stop: int) -> tuple[np.ndarray, torch.Tensor]:
         """(positions - start, rows) of the placeholders at positions start .. stop - 1."""
+        assert self.rows is not None, "a step reads a prompt's images after the engine encoded them"
         lo, hi = np.searchsorted(self.positions, [start, stop])
         return self.positions[lo:hi] - start, self.rows[lo:hi]
 

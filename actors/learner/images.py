@@ -41,19 +41,23 @@ def batch_image_rows(model: LlamaModel, mb: PackedBatch, train_vision: bool) -> 
     before_trained = trained.int().cumsum(-1) == 0
     in_prompt = (placeholders & before_trained).sum(-1).tolist()
     mask = torch.zeros_like(placeholders)
-    encoded: dict[bytes, torch.Tensor] = {}
+    samples = mb.images or [[]] * mb.num_samples
     decoded: dict[bytes, object] = {}
+    for files in samples:
+        for data in files:
+            key = hashlib.sha256(data).digest()
+            if key not in decoded:
+                decoded[key] = load_image(data)
     shown: list[list] = []          # per sample its decoded images (a multimodal rotary reads their sizes)
     rows = []
     with torch.set_grad_enabled(train_vision and torch.is_grad_enabled()):
-        for b, files in enumerate(mb.images or [[]] * mb.num_samples):
+        encoded = dict(zip(decoded, tower.encode_many([tower.layout.pixel_values(image).to(mb.input_ids.device)
+                                                       for image in decoded.values()])))   # one pass, each image once
+        for b, files in enumerate(samples):
             count = 0
             shown.append([])
             for data in files:
                 key = hashlib.sha256(data).digest()
-                if key not in encoded:
-                    decoded[key] = load_image(data)
-                    encoded[key] = tower(tower.layout.pixel_values(decoded[key]).to(mb.input_ids.device))
                 rows.append(encoded[key])
                 shown[-1].append(decoded[key])
                 count += len(encoded[key])

@@ -301,21 +301,41 @@ class Qwen2_5_VLTower(VisionTower):
         return emb.cos(), emb.sin()
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.encode_many([pixel_values])[0]
+
+    def encode_many(self, pixel_values: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each image's rows from one pass over all their patches, as transformers' tower reads a
+        batch: every image's patches in window order, one after another; a window, and a
+        full-attention block, attend within one image only."""
+        if not pixel_values:
+            return []
         m, unit = self.layout.merge, self.layout.merge ** 2
-        rows, cols = pixel_values.shape[1] // (self.layout.patch * m), pixel_values.shape[2] // (self.layout.patch * m)
-        x = self.patch_embed(self.layout.patches(pixel_values))                   # (N, W), merge-block order
-        num = x.shape[0]
-        order, lengths = self.windows(rows, cols)
-        order = order.to(x.device)
-        patch_order = (order[:, None] * unit + torch.arange(unit, device=x.device)).reshape(-1)
-        x = x[patch_order]                                                         # window order
-        cos, sin = (t[patch_order][:, None, :] for t in self.rotary(rows, cols, x.device))
-        window_groups = self._groups([n * unit for n in lengths], x.device)
-        whole = [torch.arange(num, device=x.device)[None]]
+        device = pixel_values[0].device
+        xs, cos, sin, orders, lengths = [], [], [], [], []
+        for values in pixel_values:
+            rows, cols = values.shape[1] // (self.layout.patch * m), values.shape[2] // (self.layout.patch * m)
+            x = self.patch_embed(self.layout.patches(values))                     # (N, W), merge-block order
+            order, window_lengths = self.windows(rows, cols)
+            order = order.to(device)
+            patch_order = (order[:, None] * unit + torch.arange(unit, device=device)).reshape(-1)
+            xs.append(x[patch_order])                                              # window order
+            c, s = self.rotary(rows, cols, device)
+            cos.append(c[patch_order])
+            sin.append(s[patch_order])
+            orders.append(order)
+            lengths += [n * unit for n in window_lengths]
+        x = torch.cat(xs)
+        cos_all, sin_all = torch.cat(cos)[:, None, :], torch.cat(sin)[:, None, :]
+        window_groups = self._groups(lengths, device)
+        wholes = self._groups([len(one) for one in xs], device)            # each image whole
         for idx, block in enumerate(self.blocks):
-            x = block(x, cos, sin, whole if idx in self.full else window_groups)
-        merged = self.merger(x)                                                   # (N / unit, hidden), window order
-        return merged[torch.argsort(order)]
+            x = block(x, cos_all, sin_all, wholes if idx in self.full else window_groups)
+        merged = self.merger(x)                                         # (N / unit, hidden), window order
+        out, start = [], 0
+        for order in orders:
+            out.append(merged[start:start + len(order)][torch.argsort(order)])
+            start += len(order)
+        return out
 
     @staticmethod
     def _groups(lengths: list[int], device) -> list[torch.Tensor]:

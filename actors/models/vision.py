@@ -240,10 +240,15 @@ class VisionTower(nn.Module):
     def encode_images(self, images: list) -> torch.Tensor:
         """The feature rows of every image, concatenated in order (N, hidden)."""
         device = next(self.parameters()).device
-        rows = [self(self.layout.pixel_values(load_image(image)).to(device)) for image in images]
+        rows = self.encode_many([self.layout.pixel_values(load_image(image)).to(device) for image in images])
         if not rows:
             return torch.zeros(0, self.hidden_size, device=device)
         return torch.cat(rows)
+
+    def encode_many(self, pixel_values: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each image's feature rows, as `forward` gives them one by one; a family whose tower
+        reads several images in one pass overrides it (fewer, larger matmuls: Qwen2.5-VL)."""
+        return [self(values) for values in pixel_values]
 
 
 class EncoderLayer(nn.Module):

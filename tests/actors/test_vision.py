@@ -129,6 +129,7 @@ def test_greedy_with_an_image_equals_a_plain_forward_and_each_image_is_encoded_o
     assert [s.token_ids for s in group.outputs] == [expected_a] * 8
     assert other.outputs[0].token_ids == expected_b
     assert engine.stats()["num_image_encodes"] == 2          # a group of 8 on one image: one tower run
+    assert engine.image_encoder is not None and engine.image_encoder.tower_calls == 1   # both images in one call
     (again,) = run_requests(engine, [(ids_a, images_a, GREEDY)])
     assert again.outputs[0].token_ids == expected_a
     assert again.num_cached_prompt_tokens == (len(ids_a) - 1) // 8 * 8   # the prefix cache held it

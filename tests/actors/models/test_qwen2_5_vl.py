@@ -115,6 +115,20 @@ def test_prompt_ids_equal_the_processors(pair):
 # ------------------------------------------------------------------ model
 
 
+def test_images_read_in_one_pass_equal_each_read_alone(pair):
+    """encode_many (the engine reads the images of requests added together in one tower call):
+    windows and full-attention blocks stay within their image."""
+    model = pair[2]
+    tower = model.vision
+    values = [tower.layout.pixel_values(load_image(png(noise(w, h, i)))) for i, (w, h) in enumerate(SIZES[:5])]
+    with torch.no_grad():
+        together = tower.encode_many(values)
+        alone = [tower.encode_many([v])[0] for v in values]
+    assert [len(r) for r in together] == [len(r) for r in alone]
+    for mine, theirs in zip(together, alone):
+        torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
+
+
 def test_logits_equal_transformers(pair):
     hf, processor, model, _, _ = pair
     images = [noise(90, 50, 3), noise(17, 301, 4)]
