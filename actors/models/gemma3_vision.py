@@ -61,7 +61,8 @@ from .gemma3 import Gemma3Model, GemmaRMSNorm
 from .hf_config import CheckpointError
 from .idefics3 import ACTIVATIONS, VisionEmbeddings, VisionEncoder
 from .vision import (
-    TOWER_KINDS, folder_processor_fields, ImageInputError, ImageLayout, ImageRows, processor_table, VisionTower)
+    TOWER_KINDS, folder_processor_fields, ImageInputError, ImageLayout, ImageRows, processor_table, VisionTower,
+    encode_tiles_together)
 
 # transformers' Gemma3TextConfig defaults (the released config.json files omit most of them)
 TEXT_DEFAULTS = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
@@ -161,6 +162,9 @@ class Gemma3Tower(VisionTower):
         self.encoder = VisionEncoder(vision)
         self.post_layernorm = nn.LayerNorm(width, eps=eps)
         self.projector = Projector(width, hidden_size, eps)
+
+    def encode_many(self, pixel_values: list[torch.Tensor]) -> list[torch.Tensor]:
+        return encode_tiles_together(self, pixel_values)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         conv = self.embeddings.patch_embedding

@@ -52,7 +52,8 @@ from torch import nn
 
 from .config import ModelConfig, ModelConfigError
 from .llama import LlamaModel
-from .vision import TOWER_KINDS, folder_processor_fields, ImageLayout, processor_table, VisionTower
+from .vision import (TOWER_KINDS, ImageLayout, VisionTower, encode_tiles_together, folder_processor_fields,
+                     processor_table)
 
 MAX_IMAGE_SIZE = 4096   # transformers' cap on the resized image's longest edge
 # transformers' Idefics3VisionConfig / SmolVLMVisionConfig defaults (older config.json files omit defaults)
@@ -286,6 +287,9 @@ class Idefics3Tower(VisionTower):
             return torch.bucketize(coords.clamp(max=1.0 - 1e-6), boundaries, right=True)[0]
 
         return (buckets(grid_h)[:, None] * self.side + buckets(grid_w)[None, :]).reshape(-1)
+
+    def encode_many(self, pixel_values: list[torch.Tensor]) -> list[torch.Tensor]:
+        return encode_tiles_together(self, pixel_values)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         conv = self.embeddings.patch_embedding

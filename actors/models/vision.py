@@ -247,8 +247,20 @@ class VisionTower(nn.Module):
 
     def encode_many(self, pixel_values: list[torch.Tensor]) -> list[torch.Tensor]:
         """Each image's feature rows, as `forward` gives them one by one; a family whose tower
-        reads several images in one pass overrides it (fewer, larger matmuls: Qwen2.5-VL)."""
+        reads several images in one pass overrides it (fewer, larger matmuls: Qwen2.5-VL, and
+        `encode_tiles_together` for towers of equal tiles)."""
         return [self(values) for values in pixel_values]
+
+
+def encode_tiles_together(tower: VisionTower, pixel_values: list[torch.Tensor]) -> list[torch.Tensor]:
+    """`encode_many` of a tower whose forward reads a stack of tiles (n, 3, H, W), each tile on its
+    own into the same number of rows (Idefics3's, Gemma 3's): one forward over every image's
+    tiles when they have one size, split back per image."""
+    if len(pixel_values) < 2 or len({tuple(v.shape[1:]) for v in pixel_values}) > 1:
+        return [tower(values) for values in pixel_values]
+    rows = tower(torch.cat(pixel_values))
+    per_tile = len(rows) // sum(len(v) for v in pixel_values)
+    return list(rows.split([len(v) * per_tile for v in pixel_values]))
 
 
 class EncoderLayer(nn.Module):

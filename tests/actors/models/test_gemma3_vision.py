@@ -36,7 +36,8 @@ from postrain.bench.vision_folders import (  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # tests/actors/models
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # tests/actors
 from train_batches import assert_logprobs_equal  # noqa: E402
-from vision_checks import assert_export_logits, built_and_loaded, our_logits  # noqa: E402
+from vision_checks import (  # noqa: E402
+    assert_export_logits, assert_images_read_together_equal_each_alone, built_and_loaded, our_logits)
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True)
 
@@ -89,6 +90,10 @@ def test_pixel_values_and_prompt_ids_equal_the_processors(pair):
 
 
 # ------------------------------------------------------------------ model
+
+
+def test_images_read_in_one_pass_equal_each_read_alone(pair):
+    assert_images_read_together_equal_each_alone(pair[2], SIZES[:5])
 
 
 def test_logits_equal_transformers_with_the_image_mask(pair):

@@ -32,7 +32,8 @@ from PIL import Image  # noqa: E402
 from postrain.bench.vision_folders import build_folder, data_url, noise, png  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # tests/actors/models
-from vision_checks import assert_export_logits, built_and_loaded, our_logits  # noqa: E402
+from vision_checks import (  # noqa: E402
+    assert_export_logits, assert_images_read_together_equal_each_alone, built_and_loaded, our_logits)
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True)
 
@@ -93,6 +94,10 @@ def test_prompt_ids_equal_the_processors(pair):
 def hf_inputs(processor, images):
     text = processor.apply_chat_template(chat(images)[0], add_generation_prompt=True)
     return processor(text=text, images=images, return_tensors="pt")
+
+
+def test_images_read_in_one_pass_equal_each_read_alone(pair):
+    assert_images_read_together_equal_each_alone(pair[2], SIZES[:5])
 
 
 def test_logits_equal_transformers(pair):

@@ -36,7 +36,8 @@ from postrain.bench.vision_folders import build_folder, data_url, noise, png  # 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # tests/actors/models
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # tests/actors
 from train_batches import assert_logprobs_equal, sampled_batch  # noqa: E402
-from vision_checks import assert_export_logits, built_and_loaded  # noqa: E402
+from vision_checks import (  # noqa: E402
+    assert_export_logits, assert_images_read_together_equal_each_alone, built_and_loaded)
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True)
 
@@ -116,17 +117,8 @@ def test_prompt_ids_equal_the_processors(pair):
 
 
 def test_images_read_in_one_pass_equal_each_read_alone(pair):
-    """encode_many (the engine reads the images of requests added together in one tower call):
-    windows and full-attention blocks stay within their image."""
-    model = pair[2]
-    tower = model.vision
-    values = [tower.layout.pixel_values(load_image(png(noise(w, h, i)))) for i, (w, h) in enumerate(SIZES[:5])]
-    with torch.no_grad():
-        together = tower.encode_many(values)
-        alone = [tower.encode_many([v])[0] for v in values]
-    assert [len(r) for r in together] == [len(r) for r in alone]
-    for mine, theirs in zip(together, alone):
-        torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
+    """Windows and full-attention blocks stay within their image."""
+    assert_images_read_together_equal_each_alone(pair[2], SIZES[:5])
 
 
 def test_logits_equal_transformers(pair):

@@ -9,8 +9,8 @@ from typing import Callable
 import torch
 
 from postrain.actors.models.loading import load_model
-from postrain.actors.models.vision import ImageRows
-from postrain.bench.vision_folders import build_folder
+from postrain.actors.models.vision import ImageRows, load_image
+from postrain.bench.vision_folders import build_folder, noise, png
 
 
 def built_and_loaded(folder: Path, model_type: str) -> tuple:
@@ -36,3 +36,16 @@ def assert_export_logits(folder, model, hf, theirs, inputs: dict, our_logits: Ca
         expected = hf(**inputs).logits
         torch.testing.assert_close(theirs(**inputs).logits, expected, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(our_logits(reloaded), expected, atol=1e-4, rtol=1e-4)
+
+
+def assert_images_read_together_equal_each_alone(model, sizes: list[tuple[int, int]]) -> None:
+    """The tower's encode_many (the engine reads the images of requests added together in one
+    call) equals reading each image alone, on images of these (width, height)s."""
+    tower = model.vision
+    values = [tower.layout.pixel_values(load_image(png(noise(w, h, i)))) for i, (w, h) in enumerate(sizes)]
+    with torch.no_grad():
+        together = tower.encode_many(values)
+        alone = [tower(v) for v in values]
+    assert [len(r) for r in together] == [len(r) for r in alone]
+    for mine, theirs in zip(together, alone):
+        torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
