@@ -223,6 +223,10 @@ class GeneratorActor(Actor):
             for request_id in self._in_engine - self._waiters.keys():
                 engine.abort(request_id)  # its caller was cancelled
                 self._in_engine.discard(request_id)
+            if requests and engine.image_encoder is not None:   # a request whose image fails fails alone
+                for request_id, error in (await self.in_compute_thread(engine.encode_images)).items():
+                    self._in_engine.discard(request_id)
+                    self._finish(request_id, None, error)
             if engine.has_unfinished():
                 for output in await self.in_compute_thread(engine.step):  # threads: its cores now
                     self._in_engine.discard(output.request_id)

@@ -263,8 +263,11 @@ class Engine:
         """One batch iteration: (drafts) -> schedule -> run -> sample/verify -> update; return
         the requests that finished in it."""
         start = time.perf_counter()
-        if self.image_encoder is not None:
-            self.image_encoder.encode_pending()     # the images of the requests added since the last step
+        failed = self.encode_images()              # the images of the requests added since the last step
+        if failed:
+            request_id, error = next(iter(failed.items()))
+            raise EngineError(f"the image of request {request_id} failed in the vision tower ({type(error).__name__}: "
+                              f"{error}); {len(failed)} request(s) aborted, the others go on at the next step")
         self._propose_drafts()
         plan = self.scheduler.schedule()
         finished: list[RequestOutput] = []
@@ -290,6 +293,25 @@ class Engine:
             for out in self.step():
                 done[out.request_id] = out
         return [done[i] for i in ids]
+
+    def encode_images(self) -> dict[str, Exception]:
+        """Run the vision tower over the images of the requests added since the last call (step
+        calls it first): every request whose image failed is aborted, and returned with its
+        error; the others' rows are filled (generator/images.py)."""
+        if self.image_encoder is None:
+            return {}
+        failed = self.image_encoder.encode_pending()
+        if not failed:
+            return {}
+        owners = {id(request.images): request_id for request_id, request in self._requests.items()
+                  if request.images is not None}
+        out: dict[str, Exception] = {}
+        for features, error in failed:
+            request_id = owners.get(id(features))
+            if request_id is not None:            # None: aborted before its images were encoded
+                self.abort(request_id)
+                out[request_id] = error
+        return out
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stop a request now; its samples finish with reason 'abort'."""

@@ -2,7 +2,8 @@
 
     encoder = ImageEncoder(model.vision, counters)
     features = encoder.features(prompt_ids, images)     # PromptImages: their prompt positions, salt; rows to come
-    encoder.encode_pending()                            # one tower call for every image waiting: rows filled
+    failed = encoder.encode_pending()                   # the tower over every image waiting: rows filled,
+                                                        # (PromptImages, error) of those whose image failed
     counters.num_image_encodes                          # images the tower read since start (cache misses)
     images = step_image_rows(rows, input_ids, device)   # ImageRows of a step's prefill rows, or None
 
@@ -44,6 +45,9 @@ from ..models.vision import ImageRows, VisionTower, image_key, images_salt, load
 from .sequence import EngineCounters, EngineError, PromptImages
 
 
+MAX_IMAGES_PER_CALL = 16     # images one tower call reads at most: a bound on its activations
+
+
 class ImageEncoder:
     """The tower's features per image, cached by content hash (module docstring)."""
 
@@ -78,11 +82,14 @@ class ImageEncoder:
         self._pending.append((features, decoded))
         return features
 
-    def encode_pending(self) -> None:
+    def encode_pending(self) -> list[tuple[PromptImages, Exception]]:
         """Fill the rows of every prompt's images added since the last call: the images not in
-        the cache go through the tower in one call (`encode_many`), each distinct image once."""
+        the cache go through the tower together (`encode_many`, at most MAX_IMAGES_PER_CALL a
+        call), each distinct image once. A call that fails is retried one image at a time, so one
+        image's failure is its prompts' alone: the (prompt's images, error) of each prompt left
+        unfilled are returned, for the engine to fail those requests only."""
         if not self._pending:
-            return
+            return []
         pending, self._pending = self._pending, []
         todo: dict[str, object] = {}
         for features, decoded in pending:
@@ -90,22 +97,44 @@ class ImageEncoder:
                 if key not in self.cache and key not in todo:
                     todo[key] = image
         fresh: dict[str, torch.Tensor] = {}
-        if todo:
-            device = next(self.tower.parameters()).device
-            with torch.inference_mode():
-                encoded = self.tower.encode_many([self.tower.layout.pixel_values(image).to(device)
-                                                  for image in todo.values()])
-            fresh = dict(zip(todo, encoded))
-            self.counters.num_image_encodes += len(fresh)
-            self.tower_calls += 1
+        errors: dict[str, Exception] = {}
+        keys = list(todo)
+        for first in range(0, len(keys), MAX_IMAGES_PER_CALL):
+            chunk = keys[first:first + MAX_IMAGES_PER_CALL]
+            try:
+                fresh.update(zip(chunk, self._encode([todo[key] for key in chunk])))
+            except Exception as exc:
+                if len(chunk) == 1:
+                    errors[chunk[0]] = exc
+                    continue
+                for key in chunk:                      # which image: each alone
+                    try:
+                        fresh[key] = self._encode([todo[key]])[0]
+                    except Exception as one:
+                        errors[key] = one
+        failed: list[tuple[PromptImages, Exception]] = []
         for features, _ in pending:
+            bad = next((errors[key] for key in features.keys if key in errors), None)
+            if bad is not None:
+                failed.append((features, bad))
+                continue
             features.rows = torch.cat([fresh[key] if key in fresh else self.cache[key] for key in features.keys])
+            assert len(features.rows) == len(features.positions), "the layout counted each image's rows"
             for key in features.keys:
                 if key in self.cache:
                     self.cache.move_to_end(key)
         self.cache.update(fresh)
         while len(self.cache) > self.max_images:
             self.cache.popitem(last=False)
+        return failed
+
+    def _encode(self, images: list) -> list[torch.Tensor]:
+        device = next(self.tower.parameters()).device
+        with torch.inference_mode():
+            rows = self.tower.encode_many([self.tower.layout.pixel_values(image).to(device) for image in images])
+        self.counters.num_image_encodes += len(images)
+        self.tower_calls += 1
+        return rows
 
     def clear(self) -> None:
         self.cache.clear()
@@ -130,7 +159,9 @@ def step_image_rows(rows, input_ids: torch.Tensor) -> ImageRows | None:
     if not parts and rope is None:
         return None
     if not parts:        # decodes past an image prompt: no image rows, their positions only
-        parts = [next(r.images.rows[:0] for r in rows if r.images is not None and r.images.rows is not None)]
+        first = next(r.images.rows for r in rows if r.images is not None)
+        assert first is not None, "the engine encodes a prompt's images before any step reads them"
+        parts = [first[:0]]
     device = parts[0].device
     return ImageRows(torch.cat(parts), mask.to(device), None if rope is None else torch.from_numpy(rope).to(device))
 

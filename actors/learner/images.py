@@ -42,10 +42,10 @@ def batch_image_rows(model: LlamaModel, mb: PackedBatch, train_vision: bool) -> 
     in_prompt = (placeholders & before_trained).sum(-1).tolist()
     mask = torch.zeros_like(placeholders)
     samples = mb.images or [[]] * mb.num_samples
+    keys = [[hashlib.sha256(data).digest() for data in files] for files in samples]
     decoded: dict[bytes, object] = {}
-    for files in samples:
-        for data in files:
-            key = hashlib.sha256(data).digest()
+    for files, file_keys in zip(samples, keys):
+        for data, key in zip(files, file_keys):
             if key not in decoded:
                 decoded[key] = load_image(data)
     shown: list[list] = []          # per sample its decoded images (a multimodal rotary reads their sizes)
@@ -56,8 +56,7 @@ def batch_image_rows(model: LlamaModel, mb: PackedBatch, train_vision: bool) -> 
         for b, files in enumerate(samples):
             count = 0
             shown.append([])
-            for data in files:
-                key = hashlib.sha256(data).digest()
+            for key in keys[b]:
                 rows.append(encoded[key])
                 shown[-1].append(decoded[key])
                 count += len(encoded[key])

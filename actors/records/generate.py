@@ -157,7 +157,7 @@ class GeneratorStats(Record):
     num_drafted_tokens: int
     num_accepted_tokens: int
     draft_s: float
-    num_image_encodes: int = 0                     # vision-tower runs (images not in its cache)
+    num_image_encodes: int = 0                     # images the vision tower read (those not in its cache)
     acceptance_rate: float | None = None           # with speculative decoding only
     tokens_per_verify_step: float | None = None    # with speculative decoding only
     draft_time_share: float | None = None          # with speculative decoding only

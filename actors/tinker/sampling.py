@@ -162,20 +162,45 @@ class Sampler:
         return self.weights.path
 
 
+UNNAMED = "auto-"           # the name prefix of weights saved without a name (save_weights_and_get_sampling_client)
+MAX_UNNAMED_PER_MODEL = 4   # unnamed saves a training client keeps; an older one is dropped with its sessions
+MAX_RETIRED_KEPT = 4096     # dropped sessions remembered, to answer them 410 rather than 404
+
+
 class SamplerStore:
-    """Saved sampler weights by path and sampling sessions by id."""
+    """Saved sampler weights by path and sampling sessions by id. Each save holds a merged copy
+    of the model, so a training client keeps only its MAX_UNNAMED_PER_MODEL newest unnamed saves
+    (a loop that samples from a fresh save every step, as tinker-cookbook's rl_loop does, would
+    otherwise hold one per step): an older one, and the sampling sessions on it, are dropped;
+    named saves stay until the training client ends."""
 
     def __init__(self, kv_cache_mb: float = 64.0):
         self.kv_cache_mb = kv_cache_mb
         self._weights: dict[str, SamplerWeights] = {}
         self._bases: dict[str, SamplerWeights] = {}
         self._sessions: dict[str, Sampler] = {}
+        self._retired: dict[str, str] = {}      # dropped sampling session id -> the path it sampled
+        self._unnamed: dict[str, list[str]] = {}    # model id -> its unnamed saves' paths, oldest first
 
-    def save(self, model_id: str, name: str, held: HeldModel, state: dict[str, torch.Tensor],
+    def save(self, model_id: str, name: str | None, held: HeldModel, state: dict[str, torch.Tensor],
              config: ModelConfig | None = None) -> str:
-        path = f"tinker://{model_id}/sampler_weights/{name}"
+        """The path of `state` saved under `name`, or under a new unnamed one (name None)."""
+        path = f"tinker://{model_id}/sampler_weights/{name or UNNAMED + uuid.uuid4().hex[:8]}"
         self._weights[path] = SamplerWeights(path, held, state, config)
+        if name is None:
+            unnamed = self._unnamed.setdefault(model_id, [])
+            unnamed.append(path)
+            while len(unnamed) > MAX_UNNAMED_PER_MODEL:
+                self._retire(unnamed.pop(0))
         return path
+
+    def _retire(self, path: str) -> None:
+        weights = self._weights.pop(path)
+        for key in [k for k, s in self._sessions.items() if s.weights is weights]:
+            del self._sessions[key]
+            self._retired[key] = path
+        while len(self._retired) > MAX_RETIRED_KEPT:
+            del self._retired[next(iter(self._retired))]
 
     def open_session(self, session_id: str, held: HeldModel | None, path: str | None,
                      register: bool = True) -> Sampler:
@@ -196,6 +221,11 @@ class SamplerStore:
 
     def get(self, sampling_session_id: str | None) -> Sampler:
         sampler = self._sessions.get(sampling_session_id or "")
+        if sampler is None and sampling_session_id in self._retired:
+            raise TinkerAPIError(410, f"sampling session {sampling_session_id!r} sampled the unnamed weights "
+                                      f"{self._retired[sampling_session_id]}, dropped when the training client saved "
+                                      f"{MAX_UNNAMED_PER_MODEL} newer ones; sample from a newer save, or name the "
+                                      "weights you keep (save_weights_for_sampler(name))")
         if sampler is None:
             raise TinkerAPIError(404, f"unknown sampling_session_id {sampling_session_id!r}; create one with "
                                       "create_sampling_client")
@@ -206,5 +236,6 @@ class SamplerStore:
             del self._sessions[key]
 
     def forget_weights_of(self, model_id: str) -> None:
+        self._unnamed.pop(model_id, None)
         for path in [p for p in self._weights if p.startswith(f"tinker://{model_id}/")]:
             del self._weights[path]

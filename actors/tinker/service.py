@@ -52,7 +52,6 @@ import secrets
 import shutil
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Callable, NoReturn
 
@@ -289,7 +288,8 @@ class TinkerService:
         tenant = self.tenant(call.model_id)
         config = loss_config(call.loss_fn, call.loss_fn_config)
         self._check_datums(call, tenant.held)
-        if call.loss_fn == "stable_reinforce":
+        order = self.orders[tenant.model_id]
+        if call.loss_fn == "stable_reinforce" and call.seq_id not in order.request_ids:   # not a re-sent request
             call = dataclasses.replace(call, datums=[self.stability.resolve(tenant.session_id or "", d, f"data[{i}]")
                                                      for i, d in enumerate(call.datums)])
 
@@ -341,8 +341,7 @@ class TinkerService:
 
         def work() -> Result:
             state = tenant.merged_weights()
-            path = self.samplers.save(tenant.model_id, name or f"auto-{uuid.uuid4().hex[:8]}", tenant.held, state,
-                                      tenant.sampler_config())
+            path = self.samplers.save(tenant.model_id, name, tenant.held, state, tenant.sampler_config())
             if not auto:
                 return Result.json({"type": "save_weights_for_sampler", "path": path})
             sampler = self.samplers.open_session(tenant.session_id or "", None, path)
@@ -495,6 +494,7 @@ class TinkerService:
             await trio.sleep(self._sweep_period_s)
             await self.finish_silent_sessions()
             await self.evict_idle()
+            self.stability.expire()
 
     async def _watch_gap(self, order: SeqOrder, seq_id: int) -> None:
         await trio.sleep(self.options.seq_gap_timeout_s)
@@ -595,9 +595,8 @@ class TinkerService:
             raise TinkerAPIError(400, f"asample: num_samples must be 1 to 128, got {request.num_samples}")
         params = engine_params(request.sampling_params.model_dump(), request.num_samples, len(prompt), held)
         wants_prompt_logprobs = bool(request.prompt_logprobs)
-        if request.record_stability_info and not sampler.session_id:
-            raise TinkerAPIError(400, "asample: record_stability_info needs a sampling session (the records "
-                                      "belong to its session); sample through a SamplingClient")
+        if request.record_stability_info:
+            self._check_recordable(sampler.session_id, params, request.num_samples, len(prompt))
         self._check_queue(sampler.session_id)
         request_id = self.futures.open(sampler.session_id or None)
         answer = {"request_id": request_id,
@@ -642,13 +641,24 @@ class TinkerService:
         finally:
             weights.draining = False
 
+    def _check_recordable(self, session_id: str, params, num_samples: int, prompt_tokens: int) -> None:
+        """TinkerAPIError 400 for a sample request whose sequences stable_reinforce could not use."""
+        if not session_id:
+            raise TinkerAPIError(400, "asample: record_stability_info needs a sampling session (the records "
+                                      "belong to its session); sample through a SamplingClient")
+        if params.temperature not in (0.0, 1.0):
+            raise TinkerAPIError(400, f"asample: record_stability_info with temperature {params.temperature}: "
+                                      "stable_reinforce compares the learner's logprobs (temperature 1) with the "
+                                      "sampler's, so the recorded ones must be at temperature 1 too; sample at 1")
+        self.stability.check_fits(num_samples, prompt_tokens, params.max_new_tokens)
+
     def _record(self, done: Answered) -> None:
         """Keep a finished request's sequences for stable_reinforce when it asked (stability.py),
         under the sequence ids its POST was answered with."""
         session_id = done.item.record_in
         if session_id is None or not done.sequences or not self.sessions.is_open(session_id):
             return
-        prompt = np.asarray(done.item.prompt, dtype=np.int64)
+        prompt = np.asarray(done.item.prompt, dtype=np.int32)
         for i, seq in enumerate(done.sequences):
             self.stability.record(session_id, sequence_id(done.item.request_id, i), prompt, seq.tokens, seq.logprobs)
 

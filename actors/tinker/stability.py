@@ -14,16 +14,20 @@ a recorded prompt or of recorded sampled tokens, tiling its input tokens and its
 `resolve` checks the claims against the record (the datum's input tokens at every span, and its
 target tokens at every sampled span, are the recorded ones, else 400 naming the first
 difference; targets named as prompt positions are not compared: tinker-cookbook's rl_loop puts
-placeholder 0s there, and they carry no advantage), and gives the loss the sampler's logprobs of the
+placeholder 0s there, and they carry no advantage), and that each sampled target is read in the
+context it was sampled in: the datum's input up to it is exactly the record's prompt and its
+sampled tokens before it. It then gives the loss the sampler's logprobs of the
 targets that are sampled tokens, from the record, not from the client: the importance ratio
 then compares the learner with what the sampler really computed, whatever the client sends.
 A nonzero advantage on a target that is not a sampled token is refused (the loss trains sampled
 tokens only).
 
 Records belong to the session that sampled them. Each is kept a day after its last use (a
-training request that names it restarts the day, as the hosted service's), and a session keeps
-at most `max_tokens_per_session` tokens (prompt and sampled tokens counted per sequence): past
-it the least recently used records go first. A datum naming a record that is gone gets a 400
+training request that names it restarts the day, as the hosted service's; `expire` drops the
+stale ones of every session), and a session keeps at most `max_tokens_per_session` tokens
+(prompt and sampled tokens counted per sequence, plus RECORD_OVERHEAD_TOKENS each for its
+bookkeeping): past it the least recently used records go first. A sample request whose
+sequences alone would pass the cap is refused (`check_fits`). A datum naming a record that is gone gets a 400
 that says why and how to sample again. Invariant: `_tokens[s]` is the sum of `_size` over the
 records of session s, and each session's records are ordered by last use, oldest first.
 """
@@ -42,6 +46,7 @@ from .wire import Span, WireDatum
 SAMPLER_LOGPROBS = "_sampler_logprobs"      # (L,) float32: the recorded logprob of each sampled target, 0 elsewhere
 SAMPLED = "_sampled"                        # (L,) float32: 1 where the target is a recorded sampled token
 KEEP_S = 24 * 3600.0
+RECORD_OVERHEAD_TOKENS = 64                 # a record's Python and numpy bookkeeping, counted as tokens
 
 
 def sequence_id(request_id: str, index: int) -> str:
@@ -51,14 +56,14 @@ def sequence_id(request_id: str, index: int) -> str:
 
 @dataclass
 class RecordedSequence:
-    prompt: np.ndarray        # (P,) int64, shared by the request's sequences
-    tokens: np.ndarray        # (S,) int64, the sampled tokens
+    prompt: np.ndarray        # (P,) int32, shared by the request's sequences
+    tokens: np.ndarray        # (S,) int32, the sampled tokens
     logprobs: np.ndarray      # (S,) float32, the sampler's logprob of each
     used_s: float             # time.monotonic() of its recording or last use
 
     @property
     def size(self) -> int:
-        return len(self.prompt) + len(self.tokens)
+        return len(self.prompt) + len(self.tokens) + RECORD_OVERHEAD_TOKENS
 
 
 class StabilityRecords:
@@ -75,12 +80,28 @@ class StabilityRecords:
     def record(self, session_id: str, sequence_id: str, prompt: np.ndarray, tokens: list[int] | np.ndarray,
                logprobs: list[float] | np.ndarray, now_s: float | None = None) -> None:
         now_s = time.monotonic() if now_s is None else now_s
-        seq = RecordedSequence(prompt, np.asarray(tokens, dtype=np.int64), np.asarray(logprobs, dtype=np.float32),
+        seq = RecordedSequence(prompt, np.asarray(tokens, dtype=np.int32), np.asarray(logprobs, dtype=np.float32),
                                now_s)
         records = self._sessions.setdefault(session_id, OrderedDict())
         records[sequence_id] = seq
         self._tokens[session_id] = self._tokens.get(session_id, 0) + seq.size
         self._expire(session_id, now_s)
+
+    def check_fits(self, num_samples: int, prompt_tokens: int, max_tokens: int) -> None:
+        """TinkerAPIError 400 for a sample request whose sequences alone would pass the cap (the
+        first would be dropped before its own request is answered)."""
+        largest = num_samples * (prompt_tokens + max_tokens + RECORD_OVERHEAD_TOKENS)
+        if largest > self.max_tokens_per_session:
+            raise TinkerAPIError(400, f"asample: record_stability_info keeps up to {largest} tokens for this request "
+                                      f"({num_samples} samples of a {prompt_tokens}-token prompt and {max_tokens} "
+                                      f"new tokens), past the session's {self.max_tokens_per_session}; ask for fewer "
+                                      "samples or tokens, or raise --max-recorded-tokens-per-session")
+
+    def expire(self, now_s: float | None = None) -> None:
+        """Drop every session's records unused for keep_s (the service's periodic sweep)."""
+        now_s = time.monotonic() if now_s is None else now_s
+        for session_id in list(self._sessions):
+            self._expire(session_id, now_s)
 
     def drop_session(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
@@ -125,6 +146,7 @@ class StabilityRecords:
                           ("prompt", "sampled"))
         recorded = self._check_spans(session_id, datum.target_spans, targets,
                                      f"{where}.loss_fn_inputs['target_tokens']", now_s, ("sampled",))
+        self._check_contexts(datum, recorded, where)
         sampler_logprobs = np.zeros(len(targets), dtype=np.float32)
         sampled = np.zeros(len(targets), dtype=np.float32)
         start = 0
@@ -140,6 +162,25 @@ class StabilityRecords:
                                       "tokens only: put 0 there")
         inputs = {**datum.inputs, SAMPLER_LOGPROBS: sampler_logprobs, SAMPLED: sampled}
         return dataclasses.replace(datum, inputs=inputs)
+
+    @staticmethod
+    def _check_contexts(datum: WireDatum, recorded: list[RecordedSequence], where: str) -> None:
+        """Each sampled target span's context: the datum's input up to its last target is exactly
+        the record's prompt and its sampled tokens before that target (the sampler's context)."""
+        assert datum.target_spans is not None, "resolve checks provenance first"
+        start = 0
+        for span, seq in zip(datum.target_spans, recorded):
+            if span.kind == "sampled" and span.length:
+                context = np.concatenate([seq.prompt, seq.tokens[:span.offset + span.length - 1]])
+                end = start + span.length                   # inputs 0 .. end - 1 predict targets up to it
+                if end != len(context) or not np.array_equal(datum.tokens[:end], context):
+                    raise TinkerAPIError(400, f"{where}: targets {start} to {end - 1} are sampled tokens of "
+                                              f"{span.sequence_id!r}, but the model_input before them is not that "
+                                              "sequence's prompt and its sampled tokens before them; a "
+                                              "stable_reinforce datum is the sampled sequence's prompt and tokens, "
+                                              "each target the token after its input (as Datum.with_provenance "
+                                              "in tinker-cookbook's rl_loop)")
+            start += span.length
 
     def _check_spans(self, session_id: str, spans: list[Span], values: np.ndarray, where: str, now_s: float,
                      compared: tuple[str, ...]) -> list[RecordedSequence]:

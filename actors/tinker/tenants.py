@@ -48,6 +48,7 @@ import torch
 from postrain.ext import rl_ops
 
 from ..learner.lora import LearnerLora, batched_adapters
+from ..models.config import ModelConfig
 from ..models.llama import LlamaModel
 from .base_models import HeldModel
 from .errors import TinkerAPIError
@@ -160,7 +161,7 @@ class TrainingTenant:
         base = self.held.model.lm_head.weight
         return base if self._head is None else self._head.weight(base)
 
-    def sampler_config(self):
+    def sampler_config(self) -> ModelConfig:
         """The model config a sampler of this tenant's merged weights is built with."""
         config = self.held.model.config
         return config if self._head is None else untied_config(config)
@@ -247,7 +248,7 @@ class TrainingTenant:
     def _load_adapters(self, tensors: dict[str, torch.Tensor], source: str) -> None:
         self.lora.load_adapters(tensors, source)
         if self._head is not None:
-            self._head.load_adapters(tensors)
+            self._head.load_adapters(tensors, source)
 
     def merged_weights(self) -> dict[str, torch.Tensor]:
         """The base's weights with this adapter merged in (new tensors, CPU); with the

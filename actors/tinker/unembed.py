@@ -2,7 +2,7 @@
 
     head = HeadAdapter(model.lm_head.weight, rank=8, alpha=32.0, seed=0)
     weight = head.weight(model.lm_head.weight)        # W + scale * B @ A, differentiable in A and B
-    head.adapters()                                   # {"lm_head.weight.lora_A": (r, H), ".lora_B": (V, r)}
+    head.named_parameters()                           # {"lm_head.weight.lora_A": (r, H), ".lora_B": (V, r)}
 
 Design note. The tenants' logprob head reads the head's weight directly (rl_ops' chunked
 log-softmax over the vocabulary, never a (tokens x V) block), so a forward hook cannot adapt
@@ -24,6 +24,7 @@ from torch import nn
 
 from ..models.config import ModelConfig
 from ..weights.patch import merge_lora
+from .errors import TinkerAPIError
 
 HEAD = "lm_head"
 KEY_A, KEY_B = f"{HEAD}.weight.lora_A", f"{HEAD}.weight.lora_B"
@@ -56,10 +57,12 @@ class HeadAdapter:
         """The same weight as a new tensor without gradient, merged as every LoRA weight is."""
         return merge_lora(base, self.lora_A, self.lora_B, self.scale)
 
-    def adapters(self) -> dict[str, torch.Tensor]:
-        return {k: p.detach().to("cpu") for k, p in self.named_parameters().items()}
-
-    def load_adapters(self, tensors: dict[str, torch.Tensor]) -> None:
+    def load_adapters(self, tensors: dict[str, torch.Tensor], source: str) -> None:
+        """Copy A and B in (by `named_parameters` keys); TinkerAPIError 400 naming a missing or
+        misshapen one."""
+        for key, p in self.named_parameters().items():
+            if key not in tensors or tuple(tensors[key].shape) != tuple(p.shape):
+                raise TinkerAPIError(400, f"{source}: adapter {key} is missing or misshapen (want {tuple(p.shape)})")
         with torch.no_grad():
             for key, p in self.named_parameters().items():
                 p.copy_(tensors[key].to(p.device))

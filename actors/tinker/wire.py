@@ -98,6 +98,9 @@ def _span(msg) -> Span:
         raise TinkerAPIError(400, "a provenance span sets neither prompt_tokens nor sampled_tokens; build "
                                   "provenance with Datum.with_provenance")
     arm = msg.sampled_tokens if kind == "sampled_tokens" else msg.prompt_tokens
+    if arm.offset < 0 or arm.length < 0:
+        raise TinkerAPIError(400, f"a provenance span of {arm.sequence_id!r} has offset {arm.offset} and length "
+                                  f"{arm.length}; both must be >= 0")
     return Span("sampled" if kind == "sampled_tokens" else "prompt", arm.sequence_id, int(arm.offset), int(arm.length))
 
 

@@ -117,6 +117,33 @@ def test_a_request_whose_images_do_not_fill_its_placeholders_is_refused_and_the_
 # ------------------------------------------------------------------ the engine
 
 
+def test_an_image_that_fails_in_the_tower_fails_its_request_alone(tiny_vl, prompts, monkeypatch):
+    """The engine encodes the images of the requests added since its last step together; when the
+    tower raises on one, that request is aborted and named, and the others run as they would."""
+    model, tokenizer = tiny_vl
+    (ids_a, images_a), (ids_b, images_b) = prompts
+    bad = model.vision.layout.pixel_values(load_image(images_b[0]))
+    real = model.vision.encode_many
+
+    def failing(pixel_values):
+        if any(torch.equal(values, bad) for values in pixel_values):
+            raise RuntimeError("out of memory")
+        return real(pixel_values)
+    monkeypatch.setattr(model.vision, "encode_many", failing)
+    engine = Engine(model, tokenizer)
+    good = engine.add_request(ids_a, GREEDY, images=images_a)
+    doomed = engine.add_request(ids_b, GREEDY, images=images_b)
+    with pytest.raises(EngineError, match=f"the image of request {doomed} failed in the vision tower .RuntimeError: "
+                                          "out of memory.; 1 request.s. aborted"):
+        engine.step()
+    assert engine.stats()["num_image_encodes"] == 1           # the good image, read again alone
+    outputs = {}
+    while engine.has_unfinished():
+        outputs.update((out.request_id, out) for out in engine.step())
+    assert list(outputs) == [good]
+    assert outputs[good].outputs[0].token_ids == reference_greedy(model, ids_a, images_a)
+
+
 @pytest.mark.parametrize("chunk", [0, 16])
 def test_greedy_with_an_image_equals_a_plain_forward_and_each_image_is_encoded_once(tiny_vl, prompts, chunk):
     model, tokenizer = tiny_vl

@@ -113,3 +113,14 @@ def test_concurrent_requests_on_one_sampler_decode_together_and_keep_their_sampl
     for a, b in zip(alone, together):
         assert a.tokens == b.tokens
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+
+
+def test_a_training_client_keeps_its_four_newest_unnamed_saves(trained):
+    """A loop that saves for sampling every step holds 4 merged copies at most; a session on an
+    older save is answered 410, naming why."""
+    client = trained[0]
+    tc = client.create_lora_training_client("tiny", rank=2, seed=1, train_unembed=False).result()   # its own
+    samplers = [tc.save_weights_and_get_sampling_client().result() for _ in range(5)]
+    with pytest.raises(tinker.APIStatusError, match="dropped when the training client saved 4 newer ones"):
+        sample(samplers[0], max_tokens=2)
+    assert len(sample(samplers[-1], max_tokens=2).sequences) == 1

@@ -11,7 +11,7 @@ from tinker import types
 
 from postrain.actors.tinker.errors import TinkerAPIError
 from postrain.actors.tinker.losses import loss_config, token_loss
-from postrain.actors.tinker.stability import SAMPLED, SAMPLER_LOGPROBS, StabilityRecords
+from postrain.actors.tinker.stability import RECORD_OVERHEAD_TOKENS, SAMPLED, SAMPLER_LOGPROBS, StabilityRecords
 from postrain.actors.tinker.wire import Span, WireDatum
 from tinker_server import API_KEY
 
@@ -101,20 +101,41 @@ def test_a_datum_whose_tokens_differ_from_the_record_is_refused_naming_the_posit
         records.resolve("s", no_provenance, "data[0]", now_s=1.0)
 
 
+def test_a_target_read_in_another_context_than_it_was_sampled_in_is_refused():
+    """Spans that each match the record, but targets not shifted by one (the target is its own
+    input): the ratio would compare the learner and the sampler on different contexts."""
+    records = StabilityRecords(max_tokens_per_session=1000)
+    records.record("s", "r-0", np.array([1, 2, 3, 4]), [7, 8, 9], [-0.5, -1.5, -2.5], now_s=0.0)
+    inputs = np.asarray([1, 2, 3, 4, 7, 8], dtype=np.int64)
+    unshifted = WireDatum(inputs, {"target_tokens": np.asarray([0, 0, 0, 0, 7, 8], dtype=np.float32),
+                                   "advantages": np.asarray([0, 0, 0, 0, 1, 1], dtype=np.float32)},
+                          [Span("prompt", "r-0", 0, 4), Span("sampled", "r-0", 0, 2)],
+                          [Span("prompt", "r-0", 0, 4), Span("sampled", "r-0", 0, 2)])
+    with pytest.raises(TinkerAPIError, match="targets 4 to 5 are sampled tokens of 'r-0', but the model_input "
+                                             "before them is not that sequence's prompt"):
+        records.resolve("s", unshifted, "data[0]", now_s=1.0)
+
+
 def test_records_are_kept_a_day_after_last_use_and_the_least_recently_used_go_past_the_cap():
-    records = StabilityRecords(max_tokens_per_session=20, keep_s=100.0)
     prompt = np.array([1, 2, 3, 4])
-    for i in range(3):                                 # 7 tokens each: 21 > 20, the oldest goes
+    size = 7 + RECORD_OVERHEAD_TOKENS
+    records = StabilityRecords(max_tokens_per_session=2 * size + 6, keep_s=100.0)
+    for i in range(3):                                 # 3 records pass the cap: the oldest goes
         records.record("s", f"r-{i}", prompt, [7, 8, 9], [-1.0] * 3, now_s=float(i))
-    assert records.num_tokens("s") == 14
+    assert records.num_tokens("s") == 2 * size
     with pytest.raises(TinkerAPIError, match="'r-0' is not recorded"):
         records.resolve("s", datum_of([1, 2, 3, 4], [7, 8, 9], "r-0"), "data[0]", now_s=3.0)
     records.resolve("s", datum_of([1, 2, 3, 4], [7, 8, 9], "r-1"), "data[0]", now_s=90.0)   # restarts r-1's day
     records.resolve("s", datum_of([1, 2, 3, 4], [7, 8, 9], "r-1"), "data[0]", now_s=150.0)  # 60 s after its use
     with pytest.raises(TinkerAPIError, match="'r-2' is not recorded"):                      # 148 s unused
         records.resolve("s", datum_of([1, 2, 3, 4], [7, 8, 9], "r-2"), "data[0]", now_s=150.0)
+    records.expire(now_s=500.0)                        # the sweep: r-1 unused for 350 s
+    assert records.num_tokens("s") == 0
+    records.record("s", "r-3", prompt, [7], [-1.0], now_s=500.0)
     records.drop_session("s")
     assert records.num_tokens("s") == 0
+    with pytest.raises(TinkerAPIError, match="keeps up to 148 tokens for this request .2 samples"):
+        StabilityRecords(max_tokens_per_session=100).check_fits(2, 4, 6)
 
 
 def rl_loop_datum(prompt: types.ModelInput, seq, advantage: float, client_logprobs=None) -> types.Datum:
@@ -159,6 +180,9 @@ def test_stable_reinforce_through_the_sdk_as_the_cookbooks_rl_loop_uses_it(serve
     assert value == pytest.approx(-0.8 * len(seq.tokens), rel=0.05)    # the same weights: ratios near 1
     assert tc.optim_step(types.AdamParams(learning_rate=1e-3)).result() is not None
 
+    with pytest.raises(tinker.BadRequestError, match="record_stability_info with temperature 0.7"):
+        sampler.sample(prompt=prompt, num_samples=1,
+                       sampling_params=types.SamplingParams(max_tokens=4, temperature=0.7)).result()
     unrecorded = tc.save_weights_and_get_sampling_client().result()     # record_stability_info False
     plain = unrecorded.sample(prompt=prompt, num_samples=1, sampling_params=params).result().sequences[0]
     with pytest.raises(tinker.BadRequestError, match="is not recorded in this session"):
@@ -179,3 +203,17 @@ def test_stable_reinforce_through_the_sdk_as_the_cookbooks_rl_loop_uses_it(serve
     assert service.stability.num_tokens(session_id) > 0
     client.close("success").result(timeout=30)
     assert service.stability.num_tokens(session_id) == 0               # the session's records go with it
+
+
+def test_a_negative_span_is_refused_as_bad_input():
+    from tinker.proto import tinker_public_pb2 as pb
+
+    from postrain.actors.tinker.wire import decode_forward_backward
+    msg = pb.ForwardBackwardRequest(model_id="m", seq_id=1, loss_fn="stable_reinforce")
+    datum = msg.data.add()
+    datum.model_input.add().encoded_text.tokens = np.asarray([1, 2], dtype=np.int32).tobytes()
+    span = datum.model_input_spans.add().sampled_tokens
+    span.sequence_id, span.offset, span.length = "r-0", -3, 2
+    datum.loss_fn_input_spans.add().sampled_tokens.sequence_id = "r-0"
+    with pytest.raises(TinkerAPIError, match="offset -3 and length 2; both must be >= 0"):
+        decode_forward_backward(msg.SerializeToString())
