@@ -64,9 +64,13 @@ The contract (`run_episode` enforces it):
 """
 from __future__ import annotations
 
+import base64
 import dataclasses
 import math
+import mimetypes
+import urllib.parse
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, ClassVar, Protocol, TypeVar, overload, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -122,26 +126,69 @@ def validate_observation(obs: Any, *, where: str = "reset") -> str | list[dict]:
 
 
 IMAGE_URL_PREFIX = "data:image/"
+FILE_URL_PREFIX = "file:///"          # an absolute path the environment owns
+MAX_IMAGE_FILE_BYTES = 64 << 20
 
 
 def validate_content_parts(parts: list, *, where: str) -> None:
     """Check a message content that is a list of OpenAI-style content parts, the form a message
     takes when it shows images (only a first observation may: `step` observations are text):
     a non-empty list of `{"type": "text", "text": str}` and `{"type": "image_url", "image_url":
-    {"url": "data:image/png;base64,..."}}`. Images are inline data URLs: the model side never
-    fetches one."""
+    {"url": "data:image/png;base64,..."}}`, or `{"url": "file:///abs/path.png"}` for a file the
+    environment owns, which `inline_image_files` reads where the environment runs. Beyond the
+    environment images are inline data URLs: the model side never fetches one."""
     if not parts:
         raise EnvironmentContractError(f"{where} has an empty list as its content; fix: a str, or content parts")
     for j, part in enumerate(parts):
         kind = part.get("type") if isinstance(part, dict) else None
         ok = (kind == "text" and isinstance(part.get("text"), str)) or (
             kind == "image_url" and isinstance(part.get("image_url"), dict)
-            and isinstance(part["image_url"].get("url"), str) and part["image_url"]["url"].startswith(IMAGE_URL_PREFIX))
+            and isinstance(part["image_url"].get("url"), str)
+            and part["image_url"]["url"].startswith((IMAGE_URL_PREFIX, FILE_URL_PREFIX)))
         if not ok:
             raise EnvironmentContractError(
                 f"{where}: content part {j} must be {{'type': 'text', 'text': str}} or {{'type': 'image_url', "
-                f"'image_url': {{'url': '{IMAGE_URL_PREFIX}...;base64,...'}}}}, got {show_value(part)}; fix: "
-                f"write the text as a text part and the image inline as a data URL")
+                f"'image_url': {{'url': '{IMAGE_URL_PREFIX}...;base64,...'}}}} (or '{FILE_URL_PREFIX}...' for a "
+                f"file of the environment's), got {show_value(part)}; fix: write the text as a text part and the "
+                f"image inline as a data URL or as an absolute file:// path")
+
+
+def inline_image_files(messages: list[dict], *, where: str) -> list[dict]:
+    """`messages` with every image named by a file:// URL replaced by its bytes as a data URL (new
+    message dicts; the others as they are). Run where the environment runs, on messages it wrote:
+    the path is read there, so nothing past the environment reads a path.
+    EnvironmentContractError naming a file that is missing, unreadable or over
+    MAX_IMAGE_FILE_BYTES (what the bytes are is checked where the image is decoded)."""
+    out = []
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if not isinstance(content, list) or not any(_file_url(part) for part in content):
+            out.append(message)
+            continue
+        parts = [{"type": "image_url", "image_url": {"url": _file_data_url(_file_url(part), f"{where}: message {i}")}}
+                 if _file_url(part) else part for part in content]
+        out.append({**message, "content": parts})
+    return out
+
+
+def _file_url(part) -> str | None:
+    url = part.get("image_url", {}).get("url") if isinstance(part, dict) and part.get("type") == "image_url" else None
+    return url if isinstance(url, str) and url.startswith(FILE_URL_PREFIX) else None
+
+
+def _file_data_url(url: str | None, where: str) -> str:
+    path = Path(urllib.parse.unquote(str(url)[len("file://"):]))
+    try:
+        size = path.stat().st_size
+        if size > MAX_IMAGE_FILE_BYTES:
+            raise EnvironmentContractError(f"{where}: image file {path} is {size:,} bytes, over "
+                                           f"{MAX_IMAGE_FILE_BYTES:,}; fix: downscale it")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise EnvironmentContractError(f"{where}: image file {path} cannot be read ({exc.strerror}); fix: name a "
+                                       "file the environment wrote, by its absolute path") from None
+    subtype = (mimetypes.guess_type(path.name)[0] or "image/png").split("/")[-1]
+    return f"{IMAGE_URL_PREFIX}{subtype};base64,{base64.b64encode(data).decode()}"
 
 
 def require_text_messages(messages: list[dict], who: str) -> None:

@@ -20,7 +20,7 @@ from typing import Awaitable, Callable, cast
 import trio
 
 from .api import (Environment, EnvironmentContractError, EnvironmentFailure, LocalSandbox, Reward, StepResult,
-                  show_value, validate_observation, validate_step_result)
+                  inline_image_files, show_value, validate_observation, validate_step_result)
 from .user_errors import EnvironmentErrors
 from .context import (SUMMARY_REQUEST, ContextOptions, after_summary, drop_oldest_turns, fits,
                       truncate_tool_outputs)
@@ -126,7 +126,9 @@ async def checked_reset(env: Environment, task: dict, *, timeout_s: float | None
     Raises EnvironmentFailure (raised or hung) or EnvironmentContractError (garbage).
     Cancellation: no messages; `env` may be half-reset (the caller closes it)."""
     first = validate_observation(await _guarded("reset", env.reset, task, timeout_s=timeout_s))
-    return [{"role": "user", "content": first}] if isinstance(first, str) else list(first)
+    if isinstance(first, str):
+        return [{"role": "user", "content": first}]
+    return inline_image_files(first, where="reset")      # an image by file:// path: read here, where it lives
 
 
 async def checked_step(env: Environment, action: str, *, timeout_s: float | None = 60.0) -> StepResult:

@@ -31,7 +31,7 @@ from typing import Iterable, Iterator
 from postrain.sandbox import ExecResult, Status
 from postrain.core.errors import PostrainError
 
-from ..env.api import ROLES, EnvironmentContractError, check_options, validate_content_parts
+from ..env.api import ROLES, EnvironmentContractError, check_options, inline_image_files, validate_content_parts
 from ..env.tools import format_answer, format_tool_call, format_tool_output
 from .arithmetic import ArithmeticOptions, arithmetic_options, evaluate
 from .arithmetic import prompt_messages as arithmetic_prompt
@@ -129,7 +129,10 @@ def validate_demonstration(demo, *, where: str = "demonstration") -> dict:
     if not any(m["role"] == "assistant" for m in demo["messages"]):
         raise DemonstrationError(f"{where}: has no assistant turn, so there is nothing to learn; "
                                  f"fix: add {{\"role\": \"assistant\", \"content\": ...}}")
-    return demo
+    try:                                   # an image by file:// path: its bytes, read once here
+        return {**demo, "messages": inline_image_files(demo["messages"], where=where)}
+    except EnvironmentContractError as exc:
+        raise DemonstrationError(str(exc)) from None
 
 
 def _are_ranges_in(spans, content: str) -> bool:

@@ -22,7 +22,8 @@ from postrain.actors.env import EnvironmentContractError, EnvironmentFailure, va
 from postrain.actors.env.api import require_text_messages
 from postrain.actors.env.tools import parse_action
 from postrain.actors.tasks.charts import (FORMS, HEIGHT_PX, LEVELS, WIDTH_PX, Chart, charts_options, draw, grade,
-                                          graded_text, in_eval_split, read_number, render_png, solve)
+                                          data_url, eval_tasks, graded_text, in_eval_split, read_number, render_png,
+                                          solve)
 from postrain.sandbox import Policy, Sandbox
 
 SPEC = get_task("charts")
@@ -198,6 +199,34 @@ def test_content_parts_are_checked_and_a_text_only_policy_refuses_an_image():
     require_text_messages([{"role": "user", "content": "hi"}], "a text policy")
     with pytest.raises(EnvironmentFailure, match="renders text only"):
         require_text_messages(good, "a text policy")
+
+
+def test_an_image_by_file_path_is_read_where_the_environment_runs(tmp_path):
+    """An environment may name an image it wrote by an absolute file:// path: the episode reads it
+    there and sends its bytes as a data URL (nothing past the environment reads a path); a
+    demonstration may too. A missing file, a relative path or another scheme is named."""
+    from postrain.actors.env.api import inline_image_files
+    from postrain.actors.tasks.demonstrations import DemonstrationError, validate_demonstration
+    png = render_png(Chart.from_dict(eval_tasks({"num_eval": 1})[0]["chart"]))
+    chart = tmp_path / "a chart.png"
+    chart.write_bytes(png)
+    url = chart.as_uri()                                              # file:///.../a%20chart.png
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                             {"type": "text", "text": "What is Q3's revenue?"}]}]
+    validate_observation(messages)
+    inlined = inline_image_files(messages, where="reset")
+    assert inlined[0]["content"][0]["image_url"]["url"] == data_url(png)
+    assert inlined[0]["content"][1] == messages[0]["content"][1] and messages[0]["content"][0]["image_url"]["url"] == url
+    demo = validate_demonstration({"messages": [*messages, {"role": "assistant", "content": "12.5"}]})
+    assert demo["messages"][0]["content"][0]["image_url"]["url"] == data_url(png)
+    missing = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url + ".gone"}}]}]
+    with pytest.raises(EnvironmentContractError, match=r"reset: message 0: image file .*a chart.png.gone cannot be read"):
+        inline_image_files(missing, where="reset")
+    with pytest.raises(DemonstrationError, match="cannot be read"):
+        validate_demonstration({"messages": [*missing, {"role": "assistant", "content": "1"}]})
+    for bad in ("file://relative.png", "/abs/without/scheme.png"):
+        with pytest.raises(EnvironmentContractError, match="absolute file:// path"):
+            validate_observation([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": bad}}]}])
 
 
 @pytest.mark.variants      # ~15-25 s; the image path's parts are tested one by one in tests/actors/test_vision.py
