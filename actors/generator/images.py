@@ -9,12 +9,15 @@
 
 Design note: a request's images are checked when it is added (`Engine.add_request(images=)`: each
 decodes, and the prompt holds their placeholders, counted from the layout) and encoded at the start
-of the next engine step, together with every other request's added since: one tower call
-(`VisionTower.encode_many`) for all the distinct images not yet cached, as a batch of prompts with
-one chart each arrives. The features are cached by `vision.image_key` (the pixels' hash) in an LRU
-of `max_images`, so a group of n samples on one image, and every later request that shows it, run
-the tower once. Invariant: a PromptImages' `rows` is None exactly while it waits in `_pending`, and
-the engine encodes before it schedules, so every row a step reads is filled. The rows stay with the request (`Request.images`) until it finishes; a prefill chunk
+of the next engine step, together with every other request's added since: the distinct images not
+yet cached go through the tower together (`VisionTower.encode_many`, MAX_IMAGES_PER_CALL a call),
+as a batch of prompts with one chart each arrives. An image the tower fails on fails the requests
+that show it, and no other (`Engine.encode_images` aborts them and names each). The features are
+cached by `vision.image_key` (the pixels' hash) in an LRU of `max_images`, so a group of n samples
+on one image, and every later request that shows it, run the tower once. Invariant: a
+PromptImages' `rows` is None while it waits in `_pending`, and after only if its image failed
+(its request aborted); the engine encodes before it schedules, so every row a step reads is
+filled. The rows stay with the request (`Request.images`) until it finishes; a prefill chunk
 takes the rows of the placeholders it covers, so chunked prefill, prefix-cache hits and a
 preempted sequence's second prefill splice the same rows at the same positions. The images fill
 the prompt's first placeholders, as many as their rows: a placeholder id the policy sampled (in a

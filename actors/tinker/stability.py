@@ -27,9 +27,10 @@ training request that names it restarts the day, as the hosted service's; `expir
 stale ones of every session), and a session keeps at most `max_tokens_per_session` tokens
 (prompt and sampled tokens counted per sequence, plus RECORD_OVERHEAD_TOKENS each for its
 bookkeeping): past it the least recently used records go first. A sample request whose
-sequences alone would pass the cap is refused (`check_fits`). A datum naming a record that is gone gets a 400
-that says why and how to sample again. Invariant: `_tokens[s]` is the sum of `_size` over the
-records of session s, and each session's records are ordered by last use, oldest first.
+sequences alone would pass the cap is refused (`check_fits`). A datum naming a record that is
+gone gets a 400 that says why and how to sample again. A session's records go when it finishes.
+Invariant: `_tokens[s]` is the sum of `size` over the records of session s, and each session's
+records are ordered by last use, oldest first.
 """
 from __future__ import annotations
 
