@@ -57,6 +57,7 @@ from typing import Callable, NoReturn
 
 import numpy as np
 import trio
+from ..records import SamplingParams
 from .base_models import BaseModels, HeldModel
 from .batching import BatchableOp, compute_batch, failure, outcome, take_batch
 from .errors import SUPPORTED_SDK_VERSION, TinkerAPIError, check_sdk_version
@@ -641,7 +642,8 @@ class TinkerService:
         finally:
             weights.draining = False
 
-    def _check_recordable(self, session_id: str, params, num_samples: int, prompt_tokens: int) -> None:
+    def _check_recordable(self, session_id: str, params: SamplingParams, num_samples: int,
+                          prompt_tokens: int) -> None:
         """TinkerAPIError 400 for a sample request whose sequences stable_reinforce could not use."""
         if not session_id:
             raise TinkerAPIError(400, "asample: record_stability_info needs a sampling session (the records "
