@@ -53,8 +53,8 @@ def plan_micro_batches(packed: PackedBatch, micro_batch_size: int,
     plain = _cut_by_padding(packed.select(by_length), micro_batch_size)
     if not enable_shared_prefix:
         return by_length, plain
-    prompts = packed.loss_mask.int().argmax(-1)
-    classes = [length_class(int(p)) for p in prompts]
+    prompts = [int(p) for p in packed.loss_mask.int().argmax(-1)]
+    classes = [length_class(p, min(prompts)) for p in prompts]
     shown = image_keys(packed)
     lexicographic = torch.tensor(sorted(range(packed.num_samples),
                                         key=lambda i: (classes[i], shown[i],
@@ -68,9 +68,11 @@ def plan_micro_batches(packed: PackedBatch, micro_batch_size: int,
 MAX_PADDING = 0.5   # the plain order's micro-batch pads at most this share of its real tokens more
 
 
-def length_class(length: int) -> int:
-    """Lengths in classes a factor of 2 wide (1, 2-3, 4-7, ...)."""
-    return length.bit_length()
+def length_class(length: int, shortest: int) -> int:
+    """Lengths in classes a factor of 2 wide counted from the shortest: [s, 2s) is 0, [2s, 4s) is 1,
+    ... A batch whose prompts are all within a factor of 2 (one task, as a rule) is one class, so
+    its order is the plain lexicographic one."""
+    return (length // max(shortest, 1)).bit_length() - 1
 
 
 def _cut_by_padding(packed: PackedBatch, size: int) -> list[PackedBatch]:
