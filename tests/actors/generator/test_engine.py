@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from postrain.actors.generator.engine import Engine, EngineError
+from postrain.actors.generator.runner import shape_buckets
 from postrain.actors.models.llama import build_model
 from postrain.actors.generator.sampling import SamplingParams, SamplingParamsError
 from postrain.actors.models.tokenizer import byte_tokenizer
@@ -256,3 +257,30 @@ def test_float16_weights_logprobs_match_the_float32_model_closely(model, tokeniz
     expected = logp.gather(1, torch.tensor(out.token_ids)[:, None]).squeeze(1)
     gap = (torch.tensor(out.logprobs) - expected).abs()
     assert 0 < float(gap.max()) < 1e-2       # rounded weights: close, and not the float32 numbers
+
+
+def test_rows_of_very_different_widths_run_as_separate_forwards(model, tokenizer):
+    """A mixture's long prompt beside short ones: the short rows are not padded to the long one
+    (a forward per width class, prefill and decode) and every output is still exact."""
+    engine = Engine(model, tokenizer, num_blocks=256, block_size_tokens=4)
+    prompts = ["2+3=", "ab", "hello", "q" * 400, "def f(x):"]
+    batch_sizes: list[int] = []
+    hook = model.register_forward_pre_hook(lambda _, args: batch_sizes.append(args[0].shape[0]))
+    try:
+        ids = {engine.add_request(p, SamplingParams(max_new_tokens=6, **GREEDY)): p for p in prompts}
+        results = {}
+        while engine.has_unfinished():
+            for out in engine.step():
+                results[ids[out.request_id]] = out.outputs[0].token_ids
+    finally:
+        hook.remove()
+    assert sorted(set(batch_sizes)) == [1, 4]        # never the five rows in one forward
+    for p in prompts:
+        assert results[p] == reference_greedy(model, tokenizer.encode(p), 6)
+
+
+def test_shape_buckets_split_only_past_a_factor_of_two():
+    assert shape_buckets([60, 70, 100, 119]) == [[0, 1, 2, 3]]
+    assert shape_buckets([650, 60, 70, 600]) == [[1, 2], [3, 0]]
+    assert shape_buckets([3, 40, 64, 128]) == [[0, 1, 2, 3]]         # under the floor: one forward
+    assert shape_buckets([10, 129]) == [[0], [1]]
