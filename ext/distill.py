@@ -52,7 +52,7 @@ import math
 
 import torch
 
-from .logprobs import auto_chunk_size_tokens
+from .logprobs import _even_chunk, auto_chunk_size_tokens
 from .rl_ops_errors import RLOpsError
 from .rl_ops_loss import aggregate_loss
 
@@ -185,8 +185,10 @@ def _chunk_forward(z, targets, temperature, topk_ids, teacher_lp):
 def _chunk_backward(z, targets, temperature, topk_ids, teacher_lp, lse_t, lse_1, entropy, aux,
                     g_logp, g_ent, g_extra) -> torch.Tensor:
     """d(loss)/dz (C, V) fp32 of one chunk from its saved statistics (formulas in the module
-    docstring and in logprobs.py)."""
+    docstring and in logprobs.py). At temperature 1 the two softmaxes are one, computed once, and
+    the tail's softmax is the student's scaled: q = p / p(tail) outside the top k."""
     grad = torch.zeros_like(z)
+    lp_t = p_t = None
     if g_logp is not None or g_ent is not None:
         zt = z / temperature if temperature != 1.0 else z
         lp_t = zt - lse_t[:, None]
@@ -200,18 +202,21 @@ def _chunk_backward(z, targets, temperature, topk_ids, teacher_lp, lse_t, lse_1,
             grad /= temperature
     if g_extra is None:
         return grad
-    lp_1 = z - lse_1[:, None]
-    p_1 = lp_1.exp()
+    if temperature == 1.0 and lp_t is not None and p_t is not None:
+        lp_1, p_1 = lp_t, p_t
+    else:
+        lp_1 = z - lse_1[:, None]
+        p_1 = lp_1.exp()
     if topk_ids is not None:
         k = topk_ids.shape[1]
         g_top, g_tail = g_extra[:, :k], g_extra[:, k]
         grad.scatter_add_(-1, topk_ids, g_top)
-        grad -= p_1 * (g_top.sum(-1) + g_tail)[:, None]
         tail_lse = aux
         has_tail = torch.isfinite(tail_lse)
-        q = (z - torch.where(has_tail, tail_lse, torch.zeros_like(tail_lse))[:, None]).exp()
-        q = q.scatter(-1, topk_ids, 0.0) * has_tail[:, None]
-        grad += q * g_tail[:, None]
+        inv_tail = torch.where(has_tail, (lse_1 - tail_lse).exp(), torch.zeros_like(tail_lse))   # 1 / p(tail)
+        grad -= p_1 * (g_top.sum(-1) + g_tail)[:, None]
+        q = (p_1 * (g_tail * inv_tail)[:, None]).scatter_(-1, topk_ids, 0.0)   # zeroed, not subtracted:
+        grad += q                                                              # exact for a tiny tail
         return grad
     kl = aux
     diff = (lp_1 - teacher_lp - kl[:, None]).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
@@ -228,11 +233,13 @@ class _ChunkedDistillHead(torch.autograd.Function):
     def forward(ctx, hidden, weight, targets, topk_ids, teacher_hidden, teacher_weight, teacher_softcap,
                 temperature, chunk):
         n = hidden.shape[0]
+        chunk = _even_chunk(n, chunk)
         out = {"logp": torch.empty(n, dtype=torch.float32, device=hidden.device)}
         for name in ("entropy", "lse_t", "lse_1", "aux"):
             out[name] = torch.empty_like(out["logp"])
         extra = (torch.empty(n, topk_ids.shape[1] + 1, dtype=torch.float32, device=hidden.device)
                  if topk_ids is not None else torch.empty_like(out["logp"]))
+        z = None
         for s in range(0, n, chunk):
             sl = slice(s, s + chunk)
             z = (hidden[sl] @ weight.t()).float()
@@ -245,17 +252,20 @@ class _ChunkedDistillHead(torch.autograd.Function):
                               out["lse_t"], out["lse_1"], out["entropy"], out["aux"])
         ctx.set_materialize_grads(False)   # an unused output's gradient arrives as None
         ctx.teacher_softcap, ctx.temperature, ctx.chunk = teacher_softcap, temperature, chunk
+        ctx.last_logits = z                # backward walks the chunks last first: one projection fewer
         return out["logp"], out["entropy"], extra
 
     @staticmethod
     def backward(ctx, g_logp, g_ent, g_extra):
         (hidden, weight, targets, topk_ids, teacher_hidden, teacher_weight,
          lse_t, lse_1, entropy, aux) = ctx.saved_tensors
+        last_logits, ctx.last_logits = ctx.last_logits, None
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
-        for s in range(0, hidden.shape[0], ctx.chunk):
+        for s in reversed(range(0, hidden.shape[0], ctx.chunk)):
             sl = slice(s, s + ctx.chunk)
-            z = (hidden[sl] @ weight.t()).float()
+            z = (hidden[sl] @ weight.t()).float() if last_logits is None else last_logits
+            last_logits = None             # (gone on a second backward of a retained graph: recomputed)
             teacher_lp = (None if teacher_hidden is None or g_extra is None else
                           _teacher_logp(teacher_hidden[sl], teacher_weight, ctx.teacher_softcap))
             gz = _chunk_backward(
@@ -268,7 +278,10 @@ class _ChunkedDistillHead(torch.autograd.Function):
             if grad_hidden is not None:
                 grad_hidden[sl] = gz @ weight
             if grad_weight is not None:
-                grad_weight += (gz.t() @ hidden[sl]).float()
+                if gz.dtype == torch.float32:
+                    grad_weight.addmm_(gz.t(), hidden[sl])      # no (V, H) temporary per chunk
+                else:
+                    grad_weight += (gz.t() @ hidden[sl]).float()
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None, None, None, None, None
