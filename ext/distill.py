@@ -52,7 +52,7 @@ import math
 
 import torch
 
-from .logprobs import _even_chunk, auto_chunk_size_tokens
+from .logprobs import auto_chunk_size_tokens, even_chunk
 from .rl_ops_errors import RLOpsError
 from .rl_ops_loss import aggregate_loss
 
@@ -233,7 +233,7 @@ class _ChunkedDistillHead(torch.autograd.Function):
     def forward(ctx, hidden, weight, targets, topk_ids, teacher_hidden, teacher_weight, teacher_softcap,
                 temperature, chunk):
         n = hidden.shape[0]
-        chunk = _even_chunk(n, chunk)
+        chunk = even_chunk(n, chunk)
         out = {"logp": torch.empty(n, dtype=torch.float32, device=hidden.device)}
         for name in ("entropy", "lse_t", "lse_1", "aux"):
             out[name] = torch.empty_like(out["logp"])

@@ -139,7 +139,7 @@ class _ChunkedLinearLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature, chunk, backend):
         n = hidden.shape[0]
-        chunk = _even_chunk(n, chunk)
+        chunk = even_chunk(n, chunk)
         logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
         lse, entropy = torch.empty_like(logp), torch.empty_like(logp)
         z = None
@@ -186,7 +186,7 @@ class _ChunkedLinearLogprobs(torch.autograd.Function):
         return grad_hidden, grad_weight, None, None, None, None
 
 
-def _even_chunk(n: int, chunk: int) -> int:
+def even_chunk(n: int, chunk: int) -> int:
     """The chunk size <= `chunk` that cuts n tokens into as few chunks as `chunk` does, all of one
     size but the last (128 tokens at chunk 85: 64 + 64, not 85 + 43; a thin chunk multiplies slowly).
     At least 1: no tokens (a context-parallel rank whose slice holds none trained) is no chunks."""
