@@ -44,7 +44,8 @@ agg_mode and the whole batch's token / sequence counts for micro-batches and ran
 
 No fused CuPy kernel: every function here is torch (on any device). The head function walks
 the tokens in chunks of `chunk_size_tokens` (the LM-head projection included) and recomputes
-each chunk's softmax in backward, as `logprobs.token_logprobs_from_hidden` does.
+each chunk's softmax in backward, keeping only the last chunk's logits from forward (backward
+walks the chunks last first), as `logprobs.token_logprobs_from_hidden` does.
 """
 from __future__ import annotations
 
