@@ -126,7 +126,9 @@ async def test_generators_here_and_on_another_host_hold_the_same_weights_and_dro
             assert (await generator.ask("stats"))["policy_version"] == 1
         here, there = await near.ask("generate", GREEDY), await far.ask("generate", GREEDY)
         assert here["samples"][0]["token_ids"] == there["samples"][0]["token_ids"]
-        assert here["samples"][0]["logprobs"] == pytest.approx(there["samples"][0]["logprobs"], abs=1e-6)
+        # near verifies drafts (a forward of several tokens a row), far decodes one token a row: the
+        # same weights give the same logprobs up to float32 rounding of those shapes (~1e-6)
+        assert here["samples"][0]["logprobs"] == pytest.approx(there["samples"][0]["logprobs"], abs=1e-5)
         assert set(there["samples"][0]["policy_versions"]) == {1}
         row = read_metrics(tmp_path, "sync")[-1]
         assert row["version"] == 1 and row["sync_s_near"] > 0 and row["sync_s_far"] > 0
