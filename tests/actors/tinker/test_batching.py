@@ -15,7 +15,7 @@ from postrain.actors.tinker import TinkerOptions
 from tinker_server import API_KEY, tinker_served
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_training import adam, datums, max_difference, samples  # noqa: E402  (the training tests' data)
+from test_training import LR, adam, datums, max_difference, samples  # noqa: E402  (the training tests' data)
 
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 # (rank, seed, train_mlp, train_unembed) of the three tenants: two of rank 4, one of them adapting the
@@ -125,7 +125,10 @@ def test_three_tenants_training_at_once_each_equal_training_alone(tiny_bases, ba
             for i in range(len(TENANTS)):
                 ours, theirs = (service.tenants[tc.model_id].adapters() for tc in (together[i], alone[i]))
                 difference = max_difference(ours, theirs)
-                assert difference < 1e-5 if batch_tenants else difference == 0.0, difference
+                # Adam divides each gradient element by its own size: where one is near eps, the
+                # batched forward's rounding moves its update by up to a few percent of the step
+                # (1.2e-5 seen). A tenant trained on another's rows would differ by whole steps.
+                assert difference < LR / 20 if batch_tenants else difference == 0.0, difference
                 # each tenant's own outputs, in its own datums' order
                 assert first_losses[i] == pytest.approx(alone_losses[i], rel=1e-5)
                 assert [len(o["logprobs"].data) for o in first_outputs[i]] == [len(d.model_input.to_ints())
