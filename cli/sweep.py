@@ -21,7 +21,9 @@ run's config is checked before the first starts.
 run (stopped in its warm start or before its last RL step) continues from its checkpoint
 (`postrain up --resume`) or starts over, the rest run. Ctrl-C (SIGINT) or SIGTERM
 (`kill`, a job scheduler's stop) stops the runs in flight cleanly (each `postrain up` gets one
-SIGINT: it finishes its step and checkpoints), writes sweep.json with what finished, and exits 130.
+SIGINT: it finishes its step and checkpoints), writes sweep.json with what finished, and exits 130;
+a second signal is passed on too (the runs stop at once, still cleaning up). The sweep exits only
+after every run it started.
 """
 from __future__ import annotations
 
@@ -156,22 +158,33 @@ def _finish(run: dict, code: int) -> None:
           flush=True)
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def execute(runs: list[dict], parallel: int, sweep_dir: Path, import_dir: Path) -> bool:
-    """Run the pending runs, `parallel` at once. Returns False when interrupted (SIGINT or
-    SIGTERM: the runs are in sessions of their own, so only the sweep can stop them)."""
+    """Run the pending runs, `parallel` at once. Returns False when interrupted.
+
+    SIGINT and SIGTERM only append to `signals`: the loop reads it between its own steps, so a
+    signal never lands inside a run's start (an exception there would leave a child running that
+    the sweep no longer tracks). Each signal is passed on as one SIGINT to every run in flight (the
+    runs are in sessions of their own, so only the sweep can stop them): the first stops a
+    `postrain up` after its step, with a checkpoint; a second stops it at once, still cleaning up.
+    No run starts after the first signal, and the sweep returns only when every run it started
+    has exited."""
     pending = [r for r in runs if r["status"] != "finished"]
     running: list[tuple[dict, subprocess.Popen]] = []
-    previous_sigterm = signal.signal(signal.SIGTERM, _interrupt)
+    signals: list[int] = []
+    passed_on = 0
+    previous = {s: signal.signal(s, lambda signum, frame: signals.append(signum))
+                for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        while pending or running:
-            while pending and len(running) < parallel:
+        while running or (pending and not signals):
+            while pending and not signals and len(running) < parallel:
                 run = pending.pop(0)
                 print(f"sweep: {run['name']}: started", flush=True)
                 running.append((run, _start(run, sweep_dir, import_dir)))
+            while passed_on < len(signals):
+                passed_on += 1
+                for _, proc in running:
+                    if proc.poll() is None:
+                        proc.send_signal(signal.SIGINT)
             still = []
             for run, proc in running:
                 code = proc.poll()
@@ -182,16 +195,10 @@ def execute(runs: list[dict], parallel: int, sweep_dir: Path, import_dir: Path) 
             if len(still) == len(running):
                 time.sleep(0.2)
             running = still
-        return True
-    except KeyboardInterrupt:
-        for _, proc in running:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)     # one: the run stops cleanly and checkpoints
-        for run, proc in running:
-            _finish(run, proc.wait())
-        return False
+        return not signals
     finally:
-        signal.signal(signal.SIGTERM, previous_sigterm)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def write_sweep(sweep_dir: Path, config_path: Path, runs: list[dict], interrupted: bool,

@@ -5,10 +5,13 @@ module sits beside the config, as a user's would."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -217,3 +220,62 @@ def test_resume_after_a_sigterm_keeps_finished_runs_and_runs_the_rest(tmp_path):
     # a sweep folder is not reused without --resume
     again = sweep("--config", str(config), "--seeds", "0", "--sweep-dir", str(out))
     assert again.wait(timeout=300) != 0 and "pass --resume to continue it" in again.stdout.read()
+
+
+WAITS_FOR_SIGINTS = '''
+import pathlib, signal, sys, time
+folder, wanted, got = pathlib.Path(sys.argv[1]), int(sys.argv[2]), []
+signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+(folder / "ready").write_text("")
+deadline = time.monotonic() + 300
+while len(got) < wanted and time.monotonic() < deadline:
+    if got:
+        (folder / "first_sigint").write_text("")
+    time.sleep(0.01)
+(folder / "sigints").write_text(str(len(got)))
+sys.exit(130)
+'''
+
+
+@pytest.mark.parametrize("num_signals", [1, 2])
+def test_a_signal_as_a_run_starts_stops_it_and_each_signal_reaches_the_runs(tmp_path, monkeypatch, num_signals):
+    """A SIGTERM that comes while a run is being started (here: just after its process began):
+    the run is tracked and gets a SIGINT, and a second SIGTERM a second one; no later run starts,
+    and the sweep returns only after the run has exited."""
+    from postrain.cli import sweep as sweep_module
+
+    script = tmp_path / "waits.py"
+    script.write_text(WAITS_FOR_SIGINTS)
+    monkeypatch.setattr(sweep_module, "_command",
+                        lambda run, config_file: [sys.executable, str(script), run["folder"], str(num_signals)])
+    start = sweep_module._start
+
+    def second_signal(folder: Path):     # once the first has reached the run (signals do not queue)
+        deadline = time.monotonic() + 300
+        while not (folder / "first_sigint").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def start_then_signal(run, sweep_dir, import_dir):
+        proc = start(run, sweep_dir, import_dir)
+        folder = Path(run["folder"])
+        while not (folder / "ready").exists():   # its SIGINT handler is in place
+            assert proc.poll() is None
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+        if num_signals == 2:
+            threading.Thread(target=second_signal, args=(folder,), daemon=True).start()
+        return proc
+
+    monkeypatch.setattr(sweep_module, "_start", start_then_signal)
+    runs = []
+    for seed in range(2):
+        folder = tmp_path / f"seed{seed}"
+        folder.mkdir()
+        runs.append({"name": f"seed{seed}", "folder": str(folder), "doc": {"shared": {"seed": seed}},
+                     "status": "pending"})
+    assert threading.current_thread() is threading.main_thread()     # where Python runs signal handlers
+    assert sweep_module.execute(runs, 1, tmp_path, tmp_path) is False
+    assert (tmp_path / "seed0" / "sigints").read_text() == str(num_signals)
+    assert [r["status"] for r in runs] == ["interrupted", "pending"]
+    assert not (tmp_path / "seed1" / "ready").exists()
