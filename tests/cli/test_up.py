@@ -12,7 +12,7 @@ from postrain.core.testing import counting_run_config
 
 def postrain(*args, **kw):
     return subprocess.run([sys.executable, "-m", "postrain.cli", *args], capture_output=True,
-                          text=True, timeout=120, **kw)
+                          text=True, timeout=600, **kw)   # a hang guard: a loaded machine is slow, not wrong
 
 
 def write_config(tmp_path, steps=3, step_s=0, driver=True):

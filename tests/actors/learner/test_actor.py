@@ -14,7 +14,10 @@ TINY = dict(vocab_size=264, hidden_size=64, intermediate_size=128, num_layers=2,
 
 
 def spec(name: str, cls: str, options: dict) -> ActorSpec:
-    return ActorSpec(name=name, cls=cls, options=options, cpus=0.5, memory_mb=0, max_restarts=0)
+    # start_timeout_s: a hang guard. Beside a SmolLM2 run (load 4 on 2 cores) the learner's import
+    # once went 60 s without a heartbeat reaching the head (the default limit).
+    return ActorSpec(name=name, cls=cls, options=options, cpus=0.5, memory_mb=0, max_restarts=0,
+                     start_timeout_s=600)
 
 
 def rollouts(num: int = 4) -> dict:
