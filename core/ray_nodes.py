@@ -75,7 +75,7 @@ def connect(section: ClusterSection) -> "RayCluster":
     try:
         # the ignore: ray annotates logging_level as int, but takes a level name too (its default is "info")
         ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                 logging_level="WARNING", configure_logging=False)  # type: ignore[arg-type]
+                 logging_level="WARNING", configure_logging=False)
     except (ConnectionError, RuntimeError, TimeoutError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ClusterUnreachable(
@@ -117,7 +117,7 @@ class RayCluster:
         """The live nodes, the head's first: what Ray declares of each (CPUs, GPUs, memory) as
         core ids 0..N-1 and GPU ids 0..G-1 of that node. A node's name is its IP address, or
         IP-NODEID8 where several nodes share an address (nodes on one machine)."""
-        alive = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]   # ray's is unannotated
+        alive = [n for n in ray.nodes() if n.get("Alive")]
         alive.sort(key=lambda n: ("node:__internal_head__" not in n["Resources"], n["NodeManagerAddress"],
                                   n["NodeID"]))
         ips = [n["NodeManagerAddress"] for n in alive]
@@ -199,7 +199,7 @@ class Agents:
     def dead_nodes(self) -> list[str]:
         """The nodes of `handles` that Ray reports dead (its health checks: seconds after a
         node's raylet stops answering)."""
-        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}  # type: ignore[no-untyped-call]   # as above
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
         return [name for name in self.handles if self.node_ids[name] not in alive]
 
     def forget(self, node: str) -> None:
