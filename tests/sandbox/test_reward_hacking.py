@@ -13,6 +13,7 @@ import shutil
 import pytest
 
 from postrain.actors import LocalSandbox
+from postrain.actors.tasks import terminal
 from postrain.actors.tasks.code import CodeEnv
 from postrain.actors.tasks.terminal import SUITE, TerminalEnv
 from postrain.actors.tasks.terminal_build import python_check
@@ -184,9 +185,13 @@ async def test_a_background_process_that_races_the_grader(sandbox):
 
 
 @async_test
-async def test_killing_or_stopping_the_grader(sandbox):
+async def test_killing_or_stopping_the_grader(sandbox, monkeypatch):
     """The check runs the policy's tool.sh, which kills (or stops) every process it can see: the
-    check's python, its bash, the grader's driver."""
+    check's python, its bash, the grader's driver. A stopped driver cannot time its check out, so
+    the grader's run ends at its own wall limit: CHECK_TIMEOUT_S + GRADE_SLACK_S, 40 s as shipped,
+    5 s here."""
+    monkeypatch.setattr(terminal, "CHECK_TIMEOUT_S", 3.0)
+    monkeypatch.setattr(terminal, "GRADE_SLACK_S", 2.0)
     check = python_check("run(['bash', 'tool.sh'])\nexpect_lines('answer.txt', ['42'])")
     for attack in ("kill -9 $PPID; kill -9 -1", "kill -STOP -1; kill -STOP $PPID",
                    "kill -9 1; kill -TERM -1; exit 0"):

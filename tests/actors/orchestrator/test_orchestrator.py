@@ -93,8 +93,15 @@ def run_up(tmp_path, task, orchestrator_options=""):
     return tmp_path / "runs" / "e2e", result.stdout
 
 
-def test_up_runs_eval_warm_start_and_grpo_steps_and_accounts_for_every_sample(tmp_path):
-    folder, stdout = run_up(tmp_path, "arithmetic", "eval_every = 1, ")
+@pytest.fixture(scope="module")
+def arithmetic_run(tmp_path_factory):
+    """(run folder, stdout) of one run on CONFIG with an evaluation after each RL step, which the
+    tests below read (and the checkpoint test starts a second run from)."""
+    return run_up(tmp_path_factory.mktemp("arithmetic"), "arithmetic", "eval_every = 1, ")
+
+
+def test_up_runs_eval_warm_start_and_grpo_steps_and_accounts_for_every_sample(arithmetic_run):
+    folder, stdout = arithmetic_run
     assert "held-out accuracy before" in stdout and "step 2/2" in stdout
     summary = json.loads((folder / "summary.json").read_text())
     assert {"eval_before", "eval_after", "steps", "samples", "ledger"} <= set(summary)
@@ -161,11 +168,11 @@ def test_up_runs_eval_warm_start_and_grpo_steps_and_accounts_for_every_sample(tm
     assert scored["num_tasks"] == 3 and 0.0 <= scored["accuracy"] <= 1.0
 
 
-def test_a_learner_that_starts_from_a_checkpoint_is_what_generators_sample_and_eval_scores(tmp_path):
-    folder, _ = run_up(tmp_path, "arithmetic")
-    first = json.loads((folder / "summary.json").read_text())
-    (tmp_path / "runs" / "e2e").rename(tmp_path / "first")
-    checkpoint = tmp_path / "first" / "checkpoint"
+def test_a_learner_that_starts_from_a_checkpoint_is_what_generators_sample_and_eval_scores(arithmetic_run,
+                                                                                           tmp_path):
+    first_folder, _ = arithmetic_run
+    first = json.loads((first_folder / "summary.json").read_text())
+    checkpoint = first_folder / "checkpoint"
     version = 2 + 2   # the first run's supervised steps + RL steps
     config = tmp_path / "run.toml"
     config.write_text(CONFIG.format(run_dir=tmp_path / "runs", task="arithmetic")
@@ -187,7 +194,7 @@ def test_a_learner_that_starts_from_a_checkpoint_is_what_generators_sample_and_e
     # greedy evaluation of the same weights on the same held-out tasks (the second run speculates)
     assert second["eval_before"] == first["eval_after"]
     # the speculating generator's figures are in each step's sync row
-    assert not any("acceptance_rate_generator" in row for row in read_metrics(tmp_path / "first", "sync"))
+    assert not any("acceptance_rate_generator" in row for row in read_metrics(first_folder, "sync"))
     sync = read_metrics(tmp_path / "runs" / "e2e", "sync")
     assert sync and all(0 < row["acceptance_rate_generator"] <= 1
                         and row["tokens_per_verify_step_generator"] > 1
