@@ -73,7 +73,7 @@ def connect(section: ClusterSection) -> "RayCluster":
     if address != "auto":
         _check_gcs_answers(address, section.connect_timeout_s)
     try:
-        # the ignore: ray annotates logging_level as int, but takes a level name too (its default is "info")
+        # logging_level: ray annotates it as int, but takes a level name too (its default is "info")
         ray.init(address=address, include_dashboard=False, log_to_driver=False,
                  logging_level="WARNING", configure_logging=False)
     except (ConnectionError, RuntimeError, TimeoutError) as exc:
