@@ -279,17 +279,19 @@ async def _run_actors(config: UpConfig, folder: Path, monitor: RunMonitor, resum
                                run_tag=run_tag_for(str(folder.resolve()))) as supervisor, \
             AsyncExitStack() as stack:
         if launch is None:
-            async def start(spec):
-                """One actor on this host. Cancelled: it is killed (Supervisor.start)."""
-                await supervisor.start(spec)
-                return f"  started {spec.name} (pid {supervisor.records[spec.name].pid})"
+            async def start_all(specs):
+                """The actors on this host, in order, their imports overlapping. Cancelled: those
+                not READY are killed (Supervisor.start_in_order)."""
+                await supervisor.start_in_order(specs, lambda spec: print(
+                    f"  started {spec.name} (pid {supervisor.records[spec.name].pid})", flush=True))
         else:
             agents = await stack.enter_async_context(node_agents(launch, supervisor, folder))
             watch = NodeWatch(agents, launch, config, supervisor, folder, emit=monitor.line)
 
-            async def start(spec):
-                """One actor on its node. Cancelled: see start_on_node."""
-                return await start_on_node(agents, launch, spec, supervisor)
+            async def start_all(specs):
+                """Each actor on its node, in order. Cancelled: see start_on_node."""
+                for spec in specs:
+                    print(await start_on_node(agents, launch, spec, supervisor), flush=True)
         # the collective groups' meeting points (an entry with ranks > 1): rank 0's node, a free port
         meeting_point = (meeting_point_on_node(agents, launch) if launch is not None
                          else lambda name: ("127.0.0.1", free_tcp_port("127.0.0.1")))
@@ -303,7 +305,7 @@ async def _run_actors(config: UpConfig, folder: Path, monitor: RunMonitor, resum
                 "client_keys": control_client_keys(supervisor.keys)}).encode(), mode=0o600)
             if monitor.metrics_url:
                 print(f"  metrics: {monitor.metrics_url}", flush=True)
-            if await _start_actors(supervisor, config, start):
+            if await _start_actors(supervisor, config, start_all):
                 status = await _serve(config, folder, monitor, resume, supervisor, watch)
             else:
                 print(f"stopped during start-up; resume with `postrain up --resume {folder}`", flush=True)
@@ -311,19 +313,19 @@ async def _run_actors(config: UpConfig, folder: Path, monitor: RunMonitor, resum
     return status
 
 
-async def _start_actors(supervisor: Supervisor, config: UpConfig, start) -> bool:
-    """Start the actors in config order (`start(spec)` -> its progress line); False when a stop
-    was asked (`postrain down`, a signal) before all were READY. Raises ActorStartError.
-    Cancelled: the actor being started is killed (Supervisor.start; on a cluster it may start
-    all the same); those started stay, for the supervisor's (and the agents') shutdown."""
+async def _start_actors(supervisor: Supervisor, config: UpConfig, start_all) -> bool:
+    """Start the actors in config order (`start_all(specs)` prints a line as each is READY);
+    False when a stop was asked (`postrain down`, a signal) before all were READY. Raises
+    ActorStartError. Cancelled: the actors not READY are killed (on a cluster the one being
+    started may start all the same); those started stay, for the supervisor's (and the
+    agents') shutdown."""
     async with anyio.create_task_group() as tg:
         async def cancel_on_shutdown():
             """Stop starting actors once a stop is asked. Cancelled: nothing to undo."""
             await supervisor.shutdown_requested.wait()
             tg.cancel_scope.cancel()
         tg.start_soon(cancel_on_shutdown)
-        for spec in config.actors:
-            print(await start(spec), flush=True)
+        await start_all(config.actors)
         tg.cancel_scope.cancel()
     return not supervisor.shutdown_requested.is_set()
 

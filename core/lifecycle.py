@@ -24,6 +24,12 @@ end, the supervisor removes the run's files whose writer is gone
 (`shm.sweep_shm`). `postrain.core.testing.leftovers(run_tag)` lists what a
 run left behind.
 
+Spawned ahead. `spawn_ahead` starts an actor's process before its turn: it imports its class
+(torch, a model library: seconds of CPU) and waits (core/runtime.py `turn`); `start` later opens
+the turn. A run's actors are spawned ahead at once and started in order (Supervisor.start_in_order),
+so the imports overlap while every setup still begins after the actors before it are READY. Until
+its turn a record is not in `records`: lookups, heartbeats and the hung check do not see it.
+
 `ActorProcesses` is the supervisor's (core/supervisor.py) keeper of these processes; what the
 actors tell the head (READY, heartbeats, their tracebacks) the supervisor's handlers write into
 the same `ActorRecord`s.
@@ -88,6 +94,7 @@ class ActorRecord:
     ready: anyio.Event = field(default_factory=anyio.Event)
     exited: anyio.Event = field(default_factory=anyio.Event)
     stop_requested: bool = False
+    turn: Any = None               # spawned ahead: the Event (multiprocessing's) that starts its setup
 
 
 def describe_exit(exitcode: int | None) -> str:
@@ -125,10 +132,26 @@ class ActorProcesses:
         self.events: list[ActorEvent] = []
         self._event_added = anyio.Event()
 
+    def spawn_ahead(self, record: ActorRecord) -> None:
+        """Spawn the placed actor of `record` now, held after its import until `start(record)`.
+        Not in `records` until then; a record never started is ended with `discard`."""
+        record.turn = _spawn.Event()
+        self._spawn(record)
+
+    def discard(self, record: ActorRecord) -> None:
+        """Kill a record spawned ahead that will not be started (a start before it failed or was
+        cancelled) and release its placement. Idempotent."""
+        if record.state == "starting":
+            record.stop_requested = True
+            self._kill(record)
+            record.state = "failed"
+            self.scheduler.release(record.spec.name)
+
     async def start(self, record: ActorRecord) -> None:
-        """Start the placed actor of `record` and return once it is READY; its watcher then owns
-        it. Raises ActorStartError (with the actor's traceback). Cancelled, or failed: the
-        process is killed, the record is "failed" and its placement released."""
+        """Start the placed actor of `record` (or open the turn of one spawned ahead) and return
+        once it is READY; its watcher then owns it. Raises ActorStartError (with the actor's
+        traceback). Cancelled, or failed: the process is killed, the record is "failed" and its
+        placement released."""
         self.records[record.spec.name] = record
         try:
             await self._start_within_budget(record)
@@ -146,8 +169,14 @@ class ActorProcesses:
         at once. Raises ActorStartError. Cancelled: the incarnation being started is left
         running; the caller kills it (`start` does)."""
         spec = record.spec
+        ahead = record.process is not None   # spawned ahead: its turn comes now
         while True:
-            self._spawn(record)
+            if ahead:
+                ahead = False
+                record.last_heartbeat = time.monotonic()  # its silence counts from its turn
+                record.turn.set()
+            else:
+                self._spawn(record)
             try:
                 await self._await_ready(record)
                 return
@@ -260,8 +289,8 @@ class ActorProcesses:
         resource_tracker.ensure_running()  # the head's own helper: started outside the run's environment
         os.environ.update(child_env)
         try:
-            process = _spawn.Process(target=run_actor_process, args=(payload,), name=f"postrain-{spec.name}",
-                                     daemon=True)
+            process = _spawn.Process(target=run_actor_process, args=(payload, record.turn),
+                                     name=f"postrain-{spec.name}", daemon=True)
             process.start()
         finally:
             for key, value in saved.items():
