@@ -38,6 +38,7 @@ cdef class _Seq:
     #   num_table_blocks == ceil(num_tokens / B) <= capacity; table[:num_table_blocks] distinct
     #   last_hash == chain hash of table[num_tokens // B - 1] (0 if none or caching off)
     #   partial_state == content hash of the partial last block's tokens (0 if none or caching off)
+    #   stale: it lived through a reset_prefix_cache, so the blocks it fills are not indexed
     cdef int32_t* table           # == inline_table until the table outgrows it, then malloc'ed
     cdef int32_t inline_table[KVP_INLINE_BLOCKS]
     cdef int32_t num_table_blocks
@@ -46,6 +47,7 @@ cdef class _Seq:
     cdef uint64_t last_hash
     cdef uint64_t partial_state
     cdef uint64_t salt
+    cdef bint stale
     cdef uint64_t batch_stamp     # == the pool's batch_counter while an append_batch holds it
 
 

@@ -312,6 +312,7 @@ cdef class KVBlockPool:
         child.last_hash = parent.last_hash
         child.partial_state = parent.partial_state
         child.salt = parent.salt
+        child.stale = parent.stale
         self.seqs[child_seq_id] = child
         self.total_tokens += child.num_tokens
         self.total_table_blocks += child.num_table_blocks
@@ -373,8 +374,12 @@ cdef class KVBlockPool:
         return pairs
 
     def reset_prefix_cache(self):
-        """Forget every cached hash (e.g. after a weight update); return how many."""
+        """Forget every cached hash (e.g. after a weight update); return how many. The live
+        sequences become stale: the blocks they fill from now on hold KV that the cache's
+        readers must not take (part of it came before the reset), so they are never indexed."""
         cdef int32_t num_forgotten = self.num_indexed, b
+        for obj in self.seqs.values():
+            (<_Seq>obj).stale = True
         while self.free_cached.head != KVP_NIL:
             b = self.free_cached.head
             _list_unlink(self.blocks, &self.free_cached, b)
@@ -442,7 +447,7 @@ cdef class KVBlockPool:
             if offset == B:
                 h = kvp_finish(state, seq.last_hash, seq.salt)
                 seq.last_hash = h
-                if _index_find(self, h) == KVP_NIL:
+                if not seq.stale and _index_find(self, h) == KVP_NIL:
                     _index_insert(self, seq.table[seq.num_table_blocks - 1], h)
                 offset = 0
                 state = 0

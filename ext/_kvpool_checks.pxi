@@ -15,7 +15,7 @@ cdef dict _debug_state(KVBlockPool pool):
         s = <_Seq>obj
         sequences[sid] = {"block_table": [s.table[j] for j in range(s.num_table_blocks)],
                           "num_tokens": s.num_tokens, "last_hash": s.last_hash,
-                          "partial_state": s.partial_state, "salt": s.salt}
+                          "partial_state": s.partial_state, "salt": s.salt, "stale": bool(s.stale)}
     return {
         "ref_count": [_ref(pool.blocks, b) for b in range(pool.num_blocks)],
         "block_hash": [pool.blocks[b].block_hash for b in range(pool.num_blocks)],

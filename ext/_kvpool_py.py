@@ -41,9 +41,10 @@ class _Seq:
     """One sequence's state. Invariants (B = block_size_tokens):
     len(table) == -(-num_tokens // B); len(set(table)) == len(table);
     last_hash == chain hash of block table[num_tokens // B - 1] (0 if none or caching off);
-    partial_state == content hash of the tokens in the partial last block (0 if none or caching off).
+    partial_state == content hash of the tokens in the partial last block (0 if none or caching off);
+    stale: it lived through a reset_prefix_cache, so the blocks it fills are not indexed.
     """
-    __slots__ = ("table", "num_tokens", "last_hash", "partial_state", "salt")
+    __slots__ = ("table", "num_tokens", "last_hash", "partial_state", "salt", "stale")
 
     def __init__(self, salt: int):
         self.table: list[int] = []
@@ -51,6 +52,7 @@ class _Seq:
         self.last_hash = 0
         self.partial_state = 0
         self.salt = salt
+        self.stale = False
 
 
 class KVBlockPool:
@@ -260,6 +262,7 @@ class KVBlockPool:
         child.num_tokens = parent.num_tokens
         child.last_hash = parent.last_hash
         child.partial_state = parent.partial_state
+        child.stale = parent.stale
         for b in child.table:
             self._ref_count[b] += 1
         self._seqs[child_seq_id] = child
@@ -332,8 +335,12 @@ class KVBlockPool:
         return pairs
 
     def reset_prefix_cache(self) -> int:
-        """Forget every cached hash (e.g. after a weight update); return how many."""
+        """Forget every cached hash (e.g. after a weight update); return how many. The live
+        sequences become stale: the blocks they fill from now on hold KV that the cache's
+        readers must not take (part of it came before the reset), so they are never indexed."""
         num_forgotten = len(self._index)
+        for seq in self._seqs.values():
+            seq.stale = True
         self._free_uncached.extend(self._free_cached)
         self._free_cached.clear()
         self._index.clear()
@@ -352,7 +359,7 @@ class KVBlockPool:
             "index": dict(self._index),
             "sequences": {sid: {"block_table": list(s.table), "num_tokens": s.num_tokens,
                                 "last_hash": s.last_hash, "partial_state": s.partial_state,
-                                "salt": s.salt}
+                                "salt": s.salt, "stale": s.stale}
                           for sid, s in self._seqs.items()},
             "stats": self.stats(),
         }
@@ -436,7 +443,7 @@ class KVBlockPool:
                 if caching:
                     h = _finish(state, seq.last_hash, seq.salt)
                     seq.last_hash = h
-                    if h not in self._index:
+                    if not seq.stale and h not in self._index:
                         self._index[h] = seq.table[-1]
                         self._block_hash[seq.table[-1]] = h
                 seq.partial_state = 0

@@ -38,8 +38,14 @@ truncation, the learner's definition). Every sampled token is tagged with
 the engine's `policy_version` at the step that sampled it; `load_weights`
 bumps it without touching in-flight sequences, whose earlier KV stays (it was
 computed by the older weights: the usual asynchronous-RL trade, and the
-decoupled objective in the learner accounts for it). The prefix cache is
-reset on a weight swap, so new requests never reuse KV of older weights.
+decoupled objective in the learner accounts for it); the tokens they sample
+next carry the new version although their context was read by the old
+weights. With `exact` a swap instead sends every in-flight sequence back to
+be read again by the new weights (`Scheduler.recompute_all`), keeping its
+tokens, so each token's logprob is its version's, bit for bit. The prefix
+cache is reset on a weight swap, and the blocks that sequences live at the swap
+fill afterwards are never indexed (postrain.ext.kvpool: stale sequences), so
+new requests never reuse KV of older weights.
 """
 from __future__ import annotations
 
@@ -332,6 +338,8 @@ class Engine:
             raise EngineError(f"policy version must not go back: engine is at {self.policy_version}, "
                               f"got {version}; send the learner's latest version")
         load_state_dict_checked(self.model, state_dict, source=f"weights for version {version}")
+        if self.exact:
+            self.scheduler.recompute_all()
         self.kv.reset_prefix_cache()
         if self.image_encoder is not None:
             self.image_encoder.clear()

@@ -202,6 +202,24 @@ class Scheduler:
         self.waiting.appendleft(PrefillGroup([seq]))
         self.counters.num_preemptions += 1
 
+    def recompute_all(self) -> None:
+        """Every sequence gives up its KV (a weight swap under `exact`: the old weights wrote
+        it): the running ones, then the part-read prompts, re-enter the queue in admission order,
+        ahead of the waiting ones, to be read again by the new weights, keeping what they
+        generated. Counted in `num_recomputed_on_swap`, not as preemptions."""
+        moved = len(self.running) + len(self.prefilling)
+        while self.prefilling:
+            group = self.prefilling.pop()
+            self.kv.free(group.seqs[0].seq_id)
+            group.num_cached = group.num_scheduled = 0
+            self.waiting.appendleft(group)
+        while self.running:
+            seq = self.running.pop()
+            seq.drafts = []
+            self.kv.free(seq.seq_id)
+            self.waiting.appendleft(PrefillGroup([seq]))
+        self.counters.num_recomputed_on_swap += moved
+
     def _preempt_prefilling(self) -> PrefillGroup:
         """Stop reading the newest part-read prompt: free its blocks; it re-enters the queue first."""
         group = self.prefilling.pop()

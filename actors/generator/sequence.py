@@ -32,6 +32,7 @@ class EngineCounters:
     num_prefill_tokens: int = 0
     num_cached_prompt_tokens: int = 0
     num_preemptions: int = 0
+    num_recomputed_on_swap: int = 0     # sequences whose KV a weight swap made them read again (exact)
     busy_s: float = 0.0
     num_verify_steps: int = 0
     num_drafted_tokens: int = 0

@@ -158,6 +158,7 @@ class GeneratorStats(Record):
     num_accepted_tokens: int
     draft_s: float
     num_image_encodes: int = 0                     # images the vision tower read (those not in its cache)
+    num_recomputed_on_swap: int = 0                # sequences a weight swap sent back to be read again (exact)
     acceptance_rate: float | None = None           # with speculative decoding only
     tokens_per_verify_step: float | None = None    # with speculative decoding only
     draft_time_share: float | None = None          # with speculative decoding only

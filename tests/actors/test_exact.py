@@ -8,6 +8,7 @@ Real tiny models: the built-in tiny Llama and random Hugging Face folders (trans
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -82,6 +83,39 @@ def test_recorded_logprobs_equal_the_learners_bit_for_bit(arch, model_specs):
     assert metrics["ratio_mean"] == 1.0 and metrics["clip_frac_low"] == metrics["clip_frac_high"] == 0.0
     engine.load_weights(learner.state_dict(), version=1)             # a weight swap
     assert_bitwise_equal(learner, rollouts(engine, learner.tokenizer, seed=4))
+
+
+@pytest.mark.slow
+def test_a_weight_swap_with_samples_in_flight_leaves_every_token_exact_under_the_weights_it_names():
+    """An asynchronous run swaps weights while samples are half written: the KV they hold was
+    computed by the old weights, so exact recomputes it with the new ones, and each token's
+    logprob is then its version's, bit for bit: the old weights' before the swap, the new after."""
+    learner = Learner(LearnerConfig(model="tiny", exact=True, temperature=1.0, micro_batch_size=16, lr=1e-2))
+    first_weights = {name: t.clone() for name, t in learner.state_dict().items()}
+    first_model = {name: t.clone() for name, t in learner.model.state_dict().items()}
+    engine = Engine(type(learner.model).empty(learner.model.config), learner.tokenizer, num_blocks=256,
+                    prefill_chunk_tokens=16, exact=True)
+    engine.load_weights(first_weights, version=0)
+    learner.train_step(rollouts(engine, learner.tokenizer, seed=6))           # the learner is at version 1
+    g = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(8, 250, (int(n),), generator=g).tolist() for n in (6, 21, 35, 12)]
+    ids = [engine.add_request(p, SamplingParams(n=4, temperature=1.0, seed=8, max_new_tokens=12, ignore_eos=True))
+           for p in prompts]
+    done = {}
+    for _ in range(4):                                    # some tokens sampled; the longest prompt mid-read
+        done.update({out.request_id: out for out in engine.step()})
+    engine.load_weights(learner.state_dict(), version=1)
+    while engine.has_unfinished():
+        done.update({out.request_id: out for out in engine.step()})
+    batch = sampled_batch(prompts, [done[i] for i in ids])
+    versions = {v for sample in batch.policy_versions for v in sample[-12:]}
+    assert versions == {0, 1}, "the swap came with samples in flight"
+    old = Learner(LearnerConfig(model="tiny", exact=True, temperature=1.0, micro_batch_size=16))
+    old.model.load_state_dict(first_model)
+    for version, judge in ((0, old), (1, learner)):
+        mask = [[int(m and v == version) for m, v in zip(ms, vs)]
+                for ms, vs in zip(batch.loss_mask, batch.policy_versions)]
+        assert assert_bitwise_equal(judge, dataclasses.replace(batch, loss_mask=mask)) > 0
 
 
 @pytest.mark.slow

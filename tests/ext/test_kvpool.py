@@ -266,6 +266,22 @@ def test_reset_prefix_cache(Pool):
     pool.check_invariants()
 
 
+def test_a_sequence_live_at_a_reset_never_indexes_the_blocks_it_fills_after(Pool):
+    """Its KV came partly from before the reset (older weights): no later prompt may read it."""
+    pool = Pool(num_blocks=12, block_size_tokens=2)
+    pool.allocate(1, prompt(3))
+    pool.fork(1, 2)
+    pool.reset_prefix_cache()
+    pool.append(1, [7, 8, 9])                            # fills blocks 2 and 3 of sequence 1
+    pool.append(2, [7, 8, 9])                            # its fork: stale too
+    pool.allocate(3, prompt(3) + [7, 8, 9])              # a new sequence: reads nothing, indexes its own
+    assert pool.stats()["num_cached_blocks"] == 3
+    assert pool.debug_state()["sequences"][3]["stale"] is False
+    assert pool.allocate(4, prompt(3) + [7, 8, 9, 10]) == 6, "the hits are the new sequence's blocks"
+    assert pool.block_table(4)[:3] == pool.block_table(3)[:3]
+    pool.check_invariants()
+
+
 def test_block_hash_is_identical_in_both():
     rng = np.random.default_rng(0)
     for _ in range(50):

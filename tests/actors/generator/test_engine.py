@@ -148,6 +148,29 @@ def test_weight_swap_mid_generation_tags_later_tokens(model, tokenizer):
         engine.load_weights(new_weights, version=0)
 
 
+def test_blocks_a_sample_fills_after_a_weight_swap_never_serve_a_later_prompt(tokenizer):
+    """A sample in flight at a swap goes on over KV the old weights wrote. The blocks it fills after
+    the swap must not enter the prefix cache: a later prompt that repeats its text (an agent's next
+    turn) would otherwise read old-weight KV while its tokens carry the new version."""
+    engine = Engine(build_model("tiny").init_weights(seed=1, std=0.1).eval(), tokenizer, num_blocks=64,
+                    block_size_tokens=4)
+    new_model = build_model("tiny").init_weights(seed=2, std=0.1).eval()
+    prompt = list(range(60, 68))                             # 2 full blocks
+    engine.add_request(prompt, SamplingParams(max_new_tokens=12, **GREEDY))
+    engine.step()
+    engine.step()                                            # 2 tokens sampled by the old weights
+    engine.load_weights(new_model.state_dict(), version=1)
+    done = []
+    while engine.has_unfinished():
+        done += engine.step()
+    next_turn = prompt + done[0].outputs[0].token_ids[:8] + [90, 91]   # blocks 3-4: the sample's, filled after the swap
+    reference = reference_greedy(new_model, next_turn, 4)
+    replies = [engine.generate([next_turn], SamplingParams(max_new_tokens=4, **GREEDY))[0] for _ in range(2)]
+    assert replies[1].num_cached_prompt_tokens == 16, "the second reads the first's blocks"
+    assert [reply.outputs[0].token_ids for reply in replies] == [reference, reference]
+    assert max(abs(a - b) for a, b in zip(replies[0].outputs[0].logprobs, replies[1].outputs[0].logprobs)) < 1e-5
+
+
 def test_stop_strings_and_stop_ids(model, tokenizer):
     engine = Engine(model, tokenizer, num_blocks=64)
     free = engine.generate(["abc"], SamplingParams(max_new_tokens=12, **GREEDY))[0].outputs[0]
