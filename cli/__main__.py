@@ -1,6 +1,4 @@
 """`python -m postrain.cli ...` is the `postrain` command."""
-import sys
+from .main import run
 
-from .main import main
-
-sys.exit(main())
+run()

@@ -96,5 +96,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def run() -> None:
+    """The `postrain` command: `main()`, then exit with its status, without the interpreter's
+    teardown of modules (core/runtime.py `exit_without_teardown_of_modules`: about 0.5 s less a
+    command). An exception still ends it the usual way, with its traceback."""
+    from postrain.core.runtime import exit_without_teardown_of_modules
+    exit_without_teardown_of_modules(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

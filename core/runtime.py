@@ -45,7 +45,7 @@ import threading
 import traceback
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 import zmq
@@ -114,22 +114,22 @@ def run_actor_process(spec: dict[str, Any], turn: Any = None) -> None:
     except BaseException:
         traceback.print_exc()
         sys.exit(1)
-    _exit_without_teardown_of_modules()
+    exit_without_teardown_of_modules(0)
 
 
-def _exit_without_teardown_of_modules() -> None:
-    """Exit 0 as the interpreter would, less its teardown of modules: torch's costs about 0.5 s
-    of CPU in each process, and a run's actors all stop at once. What an exit must still do is
-    done: the threads left running that are not daemons are waited for (as at any exit), the
-    atexit handlers run (logging's flush, multiprocessing's finalizers, temporary folders),
-    stdout and stderr are flushed."""
+def exit_without_teardown_of_modules(status: int) -> NoReturn:
+    """Exit with `status` as the interpreter would, less its teardown of modules: torch's costs
+    about 0.5 s of CPU in each process (a run's actors all stop at once; every `postrain`
+    command ends so). What an exit must still do is done: the threads left running that are not
+    daemons are waited for (as at any exit), the atexit handlers run (logging's flush,
+    multiprocessing's finalizers, temporary folders, trackers), stdout and stderr are flushed."""
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(status)
 
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
