@@ -1,11 +1,24 @@
 """Shared test settings, the `gpu` marker's skip rule, `small_disk`: a real full disk for the
 tests of full-disk behaviour, and `rank_processes`: the ranks of a gloo group as real processes."""
+import compileall
 import logging
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+
+def pytest_sessionstart(session):
+    """Where Python writes no bytecode (PYTHONDONTWRITEBYTECODE, as on some CI images), each of the
+    hundreds of processes the suite starts (actors, `postrain` commands) would compile postrain's
+    modules from source again, about 0.4 s of CPU each; compiled once here, they are read instead
+    (Python checks each file's bytecode against its source, so an edit is never missed)."""
+    if sys.flags.dont_write_bytecode:
+        root = Path(__file__).resolve().parent.parent
+        for name in ("actors", "bench", "cli", "core", "ext", "sandbox", "tests"):
+            compileall.compile_dir(root / name, quiet=1, workers=0)
 
 
 def pytest_collection_modifyitems(config, items):

