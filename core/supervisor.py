@@ -167,17 +167,18 @@ class Supervisor:
                              started: Callable[[ActorSpec], None] = lambda spec: None) -> None:
         """Start `specs` as `start` would, one after another: each begins its setup once the
         ones before it are READY (an actor may look up, in its setup, those before it), and
-        `started(spec)` runs at each READY. All are placed first, and all but the elastic ones
-        spawned ahead (ActorProcesses.spawn_ahead), so their imports overlap. Raises as `start`
-        does, before any spawn where one does not fit. Failed or cancelled: those spawned ahead
-        and not started are killed (and reaped, within 5 s); those READY stay, for `shutdown`."""
+        `started(spec)` runs at each READY. All are placed first, then spawned ahead
+        (ActorProcesses.spawn_ahead), so their imports overlap; an elastic one is pinned to its
+        home then, which is what it holds at its turn too (cores are lent only once the driver
+        gives work, after the start). Raises as `start` does, before any spawn where one does
+        not fit. Failed or cancelled: those spawned ahead and not started are killed (and
+        reaped, within 5 s); those READY stay, for `shutdown`."""
         records: list[ActorRecord] = []
         try:
             for spec in specs:
                 records.append(self._placed(spec))
             for record in records:
-                if not record.spec.elastic:
-                    self.processes.spawn_ahead(record)
+                self.processes.spawn_ahead(record)
             for record in records:
                 await self.processes.start(record)
                 started(record.spec)
