@@ -196,10 +196,7 @@ class Scheduler:
 
     def preempt(self, seq: Sequence) -> None:
         """Free the sequence's blocks; it re-enters the queue first, to be recomputed."""
-        seq.drafts = []
-        self.running.remove(seq)
-        self.kv.free(seq.seq_id)
-        self.waiting.appendleft(PrefillGroup([seq]))
+        self._requeue(seq)
         self.counters.num_preemptions += 1
 
     def recompute_all(self) -> None:
@@ -207,26 +204,30 @@ class Scheduler:
         it): the running ones, then the part-read prompts, re-enter the queue in admission order,
         ahead of the waiting ones, to be read again by the new weights, keeping what they
         generated. Counted in `num_recomputed_on_swap`, not as preemptions."""
-        moved = len(self.running) + len(self.prefilling)
+        self.counters.num_recomputed_on_swap += len(self.running) + len(self.prefilling)
         while self.prefilling:
-            group = self.prefilling.pop()
-            self.kv.free(group.seqs[0].seq_id)
-            group.num_cached = group.num_scheduled = 0
-            self.waiting.appendleft(group)
+            self._requeue_newest_prefilling()
         while self.running:
-            seq = self.running.pop()
-            seq.drafts = []
-            self.kv.free(seq.seq_id)
-            self.waiting.appendleft(PrefillGroup([seq]))
-        self.counters.num_recomputed_on_swap += moved
+            self._requeue(self.running[-1])
 
     def _preempt_prefilling(self) -> PrefillGroup:
         """Stop reading the newest part-read prompt: free its blocks; it re-enters the queue first."""
+        self.counters.num_preemptions += 1
+        return self._requeue_newest_prefilling()
+
+    def _requeue(self, seq: Sequence) -> None:
+        """Free a running sequence's blocks and put it first in the queue, keeping its tokens."""
+        seq.drafts = []
+        self.running.remove(seq)
+        self.kv.free(seq.seq_id)
+        self.waiting.appendleft(PrefillGroup([seq]))
+
+    def _requeue_newest_prefilling(self) -> PrefillGroup:
+        """Free the newest part-read prompt's blocks and put it first in the queue, to be read anew."""
         group = self.prefilling.pop()
         self.kv.free(group.seqs[0].seq_id)
         group.num_cached = group.num_scheduled = 0
         self.waiting.appendleft(group)
-        self.counters.num_preemptions += 1
         return group
 
     # ------------------------------------------------------------------ steps of `schedule`
