@@ -10,7 +10,9 @@ it and the KV manager's cache, and calls the model once per shape bucket: rows o
 widths (a mixture of tasks: 600-token prompts beside 60-token ones) run as separate forwards
 (`shape_buckets`), since one forward pads every row to the widest in its new tokens and in the
 keys it gathers (a batch of 56 short and 8 long decodes took 6.5x the time of 64 short ones in
-one forward). Rows with drafts and scoring prefills run as one forward. Which logits come back:
+one forward). A prompt that hit the prefix cache on blocks another prompt of the same step fills
+runs in a later forward than that prompt (`forward_waves`), never before its KV is written.
+Rows with drafts and scoring prefills run as one forward. Which logits come back:
 decode-only rows -> (B, V) at each row's one token; rows with drafts -> (B, T, V), column i
 scoring the position after the row's i-th input; prefills -> (B, V) at each prompt's last token,
 and, when a prefill row is a scoring request's (`StepPlan.has_scoring`), that row's logits at
@@ -65,6 +67,26 @@ def shape_buckets(widths: list[int]) -> list[list[int]]:
     return groups
 
 
+def forward_waves(rows: tuple[ScheduledSequence, ...], block_size_tokens: int) -> list[list[int]]:
+    """Row indices in waves whose forwards must run one after another: a row that reads a block
+    another row of this step writes (a prompt that hit the prefix cache on blocks a prompt
+    admitted before it in the same step fills) is in a later wave than that row. One forward
+    writes every row's KV before any row attends, so a wave may be one forward; separate
+    forwards (shape buckets) run only after the waves before theirs.
+    Invariant (the scheduler's): a row reads only blocks that rows before it write."""
+    B = block_size_tokens
+    writer: dict[int, int] = {}
+    for i, row in enumerate(rows):
+        first, last = row.start_position // B, (row.start_position + row.num_new_tokens - 1) // B
+        writer.update((block, i) for block in row.block_table[first:last + 1])
+    waves: list[int] = []
+    for i, row in enumerate(rows):
+        writers = {writer[b] for b in row.block_table[:-(-row.start_position // B)] if writer.get(b, i) != i}
+        assert all(j < i for j in writers), "a row reads a block that a later row of the step writes"
+        waves.append(max((waves[j] + 1 for j in writers), default=0))
+    return [[i for i, w in enumerate(waves) if w == wave] for wave in range(max(waves, default=-1) + 1)]
+
+
 def paged_inputs(rows: tuple[ScheduledSequence, ...], block_size_tokens: int
                  ) -> tuple[torch.Tensor, PagedMetadata]:
     """(input_ids (B, T), metadata) of rows right-padded to the longest (CPU tensors)."""
@@ -113,8 +135,10 @@ class ModelRunner:
 
     def _bucketed(self, rows: tuple[ScheduledSequence, ...], widths: list[int],
                   weights: Float16Weights | None) -> torch.Tensor:
-        """Logits (B, V) at each row's last new token, one forward per shape bucket."""
-        buckets = shape_buckets(widths)
+        """Logits (B, V) at each row's last new token, one forward per shape bucket of each wave
+        (`forward_waves`: a row never runs before the rows that write the blocks it reads)."""
+        buckets = [[wave[i] for i in bucket] for wave in forward_waves(rows, self.kv.block_size_tokens)
+                   for bucket in shape_buckets([widths[i] for i in wave])]
         if len(buckets) == 1:
             return self.forward(rows, "last", weights)
         out: torch.Tensor | None = None

@@ -171,6 +171,32 @@ def test_blocks_a_sample_fills_after_a_weight_swap_never_serve_a_later_prompt(to
     assert max(abs(a - b) for a, b in zip(replies[0].outputs[0].logprobs, replies[1].outputs[0].logprobs)) < 1e-5
 
 
+def test_a_prompt_that_hits_blocks_filled_in_the_same_step_reads_them_after_they_are_written(model, tokenizer):
+    """Two prompts admitted in one step, the second the first's text plus two tokens: it hits the
+    prefix cache on the first's 200 tokens, whose KV the first's prefill writes in this step. Its 2
+    new tokens and the first's 200 fall in different shape buckets (separate forwards); the
+    second's must run after the first's, or it attends to whatever the blocks held before."""
+    engine = Engine(model, tokenizer, num_blocks=64, block_size_tokens=8)
+    engine.generate([[(7 * i) % 250 + 8 for i in range(200)]], SamplingParams(max_new_tokens=4, **GREEDY))
+    engine.kv.reset_prefix_cache()                            # the blocks now hold another prompt's KV
+    first = list(range(20, 220))
+    second = first + [5, 6]
+    ids = [engine.add_request(p, SamplingParams(max_new_tokens=6, temperature=1.0, seed=1, ignore_eos=True))
+           for p in (first, second)]
+    assert len(shape_buckets([len(first), 2])) == 2
+    done = {}
+    while engine.has_unfinished():
+        done.update({out.request_id: out for out in engine.step()})
+    assert done[ids[1]].num_cached_prompt_tokens == 200
+    for prompt, request_id in zip((first, second), ids):
+        sample = done[request_id].outputs[0]
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([prompt + sample.token_ids]))[0].double(), dim=-1)
+        gaps = [abs(float(logp[len(prompt) + i - 1, token]) - recorded)
+                for i, (token, recorded) in enumerate(zip(sample.token_ids, sample.logprobs))]
+        assert max(gaps) < 1e-4, f"largest gap {max(gaps):.2e}"
+
+
 def test_stop_strings_and_stop_ids(model, tokenizer):
     engine = Engine(model, tokenizer, num_blocks=64)
     free = engine.generate(["abc"], SamplingParams(max_new_tokens=12, **GREEDY))[0].outputs[0]
