@@ -32,14 +32,35 @@ _AGENT_PROCESSES = 8     # the agent, the forwarder, one call's launcher and ini
 _MAX_SHAPES = 4          # jail shapes the pool keeps spares for (the most recently used)
 
 
+_IMAGE_PREFIX = "postrain-image-"
+
+
+def remove_orphan_images() -> None:
+    """Remove the image folders (`image_mounts`) of processes no longer running (killed, so their
+    atexit removal never ran)."""
+    root = tempfile.gettempdir()
+    for name in os.listdir(root):
+        pid = name[len(_IMAGE_PREFIX):].partition("-")[0]
+        if not (name.startswith(_IMAGE_PREFIX) and pid.isdigit()):
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        except PermissionError:   # alive, another user's
+            pass
+
+
 @functools.lru_cache(maxsize=1)
 def image_mounts() -> tuple[str, ...]:
     """nsjail flags for what every session jail sees beside the read-only host mounts: in /etc the
     host's /etc/alternatives (symlinks that Debian tools such as awk go through) and a
     passwd/group that name the sandbox user, nothing else of the host's /etc; and the agent as a
     module with its bytecode compiled here (at /run/postrain-agent, read-only), which saves every
-    jail start compiling it. The files live in a temp folder removed when this process exits."""
-    folder = tempfile.mkdtemp(prefix="postrain-image-")
+    jail start compiling it. The files live in a temp folder named by this process's pid, removed
+    when it exits; a killed process's folder is removed by the next process that makes one."""
+    remove_orphan_images()
+    folder = tempfile.mkdtemp(prefix=f"{_IMAGE_PREFIX}{os.getpid()}-")
     atexit.register(shutil.rmtree, folder, True)
     os.chmod(folder, 0o755)
     agent_dir = os.path.join(folder, "agent")

@@ -238,3 +238,21 @@ def test_a_session_path_never_leaves_work(path):
         return
     resolved = os.path.normpath(os.path.join("/work", relative))
     assert resolved.startswith("/work/") and ".." not in relative.split("/")
+
+
+def test_a_killed_processs_image_folder_is_removed_by_the_next_process_that_makes_one(tmp_path, monkeypatch):
+    """The session jails' image folder is removed at exit; a SIGKILLed process never runs that, so
+    the next process removes the folders of pids no longer running, and no other folder."""
+    import subprocess
+    import tempfile
+
+    from postrain.sandbox.session_jail import remove_orphan_images
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    names = [f"postrain-image-{dead.pid}-abc", f"postrain-image-{os.getpid()}-def", "postrain-image-xyz", "other"]
+    for name in names:
+        (tmp_path / name).mkdir()
+    remove_orphan_images()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[1:])
