@@ -31,7 +31,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from postrain.actors.orchestrator.progress import format_duration
+from postrain.core.progress import format_duration
 from postrain.core.load import Load
 
 
@@ -140,7 +140,7 @@ def _actors_table(status: dict | None) -> Table:
 
 
 def progress_text(figures: dict, now: float) -> str:
-    """The phase under way (the driver's `phase*` figures, postrain.actors.orchestrator.progress):
+    """The phase under way (the driver's `phase*` figures, postrain.core.progress):
     `warm start 11/250  elapsed 0:12  ETA 4:20`, its clock running between the driver's updates
     (`now`: time.time()); "" before the driver reports a phase."""
     phase, done, total = figures.get("phase"), figures.get("phase_done"), figures.get("phase_total")

@@ -10,19 +10,34 @@
     evaluation.py    Evaluator: held-out accuracy, greedy and sampled
     warm_start.py    the supervised warm start, chat_to_tokens
     sample_log.py    SampleLog: samples.jsonl, each RL sample's text, reward and advantage
-    progress.py      PhaseProgress: a phase's done / total, elapsed and ETA
     learning_signal.py  LearningSignalWatch: warns on steps without a learning signal
 
 Configs name the actor `postrain.actors.orchestrator:OrchestratorActor`.
 """
-from .actor import OrchestratorActor
-from .admission import Admission, AdmittedBatch
-from .driver import RunDriver
-from .options import OrchestratorOptions
-from .rollout_pool import RolloutPool
-from .scored_sample import ScoredSample
-from .train_step import TrainStep
-from .warm_start import chat_to_tokens
+from __future__ import annotations
 
-__all__ = ["Admission", "AdmittedBatch", "OrchestratorActor", "OrchestratorOptions", "RolloutPool",
-           "RunDriver", "ScoredSample", "TrainStep", "chat_to_tokens"]
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .actor import OrchestratorActor
+    from .admission import Admission, AdmittedBatch
+    from .driver import RunDriver
+    from .options import OrchestratorOptions
+    from .rollout_pool import RolloutPool
+    from .scored_sample import ScoredSample
+    from .train_step import TrainStep
+    from .warm_start import chat_to_tokens
+
+# Imported on first use, so that the CLI reading a run's files (ledger.py, sample_log.py) does not
+# import the actor and with it torch (about 1.5 s for every `postrain` command).
+_EXPORTS = {"OrchestratorActor": "actor", "Admission": "admission", "AdmittedBatch": "admission",
+            "RunDriver": "driver", "OrchestratorOptions": "options", "RolloutPool": "rollout_pool",
+            "ScoredSample": "scored_sample", "TrainStep": "train_step", "chat_to_tokens": "warm_start"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)

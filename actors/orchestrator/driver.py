@@ -78,7 +78,7 @@ from .admission import Admission
 from .evaluation import Evaluator
 from .learning_signal import LearningSignalWatch
 from .options import OrchestratorOptions
-from .progress import PhaseProgress
+from postrain.core.progress import PhaseProgress
 from .rollout_pool import RolloutPool
 from .sample_log import SAMPLES_FILE, SampleLog
 from .dynamic_sampling import BatchRules

@@ -42,7 +42,7 @@ from ..env.tools import STOP_STRINGS
 from ..learner.recovery import is_actor_death, short_reason
 from .health import HealthWatch, report_warnings
 from .options import OrchestratorOptions
-from .progress import PhaseProgress
+from postrain.core.progress import PhaseProgress
 from .rollout_pool import RolloutPool, StaleRolloutError
 from ..tasks import MixtureTask, TaskMixture
 

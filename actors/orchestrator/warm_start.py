@@ -21,7 +21,7 @@ from ..records import SftBatch
 from ..tasks import TaskError, TaskMixture
 from ..tasks.demonstrations import DemonstrationError, read_jsonl, validate_demonstration
 from .options import OrchestratorOptions
-from .progress import PhaseProgress
+from postrain.core.progress import PhaseProgress
 
 
 async def warm_start(mixture: TaskMixture, tokenizer, options: OrchestratorOptions, keeper, metrics,

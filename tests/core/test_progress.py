@@ -1,5 +1,5 @@
-"""Phase progress (actors/orchestrator/progress.py): done / total, elapsed, ETA, on a test clock."""
-from postrain.actors.orchestrator.progress import PhaseProgress, eta_seconds, format_duration
+"""Phase progress (core/progress.py): done / total, elapsed, ETA, on a test clock."""
+from postrain.core.progress import PhaseProgress, eta_seconds, format_duration
 
 
 def test_durations_read_as_minutes_and_seconds_or_hours():

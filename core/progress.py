@@ -1,6 +1,6 @@
-"""Progress of a run's phases (warm start, evaluations, RL): done / total, elapsed, ETA.
+"""Progress of a phase of a run (a fixed number of steps or episodes): done / total, elapsed, ETA.
 
-    progress = PhaseProgress("warm start", total=250, report=figures_to_head)
+    progress = PhaseProgress("training", total=250, report=figures_to_head)
     progress.advance()                   # one step (or episode) done
     progress.text()                      # "11/250, 0:12 elapsed, ETA 4:20"
 
