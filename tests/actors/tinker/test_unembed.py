@@ -69,7 +69,7 @@ def test_a_saved_state_keeps_the_head_and_loads_only_into_a_client_that_trains_i
     assert mine.keys() == theirs.keys() and KEY_A in mine
     assert all(torch.equal(mine[k], theirs[k]) for k in mine)
     plain = client.create_lora_training_client("tiny", rank=4, seed=0, train_unembed=False).result()
-    with pytest.raises(tinker.RequestFailedError, match="on \[.*'lm_head'\], this training client"):
+    with pytest.raises(tinker.RequestFailedError, match=r"on \[.*'lm_head'\], this training client"):
         plain.load_state(path).result()
 
 
