@@ -39,7 +39,7 @@ def eta_seconds(done_here: int, left: int, elapsed_s: float) -> float | None:
 class PhaseProgress:
     """One phase's count of done work against its total (module docstring)."""
 
-    def __init__(self, phase: str, total: int, report: Callable[[dict], None] | None = None, done: int = 0,
+    def __init__(self, phase: str, total: int, report: Callable[[dict[str, object]], None] | None = None, done: int = 0,
                  clock: Callable[[], float] = time.monotonic, report_interval_s: float = 1.0):
         self.phase = phase
         self.total = total                   # work in the phase (steps, episodes); >= 0
@@ -75,7 +75,7 @@ class PhaseProgress:
         """`elapsed, ETA`, for a line that says done / total itself."""
         return f"{format_duration(self.elapsed_s())} elapsed, ETA {format_duration(self.eta_s())}"
 
-    def figures(self) -> dict:
+    def figures(self) -> dict[str, object]:
         eta = self.eta_s()
         return {"phase": self.phase, "phase_done": self.done, "phase_total": self.total,
                 "phase_elapsed_s": round(self.elapsed_s(), 1),
