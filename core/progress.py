@@ -39,8 +39,8 @@ def eta_seconds(done_here: int, left: int, elapsed_s: float) -> float | None:
 class PhaseProgress:
     """One phase's count of done work against its total (module docstring)."""
 
-    def __init__(self, phase: str, total: int, report: Callable[[dict[str, object]], None] | None = None, done: int = 0,
-                 clock: Callable[[], float] = time.monotonic, report_interval_s: float = 1.0):
+    def __init__(self, phase: str, total: int, report: Callable[[dict[str, object]], None] | None = None,
+                 done: int = 0, clock: Callable[[], float] = time.monotonic, report_interval_s: float = 1.0):
         self.phase = phase
         self.total = total                   # work in the phase (steps, episodes); >= 0
         self.done = done                     # invariant: start_done <= done (<= total, unless over-counted)

@@ -62,6 +62,7 @@ from typing import Callable
 import anyio
 
 from postrain.core.errors import DiskFullError, PostrainError, RemoteError
+from postrain.core.progress import PhaseProgress
 from postrain.core.jsonl import is_disk_full
 from postrain.core.metrics import MetricsWriter
 from postrain.core.text import counted
@@ -78,7 +79,6 @@ from .admission import Admission
 from .evaluation import Evaluator
 from .learning_signal import LearningSignalWatch
 from .options import OrchestratorOptions
-from postrain.core.progress import PhaseProgress
 from .rollout_pool import RolloutPool
 from .sample_log import SAMPLES_FILE, SampleLog
 from .dynamic_sampling import BatchRules

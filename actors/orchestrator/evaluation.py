@@ -36,13 +36,13 @@ from typing import Callable
 import anyio
 
 from postrain.core.errors import PostrainError
+from postrain.core.progress import PhaseProgress
 from postrain.core.text import counted
 
 from ..env.tools import STOP_STRINGS
 from ..learner.recovery import is_actor_death, short_reason
 from .health import HealthWatch, report_warnings
 from .options import OrchestratorOptions
-from postrain.core.progress import PhaseProgress
 from .rollout_pool import RolloutPool, StaleRolloutError
 from ..tasks import MixtureTask, TaskMixture
 

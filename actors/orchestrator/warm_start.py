@@ -15,13 +15,14 @@ from __future__ import annotations
 import random
 from typing import Awaitable, Callable
 
+from postrain.core.progress import PhaseProgress
+
 from ..models.loading import spec_image_layout
 from ..models.vision import ImageLayout, content_parts_for_template, image_bytes, load_image
 from ..records import SftBatch
 from ..tasks import TaskError, TaskMixture
 from ..tasks.demonstrations import DemonstrationError, read_jsonl, validate_demonstration
 from .options import OrchestratorOptions
-from postrain.core.progress import PhaseProgress
 
 
 async def warm_start(mixture: TaskMixture, tokenizer, options: OrchestratorOptions, keeper, metrics,
