@@ -14,7 +14,8 @@ held-out accuracy 0.6, and at which RL step and after how many RL seconds.
 a section and its key (`shared.seed`, `run.name`), an actor's name and a field of its entry
 (`learner.cpus`) or one of its options (`orchestrator.num_steps`); an option table named like its
 actor may be skipped, so `learner.rl_lr` is `learner.learner.rl_lr`, the learner actor's
-LearnerConfig. Values are TOML (1e-4, "gspo", true). Several --set: every combination. Every
+LearnerConfig. Values are TOML (1e-4, "gspo", true, a table: '{ max_digits = 3, min_operands = 2 }');
+a comma inside a table, an array or a string belongs to the value. Several --set: every combination. Every
 run's config is checked before the first starts.
 
 --resume continues a sweep: runs with a summary.json of a complete run are kept, an unfinished
@@ -82,8 +83,17 @@ def parse_sets(items: list[str]) -> list[tuple[str, list]]:
         key, sep, values = item.partition("=")
         if not sep or not key.strip() or not values.strip():
             raise SweepError(f"--set {item!r}: write KEY=V1,V2, e.g. learner.rl_lr=1e-4,3e-4")
-        out.append((key.strip(), [toml_value(v) for v in values.split(",")]))
+        out.append((key.strip(), sweep_values(values)))
     return out
+
+
+def sweep_values(text: str) -> list:
+    """'1e-4,3e-4' -> [0.0001, 0.0003]; a comma inside a TOML table, array or string does not
+    separate values ('{ a = 1, b = 2 }' is one table); bare words are strings ('gspo,cispo')."""
+    try:
+        return tomllib.loads(f"v = [{text}]")["v"]
+    except tomllib.TOMLDecodeError:
+        return [toml_value(v) for v in text.split(",")]
 
 
 def run_name(overrides: dict, seed: int) -> str:

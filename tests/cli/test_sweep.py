@@ -97,6 +97,11 @@ def sweep(*args, **kw):
 def test_arguments_are_parsed_and_bad_ones_named():
     assert parse_seeds("0-3,7") == [0, 1, 2, 3, 7]
     assert parse_sets(["learner.rl_lr=1e-4,3e-4"]) == [("learner.rl_lr", [1e-4, 3e-4])]
+    assert parse_sets(["learner.loss_preset=gspo,cispo"]) == [("learner.loss_preset", ["gspo", "cispo"])]
+    # a comma inside a table or an array is the value's own
+    assert parse_sets(["shared.task_options={ max_digits = 2, min_operands = 3 },{ max_digits = 3 }"]) == [
+        ("shared.task_options", [{"max_digits": 2, "min_operands": 3}, {"max_digits": 3}])]
+    assert parse_sets(["learner.betas=[0.9, 0.95]"]) == [("learner.betas", [[0.9, 0.95]])]
     doc = {"actors": [{"name": "learner", "options": {"learner": {"lr": 1.0}}}], "shared": {}}
     set_path(doc, "learner.rl_lr", 1e-4)
     set_path(doc, "shared.seed", 3)
