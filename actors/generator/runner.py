@@ -125,19 +125,22 @@ class ModelRunner:
         if plan.has_drafts:
             decodes = self.forward(plan.decodes, "all", weights)
         elif plan.decodes:
-            decodes = self._bucketed(plan.decodes, [r.start_position + 1 for r in plan.decodes], weights)
+            # a decode writes only its own last slot, in a block no other row reads (copy-on-write)
+            decodes = self._bucketed(plan.decodes, [r.start_position + 1 for r in plan.decodes], weights,
+                                     [list(range(len(plan.decodes)))])
         if plan.prefills and plan.has_scoring:
             return self._scoring_prefills(decodes, plan.prefills, weights)
         prefills = None
         if plan.prefills:
-            prefills = self._bucketed(plan.prefills, [r.num_new_tokens for r in plan.prefills], weights)
+            prefills = self._bucketed(plan.prefills, [r.num_new_tokens for r in plan.prefills], weights,
+                                      forward_waves(plan.prefills, self.kv.block_size_tokens))
         return StepLogits(decodes, prefills)
 
     def _bucketed(self, rows: tuple[ScheduledSequence, ...], widths: list[int],
-                  weights: Float16Weights | None) -> torch.Tensor:
-        """Logits (B, V) at each row's last new token, one forward per shape bucket of each wave
-        (`forward_waves`: a row never runs before the rows that write the blocks it reads)."""
-        buckets = [[wave[i] for i in bucket] for wave in forward_waves(rows, self.kv.block_size_tokens)
+                  weights: Float16Weights | None, waves: list[list[int]]) -> torch.Tensor:
+        """Logits (B, V) at each row's last new token, one forward per shape bucket of each wave,
+        the waves in order (`forward_waves`)."""
+        buckets = [[wave[i] for i in bucket] for wave in waves
                    for bucket in shape_buckets([widths[i] for i in wave])]
         if len(buckets) == 1:
             return self.forward(rows, "last", weights)
