@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
+import tempfile
 
 import psutil
 import pytest
@@ -13,6 +15,7 @@ from hypothesis import strategies as st
 
 from postrain.sandbox import (PolicyError, Sandbox, SessionClosed, SessionFileError, SessionLimits,
                               Status, read_audit_log)
+from postrain.sandbox.session_jail import remove_orphan_images
 
 LIMITS = SessionLimits(call_wall_time_s=3.0, call_cpu_time_s=2, call_max_output_bytes=4096,
                        memory_mb=128, max_processes=24, work_dir_size_mb=4, max_file_size_mb=2,
@@ -243,11 +246,6 @@ def test_a_session_path_never_leaves_work(path):
 def test_a_killed_processs_image_folder_is_removed_by_the_next_process_that_makes_one(tmp_path, monkeypatch):
     """The session jails' image folder is removed at exit; a SIGKILLed process never runs that, so
     the next process removes the folders of pids no longer running, and no other folder."""
-    import subprocess
-    import tempfile
-
-    from postrain.sandbox.session_jail import remove_orphan_images
-
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     dead = subprocess.Popen(["true"])
     dead.wait()
