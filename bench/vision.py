@@ -30,7 +30,7 @@ import torch
 from postrain.actors.generator.engine import Engine
 from postrain.actors.generator.sampling import SamplingParams
 from postrain.actors.models.loading import load_model
-from postrain.actors.models.vision import load_image, render_prompt
+from postrain.actors.models.images import load_image, render_prompt
 from postrain.actors.tasks.charts import Chart, chart_message, eval_tasks, render_png
 
 from .vision_folders import FAMILIES, build_folder, run_requests

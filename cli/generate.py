@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args) -> int:
     from postrain.actors.models.loading import CheckpointError, load_model
-    from postrain.actors.models.vision import ImageInputError, render_prompt
+    from postrain.actors.models.images import ImageInputError, render_prompt
     from postrain.actors.generator.engine import Engine, EngineError
     from postrain.actors.generator.sampling import SamplingParams, SamplingParamsError
     from postrain.actors.generator.speculative import SpeculativeOptions

@@ -45,9 +45,10 @@ from typing import TYPE_CHECKING
 
 from postrain.actors.configs.run_config import TrackingSection
 from postrain.core.errors import PostrainError
+from postrain.core.metrics import open_tensorboard
 
 if TYPE_CHECKING:
-    from torch.utils.tensorboard import SummaryWriter
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 log = logging.getLogger("postrain.tracking")
 
@@ -209,18 +210,20 @@ class TensorBoardSamples:
 
     def __init__(self, folder: Path) -> None:
         self.log_dir = Path(folder) / "tensorboard"
-        self._writer: SummaryWriter | None = None   # opened at the first table
+        self._writer: EventFileWriter | None = None   # opened at the first table
         self.available = True
 
     def log_samples(self, columns: list[str], data: list[list], step: int) -> None:
         if self._writer is None:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
+            self._writer = open_tensorboard(self.log_dir)
+            if self._writer is None:
                 self.available = False
                 return
-            self._writer = SummaryWriter(log_dir=str(self.log_dir))
-        self._writer.add_text("samples", markdown_table(columns, data), global_step=step)
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.plugins.text.summary_v2 import text_pb
+
+        summary = text_pb("samples", markdown_table(columns, data))
+        self._writer.add_event(Event(wall_time=time.time(), step=step, summary=summary))
         self._writer.flush()
 
     def finish(self, summary: dict | None) -> None:

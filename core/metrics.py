@@ -13,7 +13,8 @@ a TensorBoard scalar `KIND/NAME` in RUN_FOLDER/tensorboard (global step: the
 row's `step` figure when it has one, else the number of rows of that kind so
 far); where it is not, that part is skipped without a word
 (`MetricsWriter.tensorboard_dir` is None then). `tensorboard=False` turns it off
-(the head does, so that it never imports torch).
+(the head does). The events are written with tensorboard's own event writer, not torch's
+SummaryWriter, so that a role which never runs the model (the orchestrator) does not import torch.
 
 A full disk: a row is written whole or not at all, and `log` raises DiskFullError
 (core/jsonl.py), so the file never ends in half a line; a TensorBoard write refused for
@@ -33,7 +34,7 @@ from .errors import DiskFullError
 from .jsonl import JsonlAppender, disk_full_error, is_disk_full, read_jsonl
 
 if TYPE_CHECKING:
-    from torch.utils.tensorboard import SummaryWriter
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 log = logging.getLogger("postrain.metrics")
 
@@ -45,8 +46,8 @@ class MetricsWriter:
         self.num_skipped = 0   # rows a full disk had no room for (skip_rows_when_full only)
         self._file = JsonlAppender(self.path)
         self._rows_per_kind: Counter[str] = Counter()
-        self._tensorboard = _open_tensorboard(Path(run_folder) / "tensorboard") if tensorboard else None
-        self.tensorboard_dir = Path(self._tensorboard.log_dir) if self._tensorboard is not None else None
+        self._tensorboard = open_tensorboard(Path(run_folder) / "tensorboard") if tensorboard else None
+        self.tensorboard_dir = Path(self._tensorboard.get_logdir()) if self._tensorboard is not None else None
 
     def log(self, kind: str, **figures: Any) -> dict[str, Any]:
         row: dict[str, Any] = {"time": round(time.time(), 3), "kind": kind}
@@ -91,21 +92,25 @@ class MetricsWriter:
         step = row.get("step")
         if not isinstance(step, int) or isinstance(step, bool):
             step = self._rows_per_kind[row["kind"]]
-        for name, value in row.items():
-            if name not in ("time", "kind", "step") and isinstance(value, (int, float)) \
-                    and not isinstance(value, bool):
-                self._tensorboard.add_scalar(f"{row['kind']}/{name}", value, global_step=step,
-                                             walltime=row["time"])
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        values = [Summary.Value(tag=f"{row['kind']}/{name}", simple_value=float(value))
+                  for name, value in row.items()
+                  if name not in ("time", "kind", "step") and isinstance(value, (int, float))
+                  and not isinstance(value, bool)]
+        if values:
+            self._tensorboard.add_event(Event(wall_time=row["time"], step=step, summary=Summary(value=values)))
         self._tensorboard.flush()
 
 
-def _open_tensorboard(log_dir: Path) -> SummaryWriter | None:
-    """A SummaryWriter on log_dir, or None where tensorboard is not installed."""
+def open_tensorboard(log_dir: Path) -> EventFileWriter | None:
+    """An event file writer on log_dir (TensorBoard's own), or None where tensorboard is not installed."""
     try:
-        from torch.utils.tensorboard import SummaryWriter
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
     except ImportError:
         return None
-    return SummaryWriter(log_dir=str(log_dir))
+    return EventFileWriter(str(log_dir))
 
 
 def read_metrics(run_folder: str | Path, kind: str | None = None) -> list[dict[str, Any]]:

@@ -122,7 +122,7 @@ def _distils(learner: dict[str, Any]) -> bool:
 
 
 def _vocab_size(spec: str | dict) -> int:
-    from ..models.loading import model_config
+    from ..models.spec import model_config
     return model_config(spec).vocab_size
 
 
@@ -130,7 +130,7 @@ def _vocabulary_difference(learner_options: dict[str, Any], teacher: str | dict,
     """None when the teacher's tokenizer maps every token to the policy's id; else the first
     difference, naming both models. With `sizes`, the models' vocabulary sizes must agree too
     (the learner's own teacher: its full distribution is compared with the policy's)."""
-    from ..models.loading import spec_tokenizer
+    from ..models.spec import spec_tokenizer
     policy = learner_options.get("model", "tiny")
     if policy == teacher:
         return None

@@ -53,7 +53,7 @@ from ..learner.actor import LearnerOptions
 from ..learner.config import LearnerConfig
 from ..learner.lora import LoraConfig, lora_config
 from ..models.config import ModelConfig
-from ..models.loading import model_config
+from ..models.spec import model_config
 from ..orchestrator.options import OrchestratorOptions
 from ..scorer.actor import ScorerOptions
 from .run_config import UpConfig

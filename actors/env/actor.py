@@ -51,7 +51,7 @@ from postrain.core import Actor, MessageKind, handler
 from postrain.core.errors import ConfigError
 
 from ..models.chat_template import OPTION_HELP as CHAT_TEMPLATE_HELP
-from ..models.loading import spec_image_layout, spec_tokenizer
+from ..models.spec import spec_image_layout, spec_tokenizer
 from ..models.tokenizer import Tokenizer
 from ..records import (EXEC, GATEWAY_ADDRESS, ROLLOUT, RUN_TESTS, ExecRequest, Rollout, RolloutRequest,
                        RunTestsRequest)

@@ -24,7 +24,7 @@ import dataclasses
 
 from ..models.tokenizer import Tokenizer
 from ..records import GENERATE, GenerateRequest, Rollout, RolloutSegment, SamplingParams
-from ..models.vision import ImageInputError, ImageLayout, render_prompt
+from ..models.images import ImageInputError, ImageLayout, render_prompt
 from .timeline import Timeline
 from .api import EnvironmentFailure, require_text_messages
 from .episode import Episode, EpisodePolicy

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from postrain.core.errors import PostrainError
 
-from ..models.vision import DATA_URL_PREFIX, ImageInputError, image_bytes, load_image
+from ..models.images import DATA_URL_PREFIX, ImageInputError, image_bytes, load_image
 from ..records import SamplingParams
 from ..records.generate import SamplingParamsError
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import anyio
 
 from ..models.tokenizer import Tokenizer
-from ..models.vision import ImageInputError, ImageLayout
+from ..models.images import ImageInputError, ImageLayout
 from ..records import GeneratedSample, GenerateReply, GenerateRequest
 from .episodes import Choice, EpisodeStore
 from .pool import GeneratorPool

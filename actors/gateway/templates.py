@@ -24,7 +24,7 @@ import copy
 import json
 
 from ..models.tokenizer import Tokenizer
-from ..models.vision import ImageInputError, ImageLayout, content_parts_for_template, image_bytes
+from ..models.images import ImageInputError, ImageLayout, content_parts_for_template, image_bytes
 
 TOOLS_PROMPT = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"

@@ -44,7 +44,8 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from ..models.vision import ImageRows, VisionTower, image_key, images_salt, load_image
+from ..models.images import image_key, images_salt, load_image
+from ..models.vision import ImageRows, VisionTower
 from .sequence import EngineCounters, EngineError, PromptImages
 
 

@@ -21,7 +21,8 @@ import hashlib
 import torch
 
 from ..models.llama import LlamaModel
-from ..models.vision import ImageRows, batch_rope_positions, load_image
+from ..models.images import load_image
+from ..models.vision import ImageRows, batch_rope_positions
 from .batch import LearnerError
 from .packed import PackedBatch
 

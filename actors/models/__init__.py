@@ -13,6 +13,8 @@
     moe.py         SparseMoeBlock: router, grouped experts, routing traces (replay), aux loss
     protocol.py    CausalLM: what the generator and learner need of any architecture
     loading.py     load_model / save_checkpoint: Hugging Face folders, GGUF files, built-in configs
+    spec.py        what a model spec names, read without weights or torch: its config, tokenizer, image layout
+    images.py      image inputs checked, decoded and rendered into prompts (no torch); vision.py: the towers
     tokenizer.py   Tokenizer: Hugging Face `tokenizers` and the built-in byte tokenizer
     reward_model.py  load_reward_model: *ForSequenceClassification folders (registry decoder + score head)
 

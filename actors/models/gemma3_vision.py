@@ -60,9 +60,9 @@ from .config import ModelConfig, ModelConfigError
 from .gemma3 import Gemma3Model, GemmaRMSNorm
 from .hf_config import CheckpointError
 from .idefics3 import ACTIVATIONS, VisionEmbeddings, VisionEncoder
+from .images import ImageInputError, ImageLayout
 from .vision import (
-    TOWER_KINDS, folder_processor_fields, ImageInputError, ImageLayout, ImageRows, processor_table, VisionTower,
-    encode_tiles_together)
+    TOWER_KINDS, folder_processor_fields, ImageRows, processor_table, VisionTower, encode_tiles_together)
 
 # transformers' Gemma3TextConfig defaults (the released config.json files omit most of them)
 TEXT_DEFAULTS = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,

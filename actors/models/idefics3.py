@@ -52,8 +52,8 @@ from torch import nn
 
 from .config import ModelConfig, ModelConfigError
 from .llama import LlamaModel
-from .vision import (TOWER_KINDS, ImageLayout, VisionTower, encode_tiles_together, folder_processor_fields,
-                     processor_table)
+from .images import ImageLayout
+from .vision import TOWER_KINDS, VisionTower, encode_tiles_together, folder_processor_fields, processor_table
 
 MAX_IMAGE_SIZE = 4096   # transformers' cap on the resized image's longest edge
 # transformers' Idefics3VisionConfig / SmolVLMVisionConfig defaults (older config.json files omit defaults)

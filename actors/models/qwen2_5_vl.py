@@ -61,8 +61,8 @@ from torch import nn
 from .blocks import RMSNorm, rotate_half
 from .config import ModelConfig, ModelConfigError
 from .llama import LlamaModel
-from .vision import (
-    TOWER_KINDS, folder_processor_fields, ImageInputError, ImageLayout, ImageRows, processor_table, VisionTower)
+from .images import ImageInputError, ImageLayout
+from .vision import TOWER_KINDS, folder_processor_fields, ImageRows, processor_table, VisionTower
 
 # transformers' Qwen2_5_VLVisionConfig defaults (released config.json files omit some)
 VISION_DEFAULTS = {"depth": 32, "hidden_size": 3584, "hidden_act": "silu", "intermediate_size": 3420,

@@ -17,8 +17,8 @@ from typing import Awaitable, Callable
 
 from postrain.core.progress import PhaseProgress
 
-from ..models.loading import spec_image_layout
-from ..models.vision import ImageLayout, content_parts_for_template, image_bytes, load_image
+from ..models.spec import spec_image_layout
+from ..models.images import ImageLayout, content_parts_for_template, image_bytes, load_image
 from ..records import SftBatch
 from ..tasks import TaskError, TaskMixture
 from ..tasks.demonstrations import DemonstrationError, read_jsonl, validate_demonstration

@@ -24,7 +24,8 @@ from postrain.actors.learner.batch import LearnerError, pack_batch
 from postrain.actors.learner.learner import Learner, LearnerConfig
 from postrain.actors.models.loading import load_model
 from postrain.actors.records import TrainBatch
-from postrain.actors.models.vision import ImageInputError, ImageRows, load_image, render_prompt
+from postrain.actors.models.images import ImageInputError, load_image, render_prompt
+from postrain.actors.models.vision import ImageRows
 from postrain.actors.tasks.charts import Chart, chart_message, data_url, eval_tasks, render_png
 from postrain.bench.vision_folders import run_requests
 

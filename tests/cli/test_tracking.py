@@ -136,6 +136,6 @@ def test_every_nth_step_and_the_last_a_samples_table_reaches_mlflow_and_tensorbo
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     accumulator = EventAccumulator(str(tmp_path / "tensorboard"))
     accumulator.Reload()
-    texts = accumulator.Tensors("samples/text_summary")   # TensorBoard's text plugin reads these
+    texts = accumulator.Tensors("samples")   # TensorBoard's text plugin reads these
     assert sorted(t.step for t in texts) == [2, 3]
     assert b"| sample_id | group |" in texts[0].tensor_proto.string_val[0]

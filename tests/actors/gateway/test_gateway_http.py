@@ -257,7 +257,7 @@ def image_chat(text: str, *urls: str, role: str = "user") -> list[dict]:
 def test_greedy_chat_with_an_image_equals_the_engine(vl_gateway):
     from postrain.actors.generator.engine import Engine
     from postrain.actors.models.loading import load_model, spec_image_layout
-    from postrain.actors.models.vision import render_prompt
+    from postrain.actors.models.images import render_prompt
     from postrain.actors.records import SamplingParams
     client = openai.OpenAI(base_url=vl_gateway.base_url, api_key=KEY, max_retries=0)
     messages = image_chat("What is in the picture?", data_url(png(0)))

@@ -107,7 +107,7 @@ def test_image_parts_render_with_tools_as_render_prompt_lays_them_out():
     from PIL import Image
 
     from postrain.actors.models.loading import spec_image_layout
-    from postrain.actors.models.vision import ImageInputError, render_prompt
+    from postrain.actors.models.images import ImageInputError, render_prompt
     out = io.BytesIO()
     Image.new("RGB", (32, 24), (200, 10, 10)).save(out, format="PNG")
     url = "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()

@@ -26,7 +26,7 @@ from postrain.actors.generator.images import image_runs
 from postrain.actors.generator.sampling import SamplingParams
 from postrain.actors.models.hf_config import CheckpointError
 from postrain.actors.models.loading import load_model, save_checkpoint
-from postrain.actors.models.vision import render_prompt
+from postrain.actors.models.images import render_prompt
 
 transformers = pytest.importorskip("transformers")
 from PIL import Image  # noqa: E402

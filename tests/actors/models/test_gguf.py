@@ -34,6 +34,7 @@ from postrain.actors.generator.engine import Engine  # noqa: E402
 from postrain.actors.generator.sampling import SamplingParams  # noqa: E402
 from postrain.actors.models import model_class  # noqa: E402
 from postrain.actors.models.loading import CheckpointError, load_model  # noqa: E402
+from postrain.actors.models.spec import spec_tokenizer  # noqa: E402
 from postrain.actors.models.tokenizer import byte_tokenizer  # noqa: E402
 from postrain.bench.architectures import BYTE_IDS, build_hf_folder  # noqa: E402
 
@@ -241,6 +242,18 @@ def sentencepiece_files(tmp_path_factory):
                                              name=f"{style}-tiny", extra=meta,
                                              drop={"tokenizer.ggml.padding_token_id"} if style == "mistral" else set())
     return files
+
+
+@pytest.mark.parametrize("style", ["mistral", "gemma3"])
+def test_a_gguf_specs_tokenizer_is_read_from_its_metadata_without_the_weights(sentencepiece_files, style):
+    """The env actor takes a model's tokenizer from its spec (models/spec.py): for a .gguf file,
+    the tokenizer.ggml.* metadata alone, the same tokenizer load_model gives."""
+    path = sentencepiece_files[style]
+    read, (_, loaded) = spec_tokenizer(str(path)), load_model(path)
+    assert [read.encode(text) for text in SP_STRINGS] == [loaded.encode(text) for text in SP_STRINGS]
+    assert read.eos_token_ids == loaded.eos_token_ids
+    assert read.apply_chat_template(SP_CHAT, add_generation_prompt=True) == \
+        loaded.apply_chat_template(SP_CHAT, add_generation_prompt=True)
 
 
 @pytest.mark.parametrize("style", ["mistral", "gemma3"])

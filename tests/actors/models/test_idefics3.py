@@ -25,7 +25,8 @@ from postrain.actors.generator.sampling import SamplingParams
 from postrain.actors.models.hf_config import CheckpointError, config_from_hf
 from postrain.actors.models.idefics3 import Idefics3Layout
 from postrain.actors.models.loading import load_model, model_config, save_checkpoint
-from postrain.actors.models.vision import ImageRows, render_prompt
+from postrain.actors.models.images import render_prompt
+from postrain.actors.models.vision import ImageRows
 
 transformers = pytest.importorskip("transformers")
 from PIL import Image  # noqa: E402

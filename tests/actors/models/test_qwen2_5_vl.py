@@ -27,7 +27,8 @@ from postrain.actors.generator.sampling import SamplingParams
 from postrain.actors.learner.learner import Learner, LearnerConfig
 from postrain.actors.models.hf_config import CheckpointError, config_from_hf
 from postrain.actors.models.loading import load_model, save_checkpoint
-from postrain.actors.models.vision import ImageInputError, ImageRows, batch_rope_positions, load_image, render_prompt
+from postrain.actors.models.images import ImageInputError, load_image, render_prompt
+from postrain.actors.models.vision import ImageRows, batch_rope_positions
 
 transformers = pytest.importorskip("transformers")
 from PIL import Image  # noqa: E402

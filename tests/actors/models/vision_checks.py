@@ -9,7 +9,8 @@ from typing import Callable
 import torch
 
 from postrain.actors.models.loading import load_model
-from postrain.actors.models.vision import ImageRows, load_image
+from postrain.actors.models.images import load_image
+from postrain.actors.models.vision import ImageRows
 from postrain.bench.vision_folders import build_folder, noise, png
 
 
