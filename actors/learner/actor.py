@@ -68,7 +68,7 @@ from postrain.core import Actor, MessageKind, Options, handler
 from postrain.core.errors import PostrainError
 from postrain.core.record import Record
 
-from ..models.loading import check_model_spec
+from ..models.spec import check_model_spec
 from ..records import (EXPORT_HF, GET_WEIGHTS, GROUP_STATE, JOIN_GROUP, LEARNER_STATS, LOAD_CHECKPOINT,
                        PUBLISH, RANK_STEP, SAVE_CHECKPOINT, SFT, TRAIN, CheckpointLoaded, CheckpointSaved,
                        ExportedHf, ExportHf, GroupState, JoinGroup, LearnerStats, LoadCheckpoint,
