@@ -1,5 +1,6 @@
-"""On-policy distillation: the per-token reverse KL(student || teacher), over a teacher's top-k
-support plus one tail bucket, or over the full vocabulary.
+"""On-policy distillation: the per-token reverse KL(student || teacher), or the forward
+KL(teacher || student), over a teacher's top-k support plus one tail bucket, or over the full
+vocabulary.
 
     loss, kl = rl_ops.distill_kl(student_topk_logp, teacher_topk_logp, teacher_tail_logmass, mask,
                                  student_tail_logmass=student_tail)          # (B, T, k), (B, T)
@@ -29,6 +30,17 @@ column of its top-k output. Without it, `distill_kl` computes it from the top-k 
 log(-expm1(logsumexp(student_topk_logp))), stable down to the rounding of that sum (about k
 ulps of 1): a tail below that is read as 0, whose gradient is then unreliable.
 
+The forward divergence (`divergence="forward"`) swaps the two distributions on the same partition:
+
+    KLf_k = sum_{v in S} p_t(v) (log p_t(v) - log p_s(v)) + p_t(tail) (log p_t(tail) - log p_s(tail))
+
+with the same bound (KLf_k <= KL(p_t || p_s), the gap p_t(tail) times the tails' conditional
+KL). The two teach differently where the student is sure of a token the teacher is not: the
+reverse KL's pull toward the teacher's token v is p_s(v) (log-ratio terms aside), so a token
+the student puts ~0 on is barely pulled up (a lock-in), where the forward KL's gradient on
+the logits is p_s - p_t, a cross-entropy to the teacher's distribution that pulls v up by
+p_t(v) whatever the student thinks of it (mode covering, where the reverse is mode seeking).
+
 Full vocabulary (a teacher on the learner's host): KL = sum_v p_s(v) (log p_s(v) - log p_t(v)),
 exact. `distill_head_from_hidden` computes it chunk by chunk from both models' final hidden
 states and LM heads, so neither model's (tokens x vocab) logits exist in full.
@@ -36,6 +48,7 @@ states and LM heads, so neither model's (tokens x vocab) logits exist in full.
 Gradients, with z the student's logits, p = softmax(z), l = log p (N: the token's terms):
 
     d KL / d z_j            = p_j (l_j - log p_t(j) - KL)                        full vocabulary
+    d KLf / d z_j           = p_j - p_t(j)                                       full vocabulary, forward
     d log p(v) / d z_j      = [j == v] - p_j                                     a top-k column
     d log p(tail) / d z_j   = [j not in S] q_j - p_j,  q = softmax of z over the tail's ids
 
@@ -61,6 +74,9 @@ from .rl_ops_loss import aggregate_loss
 #: float32 reports this instead of -inf, so the tail term stays finite.
 TAIL_LOGMASS_FLOOR = math.log(1e-20)
 
+#: Which KL a distillation takes: "reverse" KL(student || teacher) or "forward" KL(teacher || student).
+DIVERGENCES = ("reverse", "forward")
+
 
 def _kl_terms(s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """p_s (log p_s - log p_t) elementwise from log-probs s, t; 0 where p_s = 0 (s = -inf), with
@@ -77,12 +93,19 @@ def tail_logmass_from_topk(topk_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.log(-torch.expm1(lse))
 
 
+def _check_divergence(divergence: str) -> None:
+    if divergence not in DIVERGENCES:
+        raise RLOpsError(f"divergence must be one of {DIVERGENCES}, got {divergence!r}")
+
+
 def topk_kl_per_token(student_topk_logprobs: torch.Tensor, teacher_topk_logprobs: torch.Tensor,
                       teacher_tail_logmass: torch.Tensor, *,
-                      student_tail_logmass: torch.Tensor | None = None) -> torch.Tensor:
-    """KL_k per token (module docstring): student and teacher top-k log-probs (..., k) at the
-    same ids, the teacher's tail log-mass (...), the student's (...) or None (computed from its
-    top k) -> (...). Differentiable in the student's log-probs; float32 or wider."""
+                      student_tail_logmass: torch.Tensor | None = None, divergence: str = "reverse") -> torch.Tensor:
+    """KL_k (or, `divergence="forward"`, KLf_k) per token (module docstring): student and
+    teacher top-k log-probs (..., k) at the same ids, the teacher's tail log-mass (...), the
+    student's (...) or None (computed from its top k) -> (...). Differentiable in the student's
+    log-probs; float32 or wider."""
+    _check_divergence(divergence)
     s, t = student_topk_logprobs, teacher_topk_logprobs
     if s.shape != t.shape or s.dim() < 1:
         raise RLOpsError(f"student and teacher top-k log-probs must have one shape (..., k), got "
@@ -98,13 +121,21 @@ def topk_kl_per_token(student_topk_logprobs: torch.Tensor, teacher_topk_logprobs
     dtype = torch.promote_types(s.dtype, torch.float32)
     s_all = torch.cat([s.to(dtype), student_tail_logmass.to(dtype)[..., None]], dim=-1)
     t_all = torch.cat([t.to(dtype), teacher_tail_logmass.to(dtype)[..., None]], dim=-1)
+    if divergence == "forward":
+        # no tail ids (k = V): the teacher's tail is a scorer's floor, not mass; it takes no term
+        no_tail = torch.isneginf(s_all[..., -1])
+        t_all[..., -1] = torch.where(no_tail, torch.full_like(t_all[..., -1], float("-inf")), t_all[..., -1])
+        return _kl_terms(t_all, s_all).sum(-1)
     return _kl_terms(s_all, t_all).sum(-1)
 
 
-def full_kl_per_token(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
-    """KL(softmax(student) || softmax(teacher)) per token over the full vocabulary, plainly:
-    logits (..., V) -> (...) float32 or wider, differentiable in the student's logits (the
-    reference of the chunked head; the learner's path for a softcapped or "naive" head)."""
+def full_kl_per_token(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
+                      divergence: str = "reverse") -> torch.Tensor:
+    """KL(softmax(student) || softmax(teacher)) per token over the full vocabulary, plainly (the
+    forward KL(teacher || student) with `divergence="forward"`): logits (..., V) -> (...) float32
+    or wider, differentiable in the student's logits (the reference of the chunked head; the
+    learner's path for a softcapped or "naive" head)."""
+    _check_divergence(divergence)
     if student_logits.shape != teacher_logits.shape:
         raise RLOpsError(f"student and teacher logits must have one shape (..., V), got "
                          f"{tuple(student_logits.shape)} and {tuple(teacher_logits.shape)}; the teacher "
@@ -112,15 +143,16 @@ def full_kl_per_token(student_logits: torch.Tensor, teacher_logits: torch.Tensor
     dtype = torch.promote_types(student_logits.dtype, torch.float32)
     s = torch.log_softmax(student_logits.to(dtype), dim=-1)
     t = torch.log_softmax(teacher_logits.detach().to(dtype), dim=-1)
-    return _kl_terms(s, t).sum(-1)
+    return (_kl_terms(t, s) if divergence == "forward" else _kl_terms(s, t)).sum(-1)
 
 
 def distill_kl(student_topk_logprobs: torch.Tensor, teacher_topk_logprobs: torch.Tensor,
                teacher_tail_logmass: torch.Tensor, mask: torch.Tensor, *,
                student_tail_logmass: torch.Tensor | None = None, agg_mode: str = "token-mean",
                loss_norm_constant: float | None = None, global_num_tokens: float | None = None,
-               global_num_seqs: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss, per-token KL (B, T)): the top-k distillation KL (module docstring) aggregated over
+               global_num_seqs: float | None = None, divergence: str = "reverse") -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, per-token KL (B, T)): the top-k distillation KL (module docstring; `divergence`
+    picks reverse or forward) aggregated over
     the mask's tokens by `agg_mode` like the policy loss (`aggregate_loss`; pass the whole
     batch's counts for micro-batches and ranks). Shapes: top-k log-probs (B, T, k), tails and
     mask (B, T). The per-token KL is 0 where the mask is 0."""
@@ -128,7 +160,7 @@ def distill_kl(student_topk_logprobs: torch.Tensor, teacher_topk_logprobs: torch
         raise RLOpsError(f"mask must be {tuple(student_topk_logprobs.shape[:-1])} (the log-probs' tokens), "
                          f"got {tuple(mask.shape)}")
     kl = topk_kl_per_token(student_topk_logprobs, teacher_topk_logprobs, teacher_tail_logmass,
-                           student_tail_logmass=student_tail_logmass)
+                           student_tail_logmass=student_tail_logmass, divergence=divergence)
     kl = torch.where(mask.bool(), kl, torch.zeros_like(kl))
     loss = aggregate_loss(kl, mask, agg_mode, loss_norm_constant=loss_norm_constant,
                           global_num_tokens=global_num_tokens, global_num_seqs=global_num_seqs)
@@ -165,7 +197,7 @@ def _teacher_logp(teacher_hidden, teacher_weight, softcap) -> torch.Tensor:
         return torch.log_softmax(z, dim=-1)
 
 
-def _chunk_forward(z, targets, temperature, topk_ids, teacher_lp):
+def _chunk_forward(z, targets, temperature, topk_ids, teacher_lp, forward_kl):
     """One chunk's (logp, entropy at temperature; lse_T, lse_1; extra, tail_lse or kl) from
     raw fp32 logits z (C, V)."""
     zt = z / temperature if temperature != 1.0 else z
@@ -179,11 +211,11 @@ def _chunk_forward(z, targets, temperature, topk_ids, teacher_lp):
         extra = torch.cat([z.gather(-1, topk_ids) - lse_1[:, None], (tail_lse - lse_1)[:, None]], dim=-1)
         return logp, entropy, lse_t, lse_1, extra, tail_lse
     lp_1 = z - lse_1[:, None]
-    kl = _kl_terms(lp_1, teacher_lp).sum(-1)
+    kl = (_kl_terms(teacher_lp, lp_1) if forward_kl else _kl_terms(lp_1, teacher_lp)).sum(-1)
     return logp, entropy, lse_t, lse_1, kl, kl
 
 
-def _chunk_backward(z, targets, temperature, topk_ids, teacher_lp, lse_t, lse_1, entropy, aux,
+def _chunk_backward(z, targets, temperature, topk_ids, teacher_lp, forward_kl, lse_t, lse_1, entropy, aux,
                     g_logp, g_ent, g_extra) -> torch.Tensor:
     """d(loss)/dz (C, V) fp32 of one chunk from its saved statistics (formulas in the module
     docstring and in logprobs.py). At temperature 1 the two softmaxes are one, computed once, and
@@ -219,6 +251,9 @@ def _chunk_backward(z, targets, temperature, topk_ids, teacher_lp, lse_t, lse_1,
         q = (p_1 * (g_tail * inv_tail)[:, None]).scatter_(-1, topk_ids, 0.0)   # zeroed, not subtracted:
         grad += q                                                              # exact for a tiny tail
         return grad
+    if forward_kl:
+        grad += (p_1 - teacher_lp.exp()) * g_extra[:, None]
+        return grad
     kl = aux
     diff = (lp_1 - teacher_lp - kl[:, None]).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
     grad += p_1 * diff * g_extra[:, None]
@@ -232,7 +267,7 @@ class _ChunkedDistillHead(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, topk_ids, teacher_hidden, teacher_weight, teacher_softcap,
-                temperature, chunk):
+                forward_kl, temperature, chunk):
         n = hidden.shape[0]
         chunk = even_chunk(n, chunk)
         out = {"logp": torch.empty(n, dtype=torch.float32, device=hidden.device)}
@@ -248,11 +283,12 @@ class _ChunkedDistillHead(torch.autograd.Function):
                           _teacher_logp(teacher_hidden[sl], teacher_weight, teacher_softcap))
             ids = None if topk_ids is None else topk_ids[sl]
             (out["logp"][sl], out["entropy"][sl], out["lse_t"][sl], out["lse_1"][sl], extra[sl],
-             out["aux"][sl]) = _chunk_forward(z, targets[sl], temperature, ids, teacher_lp)
+             out["aux"][sl]) = _chunk_forward(z, targets[sl], temperature, ids, teacher_lp, forward_kl)
         ctx.save_for_backward(hidden, weight, targets, topk_ids, teacher_hidden, teacher_weight,
                               out["lse_t"], out["lse_1"], out["entropy"], out["aux"])
         ctx.set_materialize_grads(False)   # an unused output's gradient arrives as None
-        ctx.teacher_softcap, ctx.temperature, ctx.chunk = teacher_softcap, temperature, chunk
+        ctx.teacher_softcap, ctx.forward_kl = teacher_softcap, forward_kl
+        ctx.temperature, ctx.chunk = temperature, chunk
         ctx.last_logits = z                # backward walks the chunks last first: one projection fewer
         return out["logp"], out["entropy"], extra
 
@@ -271,7 +307,7 @@ class _ChunkedDistillHead(torch.autograd.Function):
                           _teacher_logp(teacher_hidden[sl], teacher_weight, ctx.teacher_softcap))
             gz = _chunk_backward(
                 z, targets[sl], ctx.temperature, None if topk_ids is None else topk_ids[sl], teacher_lp,
-                lse_t[sl], lse_1[sl], entropy[sl], aux[sl],
+                ctx.forward_kl, lse_t[sl], lse_1[sl], entropy[sl], aux[sl],
                 None if g_logp is None else g_logp[sl].float(), None if g_ent is None else g_ent[sl].float(),
                 None if g_extra is None else g_extra[sl].float())
             del z
@@ -285,14 +321,14 @@ class _ChunkedDistillHead(torch.autograd.Function):
                     grad_weight += (gz.t() @ hidden[sl]).float()
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None, None, None, None
 
 
 def distill_head_from_hidden(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
                              topk_ids: torch.Tensor | None = None, teacher_hidden: torch.Tensor | None = None,
                              teacher_weight: torch.Tensor | None = None, teacher_softcap: float | None = None,
-                             temperature: float = 1.0, chunk_size_tokens: int | None = None
-                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                             divergence: str = "reverse", temperature: float = 1.0,
+                             chunk_size_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(logp (N,), entropy (N,), distill) from the student's final hidden rows (N, H) and LM head
     (V, H), chunk by chunk. logp and entropy are those of `targets` at `temperature`, as
     `token_logprobs_from_hidden` gives them; `distill` is at temperature 1: with `topk_ids`
@@ -312,12 +348,12 @@ def distill_head_from_hidden(hidden: torch.Tensor, weight: torch.Tensor, targets
         teacher_hidden = teacher_hidden.detach().to(teacher_weight.dtype)
         teacher_weight = teacher_weight.detach()
     return _ChunkedDistillHead.apply(hidden, weight, targets, topk_ids, teacher_hidden, teacher_weight,
-                                     teacher_softcap, float(temperature), int(chunk))
+                                     teacher_softcap, divergence == "forward", float(temperature), int(chunk))
 
 
 def distill_head_naive(logits: torch.Tensor, targets: torch.Tensor, *, topk_ids: torch.Tensor | None = None,
-                       teacher_logits: torch.Tensor | None = None, temperature: float = 1.0
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       teacher_logits: torch.Tensor | None = None, divergence: str = "reverse",
+                       temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`distill_head_from_hidden` on full logits (N, V), plainly (autograd through a full
     log-softmax): the path of a softcapped head or `logprob_path = "naive"`, and its reference."""
     if (topk_ids is None) == (teacher_logits is None):
@@ -327,7 +363,7 @@ def distill_head_naive(logits: torch.Tensor, targets: torch.Tensor, *, topk_ids:
     logp = lp_t.gather(-1, targets[:, None]).squeeze(-1)
     entropy = -(lp_t.exp() * lp_t).nan_to_num(nan=0.0).sum(-1)
     if teacher_logits is not None:
-        return logp, entropy, full_kl_per_token(z, teacher_logits)
+        return logp, entropy, full_kl_per_token(z, teacher_logits, divergence)
     assert topk_ids is not None
     ids = topk_ids.to(torch.int64)
     lp_1 = torch.log_softmax(z, dim=-1)

@@ -24,7 +24,7 @@ from .advantages import (ADVANTAGE_MODES, GRPO_EPS, AdvantageResult, GroupFilter
                          compute_advantages, compute_advantages_reference, filter_groups,
                          group_advantages, overlong_penalty, shape_rewards)
 from .cupy_ops import cupy_available
-from .distill import (TAIL_LOGMASS_FLOOR, distill_head_from_hidden, distill_head_naive, distill_kl,
+from .distill import (DIVERGENCES, TAIL_LOGMASS_FLOOR, distill_head_from_hidden, distill_head_naive, distill_kl,
                       full_kl_per_token, tail_logmass_from_topk, topk_kl_per_token)
 from .kl import (KL_KINDS, AdaptiveKLController, FixedKLController, fold_kl_into_rewards,
                  kl_estimate)
@@ -37,7 +37,7 @@ from .stabilisers import IS_MODES, LOSS_TYPES
 
 __all__ = [
     "ADVANTAGE_MODES", "AGG_MODES", "GRPO_EPS", "IS_MODES", "KL_KINDS", "LOSS_PRESETS", "LOSS_TYPES",
-    "TAIL_LOGMASS_FLOOR", "distill_head_from_hidden", "distill_head_naive", "distill_kl", "full_kl_per_token",
+    "DIVERGENCES", "TAIL_LOGMASS_FLOOR", "distill_head_from_hidden", "distill_head_naive", "distill_kl", "full_kl_per_token",
     "tail_logmass_from_topk", "topk_kl_per_token",
     "LossPreset", "loss_preset", "AdaptiveKLController", "AdvantageResult",
     "FixedKLController", "GroupFilter", "OverlongPenalty", "PolicyLossConfig", "RLOpsError",

@@ -81,6 +81,7 @@ class LearnerConfig:
                                            # teacher's rows in every batch, or teacher_model (loss "opd": weight 1)
     teacher_model: str | dict | None = None   # a model spec loaded frozen in the learner: the KL over the full
                                               # vocabulary instead of the batch's top-k rows (same tokenizer)
+    distill_divergence: str = "reverse"    # "reverse" KL(student || teacher) or "forward" KL(teacher || student)
     # advantages, when the batch carries rewards instead of advantages
     advantage_mode: str = "grpo"           # "grpo" | "dr_grpo" | "rloo"
     reward_weights: dict[str, float] | None = None   # reward = sum of weight * component per named component (a missing weight is 1.0); None: all 1.0
@@ -134,6 +135,8 @@ class LearnerConfig:
             (not (self.loss == "opd" and self.distill_coef),
              f"loss = \"opd\" trains on the distillation KL alone (weight 1); distill_coef = {self.distill_coef} "
              "adds it to another loss: leave distill_coef at 0, or pick another loss"),
+            (self.distill_divergence in rl_ops.DIVERGENCES,
+             f"distill_divergence must be one of {rl_ops.DIVERGENCES}, got {self.distill_divergence!r}"),
             (self.teacher_model is None or self.distills,
              "teacher_model is the teacher of on-policy distillation: set loss = \"opd\" or distill_coef > 0, "
              "or leave teacher_model unset"),

@@ -82,8 +82,9 @@ class PolicyForward:
 
     def distill_logprobs(self, model: LlamaModel, mb: PackedBatch, teacher: LlamaModel | None
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """logp, entropy (as `logprobs`) and the per-token distillation KL(student || teacher) at
-        temperature 1, all (B, T - 1) and 0 where not trained: over the micro-batch's teacher
+        """logp, entropy (as `logprobs`) and the per-token distillation KL(student || teacher) (or,
+        with distill_divergence "forward", KL(teacher || student)) at temperature 1, all (B, T - 1)
+        and 0 where not trained: over the micro-batch's teacher
         top-k rows and tail (`teacher` None) or over the full vocabulary of `teacher`."""
         if self.config.context_parallel > 1:   # the config refuses it; a guard for a direct caller
             raise LearnerError("distillation does not run on context-parallel rings; set context_parallel = 1")
@@ -101,7 +102,8 @@ class PolicyForward:
             assert mb.teacher_ids is not None and mb.teacher_logp is not None and mb.teacher_tail is not None
             logp, entropy, part = self._distill_head(model, h, targets, topk_ids=mb.teacher_ids[sel])
             kl = rl_ops.topk_kl_per_token(part[:, :-1], mb.teacher_logp[sel], mb.teacher_tail[sel],
-                                          student_tail_logmass=part[:, -1])
+                                          student_tail_logmass=part[:, -1],
+                                          divergence=self.config.distill_divergence)
         zeros = torch.zeros(sel.shape, dtype=logp.dtype, device=sel.device)
         return (zeros.masked_scatter(sel, logp), zeros.masked_scatter(sel, entropy),
                 zeros.masked_scatter(sel, kl.to(logp.dtype)))
@@ -126,10 +128,11 @@ class PolicyForward:
                     if teacher_cap is not None:
                         teacher_logits = torch.tanh(teacher_logits / teacher_cap) * teacher_cap
             return rl_ops.distill_head_naive(logits, targets, topk_ids=topk_ids, teacher_logits=teacher_logits,
-                                             temperature=cfg.temperature)
+                                             divergence=cfg.distill_divergence, temperature=cfg.temperature)
         return rl_ops.distill_head_from_hidden(
             h, weight, targets, topk_ids=topk_ids, teacher_hidden=teacher_h, teacher_weight=teacher_weight,
-            teacher_softcap=teacher_cap, temperature=cfg.temperature, chunk_size_tokens=cfg.chunk_size_tokens)
+            teacher_softcap=teacher_cap, divergence=cfg.distill_divergence, temperature=cfg.temperature,
+            chunk_size_tokens=cfg.chunk_size_tokens)
 
     def _ring_logprobs(self, model: LlamaModel, mb: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """logp, entropy (B, T - 1) of the micro-batch's whole sequences (0 where not trained), as

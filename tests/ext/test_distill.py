@@ -10,11 +10,14 @@ from postrain.ext import rl_ops
 from postrain.ext.rl_ops import RLOpsError
 
 
-def reference_topk_kl(student_logits, teacher_logits, ids):
-    """KL over the partition {each id of ids} u {tail}, one token at a time, from the definitions."""
+def reference_topk_kl(student_logits, teacher_logits, ids, divergence="reverse"):
+    """KL over the partition {each id of ids} u {tail}, one token at a time, from the definitions:
+    KL(student || teacher), or KL(teacher || student) for the forward divergence."""
     out = []
     for z, zt, row in zip(student_logits, teacher_logits, ids):
         p, q = torch.softmax(z, -1), torch.softmax(zt, -1)
+        if divergence == "forward":
+            p, q = q, p
         kl = sum(p[v] * (torch.log(p[v]) - torch.log(q[v])) for v in row.tolist())
         p_tail = 1 - sum(p[v] for v in row.tolist())
         q_tail = 1 - sum(q[v] for v in row.tolist())
@@ -24,8 +27,10 @@ def reference_topk_kl(student_logits, teacher_logits, ids):
     return torch.stack(out)
 
 
-def reference_full_kl(student_logits, teacher_logits):
+def reference_full_kl(student_logits, teacher_logits, divergence="reverse"):
     p, q = torch.softmax(student_logits, -1), torch.softmax(teacher_logits, -1)
+    if divergence == "forward":
+        p, q = q, p
     return (p * (p.log() - q.log())).sum(-1)
 
 
@@ -46,12 +51,14 @@ def rows(student, teacher, ids):
     return s_all.gather(-1, ids), tail(s_all), t_all.gather(-1, ids), tail(t_all)
 
 
+@pytest.mark.parametrize("divergence", ["reverse", "forward"])
 @pytest.mark.parametrize("exact_tail", [True, False])
-def test_topk_kl_and_its_gradient_match_the_reference(exact_tail):
+def test_topk_kl_and_its_gradient_match_the_reference(exact_tail, divergence):
     student, teacher, ids = case(0)
     s_top, s_tail, t_top, t_tail = rows(student, teacher, ids)
-    kl = rl_ops.topk_kl_per_token(s_top, t_top, t_tail, student_tail_logmass=s_tail if exact_tail else None)
-    ref = reference_topk_kl(student, teacher, ids)
+    kl = rl_ops.topk_kl_per_token(s_top, t_top, t_tail, student_tail_logmass=s_tail if exact_tail else None,
+                                  divergence=divergence)
+    ref = reference_topk_kl(student, teacher, ids, divergence)
     torch.testing.assert_close(kl, ref, rtol=1e-10, atol=1e-12)
     weights = torch.linspace(0.5, 2.0, len(kl), dtype=torch.float64)
     (grad,) = torch.autograd.grad((kl * weights).sum(), student)
@@ -74,6 +81,17 @@ def test_with_every_id_in_the_top_k_it_is_torchs_exact_kl():
     torch.testing.assert_close(grad, grad_exact, rtol=1e-8, atol=1e-10)
     full = rl_ops.full_kl_per_token(student, teacher)
     torch.testing.assert_close(full, exact, rtol=1e-10, atol=1e-12)
+    # the forward KL(teacher || student): the scorer's floor on a tail that has no ids adds nothing
+    s_top, s_tail, t_top, _ = rows(student, teacher, ids)
+    forward = rl_ops.topk_kl_per_token(s_top, t_top, floor, student_tail_logmass=s_tail, divergence="forward")
+    exact_forward = torch.nn.functional.kl_div(torch.log_softmax(student, -1), torch.log_softmax(teacher, -1),
+                                               reduction="none", log_target=True).sum(-1)
+    torch.testing.assert_close(forward, exact_forward, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(rl_ops.full_kl_per_token(student, teacher, "forward"), exact_forward,
+                               rtol=1e-10, atol=1e-12)
+    (grad,) = torch.autograd.grad(forward.sum(), student)     # d KL(t || s) / d z = p_s - p_t
+    expected = torch.softmax(student, -1) - torch.softmax(teacher, -1)
+    torch.testing.assert_close(grad, expected.detach(), rtol=1e-8, atol=1e-10)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -94,6 +112,9 @@ def test_top_k_is_a_lower_bound_of_the_full_kl_with_the_tail_gap(seed):
         s_cond, t_cond = s_all - s_tail[:, None], t_all - t_tail[:, None]
         cond = torch.where(outside, s_cond.exp() * (s_cond - t_cond), torch.zeros_like(s_cond)).sum(-1)
         torch.testing.assert_close(full - topk, s_tail.exp() * cond, rtol=1e-9, atol=1e-12)
+        # the forward KL's bound, the same inequality with the distributions swapped
+        forward = rl_ops.topk_kl_per_token(s_top, t_top, t_tail, student_tail_logmass=s_tail, divergence="forward")
+        assert bool((forward <= reference_full_kl(student, teacher, "forward") + 1e-12).all())
 
 
 def test_distill_kl_aggregates_like_the_policy_loss():
@@ -114,13 +135,15 @@ def test_distill_kl_aggregates_like_the_policy_loss():
         rl_ops.topk_kl_per_token(args[0], args[1], t_tail)
 
 
-@pytest.mark.parametrize("mode", ["topk", "full", "every-id"])
+@pytest.mark.parametrize("mode", ["topk", "full", "full-forward", "every-id"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_the_chunked_head_equals_the_plain_one(mode, temperature):
     """distill_head_from_hidden (chunks of 3 rows, float32 inside) against distill_head_naive on the
     full logits: values and gradients in the student's hidden rows and LM head."""
     g = torch.Generator().manual_seed(3)
     n, hidden, vocab = 7, 5, 11
+    divergence = "forward" if mode == "full-forward" else "reverse"
+    mode = "full" if mode == "full-forward" else mode
     h = torch.randn(n, hidden, generator=g, requires_grad=True)
     w = torch.randn(vocab, hidden, generator=g, requires_grad=True)
     targets = torch.randint(0, vocab, (n,), generator=g)
@@ -135,10 +158,11 @@ def test_the_chunked_head_equals_the_plain_one(mode, temperature):
     for fused in (True, False):
         if fused:
             kw = {"topk_ids": ids} if mode != "full" else {"teacher_hidden": th, "teacher_weight": tw}
-            out = rl_ops.distill_head_from_hidden(h, w, targets, temperature=temperature, chunk_size_tokens=3, **kw)
+            out = rl_ops.distill_head_from_hidden(h, w, targets, temperature=temperature, chunk_size_tokens=3,
+                                                  divergence=divergence, **kw)
         else:
             kw = {"topk_ids": ids} if mode != "full" else {"teacher_logits": th @ tw.t()}
-            out = rl_ops.distill_head_naive(h @ w.t(), targets, temperature=temperature, **kw)
+            out = rl_ops.distill_head_naive(h @ w.t(), targets, temperature=temperature, divergence=divergence, **kw)
         total = sum((torch.nan_to_num(o, neginf=0.0) * wt).sum() for o, wt in zip(out, weights))
         grads = torch.autograd.grad(total, (h, w))
         results.append([o.detach() for o in out] + list(grads))
@@ -147,8 +171,8 @@ def test_the_chunked_head_equals_the_plain_one(mode, temperature):
     plain_logp = rl_ops.naive_token_logprobs(h.detach() @ w.detach().t(), targets, temperature)
     torch.testing.assert_close(results[0][0], plain_logp, rtol=1e-5, atol=1e-5)
     if mode == "full":
-        torch.testing.assert_close(results[0][2], rl_ops.full_kl_per_token(h.detach() @ w.detach().t(), th @ tw.t()),
-                                   rtol=1e-4, atol=1e-5)
+        reference = reference_full_kl((h.detach() @ w.detach().t()).double(), (th @ tw.t()).double(), divergence)
+        torch.testing.assert_close(results[0][2], reference.float(), rtol=1e-4, atol=1e-5)
 
 
 def test_the_chunked_heads_tail_gradient_holds_when_the_top_k_hold_almost_all_the_mass():

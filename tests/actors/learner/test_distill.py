@@ -68,11 +68,14 @@ def teacher_rows(teacher, ids: list[torch.Tensor], k: int):
     return out
 
 
-def full_kl(student, teacher, ids, masks) -> float:
-    """The token mean of the exact KL(student || teacher) over the trained tokens (float64)."""
+def full_kl(student, teacher, ids, masks, divergence="reverse") -> float:
+    """The token mean of the exact KL(student || teacher) (or KL(teacher || student), forward)
+    over the trained tokens (float64)."""
     total, count = 0.0, 0
     for x, m in zip(ids, masks):
         s, t = full_logprobs(student, x), full_logprobs(teacher, x)
+        if divergence == "forward":
+            s, t = t, s
         kl = (s.exp() * (s - t)).sum(-1)
         sel = torch.tensor(m, dtype=torch.bool)
         total, count = total + float(kl[sel].sum()), count + int(sel.sum())
@@ -96,12 +99,13 @@ def distill_batch(teacher, k: int = 8, seed: int = 0, rewards=None, **kw) -> Tra
 
 # ------------------------------------------------------------------ learning toward the teacher
 
-def test_opd_from_top_k_rows_moves_the_student_toward_the_teacher(teacher):
-    lrn = learner(loss="opd", lr=1e-2)
+@pytest.mark.parametrize("divergence", ["reverse", "forward"])
+def test_opd_from_top_k_rows_moves_the_student_toward_the_teacher(teacher, divergence):
+    lrn = learner(loss="opd", lr=1e-2, distill_divergence=divergence)
     batch = distill_batch(teacher, k=16)
-    before = full_kl(lrn.model, teacher, batch.token_ids, batch.loss_mask)
+    before = full_kl(lrn.model, teacher, batch.token_ids, batch.loss_mask, divergence)
     metrics = [lrn.train_step(batch) for _ in range(4)]
-    after = full_kl(lrn.model, teacher, batch.token_ids, batch.loss_mask)
+    after = full_kl(lrn.model, teacher, batch.token_ids, batch.loss_mask, divergence)
     kls = [m["distill_kl"] for m in metrics]
     assert kls == sorted(kls, reverse=True) and kls[-1] < 0.9 * kls[0], kls
     assert after < 0.95 * before
@@ -110,13 +114,14 @@ def test_opd_from_top_k_rows_moves_the_student_toward_the_teacher(teacher):
     assert metrics[0]["pg_loss"] == 0.0 and "reward_mean" not in metrics
 
 
-def test_opd_with_a_teacher_model_takes_the_exact_full_vocabulary_kl(teacher, tmp_path):
-    lrn = learner(loss="opd", teacher_model=TEACHER, seed=0, lr=1e-2)
+@pytest.mark.parametrize("divergence", ["reverse", "forward"])
+def test_opd_with_a_teacher_model_takes_the_exact_full_vocabulary_kl(teacher, tmp_path, divergence):
+    lrn = learner(loss="opd", teacher_model=TEACHER, seed=0, lr=1e-2, distill_divergence=divergence)
     lrn.distill.teacher.load_state_dict(teacher.state_dict())      # the module fixture's teacher (seed 1)
     ids, masks = samples(1)
     batch = TrainBatch(token_ids=ids, loss_mask=masks, behavior_logprobs=[np.zeros(len(x)) for x in ids],
                        rewards=[1.0, 0.0, 0.0, 1.0])               # the loss ignores them; metrics only
-    before = full_kl(lrn.model, teacher, ids, masks)
+    before = full_kl(lrn.model, teacher, ids, masks, divergence)
     first = lrn.train_step(batch)
     assert first["distill_kl"] == pytest.approx(before, rel=1e-4)   # exact, not a bound
     assert first["reward_mean"] == 0.5
@@ -252,5 +257,7 @@ def test_distillation_without_a_teacher_and_a_teacher_of_another_vocabulary_are_
         LearnerConfig(model=TINY, teacher_model=TEACHER)
     with pytest.raises(LearnerError, match="does not run on context-parallel rings"):
         LearnerConfig(model=TINY, loss="opd", context_parallel=2)
+    with pytest.raises(LearnerError, match=r"distill_divergence must be one of \('reverse', 'forward'\), got 'js'"):
+        LearnerConfig(model=TINY, loss="opd", distill_divergence="js")
     with pytest.raises(LearnerError, match=r"unknown loss preset 'opt'.*or 'opd'"):
         LearnerConfig(model=TINY, loss="opt")
