@@ -30,8 +30,8 @@ from .hf_config import (
 )
 from .llama import BUILTIN_CONFIGS, LlamaModel, ModelConfig, build_model
 from .spec import (
-    MODEL_RULE, PACKAGED_MODELS, check_model_spec, model_config, packaged_model_path, read_hf_config,
-    resolve_model, spec_image_layout, spec_tokenizer,
+    MODEL_RULE, PACKAGED_MODELS, check_model_spec, folder_byte_tokenizer, model_config, packaged_model_path,
+    read_hf_config, resolve_model, spec_image_layout, spec_tokenizer,
 )
 from .tokenizer import Tokenizer, byte_tokenizer
 
@@ -94,13 +94,8 @@ def load_hf_folder(folder: str | Path, require_tokenizer: bool = True
     if (folder / "tokenizer.json").exists():
         tokenizer = Tokenizer.from_folder(folder, {**hf_config, "bos_token_id": config.bos_token_id,
                                                    "eos_token_id": config.eos_token_id})
-    elif config.vocab_size == BUILTIN_CONFIGS["tiny"].vocab_size:
-        tokenizer = byte_tokenizer()
-    elif require_tokenizer:
-        raise CheckpointError(f"{folder} has no tokenizer.json; copy the model's tokenizer.json "
-                              "(and tokenizer_config.json) into the folder")
     else:
-        tokenizer = None
+        tokenizer = folder_byte_tokenizer(folder, config.vocab_size, require_tokenizer)
     return model, tokenizer
 
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from .images import ImageLayout
 
 __all__ = ["PACKAGED_MODELS", "MODEL_RULE", "packaged_model_path", "resolve_model", "check_model_spec",
-           "model_config", "read_hf_config", "spec_image_layout", "spec_tokenizer"]
+           "model_config", "read_hf_config", "spec_image_layout", "spec_tokenizer", "folder_byte_tokenizer"]
 
 # Symbolic names of models that ship in a Python package: name -> (import name, file pattern,
 # the pip command that installs it). A config may say `model = "smollm2"` on any machine.
@@ -129,17 +129,32 @@ def spec_image_layout(model: str | dict) -> ImageLayout | None:
 
 
 def spec_tokenizer(model: str | dict) -> Tokenizer:
-    """The tokenizer of a model spec without loading its weights where that is possible
-    (ModelConfig fields and built-in configs take the byte tokenizer; a folder's tokenizer.json)."""
+    """The tokenizer of a model spec without loading its weights, the one load_model gives:
+    ModelConfig fields and built-in configs take the byte tokenizer; a folder its tokenizer.json
+    (or, without one, the byte tokenizer where its vocabulary is the built-in one's); a .gguf
+    file its tokenizer.ggml.* metadata. CheckpointError for a spec load_model refuses."""
     if isinstance(model, dict):
         return byte_tokenizer()
     path = Path(resolve_model(model))
-    if path.is_dir() and (path / "tokenizer.json").exists():
-        return Tokenizer.from_folder(path)
     if not path.exists():
         return byte_tokenizer()  # a built-in config
-    if path.is_file() and path.suffix == ".gguf":
+    check_model_spec(str(path))
+    if path.is_file():
         from .gguf import GGUFFile, gguf_tokenizer
         return gguf_tokenizer(GGUFFile(path), path)   # the metadata's, not the weights
-    from .loading import load_model
-    return load_model(path)[1]
+    if (path / "tokenizer.json").exists():
+        return Tokenizer.from_folder(path)
+    tokenizer = folder_byte_tokenizer(path, model_config(str(path)).vocab_size, require=True)
+    assert tokenizer is not None   # `require`: raised otherwise
+    return tokenizer
+
+
+def folder_byte_tokenizer(folder: Path, vocab_size: int, require: bool) -> Tokenizer | None:
+    """The tokenizer of a Hugging Face folder that has no tokenizer.json: the byte tokenizer where
+    the vocabulary is the built-in one's; else None, or CheckpointError with `require`."""
+    if vocab_size == BUILTIN_CONFIGS["tiny"].vocab_size:
+        return byte_tokenizer()
+    if require:
+        raise CheckpointError(f"{folder} has no tokenizer.json; copy the model's tokenizer.json "
+                              "(and tokenizer_config.json) into the folder")
+    return None
