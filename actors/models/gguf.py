@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from .config import ModelConfig
 from .hf_config import CheckpointError, config_from_hf
 from .tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    import torch   # the weights' functions import it when they run: a spec's metadata and tokenizer need none
 
 # GGUF `general.architecture` -> Hugging Face model_type. Mistral is stored as `llama`; such a
 # file loads as `mistral` when it names a sliding window or its general.name says Mistral.
@@ -349,6 +351,7 @@ def gguf_state_dict(reader: GGUFFile, model_type: str, config: ModelConfig, path
         up = experts.pop(f"{prefix}.up_proj", None)
         if up is None:
             raise CheckpointError(f"{path}: {prefix}: ffn_gate_exps without ffn_up_exps")
+        import torch
         state[f"{prefix}.gate_up_proj"] = torch.cat([experts.pop(gate_name), up], dim=1)   # (E, 2I, H)
     if experts:
         raise CheckpointError(f"{path}: expert tensors without their pair: {sorted(experts)}")
@@ -372,6 +375,7 @@ def _hf_tensor_name(name: str, model_type: str) -> str | None:
 
 
 def _dequantize(data, qtype, dims, name: str, path) -> torch.Tensor:
+    import torch
     from gguf.quants import dequantize
 
     try:

@@ -91,6 +91,7 @@ def load_hf_folder(folder: str | Path, require_tokenizer: bool = True
     for file in files:
         state.update(load_file(str(file)))
     model = model_from_state(config, state, source=str(folder))
+    tokenizer: Tokenizer | None
     if (folder / "tokenizer.json").exists():
         tokenizer = Tokenizer.from_folder(folder, {**hf_config, "bos_token_id": config.bos_token_id,
                                                    "eos_token_id": config.eos_token_id})

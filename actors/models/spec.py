@@ -4,9 +4,10 @@ name means, whether load_model could load it, its ModelConfig, its tokenizer and
 A spec is what a config's `model` says: a built-in name (`tiny`), a packaged one (`smollm2`), a
 Hugging Face folder, a .gguf file, or a dict of ModelConfig fields. The head's config checks and
 the roles that never run the model (env, orchestrator) read specs here, so their processes do
-not import torch; loading.py (the weights) re-exports these names. Two paths still import torch,
-and only where the spec needs them: a vision-language model's image layout (vision.py), and an
-architecture's extra config fields read from its folder (`folder_config_fields`).
+not import torch (a .gguf file's config and tokenizer come from its metadata); loading.py (the
+weights) re-exports these names. Two paths still import torch, and only where the spec needs
+them: a vision-language model's image layout (vision.py), and a Hugging Face folder's
+architecture class, for the extra config fields it reads from the folder (`folder_config_fields`).
 """
 from __future__ import annotations
 
@@ -129,10 +130,11 @@ def spec_image_layout(model: str | dict) -> ImageLayout | None:
 
 
 def spec_tokenizer(model: str | dict) -> Tokenizer:
-    """The tokenizer of a model spec without loading its weights, the one load_model gives:
-    ModelConfig fields and built-in configs take the byte tokenizer; a folder its tokenizer.json
-    (or, without one, the byte tokenizer where its vocabulary is the built-in one's); a .gguf
-    file its tokenizer.ggml.* metadata. CheckpointError for a spec load_model refuses."""
+    """The tokenizer of a model spec without loading its weights: ModelConfig fields and built-in
+    configs take the byte tokenizer; a folder its tokenizer.json (or, without one, the byte
+    tokenizer where its vocabulary is the built-in one's, as load_model does); a .gguf file its
+    tokenizer.ggml.* metadata (load_model's tokenizer of it). CheckpointError for a spec
+    load_model refuses."""
     if isinstance(model, dict):
         return byte_tokenizer()
     path = Path(resolve_model(model))

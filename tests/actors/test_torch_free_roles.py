@@ -14,11 +14,13 @@ import sys
 CHECK = """
 import sys
 import postrain.actors.env as env, postrain.actors.orchestrator as orchestrator, postrain.actors.sandbox as sandbox
-from postrain.actors.models.spec import check_model_spec, spec_image_layout, spec_tokenizer
+from postrain.actors.models.spec import check_model_spec, packaged_model_path, spec_image_layout, spec_tokenizer
 from postrain.core.metrics import MetricsWriter
 
 env.EnvironmentActor, orchestrator.OrchestratorActor, sandbox.SandboxActor
 check_model_spec("tiny"), spec_image_layout("tiny"), spec_tokenizer("tiny").encode("12+34")
+if packaged_model_path("smollm2") is not None:   # a .gguf spec: its tokenizer from the file's metadata
+    spec_tokenizer("smollm2").encode("12+34")
 MetricsWriter(sys.argv[1]).log("step", step=1, loss=0.5)
 print(sorted(name for name in sys.modules if name.split(".")[0] == "torch"))
 """
