@@ -140,8 +140,8 @@ def spec_tokenizer(model: str | dict) -> Tokenizer:
     path = Path(resolve_model(model))
     if not path.exists():
         return byte_tokenizer()  # a built-in config
-    check_model_spec(str(path))
     if path.is_file():
+        check_model_spec(str(path))                   # a file but not a .gguf is refused by name
         from .gguf import GGUFFile, gguf_tokenizer
         return gguf_tokenizer(GGUFFile(path), path)   # the metadata's, not the weights
     if (path / "tokenizer.json").exists():
