@@ -325,6 +325,7 @@ def _gemma3_fields(meta: _Metadata, hf: dict) -> dict:
 
 def gguf_state_dict(reader: GGUFFile, model_type: str, config: ModelConfig, path) -> dict[str, torch.Tensor]:
     """The file's tensors as a float32 state dict with Hugging Face names (experts stacked)."""
+    import torch
     from gguf.constants import GGMLQuantizationType
 
     permute = reader.fields.get("general.architecture") == "llama"      # llama and mistral
@@ -351,7 +352,6 @@ def gguf_state_dict(reader: GGUFFile, model_type: str, config: ModelConfig, path
         up = experts.pop(f"{prefix}.up_proj", None)
         if up is None:
             raise CheckpointError(f"{path}: {prefix}: ffn_gate_exps without ffn_up_exps")
-        import torch
         state[f"{prefix}.gate_up_proj"] = torch.cat([experts.pop(gate_name), up], dim=1)   # (E, 2I, H)
     if experts:
         raise CheckpointError(f"{path}: expert tensors without their pair: {sorted(experts)}")
