@@ -86,6 +86,12 @@ def _kl_terms(s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     return torch.where(present, s_safe.exp() * (s_safe - t), torch.zeros_like(s))
 
 
+def _divergence_terms(s: torch.Tensor, t: torch.Tensor, forward: bool) -> torch.Tensor:
+    """The per-id terms of KL(student || teacher), or of KL(teacher || student) when `forward`,
+    from the student's log-probs s and the teacher's t."""
+    return _kl_terms(t, s) if forward else _kl_terms(s, t)
+
+
 def tail_logmass_from_topk(topk_logprobs: torch.Tensor) -> torch.Tensor:
     """log(1 - sum(exp(topk_logprobs))) over the last dim, stably (log of -expm1 of the
     logsumexp); -inf where the top k hold all the mass up to rounding (module docstring)."""
@@ -125,8 +131,7 @@ def topk_kl_per_token(student_topk_logprobs: torch.Tensor, teacher_topk_logprobs
         # no tail ids (k = V): the teacher's tail is a scorer's floor, not mass; it takes no term
         no_tail = torch.isneginf(s_all[..., -1])
         t_all[..., -1] = torch.where(no_tail, torch.full_like(t_all[..., -1], float("-inf")), t_all[..., -1])
-        return _kl_terms(t_all, s_all).sum(-1)
-    return _kl_terms(s_all, t_all).sum(-1)
+    return _divergence_terms(s_all, t_all, divergence == "forward").sum(-1)
 
 
 def full_kl_per_token(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
@@ -143,7 +148,7 @@ def full_kl_per_token(student_logits: torch.Tensor, teacher_logits: torch.Tensor
     dtype = torch.promote_types(student_logits.dtype, torch.float32)
     s = torch.log_softmax(student_logits.to(dtype), dim=-1)
     t = torch.log_softmax(teacher_logits.detach().to(dtype), dim=-1)
-    return (_kl_terms(t, s) if divergence == "forward" else _kl_terms(s, t)).sum(-1)
+    return _divergence_terms(s, t, divergence == "forward").sum(-1)
 
 
 def distill_kl(student_topk_logprobs: torch.Tensor, teacher_topk_logprobs: torch.Tensor,
@@ -211,7 +216,7 @@ def _chunk_forward(z, targets, temperature, topk_ids, teacher_lp, forward_kl):
         extra = torch.cat([z.gather(-1, topk_ids) - lse_1[:, None], (tail_lse - lse_1)[:, None]], dim=-1)
         return logp, entropy, lse_t, lse_1, extra, tail_lse
     lp_1 = z - lse_1[:, None]
-    kl = (_kl_terms(teacher_lp, lp_1) if forward_kl else _kl_terms(lp_1, teacher_lp)).sum(-1)
+    kl = _divergence_terms(lp_1, teacher_lp, forward_kl).sum(-1)
     return logp, entropy, lse_t, lse_1, kl, kl
 
 
