@@ -6,7 +6,8 @@
     kv_manager.py    KVManager: the paged KV cache tensors over the Cython block allocator
     kv_dtype.py      KV cache dtypes: float32, bfloat16, int8 and float8 (codes + per-token scales)
     runner.py        ModelRunner: executes a StepPlan through an attention backend; logits out
-    attention.py     AttentionBackend, PagedMetadata, GatherSdpaBackend (CPU: gather + SDPA)
+    attention.py     AttentionBackend, PagedMetadata; GatherSdpaBackend (gather + SDPA) and the CPU default
+                     PagedDecodeBackend (decode steps read the cache in place: postrain.ext._paged_decode)
     sequence.py      RequestOutput, CompletionOutput, the sequences in flight, EngineError
     verify.py        speculative drafting and exact verification of a step's drafts
     scoring.py       scoring requests: a sequence's teacher rows (top-k logprobs, tail, token) from its prefill
@@ -22,7 +23,8 @@ _LAZY = {
     "GeneratorActor": "actor", "GeneratorOptions": "actor",
     "Engine": "engine", "EngineError": "engine", "CompletionOutput": "engine", "RequestOutput": "engine",
     "Scheduler": "scheduler", "StepPlan": "scheduler", "KVManager": "kv_manager", "ModelRunner": "runner",
-    "AttentionBackend": "attention", "GatherSdpaBackend": "attention", "PagedMetadata": "attention",
+    "AttentionBackend": "attention", "GatherSdpaBackend": "attention", "PagedDecodeBackend": "attention",
+    "PagedMetadata": "attention",
     "SamplingParams": "sampling", "SpeculativeOptions": "speculative",
 }
 __all__ = sorted(_LAZY)

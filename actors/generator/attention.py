@@ -17,9 +17,11 @@ gathers only the blocks its window reaches). The model may also pass a logits `s
 and KV head): the backend quantizes what it writes and dequantizes what it gathers, so a
 query reads its own step's keys as stored, as later steps will; quantized keys are stored
 rotated and the queries are rotated to meet them (`kv_dtype.rotate_queries`). A fused
-paged-attention GPU kernel is a second `AttentionBackend` whose `bind` returns an object
-reading the cache through `block_tables`/`context_lens` directly (no gather); the runner
-takes it as `backend=`.
+paged-attention kernel is a second `AttentionBackend` whose `bind` returns an object
+reading the cache through `block_tables`/`context_lens` directly (no gather): on the CPU,
+`PagedDecodeBackend` (the default, `default_backend()`) does so for decode steps with the
+compiled kernel of `postrain.ext._paged_decode` and leaves every other step to the gather; the
+runner takes another as `backend=`.
 """
 from __future__ import annotations
 
@@ -32,6 +34,11 @@ from ..models.blocks import PagedAttention, group_mask, grouped_attention
 from ..models.config import ModelConfigError
 from ..models.exact import exact_attention
 from .kv_dtype import KVCache, gather_blocks, rotate_queries, write_slots
+
+try:
+    from postrain.ext._paged_decode import paged_decode_attention
+except ImportError:          # a source tree whose extensions were not built: the gather only
+    paged_decode_attention = None
 
 KVCaches = list[tuple[KVCache, KVCache]]
 # one (key, value) per layer, each (num_blocks, block_size_tokens, num_kv_heads, head_dim): a
@@ -168,6 +175,58 @@ class GatherSdpaStep:
     def _bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
         return bias.masked_fill_(~mask, float("-inf"))
+
+
+class PagedDecodeBackend(AttentionBackend):
+    """The CPU default: a decode step (one new token a row, none of them padding, causal) over
+    plain float32 caches on the CPU attends with the compiled kernel, which reads each row's
+    blocks where they lie (no gather, no bias; `postrain.ext._paged_decode`); every other step
+    (prefill, a quantized cache, an image run read both ways, another dtype or device) binds
+    `GatherSdpaStep`. The kernel's outputs differ from SDPA's in the last bits only (its sums
+    run in another order; tests/actors/generator/test_paged_decode.py)."""
+
+    def bind(self, metadata: PagedMetadata, kv_caches: KVCaches) -> "GatherSdpaStep | PagedDecodeStep":
+        key_cache = kv_caches[0][0]
+        if (metadata.positions.shape[1] == 1 and metadata.num_padding == 0 and metadata.horizons is None
+                and all(isinstance(cache, torch.Tensor) and cache.dtype == torch.float32
+                        and cache.device.type == "cpu" and cache.is_contiguous()
+                        for pair in kv_caches for cache in pair)
+                and key_cache.shape[3] % 8 == 0):
+            return PagedDecodeStep(metadata, kv_caches)
+        return GatherSdpaStep(metadata, kv_caches)
+
+
+def default_backend() -> AttentionBackend:
+    """`PagedDecodeBackend` where the compiled kernel is built, else `GatherSdpaBackend`."""
+    return GatherSdpaBackend() if paged_decode_attention is None else PagedDecodeBackend()
+
+
+class PagedDecodeStep:
+    """`PagedDecodeBackend` bound to one decode step: each layer writes its new keys and values
+    at their slots, then the kernel attends (a layer whose q is not float32 takes the gather)."""
+
+    def __init__(self, metadata: PagedMetadata, kv_caches: KVCaches):
+        self.kv_caches = kv_caches
+        self.positions = metadata.positions                                                # (B, 1)
+        self._slots = metadata.slot_mapping.reshape(-1)                                    # (B,)
+        self._tables = metadata.block_tables.contiguous().numpy()
+        self._lens = metadata.context_lens.contiguous().numpy()
+        self._fallback = GatherSdpaStep(metadata, kv_caches)
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+               window: int | None = None, scale: float | None = None,
+               softcap: float | None = None) -> torch.Tensor:
+        if q.dtype != torch.float32:
+            return self._fallback.attend(layer_idx, q, k, v, window=window, scale=scale, softcap=softcap)
+        key_cache, value_cache = self.kv_caches[layer_idx]
+        batch, _, heads, dim = q.shape
+        write_slots(key_cache, self._slots, k.reshape(batch, *k.shape[2:]))
+        write_slots(value_cache, self._slots, v.reshape(batch, *v.shape[2:]))
+        out = torch.empty(batch, 1, heads, dim)
+        paged_decode_attention(q.reshape(batch, heads, dim).contiguous().numpy(), key_cache.numpy(),
+                               value_cache.numpy(), self._tables, self._lens, out.view(batch, heads, dim).numpy(),
+                               dim ** -0.5 if scale is None else scale, window or 0, softcap or 0.0)
+        return out
 
 
 class ExactGatherBackend(AttentionBackend):

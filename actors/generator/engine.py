@@ -99,7 +99,7 @@ class Engine:
         speculative: draft and verify tokens (`postrain.actors.generator.speculative`); None = off.
         proposer: where drafts come from, in place of the one `speculative.method` names (any
         object with the `Proposer` methods).
-        attention_backend: how attention reads the paged cache; None = `GatherSdpaBackend`.
+        attention_backend: how attention reads the paged cache; None = `default_backend()`.
         prefill_chunk_tokens: prompt tokens read per step at most, so running sequences keep
         decoding while a long prompt is read (`scheduler`: chunked prefill); 0 = one step.
         kv_dtype: how the KV cache stores keys and values: "float32", "bfloat16", "int8" or

@@ -1,6 +1,6 @@
 """The model runner: executes a `StepPlan` and returns the logits to sample or verify.
 
-    runner = ModelRunner(model, kv_manager)                 # backend=GatherSdpaBackend() on the CPU
+    runner = ModelRunner(model, kv_manager)                 # backend=default_backend()
     out = runner.run(plan, weights=None)                    # StepLogits(decodes=..., prefills=...)
 
 For each part of the plan (decodes, then prefills: see `scheduler`) it right-pads the rows'
@@ -32,7 +32,7 @@ import torch
 from ..models.blocks import Float16Weights
 from ..models.moe import routing_trace
 from ..models.protocol import CausalLM
-from .attention import AttentionBackend, GatherSdpaBackend, PagedMetadata
+from .attention import AttentionBackend, PagedMetadata, default_backend
 from .images import step_image_horizons, step_image_rows
 from .kv_manager import KVManager
 from .scheduler import ScheduledSequence, StepPlan
@@ -113,7 +113,7 @@ class ModelRunner:
     def __init__(self, model: CausalLM, kv: KVManager, backend: AttentionBackend | None = None):
         self.model = model
         self.kv = kv
-        self.backend = backend or GatherSdpaBackend()
+        self.backend = backend or default_backend()
         self.device = next(model.parameters()).device
         # MoE routing replay (R3): called with (row, experts (num_new_tokens, L, k) int64 numpy)
         # after each forward when set (the engine sets it for models with MoE layers)

