@@ -73,7 +73,7 @@ from ..learner.recovery import LearnerKeeper
 from .ledger import SampleLedger
 from ..tasks import TaskMixture
 from ..records import EXPORT_HF, CheckpointSaved, ExportHf, RunState, RunUpdate
-from .run_state import (check_same_data_order, check_same_sft_shape, cut_back, data_order, note_resume,
+from .run_state import (check_same_data_order, check_same_sft_shape, cut_back, data_order, note_resume, sft_shape,
                         repair_torn_lines)
 from .admission import Admission
 from .evaluation import Evaluator
@@ -298,7 +298,7 @@ class RunDriver:
         def make_extra() -> dict:  # synchronous: one consistent moment of the ledger and the files
             return RunState(phase=phase, next_batch=self.admission.num_trained,
                             sft_step=options.sft_steps if sft_step is None else sft_step,
-                            sft_shape={"sft_steps": options.sft_steps, "sft_batch_size": options.sft_batch_size},
+                            sft_shape=sft_shape(options),
                             evals=dict(self.evaluator.evals), ledger=self.ledger.state_dict(),
                             ledger_events_offset=self.ledger.events_offset(), metrics_offset=self.metrics.size(),
                             samples_offset=self.sample_log.size() if self.sample_log is not None else None,

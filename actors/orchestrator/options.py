@@ -98,6 +98,11 @@ class OrchestratorOptions(TaskOptions):
     sft_steps: int = Field(0, ge=0, description="supervised warm-start steps on the demonstrations "
                            "(sft_demonstrations, else the task's) before RL; 0: none")
     sft_batch_size: int = Field(16, ge=1, description="demonstrations per warm-start step")
+    sft_distinct_demonstrations: int = Field(0, ge=0, description="0: every warm-start step trains on "
+                                             "demonstrations not seen before (sft_steps x sft_batch_size of "
+                                             "them); N: the warm start draws N distinct ones (the task's, or "
+                                             "the file's first N after its seeded shuffle) and passes over them "
+                                             "in the same order until its steps are done")
     sft_checkpoint_every: int = Field(50, ge=1, description="warm-start steps between checkpoints; the last "
                                       "warm-start step always checkpoints (a kill or a resume in the warm "
                                       "start loses at most the steps since)")

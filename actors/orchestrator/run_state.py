@@ -18,7 +18,8 @@ Fields:
                       (evaluations and warm start are done); "done": the run finished
                       (final evaluation, policy export)
     sft_step          SFT steps trained so far (all of them once the phase is "rl")
-    sft_shape         sft_steps and sft_batch_size: the demonstrations step s trains on depend on
+    sft_shape         `sft_shape(options)`: sft_steps, sft_batch_size and (when set)
+                      sft_distinct_demonstrations: the demonstrations step s trains on depend on
                       them; a resume in phase "sft" with other values is refused
     next_batch        the data cursor: batches 0..next_batch-1 are trained, each exactly once,
                       and the learner's weights hold exactly those updates
@@ -138,11 +139,20 @@ def check_same_data_order(state: RunState, cfg) -> None:
                           "prompts as before the restart; put the old values back or start a new run")
 
 
+def sft_shape(cfg) -> dict:
+    """What decides the demonstrations of SFT step s (the distinct count only where it is set,
+    so a state saved before that option existed still matches)."""
+    shape = {"sft_steps": cfg.sft_steps, "sft_batch_size": cfg.sft_batch_size}
+    if cfg.sft_distinct_demonstrations:
+        shape["sft_distinct_demonstrations"] = cfg.sft_distinct_demonstrations
+    return shape
+
+
 def check_same_sft_shape(state: RunState, cfg) -> None:
     """A resume inside the warm start must give SFT step s the same demonstrations."""
     saved = state.sft_shape or {}
-    now = {"sft_steps": cfg.sft_steps, "sft_batch_size": cfg.sft_batch_size}
-    changed = {key: (saved.get(key), value) for key, value in now.items() if saved.get(key) != value}
+    now = sft_shape(cfg)
+    changed = {key: (saved.get(key), now.get(key)) for key in {**saved, **now} if saved.get(key) != now.get(key)}
     if state.phase == "sft" and changed:
         detail = ", ".join(f"{key}: {old!r} -> {new!r}" for key, (old, new) in changed.items())
         raise ResumeError(f"cannot resume inside the warm start: its shape changed ({detail}); SFT step s "

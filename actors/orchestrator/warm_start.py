@@ -66,14 +66,17 @@ async def warm_start(mixture: TaskMixture, tokenizer, options: OrchestratorOptio
 
 def demonstrations(mixture: TaskMixture, num: int, options: OrchestratorOptions) -> list[dict]:
     """The warm start's `num` demonstrations: the file `sft_demonstrations` (read whole, shuffled
-    with `seed`, then cycled to `num`), else the tasks' own (`mixture_demonstrations`); each
-    checked (`validate_demonstration`: a bad one raises DemonstrationError naming it)."""
+    with `seed`), else the tasks' own (`mixture_demonstrations`, each checked by
+    `validate_demonstration`: a bad one raises DemonstrationError naming it); the first
+    `sft_distinct_demonstrations` of them where that is set, then cycled to `num`."""
+    distinct = min(num, options.sft_distinct_demonstrations or num)
     if options.sft_demonstrations is None:
-        demos = mixture_demonstrations(mixture, num, options.seed)
-        return [validate_demonstration(d, where=f"the task's demonstration {i}")
-                for i, d in enumerate(demos)]
-    demos = read_jsonl(options.sft_demonstrations)
-    random.Random(options.seed).shuffle(demos)
+        demos = [validate_demonstration(d, where=f"the task's demonstration {i}")
+                 for i, d in enumerate(mixture_demonstrations(mixture, distinct, options.seed))]
+    else:
+        demos = read_jsonl(options.sft_demonstrations)
+        random.Random(options.seed).shuffle(demos)
+        demos = demos[:distinct]
     return [demos[i % len(demos)] for i in range(num)]
 
 

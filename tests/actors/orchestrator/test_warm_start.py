@@ -54,6 +54,30 @@ def test_the_file_replaces_the_tasks_demonstrations_seeded_and_cycled(tmp_path):
     assert demonstrations(TaskMixture.single(get_task("arithmetic")), 8, options) == demos   # seeded
 
 
+def test_distinct_demonstrations_are_drawn_once_and_passed_over_in_order(tmp_path):
+    arithmetic = TaskMixture.single(get_task("arithmetic"))
+    options = OrchestratorOptions(sft_steps=5, sft_batch_size=4, sft_distinct_demonstrations=6)
+    demos = demonstrations(arithmetic, 20, options)
+    fresh = demonstrations(arithmetic, 20, OrchestratorOptions(sft_steps=5, sft_batch_size=4))
+    assert demos[:6] == fresh[:6] and len({json.dumps(d) for d in fresh}) > 6    # the first 6 of the same draw
+    assert demos == demos[:6] * 3 + demos[:2]
+    path = write_demos(tmp_path / "demos.jsonl", ["abc", "xyz", "post", "warm"])
+    from_file = demonstrations(arithmetic, 5, OrchestratorOptions(sft_steps=1, sft_batch_size=5,
+                                                                    sft_demonstrations=path,
+                                                                    sft_distinct_demonstrations=2))
+    assert from_file == from_file[:2] * 2 + from_file[:1] and from_file[0] != from_file[1]
+
+
+def test_a_resume_in_the_warm_start_refuses_another_distinct_count():
+    from postrain.actors.orchestrator.run_state import ResumeError, RunState, check_same_sft_shape, sft_shape
+    before = OrchestratorOptions(sft_steps=5, sft_batch_size=4)
+    state = RunState(phase="sft", next_batch=0, evals={}, ledger={}, ledger_events_offset=0, metrics_offset=0,
+                     data_order={}, sft_step=2, sft_shape=sft_shape(before))
+    check_same_sft_shape(state, before)
+    with pytest.raises(ResumeError, match=r"sft_distinct_demonstrations: None -> 6"):
+        check_same_sft_shape(state, OrchestratorOptions(sft_steps=5, sft_batch_size=4, sft_distinct_demonstrations=6))
+
+
 def test_a_tasks_bad_demonstration_is_named_before_the_first_step():
     bad = [demo("abc"), {"messages": [{"role": "user", "content": "q"},
                                       {"role": "assistant", "content": "a", "no_loss_spans": [[0, 5]]}]}]
