@@ -30,7 +30,8 @@ from .hf_config import (
 )
 from .llama import BUILTIN_CONFIGS, LlamaModel, ModelConfig, build_model
 from .spec import (
-    MODEL_RULE, PACKAGED_MODELS, check_model_spec, folder_byte_tokenizer, model_config, packaged_model_path,
+    MODEL_RULE, PACKAGED_MODELS, check_model_spec, folder_byte_tokenizer, folder_tokenizer, model_config,
+    packaged_model_path,
     read_hf_config, resolve_model, spec_image_layout, spec_tokenizer,
 )
 from .tokenizer import Tokenizer, byte_tokenizer
@@ -93,8 +94,7 @@ def load_hf_folder(folder: str | Path, require_tokenizer: bool = True
     model = model_from_state(config, state, source=str(folder))
     tokenizer: Tokenizer | None
     if (folder / "tokenizer.json").exists():
-        tokenizer = Tokenizer.from_folder(folder, {**hf_config, "bos_token_id": config.bos_token_id,
-                                                   "eos_token_id": config.eos_token_id})
+        tokenizer = folder_tokenizer(folder, hf_config, config)
     else:
         tokenizer = folder_byte_tokenizer(folder, config.vocab_size, require_tokenizer)
     return model, tokenizer

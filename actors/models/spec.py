@@ -144,11 +144,19 @@ def spec_tokenizer(model: str | dict) -> Tokenizer:
         check_model_spec(str(path))                   # a file but not a .gguf is refused by name
         from .gguf import GGUFFile, gguf_tokenizer
         return gguf_tokenizer(GGUFFile(path), path)   # the metadata's, not the weights
+    hf_config = read_hf_config(path)
     if (path / "tokenizer.json").exists():
-        return Tokenizer.from_folder(path)
-    tokenizer = folder_byte_tokenizer(path, model_config(str(path)).vocab_size, require=True)
+        return folder_tokenizer(path, hf_config, config_from_hf(hf_config))
+    tokenizer = folder_byte_tokenizer(path, config_from_hf(hf_config).vocab_size, require=True)
     assert tokenizer is not None   # `require`: raised otherwise
     return tokenizer
+
+
+def folder_tokenizer(folder: Path, hf_config: dict, config: ModelConfig) -> Tokenizer:
+    """A Hugging Face folder's tokenizer.json, its bos and end-of-sequence ids completed from the
+    model's config where tokenizer_config.json does not name them (Tokenizer.from_folder)."""
+    return Tokenizer.from_folder(folder, {**hf_config, "bos_token_id": config.bos_token_id,
+                                          "eos_token_id": config.eos_token_id})
 
 
 def folder_byte_tokenizer(folder: Path, vocab_size: int, require: bool) -> Tokenizer | None:

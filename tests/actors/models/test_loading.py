@@ -134,3 +134,23 @@ def test_num_params_counts_the_models_parameters(model_type):
     hf = build_tiny(model_type)
     config = config_from_hf(hf.config.to_dict())
     assert config.num_params == pytest.approx(sum(p.numel() for p in hf.parameters()), rel=0.01)
+
+
+def test_a_folders_tokenizer_read_without_weights_stops_where_the_loaded_one_does(saved, tmp_path):
+    """The env and orchestrator read a folder's tokenizer without its weights (spec_tokenizer):
+    where tokenizer_config.json names no end of sequence, the ids come from config.json, as
+    load_model takes them, so an episode stops where the generator does."""
+    import shutil
+    from postrain.actors.models.spec import spec_tokenizer
+    _, tokenizer, folder = saved
+    copy = shutil.copytree(folder, tmp_path / "copy")
+    cfg = json.loads((copy / "tokenizer_config.json").read_text())
+    cfg.pop("eos_token", None)
+    cfg.pop("postrain_eos_token_ids", None)
+    (copy / "tokenizer_config.json").write_text(json.dumps(cfg))
+    config = json.loads((copy / "config.json").read_text())
+    config["eos_token_id"] = [tokenizer.eos_token_ids[0], 7]
+    (copy / "config.json").write_text(json.dumps(config))
+    loaded = load_model(copy)[1]
+    assert set(loaded.eos_token_ids) == {tokenizer.eos_token_ids[0], 7}
+    assert spec_tokenizer(str(copy)).eos_token_ids == loaded.eos_token_ids
