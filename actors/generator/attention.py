@@ -206,17 +206,19 @@ class PagedDecodeStep:
     at their slots, then the kernel attends (a layer whose q is not float32 takes the gather)."""
 
     def __init__(self, metadata: PagedMetadata, kv_caches: KVCaches):
+        self.metadata = metadata
         self.kv_caches = kv_caches
         self.positions = metadata.positions                                                # (B, 1)
         self._slots = metadata.slot_mapping.reshape(-1)                                    # (B,)
         self._tables = metadata.block_tables.contiguous().numpy()
         self._lens = metadata.context_lens.contiguous().numpy()
-        self._fallback = GatherSdpaStep(metadata, kv_caches)
+        self._fallback: GatherSdpaStep | None = None
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                window: int | None = None, scale: float | None = None,
                softcap: float | None = None) -> torch.Tensor:
         if q.dtype != torch.float32:
+            self._fallback = self._fallback or GatherSdpaStep(self.metadata, self.kv_caches)
             return self._fallback.attend(layer_idx, q, k, v, window=window, scale=scale, softcap=softcap)
         key_cache, value_cache = self.kv_caches[layer_idx]
         batch, _, heads, dim = q.shape

@@ -103,6 +103,13 @@ def test_steps_the_kernel_does_not_take_bind_the_gather():
     assert isinstance(default_backend(), PagedDecodeBackend)
 
 
+def test_a_layer_whose_queries_are_not_float32_takes_the_gather():
+    metadata, caches, q, k, v = decode_step([5, 9], 4, 2, 8)
+    ours = PagedDecodeBackend().bind(metadata, caches).attend(0, q.bfloat16(), k, v)
+    theirs = GatherSdpaBackend().bind(metadata, caches).attend(0, q.bfloat16(), k, v)
+    assert ours.dtype == torch.bfloat16 and torch.equal(ours, theirs)
+
+
 def test_bad_tables_and_shapes_are_refused_before_any_read():
     metadata, caches, q, *_ = decode_step([5, 9], 4, 2, 8)
     key_cache, value_cache = (c.numpy() for c in caches[0])
