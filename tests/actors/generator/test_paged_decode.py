@@ -105,8 +105,9 @@ def test_steps_the_kernel_does_not_take_bind_the_gather():
 
 def test_a_layer_whose_queries_are_not_float32_takes_the_gather():
     metadata, caches, q, k, v = decode_step([5, 9], 4, 2, 8)
-    ours = PagedDecodeBackend().bind(metadata, caches).attend(0, q.bfloat16(), k, v)
-    theirs = GatherSdpaBackend().bind(metadata, caches).attend(0, q.bfloat16(), k, v)
+    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()          # a bfloat16 model over a float32 cache
+    ours = PagedDecodeBackend().bind(metadata, caches).attend(0, q, k, v)
+    theirs = GatherSdpaBackend().bind(metadata, caches).attend(0, q, k, v)
     assert ours.dtype == torch.bfloat16 and torch.equal(ours, theirs)
 
 
