@@ -221,6 +221,7 @@ class PagedDecodeStep:
             self._fallback = self._fallback or GatherSdpaStep(self.metadata, self.kv_caches)
             return self._fallback.attend(layer_idx, q, k, v, window=window, scale=scale, softcap=softcap)
         key_cache, value_cache = self.kv_caches[layer_idx]
+        assert isinstance(key_cache, torch.Tensor) and isinstance(value_cache, torch.Tensor)   # bind checked
         batch, _, heads, dim = q.shape
         write_slots(key_cache, self._slots, k.reshape(batch, *k.shape[2:]))
         write_slots(value_cache, self._slots, v.reshape(batch, *v.shape[2:]))

@@ -144,10 +144,12 @@ def spec_tokenizer(model: str | dict) -> Tokenizer:
         check_model_spec(str(path))                   # a file but not a .gguf is refused by name
         from .gguf import GGUFFile, gguf_tokenizer
         return gguf_tokenizer(GGUFFile(path), path)   # the metadata's, not the weights
-    hf_config = read_hf_config(path)
     if (path / "tokenizer.json").exists():
+        if not (path / "config.json").exists():          # tokenizer files alone
+            return Tokenizer.from_folder(path)
+        hf_config = read_hf_config(path)
         return folder_tokenizer(path, hf_config, config_from_hf(hf_config))
-    tokenizer = folder_byte_tokenizer(path, config_from_hf(hf_config).vocab_size, require=True)
+    tokenizer = folder_byte_tokenizer(path, model_config(str(path)).vocab_size, require=True)
     assert tokenizer is not None   # `require`: raised otherwise
     return tokenizer
 
