@@ -7,15 +7,19 @@ position is context_lens[b] - 1), narrowed to the last `window` of them where wi
 logit passed through softcap * tanh(logit / softcap) where softcap > 0. Key j of sequence b
 lives in block block_tables[b, j // block_size] at offset j % block_size.
 
-The kernel is C (below): for each sequence and KV head, one pass over the keys scores the G
-query heads that share the head (each key is read once), then a softmax per query head, then a
-second pass accumulates the values. Sums are float32, as SDPA's are on the CPU; the result
-differs from SDPA's in the last bits (its order of summation is not SDPA's). The dot products
-keep 8 partial sums, so the compiler vectorises them without reordering licence; on x86-64 the
-kernel is also built for AVX2 + FMA and the loader picks that build where the CPU has it.
+The kernel is C (below), per sequence: one pass over its keys, a token's row of every KV head
+at a time (each key read once), scores all H query heads; a softmax per head (exp: Cephes'
+polynomial, 8 lanes); a second pass over the values accumulates them. Sums are float32, as
+SDPA's are on the CPU; the result differs from SDPA's in the last bits (its order of summation
+is not SDPA's). The arithmetic is written with 8-float vectors (GCC's vector extensions); on
+x86-64 the kernel is also built for AVX2 + FMA and the first call picks that build where the CPU
+has both (`__builtin_cpu_supports`: `target_clones("arch=haswell")` dispatches on the CPU model
+and took the plain build on an AMD EPYC).
 
-`actors/generator/attention.py`'s `PagedDecodeBackend` calls it; its checks (shapes, dtypes,
-contiguity, every block id in range) are made there and again here, before any memory is read.
+`actors/generator/attention.py`'s `PagedDecodeBackend` calls it for the steps it takes (float32,
+contiguous caches on the CPU, one new token a row); the memoryview types check the dtypes and
+contiguity, and `paged_decode_attention` checks the shapes, context lengths and every block id a
+sequence reads before any memory is read.
 """
 from libc.stdint cimport int64_t
 
