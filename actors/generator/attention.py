@@ -186,12 +186,11 @@ class PagedDecodeBackend(AttentionBackend):
     run in another order; tests/actors/generator/test_paged_decode.py)."""
 
     def bind(self, metadata: PagedMetadata, kv_caches: KVCaches) -> "GatherSdpaStep | PagedDecodeStep":
+        # Every layer's caches are made alike (kv_manager.new_kv_caches): the first key cache speaks for all.
         key_cache = kv_caches[0][0]
         if (metadata.positions.shape[1] == 1 and metadata.num_padding == 0 and metadata.horizons is None
-                and all(isinstance(cache, torch.Tensor) and cache.dtype == torch.float32
-                        and cache.device.type == "cpu" and cache.is_contiguous()
-                        for pair in kv_caches for cache in pair)
-                and key_cache.shape[3] % 8 == 0):
+                and isinstance(key_cache, torch.Tensor) and key_cache.dtype == torch.float32
+                and key_cache.device.type == "cpu" and key_cache.is_contiguous() and key_cache.shape[3] % 8 == 0):
             return PagedDecodeStep(metadata, kv_caches)
         return GatherSdpaStep(metadata, kv_caches)
 

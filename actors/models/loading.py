@@ -31,8 +31,7 @@ from .hf_config import (
 from .llama import BUILTIN_CONFIGS, LlamaModel, ModelConfig, build_model
 from .spec import (
     MODEL_RULE, PACKAGED_MODELS, check_model_spec, folder_byte_tokenizer, folder_tokenizer, model_config,
-    packaged_model_path,
-    read_hf_config, resolve_model, spec_image_layout, spec_tokenizer,
+    packaged_model_path, read_hf_config, resolve_model, spec_image_layout, spec_tokenizer,
 )
 from .tokenizer import Tokenizer, byte_tokenizer
 

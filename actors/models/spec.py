@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from .images import ImageLayout
 
 __all__ = ["PACKAGED_MODELS", "MODEL_RULE", "packaged_model_path", "resolve_model", "check_model_spec",
-           "model_config", "read_hf_config", "spec_image_layout", "spec_tokenizer", "folder_byte_tokenizer"]
+           "model_config", "read_hf_config", "spec_image_layout", "spec_tokenizer", "folder_tokenizer",
+           "folder_byte_tokenizer"]
 
 # Symbolic names of models that ship in a Python package: name -> (import name, file pattern,
 # the pip command that installs it). A config may say `model = "smollm2"` on any machine.
