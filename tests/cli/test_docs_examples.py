@@ -79,6 +79,8 @@ POSTRAIN_BLOCKS = {
         "parsed only: a SmolLM2 run of many minutes",
     ("performance.md", "postrain up --config actors/configs/smollm2_reasoning_gym.toml"):
         "parsed only: SmolLM2 runs of many minutes",
+    ("performance.md", "postrain up --config actors/configs/finance_docs.toml"):
+        "parsed only: a SmolLM2 run of about an hour (finance_docs.toml's --dry-run: tests/actors/configs)",
     ("performance.md", "pip install -e '.[bench-trl]'"): "parsed only: installs trl; a benchmark of minutes",
     ("performance.md", "postrain sweep --seeds 0-9"):
         "parsed only: ten default runs; a sweep of short runs: tests/cli/test_sweep.py",
