@@ -58,7 +58,7 @@ import torch
 
 from postrain.ext import OutOfBlocksError
 
-from ..models.blocks import Float16Weights
+from ..models.blocks import Float16Weights, OneRowMatvec, ProjectionPath
 from ..models.exact import exact_token_logprobs, make_exact
 from ..models.loading import load_model
 from ..models.protocol import CausalLM
@@ -136,9 +136,15 @@ class Engine:
             self.runner.routing_sink = self._record_routing
         self.policy_version = policy_version
         self.weight_precision = weight_precision
-        # Invariant: None, or float16 copies of the model's current weights (refreshed per step).
-        self._float16_weights = (Float16Weights(cast(torch.nn.Module, model))   # a CausalLM is a Module
-                                 if weight_precision == "float16" else None)
+        # Invariant: how a step multiplies by the linear weights: float16 copies of the model's
+        # current weights (refreshed per step), the one-row kernel (on the CPU, not exact), or
+        # None (each module's own call).
+        module = cast(torch.nn.Module, model)                       # a CausalLM is a Module
+        self._projection: ProjectionPath | None = None
+        if weight_precision == "float16":
+            self._projection = Float16Weights(module)
+        elif not exact and next(module.parameters()).device.type == "cpu":
+            self._projection = OneRowMatvec()
         self.speculative = speculative
         self._proposer = self._make_proposer(speculative, proposer, seed)
         self._rng = torch.Generator().manual_seed(seed)
@@ -277,10 +283,10 @@ class Engine:
         self._propose_drafts()
         plan = self.scheduler.schedule()
         finished: list[RequestOutput] = []
-        if self._float16_weights is not None and self._float16_weights.is_stale():
-            self._float16_weights = Float16Weights(self.model)     # weights swapped or trained in place
+        if isinstance(self._projection, Float16Weights) and self._projection.is_stale():
+            self._projection = Float16Weights(self.model)     # weights swapped or trained in place
         with torch.inference_mode():
-            logits = self.runner.run(plan, self._float16_weights)
+            logits = self.runner.run(plan, self._projection)
             self._advance_decodes(plan, logits.decodes, finished)
             self._advance_prefills(plan, logits, finished)
         self.counters.num_steps += 1

@@ -29,7 +29,7 @@ from typing import Any, Callable, cast
 import numpy as np
 import torch
 
-from ..models.blocks import Float16Weights
+from ..models.blocks import ProjectionPath
 from ..models.moe import routing_trace
 from ..models.protocol import CausalLM
 from .attention import AttentionBackend, PagedMetadata, default_backend
@@ -119,7 +119,7 @@ class ModelRunner:
         # after each forward when set (the engine sets it for models with MoE layers)
         self.routing_sink: Callable[[ScheduledSequence, Any], None] | None = None
 
-    def run(self, plan: StepPlan, weights: Float16Weights | None = None) -> StepLogits:
+    def run(self, plan: StepPlan, weights: ProjectionPath | None = None) -> StepLogits:
         """The decode forward first, then the prefill forward (under the caller's inference mode)."""
         decodes = None
         if plan.has_drafts:
@@ -137,7 +137,7 @@ class ModelRunner:
         return StepLogits(decodes, prefills)
 
     def _bucketed(self, rows: tuple[ScheduledSequence, ...], widths: list[int],
-                  weights: Float16Weights | None, waves: list[list[int]]) -> torch.Tensor:
+                  weights: ProjectionPath | None, waves: list[list[int]]) -> torch.Tensor:
         """Logits (B, V) at each row's last new token, one forward per shape bucket of each wave,
         the waves in order (`forward_waves`)."""
         buckets = [[wave[i] for i in bucket] for wave in waves
@@ -154,7 +154,7 @@ class ModelRunner:
         return out
 
     def _scoring_prefills(self, decodes: torch.Tensor | None, rows: tuple[ScheduledSequence, ...],
-                          weights: Float16Weights | None) -> StepLogits:
+                          weights: ProjectionPath | None) -> StepLogits:
         """The prefill forward of a plan with scoring rows: each row keeps its last new token's
         logits, and a scoring row every new position's from its logits_from on."""
         firsts = [r.start_position + r.num_new_tokens - 1 if r.logits_from is None
@@ -174,7 +174,7 @@ class ModelRunner:
         return StepLogits(decodes, last, scored)
 
     def forward(self, rows: tuple[ScheduledSequence, ...], keep: str | torch.Tensor,
-                weights: Float16Weights | None = None) -> torch.Tensor:
+                weights: ProjectionPath | None = None) -> torch.Tensor:
         """One forward of rows; keep="last": logits (B, V) at each row's last new token,
         keep="all": (B, T, V); a (B, T) bool mask: (N, V) at the positions it marks, row by row."""
         input_ids, metadata = paged_inputs(rows, self.kv.block_size_tokens)

@@ -7,6 +7,7 @@
     MLP          SwiGLU
     SharedPrefixBatch   the learner's shared-prefix layout (prefixes once, suffixes attend to them)
     Float16Weights      inference-only float16 copies of the linear weights (`project`)
+    OneRowMatvec        one-token steps' projections through a compiled float32 matrix-vector kernel
 
 Design note: a model computes, it does not manage a KV cache. On the inference path a layer
 hands its new tokens' rotated q, k and v to the `PagedAttention` it is given (an attention
@@ -218,8 +219,38 @@ class Float16Weights:
         return torch.ops.quantized.linear_dynamic_fp16(x, self._packed[module])
 
 
-def project(module: nn.Linear, x: torch.Tensor, weights: Float16Weights | None = None) -> torch.Tensor:
-    """module(x), through float16 weight copies when given them (the generator's opt-in)."""
+class OneRowMatvec:
+    """The generator's projections of a one-token step (batch-1 decode) through a compiled float32
+    matrix-vector kernel (`postrain.ext._matvec`): such a step reads every weight byte once for one
+    multiply-add, so it is bound by memory bandwidth, where torch's float32 `linear` at one row
+    used ~0.55 of it on the CPUs measured and the kernel ~0.7-0.8 (docs/performance.md, "Limits").
+    Every other projection (more than one row, another dtype or device, a subclass of Linear such
+    as `ExactLinear`) is module(x). Sums are float32 in another order than torch's: the results
+    differ in the last bits, as the decode attention's do. Holds no copy, so nothing goes stale.
+    """
+
+    def project(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        weight = module.weight
+        if (x.numel() != weight.shape[-1] or type(module) is not nn.Linear or x.dtype != torch.float32
+                or weight.dtype != torch.float32 or x.device.type != "cpu" or weight.device.type != "cpu"
+                or not weight.is_contiguous()):
+            return module(x)
+        from postrain.ext._matvec import matvec
+        out = x.new_empty(*x.shape[:-1], weight.shape[0])
+        matvec(weight.detach().numpy(), x.detach().reshape(-1).numpy(), out.view(-1).numpy())
+        if module.bias is not None:
+            out += module.bias
+        return out
+
+
+class ProjectionPath(Protocol):
+    """How a generator's step multiplies by a linear layer's weight: Float16Weights or OneRowMatvec."""
+
+    def project(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor: ...
+
+
+def project(module: nn.Linear, x: torch.Tensor, weights: ProjectionPath | None = None) -> torch.Tensor:
+    """module(x), or through the generator's `ProjectionPath` when given one."""
     if weights is None:
         return module(x)
     return weights.project(module, x)
@@ -249,7 +280,7 @@ class Attention(nn.Module):
             self.k_norm: nn.Module = RMSNorm(d, config.rms_norm_eps)
 
     def forward(self, x, cos, sin, mask, paged: PagedAttention | None, layer_idx: int,
-                weights: Float16Weights | None = None):
+                weights: ProjectionPath | None = None):
         """x (B, T, hidden); cos, sin (B, T, 1, D); mask (B|1, 1, G*T, L) from `group_mask`
         (training path; None with `paged`, whose backend masks)."""
         batch, seq, _ = x.shape
@@ -292,7 +323,7 @@ class Attention(nn.Module):
                                           window=self.window, scale=self.scale, softcap=self.softcap)
         return out_p, out_s
 
-    def _rotated_qkv(self, x, cos, sin, weights: Float16Weights | None):
+    def _rotated_qkv(self, x, cos, sin, weights: ProjectionPath | None):
         """q (B, T, H, D), k and v (B, T, Hkv, D); rotary applied to q and k."""
         batch, seq, _ = x.shape
         q = project(self.q_proj, x, weights).view(batch, seq, self.num_heads, self.head_dim)
@@ -319,6 +350,6 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(h, i, bias=bias)
         self.down_proj = nn.Linear(i, h, bias=bias)
 
-    def forward(self, x, weights: Float16Weights | None = None):
+    def forward(self, x, weights: ProjectionPath | None = None):
         hidden = self.activation(project(self.gate_proj, x, weights)) * project(self.up_proj, x, weights)
         return project(self.down_proj, hidden, weights)

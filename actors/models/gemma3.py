@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import exact as exact_ops
-from .blocks import Attention, Float16Weights, PagedAttention, SharedPrefixBatch, project, rope_inv_freq
+from .blocks import Attention, PagedAttention, ProjectionPath, SharedPrefixBatch, project, rope_inv_freq
 from .config import ModelConfig, ModelConfigError
 from .llama import LlamaModel
 from .vision import ImageRows, VisionTower, build_tower
@@ -67,7 +67,7 @@ class GeluMLP(nn.Module):
         self.up_proj = nn.Linear(h, i, bias=False)
         self.down_proj = nn.Linear(i, h, bias=False)
 
-    def forward(self, x, weights: Float16Weights | None = None):
+    def forward(self, x, weights: ProjectionPath | None = None):
         gate = self.activation(project(self.gate_proj, x, weights))
         return project(self.down_proj, gate * project(self.up_proj, x, weights), weights)
 
@@ -97,7 +97,7 @@ class Gemma3DecoderLayer(nn.Module):
         self.post_feedforward_layernorm = GemmaRMSNorm(size, eps)
 
     def forward(self, x, cos, sin, mask, paged: PagedAttention | None, layer_idx: int,
-                weights: Float16Weights | None = None):
+                weights: ProjectionPath | None = None):
         attn = self.self_attn(self.input_layernorm(x), cos, sin, mask, paged, layer_idx, weights)
         x = x + self.post_attention_layernorm(attn)
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x), weights))
@@ -162,7 +162,7 @@ class Gemma3Model(LlamaModel):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 paged: PagedAttention | None = None, logits_to_keep: torch.Tensor | None = None,
-                weights: Float16Weights | None = None, images: ImageRows | None = None):
+                weights: ProjectionPath | None = None, images: ImageRows | None = None):
         logits = super().forward(input_ids, attention_mask, paged, logits_to_keep, weights, images)
         return softcap_logits(logits, self.config.final_logit_softcapping)
 

@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .blocks import Float16Weights, PagedAttention, SharedPrefixBatch
+from .blocks import PagedAttention, ProjectionPath, SharedPrefixBatch
 from .config import ModelConfig, ModelConfigError
 from .gemma3 import Gemma3Model, GemmaRMSNorm
 from .hf_config import CheckpointError
@@ -302,7 +302,7 @@ class Gemma3VisionModel(Gemma3Model):
         return super().embed(input_ids)
 
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                      paged: PagedAttention | None = None, weights: Float16Weights | None = None,
+                      paged: PagedAttention | None = None, weights: ProjectionPath | None = None,
                       images: ImageRows | None = None) -> torch.Tensor:
         if images is not None and paged is None and self.exact:
             raise ModelConfigError("exact = true does not cover Gemma 3's images (their runs attend both ways); "

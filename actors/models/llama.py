@@ -18,8 +18,9 @@ and attention code, so the generator's logprobs equal the learner's up to float
 rounding (tests/actors/models/test_llama.py pins it). The learner's
 `shared_prefix_hidden_states(SharedPrefixBatch)` runs each shared prefix once and lets the
 samples' own tokens attend to its keys and values (same layers, same numbers). The
-generator may pass `weights=Float16Weights(model)` (inference-only float16 copies of the
-linear weights, opt-in per engine); the learner's path never does.
+generator may pass `weights=` a `ProjectionPath` (`Float16Weights`: inference-only float16 copies
+of the linear weights, opt-in per engine; `OneRowMatvec`: a compiled kernel for one-token
+steps); the learner's path never does.
 
 Run `python -m postrain.actors.models.llama` to print the built-in configs' sizes.
 """
@@ -32,7 +33,7 @@ import torch
 from torch import nn
 
 from .blocks import (
-    MLP, Attention, Float16Weights, PagedAttention, RMSNorm, SharedPrefixBatch, group_mask, project,
+    MLP, Attention, PagedAttention, ProjectionPath, RMSNorm, SharedPrefixBatch, group_mask, project,
     rope_inv_freq, window_mask,
 )
 from .config import BUILTIN_CONFIGS, ModelConfig, ModelConfigError
@@ -50,7 +51,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, x, cos, sin, mask, paged: PagedAttention | None, layer_idx: int,
-                weights: Float16Weights | None = None):
+                weights: ProjectionPath | None = None):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, paged, layer_idx, weights)
         return x + self.mlp(self.post_attention_layernorm(x), weights)
 
@@ -172,7 +173,7 @@ class LlamaModel(nn.Module):
 
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                       paged: PagedAttention | None = None,
-                      weights: Float16Weights | None = None,
+                      weights: ProjectionPath | None = None,
                       images: ImageRows | None = None) -> torch.Tensor:
         """Final-norm hidden states (B, T, hidden_size). See `forward` for the arguments."""
         if input_ids.dim() != 2:
@@ -221,7 +222,7 @@ class LlamaModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 paged: PagedAttention | None = None, logits_to_keep: torch.Tensor | None = None,
-                weights: Float16Weights | None = None, images: ImageRows | None = None):
+                weights: ProjectionPath | None = None, images: ImageRows | None = None):
         """Logits for `input_ids` (B, T).
 
         attention_mask: (B, T) 1 = real token, 0 = padding (left or right); positions

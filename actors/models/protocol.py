@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
-    from .blocks import Float16Weights, PagedAttention
+    from .blocks import PagedAttention, ProjectionPath
     from .llama import ModelConfig
     from .vision import ImageRows, VisionTower
 
@@ -25,7 +25,7 @@ class CausalLM(Protocol):
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  paged: PagedAttention | None = None, logits_to_keep: torch.Tensor | None = None,
-                 weights: Float16Weights | None = None, images: ImageRows | None = None) -> torch.Tensor:
+                 weights: ProjectionPath | None = None, images: ImageRows | None = None) -> torch.Tensor:
         """Logits (B, T, V), or (B, V) with `logits_to_keep` (one position per row), or (N, V)
         with a (B, T) bool `logits_to_keep` (the positions it marks, row by row); `images`: the
         image feature rows spliced over image placeholders (models/vision.py)."""

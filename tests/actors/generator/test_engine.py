@@ -11,6 +11,7 @@ import torch
 from postrain.actors.generator.engine import Engine, EngineError
 from postrain.actors.generator.runner import shape_buckets
 from postrain.actors.models.llama import build_model
+from postrain.actors.models.blocks import Float16Weights
 from postrain.actors.generator.sampling import SamplingParams, SamplingParamsError
 from postrain.actors.models.tokenizer import byte_tokenizer
 
@@ -278,14 +279,15 @@ def test_float16_weights_follow_weight_swaps(tokenizer):
     engine.add_request([5, 6, 7], SamplingParams(n=2, seed=3, max_new_tokens=8, ignore_eos=True))
     for _ in range(3):
         engine.step()
-    first_copies = engine._float16_weights
+    first_copies = engine._projection
     engine.load_weights(build_model("tiny").init_weights(seed=2, std=0.1).state_dict(), version=1)
     prompt = [9, 8, 7, 6]
     request_id = engine.add_request(prompt, SamplingParams(seed=4, max_new_tokens=8, ignore_eos=True))
     done = {}
     while engine.has_unfinished():
         done.update((out.request_id, out) for out in engine.step())
-    assert engine._float16_weights is not first_copies and not engine._float16_weights.is_stale()
+    copies = engine._projection
+    assert isinstance(copies, Float16Weights) and copies is not first_copies and not copies.is_stale()
     sample = done[request_id].outputs[0]                # all of its KV comes from the new weights
     assert sample.policy_versions == [1] * 8
     with torch.no_grad():                               # `model` now holds the new float32 weights
