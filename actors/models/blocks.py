@@ -30,6 +30,11 @@ from . import exact as exact_ops
 from .config import ModelConfig, ModelConfigError, rope_type_of  # noqa: F401  (re-exported)
 from .vision import ImageRows
 
+try:
+    from postrain.ext._matvec import matvec
+except ImportError:          # a source tree whose extensions were not built: torch's linear only
+    matvec = None
+
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     """Rotary inverse frequencies (head_dim // 2,), float32, with the config's scaling."""
@@ -225,17 +230,16 @@ class OneRowMatvec:
     multiply-add, so it is bound by memory bandwidth, where torch's float32 `linear` at one row
     used ~0.55 of it on the CPUs measured and the kernel ~0.7-0.8 (docs/performance.md, "Limits").
     Every other projection (more than one row, another dtype or device, a subclass of Linear such
-    as `ExactLinear`) is module(x). Sums are float32 in another order than torch's: the results
+    as `ExactLinear`, a source tree whose extensions were not built) is module(x). Sums are float32 in another order than torch's: the results
     differ in the last bits, as the decode attention's do. Holds no copy, so nothing goes stale.
     """
 
     def project(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         weight = module.weight
-        if (x.numel() != weight.shape[-1] or type(module) is not nn.Linear or x.dtype != torch.float32
-                or weight.dtype != torch.float32 or x.device.type != "cpu" or weight.device.type != "cpu"
-                or not weight.is_contiguous()):
+        if (matvec is None or x.numel() != weight.shape[-1] or type(module) is not nn.Linear
+                or x.dtype != torch.float32 or weight.dtype != torch.float32 or x.device.type != "cpu"
+                or weight.device.type != "cpu" or not weight.is_contiguous()):
             return module(x)
-        from postrain.ext._matvec import matvec
         out = x.new_empty(*x.shape[:-1], weight.shape[0])
         matvec(weight.detach().numpy(), x.detach().reshape(-1).numpy(), out.view(-1).numpy())
         if module.bias is not None:
