@@ -3,9 +3,9 @@
 
 A one-token engine step (batch-1 decode) multiplies one row by every linear weight of the model:
 each weight byte is read once and used for one multiply-add, so the step is bound by memory
-bandwidth, and torch's float32 `linear` at one row reached ~0.55 of this machine's read
-bandwidth (docs/performance.md, "Limits"). This kernel streams four weight rows at a time, two
-8-float accumulators a row (the vector `x` stays in L1), and reached ~0.7-0.8 in the same runs.
+bandwidth. This kernel streams four weight rows at a time, two 8-float accumulators a row (the
+vector `x` stays in L1), with less work per call than torch's float32 `linear` at one row
+(docs/performance.md, "Limits": the measured figures).
 
 The C is written with 8-float vectors (GCC's vector extensions); on x86-64 it is also built for
 AVX2 + FMA and the first call picks that build where the CPU has both, as `_paged_decode` does.
@@ -13,8 +13,7 @@ Sums are float32 in another order than torch's: results differ from `torch.nn.fu
 in the last bits (tests/actors/models/test_matvec.py bounds it against float64).
 
 `actors/models/blocks.py`'s `OneRowMatvec` calls it for the projections it takes (one row,
-float32, contiguous, on the CPU); the memoryview types check dtypes and contiguity, and `matvec`
-checks the shapes before any memory is read.
+float32, contiguous, on the CPU), after checking each tensor's dtype, device, layout and shape.
 """
 from libc.stdint cimport int64_t
 
@@ -87,16 +86,21 @@ cdef extern from *:
     void mv_matvec(const float *weight, const float *x, float *out, int64_t n_out, int64_t n_in) nogil
 
 
-def matvec(const float[:, ::1] weight, const float[::1] x, float[::1] out):
-    """out[o] = sum_i weight[o, i] * x[i] (float32 sums). Raises ValueError where the shapes
-    do not agree; reads nothing then."""
-    cdef Py_ssize_t n_out = weight.shape[0], n_in = weight.shape[1]
-    if x.shape[0] != n_in or out.shape[0] != n_out:
-        raise ValueError(f"weight ({n_out}, {n_in}), x ({x.shape[0]},) and out ({out.shape[0]},) do not agree")
-    if n_out == 0:
-        return
+def matvec_at(size_t weight, size_t x, size_t out, Py_ssize_t n_out, Py_ssize_t n_in):
+    """out[o] = sum_i weight[o, i] * x[i] (float32 sums), given the addresses of contiguous
+    float32 buffers: weight of n_out x n_in floats (row-major), x of n_in, out of n_out.
+
+    Unchecked past the sizes: the caller guarantees the buffers (`OneRowMatvec.project` checks
+    the tensors' dtype, device, layout and shapes first). Addresses rather than memoryviews
+    because a one-token step makes ~200 of these calls, and taking three buffers each cost more
+    than the kernel saved (~40 us a call against ~5 us)."""
+    if n_out < 0 or n_in < 0:
+        raise ValueError(f"sizes must be >= 0, got n_out={n_out}, n_in={n_in}")
+    cdef float *result = <float *> out
+    cdef Py_ssize_t o
     if n_in == 0:
-        out[:] = 0
+        for o in range(n_out):
+            result[o] = 0
         return
     with nogil:
-        mv_matvec(&weight[0, 0], &x[0], &out[0], n_out, n_in)
+        mv_matvec(<const float *> weight, <const float *> x, result, n_out, n_in)

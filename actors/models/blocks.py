@@ -31,9 +31,9 @@ from .config import ModelConfig, ModelConfigError, rope_type_of  # noqa: F401  (
 from .vision import ImageRows
 
 try:
-    from postrain.ext._matvec import matvec
+    from postrain.ext._matvec import matvec_at
 except ImportError:          # a source tree whose extensions were not built: torch's linear only
-    matvec = None
+    matvec_at = None
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -227,21 +227,24 @@ class Float16Weights:
 class OneRowMatvec:
     """The generator's projections of a one-token step (batch-1 decode) through a compiled float32
     matrix-vector kernel (`postrain.ext._matvec`): such a step reads every weight byte once for one
-    multiply-add, so it is bound by memory bandwidth, where torch's float32 `linear` at one row
-    used ~0.55 of it on the CPUs measured and the kernel ~0.7-0.8 (docs/performance.md, "Limits").
-    Every other projection (more than one row, another dtype or device, a subclass of Linear such
-    as `ExactLinear`, a source tree whose extensions were not built) is module(x). Sums are float32 in another order than torch's: the results
-    differ in the last bits, as the decode attention's do. Holds no copy, so nothing goes stale.
+    multiply-add, so it is bound by memory bandwidth, which the kernel streams better than torch's
+    float32 `linear` at one row does (docs/performance.md, "Limits"). Every other projection (more
+    than one row, another dtype or device, a non-contiguous weight, a subclass of Linear such as
+    `ExactLinear`, a source tree whose extensions were not built) is module(x). Sums are float32
+    in another order than torch's: the results differ in the last bits, as the decode attention's
+    do. Holds no copy, so nothing goes stale.
     """
 
     def project(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         weight = module.weight
-        if (matvec is None or x.numel() != weight.shape[-1] or type(module) is not nn.Linear
-                or x.dtype != torch.float32 or weight.dtype != torch.float32 or x.device.type != "cpu"
-                or weight.device.type != "cpu" or not weight.is_contiguous()):
+        if (matvec_at is None or type(module) is not nn.Linear or x.dtype != torch.float32
+                or weight.dtype != torch.float32 or x.device.type != "cpu" or weight.device.type != "cpu"
+                or weight.dim() != 2 or x.numel() != weight.shape[1] or not weight.is_contiguous()):
             return module(x)
-        out = x.new_empty(*x.shape[:-1], weight.shape[0])
-        matvec(weight.detach().numpy(), x.detach().reshape(-1).numpy(), out.view(-1).numpy())
+        x = x.contiguous()
+        out = torch.empty(*x.shape[:-1], weight.shape[0])
+        # the checks above are the kernel's contract: contiguous float32 buffers of these sizes
+        matvec_at(weight.data_ptr(), x.data_ptr(), out.data_ptr(), weight.shape[0], weight.shape[1])
         if module.bias is not None:
             out += module.bias
         return out
