@@ -242,7 +242,7 @@ class OneRowMatvec:
                 or weight.dim() != 2 or x.numel() != weight.shape[1] or not weight.is_contiguous()):
             return module(x)
         x = x.contiguous()
-        out = torch.empty(*x.shape[:-1], weight.shape[0])
+        out = x.new_empty(*x.shape[:-1], weight.shape[0])
         # the checks above are the kernel's contract: contiguous float32 buffers of these sizes
         matvec_at(weight.data_ptr(), x.data_ptr(), out.data_ptr(), weight.shape[0], weight.shape[1])
         if module.bias is not None:
