@@ -58,7 +58,7 @@ import torch
 
 from postrain.ext import OutOfBlocksError
 
-from ..models.blocks import Float16Weights, OneRowMatvec, ProjectionPath
+from ..models.blocks import Float16Weights, ProjectionPath, default_projection
 from ..models.exact import exact_token_logprobs, make_exact
 from ..models.loading import load_model
 from ..models.protocol import CausalLM
@@ -136,15 +136,10 @@ class Engine:
             self.runner.routing_sink = self._record_routing
         self.policy_version = policy_version
         self.weight_precision = weight_precision
-        # Invariant: how a step multiplies by the linear weights: float16 copies of the model's
-        # current weights (refreshed per step), the one-row kernel (on the CPU, not exact), or
-        # None (each module's own call).
-        module = cast(torch.nn.Module, model)                       # a CausalLM is a Module
-        self._projection: ProjectionPath | None = None
-        if weight_precision == "float16":
-            self._projection = Float16Weights(module)
-        elif not exact and next(module.parameters()).device.type == "cpu":
-            self._projection = OneRowMatvec()
+        # Invariant: how a step multiplies by the linear weights (`default_projection`); float16
+        # copies are of the model's current weights (refreshed per step).
+        self._projection: ProjectionPath | None = default_projection(
+            cast(torch.nn.Module, model), weight_precision, exact)       # a CausalLM is a Module
         self.speculative = speculative
         self._proposer = self._make_proposer(speculative, proposer, seed)
         self._rng = torch.Generator().manual_seed(seed)

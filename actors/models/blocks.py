@@ -8,6 +8,7 @@
     SharedPrefixBatch   the learner's shared-prefix layout (prefixes once, suffixes attend to them)
     Float16Weights      inference-only float16 copies of the linear weights (`project`)
     OneRowMatvec        one-token steps' projections through a compiled float32 matrix-vector kernel
+    default_projection  the generator's projection path (`ProjectionPath`): one of the two, or None
 
 Design note: a model computes, it does not manage a KV cache. On the inference path a layer
 hands its new tokens' rotated q, k and v to the `PagedAttention` it is given (an attention
@@ -237,9 +238,10 @@ class OneRowMatvec:
 
     def project(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         weight = module.weight
-        if (matvec_at is None or type(module) is not nn.Linear or x.dtype != torch.float32
-                or weight.dtype != torch.float32 or x.device.type != "cpu" or weight.device.type != "cpu"
-                or weight.dim() != 2 or x.numel() != weight.shape[1] or not weight.is_contiguous()):
+        # every projection of a step comes here: the test most of them fail (more than one row) first
+        if (x.numel() != weight.shape[-1] or matvec_at is None or type(module) is not nn.Linear
+                or x.dtype != torch.float32 or weight.dtype != torch.float32 or x.device.type != "cpu"
+                or weight.device.type != "cpu" or weight.dim() != 2 or not weight.is_contiguous()):
             return module(x)
         x = x.contiguous()
         out = x.new_empty(*x.shape[:-1], weight.shape[0])
@@ -254,6 +256,17 @@ class ProjectionPath(Protocol):
     """How a generator's step multiplies by a linear layer's weight: Float16Weights or OneRowMatvec."""
 
     def project(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor: ...
+
+
+def default_projection(model: nn.Module, weight_precision: str, exact: bool) -> ProjectionPath | None:
+    """A generator's projection path: float16 copies of the weights where `weight_precision` is
+    "float16", the one-row kernel on the CPU unless the engine is exact, else None (each module's
+    own call)."""
+    if weight_precision == "float16":
+        return Float16Weights(model)
+    if not exact and next(model.parameters()).device.type == "cpu":
+        return OneRowMatvec()
+    return None
 
 
 def project(module: nn.Linear, x: torch.Tensor, weights: ProjectionPath | None = None) -> torch.Tensor:
