@@ -24,7 +24,9 @@ reward the environment actor gives in training): greedy decoding with the engine
 tool calls in a warm nsjail sandbox (only for tasks whose environment declares
 `uses_sandbox`), the task's own reward. Accuracy is the mean of the `correct`
 reward component (or of the total reward for tasks without one, such as `code`:
-the fraction of hidden tests passed). An episode whose environment fails scores
+the fraction of hidden tests passed); `causes` counts the episodes by the cause their
+environment named (`Episode.cause`: the CAD task's `ok`, `script_error`, `wrong_shape`,
+`no_export`, `invalid_export`), so failures read by kind. An episode whose environment fails scores
 0 and is counted; the first failure is printed at once (stderr) with its traceback trimmed to
 the user's frames, and an evaluation whose episodes fail mostly by one error (more than the
 run's `max_environment_error_fraction`, 0.5 without a run) ends with that error in one line and
@@ -40,6 +42,7 @@ through a gateway, as it trains: a generator and a gateway actor are started for
 from __future__ import annotations
 
 import argparse
+import collections
 import importlib.util
 import json
 import os
@@ -50,7 +53,7 @@ from typing import Any
 
 import trio
 
-from postrain.core.text import counted
+from postrain.core.text import counted, tally
 
 HELP = "held-out accuracy of a run's policy (or any model) on a task (greedy, real sandbox)"
 
@@ -103,7 +106,8 @@ def main(args) -> int:
     else:
         print(f"{result['task']}: accuracy {result['accuracy']:.3f} on {counted(result['num_tasks'], 'held-out task')} "
               f"({result['num_failed']} failed episodes) with {result['model']}"
-              + (f" (task and options from {plan['source']})" if plan["source"] else ""))
+              + (f" (task and options from {plan['source']})" if plan["source"] else "")
+              + (f"; causes: {tally(result['causes'])}" if result.get("causes") else ""))
     return 0
 
 
@@ -219,10 +223,16 @@ async def evaluate(model_spec: str, task_name: str, task_options: dict, num_task
         return await evaluate_agent(model_spec, task, task_options, tasks, errors)
     if policy is None:
         policy = engine_policy(model_spec, max_tokens)
-    scores, failed = await score_episodes(task, task_options, tasks,
-                                          lambda env, item: run_episode(env, item, policy), errors)
+    causes: collections.Counter[str] = collections.Counter()
+
+    async def play(env, item):
+        episode = await run_episode(env, item, policy)
+        if episode.cause:
+            causes[episode.cause] += 1
+        return episode
+    scores, failed = await score_episodes(task, task_options, tasks, play, errors)
     return {"task": task.name, "model": str(model_spec), "num_tasks": len(tasks), "num_failed": failed,
-            "accuracy": statistics.fmean(scores) if scores else 0.0}
+            "accuracy": statistics.fmean(scores) if scores else 0.0, "causes": dict(causes)}
 
 
 def load_task(name: str):

@@ -13,7 +13,7 @@ import html
 import json
 from collections.abc import Sequence
 
-from postrain.core.text import counted
+from postrain.core.text import counted, tally
 
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:0 auto;max-width:1100px;padding:0 16px 48px;color:#222}
@@ -137,12 +137,22 @@ def warnings_section(data: dict) -> str:
 def evals_section(evals: list[dict]) -> str:
     if not evals:
         return "<h2>Evaluations</h2><p>No evaluation rows in metrics.jsonl.</p>"
-    head = "<tr><th>phase</th><th>step</th><th>accuracy (greedy)</th><th>accuracy (sampled)</th><th>seconds</th></tr>"
+    head = ("<tr><th>phase</th><th>step</th><th>accuracy (greedy)</th><th>accuracy (sampled)</th><th>seconds</th>"
+            "<th>causes (greedy episodes)</th></tr>")
     rows = "".join(
         f"<tr><td>{esc(str(row.get('phase', '')).replace('_', ' '))}</td><td class=num>{number(row.get('step', ''))}</td>"
         f"<td class=num>{number(row.get('accuracy', ''))}</td><td class=num>{number(row.get('accuracy_sampled', ''))}</td>"
-        f"<td class=num>{number(row.get('eval_s', ''))}</td></tr>" for row in evals)
+        f"<td class=num>{number(row.get('eval_s', ''))}</td><td>{esc(eval_causes(row))}</td></tr>" for row in evals)
     return f"<h2>Evaluations</h2><table id=evals>{head}{rows}</table>"
+
+
+def eval_causes(row: dict) -> str:
+    """An evaluation row's episodes by the cause their environment named (`causes`; a mixture's
+    `causes_<task>`, each task named): 'no_export 5, ok 3'."""
+    if isinstance(row.get("causes"), dict):
+        return tally(row["causes"])
+    return "; ".join(f"{key.removeprefix('causes_')}: {tally(value)}" for key, value in sorted(row.items())
+                     if key.startswith("causes_") and isinstance(value, dict))
 
 
 def tasks_section(data: dict) -> str:

@@ -4,6 +4,7 @@
     postrain samples runs/default --worst            # the whole run, lowest reward first
     postrain samples runs/default --step 3 --worst   # step 3 only, lowest reward first
     postrain samples runs/mix --task chain_sum       # one task of a mixture (its last step)
+    postrain samples runs/cad --cause script_error   # the samples whose environment named this cause
     postrain samples runs/default --best --limit 3   # the 3 best of the whole run
     postrain samples runs/default --all --limit 0    # every sample of the run, in order
 
@@ -38,6 +39,9 @@ def add_arguments(parser) -> None:
     order.add_argument("--worst", action="store_true", help="lowest reward first, of the whole run unless --step")
     order.add_argument("--best", action="store_true", help="highest reward first, of the whole run unless --step")
     parser.add_argument("--task", default=None, help="only the samples of this task of a mixture (its name)")
+    parser.add_argument("--cause", default=None,
+                        help="only the samples whose environment named this cause (info['cause'], e.g. the "
+                             "CAD task's script_error); with no --step, of every step")
     parser.add_argument("--limit", type=int, default=DEFAULT_LIMIT,
                         help=f"samples to print (default {DEFAULT_LIMIT}; 0: all)")
     parser.add_argument("--json", action="store_true", help="print the chosen lines as JSON, one per line")
@@ -48,9 +52,11 @@ class SamplesError(PostrainError, ValueError):
 
 
 def select_samples(rows: list[dict], step: int | None = None, all_steps: bool = False, worst: bool = False,
-                   best: bool = False, limit: int = DEFAULT_LIMIT, task: str | None = None) -> list[dict]:
-    """The rows of `task` (a mixture's task name; none: every task), of `step`; without it, of every
-    step when sorting by reward or with `all_steps`, else of the last step in the file. Sorted by
+                   best: bool = False, limit: int = DEFAULT_LIMIT, task: str | None = None,
+                   cause: str | None = None) -> list[dict]:
+    """The rows of `task` (a mixture's task name; none: every task) and of `cause` (none: any), of
+    `step`; without it, of every step when sorting by reward, with `all_steps` or with a cause,
+    else of the last step in the file. Sorted by
     reward (`worst`: ascending, `best`: descending; ties keep file order); the first `limit` (0:
     all). SamplesError when there are no rows, none of the task or none of the step."""
     if not rows:
@@ -60,7 +66,12 @@ def select_samples(rows: list[dict], step: int | None = None, all_steps: bool = 
         rows = [row for row in rows if row.get("task") == task]
         if not rows:
             raise SamplesError(f"no samples of task {task!r}; tasks with samples: {', '.join(tasks)}")
-    if step is not None or not (all_steps or worst or best):
+    if cause is not None:
+        causes = sorted({str(row["cause"]) for row in rows if row.get("cause")})
+        rows = [row for row in rows if row.get("cause") == cause]
+        if not rows:
+            raise SamplesError(f"no samples with cause {cause!r}; causes named: {', '.join(causes) or 'none'}")
+    if step is not None or not (all_steps or worst or best or cause is not None):
         steps = sorted({row["step"] for row in rows if isinstance(row.get("step"), int)})
         if step is None:
             step = steps[-1] if steps else None
@@ -80,13 +91,15 @@ def _reward(row: dict) -> float:
 
 
 def sample_header(row: dict) -> str:
-    """One line: id, step, group, outcome, reward (components), advantage, staleness, tokens."""
+    """One line: id, step, group, outcome, reward (components), cause, advantage, staleness, tokens."""
     parts = ", ".join(f"{name} {value:.3f}" for name, value in (row.get("components") or {}).items()
                       if isinstance(value, (int, float)))
     reward = f"reward {_reward(row):.3f}" + (f" ({parts})" if parts else "")
     advantage = row.get("advantage")
     words = [f"sample {row.get('sample_id', '?')}", f"step {row.get('step', '?')}",
              f"group {row.get('group', '?')}", str(row.get("outcome", "?")), reward]
+    if row.get("cause"):
+        words.append(f"cause {row['cause']}")
     if isinstance(advantage, (int, float)):
         words.append(f"advantage {advantage:+.3f}")
     if isinstance(row.get("staleness"), (int, float)):
@@ -135,7 +148,7 @@ def main(args) -> int:
     try:
         rows = load_samples(args.run_folder)
         chosen = select_samples(rows, step=args.step, all_steps=args.all, worst=args.worst, best=args.best,
-                                limit=args.limit, task=args.task)
+                                limit=args.limit, task=args.task, cause=args.cause)
     except SamplesError as exc:
         raise SystemExit(f"postrain samples: {exc}") from None
     if args.json:

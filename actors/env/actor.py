@@ -15,8 +15,8 @@ one); an environment that runs code and has no sandbox fails setup with the fix.
 sampling field left out takes `SamplingParams`' default) -> a `records.Rollout` on the wire:
     {"token_ids", "loss_mask", "behavior_logprobs", "policy_versions",
      "reward": {"components", "weights"}, "num_turns", "num_policy_tokens", "tool_statuses",
-     "timeline"}
-where `timeline` lists the episode's hops: each generate call and each tool call
+     "timeline", "cause"}
+where `cause` is the episode's (`Episode.cause`; left out when its environment named none), `timeline` lists the episode's hops: each generate call and each tool call
 with its start, duration and outcome (actors/env/timeline.py; `postrain trace`).
 
 Design note (tokens in, tokens out). The episode is played by the one driver,

@@ -88,13 +88,20 @@ class TaskOptionsError(ConfigError):
 
 
 # --------------------------------------------------------------------------- values
+MAX_CAUSE_CHARS = 64   # StepResult.info["cause"]: a label counted per task, not a message
+
+
 @dataclasses.dataclass
 class StepResult:
     """What `step` returns.
 
     observation: the next user turn's text (None once done); done: the episode is over;
     reward: required when done (intermediate rewards are allowed and are summed per component
-    by `run_episode`); info: free-form plain data for logs (not used for training).
+    by `run_episode`); info: free-form plain data for logs (not used for training). One key
+    is read: `info["cause"]`, a short label of why the episode ends as it does (the CAD grader's
+    "ok", "script_error", "wrong_shape", "no_export"): the last one an episode's steps name is its
+    `Episode.cause`, which `postrain eval`, the run's evaluations and samples.jsonl count and
+    show per task.
     """
 
     observation: str | None
@@ -229,6 +236,11 @@ def validate_step_result(result: Any) -> StepResult:
     if not isinstance(result.info, dict):
         raise EnvironmentContractError(
             f"StepResult.info must be a dict, got {show_value(result.info)}; fix: pass a dict or omit it")
+    cause = result.info.get("cause")
+    if cause is not None and not (isinstance(cause, str) and 0 < len(cause) <= MAX_CAUSE_CHARS):
+        raise EnvironmentContractError(
+            f"StepResult.info['cause'] must be a short label (a str of 1-{MAX_CAUSE_CHARS} characters), got "
+            f"{show_value(cause)}; fix: name the kind of outcome (e.g. 'wrong_unit') and put details in other keys")
     return result
 
 

@@ -43,6 +43,12 @@ class Episode:
     infos: list[dict]
     num_segments: int = 1
 
+    @property
+    def cause(self) -> str | None:
+        """Why the episode ended as it did: the last `info["cause"]` its steps named (api.py,
+        `StepResult`), None when none did."""
+        return next((info["cause"] for info in reversed(self.infos) if info.get("cause")), None)
+
 
 ActionFn = Callable[[list[dict]], Awaitable[str]]
 

@@ -177,7 +177,7 @@ class TokenPolicy(EpisodePolicy):
                        reward=episode.reward, num_turns=episode.num_turns,
                        num_policy_tokens=last.num_policy_tokens, tool_statuses=statuses,
                        timeline=timeline.to_list(), routed_experts=last.routed_experts, images=last.images,
-                       earlier_segments=list(self.segments) or None)
+                       earlier_segments=list(self.segments) or None, cause=episode.cause)
 
     def _routing_record(self) -> bytes | None:
         """The last action's routing record, padded with "not recorded" rows (all-ones bytes, the

@@ -22,12 +22,18 @@ episode (and seed for seed) as a run of that task alone would, and reports the m
 tasks' accuracies; each task's own accuracy is in the metrics row (`accuracy_<task>`) and in
 `evals` under `task:<name>:<phase>` (the summary's `eval_by_task`).
 
+Causes: an episode whose environment names why it ended so (`Episode.cause`, api.py's
+`StepResult`) is counted by that cause; a greedy evaluation's counts are in its metrics row
+(`causes`, in a mixture `causes_<task>`) and its printed line, so a task's failures read by kind
+(the CAD task's script errors, wrong shapes and missing exports) beside its accuracy.
+
 During RL (`eval_every`), the RL loop waits for an evaluation after the step it follows, so
 the learner does not change the policy under it; batches already admitted keep generating
 beside it (max_staleness > 0), on the same weights.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import statistics
 import time
@@ -37,7 +43,7 @@ import anyio
 
 from postrain.core.errors import PostrainError
 from postrain.core.progress import PhaseProgress
-from postrain.core.text import counted
+from postrain.core.text import counted, tally
 
 from ..env.tools import STOP_STRINGS
 from ..learner.recovery import is_actor_death, short_reason
@@ -52,6 +58,15 @@ PROGRESS_LINES_FROM_EPISODES = 20
 
 class EvaluationIncomplete(PostrainError, RuntimeError):
     """An evaluation that could not score all its episodes, however often it was redone."""
+
+
+@dataclasses.dataclass
+class TaskScores:
+    """One evaluation per task: the mean score (of the tasks that have held-out tasks) and the
+    episodes counted by the cause their environment named (module docstring)."""
+
+    accuracy: dict[str, float]
+    causes: dict[str, collections.Counter[str]]
 
 
 class Evaluator:
@@ -100,21 +115,22 @@ class Evaluator:
         start = time.monotonic()
         num_episodes = self.num_tasks() * (1 + self.options.eval_samples_per_task)
         self._progress = PhaseProgress(f"evaluation {label}", num_episodes, self.report_figures)
-        greedy = self._record(phase, await self.score_by_task(0.0, 1, phase))
+        scores = await self.score_by_task(0.0, 1, phase)
+        greedy = self._record(phase, scores.accuracy)
         line = f"held-out accuracy {label}: {greedy:.3f}"
-        row = {**context, "accuracy": greedy, **self._task_figures(phase, "accuracy")}
+        row = {**context, "accuracy": greedy, **self._task_figures(phase, "accuracy"), **self._causes(scores)}
         num_samples = self.options.eval_samples_per_task
         if num_samples:
             temperature = self.options.sampling.temperature
-            sampled = self._record(f"sampled_{phase}",
-                                   await self.score_by_task(temperature, num_samples, f"sampled_{phase}"))
+            sampled_scores = await self.score_by_task(temperature, num_samples, f"sampled_{phase}")
+            sampled = self._record(f"sampled_{phase}", sampled_scores.accuracy)
             row["accuracy_sampled"] = sampled
             row.update(self._task_figures(f"sampled_{phase}", "accuracy_sampled"))
             line += f" greedy, {sampled:.3f} sampled (temperature {temperature}, {num_samples} per task)"
         if not self.mixture.is_single:
             line += " (" + ", ".join(f"{name} {self.evals[f'task:{name}:{phase}']:.3f}"
                                      for name in self.mixture.names if f"task:{name}:{phase}" in self.evals) + ")"
-        line += f" ({counted(num_episodes, 'episode')}, {time.monotonic() - start:.1f} s)"
+        line += f" ({counted(num_episodes, 'episode')}, {time.monotonic() - start:.1f} s{self._causes_text(scores)})"
         self._progress = None
         self.eval_s += time.monotonic() - start
         self.metrics.log("eval", phase=phase, **row, eval_s=round(time.monotonic() - start, 2))
@@ -129,6 +145,23 @@ class Evaluator:
         accuracy = self.evals[phase] = statistics.fmean(by_task.values()) if by_task else 0.0
         return accuracy
 
+    def _causes(self, scores: TaskScores) -> dict[str, dict[str, int]]:
+        """An evaluation's cause counts for its metrics row: `causes` (a mixture: `causes_<task>`),
+        only where a cause was named."""
+        if self.mixture.is_single:
+            causes: collections.Counter[str] = next(iter(scores.causes.values()), collections.Counter())
+            return {"causes": dict(causes)} if causes else {}
+        return {f"causes_{name}": dict(causes) for name, causes in scores.causes.items() if causes}
+
+    def _causes_text(self, scores: TaskScores) -> str:
+        """'; causes: no_export 5, ok 3' (a mixture: each task's, named), or '' when none was named."""
+        named = {name: causes for name, causes in scores.causes.items() if causes}
+        if not named:
+            return ""
+        if self.mixture.is_single:
+            return "; causes: " + tally(next(iter(named.values())))
+        return "; causes: " + "; ".join(f"{name} {tally(causes)}" for name, causes in named.items())
+
     def _task_figures(self, phase: str, figure: str) -> dict[str, float]:
         """A mixture's per-task figures of one evaluation for its metrics row (`accuracy_<task>`)."""
         return {f"{figure}_{name}": self.evals[f"task:{name}:{phase}"] for name in self.mixture.names
@@ -138,16 +171,17 @@ class Evaluator:
         """No warm start: its scores are those before it."""
         self.evals.update({k.replace("before", "after_sft"): v for k, v in self.evals.items()})
 
-    async def score_by_task(self, temperature: float, samples_per_task: int, label: str = "") -> dict[str, float]:
+    async def score_by_task(self, temperature: float, samples_per_task: int, label: str = "") -> TaskScores:
         """Each task's mean score over `samples_per_task` episodes per held-out task at
-        `temperature` (0: greedy), for the tasks that have held-out tasks; redone whole while
-        episodes are lost to actor deaths (module docstring). Cancelled: the episodes in flight
-        are abandoned; nothing is recorded."""
+        `temperature` (0: greedy), for the tasks that have held-out tasks, and its causes; redone
+        whole while episodes are lost to actor deaths (module docstring). Cancelled: the episodes
+        in flight are abandoned; nothing is recorded."""
         max_repeats = self.options.max_eval_repeats
         for attempt in range(max_repeats + 1):
-            scores, lost = await self._score_once(temperature, samples_per_task, label)
+            scores, causes, lost = await self._score_once(temperature, samples_per_task, label)
             if not lost:
-                return {name: statistics.fmean(values) for name, values in scores.items() if values}
+                return TaskScores({name: statistics.fmean(values) for name, values in scores.items() if values},
+                                  causes)
             num_episodes = sum(len(values) for values in scores.values())
             what = (f"evaluation {label or 'score'}: {len(lost)} of {num_episodes} episodes could not finish "
                     f"(actors on their path kept dying: {lost[0]})")
@@ -162,9 +196,10 @@ class Evaluator:
             await self.pool.keeper.resync_generators()   # a restarted generator gets the weights first
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    async def _score_once(self, temperature: float, samples_per_task: int,
-                          label: str) -> tuple[dict[str, list[float]], list[str]]:
-        """Every episode's score by task, and why each lost episode was lost (empty: all scored).
+    async def _score_once(self, temperature: float, samples_per_task: int, label: str
+                          ) -> tuple[dict[str, list[float]], dict[str, collections.Counter[str]], list[str]]:
+        """Every episode's score by task, each task's episodes counted by cause, and why each lost
+        episode was lost (empty: all scored).
         Each task's episodes have the seeds a run of that task alone gives them. Raises
         EnvironmentErrorStop when one environment error failed most episodes (the pool's `errors`).
         Cancelled: the episodes in flight are abandoned; nothing is recorded."""
@@ -172,6 +207,7 @@ class Evaluator:
         episodes = [(of.name, task, i * samples_per_task + k) for of, items in self.held_out()
                     for i, task in enumerate(items) for k in range(samples_per_task)]
         scores = [0.0] * len(episodes)
+        causes: list[str | None] = [None] * len(episodes)
         lost: list[str] = []
         failures: list[str] = []   # the reason of each episode the environment failed
 
@@ -192,15 +228,20 @@ class Evaluator:
                     self._episode_done()
                 return
             scores[index] = rollout.reward.components.get("correct", rollout.reward.total)
+            causes[index] = rollout.cause
             self._episode_done()
         async with anyio.create_task_group() as tg:
             for index, (task_name, task, episode_seed) in enumerate(episodes):
                 tg.start_soon(one, index, task_name, task, episode_seed)
         self.pool.errors.check(failures, len(episodes), f"episodes of the evaluation {label or 'score'}")
         by_task: dict[str, list[float]] = {name: [] for name in self.mixture.names}
-        for (task_name, _, _), value in zip(episodes, scores):
+        causes_by_task: dict[str, collections.Counter[str]] = {name: collections.Counter()
+                                                               for name in self.mixture.names}
+        for (task_name, _, _), value, cause in zip(episodes, scores, causes):
             by_task[task_name].append(value)
-        return by_task, lost
+            if cause:
+                causes_by_task[task_name][cause] += 1
+        return by_task, causes_by_task, lost
 
     def _episode_done(self) -> None:
         """Count an episode of the evaluation under way; a line at each quarter of a long one."""

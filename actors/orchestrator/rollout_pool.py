@@ -143,7 +143,8 @@ class RolloutPool:
         for sid, segment in zip(ids, segments):
             self.ledger.advance(sid, "generated", tokens=segment.num_policy_tokens)
             self.ledger.advance(sid, "rewarded", reward=rollout.reward.total,
-                                components=rollout.reward.components, tool_statuses=rollout.tool_statuses)
+                                components=rollout.reward.components, tool_statuses=rollout.tool_statuses,
+                                **({"cause": rollout.cause} if rollout.cause else {}))
         group.append(ScoredSample(sample_id, rollout, teacher_rows, task_name))
 
     # -- one episode ------------------------------------------------------------------

@@ -5,14 +5,16 @@ rewards. This file keeps its text, beside it in the run folder: the prompt, each
 completion and the tool output the model read next, decoded from the exact tokens the
 rollout carries (tokens in, tokens out: the prompt is the ids before the first sampled one;
 each run of sampled ids, loss mask 1, is a completion; each run of ids after it that the
-environment appended, loss mask 0, is the tool's output in the chat template's framing).
-Each text is bounded to `max_chars` characters: its head and its tail stay, and the cut is
+environment appended, loss mask 0, is the tool's output in the chat template's framing),
+and `cause`: why the environment says the episode ended so (`Episode.cause`; null when it
+names none). Each text is bounded to `max_chars` characters: its head and its tail stay, and the cut is
 marked where it was, `[... 1234 characters cut ...]`.
 
 One line per sample, written by the train step (train_step.py) when its batch is trained:
 
     {"sample_id": "b0-g0-s0", "step": 1, "batch": 0, "group": 0, "task": "arithmetic",
-     "outcome": "trained" | "dropped: REASON", "reward": 1.1, "components": {"correct": 1.0},
+     "outcome": "trained" | "dropped: REASON", "reward": 1.1, "cause": "wrong_unit" | null,
+     "components": {"correct": 1.0},
      "advantage": 0.71, "staleness": 0, "policy_tokens": 24, "num_turns": 2,
      "prompt": "...", "turns": [{"completion": "...", "tool_output": "..."}, ...]}
 
@@ -137,7 +139,7 @@ class SampleLog:
             staleness: int | None, outcome: str) -> dict[str, Any]:
         rollout = sample.rollout
         return {"sample_id": sample.sample_id, "step": step, "batch": batch, "group": group,
-                "task": sample.task, "outcome": outcome, "reward": rollout.reward.total,
+                "task": sample.task, "outcome": outcome, "reward": rollout.reward.total, "cause": rollout.cause,
                 "components": dict(rollout.reward.components), "advantage": advantage,
                 "staleness": staleness, "policy_tokens": rollout.num_policy_tokens,
                 "num_turns": rollout.num_turns, "num_segments": rollout.num_segments,

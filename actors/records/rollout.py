@@ -81,6 +81,8 @@ class Rollout(Record):
     # episodes, so a single-segment rollout travels exactly as before segments existed
     images: list[bytes] | None = None     # a vision-language policy's image files, in order: they fill
                                           # the first image placeholders of token_ids (models/vision.py)
+    cause: str | None = None              # why the episode ended as it did (Episode.cause: the last
+                                          # info["cause"] its environment named), None when none did
 
     def _check(self) -> None:
         _check_tokens(self)

@@ -18,7 +18,8 @@ class CountdownOptions(Options):
 
 class CountdownEnv(Environment):
     """Done at turn `target`; every step pays an intermediate reward that depends on the action's
-    text (`chars`), the last step `finished` (weight 2); running out of turns pays `truncated` = -1."""
+    text (`chars`), the last step `finished` (weight 2) and names the cause "counted_down"; running
+    out of turns pays `truncated` = -1 and names none."""
 
     max_turns = 3
     options_model = CountdownOptions
@@ -40,7 +41,7 @@ class CountdownEnv(Environment):
         chars = Reward({"chars": len(action) / 100, "step": 0.25})
         if self.turn >= self.options.target:
             return StepResult(None, True, Reward({**chars.components, "finished": 1.0}, {"finished": 2.0}),
-                              info={"turn": self.turn})
+                              info={"turn": self.turn, "cause": "counted_down"})
         return StepResult(f"{self.turn} down.", False, chars, info={"turn": self.turn})
 
     async def truncated(self):

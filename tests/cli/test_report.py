@@ -10,6 +10,7 @@ import pytest
 
 from postrain.cli import report as report_command
 from postrain.cli.report import gather, spread, write_report
+from postrain.cli.report_page import eval_causes
 
 HOSTILE = "</script><script>window.pwned = 1</script><img src=x onerror=alert(1)>"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -29,7 +30,8 @@ def sample(sample_id, step, reward, completion="<answer>5</answer>", tool_output
 
 def synthetic_run(folder):
     """A finished run's files as `postrain up` writes them: 3 warm-start steps, 2 RL steps (KL
-    unused), three evaluations, one warning, five samples (one with hostile text)."""
+    unused), three evaluations (the last with the causes its environment named), one warning, five
+    samples (one with hostile text)."""
     rows = [{"time": 100.0, "kind": "eval", "phase": "before", "accuracy": 0.125, "eval_s": 1.5}]
     rows += [{"time": 100.0 + i, "kind": "sft", "step": i + 1, "loss": 3.0 / (i + 1)} for i in range(3)]
     rows += [{"time": 104.0, "kind": "eval", "phase": "after_sft", "accuracy": 0.625, "eval_s": 1.25}]
@@ -37,7 +39,8 @@ def synthetic_run(folder):
               "correct_mean": 0.2 * step, "tokens_per_s": 4321.0 + step, "staleness_max": 0} for step in (1, 2)]
     rows += [{"time": 106.5, "kind": "warning", "code": "no_learning_signal", "step": 2,
               "causes": ["every reward is 0: the model never reaches a rewarded answer"]},
-             {"time": 107.0, "kind": "eval", "phase": "after", "accuracy": 0.875, "step": 2, "eval_s": 1.0}]
+             {"time": 107.0, "kind": "eval", "phase": "after", "accuracy": 0.875, "step": 2, "eval_s": 1.0,
+              "causes": {"wrong_unit": 1, "ok": 7}}]
     write_jsonl(folder / "metrics.jsonl", rows)
     write_jsonl(folder / "samples.jsonl", [
         sample("b0-g0-s0", 1, 0.0), sample("b0-g0-s1", 1, 1.0, "<python>print(4)</python>", "<output>\n4\n</output>"),
@@ -60,11 +63,18 @@ def test_the_page_holds_summary_evaluations_warnings_timings_config_and_charts(p
     text = page.read_text()
     assert page.name == "report.html"
     for seen in ("0.125", "0.625", "0.875", "61.5 s", "12.2 s", "no_learning_signal", "every reward is 0",
-                 "1 sample dropped: environment timed out", 'name = &quot;synthetic&quot;', "after sft"):
+                 "1 sample dropped: environment timed out", 'name = &quot;synthetic&quot;', "after sft",
+                 "<td>ok 7, wrong_unit 1</td>"):
         assert seen in text, f"the page lacks {seen!r}"
     charts = re.findall(r'data-chart="([^"]+)"', text)
     assert charts == ["reward", "accuracy", "warm start", "throughput", "staleness"]
     assert "kl: KL is 0 at every step: the run does not use KL" in text   # drawn only where KL is used
+
+
+def test_a_mixtures_evaluation_shows_each_tasks_causes_by_name():
+    row = {"kind": "eval", "causes_finance": {"wrong_unit": 1, "ok": 1}, "causes_cad": {"no_export": 3}}
+    assert eval_causes(row) == "cad: no_export 3; finance: ok 1, wrong_unit 1"
+    assert eval_causes({"kind": "eval", "accuracy": 0.5}) == ""
 
 
 def test_the_page_needs_no_network_and_keeps_model_text_out_of_the_markup(page):

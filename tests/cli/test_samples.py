@@ -21,7 +21,7 @@ ROWS = [row("b0-g0-s0", 1, 0.0), row("b0-g0-s1", 1, 1.0), row("b1-g0-s0", 2, 0.5
 
 def args(folder, **overrides):
     values = {"run_folder": str(folder), "step": None, "all": False, "worst": False, "best": False,
-              "limit": 8, "json": False, "task": None, **overrides}
+              "limit": 8, "json": False, "task": None, "cause": None, **overrides}
     return argparse.Namespace(**values)
 
 
@@ -48,6 +48,19 @@ def test_a_step_without_samples_is_an_error_naming_the_steps_that_have_some():
         select_samples(ROWS, step=7)
     with pytest.raises(SamplesError, match=r"no samples yet: a sample is written when its RL step is trained"):
         select_samples([], worst=True)
+
+
+def test_a_cause_picks_its_samples_of_every_step_and_an_unnamed_one_lists_those_named():
+    rows = [row("a", 1, 0.0, cause="script_error"), row("b", 1, 1.0, cause="ok"), row("c", 2, 0.0, cause="script_error"),
+            row("d", 2, 0.0, cause="no_export"), row("e", 2, 0.0)]
+    assert [r["sample_id"] for r in select_samples(rows, cause="script_error")] == ["a", "c"]
+    assert [r["sample_id"] for r in select_samples(rows, cause="script_error", step=2)] == ["c"]
+    with pytest.raises(SamplesError, match=r"no samples with cause 'wrong_shape'; causes named: no_export, ok, "
+                                           r"script_error"):
+        select_samples(rows, cause="wrong_shape")
+    assert format_sample(rows[0]).splitlines()[0] == (
+        "sample a  step 1  group 0  trained  reward 0.000 (correct 0.000)  cause script_error  advantage +0.500  "
+        "staleness 0  12 policy tokens")
 
 
 def test_a_sample_prints_its_header_then_each_text_indented():

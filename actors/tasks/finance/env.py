@@ -62,7 +62,7 @@ class FinanceDocsEnv(Environment):
 
     def _graded(self, action: str) -> StepResult:
         verdict = grade(action, self.expected, tolerance_units=self.options.tolerance_units)
-        info = {"answer": verdict.answer, "problem": verdict.reason} if verdict.reason else {"answer": verdict.answer}
+        info = {"answer": verdict.answer, "cause": verdict.cause, **({"problem": verdict.reason} if verdict.reason else {})}
         return StepResult(None, True, Reward({"correct": float(verdict.correct)}), info)
 
     async def step(self, action: str) -> StepResult:

@@ -1,7 +1,7 @@
 """The grader of `finance_docs`: the policy's final answer text against the expected value.
 
     grade("... so the margin is 41.2%. <answer>41.2%</answer>", expected, tolerance_units=1.0)
-    # -> Grade(correct=True, answer="41.2%", reason="")
+    # -> Grade(correct=True, answer="41.2%", reason="", cause="ok")
 
 It reads only the final turn's text, never a file or a tool's output, so nothing the policy
 runs can change a verdict. The answer is the content of the turn's last complete
@@ -34,11 +34,13 @@ ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 @dataclasses.dataclass(frozen=True)
 class Grade:
     """A verdict: `correct`; `answer`, the graded text (None: no complete answer tag); `reason`
-    why it is not correct ("" when it is)."""
+    why it is not correct ("" when it is); `cause`, the kind of verdict for counting (the episode's
+    info["cause"]): ok, no_answer, not_a_number, wrong_unit, out_of_tolerance."""
 
     correct: bool
     answer: str | None
     reason: str = ""
+    cause: str = "ok"
 
 
 def final_answer(text: str) -> str | None:
@@ -52,14 +54,15 @@ def grade_answer(answer: str, expected: dict, *, tolerance_units: float = 1.0) -
     unit = ANSWER_UNITS[expected["unit"]]
     read = read_answer(answer)
     if read is None:
-        return Grade(False, answer, f"not one number with a unit, as in {unit.example!r}")
+        return Grade(False, answer, f"not one number with a unit, as in {unit.example!r}", "not_a_number")
     value = in_asked_unit(read, unit)
     if value is None:
-        return Grade(False, answer, f"a {read.kind} unit, but the question asks {unit.phrase}")
+        return Grade(False, answer, f"a {read.kind} unit, but the question asks {unit.phrase}", "wrong_unit")
     error = abs(float(value) - float(expected["value"]))
     tolerance = max(tolerance_units * 10.0 ** -unit.decimals, 1e-9 * abs(float(expected["value"])))
     if error > tolerance:
-        return Grade(False, answer, f"off by {error:.4g} {unit.name}, more than the tolerance {tolerance:g}")
+        return Grade(False, answer, f"off by {error:.4g} {unit.name}, more than the tolerance {tolerance:g}",
+                     "out_of_tolerance")
     return Grade(True, answer)
 
 
@@ -67,5 +70,5 @@ def grade(text: str, expected: dict, *, tolerance_units: float = 1.0) -> Grade:
     """Grade a final turn: its last complete answer tag (module docstring)."""
     answer = final_answer(text)
     if answer is None:
-        return Grade(False, None, "no <answer>...</answer> in the final turn")
+        return Grade(False, None, "no <answer>...</answer> in the final turn", "no_answer")
     return grade_answer(answer, expected, tolerance_units=tolerance_units)

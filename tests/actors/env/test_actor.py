@@ -85,6 +85,9 @@ async def test_training_and_eval_give_the_same_reward_for_the_same_episode():
         result = await evaluate("tiny", TASK, task_options, None, 8, policy=replay(actions))
         assert result["task"] == TASK and result["num_tasks"] == 1 and result["num_failed"] == 0
         assert result["accuracy"] == pytest.approx(reward.total)
+        # the cause the environment named travels with the rollout and is counted by eval alike
+        assert rollout.get("cause") == ("counted_down" if name == "env-done" else None)
+        assert result["causes"] == ({"counted_down": 1} if name == "env-done" else {})
         # tokens in, tokens out: the bookkeeping lines up, and no tool call was made
         num = len(rollout["token_ids"])
         assert {len(rollout[key]) for key in ("loss_mask", "behavior_logprobs", "policy_versions")} == {num}

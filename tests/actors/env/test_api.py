@@ -61,6 +61,8 @@ def test_reward_total_weights_and_wire_form():
     (StepResult(None, True), "reward is None but done is True"),
     (StepResult(None, True, {"correct": 1.0}), "reward must be a Reward"),
     (StepResult(None, True, Reward(), info=[1]), "info must be a dict"),
+    (StepResult(None, True, Reward(), info={"cause": 3}), "info['cause'] must be a short label"),
+    (StepResult(None, True, Reward(), info={"cause": "x" * 65}), "info['cause'] must be a short label"),
 ])
 def test_validate_step_result_names_the_problem(garbage, message):
     with pytest.raises(EnvironmentContractError, match=re.escape(message)):
@@ -192,6 +194,18 @@ async def test_the_final_step_reward_adds_to_the_intermediate_ones():
             return result
     ep = await run_episode(Bonus(options={"target": 2}), {}, scripted("a", "b"))
     assert ep.reward.components == {"step": 0.5, "done": 1.0} and ep.reward.total == 3.5
+
+
+@async_test
+async def test_an_episodes_cause_is_the_last_one_its_steps_named():
+    class Named(Counter):
+        async def step(self, action):
+            result = await super().step(action)
+            if action != "quiet":
+                result.info = {"cause": f"after_{action}"}
+            return result
+    assert (await run_episode(Named(options={"target": 3}), {}, scripted("a", "b", "quiet"))).cause == "after_b"
+    assert (await run_episode(Counter(options={"target": 1}), {}, scripted("a"))).cause is None
 
 
 @async_test

@@ -1,17 +1,19 @@
 """The held-out evaluation (actors/orchestrator/evaluation.py) through the real rollout pool: an
 environment that fails most episodes with one error stops the run there, before a warm start or
-RL steps are spent on it, and its first failure is shown with the user's traceback."""
+RL steps are spent on it, and its first failure is shown with the user's traceback; the causes
+an environment names are counted in the evaluation's row and line."""
 from __future__ import annotations
 
 import trio
 
+from postrain.actors.env.api import Reward
 from postrain.actors.env.user_errors import EnvironmentErrors, EnvironmentErrorStop
 from postrain.actors.orchestrator.evaluation import Evaluator
 from postrain.actors.orchestrator.ledger import SampleLedger
 from postrain.actors.orchestrator.options import OrchestratorOptions
 from postrain.actors.orchestrator.rollout_pool import RolloutPool
 from postrain.actors.orchestrator.work import WorkSignal
-from postrain.actors.records import ROLLOUT
+from postrain.actors.records import ROLLOUT, Rollout
 from postrain.actors.tasks import TaskMixture, get_task
 from postrain.core.errors import RemoteError
 
@@ -60,3 +62,40 @@ def test_an_evaluation_that_fails_mostly_by_one_error_stops_the_run(tmp_path):
 def test_with_a_fraction_of_one_an_evaluation_scores_its_failures_zero(tmp_path):
     shown, stopped = evaluate(tmp_path, 1.0)
     assert stopped is None and len(shown) == 1 + len(TRACEBACK.splitlines())
+
+
+class CausingEnv:
+    """An environment actor's reference whose episodes name a cause: an even sampling seed is
+    right ("ok"), an odd one wrong ("wrong_unit"), one seed in four names none."""
+
+    name = "env"
+
+    async def call(self, kind, request, timeout_s=None):
+        seed = request.sampling.seed
+        cause = None if seed % 4 == 3 else "ok" if seed % 2 == 0 else "wrong_unit"
+        return Rollout(token_ids=[1, 2], loss_mask=[0, 1], behavior_logprobs=[0.0, -1.0], policy_versions=[-1, 0],
+                       reward=Reward({"correct": float(seed % 2 == 0)}), num_turns=1, num_policy_tokens=1,
+                       cause=cause)
+
+
+class Rows:
+    def __init__(self):
+        self.rows: list[tuple[str, dict]] = []
+
+    def log(self, kind, **row):
+        self.rows.append((kind, row))
+
+
+def test_an_evaluation_counts_the_causes_its_environment_names_in_its_row_and_line(tmp_path):
+    shown: list[str] = []
+    metrics = Rows()
+    pool = RolloutPool([CausingEnv()], Keeper(), SampleLedger(tmp_path / "ledger.jsonl"), 8, 0,
+                       WorkSignal(None, None), ["generator"], EnvironmentErrors(0.5, shown.append))
+    evaluator = Evaluator(TaskMixture.single(get_task("arithmetic")), OrchestratorOptions(num_eval_tasks=8),
+                          pool, metrics=metrics, emit=shown.append)
+    trio.run(evaluator.phase, "before", "before")
+    (kind, row), = metrics.rows
+    assert kind == "eval" and row["accuracy"] == 0.5
+    assert row["causes"] == {"ok": 4, "wrong_unit": 2}        # seeds 3 and 7 named none
+    assert shown[-1].startswith("held-out accuracy before: 0.500 (8 episodes, ")
+    assert shown[-1].endswith(" s; causes: ok 4, wrong_unit 2)")

@@ -12,7 +12,7 @@ from postrain.core.errors import DiskFullError
 from postrain.core.jsonl import JsonlAppender
 
 
-def rollout(tokenizer, parts, reward=1.0):
+def rollout(tokenizer, parts, reward=1.0, cause=None):
     """A Rollout of (text, sampled) parts: sampled parts have loss mask 1."""
     ids, mask = [], []
     for text, sampled in parts:
@@ -21,7 +21,7 @@ def rollout(tokenizer, parts, reward=1.0):
         mask += [int(sampled)] * len(part)
     return Rollout(token_ids=ids, loss_mask=mask, behavior_logprobs=[0.0] * len(ids),
                    policy_versions=[1 if m else -1 for m in mask], reward=Reward({"correct": reward}),
-                   num_turns=sum(1 for _, sampled in parts if sampled), num_policy_tokens=sum(mask))
+                   num_turns=sum(1 for _, sampled in parts if sampled), num_policy_tokens=sum(mask), cause=cause)
 
 
 def test_turns_split_at_the_loss_mask():
@@ -52,7 +52,7 @@ def test_a_step_writes_a_line_per_sample_with_reward_advantage_and_outcome(tmp_p
     sample_log = SampleLog(tmp_path, tokenizer, max_chars=64)
     good = ScoredSample("b0-g0-s0", rollout(tokenizer, [("Q?", False), ("<answer>5</answer>", True)], 1.0),
                         task="arithmetic")
-    bad = ScoredSample("b0-g0-s1", rollout(tokenizer, [("Q?", False), ("y" * 200, True)], 0.0))
+    bad = ScoredSample("b0-g0-s1", rollout(tokenizer, [("Q?", False), ("y" * 200, True)], 0.0, "no_answer"))
     orphan = ScoredSample("b0-g1-s0", rollout(tokenizer, [("R?", False), ("z", True)], 0.0))
     written = sample_log.record_step(1, 0, [[good, bad], [orphan, None]], {"b0-g0-s0": 0, "b0-g0-s1": 1},
                                      {"b0-g1-s0": "group incomplete"})
@@ -64,6 +64,7 @@ def test_a_step_writes_a_line_per_sample_with_reward_advantage_and_outcome(tmp_p
     assert first["outcome"] == "trained" and first["reward"] == 1.0 and first["components"] == {"correct": 1.0}
     assert first["advantage"] == pytest.approx(0.7071, abs=1e-3) and second["advantage"] < 0
     assert second["staleness"] == 1 and "characters cut" in second["turns"][0]["completion"]
+    assert first["cause"] is None and second["cause"] == "no_answer"     # the environment's, when it named one
     assert third["outcome"] == "dropped: group incomplete" and third["advantage"] is None
 
 

@@ -161,6 +161,10 @@ def test_right_answers_in_accepted_forms_score_one_and_wrong_units_rounding_or_i
     assert not grade("<answer>12.3%</answer> no: <answer>1%</answer>", percent).correct
     assert not grade("<answer>12.3%", percent).correct and not grade("12.3%", percent).correct
     assert grade("12.3%", percent).reason.startswith("no <answer>")
+    # each verdict's kind, the episode's cause: counted per task by eval and the run's evaluations
+    assert [grade(text, percent).cause for text in ("<answer>12.3%</answer>", "12.3%", "<answer>about 12</answer>",
+                                                     "<answer>$12.3 million</answer>", "<answer>12.5%</answer>")] == [
+        "ok", "no_answer", "not_a_number", "wrong_unit", "out_of_tolerance"]
 
 
 def test_another_line_item_or_year_scores_zero_on_generated_lookups():
@@ -239,8 +243,9 @@ def test_the_prompt_form_through_run_episode():
     wrong = trio.run(run_episode, SPEC.make_env(options=options), task, scripted("<answer>-1e9</answer>"))
     assert wrong.reward.components == {"correct": 0.0} and wrong.num_turns == 1
     assert "not one number" in wrong.infos[-1]["problem"]
+    assert (right.cause, wrong.cause) == ("ok", "not_a_number")
     silent = trio.run(run_episode, SPEC.make_env(options=options), task, scripted("<bash>cat notes.md</bash>"))
-    assert silent.reward.components == {"correct": 0.0} and silent.num_turns == 1
+    assert silent.reward.components == {"correct": 0.0} and silent.num_turns == 1 and silent.cause == "no_answer"
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from postrain.actors.configs.run_config import parse_up_config
 from postrain.actors.env.api import Reward
 from postrain.actors.env.user_errors import EnvironmentErrors
 from postrain.actors.orchestrator.dynamic_sampling import BatchRules
-from postrain.actors.orchestrator.evaluation import Evaluator
+from postrain.actors.orchestrator.evaluation import Evaluator, TaskScores
 from postrain.actors.orchestrator.ledger import SampleLedger
 from postrain.actors.orchestrator.options import OrchestratorOptions
 from postrain.actors.orchestrator.run_state import PromptSchedule, check_same_data_order, data_order
@@ -131,14 +131,15 @@ class ScoringEnv:
         self.sent.append(key)
         score = float(hash(key[1:]) % 3 == 0)
         return Rollout(token_ids=[1, 2], loss_mask=[0, 1], behavior_logprobs=[0.0, -1.0], policy_versions=[-1, 0],
-                       reward=Reward({"correct": score}), num_turns=1, num_policy_tokens=1)
+                       reward=Reward({"correct": score}), num_turns=1, num_policy_tokens=1,
+                       cause="ok" if score else "wrong")
 
 
 class Keeper:
     published_version = 0
 
 
-def evaluate(tmp_path, tasks: TaskMixture, **options) -> tuple[dict[str, float], list]:
+def evaluate(tmp_path, tasks: TaskMixture, **options) -> tuple[TaskScores, list]:
     env = ScoringEnv()
     options = OrchestratorOptions(eval_samples_per_task=2, **options)
     pool = RolloutPool([env], Keeper(), SampleLedger(tmp_path / f"{len(tasks.tasks)}.jsonl"), 8, 0,
@@ -155,9 +156,28 @@ def test_each_tasks_evaluation_in_a_mixture_is_its_evaluation_alone(tmp_path):
     for task in tasks.tasks:
         alone, sent_alone = evaluate(tmp_path, TaskMixture.single(task.spec, task.options),
                                      num_eval_tasks=task.num_eval_tasks or 9)
-        assert together[task.name] == alone[task.spec.name]
+        assert together.accuracy[task.name] == alone.accuracy[task.spec.name]
+        assert together.causes[task.name] == alone.causes[task.spec.name]
+        assert sum(together.causes[task.name].values()) == 2 * (task.num_eval_tasks or 9)
         mine = sorted(key[1:] for key in sent if key[0] == task.name)
         assert mine == sorted(key[1:] for key in sent_alone) and len(mine) == 2 * (task.num_eval_tasks or 9)
+
+
+def test_a_mixtures_evaluation_row_counts_each_tasks_causes(tmp_path):
+    rows: list[dict] = []
+    metrics = type("Rows", (), {"log": lambda self, kind, **row: rows.append(row)})()
+    shown: list[str] = []
+    tasks = mixture({"task": "arithmetic", "name": "small", "options": ONE_DIGIT},
+                    {"task": "arithmetic", "name": "large", "options": TWO_DIGITS}, num_eval_tasks=6)
+    pool = RolloutPool([ScoringEnv()], Keeper(), SampleLedger(tmp_path / "ledger.jsonl"), 8, 0,
+                       WorkSignal(None, None), ["generator"], EnvironmentErrors(1.0, lambda line: None))
+    evaluator = Evaluator(tasks, OrchestratorOptions(num_eval_tasks=6), pool, metrics=metrics, emit=shown.append)
+    trio.run(evaluator.phase, "before", "before")
+    (row,) = rows
+    for name in ("small", "large"):      # ScoringEnv names "ok" for a right episode, "wrong" for another
+        assert sum(row[f"causes_{name}"].values()) == 6
+        assert row[f"causes_{name}"].get("ok", 0) == round(6 * row[f"accuracy_{name}"])
+    assert "causes" not in row and "; causes: small " in shown[-1] and "; large " in shown[-1]
 
 
 def test_a_bad_tasks_table_is_named_with_the_fix():
