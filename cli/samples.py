@@ -56,9 +56,9 @@ def select_samples(rows: list[dict], step: int | None = None, all_steps: bool = 
                    cause: str | None = None) -> list[dict]:
     """The rows of `task` (a mixture's task name; none: every task) and of `cause` (none: any), of
     `step`; without it, of every step when sorting by reward, with `all_steps` or with a cause,
-    else of the last step in the file. Sorted by
-    reward (`worst`: ascending, `best`: descending; ties keep file order); the first `limit` (0:
-    all). SamplesError when there are no rows, none of the task or none of the step."""
+    else of the last step in the file. Sorted by reward (`worst`: ascending, `best`: descending;
+    ties keep file order); the first `limit` (0: all). SamplesError when there are no rows, none
+    of the task, the cause or the step."""
     if not rows:
         raise SamplesError("no samples yet: a sample is written when its RL step is trained")
     if task is not None:

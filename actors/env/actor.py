@@ -16,8 +16,9 @@ sampling field left out takes `SamplingParams`' default) -> a `records.Rollout` 
     {"token_ids", "loss_mask", "behavior_logprobs", "policy_versions",
      "reward": {"components", "weights"}, "num_turns", "num_policy_tokens", "tool_statuses",
      "timeline", "cause"}
-where `cause` is the episode's (`Episode.cause`; left out when its environment named none), `timeline` lists the episode's hops: each generate call and each tool call
-with its start, duration and outcome (actors/env/timeline.py; `postrain trace`).
+where `timeline` lists the episode's hops: each generate call and each tool call with its
+start, duration and outcome (actors/env/timeline.py; `postrain trace`), and `cause` is the
+episode's (`Episode.cause`; left out when its environment named none).
 
 Design note (tokens in, tokens out). The episode is played by the one driver,
 `environment.run_episode`, the same that `postrain eval` uses, so a reward is the same in

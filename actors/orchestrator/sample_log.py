@@ -7,8 +7,8 @@ rollout carries (tokens in, tokens out: the prompt is the ids before the first s
 each run of sampled ids, loss mask 1, is a completion; each run of ids after it that the
 environment appended, loss mask 0, is the tool's output in the chat template's framing),
 and `cause`: why the environment says the episode ended so (`Episode.cause`; null when it
-names none). Each text is bounded to `max_chars` characters: its head and its tail stay, and the cut is
-marked where it was, `[... 1234 characters cut ...]`.
+names none). Each text is bounded to `max_chars` characters: its head and its tail stay,
+and the cut is marked where it was, `[... 1234 characters cut ...]`.
 
 One line per sample, written by the train step (train_step.py) when its batch is trained:
 
