@@ -32,7 +32,8 @@ The client side of sessions (`remote_session`) is actors/sandbox/client.py.
 
 A session belongs to the actor that opened it (others get UnknownSession, as does an id that
 was closed or reaped). The reaper closes a session with no call for `session_idle_timeout_s`
-(its episode vanished: the environment died or forgot it); a session's own limits end it too,
+(its episode vanished: the environment died or forgot it), never one with a call queued for a
+worker or running, however long the queue; a session's own limits end it too,
 and every session ends with the actor. Session calls share the workers with executions: they
 count as queued and running in the load, and opens waiting for a session slot count as queued,
 so the balancer grows the pool (and with it the session cap) by both.
@@ -46,6 +47,7 @@ Options: `SandboxOptions` below (the config reference in the docs lists them).
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import math
@@ -92,6 +94,8 @@ class OpenSession:
     session: Session
     owner: str      # the actor that opened it; the only one that may use it
     slot: object    # its token of SandboxActor.session_slots
+    num_calls: int = 0   # its calls received and not yet answered, queued for a worker or running:
+                         # the reaper never closes a session that has one (its episode is alive)
 
 
 class SandboxOptions(Options):
@@ -258,33 +262,33 @@ class SandboxActor(Actor):
     @handler(SESSION_EXEC, concurrent=True)
     async def session_exec(self, request: SessionExecRequest, msg) -> ExecReply:
         """A call's result. Cancelled: as `exec` (the session's next call waits for it)."""
-        session = self._session(request.session_id, msg.sender)
-        run, source = (session.run, request.command) if request.command is not None else \
-            (session.run_python, request.code)
-        return ExecReply.of(await self._in_worker(run, source, request.stdin, request.timeout_s))
+        with self._calling(request.session_id, msg.sender) as session:
+            run, source = (session.run, request.command) if request.command is not None else \
+                (session.run_python, request.code)
+            return ExecReply.of(await self._in_worker(run, source, request.stdin, request.timeout_s))
 
     @handler(SESSION_READ_FILE, concurrent=True)
     async def session_read_file(self, request: SessionReadFileRequest, msg) -> SessionFileData:
         """The file's bytes. Cancelled: the read finishes in its thread."""
-        session = self._session(request.session_id, msg.sender)
-        return SessionFileData(await self._in_worker(session.read_file, request.path))
+        with self._calling(request.session_id, msg.sender) as session:
+            return SessionFileData(await self._in_worker(session.read_file, request.path))
 
     @handler(SESSION_SNAPSHOT, concurrent=True)
     async def session_snapshot(self, request: SessionSnapshotRequest, msg) -> SessionFileData:
         """The work dir as a tar, for a grader (`Session.snapshot`). Cancelled: it finishes in its thread."""
-        session = self._session(request.session_id, msg.sender)
-        return SessionFileData(await self._in_worker(session.snapshot))
+        with self._calling(request.session_id, msg.sender) as session:
+            return SessionFileData(await self._in_worker(session.snapshot))
 
     @handler(SESSION_WRITE_FILE, concurrent=True)
     async def session_write_file(self, request: SessionWriteFileRequest, msg) -> SessionFileWritten:
         """Bytes written. Cancelled: the write finishes in its thread."""
-        session = self._session(request.session_id, msg.sender)
-        return SessionFileWritten(await self._in_worker(session.write_file, request.path, request.data))
+        with self._calling(request.session_id, msg.sender) as session:
+            return SessionFileWritten(await self._in_worker(session.write_file, request.path, request.data))
 
     @handler(SESSION_CLOSE, concurrent=True)
     async def session_close(self, request: SessionCloseRequest, msg) -> SessionClosed:
         """Calls, seconds open, end reason. Cancelled: the session is gone already (atomic)."""
-        session = self._session(request.session_id, msg.sender)
+        session = self._entry(request.session_id, msg.sender).session
         self._forget(session)
         await anyio.to_thread.run_sync(session.close, limiter=_unlimited())
         return SessionClosed(num_calls=session.num_calls, reason=session.end_reason,
@@ -324,13 +328,24 @@ class SandboxActor(Actor):
                 "files": request.files or None, "argv": list(request.argv or []),
                 "policy": self._policy(request.limits), "requester": sender}
 
-    def _session(self, session_id: str, sender: str) -> Session:
+    def _entry(self, session_id: str, sender: str) -> OpenSession:
         entry = self.sessions.get(session_id)
         if entry is None or entry.owner != sender:
             raise UnknownSession(f"no open session {session_id!r} of {sender!r} (never "
                                  f"opened, closed, or reaped after session_idle_timeout_s="
                                  f"{self.options.session_idle_timeout_s}); fix: session_open a new one")
-        return entry.session
+        return entry
+
+    @contextlib.contextmanager
+    def _calling(self, session_id: str, sender: str):
+        """The session of one call, counted in its `num_calls` until the call is answered: a call
+        queued behind other work keeps its session from the reaper however long it waits."""
+        entry = self._entry(session_id, sender)
+        entry.num_calls += 1
+        try:
+            yield entry.session
+        finally:
+            entry.num_calls -= 1
 
     def _forget(self, session: Session) -> None:
         """Drop a session from the table and free its slot (once)."""
@@ -345,8 +360,9 @@ class SandboxActor(Actor):
         while True:
             await anyio.sleep(min(timeout_s / 4, 5.0))
             now = time.monotonic()
-            for session in [entry.session for entry in self.sessions.values()]:
-                if now - session.last_active > timeout_s and not session.in_call:
+            for entry in list(self.sessions.values()):
+                session = entry.session
+                if now - session.last_active > timeout_s and not session.in_call and not entry.num_calls:
                     self._forget(session)
                     await anyio.to_thread.run_sync(session.close, "reaped", limiter=_unlimited())
 

@@ -137,6 +137,24 @@ async def test_the_reaper_closes_sessions_whose_episode_vanished(tmp_path):
     assert [e["reason"] for e in closes] == ["reaped"]
 
 
+@async_test
+async def test_a_session_whose_call_waits_for_a_worker_is_not_reaped(tmp_path):
+    from postrain.actors.sandbox.client import remote_session
+    async with Supervisor.open() as sup:
+        ref = await sup.start(sandbox_spec(tmp_path, num_workers=1, session_idle_timeout_s=0.4))
+        async with remote_session(ref) as s:
+            async with anyio.create_task_group() as tg:
+                # the one worker is busy for 3 s: the session's call queues behind it, past its idle timeout
+                tg.start_soon(ref.ask, "exec", ExecRequest("import time; time.sleep(3)",
+                                                           limits={"wall_time_s": 10.0}).to_wire())
+                while (await ref.ask("stats"))["running"] < 1:
+                    await anyio.sleep(0.02)
+                result = await s.run("echo alive")
+            assert result.status == "ok" and result.stdout == b"alive\n"
+    closes = [e for e in read_audit_log(tmp_path / "audit.jsonl") if e["kind"] == "session_close"]
+    assert [e["reason"] for e in closes] == ["closed"]        # by its episode, not the reaper
+
+
 @pytest.mark.slow
 @async_test
 async def test_the_balancer_grows_the_pool_for_sessions_waiting_to_open(tmp_path):
