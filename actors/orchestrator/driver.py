@@ -217,7 +217,12 @@ class RunDriver:
         rl_start = time.time()
         steps = await self._rl(rl_start)
         rl_wall_s = time.time() - rl_start
-        await self.evaluator.phase("after", "after RL", step=steps, rl_wall_s=round(rl_wall_s, 2))
+        if steps == 0 and "after_sft" in self.evaluator.evals:   # the policy is the one just evaluated
+            self.evaluator.skip_rl()
+            self.emit(f"held-out accuracy after RL: {self.evaluator.evals['after']:.3f} (no RL step was trained: "
+                      "the evaluation after the warm start's)")
+        else:
+            await self.evaluator.phase("after", "after RL", step=steps, rl_wall_s=round(rl_wall_s, 2))
         checkpoint = await self._checkpoint("done" if steps == self.options.num_steps else "rl")
         policy = await self.keeper.call(EXPORT_HF, ExportHf(path=str(self.folder / "policy")))
         self.ledger.check()

@@ -171,6 +171,10 @@ class Evaluator:
         """No warm start: its scores are those before it."""
         self.evals.update({k.replace("before", "after_sft"): v for k, v in self.evals.items()})
 
+    def skip_rl(self) -> None:
+        """No RL step trained: the scores after RL are those after the warm start (or before it)."""
+        self.evals.update({k.replace("after_sft", "after"): v for k, v in self.evals.items() if "after_sft" in k})
+
     async def score_by_task(self, temperature: float, samples_per_task: int, label: str = "") -> TaskScores:
         """Each task's mean score over `samples_per_task` episodes per held-out task at
         `temperature` (0: greedy), for the tasks that have held-out tasks, and its causes; redone

@@ -99,3 +99,14 @@ def test_an_evaluation_counts_the_causes_its_environment_names_in_its_row_and_li
     assert row["causes"] == {"ok": 4, "wrong_unit": 2}        # seeds 3 and 7 named none
     assert shown[-1].startswith("held-out accuracy before: 0.500 (8 episodes, ")
     assert shown[-1].endswith(" s; causes: ok 4, wrong_unit 2)")
+
+
+def test_a_run_without_rl_steps_reports_the_warm_starts_scores_as_after_rl(tmp_path):
+    pool = RolloutPool([CausingEnv()], Keeper(), SampleLedger(tmp_path / "ledger.jsonl"), 8, 0,
+                       WorkSignal(None, None), ["generator"], EnvironmentErrors(0.5, print))
+    evaluator = Evaluator(TaskMixture.single(get_task("arithmetic")), OrchestratorOptions(num_eval_tasks=8),
+                          pool, metrics=Rows(), emit=print)
+    evaluator.evals.update({"before": 0.0, "after_sft": 0.5, "sampled_after_sft": 0.25, "task:a:after_sft": 0.5})
+    evaluator.skip_rl()      # the driver, when no RL step was trained: no third evaluation of one policy
+    assert evaluator.evals["after"] == 0.5 and evaluator.evals["sampled_after"] == 0.25
+    assert evaluator.evals["task:a:after"] == 0.5 and evaluator.evals["before"] == 0.0
