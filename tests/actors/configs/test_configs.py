@@ -47,6 +47,15 @@ def test_the_distill_figure_config_validates_and_places_with_a_teacher_folder(tm
     assert "teacher: cores [" in out and "orchestrator: cores" in out
 
 
+def test_the_smollm2_distill_config_validates_and_places_with_a_smollm2_teacher(capsys):
+    """smollm2_distill.toml names an RL run's policy folder as its teacher; here the packaged
+    SmolLM2 stands in (the same tokenizer, which the dry run checks)."""
+    assert cli.main(["up", "--config", str(CONFIGS / "smollm2_distill.toml"), "--dry-run",
+                     "--set", 'teacher.model="smollm2"']) == 0
+    out = capsys.readouterr().out
+    assert "teacher: cores [" in out and "orchestrator: cores" in out
+
+
 def test_a_packaged_model_name_resolves_or_says_how_to_install_it(monkeypatch):
     assert resolve_model("tiny") == "tiny" and resolve_model("/some/folder") == "/some/folder"
     monkeypatch.setitem(checkpoint.PACKAGED_MODELS, "ghost",
