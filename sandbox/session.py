@@ -31,13 +31,15 @@ from .warm import REPLY_GRACE_S, result_from_reply
 
 class SessionClosed(PostrainError, RuntimeError):
     """The session has ended; `reason` says why: "closed", "session_wall_time_s", "max_calls",
-    "jail_died"."""
+    "jail_died", "reaped" (the sandbox actor's reaper: no call for its session_idle_timeout_s)."""
 
     def __init__(self, session_id: str, reason: str) -> None:
         fixes = {"closed": "open a new session",
                  "session_wall_time_s": "raise SessionLimits.session_wall_time_s or open a new session",
                  "max_calls": "raise SessionLimits.max_calls or open a new session",
-                 "jail_died": "open a new session (the jail's process ended)"}
+                 "jail_died": "open a new session (the jail's process ended)",
+                 "reaped": "keep the time between an episode's calls under the sandbox actor's "
+                           "session_idle_timeout_s, or raise it in its options"}
         super().__init__(f"session {session_id} has ended ({reason}); fix: {fixes.get(reason, '')}")
         self.session_id = session_id
         self.reason = reason

@@ -135,6 +135,10 @@ def test_session_wide_limits_end_the_session(sandbox):
     s.close()
     with pytest.raises(SessionClosed, match=r"\(closed\)"):
         s.run("true")
+    s = sandbox.session(limits=LIMITS)
+    s.close("reaped")        # as the sandbox actor's reaper closes an idle session: the fix names its option
+    with pytest.raises(SessionClosed, match=r"\(reaped\); fix: .*raise it in its options"):
+        s.run("true")
 
 
 def test_a_full_disk_fails_writes_and_the_session_recovers(sandbox):
