@@ -12,8 +12,8 @@ import contextlib
 
 import anyio
 
-from postrain.core.errors import PostrainError
-from postrain.sandbox import ExecResult
+from postrain.core.errors import PostrainError, RemoteError
+from postrain.sandbox import ExecResult, SessionFileError
 
 from ..records import (SESSION_CLOSE, SESSION_EXEC, SESSION_OPEN, SESSION_READ_FILE, SESSION_SNAPSHOT,
                        SESSION_WRITE_FILE, SessionClosed, SessionCloseRequest, SessionExecRequest,
@@ -64,6 +64,14 @@ class RemoteSession:
         wall_s = float(request.timeout_s or self.limits["call_wall_time_s"])
         reply = await self.ref.call(SESSION_EXEC, request, timeout_s=wall_s + ASK_SLACK_S)
         return reply.to_result()
+
+
+def is_file_error(exc: BaseException) -> bool:
+    """A session's answer that the file asked for is not there to read (missing, a directory, too
+    large: `SessionFileError`, raised here or on a sandbox actor), as against the session or the
+    actor failing (closed, reaped, dead, timed out), which is the infrastructure's failure."""
+    return isinstance(exc, SessionFileError) or (isinstance(exc, RemoteError)
+                                                 and exc.error_type == "SessionFileError")
 
 
 def _seconds(timeout_s: float | None) -> float | None:

@@ -28,6 +28,7 @@ from postrain.core.errors import PostrainError
 
 from ...env.api import Environment, Reward, StepResult, check_options
 from ...env.tools import format_observation, format_tool_output, parse_action
+from ...sandbox.client import is_file_error
 from . import grader
 from .part import EXPORT_PATH
 from .suite import FAMILIES, LEVELS
@@ -167,11 +168,16 @@ class CadEnv(Environment):
 
     async def grade(self) -> grader.CadVerdict:
         """The verdict on /work/part.stl: its bytes copied out by the session's agent while no call
-        runs, measured in a fresh jail, judged here (grader.py). Cancelled: no verdict; the
-        measuring run ends within its limits."""
+        runs, measured in a fresh jail, judged here (grader.py). An export that is not there is the
+        policy's failure (no_export, or script_error after a failed run); a session or a sandbox
+        that fails raises, so the episode fails as the infrastructure's and is never scored.
+        Cancelled: no verdict; the measuring run ends within its limits."""
         try:
             export = await self.session.read_file(EXPORT_PATH)
-        except PostrainError as exc:   # missing, a directory, a FIFO, too large: the session says which
+        except PostrainError as exc:
+            if not is_file_error(exc):   # the session or the sandbox failed: not the policy's doing
+                raise
+            # missing, a directory, a FIFO, too large: the session says which
             cause = "script_error" if self.last_status not in ("", "ok") else "no_export"
             return grader.missing_export(self.task, cause, f"no export at {EXPORT_PATH}: {str(exc)[:200]}")
         code, files = grader.measure_request(export, grader.probe_points(self.task))

@@ -17,6 +17,7 @@ import trio
 
 from postrain.actors import LocalSandbox, TaskOptionsError, get_task, run_episode
 from postrain.actors.env.actor import RemoteSandbox
+from postrain.actors.env.api import EnvironmentFailure
 from postrain.actors.env.tools import parse_action
 from postrain.actors.tasks.cad import CadEnv, all_variants, eval_tasks, judge, measure_request, read_measurement
 from postrain.actors.tasks.cad import mesh, suite
@@ -177,16 +178,23 @@ async def test_reference_scripts_pass_through_the_real_sandbox(sandbox):
 @async_test
 async def test_an_episode_through_the_sandbox_actor_grades_the_reference_and_a_missing_export():
     """Over the wire: the session's limits (2 GiB for OpenCascade) reach the actor, the export is
-    read through it, and a missing file comes back as a failed read, scored `no_export`."""
+    read through it, and a missing file comes back as a failed read, scored `no_export`; a session
+    that the sandbox ended under the episode fails it (the infrastructure's failure), unscored."""
     task = variant("cad-box-2-3")
     async with Supervisor.open(heartbeat_interval_s=0.5) as sup:
         ref = await sup.start(ActorSpec(name="sandbox", cls="postrain.actors.sandbox:SandboxActor",
                                         cpus=0.2, memory_mb=0, options={"num_workers": 1}))
         envs = [get_task("cad").make_env(sandbox=RemoteSandbox(ref), options=options)
-                for options in ({}, {"max_attempts": 1})]
+                for options in ({}, {"max_attempts": 1}, {})]
+
+        async def session_ends_then_answer(messages):
+            await ref.ask("session_close", {"session_id": envs[2].session.session_id})
+            return "<answer>done</answer>"
         try:
             right = await run_episode(envs[0], task, replay(task["reference"]), step_timeout_s=300)
             idle = await run_episode(envs[1], task, replay("print('thinking')\n"))
+            with pytest.raises(EnvironmentFailure, match="UnknownSession"):
+                await run_episode(envs[2], task, session_ends_then_answer)
         finally:
             for env in envs:
                 await env.close()
