@@ -48,11 +48,13 @@ import json
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import trio
 
+from postrain.core.progress import PhaseProgress
 from postrain.core.text import counted, tally
 
 HELP = "held-out accuracy of a run's policy (or any model) on a task (greedy, real sandbox)"
@@ -224,15 +226,40 @@ async def evaluate(model_spec: str, task_name: str, task_options: dict, num_task
     if policy is None:
         policy = engine_policy(model_spec, max_tokens)
     causes: collections.Counter[str] = collections.Counter()
+    progress = EpisodeProgress(len(tasks), show=lambda line: print(line, file=sys.stderr, flush=True))
 
     async def play(env, item):
-        episode = await run_episode(env, item, policy)
+        try:
+            episode = await run_episode(env, item, policy)
+        finally:
+            progress.advance()
         if episode.cause:
             causes[episode.cause] += 1
         return episode
     scores, failed = await score_episodes(task, task_options, tasks, play, errors)
     return {"task": task.name, "model": str(model_spec), "num_tasks": len(tasks), "num_failed": failed,
             "accuracy": statistics.fmean(scores) if scores else 0.0, "causes": dict(causes)}
+
+
+class EpisodeProgress:
+    """`  episodes 5/27 (1:02 elapsed, ETA 4:28)` after an episode, at most every `interval_s`
+    seconds and never after the last: a long evaluation (minutes a CAD episode on a small CPU)
+    says how far it is, a fast one prints once or not at all."""
+
+    def __init__(self, total: int, show: Callable[[str], None], interval_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.progress = PhaseProgress("eval", total, clock=clock)
+        self.show = show
+        self.interval_s = interval_s
+        self.clock = clock
+        self._last = clock()
+
+    def advance(self) -> None:
+        self.progress.advance()
+        now = self.clock()
+        if self.progress.done < self.progress.total and now - self._last >= self.interval_s:
+            self._last = now
+            self.show(f"  episodes {self.progress.done}/{self.progress.total} ({self.progress.timing_text()})")
 
 
 def load_task(name: str):

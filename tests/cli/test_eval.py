@@ -147,3 +147,17 @@ def test_a_task_module_that_is_nowhere_is_refused_with_the_fix_for_eval(tmp_path
         f"postrain eval: cannot load task 'my_env:MyEnv': there is no module 'my_env' in the current folder "
         f"({tmp_path}) or installed; fix: run postrain eval in the folder that holds my_env (the current "
         "folder is on its import path), or `pip install -e` its project"]
+
+
+def test_a_long_evaluation_says_how_far_it_is_and_a_fast_one_stays_quiet():
+    from postrain.cli.eval import EpisodeProgress
+    now, lines = [0.0], []
+    progress = EpisodeProgress(5, lines.append, interval_s=10.0, clock=lambda: now[0])
+    for seconds in (3.0, 9.0, 1.0, 12.0, 30.0):       # the episodes' lengths, on a test clock
+        now[0] += seconds
+        progress.advance()
+    assert lines == ["  episodes 2/5 (0:12 elapsed, ETA 0:18)", "  episodes 4/5 (0:25 elapsed, ETA 0:06)"]
+    fast = EpisodeProgress(100, lines.append, interval_s=10.0, clock=lambda: 0.0)
+    for _ in range(100):
+        fast.advance()
+    assert len(lines) == 2                         # nothing past the last line: the result line follows
