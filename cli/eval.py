@@ -26,7 +26,8 @@ tool calls in a warm nsjail sandbox (only for tasks whose environment declares
 reward component (or of the total reward for tasks without one, such as `code`:
 the fraction of hidden tests passed); `causes` counts the episodes by the cause their
 environment named (`Episode.cause`: the CAD task's `ok`, `script_error`, `wrong_shape`,
-`no_export`, `invalid_export`), so failures read by kind. An episode whose environment fails scores
+`no_export`, `invalid_export`), so failures read by kind. While it runs, `EpisodeProgress` says
+on stderr how far it is (at most every 10 s). An episode whose environment fails scores
 0 and is counted; the first failure is printed at once (stderr) with its traceback trimmed to
 the user's frames, and an evaluation whose episodes fail mostly by one error (more than the
 run's `max_environment_error_fraction`, 0.5 without a run) ends with that error in one line and
