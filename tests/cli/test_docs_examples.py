@@ -82,6 +82,9 @@ POSTRAIN_BLOCKS = {
     ("performance.md", "postrain up --config actors/configs/finance_docs.toml"):
         "parsed only: a SmolLM2 run of about an hour (finance_docs.toml's --dry-run: tests/actors/configs)",
     ("performance.md", "pip install -e '.[bench-trl]'"): "parsed only: installs trl; a benchmark of minutes",
+    ("performance.md", "postrain eval --model runs/cad/policy --task cad"):
+        "parsed only: a SmolLM2 CAD evaluation of a quarter of an hour on the policy a cad.toml run leaves; "
+        "postrain eval runs end to end in tests/cli/test_eval.py, CAD episodes in tests/actors/tasks/test_cad.py",
     ("performance.md", "postrain sweep --seeds 0-9"):
         "parsed only: ten default runs; a sweep of short runs: tests/cli/test_sweep.py",
     ("performance.md", "postrain sweep --config actors/configs/smollm2_addition.toml --seeds 0-4 --set "
