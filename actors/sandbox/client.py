@@ -21,12 +21,15 @@ from ..records import (SESSION_CLOSE, SESSION_EXEC, SESSION_OPEN, SESSION_READ_F
                        SessionWriteFileRequest)
 
 ASK_SLACK_S = 300.0  # waiting for a worker or a session slot, on top of a call's own wall limit
+FILE_CALL_S = 30.0   # a file request's own limit in the session (sandbox/session.py, _file_request)
 
 
 class RemoteSession:
     """A session of a sandbox actor (`session_id`, its `limits`: SessionLimits fields). Open it
-    with `remote_session(ref, ...)`. Each call cancelled: the caller stops waiting; the call ends
-    remotely within the session's limits (the session's next call waits for it)."""
+    with `remote_session(ref, ...)`. Every call that takes a worker (commands, file reads and
+    writes, snapshots) waits for one up to ASK_SLACK_S beyond its own limit, as queued work on a
+    busy pool does. Each call cancelled: the caller stops waiting; the call ends remotely within
+    the session's limits (the session's next call waits for it)."""
 
     def __init__(self, ref, session_id: str, limits: dict) -> None:
         self.ref = ref
@@ -45,7 +48,7 @@ class RemoteSession:
 
     async def read_file(self, path: str) -> bytes:
         request = SessionReadFileRequest(self.session_id, path)
-        return (await self.ref.call(SESSION_READ_FILE, request)).data
+        return (await self.ref.call(SESSION_READ_FILE, request, timeout_s=FILE_CALL_S + ASK_SLACK_S)).data
 
     async def snapshot(self) -> bytes:
         """The work dir as a tar (`Session.snapshot`), what a grader checks."""
@@ -54,7 +57,7 @@ class RemoteSession:
 
     async def write_file(self, path: str, data: bytes | str) -> int:
         request = SessionWriteFileRequest(self.session_id, path, data)
-        return (await self.ref.call(SESSION_WRITE_FILE, request)).size
+        return (await self.ref.call(SESSION_WRITE_FILE, request, timeout_s=FILE_CALL_S + ASK_SLACK_S)).size
 
     async def close(self) -> SessionClosed:
         request = SessionCloseRequest(self.session_id)

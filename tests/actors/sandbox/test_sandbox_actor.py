@@ -137,20 +137,36 @@ async def test_the_reaper_closes_sessions_whose_episode_vanished(tmp_path):
     assert [e["reason"] for e in closes] == ["reaped"]
 
 
+class RecordingRef:
+    """A sandbox actor's reference that records how long each call of a session may wait."""
+
+    def __init__(self, ref):
+        self.ref, self.timeouts = ref, {}
+
+    async def call(self, kind, request=None, timeout_s=30.0):
+        self.timeouts[kind.name] = timeout_s
+        return await self.ref.call(kind, request, timeout_s=timeout_s)
+
+
 @async_test
-async def test_a_session_whose_call_waits_for_a_worker_is_not_reaped(tmp_path):
-    from postrain.actors.sandbox.client import remote_session
+async def test_a_session_whose_calls_wait_for_a_worker_is_neither_reaped_nor_given_up(tmp_path):
+    from postrain.actors.sandbox.client import ASK_SLACK_S, remote_session
     async with Supervisor.open() as sup:
         ref = await sup.start(sandbox_spec(tmp_path, num_workers=1, session_idle_timeout_s=0.4))
-        async with remote_session(ref) as s:
+        recording = RecordingRef(ref)
+        async with remote_session(recording) as s:
             async with anyio.create_task_group() as tg:
-                # the one worker is busy for 3 s: the session's call queues behind it, past its idle timeout
+                # the one worker is busy for 3 s: the session's calls queue behind it, past its idle timeout
                 tg.start_soon(ref.ask, "exec", ExecRequest("import time; time.sleep(3)",
                                                            limits={"wall_time_s": 10.0}).to_wire())
                 while (await ref.ask("stats"))["running"] < 1:
                     await anyio.sleep(0.02)
-                result = await s.run("echo alive")
+                result = await s.run("echo alive > note.txt; cat note.txt")
+                assert await s.write_file("more.txt", b"x") == 1 and await s.read_file("note.txt") == b"alive\n"
             assert result.status == "ok" and result.stdout == b"alive\n"
+        # every call that takes a worker waits for one as long as a command does (a busy pool's queue)
+        waits = {name: recording.timeouts[name] for name in ("session_exec", "session_read_file", "session_write_file")}
+        assert all(wait >= ASK_SLACK_S for wait in waits.values()), waits
     closes = [e for e in read_audit_log(tmp_path / "audit.jsonl") if e["kind"] == "session_close"]
     assert [e["reason"] for e in closes] == ["closed"]        # by its episode, not the reaper
 
