@@ -56,6 +56,7 @@ from ..models.spec import spec_image_layout, spec_tokenizer
 from ..models.tokenizer import Tokenizer
 from ..records import (EXEC, GATEWAY_ADDRESS, ROLLOUT, RUN_TESTS, ExecRequest, Rollout, RolloutRequest,
                        RunTestsRequest)
+from ..sandbox.client import ASK_SLACK_S
 from ..tasks import TaskMixture, TaskOptions
 from .timeline import Timeline, tool_status
 from .agent import DEFAULT_GATEWAY, AgentEnvironment, agent_rollout
@@ -85,7 +86,9 @@ def load_tokenizer(model: str | dict, chat_template: str | None = None) -> Token
 
 
 class RemoteSandbox:
-    """A `SandboxHandle` that calls the sandbox actor; with a `timeline`, each call is a hop in it."""
+    """A `SandboxHandle` that calls the sandbox actor; with a `timeline`, each call is a hop in it.
+    A call waits for a free worker up to ASK_SLACK_S beyond its own limit, as session calls do
+    (an evaluation's episodes queue behind each other's runs on a small pool)."""
 
     def __init__(self, ref, timeline: Timeline | None = None):
         self.ref = ref
@@ -99,14 +102,14 @@ class RemoteSandbox:
         stops waiting, the run may still finish remotely within its limits (its reply is dropped)."""
         limits = {"wall_time_s": float(timeout_s)} if timeout_s is not None else None
         request = ExecRequest(code, stdin=stdin, files=files, limits=limits)
-        return await self._call(EXEC, request, timeout_s=(timeout_s or 30) + 30)
+        return await self._call(EXEC, request, timeout_s=(timeout_s or 30) + ASK_SLACK_S)
 
     async def run_tests(self, solution, tests, *, test_timeout_s=2.0, timeout_s=None):
         """Run `tests` against `solution` on the sandbox actor (a "run_tests" hop). Cancellation:
         as `exec`; no report, the remote run still ends within its limits."""
         limits = {"wall_time_s": float(timeout_s)} if timeout_s is not None else None
         request = RunTestsRequest(solution, tests, test_timeout_s=float(test_timeout_s), limits=limits)
-        return await self._call(RUN_TESTS, request, timeout_s=(timeout_s or 60) + 30)
+        return await self._call(RUN_TESTS, request, timeout_s=(timeout_s or 60) + ASK_SLACK_S)
 
     @contextlib.asynccontextmanager
     async def session(self, files=None, limits=None):

@@ -6,6 +6,7 @@ import pytest
 
 from postrain.actors.records import (ExecReply, ExecRequest, ExecStreamItem, RunIoCasesReply, RunIoCasesRequest,
                                      RunTestsReply, RunTestsRequest, SandboxStats)
+from postrain.actors.env.actor import RemoteSandbox
 from postrain.core.testing import async_test
 from postrain.core import ActorSpec, RemoteError, Supervisor
 from postrain.sandbox import read_audit_log
@@ -163,9 +164,11 @@ async def test_a_session_whose_calls_wait_for_a_worker_is_neither_reaped_nor_giv
                     await anyio.sleep(0.02)
                 result = await s.run("echo alive > note.txt; cat note.txt")
                 assert await s.write_file("more.txt", b"x") == 1 and await s.read_file("note.txt") == b"alive\n"
-            assert result.status == "ok" and result.stdout == b"alive\n"
+                graded = await RemoteSandbox(recording).exec("print(6 * 7)", timeout_s=5.0)   # as a grader runs
+            assert result.status == "ok" and result.stdout == b"alive\n" and graded.stdout == b"42\n"
         # every call that takes a worker waits for one as long as a command does (a busy pool's queue)
-        waits = {name: recording.timeouts[name] for name in ("session_exec", "session_read_file", "session_write_file")}
+        waits = {name: recording.timeouts[name] for name in ("session_exec", "session_read_file", "session_write_file",
+                                                              "exec")}
         assert all(wait >= ASK_SLACK_S for wait in waits.values()), waits
     closes = [e for e in read_audit_log(tmp_path / "audit.jsonl") if e["kind"] == "session_close"]
     assert [e["reason"] for e in closes] == ["closed"]        # by its episode, not the reaper
